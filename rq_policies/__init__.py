@@ -1,0 +1,27 @@
+"""rq-policies: flow-control policies for RQ (unique jobs, throttle, debounce, cluster-wide queue caps)."""
+
+from __future__ import annotations
+
+from .exceptions import PipelineNotSupported, PolicyConfigurationError, PolicyError
+from .job import PolicyJob
+from .policy import Loner, Policy, PolicySet, policy
+from .queue import PolicyQueue
+from .queue_slot import QueueSlot
+from .worker import PolicySimpleWorker, PolicyWorker
+
+__version__ = '0.1.0'
+
+__all__ = [
+    'Loner',
+    'PipelineNotSupported',
+    'Policy',
+    'PolicyConfigurationError',
+    'PolicyError',
+    'PolicyJob',
+    'PolicyQueue',
+    'PolicySet',
+    'PolicySimpleWorker',
+    'PolicyWorker',
+    'QueueSlot',
+    'policy',
+]

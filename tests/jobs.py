@@ -1,0 +1,64 @@
+"""Job functions the tests enqueue; importable by worker subprocesses (tests/ is on their PYTHONPATH)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from redis import Redis
+from rq import get_current_job
+
+from rq_policies import Loner, policy
+
+
+def _conn() -> Redis:
+    return Redis.from_url(os.environ['REDIS_URL'])
+
+
+def plain(x):
+    return x
+
+
+@policy(Loner())
+def sweep_cache(article_id):
+    return article_id
+
+
+@policy(Loner(), unique_context=lambda args, kwargs: args[0])
+def sync_account(account_id, reason=None):
+    return account_id
+
+
+@policy(Loner())
+def record(tag, *args, **kwargs):
+    """Append this job's id to the list `tag` (so tests see which jobs ran, and in what order)."""
+    job = get_current_job()
+    _conn().rpush(f'test:ran:{tag}', job.id)
+    return tag
+
+
+def record_plain(tag, *args, **kwargs):
+    job = get_current_job()
+    _conn().rpush(f'test:ran:{tag}', job.id)
+    return tag
+
+
+def sleep_and_record(tag, seconds):
+    """Record start and end (server clock) so a test can compute overlap; the cap tests use it."""
+    conn = _conn()
+    job = get_current_job()
+    start = conn.time()
+    conn.rpush(f'test:span:{tag}', f'{job.id} start {start[0] + start[1] / 1e6:.6f}')
+    time.sleep(seconds)
+    end = conn.time()
+    conn.rpush(f'test:span:{tag}', f'{job.id} end {end[0] + end[1] / 1e6:.6f}')
+    return tag
+
+
+def fail(x):
+    raise RuntimeError(f'failing on purpose: {x}')
+
+
+class Greeter:
+    def hello(self, name):
+        return f'hello {name}'

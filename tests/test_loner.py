@@ -1,0 +1,210 @@
+"""Loner: one waiting job per identity per queue."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+from datetime import datetime, timedelta, timezone
+
+import jobs
+import pytest
+from rq import Queue
+from rq.decorators import job as job_decorator
+from rq.job import Job, JobStatus
+from rq.registry import ScheduledJobRegistry
+
+from rq_policies import Loner, PipelineNotSupported, PolicyQueue, PolicySimpleWorker, keys
+
+
+def test_duplicate_dropped_and_enqueued_answers(connection, caplog):
+    q = PolicyQueue('cache_sweeps', connection=connection)
+    first = q.enqueue(jobs.sweep_cache, 1)
+    assert isinstance(first, Job)
+    with caplog.at_level(logging.INFO, logger='rq_policies'):
+        assert q.enqueue(jobs.sweep_cache, 1) is None
+    assert first.id in caplog.text
+    assert q.count == 1
+    assert q.enqueued(jobs.sweep_cache, 1) is True
+    assert q.enqueued(jobs.sweep_cache, 2) is False
+    assert PolicyQueue('other', connection=connection).enqueued(jobs.sweep_cache, 1) is False
+    assert q.holder(jobs.sweep_cache, 1) == first.id
+    assert q.holder(jobs.sweep_cache, 2) is None
+    assert connection.hget(keys.DROPS, 'loner:cache_sweeps') == b'1'
+
+
+def test_admitted_job_is_an_ordinary_rq_job(connection):
+    q = PolicyQueue('cache_sweeps', connection=connection)
+    job = q.enqueue(jobs.sweep_cache, 1, job_timeout=30, description='d', meta={'a': 1})
+    stock = Queue('cache_sweeps', connection=connection)
+    assert stock.job_ids == [job.id]
+    fetched = Job.fetch(job.id, connection=connection)
+    assert fetched.get_status() == JobStatus.QUEUED
+    assert fetched.args == (1,)
+    assert fetched.timeout == 30
+    assert fetched.description == 'd'
+    assert fetched.meta == {'a': 1}
+    assert fetched.origin == 'cache_sweeps'
+    assert fetched.enqueued_at is not None
+    assert connection.sismember(Queue.redis_queues_keys, stock.key)
+
+
+def test_per_call_policy_and_switching_off(connection):
+    q = PolicyQueue('q', connection=connection)
+    assert q.enqueue(jobs.plain, 1, policy=Loner()) is not None
+    assert q.enqueue(jobs.plain, 1, policy=Loner()) is None
+    assert q.enqueue(jobs.plain, 1) is not None  # no declared policy on plain
+    assert q.enqueue(jobs.sweep_cache, 5) is not None
+    assert q.enqueue(jobs.sweep_cache, 5, policy=None) is not None  # declared one switched off
+    assert q.count == 4
+
+
+def test_every_door(connection):
+    q = PolicyQueue('doors', connection=connection)
+    assert q.enqueue_call(jobs.sweep_cache, args=(1,)) is not None
+    assert q.enqueue_call(jobs.sweep_cache, args=(1,)) is None
+    at = datetime.now(timezone.utc) + timedelta(hours=1)
+    scheduled = q.enqueue_at(at, jobs.sweep_cache, 2)
+    assert scheduled is not None
+    assert scheduled.id in ScheduledJobRegistry(queue=q)
+    assert Job.fetch(scheduled.id, connection=connection).get_status() == JobStatus.SCHEDULED
+    assert q.enqueue_at(at, jobs.sweep_cache, 2) is None
+    assert q.enqueue_in(timedelta(minutes=5), jobs.sweep_cache, 2) is None
+    assert q.enqueue(jobs.sweep_cache, 2) is None  # scheduled holds the identity too
+    assert q.enqueue_in(timedelta(minutes=5), jobs.sweep_cache, 3) is not None
+    many = q.enqueue_many(
+        [
+            Queue.prepare_data(jobs.sweep_cache, (1,)),
+            Queue.prepare_data(jobs.sweep_cache, (4,)),
+            Queue.prepare_data(jobs.sweep_cache, (4,)),
+            Queue.prepare_data(jobs.plain, (4,)),
+        ]
+    )
+    assert len(many) == 4
+    assert many[0] is None and many[2] is None
+    assert isinstance(many[1], Job) and isinstance(many[3], Job)
+    # a string import path reads the declared policy of the imported function
+    assert q.enqueue('jobs.sweep_cache', 4) is None
+    assert q.enqueue('jobs.sweep_cache', 9) is not None
+
+
+def test_job_decorator_delay(connection):
+    q = PolicyQueue('delayed', connection=connection)
+    delayed = job_decorator(q, connection=connection)(jobs.sweep_cache)
+    assert delayed.delay(7) is not None
+    assert delayed.delay(7) is None
+
+
+def test_unique_context_narrows_identity(connection):
+    q = PolicyQueue('accounts', connection=connection)
+    assert q.enqueue(jobs.sync_account, 1, reason='a') is not None
+    assert q.enqueue(jobs.sync_account, 1, reason='b') is None
+    assert q.enqueue(jobs.sync_account, 2, reason='a') is not None
+    assert q.enqueued(jobs.sync_account, 1, reason='zzz') is True
+
+
+def test_unencodable_argument_raises_and_writes_nothing(connection):
+    q = PolicyQueue('q', connection=connection)
+    before = connection.dbsize()
+    with pytest.raises(TypeError, match=r'args\[0\]'):
+        q.enqueue(jobs.sweep_cache, object())
+    assert connection.dbsize() == before
+
+
+def test_pipeline_with_policy_is_refused(connection):
+    q = PolicyQueue('q', connection=connection)
+    with connection.pipeline() as pipe:
+        with pytest.raises(PipelineNotSupported, match="queue 'q'"):
+            q.enqueue(jobs.sweep_cache, 1, pipeline=pipe)
+    assert connection.dbsize() == 0
+    with connection.pipeline() as pipe:  # without a policy a pipeline works as in rq
+        job = q.enqueue(jobs.plain, 1, pipeline=pipe)
+        pipe.execute()
+    assert q.job_ids == [job.id]
+
+
+def test_marker_cleared_on_removal_paths(connection):
+    q = PolicyQueue('q', connection=connection)
+    job = q.enqueue(jobs.sweep_cache, 1)
+    job.delete()
+    assert q.enqueued(jobs.sweep_cache, 1) is False
+    assert connection.keys('rq:policies:loner:*') == []
+
+    job = q.enqueue(jobs.sweep_cache, 1)
+    job.cancel()
+    assert connection.keys('rq:policies:loner:*') == []
+    assert q.enqueue(jobs.sweep_cache, 1) is not None
+
+    q.empty()
+    assert connection.keys('rq:policies:loner:*') == []
+    job = q.enqueue(jobs.sweep_cache, 1)
+    q.remove(job)
+    assert connection.keys('rq:policies:loner:*') == []
+    assert q.enqueue(jobs.sweep_cache, 1) is not None
+
+
+def test_stale_marker_is_free(connection):
+    q = PolicyQueue('q', connection=connection)
+    job = q.enqueue(jobs.sweep_cache, 1)
+    Job.fetch(job.id, connection=connection).delete()  # a stock Job: not hooked
+    assert connection.keys('rq:policies:loner:*') != []
+    assert q.enqueued(jobs.sweep_cache, 1) is False
+    second = q.enqueue(jobs.sweep_cache, 1)
+    assert second is not None and second.id != job.id
+
+
+def test_marker_expires_with_job_ttl(connection):
+    q = PolicyQueue('q', connection=connection)
+    job = q.enqueue(jobs.sweep_cache, 1, ttl=100)
+    marker = keys.loner('q', connection.hget(job.key, keys.LONER_FIELD).decode().rsplit(':', 1)[1])
+    assert 0 < connection.ttl(marker) <= 100
+    assert 0 < connection.ttl(job.key) <= 100
+
+
+def test_worker_take_clears_marker_and_reruns_allowed(connection):
+    q = PolicyQueue('q', connection=connection)
+    job = q.enqueue(jobs.sweep_cache, 1)
+    w = PolicySimpleWorker([q], connection=connection)
+    assert w.work(burst=True)
+    assert Job.fetch(job.id, connection=connection).get_status() == JobStatus.FINISHED
+    assert connection.keys('rq:policies:loner:*') == []
+    assert connection.llen(q.intermediate_queue_key) == 0
+    assert q.enqueue(jobs.sweep_cache, 1) is not None
+
+
+def test_deferred_job_holds_identity(connection):
+    q = PolicyQueue('q', connection=connection)
+    parent = q.enqueue(jobs.plain, 1)
+    child = q.enqueue(jobs.sweep_cache, 1, depends_on=parent)
+    assert child is not None
+    assert Job.fetch(child.id, connection=connection).get_status() == JobStatus.DEFERRED
+    assert connection.ttl(child.key) == -1  # the lease is dropped once rq has set up the dependency
+    assert q.enqueue(jobs.sweep_cache, 1) is None
+    assert q.enqueue(jobs.sweep_cache, 1, depends_on=parent) is None
+    PolicySimpleWorker([q], connection=connection).work(burst=True)
+    assert Job.fetch(child.id, connection=connection).get_status() == JobStatus.FINISHED
+    assert q.enqueue(jobs.sweep_cache, 1) is not None
+
+
+def _race(url, barrier, results):
+    from redis import Redis
+
+    conn = Redis.from_url(url)
+    q = PolicyQueue('race', connection=conn)
+    barrier.wait()
+    job = q.enqueue(jobs.sweep_cache, 42)
+    results.put(job.id if job else None)
+
+
+def test_sixteen_processes_one_job(connection, redis_url):
+    ctx = multiprocessing.get_context('fork')
+    barrier = ctx.Barrier(16)
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_race, args=(redis_url, barrier, results)) for _ in range(16)]
+    for p in procs:
+        p.start()
+    outcomes = [results.get(timeout=30) for _ in procs]
+    for p in procs:
+        p.join(10)
+    winners = [o for o in outcomes if o]
+    assert len(winners) == 1
+    assert PolicyQueue('race', connection=connection).job_ids == winners

@@ -110,6 +110,15 @@ def _flatten(mapping: dict[str, Any]) -> list[Any]:
     return flat
 
 
+def pack_fields(flat: list[Any]) -> bytes:
+    """A flat field/value list as one length-prefixed blob (decoded by ``lua/includes/unpack_fields.lua``)."""
+    parts = []
+    for item in flat:
+        data = item.encode('utf-8') if isinstance(item, str) else item
+        parts.append(b'%d:%s' % (len(data), data))
+    return b''.join(parts)
+
+
 def _score(when: datetime) -> int:
     # rq's ScheduledJobRegistry.schedule: a naive datetime is local time.
     if not when.tzinfo:
@@ -298,7 +307,7 @@ class PolicyQueue(Queue):
                 1 if loner else 0,
                 keys.drop_field('loner', self.name),
                 keys.wake(self.name),
-                *fields,
+                pack_fields(fields),
             ],
         )
         if not admitted:

@@ -16,10 +16,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_jobs import work  # noqa: E402
 from common import connect, interleaved, report, server_url  # noqa: E402
 from rq import Queue  # noqa: E402
 
-from bench_jobs import work  # noqa: E402
 from rq_policies import Loner, PolicyQueue  # noqa: E402
 
 

@@ -39,7 +39,8 @@ def main(url: str) -> None:
     print(f'jobs waiting on {q.name!r}: {q.count}')
 
     print('\nrunning: rq worker -w rq_policies.PolicyWorker --burst cache_sweeps')
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parent), os.environ.get('PYTHONPATH', '')]))
+    here = str(Path(__file__).resolve().parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.environ.get('PYTHONPATH', '')]))
     subprocess.run(
         [sys.executable, '-m', 'rq.cli', 'worker', '-w', 'rq_policies.PolicyWorker', '--burst', '--url', url,
          '--logging_level', 'WARNING', 'cache_sweeps'],

@@ -347,7 +347,10 @@ class PolicyQueue(Queue):
         spec = self._declared_for(func)
         digest = identity.digest(func_path(probe), self.name, args, kwargs, spec.unique_context if spec else None)
         found = scripts.run(
-            'loner_holder', self.connection, [keys.loner(self.name, digest)], [self.job_class.redis_job_namespace_prefix]
+            'loner_holder',
+            self.connection,
+            [keys.loner(self.name, digest)],
+            [self.job_class.redis_job_namespace_prefix],
         )
         if not found:
             return None
@@ -430,7 +433,9 @@ class PolicyQueue(Queue):
             fetcher.wait(connection, names, remaining)
 
     @classmethod
-    def _rebuild(cls, queue: Queue, connection: Any, job_class: Any, serializer: Any, death_penalty_class: Any) -> Queue:
+    def _rebuild(
+        cls, queue: Queue, connection: Any, job_class: Any, serializer: Any, death_penalty_class: Any
+    ) -> Queue:
         kwargs: dict[str, Any] = {'connection': connection, 'job_class': job_class, 'serializer': serializer}
         if death_penalty_class is not None:
             kwargs['death_penalty_class'] = death_penalty_class

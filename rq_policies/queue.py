@@ -68,9 +68,10 @@ class Claim:
 
 
 class Fetcher:
-    """Per-worker fetch state: claim tokens, the claim just made, and the idle wait.
+    """Per-worker fetch state: the claim just made, the hold ttl, and the idle wait.
 
-    PolicyWorker installs its own (with a pub/sub wake-up); without one, ``PolicyQueue.dequeue_any`` polls.
+    PolicyWorker installs its own (with a pub/sub wake-up) around each fetch; without one,
+    ``PolicyQueue.dequeue_any`` is rq's own.
     """
 
     hold_ttl: int = QueueSlot.TTL_SECONDS
@@ -396,7 +397,14 @@ class PolicyQueue(Queue):
         raises DequeueTimeout, as rq's own dequeue does.
         """
         queues = list(queues)
-        fetcher = _fetcher.get() or Fetcher()
+        fetcher = _fetcher.get()
+        if fetcher is None:
+            # Not a PolicyWorker (a stock worker given this queue class): it could never release a hold, so it
+            # fetches exactly as stock rq does. Loner markers of the jobs it takes heal by themselves.
+            return super().dequeue_any(
+                queues, timeout, connection=connection, job_class=job_class, serializer=serializer,
+                death_penalty_class=death_penalty_class,
+            )
         job_cls = job_class or cls.job_class
         prefix = job_cls.redis_job_namespace_prefix
         names = [q.name for q in queues]

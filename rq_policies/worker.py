@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Any
 
+import redis
 from rq.queue import Queue
 from rq.worker import SimpleWorker, Worker
 
@@ -29,6 +30,9 @@ from .queue import IDLE_POLL_SECONDS, Claim, Fetcher, PolicyQueue, _fetcher
 from .queue_slot import QueueSlot
 
 _mixed: dict[type, type] = {}
+
+# Errors that mean "Redis is not reachable right now" (a restart, or a failover in progress).
+_UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.ReadOnlyError)
 
 
 def policy_queue_class(queue_class: type[Queue]) -> type[PolicyQueue]:
@@ -91,12 +95,17 @@ class PolicyWorkerMixin:
     #: Seconds a QueueSlot hold lives unrefreshed (see QueueSlot.TTL_SECONDS).
     hold_ttl: int = QueueSlot.TTL_SECONDS
 
+    #: When the worker stops with a release still pending because Redis is unreachable (a restart, a Sentinel
+    #: failover), it keeps trying this many seconds before leaving the hold to age out. rq's own work loop quits on a
+    #: Redis error in the middle of a job, so this is what returns a slot promptly after a short outage.
+    release_grace_seconds: float = 10.0
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # `rq worker` passes its own queue class (rq.Queue by default); fetching must go through ours regardless.
         self.queue_class = policy_queue_class(self.queue_class)  # type: ignore[misc]
         self._policy_fetcher = _WorkerFetcher(self.hold_ttl)
-        self._pending_release: Claim | None = None
+        self._pending_releases: list[Claim] = []  # finished claims whose hold is not released yet
 
     def dequeue_job_and_maintain_ttl(self, *args: Any, **kwargs: Any) -> Any:
         token = _fetcher.set(self._policy_fetcher)
@@ -114,13 +123,13 @@ class PolicyWorkerMixin:
         claim = self._policy_fetcher.claim
         self._policy_fetcher.claim = None
         if claim is not None and claim.token is not None and claim.job_id == job.id:
-            self._flush_release()
-            self._pending_release = claim
+            self._release_now()
+            self._pending_releases.append(claim)
         try:
             return super().execute_job(job, queue)  # type: ignore[misc]
         except BaseException:
             # Cold shutdown and other escapes skip the work loop's heartbeat: release now.
-            self._flush_release()
+            self._release_now()
             raise
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
@@ -128,29 +137,44 @@ class PolicyWorkerMixin:
             super().heartbeat(timeout, pipeline=pipeline)  # type: ignore[misc]
             QueueSlot.refresh_in(pipeline, ttl=max(self.hold_ttl, int(timeout or 0)))
             return
-        pending = self._pending_release
-        if pending is None or pending.token is None:
+        pending = list(self._pending_releases)
+        if not pending:
             super().heartbeat(timeout)  # type: ignore[misc]
             return
         # The release rides the heartbeat the work loop sends after every job: no round trip of its own.
         with self.connection.pipeline(transaction=False) as pipe:  # type: ignore[attr-defined]
             super().heartbeat(timeout, pipeline=pipe)  # type: ignore[misc]
-            QueueSlot.release(pending.queue_name, pending.token, connection=pipe)
+            for claim in pending:
+                QueueSlot.release(claim.queue_name, claim.token, connection=pipe)
             pipe.execute()
-        self._pending_release = None
+        del self._pending_releases[: len(pending)]
 
-    def _flush_release(self) -> None:
-        pending, self._pending_release = self._pending_release, None
-        if pending is not None and pending.token is not None:
+    def _flush_release(self, grace: float = 0.0) -> None:
+        deadline = time.monotonic() + grace
+        while self._pending_releases:
+            claim = self._pending_releases[0]
             try:
-                QueueSlot.release(pending.queue_name, pending.token, connection=self.connection)  # type: ignore[attr-defined]
-            except Exception:
-                # Unreachable Redis: the hold ages out within hold_ttl, which is the floor this is an optimization on.
-                QueueSlot.HELD.discard(pending.token)
+                QueueSlot.release(claim.queue_name, claim.token, connection=self.connection)  # type: ignore[attr-defined]
+            except _UNREACHABLE:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.5)
+                continue
+            self._pending_releases.pop(0)
+
+    def _release_now(self, grace: float = 0.0) -> None:
+        try:
+            self._flush_release(grace)
+        except _UNREACHABLE:
+            # Redis unreachable (a restart, a failover): keep the release pending, so the heartbeat that goes out
+            # once the worker has reconnected carries it. A release names its claim, so a late one frees nothing
+            # else; if the worker never reconnects, the hold ages out within hold_ttl, the floor under all this.
+            tokens = [claim.token for claim in self._pending_releases]
+            self.log.warning('rq-policies: could not release QueueSlot holds %s yet', tokens)  # type: ignore[attr-defined]
 
     def teardown(self) -> None:
         try:
-            self._flush_release()
+            self._release_now(self.release_grace_seconds)
             self._policy_fetcher.close()
         finally:
             super().teardown()  # type: ignore[misc]

@@ -71,3 +71,32 @@ def slow_loner(tag, seconds):
     conn.rpush(f'test:ran:{tag}', get_current_job().id)
     time.sleep(seconds)
     return tag
+
+
+def span_to_file(path, seconds):
+    """Append this job's start and end (wall clock) to a local file: records that survive a Redis failover."""
+    job_id = get_current_job().id
+    with open(path, 'a') as f:
+        f.write(f'{job_id} start {time.time():.6f}\n')
+    time.sleep(seconds)
+    with open(path, 'a') as f:
+        f.write(f'{job_id} end {time.time():.6f}\n')
+    return job_id
+
+
+def max_overlap(lines, since=float('-inf')):
+    """The largest number of spans open at one instant at or after `since`, from 'id start|end t' lines.
+
+    Ends sort before starts at the same instant: a slot handed from one job to the next is not an overlap.
+    """
+    events = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 3:
+            events.append((float(parts[2]), 0 if parts[1] == 'end' else 1))
+    running = peak = 0
+    for at, kind in sorted(events):
+        running += 1 if kind else -1
+        if at >= since:
+            peak = max(peak, running)
+    return peak

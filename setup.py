@@ -13,7 +13,7 @@ setup(
     license='BSD-2-Clause',
     python_requires='>=3.9',
     # The top-level lua/ folder ships inside the wheel as rq_policies/lua/.
-    packages=['rq_policies', 'rq_policies.lua', 'rq_policies.lua.includes'],
+    packages=['rq_policies', 'rq_policies.contrib', 'rq_policies.lua', 'rq_policies.lua.includes'],
     package_dir={'rq_policies.lua': 'lua', 'rq_policies.lua.includes': 'lua/includes'},
     package_data={'rq_policies': ['py.typed'], 'rq_policies.lua': ['*.lua'], 'rq_policies.lua.includes': ['*.lua']},
     install_requires=['rq>=2.12,<4', 'redis>=5', 'click>=8'],

@@ -306,3 +306,16 @@ def test_killed_job_unit_comes_back_by_itself(connection, worker_env, redis_url,
         assert wait_for(lambda: connection.llen('test:done:short') == 2, 10)
     finally:
         stop_workers(procs)
+
+
+def test_cron_example_refills_through_rq_cron(connection, worker_env, redis_url):
+    """examples/limited_capacity_cron.py: rq's own cron enqueues the refill; one unit fails, the refill replaces it."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run(
+        [sys.executable, os.path.join(root, 'examples', 'limited_capacity_cron.py')],
+        env=worker_env, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert 'backlog drained: 24 imported, 1 failed' in result.stdout
+    assert connection.llen('example:imports:backlog') == 0
+    assert FailedJobRegistry('imports', connection=connection).count == 1

@@ -29,6 +29,8 @@ setup(
             'pytest>=8',
             'hypothesis>=6',
             'build',
+            'wheel',
+            'setuptools>=64',
             'ruff',
         ],
     },

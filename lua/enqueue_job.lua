@@ -21,7 +21,8 @@
   ARGV[7]  loner                  1 to apply the Loner check, 0 to admit unconditionally
   ARGV[8]  drop counter field     loner:<q>
   ARGV[9]  wake channel           rq:policies:wake:<q>; published on a push so idle PolicyWorkers wake
-  ARGV[10..] job hash field/value pairs (includes the policies_loner field when ARGV[7] = 1)
+  ARGV[10] job hash              field/value pairs as one length-prefixed blob (includes/unpack_fields.lua),
+                                 with the policies_loner field when ARGV[7] = 1
 
   Returns {1, job id} when admitted, {0, holder id} when dropped.
 ]]
@@ -36,6 +37,7 @@ local loner = ARGV[7] == '1'
 
 -- @include "includes/waiting.lua"
 -- @include "includes/save_job.lua"
+-- @include "includes/unpack_fields.lua"
 
 if loner then
   local holder = rcall('GET', KEYS[4])
@@ -51,7 +53,7 @@ if loner then
   end
 end
 
-save_job(KEYS[1], KEYS[2], KEYS[3], queue_key, jid, mode, score, ttl, {unpack(ARGV, 10)})
+save_job(KEYS[1], KEYS[2], KEYS[3], queue_key, jid, mode, score, ttl, unpack_fields(ARGV[10]))
 if mode == 'R' or mode == 'L' then
   rcall('PUBLISH', ARGV[9], jid)
 end

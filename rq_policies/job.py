@@ -28,7 +28,9 @@ class PolicyJob(Job):
     def delete(self, pipeline: Any = None, remove_from_queue: bool = True, delete_dependents: bool = False) -> Any:
         # Before the hash goes: the hash names the marker. On a pipeline the release rides it, ahead of the delete.
         release_markers(pipeline if pipeline is not None else self.connection, type(self), [self.id])
-        return super().delete(pipeline=pipeline, remove_from_queue=remove_from_queue, delete_dependents=delete_dependents)
+        return super().delete(
+            pipeline=pipeline, remove_from_queue=remove_from_queue, delete_dependents=delete_dependents
+        )
 
     def cancel(self, pipeline: Any = None, *args: Any, **kwargs: Any) -> Any:
         release_markers(pipeline if pipeline is not None else self.connection, type(self), [self.id])

@@ -110,6 +110,15 @@ def _flatten(mapping: dict[str, Any]) -> list[Any]:
     return flat
 
 
+def pack_fields(flat: list[Any]) -> bytes:
+    """A flat field/value list as one length-prefixed blob (decoded by ``lua/includes/unpack_fields.lua``)."""
+    parts = []
+    for item in flat:
+        data = item.encode('utf-8') if isinstance(item, str) else item
+        parts.append(b'%d:%s' % (len(data), data))
+    return b''.join(parts)
+
+
 def _score(when: datetime) -> int:
     # rq's ScheduledJobRegistry.schedule: a naive datetime is local time.
     if not when.tzinfo:
@@ -298,7 +307,7 @@ class PolicyQueue(Queue):
                 1 if loner else 0,
                 keys.drop_field('loner', self.name),
                 keys.wake(self.name),
-                *fields,
+                pack_fields(fields),
             ],
         )
         if not admitted:
@@ -338,7 +347,10 @@ class PolicyQueue(Queue):
         spec = self._declared_for(func)
         digest = identity.digest(func_path(probe), self.name, args, kwargs, spec.unique_context if spec else None)
         found = scripts.run(
-            'loner_holder', self.connection, [keys.loner(self.name, digest)], [self.job_class.redis_job_namespace_prefix]
+            'loner_holder',
+            self.connection,
+            [keys.loner(self.name, digest)],
+            [self.job_class.redis_job_namespace_prefix],
         )
         if not found:
             return None
@@ -421,7 +433,9 @@ class PolicyQueue(Queue):
             fetcher.wait(connection, names, remaining)
 
     @classmethod
-    def _rebuild(cls, queue: Queue, connection: Any, job_class: Any, serializer: Any, death_penalty_class: Any) -> Queue:
+    def _rebuild(
+        cls, queue: Queue, connection: Any, job_class: Any, serializer: Any, death_penalty_class: Any
+    ) -> Queue:
         kwargs: dict[str, Any] = {'connection': connection, 'job_class': job_class, 'serializer': serializer}
         if death_penalty_class is not None:
             kwargs['death_penalty_class'] = death_penalty_class

@@ -78,7 +78,8 @@ class RedisServer:
                     return self
             except Exception:
                 if self.process.poll() is not None or time.monotonic() > deadline:
-                    log = (self.dir / 'server.log').read_text(errors='replace')[-2000:] if (self.dir / 'server.log').exists() else ''
+                    path = self.dir / 'server.log'
+                    log = path.read_text(errors='replace')[-2000:] if path.exists() else ''
                     raise RuntimeError(f'{self.binary} did not start on port {self.port}: {log}') from None
                 time.sleep(0.05)
 

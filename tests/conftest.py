@@ -48,3 +48,13 @@ def worker_env(redis_url):
     env['REDIS_URL'] = redis_url
     env['PYTHONPATH'] = os.pathsep.join([str(HERE), str(HERE.parent), env.get('PYTHONPATH', '')])
     return env
+
+
+def pytest_collection_modifyitems(config, items):
+    """RQ_POLICIES_SKIP_SLOW=1 skips the tests marked slow (CI runs the soak once, not on every matrix cell)."""
+    if not os.environ.get('RQ_POLICIES_SKIP_SLOW'):
+        return
+    skip = pytest.mark.skip(reason='RQ_POLICIES_SKIP_SLOW is set')
+    for item in items:
+        if 'slow' in item.keywords:
+            item.add_marker(skip)

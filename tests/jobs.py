@@ -62,3 +62,12 @@ def fail(x):
 class Greeter:
     def hello(self, name):
         return f'hello {name}'
+
+
+@policy(Loner())
+def slow_loner(tag, seconds):
+    """A loner that records its start, then sleeps: lets a test enqueue the same identity while it runs."""
+    conn = _conn()
+    conn.rpush(f'test:ran:{tag}', get_current_job().id)
+    time.sleep(seconds)
+    return tag

@@ -1,0 +1,65 @@
+"""Shared benchmark plumbing: a server, interleaved rounds, medians and ratios against stock rq."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+
+from redis import Redis
+
+from rq_policies.testing import RedisServer
+
+
+@contextmanager
+def server_url():
+    """REDIS_URL if set, else a throwaway server on a free port."""
+    if os.environ.get('REDIS_URL'):
+        yield os.environ['REDIS_URL']
+        return
+    with RedisServer() as server:
+        yield server.url
+
+
+def interleaved(variants: dict[str, Callable[[int], object]], rounds: int, calls: int,
+                before_round: Callable[[], None] | None = None) -> dict[str, list[float]]:
+    """Time every call of every variant; rounds interleave the variants so machine noise hits them alike.
+
+    Returns per-call seconds for each variant.
+    """
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    counter = 0
+    for r in range(rounds):
+        order = list(variants.items())
+        if r % 2:
+            order.reverse()  # alternate which variant goes first
+        for name, call in order:
+            if before_round:
+                before_round()
+            for _ in range(calls):
+                counter += 1
+                start = time.perf_counter()
+                call(counter)
+                samples[name].append(time.perf_counter() - start)
+    return samples
+
+
+def report(samples: dict[str, list[float]], baseline: str, targets: dict[str, float] | None = None) -> dict[str, float]:
+    """Print median per-call time and the ratio to `baseline` for every variant; return the ratios."""
+    base = statistics.median(samples[baseline])
+    ratios = {}
+    print(f'{"variant":44} {"median us":>10} {"ratio":>7}  target')
+    for name, values in samples.items():
+        med = statistics.median(values)
+        ratio = med / base
+        ratios[name] = ratio
+        target = (targets or {}).get(name)
+        mark = '' if target is None else (f'<= {target}  ' + ('ok' if ratio <= target else 'MISSED'))
+        print(f'{name:44} {med * 1e6:10.1f} {ratio:7.3f}  {mark}')
+    return ratios
+
+
+def connect(url: str) -> Redis:
+    return Redis.from_url(url)

@@ -1,0 +1,72 @@
+"""Enqueue cost of the policy doors against stock rq.Queue.enqueue, measured in one run.
+
+    python bench/enqueue.py [--rounds 15] [--calls 200] [--markers 100000]
+
+Each variant enqueues the same function with the same kind of arguments; rounds interleave the variants and the
+figure is the median per-call time, printed as a ratio to stock `Queue.enqueue`. Targets (issue 2): Loner admitted
+<= 1.0 (one round trip where stock makes two), Loner dropped <= 0.5, and the admitted ratio unchanged (within 1.1)
+with 100,000 live markers of other identities.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_jobs import work  # noqa: E402
+from common import connect, interleaved, report, server_url  # noqa: E402
+from rq import Queue  # noqa: E402
+
+from rq_policies import Loner, PolicyQueue  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--rounds', type=int, default=15)
+    parser.add_argument('--calls', type=int, default=200)
+    parser.add_argument('--markers', type=int, default=100_000)
+    opts = parser.parse_args()
+
+    with server_url() as url:
+        conn = connect(url)
+        conn.flushdb()
+        stock = Queue('bench_stock', connection=conn)
+        pq = PolicyQueue('bench_policy', connection=conn)
+        loner = Loner()
+        pq.enqueue(work, 'held', policy=loner)  # the identity every "dropped" call collides with
+
+        def flush_lists():
+            conn.delete(stock.key)
+
+        variants = {
+            'stock Queue.enqueue': lambda i: stock.enqueue(work, i),
+            'Loner admitted': lambda i: pq.enqueue(work, i, policy=loner),
+            'Loner dropped': lambda i: pq.enqueue(work, 'held', policy=loner),
+        }
+        print(f'server: {conn.info("server").get("redis_version")}; {opts.rounds} rounds x {opts.calls} calls\n')
+        samples = interleaved(variants, opts.rounds, opts.calls, before_round=flush_lists)
+        ratios = report(samples, 'stock Queue.enqueue', {'Loner admitted': 1.0, 'Loner dropped': 0.5})
+
+        if opts.markers:
+            print(f'\nfilling {opts.markers:,} live loner markers of other identities ...')
+            filler = PolicyQueue('bench_filler', connection=conn)
+            for i in range(opts.markers):
+                filler.enqueue(work, f'filler-{i}', policy=loner)
+            live = sum(1 for _ in conn.scan_iter('rq:policies:loner:bench_filler:*', count=10_000))
+            print(f'live markers: {live:,}\n')
+            samples = interleaved(
+                {k: variants[k] for k in ('stock Queue.enqueue', 'Loner admitted')}, opts.rounds, opts.calls,
+                before_round=flush_lists,
+            )
+            with_markers = report(samples, 'stock Queue.enqueue')
+            drift = with_markers['Loner admitted'] / ratios['Loner admitted']
+            print(f'\nadmitted ratio with {opts.markers:,} markers / without: {drift:.3f} (target <= 1.1: '
+                  f'{"ok" if drift <= 1.1 else "MISSED"})')
+        conn.flushdb()
+
+
+if __name__ == '__main__':
+    main()

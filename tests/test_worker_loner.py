@@ -1,0 +1,53 @@
+"""Loner end to end with real forking workers started as `rq worker -w rq_policies.PolicyWorker`."""
+
+from __future__ import annotations
+
+import jobs
+from rq import Queue
+from rq.job import Job, JobStatus
+from workers import output, start_worker, stop, wait_for
+
+from rq_policies import PolicyQueue
+
+
+def test_forking_worker_runs_loners_and_clears_markers(connection, redis_url, worker_env):
+    q = PolicyQueue('e2e', connection=connection)
+    admitted = [q.enqueue(jobs.record, 'e2e', i) for i in range(5)]
+    assert all(admitted)
+    assert all(q.enqueue(jobs.record, 'e2e', i) is None for i in range(5))
+    worker = start_worker(redis_url, ['e2e'], worker_env, burst=True)
+    assert worker.wait(60) == 0, output(worker)
+    ran = [x.decode() for x in connection.lrange('test:ran:e2e', 0, -1)]
+    assert sorted(ran) == sorted(j.id for j in admitted)
+    assert connection.keys('rq:policies:*') == [b'rq:policies:drops']  # only the drop counters stay
+    assert connection.llen(q.intermediate_queue_key) == 0
+    for job in admitted:
+        assert Job.fetch(job.id, connection=connection).get_status() == JobStatus.FINISHED
+
+
+def test_identity_is_free_while_the_job_runs(connection, redis_url, worker_env):
+    q = PolicyQueue('running', connection=connection)
+    first = q.enqueue(jobs.slow_loner, 'running', 3)
+    worker = start_worker(redis_url, ['running'], worker_env)
+    try:
+        assert wait_for(lambda: connection.llen('test:ran:running') == 1)
+        assert Job.fetch(first.id, connection=connection).get_status() == JobStatus.STARTED
+        assert q.enqueued(jobs.slow_loner, 'running', 3) is False
+        second = q.enqueue(jobs.slow_loner, 'running', 3)
+        assert second is not None
+        assert q.enqueue(jobs.slow_loner, 'running', 3) is None  # the second one waits now
+        assert wait_for(lambda: connection.llen('test:ran:running') == 2, timeout=30)
+    finally:
+        stop(worker)
+
+
+def test_stock_worker_reads_our_jobs_and_the_marker_heals(connection, redis_url, worker_env):
+    q = PolicyQueue('stock', connection=connection)
+    job = q.enqueue(jobs.record, 'stock', 1)
+    worker = start_worker(redis_url, ['stock'], worker_env, worker_class='rq.Worker', burst=True)
+    assert worker.wait(60) == 0, output(worker)
+    assert Job.fetch(job.id, connection=connection).get_status() == JobStatus.FINISHED
+    # A stock worker does not clear the marker, but its holder no longer waits: the identity is free.
+    assert q.enqueued(jobs.record, 'stock', 1) is False
+    assert q.enqueue(jobs.record, 'stock', 1) is not None
+    assert Queue('stock', connection=connection).count == 1

@@ -1,0 +1,47 @@
+"""Starting real rq workers in subprocesses, the way users run them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+
+def start_worker(url: str, queues: list[str], env: dict, worker_class: str = 'rq_policies.PolicyWorker',
+                 burst: bool = False, extra: list[str] | None = None) -> subprocess.Popen:
+    """``rq worker -w <worker_class> --url <url> QUEUES`` as a subprocess (its own process group, killable)."""
+    args = [sys.executable, '-m', 'rq.cli', 'worker', '-w', worker_class, '--url', url, '--logging_level', 'WARNING']
+    if burst:
+        args.append('--burst')
+    args += list(extra or []) + list(queues)
+    with tempfile.NamedTemporaryFile('wb', prefix='rq-worker-', suffix='.log', delete=False) as log:
+        proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc.log_path = log.name  # type: ignore[attr-defined]
+    return proc
+
+
+def output(proc: subprocess.Popen) -> str:
+    """What the worker printed (for assertion messages)."""
+    with open(proc.log_path, errors='replace') as f:  # type: ignore[attr-defined]
+        return f.read()[-4000:]
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 20.0, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

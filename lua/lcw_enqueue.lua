@@ -26,7 +26,8 @@
   ARGV[8]    gauges ttl           seconds the gauges and the index outlive the last write
   ARGV[9]    n                    number of candidates
   ARGV[9+i]  candidate i's id
-  ARGV[10+n..] job hash field/value pairs, shared by every candidate
+  ARGV[10+n] job hash             field/value pairs shared by every candidate, as one length-prefixed
+                                  blob (includes/unpack_fields.lua)
 
   Returns the list of ids enqueued (possibly empty).
 ]]
@@ -39,11 +40,13 @@ local queue_name = ARGV[5]
 local ttl = tonumber(ARGV[7])
 local state_ttl = tonumber(ARGV[8])
 local n = tonumber(ARGV[9])
-local fields = {unpack(ARGV, 10 + n)}
 
 -- @include "includes/server_time.lua"
 -- @include "includes/save_job.lua"
+-- @include "includes/unpack_fields.lua"
 -- @include "includes/lcw_room.lua"
+
+local fields = unpack_fields(ARGV[10 + n])
 
 local now = server_now()
 local room = lcw_room(KEYS[1], KEYS[2], job_prefix, max, now)

@@ -22,7 +22,7 @@
   ARGV[8]  gauges ttl           seconds the gauges and the index outlive the last write
   ARGV[9]  holder               this job's member of the running ledger
   ARGV[10] successor id
-  ARGV[11..] the successor's job hash field/value pairs
+  ARGV[11] the successor's hash  field/value pairs as one length-prefixed blob (includes/unpack_fields.lua)
 
   Returns {released, successor id or ''}: released = 1 when this job's hold was still live.
 ]]
@@ -39,6 +39,7 @@ local successor = ARGV[10]
 
 -- @include "includes/server_time.lua"
 -- @include "includes/save_job.lua"
+-- @include "includes/unpack_fields.lua"
 -- @include "includes/lcw_room.lua"
 
 local now = server_now()
@@ -46,7 +47,7 @@ local released = rcall('ZREM', KEYS[1], holder)
 local room = lcw_room(KEYS[1], KEYS[2], job_prefix, max, now)
 lcw_report(KEYS[3], KEYS[4], class, queue_name, max, remaining, now, state_ttl)
 if remaining > 0 and room > 0 then
-  save_job(KEYS[7], KEYS[5], KEYS[6], KEYS[5], successor, 'R', 0, ttl, {unpack(ARGV, 11)})
+  save_job(KEYS[7], KEYS[5], KEYS[6], KEYS[5], successor, 'R', 0, ttl, unpack_fields(ARGV[11]))
   rcall('ZADD', KEYS[2], now, successor)
   rcall('PUBLISH', ARGV[6], successor)
   return {released, successor}

@@ -46,7 +46,7 @@ from rq import get_current_job
 from rq.utils import import_attribute
 
 from . import keys, scripts
-from .queue import PolicyQueue, _flatten
+from .queue import PolicyQueue, _flatten, pack_fields
 from .queue_slot import QueueSlot
 
 logger = logging.getLogger('rq_policies')
@@ -127,7 +127,7 @@ class LimitedCapacityWorker:
             'lcw_enqueue',
             conn,
             [*cls._keys(queue), *(queue.job_class.key_for(job_id) for job_id in ids)],
-            [*cls._argv(queue, limit, remaining, ttl), len(ids), *ids, *fields],
+            [*cls._argv(queue, limit, remaining, ttl), len(ids), *ids, fields],
         )
         result = [job_id.decode() if isinstance(job_id, bytes) else job_id for job_id in enqueued]
         logger.debug('rq-policies: %s.perform_with_capacity enqueued %d job(s)', path, len(result))
@@ -188,7 +188,7 @@ class LimitedCapacityWorker:
                 'lcw_finish',
                 conn,
                 [*cls._keys(queue), queue.job_class.key_for(successor)],
-                [*cls._argv(queue, limit, remaining, job_ttl), holder, successor, *fields],
+                [*cls._argv(queue, limit, remaining, job_ttl), holder, successor, fields],
             )
         except BaseException:
             _release(conn, running, holder)
@@ -234,8 +234,8 @@ class LimitedCapacityWorker:
         return name
 
     @classmethod
-    def _template(cls, args: tuple, conn: Redis, queue_name: str) -> tuple[PolicyQueue, list[Any], int]:
-        """The job hash fields every job of this call shares (rq's own ``to_dict``), and the job ttl."""
+    def _template(cls, args: tuple, conn: Redis, queue_name: str) -> tuple[PolicyQueue, bytes, int]:
+        """The job hash every job of this call shares (rq's own ``to_dict``, packed for the script), and the ttl."""
         queue = PolicyQueue(queue_name, connection=conn)
         options: dict[str, Any] = {'args': args}
         if cls.job_timeout is not None:
@@ -247,7 +247,7 @@ class LimitedCapacityWorker:
         job = queue.create_job(f'{cls.class_path()}.perform', **options)
         queue._prepare(job, None, False)
         ttl = job.ttl if job.ttl and job.ttl > 0 else -1
-        return queue, _flatten(job.to_dict()), ttl
+        return queue, pack_fields(_flatten(job.to_dict())), ttl
 
     @classmethod
     def _keys(cls, queue: PolicyQueue) -> list[str]:

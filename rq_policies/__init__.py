@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .exceptions import PipelineNotSupported, PolicyConfigurationError, PolicyError
 from .job import PolicyJob
+from .limited_capacity import LimitedCapacityWorker
 from .policy import Loner, Policy, PolicySet, policy
 from .queue import PolicyQueue
 from .queue_slot import QueueSlot
@@ -12,6 +13,7 @@ from .worker import PolicySimpleWorker, PolicyWorker
 __version__ = '0.1.0'
 
 __all__ = [
+    'LimitedCapacityWorker',
     'Loner',
     'PipelineNotSupported',
     'Policy',

@@ -21,7 +21,21 @@ key                                                    type     meaning
 ``rq:policies:capacity``                               HASH     queue name -> cluster-wide cap (QueueSlot)
 ``rq:policies:drops``                                  HASH     ``<policy>:<queue>`` -> dropped enqueues (a counter)
 ``rq:policies:wake:<queue>``                           channel  pub/sub: a job was admitted or a slot freed
+``rq:policies:lcw``                                    ZSET     LimitedCapacityWorker classes seen: member = class
+                                                                import path, score = epoch second last seen;
+                                                                members older than a day are trimmed on write
+``rq:policies:lcw:<class>``                            HASH     the class's last reported gauges: ``queue``,
+                                                                ``max``, ``remaining``, ``updated`` (epoch s);
+                                                                expires a day after the last write
+``rq:policies:lcw-running:<class>``                    ZSET     the class's running ledger (QueueSlot's shape):
+                                                                member = holder ``<host>:<pid>:<job id>``,
+                                                                score = epoch second the hold expires
+``rq:policies:lcw-queued:<class>``                     ZSET     ids of the class's jobs enqueued and not yet
+                                                                started (score = enqueue epoch s); an entry whose
+                                                                job is gone or ended is pruned on the next count
 =====================================================  =======  ===================================================
+
+A ``<class>`` is a LimitedCapacityWorker's import path (``module.Class``): dots and identifiers, never a colon.
 
 Job hashes (``rq:job:<id>``) written by an admission carry one extra field, ``policies_loner``, naming the job's
 loner marker, so the dequeue script can clear the marker of the job it pops without a second round trip. rq and
@@ -67,6 +81,25 @@ def slots(queue: str) -> str:
 def wake(queue: str) -> str:
     """The pub/sub channel idle PolicyWorkers listen on for one queue."""
     return f'{PREFIX}wake:{queue}'
+
+
+#: The index of LimitedCapacityWorker classes (for metrics and ``rq-policies info``).
+LCW_INDEX = PREFIX + 'lcw'
+
+
+def lcw_state(worker_class: str) -> str:
+    """The last gauges a LimitedCapacityWorker class reported (max_running_jobs, remaining_work_count)."""
+    return f'{PREFIX}lcw:{worker_class}'
+
+
+def lcw_running(worker_class: str) -> str:
+    """The running ledger of one LimitedCapacityWorker class (holders with expiry, as QueueSlot's)."""
+    return f'{PREFIX}lcw-running:{worker_class}'
+
+
+def lcw_queued(worker_class: str) -> str:
+    """The ids of one LimitedCapacityWorker class's jobs that wait to start."""
+    return f'{PREFIX}lcw-queued:{worker_class}'
 
 
 def drop_field(policy: str, queue: str) -> str:

@@ -1,0 +1,27 @@
+-- Shared: the free room of a LimitedCapacityWorker class, and its gauges written on the way.
+-- Room = max_running_jobs - live holds in the running ledger - jobs still waiting to start.
+-- Expired holds (a killed job) are purged under the server's clock, and a queued entry whose job
+-- hash is gone or has ended (deleted, cancelled, failed before it started) is pruned, so the
+-- count heals by itself. A job whose status is `started` but which has not reached its start
+-- script yet still counts: it is about to move into the ledger.
+local function lcw_room(running, queued, job_prefix, max, now)
+  redis.call('ZREMRANGEBYSCORE', running, '-inf', now)
+  local waiting = redis.call('ZRANGE', queued, 0, -1)
+  for _, jid in ipairs(waiting) do
+    local status = redis.call('HGET', job_prefix .. jid, 'status')
+    if status ~= 'queued' and status ~= 'scheduled' and status ~= 'deferred' and status ~= 'started' then
+      redis.call('ZREM', queued, jid)
+    end
+  end
+  return max - redis.call('ZCARD', running) - redis.call('ZCARD', queued)
+end
+
+-- Record the gauges the metrics collector exports, and the class in the index (both expire a
+-- day after the class was last seen).
+local function lcw_report(state, index, class, queue_name, max, remaining, now, state_ttl)
+  redis.call('HSET', state, 'queue', queue_name, 'max', max, 'remaining', remaining, 'updated', now)
+  redis.call('EXPIRE', state, state_ttl)
+  redis.call('ZADD', index, now, class)
+  redis.call('ZREMRANGEBYSCORE', index, '-inf', now - state_ttl)
+  redis.call('EXPIRE', index, state_ttl)
+end

@@ -1,0 +1,294 @@
+"""The ``rq-policies`` command: inspect and change policy state from a shell.
+
+It takes the same connection options and environment variables as ``rq`` (``--url``/``RQ_REDIS_URL``,
+``--config``/``RQ_CONFIG`` with ``REDIS_URL``, ``REDIS_HOST``... or a ``SENTINEL`` dict, and the ``REDIS_*``
+variables when neither is given), because it reuses rq's own option set and connection helper
+(``rq.cli.helpers.pass_cli_config``).
+
+Every error is one line on stderr and a non-zero exit (2 for bad usage, 1 for anything else), never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from typing import Any
+
+import click
+from redis.exceptions import RedisError
+from rq.cli.helpers import pass_cli_config
+from rq.utils import import_attribute
+
+from . import __version__, state
+from .policy import declared
+from .queue_slot import QueueSlot
+
+
+class CommandError(click.ClickException):
+    """A one-line error the command reports (exit status 1)."""
+
+
+def _connect(cli_config: Any) -> Any:
+    try:
+        conn = cli_config.connection
+        conn.ping()
+    except RedisError as exc:
+        where = cli_config.url or cli_config.config or 'the REDIS_* settings'
+        raise CommandError(f'cannot reach Redis ({where}): {exc}') from None
+    except (ImportError, ValueError) as exc:  # a bad --config module, a malformed URL
+        raise CommandError(f'cannot connect to Redis: {exc}') from None
+    return conn
+
+
+def _require_known(conn: Any, queue: str, force: bool = False) -> None:
+    if force or state.known_queue(conn, queue):
+        return
+    raise CommandError(
+        f'unknown queue {queue!r}: rq has no such queue, it has no cap and no worker listens to it'
+        + (' (pass --force to cap it anyway)' if not force else '')
+    )
+
+
+def _parse_value(text: str) -> Any:
+    """An ARG as a JSON literal when it is one (``3``, ``true``, ``null``, ``"3"``, ``[1, 2]``), else as a string."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+@click.group()
+@click.version_option(__version__, prog_name='rq-policies')
+def main() -> None:
+    """Inspect and change rq-policies state: caps, holds, identities, limited-capacity workers, metrics."""
+
+
+# -- info -----------------------------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument('queues', nargs=-1)
+@click.option('--json', 'as_json', is_flag=True, help='Print the state as JSON (for scripts).')
+@click.option('--limit', type=int, default=20, show_default=True, help='Entries listed per queue and kind (0: all).')
+@pass_cli_config
+def info(cli_config: Any, queues: tuple[str, ...], as_json: bool, limit: int, **options: Any) -> None:
+    """Show caps, live holds, loner markers, throttle slots, pending trailing and debounced jobs per queue, and
+    limited-capacity workers with their gauges."""
+    if limit < 0:
+        raise click.BadParameter(f'must be >= 0, got {limit}', param_hint='--limit')
+    conn = _connect(cli_config)
+    for name in queues:
+        _require_known(conn, name)
+    snap = state.snapshot(conn, list(queues) if queues else None, limit=limit or None)
+    if as_json:
+        click.echo(json.dumps(snap, indent=2, sort_keys=True))
+        return
+    _print_info(snap)
+
+
+def _short(digest: str) -> str:
+    return digest[:12]
+
+
+def _more(count: int, listed: list[Any], indent: str = '    ') -> None:
+    if count > len(listed):
+        click.echo(f'{indent}... and {count - len(listed)} more (--limit 0 lists all)')
+
+
+def _print_info(snap: dict[str, Any]) -> None:
+    if not snap['queues']:
+        click.echo('No queue has a cap, a hold or policy state.')
+    for name, q in snap['queues'].items():
+        cap = q['capacity']
+        head = click.style(f'queue {name}', bold=True)
+        in_use = q['holds_in_use']
+        cap_text = f'cap {cap}, {in_use} in use' if cap is not None else f'uncapped, {in_use} holds'
+        click.echo(f'{head}  ({cap_text})')
+        for hold in q['holds']:
+            click.echo(f'  hold      {hold["holder"]:<48} expires in {hold["expires_in"]:.1f}s')
+        _more(q['holds_in_use'], q['holds'], '  ')
+        loner = q['loner']
+        if loner['count']:
+            stale = loner['count'] - loner['waiting']
+            click.echo(f'  loner     {loner["waiting"]} waiting' + (f', {stale} stale' if stale else ''))
+            for row in loner['entries']:
+                click.echo(f'    {_short(row["digest"])}  job {row["job_id"]} ({row["job_status"] or "gone"})')
+            _more(loner['count'], loner['entries'])
+        throttle = q['throttle']
+        if throttle['count']:
+            click.echo(f'  throttle  {throttle["count"]} live slot(s)')
+            for row in throttle['entries']:
+                expires = f'expires in {row["expires_in"]:.1f}s' if row['expires_in'] is not None else 'no expiry'
+                click.echo(f'    {_short(row["digest"])}  slot {row["slot"]}  job {row["job_id"]}  {expires}')
+            _more(throttle['count'], throttle['entries'])
+        for family in ('trailing', 'debounce'):
+            block = q[family]
+            if block['count']:
+                click.echo(f'  {family:<9} {block["count"]} pending')
+                for row in block['entries']:
+                    what = f'job {row["job_id"]}' if family == 'trailing' else json.dumps(row['fields'], sort_keys=True)
+                    expires = f'  expires in {row["expires_in"]:.1f}s' if row['expires_in'] is not None else ''
+                    click.echo(f'    {_short(row["digest"])}  {what}{expires}')
+                _more(block['count'], block['entries'])
+        if q['drops']:
+            click.echo('  dropped   ' + ', '.join(f'{policy} {count}' for policy, count in sorted(q['drops'].items())))
+    workers = snap['limited_capacity_workers']
+    if workers:
+        click.echo(click.style('limited-capacity workers', bold=True))
+        for row in workers:
+            click.echo(
+                f'  {row["class"]}  queue {row["queue"]}  running {row["running_jobs"]}/{row["max_running_jobs"]}'
+                f'  queued {row["queued_jobs"]}  remaining {row["remaining_work_count"]}'
+                f'  (reported {row["reported_seconds_ago"]:.0f}s ago)'
+            )
+
+
+# -- cap ------------------------------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument('queue')
+@click.argument('n', required=False)
+@click.option('--clear', is_flag=True, help='Remove the cap (live holds stay until released or expired).')
+@click.option('--force', is_flag=True, help='Cap a queue rq does not know yet.')
+@pass_cli_config
+def cap(cli_config: Any, queue: str, n: str | None, clear: bool, force: bool, **options: Any) -> None:
+    """Cap QUEUE at N jobs running across the cluster, or remove its cap with --clear."""
+    if clear == (n is not None):
+        raise click.UsageError('give either N or --clear')
+    limit = None
+    if n is not None:
+        try:
+            limit = int(n)
+        except ValueError:
+            limit = None
+        if limit is None or limit < 1:
+            raise click.BadParameter(f'must be a positive integer, got {n!r}', param_hint='N')
+    conn = _connect(cli_config)
+    _require_known(conn, queue, force or clear)
+    before = QueueSlot.capacity(queue, connection=conn)
+    was = f'was {before}' if before is not None else 'was uncapped'
+    if clear:
+        QueueSlot.clear_capacity(queue, connection=conn)
+        click.echo(f'Queue {queue!r} is uncapped ({was}).')
+    else:
+        assert limit is not None  # narrowed above: N was given and parsed
+        QueueSlot.set_capacity(queue, limit, connection=conn)
+        click.echo(f'Queue {queue!r} is capped at {limit} ({was}).')
+
+
+# -- reset ----------------------------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument('queue')
+@click.argument('function')
+@click.argument('args', nargs=-1)
+@click.option('--kwarg', 'kwargs', multiple=True, metavar='KEY=VALUE', help='A keyword argument (parsed as ARGS).')
+@pass_cli_config
+def reset(cli_config: Any, queue: str, function: str, args: tuple[str, ...], kwargs: tuple[str, ...],
+          **options: Any) -> None:
+    """Clear one identity's state on QUEUE: loner marker, throttle slots, pending trailing and debounce state.
+
+    FUNCTION is the job function's import path; ARGS are its positional arguments, each read as a JSON literal
+    when it is one (3, 2.5, true, null, "3", [1, 2], {"a": 1}) and as a string otherwise. When FUNCTION can be
+    imported (see --path), its declared unique_context applies, as it does on enqueue.
+    """
+    call_args = [_parse_value(arg) for arg in args]
+    call_kwargs: dict[str, Any] = {}
+    for item in kwargs:
+        key, sep, value = item.partition('=')
+        if not sep or not key:
+            raise click.BadParameter(f'expected KEY=VALUE, got {item!r}', param_hint='--kwarg')
+        call_kwargs[key] = _parse_value(value)
+    func_name, unique_context = _resolve(function)
+    conn = _connect(cli_config)
+    _require_known(conn, queue)
+    try:
+        result = state.reset_identity(conn, queue, func_name, call_args, call_kwargs, unique_context)
+    except TypeError as exc:
+        raise CommandError(str(exc)) from None
+    cleared = [f'{kind} {result[kind]}' for kind in ('loner', 'throttle', 'trailing', 'debounce') if result[kind]]
+    click.echo(f'Identity {_short(result["digest"])} of {func_name} on {queue!r}: '
+               + ('cleared ' + ', '.join(cleared) if cleared else 'nothing to clear') + '.')
+    for kind in ('loner', 'trailing'):
+        if result[f'{kind}_job_id']:
+            click.echo(f'  the {kind} marker named job {result[f"{kind}_job_id"]}; the job itself was left alone.')
+
+
+def _resolve(function: str) -> tuple[str, Any]:
+    """The function's name as rq stores it, and its declared unique_context, importing it when possible."""
+    if not function or function.startswith('.') or function.endswith('.') or '.' not in function:
+        raise click.BadParameter(f'expected an import path like app.tasks.sync, got {function!r}',
+                                 param_hint='FUNCTION')
+    try:
+        func = import_attribute(function)
+    except (ImportError, AttributeError, ValueError):
+        click.echo(f'note: cannot import {function}; its arguments are used as given (no unique_context)', err=True)
+        return function, None
+    spec = declared(func)
+    name = f'{func.__module__}.{func.__qualname__}' if hasattr(func, '__qualname__') else function
+    return name, spec.unique_context if spec else None
+
+
+# -- exporter -------------------------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option('--port', type=click.IntRange(1, 65535), default=9121, show_default=True, help='Port to serve on.')
+@click.option('--addr', default='0.0.0.0', show_default=True, help='Address to bind.')
+@pass_cli_config
+def exporter(cli_config: Any, port: int, addr: str, **options: Any) -> None:
+    """Serve Prometheus metrics of every policy at http://ADDR:PORT/metrics until stopped."""
+    try:
+        from .metrics import make_server
+    except ImportError as exc:
+        raise CommandError(str(exc)) from None
+    conn = _connect(cli_config)
+    try:
+        server = make_server(conn, port, addr)
+    except OSError as exc:
+        raise CommandError(f'cannot serve on {addr}:{port}: {exc.strerror or exc}') from None
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    click.echo(f'Serving rq-policies metrics on http://{addr}:{port}/metrics', err=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+# -- entry point ----------------------------------------------------------------------------------------------------
+
+
+def cli(argv: list[str] | None = None) -> None:
+    """The console script: click's parsing, with every error reduced to one line and a non-zero exit."""
+    try:
+        main.main(args=argv, prog_name='rq-policies', standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.UsageError as exc:
+        click.echo(f'Error: {exc.format_message()}', err=True)
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        click.echo(f'Error: {exc.format_message()}', err=True)
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo('Aborted.', err=True)
+        sys.exit(1)
+    except RedisError as exc:
+        click.echo(f'Error: Redis: {exc}', err=True)
+        sys.exit(1)
+    except Exception as exc:  # the promise is one line, never a traceback
+        click.echo(f'Error: {type(exc).__name__}: {exc}', err=True)
+        sys.exit(1)
+
+
+if __name__ == '__main__':
+    cli()

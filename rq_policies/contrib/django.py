@@ -1,0 +1,36 @@
+"""Django-RQ: a PolicyQueue that keeps django-rq's commit modes.
+
+``PolicyQueue`` and ``PolicyWorker`` work through django-rq's settings as they are
+(``RQ = {'QUEUE_CLASS': 'rq_policies.PolicyQueue', 'WORKER_CLASS': 'rq_policies.PolicyWorker'}``), but a plain
+PolicyQueue enqueues at once, even inside ``transaction.atomic()``: django-rq's ``COMMIT_MODE`` (``on_db_commit``
+by default) lives in its own queue class, ``DjangoRQ``. :class:`PolicyDjangoQueue` is both: an enqueue made inside
+a transaction is held until the commit, as django-rq does, and is admitted through its policies *when it is really
+written*, with the ``policy=`` it was called with. A deferred enqueue returns None, as it does in django-rq.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django_rq.queues import DjangoRQ
+
+from ..queue import _DECLARED, PolicyQueue, _door
+
+#: Keyword that carries a call's policy override to the deferred enqueue (not a job option).
+_OVERRIDE = '_rq_policies_override'
+
+
+class PolicyDjangoQueue(PolicyQueue, DjangoRQ):
+    """django-rq's queue class with rq-policies' admission: ``RQ = {'QUEUE_CLASS': '...PolicyDjangoQueue'}``."""
+
+    def enqueue_call(self, func: Any, *args: Any, policy: Any = _DECLARED, **kwargs: Any) -> Any:  # type: ignore[override]
+        # When enqueue() opened the door, its policy rules; carry it to wherever DjangoRQ runs the real enqueue.
+        door = _door.get()
+        override = door.override if door is not None else policy
+        return DjangoRQ.enqueue_call(self, func, *args, **{_OVERRIDE: override}, **kwargs)
+
+    def original_enqueue_call(self, *args: Any, **kwargs: Any) -> Any:
+        override = kwargs.pop(_OVERRIDE, _DECLARED)
+        # At commit time no door is open any more: open one, so the job is admitted when it is written.
+        with self._door(override):
+            return DjangoRQ.original_enqueue_call(self, *args, **kwargs)

@@ -1,0 +1,155 @@
+"""Prometheus metrics for rq-policies, read from Redis when scraped (``pip install 'rq-policies[metrics]'``).
+
+The collector holds no counters of its own: every value is read from Redis at scrape time, so any one process (the
+``rq-policies exporter`` command, or a web app that already serves /metrics) exports the state of the whole cluster,
+and drops count from every producer because the admission scripts count them in Redis (``rq:policies:drops``).
+
+============================================================  =======  ================  ===========================
+metric                                                        type     labels            source
+============================================================  =======  ================  ===========================
+``limited_capacity_worker_running_jobs``                      gauge    ``worker``        live holds in the class's
+                                                                                         running ledger
+``limited_capacity_worker_max_running_jobs``                  gauge    ``worker``        last reported
+``limited_capacity_worker_remaining_work_count``              gauge    ``worker``        last reported
+``limited_capacity_worker_queued_jobs``                       gauge    ``worker``        jobs waiting to start
+``rq_policies_queue_slots_in_use``                            gauge    ``queue``         live QueueSlot holds
+``rq_policies_queue_slots_capacity``                          gauge    ``queue``         the cap (capped queues)
+``rq_policies_dropped_enqueues_total``                        counter  ``policy``,       ``rq:policies:drops``
+                                                                       ``queue``
+``rq_policies_redis_up``                                      gauge                      1 when Redis answered
+============================================================  =======  ================  ===========================
+
+``worker`` is the LimitedCapacityWorker's import path (``module.Class``), as GitLab labels by class name. The
+collector does not import or call application code: ``max_running_jobs`` and ``remaining_work_count`` are the values
+the class last reported, which it does on every ``perform_with_capacity`` and every finishing job (a
+``remaining_work_count`` may be a database query, which a scrape should not repeat). A class is exported while it
+reported within the last day.
+
+Usage::
+
+    from prometheus_client import REGISTRY
+    from rq_policies.metrics import PolicyCollector
+
+    REGISTRY.register(PolicyCollector(redis))
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from redis import Redis
+from redis.exceptions import RedisError
+
+try:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+    from prometheus_client.registry import Collector
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "rq_policies.metrics needs prometheus-client: pip install 'rq-policies[metrics]'"
+    ) from exc
+
+from . import state
+
+logger = logging.getLogger('rq_policies')
+
+
+class PolicyCollector(Collector):
+    """A custom collector that reads rq-policies' state from Redis on every scrape."""
+
+    def __init__(self, connection: Redis) -> None:
+        if connection is None:
+            raise TypeError('PolicyCollector: connection is required, pass a Redis connection')
+        self.connection = connection
+
+    def describe(self) -> list[Metric]:
+        # Registering must not reach Redis (prometheus_client calls collect() when describe() is missing).
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily('rq_policies_redis_up', 'Whether Redis answered this scrape (1) or not (0).')
+        try:
+            families = self._families()
+        except RedisError as exc:
+            # A scrape during an outage reports it instead of failing the whole endpoint with a 500.
+            logger.warning('rq-policies: metrics scrape could not read Redis: %s', exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield from families
+
+    def _families(self) -> list[Metric]:
+        conn = self.connection
+        now = state.server_now(conn)
+        lcw = state.lcw_gauges(conn, now)
+        slots = state.slot_gauges(conn, now)
+        drops = state.drops(conn)
+
+        running = GaugeMetricFamily(
+            'limited_capacity_worker_running_jobs', 'Jobs of a LimitedCapacityWorker running now.', labels=['worker']
+        )
+        maximum = GaugeMetricFamily(
+            'limited_capacity_worker_max_running_jobs',
+            'max_running_jobs() of a LimitedCapacityWorker, as last reported.', labels=['worker'],
+        )
+        remaining = GaugeMetricFamily(
+            'limited_capacity_worker_remaining_work_count',
+            'remaining_work_count() of a LimitedCapacityWorker, as last reported.', labels=['worker'],
+        )
+        queued = GaugeMetricFamily(
+            'limited_capacity_worker_queued_jobs',
+            'Jobs of a LimitedCapacityWorker enqueued and not started yet.', labels=['worker'],
+        )
+        for row in lcw:
+            label = [row['class']]
+            running.add_metric(label, row['running_jobs'])
+            queued.add_metric(label, row['queued_jobs'])
+            if row['max_running_jobs'] is not None:
+                maximum.add_metric(label, row['max_running_jobs'])
+            if row['remaining_work_count'] is not None:
+                remaining.add_metric(label, row['remaining_work_count'])
+
+        in_use = GaugeMetricFamily(
+            'rq_policies_queue_slots_in_use', 'Live QueueSlot holds of a queue (jobs running under its cap).',
+            labels=['queue'],
+        )
+        capacity = GaugeMetricFamily(
+            'rq_policies_queue_slots_capacity', 'Cluster-wide QueueSlot cap of a queue.', labels=['queue']
+        )
+        for row in slots:
+            in_use.add_metric([row['queue']], row['in_use'])
+            if row['capacity'] is not None:
+                capacity.add_metric([row['queue']], row['capacity'])
+
+        dropped = CounterMetricFamily(
+            'rq_policies_dropped_enqueues', 'Enqueues a policy dropped, counted by every producer.',
+            labels=['policy', 'queue'],
+        )
+        for row in drops:
+            dropped.add_metric([row['policy'], row['queue']], row['count'])
+        return [running, maximum, remaining, queued, in_use, capacity, dropped]
+
+
+def registry_for(connection: Redis) -> CollectorRegistry:
+    """A fresh registry holding only a :class:`PolicyCollector` (what the exporter serves)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PolicyCollector(connection))
+    return registry
+
+
+def make_server(connection: Redis, port: int, addr: str = '0.0.0.0') -> Any:
+    """A WSGI server serving ``/metrics`` for ``connection``; call ``serve_forever()`` on it (the CLI does)."""
+    from wsgiref.simple_server import WSGIRequestHandler
+    from wsgiref.simple_server import make_server as _make_server
+
+    from prometheus_client import make_wsgi_app
+
+    class _QuietHandler(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's signature
+            logger.debug('rq-policies exporter: ' + format, *args)
+
+    return _make_server(addr, port, make_wsgi_app(registry_for(connection)), handler_class=_QuietHandler)

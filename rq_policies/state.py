@@ -1,0 +1,283 @@
+"""Reading every policy's state from Redis, for the metrics collector and ``rq-policies info``.
+
+Two levels of cost. The gauges (:func:`slot_gauges`, :func:`lcw_gauges`, :func:`drops`) read a bounded set of keys
+named by two small indexes (the capacity hash and ``rq:queues``; the LimitedCapacityWorker index) in a few pipelined
+round trips, so a scrape stays cheap however many identities are live. :func:`snapshot` lists per-identity state
+(loner markers, throttle slots, trailing and debounced jobs), which is only findable by SCAN; it is for a human
+asking, never for a scrape. SCAN runs here, in Python, never inside a Lua script.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from redis import Redis
+from rq.job import Job
+from rq.queue import Queue
+from rq.worker import Worker
+
+from . import keys
+
+_BATCH = 500
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def server_now(connection: Redis) -> float:
+    """The server's clock, in epoch seconds: the clock every hold and slot expires by."""
+    seconds, micros = connection.time()
+    return seconds + micros / 1e6
+
+
+def queue_names(connection: Redis) -> list[str]:
+    """Queues rq knows (``rq:queues``) and queues with a cap, sorted."""
+    prefix = Queue.redis_queue_namespace_prefix
+    names = {_text(key)[len(prefix):] for key in connection.smembers(Queue.redis_queues_keys)}
+    names.update(_text(name) for name in connection.hkeys(keys.CAPACITY))
+    return sorted(names)
+
+
+def known_queue(connection: Redis, name: str) -> bool:
+    """Is ``name`` a queue this cluster uses: known to rq, capped, or listened to by a live worker?"""
+    if connection.sismember(Queue.redis_queues_keys, Queue.redis_queue_namespace_prefix + name):
+        return True
+    if connection.hexists(keys.CAPACITY, name):
+        return True
+    return any(name in worker.queue_names() for worker in Worker.all(connection=connection))
+
+
+# -- gauges (cheap: what a scrape reads) ----------------------------------------------------------------------------
+
+
+def slot_gauges(connection: Redis, now: float | None = None) -> list[dict[str, Any]]:
+    """Per queue with a cap or a live hold: ``{'queue', 'capacity' (int or None), 'in_use'}``."""
+    now = server_now(connection) if now is None else now
+    capacity = {_text(k): int(v) for k, v in connection.hgetall(keys.CAPACITY).items()}
+    names = sorted(set(queue_names(connection)) | set(capacity))
+    with connection.pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.zcount(keys.slots(name), f'({now:.6f}', '+inf')
+        counts = pipe.execute()
+    return [
+        {'queue': name, 'capacity': capacity.get(name), 'in_use': int(count)}
+        for name, count in zip(names, counts)
+        if name in capacity or count
+    ]
+
+
+def lcw_gauges(connection: Redis, now: float | None = None) -> list[dict[str, Any]]:
+    """Per LimitedCapacityWorker class seen in the last day: running, queued, and its last reported gauges."""
+    now = server_now(connection) if now is None else now
+    classes = [_text(c) for c in connection.zrangebyscore(keys.LCW_INDEX, '-inf', '+inf')]
+    with connection.pipeline(transaction=False) as pipe:
+        for path in classes:
+            pipe.hgetall(keys.lcw_state(path))
+            pipe.zcount(keys.lcw_running(path), f'({now:.6f}', '+inf')
+            pipe.zcard(keys.lcw_queued(path))
+        replies = pipe.execute()
+    rows = []
+    for i, path in enumerate(classes):
+        state, running, queued = replies[3 * i: 3 * i + 3]
+        if not state:
+            continue  # expired between the index read and this one
+        state = {_text(k): _text(v) for k, v in state.items()}
+        rows.append({
+            'class': path,
+            'queue': state.get('queue'),
+            'running_jobs': int(running),
+            'queued_jobs': int(queued),
+            'max_running_jobs': int(state['max']) if 'max' in state else None,
+            'remaining_work_count': int(state['remaining']) if 'remaining' in state else None,
+            'reported_seconds_ago': round(now - float(state['updated']), 3) if 'updated' in state else None,
+        })
+    return rows
+
+
+def drops(connection: Redis) -> list[dict[str, Any]]:
+    """Dropped enqueues counted by the admission scripts: ``{'policy', 'queue', 'count'}`` per field of DROPS."""
+    rows = []
+    for field, value in connection.hgetall(keys.DROPS).items():
+        policy, _, queue = _text(field).partition(':')  # policy names have no colon; queue names may
+        rows.append({'policy': policy, 'queue': queue, 'count': int(value)})
+    return sorted(rows, key=lambda row: (row['queue'], row['policy']))
+
+
+# -- per-identity state (SCAN: for humans) --------------------------------------------------------------------------
+
+_FAMILIES = {
+    'loner': (len(keys.PREFIX + 'loner:'), 1),
+    'throttle': (len(keys.PREFIX + 'throttle:'), 2),
+    'trailing': (len(keys.PREFIX + 'trailing:'), 1),
+    'debounce': (len(keys.PREFIX + 'debounce:'), 1),
+}
+
+
+def _glob_escape(text: str) -> str:
+    return ''.join('\\' + ch if ch in '*?[]\\' else ch for ch in text)
+
+
+def _scan_identity_keys(connection: Redis, queues: Iterable[str] | None) -> dict[str, dict[str, list[str]]]:
+    """family -> queue -> keys, found by SCAN (per queue when queues are named, else over the whole prefix)."""
+    found: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    if queues is None:
+        patterns = [f'{keys.PREFIX}{family}:*' for family in _FAMILIES]
+    else:
+        patterns = [f'{keys.PREFIX}{family}:{_glob_escape(q)}:*' for family in _FAMILIES for q in queues]
+    wanted = None if queues is None else set(queues)
+    for pattern in patterns:
+        family = pattern[len(keys.PREFIX):].split(':', 1)[0]
+        start, colons = _FAMILIES[family]
+        for raw in connection.scan_iter(match=pattern, count=1000):
+            key = _text(raw)
+            parts = key[start:].rsplit(':', colons)
+            if len(parts) != colons + 1:
+                continue
+            queue = parts[0]
+            if wanted is not None and queue not in wanted:
+                continue  # a longer queue name that shares the pattern's prefix
+            found[family][queue].append(key)
+    return found
+
+
+def _batched(items: list[str]) -> Iterable[list[str]]:
+    for i in range(0, len(items), _BATCH):
+        yield items[i: i + _BATCH]
+
+
+def _identity_rows(connection: Redis, family: str, key_list: list[str], job_prefix: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    start, colons = _FAMILIES[family]
+    for chunk in _batched(sorted(key_list)):
+        with connection.pipeline(transaction=False) as pipe:
+            for key in chunk:
+                if family == 'debounce':
+                    pipe.hgetall(key)
+                else:
+                    pipe.get(key)
+                pipe.pttl(key)
+            replies = pipe.execute()
+        holders = [replies[2 * i] for i in range(len(chunk))]
+        statuses: list[Any] = []
+        if family != 'debounce':
+            with connection.pipeline(transaction=False) as pipe:
+                for holder in holders:
+                    if holder:
+                        pipe.hget(job_prefix + _text(holder), 'status')
+                    else:
+                        pipe.echo('')
+                statuses = pipe.execute()
+        for i, key in enumerate(chunk):
+            value, pttl = replies[2 * i], replies[2 * i + 1]
+            parts = key[start:].rsplit(':', colons)
+            row: dict[str, Any] = {'digest': parts[1]}
+            if family == 'throttle':
+                row['slot'] = parts[2]
+            if family == 'debounce':
+                row['fields'] = {_text(k): _text(v) for k, v in (value or {}).items()}
+            else:
+                row['job_id'] = _text(value) if value is not None else None
+                status = statuses[i]
+                row['job_status'] = _text(status) if status else None
+            if family == 'loner':
+                row['waiting'] = row['job_status'] in ('queued', 'scheduled', 'deferred')
+            row['expires_in'] = round(pttl / 1000, 3) if pttl is not None and pttl >= 0 else None
+            rows.append(row)
+    return rows
+
+
+def snapshot(connection: Redis, queues: list[str] | None = None, limit: int | None = None) -> dict[str, Any]:
+    """Everything ``rq-policies info`` shows, as plain data (what ``--json`` prints).
+
+    Args:
+        connection: the Redis connection.
+        queues: the queues to show; None for every queue that has a cap, a hold or a policy key.
+        limit: list at most this many entries per queue and family (the counts stay exact); None for all.
+    """
+    now = server_now(connection)
+    job_prefix = Job.redis_job_namespace_prefix
+    capacity = {_text(k): int(v) for k, v in connection.hgetall(keys.CAPACITY).items()}
+    identity = _scan_identity_keys(connection, queues)
+    if queues is None:
+        names = set(capacity)
+        for per_queue in identity.values():
+            names.update(per_queue)
+        names.update(row['queue'] for row in slot_gauges(connection, now))
+        names.update(row['queue'] for row in drops(connection))
+        selected = sorted(names)
+    else:
+        selected = list(queues)
+    drop_rows = drops(connection)
+    out_queues: dict[str, Any] = {}
+    for name in selected:
+        rows = connection.zrangebyscore(keys.slots(name), f'({now:.6f}', '+inf', withscores=True)
+        holds = [{'holder': _text(m), 'expires_in': round(score - now, 3)} for m, score in rows]
+        entry: dict[str, Any] = {
+            'capacity': capacity.get(name),
+            'holds_in_use': len(holds),
+            'holds': holds[:limit] if limit else holds,
+        }
+        for family in _FAMILIES:
+            family_rows = _identity_rows(connection, family, identity.get(family, {}).get(name, []), job_prefix)
+            entry[family] = {'count': len(family_rows), 'entries': family_rows[:limit] if limit else family_rows}
+            if family == 'loner':
+                entry[family]['waiting'] = sum(1 for row in family_rows if row['waiting'])
+        entry['drops'] = {row['policy']: row['count'] for row in drop_rows if row['queue'] == name}
+        out_queues[name] = entry
+    return {
+        'server_time': now,
+        'queues': out_queues,
+        'limited_capacity_workers': lcw_gauges(connection, now),
+    }
+
+
+# -- changing state -------------------------------------------------------------------------------------------------
+
+
+def reset_identity(
+    connection: Redis,
+    queue: str,
+    func_name: str,
+    args: Iterable[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    unique_context: Any = None,
+) -> dict[str, Any]:
+    """Clear one identity's state on one queue: loner marker, throttle slots, trailing marker, debounce state.
+
+    The throttle slot keys are found by SCAN first (their slot index depends on the policy's period); a slot taken
+    between that SCAN and the script survives, which is the same as a slot taken just after the reset.
+
+    Args:
+        connection: the Redis connection.
+        queue: the queue name.
+        func_name: the function's import path as rq stores it (``module.qualname``).
+        args: positional arguments of the call.
+        kwargs: keyword arguments of the call.
+        unique_context: the function's ``unique_context``, when it declares one.
+
+    Returns:
+        ``{'digest', 'loner', 'throttle', 'trailing', 'debounce', 'loner_job_id', 'trailing_job_id'}``, the counts
+        being keys deleted.
+    """
+    from . import identity, scripts
+
+    digest = identity.digest(func_name, queue, tuple(args), dict(kwargs or {}), unique_context)
+    pattern = _glob_escape(keys.throttle_prefix(queue, digest)) + '*'
+    throttle_keys = sorted(_text(k) for k in connection.scan_iter(match=pattern, count=1000))
+    loner, trailing, debounce, throttle, loner_id, trailing_id = scripts.run(
+        'reset_identity',
+        connection,
+        [keys.loner(queue, digest), keys.trailing(queue, digest), keys.debounce(queue, digest), *throttle_keys],
+    )
+    return {
+        'digest': digest,
+        'loner': int(loner),
+        'throttle': int(throttle),
+        'trailing': int(trailing),
+        'debounce': int(debounce),
+        'loner_job_id': _text(loner_id) or None,
+        'trailing_job_id': _text(trailing_id) or None,
+    }

@@ -1,0 +1,163 @@
+"""The rq-policies command, run as a subprocess against the real server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jobs
+import pytest
+from rq.job import Job
+
+from rq_policies import PolicyQueue, QueueSlot, identity, keys
+
+
+def run(*args, env=None, url=None):
+    """Run ``rq-policies ARGS`` (as ``python -m rq_policies.cli``, so it needs no console script on the PATH)."""
+    full = [sys.executable, '-m', 'rq_policies.cli', *args]
+    if url is not None:
+        full += ['--url', url]
+    return subprocess.run(full, env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def env(worker_env):
+    # tests/ on the path (for -P-less imports of jobs), and no inherited rq settings.
+    clean = {k: v for k, v in worker_env.items() if not k.startswith('RQ_')}
+    return clean
+
+
+def assert_one_line_error(result, *needles):
+    assert result.returncode != 0
+    assert 'Traceback' not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith('Error: ')
+    for needle in needles:
+        assert needle in lines[0]
+
+
+def test_cap_set_show_and_clear(connection, env, redis_url):
+    PolicyQueue('imports', connection=connection).enqueue(jobs.plain, 1)
+    result = run('cap', 'imports', '3', env=env, url=redis_url)
+    assert result.returncode == 0, result.stderr
+    assert "capped at 3 (was uncapped)" in result.stdout
+    assert QueueSlot.capacity('imports', connection=connection) == 3
+    result = run('cap', 'imports', '5', env=env, url=redis_url)
+    assert 'capped at 5 (was 3)' in result.stdout
+    result = run('cap', 'imports', '--clear', env=env, url=redis_url)
+    assert result.returncode == 0 and 'uncapped (was 5)' in result.stdout
+    assert QueueSlot.capacity('imports', connection=connection) is None
+
+
+def test_connection_from_rq_env_vars_and_config_module(connection, env, redis_url, tmp_path):
+    PolicyQueue('imports', connection=connection).enqueue(jobs.plain, 1)
+    with_env = dict(env, RQ_REDIS_URL=redis_url)
+    assert run('cap', 'imports', '2', env=with_env).returncode == 0
+    assert QueueSlot.capacity('imports', connection=connection) == 2
+    # rq's --config: a settings module with REDIS_URL (or REDIS_HOST/PORT, or SENTINEL).
+    (tmp_path / 'opsettings.py').write_text(f'REDIS_URL = {redis_url!r}\n')
+    with_config = dict(env, PYTHONPATH=f'{tmp_path}{os.pathsep}{env["PYTHONPATH"]}')
+    assert run('cap', 'imports', '4', '--config', 'opsettings', env=with_config).returncode == 0
+    assert QueueSlot.capacity('imports', connection=connection) == 4
+
+
+def test_bad_input_is_one_line_and_non_zero(connection, env, redis_url):
+    PolicyQueue('imports', connection=connection).enqueue(jobs.plain, 1)
+    assert_one_line_error(run('cap', 'nosuch', '3', env=env, url=redis_url), "unknown queue 'nosuch'", '--force')
+    assert_one_line_error(run('cap', 'imports', 'three', env=env, url=redis_url), "positive integer, got 'three'")
+    assert_one_line_error(run('cap', 'imports', '0', env=env, url=redis_url), "got '0'")
+    assert_one_line_error(run('cap', 'imports', env=env, url=redis_url), 'either N or --clear')
+    assert_one_line_error(run('info', 'nosuch', env=env, url=redis_url), "unknown queue 'nosuch'")
+    assert_one_line_error(run('reset', 'nosuch', 'jobs.plain', '1', env=env, url=redis_url), "unknown queue")
+    assert_one_line_error(run('reset', 'imports', 'plain', env=env, url=redis_url), 'import path')
+    assert_one_line_error(run('frobnicate', env=env), 'No such command')
+    assert QueueSlot.capacity('imports', connection=connection) is None  # nothing was written
+    unreachable = 'redis://127.0.0.1:1/0'
+    for args in (('info',), ('cap', 'imports', '3'), ('reset', 'imports', 'jobs.plain'), ('exporter',)):
+        assert_one_line_error(run(*args, env=env, url=unreachable), 'cannot reach Redis', '127.0.0.1:1')
+    # --force caps a queue nobody uses yet (a new deployment).
+    assert run('cap', 'fresh', '2', '--force', env=env, url=redis_url).returncode == 0
+
+
+def test_info_text_and_json(connection, env, redis_url, monkeypatch):
+    q = PolicyQueue('imports', connection=connection)
+    held = q.enqueue(jobs.sweep_cache, 1)
+    assert q.enqueue(jobs.sweep_cache, 1) is None  # one drop
+    QueueSlot.set_capacity('imports', 3, connection=connection)
+    assert QueueSlot.acquire('imports', 3, ttl=40, token='web-1:4242:7:1', connection=connection)
+    digest = identity.digest('jobs.sweep_cache', 'imports', (2,), {})
+    connection.set(keys.throttle_prefix('imports', digest) + '1234', 'job-t', ex=30)
+    connection.set(keys.trailing('imports', digest), 'job-tr', ex=30)
+    connection.hset(keys.debounce('imports', digest), mapping={'job_id': 'job-d'})
+    monkeypatch.setenv('REDIS_URL', redis_url)
+    import lcw_jobs
+
+    connection.rpush('test:backlog:backlog', 'x', 'x', 'x')
+    lcw_jobs.Backlog.perform_with_capacity(connection=connection)
+
+    result = run('info', env=env, url=redis_url)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert 'queue imports  (cap 3, 1 in use)' in out
+    assert 'web-1:4242:7:1' in out
+    assert f'job {held.id} (queued)' in out
+    assert 'slot 1234  job job-t' in out
+    assert 'trailing  1 pending' in out and 'debounce  1 pending' in out
+    assert 'dropped   loner 1' in out
+    assert 'lcw_jobs.Backlog  queue lcw  running 0/2  queued 2  remaining 3' in out
+
+    data = json.loads(run('info', 'imports', '--json', env=env, url=redis_url).stdout)
+    imports = data['queues']['imports']
+    assert list(data['queues']) == ['imports']
+    assert imports['capacity'] == 3 and imports['holds_in_use'] == 1
+    assert imports['holds'][0]['holder'] == 'web-1:4242:7:1' and 0 < imports['holds'][0]['expires_in'] <= 40
+    assert imports['loner']['waiting'] == 1 and imports['loner']['entries'][0]['job_id'] == held.id
+    assert imports['throttle']['entries'][0] == {
+        'digest': digest, 'slot': '1234', 'job_id': 'job-t', 'job_status': None,
+        'expires_in': imports['throttle']['entries'][0]['expires_in'],
+    }
+    assert imports['debounce']['entries'][0]['fields'] == {'job_id': 'job-d'}
+    assert imports['drops'] == {'loner': 1}
+    (lcw,) = data['limited_capacity_workers']
+    assert lcw['class'] == 'lcw_jobs.Backlog' and lcw['queued_jobs'] == 2 and lcw['max_running_jobs'] == 2
+
+
+def test_reset_clears_one_identity_only(connection, env, redis_url):
+    q = PolicyQueue('imports', connection=connection)
+    first = q.enqueue(jobs.sync_account, 7, 'signup')
+    other = q.enqueue(jobs.sync_account, 8, 'signup')
+    assert q.enqueue(jobs.sync_account, 7, 'other reason') is None  # unique_context: args[0] only
+    digest = identity.digest('jobs.sync_account', 'imports', (7,), {}, jobs.sync_account.__rq_policies__.unique_context)
+    for slot in ('100', '101'):
+        connection.set(keys.throttle_prefix('imports', digest) + slot, first.id, ex=60)
+    connection.set(keys.trailing('imports', digest), 'job-tr', ex=60)
+    connection.hset(keys.debounce('imports', digest), 'job_id', 'job-d')
+
+    result = run('reset', 'imports', 'jobs.sync_account', '7', 'any reason', env=env, url=redis_url)
+    assert result.returncode == 0, result.stderr
+    assert 'cleared loner 1, throttle 2, trailing 1, debounce 1' in result.stdout
+    assert f'named job {first.id}; the job itself was left alone' in result.stdout
+    assert connection.keys(f'rq:policies:*:imports:{digest}*') == []
+    assert Job.fetch(first.id, connection=connection).get_status() == 'queued'
+    assert q.enqueue(jobs.sync_account, 7, 'again') is not None  # the identity is free
+    assert q.enqueue(jobs.sync_account, 8, 'again') is None  # the other one is untouched
+    assert q.holder(jobs.sync_account, 8) == other.id
+    again = run('reset', 'imports', 'jobs.sync_account', '1234', env=env, url=redis_url)
+    assert again.returncode == 0 and 'nothing to clear' in again.stdout
+
+
+def test_reset_args_are_json_literals_or_strings(connection, env, redis_url):
+    q = PolicyQueue('imports', connection=connection)
+    q.enqueue(jobs.record, 'tag', 3, [1, 'a'], None, flag=True)
+    q.enqueue(jobs.record, 'tag', '3')
+    result = run(
+        'reset', 'imports', 'jobs.record', 'tag', '3', '[1, "a"]', 'null', '--kwarg', 'flag=true',
+        env=env, url=redis_url,
+    )
+    assert 'cleared loner 1' in result.stdout, result.stdout + result.stderr
+    result = run('reset', 'imports', 'jobs.record', 'tag', '"3"', env=env, url=redis_url)
+    assert 'cleared loner 1' in result.stdout, result.stdout + result.stderr
+    assert connection.keys('rq:policies:loner:*') == []

@@ -1,0 +1,366 @@
+"""Soak: the policies together under kills, shutdowns and a Redis restart, checked from records the jobs write.
+
+    python tests/soak.py --seconds 600            # a long run; prints the figures and exits non-zero on a violation
+
+Against a real server with AOF on, it runs producer processes enqueuing a mix of policy kinds (see KINDS) into a
+capped and an uncapped queue, and forking PolicyWorker processes. Throughout the run a chaos loop SIGKILLs work
+horses and whole workers, sends warm and cold shutdowns, and starts replacements; once, mid-run, it restarts the
+Redis server. Then it lets the queues drain and checks, from the records jobs and producers append to local files
+(files, so that the records survive the restart):
+
+* cap: the capped queue never ran more than CAP jobs at any instant (a horse that was SIGKILLed has no end record;
+  its end is the last moment a 10 ms poll saw it alive, so the check has that resolution);
+* lost: every admitted job ran at least once or sits where rq can recover it (a queue, the intermediate list, the
+  scheduled, started, deferred or failed registry);
+* loner: no two jobs of one loner identity waited at once (waiting is measured from the producer's return to the
+  job's start, a sub-interval of the true wait, so an overlap found is a real one);
+* throttle: no slot of a throttled identity ran more than one leading job;
+* leaks: once the queues drain and the slots end, no policy key is left but configuration and counters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from redis import Redis  # noqa: E402
+from rq import Queue  # noqa: E402
+from rq.job import Job  # noqa: E402
+from rq.registry import (  # noqa: E402
+    DeferredJobRegistry,
+    FailedJobRegistry,
+    ScheduledJobRegistry,
+    StartedJobRegistry,
+)
+
+import soak_jobs  # noqa: E402
+from rq_policies import PolicyQueue, QueueSlot  # noqa: E402
+from rq_policies.testing import RedisServer  # noqa: E402
+
+CAP = 2
+QUEUES = ('soak_capped', 'soak_open')
+HOLD_TTL = soak_jobs.SoakWorker.hold_ttl
+
+
+def KINDS():  # noqa: N802 - a table, built lazily so a kind whose policy is missing is simply absent
+    return soak_jobs.kinds()
+
+
+# -- producers ----------------------------------------------------------------------------------------------------
+
+def producer(index: int, url: str, run_dir: str, deadline: float, seed: int) -> None:
+    rng = random.Random(seed)
+    conn = Redis.from_url(url, socket_timeout=5)
+    queues = {name: PolicyQueue(name, connection=conn) for name in QUEUES}
+    kinds = KINDS()
+    with open(Path(run_dir) / f'producer-{index}.log', 'a', buffering=1) as out:
+        while time.time() < deadline:
+            kind = rng.choice(list(kinds))
+            func = kinds[kind]
+            identity = f'id{rng.randrange(6)}'
+            queue = rng.choice(QUEUES)
+            job_id = f'p{index}-{rng.getrandbits(48):x}'
+            try:
+                job = queues[queue].enqueue(func, identity, rng.choice((0.05, 0.2, 0.4)), job_id=job_id)
+            except Exception as exc:  # the restart: the call may or may not have landed
+                out.write(json.dumps(['maybe', job_id, queue, kind, identity, time.time(), repr(exc)[:80]]) + '\n')
+                time.sleep(0.2)
+                continue
+            verdict = 'admit' if job is not None else 'drop'
+            out.write(json.dumps([verdict, job_id, queue, kind, identity, time.time()]) + '\n')
+            time.sleep(rng.uniform(0.005, 0.05))
+
+
+# -- workers and chaos --------------------------------------------------------------------------------------------
+
+def start_worker(url: str, env: dict, log_dir: Path, n: int, scheduler: bool) -> subprocess.Popen:
+    args = [sys.executable, '-m', 'rq.cli', 'worker', '-w', 'soak_jobs.SoakWorker', '--url', url,
+            '--logging_level', 'WARNING', *(['--with-scheduler'] if scheduler else []), *QUEUES]
+    log = open(log_dir / f'worker-{n}.log', 'ab')  # noqa: SIM115 - closed with the run
+    return subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def children(pid: int) -> list[int]:
+    try:
+        text = Path(f'/proc/{pid}/task/{pid}/children').read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            return f.read().split(') ', 1)[1][0] != 'Z'
+    except OSError:
+        return False
+
+
+class Chaos:
+    def __init__(self, url: str, env: dict, run_dir: Path, workers: int, rng: random.Random):
+        self.url, self.env, self.run_dir, self.rng = url, env, run_dir, rng
+        self.counter = 0
+        self.procs: list[subprocess.Popen] = []
+        self.events: dict[str, int] = defaultdict(int)
+        for _ in range(workers):
+            self.spawn()
+
+    def spawn(self) -> None:
+        self.counter += 1
+        scheduler = not any(getattr(p, 'scheduler', False) and p.poll() is None for p in self.procs)
+        proc = start_worker(self.url, self.env, self.run_dir, self.counter, scheduler)
+        proc.scheduler = scheduler  # type: ignore[attr-defined]
+        self.procs.append(proc)
+
+    def reap(self) -> None:
+        for proc in list(self.procs):
+            if proc.poll() is not None:
+                self.procs.remove(proc)
+                self.spawn()
+
+    def act(self) -> None:
+        live = [p for p in self.procs if p.poll() is None]
+        if not live:
+            return
+        victim = self.rng.choice(live)
+        action = self.rng.choice(('kill_horse', 'kill_horse', 'kill_worker', 'warm', 'cold'))
+        if action == 'kill_horse':
+            horses = children(victim.pid)
+            if not horses:
+                return
+            for pid in horses:
+                os.kill(pid, signal.SIGKILL)
+        elif action == 'kill_worker':
+            os.kill(victim.pid, signal.SIGKILL)
+        elif action == 'warm':
+            os.kill(victim.pid, signal.SIGTERM)
+        else:
+            os.kill(victim.pid, signal.SIGTERM)
+            time.sleep(0.05)
+            os.kill(victim.pid, signal.SIGTERM)
+        self.events[action] += 1
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def watch_horses(run_dir: Path, stop: multiprocessing.Event) -> None:
+    """Every 10 ms, note the last moment each running job's horse was seen alive (end of a killed job)."""
+    seen: dict[int, float] = {}
+    last_scan = 0.0
+    starts: dict[int, str] = {}
+    while not stop.is_set():
+        now = time.time()
+        if now - last_scan > 0.05:
+            last_scan = now
+            for path in run_dir.glob('jobs-*.log'):
+                pid = int(path.stem.split('-')[1])
+                if pid not in starts:
+                    starts[pid] = path.name
+                    seen[pid] = now
+        for pid in list(seen):
+            if alive(pid):
+                seen[pid] = time.time()
+        time.sleep(0.01)
+    (run_dir / 'horses.json').write_text(json.dumps(seen))
+
+
+# -- checks -------------------------------------------------------------------------------------------------------
+
+def read_records(run_dir: Path):
+    produced, started, ended = [], {}, {}
+    for path in run_dir.glob('producer-*.log'):
+        produced += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for path in run_dir.glob('jobs-*.log'):
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            if rec[0] == 'start':
+                started.setdefault(rec[1], []).append(rec)
+            else:
+                ended.setdefault(rec[1], []).append(rec)
+    return produced, started, ended
+
+
+def check(conn: Redis, run_dir: Path, policy_keys_left: list[str]) -> dict:
+    produced, started, ended = read_records(run_dir)
+    horses = {int(k): v for k, v in json.loads((run_dir / 'horses.json').read_text()).items()}
+    results: dict = {}
+
+    # cap
+    events = []
+    for job_id, runs in started.items():
+        for run in runs:
+            queue, pid, t0 = run[2], run[5], run[6]
+            if queue != 'soak_capped':
+                continue
+            ends = [e[2] for e in ended.get(job_id, []) if e[3] == pid]
+            t1 = ends[0] if ends else horses.get(pid, t0)
+            events += [(t0, 1), (t1, -1)]
+    running = peak = 0
+    for _, delta in sorted(events, key=lambda e: (e[0], e[1])):
+        running += delta
+        peak = max(peak, running)
+    results['cap'] = {'ok': peak <= CAP, 'peak': peak, 'cap': CAP, 'runs': len(events) // 2}
+
+    # lost
+    recoverable = set()
+    for name in QUEUES:
+        q = Queue(name, connection=conn)
+        recoverable |= set(q.job_ids) | {x.decode() for x in conn.lrange(q.intermediate_queue_key, 0, -1)}
+        for registry in (ScheduledJobRegistry, StartedJobRegistry, DeferredJobRegistry, FailedJobRegistry):
+            recoverable |= set(registry(queue=q).get_job_ids())
+    admitted = [p for p in produced if p[0] == 'admit']
+    # A replaced (debounced or trailing) job is deleted by design; only the latest of each identity must run.
+    latest = {}
+    for p in sorted(admitted, key=lambda p: p[5]):
+        if p[3] in soak_jobs.REPLACING:
+            latest[(p[2], p[3], p[4])] = p[1]
+    must_run = [p for p in admitted if p[3] not in soak_jobs.REPLACING or latest[(p[2], p[3], p[4])] == p[1]]
+    lost = [p[1] for p in must_run if p[1] not in started and p[1] not in recoverable
+            and not Job.exists(p[1], connection=conn)]
+    results['lost'] = {'ok': not lost, 'admitted': len(admitted), 'ran': sum(1 for p in admitted if p[1] in started),
+                       'recoverable': sum(1 for p in admitted if p[1] not in started and p[1] in recoverable),
+                       'lost': lost[:10], 'maybe': sum(1 for p in produced if p[0] == 'maybe'),
+                       'dropped': sum(1 for p in produced if p[0] == 'drop')}
+
+    # loner
+    waits = defaultdict(list)
+    for p in admitted:
+        if p[3] == 'loner' and p[1] in started:
+            waits[(p[2], p[4])].append((p[5], min(r[6] for r in started[p[1]])))
+    overlaps = 0
+    for intervals in waits.values():
+        intervals.sort()
+        for (a0, a1), (b0, _b1) in zip(intervals, intervals[1:]):
+            if b0 < a1:
+                overlaps += 1
+    results['loner'] = {'ok': overlaps == 0, 'overlapping_waits': overlaps, 'jobs': sum(map(len, waits.values()))}
+
+    # throttle: jobs record the slot they were admitted in (job meta set by the policy), one leading run per slot
+    leading = defaultdict(set)
+    for job_id, runs in started.items():
+        run = runs[0]
+        if run[3] == 'throttle' and run[7] is not None and not run[8]:
+            leading[(run[2], run[4], run[7])].add(job_id)
+    doubles = {k: v for k, v in leading.items() if len(v) > 1}
+    results['throttle'] = {'ok': not doubles, 'slots': len(leading), 'slots_with_two_leading': len(doubles)}
+
+    results['leaks'] = {'ok': not policy_keys_left, 'left': policy_keys_left[:10]}
+    return results
+
+
+def drain(conn: Redis, timeout: float) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        busy = 0
+        for name in QUEUES:
+            q = Queue(name, connection=conn)
+            # Started-registry entries of killed jobs stay until rq's maintenance fails them; not "busy".
+            busy += q.count + ScheduledJobRegistry(queue=q).count + conn.llen(q.intermediate_queue_key)
+        if busy == 0:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def policy_keys(conn: Redis) -> list[str]:
+    allowed = {'rq:policies:capacity', 'rq:policies:drops'}
+    return sorted(k.decode() for k in conn.scan_iter('rq:policies:*', count=1000) if k.decode() not in allowed)
+
+
+def run(seconds: float, producers: int = 3, workers: int = 4, seed: int = 1, restart: bool = True,
+        keep: bool = False) -> dict:
+    rng = random.Random(seed)
+    server = RedisServer(appendonly=True, extra_args=['--appendfsync', 'always']).start()
+    run_dir = server.dir / 'records'
+    run_dir.mkdir()
+    env = dict(os.environ, SOAK_RUN_DIR=str(run_dir),
+               PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent), os.environ.get('PYTHONPATH', '')]))
+    os.environ['SOAK_RUN_DIR'] = str(run_dir)
+    conn = Redis.from_url(server.url)
+    QueueSlot.set_capacity('soak_capped', CAP, connection=conn)
+    started_at = time.time()
+    deadline = started_at + seconds
+    ctx = multiprocessing.get_context('spawn')
+    stop_watch = ctx.Event()
+    watcher = ctx.Process(target=watch_horses, args=(run_dir, stop_watch))
+    watcher.start()
+    chaos = Chaos(server.url, env, run_dir, workers, rng)
+    prods = [ctx.Process(target=producer, args=(i, server.url, str(run_dir), deadline, seed * 100 + i))
+             for i in range(producers)]
+    for p in prods:
+        p.start()
+    restarted = False
+    restarts = 0
+    try:
+        while time.time() < deadline:
+            time.sleep(rng.uniform(0.5, 2.0))
+            chaos.act()
+            chaos.reap()
+            if restart and not restarted and time.time() > started_at + seconds / 2:
+                server.restart()  # same port, AOF on: producers and workers must reconnect
+                restarted = True
+                restarts += 1
+        for p in prods:
+            p.join(60)
+        drained = drain(conn, 120)
+        chaos.stop_all()
+        time.sleep(max(HOLD_TTL, soak_jobs.SLOT_SECONDS) + 2)  # let killed workers' holds and the last slots end
+        stop_watch.set()
+        watcher.join(10)
+        results = check(conn, run_dir, policy_keys(conn))
+        results['run'] = {
+            'seconds': round(time.time() - started_at, 1), 'drained': drained, 'redis_restarts': restarts,
+            'kills': dict(chaos.events), 'workers_started': chaos.counter, 'kinds': sorted(KINDS()),
+        }
+        results['ok'] = all(v.get('ok', True) for v in results.values() if isinstance(v, dict)) and drained
+        return results
+    finally:
+        stop_watch.set()
+        for p in prods:
+            if p.is_alive():
+                p.kill()
+        chaos.stop_all()
+        if keep:
+            print(f'records kept in {run_dir}', file=sys.stderr)
+            server.stop()
+        else:
+            server.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--seconds', type=float, default=60)
+    parser.add_argument('--producers', type=int, default=3)
+    parser.add_argument('--workers', type=int, default=4)
+    parser.add_argument('--seed', type=int, default=1)
+    parser.add_argument('--keep', action='store_true', help='keep the records folder')
+    opts = parser.parse_args()
+    results = run(opts.seconds, opts.producers, opts.workers, opts.seed, keep=opts.keep)
+    print(json.dumps(results, indent=2))
+    sys.exit(0 if results['ok'] else 1)
+
+
+if __name__ == '__main__':
+    main()

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from .debounce import Debounce
 from .exceptions import PipelineNotSupported, PolicyConfigurationError, PolicyError
 from .job import PolicyJob
 from .policy import Loner, Policy, PolicySet, policy
 from .queue import PolicyQueue
 from .queue_slot import QueueSlot
+from .throttle import Outcome, Throttle
 from .worker import PolicySimpleWorker, PolicyWorker
 
 __version__ = '0.1.0'
 
 __all__ = [
+    'Debounce',
     'Loner',
+    'Outcome',
     'PipelineNotSupported',
     'Policy',
     'PolicyConfigurationError',
@@ -23,5 +27,6 @@ __all__ = [
     'PolicySimpleWorker',
     'PolicyWorker',
     'QueueSlot',
+    'Throttle',
     'policy',
 ]

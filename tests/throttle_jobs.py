@@ -28,7 +28,7 @@ def poll_minute(account_id):
     return account_id
 
 
-@policy(Throttle(2, trailing=True))
+@policy(Throttle(2, trailing=True), unique_context=lambda args, kwargs: args[0])
 def publish_progress(task_id, value, tag='progress'):
     _record(tag, value)
     return value
@@ -39,7 +39,7 @@ def publish_minute(task_id, value):
     return value
 
 
-@policy(Throttle(60), Loner())
+@policy(Throttle(1), Loner())
 def poll_loner(account_id):
     return account_id
 

@@ -56,6 +56,7 @@ class _Door:
     override: Any
     used: bool = False
     force: bool = False
+    hint: Any = None  # the call's throttle hint key (rq_policies.throttle.quick_drop)
 
 
 _door: ContextVar[_Door | None] = ContextVar('rq_policies_door', default=None)
@@ -142,12 +143,12 @@ class PolicyQueue(Queue):
     # -- the doors ------------------------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _door(self, policy: Any, force: bool = False) -> Iterator[None]:
+    def _door(self, policy: Any, force: bool = False, hint: Any = None) -> Iterator[None]:
         if _door.get() is not None:  # an inner door of the same call (enqueue -> enqueue_call): the outer one rules
             yield
             return
         override = policy if policy is _DECLARED else make_set(policy)
-        token = _door.set(_Door(override, force=force))
+        token = _door.set(_Door(override, force=force, hint=hint))
         try:
             yield
         finally:
@@ -160,24 +161,24 @@ class PolicyQueue(Queue):
             The Job, or None when a policy dropped it.
         """
         policy = kwargs.pop('policy', _DECLARED)
-        if _door.get() is None and throttle.quick_drop(self, self._spec(policy, f), f, args, kwargs):
-            return None
-        with self._door(policy):
+        hint = None
+        if _door.get() is None:
+            dropped, hint = throttle.quick_drop(self, self._spec(policy, f), f, args, kwargs)
+            if dropped:
+                return None
+        with self._door(policy, hint=hint):
             return super().enqueue(f, *args, **kwargs)
 
     def enqueue_call(self, func: Any, *args: Any, policy: Any = _DECLARED, **kwargs: Any) -> Job | None:  # type: ignore[override]
         """rq's ``enqueue_call``, plus ``policy=``. Returns None when a policy dropped the job."""
-        if (
-            _door.get() is None
-            and not args
-            and throttle.quick_drop(
-                self, self._spec(policy, func), func, (),
-                {name: kwargs[name] for name in ('args', 'kwargs', 'job_id', 'pipeline', 'unique', 'rate_limit')
-                 if kwargs.get(name) is not None},
-            )
-        ):
-            return None
-        with self._door(policy):
+        hint = None
+        if _door.get() is None and not args:  # the @job decorator's .delay() arrives here
+            call = {name: kwargs[name] for name in ('args', 'kwargs', 'job_id', 'pipeline', 'unique', 'rate_limit')
+                    if kwargs.get(name) is not None}
+            dropped, hint = throttle.quick_drop(self, self._spec(policy, func), func, (), call)
+            if dropped:
+                return None
+        with self._door(policy, hint=hint):
             return super().enqueue_call(func, *args, **kwargs)
 
     def enqueue_at(self, datetime: datetime, f: Any, *args: Any, **kwargs: Any) -> Job | None:  # type: ignore[override]
@@ -297,7 +298,7 @@ class PolicyQueue(Queue):
             write = self._job_write(job, spec, digest, at_front, when)
             throttled = spec.get(Throttle)
             if throttled is not None:
-                admitted = throttle.enqueue(self, throttled, digest, write)
+                admitted = throttle.enqueue(self, throttled, digest, write, door.hint if door is not None else None)
             else:
                 admitted = self._admit_loner(write)
         if not admitted:

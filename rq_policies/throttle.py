@@ -177,84 +177,97 @@ COMBINATION_RULES.append(_throttle_and_debounce)
 
 # -- the fast path for an extra that is expected to lose -----------------------------------------------------------
 
-#: (queue, digest, slot width) -> time.monotonic() at which the slot this process last saw held ends.
-_hints: dict[tuple[str, str, int], float] = {}
+#: What this process last saw of a slot: hint key -> (identity digest, time.monotonic() at which that slot ends). A hint
+#: key is the call as the caller wrote it (queue, function, slot width, args, kwargs), so a call that has no hint costs
+#: a dictionary lookup and nothing else; a hit is confirmed against the digest before it is used.
+_hints: dict[tuple, tuple[str, float]] = {}
 _hints_lock = threading.Lock()
 _HINTS_MAX = 4096
 
 
-def _remember(queue: str, digest: str, width: int, ends: Any, server_now: Any) -> None:
+def hint_key(queue: str, width: int, f: Any, args: tuple, kwargs: dict) -> tuple | None:
+    """The hint key of a call, or None when its arguments are not hashable (such calls take the full path)."""
+    try:
+        key = (queue, width, f, args, tuple(sorted(kwargs.items())) if kwargs else ())
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _remember(key: tuple | None, digest: str, ends: Any, server_now: Any) -> None:
+    if key is None:
+        return
     deadline = time.monotonic() + (float(ends) - float(_text(server_now)))
     with _hints_lock:
         if len(_hints) >= _HINTS_MAX:
             now = time.monotonic()
-            for stale in [k for k, v in _hints.items() if v <= now]:
+            for stale in [k for k, (_, until) in _hints.items() if until <= now]:
                 del _hints[stale]
             if len(_hints) >= _HINTS_MAX:
                 _hints.clear()
-        _hints[(queue, digest, width)] = deadline
+        _hints[key] = (digest, deadline)
 
 
-def _forget(queue: str, digest: str, width: int) -> None:
-    with _hints_lock:
-        _hints.pop((queue, digest, width), None)
-
-
-def quick_drop(queue: PolicyQueue, spec: PolicySet | None, f: Any, args: tuple, kwargs: dict) -> bool:
+def quick_drop(queue: PolicyQueue, spec: PolicySet | None, f: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
     """Drop an extra of a leading-edge throttle before rq builds its job, when this process saw its slot held.
 
-    Building and serializing a job costs more than the decision. A process that has seen this identity's current
-    slot taken (it won or lost it earlier) first asks ``throttle_check.lua``, which drops the extra when the slot is
-    still held, as one complete atomic decision (a held slot stays held until it ends). Anything else (no hint, the
-    slot free after all, a replayed job id, options the full path must refuse) returns False and the enqueue takes
-    the full path, which checks again and writes in one script. The hint only ever chooses which script runs
-    first; it never decides.
+    Building and serializing a job costs more than the decision. A process that has seen this call's current slot
+    taken (it won or lost it earlier) first asks ``throttle_check.lua``, which drops the extra when the slot is still
+    held, as one complete atomic decision (a held slot stays held until it ends; force and reset only ever hand it to
+    a job that is written in the same step). Anything else (no hint, the slot free after all, a replayed job id,
+    options the full path must refuse) returns False and the enqueue takes the full path, which checks again and
+    writes in one script. A hint only chooses which script runs first; it never decides.
 
     Returns:
-        True when the enqueue was dropped (and logged and counted).
+        (dropped, hint key): dropped is True when the enqueue was dropped (and logged and counted); the hint key is
+        for the full path to remember what it saw.
     """
     throttle = spec.get(Throttle) if spec else None
     if throttle is None or throttle.trailing or not queue._is_async:
-        return False
+        return False, None
     if not (isinstance(f, str) or inspect.isfunction(f)):
-        return False  # bound methods and callable objects: rq names them in ways only the full path reproduces
+        return False, None  # bound methods and callable objects: rq names them in ways only the full path reproduces
+    key = hint_key(queue.name, throttle.slot, f, args, kwargs)
+    hint = _hints.get(key) if key is not None else None
+    if hint is None or hint[1] <= time.monotonic():
+        return False, key
     parsed = queue.parse_args(f, *args, **dict(kwargs))
     if parsed.pipeline is not None or parsed.unique or getattr(parsed, 'rate_limit', None) is not None:
-        return False  # the full path refuses these with an error; it must not be a silent drop here
+        return False, None  # the full path refuses these with an error; it must not be a silent drop here
     func_name = f if isinstance(f, str) else f'{f.__module__}.{f.__qualname__}'
-    fargs = tuple(parsed.args or ())
-    fkwargs = dict(parsed.kwargs or {})
-    digest = identity.digest(func_name, queue.name, fargs, fkwargs, spec.unique_context)
-    hint = (queue.name, digest, throttle.slot)
-    deadline = _hints.get(hint)
-    if deadline is None or deadline <= time.monotonic():
-        return False
-    dropped, owner, ends, server_now = scripts.run(
+    digest = identity.digest(func_name, queue.name, tuple(parsed.args or ()), dict(parsed.kwargs or {}),
+                             spec.unique_context)
+    if digest != hint[0]:
+        return False, None
+    dropped, owner, ends, _ = scripts.run(
         'throttle_check',
         queue.connection,
         [keys.throttle_prefix(queue.name, digest), keys.DROPS],
         [parsed.job_id or '', throttle.slot, keys.drop_field('throttle', queue.name)],
     )
     if not dropped:
-        _forget(*hint)
-        return False
-    _remember(queue.name, digest, throttle.slot, ends, server_now)
+        return False, key
     _log_drop(func_name, queue.name, _text(owner), float(ends))
-    return True
+    return True, key
 
 
 def _log_drop(func_name: str, queue: str, owner: str, ends: float) -> None:
-    logger.info(
-        'rq-policies: dropped %s on queue %r (throttle): slot held by job %s, slot ends at %s',
-        func_name, queue, owner, _when(ends),
-    )
+    if logger.isEnabledFor(logging.INFO):  # formatting the time costs as much as a tenth of a drop
+        logger.info(
+            'rq-policies: dropped %s on queue %r (throttle): slot held by job %s, slot ends at %s',
+            func_name, queue, owner, _when(ends),
+        )
 
 
 # -- the enqueue doors -----------------------------------------------------------------------------------------------
 
 
-def enqueue(queue: PolicyQueue, throttle: Throttle, digest: str, write: JobWrite) -> bool:
-    """Admit one job through its Throttle (and its Loner, when it has one). Returns True when the job was written."""
+def enqueue(queue: PolicyQueue, throttle: Throttle, digest: str, write: JobWrite, hint: tuple | None = None) -> bool:
+    """Admit one job through its Throttle (and its Loner, when it has one). Returns True when the job was written.
+
+    ``hint`` is the call's hint key (see :func:`quick_drop`), remembered with the slot this admission saw.
+    """
     job = write.job
     if throttle.trailing:
         return _enqueue_trailing(queue, throttle, digest, write)
@@ -269,10 +282,10 @@ def enqueue(queue: PolicyQueue, throttle: Throttle, digest: str, write: JobWrite
     )
     holder = _text(holder)
     if code == 1:
-        _remember(queue.name, digest, throttle.slot, ends, server_now)
+        _remember(hint, digest, ends, server_now)
         return True
     if code == 0:
-        _remember(queue.name, digest, throttle.slot, ends, server_now)
+        _remember(hint, digest, ends, server_now)
         _log_drop(job.func_name, queue.name, holder, float(ends))
     else:
         logger.info(
@@ -335,8 +348,6 @@ def force(queue: PolicyQueue, spec: PolicySet, digest: str, write: JobWrite) -> 
         [job.id, throttle.slot if throttle else 0, write.mode, write.ttl, queue.key,
          queue.job_class.redis_job_namespace_prefix, 1 if write.loner else 0, keys.wake(queue.name), *write.fields],
     )
-    if throttle is not None:
-        _forget(queue.name, digest, throttle.slot)
     for kind, dropped in (('trailing', _text(trailing)), ('debounced', _text(debounced))):
         if dropped:
             logger.info(
@@ -356,7 +367,5 @@ def reset(queue: PolicyQueue, spec: PolicySet | None, digest: str) -> int:
          keys.debounce(queue.name, digest), ScheduledJobRegistry(queue=queue).key],
         [throttle.slot if throttle else 0, queue.job_class.redis_job_namespace_prefix],
     )
-    if throttle is not None:
-        _forget(queue.name, digest, throttle.slot)
     return int(removed)
 

@@ -2,7 +2,7 @@
 
     python bench/enqueue_throttle.py [--rounds 10] [--calls 300] [--identities 100000]
 
-One run, the cases interleaved round by round (so drift in the machine's load hits every case alike), the median of
+One run, the cases interleaved call by call (so drift in the machine's load hits every case alike), the median of
 per-call wall time per case, each divided by the median of stock ``rq.Queue.enqueue`` of the same function and
 arguments. Targets from issue 3: throttle win <= 1.0, throttle drop <= 0.5.
 
@@ -31,7 +31,7 @@ from redis import Redis  # noqa: E402
 from rq import Queue  # noqa: E402
 from throttle_bench_jobs import debounced, throttled, trailing  # noqa: E402
 
-from rq_policies import PolicyQueue, identity, keys, scripts  # noqa: E402
+from rq_policies import PolicyQueue, Throttle, identity, keys, scripts  # noqa: E402
 from rq_policies import throttle as throttle_module  # noqa: E402
 from rq_policies.testing import RedisServer  # noqa: E402
 
@@ -43,51 +43,48 @@ def server_now(conn: Redis) -> float:
     return seconds + micros / 1e6
 
 
-def timed(fn, calls: int, before=None) -> list[float]:
-    out = []
-    for i in range(calls):
-        if before is not None:
-            before()
-        start = time.perf_counter()
-        fn(i)
-        out.append(time.perf_counter() - start)
-    return out
-
-
 def enqueue_costs(conn: Redis, rounds: int, calls: int) -> dict[str, list[float]]:
     stock = Queue('bench-stock', connection=conn)
     win_q = PolicyQueue('bench-win', connection=conn)
     drop_q = PolicyQueue('bench-drop', connection=conn)
+    cold_q = PolicyQueue('bench-cold', connection=conn)
     trail_q = PolicyQueue('bench-trailing', connection=conn)
     deb_q = PolicyQueue('bench-debounce', connection=conn)
-    samples: dict[str, list[float]] = {}
     counter = iter(range(10**9))
+    cold_hint = throttle_module.hint_key(cold_q.name, throttled.__rq_policies__.get(Throttle).slot, throttled, (0,), {})
 
-    def forget_hints():
-        throttle_module._hints.clear()
+    def forget_cold_hint():
+        throttle_module._hints.pop(cold_hint, None)
 
     cases = [
         ('stock Queue.enqueue', lambda i: stock.enqueue(throttled, next(counter)), None),
         ('throttle win', lambda i: win_q.enqueue(throttled, next(counter)), None),
         ('throttle drop', lambda i: drop_q.enqueue(throttled, 0), None),
-        ('throttle drop, cold', lambda i: drop_q.enqueue(throttled, 0), forget_hints),
+        ('throttle drop, cold', lambda i: cold_q.enqueue(throttled, 0), forget_cold_hint),
         ('trailing replace', lambda i: trail_q.enqueue(trailing, 0, i), None),
         ('debounce replace', lambda i: deb_q.enqueue(debounced, 0, i), None),
     ]
+    samples: dict[str, list[float]] = {name: [] for name, _, _ in cases}
     for round_no in range(rounds + 1):
         conn.flushdb()
-        forget_hints()
-        # each round's setup (untimed): the slot winner, the first trailing and debounce jobs
-        assert drop_q.enqueue(throttled, 0) is not None
+        throttle_module._hints.clear()
+        # each round's setup (untimed): the slot winners, the first trailing and debounce jobs
+        assert drop_q.enqueue(throttled, 0) is not None and cold_q.enqueue(throttled, 0) is not None
         trail_q.enqueue(trailing, 0, -1)
         deb_q.enqueue(debounced, 0, -1)
-        order = cases if round_no % 2 == 0 else list(reversed(cases))
-        for name, fn, before in order:
-            got = timed(fn, calls, before)
-            if round_no:  # round 0 warms up (script loading, imports, connection)
-                samples.setdefault(name, []).extend(got)
+        for i in range(calls):
+            # every case once per step, starting at a different case each step: load drift hits them alike
+            for k in range(len(cases)):
+                name, fn, before = cases[(i + k) % len(cases)]
+                if before is not None:
+                    before()
+                start = time.perf_counter()
+                fn(i)
+                elapsed = time.perf_counter() - start
+                if round_no:  # round 0 warms up (script loading, imports, connection)
+                    samples[name].append(elapsed)
     # the drops really were drops and the replaces replaced
-    assert drop_q.count == 1, drop_q.count
+    assert drop_q.count == 1 and cold_q.count == 1, (drop_q.count, cold_q.count)
     assert trail_q.count == 1 and deb_q.count == 0
     return samples
 
@@ -133,7 +130,7 @@ def main() -> int:
     parser.add_argument('--rounds', type=int, default=10)
     parser.add_argument('--calls', type=int, default=300, help='calls per case per round')
     parser.add_argument('--identities', type=int, default=100_000)
-    parser.add_argument('--slot', type=int, default=5, help='slot width of the memory check, seconds')
+    parser.add_argument('--slot', type=int, default=20, help='slot width of the memory check, seconds')
     opts = parser.parse_args()
 
     server = None

@@ -232,19 +232,22 @@ def quick_drop(queue: PolicyQueue, spec: PolicySet | None, f: Any, args: tuple, 
     hint = _hints.get(key) if key is not None else None
     if hint is None or hint[1] <= time.monotonic():
         return False, key
-    parsed = queue.parse_args(f, *args, **dict(kwargs))
-    if parsed.pipeline is not None or parsed.unique or getattr(parsed, 'rate_limit', None) is not None:
-        return False, None  # the full path refuses these with an error; it must not be a silent drop here
+    if kwargs:  # rq's options travel in kwargs: let rq tell them from the function's own
+        parsed = queue.parse_args(f, *args, **dict(kwargs))
+        if parsed.pipeline is not None or parsed.unique or getattr(parsed, 'rate_limit', None) is not None:
+            return False, None  # the full path refuses these with an error; it must not be a silent drop here
+        fargs, fkwargs, job_id = tuple(parsed.args or ()), dict(parsed.kwargs or {}), parsed.job_id
+    else:
+        fargs, fkwargs, job_id = args, {}, None
     func_name = f if isinstance(f, str) else f'{f.__module__}.{f.__qualname__}'
-    digest = identity.digest(func_name, queue.name, tuple(parsed.args or ()), dict(parsed.kwargs or {}),
-                             spec.unique_context)
+    digest = identity.digest(func_name, queue.name, fargs, fkwargs, spec.unique_context)
     if digest != hint[0]:
         return False, None
     dropped, owner, ends, _ = scripts.run(
         'throttle_check',
         queue.connection,
         [keys.throttle_prefix(queue.name, digest), keys.DROPS],
-        [parsed.job_id or '', throttle.slot, keys.drop_field('throttle', queue.name)],
+        [job_id or '', throttle.slot, keys.drop_field('throttle', queue.name)],
     )
     if not dropped:
         return False, key

@@ -7,8 +7,8 @@
   the first scheduler tick at or after its score).
 
   A pending job whose run time has been reached is never replaced (rq's scheduler may be moving
-  it): it runs, and this enqueue starts a new pending period. Replay-safe: a job id that is already
-  the pending job is answered as before and nothing moves.
+  it): it runs, and this enqueue starts a new pending period. An enqueue that reuses the pending
+  job's id replaces it in place.
 
   KEYS[1]  debounce hash          rq:policies:debounce:<q>:<digest>  fields: job (pending job id),
                                   first (epoch seconds of the enqueue that started the period)
@@ -44,13 +44,8 @@ local now = server_now()
 local state = rcall('HMGET', KEYS[1], 'job', 'first')
 local pending, first = state[1], tonumber(state[2])
 
-if pending == jid then
-  local at = rcall('ZSCORE', KEYS[3], jid)
-  if at then
-    return {jid, tonumber(at), format_now(now), ''}
-  end
-end
-
+-- An enqueue that reuses the pending job's id replaces it in place like any other (a retried call
+-- whose reply was lost changes nothing but the run time), so it is not special-cased.
 local superseded = ''
 if drop_pending(KEYS[3], job_prefix, pending, now) == 1 then
   superseded = pending

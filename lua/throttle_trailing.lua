@@ -10,8 +10,9 @@
   once right after it. A pending job whose run time has been reached is never replaced (rq's
   scheduler may be moving it), so it runs, and the new extra becomes the pending one.
 
-  Replay-safe: a job id that already owns the slot, or is already the pending trailing job, is
-  answered as before and nothing is written twice. With the Loner flag set, a waiting holder of
+  Replay-safe: a job id that already owns the slot is answered as before and nothing is written
+  twice; one that is the pending trailing job replaces itself in place (same run time, and the
+  payload of the latest call). With the Loner flag set, a waiting holder of
   the loner marker drops the extra, unless that holder is the very pending trailing job this extra
   replaces; the winner and the pending trailing job take the marker.
 
@@ -66,12 +67,6 @@ local nowstr = format_now(now)
 
 if owner == jid then
   return {1, jid, ends, nowstr, ''}
-end
-if pending == jid then
-  local at = rcall('ZSCORE', KEYS[5], jid)
-  if at then
-    return {2, jid, tonumber(at), nowstr, ''}
-  end
 end
 
 local replaceable = pending and pending_at(KEYS[5], pending, now)

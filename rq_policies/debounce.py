@@ -93,7 +93,7 @@ def enqueue(queue: PolicyQueue, debounce: Debounce, digest: str, write: JobWrite
          queue.job_class.redis_job_namespace_prefix, *write.fields],
     )
     superseded = _text(superseded)
-    if superseded:
+    if superseded and superseded != job.id:
         logger.info(
             'rq-policies: %s on queue %r (debounce): job %s replaces pending job %s, runs at %s', job.func_name,
             queue.name, job.id, superseded, datetime.fromtimestamp(float(at), timezone.utc).isoformat(),

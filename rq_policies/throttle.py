@@ -324,7 +324,7 @@ def _enqueue_trailing(queue: PolicyQueue, throttle: Throttle, digest: str, write
         job._status = JobStatus.SCHEDULED
         job.enqueued_at = None
         superseded = _text(superseded)
-        if superseded:
+        if superseded and superseded != job.id:
             logger.info(
                 'rq-policies: %s on queue %r (throttle): job %s replaces pending trailing job %s, runs at %s',
                 job.func_name, queue.name, job.id, superseded, _when(float(at)),

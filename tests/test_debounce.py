@@ -68,9 +68,12 @@ def test_replace_moves_the_run_time_and_deletes_the_superseded_job(connection, c
     assert connection.hget(state_key('index', 1), 'job') == b.id.encode()
     now = server_now(connection)
     assert 0 < connection.pttl(state_key('index', 1)) <= (score_b - now) * 1000 + 1  # gone once the job's time comes
-    # a replay with the pending job's own id moves nothing
-    again = q.enqueue(tj.reindex_slow, 1, 'b', job_id=b.id)
-    assert again.id == b.id and pending(connection, q) == [(b.id, score_b)]
+    # an enqueue reusing the pending job's id replaces it in place: one pending job, the latest payload
+    again = q.enqueue(tj.reindex_slow, 1, 'b2', job_id=b.id)
+    [(member, score_again)] = pending(connection, q)
+    assert again.id == b.id == member and score_again >= score_b
+    assert Job.fetch(b.id, connection=connection).args == (1, 'b2')
+    assert connection.hget(state_key('index', 1), 'first') == first
     # other identities have their own pending job
     c = q.enqueue(tj.reindex_slow, 2, 'c')
     assert len(pending(connection, q)) == 2 and c is not None

@@ -361,10 +361,14 @@ def test_trailing_extras_replace_each_other(connection, caplog):
     prefix = keys.throttle_prefix('progress', digest_of_context(1))
     assert connection.get(f'{prefix}{index - 1}') == winner.id.encode()
     assert connection.get(f'{prefix}{index}') == c.id.encode()
-    # a replay of the pending job is answered as before and moves nothing
+    # a call reusing the pending job's id (a retry) leaves one pending job, at the same time
     again = q.enqueue(tj.publish_minute, 1, 'c', job_id=c.id)
     assert again is not None and again.id == c.id
     assert connection.zrange(registry.key, 0, -1, withscores=True) == [(c.id.encode(), score)]
+    assert Job.fetch(c.id, connection=connection).args == (1, 'c')
+    # a replay of the winner is answered "admitted" and writes nothing
+    assert q.enqueue(tj.publish_minute, 1, 'a', job_id=winner.id).id == winner.id
+    assert q.job_ids == [winner.id]
     assert q.job_ids == [winner.id]
     assert connection.hget(keys.DROPS, 'throttle:progress') is None  # nothing was dropped
 

@@ -15,7 +15,7 @@ from rq.job import Job, JobStatus
 from rq.registry import ScheduledJobRegistry
 from throttle_helpers import WorkerProcess, ran, server_now, wait_for_runs
 
-from rq_policies import Debounce, PolicyConfigurationError, PolicyQueue, identity, keys
+from rq_policies import Debounce, PolicyConfigurationError, PolicyQueue, PolicySimpleWorker, identity, keys, scripts
 
 
 def pending(conn, q) -> list[tuple[str, float]]:
@@ -96,6 +96,38 @@ def test_max_wait_caps_the_delay_since_the_first_pending_enqueue(connection):
     last = q.enqueue(jobs.plain, 1, policy=capped)
     assert pending(connection, q) == [(last.id, s2)]
     assert float(connection.hget(state, 'first')) == first
+
+
+def test_debounce_script_direct(connection):
+    argv = [30, 0, 0, -1, 'rq:queue:q', 'rq:job:']
+    state = keys.debounce('q', 'c' * 64)
+
+    def debounce(jid, not_before=0):
+        args = list(argv)
+        args[2] = not_before
+        return scripts.run(
+            'debounce_job', connection, [state, f'rq:job:{jid}', 'rq:scheduled:q', 'rq:queues'],
+            [jid, *args, 'status', 'scheduled', 'origin', 'q'],
+        )
+
+    jid, at, now, superseded = debounce('a')
+    assert (jid, superseded) == (b'a', b'') and at == math.ceil(float(now) + 30)
+    assert connection.hgetall('rq:job:a') == {b'status': b'scheduled', b'origin': b'q'}
+    jid, at_b, _, superseded = debounce('b', not_before=int(float(now)) + 100)
+    assert superseded == b'a' and connection.exists('rq:job:a') == 0 and at_b == int(float(now)) + 100
+    assert connection.zrange('rq:scheduled:q', 0, -1, withscores=True) == [(b'b', at_b)]
+    assert connection.sismember('rq:queues', 'rq:queue:q')
+
+
+def test_due_job_run_by_an_in_process_simple_worker(connection):
+    q = PolicyQueue('index', connection=connection)
+    job = q.enqueue(jobs.plain, 'payload', policy=Debounce(1))
+    [(_, score)] = pending(connection, q)
+    while server_now(connection) < score + 0.05:  # rq's scheduler compares whole seconds of the clock
+        time.sleep(0.05)
+    PolicySimpleWorker([q], connection=connection).work(burst=True, with_scheduler=True)
+    assert Job.fetch(job.id, connection=connection).get_status() == JobStatus.FINISHED
+    assert pending(connection, q) == [] and connection.keys('rq:policies:debounce:*') == []
 
 
 def test_every_door(connection):

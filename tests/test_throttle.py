@@ -94,6 +94,28 @@ def test_slot_script_direct(connection):
     assert connection.keys('rq:job:*') == []  # mode N writes no job
 
 
+def test_check_and_reset_scripts_direct(connection):
+    prefix = keys.throttle_prefix('q', 'b' * 64)
+
+    def check(jid):
+        return scripts.run('throttle_check', connection, [prefix, keys.DROPS], [jid, 3600, 'throttle:q'])
+
+    dropped, owner, ends, _ = check('')
+    assert (dropped, owner) == (0, b'')  # a free slot decides nothing and counts nothing
+    assert connection.exists(keys.DROPS) == 0
+    index = int(ends) // 3600 - 1
+    connection.set(f'{prefix}{index}', 'owner')
+    connection.set(f'{prefix}{index + 1}', 'trailing-owner')
+    assert check('')[:2] == [1, b'owner']
+    assert check('owner')[0] == 0  # the owner itself (a replay) goes on to the full path
+    assert connection.hget(keys.DROPS, 'throttle:q') == b'1'
+    connection.set('marker', 'x')
+    removed = scripts.run(
+        'reset_identity', connection, [prefix, 'trailing', 'marker', 'debounce', 'rq:scheduled:q'], [3600, 'rq:job:']
+    )
+    assert removed == 3 and connection.keys('*') == [keys.DROPS.encode()]
+
+
 def test_admit_outcome_and_replay(connection):
     q = PolicyQueue('accounts', connection=connection)
     first = q.create_job(tj.poll_minute, args=(7,))

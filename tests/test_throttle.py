@@ -427,25 +427,25 @@ def test_trailing_latest_wins_run_by_a_scheduler_worker(connection, redis_url, w
     with WorkerProcess(redis_url, worker_env, 'progress') as worker:
         start = wait_for_phase(connection, 2, 0.05, 0.4)
         slot_end = (int(start // 2) + 1) * 2
-        jobs_ = [q.enqueue(tj.publish_progress, 1, f'v{i}') for i in range(5)]
-        assert all(isinstance(j, Job) for j in jobs_)
-        assert [j.get_status(refresh=False) for j in jobs_[1:]] == [JobStatus.SCHEDULED] * 4
-        rows = wait_for_runs(connection, 'progress', 2, timeout=20)
-        assert [value for _, value, _ in rows] == ['v0', 'v4'], worker.output()
-        assert rows[1][0] == jobs_[4].id and rows[1][2] >= slot_end  # the trailing job ran once the slot ended
-        for superseded in jobs_[1:4]:
-            assert connection.exists(superseded.key) == 0
-        # in the next slot, the trailing job was that slot's run: an extra waits for that slot's end
-        now = server_now(connection)
-        assert int(now // 2) * 2 >= slot_end
+        burst = [q.enqueue(tj.publish_progress, 1, f'v{i}') for i in range(5)]
+        assert server_now(connection) < slot_end  # one slot: the first wins, the others trail
+        assert all(isinstance(j, Job) for j in burst)
+        assert burst[0].get_status(refresh=False) == JobStatus.QUEUED
+        assert [j.get_status(refresh=False) for j in burst[1:]] == [JobStatus.SCHEDULED] * 4
+        # the next slot: its run is the trailing job, so an extra now waits for this slot's end in turn
+        wait_for_phase(connection, 2, 0.05, 0.5, later_than=start)
         late = q.enqueue(tj.publish_progress, 1, 'v5')
-        next_end = (int(server_now(connection) // 2) + 1) * 2
-        assert late.get_status() == JobStatus.SCHEDULED
+        next_end = slot_end + 2
+        assert server_now(connection) < next_end
+        assert late.get_status(refresh=False) == JobStatus.SCHEDULED
         rows = wait_for_runs(connection, 'progress', 3, timeout=20)
         assert [value for _, value, _ in rows] == ['v0', 'v4', 'v5'], worker.output()
-        assert rows[2][2] >= next_end
+        assert rows[1][0] == burst[4].id and rows[1][2] >= slot_end  # the slot's latest extra, once the slot ended
+        assert rows[2][0] == late.id and rows[2][2] >= next_end
+        for superseded in burst[1:4]:
+            assert connection.exists(superseded.key) == 0
         time.sleep(1.5)
-        assert len(ran(connection, 'progress')) == 3  # nothing ran twice
+        assert len(ran(connection, 'progress')) == 3  # nothing ran twice, nothing else ran
 
 
 # -- force and reset -------------------------------------------------------------------------------------------------

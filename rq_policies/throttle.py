@@ -89,6 +89,10 @@ class Throttle(Policy):
         @policy(Throttle(60, trailing=True))   # ... and the last request of each minute runs at its end
         def publish_progress(task_id): ...
 
+    With :class:`~rq_policies.Loner` as well, both are checked in one script: the slot first, then the marker, so a
+    job still waiting for a worker also drops the next slot's job instead of letting runs pile up behind it (with
+    ``trailing=True`` the pending trailing job holds the marker and later extras replace it).
+
     Args:
         slot: slot width, a whole number of seconds >= 1.
         trailing: keep the latest extra of a held slot and run it when the slot ends (through rq's scheduled-job

@@ -1,38 +1,42 @@
 --[[
-  Clear one identity's policy state on one queue (`rq-policies reset`): its loner marker, its
-  throttle slots (the window opens again), its pending trailing job marker and its debounce
-  state, in one atomic step. Jobs already written to rq stay where they are: a reset frees the
-  identity, it does not delete work (the ids it pointed at are returned so the caller can say so).
+  Clear one identity's policy state on one queue (PolicyQueue.reset), in one atomic step: the
+  current and next throttle slot keys, the pending trailing job, the loner marker, and the pending
+  debounced job. Pending jobs are deleted (out of the scheduled registry, hash removed); a job
+  already queued or running is left alone, only the marker that held its identity goes.
 
-  The throttle slot keys carry a slot index that depends on each policy's period, so the caller
-  finds them by SCAN (in Python, never here) and passes them in.
+  Pending jobs whose run time has been reached are left alone: rq's scheduler may be moving them.
 
-  KEYS[1]    loner marker       rq:policies:loner:<q>:<digest>      (STRING)
-  KEYS[2]    trailing marker    rq:policies:trailing:<q>:<digest>   (STRING)
-  KEYS[3]    debounce state     rq:policies:debounce:<q>:<digest>   (HASH)
-  KEYS[4..]  throttle slots     rq:policies:throttle:<q>:<digest>:<slot>
+  KEYS[1]  slot key prefix        rq:policies:throttle:<q>:<digest>: (the slot number is appended)
+  KEYS[2]  trailing pointer       rq:policies:trailing:<q>:<digest>
+  KEYS[3]  loner marker           rq:policies:loner:<q>:<digest>
+  KEYS[4]  debounce hash          rq:policies:debounce:<q>:<digest>
+  KEYS[5]  scheduled registry     rq:scheduled:<q>
+  KEYS[6..] more slot keys        rq:policies:throttle:<q>:<digest>:<slot>, found by SCAN when the slot
+                                  width is not known (`rq-policies reset` of a function it cannot import)
 
-  No ARGV.
+  ARGV[1]  slot width             seconds, or 0 when the identity has no Throttle
+  ARGV[2]  job key prefix         rq:job:
 
-  Returns {loner deleted, trailing deleted, debounce deleted, throttle slots deleted,
-           loner job id or '', trailing job id or ''}.
+  Returns the number of keys removed (policy keys and the hashes of the pending jobs dropped).
 ]]
 local rcall = redis.call
+local width = tonumber(ARGV[1])
+local job_prefix = ARGV[2]
 
-local function take_string(key)
-  if rcall('TYPE', key).ok ~= 'string' then
-    return 0, ''
-  end
-  local value = rcall('GET', key)
-  rcall('DEL', key)
-  return 1, value
-end
+-- @include "includes/server_time.lua"
+-- @include "includes/slot.lua"
 
-local loner, loner_id = take_string(KEYS[1])
-local trailing, trailing_id = take_string(KEYS[2])
-local debounce = rcall('DEL', KEYS[3])
-local throttle = 0
-for i = 4, #KEYS do
-  throttle = throttle + rcall('DEL', KEYS[i])
+local now = server_now()
+local removed = 0
+
+if width > 0 then
+  local index = slot_at(now, width)
+  removed = removed + rcall('DEL', slot_key(KEYS[1], index), slot_key(KEYS[1], index + 1))
 end
-return {loner, trailing, debounce, throttle, loner_id, trailing_id}
+removed = removed + drop_pending(KEYS[5], job_prefix, rcall('GET', KEYS[2]), now)
+removed = removed + drop_pending(KEYS[5], job_prefix, rcall('HGET', KEYS[4], 'job'), now)
+removed = removed + rcall('DEL', KEYS[2], KEYS[3], KEYS[4])
+for i = 6, #KEYS do
+  removed = removed + rcall('DEL', KEYS[i])
+end
+return removed

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+from .debounce import Debounce
 from .exceptions import PipelineNotSupported, PolicyConfigurationError, PolicyError
 from .job import PolicyJob
 from .limited_capacity import LimitedCapacityWorker
 from .policy import Loner, Policy, PolicySet, policy
 from .queue import PolicyQueue
 from .queue_slot import QueueSlot
+from .throttle import Outcome, Throttle
 from .worker import PolicySimpleWorker, PolicyWorker
 
 __version__ = '0.1.0'
 
 __all__ = [
+    'Debounce',
     'LimitedCapacityWorker',
     'Loner',
+    'Outcome',
     'PipelineNotSupported',
     'Policy',
     'PolicyConfigurationError',
@@ -25,5 +29,6 @@ __all__ = [
     'PolicySimpleWorker',
     'PolicyWorker',
     'QueueSlot',
+    'Throttle',
     'policy',
 ]

@@ -23,6 +23,7 @@ from rq.utils import import_attribute
 from . import __version__, state
 from .policy import declared
 from .queue_slot import QueueSlot
+from .throttle import Throttle
 
 
 class CommandError(click.ClickException):
@@ -202,23 +203,21 @@ def reset(cli_config: Any, queue: str, function: str, args: tuple[str, ...], kwa
         if not sep or not key:
             raise click.BadParameter(f'expected KEY=VALUE, got {item!r}', param_hint='--kwarg')
         call_kwargs[key] = _parse_value(value)
-    func_name, unique_context = _resolve(function)
+    func_name, unique_context, slot_width = _resolve(function)
     conn = _connect(cli_config)
     _require_known(conn, queue)
     try:
-        result = state.reset_identity(conn, queue, func_name, call_args, call_kwargs, unique_context)
+        result = state.reset_identity(conn, queue, func_name, call_args, call_kwargs, unique_context, slot_width)
     except TypeError as exc:
         raise CommandError(str(exc)) from None
-    cleared = [f'{kind} {result[kind]}' for kind in ('loner', 'throttle', 'trailing', 'debounce') if result[kind]]
+    removed = result['removed']
     click.echo(f'Identity {_short(result["digest"])} of {func_name} on {queue!r}: '
-               + ('cleared ' + ', '.join(cleared) if cleared else 'nothing to clear') + '.')
-    for kind in ('loner', 'trailing'):
-        if result[f'{kind}_job_id']:
-            click.echo(f'  the {kind} marker named job {result[f"{kind}_job_id"]}; the job itself was left alone.')
+               + (f'removed {removed} key(s)' if removed else 'nothing to clear')
+               + ' (loner marker, throttle slots, pending trailing and debounced jobs; queued jobs are left alone).')
 
 
-def _resolve(function: str) -> tuple[str, Any]:
-    """The function's name as rq stores it, and its declared unique_context, importing it when possible."""
+def _resolve(function: str) -> tuple[str, Any, int]:
+    """The function's name as rq stores it, its unique_context and throttle slot, importing it when possible."""
     if not function or function.startswith('.') or function.endswith('.') or '.' not in function:
         raise click.BadParameter(f'expected an import path like app.tasks.sync, got {function!r}',
                                  param_hint='FUNCTION')
@@ -226,10 +225,11 @@ def _resolve(function: str) -> tuple[str, Any]:
         func = import_attribute(function)
     except (ImportError, AttributeError, ValueError):
         click.echo(f'note: cannot import {function}; its arguments are used as given (no unique_context)', err=True)
-        return function, None
+        return function, None, 0
     spec = declared(func)
     name = f'{func.__module__}.{func.__qualname__}' if hasattr(func, '__qualname__') else function
-    return name, spec.unique_context if spec else None
+    throttled = spec.get(Throttle) if spec else None
+    return name, spec.unique_context if spec else None, throttled.slot if throttled else 0
 
 
 # -- exporter -------------------------------------------------------------------------------------------------------

@@ -12,10 +12,16 @@ key                                                    type     meaning
                                                                 deleted when a PolicyWorker takes the job, or when
                                                                 the job is deleted, cancelled or removed; expires
                                                                 with the job when the job has a ``ttl``
-``rq:policies:throttle:<queue>:<digest>:<slot>``       STRING   id of the job that won slot number ``<slot>``;
-                                                                expires when the slot ends
-``rq:policies:trailing:<queue>:<digest>``              STRING   id of the pending trailing job; expires after it ran
-``rq:policies:debounce:<queue>:<digest>``              HASH     the pending debounced job and its first enqueue
+``rq:policies:throttle:<queue>:<digest>:<slot>``       STRING   id of the job that won slot number ``<slot>`` (epoch
+                                                                seconds // slot width, server clock), or of the
+                                                                trailing job that runs at its start; expires when
+                                                                the slot ends
+``rq:policies:trailing:<queue>:<digest>``              STRING   id of the pending trailing job (in
+                                                                ``rq:scheduled:<queue>``); expires at its run time
+``rq:policies:debounce:<queue>:<digest>``              HASH     ``job``: id of the pending debounced job (in
+                                                                ``rq:scheduled:<queue>``), ``first``: epoch seconds
+                                                                of the enqueue that started the pending period;
+                                                                expires at the job's run time
 ``rq:policies:slots:<queue>``                          ZSET     the QueueSlot ledger: member = holder claim token,
                                                                 score = epoch second the hold expires
 ``rq:policies:capacity``                               HASH     queue name -> cluster-wide cap (QueueSlot)
@@ -36,6 +42,9 @@ key                                                    type     meaning
 =====================================================  =======  ===================================================
 
 A ``<class>`` is a LimitedCapacityWorker's import path (``module.Class``): dots and identifiers, never a colon.
+
+The slot number of a throttle key is computed inside the scripts from the server's clock, so those scripts receive
+the identity's prefix in KEYS and append the number; every other key arrives whole.
 
 Job hashes (``rq:job:<id>``) written by an admission carry one extra field, ``policies_loner``, naming the job's
 loner marker, so the dequeue script can clear the marker of the job it pops without a second round trip. rq and
@@ -59,7 +68,7 @@ def loner(queue: str, digest: str) -> str:
 
 
 def throttle_prefix(queue: str, digest: str) -> str:
-    """The prefix the per-slot throttle keys hang off; the slot index is appended under the server's clock."""
+    """The prefix the per-slot throttle keys hang off; the scripts append the slot number under the server's clock."""
     return f'{PREFIX}throttle:{queue}:{digest}:'
 
 

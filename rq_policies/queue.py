@@ -27,11 +27,13 @@ from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.utils import import_attribute, now
 
-from . import compat, identity, keys, scripts
+from . import compat, debounce, identity, keys, scripts, throttle
+from .debounce import Debounce
 from .exceptions import PipelineNotSupported, PolicyConfigurationError
 from .job import PolicyJob, release_markers
 from .policy import Loner, PolicySet, declared, make_set
 from .queue_slot import QueueSlot
+from .throttle import Throttle
 
 logger = logging.getLogger('rq_policies')
 
@@ -53,9 +55,25 @@ class _Door:
 
     override: Any
     used: bool = False
+    force: bool = False
+    hint: Any = None  # the call's throttle hint key (rq_policies.throttle.quick_drop)
 
 
 _door: ContextVar[_Door | None] = ContextVar('rq_policies_door', default=None)
+
+
+@dataclass
+class JobWrite:
+    """How an admission script writes one job; the same for every policy's script."""
+
+    job: Job
+    mode: str  # R | L | S | D, see lua/includes/save_job.lua
+    score: int  # epoch seconds for mode S, else 0
+    dest: str  # the queue list, the scheduled registry, or the queue key (unused) for mode D
+    ttl: int  # seconds the job hash lives, -1 for no expiry
+    fields: list[Any]  # the job hash as a flat field/value list
+    marker: str  # the identity's loner marker key
+    loner: bool  # whether the Loner check applies
 
 
 @dataclass
@@ -135,12 +153,12 @@ class PolicyQueue(Queue):
     # -- the doors ------------------------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _door(self, policy: Any) -> Iterator[None]:
+    def _door(self, policy: Any, force: bool = False, hint: Any = None) -> Iterator[None]:
         if _door.get() is not None:  # an inner door of the same call (enqueue -> enqueue_call): the outer one rules
             yield
             return
         override = policy if policy is _DECLARED else make_set(policy)
-        token = _door.set(_Door(override))
+        token = _door.set(_Door(override, force=force, hint=hint))
         try:
             yield
         finally:
@@ -153,12 +171,24 @@ class PolicyQueue(Queue):
             The Job, or None when a policy dropped it.
         """
         policy = kwargs.pop('policy', _DECLARED)
-        with self._door(policy):
+        hint = None
+        if _door.get() is None:
+            dropped, hint = throttle.quick_drop(self, self._spec(policy, f), f, args, kwargs)
+            if dropped:
+                return None
+        with self._door(policy, hint=hint):
             return super().enqueue(f, *args, **kwargs)
 
     def enqueue_call(self, func: Any, *args: Any, policy: Any = _DECLARED, **kwargs: Any) -> Job | None:  # type: ignore[override]
         """rq's ``enqueue_call``, plus ``policy=``. Returns None when a policy dropped the job."""
-        with self._door(policy):
+        hint = None
+        if _door.get() is None and not args:  # the @job decorator's .delay() arrives here
+            call = {name: kwargs[name] for name in ('args', 'kwargs', 'job_id', 'pipeline', 'unique', 'rate_limit')
+                    if kwargs.get(name) is not None}
+            dropped, hint = throttle.quick_drop(self, self._spec(policy, func), func, (), call)
+            if dropped:
+                return None
+        with self._door(policy, hint=hint):
             return super().enqueue_call(func, *args, **kwargs)
 
     def enqueue_at(self, datetime: datetime, f: Any, *args: Any, **kwargs: Any) -> Job | None:  # type: ignore[override]
@@ -229,6 +259,10 @@ class PolicyQueue(Queue):
             return self._declared_for(job)
         return door.override
 
+    def _spec(self, policy: Any, func: Any) -> PolicySet | None:
+        """The PolicySet a door applies: the declared one, or the caller's ``policy=``."""
+        return self._declared_for(func) if policy is _DECLARED else make_set(policy)
+
     @staticmethod
     def _declared_for(func_or_job: Any) -> PolicySet | None:
         try:
@@ -262,19 +296,43 @@ class PolicyQueue(Queue):
             # A synchronous queue runs the job at once: nothing ever waits, so there is nothing to hold.
             return super().enqueue_job(job, at_front=at_front, **kwargs)
         digest = identity.digest(func_path(job), self.name, job.args, job.kwargs, spec.unique_context)
-        return self._admit_loner(job, spec, digest, at_front, when)
+        door = _door.get()
+        debounced = spec.get(Debounce)
+        if door is not None and door.force:
+            write = self._job_write(job, spec, digest, at_front, when)
+            admitted = throttle.force(self, spec, digest, write)
+        elif debounced is not None:
+            write = self._job_write(job, spec, digest, at_front, when, schedule=True)
+            admitted = debounce.enqueue(self, debounced, digest, write)
+        else:
+            write = self._job_write(job, spec, digest, at_front, when)
+            throttled = spec.get(Throttle)
+            if throttled is not None:
+                admitted = throttle.enqueue(self, throttled, digest, write, door.hint if door is not None else None)
+            else:
+                admitted = self._admit_loner(write)
+        if not admitted:
+            return None
+        if write.mode == 'D':
+            return self._finish_deferred(job, write.marker if write.loner else None, at_front)
+        return job
 
-    def _prepare(self, job: Job, when: datetime | None, at_front: bool) -> tuple[str, int, str]:
-        """Set what rq's own enqueue sets on the job; return (mode, score, destination key)."""
+    def _prepare(
+        self, job: Job, when: datetime | None, at_front: bool, schedule: bool = False
+    ) -> tuple[str, int, str]:
+        """Set what rq's own enqueue sets on the job; return (mode, score, destination key).
+
+        ``schedule`` writes the job as a scheduled one even without a time (the policy's script sets the time).
+        """
         job.origin = self.name
         job.redis_server_version = self.get_redis_server_version()
         if job.timeout is None:
             job.timeout = self._default_timeout
-        if when is not None:
+        if when is not None or schedule:
             job._status = JobStatus.SCHEDULED
             from rq.registry import ScheduledJobRegistry
 
-            return 'S', _score(when), ScheduledJobRegistry(queue=self).key
+            return 'S', _score(when) if when is not None else 0, ScheduledJobRegistry(queue=self).key
         if job._dependency_ids:
             job._status = JobStatus.DEFERRED
             return 'D', 0, self.key
@@ -282,33 +340,38 @@ class PolicyQueue(Queue):
         job._status = JobStatus.QUEUED
         return ('L' if at_front else 'R'), 0, self.key
 
-    def _admit_loner(
-        self, job: Job, spec: PolicySet, digest: str, at_front: bool, when: datetime | None
-    ) -> Job | None:
+    def _job_write(
+        self, job: Job, spec: PolicySet, digest: str, at_front: bool, when: datetime | None, schedule: bool = False
+    ) -> JobWrite:
+        """Prepare the job as rq would and flatten it for an admission script."""
         loner = spec.get(Loner) is not None
         marker = keys.loner(self.name, digest)
-        mode, score, dest = self._prepare(job, when, at_front)
+        mode, score, dest = self._prepare(job, when, at_front, schedule)
         fields = _flatten(job.to_dict())
         if loner:
             fields += [keys.LONER_FIELD, marker]
         ttl = job.ttl if job.ttl and job.ttl > 0 else -1
         if mode == 'D' and ttl < 0:
             ttl = DEFERRED_LEASE_SECONDS
+        return JobWrite(job, mode, score, dest, ttl, fields, marker, loner)
+
+    def _admit_loner(self, write: JobWrite) -> bool:
+        job = write.job
         admitted, holder = scripts.run(
             'enqueue_job',
             self.connection,
-            [job.key, dest, self.redis_queues_keys, marker, keys.DROPS],
+            [job.key, write.dest, self.redis_queues_keys, write.marker, keys.DROPS],
             [
                 job.id,
-                mode,
-                score,
-                ttl,
+                write.mode,
+                write.score,
+                write.ttl,
                 self.key,
                 self.job_class.redis_job_namespace_prefix,
-                1 if loner else 0,
+                1 if write.loner else 0,
                 keys.drop_field('loner', self.name),
                 keys.wake(self.name),
-                pack_fields(fields),
+                pack_fields(write.fields),
             ],
         )
         if not admitted:
@@ -317,10 +380,8 @@ class PolicyQueue(Queue):
                 'rq-policies: dropped %s on queue %r (loner): identity held by job %s', job.func_name, self.name,
                 holder_id,
             )
-            return None
-        if mode == 'D':
-            return self._finish_deferred(job, marker if loner else None, at_front)
-        return job
+            return False
+        return True
 
     def _finish_deferred(self, job: Job, marker: str | None, at_front: bool) -> Job:
         """Hand an admitted job with dependencies to rq's own dependency handling, then drop the lease."""
@@ -360,6 +421,38 @@ class PolicyQueue(Queue):
     def enqueued(self, func: Any, *args: Any, **kwargs: Any) -> bool:
         """resque-loner's ``enqueued?``: is a job of this call waiting on this queue (queued, scheduled, deferred)?"""
         return self.holder(func, *args, **kwargs) is not None
+
+    # -- force and reset ------------------------------------------------------------------------------------------
+
+    def force(self, f: Any, *args: Any, **kwargs: Any) -> Job:
+        """Enqueue now, whatever the policies say (the Go throttler's ``Force``). Takes rq's ``enqueue`` options.
+
+        The job takes this identity's current throttle slot, and a pending trailing job or pending debounced job of
+        the identity is dropped (deleted). With a Loner, the job takes the loner marker when no other job holds it.
+
+        Returns:
+            The Job, always.
+        """
+        policy = kwargs.pop('policy', _DECLARED)
+        with self._door(policy, force=True):
+            return super().enqueue(f, *args, **kwargs)
+
+    def reset(self, func: Any, *args: Any, **kwargs: Any) -> int:
+        """Clear this call's policy state on this queue (the Go throttler's ``Reset``).
+
+        Removes the identity's current (and next) throttle slot, its pending trailing job, its loner marker and its
+        pending debounced job, all in one script. Pending jobs are deleted; a job already queued or running is left
+        alone (only the marker naming it goes). ``policy=`` names the policies when they are not declared (the
+        throttle's slot width is needed to find its slot keys).
+
+        Returns:
+            How many keys were removed (policy keys and the hashes of dropped pending jobs).
+        """
+        policy = kwargs.pop('policy', _DECLARED)
+        spec = self._spec(policy, func)
+        probe = self.job_class.create(func, args=args, kwargs=kwargs, connection=self.connection)
+        digest = identity.digest(func_path(probe), self.name, args, kwargs, spec.unique_context if spec else None)
+        return throttle.reset(self, spec, digest)
 
     # -- removal paths free the identity ----------------------------------------------------------------------
 

@@ -244,11 +244,14 @@ def reset_identity(
     args: Iterable[Any] = (),
     kwargs: dict[str, Any] | None = None,
     unique_context: Any = None,
+    slot_width: int = 0,
 ) -> dict[str, Any]:
-    """Clear one identity's state on one queue: loner marker, throttle slots, trailing marker, debounce state.
+    """Clear one identity's state on one queue, as ``PolicyQueue.reset`` does, for a function given by path.
 
-    The throttle slot keys are found by SCAN first (their slot index depends on the policy's period); a slot taken
-    between that SCAN and the script survives, which is the same as a slot taken just after the reset.
+    Runs the same script (``lua/reset_identity.lua``): loner marker, throttle slots, pending trailing and debounced
+    jobs. When the throttle's slot width is not known (the function could not be imported), its slot keys are found
+    by SCAN first; a slot taken between that SCAN and the script survives, which is the same as a slot taken just
+    after the reset.
 
     Args:
         connection: the Redis connection.
@@ -257,27 +260,27 @@ def reset_identity(
         args: positional arguments of the call.
         kwargs: keyword arguments of the call.
         unique_context: the function's ``unique_context``, when it declares one.
+        slot_width: the declared Throttle's slot in seconds, 0 when unknown or none.
 
     Returns:
-        ``{'digest', 'loner', 'throttle', 'trailing', 'debounce', 'loner_job_id', 'trailing_job_id'}``, the counts
-        being keys deleted.
+        ``{'digest', 'removed'}``: the identity and how many keys were removed.
     """
+    from rq.job import Job
+    from rq.registry import ScheduledJobRegistry
+
     from . import identity, scripts
 
     digest = identity.digest(func_name, queue, tuple(args), dict(kwargs or {}), unique_context)
-    pattern = _glob_escape(keys.throttle_prefix(queue, digest)) + '*'
-    throttle_keys = sorted(_text(k) for k in connection.scan_iter(match=pattern, count=1000))
-    loner, trailing, debounce, throttle, loner_id, trailing_id = scripts.run(
+    scanned: list[str] = []
+    if not slot_width:
+        pattern = _glob_escape(keys.throttle_prefix(queue, digest)) + '*'
+        scanned = sorted(_text(k) for k in connection.scan_iter(match=pattern, count=1000))
+    scheduled = ScheduledJobRegistry(queue, connection=connection).key
+    removed = scripts.run(
         'reset_identity',
         connection,
-        [keys.loner(queue, digest), keys.trailing(queue, digest), keys.debounce(queue, digest), *throttle_keys],
+        [keys.throttle_prefix(queue, digest), keys.trailing(queue, digest), keys.loner(queue, digest),
+         keys.debounce(queue, digest), scheduled, *scanned],
+        [slot_width, Job.redis_job_namespace_prefix],
     )
-    return {
-        'digest': digest,
-        'loner': int(loner),
-        'throttle': int(throttle),
-        'trailing': int(trailing),
-        'debounce': int(debounce),
-        'loner_job_id': _text(loner_id) or None,
-        'trailing_job_id': _text(trailing_id) or None,
-    }
+    return {'digest': digest, 'removed': int(removed)}

@@ -36,6 +36,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
+import soak_jobs  # noqa: E402
 from redis import Redis  # noqa: E402
 from rq import Queue  # noqa: E402
 from rq.job import Job  # noqa: E402
@@ -46,7 +47,6 @@ from rq.registry import (  # noqa: E402
     StartedJobRegistry,
 )
 
-import soak_jobs  # noqa: E402
 from rq_policies import PolicyQueue, QueueSlot  # noqa: E402
 from rq_policies.testing import RedisServer  # noqa: E402
 
@@ -252,7 +252,7 @@ def check(conn: Redis, run_dir: Path, policy_keys_left: list[str]) -> dict:
     overlaps = 0
     for intervals in waits.values():
         intervals.sort()
-        for (a0, a1), (b0, _b1) in zip(intervals, intervals[1:]):
+        for (_a0, a1), (b0, _b1) in zip(intervals, intervals[1:]):
             if b0 < a1:
                 overlaps += 1
     results['loner'] = {'ok': overlaps == 0, 'overlapping_waits': overlaps, 'jobs': sum(map(len, waits.values()))}

@@ -1,0 +1,101 @@
+"""Debounce: run a job once a burst of enqueues of its identity has gone quiet, with the last payload.
+
+Each enqueue schedules the job ``wait`` seconds from now in rq's scheduled-job registry (run by
+``rq worker --with-scheduler``). If a job of the same identity is still pending there, it is replaced: its hash is
+deleted and the new job, with the new payload, takes its place at now + ``wait``. ``max_wait`` caps the delay since
+the enqueue that started the pending period, so a stream that never pauses still runs at least every ``max_wait``
+seconds. Each enqueue returns the caller's Job, because that job will run unless a later one supersedes it.
+
+Times come from the Redis server's clock. rq's scheduler reads whole-second scores and looks about once a second, so
+a debounced job runs up to about two seconds after its quiet period ends: use ``wait`` in seconds, not milliseconds.
+
+A pending job whose run time has been reached is never replaced, because rq's scheduler may be moving it to the
+queue at that moment: it runs, and the next enqueue starts a new pending period. ``enqueue_at``/``enqueue_in`` are
+debounced too; the job runs at the debounce time or the time asked for, whichever is later.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from rq.registry import ScheduledJobRegistry
+
+from . import keys, scripts
+from .exceptions import PolicyConfigurationError
+from .policy import COMBINATION_RULES, Loner, Policy
+from .throttle import whole_seconds
+
+if TYPE_CHECKING:
+    from .queue import JobWrite, PolicyQueue
+
+logger = logging.getLogger('rq_policies')
+
+
+class Debounce(Policy):
+    """Run the job ``wait`` seconds after the last enqueue of its identity, with the last payload.
+
+    Example::
+
+        @policy(Debounce(5, max_wait=60))   # reindex 5 s after the edits stop, at least once a minute while they go on
+        def reindex_document(doc_id): ...
+
+    Args:
+        wait: the quiet period, a whole number of seconds >= 1.
+        max_wait: optional cap on the delay since the first pending enqueue, a whole number of seconds >= ``wait``.
+    """
+
+    name: ClassVar[str] = 'debounce'
+
+    def __init__(self, wait: int, max_wait: int | None = None) -> None:
+        self.wait = whole_seconds('wait', wait)
+        if max_wait is not None:
+            whole_seconds('max_wait', max_wait)
+            if max_wait < wait:
+                raise ValueError(f'max_wait must be >= wait ({wait}), got {max_wait!r}')
+        self.max_wait = max_wait
+
+    def __repr__(self) -> str:
+        return f'Debounce({self.wait}{f", max_wait={self.max_wait}" if self.max_wait is not None else ""})'
+
+
+def _debounce_and_loner(policies: tuple[Policy, ...]) -> str | None:
+    kinds = {type(p) for p in policies}
+    if Debounce in kinds and Loner in kinds:
+        return (
+            'Debounce and Loner cannot be combined: Debounce already keeps one pending job per identity and replaces '
+            'it with the latest payload; Loner would drop the very replacements a debounce exists to keep.'
+        )
+    return None
+
+
+COMBINATION_RULES.append(_debounce_and_loner)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def enqueue(queue: PolicyQueue, debounce: Debounce, digest: str, write: JobWrite) -> bool:
+    """Schedule one job through its Debounce, replacing the pending one. Always writes the job (returns True)."""
+    job = write.job
+    if job._dependency_ids:
+        raise PolicyConfigurationError(
+            f'depends_on= cannot be combined with Debounce (job {job.func_name!r}): a debounced job is scheduled, and '
+            'a scheduled job does not wait for dependencies'
+        )
+    jid, at, _, superseded = scripts.run(
+        'debounce_job',
+        queue.connection,
+        [keys.debounce(queue.name, digest), job.key, ScheduledJobRegistry(queue=queue).key, queue.redis_queues_keys],
+        [job.id, debounce.wait, debounce.max_wait or 0, write.score, write.ttl, queue.key,
+         queue.job_class.redis_job_namespace_prefix, *write.fields],
+    )
+    superseded = _text(superseded)
+    if superseded and superseded != job.id:
+        logger.info(
+            'rq-policies: %s on queue %r (debounce): job %s replaces pending job %s, runs at %s', job.func_name,
+            queue.name, job.id, superseded, datetime.fromtimestamp(float(at), timezone.utc).isoformat(),
+        )
+    return True

@@ -1,0 +1,378 @@
+"""Throttle: at most one job per identity per epoch-aligned slot of wall-clock time.
+
+Three answers to "this was enqueued more often than it needs to run", each kept in its own module:
+
+* :class:`~rq_policies.Loner` rejects the duplicate and keeps the first, while it waits;
+* :class:`Throttle` drops the extra and keeps the first, once per slot (or, with ``trailing=True``, also keeps the
+  last extra of the slot and runs it when the slot ends);
+* :class:`~rq_policies.Debounce` replaces the pending job and keeps the last, firing after a quiet period.
+
+Slots are aligned to the Unix epoch and computed from the Redis server's clock: with ``Throttle(60)`` the boundaries
+are the calendar minutes, and every producer means the same minute by "this slot" whatever its own clock says. That
+is what separates a slot from a cooldown (a cooldown measured from first use is a rolling rate limit). One key per
+identity per slot holds only the winner's job id and expires by itself when the slot ends: no reaper, no growth.
+
+An admitted job is an ordinary rq job. A dropped enqueue returns ``None``, not the winner's job: a returned job is
+the caller's to poll, cancel or hang dependents off, and the winner's is not. The winner is named in the INFO log
+line and by :meth:`Throttle.admit`, the low-level door, which returns an :class:`Outcome`.
+
+The throttle spaces *submissions*, not executions: if jobs wait in the queue, two can start closer together than the
+slot. ``enqueue_at``/``enqueue_in`` are submissions too: they claim the slot current at the call, and a winner runs
+at the time it asked for.
+
+This module also carries :meth:`PolicyQueue.force` and :meth:`PolicyQueue.reset`'s scripts (the Go throttler's
+``Force`` and ``Reset``), which act on every policy's state of one identity.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from rq.job import Job, JobStatus
+from rq.registry import ScheduledJobRegistry
+from rq.utils import import_attribute
+
+from . import identity, keys, scripts
+from .exceptions import PolicyConfigurationError
+from .policy import COMBINATION_RULES, Policy, PolicySet, declared
+
+if TYPE_CHECKING:
+    from .queue import JobWrite, PolicyQueue
+
+logger = logging.getLogger('rq_policies')
+
+
+def whole_seconds(name: str, value: Any) -> int:
+    """``value`` as a whole number of seconds >= 1, or a ValueError naming ``name`` and the value."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f'{name} must be a whole number of seconds >= 1 (an int), got {value!r}')
+    return value
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _when(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).isoformat()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What :meth:`Throttle.admit` decided.
+
+    Attributes:
+        admitted: True when the job owns the slot (it won it now, or had won it already: a replay).
+        jid: the id of the job that owns the slot: the caller's own when admitted, the incumbent's when not.
+        slot_ends_at: epoch seconds (server clock) the slot ends, when a new one can be won.
+    """
+
+    admitted: bool
+    jid: str
+    slot_ends_at: float
+
+
+class Throttle(Policy):
+    """At most one job per identity per ``slot`` seconds, slots aligned to the Unix epoch (server clock).
+
+    Example::
+
+        @policy(Throttle(60))                  # at most one job per account per calendar minute
+        def poll_account(account_id): ...
+
+        @policy(Throttle(60, trailing=True))   # ... and the last request of each minute runs at its end
+        def publish_progress(task_id): ...
+
+    With :class:`~rq_policies.Loner` as well, both are checked in one script: the slot first, then the marker, so a
+    job still waiting for a worker also drops the next slot's job instead of letting runs pile up behind it (with
+    ``trailing=True`` the pending trailing job holds the marker and later extras replace it).
+
+    Args:
+        slot: slot width, a whole number of seconds >= 1.
+        trailing: keep the latest extra of a held slot and run it when the slot ends (through rq's scheduled-job
+            registry: run workers with ``--with-scheduler``). The trailing job counts as the next slot's run.
+    """
+
+    name: ClassVar[str] = 'throttle'
+
+    def __init__(self, slot: int, trailing: bool = False) -> None:
+        self.slot = whole_seconds('slot', slot)
+        if not isinstance(trailing, bool):
+            raise TypeError(f'trailing must be True or False, got {trailing!r}')
+        self.trailing = trailing
+
+    def __repr__(self) -> str:
+        return f'Throttle({self.slot}{", trailing=True" if self.trailing else ""})'
+
+    @classmethod
+    def admit(cls, job: Job, slot: int, connection: Any = None) -> Outcome:
+        """Claim this job's slot, or report who already holds it. Writes no job: only the slot key.
+
+        Replay-safe: a re-run with the same job id (a retried call whose reply was lost) finds its own id in the slot
+        and reports admitted again, instead of a drop the caller never suffered.
+
+        Args:
+            job: the job; only its function, arguments, origin queue and id are read (its identity is the same one
+                PolicyQueue uses, narrowed by the function's declared ``unique_context``).
+            slot: slot width, a whole number of seconds >= 1.
+            connection: the Redis connection; defaults to the job's.
+
+        Returns:
+            An Outcome naming the slot's owner and when the slot ends.
+        """
+        width = whole_seconds('slot', slot)
+        if not isinstance(job, Job):
+            raise TypeError(f'job must be an rq Job, got {job!r}')
+        if not job.origin:
+            raise ValueError(f'job {job.id} has no origin queue: create it with Queue.create_job() or set job.origin')
+        conn = connection if connection is not None else job.connection
+        if conn is None:
+            raise ValueError('connection: give a Redis connection (the job has none)')
+        from .queue import func_path  # the rq glue imports this module
+
+        spec = _declared_spec(job)
+        context = spec.unique_context if spec else None
+        digest = identity.digest(func_path(job), job.origin, job.args, job.kwargs, context)
+        code, jid, ends, _ = scripts.run(
+            'throttle_slot',
+            conn,
+            [keys.throttle_prefix(job.origin, digest), job.key, '', '', '', keys.DROPS],
+            [job.id, width, 'N', 0, -1, '', '', 0, keys.drop_field('throttle', job.origin), '', ''],
+        )
+        return Outcome(code == 1, _text(jid), float(ends))
+
+
+def _declared_spec(job: Job) -> PolicySet | None:
+    try:
+        target = job.func
+    except (ImportError, AttributeError, ValueError):
+        return None
+    if isinstance(target, str):
+        try:
+            target = import_attribute(target)
+        except (ImportError, AttributeError, ValueError):
+            return None
+    return declared(target)
+
+
+# -- combination rules ---------------------------------------------------------------------------------------------
+
+
+def _throttle_and_debounce(policies: tuple[Policy, ...]) -> str | None:
+    from .debounce import Debounce
+
+    kinds = {type(p) for p in policies}
+    if Throttle in kinds and Debounce in kinds:
+        return (
+            'Throttle and Debounce cannot be combined: a throttle keeps the first job of each slot and a debounce the '
+            'last of each burst. Pick one; Throttle(slot, trailing=True) keeps the last of each slot as well.'
+        )
+    return None
+
+
+COMBINATION_RULES.append(_throttle_and_debounce)
+
+
+# -- the fast path for an extra that is expected to lose -----------------------------------------------------------
+
+#: What this process last saw of a slot: hint key -> (identity digest, time.monotonic() at which that slot ends). A hint
+#: key is the call as the caller wrote it (queue, function, slot width, args, kwargs), so a call that has no hint costs
+#: a dictionary lookup and nothing else; a hit is confirmed against the digest before it is used.
+_hints: dict[tuple, tuple[str, float]] = {}
+_hints_lock = threading.Lock()
+_HINTS_MAX = 4096
+
+
+def hint_key(queue: str, width: int, f: Any, args: tuple, kwargs: dict) -> tuple | None:
+    """The hint key of a call, or None when its arguments are not hashable (such calls take the full path)."""
+    try:
+        key = (queue, width, f, args, tuple(sorted(kwargs.items())) if kwargs else ())
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _remember(key: tuple | None, digest: str, ends: Any, server_now: Any) -> None:
+    if key is None:
+        return
+    deadline = time.monotonic() + (float(ends) - float(_text(server_now)))
+    with _hints_lock:
+        if len(_hints) >= _HINTS_MAX:
+            now = time.monotonic()
+            for stale in [k for k, (_, until) in _hints.items() if until <= now]:
+                del _hints[stale]
+            if len(_hints) >= _HINTS_MAX:
+                _hints.clear()
+        _hints[key] = (digest, deadline)
+
+
+def quick_drop(queue: PolicyQueue, spec: PolicySet | None, f: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
+    """Drop an extra of a leading-edge throttle before rq builds its job, when this process saw its slot held.
+
+    Building and serializing a job costs more than the decision. A process that has seen this call's current slot
+    taken (it won or lost it earlier) first asks ``throttle_check.lua``, which drops the extra when the slot is still
+    held, as one complete atomic decision (a held slot stays held until it ends; force and reset only ever hand it to
+    a job that is written in the same step). Anything else (no hint, the slot free after all, a replayed job id,
+    options the full path must refuse) returns False and the enqueue takes the full path, which checks again and
+    writes in one script. A hint only chooses which script runs first; it never decides.
+
+    Returns:
+        (dropped, hint key): dropped is True when the enqueue was dropped (and logged and counted); the hint key is
+        for the full path to remember what it saw.
+    """
+    throttle = spec.get(Throttle) if spec else None
+    if throttle is None or throttle.trailing or not queue._is_async:
+        return False, None
+    if not (isinstance(f, str) or inspect.isfunction(f)):
+        return False, None  # bound methods and callable objects: rq names them in ways only the full path reproduces
+    key = hint_key(queue.name, throttle.slot, f, args, kwargs)
+    hint = _hints.get(key) if key is not None else None
+    if hint is None or hint[1] <= time.monotonic():
+        return False, key
+    if kwargs:  # rq's options travel in kwargs: let rq tell them from the function's own
+        parsed = queue.parse_args(f, *args, **dict(kwargs))
+        if parsed.pipeline is not None or parsed.unique or getattr(parsed, 'rate_limit', None) is not None:
+            return False, None  # the full path refuses these with an error; it must not be a silent drop here
+        fargs, fkwargs, job_id = tuple(parsed.args or ()), dict(parsed.kwargs or {}), parsed.job_id
+    else:
+        fargs, fkwargs, job_id = args, {}, None
+    func_name = f if isinstance(f, str) else f'{f.__module__}.{f.__qualname__}'
+    digest = identity.digest(func_name, queue.name, fargs, fkwargs, spec.unique_context)
+    if digest != hint[0]:
+        return False, None
+    dropped, owner, ends, _ = scripts.run(
+        'throttle_check',
+        queue.connection,
+        [keys.throttle_prefix(queue.name, digest), keys.DROPS],
+        [job_id or '', throttle.slot, keys.drop_field('throttle', queue.name)],
+    )
+    if not dropped:
+        return False, key
+    _log_drop(func_name, queue.name, _text(owner), float(ends))
+    return True, key
+
+
+def _log_drop(func_name: str, queue: str, owner: str, ends: float) -> None:
+    if logger.isEnabledFor(logging.INFO):  # formatting the time costs as much as a tenth of a drop
+        logger.info(
+            'rq-policies: dropped %s on queue %r (throttle): slot held by job %s, slot ends at %s',
+            func_name, queue, owner, _when(ends),
+        )
+
+
+# -- the enqueue doors -----------------------------------------------------------------------------------------------
+
+
+def enqueue(queue: PolicyQueue, throttle: Throttle, digest: str, write: JobWrite, hint: tuple | None = None) -> bool:
+    """Admit one job through its Throttle (and its Loner, when it has one). Returns True when the job was written.
+
+    ``hint`` is the call's hint key (see :func:`quick_drop`), remembered with the slot this admission saw.
+    """
+    job = write.job
+    if throttle.trailing:
+        return _enqueue_trailing(queue, throttle, digest, write)
+    code, holder, ends, server_now = scripts.run(
+        'throttle_slot',
+        queue.connection,
+        [keys.throttle_prefix(queue.name, digest), job.key, write.dest, queue.redis_queues_keys, write.marker,
+         keys.DROPS],
+        [job.id, throttle.slot, write.mode, write.score, write.ttl, queue.key,
+         queue.job_class.redis_job_namespace_prefix, 1 if write.loner else 0, keys.drop_field('throttle', queue.name),
+         keys.drop_field('loner', queue.name), keys.wake(queue.name), *write.fields],
+    )
+    holder = _text(holder)
+    if code == 1:
+        _remember(hint, digest, ends, server_now)
+        return True
+    if code == 0:
+        _remember(hint, digest, ends, server_now)
+        _log_drop(job.func_name, queue.name, holder, float(ends))
+    else:
+        logger.info(
+            'rq-policies: dropped %s on queue %r (loner): identity held by job %s', job.func_name, queue.name, holder
+        )
+    return False
+
+
+def _enqueue_trailing(queue: PolicyQueue, throttle: Throttle, digest: str, write: JobWrite) -> bool:
+    job = write.job
+    if write.mode == 'D':
+        raise PolicyConfigurationError(
+            f'depends_on= cannot be combined with Throttle(trailing=True) (job {job.func_name!r}): an extra is '
+            'scheduled for the end of its slot, and a scheduled job does not wait for dependencies'
+        )
+    registry = ScheduledJobRegistry(queue=queue).key
+    code, jid, at, _, superseded = scripts.run(
+        'throttle_trailing',
+        queue.connection,
+        [keys.throttle_prefix(queue.name, digest), keys.trailing(queue.name, digest), job.key, queue.key, registry,
+         queue.redis_queues_keys, write.marker, keys.DROPS],
+        [job.id, throttle.slot, write.mode, write.score, write.ttl, queue.key,
+         queue.job_class.redis_job_namespace_prefix, 1 if write.loner else 0, keys.drop_field('loner', queue.name),
+         keys.wake(queue.name), *write.fields],
+    )
+    if code == -1:
+        logger.info(
+            'rq-policies: dropped %s on queue %r (loner): identity held by job %s', job.func_name, queue.name,
+            _text(jid),
+        )
+        return False
+    if code == 2:
+        job._status = JobStatus.SCHEDULED
+        job.enqueued_at = None
+        superseded = _text(superseded)
+        if superseded and superseded != job.id:
+            logger.info(
+                'rq-policies: %s on queue %r (throttle): job %s replaces pending trailing job %s, runs at %s',
+                job.func_name, queue.name, job.id, superseded, _when(float(at)),
+            )
+        else:
+            logger.debug(
+                'rq-policies: %s on queue %r (throttle): job %s is the slot\'s trailing job, runs at %s',
+                job.func_name, queue.name, job.id, _when(float(at)),
+            )
+    return True
+
+
+def force(queue: PolicyQueue, spec: PolicySet, digest: str, write: JobWrite) -> bool:
+    """Write a job now whatever its policies say: it takes the current slot, pending trailing/debounced jobs go."""
+    job = write.job
+    if write.mode == 'S':
+        raise PolicyConfigurationError('force() enqueues now; it cannot be scheduled')
+    throttle = spec.get(Throttle)
+    _, trailing, debounced = scripts.run(
+        'force_job',
+        queue.connection,
+        [keys.throttle_prefix(queue.name, digest), keys.trailing(queue.name, digest), keys.debounce(queue.name, digest),
+         job.key, write.dest, ScheduledJobRegistry(queue=queue).key, queue.redis_queues_keys, write.marker],
+        [job.id, throttle.slot if throttle else 0, write.mode, write.ttl, queue.key,
+         queue.job_class.redis_job_namespace_prefix, 1 if write.loner else 0, keys.wake(queue.name), *write.fields],
+    )
+    for kind, dropped in (('trailing', _text(trailing)), ('debounced', _text(debounced))):
+        if dropped:
+            logger.info(
+                'rq-policies: forced %s on queue %r as job %s; dropped pending %s job %s', job.func_name, queue.name,
+                job.id, kind, dropped,
+            )
+    return True
+
+
+def reset(queue: PolicyQueue, spec: PolicySet | None, digest: str) -> int:
+    """Clear one identity's policy state on ``queue``. Returns how many keys were removed."""
+    throttle = spec.get(Throttle) if spec else None
+    removed = scripts.run(
+        'reset_identity',
+        queue.connection,
+        [keys.throttle_prefix(queue.name, digest), keys.trailing(queue.name, digest), keys.loner(queue.name, digest),
+         keys.debounce(queue.name, digest), ScheduledJobRegistry(queue=queue).key],
+        [throttle.slot if throttle else 0, queue.job_class.redis_job_namespace_prefix],
+    )
+    return int(removed)
+

@@ -1,0 +1,225 @@
+"""Debounce: the last payload of a burst runs once the burst goes quiet, or at the latest max_wait after it began."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from datetime import datetime, timedelta, timezone
+
+import jobs
+import pytest
+import throttle_jobs as tj
+from rq import Queue
+from rq.job import Job, JobStatus
+from rq.registry import ScheduledJobRegistry
+from throttle_helpers import WorkerProcess, ran, server_now, wait_for_runs
+
+from rq_policies import Debounce, PolicyConfigurationError, PolicyQueue, PolicySimpleWorker, identity, keys, scripts
+
+
+def pending(conn, q) -> list[tuple[str, float]]:
+    return [(m.decode(), s) for m, s in conn.zrange(ScheduledJobRegistry(queue=q).key, 0, -1, withscores=True)]
+
+
+def state_key(queue: str, doc_id) -> str:
+    return keys.debounce(queue, identity.digest('throttle_jobs.reindex_slow', queue, (), {}, lambda a, k: doc_id))
+
+
+@pytest.mark.parametrize('bad', [0, -5, 1.5, '5', True, None])
+def test_wait_must_be_whole_seconds(bad):
+    with pytest.raises(ValueError, match='wait'):
+        Debounce(bad)
+
+
+@pytest.mark.parametrize('bad', [0, 2.5, '10', True, 3])
+def test_max_wait_must_be_whole_seconds_not_below_wait(bad):
+    with pytest.raises(ValueError, match=r'max_wait.*' + repr(bad)):
+        Debounce(5, max_wait=bad)
+
+
+def test_value_object():
+    assert Debounce(5) == Debounce(5)
+    assert Debounce(5) != Debounce(5, max_wait=10)
+    assert repr(Debounce(5, max_wait=10)) == 'Debounce(5, max_wait=10)'
+    assert Debounce(5, max_wait=5).max_wait == 5
+
+
+def test_replace_moves_the_run_time_and_deletes_the_superseded_job(connection, caplog):
+    q = PolicyQueue('index', connection=connection)
+    t0 = server_now(connection)
+    a = q.enqueue(tj.reindex_slow, 1, 'a')
+    assert isinstance(a, Job) and a.get_status(refresh=False) == JobStatus.SCHEDULED
+    [(member, score_a)] = pending(connection, q)
+    assert member == a.id and t0 + 30 <= score_a <= math.ceil(server_now(connection) + 30)
+    assert score_a == int(score_a)  # whole seconds, as rq's scheduler reads them
+    stored = Job.fetch(a.id, connection=connection)
+    assert stored.get_status() == JobStatus.SCHEDULED and stored.enqueued_at is None
+    first = connection.hget(state_key('index', 1), 'first')
+    time.sleep(1.1)
+    with caplog.at_level(logging.INFO, logger='rq_policies'):
+        b = q.enqueue(tj.reindex_slow, 1, 'b')
+    assert a.id in caplog.text and 'replaces' in caplog.text
+    assert connection.exists(a.key) == 0
+    [(member, score_b)] = pending(connection, q)
+    assert member == b.id and score_b > score_a  # the quiet period starts again
+    assert Job.fetch(b.id, connection=connection).args == (1, 'b')
+    assert connection.hget(state_key('index', 1), 'first') == first
+    assert connection.hget(state_key('index', 1), 'job') == b.id.encode()
+    now = server_now(connection)
+    assert 0 < connection.pttl(state_key('index', 1)) <= (score_b - now) * 1000 + 1  # gone once the job's time comes
+    # an enqueue reusing the pending job's id replaces it in place: one pending job, the latest payload
+    again = q.enqueue(tj.reindex_slow, 1, 'b2', job_id=b.id)
+    [(member, score_again)] = pending(connection, q)
+    assert again.id == b.id == member and score_again >= score_b
+    assert Job.fetch(b.id, connection=connection).args == (1, 'b2')
+    assert connection.hget(state_key('index', 1), 'first') == first
+    # other identities have their own pending job
+    c = q.enqueue(tj.reindex_slow, 2, 'c')
+    assert len(pending(connection, q)) == 2 and c is not None
+    assert q.count == 0  # nothing is queued before its time
+
+
+def test_max_wait_caps_the_delay_since_the_first_pending_enqueue(connection):
+    q = PolicyQueue('index', connection=connection)
+    capped = Debounce(30, max_wait=31)
+    q.enqueue(jobs.plain, 1, policy=capped)
+    [(_, s1)] = pending(connection, q)
+    [state] = connection.keys('rq:policies:debounce:*')
+    first = float(connection.hget(state, 'first'))
+    assert s1 == math.ceil(first + 30)
+    time.sleep(1.2)
+    q.enqueue(jobs.plain, 1, policy=capped)
+    [(_, s2)] = pending(connection, q)
+    assert s2 == math.ceil(first + 31)  # now + 30 would be later than the cap
+    time.sleep(0.5)
+    last = q.enqueue(jobs.plain, 1, policy=capped)
+    assert pending(connection, q) == [(last.id, s2)]
+    assert float(connection.hget(state, 'first')) == first
+
+
+def test_debounce_script_direct(connection):
+    argv = [30, 0, 0, -1, 'rq:queue:q', 'rq:job:']
+    state = keys.debounce('q', 'c' * 64)
+
+    def debounce(jid, not_before=0):
+        args = list(argv)
+        args[2] = not_before
+        return scripts.run(
+            'debounce_job', connection, [state, f'rq:job:{jid}', 'rq:scheduled:q', 'rq:queues'],
+            [jid, *args, 'status', 'scheduled', 'origin', 'q'],
+        )
+
+    jid, at, now, superseded = debounce('a')
+    assert (jid, superseded) == (b'a', b'') and at == math.ceil(float(now) + 30)
+    assert connection.hgetall('rq:job:a') == {b'status': b'scheduled', b'origin': b'q'}
+    jid, at_b, _, superseded = debounce('b', not_before=int(float(now)) + 100)
+    assert superseded == b'a' and connection.exists('rq:job:a') == 0 and at_b == int(float(now)) + 100
+    assert connection.zrange('rq:scheduled:q', 0, -1, withscores=True) == [(b'b', at_b)]
+    assert connection.sismember('rq:queues', 'rq:queue:q')
+
+
+def test_due_job_run_by_an_in_process_simple_worker(connection):
+    q = PolicyQueue('index', connection=connection)
+    job = q.enqueue(jobs.plain, 'payload', policy=Debounce(1))
+    [(_, score)] = pending(connection, q)
+    while server_now(connection) < score + 0.05:  # rq's scheduler compares whole seconds of the clock
+        time.sleep(0.05)
+    PolicySimpleWorker([q], connection=connection).work(burst=True, with_scheduler=True)
+    assert Job.fetch(job.id, connection=connection).get_status() == JobStatus.FINISHED
+    assert pending(connection, q) == [] and connection.keys('rq:policies:debounce:*') == []
+
+
+def test_every_door(connection):
+    q = PolicyQueue('index', connection=connection)
+    a = q.enqueue_call(tj.reindex_slow, args=(1, 'a'))
+    b = q.enqueue_in(timedelta(seconds=120), tj.reindex_slow, 1, 'b')
+    [(member, score)] = pending(connection, q)
+    assert member == b.id and score >= server_now(connection) + 119  # the later of the debounce and the asked time
+    assert connection.exists(a.key) == 0
+    at = datetime.now(timezone.utc) + timedelta(hours=1)
+    c = q.enqueue_at(at, tj.reindex_slow, 1, 'c')
+    assert pending(connection, q) == [(c.id, float(int(at.timestamp())))]
+    many = q.enqueue_many([Queue.prepare_data(tj.reindex_slow, (1, v)) for v in ('d', 'e')])
+    assert [m.get_status(refresh=False) for m in many] == [JobStatus.SCHEDULED] * 2
+    assert [m for m, _ in pending(connection, q)] == [many[1].id]
+    assert q.enqueue('throttle_jobs.reindex_slow', 1, 'f') is not None
+    assert len(pending(connection, q)) == 1
+
+
+def test_refusals_write_nothing(connection):
+    q = PolicyQueue('index', connection=connection)
+    parent = q.enqueue(jobs.plain, 1)
+    before = sorted(connection.keys('*'))
+    with pytest.raises(PolicyConfigurationError, match='depends_on'):
+        q.enqueue(tj.reindex_slow, 1, 'a', depends_on=parent)
+    with pytest.raises(TypeError, match=r'args\[1\]|value unique_context returned'):
+        q.enqueue(tj.reindex_slow, object(), 'a')
+    with pytest.raises(ValueError, match='wait'):
+        q.enqueue(jobs.plain, 1, policy=Debounce(0))
+    assert sorted(connection.keys('*')) == before
+
+
+def test_force_and_reset_drop_the_pending_job(connection):
+    q = PolicyQueue('index', connection=connection)
+    waiting = q.enqueue(tj.reindex_slow, 1, 'a')
+    forced = q.force(tj.reindex_slow, 1, 'now')
+    assert forced.get_status() == JobStatus.QUEUED and q.job_ids == [forced.id]
+    assert connection.exists(waiting.key) == 0 and pending(connection, q) == []
+    assert connection.keys('rq:policies:debounce:*') == []
+    waiting = q.enqueue(tj.reindex_slow, 1, 'b')
+    assert q.reset(tj.reindex_slow, 1, 'any') == 2  # the pending job's hash and the debounce state
+    assert connection.exists(waiting.key) == 0 and pending(connection, q) == []
+    assert q.reset(tj.reindex_slow, 1, 'any') == 0
+
+
+def test_sync_queue_runs_at_once(connection):
+    q = PolicyQueue('sync', connection=connection, is_async=False)
+    assert q.enqueue(tj.reindex_slow, 1, 'a').return_value() == 'a'
+    assert connection.keys('rq:policies:debounce:*') == []
+
+
+# -- run by a real worker with rq's scheduler ------------------------------------------------------------------------
+
+
+def test_burst_runs_once_with_the_last_payload(connection, redis_url, worker_env):
+    q = PolicyQueue('index', connection=connection)
+    with WorkerProcess(redis_url, worker_env, 'index') as worker:
+        returned = []
+        for i in range(5):
+            returned.append(q.enqueue(tj.reindex, 1, f'v{i}'))
+            last_at = server_now(connection)
+            time.sleep(0.3)
+        assert all(isinstance(j, Job) for j in returned)
+        rows = wait_for_runs(connection, 'reindex', 1, timeout=20)
+        assert [(job_id, value) for job_id, value, _ in rows] == [(returned[-1].id, 'v4')], worker.output()
+        assert rows[0][2] >= last_at + 1  # not before a full quiet period after the last enqueue
+        time.sleep(1.5)
+        assert len(ran(connection, 'reindex')) == 1  # and only once
+        for superseded in returned[:-1]:
+            assert connection.exists(superseded.key) == 0
+
+
+def test_max_wait_runs_a_stream_that_never_pauses(connection, redis_url, worker_env):
+    q = PolicyQueue('index', connection=connection)
+    with WorkerProcess(redis_url, worker_env, 'index') as worker:
+        first_at = server_now(connection)
+        versions = [f'v{i}' for i in range(14)]
+        for version in versions:  # 0.5 s apart for 6.5 s: never quiet for the 1 s wait
+            q.enqueue(tj.reindex_capped, 1, version)
+            last_at = server_now(connection)
+            time.sleep(0.5)
+        rows = wait_for_runs(connection, 'capped', 1, timeout=20)
+        assert rows, worker.output()
+        first_run = rows[0]
+        assert first_run[2] >= first_at + 2  # the cap, measured from the first pending enqueue
+        assert first_run[2] < last_at and first_run[1] != versions[-1]  # it ran while the stream went on
+        # and the last payload of the stream still runs once it stops
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and ran(connection, 'capped')[-1][1] != versions[-1]:
+            time.sleep(0.1)
+        rows = ran(connection, 'capped')
+        assert rows[-1][1] == versions[-1], worker.output()
+        values = [value for _, value, _ in rows]
+        assert len(values) == len(set(values))  # no payload ran twice
+        assert [versions.index(v) for v in values] == sorted(versions.index(v) for v in values)

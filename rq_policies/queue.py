@@ -83,6 +83,8 @@ class Claim:
     job_id: str
     queue_name: str
     token: str | None
+    #: Wall-clock time just before the fetch that took the job: the job stopped waiting after this instant.
+    fetched_after: float = 0.0
 
 
 class Fetcher:
@@ -507,6 +509,7 @@ class PolicyQueue(Queue):
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             token = QueueSlot.claim_token()
+            fetched_after = time.time()
             index, job_id, *rest = scripts.run(
                 'dequeue_job', connection, script_keys, [prefix, token, fetcher.hold_ttl, *names]
             )
@@ -524,7 +527,7 @@ class PolicyQueue(Queue):
                             QueueSlot.release(queue.name, held, connection=pipe)
                         pipe.execute()
                     continue
-                fetcher.on_claim(Claim(job_id, queue.name, held))
+                fetcher.on_claim(Claim(job_id, queue.name, held, fetched_after))
                 return job, cls._rebuild(queue, connection, job_cls, serializer, death_penalty_class)
             if deadline is None:
                 return None

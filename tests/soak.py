@@ -73,14 +73,16 @@ def producer(index: int, url: str, run_dir: str, deadline: float, seed: int) -> 
             identity = f'id{rng.randrange(6)}'
             queue = rng.choice(QUEUES)
             job_id = f'p{index}-{rng.getrandbits(48):x}'
+            called = time.time()
             try:
                 job = queues[queue].enqueue(func, identity, rng.choice((0.05, 0.2, 0.4)), job_id=job_id)
             except Exception as exc:  # the restart: the call may or may not have landed
-                out.write(json.dumps(['maybe', job_id, queue, kind, identity, time.time(), repr(exc)[:80]]) + '\n')
+                out.write(json.dumps(['maybe', job_id, queue, kind, identity, time.time(), called, repr(exc)[:80]])
+                          + '\n')
                 time.sleep(0.2)
                 continue
             verdict = 'admit' if job is not None else 'drop'
-            out.write(json.dumps([verdict, job_id, queue, kind, identity, time.time()]) + '\n')
+            out.write(json.dumps([verdict, job_id, queue, kind, identity, time.time(), called]) + '\n')
             time.sleep(rng.uniform(0.005, 0.05))
 
 
@@ -88,7 +90,10 @@ def producer(index: int, url: str, run_dir: str, deadline: float, seed: int) -> 
 
 def start_worker(url: str, env: dict, log_dir: Path, n: int, scheduler: bool) -> subprocess.Popen:
     args = [sys.executable, '-m', 'rq.cli', 'worker', '-w', 'soak_jobs.SoakWorker', '--url', url,
-            '--logging_level', 'WARNING', *(['--with-scheduler'] if scheduler else []), *QUEUES]
+            '--logging_level', 'WARNING', *(['--with-scheduler'] if scheduler else []),
+            # rq retries a dead scheduler's lock and cleans its registries only in maintenance (every 10 minutes by
+            # default); the soak kills workers every few seconds, so it asks for maintenance every 5 s.
+            '--maintenance-interval', '5', *QUEUES]
     log = open(log_dir / f'worker-{n}.log', 'ab')  # noqa: SIM115 - closed with the run
     return subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -120,10 +125,8 @@ class Chaos:
 
     def spawn(self) -> None:
         self.counter += 1
-        scheduler = not any(getattr(p, 'scheduler', False) and p.poll() is None for p in self.procs)
-        proc = start_worker(self.url, self.env, self.run_dir, self.counter, scheduler)
-        proc.scheduler = scheduler  # type: ignore[attr-defined]
-        self.procs.append(proc)
+        # Every worker runs rq's scheduler; one holds its lock at a time and another takes over when it dies.
+        self.procs.append(start_worker(self.url, self.env, self.run_dir, self.counter, scheduler=True))
 
     def reap(self) -> None:
         for proc in list(self.procs):
@@ -189,7 +192,11 @@ def watch_horses(run_dir: Path, stop: multiprocessing.Event) -> None:
 # -- checks -------------------------------------------------------------------------------------------------------
 
 def read_records(run_dir: Path):
-    produced, started, ended = [], {}, {}
+    produced, started, ended, popped = [], {}, {}, {}
+    for path in run_dir.glob('pops-*.log'):
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            popped.setdefault(rec[1], rec[2])
     for path in run_dir.glob('producer-*.log'):
         produced += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     for path in run_dir.glob('jobs-*.log'):
@@ -199,11 +206,11 @@ def read_records(run_dir: Path):
                 started.setdefault(rec[1], []).append(rec)
             else:
                 ended.setdefault(rec[1], []).append(rec)
-    return produced, started, ended
+    return produced, started, ended, popped
 
 
 def check(conn: Redis, run_dir: Path, policy_keys_left: list[str]) -> dict:
-    produced, started, ended = read_records(run_dir)
+    produced, started, ended, popped = read_records(run_dir)
     horses = {int(k): v for k, v in json.loads((run_dir / 'horses.json').read_text()).items()}
     results: dict = {}
 
@@ -244,44 +251,57 @@ def check(conn: Redis, run_dir: Path, policy_keys_left: list[str]) -> dict:
                        'lost': lost[:10], 'maybe': sum(1 for p in produced if p[0] == 'maybe'),
                        'dropped': sum(1 for p in produced if p[0] == 'drop')}
 
-    # loner
+    # loner: each job surely waited from the producer's return to the moment before the fetch that took it, a
+    # sub-interval of its true wait; two such intervals of one identity that intersect are a real violation.
     waits = defaultdict(list)
     for p in admitted:
-        if p[3] == 'loner' and p[1] in started:
-            waits[(p[2], p[4])].append((p[5], min(r[6] for r in started[p[1]])))
+        if p[3] == 'loner' and p[1] in popped:
+            waits[(p[2], p[4])].append((p[5], popped[p[1]]))
     overlaps = 0
     for intervals in waits.values():
         intervals.sort()
-        for (_a0, a1), (b0, _b1) in zip(intervals, intervals[1:]):
-            if b0 < a1:
-                overlaps += 1
+        for i, (_a0, a1) in enumerate(intervals):
+            overlaps += sum(1 for b0, b1 in intervals[i + 1:] if b0 < a1 and b0 < b1)
     results['loner'] = {'ok': overlaps == 0, 'overlapping_waits': overlaps, 'jobs': sum(map(len, waits.values()))}
 
-    # throttle: jobs record the slot they were admitted in (job meta set by the policy), one leading run per slot
+    # throttle: an admission happened between the producer's call and return; when both fall in one slot, that is
+    # the slot it won. No slot may have two leading winners (nor run two).
     leading = defaultdict(set)
-    for job_id, runs in started.items():
-        run = runs[0]
-        if run[3] == 'throttle' and run[7] is not None and not run[8]:
-            leading[(run[2], run[4], run[7])].add(job_id)
+    for p in admitted:
+        if p[3] == 'throttle':
+            first, last = int(p[6] // soak_jobs.SLOT_SECONDS), int(p[5] // soak_jobs.SLOT_SECONDS)
+            if first == last:
+                leading[(p[2], p[4], first)].add(p[1])
     doubles = {k: v for k, v in leading.items() if len(v) > 1}
-    results['throttle'] = {'ok': not doubles, 'slots': len(leading), 'slots_with_two_leading': len(doubles)}
+    ran_twice = {k: v for k, v in leading.items() if len(v & set(started)) > 1}
+    results['throttle'] = {'ok': not doubles and not ran_twice, 'slots': len(leading),
+                           'slots_with_two_winners': len(doubles), 'slots_that_ran_two': len(ran_twice)}
 
     results['leaks'] = {'ok': not policy_keys_left, 'left': policy_keys_left[:10]}
     return results
 
 
-def drain(conn: Redis, timeout: float) -> bool:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        busy = 0
-        for name in QUEUES:
-            q = Queue(name, connection=conn)
-            # Started-registry entries of killed jobs stay until rq's maintenance fails them; not "busy".
-            busy += q.count + ScheduledJobRegistry(queue=q).count + conn.llen(q.intermediate_queue_key)
-        if busy == 0:
-            return True
+def backlog(conn: Redis) -> dict:
+    out = {}
+    for name in QUEUES:
+        q = Queue(name, connection=conn)
+        # A job whose horse died right after the fork sits in the intermediate list *and* the started registry;
+        # rq's maintenance fails it when its started entry expires. It is in rq's hands, not waiting to run.
+        handled = set(StartedJobRegistry(queue=q).get_job_ids()) | set(FailedJobRegistry(queue=q).get_job_ids())
+        stuck = [j for j in (x.decode() for x in conn.lrange(q.intermediate_queue_key, 0, -1)) if j not in handled]
+        out[name] = {'queued': q.count, 'scheduled': ScheduledJobRegistry(queue=q).count, 'intermediate': len(stuck)}
+    return out
+
+
+def drain(conn: Redis, timeout: float) -> tuple[bool, float, dict]:
+    started = time.time()
+    while True:
+        left = backlog(conn)
+        if not any(v for q in left.values() for v in q.values()):
+            return True, time.time() - started, left
+        if time.time() - started > timeout:
+            return False, time.time() - started, left
         time.sleep(0.5)
-    return False
 
 
 def policy_keys(conn: Redis) -> list[str]:
@@ -324,14 +344,15 @@ def run(seconds: float, producers: int = 3, workers: int = 4, seed: int = 1, res
                 restarts += 1
         for p in prods:
             p.join(60)
-        drained = drain(conn, 120)
+        drained, drain_seconds, left = drain(conn, 180)
         chaos.stop_all()
         time.sleep(max(HOLD_TTL, soak_jobs.SLOT_SECONDS) + 2)  # let killed workers' holds and the last slots end
         stop_watch.set()
         watcher.join(10)
         results = check(conn, run_dir, policy_keys(conn))
         results['run'] = {
-            'seconds': round(time.time() - started_at, 1), 'drained': drained, 'redis_restarts': restarts,
+            'seconds': round(time.time() - started_at, 1), 'drained': drained, 'drain_seconds': round(drain_seconds, 1),
+            'backlog_left': left, 'redis_restarts': restarts,
             'kills': dict(chaos.events), 'workers_started': chaos.counter, 'kinds': sorted(KINDS()),
         }
         results['ok'] = all(v.get('ok', True) for v in results.values() if isinstance(v, dict)) and drained

@@ -8,28 +8,37 @@ import time
 
 from rq import get_current_job
 
-from rq_policies import Loner, PolicyWorker, policy
+from rq_policies import Debounce, Loner, PolicyWorker, Throttle, policy
 
 #: Throttle slot width of the soak's throttled kind (seconds).
 SLOT_SECONDS = 2
 
 #: Kinds whose pending job a later enqueue replaces (the replaced job is deleted by design).
-REPLACING = {'debounce'}
+REPLACING = {'debounce', 'trailing'}
 
 
 class SoakWorker(PolicyWorker):
-    """A PolicyWorker whose holds age out quickly, so the soak sees killed workers' capacity come back."""
+    """A PolicyWorker whose holds age out quickly, so the soak sees killed workers' capacity come back.
+
+    It also records when each job stopped waiting (the moment before the fetch that took it), for the loner check.
+    """
 
     hold_ttl = 10
+
+    def execute_job(self, job, queue):
+        claim = self._policy_fetcher.claim
+        if claim is not None and claim.job_id == job.id:
+            path = os.path.join(os.environ['SOAK_RUN_DIR'], f'pops-{os.getpid()}.log')
+            with open(path, 'a') as f:
+                f.write(json.dumps(['pop', job.id, claim.fetched_after]) + '\n')
+        return super().execute_job(job, queue)
 
 
 def _record(kind: str, identity: str, seconds: float) -> str:
     job = get_current_job()
     path = os.path.join(os.environ['SOAK_RUN_DIR'], f'jobs-{os.getpid()}.log')
-    meta = job.meta or {}
     with open(path, 'a') as f:
-        f.write(json.dumps(['start', job.id, job.origin, kind, identity, os.getpid(), time.time(),
-                            meta.get('throttle_slot'), bool(meta.get('throttle_trailing'))]) + '\n')
+        f.write(json.dumps(['start', job.id, job.origin, kind, identity, os.getpid(), time.time()]) + '\n')
     time.sleep(seconds)
     with open(path, 'a') as f:
         f.write(json.dumps(['end', job.id, time.time(), os.getpid()]) + '\n')
@@ -45,7 +54,24 @@ def soak_loner(identity: str, seconds: float) -> str:
     return _record('loner', identity, seconds)
 
 
+@policy(Throttle(SLOT_SECONDS), unique_context=lambda args, kwargs: args[0])
+def soak_throttled(identity: str, seconds: float) -> str:
+    return _record('throttle', identity, seconds)
+
+
+@policy(Throttle(SLOT_SECONDS, trailing=True), unique_context=lambda args, kwargs: args[0])
+def soak_trailing(identity: str, seconds: float) -> str:
+    return _record('trailing', identity, seconds)
+
+
+@policy(Debounce(1, max_wait=3), unique_context=lambda args, kwargs: args[0])
+def soak_debounced(identity: str, seconds: float) -> str:
+    return _record('debounce', identity, seconds)
+
+
 def kinds() -> dict:
     """The kinds the producers pick from: name -> job function."""
-    table = {'plain': soak_plain, 'loner': soak_loner}
-    return table
+    return {
+        'plain': soak_plain, 'loner': soak_loner, 'throttle': soak_throttled, 'trailing': soak_trailing,
+        'debounce': soak_debounced,
+    }

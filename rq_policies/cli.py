@@ -21,7 +21,7 @@ from rq.cli.helpers import pass_cli_config
 from rq.utils import import_attribute
 
 from . import __version__, state
-from .policy import declared
+from .policy import MAX_CAPACITY, declared, positive_int
 from .queue_slot import QueueSlot
 from .throttle import Throttle
 
@@ -158,14 +158,13 @@ def cap(cli_config: Any, queue: str, n: str | None, clear: bool, force: bool, **
     """Cap QUEUE at N jobs running across the cluster, or remove its cap with --clear."""
     if clear == (n is not None):
         raise click.UsageError('give either N or --clear')
-    limit = None
+    limit = 0
     if n is not None:
         try:
-            limit = int(n)
+            limit = positive_int('N', int(n), MAX_CAPACITY)
         except ValueError:
-            limit = None
-        if limit is None or limit < 1:
-            raise click.BadParameter(f'must be a positive integer, got {n!r}', param_hint='N')
+            raise click.BadParameter(f'must be a positive integer up to {MAX_CAPACITY}, got {n!r}',
+                                     param_hint='N') from None
     conn = _connect(cli_config)
     _require_known(conn, queue, force or clear)
     before = QueueSlot.capacity(queue, connection=conn)
@@ -174,7 +173,6 @@ def cap(cli_config: Any, queue: str, n: str | None, clear: bool, force: bool, **
         QueueSlot.clear_capacity(queue, connection=conn)
         click.echo(f'Queue {queue!r} is uncapped ({was}).')
     else:
-        assert limit is not None  # narrowed above: N was given and parsed
         QueueSlot.set_capacity(queue, limit, connection=conn)
         click.echo(f'Queue {queue!r} is capped at {limit} ({was}).')
 

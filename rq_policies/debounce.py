@@ -24,8 +24,7 @@ from rq.registry import ScheduledJobRegistry
 
 from . import keys, scripts
 from .exceptions import PolicyConfigurationError
-from .policy import COMBINATION_RULES, Loner, Policy
-from .throttle import whole_seconds
+from .policy import COMBINATION_RULES, Loner, Policy, whole_seconds
 
 if TYPE_CHECKING:
     from .queue import JobWrite, PolicyQueue

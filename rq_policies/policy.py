@@ -19,6 +19,32 @@ F = TypeVar('F', bound=Callable[..., Any])
 #: Attribute ``@policy`` sets on the decorated function.
 ATTRIBUTE = '__rq_policies__'
 
+#: The longest duration any policy accepts (slot, wait, hold ttl): ten years. Beyond it Redis's expiry arithmetic
+#: overflows, and a Lua script that fails half-way keeps the writes it already made, so it is refused up front.
+MAX_SECONDS = 10 * 366 * 24 * 3600
+
+#: The largest cap QueueSlot accepts (Lua numbers are doubles; far below where they stop being exact).
+MAX_CAPACITY = 2**31 - 1
+
+
+def positive_int(name: str, value: Any, maximum: int | None = None) -> int:
+    """``value`` as an int >= 1 (and <= ``maximum``), or a ValueError naming ``name`` and the value.
+
+    bool is refused although it is an int: ``Throttle(True)`` is a bug, not a one-second slot.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f'{name} must be a positive integer, got {value!r}')
+    if maximum is not None and value > maximum:
+        raise ValueError(f'{name} must be at most {maximum}, got {value!r}')
+    return value
+
+
+def whole_seconds(name: str, value: Any) -> int:
+    """``value`` as a whole number of seconds from 1 to :data:`MAX_SECONDS`, or a ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f'{name} must be a whole number of seconds >= 1 (an int), got {value!r}')
+    return positive_int(name, value, MAX_SECONDS)
+
 
 class Policy:
     """Base class of every policy. Subclasses are small immutable value objects."""

@@ -27,13 +27,7 @@ from typing import Any
 from redis import Redis
 
 from . import keys, scripts
-
-
-def positive_int(name: str, value: Any) -> int:
-    """``value`` as a positive int, or a ValueError naming ``name`` and the value (bools are refused)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f'{name} must be a positive integer, got {value!r}')
-    return value
+from .policy import MAX_CAPACITY, positive_int, whole_seconds
 
 
 def queue_name(value: Any) -> str:
@@ -95,7 +89,7 @@ class QueueSlot:
     def set_capacity(cls, queue: Any, capacity: int, connection: Redis) -> None:
         """Cap ``queue`` at ``capacity`` running jobs across the cluster (stored in Redis; every worker obeys it)."""
         name = queue_name(queue)
-        positive_int('capacity', capacity)
+        positive_int('capacity', capacity, MAX_CAPACITY)
         connection.hset(keys.CAPACITY, name, capacity)
 
     @classmethod
@@ -149,8 +143,8 @@ class QueueSlot:
             True when the caller now holds a slot.
         """
         name = queue_name(queue)
-        limit = positive_int('capacity', capacity)
-        seconds = positive_int('ttl', ttl)
+        limit = positive_int('capacity', capacity, MAX_CAPACITY)
+        seconds = whole_seconds('ttl', ttl)
         holder = token if token is not None else cls.token()
         if not isinstance(holder, str) or not holder:
             raise ValueError(f'token must be a non-empty string, got {token!r}')
@@ -191,7 +185,7 @@ class QueueSlot:
         held = cls.HELD.snapshot()
         if not held:
             return
-        seconds = positive_int('ttl', ttl)
+        seconds = whole_seconds('ttl', ttl)
         tokens = list(held)
         scripts.run('refresh_slots', pipeline, [held[t] for t in tokens], [seconds, *tokens])
 

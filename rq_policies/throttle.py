@@ -40,19 +40,13 @@ from rq.utils import import_attribute
 
 from . import identity, keys, scripts
 from .exceptions import PolicyConfigurationError
-from .policy import COMBINATION_RULES, Policy, PolicySet, declared
+from .policy import COMBINATION_RULES, Policy, PolicySet, declared, whole_seconds
 
 if TYPE_CHECKING:
     from .queue import JobWrite, PolicyQueue
 
 logger = logging.getLogger('rq_policies')
 
-
-def whole_seconds(name: str, value: Any) -> int:
-    """``value`` as a whole number of seconds >= 1, or a ValueError naming ``name`` and the value."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f'{name} must be a whole number of seconds >= 1 (an int), got {value!r}')
-    return value
 
 
 def _text(value: Any) -> str:

@@ -27,7 +27,7 @@ from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.utils import import_attribute, now
 
-from . import compat, debounce, identity, keys, scripts, throttle
+from . import compat, debounce, identity, keys, loner, scripts, throttle
 from .debounce import Debounce
 from .exceptions import PipelineNotSupported, PolicyConfigurationError
 from .job import PolicyJob, release_markers
@@ -175,7 +175,7 @@ class PolicyQueue(Queue):
         policy = kwargs.pop('policy', _DECLARED)
         hint = None
         if _door.get() is None:
-            dropped, hint = throttle.quick_drop(self, self._spec(policy, f), f, args, kwargs)
+            dropped, hint = self._quick_drop(policy, f, args, kwargs)
             if dropped:
                 return None
         with self._door(policy, hint=hint):
@@ -187,7 +187,7 @@ class PolicyQueue(Queue):
         if _door.get() is None and not args:  # the @job decorator's .delay() arrives here
             call = {name: kwargs[name] for name in ('args', 'kwargs', 'job_id', 'pipeline', 'unique', 'rate_limit')
                     if kwargs.get(name) is not None}
-            dropped, hint = throttle.quick_drop(self, self._spec(policy, func), func, (), call)
+            dropped, hint = self._quick_drop(policy, func, (), call)
             if dropped:
                 return None
         with self._door(policy, hint=hint):
@@ -261,6 +261,15 @@ class PolicyQueue(Queue):
             return self._declared_for(job)
         return door.override
 
+    def _quick_drop(self, policy: Any, f: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
+        """Drop an expected duplicate before its job is built (see rq_policies.hints); (dropped, hint key)."""
+        spec = self._spec(policy, f)
+        if spec is None:
+            return False, None
+        if spec.get(Throttle) is not None:
+            return throttle.quick_drop(self, spec, f, args, kwargs)
+        return loner.quick_drop(self, spec, f, args, kwargs)
+
     def _spec(self, policy: Any, func: Any) -> PolicySet | None:
         """The PolicySet a door applies: the declared one, or the caller's ``policy=``."""
         return self._declared_for(func) if policy is _DECLARED else make_set(policy)
@@ -312,7 +321,7 @@ class PolicyQueue(Queue):
             if throttled is not None:
                 admitted = throttle.enqueue(self, throttled, digest, write, door.hint if door is not None else None)
             else:
-                admitted = self._admit_loner(write)
+                admitted = self._admit_loner(write, digest, door.hint if door is not None else None)
         if not admitted:
             return None
         if write.mode == 'D':
@@ -346,18 +355,18 @@ class PolicyQueue(Queue):
         self, job: Job, spec: PolicySet, digest: str, at_front: bool, when: datetime | None, schedule: bool = False
     ) -> JobWrite:
         """Prepare the job as rq would and flatten it for an admission script."""
-        loner = spec.get(Loner) is not None
+        has_loner = spec.get(Loner) is not None
         marker = keys.loner(self.name, digest)
         mode, score, dest = self._prepare(job, when, at_front, schedule)
         fields = _flatten(job.to_dict())
-        if loner:
+        if has_loner:
             fields += [keys.LONER_FIELD, marker]
         ttl = job.ttl if job.ttl and job.ttl > 0 else -1
         if mode == 'D' and ttl < 0:
             ttl = DEFERRED_LEASE_SECONDS
-        return JobWrite(job, mode, score, dest, ttl, fields, marker, loner)
+        return JobWrite(job, mode, score, dest, ttl, fields, marker, has_loner)
 
-    def _admit_loner(self, write: JobWrite) -> bool:
+    def _admit_loner(self, write: JobWrite, digest: str = '', hint: Any = None) -> bool:
         job = write.job
         admitted, holder = scripts.run(
             'enqueue_job',
@@ -377,11 +386,8 @@ class PolicyQueue(Queue):
             ],
         )
         if not admitted:
-            holder_id = holder.decode() if isinstance(holder, bytes) else holder
-            logger.info(
-                'rq-policies: dropped %s on queue %r (loner): identity held by job %s', job.func_name, self.name,
-                holder_id,
-            )
+            loner.remember_held(hint, digest)
+            loner.log_drop(job.func_name, self.name, holder)
             return False
         return True
 

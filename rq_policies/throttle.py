@@ -26,10 +26,7 @@ This module also carries :meth:`PolicyQueue.force` and :meth:`PolicyQueue.reset`
 
 from __future__ import annotations
 
-import inspect
 import logging
-import threading
-import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -40,6 +37,7 @@ from rq.utils import import_attribute
 
 from . import identity, keys, scripts
 from .exceptions import PolicyConfigurationError
+from .hints import Hints, call_identity, hint_key
 from .policy import COMBINATION_RULES, Policy, PolicySet, declared, whole_seconds
 
 if TYPE_CHECKING:
@@ -175,36 +173,12 @@ COMBINATION_RULES.append(_throttle_and_debounce)
 
 # -- the fast path for an extra that is expected to lose -----------------------------------------------------------
 
-#: What this process last saw of a slot: hint key -> (identity digest, time.monotonic() at which that slot ends). A hint
-#: key is the call as the caller wrote it (queue, function, slot width, args, kwargs), so a call that has no hint costs
-#: a dictionary lookup and nothing else; a hit is confirmed against the digest before it is used.
-_hints: dict[tuple, tuple[str, float]] = {}
-_hints_lock = threading.Lock()
-_HINTS_MAX = 4096
-
-
-def hint_key(queue: str, width: int, f: Any, args: tuple, kwargs: dict) -> tuple | None:
-    """The hint key of a call, or None when its arguments are not hashable (such calls take the full path)."""
-    try:
-        key = (queue, width, f, args, tuple(sorted(kwargs.items())) if kwargs else ())
-        hash(key)
-    except TypeError:
-        return None
-    return key
+#: What this process last saw of slots (see rq_policies.hints): a hint lasts until the slot it saw ends.
+_hints = Hints()
 
 
 def _remember(key: tuple | None, digest: str, ends: Any, server_now: Any) -> None:
-    if key is None:
-        return
-    deadline = time.monotonic() + (float(ends) - float(_text(server_now)))
-    with _hints_lock:
-        if len(_hints) >= _HINTS_MAX:
-            now = time.monotonic()
-            for stale in [k for k, (_, until) in _hints.items() if until <= now]:
-                del _hints[stale]
-            if len(_hints) >= _HINTS_MAX:
-                _hints.clear()
-        _hints[key] = (digest, deadline)
+    _hints.remember(key, digest, float(ends) - float(_text(server_now)))
 
 
 def quick_drop(queue: PolicyQueue, spec: PolicySet | None, f: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
@@ -224,28 +198,19 @@ def quick_drop(queue: PolicyQueue, spec: PolicySet | None, f: Any, args: tuple, 
     throttle = spec.get(Throttle) if spec else None
     if throttle is None or throttle.trailing or not queue._is_async:
         return False, None
-    if not (isinstance(f, str) or inspect.isfunction(f)):
-        return False, None  # bound methods and callable objects: rq names them in ways only the full path reproduces
     key = hint_key(queue.name, throttle.slot, f, args, kwargs)
-    hint = _hints.get(key) if key is not None else None
-    if hint is None or hint[1] <= time.monotonic():
+    seen = _hints.get(key)
+    if seen is None:
         return False, key
-    if kwargs:  # rq's options travel in kwargs: let rq tell them from the function's own
-        parsed = queue.parse_args(f, *args, **dict(kwargs))
-        if parsed.pipeline is not None or parsed.unique or getattr(parsed, 'rate_limit', None) is not None:
-            return False, None  # the full path refuses these with an error; it must not be a silent drop here
-        fargs, fkwargs, job_id = tuple(parsed.args or ()), dict(parsed.kwargs or {}), parsed.job_id
-    else:
-        fargs, fkwargs, job_id = args, {}, None
-    func_name = f if isinstance(f, str) else f'{f.__module__}.{f.__qualname__}'
-    digest = identity.digest(func_name, queue.name, fargs, fkwargs, spec.unique_context)
-    if digest != hint[0]:
+    call = call_identity(queue, spec.unique_context, f, args, kwargs)
+    if call is None or call[1] != seen:
         return False, None
+    func_name, digest, job_id = call
     dropped, owner, ends, _ = scripts.run(
         'throttle_check',
         queue.connection,
         [keys.throttle_prefix(queue.name, digest), keys.DROPS],
-        [job_id or '', throttle.slot, keys.drop_field('throttle', queue.name)],
+        [job_id, throttle.slot, keys.drop_field('throttle', queue.name)],
     )
     if not dropped:
         return False, key

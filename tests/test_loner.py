@@ -223,3 +223,29 @@ def test_stock_worker_with_policy_queue_class_fetches_as_stock(connection):
     assert worker.work(burst=True)
     assert first.get_status(refresh=True) == second.get_status(refresh=True) == JobStatus.FINISHED
     assert connection.zcard(keys.slots('stockq')) == 0
+
+
+def test_fast_path_drops_a_seen_duplicate_without_building_it(connection):
+    q = PolicyQueue('fast', connection=connection)
+    held = q.enqueue(jobs.sweep_cache, 'hot')
+    assert q.enqueue(jobs.sweep_cache, 'hot') is None  # full path: sees the identity held, remembers it
+    before = connection.hlen(held.key), connection.dbsize()
+    for _ in range(5):
+        assert q.enqueue(jobs.sweep_cache, 'hot') is None  # fast path: loner_check.lua, no job written
+    assert (connection.hlen(held.key), connection.dbsize()) == before
+    assert connection.hget(keys.DROPS, 'loner:fast') == b'6'
+
+
+def test_fast_path_never_decides_on_memory_alone(connection):
+    q = PolicyQueue('fast', connection=connection)
+    q.enqueue(jobs.sweep_cache, 'hot')
+    assert q.enqueue(jobs.sweep_cache, 'hot') is None
+    PolicySimpleWorker([q], connection=connection).work(burst=True)  # the holder leaves: the hint is now stale
+    fresh = q.enqueue(jobs.sweep_cache, 'hot')
+    assert fresh is not None and q.holder(jobs.sweep_cache, 'hot') == fresh.id
+    # options the full path refuses are refused even when a hint exists
+    assert q.enqueue(jobs.sweep_cache, 'hot') is None
+    with connection.pipeline() as pipe, pytest.raises(PipelineNotSupported):
+        q.enqueue(jobs.sweep_cache, 'hot', pipeline=pipe)
+    # a replay of the holder's own id is admitted again, not dropped
+    assert q.enqueue(jobs.sweep_cache, 'hot', job_id=fresh.id) is not None

@@ -67,7 +67,9 @@ def test_connection_from_rq_env_vars_and_config_module(connection, env, redis_ur
 def test_bad_input_is_one_line_and_non_zero(connection, env, redis_url):
     PolicyQueue('imports', connection=connection).enqueue(jobs.plain, 1)
     assert_one_line_error(run('cap', 'nosuch', '3', env=env, url=redis_url), "unknown queue 'nosuch'", '--force')
-    assert_one_line_error(run('cap', 'imports', 'three', env=env, url=redis_url), "positive integer up to 2147483647, got 'three'")
+    assert_one_line_error(
+        run('cap', 'imports', 'three', env=env, url=redis_url), "positive integer up to 2147483647, got 'three'"
+    )
     assert_one_line_error(run('cap', 'imports', '0', env=env, url=redis_url), "got '0'")
     assert_one_line_error(run('cap', 'imports', env=env, url=redis_url), 'either N or --clear')
     assert_one_line_error(run('info', 'nosuch', env=env, url=redis_url), "unknown queue 'nosuch'")

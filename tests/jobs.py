@@ -71,3 +71,10 @@ def slow_loner(tag, seconds):
     conn.rpush(f'test:ran:{tag}', get_current_job().id)
     time.sleep(seconds)
     return tag
+
+
+def pid_and_sleep(tag, seconds):
+    """Record this work horse's pid (so a test can SIGKILL it), then sleep."""
+    _conn().rpush(f'test:pid:{tag}', os.getpid())
+    time.sleep(seconds)
+    return tag

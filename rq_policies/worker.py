@@ -241,15 +241,14 @@ class PolicyWorkerMixin:
             super().heartbeat(timeout, pipeline=pipeline)  # type: ignore[misc]
             QueueSlot.refresh_in(pipeline, ttl=self.hold_ttl)  # type: ignore[arg-type]
             return
+        # rq sends a bare heartbeat as three commands and three round trips; one pipeline carries the same commands,
+        # and the release of the job that just ended rides it: no round trip of its own.
         pending, self._pending_release = self._pending_release, None
-        if pending is None or pending.token is None:
-            super().heartbeat(timeout)  # type: ignore[misc]
-            return
-        # The release rides the heartbeat the work loop sends after every job: no round trip of its own.
         try:
             with self.connection.pipeline(transaction=False) as pipe:  # type: ignore[attr-defined]
                 super().heartbeat(timeout, pipeline=pipe)  # type: ignore[misc]
-                QueueSlot.release(pending.queue_name, pending.token, connection=pipe)
+                if pending is not None and pending.token is not None:
+                    QueueSlot.release(pending.queue_name, pending.token, connection=pipe)
                 pipe.execute()
         except BaseException:
             self._pending_release = pending  # teardown or the next fetch tries again

@@ -116,7 +116,10 @@ def test_every_ending_of_a_job_gives_its_slot_back(connection, redis_url, worker
     crashed = q.enqueue(jobs.exit_horse, 3)
     last = q.enqueue(jobs.plain, 4)
     worker = start_worker(redis_url, ['endings'], worker_env, burst=True)
-    assert worker.wait(60) == 0, output(worker)
+    try:
+        assert worker.wait(60) == 0, output(worker)
+    finally:
+        stop(worker)
     assert statuses(connection, [ok.id, failed.id, retried.id, timed_out.id, crashed.id, last.id]) == [
         JobStatus.FINISHED, JobStatus.FAILED, JobStatus.FAILED, JobStatus.FAILED, JobStatus.FAILED, JobStatus.FINISHED,
     ]
@@ -190,7 +193,7 @@ def test_a_sigkilled_worker_holds_until_its_short_ttl_runs_out(connection, redis
         q.enqueue(jobs.pid_and_sleep, 'crash', 60)
         pid = horse_pid(connection, 'crash')
         # Alive, the worker refreshes its hold on every beat: it outlives its 3 s TTL while the job runs.
-        time.sleep(4.5)
+        time.sleep(4)
         assert QueueSlot.in_use('crash', connection=connection) == 1
         ((_, left),) = QueueSlot.holders('crash', connection=connection)
         assert 0 < left <= 3.1
@@ -347,17 +350,17 @@ def test_an_idle_worker_waiting_on_a_full_queue_does_not_spin(connection, redis_
         time.sleep(1.5)  # past the worker's start-up bookkeeping
         # Quiet: only the worker talks to this server now (each INFO counts as one command).
         before, started = _commands(connection), time.monotonic()
-        time.sleep(3)
+        time.sleep(2)
         quiet_rate = (_commands(connection) - before - 1) / (time.monotonic() - started)
         # A producer pushing 50 jobs a second to the full queue: each push publishes, and the worker ignores them.
         pushes_before = connection.info('commandstats')['cmdstat_evalsha']['calls']
         started = time.monotonic()
-        while time.monotonic() - started < 3:
+        while time.monotonic() - started < 2:
             q.enqueue(jobs.plain, 1)
             time.sleep(0.02)
         looks = connection.info('commandstats')['cmdstat_evalsha']['calls'] - pushes_before
         storm_rate = looks / (time.monotonic() - started)
-        assert q.count > 100
+        assert q.count > 60
         assert worker.poll() is None
     finally:
         stop(worker)

@@ -9,8 +9,10 @@ starts its own server with rq_policies.testing.RedisServer.
   ``rq.Queue``), as PolicyWorker on an uncapped queue and as PolicyWorker on a queue capped at the worker count (fed
   by PolicyQueue). Each variant's workers stay up on a queue of their own for the whole run; rounds hand them the
   same batch in turn (the order rotates every round) and the figures are medians. Throughput is jobs / (last job's
-  end - first job's start), from rq's own ``started_at``/``ended_at``. The ratios against stock are the point; the
-  absolute numbers depend on the machine.
+  end - first job's start), from rq's own ``started_at``/``ended_at``. On a shared machine wall-clock rates swing
+  with the neighbours, so the CPU each job costs is measured too: the workers with their work horses (Linux
+  /proc), and the Redis server (INFO cpu; it includes the producer's enqueue, the same for every variant). The
+  ratios against stock are the point (x1.000 = stock); the absolute numbers depend on the machine.
 * Release to start: a queue capped at 1 with 3 PolicyWorkers and jobs of 50 ms. For every job that starts on a
   different worker than the one before it (a worker that was waiting), the delay from the slot's release (the
   wake-up seen on pub/sub) to the job's first line.
@@ -29,6 +31,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from redis import Redis
@@ -92,6 +95,15 @@ def workers_up(conn: Redis, url: str, worker_class: str, queue: str, count: int)
 
 # -- throughput -----------------------------------------------------------------------------------------------------
 
+@dataclass
+class Sample:
+    """One round of one variant."""
+
+    jobs_per_second: float
+    worker_cpu_ms: float  # per job: the worker process and its work horses
+    server_cpu_ms: float  # per job: the Redis server (the producer's enqueue included, the same for every variant)
+
+
 VARIANTS = {
     # name: (worker class, producer class, capped at the worker count)
     'stock rq.Worker': ('rq.Worker', Queue, False),
@@ -100,47 +112,67 @@ VARIANTS = {
 }
 
 
-def throughput_round(conn: Redis, variant: str, queue_name: str, jobs: int, workers: int) -> float:
-    """Run ``jobs`` no-op jobs on the variant's (already idle) workers; jobs per second from first start to last end."""
+def _cpu_seconds(procs: list[subprocess.Popen]) -> float:
+    """CPU time of these worker processes and of the work horses they reaped (Linux /proc), in seconds."""
+    total = 0
+    for proc in procs:
+        with open(f'/proc/{proc.pid}/stat') as f:
+            fields = f.read().rsplit(')', 1)[1].split()
+        total += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+    return total / os.sysconf('SC_CLK_TCK')
+
+
+def _server_cpu(conn: Redis) -> float:
+    info = conn.info('cpu')
+    return float(info['used_cpu_user']) + float(info['used_cpu_sys'])
+
+
+def throughput_round(conn: Redis, variant: str, queue_name: str, jobs: int, procs: list[subprocess.Popen]) -> Sample:
+    """Run ``jobs`` no-op jobs on the variant's (already idle) workers."""
     _, producer, capped = VARIANTS[variant]
     q = producer(queue_name, connection=conn)
     registry = FinishedJobRegistry(queue_name, connection=conn)
     before = registry.count
-    batch = q.enqueue_many([Queue.prepare_data(bench_jobs.noop, (i,), result_ttl=600) for i in range(jobs)])
+    datas = [Queue.prepare_data(bench_jobs.noop, (i,), result_ttl=600) for i in range(jobs)]
+    cpu0, server0 = _cpu_seconds(procs), _server_cpu(conn)
+    batch = q.enqueue_many(datas)
     wait_until(lambda: registry.count >= before + jobs, 300, f'{jobs} jobs')
+    cpu1, server1 = _cpu_seconds(procs), _server_cpu(conn)
     fetched = Job.fetch_many([job.id for job in batch], connection=conn)
     first = min(job.started_at for job in fetched)
     last = max(job.ended_at for job in fetched)
     if capped and QueueSlot.in_use(queue_name, connection=conn):
         raise RuntimeError('a hold outlived its job')
-    return jobs / (last - first).total_seconds()
+    return Sample(jobs / (last - first).total_seconds(), (cpu1 - cpu0) * 1000 / jobs, (server1 - server0) * 1000 / jobs)
 
 
-def throughput(conn: Redis, url: str, jobs: int, workers: int, rounds: int) -> dict[str, list[float]]:
+def throughput(conn: Redis, url: str, jobs: int, workers: int, rounds: int) -> dict[str, list[Sample]]:
     """Every variant's workers stay up on a queue of their own; rounds feed them the same batch in turn."""
     conn.flushdb()
     names = list(VARIANTS)
     queues = {name: f'bench-{i}' for i, name in enumerate(names)}
-    results: dict[str, list[float]] = {name: [] for name in names}
-    procs: list[subprocess.Popen] = []
+    results: dict[str, list[Sample]] = {name: [] for name in names}
+    procs: dict[str, list[subprocess.Popen]] = {}
     try:
         for name in names:
             worker_class, _, capped = VARIANTS[name]
             if capped:
                 QueueSlot.set_capacity(queues[name], workers, connection=conn)
-            procs += start_workers(url, worker_class, queues[name], workers)
+            procs[name] = start_workers(url, worker_class, queues[name], workers)
         for queue_name in queues.values():
             up = Queue(queue_name, connection=conn)
             wait_until(lambda up=up: Worker.count(queue=up) == workers, 60, 'workers')
         time.sleep(0.5)  # past start-up maintenance: every worker is idle on its queue now
-        throughput_round(conn, names[0], queues[names[0]], jobs // 4, workers)  # warm-up, not counted
+        for name in names:
+            throughput_round(conn, name, queues[name], jobs // 5, procs[name])  # warm-up, not counted
         for r in range(rounds):
             order = names[r % len(names):] + names[:r % len(names)]
             for name in order:
-                results[name].append(throughput_round(conn, name, queues[name], jobs, workers))
-            print(f'  round {r + 1}: ' + ', '.join(f'{name} {results[name][-1]:.0f}/s' for name in names), flush=True)
+                results[name].append(throughput_round(conn, name, queues[name], jobs, procs[name]))
+            print(f'  round {r + 1}: ' + ', '.join(
+                f'{name} {results[name][-1].jobs_per_second:.0f}/s' for name in names), flush=True)
     finally:
-        stop_workers(procs)
+        stop_workers([proc for group in procs.values() for proc in group])
     return results
 
 
@@ -228,10 +260,16 @@ def main(url: str, jobs: int, workers: int, rounds: int) -> None:
     names = list(VARIANTS)
     print(f'throughput: {jobs} no-op jobs a round, {workers} forking workers per variant, {rounds} interleaved rounds')
     results = throughput(conn, url, jobs, workers, rounds)
-    stock = statistics.median(results['stock rq.Worker'])
+
+    def median(name: str, field: str) -> float:
+        return statistics.median(getattr(sample, field) for sample in results[name])
+
+    base = {field: median('stock rq.Worker', field) for field in ('jobs_per_second', 'worker_cpu_ms', 'server_cpu_ms')}
     for name in names:
-        median = statistics.median(results[name])
-        print(f'  {name:<34} median {median:7.1f} jobs/s   ratio vs stock {median / stock:.3f}')
+        rate, cpu, server = (median(name, field) for field in base)
+        print(f'  {name:<32} {rate:6.1f} jobs/s (x{rate / base["jobs_per_second"]:.3f})   '
+              f'worker CPU {cpu:5.2f} ms/job (x{cpu / base["worker_cpu_ms"]:.3f})   '
+              f'server CPU {server:5.3f} ms/job (x{server / base["server_cpu_ms"]:.3f})')
 
     delays = release_to_start(conn, url, jobs=120)
     print(f'release to start on a waiting worker ({len(delays)} hand-overs, cap 1, 3 workers): '

@@ -439,7 +439,8 @@ class PolicyQueue(Queue):
                 except BaseException:
                     # An unreadable job: the hold goes back now, the id stays on the intermediate list for rq.
                     if held:
-                        QueueSlot.release(queue.name, held, connection=connection)
+                        with contextlib.suppress(Exception):  # else it ages out; the fetch error is the news
+                            QueueSlot.release(queue.name, held, connection=connection)
                     raise
                 fetcher.on_claim(Claim(job_id, queue.name, held))
                 return job, cls._rebuild(queue, connection, job_cls, serializer, death_penalty_class)

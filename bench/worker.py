@@ -264,10 +264,16 @@ def main(url: str, jobs: int, workers: int, rounds: int) -> None:
     def median(name: str, field: str) -> float:
         return statistics.median(getattr(sample, field) for sample in results[name])
 
+    def paired(name: str) -> float:
+        # The load on a shared machine drifts between rounds; a ratio within one round cancels most of it.
+        stock = results['stock rq.Worker']
+        return statistics.median(a.jobs_per_second / b.jobs_per_second for a, b in zip(results[name], stock))
+
     base = {field: median('stock rq.Worker', field) for field in ('jobs_per_second', 'worker_cpu_ms', 'server_cpu_ms')}
+    print('  medians (x = ratio to stock; "paired" = median of the per-round throughput ratios):')
     for name in names:
         rate, cpu, server = (median(name, field) for field in base)
-        print(f'  {name:<32} {rate:6.1f} jobs/s (x{rate / base["jobs_per_second"]:.3f})   '
+        print(f'  {name:<32} {rate:6.1f} jobs/s (x{rate / base["jobs_per_second"]:.3f}, paired x{paired(name):.3f})   '
               f'worker CPU {cpu:5.2f} ms/job (x{cpu / base["worker_cpu_ms"]:.3f})   '
               f'server CPU {server:5.3f} ms/job (x{server / base["server_cpu_ms"]:.3f})')
 

@@ -21,7 +21,9 @@
   ARGV[3+i]        queue i's name
 
   Returns {i, job id, held} for the job taken from queue i (held = 1 when a hold was taken), or
-  {0, full} when nothing was taken, full = how many capped queues had jobs but no free slot.
+  {0, waiting, f1, f2, ...} when nothing was taken: waiting = how many full queues still have jobs
+  (a burst worker waits for them instead of quitting), f1.. = the index of every capped queue with
+  no free slot (an idle worker ignores pushes to those until a slot frees).
 ]]
 local rcall = redis.call
 local job_prefix = ARGV[1]
@@ -33,7 +35,8 @@ local nqueues = #ARGV - 3
 -- @include "includes/outlive.lua"
 
 local now = server_now()
-local full = 0
+local waiting = 0
+local full = {}
 for i = 1, nqueues do
   local queue_key = KEYS[3 * i - 1]
   local inter_key = KEYS[3 * i]
@@ -44,8 +47,9 @@ for i = 1, nqueues do
     rcall('ZREMRANGEBYSCORE', ledger, '-inf', now)
     if rcall('ZCARD', ledger) >= cap then
       room = false
+      full[#full + 1] = i
       if rcall('LLEN', queue_key) > 0 then
-        full = full + 1
+        waiting = waiting + 1
       end
     end
   end
@@ -74,4 +78,4 @@ for i = 1, nqueues do
     rcall('LREM', inter_key, 1, jid)
   end
 end
-return {0, full}
+return {0, waiting, unpack(full)}

@@ -104,7 +104,15 @@ class Fetcher:
         if claim.token is not None:
             QueueSlot.HELD.add(claim.token, keys.slots(claim.queue_name))
 
-    def wait(self, connection: Any, queue_names: list[str], seconds: float) -> None:
+    def listen(self, connection: Any, queue_names: list[str]) -> bool:
+        """Get ready to be woken for ``queue_names``; True when that only starts now (look once more first)."""
+        return False
+
+    def wait(self, connection: Any, queue_names: list[str], seconds: float, full: frozenset[str] = frozenset()) -> None:
+        """Wait up to ``seconds`` (at most IDLE_POLL_SECONDS) for something that could make a look succeed.
+
+        ``full`` names the capped queues the last look found without a free slot: a push to one of them is no news.
+        """
         time.sleep(min(seconds, IDLE_POLL_SECONDS))
 
 
@@ -239,6 +247,22 @@ class PolicyQueue(Queue):
         return results
 
     # -- where the doors arrive -----------------------------------------------------------------------------------
+
+    def push_job_id(self, job_id: str, pipeline: Any = None, at_front: bool = False) -> None:
+        """rq's push, plus a wake-up for idle PolicyWorkers (riding the same pipeline, or one of its own).
+
+        Every push rq makes through this queue passes here: jobs without a policy, retries, released dependents,
+        requeues. Pushes by stock ``rq.Queue`` producers do not publish; idle PolicyWorkers see those within
+        ``IDLE_POLL_SECONDS``.
+        """
+        if pipeline is not None:
+            super().push_job_id(job_id, pipeline=pipeline, at_front=at_front)
+            pipeline.publish(keys.wake(self.name), job_id)
+            return
+        with self.connection.pipeline(transaction=False) as pipe:
+            super().push_job_id(job_id, pipeline=pipe, at_front=at_front)
+            pipe.publish(keys.wake(self.name), job_id)
+            pipe.execute()
 
     def enqueue_job(self, job: Job, pipeline: Any = None, at_front: bool = False, **kwargs: Any) -> Job | None:  # type: ignore[override]
         spec = self._take_door(job)
@@ -495,7 +519,8 @@ class PolicyQueue(Queue):
 
         Queues are tried in order; a capped queue with no free slot is skipped. When nothing can be taken and
         ``timeout`` is not None, waits (woken by admissions and releases) until ``timeout`` seconds have passed, then
-        raises DequeueTimeout, as rq's own dequeue does.
+        raises DequeueTimeout, as rq's own dequeue does. With ``timeout=None`` (burst) it returns None once nothing
+        is waiting, but keeps waiting while a full capped queue still has jobs: those are work not yet done.
         """
         queues = list(queues)
         fetcher = _fetcher.get()
@@ -533,14 +558,27 @@ class PolicyQueue(Queue):
                             QueueSlot.release(queue.name, held, connection=pipe)
                         pipe.execute()
                     continue
+                except BaseException:
+                    # An unreadable job: the hold goes back now, the id stays on the intermediate list for rq.
+                    if held:
+                        with contextlib.suppress(Exception):  # else it ages out; the fetch error is the news
+                            QueueSlot.release(queue.name, held, connection=connection)
+                    raise
                 fetcher.on_claim(Claim(job_id, queue.name, held, fetched_after))
                 return job, cls._rebuild(queue, connection, job_cls, serializer, death_penalty_class)
-            if deadline is None:
+            waiting = job_id
+            full = frozenset(names[i - 1] for i in rest)
+            if deadline is None and not waiting:
                 return None
+            if fetcher.listen(connection, names):
+                continue  # a wake-up published before the subscription landed is lost: look once more first
+            if deadline is None:
+                fetcher.wait(connection, names, IDLE_POLL_SECONDS, full)
+                continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise DequeueTimeout(timeout, [q.key for q in queues])
-            fetcher.wait(connection, names, remaining)
+            fetcher.wait(connection, names, remaining, full)
 
     @classmethod
     def _rebuild(

@@ -29,6 +29,11 @@ from redis import Redis
 from . import keys, scripts
 from .policy import MAX_CAPACITY, positive_int, whole_seconds
 
+#: Payloads published on ``rq:policies:wake:<queue>`` besides a pushed job's id (see ``lua/enqueue_job.lua``). A
+#: waiting worker treats a push to a queue it found full as no news; these two always wake it.
+WAKE_RELEASED = 'released'
+WAKE_CAPACITY = 'capacity'
+
 
 def queue_name(value: Any) -> str:
     """Accept a queue name or an rq Queue; refuse anything else."""
@@ -86,32 +91,50 @@ class QueueSlot:
     # -- capacity -------------------------------------------------------------------------------------------------
 
     @classmethod
-    def set_capacity(cls, queue: Any, capacity: int, connection: Redis) -> None:
-        """Cap ``queue`` at ``capacity`` running jobs across the cluster (stored in Redis; every worker obeys it)."""
+    def set_capacity(cls, queue: Any, capacity: int, connection: Redis | None = None) -> None:
+        """Cap ``queue`` at ``capacity`` running jobs across the cluster (stored in Redis; every worker obeys it).
+
+        Lowering the cap below the holds in use stops admissions until enough of them end; it never stops a job.
+        Idle PolicyWorkers are woken, so a raised cap is used at once.
+        """
         name = queue_name(queue)
         positive_int('capacity', capacity, MAX_CAPACITY)
-        connection.hset(keys.CAPACITY, name, capacity)
+        with _need(connection).pipeline(transaction=False) as pipe:
+            pipe.hset(keys.CAPACITY, name, capacity)
+            pipe.publish(keys.wake(name), WAKE_CAPACITY)
+            pipe.execute()
 
     @classmethod
-    def capacity(cls, queue: Any, connection: Redis) -> int | None:
+    def capacity(cls, queue: Any, connection: Redis | None = None) -> int | None:
         """The cap of ``queue``, or None when it is uncapped."""
-        raw = connection.hget(keys.CAPACITY, queue_name(queue))
+        raw = _need(connection).hget(keys.CAPACITY, queue_name(queue))
         return int(raw) if raw is not None else None
 
     @classmethod
-    def clear_capacity(cls, queue: Any, connection: Redis) -> bool:
-        """Uncap ``queue``. Live holds stay until released or expired; they no longer limit anything."""
-        return bool(connection.hdel(keys.CAPACITY, queue_name(queue)))
+    def clear_capacity(cls, queue: Any, connection: Redis | None = None) -> bool:
+        """Uncap ``queue``. Live holds stay until released or expired; they no longer limit anything.
+
+        Returns:
+            True when the queue had a cap.
+        """
+        name = queue_name(queue)
+        with _need(connection).pipeline(transaction=False) as pipe:
+            pipe.hdel(keys.CAPACITY, name)
+            pipe.publish(keys.wake(name), WAKE_CAPACITY)
+            removed, _ = pipe.execute()
+        return bool(removed)
 
     @classmethod
-    def in_use(cls, queue: Any, connection: Redis) -> int:
-        """Live holds of ``queue`` (a gauge for humans and tests; admission counts under the server's own clock)."""
-        seconds, micros = connection.time()
-        return int(connection.zcount(keys.slots(queue_name(queue)), f'({seconds + micros / 1e6:.6f}', '+inf'))
+    def in_use(cls, queue: Any, connection: Redis | None = None) -> int:
+        """Live holds of ``queue`` (a gauge for humans and tests; admission counts under the script's own clock)."""
+        conn = _need(connection)
+        seconds, micros = conn.time()
+        return int(conn.zcount(keys.slots(queue_name(queue)), f'({seconds + micros / 1e6:.6f}', '+inf'))
 
     @classmethod
-    def holders(cls, queue: Any, connection: Redis) -> list[tuple[str, float]]:
+    def holders(cls, queue: Any, connection: Redis | None = None) -> list[tuple[str, float]]:
         """Live holds of ``queue`` as ``(claim token, seconds to expiry)``, soonest to expire first."""
+        connection = _need(connection)
         seconds, micros = connection.time()
         now = seconds + micros / 1e6
         rows = connection.zrangebyscore(keys.slots(queue_name(queue)), f'({now:.6f}', '+inf', withscores=True)
@@ -130,7 +153,9 @@ class QueueSlot:
     ) -> bool:
         """Take one of ``queue``'s slots, or report that the cluster is at capacity.
 
-        Replay-safe: a retried call whose first attempt landed finds its own member and answers True again.
+        Replay-safe: a retried call whose first attempt landed finds its own member and answers True again (and
+        refreshes it), never counting itself twice. A taken hold joins :attr:`HELD`, so :meth:`refresh_in` keeps it
+        live until :meth:`release`.
 
         Args:
             queue: queue name or Queue.
@@ -145,33 +170,36 @@ class QueueSlot:
         name = queue_name(queue)
         limit = positive_int('capacity', capacity, MAX_CAPACITY)
         seconds = whole_seconds('ttl', ttl)
-        holder = token if token is not None else cls.token()
-        if not isinstance(holder, str) or not holder:
-            raise ValueError(f'token must be a non-empty string, got {token!r}')
+        holder = _holder(token)
         conn = _need(connection)
-        return scripts.run('queue_slot_acquire', conn, [keys.slots(name)], [limit, holder, seconds]) == 1
+        taken = scripts.run('queue_slot_acquire', conn, [keys.slots(name)], [limit, holder, seconds]) == 1
+        if taken:
+            # A hold this process has: refresh_in keeps it live (a PolicyWorker's heartbeat does) until released.
+            cls.HELD.add(holder, keys.slots(name))
+        return taken
 
     @classmethod
     def release(cls, queue: Any, token: str | None = None, connection: Redis | Any = None) -> bool:
         """Give back a hold. Idempotent: it only ever removes this holder's own member.
 
         A bare ZREM (plus a wake-up for idle workers) so it can ride a pipeline: pass a pipeline as ``connection``
-        and the release goes out with it (the return value is then meaningless).
+        and the release goes out with it (the return value is then True: the answer arrives with ``execute()``).
+        A hold that already expired is simply absent, so a late release frees nothing that someone else holds now.
 
         Returns:
-            True when the hold was still live.
+            True when the hold was still in the ledger.
         """
         name = queue_name(queue)
-        holder = token if token is not None else cls.token()
+        holder = _holder(token)
         conn = _need(connection)
-        if hasattr(conn, 'execute') and hasattr(conn, 'command_stack'):
+        if _is_pipeline(conn):
             conn.zrem(keys.slots(name), holder)
-            conn.publish(keys.wake(name), 'released')
+            conn.publish(keys.wake(name), WAKE_RELEASED)
             cls.HELD.discard(holder)
             return True
         with conn.pipeline(transaction=False) as pipe:
             pipe.zrem(keys.slots(name), holder)
-            pipe.publish(keys.wake(name), 'released')
+            pipe.publish(keys.wake(name), WAKE_RELEASED)
             removed, _ = pipe.execute()
         cls.HELD.discard(holder)
         return removed == 1
@@ -180,12 +208,13 @@ class QueueSlot:
     def refresh_in(cls, pipeline: Any, ttl: int = TTL_SECONDS) -> None:
         """Queue a refresh of every hold this process has onto a pipeline the caller already owns.
 
-        Touches nothing when nothing is held, which is every process in an install that caps nothing.
+        One EVALSHA covering every hold; it touches nothing when nothing is held, which is every process in an
+        install that caps nothing. A hold that already expired is not revived (see ``lua/refresh_slots.lua``).
         """
+        seconds = whole_seconds('ttl', ttl)
         held = cls.HELD.snapshot()
         if not held:
             return
-        seconds = whole_seconds('ttl', ttl)
         tokens = list(held)
         scripts.run('refresh_slots', pipeline, [held[t] for t in tokens], [seconds, *tokens])
 
@@ -216,3 +245,15 @@ def _need(connection: Any) -> Any:
     if connection is None:
         raise ValueError('connection is required: pass connection=Redis(...)')
     return connection
+
+
+def _holder(token: Any) -> str:
+    if token is None:
+        return QueueSlot.token()
+    if not isinstance(token, str) or not token:
+        raise ValueError(f'token must be a non-empty string, got {token!r}')
+    return token
+
+
+def _is_pipeline(conn: Any) -> bool:
+    return hasattr(conn, 'execute') and hasattr(conn, 'command_stack')

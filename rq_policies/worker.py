@@ -1,6 +1,7 @@
 """PolicyWorker and PolicySimpleWorker: rq's workers, fetching through the policies.
 
-Run ``rq worker -w rq_policies.PolicyWorker QUEUES`` (no other flag needed). Compared with stock rq:
+Run ``rq worker -w rq_policies.PolicyWorker QUEUES`` (no other flag needed; ``rq worker-pool -w`` works too). Compared
+with stock rq:
 
 * the fetch is one script (``lua/dequeue_job.lua``) that pops the job, clears its loner marker and, on a queue capped
   with :class:`~rq_policies.QueueSlot`, takes a hold; a full queue is skipped and the others are served in rq's order;
@@ -8,15 +9,17 @@ Run ``rq worker -w rq_policies.PolicyWorker QUEUES`` (no other flag needed). Com
   start leaves the job where rq's maintenance recovers it, for multi-queue workers too (stock rq only does this for
   single-queue workers);
 * a hold is released on every exit path of the job, anchored in ``execute_job`` (the parent's side, which every path
-  passes): the release rides the work loop's next heartbeat, or goes out at once when the job's execution raised
-  (cold shutdown);
-* holds are refreshed by a script appended to the heartbeat pipeline rq sends while a job runs;
-* an idle worker waits on pub/sub (woken by admissions and releases) and looks again at least every second, instead
-  of blocking on BLPOP, which would pop without the checks.
+  passes): once the job has ended, the release rides the heartbeat the work loop sends next, or goes out at once
+  when the execution raised (cold shutdown);
+* holds are refreshed by a script appended to the heartbeat pipeline rq sends every ``job_monitoring_interval``
+  while a job runs, and live ``hold_ttl`` seconds unrefreshed, so a SIGKILLed worker's holds age out by themselves;
+* an idle worker waits on pub/sub (woken by pushes, releases and cap changes) and looks again at least every
+  second, instead of blocking on BLMOVE/BLPOP, which would pop without the checks.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
@@ -27,7 +30,18 @@ from rq.worker import SimpleWorker, Worker
 
 from . import keys, scripts
 from .queue import IDLE_POLL_SECONDS, Claim, Fetcher, PolicyQueue, _fetcher
-from .queue_slot import QueueSlot
+from .queue_slot import WAKE_CAPACITY, WAKE_RELEASED, QueueSlot, positive_int
+
+#: Environment variable that sets ``hold_ttl`` for workers started from the command line (``rq worker``,
+#: ``rq worker-pool``), where no constructor argument reaches the worker.
+HOLD_TTL_ENV = 'RQ_POLICIES_HOLD_TTL'
+
+#: Seconds a hold outlives a missed heartbeat by default, on top of ``job_monitoring_interval``: rq's own margin for
+#: the worker key while a job runs (``job_monitoring_interval + 60``).
+HOLD_TTL_MARGIN = 60
+
+#: How long the idle wait waits for the server to confirm a subscription before looking again anyway (seconds).
+_SUBSCRIBE_CONFIRM_SECONDS = 1.0
 
 _mixed: dict[type, type] = {}
 
@@ -48,35 +62,84 @@ def policy_queue_class(queue_class: type[Queue]) -> type[PolicyQueue]:
     return found
 
 
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 class _WorkerFetcher(Fetcher):
-    """A worker's fetch state, with a pub/sub wake-up for the idle wait."""
+    """A worker's fetch state, with a pub/sub wake-up for the idle wait.
+
+    The subscription lives only while the worker is idle: it is dropped when a job is claimed, so a busy worker's
+    connection does not pile up wake-ups for the length of a long job. Taking it again before the next wait costs
+    one round trip plus one more look, and closes the race between the last look and the subscription.
+    """
 
     def __init__(self, hold_ttl: int) -> None:
         super().__init__()
         self.hold_ttl = hold_ttl
         self._pubsub: Any = None
-        self._channels: tuple[str, ...] = ()
+        self._channels: dict[str, str] = {}  # subscribed channel -> queue name
 
-    def wait(self, connection: Any, queue_names: list[str], seconds: float) -> None:
-        channels = tuple(keys.wake(name) for name in queue_names)
+    def listen(self, connection: Any, queue_names: list[str]) -> bool:
+        wanted = {keys.wake(name): name for name in queue_names}
+        if self._pubsub is not None and wanted == self._channels:
+            return False
+        try:
+            if self._pubsub is None:
+                self._pubsub = connection.pubsub()
+            elif self._channels:
+                self._pubsub.unsubscribe(*self._channels)
+            self._pubsub.subscribe(*wanted)
+            self._channels = wanted
+            # Wait for the server's confirmations: a wake-up is only delivered once SUBSCRIBE has run.
+            confirmed: set[str] = set()
+            deadline = time.monotonic() + _SUBSCRIBE_CONFIRM_SECONDS
+            while len(confirmed) < len(wanted):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                message = self._pubsub.get_message(timeout=left)
+                if message is not None and message['type'] == 'subscribe':
+                    confirmed.add(_text(message['channel']))
+        except Exception:
+            self.close()
+            raise
+        return True
+
+    def wait(self, connection: Any, queue_names: list[str], seconds: float, full: frozenset[str] = frozenset()) -> None:
+        if self._pubsub is None:
+            self.listen(connection, queue_names)
         deadline = time.monotonic() + min(seconds, IDLE_POLL_SECONDS)
         try:
-            if self._pubsub is None or channels != self._channels:
-                self.close()
-                self._pubsub = connection.pubsub(ignore_subscribe_messages=True)
-                self._pubsub.subscribe(*channels)
-                self._channels = channels
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return
-                if self._pubsub.get_message(timeout=left) is not None:
-                    while self._pubsub.get_message(timeout=0) is not None:  # coalesce a burst into one look
-                        pass
+                message = self._pubsub.get_message(timeout=left)
+                if message is not None and self._news(message, full):
                     return
         except Exception:
             self.close()
             raise
+
+    def _news(self, message: dict, full: frozenset[str]) -> bool:
+        """Could this message make the next look succeed? A push to a queue that is full cannot."""
+        if message['type'] != 'message':
+            return False
+        queue = self._channels.get(_text(message['channel']))
+        if queue is None:
+            return False  # left over from an earlier subscription
+        data = _text(message['data'])
+        return data in (WAKE_RELEASED, WAKE_CAPACITY) or queue not in full
+
+    def on_claim(self, claim: Claim) -> None:
+        super().on_claim(claim)
+        if self._pubsub is not None and self._channels:
+            try:
+                self._pubsub.unsubscribe()  # the confirmations are read, and skipped, at the next listen()
+            except Exception:
+                self.close()
+            self._channels = {}
 
     def close(self) -> None:
         if self._pubsub is not None:
@@ -84,7 +147,7 @@ class _WorkerFetcher(Fetcher):
                 self._pubsub.close()
             finally:
                 self._pubsub = None
-                self._channels = ()
+                self._channels = {}
 
 
 class PolicyWorkerMixin:
@@ -92,8 +155,12 @@ class PolicyWorkerMixin:
 
     queue_class: type[Queue] = PolicyQueue
 
-    #: Seconds a QueueSlot hold lives unrefreshed (see QueueSlot.TTL_SECONDS).
-    hold_ttl: int = QueueSlot.TTL_SECONDS
+    #: Seconds a QueueSlot hold lives unrefreshed. None (the default) means ``job_monitoring_interval + 60``, which
+    #: is :attr:`QueueSlot.TTL_SECONDS` at rq's default interval; the ``RQ_POLICIES_HOLD_TTL`` environment variable
+    #: sets it for workers started by ``rq worker``. A SIGKILLed worker's capacity comes back within this time; a
+    #: live worker refreshes its holds every ``job_monitoring_interval``, so a forking worker's hold_ttl must be
+    #: longer than that interval.
+    hold_ttl: int | None = None
 
     #: When the worker stops with a release still pending because Redis is unreachable (a restart, a Sentinel
     #: failover), it keeps trying this many seconds before leaving the hold to age out. rq's own work loop quits on a
@@ -102,15 +169,48 @@ class PolicyWorkerMixin:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # `rq worker` passes its own queue class (rq.Queue by default); fetching must go through ours regardless.
+        # `rq worker` passes its own queue class (rq.Queue by default) and `rq worker-pool` none at all; fetching
+        # must go through ours regardless.
         self.queue_class = policy_queue_class(self.queue_class)  # type: ignore[misc]
+        self.hold_ttl = self._resolve_hold_ttl()
         self._policy_fetcher = _WorkerFetcher(self.hold_ttl)
         self._pending_releases: list[Claim] = []  # finished claims whose hold is not released yet
 
+    def _resolve_hold_ttl(self) -> int:
+        interval = int(self.job_monitoring_interval)  # type: ignore[attr-defined]
+        if self.hold_ttl is not None:
+            ttl = positive_int('hold_ttl', self.hold_ttl)
+        elif os.environ.get(HOLD_TTL_ENV):
+            raw = os.environ[HOLD_TTL_ENV]
+            try:
+                ttl = int(raw)
+            except ValueError:
+                raise ValueError(f'{HOLD_TTL_ENV} must be a positive integer, got {raw!r}') from None
+            if ttl < 1:
+                raise ValueError(f'{HOLD_TTL_ENV} must be a positive integer, got {raw!r}')
+        else:
+            return interval + HOLD_TTL_MARGIN
+        self._check_hold_ttl(ttl, interval)
+        return ttl
+
+    def _check_hold_ttl(self, ttl: int, interval: int) -> None:
+        if ttl <= interval:
+            raise ValueError(
+                f'hold_ttl must be longer than job_monitoring_interval ({interval} s), got {ttl}: holds are refreshed '
+                'once per interval while a job runs, and a shorter one would lapse under a running job'
+            )
+
+    # -- fetch ----------------------------------------------------------------------------------------------------
+
     def dequeue_job_and_maintain_ttl(self, *args: Any, **kwargs: Any) -> Any:
+        self._release_now()  # normally already gone with the work loop's heartbeat; never carried past a fetch
         token = _fetcher.set(self._policy_fetcher)
         try:
             return super().dequeue_job_and_maintain_ttl(*args, **kwargs)  # type: ignore[misc]
+        except BaseException:
+            # A stop request or an error after the claim, before the job ever reached execute_job.
+            self._drop_claim()
+            raise
         finally:
             _fetcher.reset(token)
 
@@ -119,29 +219,43 @@ class PolicyWorkerMixin:
         # come off it when the job starts (stock rq only removes it for single-queue workers).
         super().prepare_job_execution(job, remove_from_intermediate_queue=True)  # type: ignore[misc]
 
+    # -- the hold's life ------------------------------------------------------------------------------------------
+
     def execute_job(self, job: Any, queue: Any) -> Any:
-        claim = self._policy_fetcher.claim
-        self._policy_fetcher.claim = None
-        if claim is not None and claim.token is not None and claim.job_id == job.id:
-            self._release_now()
-            self._pending_releases.append(claim)
+        claim = self._take_claim(job)
         try:
-            return super().execute_job(job, queue)  # type: ignore[misc]
+            result = super().execute_job(job, queue)  # type: ignore[misc]
         except BaseException:
             # Cold shutdown and other escapes skip the work loop's heartbeat: release now.
+            self._release_later(claim)
             self._release_now()
             raise
+        # Every other path (success, failure, retry, timeout, stop-job command, killed work horse, warm shutdown)
+        # returns here after the job has ended. The release waits for the next heartbeat without a pipeline, which
+        # the work loop sends right after this; rq's own heartbeats *during* the job never carry it.
+        self._release_later(claim)
+        return result
+
+    def _take_claim(self, job: Any) -> Claim | None:
+        self._release_now()
+        claim, self._policy_fetcher.claim = self._policy_fetcher.claim, None
+        if claim is None or claim.token is None:
+            return None
+        if claim.job_id != job.id:  # not the job we fetched (a subclass ran another one): do not sit on the slot
+            self._release_later(claim)
+            self._release_now()
+            return None
+        return claim
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         if pipeline is not None:
             super().heartbeat(timeout, pipeline=pipeline)  # type: ignore[misc]
-            QueueSlot.refresh_in(pipeline, ttl=max(self.hold_ttl, int(timeout or 0)))
+            QueueSlot.refresh_in(pipeline, ttl=self.hold_ttl)  # type: ignore[arg-type]
             return
+        # rq sends a bare heartbeat as three commands and three round trips; one pipeline carries the same commands,
+        # and the releases of jobs that ended ride it: no round trip of their own. On an error they stay pending,
+        # and the heartbeat after the reconnect, the next fetch or teardown sends them.
         pending = list(self._pending_releases)
-        if not pending:
-            super().heartbeat(timeout)  # type: ignore[misc]
-            return
-        # The release rides the heartbeat the work loop sends after every job: no round trip of its own.
         with self.connection.pipeline(transaction=False) as pipe:  # type: ignore[attr-defined]
             super().heartbeat(timeout, pipeline=pipe)  # type: ignore[misc]
             for claim in pending:
@@ -149,7 +263,17 @@ class PolicyWorkerMixin:
             pipe.execute()
         del self._pending_releases[: len(pending)]
 
+    def _release_later(self, claim: Claim | None) -> None:
+        if claim is not None and claim.token is not None:
+            self._pending_releases.append(claim)
+
+    def _drop_claim(self) -> None:
+        claim, self._policy_fetcher.claim = self._policy_fetcher.claim, None
+        self._release_later(claim)
+        self._release_now()
+
     def _flush_release(self, grace: float = 0.0) -> None:
+        """Send every pending release, retrying an unreachable Redis for up to ``grace`` seconds."""
         deadline = time.monotonic() + grace
         while self._pending_releases:
             claim = self._pending_releases[0]
@@ -166,14 +290,17 @@ class PolicyWorkerMixin:
         try:
             self._flush_release(grace)
         except _UNREACHABLE:
-            # Redis unreachable (a restart, a failover): keep the release pending, so the heartbeat that goes out
-            # once the worker has reconnected carries it. A release names its claim, so a late one frees nothing
+            # Redis unreachable (a restart, a failover): keep the releases pending, so the heartbeat that goes out
+            # once the worker has reconnected carries them. A release names its claim, so a late one frees nothing
             # else; if the worker never reconnects, the hold ages out within hold_ttl, the floor under all this.
             tokens = [claim.token for claim in self._pending_releases]
-            self.log.warning('rq-policies: could not release QueueSlot holds %s yet', tokens)  # type: ignore[attr-defined]
+            self.log.warning(  # type: ignore[attr-defined]
+                'rq-policies: could not release QueueSlot holds %s yet; they expire within %s s', tokens, self.hold_ttl
+            )
 
     def teardown(self) -> None:
         try:
+            self._drop_claim()
             self._release_now(self.release_grace_seconds)
             self._policy_fetcher.close()
         finally:
@@ -188,9 +315,12 @@ class PolicySimpleWorker(PolicyWorkerMixin, SimpleWorker):
     """rq's SimpleWorker (no fork), fetching through the policies.
 
     A SimpleWorker sends no heartbeat while a job runs, so a hold would lapse under a long job. A small thread keeps
-    this worker's holds refreshed every ``job_monitoring_interval`` seconds while a job runs; it dies with the
-    process, so a killed worker's holds still age out.
+    this worker's holds refreshed every ``hold_ttl / 3`` seconds while a job runs; it dies with the process, so a
+    killed worker's holds still age out. That is also why any positive ``hold_ttl`` is accepted here.
     """
+
+    def _check_hold_ttl(self, ttl: int, interval: int) -> None:
+        return None
 
     def execute_job(self, job: Any, queue: Any) -> Any:
         stop = threading.Event()
@@ -203,13 +333,12 @@ class PolicySimpleWorker(PolicyWorkerMixin, SimpleWorker):
             keeper.join(timeout=5)
 
     def _keep_holds(self, stop: threading.Event) -> None:
-        interval = max(1, min(self.job_monitoring_interval, self.hold_ttl // 3))
-        while not stop.wait(interval):
+        while not stop.wait(self.hold_ttl / 3):  # type: ignore[operator]
             held = QueueSlot.HELD.snapshot()
             if not held:
                 continue
             tokens = list(held)
             try:
                 scripts.run('refresh_slots', self.connection, [held[t] for t in tokens], [self.hold_ttl, *tokens])
-            except Exception:  # a missed refresh is retried on the next tick; the TTL covers a few of them
+            except Exception:  # a missed refresh is retried on the next tick; the TTL covers two more of them
                 self.log.warning('rq-policies: could not refresh QueueSlot holds', exc_info=True)

@@ -100,3 +100,28 @@ def max_overlap(lines, since=float('-inf')):
         if at >= since:
             peak = max(peak, running)
     return peak
+
+
+def pid_and_sleep(tag, seconds):
+    """Record this work horse's pid (so a test can SIGKILL it), then sleep."""
+    _conn().rpush(f'test:pid:{tag}', os.getpid())
+    time.sleep(seconds)
+    return tag
+
+
+def span_on_worker(tag, seconds):
+    """Like sleep_and_record, plus the name of the worker that ran the job (rq sets RQ_WORKER_ID in the horse)."""
+    conn = _conn()
+    job = get_current_job()
+    worker = os.environ.get('RQ_WORKER_ID', '?')
+    start = conn.time()
+    conn.rpush(f'test:span:{tag}', f'{job.id} start {start[0] + start[1] / 1e6:.6f} {worker}')
+    time.sleep(seconds)
+    end = conn.time()
+    conn.rpush(f'test:span:{tag}', f'{job.id} end {end[0] + end[1] / 1e6:.6f} {worker}')
+    return tag
+
+
+def exit_horse(code):
+    """Leave the work horse without a word, as a crash in C code would: rq's 'work-horse terminated' path."""
+    os._exit(code)

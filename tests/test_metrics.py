@@ -117,7 +117,7 @@ def test_exporter_serves_metrics_over_http(connection, worker_env, redis_url):
                     assert response.headers['Content-Type'].startswith('text/plain')
                     body = response.read().decode()
                 break
-            except (urllib.error.URLError, ConnectionError):
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
                 assert proc.poll() is None, proc.communicate()[1]
                 time.sleep(0.1)
         assert body is not None

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+
+from rq_policies import PolicyWorker
 
 
 def start_worker(url: str, queues: list[str], env: dict, worker_class: str = 'rq_policies.PolicyWorker',
@@ -45,3 +49,19 @@ def stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+class DiesAfterPop(PolicyWorker):
+    """A PolicyWorker SIGKILLed between its fetch and the job's start: the window rq's intermediate list covers."""
+
+    def execute_job(self, job, queue):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class BeatsBareMidJob(PolicyWorker):
+    """Sends a bare heartbeat on every monitoring tick of a job, as rq's own monitor does on its kill and EINTR
+    paths: a heartbeat during the job must never carry the job's release."""
+
+    def maintain_heartbeats(self, *args, **kwargs):
+        super().maintain_heartbeats(*args, **kwargs)
+        self.heartbeat()

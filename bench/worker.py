@@ -1,0 +1,303 @@
+"""PolicyWorker against stock rq Worker, in one run: throughput, release-to-start delay, idle cost.
+
+    python bench/worker.py [--jobs 300] [--workers 2] [--rounds 9]
+
+Uses REDIS_URL when it is set (the database is flushed between rounds: point it at a scratch database), otherwise
+starts its own server with rq_policies.testing.RedisServer.
+
+* Throughput: the same trivial jobs run by ``--workers`` forking workers, as stock ``rq.Worker`` (fed by
+  ``rq.Queue``), as PolicyWorker on an uncapped queue and as PolicyWorker on a queue capped at the worker count (fed
+  by PolicyQueue). Each variant's workers stay up on a queue of their own for the whole run; rounds hand them the
+  same batch in turn (the order rotates every round) and the figures are medians. Throughput is jobs / (last job's
+  end - first job's start), from rq's own ``started_at``/``ended_at``. On a shared machine wall-clock rates swing
+  with the neighbours, so the CPU each job costs is measured too: the workers with their work horses (Linux
+  /proc), and the Redis server (INFO cpu; it includes the producer's enqueue, the same for every variant). The
+  ratios against stock are the point (x1.000 = stock); the absolute numbers depend on the machine.
+* Release to start: a queue capped at 1 with 3 PolicyWorkers and jobs of 50 ms. For every job that starts on a
+  different worker than the one before it (a worker that was waiting), the delay from the slot's release (the
+  wake-up seen on pub/sub) to the job's first line.
+* Idle cost: one PolicyWorker waiting on a full queue, alone on the server: commands per second as the server counts
+  them (a script's inner commands included) and round trips (EVALSHA calls), quiet and under 100 pushes a second to
+  that queue. Stock rq's worker blocks in BLMOVE on an empty queue for comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from redis import Redis
+from rq import Queue
+from rq.job import Job
+from rq.registry import FinishedJobRegistry
+from rq.worker import Worker
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import bench_jobs  # noqa: E402
+
+from rq_policies import PolicyQueue, QueueSlot, keys  # noqa: E402
+from rq_policies.testing import RedisServer  # noqa: E402
+
+
+def start_workers(url: str, worker_class: str, queue: str, count: int) -> list[subprocess.Popen]:
+    env = dict(os.environ, REDIS_URL=url)
+    env['PYTHONPATH'] = os.pathsep.join([str(HERE), str(HERE.parent), env.get('PYTHONPATH', '')])
+    return [
+        subprocess.Popen(
+            [sys.executable, '-m', 'rq.cli', 'worker', '-w', worker_class, '--url', url, '--logging_level', 'ERROR',
+             queue],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        for _ in range(count)
+    ]
+
+
+def stop_workers(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f'timed out waiting for {what}')
+        time.sleep(0.02)
+
+
+@contextmanager
+def workers_up(conn: Redis, url: str, worker_class: str, queue: str, count: int):
+    procs = start_workers(url, worker_class, queue, count)
+    try:
+        wait_until(lambda: Worker.count(queue=Queue(queue, connection=conn)) == count, 60, f'{count} workers')
+        time.sleep(0.3)  # past start-up maintenance: every worker is idle on the queue now
+        yield procs
+    finally:
+        stop_workers(procs)
+
+
+# -- throughput -----------------------------------------------------------------------------------------------------
+
+@dataclass
+class Sample:
+    """One round of one variant."""
+
+    jobs_per_second: float
+    worker_cpu_ms: float  # per job: the worker process and its work horses
+    server_cpu_ms: float  # per job: the Redis server (the producer's enqueue included, the same for every variant)
+
+
+VARIANTS = {
+    # name: (worker class, producer class, capped at the worker count)
+    'stock rq.Worker': ('rq.Worker', Queue, False),
+    'PolicyWorker, uncapped': ('rq_policies.PolicyWorker', PolicyQueue, False),
+    'PolicyWorker, capped at workers': ('rq_policies.PolicyWorker', PolicyQueue, True),
+}
+
+
+def _cpu_seconds(procs: list[subprocess.Popen]) -> float:
+    """CPU time of these worker processes and of the work horses they reaped (Linux /proc), in seconds."""
+    total = 0
+    for proc in procs:
+        with open(f'/proc/{proc.pid}/stat') as f:
+            fields = f.read().rsplit(')', 1)[1].split()
+        total += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+    return total / os.sysconf('SC_CLK_TCK')
+
+
+def _server_cpu(conn: Redis) -> float:
+    info = conn.info('cpu')
+    return float(info['used_cpu_user']) + float(info['used_cpu_sys'])
+
+
+def throughput_round(conn: Redis, variant: str, queue_name: str, jobs: int, procs: list[subprocess.Popen]) -> Sample:
+    """Run ``jobs`` no-op jobs on the variant's (already idle) workers."""
+    _, producer, capped = VARIANTS[variant]
+    q = producer(queue_name, connection=conn)
+    registry = FinishedJobRegistry(queue_name, connection=conn)
+    before = registry.count
+    datas = [Queue.prepare_data(bench_jobs.noop, (i,), result_ttl=600) for i in range(jobs)]
+    cpu0, server0 = _cpu_seconds(procs), _server_cpu(conn)
+    batch = q.enqueue_many(datas)
+    wait_until(lambda: registry.count >= before + jobs, 300, f'{jobs} jobs')
+    cpu1, server1 = _cpu_seconds(procs), _server_cpu(conn)
+    fetched = Job.fetch_many([job.id for job in batch], connection=conn)
+    first = min(job.started_at for job in fetched)
+    last = max(job.ended_at for job in fetched)
+    if capped and QueueSlot.in_use(queue_name, connection=conn):
+        raise RuntimeError('a hold outlived its job')
+    return Sample(jobs / (last - first).total_seconds(), (cpu1 - cpu0) * 1000 / jobs, (server1 - server0) * 1000 / jobs)
+
+
+def throughput(conn: Redis, url: str, jobs: int, workers: int, rounds: int) -> dict[str, list[Sample]]:
+    """Every variant's workers stay up on a queue of their own; rounds feed them the same batch in turn."""
+    conn.flushdb()
+    names = list(VARIANTS)
+    queues = {name: f'bench-{i}' for i, name in enumerate(names)}
+    results: dict[str, list[Sample]] = {name: [] for name in names}
+    procs: dict[str, list[subprocess.Popen]] = {}
+    try:
+        for name in names:
+            worker_class, _, capped = VARIANTS[name]
+            if capped:
+                QueueSlot.set_capacity(queues[name], workers, connection=conn)
+            procs[name] = start_workers(url, worker_class, queues[name], workers)
+        for queue_name in queues.values():
+            up = Queue(queue_name, connection=conn)
+            wait_until(lambda up=up: Worker.count(queue=up) == workers, 60, 'workers')
+        time.sleep(0.5)  # past start-up maintenance: every worker is idle on its queue now
+        for name in names:
+            throughput_round(conn, name, queues[name], jobs // 5, procs[name])  # warm-up, not counted
+        for r in range(rounds):
+            order = names[r % len(names):] + names[:r % len(names)]
+            for name in order:
+                results[name].append(throughput_round(conn, name, queues[name], jobs, procs[name]))
+            print(f'  round {r + 1}: ' + ', '.join(
+                f'{name} {results[name][-1].jobs_per_second:.0f}/s' for name in names), flush=True)
+    finally:
+        stop_workers([proc for group in procs.values() for proc in group])
+    return results
+
+
+# -- release to start -----------------------------------------------------------------------------------------------
+
+
+def release_to_start(conn: Redis, url: str, jobs: int) -> list[float]:
+    conn.flushdb()
+    QueueSlot.set_capacity('handover', 1, connection=conn)
+    releases: list[float] = []
+    listener = Redis.from_url(url).pubsub(ignore_subscribe_messages=True)
+    listener.subscribe(keys.wake('handover'))
+    done = threading.Event()
+
+    def listen() -> None:
+        while not done.is_set():
+            message = listener.get_message(timeout=0.1)
+            if message is not None and message['data'] == b'released':
+                releases.append(time.time())
+
+    thread = threading.Thread(target=listen, daemon=True)
+    thread.start()
+    q = PolicyQueue('handover', connection=conn)
+    with workers_up(conn, url, 'rq_policies.PolicyWorker', 'handover', 3):
+        q.enqueue_many([Queue.prepare_data(bench_jobs.record_start, (0.05,)) for _ in range(jobs)])
+        wait_until(lambda: conn.llen('bench:starts') == jobs and QueueSlot.in_use('handover', connection=conn) == 0,
+                   120, 'the hand-over jobs')
+        time.sleep(0.2)
+    done.set()
+    thread.join()
+    listener.close()
+    records = (raw.decode().split() for raw in conn.lrange('bench:starts', 0, -1))
+    starts = [(float(at), worker) for at, worker in records]
+    delays = []
+    for (_, previous_worker), (at, worker) in zip(starts, starts[1:]):
+        before = [r for r in releases if r <= at]
+        if worker != previous_worker and before:
+            delays.append(at - before[-1])
+    return delays
+
+
+# -- idle cost ------------------------------------------------------------------------------------------------------
+
+
+def _counts(conn: Redis) -> tuple[int, int]:
+    stats = conn.info('commandstats')
+    return int(conn.info('stats')['total_commands_processed']), int(stats.get('cmdstat_evalsha', {}).get('calls', 0))
+
+
+def idle_cost(conn: Redis, url: str, worker_class: str, seconds: float = 5.0) -> tuple[float, float, float]:
+    """(commands/s quiet, round trips/s quiet, round trips/s under 100 pushes/s) of one idle worker."""
+    conn.flushdb()
+    stock = worker_class == 'rq.Worker'
+    if not stock:
+        QueueSlot.set_capacity('idle', 1, connection=conn)
+        QueueSlot.acquire('idle', capacity=1, ttl=600, token='someone-else', connection=conn)
+        PolicyQueue('idle', connection=conn).enqueue(bench_jobs.noop, 0)
+    with workers_up(conn, url, worker_class, 'idle', 1):
+        time.sleep(1.0)
+        total0, trips0 = _counts(conn)
+        started = time.monotonic()
+        time.sleep(seconds)
+        total1, trips1 = _counts(conn)
+        elapsed = time.monotonic() - started
+        quiet = ((total1 - total0 - 2) / elapsed, (trips1 - trips0) / elapsed)
+        storm = float('nan')
+        if not stock:
+            q = PolicyQueue('idle', connection=conn)
+            started = time.monotonic()
+            while time.monotonic() - started < seconds:
+                q.enqueue(bench_jobs.noop, 1)
+                time.sleep(0.01)
+            elapsed = time.monotonic() - started
+            storm = (_counts(conn)[1] - trips1) / elapsed
+    return quiet[0], quiet[1], storm
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(share * (len(ordered) - 1))))]
+
+
+def main(url: str, jobs: int, workers: int, rounds: int) -> None:
+    conn = Redis.from_url(url)
+    names = list(VARIANTS)
+    print(f'throughput: {jobs} no-op jobs a round, {workers} forking workers per variant, {rounds} interleaved rounds')
+    results = throughput(conn, url, jobs, workers, rounds)
+
+    def median(name: str, field: str) -> float:
+        return statistics.median(getattr(sample, field) for sample in results[name])
+
+    def paired(name: str) -> float:
+        # The load on a shared machine drifts between rounds; a ratio within one round cancels most of it.
+        stock = results['stock rq.Worker']
+        return statistics.median(a.jobs_per_second / b.jobs_per_second for a, b in zip(results[name], stock))
+
+    base = {field: median('stock rq.Worker', field) for field in ('jobs_per_second', 'worker_cpu_ms', 'server_cpu_ms')}
+    print('  medians (x = ratio to stock; "paired" = median of the per-round throughput ratios):')
+    for name in names:
+        rate, cpu, server = (median(name, field) for field in base)
+        print(f'  {name:<32} {rate:6.1f} jobs/s (x{rate / base["jobs_per_second"]:.3f}, paired x{paired(name):.3f})   '
+              f'worker CPU {cpu:5.2f} ms/job (x{cpu / base["worker_cpu_ms"]:.3f})   '
+              f'server CPU {server:5.3f} ms/job (x{server / base["server_cpu_ms"]:.3f})')
+
+    delays = release_to_start(conn, url, jobs=120)
+    print(f'release to start on a waiting worker ({len(delays)} hand-overs, cap 1, 3 workers): '
+          f'p50 {percentile(delays, 0.5) * 1000:.1f} ms, p95 {percentile(delays, 0.95) * 1000:.1f} ms, '
+          f'max {max(delays) * 1000:.1f} ms')
+
+    quiet_cmds, quiet_trips, storm_trips = idle_cost(conn, url, 'rq_policies.PolicyWorker')
+    print(f'idle PolicyWorker on a full queue: {quiet_cmds:.1f} commands/s ({quiet_trips:.1f} round trips/s); '
+          f'{storm_trips:.1f} round trips/s while 100 pushes/s arrive on that queue')
+    stock_cmds, _, _ = idle_cost(conn, url, 'rq.Worker')
+    print(f'idle stock rq.Worker on an empty queue (blocked in BLMOVE): {stock_cmds:.1f} commands/s')
+    conn.flushdb()
+
+
+if __name__ == '__main__':
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--jobs', type=int, default=300)
+    parser.add_argument('--workers', type=int, default=2)
+    parser.add_argument('--rounds', type=int, default=9)
+    args = parser.parse_args()
+    if os.environ.get('REDIS_URL'):
+        main(os.environ['REDIS_URL'], args.jobs, args.workers, args.rounds)
+    else:
+        with RedisServer() as server:
+            main(server.url, args.jobs, args.workers, args.rounds)

@@ -1,0 +1,369 @@
+"""QueueSlot caps end to end: real forking PolicyWorkers (`rq worker -w rq_policies.PolicyWorker`) in subprocesses,
+stopped and killed with real signals.
+
+Every job here records its start and end under the server's clock, so the tests check what actually ran at once,
+not what the ledger claims.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jobs
+import pytest
+from redis import Redis
+from rq.command import send_stop_job_command
+from rq.intermediate_queue import IntermediateQueue
+from rq.job import Job, JobStatus, Retry
+from rq.registry import FailedJobRegistry, StartedJobRegistry
+from rq.worker import Worker
+from workers import output, start_worker, stop, wait_for
+
+from rq_policies import PolicyQueue, PolicyWorker, QueueSlot, compat, keys
+from rq_policies.worker import HOLD_TTL_ENV
+
+
+def spans(conn: Redis, tag: str) -> dict[str, list]:
+    """job id -> [start, end, worker] from the records the jobs wrote (end None while running)."""
+    found: dict[str, list] = {}
+    for raw in conn.lrange(f'test:span:{tag}', 0, -1):
+        job_id, kind, at, *rest = raw.decode().split()
+        entry = found.setdefault(job_id, [None, None, rest[0] if rest else None])
+        entry[0 if kind == 'start' else 1] = float(at)
+    return found
+
+
+def concurrency(records: dict[str, list]) -> list[tuple[float, int]]:
+    """(time, jobs running from then on) at every start and end."""
+    events = sorted((at, delta) for start, end, _ in records.values() for at, delta in ((start, 1), (end, -1)))
+    level, steps = 0, []
+    for at, delta in events:
+        level += delta
+        steps.append((at, level))
+    return steps
+
+
+def peak(records: dict[str, list]) -> int:
+    return max(level for _, level in concurrency(records))
+
+
+def share_at_least(records: dict[str, list], level: int, until: float) -> float:
+    """The share of the time from the first start to ``until`` during which at least ``level`` jobs ran."""
+    steps = concurrency(records)
+    first = steps[0][0]
+    covered = 0.0
+    for (at, running), (nxt, _) in zip(steps, steps[1:]):
+        if at >= until:
+            break
+        if running >= level:
+            covered += min(nxt, until) - at
+    return covered / (until - first)
+
+
+def statuses(conn: Redis, ids) -> list[str]:
+    return [Job.fetch(job_id, connection=conn).get_status() for job_id in ids]
+
+
+def horse_pid(conn: Redis, tag: str, timeout: float = 20) -> int:
+    assert wait_for(lambda: conn.llen(f'test:pid:{tag}') > 0, timeout=timeout)
+    return int(conn.lindex(f'test:pid:{tag}', -1))
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_six_workers_cap_two_never_overlap_more_than_two(connection, redis_url, worker_env):
+    QueueSlot.set_capacity('reports', 2, connection=connection)
+    q = PolicyQueue('reports', connection=connection)
+    workers = [start_worker(redis_url, ['reports'], worker_env) for _ in range(6)]
+    try:
+        # All six are up and idle first, so the backlog meets the whole cluster at once (woken by the pushes).
+        assert wait_for(lambda: Worker.count(queue=q) == 6, timeout=30), output(workers[0])
+        batch = q.enqueue_many([PolicyQueue.prepare_data(jobs.sleep_and_record, ('reports', 0.2)) for _ in range(40)])
+        assert wait_for(lambda: connection.llen('test:span:reports') == 80, timeout=60), output(workers[0])
+    finally:
+        for worker in workers:
+            stop(worker)
+    records = spans(connection, 'reports')
+    assert len(records) == 40
+    assert peak(records) == 2
+    last_start = max(start for start, _, _ in records.values())
+    # While a backlog waits, both slots are busy nearly all the time: the gaps are one release-and-wake each.
+    assert share_at_least(records, 2, until=last_start) > 0.5
+    assert set(statuses(connection, [job.id for job in batch])) == {JobStatus.FINISHED}
+    assert QueueSlot.in_use('reports', connection=connection) == 0
+    assert connection.llen(q.intermediate_queue_key) == 0
+    assert len({worker for _, _, worker in records.values()}) >= 1
+
+
+def test_every_ending_of_a_job_gives_its_slot_back(connection, redis_url, worker_env):
+    # One slot, default hold_ttl (90 s): a hold left behind by any ending would stall the rest past the wait below.
+    QueueSlot.set_capacity('endings', 1, connection=connection)
+    q = PolicyQueue('endings', connection=connection)
+    ok = q.enqueue(jobs.plain, 1)
+    failed = q.enqueue(jobs.fail, 2)
+    retried = q.enqueue(jobs.fail, 3, retry=Retry(max=1))
+    timed_out = q.enqueue(jobs.pid_and_sleep, 'endings', 10, job_timeout=1)
+    crashed = q.enqueue(jobs.exit_horse, 3)
+    last = q.enqueue(jobs.plain, 4)
+    worker = start_worker(redis_url, ['endings'], worker_env, burst=True)
+    try:
+        assert worker.wait(60) == 0, output(worker)
+    finally:
+        stop(worker)
+    assert statuses(connection, [ok.id, failed.id, retried.id, timed_out.id, crashed.id, last.id]) == [
+        JobStatus.FINISHED, JobStatus.FAILED, JobStatus.FAILED, JobStatus.FAILED, JobStatus.FAILED, JobStatus.FINISHED,
+    ]
+    assert Job.fetch(retried.id, connection=connection).retries_left == 0  # ran twice, under the cap both times
+    assert connection.exists(keys.slots('endings')) == 0
+    assert connection.llen(q.intermediate_queue_key) == 0
+
+
+def test_stop_command_and_a_killed_work_horse_give_the_slot_back_at_once(connection, redis_url, worker_env):
+    QueueSlot.set_capacity('signals', 1, connection=connection)
+    q = PolicyQueue('signals', connection=connection)
+    worker = start_worker(redis_url, ['signals'], worker_env)
+    try:
+        stopped = q.enqueue(jobs.pid_and_sleep, 'stopped', 60)
+        horse_pid(connection, 'stopped')
+        assert QueueSlot.in_use('signals', connection=connection) == 1
+        send_stop_job_command(connection, stopped.id)
+        assert wait_for(lambda: QueueSlot.in_use('signals', connection=connection) == 0, timeout=5), output(worker)
+        assert wait_for(lambda: statuses(connection, [stopped.id]) == [JobStatus.STOPPED], timeout=5)
+
+        killed = q.enqueue(jobs.pid_and_sleep, 'killed', 60)
+        pid = horse_pid(connection, 'killed')
+        assert QueueSlot.in_use('signals', connection=connection) == 1
+        os.kill(pid, signal.SIGKILL)
+        assert wait_for(lambda: QueueSlot.in_use('signals', connection=connection) == 0, timeout=5), output(worker)
+        assert wait_for(lambda: statuses(connection, [killed.id]) == [JobStatus.FAILED], timeout=5)
+
+        after = q.enqueue(jobs.plain, 5)  # the freed slot is usable at once
+        assert wait_for(lambda: statuses(connection, [after.id]) == [JobStatus.FINISHED], timeout=10)
+        assert worker.poll() is None
+    finally:
+        stop(worker)
+    assert connection.exists(keys.slots('signals')) == 0
+
+
+def test_warm_shutdown_keeps_the_hold_until_the_job_ends_cold_shutdown_frees_it(connection, redis_url, worker_env):
+    QueueSlot.set_capacity('shutdown', 1, connection=connection)
+    q = PolicyQueue('shutdown', connection=connection)
+
+    warm = start_worker(redis_url, ['shutdown'], worker_env)
+    job = q.enqueue(jobs.pid_and_sleep, 'warm', 2)
+    horse_pid(connection, 'warm')
+    warm.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert warm.poll() is None
+    assert QueueSlot.in_use('shutdown', connection=connection) == 1  # the job still runs: so does its hold
+    assert warm.wait(20) == 0, output(warm)
+    assert statuses(connection, [job.id]) == [JobStatus.FINISHED]
+    assert connection.exists(keys.slots('shutdown')) == 0
+
+    cold = start_worker(redis_url, ['shutdown'], worker_env)
+    q.enqueue(jobs.pid_and_sleep, 'cold', 60)
+    pid = horse_pid(connection, 'cold')
+    cold.send_signal(signal.SIGTERM)
+    time.sleep(1.3)  # rq ignores a second signal within one second of the first
+    cold.send_signal(signal.SIGTERM)
+    cold.wait(20)
+    assert not pid_alive(pid)
+    assert QueueSlot.in_use('shutdown', connection=connection) == 0
+    assert connection.exists(keys.slots('shutdown')) == 0
+
+
+def test_a_sigkilled_worker_holds_until_its_short_ttl_runs_out(connection, redis_url, worker_env):
+    QueueSlot.set_capacity('crash', 1, connection=connection)
+    q = PolicyQueue('crash', connection=connection)
+    env = dict(worker_env, **{HOLD_TTL_ENV: '3'})
+    # BeatsBareMidJob also sends rq's bare heartbeat on every tick: those must not carry the release either.
+    worker = start_worker(redis_url, ['crash'], env, worker_class='workers.BeatsBareMidJob',
+                          extra=['--job-monitoring-interval', '1'])
+    try:
+        q.enqueue(jobs.pid_and_sleep, 'crash', 60)
+        pid = horse_pid(connection, 'crash')
+        # Alive, the worker refreshes its hold on every beat: it outlives its 3 s TTL while the job runs.
+        time.sleep(4)
+        assert QueueSlot.in_use('crash', connection=connection) == 1
+        ((_, left),) = QueueSlot.holders('crash', connection=connection)
+        assert 0 < left <= 3.1
+        # The whole worker dies: the parent and its work horse (rq puts the horse in a process group of its own).
+        worker.send_signal(signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        worker.wait(10)
+        assert wait_for(lambda: QueueSlot.in_use('crash', connection=connection) == 0, timeout=6)
+        assert time.monotonic() - killed_at <= 4.5  # within the TTL (and a poll), no operator action
+        assert QueueSlot.acquire('crash', capacity=1, token='next', connection=connection)
+    finally:
+        stop(worker)
+
+
+def test_rolling_restart_never_runs_the_queue_over_its_cap(connection, redis_url, worker_env):
+    QueueSlot.set_capacity('rolling', 2, connection=connection)
+    q = PolicyQueue('rolling', connection=connection)
+    old = [start_worker(redis_url, ['rolling'], worker_env, extra=['--name', f'old-{i}']) for i in range(2)]
+    new: list[subprocess.Popen] = []
+    try:
+        for _ in range(12):
+            q.enqueue(jobs.span_on_worker, 'rolling', 0.5)
+        assert wait_for(lambda: len(spans(connection, 'rolling')) >= 2, timeout=30)
+        # The replacements boot while the old generation still works: four workers, one cap of two.
+        new = [start_worker(redis_url, ['rolling'], worker_env, extra=['--name', f'new-{i}']) for i in range(2)]
+        assert wait_for(lambda: Worker.count(queue=q) == 4, timeout=30)
+        for worker in old:
+            worker.send_signal(signal.SIGTERM)
+        for worker in old:
+            assert worker.wait(30) == 0, output(worker)
+        assert wait_for(lambda: connection.llen('test:span:rolling') == 24, timeout=60)
+    finally:
+        for worker in old + new:
+            stop(worker)
+    records = spans(connection, 'rolling')
+    assert peak(records) == 2
+    ran_on = {worker.split('-')[0] for _, _, worker in records.values()}
+    assert ran_on == {'old', 'new'}
+    assert QueueSlot.in_use('rolling', connection=connection) == 0
+
+
+def test_multi_queue_worker_serves_the_other_queue_while_one_is_full(connection, redis_url, worker_env):
+    QueueSlot.set_capacity('busy', 1, connection=connection)
+    busy = PolicyQueue('busy', connection=connection)
+    other = PolicyQueue('other', connection=connection)
+    assert QueueSlot.acquire('busy', capacity=1, ttl=60, token='elsewhere', connection=connection)
+    waiting = busy.enqueue(jobs.plain, 0)
+    served = [other.enqueue(jobs.plain, i) for i in range(3)]
+    worker = start_worker(redis_url, ['busy', 'other'], worker_env)  # 'busy' first in rq's order
+    try:
+        assert wait_for(lambda: set(statuses(connection, [j.id for j in served])) == {JobStatus.FINISHED}), output(
+            worker
+        )
+        time.sleep(0.3)
+        assert statuses(connection, [waiting.id]) == [JobStatus.QUEUED]
+        assert busy.job_ids == [waiting.id]
+        released_at = time.monotonic()
+        assert QueueSlot.release('busy', token='elsewhere', connection=connection)
+        assert wait_for(lambda: statuses(connection, [waiting.id]) == [JobStatus.FINISHED], timeout=10)
+        assert time.monotonic() - released_at < 3
+    finally:
+        stop(worker)
+    assert connection.llen(busy.intermediate_queue_key) == connection.llen(other.intermediate_queue_key) == 0
+
+
+@pytest.mark.parametrize('queues', [['lost'], ['spare', 'lost']], ids=['single-queue', 'multi-queue'])
+def test_a_worker_dying_between_pop_and_start_loses_no_job(connection, redis_url, worker_env, queues):
+    QueueSlot.set_capacity('lost', 1, connection=connection)
+    q = PolicyQueue('lost', connection=connection)
+    job = q.enqueue(jobs.plain, 7, retry=Retry(max=1))
+    env = dict(worker_env, **{HOLD_TTL_ENV: '2'})
+    dying = start_worker(redis_url, queues, env, worker_class='workers.DiesAfterPop',
+                         extra=['--job-monitoring-interval', '1'])
+    assert dying.wait(30) == -signal.SIGKILL, output(dying)
+    # Popped and held, never started: the id waits on the intermediate list, not in the started registry.
+    assert connection.lrange(q.intermediate_queue_key, 0, -1) == [job.id.encode()]
+    assert job.id not in StartedJobRegistry('lost', connection=connection)
+    assert q.count == 0
+    # Nobody refreshes the dead worker's hold: it ages out by itself.
+    assert wait_for(lambda: QueueSlot.in_use('lost', connection=connection) == 0, timeout=5)
+
+    # rq's own maintenance finds it: a first pass notes it, a pass a minute later hands it to rq's failure
+    # handling, which retries it (the minute is aged in Redis rather than waited for).
+    maintainer = PolicyWorker(queues, connection=connection)
+    maintainer.clean_registries()
+    intermediate = IntermediateQueue(q.key, connection=connection)
+    assert intermediate.get_first_seen(job.id) is not None
+    connection.set(intermediate.get_first_seen_key(job.id), time.time() - 120)
+    maintainer.clean_registries()
+    assert connection.llen(q.intermediate_queue_key) == 0
+    assert q.job_ids == [job.id]  # requeued by its Retry
+    worker = start_worker(redis_url, ['lost'], worker_env, burst=True)
+    assert worker.wait(30) == 0, output(worker)
+    assert statuses(connection, [job.id]) == [JobStatus.FINISHED]
+    assert job.id not in FailedJobRegistry('lost', connection=connection)
+
+
+def test_worker_pool_runs_policy_workers_under_the_cap(connection, redis_url, worker_env):
+    QueueSlot.set_capacity('pooled', 1, connection=connection)
+    q = PolicyQueue('pooled', connection=connection)
+    for _ in range(6):
+        q.enqueue(jobs.sleep_and_record, 'pooled', 0.2)
+    pool = subprocess.Popen(
+        [sys.executable, '-m', 'rq.cli', 'worker-pool', '-w', 'rq_policies.PolicyWorker', '--url', redis_url,
+         '-n', '3', '--burst', '--logging-level', 'WARNING', 'pooled'],
+        env=worker_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    try:
+        out, _ = pool.communicate(timeout=60)
+    finally:
+        if pool.poll() is None:
+            os.killpg(pool.pid, signal.SIGKILL)
+            pool.wait()
+    assert pool.returncode == 0, out.decode(errors='replace')[-3000:]
+    records = spans(connection, 'pooled')
+    assert len(records) == 6 and all(end for _, end, _ in records.values())
+    assert peak(records) == 1
+    assert connection.exists(keys.slots('pooled')) == 0
+
+
+@pytest.mark.skipif(not compat.RQ3, reason='RateLimit arrived in rq 3.0')
+def test_rq_rate_limited_jobs_keep_working_on_policy_workers(connection, redis_url, worker_env):
+    from rq import RateLimit
+
+    # rq's RateLimit holds jobs back at enqueue and admits them into the queue; QueueSlot caps the fetch. Both hold.
+    QueueSlot.set_capacity('limited', 2, connection=connection)
+    q = PolicyQueue('limited', connection=connection)
+    batch = [q.enqueue(jobs.sleep_and_record, 'limited', 0.2, rate_limit=RateLimit('limited-key', 1)) for _ in range(4)]
+    assert [j.get_status() for j in batch].count(JobStatus.QUEUED) == 1
+    workers = [start_worker(redis_url, ['limited'], worker_env) for _ in range(2)]
+    try:
+        assert wait_for(lambda: connection.llen('test:span:limited') == 8, timeout=40), output(workers[0])
+    finally:
+        for worker in workers:
+            stop(worker)
+    assert set(statuses(connection, [j.id for j in batch])) == {JobStatus.FINISHED}
+    assert peak(spans(connection, 'limited')) == 1  # rq's limit of 1 rules, under our cap of 2
+    assert QueueSlot.in_use('limited', connection=connection) == 0
+
+
+def _commands(conn: Redis) -> int:
+    return int(conn.info('stats')['total_commands_processed'])
+
+
+def test_an_idle_worker_waiting_on_a_full_queue_does_not_spin(connection, redis_url, worker_env):
+    QueueSlot.set_capacity('full', 1, connection=connection)
+    q = PolicyQueue('full', connection=connection)
+    assert QueueSlot.acquire('full', capacity=1, ttl=120, token='elsewhere', connection=connection)
+    q.enqueue(jobs.plain, 0)
+    worker = start_worker(redis_url, ['full'], worker_env)
+    try:
+        assert wait_for(lambda: Worker.count(queue=q) == 1, timeout=30)
+        time.sleep(1.5)  # past the worker's start-up bookkeeping
+        # Quiet: only the worker talks to this server now (each INFO counts as one command).
+        before, started = _commands(connection), time.monotonic()
+        time.sleep(2)
+        quiet_rate = (_commands(connection) - before - 1) / (time.monotonic() - started)
+        # A producer pushing 50 jobs a second to the full queue: each push publishes, and the worker ignores them.
+        pushes_before = connection.info('commandstats')['cmdstat_evalsha']['calls']
+        started = time.monotonic()
+        while time.monotonic() - started < 2:
+            q.enqueue(jobs.plain, 1)
+            time.sleep(0.02)
+        looks = connection.info('commandstats')['cmdstat_evalsha']['calls'] - pushes_before
+        storm_rate = looks / (time.monotonic() - started)
+        assert q.count > 30  # the pushes did arrive (fewer on a loaded machine)
+        assert worker.poll() is None
+    finally:
+        stop(worker)
+    print(f'idle worker on a full queue: {quiet_rate:.1f} commands/s quiet, {storm_rate:.1f} looks/s under pushes')
+    assert quiet_rate <= 10, quiet_rate
+    assert storm_rate <= 10, storm_rate

@@ -24,6 +24,7 @@ from rq.worker import Worker
 from workers import output, start_worker, stop, wait_for
 
 from rq_policies import PolicyQueue, PolicyWorker, QueueSlot, compat, keys
+from rq_policies.testing import RedisServer
 from rq_policies.worker import HOLD_TTL_ENV
 
 
@@ -339,7 +340,18 @@ def _commands(conn: Redis) -> int:
     return int(conn.info('stats')['total_commands_processed'])
 
 
-def test_an_idle_worker_waiting_on_a_full_queue_does_not_spin(connection, redis_url, worker_env):
+@pytest.fixture
+def own_server(worker_env):
+    """A server of this test's own: the session server's command count includes every other test's leftovers."""
+    server = RedisServer().start()
+    conn = server.client()
+    yield conn, server.url, dict(worker_env, REDIS_URL=server.url)
+    conn.close()
+    server.close()
+
+
+def test_an_idle_worker_waiting_on_a_full_queue_does_not_spin(own_server):
+    connection, redis_url, worker_env = own_server
     QueueSlot.set_capacity('full', 1, connection=connection)
     q = PolicyQueue('full', connection=connection)
     assert QueueSlot.acquire('full', capacity=1, ttl=120, token='elsewhere', connection=connection)

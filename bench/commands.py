@@ -69,6 +69,30 @@ def measure(conn: Counting, label: str, ops: int, setup, action) -> dict:
             'detail': ', '.join(f'{name} {n:.2g}' for n, name in top[:6])}
 
 
+def measure_lifecycle(conn: Counting, label: str, jobs: int, worker_class, queue_class, policy, cap) -> dict:
+    """One job's whole life (enqueue, fetch, start, finish, heartbeats) through an in-process worker, per job."""
+    conn.flushdb()
+    if cap:
+        QueueSlot.set_capacity('life', cap, connection=conn)
+    q = queue_class('life', connection=conn)
+    worker = worker_class([q], connection=conn)
+    conn.config_resetstat()
+    conn.round_trips[0] = 0
+    for i in range(jobs):
+        if policy is None:
+            q.enqueue(work, i)
+        else:
+            q.enqueue(work, i, policy=policy)
+    worker.work(burst=True, logging_level='WARNING')
+    stats = conn.info('commandstats')
+    for skip in ('cmdstat_config', 'cmdstat_info', 'cmdstat_client|setname', 'cmdstat_client|list'):
+        stats.pop(skip, None)
+    calls = sum(v['calls'] for v in stats.values())
+    usec = sum(v['usec'] for v in stats.values())
+    return {'door': label, 'round_trips': conn.round_trips[0] / jobs, 'commands': calls / jobs,
+            'usec': usec / jobs, 'detail': f'{jobs} jobs through a SimpleWorker burst'}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--ops', type=int, default=2000)
@@ -142,6 +166,18 @@ def main() -> None:
         rows.append(measure(conn, 'heartbeat refresh of 1 hold (rides the beat)', n, holds(1), beat))
         for t in list(QueueSlot.HELD.snapshot()):
             QueueSlot.HELD.discard(t)
+
+        from rq import SimpleWorker
+
+        from rq_policies import PolicySimpleWorker
+
+        for label, wc, qc, pol, cap in (
+            ('lifecycle: stock rq', SimpleWorker, Queue, None, None),
+            ('lifecycle: PolicyWorker, no policy', PolicySimpleWorker, PolicyQueue, None, None),
+            ('lifecycle: PolicyWorker, Loner', PolicySimpleWorker, PolicyQueue, Loner(), None),
+            ('lifecycle: PolicyWorker, capped queue', PolicySimpleWorker, PolicyQueue, None, 10**6),
+        ):
+            rows.append(measure_lifecycle(conn, label, min(n, 500), wc, qc, pol, cap))
 
     print(f'{"door":46} {"round trips":>11} {"commands":>9} {"server us":>10}  commands per op')
     for r in rows:

@@ -25,6 +25,11 @@ class SoakWorker(PolicyWorker):
 
     hold_ttl = 10
 
+    def __init__(self, *args, **kwargs):
+        # Holds are refreshed every job_monitoring_interval, which must be shorter than hold_ttl.
+        kwargs['job_monitoring_interval'] = 3
+        super().__init__(*args, **kwargs)
+
     def execute_job(self, job, queue):
         claim = self._policy_fetcher.claim
         if claim is not None and claim.job_id == job.id:

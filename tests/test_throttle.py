@@ -62,7 +62,10 @@ def test_value_object():
 
 
 def test_combinations():
-    policy(Throttle(60), Loner())(jobs.plain)  # meaningful: at most one per slot, never piling up behind slow workers
+    def local(x):  # never a shared job function: @policy marks the function object itself
+        return x
+
+    policy(Throttle(60), Loner())(local)  # meaningful: at most one per slot, never piling up behind slow workers
     with pytest.raises(PolicyConfigurationError, match='Throttle and Debounce'):
         policy(Throttle(60), Debounce(5))
     with pytest.raises(PolicyConfigurationError, match='Debounce and Loner'):

@@ -83,7 +83,7 @@ def producer(index: int, url: str, run_dir: str, deadline: float, seed: int) -> 
                 continue
             verdict = 'admit' if job is not None else 'drop'
             out.write(json.dumps([verdict, job_id, queue, kind, identity, time.time(), called]) + '\n')
-            time.sleep(rng.uniform(0.005, 0.05))
+            time.sleep(rng.uniform(0.05, 0.25))  # below what the workers drain, so a long run can end drained
 
 
 # -- workers and chaos --------------------------------------------------------------------------------------------

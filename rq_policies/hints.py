@@ -47,6 +47,22 @@ class Hints:
                     self._items.clear()
             self._items[key] = (digest, time.monotonic() + seconds)
 
+    def confirmed(
+        self, queue: Any, policy: Any, unique_context: Any, f: Any, args: tuple, kwargs: dict
+    ) -> tuple[tuple | None, tuple[str, str, str] | None]:
+        """``(hint key, call)``: the call (see :func:`call_identity`) only when a fresh hint matches its digest.
+
+        The hint key comes back either way (None when the call cannot be hinted), for the full path to remember.
+        """
+        key = hint_key(queue.name, policy, f, args, kwargs)
+        seen = self.get(key)
+        if seen is None:
+            return key, None
+        call = call_identity(queue, unique_context, f, args, kwargs)
+        if call is None or call[1] != seen:
+            return None, None
+        return key, call
+
     def forget(self, key: tuple | None) -> None:
         if key is not None:
             self._items.pop(key, None)

@@ -12,7 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from . import keys, scripts
-from .hints import Hints, call_identity, hint_key
+from .hints import Hints
 from .policy import Loner
 
 if TYPE_CHECKING:
@@ -31,13 +31,9 @@ def quick_drop(queue: PolicyQueue, spec: PolicySet | None, f: Any, args: tuple, 
     """Returns (dropped, hint key). Applies to a Loner without Throttle or Debounce, on an asynchronous queue."""
     if spec is None or spec.get(Loner) is None or len(spec.policies) != 1 or not queue._is_async:
         return False, None
-    key = hint_key(queue.name, 'loner', f, args, kwargs)
-    seen = _hints.get(key)
-    if seen is None:
+    key, call = _hints.confirmed(queue, 'loner', spec.unique_context, f, args, kwargs)
+    if call is None:
         return False, key
-    call = call_identity(queue, spec.unique_context, f, args, kwargs)
-    if call is None or call[1] != seen:
-        return False, None
     func_name, digest, job_id = call
     dropped, holder = scripts.run(
         'loner_check',

@@ -37,7 +37,7 @@ from rq.utils import import_attribute
 
 from . import identity, keys, scripts
 from .exceptions import PolicyConfigurationError
-from .hints import Hints, call_identity, hint_key
+from .hints import Hints
 from .policy import COMBINATION_RULES, Policy, PolicySet, declared, whole_seconds
 
 if TYPE_CHECKING:
@@ -198,13 +198,9 @@ def quick_drop(queue: PolicyQueue, spec: PolicySet | None, f: Any, args: tuple, 
     throttle = spec.get(Throttle) if spec else None
     if throttle is None or throttle.trailing or not queue._is_async:
         return False, None
-    key = hint_key(queue.name, throttle.slot, f, args, kwargs)
-    seen = _hints.get(key)
-    if seen is None:
+    key, call = _hints.confirmed(queue, throttle.slot, spec.unique_context, f, args, kwargs)
+    if call is None:
         return False, key
-    call = call_identity(queue, spec.unique_context, f, args, kwargs)
-    if call is None or call[1] != seen:
-        return False, None
     func_name, digest, job_id = call
     dropped, owner, ends, _ = scripts.run(
         'throttle_check',

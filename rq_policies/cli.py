@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import threading
 from typing import Any
 
 import click
@@ -250,14 +251,16 @@ def exporter(cli_config: Any, port: int, addr: str, **options: Any) -> None:
         raise CommandError(f'cannot serve on {addr}:{port}: {exc.strerror or exc}') from None
 
     def stop(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
+        # Raising here would be wrong: the signal can land while wsgiref is inside a request, and its handler
+        # catches everything (KeyboardInterrupt included), prints it, and serves on. shutdown() must come from
+        # another thread than serve_forever's; the loop then ends within its 0.5 s poll.
+        threading.Thread(target=server.shutdown, name='exporter-stop', daemon=True).start()
 
     signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     click.echo(f'Serving rq-policies metrics on http://{addr}:{port}/metrics', err=True)
     try:
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
     finally:
         server.server_close()
 

@@ -143,13 +143,22 @@ def registry_for(connection: Redis) -> CollectorRegistry:
 
 def make_server(connection: Redis, port: int, addr: str = '0.0.0.0') -> Any:
     """A WSGI server serving ``/metrics`` for ``connection``; call ``serve_forever()`` on it (the CLI does)."""
-    from wsgiref.simple_server import WSGIRequestHandler
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
     from wsgiref.simple_server import make_server as _make_server
 
     from prometheus_client import make_wsgi_app
 
+    class _Server(ThreadingMixIn, WSGIServer):
+        # A request is served on its own daemon thread, so one stalled client neither blocks other scrapes nor
+        # keeps the exporter from stopping; the loop itself only accepts.
+        daemon_threads = True
+
     class _QuietHandler(WSGIRequestHandler):
+        timeout = 30  # a client that never finishes its request is dropped instead of holding a thread forever
+
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's signature
             logger.debug('rq-policies exporter: ' + format, *args)
 
-    return _make_server(addr, port, make_wsgi_app(registry_for(connection)), handler_class=_QuietHandler)
+    return _make_server(addr, port, make_wsgi_app(registry_for(connection)), server_class=_Server,
+                        handler_class=_QuietHandler)

@@ -98,43 +98,83 @@ def test_registering_does_not_touch_redis():
         PolicyCollector(None)
 
 
-def test_exporter_serves_metrics_over_http(connection, worker_env, redis_url):
-    QueueSlot.set_capacity('imports', 2, connection=connection)
-    assert QueueSlot.acquire('imports', 2, token='web-1', connection=connection)
+def start_exporter(worker_env, redis_url):
+    """An exporter subprocess on a free port, once it answers; returns (proc, port, first body)."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, '-m', 'rq_policies.cli', 'exporter', '--port', str(port), '--addr', '127.0.0.1',
          '--url', redis_url],
         env=worker_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            return proc, port, scrape(port)
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            if proc.poll() is not None:
+                pytest.fail(f'exporter exited: {proc.communicate()[1]}')
+            time.sleep(0.1)
+    stop_exporter(proc)
+    pytest.fail('exporter never answered')
+
+
+def scrape(port):
+    with urllib.request.urlopen(f'http://127.0.0.1:{port}/metrics', timeout=5) as response:
+        assert response.status == 200
+        assert response.headers['Content-Type'].startswith('text/plain')
+        return response.read().decode()
+
+
+def stop_exporter(proc):
+    """SIGTERM, then its stderr; a stop that takes over 10 s kills it and fails."""
+    proc.terminate()
     try:
-        body = None
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f'http://127.0.0.1:{port}/metrics', timeout=2) as response:
-                    assert response.status == 200
-                    assert response.headers['Content-Type'].startswith('text/plain')
-                    body = response.read().decode()
-                break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                assert proc.poll() is None, proc.communicate()[1]
-                time.sleep(0.1)
-        assert body is not None
+        _, err = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        pytest.fail(f'exporter did not stop on SIGTERM: {err}')
+    return err
+
+
+def test_exporter_serves_metrics_over_http(connection, worker_env, redis_url):
+    QueueSlot.set_capacity('imports', 2, connection=connection)
+    assert QueueSlot.acquire('imports', 2, token='web-1', connection=connection)
+    proc, port, body = start_exporter(worker_env, redis_url)
+    try:
         found = samples(body)
         assert value(found, 'rq_policies_redis_up') == 1
         assert value(found, 'rq_policies_queue_slots_in_use', queue='imports') == 1
         assert value(found, 'rq_policies_queue_slots_capacity', queue='imports') == 2
         # The values are read at scrape time, not at start.
         assert QueueSlot.acquire('imports', 2, token='web-2', connection=connection)
-        with urllib.request.urlopen(f'http://127.0.0.1:{port}/metrics', timeout=5) as response:
-            assert value(samples(response.read().decode()), 'rq_policies_queue_slots_in_use', queue='imports') == 2
+        assert value(samples(scrape(port)), 'rq_policies_queue_slots_in_use', queue='imports') == 2
     finally:
-        proc.terminate()
-        _, err = proc.communicate(timeout=10)
+        err = stop_exporter(proc)
     assert proc.returncode == 0
     assert 'Traceback' not in err
     assert f'http://127.0.0.1:{port}/metrics' in err
+
+
+def test_exporter_stops_and_scrapes_with_a_client_stalled_mid_request(worker_env, redis_url):
+    # CI once saw SIGTERM land while the server was inside a request: the request handler swallowed it and the
+    # exporter served on. A client that sends half a request holds a request open on purpose.
+    import socket
+
+    proc, port, _ = start_exporter(worker_env, redis_url)
+    try:
+        with socket.create_connection(('127.0.0.1', port), timeout=5) as stalled:
+            stalled.sendall(b'GET /metrics HTTP/1.1\r\nHost: x\r\n')  # no blank line: the request never ends
+            time.sleep(0.2)
+            assert 'rq_policies_redis_up' in scrape(port)  # the stalled client does not block others
+            started = time.monotonic()
+            err = stop_exporter(proc)
+            assert time.monotonic() - started < 5
+    finally:
+        if proc.poll() is None:
+            stop_exporter(proc)
+    assert proc.returncode == 0
+    assert 'Traceback' not in err
 
 
 def test_exporter_port_in_use_is_one_line(worker_env, redis_url):

@@ -175,6 +175,7 @@ class PolicyWorkerMixin:
         self.hold_ttl = self._resolve_hold_ttl()
         self._policy_fetcher = _WorkerFetcher(self.hold_ttl)
         self._pending_releases: list[Claim] = []  # finished claims whose hold is not released yet
+        self._running_claim: Claim | None = None  # the claim of the job executing now
 
     def _resolve_hold_ttl(self) -> int:
         interval = int(self.job_monitoring_interval)  # type: ignore[attr-defined]
@@ -223,6 +224,7 @@ class PolicyWorkerMixin:
 
     def execute_job(self, job: Any, queue: Any) -> Any:
         claim = self._take_claim(job)
+        self._running_claim = claim  # a forked work horse inherits it (see PolicyWorker.main_work_horse)
         try:
             result = super().execute_job(job, queue)  # type: ignore[misc]
         except BaseException:
@@ -230,6 +232,8 @@ class PolicyWorkerMixin:
             self._release_later(claim)
             self._release_now()
             raise
+        finally:
+            self._running_claim = None
         # Every other path (success, failure, retry, timeout, stop-job command, killed work horse, warm shutdown)
         # returns here after the job has ended. The release waits for the next heartbeat without a pipeline, which
         # the work loop sends right after this; rq's own heartbeats *during* the job never carry it.
@@ -308,7 +312,86 @@ class PolicyWorkerMixin:
 
 
 class PolicyWorker(PolicyWorkerMixin, Worker):
-    """rq's forking Worker, fetching through the policies: ``rq worker -w rq_policies.PolicyWorker``."""
+    """rq's forking Worker, fetching through the policies: ``rq worker -w rq_policies.PolicyWorker``.
+
+    rq runs the work horse in a process group of its own, so a worker SIGKILLed alone (``kill -9`` of its pid, an
+    OOM kill of the parent) leaves its horse running the job to the end, and the hold, no longer refreshed by the
+    worker's heartbeat, would age out under a job that still runs. The horse of a job holding a QueueSlot therefore
+    watches its parent: once orphaned, it refreshes its own hold every ``hold_ttl / 3`` seconds and releases it when
+    the job ends. The cap counts the job for as long as it actually runs (bounded by the job's timeout, which the
+    horse enforces itself).
+    """
+
+    #: How often a work horse holding a QueueSlot checks that its worker is alive (seconds; no Redis command).
+    orphan_check_seconds: float = 1.0
+
+    _horse_guard: _OrphanGuard | None = None
+
+    def execute_job(self, job: Any, queue: Any) -> Any:
+        self._worker_pid = os.getpid()  # the horse compares its parent with this (taken before the fork)
+        return super().execute_job(job, queue)
+
+    def main_work_horse(self, job: Any, queue: Any) -> None:
+        claim = self._running_claim
+        if claim is not None and claim.token is not None:
+            self._horse_guard = _OrphanGuard(self, claim, self._worker_pid)
+            self._horse_guard.start()
+        super().main_work_horse(job, queue)  # ends in os._exit
+
+    def perform_job(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().perform_job(job, queue, *args, **kwargs)
+        finally:
+            if self._horse_guard is not None:  # only ever set in a work horse
+                self._horse_guard.finish()
+
+
+class _OrphanGuard(threading.Thread):
+    """In a work horse: take over the job's hold if the worker dies, and give it back when the job ends."""
+
+    def __init__(self, worker: PolicyWorker, claim: Claim, worker_pid: int) -> None:
+        super().__init__(name='rq-policies-orphan-guard', daemon=True)
+        self.worker, self.claim, self.worker_pid = worker, claim, worker_pid
+        self.orphaned = False
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        ttl = int(self.worker.hold_ttl)  # type: ignore[arg-type]
+        last = 0.0
+        while not self._stop_event.wait(self.worker.orphan_check_seconds):
+            if not self.orphaned:
+                if os.getppid() == self.worker_pid:
+                    continue
+                self.orphaned = True
+                self.worker.log.warning(
+                    'rq-policies: worker %s died while job %s ran; its work horse keeps the QueueSlot hold on %r '
+                    'until the job ends', self.worker_pid, self.claim.job_id, self.claim.queue_name,
+                )
+            if time.monotonic() - last < ttl / 3:
+                continue
+            try:
+                refreshed = scripts.run('refresh_slots', self.worker.connection, [keys.slots(self.claim.queue_name)],
+                                        [ttl, self.claim.token])
+            except Exception:  # retried on the next tick; the hold's TTL covers the gap
+                self.worker.log.warning('rq-policies: work horse could not refresh its QueueSlot hold', exc_info=True)
+                continue
+            last = time.monotonic()
+            if not refreshed:  # it lapsed before the horse noticed: never revived, it may be someone else's now
+                self.worker.log.warning('rq-policies: the QueueSlot hold of job %s had already expired',
+                                        self.claim.job_id)
+                return
+
+    def finish(self) -> None:
+        """The job has ended: stop watching, and give the hold back if the worker is gone (else the worker does)."""
+        self._stop_event.set()
+        self.join(timeout=5)
+        if not self.orphaned and os.getppid() == self.worker_pid:
+            return
+        try:
+            QueueSlot.release(self.claim.queue_name, self.claim.token, connection=self.worker.connection)
+        except Exception:
+            self.worker.log.warning('rq-policies: work horse could not release its QueueSlot hold; it expires '
+                                    'within %s s', self.worker.hold_ttl, exc_info=True)
 
 
 class PolicySimpleWorker(PolicyWorkerMixin, SimpleWorker):

@@ -210,6 +210,40 @@ def test_a_sigkilled_worker_holds_until_its_short_ttl_runs_out(connection, redis
         stop(worker)
 
 
+def test_the_horse_of_a_worker_sigkilled_alone_keeps_its_hold_until_the_job_ends(connection, redis_url, worker_env):
+    # kill -9 of the worker's pid alone (an OOM kill of the parent): rq's horse, in a process group of its own,
+    # runs on. Its hold must outlive the TTL the dead worker can no longer refresh, and come back when the job ends.
+    QueueSlot.set_capacity('orphans', 1, connection=connection)
+    q = PolicyQueue('orphans', connection=connection)
+    env = dict(worker_env, **{HOLD_TTL_ENV: '3'})
+    first = start_worker(redis_url, ['orphans'], env, extra=['--job-monitoring-interval', '1'])
+    second = None
+    try:
+        orphan = q.enqueue(jobs.span_on_worker, 'orphans', 9)
+        assert wait_for(lambda: len(spans(connection, 'orphans')) == 1)
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        killed_at = time.monotonic()
+        # A second worker and a second job: it may only start once the orphan's job has ended.
+        second = start_worker(redis_url, ['orphans'], env, extra=['--job-monitoring-interval', '1'])
+        q.enqueue(jobs.span_on_worker, 'orphans', 0.5)
+        time.sleep(6)  # twice the TTL the dead worker can no longer refresh
+        assert QueueSlot.in_use('orphans', connection=connection) == 1, output(second)
+        assert wait_for(lambda: len([s for s in spans(connection, 'orphans').values() if s[1]]) == 2, timeout=20)
+        records = spans(connection, 'orphans')
+        assert peak(records) == 1, records
+        ended = records[orphan.id][1]
+        (other,) = [r for job_id, r in records.items() if job_id != orphan.id]
+        assert other[0] >= ended  # started after the orphan ended...
+        assert other[0] - ended < 2  # ...and promptly: the horse gave its hold back, nobody waited for the TTL
+        assert Job.fetch(orphan.id, connection=connection).get_status() == JobStatus.FINISHED
+        assert time.monotonic() - killed_at > 6
+    finally:
+        stop(first)
+        if second is not None:
+            stop(second)
+
+
 def test_rolling_restart_never_runs_the_queue_over_its_cap(connection, redis_url, worker_env):
     QueueSlot.set_capacity('rolling', 2, connection=connection)
     q = PolicyQueue('rolling', connection=connection)

@@ -106,12 +106,14 @@ def children(pid: int) -> list[int]:
     return [int(p) for p in text.split()]
 
 
-def alive(pid: int) -> bool:
+def alive(pid: int, start: str) -> bool:
+    """Is this process (pid and start time) alive and not a zombie? A reused pid is another process."""
     try:
         with open(f'/proc/{pid}/stat') as f:
-            return f.read().split(') ', 1)[1][0] != 'Z'
+            fields = f.read().rsplit(') ', 1)[1].split()
     except OSError:
         return False
+    return fields[0] != 'Z' and fields[19] == start
 
 
 class Chaos:
@@ -120,6 +122,8 @@ class Chaos:
         self.counter = 0
         self.procs: list[subprocess.Popen] = []
         self.events: dict[str, int] = defaultdict(int)
+        self.asked: set[int] = set()  # workers the chaos told to stop or killed
+        self.died_unasked = 0
         # One worker runs rq's scheduler (trailing and debounced jobs) and is never a victim: rq takes over a dead
         # scheduler's lock only after the lock expires and in maintenance, which is rq's recovery, not ours.
         self.scheduler = self.spawn(scheduler=True)
@@ -136,6 +140,8 @@ class Chaos:
         for proc in list(self.procs):
             if proc.poll() is not None:
                 self.procs.remove(proc)
+                if proc.pid not in self.asked:
+                    self.died_unasked += 1
                 if proc is self.scheduler:
                     self.scheduler = self.spawn(scheduler=True)
                 else:
@@ -147,6 +153,8 @@ class Chaos:
             return
         victim = self.rng.choice(live)
         action = self.rng.choice(('kill_horse', 'kill_horse', 'kill_worker', 'warm', 'cold'))
+        if action != 'kill_horse':
+            self.asked.add(victim.pid)
         if action == 'kill_horse':
             horses = children(victim.pid)
             if not horses:
@@ -176,22 +184,28 @@ class Chaos:
 
 
 def watch_horses(run_dir: Path, stop: multiprocessing.Event) -> None:
-    """Every 10 ms, note the last moment each running job's horse was seen alive (end of a killed job)."""
-    seen: dict[int, float] = {}
+    """Every 10 ms, note the last moment each running job's horse was seen alive (end of a killed job).
+
+    A horse is its pid and start time (the name of its record file), so a pid reused later is not taken for it.
+    """
+    seen: dict[str, float] = {}  # 'pid-start' -> last seen alive
+    live: set[str] = set()
     last_scan = 0.0
-    starts: dict[int, str] = {}
     while not stop.is_set():
         now = time.time()
         if now - last_scan > 0.05:
             last_scan = now
             for path in run_dir.glob('jobs-*.log'):
-                pid = int(path.stem.split('-')[1])
-                if pid not in starts:
-                    starts[pid] = path.name
-                    seen[pid] = now
-        for pid in list(seen):
-            if alive(pid):
-                seen[pid] = time.time()
+                horse = path.stem.split('-', 1)[1]
+                if horse not in seen:
+                    seen[horse] = now
+                    live.add(horse)
+        for horse in list(live):
+            pid, start = horse.split('-')
+            if alive(int(pid), start):
+                seen[horse] = time.time()
+            else:
+                live.discard(horse)  # a process does not come back
         time.sleep(0.01)
     (run_dir / 'horses.json').write_text(json.dumps(seen))
 
@@ -218,24 +232,27 @@ def read_records(run_dir: Path):
 
 def check(conn: Redis, run_dir: Path, policy_keys_left: list[str]) -> dict:
     produced, started, ended, popped = read_records(run_dir)
-    horses = {int(k): v for k, v in json.loads((run_dir / 'horses.json').read_text()).items()}
+    horses = json.loads((run_dir / 'horses.json').read_text())  # 'pid-start' -> last seen alive
     results: dict = {}
 
     # cap
     events = []
     for job_id, runs in started.items():
         for run in runs:
-            queue, pid, t0 = run[2], run[5], run[6]
+            queue, pid, t0, horse = run[2], run[5], run[6], run[7]
             if queue != 'soak_capped':
                 continue
             ends = [e[2] for e in ended.get(job_id, []) if e[3] == pid]
-            t1 = ends[0] if ends else horses.get(pid, t0)
-            events += [(t0, 1), (t1, -1)]
-    running = peak = 0
-    for _, delta in sorted(events, key=lambda e: (e[0], e[1])):
+            span = (job_id, horse, t0, ends[0] if ends else horses.get(horse, t0), 'record' if ends else 'last seen')
+            events += [(t0, 1, span), (span[3], -1, span)]
+    running, peak, over, open_spans = 0, 0, [], set()
+    for at, delta, span in sorted(events, key=lambda e: (e[0], e[1])):
         running += delta
+        (open_spans.add if delta > 0 else open_spans.discard)(span)
         peak = max(peak, running)
-    results['cap'] = {'ok': peak <= CAP, 'peak': peak, 'cap': CAP, 'runs': len(events) // 2}
+        if running > CAP and len(over) < 5:  # the evidence: which runs overlapped, and how each one's end is known
+            over.append({'at': at, 'runs': sorted(open_spans, key=lambda sp: sp[2])})
+    results['cap'] = {'ok': peak <= CAP, 'peak': peak, 'cap': CAP, 'runs': len(events) // 2, 'over': over}
 
     # lost
     recoverable = set()
@@ -388,8 +405,7 @@ def run(seconds: float, producers: int = 3, workers: int = 4, seed: int = 1, res
         results['ok'] = all(v.get('ok', True) for v in results.values() if isinstance(v, dict)) and drained
         # A worker that dies at start (a bad setting) would make a soak that proves nothing: respawns are chaos only.
         # (rq's own work loop also quits on a Redis error in the middle of a job, so the restart accounts for some.)
-        asked = sum(chaos.events[kind] for kind in ('kill_worker', 'warm', 'cold'))
-        results['run']['workers_died_unasked'] = chaos.counter - workers - asked
+        results['run']['workers_died_unasked'] = chaos.died_unasked
         return results
     finally:
         stop_watch.set()

@@ -39,11 +39,19 @@ class SoakWorker(PolicyWorker):
         return super().execute_job(job, queue)
 
 
+def process_start(pid: int | str) -> str:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat): with the pid, it names one
+    process even after the pid is reused (pid_max is often 32768, and a long soak forks more horses than that)."""
+    with open(f'/proc/{pid}/stat') as f:
+        return f.read().rsplit(') ', 1)[1].split()[19]
+
+
 def _record(kind: str, identity: str, seconds: float) -> str:
     job = get_current_job()
-    path = os.path.join(os.environ['SOAK_RUN_DIR'], f'jobs-{os.getpid()}.log')
+    horse = f'{os.getpid()}-{process_start("self")}'
+    path = os.path.join(os.environ['SOAK_RUN_DIR'], f'jobs-{horse}.log')
     with open(path, 'a') as f:
-        f.write(json.dumps(['start', job.id, job.origin, kind, identity, os.getpid(), time.time()]) + '\n')
+        f.write(json.dumps(['start', job.id, job.origin, kind, identity, os.getpid(), time.time(), horse]) + '\n')
     time.sleep(seconds)
     with open(path, 'a') as f:
         f.write(json.dumps(['end', job.id, time.time(), os.getpid()]) + '\n')

@@ -46,11 +46,7 @@ if loner then
     return {0, holder}
   end
   -- Free, stale, or our own (a replayed call): take it.
-  if ttl > 0 then
-    rcall('SET', KEYS[4], jid, 'EX', ttl)
-  else
-    rcall('SET', KEYS[4], jid)
-  end
+  take_marker(KEYS[4], jid, ttl)
 end
 
 save_job(KEYS[1], KEYS[2], KEYS[3], queue_key, jid, mode, score, ttl, unpack_fields(ARGV[10]))

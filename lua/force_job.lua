@@ -72,11 +72,7 @@ rcall('DEL', KEYS[3])
 if loner then
   local holder = rcall('GET', KEYS[8])
   if not (holder and holder ~= jid and holder_waiting(job_prefix, holder)) then
-    if ttl > 0 then
-      rcall('SET', KEYS[8], jid, 'EX', ttl)
-    else
-      rcall('SET', KEYS[8], jid)
-    end
+    take_marker(KEYS[8], jid, ttl)
   end
 end
 

@@ -71,13 +71,7 @@ end
 
 set_until(key, jid, ends, now)
 if mode ~= 'N' then
-  if loner then
-    if ttl > 0 then
-      rcall('SET', KEYS[5], jid, 'EX', ttl)
-    else
-      rcall('SET', KEYS[5], jid)
-    end
-  end
+  if loner then take_marker(KEYS[5], jid, ttl) end
   save_job(KEYS[2], KEYS[3], KEYS[4], queue_key, jid, mode, score, ttl, {unpack(ARGV, 12)})
   if mode == 'R' or mode == 'L' then
     rcall('PUBLISH', ARGV[11], jid)

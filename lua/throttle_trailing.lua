@@ -71,14 +71,6 @@ end
 
 local replaceable = pending and pending_at(KEYS[5], pending, now)
 
-local function take_marker()
-  if ttl > 0 then
-    rcall('SET', KEYS[7], jid, 'EX', ttl)
-  else
-    rcall('SET', KEYS[7], jid)
-  end
-end
-
 if loner then
   local holder = rcall('GET', KEYS[7])
   if holder and holder ~= jid and holder_waiting(job_prefix, holder)
@@ -92,7 +84,7 @@ local fields = {unpack(ARGV, 11)}
 
 if not owner then
   set_until(key, jid, ends, now)
-  if loner then take_marker() end
+  if loner then take_marker(KEYS[7], jid, ttl) end
   local dest = KEYS[4]
   if mode == 'S' then dest = KEYS[5] end
   save_job(KEYS[3], dest, KEYS[6], queue_key, jid, mode, score, ttl, fields)
@@ -111,7 +103,7 @@ local run_at = ends
 if mode == 'S' and score > run_at then run_at = score end
 save_job(KEYS[3], KEYS[5], KEYS[6], queue_key, jid, 'S', run_at, ttl, fields)
 mark_scheduled(KEYS[3])
-if loner then take_marker() end
+if loner then take_marker(KEYS[7], jid, ttl) end
 set_until(KEYS[2], jid, run_at, now)
 set_until(slot_key(KEYS[1], index + 1), jid, ends + width, now)
 return {2, jid, run_at, nowstr, superseded}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import multiprocessing
 from datetime import datetime, timedelta, timezone
 
 import jobs
@@ -12,6 +11,7 @@ from rq import Queue
 from rq.decorators import job as job_decorator
 from rq.job import Job, JobStatus
 from rq.registry import ScheduledJobRegistry
+from workers import race
 
 from rq_policies import Loner, PipelineNotSupported, PolicyQueue, PolicySimpleWorker, keys
 
@@ -185,26 +185,8 @@ def test_deferred_job_holds_identity(connection):
     assert q.enqueue(jobs.sweep_cache, 1) is not None
 
 
-def _race(url, barrier, results):
-    from redis import Redis
-
-    conn = Redis.from_url(url)
-    q = PolicyQueue('race', connection=conn)
-    barrier.wait()
-    job = q.enqueue(jobs.sweep_cache, 42)
-    results.put(job.id if job else None)
-
-
 def test_sixteen_processes_one_job(connection, redis_url):
-    ctx = multiprocessing.get_context('fork')
-    barrier = ctx.Barrier(16)
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_race, args=(redis_url, barrier, results)) for _ in range(16)]
-    for p in procs:
-        p.start()
-    outcomes = [results.get(timeout=30) for _ in procs]
-    for p in procs:
-        p.join(10)
+    outcomes = race(redis_url, 'race', jobs.sweep_cache, 42)
     winners = [o for o in outcomes if o]
     assert len(winners) == 1
     assert PolicyQueue('race', connection=connection).job_ids == winners

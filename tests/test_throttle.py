@@ -15,6 +15,7 @@ from rq.decorators import job as job_decorator
 from rq.job import Job, JobStatus
 from rq.registry import ScheduledJobRegistry
 from throttle_helpers import WorkerProcess, ran, server_now, wait_for_phase, wait_for_runs
+from workers import race
 
 from rq_policies import (
     Debounce,
@@ -252,26 +253,8 @@ def test_no_throttle_key_left_after_a_burst(connection):
     assert connection.info('keyspace').get('db0', {}).get('expires', 0) == 0  # gone from memory, not just hidden
 
 
-def _race(url, barrier, results):
-    from redis import Redis
-
-    conn = Redis.from_url(url)
-    q = PolicyQueue('race', connection=conn)
-    barrier.wait()
-    job = q.enqueue(tj.poll_minute, 42)
-    results.put(job.id if job else None)
-
-
 def test_processes_racing_on_one_slot_make_one_winner(connection, redis_url):
-    ctx = multiprocessing.get_context('fork')
-    barrier = ctx.Barrier(16)
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_race, args=(redis_url, barrier, results)) for _ in range(16)]
-    for p in procs:
-        p.start()
-    outcomes = [results.get(timeout=30) for _ in procs]
-    for p in procs:
-        p.join(10)
+    outcomes = race(redis_url, 'race', tj.poll_minute, 42)
     winners = [o for o in outcomes if o]
     assert len(winners) == 1
     assert PolicyQueue('race', connection=connection).job_ids == winners

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -30,6 +31,32 @@ def output(proc: subprocess.Popen) -> str:
     """What the worker printed (for assertion messages)."""
     with open(proc.log_path, errors='replace') as f:  # type: ignore[attr-defined]
         return f.read()[-4000:]
+
+
+def _race_one(url, queue, func, args, barrier, results):
+    from redis import Redis
+
+    from rq_policies import PolicyQueue
+
+    q = PolicyQueue(queue, connection=Redis.from_url(url))
+    barrier.wait()
+    job = q.enqueue(func, *args)
+    results.put(job.id if job else None)
+
+
+def race(url: str, queue: str, func: Callable, *args, processes: int = 16) -> list[str | None]:
+    """``processes`` forked processes enqueue ``func(*args)`` on ``queue`` at once (a barrier releases them
+    together); returns each one's job id, or None where it was dropped."""
+    ctx = multiprocessing.get_context('fork')
+    barrier = ctx.Barrier(processes)
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_race_one, args=(url, queue, func, args, barrier, results)) for _ in range(processes)]
+    for p in procs:
+        p.start()
+    outcomes = [results.get(timeout=30) for _ in procs]
+    for p in procs:
+        p.join(10)
+    return outcomes
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 20.0, interval: float = 0.05) -> bool:

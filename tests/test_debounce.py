@@ -14,6 +14,7 @@ from rq import Queue
 from rq.job import Job, JobStatus
 from rq.registry import ScheduledJobRegistry
 from throttle_helpers import WorkerProcess, ran, server_now, wait_for_runs
+from workers import race
 
 from rq_policies import Debounce, PolicyConfigurationError, PolicyQueue, PolicySimpleWorker, identity, keys, scripts
 
@@ -145,6 +146,17 @@ def test_every_door(connection):
     assert [m for m, _ in pending(connection, q)] == [many[1].id]
     assert q.enqueue('throttle_jobs.reindex_slow', 1, 'f') is not None
     assert len(pending(connection, q)) == 1
+
+
+def test_processes_racing_leave_one_pending_job(connection, redis_url):
+    outcomes = race(redis_url, 'index', lambda q: q.enqueue(tj.reindex_slow, 1, 'v'))
+    assert all(outcomes), outcomes  # a debounced enqueue is never dropped: it replaces
+    q = PolicyQueue('index', connection=connection)
+    [(member, _)] = pending(connection, q)
+    assert member in outcomes
+    left = [job_id for job_id in outcomes if connection.exists(f'rq:job:{job_id}')]
+    assert left == [member]
+    assert connection.exists(state_key('index', 1)) == 1
 
 
 def test_refusals_write_nothing(connection):

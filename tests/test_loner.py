@@ -186,10 +186,30 @@ def test_deferred_job_holds_identity(connection):
 
 
 def test_sixteen_processes_one_job(connection, redis_url):
-    outcomes = race(redis_url, 'race', jobs.sweep_cache, 42)
+    outcomes = race(redis_url, 'race', lambda q: q.enqueue(jobs.sweep_cache, 42))
     winners = [o for o in outcomes if o]
     assert len(winners) == 1
     assert PolicyQueue('race', connection=connection).job_ids == winners
+
+
+@pytest.mark.parametrize('door', ['enqueue_in', 'enqueue_many', 'delay', 'depends_on'])
+def test_sixteen_processes_one_waiting_job_at_every_door(connection, redis_url, door):
+    parent = PolicyQueue('race', connection=connection).enqueue(jobs.plain, 0) if door == 'depends_on' else None
+    calls = {
+        'enqueue_in': lambda q: q.enqueue_in(timedelta(minutes=5), jobs.sweep_cache, 42),
+        'enqueue_many': lambda q: q.enqueue_many([PolicyQueue.prepare_data(jobs.sweep_cache, (42,))])[0],
+        'delay': lambda q: job_decorator(q, connection=q.connection)(jobs.sweep_cache).delay(42),
+        'depends_on': lambda q: q.enqueue(jobs.sweep_cache, 42, depends_on=parent.id),
+    }
+    outcomes = race(redis_url, 'race', calls[door])
+    winners = [o for o in outcomes if o]
+    assert len(winners) == 1, outcomes
+    q = PolicyQueue('race', connection=connection)
+    assert q.holder(jobs.sweep_cache, 42) == winners[0]
+    # Exactly one job hash of sweep_cache was written: a loser leaves nothing behind.
+    written = [key for key in connection.scan_iter('rq:job:*') if b':' not in key[len('rq:job:'):]]
+    funcs = [Job.fetch(key.decode()[len('rq:job:'):], connection=connection).func_name for key in written]
+    assert funcs.count('jobs.sweep_cache') == 1
 
 
 def test_stock_worker_with_policy_queue_class_fetches_as_stock(connection):

@@ -254,7 +254,7 @@ def test_no_throttle_key_left_after_a_burst(connection):
 
 
 def test_processes_racing_on_one_slot_make_one_winner(connection, redis_url):
-    outcomes = race(redis_url, 'race', tj.poll_minute, 42)
+    outcomes = race(redis_url, 'race', lambda q: q.enqueue(tj.poll_minute, 42))
     winners = [o for o in outcomes if o]
     assert len(winners) == 1
     assert PolicyQueue('race', connection=connection).job_ids == winners
@@ -379,6 +379,22 @@ def test_trailing_extras_replace_each_other(connection, caplog):
     assert q.job_ids == [winner.id]
     assert q.job_ids == [winner.id]
     assert connection.hget(keys.DROPS, 'throttle:progress') is None  # nothing was dropped
+
+
+def test_processes_racing_as_extras_leave_one_pending_trailing_job(connection, redis_url):
+    q = PolicyQueue('progress', connection=connection)
+    wait_for_phase(connection, 60, 0.5, 50)
+    winner = q.enqueue(tj.publish_minute, 1, 'lead')
+    outcomes = race(redis_url, 'progress', lambda q: q.enqueue(tj.publish_minute, 1, 'extra'))
+    assert all(outcomes), outcomes  # an extra of a trailing throttle is never dropped: it becomes the pending one
+    registry = ScheduledJobRegistry(queue=q)
+    [pending] = registry.get_job_ids()
+    assert pending in outcomes
+    assert connection.get(keys.trailing('progress', digest_of_context(1))) == pending.encode()
+    # Every superseded extra was deleted: one job hash per identity is left besides the leading one.
+    left = [job_id for job_id in outcomes if connection.exists(f'rq:job:{job_id}')]
+    assert left == [pending]
+    assert q.job_ids == [winner.id]
 
 
 def digest_of_context(task_id) -> str:

@@ -33,24 +33,25 @@ def output(proc: subprocess.Popen) -> str:
         return f.read()[-4000:]
 
 
-def _race_one(url, queue, func, args, barrier, results):
+def _race_one(url, queue, call, barrier, results):
     from redis import Redis
 
     from rq_policies import PolicyQueue
 
     q = PolicyQueue(queue, connection=Redis.from_url(url))
     barrier.wait()
-    job = q.enqueue(func, *args)
+    job = call(q)
     results.put(job.id if job else None)
 
 
-def race(url: str, queue: str, func: Callable, *args, processes: int = 16) -> list[str | None]:
-    """``processes`` forked processes enqueue ``func(*args)`` on ``queue`` at once (a barrier releases them
-    together); returns each one's job id, or None where it was dropped."""
+def race(url: str, queue: str, call: Callable, processes: int = 16) -> list[str | None]:
+    """``processes`` forked processes each run ``call(PolicyQueue(queue))`` at once (a barrier releases them
+    together; ``call`` may be a lambda, as the processes are forked); returns each one's job id, or None where its
+    enqueue was dropped."""
     ctx = multiprocessing.get_context('fork')
     barrier = ctx.Barrier(processes)
     results = ctx.Queue()
-    procs = [ctx.Process(target=_race_one, args=(url, queue, func, args, barrier, results)) for _ in range(processes)]
+    procs = [ctx.Process(target=_race_one, args=(url, queue, call, barrier, results)) for _ in range(processes)]
     for p in procs:
         p.start()
     outcomes = [results.get(timeout=30) for _ in procs]

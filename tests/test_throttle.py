@@ -91,7 +91,7 @@ def test_slot_script_direct(connection):
     assert ends % 3600 == 0 and now < ends <= now + 3600  # the epoch-aligned slot the server clock is in
     key = f'{prefix}{int(ends) // 3600 - 1}'
     assert connection.get(key) == b'j1'
-    assert 0 < connection.pttl(key) <= (ends - now) * 1000 + 1  # expires when the slot ends
+    assert 0 < connection.pttl(key) <= (ends - now) * 1000 + 2  # expires when the slot ends (2 ms: see test_debounce)
     assert claim('j2')[:3] == [0, b'j1', ends]
     assert claim('j1')[:3] == [1, b'j1', ends]  # replay
     assert connection.hget(keys.DROPS, 'throttle:q') == b'1'

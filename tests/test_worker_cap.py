@@ -262,7 +262,16 @@ def test_rolling_restart_never_runs_the_queue_over_its_cap(connection, redis_url
             worker.send_signal(signal.SIGTERM)
         for worker in old:
             assert worker.wait(30) == 0, output(worker)
-        assert wait_for(lambda: connection.llen('test:span:rolling') == 24, timeout=60)
+
+        # Every job ends, or sits on the intermediate list: SIGTERM reaching an idle worker right after its fetch
+        # raises rq's StopRequested before the job starts, and rq's maintenance recovers such a job (as in the soak).
+        def settled():
+            ended = sum(1 for r in spans(connection, 'rolling').values() if r[1] is not None)
+            started = len(spans(connection, 'rolling'))
+            return started == ended and ended + connection.llen(q.intermediate_queue_key) == 12
+
+        assert wait_for(settled, timeout=60), (spans(connection, 'rolling'), output(new[0]))
+        assert connection.llen(q.intermediate_queue_key) <= len(old)  # at most one per stopped worker
     finally:
         for worker in old + new:
             stop(worker)

@@ -24,7 +24,7 @@ from rq.registry import ScheduledJobRegistry
 
 from . import keys, scripts
 from .exceptions import PolicyConfigurationError
-from .policy import COMBINATION_RULES, Loner, Policy, whole_seconds
+from .policy import AdmissionPolicy, Policy, whole_seconds
 
 if TYPE_CHECKING:
     from .queue import JobWrite, PolicyQueue
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger('rq_policies')
 
 
-class Debounce(Policy):
+class Debounce(AdmissionPolicy):
     """Run the job ``wait`` seconds after the last enqueue of its identity, with the last payload.
 
     Example::
@@ -46,6 +46,7 @@ class Debounce(Policy):
     """
 
     name: ClassVar[str] = 'debounce'
+    rank: ClassVar[int] = 30
 
     def __init__(self, wait: int, max_wait: int | None = None) -> None:
         self.wait = whole_seconds('wait', wait)
@@ -58,18 +59,13 @@ class Debounce(Policy):
     def __repr__(self) -> str:
         return f'Debounce({self.wait}{f", max_wait={self.max_wait}" if self.max_wait is not None else ""})'
 
-
-def _debounce_and_loner(policies: tuple[Policy, ...]) -> str | None:
-    kinds = {type(p) for p in policies}
-    if Debounce in kinds and Loner in kinds:
-        return (
-            'Debounce and Loner cannot be combined: Debounce already keeps one pending job per identity and replaces '
-            'it with the latest payload; Loner would drop the very replacements a debounce exists to keep.'
-        )
-    return None
-
-
-COMBINATION_RULES.append(_debounce_and_loner)
+    def conflicts(self, others: tuple[Policy, ...]) -> str | None:
+        if any(other.name == 'loner' for other in others):
+            return (
+                'Debounce and Loner cannot be combined: Debounce already keeps one pending job per identity and '
+                'replaces it with the latest payload; Loner would drop the very replacements a debounce exists to keep.'
+            )
+        return None
 
 
 def _text(value: Any) -> str:

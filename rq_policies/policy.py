@@ -46,11 +46,42 @@ def whole_seconds(name: str, value: Any) -> int:
     return positive_int(name, value, MAX_SECONDS)
 
 
-class Policy:
-    """Base class of every policy. Subclasses are small immutable value objects."""
+#: The two kinds of policy. An *admission* policy decides at enqueue, in the admission script, whether (and how) a
+#: job is written; a *fetch* policy decides at fetch, in the fetch script, whether a worker may take a job now.
+ADMISSION = 'admission'
+FETCH = 'fetch'
 
-    #: Short name used in logs, drop counters and metrics labels.
+_REGISTRY: dict[str, type[Policy]] = {}
+
+
+class Policy:
+    """Base class of every policy. Subclasses are small immutable value objects (or, for a policy whose settings
+    live in Redis, such as QueueSlot, a namespace of classmethods) that register themselves by :attr:`name`.
+
+    The glue (queue, worker, state, metrics, cli) never names a policy: it iterates :func:`registered` and calls the
+    hooks below, each of which a policy overrides where it has something to say. A new policy is its own module (the
+    class and its hooks), its own Lua part (``lua/policies/<name>.lua``) and its own test file; registering is
+    defining the class.
+    """
+
+    #: The one name of the policy: drop counters, metrics labels, ``info``, logs and the Lua part's file name.
     name: ClassVar[str] = 'policy'
+    #: :data:`ADMISSION` or :data:`FETCH`; a class without a kind (a base class) is not registered.
+    kind: ClassVar[str] = ''
+    #: The order in which admission checks run (lower first): a throttle window is tested before a loner marker, so
+    #: a drop names the window's owner whenever the window is held.
+    rank: ClassVar[int] = 100
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not cls.kind or 'name' not in cls.__dict__:
+            return
+        known = _REGISTRY.get(cls.name)
+        if known is not None and known.__qualname__ != cls.__qualname__:
+            raise PolicyConfigurationError(
+                f'policy name {cls.name!r} is taken by {known.__module__}.{known.__qualname__}: pick another name'
+            )
+        _REGISTRY[cls.name] = cls
 
     def __repr__(self) -> str:
         return f'{type(self).__name__}()'
@@ -61,8 +92,46 @@ class Policy:
     def __hash__(self) -> int:
         return hash((type(self), tuple(sorted(vars(self).items()))))
 
+    # -- hooks the glue calls through the registry (each a no-op here) --------------------------------------------
 
-class Loner(Policy):
+    def conflicts(self, others: tuple[Policy, ...]) -> str | None:
+        """Why this policy cannot be declared together with ``others`` (the whole declared tuple), or None."""
+        return None
+
+    @classmethod
+    def identity_families(cls) -> tuple[Any, ...]:
+        """The per-identity key families this policy writes (:class:`rq_policies.keys.Family`), for info and reset."""
+        return ()
+
+
+def registered(kind: str | None = None) -> list[type[Policy]]:
+    """Every registered policy class (of one kind when ``kind`` is given), in rank order, then by name."""
+    return sorted(
+        (cls for cls in _REGISTRY.values() if kind is None or cls.kind == kind), key=lambda cls: (cls.rank, cls.name)
+    )
+
+
+def by_name(name: str) -> type[Policy]:
+    """The registered policy class called ``name``; KeyError names the known ones."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f'no policy named {name!r}; registered: {sorted(_REGISTRY)}') from None
+
+
+class AdmissionPolicy(Policy):
+    """A policy decided at enqueue, in the admission script (Loner, Throttle, Debounce)."""
+
+    kind: ClassVar[str] = ADMISSION
+
+
+class FetchPolicy(Policy):
+    """A policy decided at fetch, in the fetch script (QueueSlot)."""
+
+    kind: ClassVar[str] = FETCH
+
+
+class Loner(AdmissionPolicy):
     """One job per identity per queue while it waits (resque-loner's unique jobs).
 
     The identity is held from the enqueue until a PolicyWorker takes the job (or it is deleted, cancelled or removed
@@ -71,6 +140,7 @@ class Loner(Policy):
     """
 
     name: ClassVar[str] = 'loner'
+    rank: ClassVar[int] = 50
 
 
 @dataclass(frozen=True)
@@ -105,14 +175,10 @@ class PolicySet:
 
 P = TypeVar('P', bound=Policy)
 
-#: Combination rules, extended by policy modules as they are added: each is ``policies -> error message or None``.
-COMBINATION_RULES: list[Callable[[tuple[Policy, ...]], str | None]] = []
-
-
 def check_combination(policies: tuple[Policy, ...]) -> None:
-    """Refuse combinations that mean nothing, with the reason."""
-    for rule in COMBINATION_RULES:
-        message = rule(policies)
+    """Refuse combinations that mean nothing, with the reason each policy's :meth:`Policy.conflicts` gives."""
+    for item in policies:
+        message = item.conflicts(policies)
         if message:
             raise PolicyConfigurationError(f'policy: {message}')
 

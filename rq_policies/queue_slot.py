@@ -22,12 +22,12 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from typing import Any
+from typing import Any, ClassVar
 
 from redis import Redis
 
 from . import keys, scripts
-from .policy import MAX_CAPACITY, positive_int, whole_seconds
+from .policy import MAX_CAPACITY, FetchPolicy, positive_int, whole_seconds
 
 #: Payloads published on ``rq:policies:wake:<queue>`` besides a pushed job's id (see ``lua/enqueue_job.lua``). A
 #: waiting worker treats a push to a queue it found full as no news; these two always wake it.
@@ -74,8 +74,14 @@ class _Held:
             return dict(self._holds)
 
 
-class QueueSlot:
-    """The slot ledger on its own: capacity, holds, tokens. Fetching under a cap is PolicyWorker's job."""
+class QueueSlot(FetchPolicy):
+    """The slot ledger on its own: capacity, holds, tokens. Fetching under a cap is PolicyWorker's job.
+
+    A fetch policy whose settings live in Redis (the cap per queue), so it is used through classmethods rather than
+    declared on a function.
+    """
+
+    name: ClassVar[str] = 'queue_slot'
 
     #: Seconds a hold survives unrefreshed. rq's worker beats every ``job_monitoring_interval`` (30 s by default)
     #: while a job runs and gives its own key ``job_monitoring_interval + 60`` seconds; a hold outlives a missed beat

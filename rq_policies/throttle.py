@@ -38,7 +38,7 @@ from rq.utils import import_attribute
 from . import identity, keys, scripts
 from .exceptions import PolicyConfigurationError
 from .hints import Hints
-from .policy import COMBINATION_RULES, Policy, PolicySet, declared, whole_seconds
+from .policy import AdmissionPolicy, Policy, PolicySet, declared, whole_seconds
 
 if TYPE_CHECKING:
     from .queue import JobWrite, PolicyQueue
@@ -70,7 +70,7 @@ class Outcome:
     slot_ends_at: float
 
 
-class Throttle(Policy):
+class Throttle(AdmissionPolicy):
     """At most one job per identity per ``slot`` seconds, slots aligned to the Unix epoch (server clock).
 
     Example::
@@ -92,6 +92,7 @@ class Throttle(Policy):
     """
 
     name: ClassVar[str] = 'throttle'
+    rank: ClassVar[int] = 20
 
     def __init__(self, slot: int, trailing: bool = False) -> None:
         self.slot = whole_seconds('slot', slot)
@@ -101,6 +102,14 @@ class Throttle(Policy):
 
     def __repr__(self) -> str:
         return f'Throttle({self.slot}{", trailing=True" if self.trailing else ""})'
+
+    def conflicts(self, others: tuple[Policy, ...]) -> str | None:
+        if any(other.name == 'debounce' for other in others):
+            return (
+                'Throttle and Debounce cannot be combined: a throttle keeps the first job of each slot and a debounce '
+                'the last of each burst. Pick one; Throttle(slot, trailing=True) keeps the last of each slot as well.'
+            )
+        return None
 
     @classmethod
     def admit(cls, job: Job, slot: int, connection: Any = None) -> Outcome:
@@ -151,24 +160,6 @@ def _declared_spec(job: Job) -> PolicySet | None:
         except (ImportError, AttributeError, ValueError):
             return None
     return declared(target)
-
-
-# -- combination rules ---------------------------------------------------------------------------------------------
-
-
-def _throttle_and_debounce(policies: tuple[Policy, ...]) -> str | None:
-    from .debounce import Debounce
-
-    kinds = {type(p) for p in policies}
-    if Throttle in kinds and Debounce in kinds:
-        return (
-            'Throttle and Debounce cannot be combined: a throttle keeps the first job of each slot and a debounce the '
-            'last of each burst. Pick one; Throttle(slot, trailing=True) keeps the last of each slot as well.'
-        )
-    return None
-
-
-COMBINATION_RULES.append(_throttle_and_debounce)
 
 
 # -- the fast path for an extra that is expected to lose -----------------------------------------------------------

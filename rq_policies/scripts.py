@@ -18,6 +18,9 @@ from typing import Any
 from redis.commands.core import Script
 
 _INCLUDE = re.compile(r'^--\s*@include\s+"([^"]+)"\s*$', re.MULTILINE)
+#: ``-- @policies`` in a framework script (admit.lua, fetch.lua) includes every policy's part, ``lua/policies/*.lua``,
+#: so a new policy adds its file and no framework script changes.
+_POLICIES = re.compile(r'^--\s*@policies\s*$', re.MULTILINE)
 _lock = threading.Lock()
 _cache: dict[str, Script] = {}
 
@@ -26,7 +29,7 @@ def _lua_root() -> Any:
     """The folder holding the scripts: the installed ``rq_policies.lua`` package data, or ``lua/`` in a checkout."""
     try:
         root = resources.files('rq_policies.lua')
-        if root.joinpath('enqueue_job.lua').is_file():
+        if root.joinpath('lib', 'codec.lua').is_file():
             return root
     except (ModuleNotFoundError, TypeError):
         pass
@@ -43,7 +46,11 @@ def source(name: str) -> str:
         text = root.joinpath(rel).read_text(encoding='utf-8')
         return _INCLUDE.sub(lambda m: read(m.group(1), seen + (rel,)), text)
 
-    return read(f'{name}.lua', ())
+    text = read(f'{name}.lua', ())
+    if _POLICIES.search(text):
+        parts = sorted(item.name for item in root.joinpath('policies').iterdir() if item.name.endswith('.lua'))
+        text = _POLICIES.sub(lambda _: '\n'.join(read(f'policies/{part}', (name,)) for part in parts), text)
+    return text
 
 
 def script(name: str) -> Script:

@@ -1,0 +1,80 @@
+"""The one place that builds a script's KEYS and ARGV: by name, never by position with blanks.
+
+Every script takes the keys it touches in KEYS (so a Redis ACL or a proxy sees them) and everything else in one
+structured argument, ``ARGV[1]``: a msgpack map decoded once per script by ``lua/lib/codec.lua``. A key is passed
+by name as well: the map carries ``k = {name = index into KEYS}``, and a list of keys ``kl = {name = {first, n}}``,
+so a script reads ``KEYS[a.k.marker]`` and nobody counts positions.
+
+Strings travel as msgpack's raw type (``use_bin_type=False``): Lua strings are bytes, so pickled job data arrives
+byte for byte, and the cmsgpack of Redis 7 and Valkey (which predates the bin type) decodes it.
+
+Example::
+
+    call = Call('admit')
+    call.key('job', job.key)
+    call.arg('jid', job.id)
+    admitted = call.run(connection)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from . import scripts
+
+_packb = msgpack.Packer(use_bin_type=False, autoreset=True).pack
+
+
+def pack(value: Any) -> bytes:
+    """``value`` (dicts, lists, str, bytes, int, float, bool, None) as the msgpack a script decodes."""
+    return _packb(value)
+
+
+class Call:
+    """The KEYS and ARGV of one script call, built by name.
+
+    Attributes:
+        script: the script's name (``lua/<script>.lua``).
+        keys: KEYS in the order they were added.
+        args: the structured argument (what ``ARGV[1]`` decodes to), including ``k`` and ``kl``.
+    """
+
+    __slots__ = ('script', 'keys', 'args', '_k')
+
+    def __init__(self, script: str, **args: Any) -> None:
+        self.script = script
+        self.keys: list[str] = []
+        self._k: dict[str, int] = {}
+        self.args: dict[str, Any] = {'k': self._k, **args}
+
+    def key(self, name: str, value: str) -> Call:
+        """Pass key ``value`` as ``KEYS[a.k[name]]``. A name given twice is an error (it would hide the first)."""
+        if name in self._k:
+            raise ValueError(f'key {name!r} is already part of this {self.script} call')
+        self.keys.append(value)
+        self._k[name] = len(self.keys)
+        return self
+
+    def key_list(self, name: str, values: list[str]) -> Call:
+        """Pass ``values`` as consecutive KEYS; the script finds them as ``a.kl[name] = {first index, count}``."""
+        lists = self.args.setdefault('kl', {})
+        if name in lists:
+            raise ValueError(f'key list {name!r} is already part of this {self.script} call')
+        lists[name] = [len(self.keys) + 1, len(values)]
+        self.keys.extend(values)
+        return self
+
+    def arg(self, name: str, value: Any) -> Call:
+        """Set ``a[name] = value`` in the structured argument."""
+        self.args[name] = value
+        return self
+
+    def argv(self) -> list[bytes]:
+        """ARGV as sent: the one packed argument."""
+        return [pack(self.args)]
+
+    def run(self, client: Any) -> Any:
+        """Run the script on ``client`` (a connection, or a pipeline: the reply then arrives with ``execute()``)."""
+        return scripts.run(self.script, client, self.keys, self.argv())

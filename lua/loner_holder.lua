@@ -1,16 +1,18 @@
 --[[
-  Who holds a loner identity right now (resque-loner's enqueued?). Read-only: a stale marker
-  (its holder no longer waiting) answers "nobody" and is left for the next enqueue to replace.
+  The job holding a loner identity, if it still waits (PolicyQueue.holder / enqueued). A marker
+  whose holder no longer waits answers "nobody" and is left for the next enqueue to replace.
 
-  KEYS[1]  loner marker           rq:policies:loner:<q>:<digest>
-  ARGV[1]  job key prefix         rq:job:
+  KEYS  by name (rq_policies/ops.py): marker (rq:policies:loner:<q>:<digest>)
+  ARGV[1]  msgpack map: job_prefix (rq:job:)
 
-  Returns the holder's job id, or nil.
+  Returns the holder's job id, or false.
 ]]
 local rcall = redis.call
--- @include "includes/waiting.lua"
-local holder = rcall('GET', KEYS[1])
-if holder and holder_waiting(ARGV[1], holder) then
+-- @include "lib/codec.lua"
+-- @include "lib/holder_waiting.lua"
+local a = decode_args(ARGV[1])
+local holder = rcall('GET', KEYS[a.k.marker])
+if holder and holder_waiting(a.job_prefix, holder) then
   return holder
 end
 return false

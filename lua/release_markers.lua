@@ -1,21 +1,21 @@
 --[[
-  Clear the loner markers of jobs that stop waiting without a worker taking them (deleted,
+  Free the loner identities these jobs hold, because they stopped waiting (deleted,
   cancelled, removed from their queue, or their queue emptied). Each job hash names its own
   marker (field policies_loner); the marker is deleted only while it still names that job, so a
   late release never frees an identity that a newer job holds.
 
-  KEYS        none (the marker keys are read from the job hashes, which are known only by id)
-  ARGV[1]     job key prefix       rq:job:
-  ARGV[2..]   job ids
+  KEYS  none: each marker is named by its job's hash (written there by the admission, which had
+        the key in KEYS)
+  ARGV[1]  msgpack map: job_prefix (rq:job:), jobs (the job ids)
 
-  Returns the number of markers deleted.
+  Returns how many markers were deleted.
 ]]
 local rcall = redis.call
-local prefix = ARGV[1]
+-- @include "lib/codec.lua"
+local a = decode_args(ARGV[1])
 local removed = 0
-for i = 2, #ARGV do
-  local jid = ARGV[i]
-  local marker = rcall('HGET', prefix .. jid, 'policies_loner')
+for _, jid in ipairs(a.jobs) do
+  local marker = rcall('HGET', a.job_prefix .. jid, 'policies_loner')
   if marker and rcall('GET', marker) == jid then
     removed = removed + rcall('DEL', marker)
   end

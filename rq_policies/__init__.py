@@ -6,7 +6,8 @@ from .debounce import Debounce
 from .exceptions import PipelineNotSupported, PolicyConfigurationError, PolicyError
 from .job import PolicyJob
 from .limited_capacity import LimitedCapacityWorker
-from .policy import Loner, Policy, PolicySet, policy
+from .loner import Loner
+from .policy import AdmissionPolicy, FetchPolicy, Policy, PolicySet, policy
 from .queue import PolicyQueue
 from .queue_slot import QueueSlot
 from .throttle import Outcome, Throttle
@@ -15,7 +16,9 @@ from .worker import PolicySimpleWorker, PolicyWorker
 __version__ = '0.1.0'
 
 __all__ = [
+    'AdmissionPolicy',
     'Debounce',
+    'FetchPolicy',
     'LimitedCapacityWorker',
     'Loner',
     'Outcome',

@@ -21,10 +21,9 @@ from redis.exceptions import RedisError
 from rq.cli.helpers import pass_cli_config
 from rq.utils import import_attribute
 
-from . import __version__, state
+from . import __version__, identity, state
 from .policy import MAX_CAPACITY, declared, positive_int
 from .queue_slot import QueueSlot
-from .throttle import Throttle
 
 
 class CommandError(click.ClickException):
@@ -202,11 +201,11 @@ def reset(cli_config: Any, queue: str, function: str, args: tuple[str, ...], kwa
         if not sep or not key:
             raise click.BadParameter(f'expected KEY=VALUE, got {item!r}', param_hint='--kwarg')
         call_kwargs[key] = _parse_value(value)
-    func_name, unique_context, slot_width = _resolve(function)
+    func_name, unique_context, spec = _resolve(function)
     conn = _connect(cli_config)
     _require_known(conn, queue)
     try:
-        result = state.reset_identity(conn, queue, func_name, call_args, call_kwargs, unique_context, slot_width)
+        result = state.reset_identity(conn, queue, func_name, call_args, call_kwargs, unique_context, spec)
     except TypeError as exc:
         raise CommandError(str(exc)) from None
     removed = result['removed']
@@ -215,8 +214,8 @@ def reset(cli_config: Any, queue: str, function: str, args: tuple[str, ...], kwa
                + ' (loner marker, throttle slots, pending trailing and debounced jobs; queued jobs are left alone).')
 
 
-def _resolve(function: str) -> tuple[str, Any, int]:
-    """The function's name as rq stores it, its unique_context and throttle slot, importing it when possible."""
+def _resolve(function: str) -> tuple[str, Any, Any]:
+    """The function's name as rq stores it, its unique_context and declared PolicySet, importing it when possible."""
     if not function or function.startswith('.') or function.endswith('.') or '.' not in function:
         raise click.BadParameter(f'expected an import path like app.tasks.sync, got {function!r}',
                                  param_hint='FUNCTION')
@@ -224,11 +223,10 @@ def _resolve(function: str) -> tuple[str, Any, int]:
         func = import_attribute(function)
     except (ImportError, AttributeError, ValueError):
         click.echo(f'note: cannot import {function}; its arguments are used as given (no unique_context)', err=True)
-        return function, None, 0
+        return function, None, None
     spec = declared(func)
-    name = f'{func.__module__}.{func.__qualname__}' if hasattr(func, '__qualname__') else function
-    throttled = spec.get(Throttle) if spec else None
-    return name, spec.unique_context if spec else None, throttled.slot if throttled else 0
+    name = identity.function_name(func) if hasattr(func, '__qualname__') else function
+    return name, spec.unique_context if spec else None, spec
 
 
 # -- exporter -------------------------------------------------------------------------------------------------------

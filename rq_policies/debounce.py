@@ -18,16 +18,13 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from rq.registry import ScheduledJobRegistry
 
-from . import keys, scripts
+from . import keys
 from .exceptions import PolicyConfigurationError
 from .policy import AdmissionPolicy, Policy, whole_seconds
-
-if TYPE_CHECKING:
-    from .queue import JobWrite, PolicyQueue
 
 logger = logging.getLogger('rq_policies')
 
@@ -59,6 +56,42 @@ class Debounce(AdmissionPolicy):
     def __repr__(self) -> str:
         return f'Debounce({self.wait}{f", max_wait={self.max_wait}" if self.max_wait is not None else ""})'
 
+    # -- the admission framework's hooks --------------------------------------------------------------------------
+
+    schedules: ClassVar[bool] = True
+
+    @property
+    def probes(self) -> bool:
+        return False  # a debounce never drops: every enqueue replaces the pending job
+
+    def admit_part(self, call: Any, queue: Any, digest: str) -> dict[str, Any]:
+        call.key('debounce.state', keys.debounce(queue.name, digest))
+        call.key('registry', ScheduledJobRegistry(queue=queue).key)
+        return {'wait': self.wait, 'max_wait': self.max_wait or 0}
+
+    def validate(self, job: Any, mode: str, force: bool) -> None:
+        if job._dependency_ids and not force:
+            raise PolicyConfigurationError(
+                f'depends_on= cannot be combined with Debounce (job {job.func_name!r}): a debounced job is scheduled, '
+                'and a scheduled job does not wait for dependencies'
+            )
+
+    def on_admit(self, job: Any, queue: str, verdict: Any) -> None:
+        if verdict.superseded and verdict.superseded != job.id:
+            logger.info(
+                'rq-policies: %s on queue %r (debounce): job %s replaces pending job %s, runs at %s', job.func_name,
+                queue, job.id, verdict.superseded, datetime.fromtimestamp(verdict.number, timezone.utc).isoformat(),
+            )
+
+    @classmethod
+    def identity_families(cls) -> tuple[keys.Family, ...]:
+        return (keys.DEBOUNCE_KEYS,)
+
+    @classmethod
+    def reset_part(cls, call: Any, queue: str, digest: str, declared: AdmissionPolicy | None) -> dict[str, Any]:
+        call.key('debounce.state', keys.debounce(queue, digest))
+        return {}
+
     def conflicts(self, others: tuple[Policy, ...]) -> str | None:
         if any(other.name == 'loner' for other in others):
             return (
@@ -66,31 +99,3 @@ class Debounce(AdmissionPolicy):
                 'replaces it with the latest payload; Loner would drop the very replacements a debounce exists to keep.'
             )
         return None
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def enqueue(queue: PolicyQueue, debounce: Debounce, digest: str, write: JobWrite) -> bool:
-    """Schedule one job through its Debounce, replacing the pending one. Always writes the job (returns True)."""
-    job = write.job
-    if job._dependency_ids:
-        raise PolicyConfigurationError(
-            f'depends_on= cannot be combined with Debounce (job {job.func_name!r}): a debounced job is scheduled, and '
-            'a scheduled job does not wait for dependencies'
-        )
-    jid, at, _, superseded = scripts.run(
-        'debounce_job',
-        queue.connection,
-        [keys.debounce(queue.name, digest), job.key, ScheduledJobRegistry(queue=queue).key, queue.redis_queues_keys],
-        [job.id, debounce.wait, debounce.max_wait or 0, write.score, write.ttl, queue.key,
-         queue.job_class.redis_job_namespace_prefix, *write.fields],
-    )
-    superseded = _text(superseded)
-    if superseded and superseded != job.id:
-        logger.info(
-            'rq-policies: %s on queue %r (debounce): job %s replaces pending job %s, runs at %s', job.func_name,
-            queue.name, job.id, superseded, datetime.fromtimestamp(float(at), timezone.utc).isoformat(),
-        )
-    return True

@@ -47,22 +47,6 @@ class Hints:
                     self._items.clear()
             self._items[key] = (digest, time.monotonic() + seconds)
 
-    def confirmed(
-        self, queue: Any, policy: Any, unique_context: Any, f: Any, args: tuple, kwargs: dict
-    ) -> tuple[tuple | None, tuple[str, str, str] | None]:
-        """``(hint key, call)``: the call (see :func:`call_identity`) only when a fresh hint matches its digest.
-
-        The hint key comes back either way (None when the call cannot be hinted), for the full path to remember.
-        """
-        key = hint_key(queue.name, policy, f, args, kwargs)
-        seen = self.get(key)
-        if seen is None:
-            return key, None
-        call = call_identity(queue, unique_context, f, args, kwargs)
-        if call is None or call[1] != seen:
-            return None, None
-        return key, call
-
     def forget(self, key: tuple | None) -> None:
         if key is not None:
             self._items.pop(key, None)
@@ -96,5 +80,5 @@ def call_identity(queue: Any, unique_context: Any, f: Any, args: tuple, kwargs: 
         fargs, fkwargs, job_id = tuple(parsed.args or ()), dict(parsed.kwargs or {}), parsed.job_id
     else:
         fargs, fkwargs, job_id = args, {}, None
-    func_name = f if isinstance(f, str) else f'{f.__module__}.{f.__qualname__}'
+    func_name = identity.function_name(f)
     return func_name, identity.digest(func_name, queue.name, fargs, fkwargs, unique_context), job_id or ''

@@ -107,3 +107,19 @@ def digest(
     else:
         data = canonical(func_name, queue, args, kwargs)
     return hashlib.sha256(data).hexdigest()
+
+
+def func_path(job: Any) -> str:
+    """The function part of a job's identity: rq's ``func_name``, qualified by the class for bound methods."""
+    instance = job.instance
+    if instance is not None:
+        cls = type(instance)
+        return f'{cls.__module__}.{cls.__qualname__}.{job.func_name}'
+    return job.func_name
+
+
+def function_name(func: Any) -> str:
+    """The name rq stores for a plain function (``module.qualname``), or the import path when given one."""
+    if isinstance(func, str):
+        return func
+    return f'{func.__module__}.{func.__qualname__}'

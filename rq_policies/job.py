@@ -11,15 +11,7 @@ from typing import Any
 
 from rq.job import Job
 
-from . import scripts
-
-
-def release_markers(connection: Any, job_class: type[Job], job_ids: list[str]) -> int:
-    """Delete the loner markers that still name these jobs. Returns how many were deleted."""
-    if not job_ids:
-        return 0
-    result = scripts.run('release_markers', connection, [], [job_class.redis_job_namespace_prefix, *job_ids])
-    return result if isinstance(result, int) else 0  # on a pipeline the count arrives with its execute()
+from . import admission
 
 
 class PolicyJob(Job):
@@ -27,11 +19,11 @@ class PolicyJob(Job):
 
     def delete(self, pipeline: Any = None, remove_from_queue: bool = True, delete_dependents: bool = False) -> Any:
         # Before the hash goes: the hash names the marker. On a pipeline the release rides it, ahead of the delete.
-        release_markers(pipeline if pipeline is not None else self.connection, type(self), [self.id])
+        admission.release(self.connection if pipeline is None else pipeline, self.redis_job_namespace_prefix, [self.id])
         return super().delete(
             pipeline=pipeline, remove_from_queue=remove_from_queue, delete_dependents=delete_dependents
         )
 
     def cancel(self, pipeline: Any = None, *args: Any, **kwargs: Any) -> Any:
-        release_markers(pipeline if pipeline is not None else self.connection, type(self), [self.id])
+        admission.release(self.connection if pipeline is None else pipeline, self.redis_job_namespace_prefix, [self.id])
         return super().cancel(pipeline, *args, **kwargs)

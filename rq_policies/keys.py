@@ -53,6 +53,8 @@ rq-dashboard ignore fields they do not know.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 PREFIX = 'rq:policies:'
 
 CAPACITY = PREFIX + 'capacity'
@@ -64,22 +66,22 @@ LONER_FIELD = 'policies_loner'
 
 def loner(queue: str, digest: str) -> str:
     """The loner marker for one identity on one queue."""
-    return f'{PREFIX}loner:{queue}:{digest}'
+    return LONER_KEYS.prefix(queue, digest)
 
 
 def throttle_prefix(queue: str, digest: str) -> str:
-    """The prefix the per-slot throttle keys hang off; the scripts append the slot number under the server's clock."""
-    return f'{PREFIX}throttle:{queue}:{digest}:'
+    """The prefix the throttle window keys hang off; the scripts append the window number under the server's clock."""
+    return THROTTLE_KEYS.prefix(queue, digest)
 
 
 def trailing(queue: str, digest: str) -> str:
     """The pending trailing job of one throttled identity."""
-    return f'{PREFIX}trailing:{queue}:{digest}'
+    return TRAILING_KEYS.prefix(queue, digest)
 
 
 def debounce(queue: str, digest: str) -> str:
     """The pending debounced job of one identity."""
-    return f'{PREFIX}debounce:{queue}:{digest}'
+    return DEBOUNCE_KEYS.prefix(queue, digest)
 
 
 def slots(queue: str) -> str:
@@ -114,3 +116,52 @@ def lcw_queued(worker_class: str) -> str:
 def drop_field(policy: str, queue: str) -> str:
     """The field of :data:`DROPS` counting one policy's drops on one queue."""
     return f'{policy}:{queue}'
+
+
+@dataclass(frozen=True)
+class Family:
+    """One kind of per-identity key: how to build it, find it by SCAN, and read a found key back.
+
+    Attributes:
+        name: the kind's segment after ``rq:policies:`` (also its block in ``rq-policies info``).
+        policy: the name of the policy that writes it.
+        hash: the key is a HASH (else a STRING holding a job id).
+        windowed: the key ends in ``:<window number>`` after the digest (a throttle window), so its full name needs
+            the policy's setting (the window width) and the time.
+        while_waiting: the key holds its identity only while its job waits (``info`` counts those that do).
+    """
+
+    name: str
+    policy: str
+    hash: bool = False
+    windowed: bool = False
+    while_waiting: bool = False
+
+    @property
+    def needs_setting(self) -> bool:
+        return self.windowed
+
+    def prefix(self, queue: str, digest: str) -> str:
+        """The key of one identity (a windowed family's keys are this plus the window number)."""
+        base = f'{PREFIX}{self.name}:{queue}:{digest}'
+        return base + ':' if self.windowed else base
+
+    def parse(self, key: str) -> tuple[str, str, str | None] | None:
+        """``(queue, digest, window number or None)`` of a key of this family, or None if it is not one."""
+        head = f'{PREFIX}{self.name}:'
+        if not key.startswith(head):
+            return None
+        # The digest is fixed-width hex and the window a number, so the queue (which may hold colons) is the rest.
+        parts = key[len(head):].rsplit(':', 2 if self.windowed else 1)
+        if len(parts) != (3 if self.windowed else 2):
+            return None
+        return parts[0], parts[1], parts[2] if self.windowed else None
+
+
+LONER_KEYS = Family('loner', 'loner', while_waiting=True)
+THROTTLE_KEYS = Family('throttle', 'throttle', windowed=True)
+TRAILING_KEYS = Family('trailing', 'throttle')
+DEBOUNCE_KEYS = Family('debounce', 'debounce', hash=True)
+
+#: Every per-identity key family, in the order ``rq-policies info`` shows them.
+FAMILIES = (LONER_KEYS, THROTTLE_KEYS, TRAILING_KEYS, DEBOUNCE_KEYS)

@@ -1,59 +1,83 @@
-"""Loner's fast path: drop a duplicate before rq builds its job, when this process just saw the identity held.
+"""Loner: one job per identity per queue while it waits (resque-loner's unique jobs).
 
-The Loner policy itself is :class:`rq_policies.policy.Loner`; its admission is ``lua/enqueue_job.lua``, run by
-PolicyQueue. This module only chooses, from what the process saw (:mod:`rq_policies.hints`), whether an enqueue first
-asks ``lua/loner_check.lua``. A marker can be freed at any moment (a worker takes the job), so a loner hint is kept
-only briefly; a stale one costs one extra round trip before the full path.
+The marker ``rq:policies:loner:<queue>:<digest>`` names the waiting job; it is taken in the admission script
+(``lua/admit.lua`` with this policy's part, ``lua/policies/loner.lua``) and freed in the same script that takes the
+job off the queue, or when the job is deleted, cancelled or removed (``lua/release_markers.lua``). A marker whose job
+no longer waits is free, so no reaper is needed.
 """
 
 from __future__ import annotations
 
-import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar
 
-from . import keys, scripts
-from .hints import Hints
-from .policy import Loner
+from . import keys
+from .ops import Call
+from .policy import AdmissionPolicy
 
-if TYPE_CHECKING:
-    from .policy import PolicySet
-    from .queue import PolicyQueue
-
-logger = logging.getLogger('rq_policies')
-
-#: Seconds a "seen held" hint is trusted to pick the check script first.
+#: Seconds a "seen held" hint is trusted to pick the probe first (a marker can be freed at any moment, when a worker
+#: takes the job, so a loner hint is kept only briefly; a stale one costs one extra round trip before the full path).
 HINT_SECONDS = 5.0
 
-_hints = Hints()
+
+class Loner(AdmissionPolicy):
+    """One job per identity per queue while it waits (resque-loner's unique jobs).
+
+    The identity is held from the enqueue until a PolicyWorker takes the job (or it is deleted, cancelled or removed
+    from its queue); an identical enqueue in that time returns ``None``. Once the job runs, the same payload can be
+    enqueued again: the policy prevents duplicate *waiting* work, not concurrent runs.
+    """
+
+    name: ClassVar[str] = 'loner'
+    rank: ClassVar[int] = 50
+
+    def admit_part(self, call: Call, queue: Any, digest: str) -> dict[str, Any]:
+        call.key('loner.marker', keys.loner(queue.name, digest))
+        return {}
+
+    def job_fields(self, queue: str, digest: str) -> list[str]:
+        return [keys.LONER_FIELD, keys.loner(queue, digest)]
+
+    def leased_keys(self, queue: str, digest: str) -> list[str]:
+        return [keys.loner(queue, digest)]
+
+    @classmethod
+    def release(cls, connection: Any, job_prefix: str, job_ids: list[str]) -> None:
+        release_markers(connection, job_prefix, job_ids)
+
+    @classmethod
+    def holder(cls, connection: Any, queue: str, digest: str, job_prefix: str) -> str | None:
+        """The id of the waiting job holding ``digest``'s marker on ``queue``, or None."""
+        return holder(connection, queue, digest, job_prefix)
+
+    def hint_seconds(self, verdict: Any) -> float:
+        return HINT_SECONDS if verdict.code == 0 and verdict.policy == self.name else 0.0
+
+    @classmethod
+    def identity_families(cls) -> tuple[keys.Family, ...]:
+        return (keys.LONER_KEYS,)
+
+    @classmethod
+    def reset_part(cls, call: Call, queue: str, digest: str, declared: AdmissionPolicy | None) -> dict[str, Any]:
+        call.key('loner.marker', keys.loner(queue, digest))
+        return {}
 
 
-def quick_drop(queue: PolicyQueue, spec: PolicySet | None, f: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
-    """Returns (dropped, hint key). Applies to a Loner without Throttle or Debounce, on an asynchronous queue."""
-    if spec is None or spec.get(Loner) is None or len(spec.policies) != 1 or not queue._is_async:
-        return False, None
-    key, call = _hints.confirmed(queue, 'loner', spec.unique_context, f, args, kwargs)
-    if call is None:
-        return False, key
-    func_name, digest, job_id = call
-    dropped, holder = scripts.run(
-        'loner_check',
-        queue.connection,
-        [keys.loner(queue.name, digest), keys.DROPS],
-        [job_id, queue.job_class.redis_job_namespace_prefix, keys.drop_field('loner', queue.name)],
-    )
-    if not dropped:
-        _hints.forget(key)
-        return False, key
-    log_drop(func_name, queue.name, holder)
-    return True, key
+def holder(connection: Any, queue: str, digest: str, job_prefix: str) -> str | None:
+    """The id of the waiting job holding ``digest``'s marker on ``queue``, or None."""
+    call = Call('loner_holder', job_prefix=job_prefix)
+    call.key('marker', keys.loner(queue, digest))
+    found = call.run(connection)
+    if isinstance(found, bytes):
+        return found.decode()
+    return found if isinstance(found, str) else None  # on a pipeline the answer arrives with its execute()
 
 
-def remember_held(key: tuple | None, digest: str) -> None:
-    """The full path saw this identity held: try the check script first for the next few seconds."""
-    _hints.remember(key, digest, HINT_SECONDS)
+def release_markers(connection: Any, job_prefix: str, job_ids: list[str]) -> int:
+    """Delete the loner markers that still name these jobs. Returns how many were deleted.
 
-
-def log_drop(func_name: str, queue: str, holder: Any) -> None:
-    if logger.isEnabledFor(logging.INFO):
-        holder_id = holder.decode() if isinstance(holder, bytes) else holder
-        logger.info('rq-policies: dropped %s on queue %r (loner): identity held by job %s', func_name, queue, holder_id)
+    On a pipeline the release rides it (the count arrives with its ``execute()``, and 0 is returned here).
+    """
+    if not job_ids:
+        return 0
+    result = Call('release_markers', job_prefix=job_prefix, jobs=list(job_ids)).run(connection)
+    return result if isinstance(result, int) else 0

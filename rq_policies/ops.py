@@ -50,9 +50,12 @@ class Call:
         self.args: dict[str, Any] = {'k': self._k, **args}
 
     def key(self, name: str, value: str) -> Call:
-        """Pass key ``value`` as ``KEYS[a.k[name]]``. A name given twice is an error (it would hide the first)."""
+        """Pass key ``value`` as ``KEYS[a.k[name]]``. Two parts may share a key (the scheduled registry) by passing
+        the same name and value; the same name with another value is an error (it would hide the first)."""
         if name in self._k:
-            raise ValueError(f'key {name!r} is already part of this {self.script} call')
+            if self.keys[self._k[name] - 1] == value:
+                return self
+            raise ValueError(f'key {name!r} is already part of this {self.script} call, as another key')
         self.keys.append(value)
         self._k[name] = len(self.keys)
         return self

@@ -7,6 +7,7 @@ import time, where the decorator runs, and never after something was written.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
@@ -15,6 +16,8 @@ from .exceptions import PolicyConfigurationError
 from .identity import UniqueContext
 
 F = TypeVar('F', bound=Callable[..., Any])
+
+logger = logging.getLogger('rq_policies')
 
 #: Attribute ``@policy`` sets on the decorated function.
 ATTRIBUTE = '__rq_policies__'
@@ -120,27 +123,64 @@ def by_name(name: str) -> type[Policy]:
 
 
 class AdmissionPolicy(Policy):
-    """A policy decided at enqueue, in the admission script (Loner, Throttle, Debounce)."""
+    """A policy decided at enqueue, in the admission script (``lua/admit.lua``, see :mod:`rq_policies.admission`).
+
+    Its Lua part (``lua/policies/<name>.lua``) defines ``check``, ``commit`` and ``force``; its Python side says which
+    keys and arguments that part gets (:meth:`admit_part`), and what a verdict means for the caller.
+    """
 
     kind: ClassVar[str] = ADMISSION
+    #: The job is written as a scheduled one even without a time (the policy's part sets the time).
+    schedules: ClassVar[bool] = False
+
+    @property
+    def probes(self) -> bool:
+        """Can an expected drop be decided by the checks alone, before rq builds the job (the hinted fast path)?"""
+        return True
+
+    def admit_part(self, call: Any, queue: Any, digest: str) -> dict[str, Any]:
+        """Add this policy's keys to ``call`` (an :class:`rq_policies.ops.Call`, keys named ``<name>.<what>``) and
+        return its arguments for the Lua part."""
+        return {}
+
+    def job_fields(self, queue: str, digest: str) -> list[str]:
+        """Extra fields this policy stores on the job hash (field, value, ...), read back at fetch or removal."""
+        return []
+
+    def leased_keys(self, queue: str, digest: str) -> list[str]:
+        """Keys this policy writes with the job hash's lifetime (a deferred job's lease is dropped from them too)."""
+        return []
+
+    @classmethod
+    def release(cls, connection: Any, job_prefix: str, job_ids: list[str]) -> None:
+        """These jobs stopped waiting (deleted, cancelled, removed, emptied): free what they hold. May be a pipeline."""
+
+    def validate(self, job: Any, mode: str, force: bool) -> None:
+        """Refuse an enqueue this policy cannot serve (PolicyConfigurationError naming why), before any write."""
+
+    def hint_seconds(self, verdict: Any) -> float:
+        """How long this process may expect the next identical enqueue to be dropped, after ``verdict``."""
+        return 0.0
+
+    def on_drop(self, func_name: str, queue: str, verdict: Any) -> None:
+        """This policy dropped an enqueue: log it (the script has counted it)."""
+        if logger.isEnabledFor(logging.INFO):
+            logger.info('rq-policies: dropped %s on queue %r (%s): identity held by job %s', func_name, queue,
+                        self.name, verdict.job_id)
+
+    def on_admit(self, job: Any, queue: str, verdict: Any) -> None:
+        """The job was admitted: bring the Python object in line with what the script wrote, log what it replaced."""
+
+    @classmethod
+    def reset_part(cls, call: Any, queue: str, digest: str, declared: AdmissionPolicy | None) -> dict[str, Any]:
+        """Add the keys ``lua/reset.lua`` clears for one identity (``declared``: this policy as declared, if it is)."""
+        return {}
 
 
 class FetchPolicy(Policy):
     """A policy decided at fetch, in the fetch script (QueueSlot)."""
 
     kind: ClassVar[str] = FETCH
-
-
-class Loner(AdmissionPolicy):
-    """One job per identity per queue while it waits (resque-loner's unique jobs).
-
-    The identity is held from the enqueue until a PolicyWorker takes the job (or it is deleted, cancelled or removed
-    from its queue); an identical enqueue in that time returns ``None``. Once the job runs, the same payload can be
-    enqueued again: the policy prevents duplicate *waiting* work, not concurrent runs.
-    """
-
-    name: ClassVar[str] = 'loner'
-    rank: ClassVar[int] = 50
 
 
 @dataclass(frozen=True)
@@ -154,7 +194,7 @@ class PolicySet:
         seen: set[type] = set()
         for item in self.policies:
             if not isinstance(item, Policy):
-                raise TypeError(f'policy: expected Loner, Throttle, Debounce or another Policy, got {item!r}')
+                raise TypeError(f'policy: expected a Policy (Loner(), Throttle(60), ...), got {item!r}')
             if type(item) in seen:
                 raise PolicyConfigurationError(f'policy: {type(item).__name__} is given twice in {self.policies!r}')
             seen.add(type(item))

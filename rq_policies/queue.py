@@ -27,17 +27,18 @@ from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.utils import import_attribute, now
 
-from . import compat, debounce, identity, keys, loner, scripts, throttle
-from .debounce import Debounce
+from . import admission, compat, identity, keys, scripts
+from .admission import JobWrite
 from .exceptions import PipelineNotSupported, PolicyConfigurationError
-from .job import PolicyJob, release_markers
-from .policy import Loner, PolicySet, declared, make_set
+from .job import PolicyJob
+from .policy import PolicySet, by_name, declared, make_set
 from .queue_slot import QueueSlot
-from .throttle import Throttle
 
 logger = logging.getLogger('rq_policies')
 
-_DECLARED: Any = object()
+#: The ``policy=`` default of every door: apply the policies declared on the function.
+DECLARED: Any = object()
+_DECLARED = DECLARED
 
 #: Seconds a deferred (depends_on) job's hash and marker live before rq has finished setting up its dependencies;
 #: if the producer dies in that window the hold lapses by itself.
@@ -56,24 +57,20 @@ class _Door:
     override: Any
     used: bool = False
     force: bool = False
-    hint: Any = None  # the call's throttle hint key (rq_policies.throttle.quick_drop)
+    hint: Any = None  # the call's hint key (rq_policies.admission.quick_drop)
 
 
 _door: ContextVar[_Door | None] = ContextVar('rq_policies_door', default=None)
 
+def door_override(default: Any = DECLARED) -> Any:
+    """The ``policy=`` of the enqueue call in progress in this context (a subclass's door, such as django-rq's
+    deferred enqueue, carries it to where the job is written), or ``default`` outside any call."""
+    door = _door.get()
+    return door.override if door is not None else default
 
-@dataclass
-class JobWrite:
-    """How an admission script writes one job; the same for every policy's script."""
 
-    job: Job
-    mode: str  # R | L | S | D, see lua/includes/save_job.lua
-    score: int  # epoch seconds for mode S, else 0
-    dest: str  # the queue list, the scheduled registry, or the queue key (unused) for mode D
-    ttl: int  # seconds the job hash lives, -1 for no expiry
-    fields: list[Any]  # the job hash as a flat field/value list
-    marker: str  # the identity's loner marker key
-    loner: bool  # whether the Loner check applies
+#: Import paths this process could not import to read their declared policies (each is warned about once).
+_WARNED_PATHS: set[str] = set()
 
 
 @dataclass
@@ -117,15 +114,6 @@ class Fetcher:
 
 
 _fetcher: ContextVar[Fetcher | None] = ContextVar('rq_policies_fetcher', default=None)
-
-
-def func_path(job: Job) -> str:
-    """The function part of a job's identity: rq's ``func_name``, qualified by the class for bound methods."""
-    instance = job.instance
-    if instance is not None:
-        cls = type(instance)
-        return f'{cls.__module__}.{cls.__qualname__}.{job.func_name}'
-    return job.func_name
 
 
 def _flatten(mapping: dict[str, Any]) -> list[Any]:
@@ -287,12 +275,7 @@ class PolicyQueue(Queue):
 
     def _quick_drop(self, policy: Any, f: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
         """Drop an expected duplicate before its job is built (see rq_policies.hints); (dropped, hint key)."""
-        spec = self._spec(policy, f)
-        if spec is None:
-            return False, None
-        if spec.get(Throttle) is not None:
-            return throttle.quick_drop(self, spec, f, args, kwargs)
-        return loner.quick_drop(self, spec, f, args, kwargs)
+        return admission.quick_drop(self, self._spec(policy, f), f, args, kwargs)
 
     def _spec(self, policy: Any, func: Any) -> PolicySet | None:
         """The PolicySet a door applies: the declared one, or the caller's ``policy=``."""
@@ -307,9 +290,14 @@ class PolicyQueue(Queue):
                 target = import_attribute(func_or_job)
             else:
                 target = func_or_job
-        except (ImportError, AttributeError, ValueError):
-            # A producer may enqueue by path without having the code; then nothing is declared here.
-            logger.debug('rq-policies: cannot import %r to read its declared policies', func_or_job)
+        except (ImportError, AttributeError, ValueError) as exc:
+            # A producer may enqueue by path without having the code; then nothing is declared here. A typo in the
+            # path would silently switch a policy off, so it is said once per path, at WARNING.
+            path = str(getattr(func_or_job, 'func_name', func_or_job))
+            if path not in _WARNED_PATHS:
+                _WARNED_PATHS.add(path)
+                logger.warning('rq-policies: cannot import %r to read its declared policies (%s); no policy applies '
+                               'to it in this process', path, exc)
             return None
         return declared(target)
 
@@ -330,26 +318,14 @@ class PolicyQueue(Queue):
         if not self._is_async:
             # A synchronous queue runs the job at once: nothing ever waits, so there is nothing to hold.
             return super().enqueue_job(job, at_front=at_front, **kwargs)
-        digest = identity.digest(func_path(job), self.name, job.args, job.kwargs, spec.unique_context)
+        digest = identity.digest(identity.func_path(job), self.name, job.args, job.kwargs, spec.unique_context)
         door = _door.get()
-        debounced = spec.get(Debounce)
-        if door is not None and door.force:
-            write = self._job_write(job, spec, digest, at_front, when)
-            admitted = throttle.force(self, spec, digest, write)
-        elif debounced is not None:
-            write = self._job_write(job, spec, digest, at_front, when, schedule=True)
-            admitted = debounce.enqueue(self, debounced, digest, write)
-        else:
-            write = self._job_write(job, spec, digest, at_front, when)
-            throttled = spec.get(Throttle)
-            if throttled is not None:
-                admitted = throttle.enqueue(self, throttled, digest, write, door.hint if door is not None else None)
-            else:
-                admitted = self._admit_loner(write, digest, door.hint if door is not None else None)
-        if not admitted:
+        force = door is not None and door.force
+        write = self._job_write(job, spec, digest, at_front, when, schedule=not force)
+        if not admission.admit(self, spec, digest, write, force=force, hint=door.hint if door is not None else None):
             return None
         if write.mode == 'D':
-            return self._finish_deferred(job, write.marker if write.loner else None, at_front)
+            return self._finish_deferred(job, spec, digest, at_front)
         return job
 
     def _prepare(
@@ -376,60 +352,37 @@ class PolicyQueue(Queue):
         return ('L' if at_front else 'R'), 0, self.key
 
     def _job_write(
-        self, job: Job, spec: PolicySet, digest: str, at_front: bool, when: datetime | None, schedule: bool = False
+        self, job: Job, spec: PolicySet, digest: str, at_front: bool, when: datetime | None, schedule: bool = True
     ) -> JobWrite:
-        """Prepare the job as rq would and flatten it for an admission script."""
-        has_loner = spec.get(Loner) is not None
-        marker = keys.loner(self.name, digest)
-        mode, score, dest = self._prepare(job, when, at_front, schedule)
+        """Prepare the job as rq would and flatten it for the admission script, with each policy's own fields.
+
+        With ``schedule``, a policy that schedules its jobs (Debounce) gets a scheduled job to time (a forced enqueue
+        runs now instead).
+        """
+        mode, score, dest = self._prepare(job, when, at_front, schedule and any(p.schedules for p in spec.policies))
         fields = _flatten(job.to_dict())
-        if has_loner:
-            fields += [keys.LONER_FIELD, marker]
+        for item in spec.policies:
+            fields += item.job_fields(self.name, digest)
         ttl = job.ttl if job.ttl and job.ttl > 0 else -1
         if mode == 'D' and ttl < 0:
             ttl = DEFERRED_LEASE_SECONDS
-        return JobWrite(job, mode, score, dest, ttl, fields, marker, has_loner)
+        return JobWrite(job, mode, score, dest, ttl, fields)
 
-    def _admit_loner(self, write: JobWrite, digest: str = '', hint: Any = None) -> bool:
-        job = write.job
-        admitted, holder = scripts.run(
-            'enqueue_job',
-            self.connection,
-            [job.key, write.dest, self.redis_queues_keys, write.marker, keys.DROPS],
-            [
-                job.id,
-                write.mode,
-                write.score,
-                write.ttl,
-                self.key,
-                self.job_class.redis_job_namespace_prefix,
-                1 if write.loner else 0,
-                keys.drop_field('loner', self.name),
-                keys.wake(self.name),
-                pack_fields(write.fields),
-            ],
-        )
-        if not admitted:
-            loner.remember_held(hint, digest)
-            loner.log_drop(job.func_name, self.name, holder)
-            return False
-        return True
-
-    def _finish_deferred(self, job: Job, marker: str | None, at_front: bool) -> Job:
+    def _finish_deferred(self, job: Job, spec: PolicySet, digest: str, at_front: bool) -> Job:
         """Hand an admitted job with dependencies to rq's own dependency handling, then drop the lease."""
         try:
             job = super().enqueue_job(job, at_front=at_front)
         except BaseException:
-            if marker is not None:
-                release_markers(self.connection, self.job_class, [job.id])
+            admission.release(self.connection, self.job_class.redis_job_namespace_prefix, [job.id])
             raise
         with self.connection.pipeline(transaction=False) as pipe:
             if job.ttl and job.ttl > 0:
                 pipe.expire(job.key, job.ttl)
             else:
                 pipe.persist(job.key)
-                if marker is not None:
-                    pipe.persist(marker)
+                for item in spec.policies:
+                    for key in item.leased_keys(self.name, digest):
+                        pipe.persist(key)
             pipe.execute()
         return job
 
@@ -439,16 +392,9 @@ class PolicyQueue(Queue):
         """The id of the waiting job holding this call's loner identity on this queue, or None."""
         probe = self.job_class.create(func, args=args, kwargs=kwargs, connection=self.connection)
         spec = self._declared_for(func)
-        digest = identity.digest(func_path(probe), self.name, args, kwargs, spec.unique_context if spec else None)
-        found = scripts.run(
-            'loner_holder',
-            self.connection,
-            [keys.loner(self.name, digest)],
-            [self.job_class.redis_job_namespace_prefix],
-        )
-        if not found:
-            return None
-        return found.decode() if isinstance(found, bytes) else found
+        digest = identity.digest(identity.func_path(probe), self.name, args, kwargs,
+                                 spec.unique_context if spec else None)
+        return by_name('loner').holder(self.connection, self.name, digest, self.job_class.redis_job_namespace_prefix)
 
     def enqueued(self, func: Any, *args: Any, **kwargs: Any) -> bool:
         """resque-loner's ``enqueued?``: is a job of this call waiting on this queue (queued, scheduled, deferred)?"""
@@ -472,10 +418,11 @@ class PolicyQueue(Queue):
     def reset(self, func: Any, *args: Any, **kwargs: Any) -> int:
         """Clear this call's policy state on this queue (the Go throttler's ``Reset``).
 
-        Removes the identity's current (and next) throttle slot, its pending trailing job, its loner marker and its
-        pending debounced job, all in one script. Pending jobs are deleted; a job already queued or running is left
-        alone (only the marker naming it goes). ``policy=`` names the policies when they are not declared (the
-        throttle's slot width is needed to find its slot keys).
+        Removes what every admission policy holds for the identity (its current and next throttle slot, its pending
+        trailing job, its loner marker and its pending debounced job), all in one script (``lua/reset.lua``).
+        Pending jobs are deleted; a job already queued or running is left alone (only the marker naming it goes).
+        ``policy=`` names the policies when they are not declared (the throttle's slot width is needed to find its slot
+        keys).
 
         Returns:
             How many keys were removed (policy keys and the hashes of dropped pending jobs).
@@ -483,14 +430,16 @@ class PolicyQueue(Queue):
         policy = kwargs.pop('policy', _DECLARED)
         spec = self._spec(policy, func)
         probe = self.job_class.create(func, args=args, kwargs=kwargs, connection=self.connection)
-        digest = identity.digest(func_path(probe), self.name, args, kwargs, spec.unique_context if spec else None)
-        return throttle.reset(self, spec, digest)
+        context = spec.unique_context if spec else None
+        digest = identity.digest(identity.func_path(probe), self.name, args, kwargs, context)
+        return admission.reset(self, spec, digest)
 
     # -- removal paths free the identity ----------------------------------------------------------------------
 
     def remove(self, job_or_id: Any, pipeline: Any = None) -> Any:
         job_id = job_or_id.id if isinstance(job_or_id, Job) else job_or_id
-        release_markers(pipeline if pipeline is not None else self.connection, self.job_class, [job_id])
+        admission.release(pipeline if pipeline is not None else self.connection,
+                          self.job_class.redis_job_namespace_prefix, [job_id])
         return super().remove(job_or_id, pipeline=pipeline)
 
     def empty(self) -> Any:
@@ -499,7 +448,7 @@ class PolicyQueue(Queue):
             chunk = self.connection.lrange(self.key, start, start + 999)
             if not chunk:
                 break
-            release_markers(self.connection, self.job_class, [c.decode() for c in chunk])
+            admission.release(self.connection, self.job_class.redis_job_namespace_prefix, [c.decode() for c in chunk])
             start += len(chunk)
         return super().empty()
 

@@ -29,7 +29,7 @@ def _lua_root() -> Any:
     """The folder holding the scripts: the installed ``rq_policies.lua`` package data, or ``lua/`` in a checkout."""
     try:
         root = resources.files('rq_policies.lua')
-        if root.joinpath('lib', 'codec.lua').is_file():
+        if root.joinpath('lib/codec.lua').is_file():
             return root
     except (ModuleNotFoundError, TypeError):
         pass
@@ -37,20 +37,33 @@ def _lua_root() -> Any:
 
 
 def source(name: str) -> str:
-    """The full text of script ``name`` (without ``.lua``), includes expanded."""
+    """The full text of script ``name`` (without ``.lua``), includes expanded.
+
+    Each included file is expanded once per script, where it is first included, so a policy's part can include the
+    shared functions it uses without defining them twice beside another part that uses them too.
+    """
     root = _lua_root()
+    done: set[str] = set()
 
     def read(rel: str, seen: tuple[str, ...]) -> str:
         if rel in seen:
             raise RuntimeError(f'circular @include of {rel!r} in {seen[0]!r}')
         text = root.joinpath(rel).read_text(encoding='utf-8')
-        return _INCLUDE.sub(lambda m: read(m.group(1), seen + (rel,)), text)
 
-    text = read(f'{name}.lua', ())
-    if _POLICIES.search(text):
-        parts = sorted(item.name for item in root.joinpath('policies').iterdir() if item.name.endswith('.lua'))
-        text = _POLICIES.sub(lambda _: '\n'.join(read(f'policies/{part}', (name,)) for part in parts), text)
-    return text
+        def include(match: re.Match) -> str:
+            target = match.group(1)
+            if target in done:
+                return ''
+            done.add(target)
+            return read(target, seen + (rel,))
+
+        text = _INCLUDE.sub(include, text)
+        if _POLICIES.search(text):
+            parts = sorted(item.name for item in root.joinpath('policies').iterdir() if item.name.endswith('.lua'))
+            text = _POLICIES.sub(lambda _: '\n'.join(read(f'policies/{part}', seen + (rel,)) for part in parts), text)
+        return text
+
+    return read(f'{name}.lua', ())
 
 
 def script(name: str) -> Script:

@@ -19,6 +19,7 @@ from rq.queue import Queue
 from rq.worker import Worker
 
 from . import keys
+from .policy import ADMISSION, registered
 
 _BATCH = 500
 
@@ -108,38 +109,39 @@ def drops(connection: Redis) -> list[dict[str, Any]]:
 
 # -- per-identity state (SCAN: for humans) --------------------------------------------------------------------------
 
-_FAMILIES = {
-    'loner': (len(keys.PREFIX + 'loner:'), 1),
-    'throttle': (len(keys.PREFIX + 'throttle:'), 2),
-    'trailing': (len(keys.PREFIX + 'trailing:'), 1),
-    'debounce': (len(keys.PREFIX + 'debounce:'), 1),
-}
+def families() -> list[keys.Family]:
+    """The per-identity key families of every registered admission policy, in the order ``info`` shows them."""
+    found = []
+    for cls in registered(ADMISSION):
+        found.extend(cls.identity_families())
+    return sorted(found, key=keys.FAMILIES.index) if all(f in keys.FAMILIES for f in found) else found
 
 
 def _glob_escape(text: str) -> str:
     return ''.join('\\' + ch if ch in '*?[]\\' else ch for ch in text)
 
 
-def _scan_identity_keys(connection: Redis, queues: Iterable[str] | None) -> dict[str, dict[str, list[str]]]:
-    """family -> queue -> keys, found by SCAN (per queue when queues are named, else over the whole prefix)."""
+def _scan_identity_keys(
+    connection: Redis, queues: Iterable[str] | None, kinds: list[keys.Family]
+) -> dict[str, dict[str, list[str]]]:
+    """family name -> queue -> keys, found by SCAN (per queue when queues are named, else over the whole prefix)."""
     found: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
-    if queues is None:
-        patterns = [f'{keys.PREFIX}{family}:*' for family in _FAMILIES]
-    else:
-        patterns = [f'{keys.PREFIX}{family}:{_glob_escape(q)}:*' for family in _FAMILIES for q in queues]
     wanted = None if queues is None else set(queues)
-    for pattern in patterns:
-        family = pattern[len(keys.PREFIX):].split(':', 1)[0]
-        start, colons = _FAMILIES[family]
-        for raw in connection.scan_iter(match=pattern, count=1000):
-            key = _text(raw)
-            parts = key[start:].rsplit(':', colons)
-            if len(parts) != colons + 1:
-                continue
-            queue = parts[0]
-            if wanted is not None and queue not in wanted:
-                continue  # a longer queue name that shares the pattern's prefix
-            found[family][queue].append(key)
+    for family in kinds:
+        if queues is None:
+            patterns = [f'{keys.PREFIX}{family.name}:*']
+        else:
+            patterns = [f'{keys.PREFIX}{family.name}:{_glob_escape(q)}:*' for q in queues]
+        for pattern in patterns:
+            for raw in connection.scan_iter(match=pattern, count=1000):
+                key = _text(raw)
+                parsed = family.parse(key)
+                if parsed is None:
+                    continue
+                queue = parsed[0]
+                if wanted is not None and queue not in wanted:
+                    continue  # a longer queue name that shares the pattern's prefix
+                found[family.name][queue].append(key)
     return found
 
 
@@ -148,13 +150,14 @@ def _batched(items: list[str]) -> Iterable[list[str]]:
         yield items[i: i + _BATCH]
 
 
-def _identity_rows(connection: Redis, family: str, key_list: list[str], job_prefix: str) -> list[dict[str, Any]]:
+def _identity_rows(
+    connection: Redis, family: keys.Family, key_list: list[str], job_prefix: str
+) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    start, colons = _FAMILIES[family]
     for chunk in _batched(sorted(key_list)):
         with connection.pipeline(transaction=False) as pipe:
             for key in chunk:
-                if family == 'debounce':
+                if family.hash:
                     pipe.hgetall(key)
                 else:
                     pipe.get(key)
@@ -162,7 +165,7 @@ def _identity_rows(connection: Redis, family: str, key_list: list[str], job_pref
             replies = pipe.execute()
         holders = [replies[2 * i] for i in range(len(chunk))]
         statuses: list[Any] = []
-        if family != 'debounce':
+        if not family.hash:
             with connection.pipeline(transaction=False) as pipe:
                 for holder in holders:
                     if holder:
@@ -172,18 +175,18 @@ def _identity_rows(connection: Redis, family: str, key_list: list[str], job_pref
                 statuses = pipe.execute()
         for i, key in enumerate(chunk):
             value, pttl = replies[2 * i], replies[2 * i + 1]
-            parts = key[start:].rsplit(':', colons)
-            row: dict[str, Any] = {'digest': parts[1]}
-            if family == 'throttle':
-                row['slot'] = parts[2]
-            if family == 'debounce':
+            _, digest, window = family.parse(key) or ('', '', None)
+            row: dict[str, Any] = {'digest': digest}
+            if family.windowed:
+                row['slot'] = window
+            if family.hash:
                 row['fields'] = {_text(k): _text(v) for k, v in (value or {}).items()}
             else:
                 row['job_id'] = _text(value) if value is not None else None
                 status = statuses[i]
                 row['job_status'] = _text(status) if status else None
-            if family == 'loner':
-                row['waiting'] = row['job_status'] in ('queued', 'scheduled', 'deferred')
+                if family.while_waiting:
+                    row['waiting'] = row['job_status'] in ('queued', 'scheduled', 'deferred')
             row['expires_in'] = round(pttl / 1000, 3) if pttl is not None and pttl >= 0 else None
             rows.append(row)
     return rows
@@ -200,7 +203,8 @@ def snapshot(connection: Redis, queues: list[str] | None = None, limit: int | No
     now = server_now(connection)
     job_prefix = Job.redis_job_namespace_prefix
     capacity = {_text(k): int(v) for k, v in connection.hgetall(keys.CAPACITY).items()}
-    identity = _scan_identity_keys(connection, queues)
+    kinds = families()
+    identity = _scan_identity_keys(connection, queues, kinds)
     if queues is None:
         names = set(capacity)
         for per_queue in identity.values():
@@ -220,11 +224,13 @@ def snapshot(connection: Redis, queues: list[str] | None = None, limit: int | No
             'holds_in_use': len(holds),
             'holds': holds[:limit] if limit else holds,
         }
-        for family in _FAMILIES:
-            family_rows = _identity_rows(connection, family, identity.get(family, {}).get(name, []), job_prefix)
-            entry[family] = {'count': len(family_rows), 'entries': family_rows[:limit] if limit else family_rows}
-            if family == 'loner':
-                entry[family]['waiting'] = sum(1 for row in family_rows if row['waiting'])
+        for family in kinds:
+            family_rows = _identity_rows(connection, family, identity.get(family.name, {}).get(name, []), job_prefix)
+            listed = family_rows[:limit] if limit else family_rows
+            block: dict[str, Any] = {'count': len(family_rows), 'entries': listed}
+            if family.while_waiting:
+                block['waiting'] = sum(1 for row in family_rows if row['waiting'])
+            entry[family.name] = block
         entry['drops'] = {row['policy']: row['count'] for row in drop_rows if row['queue'] == name}
         out_queues[name] = entry
     return {
@@ -244,14 +250,15 @@ def reset_identity(
     args: Iterable[Any] = (),
     kwargs: dict[str, Any] | None = None,
     unique_context: Any = None,
-    slot_width: int = 0,
+    spec: Any = None,
 ) -> dict[str, Any]:
     """Clear one identity's state on one queue, as ``PolicyQueue.reset`` does, for a function given by path.
 
-    Runs the same script (``lua/reset_identity.lua``): loner marker, throttle slots, pending trailing and debounced
-    jobs. When the throttle's slot width is not known (the function could not be imported), its slot keys are found
-    by SCAN first; a slot taken between that SCAN and the script survives, which is the same as a slot taken just
-    after the reset.
+    Runs the same script (``lua/reset.lua``): every admission policy's state of the identity (loner marker,
+    throttle windows, pending trailing and debounced jobs). Keys whose name needs a setting that is not known (the
+    function could not be imported, so ``spec`` is None) are found by SCAN first, through each policy's key
+    families; a key written between that SCAN and the script survives, which is the same as one written just after
+    the reset.
 
     Args:
         connection: the Redis connection.
@@ -260,27 +267,21 @@ def reset_identity(
         args: positional arguments of the call.
         kwargs: keyword arguments of the call.
         unique_context: the function's ``unique_context``, when it declares one.
-        slot_width: the declared Throttle's slot in seconds, 0 when unknown or none.
+        spec: the function's declared PolicySet, when it could be imported.
 
     Returns:
         ``{'digest', 'removed'}``: the identity and how many keys were removed.
     """
-    from rq.job import Job
-    from rq.registry import ScheduledJobRegistry
+    from rq.queue import Queue
 
-    from . import identity, scripts
+    from . import admission, identity
 
     digest = identity.digest(func_name, queue, tuple(args), dict(kwargs or {}), unique_context)
+    declared_names = {item.name for item in (spec.policies if spec else ())}
     scanned: list[str] = []
-    if not slot_width:
-        pattern = _glob_escape(keys.throttle_prefix(queue, digest)) + '*'
-        scanned = sorted(_text(k) for k in connection.scan_iter(match=pattern, count=1000))
-    scheduled = ScheduledJobRegistry(queue, connection=connection).key
-    removed = scripts.run(
-        'reset_identity',
-        connection,
-        [keys.throttle_prefix(queue, digest), keys.trailing(queue, digest), keys.loner(queue, digest),
-         keys.debounce(queue, digest), scheduled, *scanned],
-        [slot_width, Job.redis_job_namespace_prefix],
-    )
-    return {'digest': digest, 'removed': int(removed)}
+    for family in keys.FAMILIES:
+        if family.needs_setting and family.policy not in declared_names:
+            pattern = _glob_escape(family.prefix(queue, digest)) + '*'
+            scanned += sorted(_text(k) for k in connection.scan_iter(match=pattern, count=1000))
+    removed = admission.reset(Queue(queue, connection=connection), spec, digest, scanned)
+    return {'digest': digest, 'removed': removed}

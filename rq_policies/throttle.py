@@ -20,8 +20,9 @@ The throttle spaces *submissions*, not executions: if jobs wait in the queue, tw
 slot. ``enqueue_at``/``enqueue_in`` are submissions too: they claim the slot current at the call, and a winner runs
 at the time it asked for.
 
-This module also carries :meth:`PolicyQueue.force` and :meth:`PolicyQueue.reset`'s scripts (the Go throttler's
-``Force`` and ``Reset``), which act on every policy's state of one identity.
+A *window* is the throttle's unit of time (the public argument keeps its 0.1 name, ``slot``); a *hold* is
+QueueSlot's unit of concurrency. The window's key is ``rq:policies:throttle:<queue>:<digest>:<window number>``.
+The Lua part is ``lua/policies/throttle.lua``.
 """
 
 from __future__ import annotations
@@ -29,26 +30,18 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from rq.job import Job, JobStatus
+from rq.queue import Queue
 from rq.registry import ScheduledJobRegistry
 from rq.utils import import_attribute
 
-from . import identity, keys, scripts
+from . import admission, identity, keys
 from .exceptions import PolicyConfigurationError
-from .hints import Hints
 from .policy import AdmissionPolicy, Policy, PolicySet, declared, whole_seconds
 
-if TYPE_CHECKING:
-    from .queue import JobWrite, PolicyQueue
-
 logger = logging.getLogger('rq_policies')
-
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _when(epoch: float) -> str:
@@ -135,18 +128,71 @@ class Throttle(AdmissionPolicy):
         conn = connection if connection is not None else job.connection
         if conn is None:
             raise ValueError('connection: give a Redis connection (the job has none)')
-        from .queue import func_path  # the rq glue imports this module
-
         spec = _declared_spec(job)
         context = spec.unique_context if spec else None
-        digest = identity.digest(func_path(job), job.origin, job.args, job.kwargs, context)
-        code, jid, ends, _ = scripts.run(
-            'throttle_slot',
-            conn,
-            [keys.throttle_prefix(job.origin, digest), job.key, '', '', '', keys.DROPS],
-            [job.id, width, 'N', 0, -1, '', '', 0, keys.drop_field('throttle', job.origin), '', ''],
-        )
-        return Outcome(code == 1, _text(jid), float(ends))
+        digest = identity.digest(identity.func_path(job), job.origin, job.args, job.kwargs, context)
+        queue = Queue(job.origin, connection=conn, job_class=type(job))
+        verdict = admission.claim(queue, PolicySet((cls(width),)), digest, job)
+        return Outcome(verdict.code == 1, verdict.job_id, verdict.number)
+
+    # -- the admission framework's hooks --------------------------------------------------------------------------
+
+    @property
+    def probes(self) -> bool:
+        # A trailing extra is never dropped (it becomes the pending trailing job), so only the leading edge probes.
+        return not self.trailing
+
+    def admit_part(self, call: Any, queue: Any, digest: str) -> dict[str, Any]:
+        call.key('throttle.prefix', keys.throttle_prefix(queue.name, digest))
+        if self.trailing:
+            call.key('throttle.trailing', keys.trailing(queue.name, digest))
+            call.key('registry', ScheduledJobRegistry(queue=queue).key)
+        return {'width': self.slot, 'trailing': self.trailing}
+
+    def validate(self, job: Any, mode: str, force: bool) -> None:
+        if self.trailing and mode == 'D' and not force:
+            raise PolicyConfigurationError(
+                f'depends_on= cannot be combined with Throttle(trailing=True) (job {job.func_name!r}): an extra is '
+                'scheduled for the end of its slot, and a scheduled job does not wait for dependencies'
+            )
+
+    def hint_seconds(self, verdict: Any) -> float:
+        if self.trailing or verdict.policy not in ('', self.name) or verdict.code not in (0, 1):
+            return 0.0
+        return verdict.number - verdict.server_now
+
+    def on_drop(self, func_name: str, queue: str, verdict: Any) -> None:
+        if logger.isEnabledFor(logging.INFO):  # formatting the time costs as much as a tenth of a drop
+            logger.info(
+                'rq-policies: dropped %s on queue %r (throttle): slot held by job %s, slot ends at %s',
+                func_name, queue, verdict.job_id, _when(verdict.number),
+            )
+
+    def on_admit(self, job: Any, queue: str, verdict: Any) -> None:
+        if verdict.code != 2:
+            return
+        job._status = JobStatus.SCHEDULED
+        job.enqueued_at = None
+        if verdict.superseded and verdict.superseded != job.id:
+            logger.info(
+                'rq-policies: %s on queue %r (throttle): job %s replaces pending trailing job %s, runs at %s',
+                job.func_name, queue, job.id, verdict.superseded, _when(verdict.number),
+            )
+        else:
+            logger.debug(
+                "rq-policies: %s on queue %r (throttle): job %s is the slot's trailing job, runs at %s",
+                job.func_name, queue, job.id, _when(verdict.number),
+            )
+
+    @classmethod
+    def identity_families(cls) -> tuple[keys.Family, ...]:
+        return (keys.THROTTLE_KEYS, keys.TRAILING_KEYS)
+
+    @classmethod
+    def reset_part(cls, call: Any, queue: str, digest: str, declared: AdmissionPolicy | None) -> dict[str, Any]:
+        call.key('throttle.prefix', keys.throttle_prefix(queue, digest))
+        call.key('throttle.trailing', keys.trailing(queue, digest))
+        return {'width': declared.slot if isinstance(declared, Throttle) else 0}
 
 
 def _declared_spec(job: Job) -> PolicySet | None:
@@ -160,165 +206,3 @@ def _declared_spec(job: Job) -> PolicySet | None:
         except (ImportError, AttributeError, ValueError):
             return None
     return declared(target)
-
-
-# -- the fast path for an extra that is expected to lose -----------------------------------------------------------
-
-#: What this process last saw of slots (see rq_policies.hints): a hint lasts until the slot it saw ends.
-_hints = Hints()
-
-
-def _remember(key: tuple | None, digest: str, ends: Any, server_now: Any) -> None:
-    _hints.remember(key, digest, float(ends) - float(_text(server_now)))
-
-
-def quick_drop(queue: PolicyQueue, spec: PolicySet | None, f: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
-    """Drop an extra of a leading-edge throttle before rq builds its job, when this process saw its slot held.
-
-    Building and serializing a job costs more than the decision. A process that has seen this call's current slot
-    taken (it won or lost it earlier) first asks ``throttle_check.lua``, which drops the extra when the slot is still
-    held, as one complete atomic decision (a held slot stays held until it ends; force and reset only ever hand it to
-    a job that is written in the same step). Anything else (no hint, the slot free after all, a replayed job id,
-    options the full path must refuse) returns False and the enqueue takes the full path, which checks again and
-    writes in one script. A hint only chooses which script runs first; it never decides.
-
-    Returns:
-        (dropped, hint key): dropped is True when the enqueue was dropped (and logged and counted); the hint key is
-        for the full path to remember what it saw.
-    """
-    throttle = spec.get(Throttle) if spec else None
-    if throttle is None or throttle.trailing or not queue._is_async:
-        return False, None
-    key, call = _hints.confirmed(queue, throttle.slot, spec.unique_context, f, args, kwargs)
-    if call is None:
-        return False, key
-    func_name, digest, job_id = call
-    dropped, owner, ends, _ = scripts.run(
-        'throttle_check',
-        queue.connection,
-        [keys.throttle_prefix(queue.name, digest), keys.DROPS],
-        [job_id, throttle.slot, keys.drop_field('throttle', queue.name)],
-    )
-    if not dropped:
-        return False, key
-    _log_drop(func_name, queue.name, _text(owner), float(ends))
-    return True, key
-
-
-def _log_drop(func_name: str, queue: str, owner: str, ends: float) -> None:
-    if logger.isEnabledFor(logging.INFO):  # formatting the time costs as much as a tenth of a drop
-        logger.info(
-            'rq-policies: dropped %s on queue %r (throttle): slot held by job %s, slot ends at %s',
-            func_name, queue, owner, _when(ends),
-        )
-
-
-# -- the enqueue doors -----------------------------------------------------------------------------------------------
-
-
-def enqueue(queue: PolicyQueue, throttle: Throttle, digest: str, write: JobWrite, hint: tuple | None = None) -> bool:
-    """Admit one job through its Throttle (and its Loner, when it has one). Returns True when the job was written.
-
-    ``hint`` is the call's hint key (see :func:`quick_drop`), remembered with the slot this admission saw.
-    """
-    job = write.job
-    if throttle.trailing:
-        return _enqueue_trailing(queue, throttle, digest, write)
-    code, holder, ends, server_now = scripts.run(
-        'throttle_slot',
-        queue.connection,
-        [keys.throttle_prefix(queue.name, digest), job.key, write.dest, queue.redis_queues_keys, write.marker,
-         keys.DROPS],
-        [job.id, throttle.slot, write.mode, write.score, write.ttl, queue.key,
-         queue.job_class.redis_job_namespace_prefix, 1 if write.loner else 0, keys.drop_field('throttle', queue.name),
-         keys.drop_field('loner', queue.name), keys.wake(queue.name), *write.fields],
-    )
-    holder = _text(holder)
-    if code == 1:
-        _remember(hint, digest, ends, server_now)
-        return True
-    if code == 0:
-        _remember(hint, digest, ends, server_now)
-        _log_drop(job.func_name, queue.name, holder, float(ends))
-    else:
-        logger.info(
-            'rq-policies: dropped %s on queue %r (loner): identity held by job %s', job.func_name, queue.name, holder
-        )
-    return False
-
-
-def _enqueue_trailing(queue: PolicyQueue, throttle: Throttle, digest: str, write: JobWrite) -> bool:
-    job = write.job
-    if write.mode == 'D':
-        raise PolicyConfigurationError(
-            f'depends_on= cannot be combined with Throttle(trailing=True) (job {job.func_name!r}): an extra is '
-            'scheduled for the end of its slot, and a scheduled job does not wait for dependencies'
-        )
-    registry = ScheduledJobRegistry(queue=queue).key
-    code, jid, at, _, superseded = scripts.run(
-        'throttle_trailing',
-        queue.connection,
-        [keys.throttle_prefix(queue.name, digest), keys.trailing(queue.name, digest), job.key, queue.key, registry,
-         queue.redis_queues_keys, write.marker, keys.DROPS],
-        [job.id, throttle.slot, write.mode, write.score, write.ttl, queue.key,
-         queue.job_class.redis_job_namespace_prefix, 1 if write.loner else 0, keys.drop_field('loner', queue.name),
-         keys.wake(queue.name), *write.fields],
-    )
-    if code == -1:
-        logger.info(
-            'rq-policies: dropped %s on queue %r (loner): identity held by job %s', job.func_name, queue.name,
-            _text(jid),
-        )
-        return False
-    if code == 2:
-        job._status = JobStatus.SCHEDULED
-        job.enqueued_at = None
-        superseded = _text(superseded)
-        if superseded and superseded != job.id:
-            logger.info(
-                'rq-policies: %s on queue %r (throttle): job %s replaces pending trailing job %s, runs at %s',
-                job.func_name, queue.name, job.id, superseded, _when(float(at)),
-            )
-        else:
-            logger.debug(
-                'rq-policies: %s on queue %r (throttle): job %s is the slot\'s trailing job, runs at %s',
-                job.func_name, queue.name, job.id, _when(float(at)),
-            )
-    return True
-
-
-def force(queue: PolicyQueue, spec: PolicySet, digest: str, write: JobWrite) -> bool:
-    """Write a job now whatever its policies say: it takes the current slot, pending trailing/debounced jobs go."""
-    job = write.job
-    if write.mode == 'S':
-        raise PolicyConfigurationError('force() enqueues now; it cannot be scheduled')
-    throttle = spec.get(Throttle)
-    _, trailing, debounced = scripts.run(
-        'force_job',
-        queue.connection,
-        [keys.throttle_prefix(queue.name, digest), keys.trailing(queue.name, digest), keys.debounce(queue.name, digest),
-         job.key, write.dest, ScheduledJobRegistry(queue=queue).key, queue.redis_queues_keys, write.marker],
-        [job.id, throttle.slot if throttle else 0, write.mode, write.ttl, queue.key,
-         queue.job_class.redis_job_namespace_prefix, 1 if write.loner else 0, keys.wake(queue.name), *write.fields],
-    )
-    for kind, dropped in (('trailing', _text(trailing)), ('debounced', _text(debounced))):
-        if dropped:
-            logger.info(
-                'rq-policies: forced %s on queue %r as job %s; dropped pending %s job %s', job.func_name, queue.name,
-                job.id, kind, dropped,
-            )
-    return True
-
-
-def reset(queue: PolicyQueue, spec: PolicySet | None, digest: str) -> int:
-    """Clear one identity's policy state on ``queue``. Returns how many keys were removed."""
-    throttle = spec.get(Throttle) if spec else None
-    removed = scripts.run(
-        'reset_identity',
-        queue.connection,
-        [keys.throttle_prefix(queue.name, digest), keys.trailing(queue.name, digest), keys.loner(queue.name, digest),
-         keys.debounce(queue.name, digest), ScheduledJobRegistry(queue=queue).key],
-        [throttle.slot if throttle else 0, queue.job_class.redis_job_namespace_prefix],
-    )
-    return int(removed)
-

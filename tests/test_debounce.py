@@ -6,6 +6,7 @@ import logging
 import math
 import time
 from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
 
 import jobs
 import pytest
@@ -16,7 +17,8 @@ from rq.registry import ScheduledJobRegistry
 from throttle_helpers import WorkerProcess, ran, server_now, wait_for_runs
 from workers import race
 
-from rq_policies import Debounce, PolicyConfigurationError, PolicyQueue, PolicySimpleWorker, identity, keys, scripts
+from rq_policies import Debounce, PolicyConfigurationError, PolicyQueue, PolicySet, PolicySimpleWorker, identity, keys
+from rq_policies.admission import JobWrite, admit_call
 
 
 def pending(conn, q) -> list[tuple[str, float]]:
@@ -102,16 +104,14 @@ def test_max_wait_caps_the_delay_since_the_first_pending_enqueue(connection):
 
 
 def test_debounce_script_direct(connection):
-    argv = [30, 0, 0, -1, 'rq:queue:q', 'rq:job:']
-    state = keys.debounce('q', 'c' * 64)
+    digest = 'c' * 64
+    q = PolicyQueue('q', connection=connection)
 
     def debounce(jid, not_before=0):
-        args = list(argv)
-        args[2] = not_before
-        return scripts.run(
-            'debounce_job', connection, [state, f'rq:job:{jid}', 'rq:scheduled:q', 'rq:queues'],
-            [jid, *args, 'status', 'scheduled', 'origin', 'q'],
-        )
+        write = JobWrite(SimpleNamespace(id=jid, key=f'rq:job:{jid}'), 'S', not_before, 'rq:scheduled:q', -1,
+                         ['status', 'scheduled', 'origin', 'q'])
+        reply = admit_call(q, PolicySet((Debounce(30),)), digest, write).run(connection)
+        return reply[2], reply[3], reply[4], reply[5]
 
     jid, at, now, superseded = debounce('a')
     assert (jid, superseded) == (b'a', b'') and at == math.ceil(float(now) + 30)

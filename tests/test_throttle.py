@@ -24,12 +24,13 @@ from rq_policies import (
     PipelineNotSupported,
     PolicyConfigurationError,
     PolicyQueue,
+    PolicySet,
     PolicySimpleWorker,
     Throttle,
+    admission,
     identity,
     keys,
     policy,
-    scripts,
 )
 
 
@@ -79,11 +80,13 @@ def test_combinations():
 
 
 def test_slot_script_direct(connection):
-    prefix = keys.throttle_prefix('q', 'a' * 64)
-    argv = [3600, 'N', 0, -1, '', '', 0, 'throttle:q', 'loner:q', '']
+    digest = 'a' * 64
+    prefix = keys.throttle_prefix('q', digest)
+    q = PolicyQueue('q', connection=connection)
 
     def claim(jid):
-        return scripts.run('throttle_slot', connection, [prefix, jid, '', '', '', keys.DROPS], [jid, *argv])
+        verdict = admission.claim(q, PolicySet((Throttle(3600),)), digest, q.create_job(jobs.plain, job_id=jid))
+        return [verdict.code, verdict.job_id.encode(), verdict.number, verdict.server_now]
 
     code, owner, ends, now = claim('j1')
     now = float(now)
@@ -99,24 +102,26 @@ def test_slot_script_direct(connection):
 
 
 def test_check_and_reset_scripts_direct(connection):
-    prefix = keys.throttle_prefix('q', 'b' * 64)
+    digest = 'b' * 64
+    prefix = keys.throttle_prefix('q', digest)
+    q = PolicyQueue('q', connection=connection)
+    spec = PolicySet((Throttle(3600),))
 
     def check(jid):
-        return scripts.run('throttle_check', connection, [prefix, keys.DROPS], [jid, 3600, 'throttle:q'])
+        return admission.probe(q, spec, digest, jid)
 
-    dropped, owner, ends, _ = check('')
-    assert (dropped, owner) == (0, b'')  # a free slot decides nothing and counts nothing
+    verdict = check('')
+    assert (verdict.code, verdict.job_id) == (-1, '')  # a free slot decides nothing and counts nothing
     assert connection.exists(keys.DROPS) == 0
-    index = int(ends) // 3600 - 1
+    index = int(verdict.number) // 3600 - 1
     connection.set(f'{prefix}{index}', 'owner')
     connection.set(f'{prefix}{index + 1}', 'trailing-owner')
-    assert check('')[:2] == [1, b'owner']
-    assert check('owner')[0] == 0  # the owner itself (a replay) goes on to the full path
+    dropped = check('')
+    assert (dropped.code, dropped.job_id) == (0, 'owner')
+    assert check('owner').code == -1  # the owner itself (a replay) goes on to the full path
     assert connection.hget(keys.DROPS, 'throttle:q') == b'1'
-    connection.set('marker', 'x')
-    removed = scripts.run(
-        'reset_identity', connection, [prefix, 'trailing', 'marker', 'debounce', 'rq:scheduled:q'], [3600, 'rq:job:']
-    )
+    connection.set(keys.loner('q', digest), 'x')
+    removed = admission.reset(q, spec, digest)
     assert removed == 3 and connection.keys('*') == [keys.DROPS.encode()]
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from django_rq.queues import DjangoRQ
 
-from ..queue import _DECLARED, PolicyQueue, _door
+from ..queue import DECLARED, PolicyQueue, door_override
 
 #: Keyword that carries a call's policy override to the deferred enqueue (not a job option).
 _OVERRIDE = '_rq_policies_override'
@@ -23,14 +23,13 @@ _OVERRIDE = '_rq_policies_override'
 class PolicyDjangoQueue(PolicyQueue, DjangoRQ):
     """django-rq's queue class with rq-policies' admission: ``RQ = {'QUEUE_CLASS': '...PolicyDjangoQueue'}``."""
 
-    def enqueue_call(self, func: Any, *args: Any, policy: Any = _DECLARED, **kwargs: Any) -> Any:  # type: ignore[override]
+    def enqueue_call(self, func: Any, *args: Any, policy: Any = DECLARED, **kwargs: Any) -> Any:  # type: ignore[override]
         # When enqueue() opened the door, its policy rules; carry it to wherever DjangoRQ runs the real enqueue.
-        door = _door.get()
-        override = door.override if door is not None else policy
+        override = door_override(policy)
         return DjangoRQ.enqueue_call(self, func, *args, **{_OVERRIDE: override}, **kwargs)
 
     def original_enqueue_call(self, *args: Any, **kwargs: Any) -> Any:
-        override = kwargs.pop(_OVERRIDE, _DECLARED)
+        override = kwargs.pop(_OVERRIDE, DECLARED)
         # At commit time no door is open any more: open one, so the job is admitted when it is written.
         with self._door(override):
             return DjangoRQ.original_enqueue_call(self, *args, **kwargs)

@@ -1,0 +1,108 @@
+--[[
+  Admit one job through every admission policy it is enqueued under, and write it, in one
+  atomic step. Every policy's check runs before anything is written: a drop writes nothing but
+  its counter, so "nothing is written before the decision" is this script's property, not each
+  policy's. Then each policy commits its own state (a marker, a window key, a pending pointer;
+  a commit may first drop the pending job this one supersedes), and the job is written exactly
+  as rq's enqueue writes it (lib/save_job.lua).
+
+  A policy's part (lua/policies/<name>.lua, included by `-- @policies`) may define:
+    check(ctx, p)  -> nil to pass, {who = id, n = number} to drop, {replay = true, n = number}
+                      when this very call was already admitted (a retried call whose reply was
+                      lost: answered as admitted, nothing written again); it may also plan the
+                      write (ctx.mode, ctx.score, ctx.dest, ctx.scheduled) and name the pending
+                      job this one would supersede (ctx.supersedes)
+    commit(ctx, p) -> writes the policy's own state, before the job is written
+    force(ctx, p)  -> PolicyQueue.force: takes the policy's state whatever it holds
+  `p` is the policy's own arguments (a.p[name]); ctx.key(name) is the key passed as `name`.
+
+  KEYS  by name (rq_policies/ops.py): job (rq:job:<id>), dest (the queue list, the scheduled
+        registry, or the queue key, unused, for mode D/N), queues (rq:queues), drops
+        (rq:policies:drops), and each policy's keys, named '<policy>.<what>'
+  ARGV[1]  one msgpack map (lib/codec.lua):
+    jid         the job id ('' in a probe without an explicit id)
+    mode        R | L (push to tail / head), S (scheduled at score), D (hash only: deferred),
+                N (claim the policies' state only, write no job: Throttle.admit)
+    score       epoch seconds the job is scheduled for (mode S), else 0
+    ttl         seconds the job hash (and what names it) lives; -1 for no expiry
+    queue_key   rq:queue:<q>, added to rq:queues
+    job_prefix  rq:job:
+    wake        rq:policies:wake:<q>, published on a push so idle PolicyWorkers wake
+    fields      the job hash as a flat field/value list
+    order       policy names, in the order their checks run
+    p           policy name -> that policy's arguments
+    drops       policy name -> its field in the drop counters (<policy>:<q>)
+    force       true: PolicyQueue.force (no check; every policy's force, then the write)
+    probe       true: run the checks only (the fast path for an expected drop); write nothing
+                but a drop's counter
+
+  Returns {code, policy, job id, n, server now, superseded, dropped...}:
+    code 1 admitted (job id = ours; n = the policy's number, e.g. the window's end), 2 admitted
+    as a pending trailing job (n = its run time), 0 dropped by `policy` (job id = the job that
+    holds the identity; n = e.g. the window's end), -1 a probe that found nothing to drop.
+    superseded = the pending job this one replaced and deleted, or ''. dropped... = pairs of
+    (policy, job id) of pending jobs a force dropped.
+]]
+local rcall = redis.call
+
+-- @include "lib/codec.lua"
+-- @include "lib/server_time.lua"
+-- @include "lib/save_job.lua"
+
+local a = decode_args(ARGV[1])
+local P = {}
+-- @policies
+
+local now = server_now()
+local ctx = {
+  jid = a.jid, mode = a.mode, score = a.score or 0, ttl = a.ttl, job_prefix = a.job_prefix,
+  now = now, dest = a.k.dest and KEYS[a.k.dest], scheduled = false, code = 1, n = 0,
+  superseded = '', dropped = {},
+}
+function ctx.key(name)
+  return KEYS[a.k[name]]
+end
+
+local order = a.order
+local nowstr = format_now(now)
+
+if a.force then
+  for _, name in ipairs(order) do
+    local part = P[name]
+    if part.force then part.force(ctx, a.p[name]) end
+  end
+else
+  for _, name in ipairs(order) do
+    local verdict = P[name].check(ctx, a.p[name])
+    if verdict then
+      if verdict.replay then
+        if a.probe then return {-1, name, ctx.jid, verdict.n or 0, nowstr, ''} end
+        return {1, name, ctx.jid, verdict.n or 0, nowstr, ''}
+      end
+      rcall('HINCRBY', KEYS[a.k.drops], a.drops[name], 1)
+      return {0, name, verdict.who, verdict.n or 0, nowstr, ''}
+    end
+  end
+  if a.probe then return {-1, '', '', ctx.n, nowstr, ''} end
+  for _, name in ipairs(order) do
+    local part = P[name]
+    if part.commit then part.commit(ctx, a.p[name]) end
+  end
+end
+
+if ctx.mode ~= 'N' then
+  save_job(KEYS[a.k.job], ctx.dest, KEYS[a.k.queues], a.queue_key, ctx.jid, ctx.mode, ctx.score, ctx.ttl,
+           a.fields, a.wake)
+  if ctx.scheduled then
+    -- Built as a queued job; one that waits for its run time is a scheduled one, exactly as rq's
+    -- schedule_job writes it (no enqueued_at until the scheduler moves it).
+    rcall('HSET', KEYS[a.k.job], 'status', 'scheduled')
+    rcall('HDEL', KEYS[a.k.job], 'enqueued_at')
+  end
+end
+local reply = {ctx.code, '', ctx.jid, ctx.n, nowstr, ctx.superseded}
+for _, item in ipairs(ctx.dropped) do
+  reply[#reply + 1] = item[1]
+  reply[#reply + 1] = item[2]
+end
+return reply

@@ -1,0 +1,23 @@
+-- Shared: write an admitted job exactly as rq's own enqueue would, so that rq, rq-dashboard and
+-- stock workers read it unchanged, and wake idle PolicyWorkers when it was pushed. `fields` is a
+-- flat field/value list from Job.to_dict(); `mode` is "R" (push to the tail), "L" (push to the
+-- head), "S" (add to the scheduled registry at `score`), or "D" (hash only: the caller completes
+-- a deferred enqueue through rq). `ttl` > 0 expires the hash like Job.cleanup(ttl) does. `wake`
+-- is the queue's wake-up channel, published on a push (nil: no wake-up).
+local function save_job(job_key, dest_key, queues_key, queue_key, jid, mode, score, ttl, fields, wake)
+  redis.call('HSET', job_key, unpack(fields))
+  if ttl > 0 then
+    redis.call('EXPIRE', job_key, ttl)
+  end
+  if mode == 'R' then
+    redis.call('RPUSH', dest_key, jid)
+  elseif mode == 'L' then
+    redis.call('LPUSH', dest_key, jid)
+  elseif mode == 'S' then
+    redis.call('ZADD', dest_key, score, jid)
+  end
+  redis.call('SADD', queues_key, queue_key)
+  if wake and (mode == 'R' or mode == 'L') then
+    redis.call('PUBLISH', wake, jid)
+  end
+end

@@ -1,0 +1,229 @@
+"""The admission framework: one script call (``lua/admit.lua``) admits a job through every policy it is declared
+under, whichever they are.
+
+A door (``PolicyQueue.enqueue`` and the rest) builds the job as rq would and hands it here with its PolicySet. This
+module asks each declared admission policy for its part of the call (its keys, by name, and its arguments, one value
+each, see :class:`rq_policies.policy.AdmissionPolicy`), runs the script, and reads the one small verdict that comes
+back: admitted, or dropped by a named policy with the id of the job that holds the identity. It names no policy:
+what a verdict means for the caller's log line or job status is the policy's own ``on_drop``/``on_admit``.
+
+The same script answers two more questions: ``probe`` (the fast path for an enqueue expected to be dropped: the
+checks only, before rq builds the job, see :mod:`rq_policies.hints`) and ``force`` (enqueue whatever the policies
+say). ``reset`` clears one identity's state of every registered admission policy through ``lua/reset.lua``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rq.registry import ScheduledJobRegistry
+
+from . import keys
+from .exceptions import PolicyConfigurationError
+from .hints import Hints, call_identity, hint_key
+from .ops import Call
+from .policy import ADMISSION, PolicySet, registered
+
+if TYPE_CHECKING:
+    from rq.job import Job
+    from rq.queue import Queue
+
+logger = logging.getLogger('rq_policies')
+
+
+def text(value: Any) -> str:
+    """A reply element as str (redis-py returns bytes unless the connection decodes responses)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass
+class JobWrite:
+    """How the admission script writes one job, as rq's own enqueue would.
+
+    Attributes:
+        job: the job, prepared by the queue (origin, status, timeout set).
+        mode: R | L (push to tail / head), S (scheduled), D (hash only: deferred), N (write no job).
+        score: epoch seconds the job is scheduled for (mode S), else 0.
+        dest: the queue list, the scheduled registry, or the queue key (unused) for modes D and N.
+        ttl: seconds the job hash lives, -1 for no expiry.
+        fields: the job hash as a flat field/value list (each policy's extra fields included).
+    """
+
+    job: Job
+    mode: str
+    score: int
+    dest: str
+    ttl: int
+    fields: list[Any]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the admission script decided.
+
+    Attributes:
+        code: 1 admitted, 2 admitted as a pending job (a trailing job), 0 dropped, -1 a probe that found no drop.
+        policy: the policy that dropped the job (or answered a replay), '' otherwise.
+        job_id: ours when admitted; the holder of the identity when dropped.
+        number: the deciding policy's number (a throttle window's end, a pending job's run time), epoch seconds.
+        server_now: the server's clock when the script ran.
+        superseded: the pending job this one replaced and deleted, or ''.
+        dropped: (kind, job id) of the pending jobs a force dropped.
+    """
+
+    code: int
+    policy: str
+    job_id: str
+    number: float
+    server_now: float
+    superseded: str
+    dropped: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def read(cls, reply: list[Any]) -> Verdict:
+        code, policy, job_id, number, server_now, superseded, *rest = reply
+        dropped = tuple((text(rest[i]), text(rest[i + 1])) for i in range(0, len(rest) - 1, 2))
+        return cls(int(code), text(policy), text(job_id), float(number), float(text(server_now)), text(superseded),
+                   dropped)
+
+
+def _policy_call(queue: Queue, spec: PolicySet, digest: str, **args: Any) -> Call:
+    """The admit call with every declared admission policy's part: keys by name, arguments under ``p``."""
+    call = Call('admit', **args)
+    call.key('drops', keys.DROPS)
+    ordered = sorted((p for p in spec.policies if p.kind == ADMISSION), key=lambda p: (p.rank, p.name))
+    parts: dict[str, Any] = {}
+    for item in ordered:
+        parts[item.name] = item.admit_part(call, queue, digest)
+    call.arg('order', [item.name for item in ordered])
+    call.arg('p', parts)
+    call.arg('drops', {item.name: keys.drop_field(item.name, queue.name) for item in ordered})
+    call.arg('job_prefix', queue.job_class.redis_job_namespace_prefix)
+    return call
+
+
+def admit_call(queue: Queue, spec: PolicySet, digest: str, write: JobWrite, force: bool = False) -> Call:
+    """The ``lua/admit.lua`` call that writes ``write.job`` through ``spec`` (see :func:`admit`, which runs it)."""
+    job = write.job
+    call = _policy_call(queue, spec, digest, jid=job.id, mode=write.mode, score=write.score, ttl=write.ttl,
+                        queue_key=queue.key, wake=keys.wake(queue.name), fields=write.fields, force=force)
+    call.key('job', job.key)
+    call.key('dest', write.dest)
+    call.key('queues', queue.redis_queues_keys)
+    return call
+
+
+def admit(queue: Queue, spec: PolicySet, digest: str, write: JobWrite, force: bool = False,
+          hint: tuple | None = None) -> bool:
+    """Run one job's admission (or, with ``force``, write it whatever its policies say). True when it was written."""
+    job = write.job
+    for item in spec.policies:
+        item.validate(job, write.mode, force)
+    if force and write.mode == 'S':
+        raise PolicyConfigurationError('force() enqueues now; it cannot be scheduled')
+    call = admit_call(queue, spec, digest, write, force)
+    verdict = Verdict.read(call.run(queue.connection))
+    by_name = {item.name: item for item in spec.policies}
+    if verdict.code == 0:
+        _remember(hint, spec, digest, verdict)
+        by_name[verdict.policy].on_drop(job.func_name, queue.name, verdict)
+        return False
+    _remember(hint, spec, digest, verdict)
+    for item in spec.policies:
+        item.on_admit(job, queue.name, verdict)
+    for kind, dropped in verdict.dropped:
+        logger.info('rq-policies: forced %s on queue %r as job %s; dropped pending %s job %s', job.func_name,
+                    queue.name, job.id, kind, dropped)
+    return True
+
+
+def claim(queue: Queue, spec: PolicySet, digest: str, job: Job) -> Verdict:
+    """Take the policies' state for ``job`` without writing the job (mode N: :meth:`Throttle.admit`)."""
+    call = _policy_call(queue, spec, digest, jid=job.id, mode='N', score=0, ttl=-1, queue_key=queue.key)
+    return Verdict.read(call.run(queue.connection))
+
+
+# -- the fast path for an enqueue that is expected to be dropped ---------------------------------------------------
+
+#: What this process last saw of identities held (see rq_policies.hints).
+_hints = Hints()
+
+
+def _remember(hint: tuple | None, spec: PolicySet, digest: str, verdict: Verdict) -> None:
+    if hint is None:
+        return
+    seconds = max((item.hint_seconds(verdict) for item in spec.policies), default=0.0)
+    if seconds > 0:
+        _hints.remember(hint, digest, seconds)
+
+
+def quick_drop(queue: Queue, spec: PolicySet | None, f: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
+    """Drop an expected duplicate before rq builds its job, when this process just saw its identity held.
+
+    Building and serializing a job costs more than the decision. A process that has just seen this call's identity
+    held first runs the admission script as a probe: the checks only, which drop the extra as one complete atomic
+    decision when the identity is still held. Anything else (no hint, the identity free after all, a replayed job
+    id, options the full path must refuse) returns False and the enqueue takes the full path, which checks again and
+    writes in one script. A hint only chooses which call runs first; it never decides.
+
+    Returns:
+        (dropped, hint key): dropped is True when the enqueue was dropped (and logged and counted); the hint key is
+        for the full path to remember what it saw.
+    """
+    if spec is None or not queue._is_async or not all(item.probes for item in spec.policies):
+        return False, None
+    key = hint_key(queue.name, spec.policies, f, args, kwargs)
+    seen = _hints.get(key)
+    if seen is None:
+        return False, key
+    found = call_identity(queue, spec.unique_context, f, args, kwargs)
+    if found is None or found[1] != seen:
+        return False, None
+    func_name, digest, job_id = found
+    verdict = probe(queue, spec, digest, job_id)
+    if verdict.code != 0:
+        _hints.forget(key)
+        return False, key
+    _remember(key, spec, digest, verdict)
+    next(item for item in spec.policies if item.name == verdict.policy).on_drop(func_name, queue.name, verdict)
+    return True, key
+
+
+def probe(queue: Queue, spec: PolicySet, digest: str, job_id: str = '') -> Verdict:
+    """Run only the checks of ``spec`` for one identity: code 0 (dropped, counted) or -1 (nothing to drop; a replay
+    of ``job_id`` is also -1, for the full path to answer). Writes nothing but a drop's counter."""
+    call = _policy_call(queue, spec, digest, jid=job_id, mode='N', score=0, ttl=-1, queue_key=queue.key, probe=True)
+    return Verdict.read(call.run(queue.connection))
+
+
+# -- reset -----------------------------------------------------------------------------------------------------------
+
+
+def reset(queue: Queue, spec: PolicySet | None, digest: str, scanned: list[str] | None = None) -> int:
+    """Clear one identity's state of every registered admission policy on ``queue``; how many keys went.
+
+    A policy that is declared passes its settings (a throttle's window width); one that is not still clears what it
+    can find from the identity alone. ``scanned`` are keys the caller found by SCAN for state whose name needs a
+    setting it does not know (``rq-policies reset`` of a function it cannot import).
+    """
+    declared = {item.name: item for item in (spec.policies if spec else ())}
+    call = Call('reset', job_prefix=queue.job_class.redis_job_namespace_prefix)
+    call.key('registry', ScheduledJobRegistry(queue=queue).key)
+    parts: dict[str, Any] = {}
+    for cls in registered(ADMISSION):
+        parts[cls.name] = cls.reset_part(call, queue.name, digest, declared.get(cls.name))
+    call.key_list('scanned', list(scanned or ()))
+    call.arg('order', list(parts))
+    call.arg('p', parts)
+    return int(call.run(queue.connection))
+
+
+def release(connection: Any, job_prefix: str, job_ids: list[str]) -> None:
+    """These jobs stopped waiting (deleted, cancelled, removed from their queue): every admission policy frees what
+    they hold. ``connection`` may be a pipeline, which the releases then ride."""
+    if not job_ids:
+        return
+    for cls in registered(ADMISSION):
+        cls.release(connection, job_prefix, job_ids)

@@ -53,6 +53,13 @@ class Loner(AdmissionPolicy):
         return HINT_SECONDS if verdict.code == 0 and verdict.policy == self.name else 0.0
 
     @classmethod
+    def examples(cls) -> tuple[AdmissionPolicy, ...]:
+        return (cls(),)
+
+    #: Constructor arguments this policy refuses, each with the argument its error names (the contract suite).
+    invalid: ClassVar[tuple[tuple[dict[str, Any], str], ...]] = ()
+
+    @classmethod
     def identity_families(cls) -> tuple[keys.Family, ...]:
         return (keys.LONER_KEYS,)
 

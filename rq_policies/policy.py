@@ -102,6 +102,15 @@ class Policy:
         return None
 
     @classmethod
+    def examples(cls) -> tuple[Policy, ...]:
+        """Instances covering this policy's distinct behaviours; the contract suite runs each one
+        (``tests/contract``), so a new policy gets those tests by registering."""
+        return ()
+
+    #: Constructor arguments the policy refuses, each with the argument its error must name (the contract suite).
+    invalid: ClassVar[tuple[tuple[dict[str, Any], str], ...]] = ()
+
+    @classmethod
     def identity_families(cls) -> tuple[Any, ...]:
         """The per-identity key families this policy writes (:class:`rq_policies.keys.Family`), for info and reset."""
         return ()

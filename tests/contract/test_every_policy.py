@@ -1,0 +1,126 @@
+"""The contract every registered admission policy keeps, parametrized over the registry.
+
+A new policy gets these tests by registering (defining its class) and giving ``examples()`` and ``invalid``:
+
+* a replayed call (redis-py retries a command whose reply was lost, with the same arguments) writes nothing more;
+* ``reset`` clears everything the policy wrote for an identity;
+* every key it writes is under ``rq:policies:``, is one of its own key families (built and parsed by keys.py), and
+  expires, or is freed by the operation that ends its purpose (a marker held while its job waits);
+* ``info --json`` shows its state, and a drop is counted under its name for the metrics;
+* bad arguments raise an error naming the argument.
+"""
+
+from __future__ import annotations
+
+import jobs
+import pytest
+
+from rq_policies import PolicyQueue, keys, ops, state
+from rq_policies.policy import ADMISSION, registered
+
+CASES = [
+    pytest.param(example, id=repr(example)) for cls in registered(ADMISSION) for example in cls.examples()
+]
+INVALID = [
+    pytest.param(cls, kwargs, argument, id=f'{cls.name}-{argument}-{kwargs}')
+    for cls in registered(ADMISSION) for kwargs, argument in cls.invalid
+]
+RQ_KEYS = ('rq:job:', 'rq:queue:', 'rq:scheduled:', 'rq:queues')
+
+
+def test_every_admission_policy_gives_examples():
+    assert registered(ADMISSION), 'no admission policy registered'
+    for cls in registered(ADMISSION):
+        assert cls.examples(), f'{cls.name}: examples() must give at least one instance for the contract suite'
+
+
+def shape(conn):
+    """Every key with its type and members (not values that carry a time): what a replay must not change."""
+    out = {}
+    for raw in sorted(conn.keys('*')):
+        key = raw.decode()
+        kind = conn.type(key).decode()
+        if kind == 'list':
+            out[key] = ('list', tuple(conn.lrange(key, 0, -1)))
+        elif kind == 'zset':
+            out[key] = ('zset', tuple(conn.zrange(key, 0, -1)))
+        elif kind == 'hash':
+            out[key] = ('hash', tuple(sorted(conn.hkeys(key))))
+        elif kind == 'set':
+            out[key] = ('set', tuple(sorted(conn.smembers(key))))
+        else:
+            out[key] = (kind, conn.get(key))
+    return out
+
+
+def enqueue(conn, example, job_id):
+    q = PolicyQueue('contract', connection=conn)
+    return q.enqueue(jobs.plain, 1, policy=example, job_id=job_id)
+
+
+@pytest.mark.parametrize('example', CASES)
+def test_a_replayed_admission_writes_nothing_more(connection, monkeypatch, example):
+    assert enqueue(connection, example, 'contract-1') is not None
+    once = shape(connection)
+    connection.flushdb()
+    real_run = ops.Call.run
+
+    def lost_reply(self, client):
+        real_run(self, client)  # the first attempt lands; its reply is lost and redis-py sends the call again
+        return real_run(self, client)
+
+    monkeypatch.setattr(ops.Call, 'run', lost_reply)
+    job = enqueue(connection, example, 'contract-1')
+    monkeypatch.undo()
+    assert job is not None and job.id == 'contract-1'  # the replay answers as the first attempt would have
+    assert shape(connection) == once
+
+
+@pytest.mark.parametrize('example', CASES)
+def test_reset_clears_everything_the_policy_wrote(connection, example):
+    q = PolicyQueue('contract', connection=connection)
+    first = q.enqueue(jobs.plain, 1, policy=example)
+    q.enqueue(jobs.plain, 1, policy=example)  # a second call: a drop, a trailing extra, a replacement
+    assert first is not None
+    q.reset(jobs.plain, 1, policy=example)
+    left = [k.decode() for k in connection.keys(keys.PREFIX + '*')]
+    assert [k for k in left if k not in (keys.DROPS,) and not k.startswith(keys.PREFIX + 'wake:')] == []
+
+
+@pytest.mark.parametrize('example', CASES)
+def test_every_key_is_its_own_family_and_expires_or_is_freed(connection, example):
+    q = PolicyQueue('contract', connection=connection)
+    q.enqueue(jobs.plain, 1, policy=example)
+    q.enqueue(jobs.plain, 1, policy=example)
+    families = type(example).identity_families()
+    for raw in connection.keys('*'):
+        key = raw.decode()
+        if key.startswith(RQ_KEYS):
+            continue
+        assert key.startswith(keys.PREFIX), key
+        if key == keys.DROPS:
+            continue  # counters, documented in keys.py
+        family = next((f for f in families if f.parse(key)), None)
+        assert family is not None, f'{key} is not one of {example.name}\'s key families'
+        assert family.parse(key)[0] == 'contract'
+        assert connection.pttl(key) > 0 or family.while_waiting, f'{key} never expires'
+
+
+@pytest.mark.parametrize('example', CASES)
+def test_info_shows_the_policy_state_and_drops_count_under_its_name(connection, example):
+    q = PolicyQueue('contract', connection=connection)
+    q.enqueue(jobs.plain, 1, policy=example)
+    second = q.enqueue(jobs.plain, 1, policy=example)
+    snap = state.snapshot(connection, ['contract'])['queues']['contract']
+    families = type(example).identity_families()
+    assert sum(snap[f.name]['count'] for f in families) >= 1
+    if second is None:  # dropped: counted for the metrics under the policy's one name
+        assert snap['drops'] == {example.name: 1}
+        assert {'policy': example.name, 'queue': 'contract', 'count': 1} in state.drops(connection)
+
+
+@pytest.mark.parametrize('cls, kwargs, argument', INVALID)
+def test_bad_arguments_name_the_argument(connection, cls, kwargs, argument):
+    with pytest.raises((TypeError, ValueError), match=argument):
+        cls(**kwargs)
+    assert connection.dbsize() == 0

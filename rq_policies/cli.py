@@ -22,7 +22,7 @@ from rq.cli.helpers import pass_cli_config
 from rq.utils import import_attribute
 
 from . import __version__, identity, state
-from .policy import MAX_CAPACITY, declared, positive_int
+from .policy import MAX_CAPACITY, by_name, declared, positive_int
 from .queue_slot import QueueSlot
 
 
@@ -109,28 +109,11 @@ def _print_info(snap: dict[str, Any]) -> None:
         for hold in q['holds']:
             click.echo(f'  hold      {hold["holder"]:<48} expires in {hold["expires_in"]:.1f}s')
         _more(q['holds_in_use'], q['holds'], '  ')
-        loner = q['loner']
-        if loner['count']:
-            stale = loner['count'] - loner['waiting']
-            click.echo(f'  loner     {loner["waiting"]} waiting' + (f', {stale} stale' if stale else ''))
-            for row in loner['entries']:
-                click.echo(f'    {_short(row["digest"])}  job {row["job_id"]} ({row["job_status"] or "gone"})')
-            _more(loner['count'], loner['entries'])
-        throttle = q['throttle']
-        if throttle['count']:
-            click.echo(f'  throttle  {throttle["count"]} live slot(s)')
-            for row in throttle['entries']:
-                expires = f'expires in {row["expires_in"]:.1f}s' if row['expires_in'] is not None else 'no expiry'
-                click.echo(f'    {_short(row["digest"])}  slot {row["slot"]}  job {row["job_id"]}  {expires}')
-            _more(throttle['count'], throttle['entries'])
-        for family in ('trailing', 'debounce'):
-            block = q[family]
-            if block['count']:
-                click.echo(f'  {family:<9} {block["count"]} pending')
-                for row in block['entries']:
-                    what = f'job {row["job_id"]}' if family == 'trailing' else json.dumps(row['fields'], sort_keys=True)
-                    expires = f'  expires in {row["expires_in"]:.1f}s' if row['expires_in'] is not None else ''
-                    click.echo(f'    {_short(row["digest"])}  {what}{expires}')
+        for family in state.families():
+            block = q.get(family.name)
+            if block and block['count']:
+                for line in by_name(family.policy).describe(family, block):
+                    click.echo(line)
                 _more(block['count'], block['entries'])
         if q['drops']:
             click.echo('  dropped   ' + ', '.join(f'{policy} {count}' for policy, count in sorted(q['drops'].items())))

@@ -16,6 +16,7 @@ debounced too; the job runs at the debounce time or the time asked for, whicheve
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import datetime, timezone
 from typing import Any, ClassVar
@@ -95,6 +96,14 @@ class Debounce(AdmissionPolicy):
     @classmethod
     def identity_families(cls) -> tuple[keys.Family, ...]:
         return (keys.DEBOUNCE_KEYS,)
+
+    @classmethod
+    def describe(cls, family: keys.Family, block: dict[str, Any]) -> list[str]:
+        lines = [f'  {family.name:<9} {block["count"]} pending']
+        for row in block['entries']:
+            expires = f'  expires in {row["expires_in"]:.1f}s' if row['expires_in'] is not None else ''
+            lines.append(f'    {row["digest"][:12]}  {json.dumps(row["fields"], sort_keys=True)}{expires}')
+        return lines
 
     @classmethod
     def reset_part(cls, call: Any, queue: str, digest: str, declared: AdmissionPolicy | None) -> dict[str, Any]:

@@ -64,6 +64,14 @@ class Loner(AdmissionPolicy):
         return (keys.LONER_KEYS,)
 
     @classmethod
+    def describe(cls, family: keys.Family, block: dict[str, Any]) -> list[str]:
+        stale = block['count'] - block['waiting']
+        lines = [f'  loner     {block["waiting"]} waiting' + (f', {stale} stale' if stale else '')]
+        for row in block['entries']:
+            lines.append(f'    {row["digest"][:12]}  job {row["job_id"]} ({row["job_status"] or "gone"})')
+        return lines
+
+    @classmethod
     def reset_part(cls, call: Call, queue: str, digest: str, declared: AdmissionPolicy | None) -> dict[str, Any]:
         call.key('loner.marker', keys.loner(queue, digest))
         return {}

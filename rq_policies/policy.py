@@ -181,6 +181,14 @@ class AdmissionPolicy(Policy):
         """The job was admitted: bring the Python object in line with what the script wrote, log what it replaced."""
 
     @classmethod
+    def describe(cls, family: Any, block: dict[str, Any]) -> list[str]:
+        """The lines ``rq-policies info`` prints for one of this policy's key families on one queue (``block`` is
+        what ``info --json`` shows for it: ``count`` and the listed ``entries``)."""
+        lines = [f'  {family.name:<9} {block["count"]} key(s)']
+        lines += [f'    {row["digest"][:12]}  {row}' for row in block['entries']]
+        return lines
+
+    @classmethod
     def reset_part(cls, call: Any, queue: str, digest: str, declared: AdmissionPolicy | None) -> dict[str, Any]:
         """Add the keys ``lua/reset.lua`` clears for one identity (``declared``: this policy as declared, if it is)."""
         return {}

@@ -199,6 +199,20 @@ class Throttle(AdmissionPolicy):
         return (keys.THROTTLE_KEYS, keys.TRAILING_KEYS)
 
     @classmethod
+    def describe(cls, family: keys.Family, block: dict[str, Any]) -> list[str]:
+        if family.windowed:
+            lines = [f'  throttle  {block["count"]} live slot(s)']
+            for row in block['entries']:
+                expires = f'expires in {row["expires_in"]:.1f}s' if row['expires_in'] is not None else 'no expiry'
+                lines.append(f'    {row["digest"][:12]}  slot {row["slot"]}  job {row["job_id"]}  {expires}')
+            return lines
+        lines = [f'  {family.name:<9} {block["count"]} pending']
+        for row in block['entries']:
+            expires = f'  expires in {row["expires_in"]:.1f}s' if row['expires_in'] is not None else ''
+            lines.append(f'    {row["digest"][:12]}  job {row["job_id"]}{expires}')
+        return lines
+
+    @classmethod
     def reset_part(cls, call: Any, queue: str, digest: str, declared: AdmissionPolicy | None) -> dict[str, Any]:
         call.key('throttle.prefix', keys.throttle_prefix(queue, digest))
         call.key('throttle.trailing', keys.trailing(queue, digest))

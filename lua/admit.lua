@@ -35,6 +35,9 @@
     force       true: PolicyQueue.force (no check; every policy's force, then the write)
     probe       true: run the checks only (the fast path for an expected drop); write nothing
                 but a drop's counter
+    created     the job's created_at as written in its hash: a job hash already holding this
+                very value is this call's own write (a retried call whose reply was lost), so the
+                script answers as the first attempt did and writes nothing
 
   Returns {code, policy, job id, n, server now, superseded, dropped...}:
     code 1 admitted (job id = ours; n = the policy's number, e.g. the window's end), 2 admitted
@@ -65,6 +68,14 @@ end
 
 local order = a.order
 local nowstr = format_now(now)
+
+-- A replay of a call that already wrote its job (any policy, forced or not): the job hash holds
+-- this very call's creation time, which no other call shares.
+if a.created and rcall('HGET', KEYS[a.k.job], 'created_at') == a.created then
+  local code = 1
+  if a.mode ~= 'S' and rcall('HGET', KEYS[a.k.job], 'status') == 'scheduled' then code = 2 end
+  return {code, '', ctx.jid, 0, nowstr, ''}
+end
 
 if a.force then
   for _, name in ipairs(order) do

@@ -108,11 +108,20 @@ def admit_call(queue: Queue, spec: PolicySet, digest: str, write: JobWrite, forc
     """The ``lua/admit.lua`` call that writes ``write.job`` through ``spec`` (see :func:`admit`, which runs it)."""
     job = write.job
     call = _policy_call(queue, spec, digest, jid=job.id, mode=write.mode, score=write.score, ttl=write.ttl,
-                        queue_key=queue.key, wake=keys.wake(queue.name), fields=write.fields, force=force)
+                        queue_key=queue.key, wake=keys.wake(queue.name), fields=write.fields, force=force,
+                        created=_created_at(write.fields))
     call.key('job', job.key)
     call.key('dest', write.dest)
     call.key('queues', queue.redis_queues_keys)
     return call
+
+
+def _created_at(fields: list[Any]) -> Any:
+    """The job's ``created_at`` as it is written to the hash: what makes a replay of this very call recognisable."""
+    for i in range(0, len(fields) - 1, 2):
+        if fields[i] == 'created_at':
+            return fields[i + 1]
+    return None
 
 
 def admit(queue: Queue, spec: PolicySet, digest: str, write: JobWrite, force: bool = False,

@@ -63,6 +63,14 @@ def test_a_replayed_admission_writes_nothing_more(connection, monkeypatch, examp
     assert enqueue(connection, example, 'contract-1') is not None
     once = shape(connection)
     connection.flushdb()
+    lost_reply_once(monkeypatch)
+    job = enqueue(connection, example, 'contract-1')
+    monkeypatch.undo()
+    assert job is not None and job.id == 'contract-1'  # the replay answers as the first attempt would have
+    assert shape(connection) == once
+
+
+def lost_reply_once(monkeypatch):
     real_run = ops.Call.run
 
     def lost_reply(self, client):
@@ -70,10 +78,38 @@ def test_a_replayed_admission_writes_nothing_more(connection, monkeypatch, examp
         return real_run(self, client)
 
     monkeypatch.setattr(ops.Call, 'run', lost_reply)
-    job = enqueue(connection, example, 'contract-1')
+
+
+@pytest.mark.parametrize('example', CASES)
+def test_a_replayed_force_writes_nothing_more(connection, monkeypatch, example):
+    q = PolicyQueue('contract', connection=connection)
+    assert q.force(jobs.plain, 1, policy=example, job_id='contract-f') is not None
+    once = shape(connection)
+    connection.flushdb()
+    lost_reply_once(monkeypatch)
+    job = q.force(jobs.plain, 1, policy=example, job_id='contract-f')
     monkeypatch.undo()
-    assert job is not None and job.id == 'contract-1'  # the replay answers as the first attempt would have
+    assert job is not None and job.id == 'contract-f'
     assert shape(connection) == once
+
+
+@pytest.mark.parametrize('example', CASES)
+def test_a_replayed_trailing_or_replacing_call_writes_nothing_more(connection, monkeypatch, example):
+    q = PolicyQueue('contract', connection=connection)
+    q.enqueue(jobs.plain, 1, policy=example, job_id='contract-0')
+    second = q.enqueue(jobs.plain, 1, policy=example, job_id='contract-2')
+    once = shape(connection)
+    connection.flushdb()
+    q.enqueue(jobs.plain, 1, policy=example, job_id='contract-0')
+    lost_reply_once(monkeypatch)
+    again = q.enqueue(jobs.plain, 1, policy=example, job_id='contract-2')
+    monkeypatch.undo()
+    assert (again is None) == (second is None)
+    if again is not None:
+        assert again.get_status(refresh=False) == second.get_status(refresh=False)
+    assert {k: v for k, v in shape(connection).items() if k != keys.DROPS} == {
+        k: v for k, v in once.items() if k != keys.DROPS
+    }
 
 
 @pytest.mark.parametrize('example', CASES)

@@ -1,10 +1,12 @@
 """Redis cost of each door, from the server's own command statistics, plus round trips seen by the client.
 
-    python bench/commands.py [--ops 2000] [--smoke]
+    python bench/commands.py [--ops 2000] [--rounds 7] [--smoke]
 
 For each door it runs N operations against a fresh server, then reads INFO commandstats and reports per operation:
 client round trips, server commands executed (those a script runs included) and server microseconds (the time the
-server's single thread spent). These figures feed docs/scaling.md. ``--smoke`` runs every door a few times (CI).
+server's single thread spent). Then a job's whole life (enqueue, fetch, run, finish) through a SimpleWorker, stock and
+PolicyWorker, in interleaved rounds, as medians and ratios to stock. These figures feed docs/scaling.md. ``--smoke``
+runs every door a few times (CI).
 
 How the time is counted: INFO commandstats counts a script's EVALSHA with the time of the commands it runs included,
 and counts those commands again under their own names (Valkey 9 and Redis 7 alike: one EVALSHA running 1,000 SETs
@@ -17,6 +19,7 @@ script cannot call (EVALSHA, MULTI/EXEC, SCRIPT, CLIENT, SUBSCRIBE ...) always c
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from collections import Counter
 from pathlib import Path
@@ -176,9 +179,10 @@ def measure_lifecycle(conn: Counting, label: str, jobs: int, worker_class, queue
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--ops', type=int, default=2000)
+    parser.add_argument('--rounds', type=int, default=7, help='interleaved rounds of the whole-life measurement')
     add_smoke(parser)
     opts = parser.parse_args()
-    smoke_defaults(opts, ops=30)
+    smoke_defaults(opts, ops=30, rounds=1)
     rows = []
     with server_url() as url:
         conn = Counting.from_url(url)
@@ -259,24 +263,37 @@ def main() -> int:
         for t in QueueSlot.HELD.snapshot():
             QueueSlot.HELD.discard(t)
 
-        for label, wc, qc, pol, cap in (
+        lives = (
             ('lifecycle: stock rq', SimpleWorker, Queue, None, None),
             ('lifecycle: PolicyWorker, no policy', PolicySimpleWorker, PolicyQueue, None, None),
             ('lifecycle: PolicyWorker, Loner', PolicySimpleWorker, PolicyQueue, Loner(), None),
             ('lifecycle: PolicyWorker, capped queue', PolicySimpleWorker, PolicyQueue, None, 10**6),
-        ):
-            rows.append(measure_lifecycle(conn, label, min(n, 500), wc, qc, pol, cap))
+        )
+        # Whole lives in interleaved rounds (the order rotates): a shared machine's load drifts, and the ratio of
+        # each round's lives to stock's in that round cancels most of it.
+        life_rounds: list[dict[str, dict]] = []
+        for r in range(opts.rounds):
+            order = lives[r % len(lives):] + lives[:r % len(lives)]
+            life_rounds.append({label: measure_lifecycle(conn, label, min(n, 500), wc, qc, pol, cap)
+                                for label, wc, qc, pol, cap in order})
+        for label, *_ in lives:
+            samples = [got[label] for got in life_rounds]
+            row = dict(samples[0])
+            for field in ('round_trips', 'commands', 'inner', 'usec'):
+                row[field] = statistics.median(sample[field] for sample in samples)
+            row['detail'] += f', median of {len(samples)} rounds'
+            rows.append(row)
 
     print(f'{"door":46} {"round trips":>11} {"commands":>9} {"in scripts":>10} {"server us":>10}  commands per op')
     for r in rows:
         print(f'{r["door"]:46} {r["round_trips"]:11.2f} {r["commands"]:9.2f} {r["inner"]:10.2f} {r["usec"]:10.1f}  '
               f'{r["detail"]}')
-    by_door = {r['door']: r for r in rows}
-    base = by_door['lifecycle: stock rq']['usec']
-    print('\nserver time of a whole life against stock rq (top-level commands only, a script counted once):')
-    for r in rows:
-        if r['door'].startswith('lifecycle: '):
-            print(f'  {r["door"][len("lifecycle: "):]:36} x{r["usec"] / base:.2f}')
+    print('\nserver time of a whole life against stock rq (top-level commands only, a script counted once); median of '
+          'the per-round ratios, and their range:')
+    for label, *_ in lives:
+        ratios = sorted(got[label]['usec'] / got['lifecycle: stock rq']['usec'] for got in life_rounds)
+        print(f'  {label[len("lifecycle: "):]:36} x{statistics.median(ratios):.2f}  (x{ratios[0]:.2f} .. '
+              f'x{ratios[-1]:.2f})')
     return 0
 
 

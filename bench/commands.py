@@ -1,12 +1,13 @@
 """Redis cost of each door, from the server's own command statistics, plus round trips seen by the client.
 
-    python bench/commands.py [--ops 2000] [--rounds 7] [--smoke]
+    python bench/commands.py [--ops 2000] [--rounds 11] [--smoke]
 
 For each door it runs N operations against a fresh server, then reads INFO commandstats and reports per operation:
 client round trips, server commands executed (those a script runs included) and server microseconds (the time the
 server's single thread spent). Then a job's whole life (enqueue, fetch, run, finish) through a SimpleWorker, stock and
-PolicyWorker, in interleaved rounds, as medians and ratios to stock. These figures feed docs/scaling.md. ``--smoke``
-runs every door a few times (CI).
+PolicyWorker, in interleaved rounds, as medians and ratios to stock, with the server process's CPU per job beside
+(INFO cpu: reading requests and writing replies included, which commandstats leaves out). These figures feed
+docs/scaling.md. ``--smoke`` runs every door a few times (CI).
 
 How the time is counted: INFO commandstats counts an EVALSHA with the time of the commands its script runs included,
 and an EXEC with the time of the commands queued in its MULTI included, and it counts those inner commands again
@@ -189,22 +190,30 @@ def measure_lifecycle(conn: Counting, label: str, jobs: int, worker_class, queue
     q = queue_class('life', connection=conn)
     worker = worker_class([q], connection=conn)
     conn.reset_counts()
+    cpu_before = server_cpu(conn)
     for i in range(jobs):
         if policy is None:
             q.enqueue(work, i)
         else:
             q.enqueue(work, i, policy=policy)
     worker.work(burst=True, logging_level='WARNING')
+    cpu = server_cpu(conn) - cpu_before
     cost = server_cost(conn, skip=('client|setname', 'client|list'))
     return {'door': label, 'round_trips': conn.round_trips[0] / jobs, 'commands': cost['calls'] / jobs,
-            'inner': cost['inner'] / jobs, 'usec': cost['usec'] / jobs,
+            'inner': cost['inner'] / jobs, 'usec': cost['usec'] / jobs, 'cpu_usec': cpu * 1e6 / jobs,
             'detail': f'{jobs} jobs through a SimpleWorker burst'}
+
+
+def server_cpu(conn: Redis) -> float:
+    """The server process's CPU seconds so far (INFO cpu: every thread, I/O and the event loop included)."""
+    info = conn.info('cpu')
+    return float(info['used_cpu_user']) + float(info['used_cpu_sys'])
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--ops', type=int, default=2000)
-    parser.add_argument('--rounds', type=int, default=7, help='interleaved rounds of the whole-life measurement')
+    parser.add_argument('--rounds', type=int, default=11, help='interleaved rounds of the whole-life measurement')
     add_smoke(parser)
     opts = parser.parse_args()
     smoke_defaults(opts, ops=30, rounds=1)
@@ -304,9 +313,9 @@ def main() -> int:
         for label, *_ in lives:
             samples = [got[label] for got in life_rounds]
             row = dict(samples[0])
-            for field in ('round_trips', 'commands', 'inner', 'usec'):
+            for field in ('round_trips', 'commands', 'inner', 'usec', 'cpu_usec'):
                 row[field] = statistics.median(sample[field] for sample in samples)
-            row['detail'] += f', median of {len(samples)} rounds'
+            row['detail'] += f', median of {len(samples)} rounds; server process CPU {row["cpu_usec"]:.0f} us a job'
             rows.append(row)
 
     print(f'{"door":46} {"round trips":>11} {"commands":>9} {"in scripts":>10} {"server us":>10}  commands per op')
@@ -317,8 +326,10 @@ def main() -> int:
           'whole); median of the per-round ratios, and their range:')
     for label, *_ in lives:
         ratios = sorted(got[label]['usec'] / got['lifecycle: stock rq']['usec'] for got in life_rounds)
+        cpu = sorted(got[label]['cpu_usec'] / got['lifecycle: stock rq']['cpu_usec'] for got in life_rounds)
         print(f'  {label[len("lifecycle: "):]:36} x{statistics.median(ratios):.2f}  (x{ratios[0]:.2f} .. '
-              f'x{ratios[-1]:.2f})')
+              f'x{ratios[-1]:.2f});  server process CPU x{statistics.median(cpu):.2f} '
+              f'(x{cpu[0]:.2f} .. x{cpu[-1]:.2f})')
     return 0
 
 

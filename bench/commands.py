@@ -189,17 +189,18 @@ def measure_lifecycle(conn: Counting, label: str, jobs: int, worker_class, queue
         QueueSlot.set_capacity('life', cap, connection=conn)
     q = queue_class('life', connection=conn)
     worker = worker_class([q], connection=conn)
-    conn.reset_counts()
     cpu_before = server_cpu(conn)
+    conn.reset_counts()
     for i in range(jobs):
         if policy is None:
             q.enqueue(work, i)
         else:
             q.enqueue(work, i, policy=policy)
     worker.work(burst=True, logging_level='WARNING')
+    trips = conn.round_trips[0]
     cpu = server_cpu(conn) - cpu_before
     cost = server_cost(conn, skip=('client|setname', 'client|list'))
-    return {'door': label, 'round_trips': conn.round_trips[0] / jobs, 'commands': cost['calls'] / jobs,
+    return {'door': label, 'round_trips': trips / jobs, 'commands': cost['calls'] / jobs,
             'inner': cost['inner'] / jobs, 'usec': cost['usec'] / jobs, 'cpu_usec': cpu * 1e6 / jobs,
             'detail': f'{jobs} jobs through a SimpleWorker burst'}
 

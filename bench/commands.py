@@ -1,72 +1,185 @@
 """Redis cost of each door, from the server's own command statistics, plus round trips seen by the client.
 
-    python bench/commands.py [--ops 2000]
+    python bench/commands.py [--ops 2000] [--rounds 11] [--smoke]
 
-For each door it runs N operations against a fresh server, then reads INFO commandstats (which counts the commands
-a script runs as well as the script call) and reports per operation: client round trips, server commands executed,
-and server CPU microseconds (commandstats usec, the time Redis's single thread spent). These figures feed
-docs/scaling.md.
+For each door it runs N operations against a fresh server, then reads INFO commandstats and reports per operation:
+client round trips, server commands executed (those a script runs included) and server microseconds (the time the
+server's single thread spent). Then a job's whole life (enqueue, fetch, run, finish) through a SimpleWorker, stock and
+PolicyWorker, in interleaved rounds, as medians and ratios to stock, with the server process's CPU per job beside
+(INFO cpu: reading requests and writing replies included, which commandstats leaves out). These figures feed
+docs/scaling.md. ``--smoke`` runs every door a few times (CI).
+
+How the time is counted: INFO commandstats counts an EVALSHA with the time of the commands its script runs included,
+and an EXEC with the time of the commands queued in its MULTI included, and it counts those inner commands again
+under their own names (Valkey 9 and Redis 7 alike: one EVALSHA running 1,000 SETs shows evalsha 1 call ~1,100 usec
+and set 1,000 calls ~260 usec; a MULTI of 1,000 SETs, exec ~300 usec and set ~240). Summing every line counts that
+work twice, so the time here is that of the top-level commands only, as the server's event loop ran them: the
+client counts each command it sends by name, outside a transaction (top-level) and inside one (run by EXEC), and of
+every name only the top-level share of its calls, and of its usec pro rata, is counted. A command the counting client
+does not see (a new connection's handshake, pub/sub) and no script or transaction could have run counts whole.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from bench_jobs import work  # noqa: E402
-from common import server_url  # noqa: E402
+from common import add_smoke, run_main, server_url, smoke_defaults  # noqa: E402
 from redis import Redis  # noqa: E402
 from redis.client import Pipeline  # noqa: E402
-from rq import Queue  # noqa: E402
+from rq import Queue, SimpleWorker  # noqa: E402
 
-from rq_policies import Debounce, Loner, PolicyQueue, QueueSlot, Throttle  # noqa: E402
-from rq_policies.queue import Fetcher, _fetcher  # noqa: E402
+from rq_policies import Debounce, Loner, PolicyQueue, PolicySimpleWorker, QueueSlot, Throttle  # noqa: E402
+
+#: Commands no script can run: when the counting client did not see one go out (a new connection's handshake,
+#: pub/sub, redis-py's UNWATCH), the server still ran it at top level.
+NOT_FROM_SCRIPTS = {'eval', 'evalsha', 'eval_ro', 'evalsha_ro', 'fcall', 'fcall_ro', 'multi', 'exec', 'discard',
+                    'watch', 'unwatch', 'subscribe', 'unsubscribe', 'psubscribe', 'punsubscribe', 'ssubscribe',
+                    'sunsubscribe', 'hello', 'auth', 'select', 'info', 'blmove', 'blpop', 'brpop', 'bzpopmin'}
+NOT_FROM_SCRIPTS_CONTAINERS = {'client', 'script', 'config', 'function', 'slowlog', 'latency', 'memory'}
+#: The bench's own reads and resets, not the door's.
+BENCH_OWN = ('config|resetstat', 'info')
+
+
+def command_name(args: tuple) -> str:
+    """The commandstats name of a command as redis-py sends it: 'HSET' is hset, 'CLIENT SETNAME' client|setname."""
+    first = args[0].decode() if isinstance(args[0], bytes) else str(args[0])
+    words = first.lower().split()
+    if len(words) == 1 and words[0] in NOT_FROM_SCRIPTS_CONTAINERS and len(args) > 1:
+        sub = args[1].decode() if isinstance(args[1], bytes) else str(args[1])
+        words.append(sub.lower())
+    return '|'.join(words[:2])
+
+
+def from_clients_only(name: str) -> bool:
+    return name in NOT_FROM_SCRIPTS or name.split('|')[0] in NOT_FROM_SCRIPTS_CONTAINERS
 
 
 class CountingPipeline(Pipeline):
+    def immediate_execute_command(self, *args, **options):
+        # a command sent at once, not queued: under WATCH (rq's dependency checks), or redis-py's SCRIPT EXISTS
+        self.counter[0] += 1
+        self.sent[command_name(args)] += 1
+        return super().immediate_execute_command(*args, **options)
+
     def execute(self, raise_on_error: bool = True):
         if self.command_stack:
             self.counter[0] += 1
+            names = [command_name(args) for args, _ in self.command_stack]
+            if self.transaction or self.explicit_transaction:
+                # redis-py wraps the stack in MULTI ... EXEC: EXEC runs the stack, and its usec includes theirs
+                self.sent.update(('multi', 'exec'))
+                self.queued.update(names)
+            else:
+                self.sent.update(names)
         return super().execute(raise_on_error)
 
 
 class Counting(Redis):
-    """A client that counts its round trips (a command, or a pipeline's execute)."""
+    """A client that counts its round trips (a command, or a pipeline's execute) and the commands it sends.
+
+    ``sent`` counts the commands the server runs at top level, ``queued`` those it runs inside an EXEC.
+    """
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.round_trips = [0]
+        self.sent: Counter[str] = Counter()
+        self.queued: Counter[str] = Counter()
 
     def execute_command(self, *args, **options):
         self.round_trips[0] += 1
+        self.sent[command_name(args)] += 1
         return super().execute_command(*args, **options)
 
     def pipeline(self, transaction=True, shard_hint=None):
         pipe = CountingPipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
         pipe.counter = self.round_trips
+        pipe.sent = self.sent
+        pipe.queued = self.queued
         return pipe
+
+    def reset_counts(self) -> None:
+        self.config_resetstat()
+        self.round_trips[0] = 0
+        self.sent.clear()
+        self.queued.clear()
+
+
+def server_cost(conn: Counting, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Read INFO commandstats since ``reset_counts``: every command run, and the top-level commands' usec.
+
+    Returns calls (all commands, those run by scripts and by EXEC included), inner (those run by scripts), usec
+    (top-level time only, each script and transaction counted once, whole) and per-command calls.
+    """
+    stats = {key.replace('cmdstat_', ''): value for key, value in conn.info('commandstats').items()}
+    calls = inner = 0
+    usec = 0.0
+    per_command = {}
+    for name, value in stats.items():
+        if name in BENCH_OWN or name in skip:
+            continue
+        total = int(value['calls'])
+        if name not in conn.sent and name not in conn.queued and from_clients_only(name):
+            top = total
+        else:
+            top = min(total, conn.sent.get(name, 0))
+        in_exec = min(total - top, conn.queued.get(name, 0))
+        calls += total
+        inner += total - top - in_exec
+        usec += float(value['usec']) * top / total if total else 0.0
+        per_command[name] = total
+    if inner and 'evalsha' not in stats and 'eval' not in stats:
+        raise RuntimeError(f'commands no client sent and no script ran: sent {dict(conn.sent)}, '
+                           f'queued {dict(conn.queued)}, server {stats}')
+    return {'calls': calls, 'inner': inner, 'usec': usec, 'per_command': per_command}
+
+
+def check_commandstats(conn: Counting, sets: int = 1000) -> str:
+    """Check the premise of :func:`server_cost` on this server: one EVALSHA running ``sets`` SETs, one MULTI of as many.
+
+    Their inner commands must be counted under their own name, and the EVALSHA's and EXEC's usec must include theirs.
+    """
+    seen = []
+    for wrapper in ('evalsha', 'exec'):
+        conn.flushdb()
+        sha = conn.script_load("for i = 1, tonumber(ARGV[1]) do redis.call('SET', 'k' .. i, i) end return 1")
+        conn.reset_counts()
+        if wrapper == 'evalsha':
+            conn.evalsha(sha, 0, sets)
+        else:
+            with conn.pipeline(transaction=True) as pipe:
+                for i in range(sets):
+                    pipe.set(f'k{i}', i)
+                pipe.execute()
+        stats = conn.info('commandstats')
+        outer, inner = stats[f'cmdstat_{wrapper}'], stats['cmdstat_set']
+        if outer['calls'] != 1 or inner['calls'] != sets or outer['usec'] < inner['usec']:
+            raise RuntimeError(f'INFO commandstats does not count {wrapper} as this bench assumes: {outer}, {inner}')
+        seen.append(f'{wrapper} 1 call {outer["usec"]} usec, set {sets} calls {inner["usec"]} usec')
+    conn.flushdb()
+    return f'{sets} SETs in a script, then in a MULTI: ' + '; '.join(seen) + ' (the inner time is in the outer)'
 
 
 def measure(conn: Counting, label: str, ops: int, setup, action) -> dict:
     conn.flushdb()
     state = setup()
-    conn.config_resetstat()
-    conn.round_trips[0] = 0
+    conn.reset_counts()
     for i in range(ops):
         action(state, i)
     trips = conn.round_trips[0]
-    stats = conn.info('commandstats')
-    stats.pop('cmdstat_config', None)
-    stats.pop('cmdstat_info', None)
-    calls = sum(v['calls'] for v in stats.values())
-    usec = sum(v['usec'] for v in stats.values())
-    top = sorted(((v['calls'] / ops, k.replace('cmdstat_', '')) for k, v in stats.items()), reverse=True)
-    return {'door': label, 'round_trips': trips / ops, 'commands': calls / ops, 'usec': usec / ops,
-            'detail': ', '.join(f'{name} {n:.2g}' for n, name in top[:6])}
+    cost = server_cost(conn)
+    top = sorted(((n / ops, name) for name, n in cost['per_command'].items()), reverse=True)
+    return {'door': label, 'round_trips': trips / ops, 'commands': cost['calls'] / ops, 'inner': cost['inner'] / ops,
+            'usec': cost['usec'] / ops, 'detail': ', '.join(f'{name} {n:.2g}' for n, name in top[:6])}
 
 
 def measure_lifecycle(conn: Counting, label: str, jobs: int, worker_class, queue_class, policy, cap) -> dict:
@@ -76,30 +189,41 @@ def measure_lifecycle(conn: Counting, label: str, jobs: int, worker_class, queue
         QueueSlot.set_capacity('life', cap, connection=conn)
     q = queue_class('life', connection=conn)
     worker = worker_class([q], connection=conn)
-    conn.config_resetstat()
-    conn.round_trips[0] = 0
+    cpu_before = server_cpu(conn)
+    conn.reset_counts()
     for i in range(jobs):
         if policy is None:
             q.enqueue(work, i)
         else:
             q.enqueue(work, i, policy=policy)
     worker.work(burst=True, logging_level='WARNING')
-    stats = conn.info('commandstats')
-    for skip in ('cmdstat_config', 'cmdstat_info', 'cmdstat_client|setname', 'cmdstat_client|list'):
-        stats.pop(skip, None)
-    calls = sum(v['calls'] for v in stats.values())
-    usec = sum(v['usec'] for v in stats.values())
-    return {'door': label, 'round_trips': conn.round_trips[0] / jobs, 'commands': calls / jobs,
-            'usec': usec / jobs, 'detail': f'{jobs} jobs through a SimpleWorker burst'}
+    trips = conn.round_trips[0]
+    cpu = server_cpu(conn) - cpu_before
+    cost = server_cost(conn, skip=('client|setname', 'client|list'))
+    return {'door': label, 'round_trips': trips / jobs, 'commands': cost['calls'] / jobs,
+            'inner': cost['inner'] / jobs, 'usec': cost['usec'] / jobs, 'cpu_usec': cpu * 1e6 / jobs,
+            'detail': f'{jobs} jobs through a SimpleWorker burst'}
 
 
-def main() -> None:
+def server_cpu(conn: Redis) -> float:
+    """The server process's CPU seconds so far (INFO cpu: every thread, I/O and the event loop included)."""
+    info = conn.info('cpu')
+    return float(info['used_cpu_user']) + float(info['used_cpu_sys'])
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--ops', type=int, default=2000)
+    parser.add_argument('--rounds', type=int, default=11, help='interleaved rounds of the whole-life measurement')
+    add_smoke(parser)
     opts = parser.parse_args()
+    smoke_defaults(opts, ops=30, rounds=1)
     rows = []
     with server_url() as url:
         conn = Counting.from_url(url)
+        info = conn.info('server')
+        print(f'server {info.get("valkey_version") or info.get("redis_version")}, {opts.ops} operations per door')
+        print(check_commandstats(conn) + '\n')
         stock = lambda: Queue('s', connection=conn)  # noqa: E731
         pq = lambda: PolicyQueue('p', connection=conn)  # noqa: E731
         n = opts.ops
@@ -124,37 +248,44 @@ def main() -> None:
         rows.append(measure(conn, 'Debounce replace', n, held(Debounce(3600)),
                             lambda q, i: q.enqueue(work, 'held', policy=Debounce(3600))))
 
-        def filled(capped: bool):
+        def filled(worker_class, capped: bool):
+            """A worker over a queue of n + 1 jobs, past its first fetch (which also runs rq's maintenance)."""
             def setup():
-                q = pq()
                 if capped:
                     QueueSlot.set_capacity('p', 10**6, connection=conn)
-                for i in range(n):
+                for i in range(n + 1):
                     Queue('p', connection=conn).enqueue(work, i)
-                _fetcher.set(Fetcher())
-                return q
+                worker = worker_class([pq() if worker_class is PolicySimpleWorker else Queue('p', connection=conn)],
+                                      connection=conn)
+                fetch(worker, -1)
+                return worker
             return setup
 
-        def fetch(q, i):
-            job, _queue = PolicyQueue.dequeue_any([q], None, connection=conn)
+        def fetch(worker, i):
+            job, _queue = worker.dequeue_job_and_maintain_ttl(None)
+            # The claim's hold stays in the ledger (this bench runs no job, so nothing releases it); forget it here
+            # (no Redis command) so the next fetch's heartbeat does not refresh a growing set of holds.
+            for token in QueueSlot.HELD.snapshot():
+                QueueSlot.HELD.discard(token)
             return job
 
-        rows.append(measure(conn, 'fetch, uncapped (script + job fetch)', n, filled(False), fetch))
-        rows.append(measure(conn, 'fetch, capped (script + job fetch)', n, filled(True), fetch))
+        rows.append(measure(conn, 'worker fetch, stock SimpleWorker', n, filled(SimpleWorker, False), fetch))
+        rows.append(measure(conn, 'worker fetch, PolicySimpleWorker uncapped', n, filled(PolicySimpleWorker, False),
+                            fetch))
+        rows.append(measure(conn, 'worker fetch, PolicySimpleWorker capped', n, filled(PolicySimpleWorker, True),
+                            fetch))
 
         def holds(k):
             def setup():
-                QueueSlot.HELD.snapshot()
                 tokens = [f'holder-{j}' for j in range(k)]
                 for t in tokens:
-                    QueueSlot.acquire('p', capacity=10**6, token=t, connection=conn)
-                    QueueSlot.HELD.add(t, 'rq:policies:slots:p')
+                    assert QueueSlot.acquire('p', capacity=10**6, token=t, connection=conn)
                 return tokens
             return setup
 
         rows.append(measure(conn, 'release (ZREM + wake)', n, holds(n),
                             lambda tokens, i: QueueSlot.release('p', token=tokens[i], connection=conn)))
-        for t in list(QueueSlot.HELD.snapshot()):
+        for t in QueueSlot.HELD.snapshot():
             QueueSlot.HELD.discard(t)
 
         def beat(tokens, i):
@@ -164,25 +295,44 @@ def main() -> None:
                 pipe.execute()
 
         rows.append(measure(conn, 'heartbeat refresh of 1 hold (rides the beat)', n, holds(1), beat))
-        for t in list(QueueSlot.HELD.snapshot()):
+        for t in QueueSlot.HELD.snapshot():
             QueueSlot.HELD.discard(t)
 
-        from rq import SimpleWorker
-
-        from rq_policies import PolicySimpleWorker
-
-        for label, wc, qc, pol, cap in (
+        lives = (
             ('lifecycle: stock rq', SimpleWorker, Queue, None, None),
             ('lifecycle: PolicyWorker, no policy', PolicySimpleWorker, PolicyQueue, None, None),
             ('lifecycle: PolicyWorker, Loner', PolicySimpleWorker, PolicyQueue, Loner(), None),
             ('lifecycle: PolicyWorker, capped queue', PolicySimpleWorker, PolicyQueue, None, 10**6),
-        ):
-            rows.append(measure_lifecycle(conn, label, min(n, 500), wc, qc, pol, cap))
+        )
+        # Whole lives in interleaved rounds (the order rotates): a shared machine's load drifts, and the ratio of
+        # each round's lives to stock's in that round cancels most of it.
+        life_rounds: list[dict[str, dict]] = []
+        for r in range(opts.rounds):
+            order = lives[r % len(lives):] + lives[:r % len(lives)]
+            life_rounds.append({label: measure_lifecycle(conn, label, min(n, 500), wc, qc, pol, cap)
+                                for label, wc, qc, pol, cap in order})
+        for label, *_ in lives:
+            samples = [got[label] for got in life_rounds]
+            row = dict(samples[0])
+            for field in ('round_trips', 'commands', 'inner', 'usec', 'cpu_usec'):
+                row[field] = statistics.median(sample[field] for sample in samples)
+            row['detail'] += f', median of {len(samples)} rounds; server process CPU {row["cpu_usec"]:.0f} us a job'
+            rows.append(row)
 
-    print(f'{"door":46} {"round trips":>11} {"commands":>9} {"server us":>10}  commands per op')
+    print(f'{"door":46} {"round trips":>11} {"commands":>9} {"in scripts":>10} {"server us":>10}  commands per op')
     for r in rows:
-        print(f'{r["door"]:46} {r["round_trips"]:11.2f} {r["commands"]:9.2f} {r["usec"]:10.1f}  {r["detail"]}')
+        print(f'{r["door"]:46} {r["round_trips"]:11.2f} {r["commands"]:9.2f} {r["inner"]:10.2f} {r["usec"]:10.1f}  '
+              f'{r["detail"]}')
+    print('\nserver time of a whole life against stock rq (top-level commands only: a script or a MULTI counted once, '
+          'whole); median of the per-round ratios, and their range:')
+    for label, *_ in lives:
+        ratios = sorted(got[label]['usec'] / got['lifecycle: stock rq']['usec'] for got in life_rounds)
+        cpu = sorted(got[label]['cpu_usec'] / got['lifecycle: stock rq']['cpu_usec'] for got in life_rounds)
+        print(f'  {label[len("lifecycle: "):]:36} x{statistics.median(ratios):.2f}  (x{ratios[0]:.2f} .. '
+              f'x{ratios[-1]:.2f});  server process CPU x{statistics.median(cpu):.2f} '
+              f'(x{cpu[0]:.2f} .. x{cpu[-1]:.2f})')
+    return 0
 
 
 if __name__ == '__main__':
-    main()
+    run_main(main)

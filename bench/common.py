@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
+import sys
 import time
+import traceback
 from collections.abc import Callable
 from contextlib import contextmanager
 
@@ -63,3 +66,28 @@ def report(samples: dict[str, list[float]], baseline: str, targets: dict[str, fl
 
 def connect(url: str) -> Redis:
     return Redis.from_url(url)
+
+
+def add_smoke(parser: argparse.ArgumentParser) -> None:
+    """``--smoke``: a few calls of every case, a few seconds, for CI; the ratio lines still print."""
+    parser.add_argument('--smoke', action='store_true',
+                        help='a few calls of every case (seconds, for CI): proves the bench runs, not the figures')
+
+
+def smoke_defaults(opts: argparse.Namespace, **small: int) -> None:
+    """Under ``--smoke``, shrink the options named in ``small`` (an option given explicitly is shrunk too)."""
+    if getattr(opts, 'smoke', False):
+        for name, value in small.items():
+            setattr(opts, name, min(getattr(opts, name), value))
+        shrunk = ', '.join(f'{name}={getattr(opts, name)}' for name in small)
+        print(f'smoke run ({shrunk}): proves the bench runs; its figures mean nothing')
+
+
+def run_main(main: Callable[[], int | None]) -> None:
+    """Exit with ``main()``'s status; an exception prints its traceback and exits 1, so CI sees a broken bench."""
+    try:
+        status = main()
+    except Exception:
+        traceback.print_exc()
+        sys.exit(1)
+    sys.exit(status or 0)

@@ -1,11 +1,11 @@
 """Enqueue cost of the policy doors against stock rq.Queue.enqueue, measured in one run.
 
-    python bench/enqueue.py [--rounds 15] [--calls 200] [--markers 100000]
+    python bench/enqueue.py [--rounds 15] [--calls 200] [--markers 100000] [--smoke]
 
 Each variant enqueues the same function with the same kind of arguments; rounds interleave the variants and the
 figure is the median per-call time, printed as a ratio to stock `Queue.enqueue`. Targets (issue 2): Loner admitted
 <= 1.0 (one round trip where stock makes two), Loner dropped <= 0.5, and the admitted ratio unchanged (within 1.1)
-with 100,000 live markers of other identities.
+with 100,000 live markers of other identities. ``--smoke`` runs every case a few times (CI: the bench still works).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_jobs import work  # noqa: E402
-from common import connect, interleaved, report, server_url  # noqa: E402
+from common import add_smoke, connect, interleaved, report, run_main, server_url, smoke_defaults  # noqa: E402
 from rq import Queue  # noqa: E402
 
 from rq_policies import Loner, PolicyQueue  # noqa: E402
@@ -28,7 +28,9 @@ def main() -> None:
     parser.add_argument('--rounds', type=int, default=15)
     parser.add_argument('--calls', type=int, default=200)
     parser.add_argument('--markers', type=int, default=100_000)
+    add_smoke(parser)
     opts = parser.parse_args()
+    smoke_defaults(opts, rounds=2, calls=20, markers=200)
 
     with server_url() as url:
         conn = connect(url)
@@ -46,7 +48,9 @@ def main() -> None:
             'Loner admitted': lambda i: pq.enqueue(work, i, policy=loner),
             'Loner dropped': lambda i: pq.enqueue(work, 'held', policy=loner),
         }
-        print(f'server: {conn.info("server").get("redis_version")}; {opts.rounds} rounds x {opts.calls} calls\n')
+        info = conn.info('server')
+        version = info.get('valkey_version') or info.get('redis_version')
+        print(f'server: {version}; {opts.rounds} rounds x {opts.calls} calls\n')
         samples = interleaved(variants, opts.rounds, opts.calls, before_round=flush_lists)
         ratios = report(samples, 'stock Queue.enqueue', {'Loner admitted': 1.0, 'Loner dropped': 0.5})
 
@@ -69,4 +73,4 @@ def main() -> None:
 
 
 if __name__ == '__main__':
-    main()
+    run_main(main)

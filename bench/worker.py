@@ -1,6 +1,6 @@
 """PolicyWorker against stock rq Worker, in one run: throughput, release-to-start delay, idle cost.
 
-    python bench/worker.py [--jobs 300] [--workers 2] [--rounds 9]
+    python bench/worker.py [--jobs 300] [--workers 2] [--rounds 9] [--handovers 120] [--idle-seconds 5] [--smoke]
 
 Uses REDIS_URL when it is set (the database is flushed between rounds: point it at a scratch database), otherwise
 starts its own server with rq_policies.testing.RedisServer.
@@ -19,6 +19,9 @@ starts its own server with rq_policies.testing.RedisServer.
 * Idle cost: one PolicyWorker waiting on a full queue, alone on the server: commands per second as the server counts
   them (a script's inner commands included) and round trips (EVALSHA calls), quiet and under 100 pushes a second to
   that queue. Stock rq's worker blocks in BLMOVE on an empty queue for comparison.
+
+``--smoke`` runs every part briefly (one small round, a dozen hand-overs, 1-second idle windows): CI's proof that the
+bench still works, not a measurement.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import bench_jobs  # noqa: E402
+from common import add_smoke, run_main, smoke_defaults  # noqa: E402
 
 from rq_policies import PolicyQueue, QueueSlot, keys  # noqa: E402
 from rq_policies.testing import RedisServer  # noqa: E402
@@ -255,7 +259,7 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(share * (len(ordered) - 1))))]
 
 
-def main(url: str, jobs: int, workers: int, rounds: int) -> None:
+def run(url: str, jobs: int, workers: int, rounds: int, handovers: int, idle_seconds: float) -> None:
     conn = Redis.from_url(url)
     names = list(VARIANTS)
     print(f'throughput: {jobs} no-op jobs a round, {workers} forking workers per variant, {rounds} interleaved rounds')
@@ -277,27 +281,39 @@ def main(url: str, jobs: int, workers: int, rounds: int) -> None:
               f'worker CPU {cpu:5.2f} ms/job (x{cpu / base["worker_cpu_ms"]:.3f})   '
               f'server CPU {server:5.3f} ms/job (x{server / base["server_cpu_ms"]:.3f})')
 
-    delays = release_to_start(conn, url, jobs=120)
+    delays = release_to_start(conn, url, jobs=handovers)
+    if not delays:
+        raise RuntimeError('no hand-over to a waiting worker was seen (no release on pub/sub before a start)')
     print(f'release to start on a waiting worker ({len(delays)} hand-overs, cap 1, 3 workers): '
           f'p50 {percentile(delays, 0.5) * 1000:.1f} ms, p95 {percentile(delays, 0.95) * 1000:.1f} ms, '
           f'max {max(delays) * 1000:.1f} ms')
 
-    quiet_cmds, quiet_trips, storm_trips = idle_cost(conn, url, 'rq_policies.PolicyWorker')
+    quiet_cmds, quiet_trips, storm_trips = idle_cost(conn, url, 'rq_policies.PolicyWorker', idle_seconds)
     print(f'idle PolicyWorker on a full queue: {quiet_cmds:.1f} commands/s ({quiet_trips:.1f} round trips/s); '
           f'{storm_trips:.1f} round trips/s while 100 pushes/s arrive on that queue')
-    stock_cmds, _, _ = idle_cost(conn, url, 'rq.Worker')
+    stock_cmds, _, _ = idle_cost(conn, url, 'rq.Worker', idle_seconds)
     print(f'idle stock rq.Worker on an empty queue (blocked in BLMOVE): {stock_cmds:.1f} commands/s')
     conn.flushdb()
 
 
-if __name__ == '__main__':
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--jobs', type=int, default=300)
     parser.add_argument('--workers', type=int, default=2)
     parser.add_argument('--rounds', type=int, default=9)
+    parser.add_argument('--handovers', type=int, default=120, help='jobs of the release-to-start part')
+    parser.add_argument('--idle-seconds', type=float, default=5.0, help='each window of the idle-cost part')
+    add_smoke(parser)
     args = parser.parse_args()
+    smoke_defaults(args, jobs=20, rounds=1, handovers=12, idle_seconds=1)
+    params = (args.jobs, args.workers, args.rounds, args.handovers, args.idle_seconds)
     if os.environ.get('REDIS_URL'):
-        main(os.environ['REDIS_URL'], args.jobs, args.workers, args.rounds)
+        run(os.environ['REDIS_URL'], *params)
     else:
         with RedisServer() as server:
-            main(server.url, args.jobs, args.workers, args.rounds)
+            run(server.url, *params)
+    return 0
+
+
+if __name__ == '__main__':
+    run_main(main)

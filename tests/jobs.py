@@ -125,3 +125,8 @@ def span_on_worker(tag, seconds):
 def exit_horse(code):
     """Leave the work horse without a word, as a crash in C code would: rq's 'work-horse terminated' path."""
     os._exit(code)
+
+
+def raising_callback(job, connection, *args, **kwargs):
+    """An on_success callback that fails: rq then marks the job failed, and its dependents never run."""
+    raise RuntimeError('callback failed')

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jobs
 from rq import Queue
-from rq.job import Job, JobStatus
+from rq.job import Callback, Dependency, Job, JobStatus
 from workers import output, start_worker, stop, wait_for
 
 from rq_policies import PolicyQueue
@@ -51,3 +51,38 @@ def test_stock_worker_reads_our_jobs_and_the_marker_heals(connection, redis_url,
     assert q.enqueued(jobs.record, 'stock', 1) is False
     assert q.enqueue(jobs.record, 'stock', 1) is not None
     assert Queue('stock', connection=connection).count == 1
+
+
+def test_a_deferred_loner_whose_parent_failed_frees_its_identity(connection, redis_url, worker_env):
+    """rq leaves the child of a failed parent deferred for good: it can never run, so it holds no identity."""
+    q = PolicyQueue('orphans', connection=connection)
+    parent = q.enqueue(jobs.fail, 1)
+    child = q.enqueue(jobs.sweep_cache, 7, depends_on=parent)
+    assert child is not None and q.enqueue(jobs.sweep_cache, 7) is None  # held while the parent may still succeed
+    worker = start_worker(redis_url, ['orphans'], worker_env, burst=True)
+    assert worker.wait(timeout=60) == 0, output(worker)
+    assert Job.fetch(parent.id, connection=connection).get_status() == JobStatus.FAILED
+    assert Job.fetch(child.id, connection=connection).get_status() == JobStatus.DEFERRED  # rq never cleans it
+    assert not q.enqueued(jobs.sweep_cache, 7)
+    again = q.enqueue(jobs.sweep_cache, 7)
+    assert again is not None and again.id != child.id
+
+
+def test_a_deferred_loner_allowed_to_outlive_a_failed_parent_keeps_its_identity(connection):
+    q = PolicyQueue('orphans', connection=connection)
+    parent = q.enqueue(jobs.fail, 1)
+    child = q.enqueue(jobs.sweep_cache, 8, depends_on=Dependency(jobs=[parent], allow_failure=True))
+    assert child is not None
+    parent.set_status(JobStatus.FAILED)
+    assert q.enqueued(jobs.sweep_cache, 8) and q.enqueue(jobs.sweep_cache, 8) is None
+
+
+def test_a_deferred_loner_whose_parent_callback_raised_frees_its_identity(connection, redis_url, worker_env):
+    q = PolicyQueue('orphans', connection=connection)
+    parent = q.enqueue(jobs.plain, 1, on_success=Callback(jobs.raising_callback))
+    child = q.enqueue(jobs.sweep_cache, 9, depends_on=parent)
+    assert child is not None and q.enqueue(jobs.sweep_cache, 9) is None
+    worker = start_worker(redis_url, ['orphans'], worker_env, burst=True)
+    assert worker.wait(timeout=60) == 0, output(worker)
+    assert Job.fetch(child.id, connection=connection).get_status() == JobStatus.DEFERRED
+    assert q.enqueue(jobs.sweep_cache, 9) is not None

@@ -1,9 +1,23 @@
--- Shared: is the job whose id a policy key holds still waiting (queued, scheduled or deferred)?
--- A marker whose holder is gone (hash expired or deleted), running, finished, failed or cancelled
--- no longer holds its identity: the caller treats it as free. This is what makes a marker
--- self-healing without a reaper when a job left by a path rq-policies does not hook.
+-- Shared: is the job whose id a policy key holds still waiting, and able to run some day?
+-- A job queued or scheduled waits. A deferred job waits only while each of its parents can still
+-- release it: a parent that failed, was stopped or cancelled (or whose hash is gone) never does,
+-- unless the job allows dependency failures, so a deferred child of a failed parent (rq leaves it
+-- deferred for good) holds nothing. A marker whose holder is gone (hash expired or deleted),
+-- running, finished, failed or cancelled no longer holds its identity either: the caller treats it
+-- as free. This is what makes a marker self-healing without a reaper.
 local function holder_waiting(job_prefix, jid)
   if not jid then return false end
-  local status = redis.call('HGET', job_prefix .. jid, 'status')
-  return status == 'queued' or status == 'scheduled' or status == 'deferred'
+  local job = redis.call('HMGET', job_prefix .. jid, 'status', 'dependency_ids', 'allow_dependency_failures')
+  local status = job[1]
+  if status == 'queued' or status == 'scheduled' then return true end
+  if status ~= 'deferred' then return false end
+  if not job[2] or job[3] == '1' then return true end
+  for _, parent in ipairs(cjson.decode(job[2])) do
+    local parent_status = redis.call('HGET', job_prefix .. parent, 'status')
+    if not parent_status or parent_status == 'failed' or parent_status == 'stopped'
+        or parent_status == 'canceled' then
+      return false
+    end
+  end
+  return true
 end

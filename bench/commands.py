@@ -24,6 +24,7 @@ from redis.client import Pipeline  # noqa: E402
 from rq import Queue  # noqa: E402
 
 from rq_policies import Debounce, Loner, PolicyQueue, QueueSlot, Throttle  # noqa: E402
+from rq_policies.ledger import Hold  # noqa: E402
 from rq_policies.queue import Fetcher, _fetcher  # noqa: E402
 
 
@@ -148,7 +149,7 @@ def main() -> None:
                 tokens = [f'holder-{j}' for j in range(k)]
                 for t in tokens:
                     QueueSlot.acquire('p', capacity=10**6, token=t, connection=conn)
-                    QueueSlot.HELD.add(t, 'rq:policies:slots:p')
+                    QueueSlot.HELD.add(Hold('rq:policies:slots:p', t, QueueSlot.TTL_SECONDS))
                 return tokens
             return setup
 

@@ -24,7 +24,8 @@ from prometheus_client import generate_latest
 from redis import Redis
 from rq import Queue
 
-from rq_policies import Loner, PolicyQueue, QueueSlot, keys, scripts, state
+from rq_policies import Loner, PolicyQueue, QueueSlot, keys, state
+from rq_policies.ledger import Hold, acquire_call
 from rq_policies.metrics import registry_for
 
 QUEUES = [f'bench{i}' for i in range(10)]
@@ -39,7 +40,7 @@ def load(conn: Redis) -> None:
         QueueSlot.set_capacity(name, 1000, connection=conn)
         with conn.pipeline(transaction=False) as pipe:
             for j in range(100):
-                scripts.run('queue_slot_acquire', pipe, [keys.slots(name)], [1000, f'host:{j}:1:1', 600])
+                acquire_call(Hold(keys.holds(name), f'host:{j}:1:1', 600), 1000).run(pipe)
             pipe.execute()
     q = PolicyQueue(QUEUES[0], connection=conn)
     for i in range(1000):
@@ -50,7 +51,7 @@ def load(conn: Redis) -> None:
         conn.zadd(keys.LCW_INDEX, {path: time.time()})
         with conn.pipeline(transaction=False) as pipe:
             for j in range(20):
-                scripts.run('queue_slot_acquire', pipe, [keys.lcw_running(path)], [20, f'h:{j}:job', 600])
+                acquire_call(Hold(keys.lcw_running(path), f'h:{j}:job', 600), 20).run(pipe)
             pipe.execute()
     for name in QUEUES:
         conn.hset(keys.DROPS, f'loner:{name}', 17)

@@ -13,7 +13,7 @@
   KEYS[1]          capacity hash        rq:policies:capacity (field = queue name)
   KEYS[3i-1]       queue i's list       rq:queue:<q>
   KEYS[3i]         its intermediate     rq:queue:<q>:intermediate
-  KEYS[3i+1]       its slot ledger      rq:policies:slots:<q>
+  KEYS[3i+1]       its hold ledger      rq:policies:slots:<q>
 
   ARGV[1]          job key prefix       rq:job:
   ARGV[2]          claim token          <host>:<pid>:<tid>:<n>, names this hold
@@ -32,7 +32,7 @@ local ttl = tonumber(ARGV[3])
 local nqueues = #ARGV - 3
 
 -- @include "includes/server_time.lua"
--- @include "includes/outlive.lua"
+-- @include "lib/outlive.lua"
 
 local now = server_now()
 local waiting = 0

@@ -31,6 +31,7 @@ from . import compat, debounce, identity, keys, loner, scripts, throttle
 from .debounce import Debounce
 from .exceptions import PipelineNotSupported, PolicyConfigurationError
 from .job import PolicyJob, release_markers
+from .ledger import Hold
 from .policy import Loner, PolicySet, declared, make_set
 from .queue_slot import QueueSlot
 from .throttle import Throttle
@@ -102,7 +103,7 @@ class Fetcher:
     def on_claim(self, claim: Claim) -> None:
         self.claim = claim
         if claim.token is not None:
-            QueueSlot.HELD.add(claim.token, keys.slots(claim.queue_name))
+            QueueSlot.HELD.add(Hold(keys.holds(claim.queue_name), claim.token, self.hold_ttl))
 
     def listen(self, connection: Any, queue_names: list[str]) -> bool:
         """Get ready to be woken for ``queue_names``; True when that only starts now (look once more first)."""
@@ -536,7 +537,7 @@ class PolicyQueue(Queue):
         names = [q.name for q in queues]
         script_keys = [keys.CAPACITY]
         for q in queues:
-            script_keys += [q.key, q.intermediate_queue_key, keys.slots(q.name)]
+            script_keys += [q.key, q.intermediate_queue_key, keys.holds(q.name)]
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             token = QueueSlot.claim_token()

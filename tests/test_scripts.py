@@ -98,15 +98,15 @@ def test_dequeue_job_pops_clears_marker_and_skips_dangling_ids(connection):
     connection.set('marker', 'j1')
     result = scripts.run(
         'dequeue_job', connection,
-        [keys.CAPACITY, 'rq:queue:q', 'rq:queue:q:intermediate', keys.slots('q')], [PREFIX, 'tok', 90, 'q'],
+        [keys.CAPACITY, 'rq:queue:q', 'rq:queue:q:intermediate', keys.holds('q')], [PREFIX, 'tok', 90, 'q'],
     )
     assert result == [1, b'j1', 0]
     assert not connection.exists('marker')
     assert connection.lrange('rq:queue:q:intermediate', 0, -1) == [b'j1']  # the dangling id was dropped
-    assert not connection.exists(keys.slots('q'))  # uncapped: no hold
+    assert not connection.exists(keys.holds('q'))  # uncapped: no hold
     empty = scripts.run(
         'dequeue_job', connection,
-        [keys.CAPACITY, 'rq:queue:q', 'rq:queue:q:intermediate', keys.slots('q')], [PREFIX, 'tok', 90, 'q'],
+        [keys.CAPACITY, 'rq:queue:q', 'rq:queue:q:intermediate', keys.holds('q')], [PREFIX, 'tok', 90, 'q'],
     )
     assert empty == [0, 0]
 
@@ -117,7 +117,7 @@ def test_dequeue_job_marker_of_a_newer_job_survives(connection):
     connection.set('marker', 'newer')
     scripts.run(
         'dequeue_job', connection,
-        [keys.CAPACITY, 'rq:queue:q', 'rq:queue:q:intermediate', keys.slots('q')], [PREFIX, 'tok', 90, 'q'],
+        [keys.CAPACITY, 'rq:queue:q', 'rq:queue:q:intermediate', keys.holds('q')], [PREFIX, 'tok', 90, 'q'],
     )
     assert connection.get('marker') == b'newer'
 

@@ -24,8 +24,8 @@ from redis.client import Pipeline  # noqa: E402
 from rq import Queue  # noqa: E402
 
 from rq_policies import Debounce, Loner, PolicyQueue, QueueSlot, Throttle  # noqa: E402
+from rq_policies.fetch import Fetcher, current_fetcher  # noqa: E402
 from rq_policies.ledger import Hold  # noqa: E402
-from rq_policies.queue import Fetcher, _fetcher  # noqa: E402
 
 
 class CountingPipeline(Pipeline):
@@ -132,7 +132,7 @@ def main() -> None:
                     QueueSlot.set_capacity('p', 10**6, connection=conn)
                 for i in range(n):
                     Queue('p', connection=conn).enqueue(work, i)
-                _fetcher.set(Fetcher())
+                current_fetcher.set(Fetcher())
                 return q
             return setup
 

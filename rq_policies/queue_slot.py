@@ -2,7 +2,7 @@
 
 The count is a hold ledger (:mod:`rq_policies.ledger`: why a ledger and not a counter), one per queue
 (``rq:policies:slots:<queue>``, member = claim token, score = epoch second the hold expires). A PolicyWorker takes a
-hold in the same script that pops the job (``lua/dequeue_job.lua``):
+hold in the same script that pops the job (``lua/fetch.lua``, this policy's part ``lua/policies/queue_slot.lua``):
 
 * a killed holder stops refreshing and its hold ages out within :attr:`QueueSlot.TTL_SECONDS`, with no operator
   action;
@@ -160,6 +160,17 @@ class QueueSlot(FetchPolicy):
         install that caps nothing. A hold that already expired is not revived (see ``lua/refresh_holds.lua``).
         """
         cls.HELD.refresh_in(pipeline, ttl=whole_seconds('ttl', ttl))
+
+    # -- the fetch (lua/policies/queue_slot.lua) ------------------------------------------------------------------
+
+    @classmethod
+    def fetch_keys(cls, call: Any, queue_names: list[str]) -> None:
+        call.key('queue_slot.capacity', keys.CAPACITY)
+        call.key_list('queue_slot.holds', [keys.holds(name) for name in queue_names])
+
+    @classmethod
+    def fetch_hold(cls, queue_name: str, token: str, ttl: int) -> Hold:
+        return Hold(keys.holds(queue_name), token, ttl)
 
     # -- tokens ---------------------------------------------------------------------------------------------------
 

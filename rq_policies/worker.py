@@ -3,8 +3,9 @@
 Run ``rq worker -w rq_policies.PolicyWorker QUEUES`` (no other flag needed; ``rq worker-pool -w`` works too). Compared
 with stock rq:
 
-* the fetch is one script (``lua/dequeue_job.lua``) that pops the job, clears its loner marker and, on a queue capped
-  with :class:`~rq_policies.QueueSlot`, takes a hold; a full queue is skipped and the others are served in rq's order;
+* the fetch is one script (``lua/fetch.lua``, see :mod:`rq_policies.fetch`) that pops the job, runs every policy's
+  fetch hooks (a loner's marker is cleared; on a capped queue a hold is taken) and skips a queue a fetch policy
+  gates (a full one), serving the others in rq's order;
 * the popped id always goes through the queue's intermediate list, so a worker that dies between the pop and the
   start leaves the job where rq's maintenance recovers it, for multi-queue workers too (stock rq only does this for
   single-queue workers);
@@ -29,10 +30,10 @@ from rq.queue import Queue
 from rq.worker import SimpleWorker, Worker
 
 from . import keys, ledger
-from .ledger import WAKE_CAPACITY, WAKE_RELEASED, Hold, Keeper, Ledger
+from .fetch import IDLE_POLL_SECONDS, Claim, Fetcher, current_fetcher, release_claim
+from .ledger import WAKE_CAPACITY, WAKE_RELEASED, Keeper, Ledger
 from .policy import positive_int
-from .queue import IDLE_POLL_SECONDS, Claim, Fetcher, PolicyQueue, _fetcher
-from .queue_slot import QueueSlot
+from .queue import PolicyQueue
 
 #: Environment variable that sets ``hold_ttl`` for workers started from the command line (``rq worker``,
 #: ``rq worker-pool``), where no constructor argument reaches the worker.
@@ -207,7 +208,7 @@ class PolicyWorkerMixin:
 
     def dequeue_job_and_maintain_ttl(self, *args: Any, **kwargs: Any) -> Any:
         self._release_now()  # normally already gone with the work loop's heartbeat; never carried past a fetch
-        token = _fetcher.set(self._policy_fetcher)
+        token = current_fetcher.set(self._policy_fetcher)
         try:
             return super().dequeue_job_and_maintain_ttl(*args, **kwargs)  # type: ignore[misc]
         except BaseException:
@@ -215,7 +216,7 @@ class PolicyWorkerMixin:
             self._drop_claim()
             raise
         finally:
-            _fetcher.reset(token)
+            current_fetcher.reset(token)
 
     def prepare_job_execution(self, job: Any, remove_from_intermediate_queue: bool = False) -> None:
         # Our fetch always moves the id to the intermediate list, multi-queue workers included, so it always has to
@@ -245,7 +246,7 @@ class PolicyWorkerMixin:
     def _take_claim(self, job: Any) -> Claim | None:
         self._release_now()
         claim, self._policy_fetcher.claim = self._policy_fetcher.claim, None
-        if claim is None or claim.token is None:
+        if claim is None or not claim.holds:
             return None
         if claim.job_id != job.id:  # not the job we fetched (a subclass ran another one): do not sit on its holds
             self._release_later(claim)
@@ -265,12 +266,12 @@ class PolicyWorkerMixin:
         with self.connection.pipeline(transaction=False) as pipe:  # type: ignore[attr-defined]
             super().heartbeat(timeout, pipeline=pipe)  # type: ignore[misc]
             for claim in pending:
-                QueueSlot.release(claim.queue_name, claim.token, connection=pipe)
+                release_claim(claim, pipe)
             pipe.execute()
         del self._pending_releases[: len(pending)]
 
     def _release_later(self, claim: Claim | None) -> None:
-        if claim is not None and claim.token is not None:
+        if claim is not None and claim.holds:
             self._pending_releases.append(claim)
 
     def _drop_claim(self) -> None:
@@ -284,7 +285,7 @@ class PolicyWorkerMixin:
         while self._pending_releases:
             claim = self._pending_releases[0]
             try:
-                QueueSlot.release(claim.queue_name, claim.token, connection=self.connection)  # type: ignore[attr-defined]
+                release_claim(claim, self.connection)  # type: ignore[attr-defined]
             except _UNREACHABLE:
                 if time.monotonic() >= deadline:
                     raise
@@ -337,12 +338,11 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
 
     def main_work_horse(self, job: Any, queue: Any) -> None:
         claim = self._running_claim
-        if claim is not None and claim.token is not None:
+        if claim is not None and claim.holds:
             # The keeper only refreshes once the worker is gone: until then the worker's heartbeat does.
             self._horse_claim = claim
-            hold = Hold(keys.holds(claim.queue_name), claim.token, self.hold_ttl)  # type: ignore[arg-type]
             self._horse_keeper = Keeper(
-                self.connection, Ledger([hold]), self.hold_ttl / 3, ttl=self.hold_ttl,  # type: ignore[operator]
+                self.connection, Ledger(claim.holds), self.hold_ttl / 3, ttl=self.hold_ttl,  # type: ignore[operator]
                 tick=self.orphan_check_seconds, active=self._orphaned_now, until_empty=True, log=self.log,
                 name='rq-policies-orphan-guard',
             ).start()
@@ -372,8 +372,7 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
         if not self._orphaned_now() or self._horse_claim is None:
             return
         try:
-            claim = self._horse_claim
-            QueueSlot.release(claim.queue_name, claim.token, connection=self.connection)
+            release_claim(self._horse_claim, self.connection)
         except Exception:
             self.log.warning('rq-policies: work horse could not release its hold; it expires within %s s',
                              self.hold_ttl, exc_info=True)

@@ -18,7 +18,8 @@ from rq.exceptions import DequeueTimeout
 from rq.job import Job, JobStatus, Retry
 from rq.queue import Queue
 
-from rq_policies import PolicyQueue, PolicySimpleWorker, PolicyWorker, QueueSlot, keys, scripts
+from rq_policies import PolicyQueue, PolicySimpleWorker, PolicyWorker, QueueSlot, keys
+from rq_policies.fetch import Fetcher, current_fetcher, fetch_call
 from rq_policies.ledger import Hold, Ledger, acquire_call
 from rq_policies.worker import HOLD_TTL_ENV, _WorkerFetcher
 
@@ -95,15 +96,11 @@ def test_refresh_script_extends_live_holds_and_never_revives_an_expired_one(conn
     assert connection.ttl(a) >= 60
 
 
-# -- lua/dequeue_job.lua ------------------------------------------------------------------------------------------
+# -- lua/fetch.lua ------------------------------------------------------------------------------------------------
 
 
 def _dequeue_script(conn: Redis, queues: list[Queue], token: str, ttl: int = 30) -> list:
-    script_keys = [keys.CAPACITY]
-    for q in queues:
-        script_keys += [q.key, q.intermediate_queue_key, keys.holds(q.name)]
-    argv = [Job.redis_job_namespace_prefix, token, ttl, *[q.name for q in queues]]
-    raw = scripts.run('dequeue_job', conn, script_keys, argv)
+    raw = fetch_call(queues, token, ttl, Job.redis_job_namespace_prefix).run(conn)
     return [x.decode() if isinstance(x, bytes) else x for x in raw]
 
 
@@ -388,11 +385,9 @@ def test_every_push_through_a_policy_queue_publishes_a_wake_up(connection):
 @pytest.fixture
 def as_policy_worker():
     """dequeue_any applies the fetch-side policies only inside a PolicyWorker (which installs a Fetcher)."""
-    from rq_policies.queue import Fetcher, _fetcher
-
-    token = _fetcher.set(Fetcher())
+    token = current_fetcher.set(Fetcher())
     yield
-    _fetcher.reset(token)
+    current_fetcher.reset(token)
 
 
 def test_full_queue_is_skipped_and_the_others_served_in_order(connection, as_policy_worker):
@@ -470,9 +465,7 @@ def test_a_waiting_fetch_wakes_on_a_release(connection, redis_url):
     got: list = []
 
     def fetch() -> None:
-        from rq_policies.queue import _fetcher
-
-        _fetcher.set(fetcher)
+        current_fetcher.set(fetcher)
         got.append(PolicyQueue.dequeue_any([q], 30, connection=Redis.from_url(redis_url)))
         got.append(time.monotonic())
 

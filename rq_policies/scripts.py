@@ -29,7 +29,7 @@ def _lua_root() -> Any:
     """The folder holding the scripts: the installed ``rq_policies.lua`` package data, or ``lua/`` in a checkout."""
     try:
         root = resources.files('rq_policies.lua')
-        if root.joinpath('lib', 'codec.lua').is_file():
+        if root.joinpath('lib/codec.lua').is_file():
             return root
     except (ModuleNotFoundError, TypeError):
         pass

@@ -40,6 +40,7 @@ local successor = ARGV[10]
 -- @include "includes/server_time.lua"
 -- @include "includes/save_job.lua"
 -- @include "includes/unpack_fields.lua"
+-- @include "lib/ledger_count.lua"
 -- @include "includes/lcw_room.lua"
 -- @include "lib/ledger_release.lua"
 

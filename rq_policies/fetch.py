@@ -84,7 +84,7 @@ class Fetcher:
     def wait(self, connection: Any, queue_names: list[str], seconds: float, full: frozenset[str] = frozenset()) -> None:
         """Wait up to ``seconds`` (at most IDLE_POLL_SECONDS) for something that could make a look succeed.
 
-        ``full`` names the queues the last look skipped (a capped one without a free hold): a push to one of them is
+        ``full`` names the queues the last look skipped (a capped one at its cap): a push to one of them is
         no news.
         """
         time.sleep(min(seconds, IDLE_POLL_SECONDS))
@@ -143,7 +143,7 @@ def dequeue(
 ) -> tuple[Job, Queue] | None:
     """The fetch loop behind ``PolicyQueue.dequeue_any`` in a PolicyWorker (``fetcher`` is the worker's).
 
-    Queues are tried in order; a queue a fetch policy gates (a capped one with no free hold) is skipped. When nothing
+    Queues are tried in order; a queue a fetch policy gates (a capped one at its cap) is skipped. When nothing
     can be taken and ``timeout`` is not None, waits (woken by admissions and releases) until ``timeout`` seconds have
     passed, then raises DequeueTimeout, as rq's own dequeue does. With ``timeout=None`` (burst) it returns None once
     nothing is waiting, but keeps waiting while a skipped queue still has jobs: those are work not yet done.

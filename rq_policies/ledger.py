@@ -273,7 +273,7 @@ _local = threading.local()
 
 
 def token() -> str:
-    """This thread's holder token, ``<host>:<pid>:<tid>``; rebuilt after a fork, so a child never shares it."""
+    """This thread's hold token, ``<host>:<pid>:<tid>``; rebuilt after a fork, so a child never shares it."""
     pid = os.getpid()
     memo = getattr(_local, 'token', None)
     if memo is not None and memo[0] == pid:

@@ -467,7 +467,7 @@ class PolicyQueue(Queue):
     ) -> tuple[Job, Queue] | None:
         """Take the next job through the fetch policies, in one script (:func:`rq_policies.fetch.dequeue`).
 
-        Queues are tried in order; a capped queue with no free slot is skipped. When nothing can be taken and
+        Queues are tried in order; a capped queue at its cap is skipped. When nothing can be taken and
         ``timeout`` is not None, waits (woken by admissions and releases) until ``timeout`` seconds have passed, then
         raises DequeueTimeout, as rq's own dequeue does. With ``timeout=None`` (burst) it returns None once nothing
         is waiting, but keeps waiting while a full capped queue still has jobs: those are work not yet done.

@@ -167,7 +167,7 @@ class PolicyWorkerMixin:
 
     #: When the worker stops with a release still pending because Redis is unreachable (a restart, a Sentinel
     #: failover), it keeps trying this many seconds before leaving the hold to age out. rq's own work loop quits on a
-    #: Redis error in the middle of a job, so this is what returns a slot promptly after a short outage.
+    #: Redis error in the middle of a job, so this is what returns a hold promptly after a short outage.
     release_grace_seconds: float = 10.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -29,10 +29,10 @@ sys.path.insert(0, str(HERE.parent))  # the loner jobs name this module as bench
 from common import add_smoke, run_main, smoke_defaults  # noqa: E402
 from prometheus_client import generate_latest  # noqa: E402
 from redis import Redis  # noqa: E402
-from redis.client import Pipeline  # noqa: E402
 from rq import Queue  # noqa: E402
 
-from rq_policies import Loner, PolicyQueue, QueueSlot, keys, scripts, state  # noqa: E402
+from rq_policies import Loner, PolicyQueue, QueueSlot, keys, state  # noqa: E402
+from rq_policies.ledger import Hold, acquire_call  # noqa: E402
 from rq_policies.metrics import registry_for  # noqa: E402
 
 QUEUES = [f'bench{i}' for i in range(10)]
@@ -40,15 +40,6 @@ QUEUES = [f'bench{i}' for i in range(10)]
 
 def noop(x):
     return x
-
-
-def lcw_running_hold(pipe: Pipeline, class_path: str, limit: int, holder: str, ttl: int) -> None:
-    """Queue one running hold of a LimitedCapacityWorker class onto ``pipe``, as its ``perform`` takes one.
-
-    No public call takes such a hold outside a running job, so this is the one place a bench builds a script's
-    positional KEYS/ARGV itself: switch it to the script builder when that lands.
-    """
-    scripts.run('queue_slot_acquire', pipe, [keys.lcw_running(class_path)], [limit, holder, ttl])
 
 
 def load(conn: Redis) -> None:
@@ -66,7 +57,7 @@ def load(conn: Redis) -> None:
         conn.zadd(keys.LCW_INDEX, {path: time.time()})
         with conn.pipeline(transaction=False) as pipe:
             for j in range(20):
-                lcw_running_hold(pipe, path, 20, f'h:{j}:job', 600)
+                acquire_call(Hold(keys.lcw_running(path), f'h:{j}:job', 600), 20).run(pipe)
             pipe.execute()
     for name in QUEUES:
         conn.hset(keys.DROPS, f'loner:{name}', 17)

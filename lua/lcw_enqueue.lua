@@ -44,6 +44,7 @@ local n = tonumber(ARGV[9])
 -- @include "includes/server_time.lua"
 -- @include "includes/save_job.lua"
 -- @include "includes/unpack_fields.lua"
+-- @include "lib/ledger_count.lua"
 -- @include "includes/lcw_room.lua"
 
 local fields = unpack_fields(ARGV[10 + n])

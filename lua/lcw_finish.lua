@@ -20,7 +20,7 @@
   ARGV[6]  wake channel         rq:policies:wake:<q>
   ARGV[7]  job ttl              seconds the successor's hash lives, -1 for none
   ARGV[8]  gauges ttl           seconds the gauges and the index outlive the last write
-  ARGV[9]  holder               this job's member of the running ledger
+  ARGV[9]  hold token           this job's hold in the running ledger
   ARGV[10] successor id
   ARGV[11] the successor's hash  field/value pairs as one length-prefixed blob (includes/unpack_fields.lua)
 
@@ -40,10 +40,12 @@ local successor = ARGV[10]
 -- @include "includes/server_time.lua"
 -- @include "includes/save_job.lua"
 -- @include "includes/unpack_fields.lua"
+-- @include "lib/ledger_count.lua"
 -- @include "includes/lcw_room.lua"
+-- @include "lib/ledger_release.lua"
 
 local now = server_now()
-local released = rcall('ZREM', KEYS[1], holder)
+local released = ledger_release(KEYS[1], holder)
 local room = lcw_room(KEYS[1], KEYS[2], job_prefix, max, now)
 lcw_report(KEYS[3], KEYS[4], class, queue_name, max, remaining, now, state_ttl)
 if remaining > 0 and room > 0 then

@@ -22,24 +22,30 @@ key                                                    type     meaning
                                                                 ``rq:scheduled:<queue>``), ``first``: epoch seconds
                                                                 of the enqueue that started the pending period;
                                                                 expires at the job's run time
-``rq:policies:slots:<queue>``                          ZSET     the QueueSlot ledger: member = holder claim token,
-                                                                score = epoch second the hold expires
+``rq:policies:slots:<queue>``                          ZSET     the queue's hold ledger (QueueSlot): member = the
+                                                                hold's claim token, score = epoch second the hold
+                                                                expires (:func:`holds`)
 ``rq:policies:capacity``                               HASH     queue name -> cluster-wide cap (QueueSlot)
 ``rq:policies:drops``                                  HASH     ``<policy>:<queue>`` -> dropped enqueues (a counter)
-``rq:policies:wake:<queue>``                           channel  pub/sub: a job was admitted or a slot freed
+``rq:policies:wake:<queue>``                           channel  pub/sub: a job was admitted or a hold freed
 ``rq:policies:lcw``                                    ZSET     LimitedCapacityWorker classes seen: member = class
                                                                 import path, score = epoch second last seen;
                                                                 members older than a day are trimmed on write
 ``rq:policies:lcw:<class>``                            HASH     the class's last reported gauges: ``queue``,
                                                                 ``max``, ``remaining``, ``updated`` (epoch s);
                                                                 expires a day after the last write
-``rq:policies:lcw-running:<class>``                    ZSET     the class's running ledger (QueueSlot's shape):
-                                                                member = holder ``<host>:<pid>:<job id>``,
+``rq:policies:lcw-running:<class>``                    ZSET     the class's hold ledger of running jobs (the same
+                                                                shape): member = hold ``<host>:<pid>:<job id>``,
                                                                 score = epoch second the hold expires
 ``rq:policies:lcw-queued:<class>``                     ZSET     ids of the class's jobs enqueued and not yet
                                                                 started (score = enqueue epoch s); an entry whose
                                                                 job is gone or ended is pruned on the next count
 =====================================================  =======  ===================================================
+
+A member of a hold ledger is a *hold* (see :mod:`rq_policies.ledger`); "slot" is a throttle's time window. The hold
+ledger of a queue keeps the key string ``rq:policies:slots:<queue>`` of 0.1, where it was called the slot ledger, so
+that during a rolling upgrade from 0.1 old and new workers count their holds in one ledger and the cap holds across
+both.
 
 A ``<class>`` is a LimitedCapacityWorker's import path (``module.Class``): dots and identifiers, never a colon.
 
@@ -47,7 +53,7 @@ The slot number of a throttle key is computed inside the scripts from the server
 the identity's prefix in KEYS and append the number; every other key arrives whole.
 
 Job hashes (``rq:job:<id>``) written by an admission carry one extra field, ``policies_loner``, naming the job's
-loner marker, so the dequeue script can clear the marker of the job it pops without a second round trip. rq and
+loner marker, so the fetch script can clear the marker of the job it pops without a second round trip. rq and
 rq-dashboard ignore fields they do not know.
 """
 
@@ -84,8 +90,8 @@ def debounce(queue: str, digest: str) -> str:
     return DEBOUNCE_KEYS.prefix(queue, digest)
 
 
-def slots(queue: str) -> str:
-    """The QueueSlot ledger of one queue."""
+def holds(queue: str) -> str:
+    """The hold ledger of one queue (QueueSlot's). The string still says ``slots``: 0.1's name, kept for upgrades."""
     return f'{PREFIX}slots:{queue}'
 
 
@@ -104,7 +110,7 @@ def lcw_state(worker_class: str) -> str:
 
 
 def lcw_running(worker_class: str) -> str:
-    """The running ledger of one LimitedCapacityWorker class (holders with expiry, as QueueSlot's)."""
+    """The hold ledger of one LimitedCapacityWorker class's running jobs (holds with expiry, as a queue's)."""
     return f'{PREFIX}lcw-running:{worker_class}'
 
 

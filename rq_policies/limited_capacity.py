@@ -18,11 +18,11 @@ How it runs:
   written in one Lua script (``lua/lcw_enqueue.lua``), so two refills at once never overshoot.
 * The job rq runs is the classmethod :meth:`perform`, enqueued by its import path (``module.Class.perform``), so any
   rq worker, stock ``Worker`` or ``PolicyWorker``, imports and runs it, and dashboards show the class's name.
-* The running count is a ledger of named holders with expiry, the QueueSlot model
-  (``rq:policies:lcw-running:<class>``), not a counter: a job takes its hold when it starts (the QueueSlot acquire
-  script, in one MULTI with leaving the queued set), refreshes it from a thread while ``perform_work`` runs, and gives
-  it back on every exit path. A job killed with SIGKILL stops refreshing and its unit comes back by itself within
-  :attr:`hold_ttl` seconds; the next refill replaces it.
+* The running count is a hold ledger (:mod:`rq_policies.ledger`, the one QueueSlot counts with too;
+  ``rq:policies:lcw-running:<class>``), not a counter: a job takes its hold when it starts (``lua/acquire_hold.lua``,
+  in one MULTI with leaving the queued set), refreshes it from a :class:`~rq_policies.ledger.Keeper` thread while
+  ``perform_work`` runs, and gives it back on every exit path. A job killed with SIGKILL stops refreshing and its
+  unit comes back by itself within :attr:`hold_ttl` seconds; the next refill replaces it.
 * A job that finishes successfully re-enqueues itself when work remains and the class has room (``lcw_finish.lua``:
   release and successor in one step). A failed one does not: the failure is logged, rq moves the job to its
   FailedJobRegistry, and the next periodic refill stands in for a retry with backoff. Retries are off (none is ever
@@ -37,7 +37,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
 import uuid
 from typing import Any, ClassVar
 
@@ -45,9 +44,9 @@ from redis import Redis
 from rq import get_current_job
 from rq.utils import import_attribute
 
-from . import keys, scripts
+from . import keys, ledger, scripts
+from .ledger import Hold, Keeper, Ledger, acquire_call
 from .queue import PolicyQueue, _flatten, pack_fields
-from .queue_slot import QueueSlot
 
 logger = logging.getLogger('rq_policies')
 
@@ -69,7 +68,7 @@ class LimitedCapacityWorker:
 
     #: Seconds a running job's hold survives unrefreshed: how soon a killed job's unit comes back. The job refreshes
     #: it every third of this while ``perform_work`` runs.
-    hold_ttl: ClassVar[int] = QueueSlot.TTL_SECONDS
+    hold_ttl: ClassVar[int] = ledger.TTL_SECONDS
 
     #: rq job options for the class's jobs (None: the queue's or rq's default).
     job_timeout: ClassVar[int | str | None] = None
@@ -147,15 +146,14 @@ class LimitedCapacityWorker:
         instance = cls()
         path = cls.class_path()
         limit = _count(f'{cls.__qualname__}.max_running_jobs()', instance.max_running_jobs())
-        holder = f'{socket.gethostname()}:{os.getpid()}:{job.id}'
-        running = keys.lcw_running(path)
-        ttl = positive_ttl(cls.hold_ttl)
+        token = f'{socket.gethostname()}:{os.getpid()}:{job.id}'
+        hold = Hold(keys.lcw_running(path), token, positive_ttl(cls.hold_ttl))
         acquired = 0
         with conn.pipeline(transaction=True) as pipe:
-            # The QueueSlot acquire script and leaving the queued set in one MULTI: a concurrent refill sees this job
-            # either waiting or running, never neither (which would let it overshoot).
+            # Taking the hold and leaving the queued set in one MULTI: a concurrent refill sees this job either
+            # waiting or running, never neither (which would let it overshoot).
             if limit > 0:
-                scripts.run('queue_slot_acquire', pipe, [running], [limit, holder, ttl])
+                acquire_call(hold, limit).run(pipe)
             pipe.zrem(keys.lcw_queued(path), job.id)
             replies = pipe.execute()
         if limit > 0:
@@ -166,8 +164,10 @@ class LimitedCapacityWorker:
             logger.info('rq-policies: %s job %s found no free capacity (max %d); skipped', path, job.id, limit)
             return None
 
-        keeper = _HoldKeeper(conn, running, holder, ttl)
-        keeper.start()
+        # The refresh runs in the process that runs the job (the work horse), because the hold is that process's: a
+        # worker parent's heartbeat cannot see it.
+        held = Ledger([hold])
+        keeper = Keeper(conn, held, max(hold.ttl / 3, 0.5), until_empty=True, name='rq-policies-lcw-hold').start()
         try:
             result = instance.perform_work(*args)
         except BaseException:
@@ -176,7 +176,7 @@ class LimitedCapacityWorker:
                 'rq-policies: %s job %s failed; not re-enqueued (the next perform_with_capacity replaces it)',
                 path, job.id, exc_info=True,
             )
-            _release(conn, running, holder)
+            _release(conn, held, hold)
             raise
         keeper.stop()
         try:
@@ -188,10 +188,10 @@ class LimitedCapacityWorker:
                 'lcw_finish',
                 conn,
                 [*cls._keys(queue), queue.job_class.key_for(successor)],
-                [*cls._argv(queue, limit, remaining, job_ttl), holder, successor, fields],
+                [*cls._argv(queue, limit, remaining, job_ttl), hold.token, successor, fields],
             )
         except BaseException:
-            _release(conn, running, holder)
+            _release(conn, held, hold)
             raise
         return result
 
@@ -271,40 +271,9 @@ def positive_ttl(value: Any) -> int:
     return value
 
 
-def _release(conn: Redis, running: str, holder: str) -> None:
+def _release(conn: Redis, held: Ledger, hold: Hold) -> None:
     try:
-        conn.zrem(running, holder)
+        held.release(conn, hold)
     except Exception:
         # Unreachable Redis: the hold ages out within hold_ttl, which is the floor this is an optimization on.
-        logger.warning('rq-policies: could not release hold %s on %s; it expires by itself', holder, running)
-
-
-class _HoldKeeper:
-    """Refreshes one hold every third of its ttl from a daemon thread while ``perform_work`` runs.
-
-    The refresh runs in the process that runs the job (the work horse), because the hold is that process's: a worker
-    parent's heartbeat cannot see it. The thread dies with the process, so a killed job's hold still ages out.
-    """
-
-    def __init__(self, conn: Redis, ledger: str, holder: str, ttl: int) -> None:
-        self._conn = conn
-        self._ledger = ledger
-        self._holder = holder
-        self._ttl = ttl
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name='rq-policies-lcw-hold', daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        interval = max(self._ttl / 3, 0.5)
-        while not self._stop.wait(interval):
-            try:
-                scripts.run('refresh_slots', self._conn, [self._ledger], [self._ttl, self._holder])
-            except Exception:  # a missed refresh is retried on the next tick; the ttl covers two of them
-                logger.warning('rq-policies: could not refresh hold %s', self._holder, exc_info=True)
+        logger.warning('rq-policies: could not release hold %s on %s; it expires by itself', hold.token, hold.ledger)

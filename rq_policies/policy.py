@@ -195,9 +195,22 @@ class AdmissionPolicy(Policy):
 
 
 class FetchPolicy(Policy):
-    """A policy decided at fetch, in the fetch script (QueueSlot)."""
+    """A policy decided at fetch, in the fetch script (QueueSlot).
+
+    Its Lua part (``lua/policies/<name>.lua``) defines ``gate`` and ``take`` (see ``lua/fetch.lua``); the two hooks
+    below are the Python side of the same fetch (:func:`rq_policies.fetch.fetch_call`).
+    """
 
     kind: ClassVar[str] = FETCH
+
+    @classmethod
+    def fetch_keys(cls, call: Any, queue_names: list[str]) -> None:
+        """Add the keys (named ``'<name>.<what>'``) and arguments the policy's Lua part reads to the fetch call."""
+
+    @classmethod
+    def fetch_hold(cls, queue_name: str, token: str, ttl: int) -> Any:
+        """The :class:`rq_policies.ledger.Hold` the policy's ``take`` took for a claim on ``queue_name``."""
+        raise NotImplementedError(f'{cls.__name__}: its Lua take() reported a hold, so it must say which one')
 
 
 @dataclass(frozen=True)

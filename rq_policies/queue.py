@@ -1,4 +1,4 @@
-"""PolicyQueue: an rq Queue whose enqueue doors apply the job's policies, and whose fetch honours QueueSlot caps.
+"""PolicyQueue: an rq Queue whose enqueue doors apply the job's policies, and whose fetch applies the fetch policies.
 
 Every public enqueue door (``enqueue``, ``enqueue_call``, ``enqueue_at``, ``enqueue_in``, ``enqueue_many`` and the
 ``@job`` decorator's ``.delay()``) admits the job through one Lua script that checks the policy and writes the job
@@ -15,24 +15,22 @@ from __future__ import annotations
 import calendar
 import contextlib
 import logging
-import time
 from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from rq.exceptions import DequeueTimeout, NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.utils import import_attribute, now
 
-from . import admission, compat, identity, keys, scripts
+from . import admission, compat, identity, keys
 from .admission import JobWrite
 from .exceptions import PipelineNotSupported, PolicyConfigurationError
+from .fetch import current_fetcher, dequeue
 from .job import PolicyJob
 from .policy import PolicySet, by_name, declared, make_set
-from .queue_slot import QueueSlot
 
 logger = logging.getLogger('rq_policies')
 
@@ -43,11 +41,6 @@ _DECLARED = DECLARED
 #: Seconds a deferred (depends_on) job's hash and marker live before rq has finished setting up its dependencies;
 #: if the producer dies in that window the hold lapses by itself.
 DEFERRED_LEASE_SECONDS = 300
-
-#: How long an idle PolicyWorker waits for a wake-up before it looks again (seconds). Admissions and releases wake
-#: it at once over pub/sub; this bounds the delay for jobs pushed by stock rq producers or schedulers, which do not
-#: publish, and for holds that expired because their worker died.
-IDLE_POLL_SECONDS = 1.0
 
 
 @dataclass
@@ -73,47 +66,6 @@ def door_override(default: Any = DECLARED) -> Any:
 _WARNED_PATHS: set[str] = set()
 
 
-@dataclass
-class Claim:
-    """What one fetch took: the job, the queue and, on a capped queue, the hold that came with it."""
-
-    job_id: str
-    queue_name: str
-    token: str | None
-    #: Wall-clock time just before the fetch that took the job: the job stopped waiting after this instant.
-    fetched_after: float = 0.0
-
-
-class Fetcher:
-    """Per-worker fetch state: the claim just made, the hold ttl, and the idle wait.
-
-    PolicyWorker installs its own (with a pub/sub wake-up) around each fetch; without one,
-    ``PolicyQueue.dequeue_any`` is rq's own.
-    """
-
-    hold_ttl: int = QueueSlot.TTL_SECONDS
-
-    def __init__(self) -> None:
-        self.claim: Claim | None = None
-
-    def on_claim(self, claim: Claim) -> None:
-        self.claim = claim
-        if claim.token is not None:
-            QueueSlot.HELD.add(claim.token, keys.slots(claim.queue_name))
-
-    def listen(self, connection: Any, queue_names: list[str]) -> bool:
-        """Get ready to be woken for ``queue_names``; True when that only starts now (look once more first)."""
-        return False
-
-    def wait(self, connection: Any, queue_names: list[str], seconds: float, full: frozenset[str] = frozenset()) -> None:
-        """Wait up to ``seconds`` (at most IDLE_POLL_SECONDS) for something that could make a look succeed.
-
-        ``full`` names the capped queues the last look found without a free slot: a push to one of them is no news.
-        """
-        time.sleep(min(seconds, IDLE_POLL_SECONDS))
-
-
-_fetcher: ContextVar[Fetcher | None] = ContextVar('rq_policies_fetcher', default=None)
 
 
 def _flatten(mapping: dict[str, Any]) -> list[Any]:
@@ -464,76 +416,22 @@ class PolicyQueue(Queue):
         serializer: Any = None,
         death_penalty_class: Any = None,
     ) -> tuple[Job, Queue] | None:
-        """Take the next job, clearing its loner marker and taking a slot on a capped queue, in one script.
+        """Take the next job through the fetch policies, in one script (:func:`rq_policies.fetch.dequeue`).
 
-        Queues are tried in order; a capped queue with no free slot is skipped. When nothing can be taken and
+        Queues are tried in order; a capped queue at its cap is skipped. When nothing can be taken and
         ``timeout`` is not None, waits (woken by admissions and releases) until ``timeout`` seconds have passed, then
         raises DequeueTimeout, as rq's own dequeue does. With ``timeout=None`` (burst) it returns None once nothing
         is waiting, but keeps waiting while a full capped queue still has jobs: those are work not yet done.
         """
         queues = list(queues)
-        fetcher = _fetcher.get()
+        fetcher = current_fetcher.get()
         if fetcher is None:
             # Not a PolicyWorker (a stock worker given this queue class): it could never release a hold, so it
-            # fetches exactly as stock rq does. Loner markers of the jobs it takes heal by themselves.
+            # fetches exactly as stock rq does. The loner markers of the jobs it takes heal by themselves.
             return super().dequeue_any(
                 queues, timeout, connection=connection, job_class=job_class, serializer=serializer,
                 death_penalty_class=death_penalty_class,
             )
-        job_cls = job_class or cls.job_class
-        prefix = job_cls.redis_job_namespace_prefix
-        names = [q.name for q in queues]
-        script_keys = [keys.CAPACITY]
-        for q in queues:
-            script_keys += [q.key, q.intermediate_queue_key, keys.slots(q.name)]
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            token = QueueSlot.claim_token()
-            fetched_after = time.time()
-            index, job_id, *rest = scripts.run(
-                'dequeue_job', connection, script_keys, [prefix, token, fetcher.hold_ttl, *names]
-            )
-            if index:
-                queue = queues[index - 1]
-                job_id = job_id.decode() if isinstance(job_id, bytes) else job_id
-                held = token if rest and rest[0] == 1 else None
-                try:
-                    job = job_cls.fetch(job_id, connection=connection, serializer=serializer)
-                except NoSuchJobError:
-                    # Deleted between the pop and the fetch: give the slot back and look again.
-                    with connection.pipeline(transaction=False) as pipe:
-                        pipe.lrem(queue.intermediate_queue_key, 1, job_id)
-                        if held:
-                            QueueSlot.release(queue.name, held, connection=pipe)
-                        pipe.execute()
-                    continue
-                except BaseException:
-                    # An unreadable job: the hold goes back now, the id stays on the intermediate list for rq.
-                    if held:
-                        with contextlib.suppress(Exception):  # else it ages out; the fetch error is the news
-                            QueueSlot.release(queue.name, held, connection=connection)
-                    raise
-                fetcher.on_claim(Claim(job_id, queue.name, held, fetched_after))
-                return job, cls._rebuild(queue, connection, job_cls, serializer, death_penalty_class)
-            waiting = job_id
-            full = frozenset(names[i - 1] for i in rest)
-            if deadline is None and not waiting:
-                return None
-            if fetcher.listen(connection, names):
-                continue  # a wake-up published before the subscription landed is lost: look once more first
-            if deadline is None:
-                fetcher.wait(connection, names, IDLE_POLL_SECONDS, full)
-                continue
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise DequeueTimeout(timeout, [q.key for q in queues])
-            fetcher.wait(connection, names, remaining, full)
-
-    @classmethod
-    def _rebuild(
-        cls, queue: Queue, connection: Any, job_class: Any, serializer: Any, death_penalty_class: Any
-    ) -> Queue:
-        kwargs: dict[str, Any] = {'connection': connection, 'job_class': job_class, 'serializer': serializer}
-        if death_penalty_class is not None:
-            kwargs['death_penalty_class'] = death_penalty_class
-        return cls.from_queue_key(queue.key, **kwargs)
+        return dequeue(
+            cls, fetcher, queues, timeout, connection, job_class or cls.job_class, serializer, death_penalty_class
+        )

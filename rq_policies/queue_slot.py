@@ -1,14 +1,13 @@
 """QueueSlot: at most N jobs of a queue running across the whole cluster, crash-safe.
 
-Why a ledger and not a counter: INCR on fetch and DECR on completion is right until a holder is SIGKILLed between the
-two; then the count never comes back down and the queue runs one job short forever. A TTL on the counter trades that
-for the mirror bug: the whole count expires at once while jobs still run. So the ledger holds the *holders*, one
-ZSET member each (``rq:policies:slots:<queue>``, member = claim token, score = epoch second the hold expires):
+The count is a hold ledger (:mod:`rq_policies.ledger`: why a ledger and not a counter), one per queue
+(``rq:policies:slots:<queue>``, member = claim token, score = epoch second the hold expires). A PolicyWorker takes a
+hold in the same script that pops the job (``lua/fetch.lua``, this policy's part ``lua/policies/queue_slot.lua``):
 
-* a killed holder stops refreshing and its member ages out within :attr:`QueueSlot.TTL_SECONDS`, with no operator
+* a killed holder stops refreshing and its hold ages out within :attr:`QueueSlot.TTL_SECONDS`, with no operator
   action;
-* a release names one member, so a release arriving after its own hold expired frees nothing instead of a slot that
-  has since been handed to someone else;
+* a release names one hold, so a release arriving after its own hold expired frees nothing instead of a hold that has
+  since been handed to someone else;
 * a claim token (``<host>:<pid>:<tid>:<n>``) names one claim, so a stale release from an earlier job of the same
   thread can never take the live job's hold.
 
@@ -19,20 +18,15 @@ the same number and an operator changes it without a deploy.
 
 from __future__ import annotations
 
-import os
-import socket
-import threading
 from typing import Any, ClassVar
 
 from redis import Redis
 
-from . import keys, scripts
+from . import keys, ledger
+from .ledger import WAKE_CAPACITY, WAKE_RELEASED, Hold
 from .policy import MAX_CAPACITY, FetchPolicy, positive_int, whole_seconds
 
-#: Payloads published on ``rq:policies:wake:<queue>`` besides a pushed job's id (see ``lua/enqueue_job.lua``). A
-#: waiting worker treats a push to a queue it found full as no news; these two always wake it.
-WAKE_RELEASED = 'released'
-WAKE_CAPACITY = 'capacity'
+__all__ = ['WAKE_CAPACITY', 'WAKE_RELEASED', 'QueueSlot', 'queue_name']
 
 
 def queue_name(value: Any) -> str:
@@ -43,39 +37,8 @@ def queue_name(value: Any) -> str:
     return name
 
 
-class _Held:
-    """The holds this process has right now: claim token -> ledger key. The heartbeat refreshes from it."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._holds: dict[str, str] = {}
-        self._pid = os.getpid()
-
-    def _check_fork(self) -> None:
-        # A forked child does not own its parent's holds: the parent refreshes and releases them.
-        if self._pid != os.getpid():
-            self._holds = {}
-            self._pid = os.getpid()
-            self._lock = threading.Lock()
-
-    def add(self, token: str, ledger: str) -> None:
-        self._check_fork()
-        with self._lock:
-            self._holds[token] = ledger
-
-    def discard(self, token: str) -> None:
-        self._check_fork()
-        with self._lock:
-            self._holds.pop(token, None)
-
-    def snapshot(self) -> dict[str, str]:
-        self._check_fork()
-        with self._lock:
-            return dict(self._holds)
-
-
 class QueueSlot(FetchPolicy):
-    """The slot ledger on its own: capacity, holds, tokens. Fetching under a cap is PolicyWorker's job.
+    """A queue's hold ledger on its own: capacity, holds, tokens. Fetching under a cap is PolicyWorker's job.
 
     A fetch policy whose settings live in Redis (the cap per queue), so it is used through classmethods rather than
     declared on a function.
@@ -83,16 +46,11 @@ class QueueSlot(FetchPolicy):
 
     name: ClassVar[str] = 'queue_slot'
 
-    #: Seconds a hold survives unrefreshed. rq's worker beats every ``job_monitoring_interval`` (30 s by default)
-    #: while a job runs and gives its own key ``job_monitoring_interval + 60`` seconds; a hold outlives a missed beat
-    #: by exactly as much (pinned by a test). Shorter and a busy worker's holds evaporate under a slow Redis while
-    #: its jobs run; longer and a killed worker's capacity comes back later than the worker leaves the dashboard.
-    TTL_SECONDS: int = 90
+    #: Seconds a hold survives unrefreshed (:data:`rq_policies.ledger.TTL_SECONDS`: rq's heartbeat margin).
+    TTL_SECONDS: int = ledger.TTL_SECONDS
 
-    #: The process-wide registry of live holds, refreshed by :meth:`refresh_in`.
-    HELD = _Held()
-
-    _local = threading.local()
+    #: The holds this process has (:data:`rq_policies.ledger.PROCESS`), refreshed by :meth:`refresh_in`.
+    HELD = ledger.PROCESS
 
     # -- capacity -------------------------------------------------------------------------------------------------
 
@@ -135,7 +93,7 @@ class QueueSlot(FetchPolicy):
         """Live holds of ``queue`` (a gauge for humans and tests; admission counts under the script's own clock)."""
         conn = _need(connection)
         seconds, micros = conn.time()
-        return int(conn.zcount(keys.slots(queue_name(queue)), f'({seconds + micros / 1e6:.6f}', '+inf'))
+        return int(conn.zcount(keys.holds(queue_name(queue)), f'({seconds + micros / 1e6:.6f}', '+inf'))
 
     @classmethod
     def holders(cls, queue: Any, connection: Redis | None = None) -> list[tuple[str, float]]:
@@ -143,7 +101,7 @@ class QueueSlot(FetchPolicy):
         connection = _need(connection)
         seconds, micros = connection.time()
         now = seconds + micros / 1e6
-        rows = connection.zrangebyscore(keys.slots(queue_name(queue)), f'({now:.6f}', '+inf', withscores=True)
+        rows = connection.zrangebyscore(keys.holds(queue_name(queue)), f'({now:.6f}', '+inf', withscores=True)
         return [(member.decode() if isinstance(member, bytes) else member, score - now) for member, score in rows]
 
     # -- the ledger -----------------------------------------------------------------------------------------------
@@ -157,7 +115,7 @@ class QueueSlot(FetchPolicy):
         token: str | None = None,
         connection: Redis | None = None,
     ) -> bool:
-        """Take one of ``queue``'s slots, or report that the cluster is at capacity.
+        """Take a hold on ``queue``, or report that the cluster is at capacity.
 
         Replay-safe: a retried call whose first attempt landed finds its own member and answers True again (and
         refreshes it), never counting itself twice. A taken hold joins :attr:`HELD`, so :meth:`refresh_in` keeps it
@@ -171,18 +129,13 @@ class QueueSlot(FetchPolicy):
             connection: the Redis connection.
 
         Returns:
-            True when the caller now holds a slot.
+            True when the caller now has a hold.
         """
         name = queue_name(queue)
         limit = positive_int('capacity', capacity, MAX_CAPACITY)
         seconds = whole_seconds('ttl', ttl)
-        holder = _holder(token)
-        conn = _need(connection)
-        taken = scripts.run('queue_slot_acquire', conn, [keys.slots(name)], [limit, holder, seconds]) == 1
-        if taken:
-            # A hold this process has: refresh_in keeps it live (a PolicyWorker's heartbeat does) until released.
-            cls.HELD.add(holder, keys.slots(name))
-        return taken
+        # A taken hold joins HELD: refresh_in keeps it live (a PolicyWorker's heartbeat does) until released.
+        return cls.HELD.acquire(_need(connection), Hold(keys.holds(name), _holder(token), seconds), limit)
 
     @classmethod
     def release(cls, queue: Any, token: str | None = None, connection: Redis | Any = None) -> bool:
@@ -196,55 +149,40 @@ class QueueSlot(FetchPolicy):
             True when the hold was still in the ledger.
         """
         name = queue_name(queue)
-        holder = _holder(token)
-        conn = _need(connection)
-        if _is_pipeline(conn):
-            conn.zrem(keys.slots(name), holder)
-            conn.publish(keys.wake(name), WAKE_RELEASED)
-            cls.HELD.discard(holder)
-            return True
-        with conn.pipeline(transaction=False) as pipe:
-            pipe.zrem(keys.slots(name), holder)
-            pipe.publish(keys.wake(name), WAKE_RELEASED)
-            removed, _ = pipe.execute()
-        cls.HELD.discard(holder)
-        return removed == 1
+        hold = Hold(keys.holds(name), _holder(token), cls.TTL_SECONDS)
+        return cls.HELD.release(_need(connection), hold, wake=keys.wake(name))
 
     @classmethod
     def refresh_in(cls, pipeline: Any, ttl: int = TTL_SECONDS) -> None:
         """Queue a refresh of every hold this process has onto a pipeline the caller already owns.
 
         One EVALSHA covering every hold; it touches nothing when nothing is held, which is every process in an
-        install that caps nothing. A hold that already expired is not revived (see ``lua/refresh_slots.lua``).
+        install that caps nothing. A hold that already expired is not revived (see ``lua/refresh_holds.lua``).
         """
-        seconds = whole_seconds('ttl', ttl)
-        held = cls.HELD.snapshot()
-        if not held:
-            return
-        tokens = list(held)
-        scripts.run('refresh_slots', pipeline, [held[t] for t in tokens], [seconds, *tokens])
+        cls.HELD.refresh_in(pipeline, ttl=whole_seconds('ttl', ttl))
+
+    # -- the fetch (lua/policies/queue_slot.lua) ------------------------------------------------------------------
+
+    @classmethod
+    def fetch_keys(cls, call: Any, queue_names: list[str]) -> None:
+        call.key('queue_slot.capacity', keys.CAPACITY)
+        call.key_list('queue_slot.holds', [keys.holds(name) for name in queue_names])
+
+    @classmethod
+    def fetch_hold(cls, queue_name: str, token: str, ttl: int) -> Hold:
+        return Hold(keys.holds(queue_name), token, ttl)
 
     # -- tokens ---------------------------------------------------------------------------------------------------
 
     @classmethod
     def token(cls) -> str:
         """This thread's holder token, ``<host>:<pid>:<tid>``; rebuilt after a fork, so a child never shares it."""
-        local = cls._local
-        pid = os.getpid()
-        memo = getattr(local, 'token', None)
-        if memo is not None and memo[0] == pid:
-            return memo[1]
-        built = f'{socket.gethostname()}:{pid}:{threading.get_ident()}'
-        local.token = (pid, built)
-        local.seq = 0
-        return built
+        return ledger.token()
 
     @classmethod
     def claim_token(cls) -> str:
         """A token naming one claim, ``<host>:<pid>:<tid>:<n>``: a stale release of an earlier claim frees nothing."""
-        base = cls.token()
-        cls._local.seq = getattr(cls._local, 'seq', 0) + 1
-        return f'{base}:{cls._local.seq}'
+        return ledger.claim_token()
 
 
 def _need(connection: Any) -> Any:
@@ -259,7 +197,3 @@ def _holder(token: Any) -> str:
     if not isinstance(token, str) or not token:
         raise ValueError(f'token must be a non-empty string, got {token!r}')
     return token
-
-
-def _is_pipeline(conn: Any) -> bool:
-    return hasattr(conn, 'execute') and hasattr(conn, 'command_stack')

@@ -61,7 +61,7 @@ def slot_gauges(connection: Redis, now: float | None = None) -> list[dict[str, A
     names = sorted(set(queue_names(connection)) | set(capacity))
     with connection.pipeline(transaction=False) as pipe:
         for name in names:
-            pipe.zcount(keys.slots(name), f'({now:.6f}', '+inf')
+            pipe.zcount(keys.holds(name), f'({now:.6f}', '+inf')
         counts = pipe.execute()
     return [
         {'queue': name, 'capacity': capacity.get(name), 'in_use': int(count)}
@@ -217,7 +217,7 @@ def snapshot(connection: Redis, queues: list[str] | None = None, limit: int | No
     drop_rows = drops(connection)
     out_queues: dict[str, Any] = {}
     for name in selected:
-        rows = connection.zrangebyscore(keys.slots(name), f'({now:.6f}', '+inf', withscores=True)
+        rows = connection.zrangebyscore(keys.holds(name), f'({now:.6f}', '+inf', withscores=True)
         holds = [{'holder': _text(m), 'expires_in': round(score - now, 3)} for m, score in rows]
         entry: dict[str, Any] = {
             'capacity': capacity.get(name),

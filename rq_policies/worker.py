@@ -3,8 +3,9 @@
 Run ``rq worker -w rq_policies.PolicyWorker QUEUES`` (no other flag needed; ``rq worker-pool -w`` works too). Compared
 with stock rq:
 
-* the fetch is one script (``lua/dequeue_job.lua``) that pops the job, clears its loner marker and, on a queue capped
-  with :class:`~rq_policies.QueueSlot`, takes a hold; a full queue is skipped and the others are served in rq's order;
+* the fetch is one script (``lua/fetch.lua``, see :mod:`rq_policies.fetch`) that pops the job, runs every policy's
+  fetch hooks (a loner's marker is cleared; on a capped queue a hold is taken) and skips a queue a fetch policy
+  gates (a full one), serving the others in rq's order;
 * the popped id always goes through the queue's intermediate list, so a worker that dies between the pop and the
   start leaves the job where rq's maintenance recovers it, for multi-queue workers too (stock rq only does this for
   single-queue workers);
@@ -12,7 +13,8 @@ with stock rq:
   passes): once the job has ended, the release rides the heartbeat the work loop sends next, or goes out at once
   when the execution raised (cold shutdown);
 * holds are refreshed by a script appended to the heartbeat pipeline rq sends every ``job_monitoring_interval``
-  while a job runs, and live ``hold_ttl`` seconds unrefreshed, so a SIGKILLed worker's holds age out by themselves;
+  while a job runs, and live ``hold_ttl`` seconds unrefreshed, so a SIGKILLed worker's holds age out by themselves
+  (where no heartbeat runs, a :class:`~rq_policies.ledger.Keeper` thread refreshes them);
 * an idle worker waits on pub/sub (woken by pushes, releases and cap changes) and looks again at least every
   second, instead of blocking on BLMOVE/BLPOP, which would pop without the checks.
 """
@@ -20,7 +22,6 @@ with stock rq:
 from __future__ import annotations
 
 import os
-import threading
 import time
 from typing import Any
 
@@ -28,9 +29,11 @@ import redis
 from rq.queue import Queue
 from rq.worker import SimpleWorker, Worker
 
-from . import keys, scripts
-from .queue import IDLE_POLL_SECONDS, Claim, Fetcher, PolicyQueue, _fetcher
-from .queue_slot import WAKE_CAPACITY, WAKE_RELEASED, QueueSlot, positive_int
+from . import keys, ledger
+from .fetch import IDLE_POLL_SECONDS, Claim, Fetcher, current_fetcher, release_claim
+from .ledger import WAKE_CAPACITY, WAKE_RELEASED, Keeper, Ledger
+from .policy import positive_int
+from .queue import PolicyQueue
 
 #: Environment variable that sets ``hold_ttl`` for workers started from the command line (``rq worker``,
 #: ``rq worker-pool``), where no constructor argument reaches the worker.
@@ -155,16 +158,16 @@ class PolicyWorkerMixin:
 
     queue_class: type[Queue] = PolicyQueue
 
-    #: Seconds a QueueSlot hold lives unrefreshed. None (the default) means ``job_monitoring_interval + 60``, which
-    #: is :attr:`QueueSlot.TTL_SECONDS` at rq's default interval; the ``RQ_POLICIES_HOLD_TTL`` environment variable
-    #: sets it for workers started by ``rq worker``. A SIGKILLed worker's capacity comes back within this time; a
-    #: live worker refreshes its holds every ``job_monitoring_interval``, so a forking worker's hold_ttl must be
-    #: longer than that interval.
+    #: Seconds a hold lives unrefreshed. None (the default) means ``job_monitoring_interval + 60``, which is
+    #: :data:`rq_policies.ledger.TTL_SECONDS` at rq's default interval; the ``RQ_POLICIES_HOLD_TTL`` environment
+    #: variable sets it for workers started by ``rq worker``. A SIGKILLed worker's capacity comes back within this
+    #: time; a live worker refreshes its holds every ``job_monitoring_interval``, so a forking worker's hold_ttl must
+    #: be longer than that interval.
     hold_ttl: int | None = None
 
     #: When the worker stops with a release still pending because Redis is unreachable (a restart, a Sentinel
     #: failover), it keeps trying this many seconds before leaving the hold to age out. rq's own work loop quits on a
-    #: Redis error in the middle of a job, so this is what returns a slot promptly after a short outage.
+    #: Redis error in the middle of a job, so this is what returns a hold promptly after a short outage.
     release_grace_seconds: float = 10.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -205,7 +208,7 @@ class PolicyWorkerMixin:
 
     def dequeue_job_and_maintain_ttl(self, *args: Any, **kwargs: Any) -> Any:
         self._release_now()  # normally already gone with the work loop's heartbeat; never carried past a fetch
-        token = _fetcher.set(self._policy_fetcher)
+        token = current_fetcher.set(self._policy_fetcher)
         try:
             return super().dequeue_job_and_maintain_ttl(*args, **kwargs)  # type: ignore[misc]
         except BaseException:
@@ -213,7 +216,7 @@ class PolicyWorkerMixin:
             self._drop_claim()
             raise
         finally:
-            _fetcher.reset(token)
+            current_fetcher.reset(token)
 
     def prepare_job_execution(self, job: Any, remove_from_intermediate_queue: bool = False) -> None:
         # Our fetch always moves the id to the intermediate list, multi-queue workers included, so it always has to
@@ -243,9 +246,9 @@ class PolicyWorkerMixin:
     def _take_claim(self, job: Any) -> Claim | None:
         self._release_now()
         claim, self._policy_fetcher.claim = self._policy_fetcher.claim, None
-        if claim is None or claim.token is None:
+        if claim is None or not claim.holds:
             return None
-        if claim.job_id != job.id:  # not the job we fetched (a subclass ran another one): do not sit on the slot
+        if claim.job_id != job.id:  # not the job we fetched (a subclass ran another one): do not sit on its holds
             self._release_later(claim)
             self._release_now()
             return None
@@ -254,7 +257,7 @@ class PolicyWorkerMixin:
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         if pipeline is not None:
             super().heartbeat(timeout, pipeline=pipeline)  # type: ignore[misc]
-            QueueSlot.refresh_in(pipeline, ttl=self.hold_ttl)  # type: ignore[arg-type]
+            ledger.PROCESS.refresh_in(pipeline, ttl=self.hold_ttl)
             return
         # rq sends a bare heartbeat as three commands and three round trips; one pipeline carries the same commands,
         # and the releases of jobs that ended ride it: no round trip of their own. On an error they stay pending,
@@ -263,12 +266,12 @@ class PolicyWorkerMixin:
         with self.connection.pipeline(transaction=False) as pipe:  # type: ignore[attr-defined]
             super().heartbeat(timeout, pipeline=pipe)  # type: ignore[misc]
             for claim in pending:
-                QueueSlot.release(claim.queue_name, claim.token, connection=pipe)
+                release_claim(claim, pipe)
             pipe.execute()
         del self._pending_releases[: len(pending)]
 
     def _release_later(self, claim: Claim | None) -> None:
-        if claim is not None and claim.token is not None:
+        if claim is not None and claim.holds:
             self._pending_releases.append(claim)
 
     def _drop_claim(self) -> None:
@@ -282,7 +285,7 @@ class PolicyWorkerMixin:
         while self._pending_releases:
             claim = self._pending_releases[0]
             try:
-                QueueSlot.release(claim.queue_name, claim.token, connection=self.connection)  # type: ignore[attr-defined]
+                release_claim(claim, self.connection)  # type: ignore[attr-defined]
             except _UNREACHABLE:
                 if time.monotonic() >= deadline:
                     raise
@@ -299,7 +302,7 @@ class PolicyWorkerMixin:
             # else; if the worker never reconnects, the hold ages out within hold_ttl, the floor under all this.
             tokens = [claim.token for claim in self._pending_releases]
             self.log.warning(  # type: ignore[attr-defined]
-                'rq-policies: could not release QueueSlot holds %s yet; they expire within %s s', tokens, self.hold_ttl
+                'rq-policies: could not release holds %s yet; they expire within %s s', tokens, self.hold_ttl
             )
 
     def teardown(self) -> None:
@@ -316,16 +319,18 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
 
     rq runs the work horse in a process group of its own, so a worker SIGKILLed alone (``kill -9`` of its pid, an
     OOM kill of the parent) leaves its horse running the job to the end, and the hold, no longer refreshed by the
-    worker's heartbeat, would age out under a job that still runs. The horse of a job holding a QueueSlot therefore
+    worker's heartbeat, would age out under a job that still runs. The horse of a job holding a hold therefore
     watches its parent: once orphaned, it refreshes its own hold every ``hold_ttl / 3`` seconds and releases it when
     the job ends. The cap counts the job for as long as it actually runs (bounded by the job's timeout, which the
     horse enforces itself).
     """
 
-    #: How often a work horse holding a QueueSlot checks that its worker is alive (seconds; no Redis command).
+    #: How often a work horse holding a hold checks that its worker is alive (seconds; no Redis command).
     orphan_check_seconds: float = 1.0
 
-    _horse_guard: _OrphanGuard | None = None
+    _horse_keeper: Keeper | None = None  # only ever set in a work horse
+    _horse_claim: Claim | None = None
+    _orphaned: bool = False
 
     def execute_job(self, job: Any, queue: Any) -> Any:
         self._worker_pid = os.getpid()  # the horse compares its parent with this (taken before the fork)
@@ -333,95 +338,63 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
 
     def main_work_horse(self, job: Any, queue: Any) -> None:
         claim = self._running_claim
-        if claim is not None and claim.token is not None:
-            self._horse_guard = _OrphanGuard(self, claim, self._worker_pid)
-            self._horse_guard.start()
+        if claim is not None and claim.holds:
+            # The keeper only refreshes once the worker is gone: until then the worker's heartbeat does.
+            self._horse_claim = claim
+            self._horse_keeper = Keeper(
+                self.connection, Ledger(claim.holds), self.hold_ttl / 3, ttl=self.hold_ttl,  # type: ignore[operator]
+                tick=self.orphan_check_seconds, active=self._orphaned_now, until_empty=True, log=self.log,
+                name='rq-policies-orphan-guard',
+            ).start()
         super().main_work_horse(job, queue)  # ends in os._exit
+
+    def _orphaned_now(self) -> bool:
+        """In a work horse: has its worker died? Logged once, when first noticed."""
+        if not self._orphaned and os.getppid() != self._worker_pid:
+            self._orphaned = True
+            claim = self._horse_claim
+            self.log.warning(
+                'rq-policies: worker %s died while job %s ran; its work horse keeps the hold on %r until the job ends',
+                self._worker_pid, claim.job_id if claim else None, claim.queue_name if claim else None,
+            )
+        return self._orphaned
 
     def perform_job(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return super().perform_job(job, queue, *args, **kwargs)
         finally:
-            if self._horse_guard is not None:  # only ever set in a work horse
-                self._horse_guard.finish()
+            if self._horse_keeper is not None:
+                self._finish_horse()
 
-
-class _OrphanGuard(threading.Thread):
-    """In a work horse: take over the job's hold if the worker dies, and give it back when the job ends."""
-
-    def __init__(self, worker: PolicyWorker, claim: Claim, worker_pid: int) -> None:
-        super().__init__(name='rq-policies-orphan-guard', daemon=True)
-        self.worker, self.claim, self.worker_pid = worker, claim, worker_pid
-        self.orphaned = False
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        ttl = int(self.worker.hold_ttl)  # type: ignore[arg-type]
-        last = 0.0
-        while not self._stop_event.wait(self.worker.orphan_check_seconds):
-            if not self.orphaned:
-                if os.getppid() == self.worker_pid:
-                    continue
-                self.orphaned = True
-                self.worker.log.warning(
-                    'rq-policies: worker %s died while job %s ran; its work horse keeps the QueueSlot hold on %r '
-                    'until the job ends', self.worker_pid, self.claim.job_id, self.claim.queue_name,
-                )
-            if time.monotonic() - last < ttl / 3:
-                continue
-            try:
-                refreshed = scripts.run('refresh_slots', self.worker.connection, [keys.slots(self.claim.queue_name)],
-                                        [ttl, self.claim.token])
-            except Exception:  # retried on the next tick; the hold's TTL covers the gap
-                self.worker.log.warning('rq-policies: work horse could not refresh its QueueSlot hold', exc_info=True)
-                continue
-            last = time.monotonic()
-            if not refreshed:  # it lapsed before the horse noticed: never revived, it may be someone else's now
-                self.worker.log.warning('rq-policies: the QueueSlot hold of job %s had already expired',
-                                        self.claim.job_id)
-                return
-
-    def finish(self) -> None:
+    def _finish_horse(self) -> None:
         """The job has ended: stop watching, and give the hold back if the worker is gone (else the worker does)."""
-        self._stop_event.set()
-        self.join(timeout=5)
-        if not self.orphaned and os.getppid() == self.worker_pid:
+        self._horse_keeper.stop()  # type: ignore[union-attr]
+        if not self._orphaned_now() or self._horse_claim is None:
             return
         try:
-            QueueSlot.release(self.claim.queue_name, self.claim.token, connection=self.worker.connection)
+            release_claim(self._horse_claim, self.connection)
         except Exception:
-            self.worker.log.warning('rq-policies: work horse could not release its QueueSlot hold; it expires '
-                                    'within %s s', self.worker.hold_ttl, exc_info=True)
+            self.log.warning('rq-policies: work horse could not release its hold; it expires within %s s',
+                             self.hold_ttl, exc_info=True)
 
 
 class PolicySimpleWorker(PolicyWorkerMixin, SimpleWorker):
     """rq's SimpleWorker (no fork), fetching through the policies.
 
-    A SimpleWorker sends no heartbeat while a job runs, so a hold would lapse under a long job. A small thread keeps
-    this worker's holds refreshed every ``hold_ttl / 3`` seconds while a job runs; it dies with the process, so a
-    killed worker's holds still age out. That is also why any positive ``hold_ttl`` is accepted here.
+    A SimpleWorker sends no heartbeat while a job runs, so a hold would lapse under a long job. A
+    :class:`~rq_policies.ledger.Keeper` thread keeps this process's holds refreshed every ``hold_ttl / 3`` seconds
+    while a job runs; it dies with the process, so a killed worker's holds still age out. That is also why any
+    positive ``hold_ttl`` is accepted here.
     """
 
     def _check_hold_ttl(self, ttl: int, interval: int) -> None:
         return None
 
     def execute_job(self, job: Any, queue: Any) -> Any:
-        stop = threading.Event()
-        keeper = threading.Thread(target=self._keep_holds, args=(stop,), name='rq-policies-holds', daemon=True)
-        keeper.start()
+        keeper = Keeper(
+            self.connection, ledger.PROCESS, self.hold_ttl / 3, ttl=self.hold_ttl, log=self.log,  # type: ignore[operator]
+        ).start()
         try:
             return super().execute_job(job, queue)
         finally:
-            stop.set()
-            keeper.join(timeout=5)
-
-    def _keep_holds(self, stop: threading.Event) -> None:
-        while not stop.wait(self.hold_ttl / 3):  # type: ignore[operator]
-            held = QueueSlot.HELD.snapshot()
-            if not held:
-                continue
-            tokens = list(held)
-            try:
-                scripts.run('refresh_slots', self.connection, [held[t] for t in tokens], [self.hold_ttl, *tokens])
-            except Exception:  # a missed refresh is retried on the next tick; the TTL covers two more of them
-                self.log.warning('rq-policies: could not refresh QueueSlot holds', exc_info=True)
+            keeper.stop()

@@ -15,7 +15,8 @@ import pytest
 from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry
 
-from rq_policies import LimitedCapacityWorker, PolicyQueue, PolicySimpleWorker, keys, scripts
+from rq_policies import LimitedCapacityWorker, PolicyQueue, PolicySimpleWorker, keys
+from rq_policies.ledger import Hold, acquire_call
 
 RUNNING = keys.lcw_running('lcw_jobs.Backlog')
 QUEUED = keys.lcw_queued('lcw_jobs.Backlog')
@@ -101,7 +102,7 @@ def test_refill_counts_queued_and_running_jobs(connection):
     assert lcw_jobs.Backlog.queued_jobs_count(connection) == 2
 
     # A running hold counts like a queued job; an expired one does not.
-    scripts.run('queue_slot_acquire', connection, [RUNNING], [5, 'someone', 60])
+    acquire_call(Hold(RUNNING, 'someone', 60), 5).run(connection)
     connection.set('test:lcw:max', 3)
     assert lcw_jobs.Backlog.perform_with_capacity(connection=connection) == []
     connection.zadd(RUNNING, {'someone': 1})  # expired long ago
@@ -213,7 +214,7 @@ def test_job_without_capacity_steps_aside(connection, caplog):
     connection.set('test:lcw:max', 1)
     (job_id,) = lcw_jobs.Backlog.perform_with_capacity(connection=connection)
     # Someone else holds the only unit (a job of another refill, or one killed a moment ago).
-    scripts.run('queue_slot_acquire', connection, [RUNNING], [1, 'elsewhere', 60])
+    acquire_call(Hold(RUNNING, 'elsewhere', 60), 1).run(connection)
     q = PolicyQueue('lcw', connection=connection)
     with caplog.at_level(logging.INFO, logger='rq_policies'):
         PolicySimpleWorker([q], connection=connection).work(burst=True)

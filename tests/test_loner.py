@@ -224,7 +224,7 @@ def test_stock_worker_with_policy_queue_class_fetches_as_stock(connection):
     worker = SimpleWorker([q], connection=connection, queue_class=PolicyQueue)
     assert worker.work(burst=True)
     assert first.get_status(refresh=True) == second.get_status(refresh=True) == JobStatus.FINISHED
-    assert connection.zcard(keys.slots('stockq')) == 0
+    assert connection.zcard(keys.holds('stockq')) == 0
 
 
 def test_fast_path_drops_a_seen_duplicate_without_building_it(connection):

@@ -13,7 +13,8 @@ import lcw_jobs
 import pytest
 from redis import Redis
 
-from rq_policies import PolicyQueue, QueueSlot, scripts
+from rq_policies import PolicyQueue, QueueSlot
+from rq_policies.ledger import Hold, acquire_call
 from rq_policies.testing import free_port
 
 prometheus_client = pytest.importorskip('prometheus_client')
@@ -52,7 +53,7 @@ def test_collector_reads_the_state_when_scraped(connection, lcw_env, redis_url):
     connection.set('test:lcw:max', 3)
     connection.rpush('test:backlog:backlog', *['x'] * 5)
     assert len(lcw_jobs.Backlog.perform_with_capacity(connection=connection)) == 3
-    scripts.run('queue_slot_acquire', connection, ['rq:policies:lcw-running:lcw_jobs.Backlog'], [3, 'busy', 60])
+    acquire_call(Hold('rq:policies:lcw-running:lcw_jobs.Backlog', 'busy', 60), 3).run(connection)
     q = PolicyQueue('imports', connection=connection)
     q.enqueue(jobs.sweep_cache, 1)
     for _ in range(4):

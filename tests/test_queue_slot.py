@@ -18,7 +18,9 @@ from rq.exceptions import DequeueTimeout
 from rq.job import Job, JobStatus, Retry
 from rq.queue import Queue
 
-from rq_policies import PolicyQueue, PolicySimpleWorker, PolicyWorker, QueueSlot, keys, scripts
+from rq_policies import PolicyQueue, PolicySimpleWorker, PolicyWorker, QueueSlot, keys
+from rq_policies.fetch import Fetcher, current_fetcher, fetch_call
+from rq_policies.ledger import Hold, Ledger, acquire_call
 from rq_policies.worker import HOLD_TTL_ENV, _WorkerFetcher
 
 
@@ -28,7 +30,7 @@ def server_now(conn: Redis) -> float:
 
 
 def members(conn: Redis, queue: str) -> dict[str, float]:
-    return {m.decode(): s for m, s in conn.zrange(keys.slots(queue), 0, -1, withscores=True)}
+    return {m.decode(): s for m, s in conn.zrange(keys.holds(queue), 0, -1, withscores=True)}
 
 
 @pytest.fixture(autouse=True)
@@ -39,14 +41,18 @@ def _forget_holds():
         QueueSlot.HELD.discard(token)
 
 
-# -- lua/queue_slot_acquire.lua -----------------------------------------------------------------------------------
+# -- lua/acquire_hold.lua -----------------------------------------------------------------------------------------
+
+
+def acquire(conn: Redis, ledger: str, capacity: int, token: str, ttl: int) -> int:
+    return acquire_call(Hold(ledger, token, ttl), capacity).run(conn)
 
 
 def test_acquire_script_takes_refuses_and_purges_under_the_server_clock(connection):
-    ledger = keys.slots('reports')
-    assert scripts.run('queue_slot_acquire', connection, [ledger], [2, 'a', 30]) == 1
-    assert scripts.run('queue_slot_acquire', connection, [ledger], [2, 'b', 30]) == 1
-    assert scripts.run('queue_slot_acquire', connection, [ledger], [2, 'c', 30]) == 0
+    ledger = keys.holds('reports')
+    assert acquire(connection, ledger, 2, 'a', 30) == 1
+    assert acquire(connection, ledger, 2, 'b', 30) == 1
+    assert acquire(connection, ledger, 2, 'c', 30) == 0
     held = members(connection, 'reports')
     assert set(held) == {'a', 'b'}
     now = server_now(connection)
@@ -54,31 +60,34 @@ def test_acquire_script_takes_refuses_and_purges_under_the_server_clock(connecti
     assert 30 <= connection.ttl(ledger) <= 31  # the key outlives its last hold and then goes by itself
     # An expired member is purged by the next admission, under the server's clock.
     connection.zadd(ledger, {'a': now - 1})
-    assert scripts.run('queue_slot_acquire', connection, [ledger], [2, 'c', 30]) == 1
+    assert acquire(connection, ledger, 2, 'c', 30) == 1
     assert set(members(connection, 'reports')) == {'b', 'c'}
 
 
 def test_acquire_script_replay_finds_its_own_member(connection):
-    ledger = keys.slots('reports')
-    assert scripts.run('queue_slot_acquire', connection, [ledger], [1, 'a', 5]) == 1
+    ledger = keys.holds('reports')
+    assert acquire(connection, ledger, 1, 'a', 5) == 1
     before = members(connection, 'reports')['a']
     time.sleep(0.05)
     # At capacity, a replay of the same claim answers 1 again, refreshed, and is not counted twice.
-    assert scripts.run('queue_slot_acquire', connection, [ledger], [1, 'a', 5]) == 1
+    assert acquire(connection, ledger, 1, 'a', 5) == 1
     assert connection.zcard(ledger) == 1
     assert members(connection, 'reports')['a'] > before
-    assert scripts.run('queue_slot_acquire', connection, [ledger], [1, 'b', 5]) == 0
+    assert acquire(connection, ledger, 1, 'b', 5) == 0
 
 
-# -- lua/refresh_slots.lua ----------------------------------------------------------------------------------------
+# -- lua/refresh_holds.lua ----------------------------------------------------------------------------------------
 
 
 def test_refresh_script_extends_live_holds_and_never_revives_an_expired_one(connection):
-    a, b = keys.slots('a'), keys.slots('b')
+    a, b = keys.holds('a'), keys.holds('b')
     now = server_now(connection)
     connection.zadd(a, {'live': now + 2})
     connection.zadd(b, {'expired': now - 1})
-    refreshed = scripts.run('refresh_slots', connection, [a, b, a], [60, 'live', 'expired', 'absent'])
+    holds = [Hold(a, 'live', 60), Hold(b, 'expired', 60), Hold(a, 'absent', 60)]
+    lapsed = Ledger(holds).refresh(connection)
+    assert lapsed == holds[1:]  # the reply names the holds that were not refreshed
+    refreshed = len(holds) - len(lapsed)
     assert refreshed == 1
     now = server_now(connection)
     assert now + 59 < connection.zscore(a, 'live') <= now + 60.5
@@ -87,15 +96,11 @@ def test_refresh_script_extends_live_holds_and_never_revives_an_expired_one(conn
     assert connection.ttl(a) >= 60
 
 
-# -- lua/dequeue_job.lua ------------------------------------------------------------------------------------------
+# -- lua/fetch.lua ------------------------------------------------------------------------------------------------
 
 
 def _dequeue_script(conn: Redis, queues: list[Queue], token: str, ttl: int = 30) -> list:
-    script_keys = [keys.CAPACITY]
-    for q in queues:
-        script_keys += [q.key, q.intermediate_queue_key, keys.slots(q.name)]
-    argv = [Job.redis_job_namespace_prefix, token, ttl, *[q.name for q in queues]]
-    raw = scripts.run('dequeue_job', conn, script_keys, argv)
+    raw = fetch_call(queues, token, ttl, Job.redis_job_namespace_prefix).run(conn)
     return [x.decode() if isinstance(x, bytes) else x for x in raw]
 
 
@@ -125,7 +130,7 @@ def test_dequeue_script_pops_through_the_intermediate_list_and_holds_on_capped_q
 
     # An id whose hash is gone is dropped, and the pop goes on to the next one.
     connection.delete(second.key)
-    connection.zrem(keys.slots('capped'), 't1')
+    connection.zrem(keys.holds('capped'), 't1')
     ghost_free = capped.enqueue(jobs.plain, 4)
     assert _dequeue_script(connection, [capped], 't4') == [1, ghost_free.id, 1]
     assert connection.lrange(capped.intermediate_queue_key, 0, -1) == [first.id.encode(), ghost_free.id.encode()]
@@ -147,7 +152,7 @@ def test_dequeue_script_racing_processes_never_take_more_than_the_cap(connection
         assert p.exitcode == 0
     taken = connection.lrange('test:taken', 0, -1)
     assert len(taken) == 3
-    assert connection.zcard(keys.slots('race')) == 3
+    assert connection.zcard(keys.holds('race')) == 3
     assert connection.llen(q.intermediate_queue_key) == 3
     assert q.count == 17
 
@@ -233,7 +238,7 @@ def test_acquire_release_in_use_and_idempotent_release(connection):
 
 def test_in_use_counts_live_holds_only(connection):
     now = server_now(connection)
-    connection.zadd(keys.slots('reports'), {'gone': now - 0.5, 'live': now + 30})
+    connection.zadd(keys.holds('reports'), {'gone': now - 0.5, 'live': now + 30})
     assert QueueSlot.in_use('reports', connection=connection) == 1
     assert [token for token, _ in QueueSlot.holders('reports', connection=connection)] == ['live']
 
@@ -274,18 +279,18 @@ def test_release_and_refresh_ride_a_pipeline(connection):
     pubsub = connection.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(keys.wake('reports'))
     assert QueueSlot.acquire('reports', capacity=3, ttl=5, token='x', connection=connection)
-    assert QueueSlot.HELD.snapshot() == {'x': keys.slots('reports')}
+    assert QueueSlot.HELD.snapshot() == {'x': keys.holds('reports')}
     with connection.pipeline() as pipe:
         pipe.ping()
         QueueSlot.refresh_in(pipe, ttl=60)
         assert members(connection, 'reports')['x'] < server_now(connection) + 6  # nothing sent yet
-        assert pipe.execute()[-1] == 1
+        assert pipe.execute()[-1] == []  # no hold lapsed: the one hold was refreshed
     assert members(connection, 'reports')['x'] > server_now(connection) + 55
     with connection.pipeline() as pipe:
         QueueSlot.release('reports', token='x', connection=pipe)
-        assert connection.zcard(keys.slots('reports')) == 1
+        assert connection.zcard(keys.holds('reports')) == 1
         assert pipe.execute()[0] == 1
-    assert connection.zcard(keys.slots('reports')) == 0
+    assert connection.zcard(keys.holds('reports')) == 0
     assert QueueSlot.HELD.snapshot() == {}
     assert _next_message(pubsub)['data'] == b'released'
     with connection.pipeline() as pipe:
@@ -308,7 +313,7 @@ def test_tokens_name_a_thread_and_a_claim_and_change_across_fork():
     ctx = multiprocessing.get_context('fork')
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=lambda c: c.send((QueueSlot.token(), QueueSlot.HELD.snapshot())), args=(child,))
-    QueueSlot.HELD.add('parent-hold', keys.slots('q'))
+    QueueSlot.HELD.add(Hold(keys.holds('q'), 'parent-hold', 30))
     proc.start()
     child_token, child_held = parent.recv()
     proc.join(10)
@@ -380,11 +385,9 @@ def test_every_push_through_a_policy_queue_publishes_a_wake_up(connection):
 @pytest.fixture
 def as_policy_worker():
     """dequeue_any applies the fetch-side policies only inside a PolicyWorker (which installs a Fetcher)."""
-    from rq_policies.queue import Fetcher, _fetcher
-
-    token = _fetcher.set(Fetcher())
+    token = current_fetcher.set(Fetcher())
     yield
-    _fetcher.reset(token)
+    current_fetcher.reset(token)
 
 
 def test_full_queue_is_skipped_and_the_others_served_in_order(connection, as_policy_worker):
@@ -462,9 +465,7 @@ def test_a_waiting_fetch_wakes_on_a_release(connection, redis_url):
     got: list = []
 
     def fetch() -> None:
-        from rq_policies.queue import _fetcher
-
-        _fetcher.set(fetcher)
+        current_fetcher.set(fetcher)
         got.append(PolicyQueue.dequeue_any([q], 30, connection=Redis.from_url(redis_url)))
         got.append(time.monotonic())
 
@@ -564,7 +565,7 @@ def test_simple_worker_keeps_its_hold_live_through_a_long_job(connection, redis_
     assert len(samples) > 20  # 4 s of job, twice the 2 s hold_ttl
     assert set(samples) == {1}
     assert QueueSlot.in_use('long', connection=connection) == 0
-    assert connection.exists(keys.slots('long')) == 0
+    assert connection.exists(keys.holds('long')) == 0
 
 
 def test_simple_worker_releases_on_success_failure_retry_and_timeout(connection, redis_url, monkeypatch):

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from rq_policies import Loner, PolicyQueue, PolicySet, keys, scripts
+from rq.queue import Queue
+
+from rq_policies import Loner, PolicyQueue, PolicySet, keys
 from rq_policies.admission import JobWrite, admit_call
+from rq_policies.fetch import fetch_call
 from rq_policies.loner import holder, release_markers
 
 PREFIX = 'rq:job:'
@@ -105,33 +108,29 @@ def test_release_markers_only_frees_markers_still_naming_the_job(connection):
     assert not connection.exists('marker')
 
 
-def test_dequeue_job_pops_clears_marker_and_skips_dangling_ids(connection):
+def fetch(conn):
+    """lua/fetch.lua on queue q ('rq:queue:q', 'rq:queue:q:intermediate'), token 'tok', holds of 90 s."""
+    return fetch_call([Queue('q', connection=conn)], 'tok', 90, PREFIX).run(conn)
+
+
+def test_fetch_pops_clears_marker_and_skips_dangling_ids(connection):
     connection.rpush('rq:queue:q', 'dangling', 'j1')
     connection.hset(PREFIX + 'j1', mapping={'status': 'queued', keys.LONER_FIELD: 'marker'})
     connection.set('marker', 'j1')
-    result = scripts.run(
-        'dequeue_job', connection,
-        [keys.CAPACITY, 'rq:queue:q', 'rq:queue:q:intermediate', keys.slots('q')], [PREFIX, 'tok', 90, 'q'],
-    )
+    result = fetch(connection)
     assert result == [1, b'j1', 0]
     assert not connection.exists('marker')
     assert connection.lrange('rq:queue:q:intermediate', 0, -1) == [b'j1']  # the dangling id was dropped
-    assert not connection.exists(keys.slots('q'))  # uncapped: no hold
-    empty = scripts.run(
-        'dequeue_job', connection,
-        [keys.CAPACITY, 'rq:queue:q', 'rq:queue:q:intermediate', keys.slots('q')], [PREFIX, 'tok', 90, 'q'],
-    )
+    assert not connection.exists(keys.holds('q'))  # uncapped: no hold
+    empty = fetch(connection)
     assert empty == [0, 0]
 
 
-def test_dequeue_job_marker_of_a_newer_job_survives(connection):
+def test_fetch_leaves_the_marker_of_a_newer_job(connection):
     connection.rpush('rq:queue:q', 'old')
     connection.hset(PREFIX + 'old', mapping={'status': 'queued', keys.LONER_FIELD: 'marker'})
     connection.set('marker', 'newer')
-    scripts.run(
-        'dequeue_job', connection,
-        [keys.CAPACITY, 'rq:queue:q', 'rq:queue:q:intermediate', keys.slots('q')], [PREFIX, 'tok', 90, 'q'],
-    )
+    fetch(connection)
     assert connection.get('marker') == b'newer'
 
 

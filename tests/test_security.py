@@ -43,10 +43,10 @@ def test_queue_names_cannot_reach_other_keys(q1, q2, d1, d2):
             other = g(q2, d2)
             if key == other:
                 assert f is g and q1 == q2 and d1 == d2
-    if keys.slots(q1) == keys.slots(q2):
+    if keys.holds(q1) == keys.holds(q2):
         assert q1 == q2
     # A per-identity key of one queue can never be the slot ledger or settings of any queue.
-    assert keys.loner(q1, d1) not in (keys.slots(q2), keys.CAPACITY, keys.DROPS)
+    assert keys.loner(q1, d1) not in (keys.holds(q2), keys.CAPACITY, keys.DROPS)
 
 
 def test_digest_is_the_only_argument_part_of_a_key():

@@ -127,7 +127,7 @@ def test_every_ending_of_a_job_gives_its_slot_back(connection, redis_url, worker
         JobStatus.FINISHED, JobStatus.FAILED, JobStatus.FAILED, JobStatus.FAILED, JobStatus.FAILED, JobStatus.FINISHED,
     ]
     assert Job.fetch(retried.id, connection=connection).retries_left == 0  # ran twice, under the cap both times
-    assert connection.exists(keys.slots('endings')) == 0
+    assert connection.exists(keys.holds('endings')) == 0
     assert connection.llen(q.intermediate_queue_key) == 0
 
 
@@ -155,7 +155,7 @@ def test_stop_command_and_a_killed_work_horse_give_the_slot_back_at_once(connect
         assert worker.poll() is None
     finally:
         stop(worker)
-    assert connection.exists(keys.slots('signals')) == 0
+    assert connection.exists(keys.holds('signals')) == 0
 
 
 def test_warm_shutdown_keeps_the_hold_until_the_job_ends_cold_shutdown_frees_it(connection, redis_url, worker_env):
@@ -171,7 +171,7 @@ def test_warm_shutdown_keeps_the_hold_until_the_job_ends_cold_shutdown_frees_it(
     assert QueueSlot.in_use('shutdown', connection=connection) == 1  # the job still runs: so does its hold
     assert warm.wait(20) == 0, output(warm)
     assert statuses(connection, [job.id]) == [JobStatus.FINISHED]
-    assert connection.exists(keys.slots('shutdown')) == 0
+    assert connection.exists(keys.holds('shutdown')) == 0
 
     cold = start_worker(redis_url, ['shutdown'], worker_env)
     q.enqueue(jobs.pid_and_sleep, 'cold', 60)
@@ -182,7 +182,7 @@ def test_warm_shutdown_keeps_the_hold_until_the_job_ends_cold_shutdown_frees_it(
     cold.wait(20)
     assert not pid_alive(pid)
     assert QueueSlot.in_use('shutdown', connection=connection) == 0
-    assert connection.exists(keys.slots('shutdown')) == 0
+    assert connection.exists(keys.holds('shutdown')) == 0
 
 
 def test_a_sigkilled_worker_holds_until_its_short_ttl_runs_out(connection, redis_url, worker_env):
@@ -358,7 +358,7 @@ def test_worker_pool_runs_policy_workers_under_the_cap(connection, redis_url, wo
     records = spans(connection, 'pooled')
     assert len(records) == 6 and all(end for _, end, _ in records.values())
     assert peak(records) == 1
-    assert connection.exists(keys.slots('pooled')) == 0
+    assert connection.exists(keys.holds('pooled')) == 0
 
 
 @pytest.mark.skipif(not compat.RQ3, reason='RateLimit arrived in rq 3.0')

@@ -1,11 +1,12 @@
 -- Shared: the free room of a LimitedCapacityWorker class, and its gauges written on the way.
+-- Needs lib/ledger_count.lua (the running ledger is a hold ledger).
 -- Room = max_running_jobs - live holds in the running ledger - jobs still waiting to start.
 -- Expired holds (a killed job) are purged under the server's clock, and a queued entry whose job
 -- hash is gone or has ended (deleted, cancelled, failed before it started) is pruned, so the
 -- count heals by itself. A job whose status is `started` but which has not reached its start
 -- script yet still counts: it is about to move into the ledger.
 local function lcw_room(running, queued, job_prefix, max, now)
-  redis.call('ZREMRANGEBYSCORE', running, '-inf', now)
+  local live = ledger_count(running, now)
   local waiting = redis.call('ZRANGE', queued, 0, -1)
   for _, jid in ipairs(waiting) do
     local status = redis.call('HGET', job_prefix .. jid, 'status')
@@ -13,7 +14,7 @@ local function lcw_room(running, queued, job_prefix, max, now)
       redis.call('ZREM', queued, jid)
     end
   end
-  return max - redis.call('ZCARD', running) - redis.call('ZCARD', queued)
+  return max - live - redis.call('ZCARD', queued)
 end
 
 -- Record the gauges the metrics collector exports, and the class in the index (both expire a

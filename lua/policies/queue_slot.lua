@@ -1,0 +1,35 @@
+--[[
+  Policy part: queue_slot (a cluster-wide cap on the jobs of a queue running at once). Included
+  by the framework scripts through `-- @policies`; defines functions only. Only the fetch script
+  (fetch.lua) calls it.
+
+  Keys: queue_slot.capacity (rq:policies:capacity, field = queue name -> cap), queue_slot.holds
+  (a key list: queue i's hold ledger, rq:policies:slots:<q>). The hold is named ctx.token and
+  lives ctx.ttl seconds.
+
+  gate(ctx, i): an uncapped queue is taken; a capped one first loses its expired holds (server
+  clock), then is skipped (false) while its live holds reach the cap.
+  take(ctx, i, job_key, jid): on a capped queue, the claim's hold joins the ledger; returns 1
+  when a hold was taken, else 0.
+]]
+-- @include "lib/outlive.lua"
+-- @include "lib/ledger_count.lua"
+-- @include "lib/ledger_add.lua"
+P.queue_slot = {}
+
+function P.queue_slot.gate(ctx, i)
+  local cap = tonumber(rcall('HGET', ctx.key('queue_slot.capacity'), ctx.names[i]))
+  ctx.q.queue_slot = cap
+  if cap and ledger_count(ctx.key_at('queue_slot.holds', i), ctx.now) >= cap then
+    return false
+  end
+  return true
+end
+
+function P.queue_slot.take(ctx, i, job_key, jid)
+  if not ctx.q.queue_slot then
+    return 0
+  end
+  ledger_add(ctx.key_at('queue_slot.holds', i), ctx.token, ctx.ttl, ctx.now)
+  return 1
+end

@@ -1,0 +1,197 @@
+"""The fetch: how a PolicyWorker takes its next job, through every fetch policy, in one script.
+
+``lua/fetch.lua`` pops in the worker's queue order and asks each fetch policy's Lua part (``gate``) whether a queue may
+be taken from now; after the pop it runs every policy's ``taken`` hook (a loner frees its identity) and each fetch
+policy's ``take`` (QueueSlot: the hold). The Python side here builds that call from the registry
+(:meth:`rq_policies.policy.FetchPolicy.fetch_keys`), turns the reply into a :class:`Claim`, and waits when nothing can
+be taken. :meth:`rq_policies.PolicyQueue.dequeue_any` delegates here, inside a PolicyWorker only: a worker installs
+its :class:`Fetcher` in :data:`current_fetcher` around each fetch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+from rq.exceptions import DequeueTimeout, NoSuchJobError
+from rq.job import Job
+from rq.queue import Queue
+
+from . import keys, ledger
+from .ledger import Hold
+from .ops import Call
+from .policy import FETCH, registered
+
+#: How long an idle PolicyWorker waits for a wake-up before it looks again (seconds). Admissions and releases wake
+#: it at once over pub/sub; this bounds the delay for jobs pushed by stock rq producers or schedulers, which do not
+#: publish, and for holds that expired because their worker died.
+IDLE_POLL_SECONDS = 1.0
+
+
+@dataclass
+class Claim:
+    """What one fetch took: the job, the queue and the holds its fetch policies took with it (none when uncapped)."""
+
+    job_id: str
+    queue_name: str
+    holds: tuple[Hold, ...] = ()
+    #: Wall-clock time just before the fetch that took the job: the job stopped waiting after this instant.
+    fetched_after: float = 0.0
+
+    @property
+    def token(self) -> str | None:
+        """The claim token naming the claim's holds, or None when it took none."""
+        return self.holds[0].token if self.holds else None
+
+
+@dataclass
+class Look:
+    """What one run of the fetch script found when it took nothing."""
+
+    #: How many skipped queues still have jobs (a burst worker waits for them instead of quitting).
+    waiting: int = 0
+    #: The names of the queues skipped (full): a push to one of them is no news for an idle worker.
+    full: frozenset[str] = field(default_factory=frozenset)
+    #: The earliest server time (epoch s) a gate skipped a queue until, or None: nothing can change before it.
+    until: float | None = None
+
+
+class Fetcher:
+    """Per-worker fetch state: the claim just made, the hold ttl, and the idle wait.
+
+    PolicyWorker installs its own (with a pub/sub wake-up) around each fetch; without one,
+    ``PolicyQueue.dequeue_any`` is rq's own.
+    """
+
+    hold_ttl: int = ledger.TTL_SECONDS
+
+    def __init__(self) -> None:
+        self.claim: Claim | None = None
+
+    def on_claim(self, claim: Claim) -> None:
+        self.claim = claim
+        for hold in claim.holds:
+            ledger.PROCESS.add(hold)  # the heartbeat refreshes it from now on
+
+    def listen(self, connection: Any, queue_names: list[str]) -> bool:
+        """Get ready to be woken for ``queue_names``; True when that only starts now (look once more first)."""
+        return False
+
+    def wait(self, connection: Any, queue_names: list[str], seconds: float, full: frozenset[str] = frozenset()) -> None:
+        """Wait up to ``seconds`` (at most IDLE_POLL_SECONDS) for something that could make a look succeed.
+
+        ``full`` names the queues the last look skipped (a capped one at its cap): a push to one of them is
+        no news.
+        """
+        time.sleep(min(seconds, IDLE_POLL_SECONDS))
+
+
+#: The fetcher of the PolicyWorker fetching in this context, or None (then ``dequeue_any`` is stock rq's).
+current_fetcher: ContextVar[Fetcher | None] = ContextVar('rq_policies_fetcher', default=None)
+
+
+def fetch_call(
+    queues: Sequence[Queue], token: str, ttl: int, job_prefix: str = Job.redis_job_namespace_prefix
+) -> Call:
+    """The ``lua/fetch.lua`` call taking the next job of ``queues`` (in that order), holds named ``token``."""
+    names = [q.name for q in queues]
+    policies = registered(FETCH)
+    call = Call('fetch', job_prefix=job_prefix, names=names, order=[p.name for p in policies], token=token, ttl=ttl)
+    call.key_list('queues', [q.key for q in queues])
+    call.key_list('intermediate', [q.intermediate_queue_key for q in queues])
+    for policy in policies:
+        policy.fetch_keys(call, names)
+    return call
+
+
+def read_reply(reply: list[Any], queues: Sequence[Queue], token: str, ttl: int) -> Claim | Look:
+    """The fetch script's reply as the :class:`Claim` it made, or the :class:`Look` that found nothing to take."""
+    index, second, *rest = reply
+    if index:
+        queue = queues[index - 1]
+        job_id = second.decode() if isinstance(second, bytes) else second
+        holds = tuple(
+            policy.fetch_hold(queue.name, token, ttl)
+            for policy, flag in zip(registered(FETCH), rest)
+            if flag == 1
+        )
+        return Claim(job_id, queue.name, holds)
+    until = next((float(item) for item in rest if isinstance(item, (bytes, str))), None)
+    full = frozenset(queues[i - 1].name for i in rest if isinstance(i, int))
+    return Look(second, full, until)
+
+
+def release_claim(claim: Claim, connection: Any) -> None:
+    """Give back every hold of ``claim`` (on a pipeline: with it), waking idle workers of its queue."""
+    for hold in claim.holds:
+        ledger.PROCESS.release(connection, hold, wake=keys.wake(claim.queue_name))
+
+
+def dequeue(
+    queue_class: Any,
+    fetcher: Fetcher,
+    queues: Sequence[Queue],
+    timeout: int | None,
+    connection: Any,
+    job_class: type[Job],
+    serializer: Any = None,
+    death_penalty_class: Any = None,
+) -> tuple[Job, Queue] | None:
+    """The fetch loop behind ``PolicyQueue.dequeue_any`` in a PolicyWorker (``fetcher`` is the worker's).
+
+    Queues are tried in order; a queue a fetch policy gates (a capped one at its cap) is skipped. When nothing
+    can be taken and ``timeout`` is not None, waits (woken by admissions and releases) until ``timeout`` seconds have
+    passed, then raises DequeueTimeout, as rq's own dequeue does. With ``timeout=None`` (burst) it returns None once
+    nothing is waiting, but keeps waiting while a skipped queue still has jobs: those are work not yet done.
+    """
+    names = [q.name for q in queues]
+    call = fetch_call(queues, '', fetcher.hold_ttl, job_class.redis_job_namespace_prefix)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        token = ledger.claim_token()
+        fetched_after = time.time()
+        found = read_reply(call.arg('token', token).run(connection), queues, token, fetcher.hold_ttl)
+        if isinstance(found, Claim):
+            found.fetched_after = fetched_after
+            queue = queues[names.index(found.queue_name)]
+            try:
+                job = job_class.fetch(found.job_id, connection=connection, serializer=serializer)
+            except NoSuchJobError:
+                # Deleted between the pop and the fetch: give the holds back and look again.
+                with connection.pipeline(transaction=False) as pipe:
+                    pipe.lrem(queue.intermediate_queue_key, 1, found.job_id)
+                    release_claim(found, pipe)
+                    pipe.execute()
+                continue
+            except BaseException:
+                # An unreadable job: the holds go back now, the id stays on the intermediate list for rq.
+                with contextlib.suppress(Exception):  # else they age out; the fetch error is the news
+                    release_claim(found, connection)
+                raise
+            fetcher.on_claim(found)
+            return job, rebuild(queue_class, queue, connection, job_class, serializer, death_penalty_class)
+        if deadline is None and not found.waiting:
+            return None
+        if fetcher.listen(connection, names):
+            continue  # a wake-up published before the subscription landed is lost: look once more first
+        if deadline is None:
+            fetcher.wait(connection, names, IDLE_POLL_SECONDS, found.full)
+            continue
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise DequeueTimeout(timeout, [q.key for q in queues])
+        fetcher.wait(connection, names, remaining, found.full)
+
+
+def rebuild(
+    queue_class: Any, queue: Queue, connection: Any, job_class: Any, serializer: Any, death_penalty_class: Any
+) -> Queue:
+    """``queue`` as an instance of ``queue_class`` on ``connection``, as rq's own dequeue returns it."""
+    kwargs: dict[str, Any] = {'connection': connection, 'job_class': job_class, 'serializer': serializer}
+    if death_penalty_class is not None:
+        kwargs['death_penalty_class'] = death_penalty_class
+    return queue_class.from_queue_key(queue.key, **kwargs)

@@ -1,0 +1,291 @@
+"""Hold ledgers: the one crash-safe way rq-policies counts what runs (QueueSlot, LimitedCapacityWorker).
+
+A ledger is a ZSET of *holds*, one member each (member = the hold's token, score = the epoch second, server clock, it
+expires), not a counter. INCR on start and DECR on the end is right until a holder is SIGKILLed between the two; then
+the count never comes back down. A TTL on a counter trades that for the mirror bug: the whole count expires at once
+while jobs still run. With a ledger:
+
+* a killed holder stops refreshing and its hold ages out within its ttl, with no operator action and no reaper (the
+  ledger key itself expires once its last hold could have, ``lua/lib/outlive.lua``);
+* a release names one member, so a release arriving after its own hold lapsed frees nothing that has since been
+  handed to someone else;
+* a refresh never revives a lapsed hold (its capacity may be someone else's by then), and tells the caller which ones
+  lapsed.
+
+:class:`Hold` names one hold; :class:`Ledger` is the holds one owner has (a process, a job) with the three operations
+on them (acquire, refresh, release); :class:`Keeper` refreshes an owner's holds from a thread where no heartbeat
+does. The Lua side is ``lua/acquire_hold.lua``, ``lua/refresh_holds.lua`` and ``lua/lib/ledger_*.lua``, which the fetch
+script uses too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from .ops import Call
+
+logger = logging.getLogger('rq_policies')
+
+#: Seconds a hold survives unrefreshed by default. rq's worker beats every ``job_monitoring_interval`` (30 s by
+#: default) while a job runs and gives its own key ``job_monitoring_interval + 60`` seconds; a hold outlives a missed
+#: beat by exactly as much (pinned by a test). Shorter and a busy worker's holds evaporate under a slow Redis while
+#: its jobs run; longer and a killed worker's capacity comes back later than the worker leaves the dashboard.
+TTL_SECONDS = 90
+
+#: Payloads published on ``rq:policies:wake:<queue>`` besides a pushed job's id (see ``lua/enqueue_job.lua``). A
+#: waiting worker treats a push to a queue it found full as no news; these two always wake it: a hold was released,
+#: or a ledger's capacity changed.
+WAKE_RELEASED = 'released'
+WAKE_CAPACITY = 'capacity'
+
+
+@dataclass(frozen=True)
+class Hold:
+    """One hold: the member ``token`` of the ledger key ``ledger``, living ``ttl`` seconds unless refreshed."""
+
+    ledger: str
+    token: str
+    ttl: int
+
+
+def acquire_call(hold: Hold, capacity: int) -> Call:
+    """The ``lua/acquire_hold.lua`` call taking ``hold`` while ``ledger`` has fewer than ``capacity`` live holds.
+
+    Run it on a connection (replies 1 when taken, 0 at capacity) or inside a pipeline, as a LimitedCapacityWorker job
+    does in the MULTI that also takes it off the queued set.
+    """
+    call = Call('acquire_hold', capacity=capacity, token=hold.token, ttl=hold.ttl)
+    return call.key('ledger', hold.ledger)
+
+
+def refresh_call(holds: list[Hold]) -> Call:
+    """The ``lua/refresh_holds.lua`` call refreshing ``holds`` (each by its own ttl); it replies with the 1-based
+    positions of those found lapsed."""
+    call = Call('refresh_holds', tokens=[h.token for h in holds], ttls=[h.ttl for h in holds])
+    return call.key_list('holds', [h.ledger for h in holds])
+
+
+def _is_pipeline(conn: Any) -> bool:
+    return hasattr(conn, 'execute') and hasattr(conn, 'command_stack')
+
+
+class Ledger:
+    """The holds one owner has right now, and the operations on the ledgers they are in.
+
+    Fork-aware: a forked child does not own its parent's holds (the parent refreshes and releases them), so a child
+    finds the instance empty.
+    """
+
+    def __init__(self, holds: Iterable[Hold] = ()) -> None:
+        self._lock = threading.Lock()
+        self._holds: dict[str, Hold] = {h.token: h for h in holds}
+        self._pid = os.getpid()
+
+    def _check_fork(self) -> None:
+        if self._pid != os.getpid():
+            self._holds = {}
+            self._pid = os.getpid()
+            self._lock = threading.Lock()
+
+    # -- what the owner has ---------------------------------------------------------------------------------------
+
+    def add(self, hold: Hold) -> None:
+        """Remember ``hold`` as this owner's (taken elsewhere, e.g. by the fetch script), so it is refreshed."""
+        self._check_fork()
+        with self._lock:
+            self._holds[hold.token] = hold
+
+    def discard(self, token: str) -> None:
+        """Forget the hold named ``token`` (released, or lapsed); nothing is sent."""
+        self._check_fork()
+        with self._lock:
+            self._holds.pop(token, None)
+
+    def holds(self) -> list[Hold]:
+        """The holds this owner has."""
+        self._check_fork()
+        with self._lock:
+            return list(self._holds.values())
+
+    def snapshot(self) -> dict[str, str]:
+        """Which ledger each hold is in: token -> ledger key."""
+        return {h.token: h.ledger for h in self.holds()}
+
+    def __bool__(self) -> bool:
+        return bool(self.holds())
+
+    # -- the three operations -------------------------------------------------------------------------------------
+
+    def acquire(self, connection: Any, hold: Hold, capacity: int) -> bool:
+        """Take ``hold`` unless its ledger is at ``capacity``; a taken hold is this owner's until released.
+
+        Replay-safe: a retried call whose first attempt landed finds its own member and answers True again.
+        """
+        taken = acquire_call(hold, capacity).run(connection) == 1
+        if taken:
+            self.add(hold)
+        return taken
+
+    def refresh(self, connection: Any, holds: list[Hold] | None = None, ttl: int | None = None) -> list[Hold]:
+        """Refresh ``holds`` (default: every hold this owner has) in one call; a lapsed one is not revived.
+
+        ``ttl`` replaces each hold's own (a worker's ``hold_ttl``, as on its heartbeat).
+
+        Returns:
+            The holds found lapsed. The owner forgets them: refreshing them again could only fail.
+        """
+        holds = self.holds() if holds is None else holds
+        if not holds:
+            return []
+        sent = holds if ttl is None else [Hold(h.ledger, h.token, ttl) for h in holds]
+        positions = refresh_call(sent).run(connection)
+        lapsed = [holds[int(i) - 1] for i in positions]
+        for hold in lapsed:
+            self.discard(hold.token)
+        return lapsed
+
+    def refresh_in(self, pipeline: Any, ttl: int | None = None) -> None:
+        """Queue a refresh of every hold this owner has onto a pipeline the caller already owns (a heartbeat's).
+
+        ``ttl`` replaces each hold's own (a worker's ``hold_ttl``). It adds nothing to the pipeline when nothing is
+        held, which is every process in an install that caps nothing.
+        """
+        holds = self.holds()
+        if not holds:
+            return
+        if ttl is not None:
+            holds = [Hold(h.ledger, h.token, ttl) for h in holds]
+        refresh_call(holds).run(pipeline)
+
+    def release(self, connection: Any, hold: Hold, wake: str | None = None) -> bool:
+        """Give back ``hold``. Idempotent: it only ever removes the hold's own member.
+
+        A bare ZREM (plus, with ``wake``, a :data:`WAKE_RELEASED` on that channel for idle workers) so it can ride a
+        pipeline: pass a pipeline as ``connection`` and it goes out with it (the return value is then True: the answer
+        arrives with ``execute()``).
+
+        Returns:
+            True when the hold was still in its ledger.
+        """
+        if _is_pipeline(connection):
+            connection.zrem(hold.ledger, hold.token)
+            if wake is not None:
+                connection.publish(wake, WAKE_RELEASED)
+            self.discard(hold.token)
+            return True
+        with connection.pipeline(transaction=False) as pipe:
+            pipe.zrem(hold.ledger, hold.token)
+            if wake is not None:
+                pipe.publish(wake, WAKE_RELEASED)
+            removed = pipe.execute()[0]
+        self.discard(hold.token)
+        return removed == 1
+
+
+#: The holds this process has taken through QueueSlot or a fetch (``QueueSlot.HELD``): a PolicyWorker's heartbeat
+#: refreshes them.
+PROCESS = Ledger()
+
+
+class Keeper:
+    """Refreshes an owner's holds from a daemon thread, where no heartbeat does it.
+
+    The one keeper for every such place, parametrized where they differ: a LimitedCapacityWorker job keeps its one
+    hold while ``perform_work`` runs; a PolicySimpleWorker keeps the process's holds while a job runs (it sends no
+    heartbeat then); a work horse keeps its job's hold once its worker died (``active`` says when). The thread dies
+    with the process, so a killed holder's holds still age out.
+
+    Args:
+        connection: the Redis connection.
+        ledger: the owner's holds; the refresh runs over what it has at each tick.
+        every: seconds between refreshes (a third of the ttl leaves room for two missed ones).
+        ttl: the lifetime each refresh gives (default: each hold's own).
+        tick: seconds between looks at ``active`` (default: ``every``).
+        active: refresh only while this returns True (default: always).
+        until_empty: stop once the ledger has no hold left (its last one released or lapsed).
+        log: where a failed refresh and a lapsed hold are reported.
+        name: the thread's name.
+    """
+
+    def __init__(
+        self,
+        connection: Any,
+        ledger: Ledger,
+        every: float,
+        *,
+        ttl: int | None = None,
+        tick: float | None = None,
+        active: Callable[[], bool] | None = None,
+        until_empty: bool = False,
+        log: Any = logger,
+        name: str = 'rq-policies-holds',
+    ) -> None:
+        self.connection = connection
+        self.ledger = ledger
+        self.every = every
+        self.ttl = ttl
+        self.tick = every if tick is None else tick
+        self.active = active
+        self.until_empty = until_empty
+        self.log = log
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> Keeper:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop refreshing (the holds stay: releasing them is the owner's call)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=timeout)
+
+    def _run(self) -> None:
+        last: float | None = None
+        while not self._stop.wait(self.tick):
+            if self.active is not None and not self.active():
+                continue
+            if last is not None and time.monotonic() - last < self.every:
+                continue
+            try:
+                lapsed = self.ledger.refresh(self.connection, ttl=self.ttl)
+            except Exception:  # retried on the next tick; the ttl covers two missed refreshes
+                self.log.warning('rq-policies: could not refresh holds', exc_info=True)
+                continue
+            last = time.monotonic()
+            for hold in lapsed:  # never revived: its capacity may be someone else's now
+                self.log.warning('rq-policies: hold %s on %s had already lapsed', hold.token, hold.ledger)
+            if self.until_empty and not self.ledger:
+                return
+
+
+# -- tokens -----------------------------------------------------------------------------------------------------------
+
+_local = threading.local()
+
+
+def token() -> str:
+    """This thread's hold token, ``<host>:<pid>:<tid>``; rebuilt after a fork, so a child never shares it."""
+    pid = os.getpid()
+    memo = getattr(_local, 'token', None)
+    if memo is not None and memo[0] == pid:
+        return memo[1]
+    built = f'{socket.gethostname()}:{pid}:{threading.get_ident()}'
+    _local.token = (pid, built)
+    _local.seq = 0
+    return built
+
+
+def claim_token() -> str:
+    """A token naming one claim, ``<host>:<pid>:<tid>:<n>``: a stale release of an earlier claim frees nothing."""
+    base = token()
+    _local.seq = getattr(_local, 'seq', 0) + 1
+    return f'{base}:{_local.seq}'

@@ -491,7 +491,8 @@ class PolicyQueue(Queue):
     def remove(self, job_or_id: Any, pipeline: Any = None) -> Any:
         job_id = job_or_id.id if isinstance(job_or_id, Job) else job_or_id
         release_markers(pipeline if pipeline is not None else self.connection, self.job_class, [job_id])
-        return super().remove(job_or_id, pipeline=pipeline)
+        # By id: rq's remove() only unwraps instances of self.job_class; Job.fetch and registries hand out plain Jobs.
+        return super().remove(job_id, pipeline=pipeline)
 
     def empty(self) -> Any:
         start = 0

@@ -251,3 +251,18 @@ def test_fast_path_never_decides_on_memory_alone(connection):
         q.enqueue(jobs.sweep_cache, 'hot', pipeline=pipe)
     # a replay of the holder's own id is admitted again, not dropped
     assert q.enqueue(jobs.sweep_cache, 'hot', job_id=fresh.id) is not None
+
+
+# -- drop-in: what rq's own objects and tools see (tests/rq_suite/run.py runs rq's suite the same way) ---------------
+
+
+def test_remove_takes_a_plain_rq_job_and_frees_the_identity(connection):
+    """Registries, Job.fetch and rq-dashboard hand out plain rq Jobs; stock rq's remove() takes them."""
+    q = PolicyQueue('q', connection=connection)
+    job = q.enqueue(jobs.sweep_cache, 1)
+    plain = Job.fetch(job.id, connection=connection)
+    assert type(plain) is Job
+    assert q.remove(plain) == 1
+    assert q.job_ids == []
+    assert connection.keys('rq:policies:loner:*') == []
+    assert q.enqueue(jobs.sweep_cache, 1) is not None

@@ -39,6 +39,9 @@ logger = logging.getLogger('rq_policies')
 
 _DECLARED: Any = object()
 
+#: Function paths ``_declared_for`` could not import and has warned about (once per path and process).
+_UNIMPORTABLE_WARNED: set[str] = set()
+
 #: Seconds a deferred (depends_on) job's hash and marker live before rq has finished setting up its dependencies;
 #: if the producer dies in that window the hold lapses by itself.
 DEFERRED_LEASE_SECONDS = 300
@@ -307,9 +310,19 @@ class PolicyQueue(Queue):
                 target = import_attribute(func_or_job)
             else:
                 target = func_or_job
-        except (ImportError, AttributeError, ValueError):
-            # A producer may enqueue by path without having the code; then nothing is declared here.
-            logger.debug('rq-policies: cannot import %r to read its declared policies', func_or_job)
+        except (ImportError, AttributeError, ValueError) as error:
+            # A producer may enqueue by path without having the code; then nothing is declared here. But a typo in
+            # the path would silently switch a Loner off, so the first miss of each path is a warning.
+            path = func_or_job.func_name if isinstance(func_or_job, Job) else str(func_or_job)
+            if path in _UNIMPORTABLE_WARNED:
+                logger.debug('rq-policies: cannot import %r to read its declared policies', path)
+            else:
+                _UNIMPORTABLE_WARNED.add(path)
+                logger.warning(
+                    'rq-policies: cannot import %r to read its declared policies (%s: %s); jobs enqueued by this path '
+                    'get no policy here (a typo, or code this producer does not have?)',
+                    path, type(error).__name__, error,
+                )
             return None
         return declared(target)
 

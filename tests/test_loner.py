@@ -266,3 +266,24 @@ def test_remove_takes_a_plain_rq_job_and_frees_the_identity(connection):
     assert q.job_ids == []
     assert connection.keys('rq:policies:loner:*') == []
     assert q.enqueue(jobs.sweep_cache, 1) is not None
+
+
+def test_an_unimportable_path_warns_once_that_it_gets_no_policy(connection, caplog):
+    """A typo in an enqueue path must not silently switch a Loner off."""
+    from rq_policies import queue as queue_module
+
+    q = PolicyQueue('q', connection=connection)
+    path = 'jobs.sweep_cahce'  # sic
+    queue_module._UNIMPORTABLE_WARNED.difference_update({path, 'jobs.no_such_module_either.f'})  # once per process
+    with caplog.at_level(logging.DEBUG, logger='rq_policies'):
+        assert q.enqueue(path, 1) is not None
+        assert q.enqueue(path, 1) is not None  # no policy could be read: not a loner
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and path in r.getMessage()]
+    assert len(warnings) == 1
+    assert 'no policy' in warnings[0].getMessage()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger='rq_policies'):
+        assert q.enqueue('jobs.no_such_module_either.f', 1) is not None
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert q.enqueue('jobs.sweep_cache', 1) is not None
+    assert q.enqueue('jobs.sweep_cache', 1) is None  # the right path still reads the declared Loner

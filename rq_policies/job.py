@@ -23,7 +23,21 @@ def release_markers(connection: Any, job_class: type[Job], job_ids: list[str]) -
 
 
 class PolicyJob(Job):
-    """A Job whose ``delete()`` and ``cancel()`` also free the loner identity it holds."""
+    """A Job whose ``delete()`` and ``cancel()`` also free the loner identity it holds.
+
+    Otherwise it is the rq Job it was admitted as: it equals (and hashes like) any rq ``Job`` with the same id,
+    whichever side of ``==`` it is on (Python asks the subclass first), so ``q.enqueue(...)`` compares equal to what
+    ``Job.fetch``, registries, ``Group.get_jobs`` or ``get_current_job`` return. (rq's own ``__eq__`` wants an
+    instance of the left side's class.)
+    """
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Job):
+            return self.id == other.id
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.id)
 
     def delete(self, pipeline: Any = None, remove_from_queue: bool = True, delete_dependents: bool = False) -> Any:
         # Before the hash goes: the hash names the marker. On a pipeline the release rides it, ahead of the delete.

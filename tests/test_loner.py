@@ -13,7 +13,7 @@ from rq.job import Job, JobStatus
 from rq.registry import ScheduledJobRegistry
 from workers import race
 
-from rq_policies import Loner, PipelineNotSupported, PolicyQueue, PolicySimpleWorker, keys
+from rq_policies import Loner, PipelineNotSupported, PolicyJob, PolicyQueue, PolicySimpleWorker, keys
 
 
 def test_duplicate_dropped_and_enqueued_answers(connection, caplog):
@@ -266,6 +266,22 @@ def test_remove_takes_a_plain_rq_job_and_frees_the_identity(connection):
     assert q.job_ids == []
     assert connection.keys('rq:policies:loner:*') == []
     assert q.enqueue(jobs.sweep_cache, 1) is not None
+
+
+def test_policy_job_equals_the_plain_rq_job_with_its_id_both_ways(connection):
+    q = PolicyQueue('q', connection=connection)
+    job = q.enqueue(jobs.sweep_cache, 1)
+    other = q.enqueue(jobs.sweep_cache, 2)
+    plain = Job.fetch(job.id, connection=connection)
+    assert job == plain
+    assert plain == job  # Python asks the subclass (PolicyJob) first
+    assert not job != plain
+    assert not plain != job
+    assert job != other and plain != other and other != plain
+    assert hash(job) == hash(plain)
+    assert plain in [job] and job in [plain] and job in {plain}
+    assert Queue('q', connection=connection).get_jobs() == [job, other]
+    assert job != job.id  # a Job is not its id, as in stock rq
 
 
 def test_an_unimportable_path_warns_once_that_it_gets_no_policy(connection, caplog):

@@ -30,7 +30,7 @@ from rq.utils import import_attribute, now
 from . import compat, debounce, identity, keys, loner, scripts, throttle
 from .debounce import Debounce
 from .exceptions import PipelineNotSupported, PolicyConfigurationError
-from .job import PolicyJob, release_markers
+from .job import PolicyJob, release_markers, rq_class_name
 from .policy import Loner, PolicySet, declared, make_set
 from .queue_slot import QueueSlot
 from .throttle import Throttle
@@ -159,9 +159,19 @@ def _score(when: datetime) -> int:
 
 
 class PolicyQueue(Queue):
-    """An rq Queue that admits jobs through their policies. Use it wherever you would use ``rq.Queue``."""
+    """An rq Queue that admits jobs through their policies. Use it wherever you would use ``rq.Queue``.
+
+    Its ``str``/``repr`` read like rq's (``<Queue name>``, ``Queue('name')``): it is the same queue in Redis, and
+    logs and tools that parse rq's reprs read it the same way. A subclass of your own shows its own name.
+    """
 
     job_class = PolicyJob
+
+    def __repr__(self) -> str:
+        return f'{rq_class_name(type(self))}({self.name!r})'
+
+    def __str__(self) -> str:
+        return f'<{rq_class_name(type(self))} {self.name}>'
 
     # -- the doors ------------------------------------------------------------------------------------------------
 

@@ -284,6 +284,25 @@ def test_policy_job_equals_the_plain_rq_job_with_its_id_both_ways(connection):
     assert job != job.id  # a Job is not its id, as in stock rq
 
 
+def test_reprs_read_like_rq_ones(connection):
+    """An admitted job is an ordinary rq job: logs and tools that parse rq's reprs read ours the same way."""
+    q = PolicyQueue('q', connection=connection)
+    job = q.enqueue(jobs.sweep_cache, 1, description='d')
+    assert str(q) == '<Queue q>'
+    assert repr(q) == "Queue('q')"
+    assert str(job) == f'<Job {job.id}: d>'
+    assert repr(job).startswith(f'Job({job.id!r}, enqueued_at=')
+
+    class MyQueue(PolicyQueue):
+        pass
+
+    class MyJob(PolicyJob):
+        pass
+
+    assert str(MyQueue('q', connection=connection)) == '<MyQueue q>'  # a user's own subclass keeps its name
+    assert str(MyJob.create(jobs.plain, connection=connection)).startswith('<MyJob ')
+
+
 def test_an_unimportable_path_warns_once_that_it_gets_no_policy(connection, caplog):
     """A typo in an enqueue path must not silently switch a Loner off."""
     from rq_policies import queue as queue_module

@@ -303,6 +303,36 @@ def test_reprs_read_like_rq_ones(connection):
     assert str(MyJob.create(jobs.plain, connection=connection)).startswith('<MyJob ')
 
 
+def test_worker_keeps_a_custom_queue_class_visible(connection):
+    """A PolicyWorker fetches through a subclass of the queue class it is given: that class stays visible."""
+
+    class CustomQueue(Queue):
+        pass
+
+    q = CustomQueue('custom', connection=connection)
+    job = q.enqueue(jobs.plain, 1)
+    worker = PolicySimpleWorker([q], connection=connection, queue_class=CustomQueue)
+    assert issubclass(worker.queue_class, CustomQueue) and issubclass(worker.queue_class, PolicyQueue)
+    assert worker.queue_class.wrapped_queue_class is CustomQueue
+    assert worker.queue_class.__name__ == 'CustomQueue'
+    assert PolicySimpleWorker([q], connection=connection, queue_class=CustomQueue).queue_class is worker.queue_class
+    seen = []
+    original = worker.execute_job
+
+    def execute_job(job, queue):
+        seen.append(queue)
+        return original(job, queue)
+
+    worker.execute_job = execute_job
+    assert worker.work(burst=True)
+    assert job.get_status(refresh=True) == JobStatus.FINISHED
+    [queue] = seen
+    assert isinstance(queue, CustomQueue) and type(queue).__name__ == 'CustomQueue'
+    assert str(queue) == '<CustomQueue custom>'
+    stock = PolicySimpleWorker(['plain'], connection=connection, queue_class=Queue)
+    assert stock.queue_class is PolicyQueue
+
+
 def test_an_unimportable_path_warns_once_that_it_gets_no_policy(connection, caplog):
     """A typo in an enqueue path must not silently switch a Loner off."""
     from rq_policies import queue as queue_module

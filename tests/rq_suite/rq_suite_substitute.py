@@ -3,9 +3,7 @@
 Loaded with ``-p rq_suite_substitute`` before rq's test modules are imported. It
 
 * points ``redis.Redis()`` (and a URL without a port) at the throwaway server whose port ``run.py`` puts in
-  ``RQ_SUITE_PORT``: rq's tests connect to ``localhost:6379`` with bare ``Redis()`` calls. The ``sitecustomize``
-  that ``run.py`` writes does the same in the subprocesses some tests start (``rqworker``, which imports the test
-  modules);
+  ``RQ_SUITE_PORT`` (see ``rq_suite_port``);
 * unless ``RQ_SUITE_STOCK`` is set, replaces ``Queue``, ``Worker``, ``SimpleWorker`` and ``Job`` in ``rq``,
   ``rq.queue``, ``rq.worker`` and ``rq.job`` while the test modules are collected, so every name rq's tests import
   (and every class they derive, such as ``class CustomJob(Job)``) is rq-policies' one, as in an application that
@@ -15,34 +13,13 @@ Loaded with ``-p rq_suite_substitute`` before rq's test modules are imported. It
 
 from __future__ import annotations
 
-import inspect
+import multiprocessing
 import os
 from typing import Any
 
-import redis
-import redis.connection
+from rq_suite_port import PORT, redirect_default_port
 
-PORT = int(os.environ.get('RQ_SUITE_PORT', '6379'))
 STOCK = bool(os.environ.get('RQ_SUITE_STOCK'))
-
-
-def _set_default_port(func: Any, port: int) -> None:
-    """Change the default of ``func``'s ``port`` parameter (which stays 6379 in its signature elsewhere)."""
-    inner = inspect.unwrap(func)
-    names = inner.__code__.co_varnames[: inner.__code__.co_argcount]
-    if inner.__kwdefaults__ and 'port' in inner.__kwdefaults__:
-        inner.__kwdefaults__['port'] = port
-        return
-    defaults = list(inner.__defaults__ or ())
-    index = names.index('port') - (len(names) - len(defaults))
-    defaults[index] = port
-    inner.__defaults__ = tuple(defaults)
-
-
-def redirect_default_port() -> None:
-    """Make ``RQ_SUITE_PORT`` the port of a ``Redis()`` or connection that names none."""
-    _set_default_port(redis.Redis.__init__, PORT)
-    _set_default_port(redis.connection.Connection.__init__, PORT)
 
 _saved: list[tuple[Any, str, Any]] = []
 
@@ -77,6 +54,14 @@ def pytest_configure(config: Any) -> None:
 
 def pytest_collection_finish(session: Any) -> None:
     _restore()
+
+
+def pytest_sessionfinish(session: Any) -> None:
+    # A failed assertion in some of rq's worker-pool tests skips their stop_workers(): a worker left running would
+    # keep pytest from exiting (multiprocessing joins its children at exit).
+    for child in multiprocessing.active_children():
+        child.terminate()
+        child.join(5)
 
 
 def pytest_report_header(config: Any) -> str:

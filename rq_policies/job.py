@@ -14,8 +14,40 @@ from rq.job import Job
 from . import admission
 
 
+def rq_class_name(cls: type) -> str:
+    """The name rq would show for ``cls``: that of the first class in its MRO that rq-policies does not define.
+
+    ``PolicyJob`` shows as ``Job``, ``PolicyQueue`` as ``Queue``, the queue class a PolicyWorker generates for a
+    custom ``queue_class`` as that class; a user's own subclass of ours keeps its own name.
+    """
+    for klass in cls.__mro__:
+        if klass.__module__ != 'rq_policies' and not klass.__module__.startswith('rq_policies.'):
+            return klass.__name__
+    return cls.__name__
+
+
 class PolicyJob(Job):
-    """A Job whose ``delete()`` and ``cancel()`` also free the loner identity it holds."""
+    """A Job whose ``delete()`` and ``cancel()`` also free the loner identity it holds.
+
+    Otherwise it is the rq Job it was admitted as, and says so: it equals (and hashes like) any rq ``Job`` with the
+    same id, whichever side of ``==`` it is on (Python asks the subclass first), so ``q.enqueue(...)`` compares equal
+    to what ``Job.fetch``, registries, ``Group.get_jobs`` or ``get_current_job`` return; and its ``str``/``repr``
+    read ``<Job id: description>``/``Job('id', ...)``, like rq's, for logs and tools that parse them.
+    """
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Job):
+            return self.id == other.id
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def __repr__(self) -> str:
+        return f'{rq_class_name(type(self))}({self._id!r}, enqueued_at={self.enqueued_at!r})'
+
+    def __str__(self) -> str:
+        return f'<{rq_class_name(type(self))} {self.id}: {self.description}>'
 
     def delete(self, pipeline: Any = None, remove_from_queue: bool = True, delete_dependents: bool = False) -> Any:
         # Before the hash goes: the hash names the marker. On a pipeline the release rides it, ahead of the delete.

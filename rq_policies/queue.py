@@ -29,7 +29,7 @@ from . import admission, compat, identity, keys
 from .admission import JobWrite
 from .exceptions import PipelineNotSupported, PolicyConfigurationError
 from .fetch import current_fetcher, dequeue
-from .job import PolicyJob
+from .job import PolicyJob, rq_class_name
 from .policy import PolicySet, by_name, declared, make_set
 
 logger = logging.getLogger('rq_policies')
@@ -37,6 +37,9 @@ logger = logging.getLogger('rq_policies')
 #: The ``policy=`` default of every door: apply the policies declared on the function.
 DECLARED: Any = object()
 _DECLARED = DECLARED
+
+#: Function paths ``_declared_for`` could not import and has warned about (once per path and process).
+_UNIMPORTABLE_WARNED: set[str] = set()
 
 #: Seconds a deferred (depends_on) job's hash and marker live before rq has finished setting up its dependencies;
 #: if the producer dies in that window the hold lapses by itself.
@@ -62,8 +65,6 @@ def door_override(default: Any = DECLARED) -> Any:
     return door.override if door is not None else default
 
 
-#: Import paths this process could not import to read their declared policies (each is warned about once).
-_WARNED_PATHS: set[str] = set()
 
 
 
@@ -96,9 +97,19 @@ def _score(when: datetime) -> int:
 
 
 class PolicyQueue(Queue):
-    """An rq Queue that admits jobs through their policies. Use it wherever you would use ``rq.Queue``."""
+    """An rq Queue that admits jobs through their policies. Use it wherever you would use ``rq.Queue``.
+
+    Its ``str``/``repr`` read like rq's (``<Queue name>``, ``Queue('name')``): it is the same queue in Redis, and
+    logs and tools that parse rq's reprs read it the same way. A subclass of your own shows its own name.
+    """
 
     job_class = PolicyJob
+
+    def __repr__(self) -> str:
+        return f'{rq_class_name(type(self))}({self.name!r})'
+
+    def __str__(self) -> str:
+        return f'<{rq_class_name(type(self))} {self.name}>'
 
     # -- the doors ------------------------------------------------------------------------------------------------
 
@@ -242,14 +253,19 @@ class PolicyQueue(Queue):
                 target = import_attribute(func_or_job)
             else:
                 target = func_or_job
-        except (ImportError, AttributeError, ValueError) as exc:
-            # A producer may enqueue by path without having the code; then nothing is declared here. A typo in the
-            # path would silently switch a policy off, so it is said once per path, at WARNING.
-            path = str(getattr(func_or_job, 'func_name', func_or_job))
-            if path not in _WARNED_PATHS:
-                _WARNED_PATHS.add(path)
-                logger.warning('rq-policies: cannot import %r to read its declared policies (%s); no policy applies '
-                               'to it in this process', path, exc)
+        except (ImportError, AttributeError, ValueError) as error:
+            # A producer may enqueue by path without having the code; then nothing is declared here. But a typo in
+            # the path would silently switch a Loner off, so the first miss of each path is a warning.
+            path = func_or_job.func_name if isinstance(func_or_job, Job) else str(func_or_job)
+            if path in _UNIMPORTABLE_WARNED:
+                logger.debug('rq-policies: cannot import %r to read its declared policies', path)
+            else:
+                _UNIMPORTABLE_WARNED.add(path)
+                logger.warning(
+                    'rq-policies: cannot import %r to read its declared policies (%s: %s); jobs enqueued by this path '
+                    'get no policy here (a typo, or code this producer does not have?)',
+                    path, type(error).__name__, error,
+                )
             return None
         return declared(target)
 
@@ -392,7 +408,8 @@ class PolicyQueue(Queue):
         job_id = job_or_id.id if isinstance(job_or_id, Job) else job_or_id
         admission.release(pipeline if pipeline is not None else self.connection,
                           self.job_class.redis_job_namespace_prefix, [job_id])
-        return super().remove(job_or_id, pipeline=pipeline)
+        # By id: rq's remove() only unwraps instances of self.job_class; Job.fetch and registries hand out plain Jobs.
+        return super().remove(job_id, pipeline=pipeline)
 
     def empty(self) -> Any:
         start = 0

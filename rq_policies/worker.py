@@ -53,14 +53,25 @@ _UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
 
 
 def policy_queue_class(queue_class: type[Queue]) -> type[PolicyQueue]:
-    """``queue_class`` itself when it is a PolicyQueue; else a subclass of it that fetches through the policies."""
+    """``queue_class`` itself when it is a PolicyQueue; else a subclass of it that fetches through the policies.
+
+    A PolicyWorker given a custom ``queue_class`` that is not a PolicyQueue (``rq worker`` passes ``rq.Queue``,
+    django-rq its own) sets its ``queue_class`` to this subclass: the fetch, and the queues it builds and hands to
+    the job, must go through PolicyQueue. The subclass keeps the custom class visible: ``isinstance(queue,
+    CustomQueue)`` holds, it bears the custom class's ``__name__`` and ``__qualname__`` (so ``type(queue).__name__``
+    and the queue's ``str``/``repr`` read ``CustomQueue``), and ``wrapped_queue_class`` is the class itself. It is
+    made once per custom class. Only ``worker.queue_class is CustomQueue`` no longer holds.
+    """
     if issubclass(queue_class, PolicyQueue):
         return queue_class
     if queue_class is Queue:
         return PolicyQueue
     found = _mixed.get(queue_class)
     if found is None:
-        found = type(f'Policy{queue_class.__name__}', (PolicyQueue, queue_class), {'__module__': __name__})
+        found = type(
+            queue_class.__name__, (PolicyQueue, queue_class),
+            {'__module__': __name__, '__qualname__': queue_class.__qualname__, 'wrapped_queue_class': queue_class},
+        )
         _mixed[queue_class] = found
     return found
 

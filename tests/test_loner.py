@@ -13,7 +13,7 @@ from rq.job import Job, JobStatus
 from rq.registry import ScheduledJobRegistry
 from workers import race
 
-from rq_policies import Loner, PipelineNotSupported, PolicyQueue, PolicySimpleWorker, keys
+from rq_policies import Loner, PipelineNotSupported, PolicyJob, PolicyQueue, PolicySimpleWorker, keys
 
 
 def test_duplicate_dropped_and_enqueued_answers(connection, caplog):
@@ -251,3 +251,104 @@ def test_fast_path_never_decides_on_memory_alone(connection):
         q.enqueue(jobs.sweep_cache, 'hot', pipeline=pipe)
     # a replay of the holder's own id is admitted again, not dropped
     assert q.enqueue(jobs.sweep_cache, 'hot', job_id=fresh.id) is not None
+
+
+# -- drop-in: what rq's own objects and tools see (tests/rq_suite/run.py runs rq's suite the same way) ---------------
+
+
+def test_remove_takes_a_plain_rq_job_and_frees_the_identity(connection):
+    """Registries, Job.fetch and rq-dashboard hand out plain rq Jobs; stock rq's remove() takes them."""
+    q = PolicyQueue('q', connection=connection)
+    job = q.enqueue(jobs.sweep_cache, 1)
+    plain = Job.fetch(job.id, connection=connection)
+    assert type(plain) is Job
+    assert q.remove(plain) == 1
+    assert q.job_ids == []
+    assert connection.keys('rq:policies:loner:*') == []
+    assert q.enqueue(jobs.sweep_cache, 1) is not None
+
+
+def test_policy_job_equals_the_plain_rq_job_with_its_id_both_ways(connection):
+    q = PolicyQueue('q', connection=connection)
+    job = q.enqueue(jobs.sweep_cache, 1)
+    other = q.enqueue(jobs.sweep_cache, 2)
+    plain = Job.fetch(job.id, connection=connection)
+    assert job == plain
+    assert plain == job  # Python asks the subclass (PolicyJob) first
+    assert not job != plain
+    assert not plain != job
+    assert job != other and plain != other and other != plain
+    assert hash(job) == hash(plain)
+    assert plain in [job] and job in [plain] and job in {plain}
+    assert Queue('q', connection=connection).get_jobs() == [job, other]
+    assert job != job.id  # a Job is not its id, as in stock rq
+
+
+def test_reprs_read_like_rq_ones(connection):
+    """An admitted job is an ordinary rq job: logs and tools that parse rq's reprs read ours the same way."""
+    q = PolicyQueue('q', connection=connection)
+    job = q.enqueue(jobs.sweep_cache, 1, description='d')
+    assert str(q) == '<Queue q>'
+    assert repr(q) == "Queue('q')"
+    assert str(job) == f'<Job {job.id}: d>'
+    assert repr(job).startswith(f'Job({job.id!r}, enqueued_at=')
+
+    class MyQueue(PolicyQueue):
+        pass
+
+    class MyJob(PolicyJob):
+        pass
+
+    assert str(MyQueue('q', connection=connection)) == '<MyQueue q>'  # a user's own subclass keeps its name
+    assert str(MyJob.create(jobs.plain, connection=connection)).startswith('<MyJob ')
+
+
+def test_worker_keeps_a_custom_queue_class_visible(connection):
+    """A PolicyWorker fetches through a subclass of the queue class it is given: that class stays visible."""
+
+    class CustomQueue(Queue):
+        pass
+
+    q = CustomQueue('custom', connection=connection)
+    job = q.enqueue(jobs.plain, 1)
+    worker = PolicySimpleWorker([q], connection=connection, queue_class=CustomQueue)
+    assert issubclass(worker.queue_class, CustomQueue) and issubclass(worker.queue_class, PolicyQueue)
+    assert worker.queue_class.wrapped_queue_class is CustomQueue
+    assert worker.queue_class.__name__ == 'CustomQueue'
+    assert PolicySimpleWorker([q], connection=connection, queue_class=CustomQueue).queue_class is worker.queue_class
+    seen = []
+    original = worker.execute_job
+
+    def execute_job(job, queue):
+        seen.append(queue)
+        return original(job, queue)
+
+    worker.execute_job = execute_job
+    assert worker.work(burst=True)
+    assert job.get_status(refresh=True) == JobStatus.FINISHED
+    [queue] = seen
+    assert isinstance(queue, CustomQueue) and type(queue).__name__ == 'CustomQueue'
+    assert str(queue) == '<CustomQueue custom>'
+    stock = PolicySimpleWorker(['plain'], connection=connection, queue_class=Queue)
+    assert stock.queue_class is PolicyQueue
+
+
+def test_an_unimportable_path_warns_once_that_it_gets_no_policy(connection, caplog):
+    """A typo in an enqueue path must not silently switch a Loner off."""
+    from rq_policies import queue as queue_module
+
+    q = PolicyQueue('q', connection=connection)
+    path = 'jobs.sweep_cahce'  # sic
+    queue_module._UNIMPORTABLE_WARNED.difference_update({path, 'jobs.no_such_module_either.f'})  # once per process
+    with caplog.at_level(logging.DEBUG, logger='rq_policies'):
+        assert q.enqueue(path, 1) is not None
+        assert q.enqueue(path, 1) is not None  # no policy could be read: not a loner
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and path in r.getMessage()]
+    assert len(warnings) == 1
+    assert 'no policy' in warnings[0].getMessage()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger='rq_policies'):
+        assert q.enqueue('jobs.no_such_module_either.f', 1) is not None
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert q.enqueue('jobs.sweep_cache', 1) is not None
+    assert q.enqueue('jobs.sweep_cache', 1) is None  # the right path still reads the declared Loner

@@ -23,7 +23,7 @@ from rq.registry import ScheduledJobRegistry
 from . import keys
 from .exceptions import PolicyConfigurationError
 from .hints import Hints, call_identity, hint_key
-from .ops import Call
+from .ops import Call, text
 from .policy import ADMISSION, PolicySet, registered
 
 if TYPE_CHECKING:
@@ -31,11 +31,6 @@ if TYPE_CHECKING:
     from rq.queue import Queue
 
 logger = logging.getLogger('rq_policies')
-
-
-def text(value: Any) -> str:
-    """A reply element as str (redis-py returns bytes unless the connection decodes responses)."""
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 @dataclass

@@ -22,8 +22,7 @@ from rq.cli.helpers import pass_cli_config
 from rq.utils import import_attribute
 
 from . import __version__, identity, state
-from .policy import MAX_CAPACITY, by_name, declared, positive_int
-from .queue_slot import QueueSlot
+from .policy import FETCH, by_name, declared, positive_int, registered
 
 
 class CommandError(click.ClickException):
@@ -49,6 +48,24 @@ def _require_known(conn: Any, queue: str, force: bool = False) -> None:
         f'unknown queue {queue!r}: rq has no such queue, it has no cap and no worker listens to it'
         + (' (pass --force to cap it anyway)' if not force else '')
     )
+
+
+def _integer(name: str, raw: str, maximum: int) -> int:
+    """An integer argument of the command line: plain ASCII digits only, 1 to ``maximum``, or a one-line error."""
+    try:
+        return positive_int(name, int(raw), maximum)
+    except ValueError:
+        raise click.BadParameter(f'must be a positive integer up to {maximum}, got {raw!r}', param_hint=name) from None
+
+
+class Kit:
+    """What a policy's own subcommands (:meth:`rq_policies.policy.Policy.cli_commands`) use of this module."""
+
+    pass_cli_config = staticmethod(pass_cli_config)
+    connect = staticmethod(lambda cli_config: _connect(cli_config))
+    require_known = staticmethod(lambda conn, queue, force=False: _require_known(conn, queue, force))
+    integer = staticmethod(lambda name, raw, maximum: _integer(name, raw, maximum))
+    error = CommandError
 
 
 def _parse_value(text: str) -> Any:
@@ -100,15 +117,14 @@ def _more(count: int, listed: list[Any], indent: str = '    ') -> None:
 def _print_info(snap: dict[str, Any]) -> None:
     if not snap['queues']:
         click.echo('No queue has a cap, a hold or policy state.')
+    fetch_policies = registered(FETCH)
     for name, q in snap['queues'].items():
-        cap = q['capacity']
         head = click.style(f'queue {name}', bold=True)
-        in_use = q['holds_in_use']
-        cap_text = f'cap {cap}, {in_use} in use' if cap is not None else f'uncapped, {in_use} holds'
-        click.echo(f'{head}  ({cap_text})')
-        for hold in q['holds']:
-            click.echo(f'  hold      {hold["holder"]:<48} expires in {hold["expires_in"]:.1f}s')
-        _more(q['holds_in_use'], q['holds'], '  ')
+        words = [words for cls in fetch_policies if (words := cls.summary(q))]
+        click.echo(f'{head}  ({", ".join(words)})' if words else head)
+        for cls in fetch_policies:
+            for line in cls.describe_queue(q):
+                click.echo(line)
         for family in state.families():
             block = q.get(family.name)
             if block and block['count']:
@@ -126,38 +142,6 @@ def _print_info(snap: dict[str, Any]) -> None:
                 f'  queued {row["queued_jobs"]}  remaining {row["remaining_work_count"]}'
                 f'  (reported {row["reported_seconds_ago"]:.0f}s ago)'
             )
-
-
-# -- cap ------------------------------------------------------------------------------------------------------------
-
-
-@main.command()
-@click.argument('queue')
-@click.argument('n', required=False)
-@click.option('--clear', is_flag=True, help='Remove the cap (live holds stay until released or expired).')
-@click.option('--force', is_flag=True, help='Cap a queue rq does not know yet.')
-@pass_cli_config
-def cap(cli_config: Any, queue: str, n: str | None, clear: bool, force: bool, **options: Any) -> None:
-    """Cap QUEUE at N jobs running across the cluster, or remove its cap with --clear."""
-    if clear == (n is not None):
-        raise click.UsageError('give either N or --clear')
-    limit = 0
-    if n is not None:
-        try:
-            limit = positive_int('N', int(n), MAX_CAPACITY)
-        except ValueError:
-            raise click.BadParameter(f'must be a positive integer up to {MAX_CAPACITY}, got {n!r}',
-                                     param_hint='N') from None
-    conn = _connect(cli_config)
-    _require_known(conn, queue, force or clear)
-    before = QueueSlot.capacity(queue, connection=conn)
-    was = f'was {before}' if before is not None else 'was uncapped'
-    if clear:
-        QueueSlot.clear_capacity(queue, connection=conn)
-        click.echo(f'Queue {queue!r} is uncapped ({was}).')
-    else:
-        QueueSlot.set_capacity(queue, limit, connection=conn)
-        click.echo(f'Queue {queue!r} is capped at {limit} ({was}).')
 
 
 # -- reset ----------------------------------------------------------------------------------------------------------
@@ -247,6 +231,11 @@ def exporter(cli_config: Any, port: int, addr: str, **options: Any) -> None:
 
 
 # -- entry point ----------------------------------------------------------------------------------------------------
+
+
+for _cls in registered():
+    for _command in _cls.cli_commands(Kit):
+        main.add_command(_command)
 
 
 def cli(argv: list[str] | None = None) -> None:

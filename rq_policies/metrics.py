@@ -52,6 +52,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from . import state
+from .policy import registered
 
 logger = logging.getLogger('rq_policies')
 
@@ -86,7 +87,6 @@ class PolicyCollector(Collector):
         conn = self.connection
         now = state.server_now(conn)
         lcw = state.lcw_gauges(conn, now)
-        slots = state.slot_gauges(conn, now)
         drops = state.drops(conn)
 
         running = GaugeMetricFamily(
@@ -113,25 +113,16 @@ class PolicyCollector(Collector):
             if row['remaining_work_count'] is not None:
                 remaining.add_metric(label, row['remaining_work_count'])
 
-        in_use = GaugeMetricFamily(
-            'rq_policies_queue_slots_in_use', 'Live QueueSlot holds of a queue (jobs running under its cap).',
-            labels=['queue'],
-        )
-        capacity = GaugeMetricFamily(
-            'rq_policies_queue_slots_capacity', 'Cluster-wide QueueSlot cap of a queue.', labels=['queue']
-        )
-        for row in slots:
-            in_use.add_metric([row['queue']], row['in_use'])
-            if row['capacity'] is not None:
-                capacity.add_metric([row['queue']], row['capacity'])
-
         dropped = CounterMetricFamily(
             'rq_policies_dropped_enqueues', 'Enqueues a policy dropped, counted by every producer.',
             labels=['policy', 'queue'],
         )
         for row in drops:
             dropped.add_metric([row['policy'], row['queue']], row['count'])
-        return [running, maximum, remaining, queued, in_use, capacity, dropped]
+        families = [running, maximum, remaining, queued]
+        for cls in registered():
+            families.extend(cls.metric_families(conn, now))
+        return families + [dropped]
 
 
 def registry_for(connection: Redis) -> CollectorRegistry:

@@ -27,6 +27,11 @@ from . import scripts
 _packb = msgpack.Packer(use_bin_type=False, autoreset=True).pack
 
 
+def text(value: Any) -> str:
+    """A reply element (or a key redis-py returned) as str: redis-py returns bytes unless the client decodes."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def pack(value: Any) -> bytes:
     """``value`` (dicts, lists, str, bytes, int, float, bool, None) as the msgpack a script decodes."""
     return _packb(value)

@@ -111,6 +111,16 @@ class Policy:
     invalid: ClassVar[tuple[tuple[dict[str, Any], str], ...]] = ()
 
     @classmethod
+    def metric_families(cls, connection: Any, now: float) -> list[Any]:
+        """Prometheus metric families (prometheus_client is installed when this is called)."""
+        return []
+
+    @classmethod
+    def cli_commands(cls, kit: Any) -> list[Any]:
+        """click commands this policy adds to ``rq-policies`` (``kit``: rq_policies.cli's helpers, see there)."""
+        return []
+
+    @classmethod
     def identity_families(cls) -> tuple[Any, ...]:
         """The per-identity key families this policy writes (:class:`rq_policies.keys.Family`), for info and reset."""
         return ()
@@ -211,6 +221,29 @@ class FetchPolicy(Policy):
     def fetch_hold(cls, queue_name: str, token: str, ttl: int) -> Any:
         """The :class:`rq_policies.ledger.Hold` the policy's ``take`` took for a claim on ``queue_name``."""
         raise NotImplementedError(f'{cls.__name__}: its Lua take() reported a hold, so it must say which one')
+
+    # -- what state, metrics and the CLI show of it (rq_policies.state, .metrics, .cli iterate the registry) -------
+
+    @classmethod
+    def configured_queues(cls, connection: Any) -> set[str]:
+        """Queues this policy has a setting for (a cap): they count as known and are listed by ``info``."""
+        return set()
+
+    @classmethod
+    def queue_state(cls, connection: Any, names: list[str], now: float, limit: int | None) -> dict[str, dict]:
+        """Per queue name, the fields this policy adds to that queue's ``info --json`` entry (empty: nothing)."""
+        return {}
+
+    @classmethod
+    def summary(cls, entry: dict[str, Any]) -> str:
+        """The words this policy adds to a queue's headline in ``rq-policies info`` (``'cap 3, 1 in use'``)."""
+        return ''
+
+    @classmethod
+    def describe_queue(cls, entry: dict[str, Any]) -> list[str]:
+        """The lines ``rq-policies info`` prints for this policy under a queue's headline."""
+        return []
+
 
 
 @dataclass(frozen=True)

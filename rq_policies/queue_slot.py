@@ -24,6 +24,7 @@ from redis import Redis
 
 from . import keys, ledger
 from .ledger import WAKE_CAPACITY, WAKE_RELEASED, Hold
+from .ops import text
 from .policy import MAX_CAPACITY, FetchPolicy, positive_int, whole_seconds
 
 __all__ = ['WAKE_CAPACITY', 'WAKE_RELEASED', 'QueueSlot', 'queue_name']
@@ -172,6 +173,104 @@ class QueueSlot(FetchPolicy):
     def fetch_hold(cls, queue_name: str, token: str, ttl: int) -> Hold:
         return Hold(keys.holds(queue_name), token, ttl)
 
+    # -- state, metrics, the CLI -----------------------------------------------------------------------------------
+
+    @classmethod
+    def configured_queues(cls, connection: Any) -> set[str]:
+        return {text(name) for name in connection.hkeys(keys.CAPACITY)}
+
+    @classmethod
+    def gauges(cls, connection: Any, names: list[str], now: float) -> list[dict[str, Any]]:
+        """Per queue with a cap or a live hold: ``{'queue', 'capacity' (int or None), 'in_use'}`` (cheap: a scrape)."""
+        capacity = {text(k): int(v) for k, v in connection.hgetall(keys.CAPACITY).items()}
+        names = sorted(set(names) | set(capacity))
+        with connection.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.zcount(keys.holds(name), f'({now:.6f}', '+inf')
+            counts = pipe.execute()
+        return [
+            {'queue': name, 'capacity': capacity.get(name), 'in_use': int(count)}
+            for name, count in zip(names, counts)
+            if name in capacity or count
+        ]
+
+    @classmethod
+    def queue_state(cls, connection: Any, names: list[str], now: float, limit: int | None) -> dict[str, dict]:
+        capacity = {text(k): int(v) for k, v in connection.hgetall(keys.CAPACITY).items()}
+        with connection.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.zrangebyscore(keys.holds(name), f'({now:.6f}', '+inf', withscores=True)
+            replies = pipe.execute()
+        out = {}
+        for name, rows in zip(names, replies):
+            holds = [{'holder': text(m), 'expires_in': round(score - now, 3)} for m, score in rows]
+            if name not in capacity and not holds:
+                out[name] = {'capacity': None, 'holds_in_use': 0, 'holds': []}
+                continue
+            out[name] = {'capacity': capacity.get(name), 'holds_in_use': len(holds),
+                         'holds': holds[:limit] if limit else holds}
+        return out
+
+    @classmethod
+    def summary(cls, entry: dict[str, Any]) -> str:
+        in_use = entry.get('holds_in_use', 0)
+        cap = entry.get('capacity')
+        return f'cap {cap}, {in_use} in use' if cap is not None else f'uncapped, {in_use} holds'
+
+    @classmethod
+    def describe_queue(cls, entry: dict[str, Any]) -> list[str]:
+        lines = [f'  hold      {hold["holder"]:<48} expires in {hold["expires_in"]:.1f}s' for hold in entry['holds']]
+        if entry['holds_in_use'] > len(entry['holds']):
+            lines.append(f'  ... and {entry["holds_in_use"] - len(entry["holds"])} more (--limit 0 lists all)')
+        return lines
+
+    @classmethod
+    def metric_families(cls, connection: Any, now: float) -> list[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        from . import state
+
+        in_use = GaugeMetricFamily(
+            'rq_policies_queue_slots_in_use', 'Live QueueSlot holds of a queue (jobs running under its cap).',
+            labels=['queue'],
+        )
+        capacity = GaugeMetricFamily(
+            'rq_policies_queue_slots_capacity', 'Cluster-wide QueueSlot cap of a queue.', labels=['queue']
+        )
+        for row in cls.gauges(connection, state.queue_names(connection), now):
+            in_use.add_metric([row['queue']], row['in_use'])
+            if row['capacity'] is not None:
+                capacity.add_metric([row['queue']], row['capacity'])
+        return [in_use, capacity]
+
+    @classmethod
+    def cli_commands(cls, kit: Any) -> list[Any]:
+        import click
+
+        @click.command()
+        @click.argument('queue')
+        @click.argument('n', required=False)
+        @click.option('--clear', is_flag=True, help='Remove the cap (live holds stay until released or expired).')
+        @click.option('--force', is_flag=True, help='Cap a queue rq does not know yet.')
+        @kit.pass_cli_config
+        def cap(cli_config: Any, queue: str, n: str | None, clear: bool, force: bool, **options: Any) -> None:
+            """Cap QUEUE at N jobs running across the cluster, or remove its cap with --clear."""
+            if clear == (n is not None):
+                raise click.UsageError('give either N or --clear')
+            limit = kit.integer('N', n, MAX_CAPACITY) if n is not None else 0
+            conn = kit.connect(cli_config)
+            kit.require_known(conn, queue, force or clear)
+            before = cls.capacity(queue, connection=conn)
+            was = f'was {before}' if before is not None else 'was uncapped'
+            if clear:
+                cls.clear_capacity(queue, connection=conn)
+                click.echo(f'Queue {queue!r} is uncapped ({was}).')
+            else:
+                cls.set_capacity(queue, limit, connection=conn)
+                click.echo(f'Queue {queue!r} is capped at {limit} ({was}).')
+
+        return [cap]
+
     # -- tokens ---------------------------------------------------------------------------------------------------
 
     @classmethod
@@ -183,6 +282,7 @@ class QueueSlot(FetchPolicy):
     def claim_token(cls) -> str:
         """A token naming one claim, ``<host>:<pid>:<tid>:<n>``: a stale release of an earlier claim frees nothing."""
         return ledger.claim_token()
+
 
 
 def _need(connection: Any) -> Any:

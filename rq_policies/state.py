@@ -1,6 +1,6 @@
 """Reading every policy's state from Redis, for the metrics collector and ``rq-policies info``.
 
-Two levels of cost. The gauges (:func:`slot_gauges`, :func:`lcw_gauges`, :func:`drops`) read a bounded set of keys
+Two levels of cost. The gauges (each fetch policy's, :func:`lcw_gauges`, :func:`drops`) read a bounded set of keys
 named by two small indexes (the capacity hash and ``rq:queues``; the LimitedCapacityWorker index) in a few pipelined
 round trips, so a scrape stays cheap however many identities are live. :func:`snapshot` lists per-identity state
 (loner markers, throttle slots, trailing and debounced jobs), which is only findable by SCAN; it is for a human
@@ -19,13 +19,11 @@ from rq.queue import Queue
 from rq.worker import Worker
 
 from . import keys
-from .policy import ADMISSION, registered
+from .ops import text
+from .policy import ADMISSION, FETCH, registered
 
 _BATCH = 500
 
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def server_now(connection: Redis) -> float:
@@ -34,19 +32,27 @@ def server_now(connection: Redis) -> float:
     return seconds + micros / 1e6
 
 
+def configured_queues(connection: Redis) -> set[str]:
+    """Queues some fetch policy has a setting for (a cap, a rate)."""
+    names: set[str] = set()
+    for cls in registered(FETCH):
+        names.update(cls.configured_queues(connection))
+    return names
+
+
 def queue_names(connection: Redis) -> list[str]:
-    """Queues rq knows (``rq:queues``) and queues with a cap, sorted."""
+    """Queues rq knows (``rq:queues``) and queues a fetch policy has a setting for, sorted."""
     prefix = Queue.redis_queue_namespace_prefix
-    names = {_text(key)[len(prefix):] for key in connection.smembers(Queue.redis_queues_keys)}
-    names.update(_text(name) for name in connection.hkeys(keys.CAPACITY))
+    names = {text(key)[len(prefix):] for key in connection.smembers(Queue.redis_queues_keys)}
+    names.update(configured_queues(connection))
     return sorted(names)
 
 
 def known_queue(connection: Redis, name: str) -> bool:
-    """Is ``name`` a queue this cluster uses: known to rq, capped, or listened to by a live worker?"""
+    """Is ``name`` a queue this cluster uses: known to rq, configured by a policy, or listened to by a live worker?"""
     if connection.sismember(Queue.redis_queues_keys, Queue.redis_queue_namespace_prefix + name):
         return True
-    if connection.hexists(keys.CAPACITY, name):
+    if name in configured_queues(connection):
         return True
     return any(name in worker.queue_names() for worker in Worker.all(connection=connection))
 
@@ -54,26 +60,10 @@ def known_queue(connection: Redis, name: str) -> bool:
 # -- gauges (cheap: what a scrape reads) ----------------------------------------------------------------------------
 
 
-def slot_gauges(connection: Redis, now: float | None = None) -> list[dict[str, Any]]:
-    """Per queue with a cap or a live hold: ``{'queue', 'capacity' (int or None), 'in_use'}``."""
-    now = server_now(connection) if now is None else now
-    capacity = {_text(k): int(v) for k, v in connection.hgetall(keys.CAPACITY).items()}
-    names = sorted(set(queue_names(connection)) | set(capacity))
-    with connection.pipeline(transaction=False) as pipe:
-        for name in names:
-            pipe.zcount(keys.holds(name), f'({now:.6f}', '+inf')
-        counts = pipe.execute()
-    return [
-        {'queue': name, 'capacity': capacity.get(name), 'in_use': int(count)}
-        for name, count in zip(names, counts)
-        if name in capacity or count
-    ]
-
-
 def lcw_gauges(connection: Redis, now: float | None = None) -> list[dict[str, Any]]:
     """Per LimitedCapacityWorker class seen in the last day: running, queued, and its last reported gauges."""
     now = server_now(connection) if now is None else now
-    classes = [_text(c) for c in connection.zrangebyscore(keys.LCW_INDEX, '-inf', '+inf')]
+    classes = [text(c) for c in connection.zrangebyscore(keys.LCW_INDEX, '-inf', '+inf')]
     with connection.pipeline(transaction=False) as pipe:
         for path in classes:
             pipe.hgetall(keys.lcw_state(path))
@@ -85,7 +75,7 @@ def lcw_gauges(connection: Redis, now: float | None = None) -> list[dict[str, An
         state, running, queued = replies[3 * i: 3 * i + 3]
         if not state:
             continue  # expired between the index read and this one
-        state = {_text(k): _text(v) for k, v in state.items()}
+        state = {text(k): text(v) for k, v in state.items()}
         rows.append({
             'class': path,
             'queue': state.get('queue'),
@@ -102,7 +92,7 @@ def drops(connection: Redis) -> list[dict[str, Any]]:
     """Dropped enqueues counted by the admission scripts: ``{'policy', 'queue', 'count'}`` per field of DROPS."""
     rows = []
     for field, value in connection.hgetall(keys.DROPS).items():
-        policy, _, queue = _text(field).partition(':')  # policy names have no colon; queue names may
+        policy, _, queue = text(field).partition(':')  # policy names have no colon; queue names may
         rows.append({'policy': policy, 'queue': queue, 'count': int(value)})
     return sorted(rows, key=lambda row: (row['queue'], row['policy']))
 
@@ -134,7 +124,7 @@ def _scan_identity_keys(
             patterns = [f'{keys.PREFIX}{family.name}:{_glob_escape(q)}:*' for q in queues]
         for pattern in patterns:
             for raw in connection.scan_iter(match=pattern, count=1000):
-                key = _text(raw)
+                key = text(raw)
                 parsed = family.parse(key)
                 if parsed is None:
                     continue
@@ -169,7 +159,7 @@ def _identity_rows(
             with connection.pipeline(transaction=False) as pipe:
                 for holder in holders:
                     if holder:
-                        pipe.hget(job_prefix + _text(holder), 'status')
+                        pipe.hget(job_prefix + text(holder), 'status')
                     else:
                         pipe.echo('')
                 statuses = pipe.execute()
@@ -180,11 +170,11 @@ def _identity_rows(
             if family.windowed:
                 row['slot'] = window
             if family.hash:
-                row['fields'] = {_text(k): _text(v) for k, v in (value or {}).items()}
+                row['fields'] = {text(k): text(v) for k, v in (value or {}).items()}
             else:
-                row['job_id'] = _text(value) if value is not None else None
+                row['job_id'] = text(value) if value is not None else None
                 status = statuses[i]
-                row['job_status'] = _text(status) if status else None
+                row['job_status'] = text(status) if status else None
                 if family.while_waiting:
                     row['waiting'] = row['job_status'] in ('queued', 'scheduled', 'deferred')
             row['expires_in'] = round(pttl / 1000, 3) if pttl is not None and pttl >= 0 else None
@@ -202,28 +192,29 @@ def snapshot(connection: Redis, queues: list[str] | None = None, limit: int | No
     """
     now = server_now(connection)
     job_prefix = Job.redis_job_namespace_prefix
-    capacity = {_text(k): int(v) for k, v in connection.hgetall(keys.CAPACITY).items()}
     kinds = families()
     identity = _scan_identity_keys(connection, queues, kinds)
+    fetch_policies = registered(FETCH)
     if queues is None:
-        names = set(capacity)
+        names = configured_queues(connection)
         for per_queue in identity.values():
             names.update(per_queue)
-        names.update(row['queue'] for row in slot_gauges(connection, now))
+        all_names = queue_names(connection)
+        for cls in fetch_policies:  # queues with live fetch state (a hold) but no setting any more
+            for name, fields in cls.queue_state(connection, all_names, now, 0).items():
+                if any(value for value in fields.values()):
+                    names.add(name)
         names.update(row['queue'] for row in drops(connection))
         selected = sorted(names)
     else:
         selected = list(queues)
     drop_rows = drops(connection)
+    fetch_state = [cls.queue_state(connection, selected, now, limit) for cls in fetch_policies]
     out_queues: dict[str, Any] = {}
     for name in selected:
-        rows = connection.zrangebyscore(keys.holds(name), f'({now:.6f}', '+inf', withscores=True)
-        holds = [{'holder': _text(m), 'expires_in': round(score - now, 3)} for m, score in rows]
-        entry: dict[str, Any] = {
-            'capacity': capacity.get(name),
-            'holds_in_use': len(holds),
-            'holds': holds[:limit] if limit else holds,
-        }
+        entry: dict[str, Any] = {}
+        for per_queue in fetch_state:
+            entry.update(per_queue.get(name, {}))
         for family in kinds:
             family_rows = _identity_rows(connection, family, identity.get(family.name, {}).get(name, []), job_prefix)
             listed = family_rows[:limit] if limit else family_rows
@@ -282,6 +273,6 @@ def reset_identity(
     for family in keys.FAMILIES:
         if family.needs_setting and family.policy not in declared_names:
             pattern = _glob_escape(family.prefix(queue, digest)) + '*'
-            scanned += sorted(_text(k) for k in connection.scan_iter(match=pattern, count=1000))
+            scanned += sorted(text(k) for k in connection.scan_iter(match=pattern, count=1000))
     removed = admission.reset(Queue(queue, connection=connection), spec, digest, scanned)
     return {'digest': digest, 'removed': removed}

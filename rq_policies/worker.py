@@ -32,6 +32,7 @@ from rq.worker import SimpleWorker, Worker
 from . import keys, ledger
 from .fetch import IDLE_POLL_SECONDS, Claim, Fetcher, current_fetcher, release_claim
 from .ledger import WAKE_CAPACITY, WAKE_RELEASED, Keeper, Ledger
+from .ops import text
 from .policy import positive_int
 from .queue import PolicyQueue
 
@@ -76,9 +77,6 @@ def policy_queue_class(queue_class: type[Queue]) -> type[PolicyQueue]:
     return found
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
 
 class _WorkerFetcher(Fetcher):
     """A worker's fetch state, with a pub/sub wake-up for the idle wait.
@@ -114,7 +112,7 @@ class _WorkerFetcher(Fetcher):
                     break
                 message = self._pubsub.get_message(timeout=left)
                 if message is not None and message['type'] == 'subscribe':
-                    confirmed.add(_text(message['channel']))
+                    confirmed.add(text(message['channel']))
         except Exception:
             self.close()
             raise
@@ -140,10 +138,10 @@ class _WorkerFetcher(Fetcher):
         """Could this message make the next look succeed? A push to a queue that is full cannot."""
         if message['type'] != 'message':
             return False
-        queue = self._channels.get(_text(message['channel']))
+        queue = self._channels.get(text(message['channel']))
         if queue is None:
             return False  # left over from an earlier subscription
-        data = _text(message['data'])
+        data = text(message['data'])
         return data in (WAKE_RELEASED, WAKE_CAPACITY) or queue not in full
 
     def on_claim(self, claim: Claim) -> None:

@@ -280,8 +280,8 @@ class PolicyQueue(Queue):
             raise PolicyConfigurationError('unique=True cannot be combined with a policy: the policy already decides')
         if compat.has_rate_limit(job):
             raise PolicyConfigurationError(
-                f'rate_limit= cannot be combined with a policy on enqueue (job {job.func_name!r}); cap the queue with '
-                'QueueSlot instead, or enqueue with policy=None'
+                f'rate_limit= cannot be combined with a policy on enqueue (job {job.func_name!r}); cap the queue '
+                '(rq-policies cap QUEUE N) instead, or enqueue with policy=None'
             )
         if not self._is_async:
             # A synchronous queue runs the job at once: nothing ever waits, so there is nothing to hold.
@@ -374,7 +374,8 @@ class PolicyQueue(Queue):
         """Enqueue now, whatever the policies say (the Go throttler's ``Force``). Takes rq's ``enqueue`` options.
 
         The job takes this identity's current throttle slot, and a pending trailing job or pending debounced job of
-        the identity is dropped (deleted). With a Loner, the job takes the loner marker when no other job holds it.
+        the identity is dropped (deleted). With a unique-job policy, the job takes the identity's marker when no other
+        job holds it.
 
         Returns:
             The Job, always.

@@ -88,7 +88,7 @@ def _policy_call(queue: Queue, spec: PolicySet, digest: str, **args: Any) -> Cal
     """The admit call with every declared admission policy's part: keys by name, arguments under ``p``."""
     call = Call('admit', **args)
     call.key('drops', keys.DROPS)
-    ordered = sorted((p for p in spec.policies if p.kind == ADMISSION), key=lambda p: (p.rank, p.name))
+    ordered = spec.admission
     parts: dict[str, Any] = {}
     for item in ordered:
         parts[item.name] = item.admit_part(call, queue, digest)

@@ -7,6 +7,7 @@ import time, where the decorator runs, and never after something was written.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -264,6 +265,11 @@ class PolicySet:
         check_combination(self.policies)
         if self.unique_context is not None and not callable(self.unique_context):
             raise TypeError(f'unique_context: expected a callable (args, kwargs) -> value, got {self.unique_context!r}')
+
+    @functools.cached_property
+    def admission(self) -> tuple[AdmissionPolicy, ...]:
+        """The admission policies of the set, in the order their checks run (computed once per set)."""
+        return tuple(sorted((p for p in self.policies if p.kind == ADMISSION), key=lambda p: (p.rank, p.name)))
 
     def get(self, kind: type[P]) -> P | None:
         """The policy of this kind, or None."""

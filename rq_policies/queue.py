@@ -114,11 +114,15 @@ class PolicyQueue(Queue):
     # -- the doors ------------------------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _door(self, policy: Any, force: bool = False, hint: Any = None) -> Iterator[None]:
+    def _door(self, policy: Any, force: bool = False, hint: Any = None, spec: Any = _DECLARED) -> Iterator[None]:
         if _door.get() is not None:  # an inner door of the same call (enqueue -> enqueue_call): the outer one rules
             yield
             return
-        override = policy if policy is _DECLARED else make_set(policy)
+        # ``spec``: the PolicySet the fast path already resolved for this call (None for none), so it is not read again
+        if spec is not _DECLARED:
+            override = spec
+        else:
+            override = policy if policy is _DECLARED else make_set(policy)
         token = _door.set(_Door(override, force=force, hint=hint))
         try:
             yield
@@ -132,12 +136,13 @@ class PolicyQueue(Queue):
             The Job, or None when a policy dropped it.
         """
         policy = kwargs.pop('policy', _DECLARED)
-        hint = None
+        hint, spec = None, _DECLARED
         if _door.get() is None:
-            dropped, hint = self._quick_drop(policy, f, args, kwargs)
+            spec = self._spec(policy, f)
+            dropped, hint = admission.quick_drop(self, spec, f, args, kwargs)
             if dropped:
                 return None
-        with self._door(policy, hint=hint):
+        with self._door(policy, hint=hint, spec=spec):
             return super().enqueue(f, *args, **kwargs)
 
     def enqueue_call(self, func: Any, *args: Any, policy: Any = _DECLARED, **kwargs: Any) -> Job | None:  # type: ignore[override]

@@ -1,0 +1,134 @@
+"""Every door at scale: its cost beside 100,000 live identities, 1,000 live holds or a 100,000-job backlog, as a
+ratio to the same door on an empty server, measured in one run with the calls interleaved.
+
+    python bench/scale.py [--rounds 9] [--calls 200] [--identities 100000] [--holds 1000] [--backlog 100000] [--smoke]
+
+Two servers run side by side: one empty, one loaded. Each variant makes the same call on both, alternately, so the
+ratio is the cost of the state alone (target: within 1.1x, the policy-engine issue). The doors: a Loner admission
+and a Throttle win (beside live markers and windows of other identities), the capped fetch (beside live holds of
+the same queue's ledger, under a cap they do not reach) and an enqueue and a fetch of a queue with a long backlog.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_jobs import work  # noqa: E402
+from common import add_smoke, run_main, smoke_defaults  # noqa: E402
+from redis import Redis  # noqa: E402
+
+from rq_policies import Loner, PolicyQueue, QueueSlot, Throttle  # noqa: E402
+from rq_policies.fetch import Fetcher, current_fetcher  # noqa: E402
+from rq_policies.testing import RedisServer  # noqa: E402
+
+
+def load(conn: Redis, opts: argparse.Namespace) -> None:
+    """Fill the loaded server: live identities of both policies, live holds, and a backlog."""
+    q = PolicyQueue('scale', connection=conn)
+    for start in range(0, opts.identities, 1000):
+        batch = range(start, min(start + 1000, opts.identities))
+        with conn.pipeline(transaction=False) as pipe:
+            for i in batch:  # markers and windows as the scripts write them, naming no job: stale, never matched
+                pipe.set(f'rq:policies:loner:scale:{i:064x}', f'other-{i}')
+                pipe.set(f'rq:policies:throttle:scale:{i:064x}:1', f'other-{i}', ex=3600)
+            pipe.execute()
+    QueueSlot.set_capacity('capped', 10**6, connection=conn)
+    for i in range(opts.holds):
+        QueueSlot.acquire('capped', capacity=10**6, ttl=3600, token=f'elsewhere:{i}:1:1', connection=conn)
+        QueueSlot.HELD.discard(f'elsewhere:{i}:1:1')  # other workers' holds: not this process's to refresh
+    for start in range(0, opts.backlog, 1000):
+        n = min(1000, opts.backlog - start)
+        q.enqueue_many([PolicyQueue.prepare_data(work, (start + i,), job_id=f'backlog-{start + i}') for i in range(n)])
+    del q
+
+
+def doors(conn: Redis, tag: str) -> dict:
+    loner = PolicyQueue('scale', connection=conn)
+    capped = PolicyQueue('capped', connection=conn)
+    counter = [0]
+
+    def admit(_: int) -> None:
+        counter[0] += 1
+        loner.enqueue(work, f'{tag}-{counter[0]}', policy=Loner())
+
+    def throttle(_: int) -> None:
+        counter[0] += 1
+        loner.enqueue(work, f'{tag}-t-{counter[0]}', policy=Throttle(3600))
+
+    def fetch_capped(_: int) -> None:
+        capped.enqueue(work, 1)
+        token = current_fetcher.set(Fetcher())
+        try:
+            job, _queue = PolicyQueue.dequeue_any([capped], None, connection=conn)
+        finally:
+            current_fetcher.reset(token)
+        QueueSlot.release('capped', QueueSlot.HELD.holds()[-1].token if QueueSlot.HELD else None, connection=conn)
+
+    def fetch_backlog(_: int) -> None:
+        token = current_fetcher.set(Fetcher())
+        try:
+            PolicyQueue.dequeue_any([loner], None, connection=conn)
+        finally:
+            current_fetcher.reset(token)
+        loner.enqueue(work, 1, policy=None)  # keep the backlog as long as it was
+
+    return {'Loner admitted': admit, 'Throttle win': throttle, 'capped fetch (holds)': fetch_capped,
+            'fetch + enqueue (backlog)': fetch_backlog}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--rounds', type=int, default=9)
+    parser.add_argument('--calls', type=int, default=200)
+    parser.add_argument('--identities', type=int, default=100_000)
+    parser.add_argument('--holds', type=int, default=1000)
+    parser.add_argument('--backlog', type=int, default=100_000)
+    add_smoke(parser)
+    opts = parser.parse_args()
+    smoke_defaults(opts, rounds=2, calls=10, identities=2000, holds=50, backlog=2000)
+    with RedisServer() as empty_server, RedisServer() as loaded_server:
+        empty, loaded = Redis.from_url(empty_server.url), Redis.from_url(loaded_server.url)
+        QueueSlot.set_capacity('capped', 10**6, connection=empty)
+        load(loaded, opts)
+        # the empty server's backlog fetch needs jobs too, a few of them
+        PolicyQueue('scale', connection=empty).enqueue_many(
+            [PolicyQueue.prepare_data(work, (i,)) for i in range(opts.calls * opts.rounds + 10)])
+        sides = {'empty': doors(empty, 'e'), 'loaded': doors(loaded, 'l')}
+        print(f'{opts.identities} identities, {opts.holds} holds, {opts.backlog} backlog; '
+              f'{opts.rounds} rounds x {opts.calls} calls, interleaved call by call')
+        print(f'{"door":30} {"empty us":>9} {"loaded us":>10} {"ratio":>7}  per-round ratios        target')
+        worst = 0.0
+        for name in sides['empty']:
+            per_round = []
+            all_e: list[float] = []
+            all_l: list[float] = []
+            for _ in range(opts.rounds):
+                e_times, l_times = [], []
+                for i in range(opts.calls):
+                    for side, times in (('empty', e_times), ('loaded', l_times)) if i % 2 else (
+                            ('loaded', l_times), ('empty', e_times)):
+                        start = time.perf_counter()
+                        sides[side][name](i)
+                        times.append(time.perf_counter() - start)
+                per_round.append(statistics.median(l_times) / statistics.median(e_times))
+                all_e += e_times
+                all_l += l_times
+            ratio = statistics.median(per_round)
+            worst = max(worst, ratio)
+            spread = f'{min(per_round):.2f} .. {max(per_round):.2f}'
+            mark = 'ok' if ratio <= 1.1 else 'MISSED'
+            print(f'{name:30} {statistics.median(all_e) * 1e6:9.1f} {statistics.median(all_l) * 1e6:10.1f} '
+                  f'{ratio:7.3f}  {spread:22}  <= 1.1 {mark}')
+        empty.close()
+        loaded.close()
+    return 0
+
+
+if __name__ == '__main__':
+    run_main(main)

@@ -82,6 +82,49 @@ def doors(conn: Redis, tag: str) -> dict:
             'fetch + enqueue (backlog)': fetch_backlog}
 
 
+def wide_look(opts: argparse.Namespace) -> None:
+    """Server time of one fetch over 50 queues with 40 capped and full, against a fetch of one capped queue."""
+    with RedisServer() as server:
+        conn = Redis.from_url(server.url)
+        names = [f'w{i}' for i in range(50)]
+        for name in names[:40]:
+            QueueSlot.set_capacity(name, 1, connection=conn)
+            QueueSlot.acquire(name, capacity=1, ttl=3600, token=f'busy:{name}', connection=conn)
+            QueueSlot.HELD.discard(f'busy:{name}')
+            PolicyQueue(name, connection=conn).enqueue(work, 1)  # waiting behind the full cap
+        QueueSlot.set_capacity('single', 10**6, connection=conn)
+        wide = [PolicyQueue(name, connection=conn) for name in names]
+        single = PolicyQueue('single', connection=conn)
+
+        def look(queues: list, refill: bool) -> float:
+            if refill:
+                single.enqueue(work, 1)
+            conn.config_resetstat()
+            token = current_fetcher.set(Fetcher())
+            try:
+                got = PolicyQueue.dequeue_any(queues, None, connection=conn) if refill else None
+                if not refill:
+                    from rq_policies.fetch import fetch_call
+
+                    fetch_call(queues, 'look', 60, burst=False).run(conn)
+            finally:
+                current_fetcher.reset(token)
+            stats = conn.info('commandstats')['cmdstat_evalsha']
+            if got is not None:
+                QueueSlot.release('single', QueueSlot.HELD.holds()[-1].token, connection=conn)
+            return stats['usec'] / stats['calls']
+
+        wides, singles = [], []
+        for _ in range(opts.rounds * 5):
+            wides.append(look(wide, False))
+            singles.append(look([single], True))
+        w, s1 = statistics.median(wides), statistics.median(singles)
+        mark = 'ok' if w <= 2 * s1 else 'MISSED'
+        print(f'fetch look over 50 queues (40 capped and full, 10 empty): {w:.1f} us of server time; a capped '
+              f'single-queue fetch that takes a job: {s1:.1f} us; ratio {w / s1:.2f} (target <= 2: {mark})')
+        conn.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--rounds', type=int, default=9)
@@ -127,6 +170,7 @@ def main() -> int:
                   f'{ratio:7.3f}  {spread:22}  <= 1.1 {mark}')
         empty.close()
         loaded.close()
+    wide_look(opts)
     return 0
 
 

@@ -32,6 +32,8 @@
     token           string          the claim token, <host>:<pid>:<tid>:<n>: names every hold
                                     this fetch takes
     ttl             seconds         how long a hold lives unless refreshed
+    burst           boolean         a burst worker: count the skipped queues that still have jobs
+                                    (it waits for those instead of quitting); 0 is reported otherwise
 
   Returns {i, job id, h1, h2, ...} for the job taken from queue i, where hn = 1 when the n-th
   policy of `order` took a hold; or {0, waiting, f1, f2, ..., [until]} when nothing was taken:
@@ -98,7 +100,7 @@ for i = 1, #a.names do
       skip_until = verdict
     end
     full[#full + 1] = i
-    if rcall('LLEN', queue_key) > 0 then
+    if a.burst and rcall('LLEN', queue_key) > 0 then
       waiting = waiting + 1
     end
   else

@@ -95,12 +95,17 @@ current_fetcher: ContextVar[Fetcher | None] = ContextVar('rq_policies_fetcher', 
 
 
 def fetch_call(
-    queues: Sequence[Queue], token: str, ttl: int, job_prefix: str = Job.redis_job_namespace_prefix
+    queues: Sequence[Queue], token: str, ttl: int, job_prefix: str = Job.redis_job_namespace_prefix,
+    burst: bool = True,
 ) -> Call:
-    """The ``lua/fetch.lua`` call taking the next job of ``queues`` (in that order), holds named ``token``."""
+    """The ``lua/fetch.lua`` call taking the next job of ``queues`` (in that order), holds named ``token``.
+
+    ``burst``: count the skipped queues that still have jobs (a burst worker waits for them rather than quit).
+    """
     names = [q.name for q in queues]
     policies = registered(FETCH)
-    call = Call('fetch', job_prefix=job_prefix, names=names, order=[p.name for p in policies], token=token, ttl=ttl)
+    call = Call('fetch', job_prefix=job_prefix, names=names, order=[p.name for p in policies], token=token, ttl=ttl,
+                burst=burst)
     call.key_list('queues', [q.key for q in queues])
     call.key_list('intermediate', [q.intermediate_queue_key for q in queues])
     for policy in policies:
@@ -149,7 +154,7 @@ def dequeue(
     nothing is waiting, but keeps waiting while a skipped queue still has jobs: those are work not yet done.
     """
     names = [q.name for q in queues]
-    call = fetch_call(queues, '', fetcher.hold_ttl, job_class.redis_job_namespace_prefix)
+    call = fetch_call(queues, '', fetcher.hold_ttl, job_class.redis_job_namespace_prefix, burst=timeout is None)
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         token = ledger.claim_token()

@@ -35,6 +35,8 @@
     force       true: PolicyQueue.force (no check; every policy's force, then the write)
     probe       true: run the checks only (the fast path for an expected drop); write nothing
                 but a drop's counter
+    tombstone   rq:policies:superseded: and tombstone_ttl (seconds): the tombstone a superseded
+                pending job leaves (lib/pending.lua)
     created     the job's created_at as written in its hash: a job hash already holding this
                 very value is this call's own write (a retried call whose reply was lost), so the
                 script answers as the first attempt did and writes nothing
@@ -60,7 +62,7 @@ local now = server_now()
 local ctx = {
   jid = a.jid, mode = a.mode, score = a.score or 0, ttl = a.ttl, job_prefix = a.job_prefix,
   now = now, dest = a.k.dest and KEYS[a.k.dest], scheduled = false, code = 1, n = 0,
-  superseded = '', dropped = {},
+  superseded = '', dropped = {}, tomb = a.tombstone, tomb_ttl = a.tombstone_ttl,
 }
 function ctx.key(name)
   return KEYS[a.k[name]]

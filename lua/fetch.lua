@@ -32,6 +32,8 @@
     token           string          the claim token, <host>:<pid>:<tid>:<n>: names every hold
                                     this fetch takes
     ttl             seconds         how long a hold lives unless refreshed
+    tombstone       string          rq:policies:superseded: (a popped job whose tombstone exists is
+                                    dropped, not handed out)
     burst           boolean         a burst worker: count the skipped queues that still have jobs
                                     (it waits for those instead of quitting); 0 is reported otherwise
 
@@ -112,7 +114,15 @@ for i = 1, #a.names do
         break
       end
       local job_key = a.job_prefix .. jid
-      if rcall('EXISTS', job_key) == 1 then
+      local present = rcall('EXISTS', job_key) == 1
+      -- A pending job a later enqueue superseded, brought back by a scheduler whose clock runs
+      -- ahead of the server's (lib/pending.lua; the scheduler's write-back carries none of our
+      -- fields, so every job is checked): dropped like an id whose hash is gone.
+      if present and rcall('EXISTS', a.tombstone .. jid) == 1 then
+        rcall('DEL', job_key)
+        present = false
+      end
+      if present then
         for _, hook in ipairs(taken) do
           hook(job_key, jid)
         end

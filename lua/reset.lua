@@ -9,7 +9,8 @@
   KEYS  by name (rq_policies/ops.py): registry (rq:scheduled:<q>), each policy's keys
         ('<policy>.<what>'), and the key list `scanned`: keys found by SCAN that are deleted
         as they are (throttle windows whose width the caller did not know)
-  ARGV[1]  msgpack map: job_prefix (rq:job:), order (policy names), p (name -> arguments)
+  ARGV[1]  msgpack map: job_prefix (rq:job:), order (policy names), p (name -> arguments),
+           tombstone and tombstone_ttl (what a dropped pending job leaves, lib/pending.lua)
 
   Returns how many keys were removed (policy keys and the hashes of dropped pending jobs).
 ]]
@@ -22,7 +23,8 @@ local a = decode_args(ARGV[1])
 local P = {}
 -- @policies
 
-local ctx = {now = server_now(), job_prefix = a.job_prefix, removed = 0}
+local ctx = {now = server_now(), job_prefix = a.job_prefix, removed = 0, tomb = a.tombstone,
+             tomb_ttl = a.tombstone_ttl}
 function ctx.key(name)
   return KEYS[a.k[name]]
 end

@@ -96,6 +96,8 @@ def _policy_call(queue: Queue, spec: PolicySet, digest: str, **args: Any) -> Cal
     call.arg('p', parts)
     call.arg('drops', {item.name: keys.drop_field(item.name, queue.name) for item in ordered})
     call.arg('job_prefix', queue.job_class.redis_job_namespace_prefix)
+    call.arg('tombstone', keys.SUPERSEDED_PREFIX)
+    call.arg('tombstone_ttl', keys.SUPERSEDED_SECONDS)
     return call
 
 
@@ -213,7 +215,8 @@ def reset(queue: Queue, spec: PolicySet | None, digest: str, scanned: list[str] 
     setting it does not know (``rq-policies reset`` of a function it cannot import).
     """
     declared = {item.name: item for item in (spec.policies if spec else ())}
-    call = Call('reset', job_prefix=queue.job_class.redis_job_namespace_prefix)
+    call = Call('reset', job_prefix=queue.job_class.redis_job_namespace_prefix, tombstone=keys.SUPERSEDED_PREFIX,
+                tombstone_ttl=keys.SUPERSEDED_SECONDS)
     call.key('registry', ScheduledJobRegistry(queue=queue).key)
     parts: dict[str, Any] = {}
     for cls in registered(ADMISSION):

@@ -105,7 +105,7 @@ def fetch_call(
     names = [q.name for q in queues]
     policies = registered(FETCH)
     call = Call('fetch', job_prefix=job_prefix, names=names, order=[p.name for p in policies], token=token, ttl=ttl,
-                burst=burst)
+                burst=burst, tombstone=keys.SUPERSEDED_PREFIX)
     call.key_list('queues', [q.key for q in queues])
     call.key_list('intermediate', [q.intermediate_queue_key for q in queues])
     for policy in policies:

@@ -26,6 +26,10 @@ key                                                    type     meaning
                                                                 hold's claim token, score = epoch second the hold
                                                                 expires (:func:`holds`)
 ``rq:policies:capacity``                               HASH     queue name -> cluster-wide cap (QueueSlot)
+``rq:policies:superseded:<job id>``                   STRING   tombstone of a pending job a later enqueue
+                                                                replaced; a PolicyWorker drops that id should a
+                                                                skewed scheduler bring it back; expires after
+                                                                SUPERSEDED_SECONDS
 ``rq:policies:drops``                                  HASH     ``<policy>:<queue>`` -> dropped enqueues (a counter)
 ``rq:policies:wake:<queue>``                           channel  pub/sub: a job was admitted or a hold freed
 ``rq:policies:lcw``                                    ZSET     LimitedCapacityWorker classes seen: member = class
@@ -68,6 +72,18 @@ DROPS = PREFIX + 'drops'
 
 #: Field of the job hash naming the job's loner marker key.
 LONER_FIELD = 'policies_loner'
+
+#: Seconds a superseded job's tombstone lives: far longer than rq's scheduler takes between reading a due job and
+#: writing it back to its queue, the window in which a host clock ahead of the server's lets it resurrect the job.
+SUPERSEDED_SECONDS = 600
+
+#: The prefix of the tombstones (``rq:policies:superseded:<job id>``, STRING, expires after SUPERSEDED_SECONDS).
+SUPERSEDED_PREFIX = PREFIX + 'superseded:'
+
+
+def superseded(job_id: str) -> str:
+    """The tombstone of a pending job that a later enqueue replaced: the fetch drops that job id if it comes back."""
+    return SUPERSEDED_PREFIX + job_id
 
 
 def loner(queue: str, digest: str) -> str:

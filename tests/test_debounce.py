@@ -15,9 +15,18 @@ from rq import Queue
 from rq.job import Job, JobStatus
 from rq.registry import ScheduledJobRegistry
 from throttle_helpers import WorkerProcess, ran, server_now, wait_for_runs
-from workers import race
+from workers import output, race, start_worker
 
-from rq_policies import Debounce, PolicyConfigurationError, PolicyQueue, PolicySet, PolicySimpleWorker, identity, keys
+from rq_policies import (
+    Debounce,
+    PolicyConfigurationError,
+    PolicyQueue,
+    PolicySet,
+    PolicySimpleWorker,
+    Throttle,
+    identity,
+    keys,
+)
 from rq_policies.admission import JobWrite, admit_call
 
 
@@ -237,3 +246,44 @@ def test_max_wait_runs_a_stream_that_never_pauses(connection, redis_url, worker_
         values = [value for _, value, _ in rows]
         assert len(values) == len(set(values))  # no payload ran twice
         assert [versions.index(v) for v in values] == sorted(versions.index(v) for v in values)
+
+
+@pytest.mark.parametrize('policy', [Debounce(30), Throttle(30, trailing=True)], ids=['debounce', 'trailing'])
+def test_a_scheduler_clock_ahead_never_runs_a_superseded_payload(connection, redis_url, worker_env, monkeypatch,
+                                                                  policy):
+    """rq's scheduler reads due jobs by its own host's clock, then writes them back to the queue in a second step. A
+    host 10 s ahead of the server sees a pending job due while the server does not; a replacing enqueue in between
+    deletes it, and the scheduler's write brings it back. A PolicyWorker must then drop it, never run it."""
+    from rq import scheduler as rq_scheduler
+
+    q = PolicyQueue('skew', connection=connection)
+    policy = PolicySet((policy,), unique_context=lambda args, kwargs: args[0])  # one identity, payloads v1 and v2
+    if policy.policies[0].name == 'throttle':  # the window's winner, then the extra: the pending trailing job
+        assert q.enqueue(jobs.record_plain, 'skew', 'winner', policy=policy) is not None
+        assert q.remove(q.job_ids[0]) == 1  # the winner is not what this test is about
+    v1 = q.enqueue(jobs.record_plain, 'skew', 'v1', policy=policy)
+    [(pending_id, due)] = [(j, s) for j, s in pending(connection, q)]
+    assert pending_id == v1.id
+    ahead = due - server_now(connection) + 10  # far enough ahead that the job is due by the scheduler's clock
+    monkeypatch.setattr(rq_scheduler, 'current_timestamp', lambda: int(time.time() + ahead))
+    real_fetch_many = rq_scheduler.Job.fetch_many
+    replaced: list = []
+
+    def fetch_then_replace(job_ids, *args, **kwargs):
+        found = real_fetch_many(job_ids, *args, **kwargs)  # the scheduler has read v1 ...
+        replaced.append(q.enqueue(jobs.record_plain, 'skew', 'v2', policy=policy))  # ... the server supersedes it
+        return found
+
+    monkeypatch.setattr(rq_scheduler.Job, 'fetch_many', fetch_then_replace)
+    scheduler = rq_scheduler.RQScheduler([q], connection=connection)
+    scheduler.acquire_locks()
+    scheduler.enqueue_scheduled_jobs()  # ... and writes v1 back to the queue
+    monkeypatch.undo()
+    scheduler.release_locks()
+    [v2] = replaced
+    assert v2 is not None and v1.id in q.job_ids  # the stale write landed: v1 is queued again
+    worker = start_worker(redis_url, ['skew'], worker_env, burst=True)
+    assert worker.wait(timeout=60) == 0, output(worker)
+    assert connection.lrange('test:ran:skew', 0, -1) == []  # v1 never ran; v2 waits for its own time
+    assert [j for j, _ in pending(connection, q)] == [v2.id]
+    assert not connection.exists(v1.key)

@@ -260,7 +260,7 @@ class PolicyQueue(Queue):
                 target = func_or_job
         except (ImportError, AttributeError, ValueError) as error:
             # A producer may enqueue by path without having the code; then nothing is declared here. But a typo in
-            # the path would silently switch a Loner off, so the first miss of each path is a warning.
+            # the path would silently switch a policy off, so the first miss of each path is a warning.
             path = func_or_job.func_name if isinstance(func_or_job, Job) else str(func_or_job)
             if path in _UNIMPORTABLE_WARNED:
                 logger.debug('rq-policies: cannot import %r to read its declared policies', path)
@@ -329,7 +329,7 @@ class PolicyQueue(Queue):
     ) -> JobWrite:
         """Prepare the job as rq would and flatten it for the admission script, with each policy's own fields.
 
-        With ``schedule``, a policy that schedules its jobs (Debounce) gets a scheduled job to time (a forced enqueue
+        With ``schedule``, a policy that schedules its jobs (a debounce) gets a scheduled job to time (a forced enqueue
         runs now instead).
         """
         mode, score, dest = self._prepare(job, when, at_front, schedule and any(p.schedules for p in spec.policies))

@@ -146,7 +146,7 @@ def admit(queue: Queue, spec: PolicySet, digest: str, write: JobWrite, force: bo
 
 
 def claim(queue: Queue, spec: PolicySet, digest: str, job: Job) -> Verdict:
-    """Take the policies' state for ``job`` without writing the job (mode N: :meth:`Throttle.admit`)."""
+    """Take the policies' state for ``job`` without writing the job (mode N: a throttle's ``admit``)."""
     call = _policy_call(queue, spec, digest, jid=job.id, mode='N', score=0, ttl=-1, queue_key=queue.key)
     return Verdict.read(call.run(queue.connection))
 

@@ -12,7 +12,7 @@ metric                                                        type     labels   
 ``limited_capacity_worker_max_running_jobs``                  gauge    ``worker``        last reported
 ``limited_capacity_worker_remaining_work_count``              gauge    ``worker``        last reported
 ``limited_capacity_worker_queued_jobs``                       gauge    ``worker``        jobs waiting to start
-``rq_policies_queue_slots_in_use``                            gauge    ``queue``         live holds (caps) 
+``rq_policies_queue_slots_in_use``                            gauge    ``queue``         live cap holds
 ``rq_policies_queue_slots_capacity``                          gauge    ``queue``         the cap (capped queues)
 ``rq_policies_dropped_enqueues_total``                        counter  ``policy``,       ``rq:policies:drops``
                                                                        ``queue``

@@ -1,0 +1,162 @@
+"""Real faults between the client and the server: late and lost replies (through tests/faultproxy.py), scripts
+flushed from the server's cache while producers and workers run.
+
+A lost reply is the case a retrying client makes dangerous: the server ran the command, the client did not hear
+it and sends the very same command again. Every script call of the plugin must answer such a replay as the first
+attempt did and write nothing twice.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jobs
+import pytest
+import throttle_jobs as tj
+from redis import Redis
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError, TimeoutError
+from redis.retry import Retry
+from rq.registry import ScheduledJobRegistry
+from throttle_helpers import ran, wait_for_phase
+
+from rq_policies import PolicyQueue, PolicySimpleWorker, ops, scripts
+
+#: What only the admission call that writes a job carries: EVALSHA (or EVAL) with the msgpack key ``created``.
+ADMIT_WRITE = (b'EVAL', ops.pack('created'))
+
+FAULTS = ['delay', 'drop']
+
+
+@pytest.fixture(autouse=True)
+def _jobs_env(monkeypatch, redis_url):
+    monkeypatch.setenv('REDIS_URL', redis_url)  # tests/jobs.py and friends record what ran through it
+
+
+def producer(proxy) -> Redis:
+    """A producer connection through the proxy, retrying as production clients do.
+
+    redis-py >= 6 retries ConnectionError and TimeoutError by default (a Retry with 3 or more attempts and a
+    backoff); older versions only when told. The retry is given explicitly, so every version behaves the same: a
+    reply that does not come within ``socket_timeout`` (or a connection that closes) sends the same command again.
+    """
+    return Redis.from_url(
+        proxy.url, socket_timeout=0.2, socket_connect_timeout=1,
+        retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 3), retry_on_error=[ConnectionError, TimeoutError],
+    )
+
+
+def lose_reply(proxy, fault: str, match) -> None:
+    """The next matching command's reply comes 0.4 s late (past the 0.2 s timeout), or not at all."""
+    if fault == 'delay':
+        proxy.delay_reply(0.4, match=match)
+    else:
+        proxy.drop_reply(match=match)
+
+
+def load(connection: Redis, *names: str) -> None:
+    """Have the server know these scripts, so the first attempt runs the script (not a NOSCRIPT answer)."""
+    for name in names:
+        connection.script_load(scripts.script(name).script)
+
+
+def queued(connection: Redis, name: str) -> list[str]:
+    return [raw.decode() for raw in connection.lrange(f'rq:queue:{name}', 0, -1)]
+
+
+def ran_ids(connection: Redis, tag: str) -> list[str]:
+    return [raw.decode() for raw in connection.lrange(f'test:ran:{tag}', 0, -1)]
+
+
+def burst(connection: Redis, name: str, scheduler: bool = False) -> None:
+    PolicySimpleWorker([PolicyQueue(name, connection=connection)], connection=connection).work(
+        burst=True, with_scheduler=scheduler)
+
+
+# -- the proxy itself ------------------------------------------------------------------------------------------------
+
+
+def test_proxy_delays_drops_and_stalls(connection, fault_proxy):
+    client = Redis.from_url(fault_proxy.url, socket_timeout=2, retry=Retry(ExponentialBackoff(), 0))
+    assert client.ping()
+    fault_proxy.delay_reply(0.5, match=b'PING')
+    started = time.monotonic()
+    assert client.ping()
+    assert time.monotonic() - started >= 0.45
+    fault_proxy.drop_reply(match=b'INCR')
+    with pytest.raises(ConnectionError):
+        client.incr('test:proxy')
+    assert connection.get('test:proxy') == b'1'  # the server ran it; only the reply was lost
+    fault_proxy.stall(0.5)
+    started = time.monotonic()
+    assert client.ping()
+    assert time.monotonic() - started >= 0.45
+    assert [kind for kind, _ in fault_proxy.fired] == ['delay', 'drop']
+
+
+# -- admissions under lost replies -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('fault', FAULTS)
+def test_loner_enqueue_with_a_lost_reply_is_queued_and_runs_once(connection, fault_proxy, fault):
+    load(connection, 'admit')
+    q = PolicyQueue('faults', connection=producer(fault_proxy))
+    lose_reply(fault_proxy, fault, ADMIT_WRITE)
+    job = q.enqueue(jobs.record, 'loner-lost')
+    assert job is not None
+    assert fault_proxy.fired and fault_proxy.seen(ADMIT_WRITE) >= 2  # the reply was lost, the call was replayed
+    assert queued(connection, 'faults') == [job.id]
+    assert PolicyQueue('faults', connection=connection).holder(jobs.record, 'loner-lost') == job.id
+    burst(connection, 'faults')
+    assert ran_ids(connection, 'loner-lost') == [job.id]
+
+
+@pytest.mark.parametrize('fault', FAULTS)
+def test_force_with_a_lost_reply_is_queued_and_runs_once(connection, fault_proxy, fault):
+    load(connection, 'admit')
+    q = PolicyQueue('faults', connection=producer(fault_proxy))
+    first = q.enqueue(jobs.record, 'forced')
+    lose_reply(fault_proxy, fault, ADMIT_WRITE)
+    forced = q.force(jobs.record, 'forced')
+    assert fault_proxy.fired and fault_proxy.seen(ADMIT_WRITE) >= 3
+    assert queued(connection, 'faults') == [first.id, forced.id]
+    burst(connection, 'faults')
+    assert sorted(ran_ids(connection, 'forced')) == sorted([first.id, forced.id])
+
+
+@pytest.mark.parametrize('fault', FAULTS)
+def test_trailing_throttle_with_a_lost_reply_is_pending_once_and_runs_once(connection, fault_proxy, fault):
+    load(connection, 'admit')
+    q = PolicyQueue('faults', connection=producer(fault_proxy))
+    tag = f'trailing-{fault}'
+    wait_for_phase(connection, 2, 0.05, 0.8)  # both calls in one 2 s slot
+    leading = q.enqueue(tj.publish_progress, 't1', 0, tag=tag)
+    lose_reply(fault_proxy, fault, ADMIT_WRITE)
+    trailing = q.enqueue(tj.publish_progress, 't1', 1, tag=tag)
+    assert leading is not None and trailing is not None
+    assert fault_proxy.fired and fault_proxy.seen(ADMIT_WRITE) >= 3
+    registry = ScheduledJobRegistry('faults', connection=connection)
+    assert registry.get_job_ids() == [trailing.id]
+    assert queued(connection, 'faults') == [leading.id]
+    time.sleep(2.2)  # past the slot's end: the trailing job is due
+    burst(connection, 'faults', scheduler=True)
+    assert [(job_id, value) for job_id, value, _ in ran(connection, tag)] == [(leading.id, '0'), (trailing.id, '1')]
+
+
+@pytest.mark.parametrize('fault', FAULTS)
+def test_debounce_with_a_lost_reply_is_pending_once_and_runs_once(connection, fault_proxy, fault):
+    load(connection, 'admit')
+    q = PolicyQueue('faults', connection=producer(fault_proxy))
+    tag = f'debounce-{fault}'
+    lose_reply(fault_proxy, fault, ADMIT_WRITE)
+    job = q.enqueue(tj.reindex, 'doc', 1, tag=tag)
+    assert job is not None
+    assert fault_proxy.fired and fault_proxy.seen(ADMIT_WRITE) >= 2
+    assert ScheduledJobRegistry('faults', connection=connection).get_job_ids() == [job.id]
+    assert queued(connection, 'faults') == []
+    time.sleep(2.2)  # Debounce(1): due a second (whole seconds) after the call
+    burst(connection, 'faults', scheduler=True)
+    assert [(job_id, value) for job_id, value, _ in ran(connection, tag)] == [(job.id, '1')]
+
+
+# -- a script cache flushed under load -------------------------------------------------------------------------------

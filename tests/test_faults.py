@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 import jobs
+import lcw_jobs
 import pytest
 import throttle_jobs as tj
 from redis import Redis
@@ -157,6 +158,23 @@ def test_debounce_with_a_lost_reply_is_pending_once_and_runs_once(connection, fa
     time.sleep(2.2)  # Debounce(1): due a second (whole seconds) after the call
     burst(connection, 'faults', scheduler=True)
     assert [(job_id, value) for job_id, value, _ in ran(connection, tag)] == [(job.id, '1')]
+
+
+@pytest.mark.parametrize('fault', FAULTS)
+def test_limited_capacity_refill_with_a_lost_reply_pushes_each_job_once(connection, fault_proxy, fault):
+    load(connection, 'lcw_enqueue')
+    conn = producer(fault_proxy)
+    connection.set('test:lcw:max', 10)
+    connection.rpush('test:backlog:backlog', 'a', 'b', 'c')
+    lose_reply(fault_proxy, fault, (b'EVAL', b'lcw_jobs.Backlog'))
+    enqueued = lcw_jobs.Backlog.perform_with_capacity(connection=conn)
+    assert fault_proxy.fired and fault_proxy.seen((b'EVAL', b'lcw_jobs.Backlog')) >= 2
+    assert len(enqueued) == 3  # the replay answers with the jobs the first attempt wrote
+    assert queued(connection, 'lcw') == enqueued
+    assert lcw_jobs.Backlog.queued_jobs_count(connection) == 3
+    burst(connection, 'lcw')
+    assert sorted(raw.decode() for raw in connection.lrange('test:done:backlog', 0, -1)) == ['a', 'b', 'c']
+    assert queued(connection, 'lcw') == []
 
 
 # -- a script cache flushed under load -------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ attempt did and write nothing twice.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import jobs
@@ -21,7 +22,7 @@ from redis.retry import Retry
 from rq.registry import ScheduledJobRegistry
 from throttle_helpers import ran, wait_for_phase
 
-from rq_policies import PolicyQueue, PolicySimpleWorker, ops, scripts
+from rq_policies import PolicyQueue, PolicySimpleWorker, QueueSlot, keys, ops, scripts
 
 #: What only the admission call that writes a job carries: EVALSHA (or EVAL) with the msgpack key ``created``.
 ADMIT_WRITE = (b'EVAL', ops.pack('created'))
@@ -178,3 +179,88 @@ def test_limited_capacity_refill_with_a_lost_reply_pushes_each_job_once(connecti
 
 
 # -- a script cache flushed under load -------------------------------------------------------------------------------
+
+
+class Flusher:
+    """``SCRIPT FLUSH`` on the server every ``interval`` seconds from a thread of its own, for as long as it runs."""
+
+    def __init__(self, redis_url: str, interval: float = 0.05) -> None:
+        self.conn = Redis.from_url(redis_url)
+        self.interval = interval
+        self.flushes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name='script-flusher', daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.conn.script_flush()
+            self.flushes += 1
+
+    def __enter__(self) -> Flusher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.conn.close()
+
+
+def test_a_script_call_recovers_from_a_flush_right_before_it(connection, fault_proxy, redis_url):
+    """The worst moment, every time: the server's script cache is flushed just before each script call arrives,
+    the retried one too (redis-py's own fallback, SCRIPT LOAD then EVALSHA, loses that race)."""
+    admin = Redis.from_url(redis_url)
+    conn = Redis.from_url(fault_proxy.url)
+    q = PolicyQueue('faults', connection=conn)
+    fault_proxy.before_request(admin.script_flush, match=b'EVAL', times=1000)
+    job = q.enqueue(jobs.record, 'flushed')
+    assert job is not None and queued(connection, 'faults') == [job.id]
+    assert q.enqueue(jobs.record, 'flushed') is None
+    worker = PolicySimpleWorker([q], connection=conn)
+    worker.work(burst=True)
+    assert ran_ids(connection, 'flushed') == [job.id]
+    assert len(fault_proxy.fired) >= 3  # the enqueue, the duplicate, the worker's fetch
+    admin.close()
+
+
+def test_a_script_riding_a_pipeline_recovers_from_a_flush_before_execute(connection, fault_proxy, redis_url):
+    """redis-py loads a pipeline's scripts (SCRIPT EXISTS, SCRIPT LOAD) and then sends the pipeline: a flush in
+    between made execute() raise NoScriptError. The worker's heartbeat pipeline carries the hold refresh."""
+    admin = Redis.from_url(redis_url)
+    conn = Redis.from_url(fault_proxy.url)
+    QueueSlot.set_capacity('faults', 2, connection=connection)
+    assert QueueSlot.acquire('faults', 2, ttl=30, token='pipe-hold', connection=connection)
+    try:
+        worker = PolicySimpleWorker([PolicyQueue('faults', connection=conn)], connection=conn)
+        fault_proxy.before_request(admin.script_flush, match=b'EVAL', times=1000)
+        for _ in range(3):
+            with conn.pipeline() as pipe:
+                worker.heartbeat(90, pipeline=pipe)  # rq's prepare_job_execution and maintain_heartbeats do this
+                pipe.execute()
+        assert fault_proxy.fired  # the refresh rode the pipeline, and the cache was flushed right before it
+        # Refreshed: acquired for 30 s, now hold_ttl (90 s) ahead.
+        assert 60 < connection.zscore(keys.slots('faults'), 'pipe-hold') - connection.time()[0] <= 91
+    finally:
+        QueueSlot.release('faults', 'pipe-hold', connection=connection)
+        admin.close()
+
+
+def test_producers_and_a_worker_under_a_script_flush_every_50ms(connection, redis_url):
+    """An enqueue loop and a worker burst (capped queue: fetch script, hold refresh on the heartbeat pipeline,
+    release) while the script cache is flushed every 50 ms: no NoScriptError escapes, every job runs once."""
+    QueueSlot.set_capacity('flushed', 2, connection=connection)
+    q = PolicyQueue('flushed', connection=connection)
+    with Flusher(redis_url) as flusher:
+        admitted = []
+        started = time.monotonic()
+        i = 0
+        while time.monotonic() - started < 2.0 or i < 100:
+            job = q.enqueue(jobs.record, 'flush-loop', i)
+            assert job is not None
+            admitted.append(job.id)
+            assert q.enqueue(jobs.record, 'flush-loop', i) is None  # its duplicate, dropped
+            i += 1
+        burst(connection, 'flushed')
+    assert flusher.flushes >= 20
+    assert sorted(ran_ids(connection, 'flush-loop')) == sorted(admitted)
+    assert q.count == 0 and QueueSlot.in_use('flushed', connection=connection) == 0

@@ -21,7 +21,7 @@ from redis.exceptions import RedisError
 from rq.cli.helpers import pass_cli_config
 from rq.utils import import_attribute
 
-from . import __version__, identity, state
+from . import __version__, health, identity, state
 from .policy import MAX_CAPACITY, by_name, declared, positive_int
 from .queue_slot import QueueSlot
 
@@ -82,9 +82,14 @@ def info(cli_config: Any, queues: tuple[str, ...], as_json: bool, limit: int, **
     for name in queues:
         _require_known(conn, name)
     snap = state.snapshot(conn, list(queues) if queues else None, limit=limit or None)
+    check = health.eviction_check(conn)
     if as_json:
+        snap['server'] = {'maxmemory_policy': check.maxmemory_policy, 'eviction_unsafe': check.unsafe,
+                          'warning': check.warning}
         click.echo(json.dumps(snap, indent=2, sort_keys=True))
         return
+    if check.warning:
+        click.echo(click.style('warning: ', fg='yellow', bold=True) + check.warning)
     _print_info(snap)
 
 

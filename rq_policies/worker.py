@@ -28,7 +28,7 @@ import redis
 from rq.queue import Queue
 from rq.worker import SimpleWorker, Worker
 
-from . import keys, scripts
+from . import health, keys, scripts
 from .queue import IDLE_POLL_SECONDS, Claim, Fetcher, PolicyQueue, _fetcher
 from .queue_slot import WAKE_CAPACITY, WAKE_RELEASED, QueueSlot, positive_int
 
@@ -301,6 +301,10 @@ class PolicyWorkerMixin:
             self.log.warning(  # type: ignore[attr-defined]
                 'rq-policies: could not release QueueSlot holds %s yet; they expire within %s s', tokens, self.hold_ttl
             )
+
+    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+        super().bootstrap(*args, **kwargs)  # type: ignore[misc]
+        health.warn_if_evicting(self.connection, self.log)  # type: ignore[attr-defined]  # maxmemory-policy
 
     def teardown(self) -> None:
         try:

@@ -11,6 +11,7 @@ Every error is one line on stderr and a non-zero exit (2 for bad usage, 1 for an
 from __future__ import annotations
 
 import json
+import re
 import signal
 import sys
 import threading
@@ -51,6 +52,55 @@ def _require_known(conn: Any, queue: str, force: bool = False) -> None:
     )
 
 
+#: An integer argument as an operator types it: ASCII digits 0-9 and nothing else (``int()`` would also take
+#: ``' 3'``, ``'3\n'``, ``'1_000'`` and other scripts' digits such as ``'٣'``).
+_DIGITS = re.compile(r'[0-9]+')
+
+
+def _why_not_digits(text: str) -> str:
+    """What makes ``text`` more than plain digits, in words."""
+    if not text:
+        return 'it is empty'
+    if text != text.strip():
+        return 'it has leading or trailing whitespace'
+    if '_' in text:
+        return 'digit-group underscores are not accepted'
+    if any(not ch.isascii() for ch in text):
+        return 'only ASCII digits 0-9 are accepted'
+    if text[0] in '+-':
+        return 'no sign is accepted'
+    return 'only decimal digits 0-9 are accepted'
+
+
+class Digits(click.ParamType):
+    """Every integer argument of the command: plain ASCII decimal digits in ``[minimum, maximum]``.
+
+    A refusal names the argument (click's ``Invalid value for 'N'``), the value as typed and what is wrong with it,
+    and comes before the command connects, so nothing in Redis changes.
+
+    Args:
+        what: how the message names a valid value (``a positive integer up to 2147483647``).
+        minimum: the smallest value accepted.
+        maximum: the largest value accepted, None for no bound.
+    """
+
+    name = 'integer'
+
+    def __init__(self, what: str, minimum: int = 0, maximum: int | None = None) -> None:
+        self.what, self.minimum, self.maximum = what, minimum, maximum
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):  # a default, already an int
+            return value
+        text = value if isinstance(value, str) else str(value)
+        if not _DIGITS.fullmatch(text):
+            self.fail(f'must be {self.what}, got {text!r}: {_why_not_digits(text)}', param, ctx)
+        number = int(text)
+        if number < self.minimum or (self.maximum is not None and number > self.maximum):
+            self.fail(f'must be {self.what}, got {text!r}', param, ctx)
+        return number
+
+
 def _parse_value(text: str) -> Any:
     """An ARG as a JSON literal when it is one (``3``, ``true``, ``null``, ``"3"``, ``[1, 2]``), else as a string."""
     try:
@@ -71,13 +121,12 @@ def main() -> None:
 @main.command()
 @click.argument('queues', nargs=-1)
 @click.option('--json', 'as_json', is_flag=True, help='Print the state as JSON (for scripts).')
-@click.option('--limit', type=int, default=20, show_default=True, help='Entries listed per queue and kind (0: all).')
+@click.option('--limit', type=Digits('an integer >= 0'), default=20, show_default=True,
+              help='Entries listed per queue and kind (0: all).')
 @pass_cli_config
 def info(cli_config: Any, queues: tuple[str, ...], as_json: bool, limit: int, **options: Any) -> None:
     """Show caps, live holds, loner markers, throttle slots, pending trailing and debounced jobs per queue, and
     limited-capacity workers with their gauges."""
-    if limit < 0:
-        raise click.BadParameter(f'must be >= 0, got {limit}', param_hint='--limit')
     conn = _connect(cli_config)
     for name in queues:
         _require_known(conn, name)
@@ -138,21 +187,15 @@ def _print_info(snap: dict[str, Any]) -> None:
 
 @main.command()
 @click.argument('queue')
-@click.argument('n', required=False)
+@click.argument('n', required=False, type=Digits(f'a positive integer up to {MAX_CAPACITY}', 1, MAX_CAPACITY))
 @click.option('--clear', is_flag=True, help='Remove the cap (live holds stay until released or expired).')
 @click.option('--force', is_flag=True, help='Cap a queue rq does not know yet.')
 @pass_cli_config
-def cap(cli_config: Any, queue: str, n: str | None, clear: bool, force: bool, **options: Any) -> None:
+def cap(cli_config: Any, queue: str, n: int | None, clear: bool, force: bool, **options: Any) -> None:
     """Cap QUEUE at N jobs running across the cluster, or remove its cap with --clear."""
     if clear == (n is not None):
         raise click.UsageError('give either N or --clear')
-    limit = 0
-    if n is not None:
-        try:
-            limit = positive_int('N', int(n), MAX_CAPACITY)
-        except ValueError:
-            raise click.BadParameter(f'must be a positive integer up to {MAX_CAPACITY}, got {n!r}',
-                                     param_hint='N') from None
+    limit = positive_int('N', n, MAX_CAPACITY) if n is not None else 0
     conn = _connect(cli_config)
     _require_known(conn, queue, force or clear)
     before = QueueSlot.capacity(queue, connection=conn)
@@ -221,7 +264,8 @@ def _resolve(function: str) -> tuple[str, Any, Any]:
 
 
 @main.command()
-@click.option('--port', type=click.IntRange(1, 65535), default=9121, show_default=True, help='Port to serve on.')
+@click.option('--port', type=Digits('a port number from 1 to 65535', 1, 65535), default=9121, show_default=True,
+              help='Port to serve on.')
 @click.option('--addr', default='0.0.0.0', show_default=True, help='Address to bind.')
 @pass_cli_config
 def exporter(cli_config: Any, port: int, addr: str, **options: Any) -> None:

@@ -8,7 +8,9 @@ broken network would show it (a late reply, a closed socket, silence), and the s
   late (the server ran the command at once; a client with a shorter ``socket_timeout`` gives up and retries);
 * :meth:`FaultProxy.drop_reply`: the next matching request is forwarded, the server's reply is discarded and the
   connection is closed (the command ran; the client sees a closed connection);
-* :meth:`FaultProxy.stall`: nothing moves in either direction for ``seconds``;
+* :meth:`FaultProxy.stall`: nothing moves in either direction for ``seconds``, from now or from the next matching
+  request (a client that gives up and resends then has both attempts reach the server after the stall, in either
+  order);
 * :meth:`FaultProxy.before_request`: a callback runs just before a matching request is forwarded (a ``SCRIPT FLUSH``
   on the server at the worst moment, say).
 
@@ -115,8 +117,12 @@ class FaultProxy:
         forwarded to the server."""
         self._arm(_Fault('before', match, times=times, callback=callback))
 
-    def stall(self, seconds: float) -> None:
-        """Forward nothing in either direction for ``seconds`` from now (bytes wait in the proxy, none are lost)."""
+    def stall(self, seconds: float, match: Match | None = None) -> None:
+        """Forward nothing in either direction, on any connection, for ``seconds`` (bytes wait in the proxy, none are
+        lost): from now, or with ``match`` from when the next matching request arrives (that request waits too)."""
+        if match is not None:
+            self._arm(_Fault('stall', match, seconds=seconds))
+            return
         with self._lock:
             self._stall_until = max(self._stall_until, time.monotonic() + seconds)
 
@@ -242,6 +248,8 @@ class FaultProxy:
                     fault.callback()
                 elif fault.kind in ('delay', 'drop'):
                     link.reply_fault = fault
+                elif fault.kind == 'stall':
+                    self.stall(fault.seconds)
             self._wait_stall(link)
             if not self._send(link, link.server, data):
                 return

@@ -27,7 +27,7 @@ from rq_policies import PolicyQueue, PolicySimpleWorker, QueueSlot, keys, ops, s
 #: What only the admission call that writes a job carries: EVALSHA (or EVAL) with the msgpack key ``created``.
 ADMIT_WRITE = (b'EVAL', ops.pack('created'))
 
-FAULTS = ['delay', 'drop']
+FAULTS = ['delay', 'drop', 'stall']
 
 
 @pytest.fixture(autouse=True)
@@ -42,18 +42,23 @@ def producer(proxy) -> Redis:
     backoff); older versions only when told. The retry is given explicitly, so every version behaves the same: a
     reply that does not come within ``socket_timeout`` (or a connection that closes) sends the same command again.
     """
-    return Redis.from_url(
+    conn = Redis.from_url(
         proxy.url, socket_timeout=0.2, socket_connect_timeout=1,
         retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 3), retry_on_error=[ConnectionError, TimeoutError],
     )
+    conn.ping()  # connected: a stall hits the next command, not the connection's handshake
+    return conn
 
 
 def lose_reply(proxy, fault: str, match) -> None:
-    """The next matching command's reply comes 0.4 s late (past the 0.2 s timeout), or not at all."""
+    """The next matching command's reply comes 0.4 s late (past the 0.2 s timeout), or not at all; or the network
+    stalls 0.4 s both ways, so the client's retry and its first attempt reach the server together, in either order."""
     if fault == 'delay':
         proxy.delay_reply(0.4, match=match)
-    else:
+    elif fault == 'drop':
         proxy.drop_reply(match=match)
+    else:
+        proxy.stall(0.4, match=match)
 
 
 def load(connection: Redis, *names: str) -> None:
@@ -93,7 +98,12 @@ def test_proxy_delays_drops_and_stalls(connection, fault_proxy):
     started = time.monotonic()
     assert client.ping()
     assert time.monotonic() - started >= 0.45
-    assert [kind for kind, _ in fault_proxy.fired] == ['delay', 'drop']
+    fault_proxy.stall(0.5, match=b'ECHO')
+    assert client.ping()  # not stalled: the stall starts with the matching request
+    started = time.monotonic()
+    assert client.echo('late') == b'late'
+    assert time.monotonic() - started >= 0.45
+    assert [kind for kind, _ in fault_proxy.fired] == ['delay', 'drop', 'stall']
 
 
 # -- admissions under lost replies -----------------------------------------------------------------------------------
@@ -106,7 +116,7 @@ def test_loner_enqueue_with_a_lost_reply_is_queued_and_runs_once(connection, fau
     lose_reply(fault_proxy, fault, ADMIT_WRITE)
     job = q.enqueue(jobs.record, 'loner-lost')
     assert job is not None
-    assert fault_proxy.fired and fault_proxy.seen(ADMIT_WRITE) >= 2  # the reply was lost, the call was replayed
+    assert fault_proxy.seen(ADMIT_WRITE) >= 2  # the reply was lost, the call was replayed
     assert queued(connection, 'faults') == [job.id]
     assert PolicyQueue('faults', connection=connection).holder(jobs.record, 'loner-lost') == job.id
     burst(connection, 'faults')
@@ -120,7 +130,7 @@ def test_force_with_a_lost_reply_is_queued_and_runs_once(connection, fault_proxy
     first = q.enqueue(jobs.record, 'forced')
     lose_reply(fault_proxy, fault, ADMIT_WRITE)
     forced = q.force(jobs.record, 'forced')
-    assert fault_proxy.fired and fault_proxy.seen(ADMIT_WRITE) >= 3
+    assert fault_proxy.seen(ADMIT_WRITE) >= 3
     assert queued(connection, 'faults') == [first.id, forced.id]
     burst(connection, 'faults')
     assert sorted(ran_ids(connection, 'forced')) == sorted([first.id, forced.id])
@@ -136,7 +146,7 @@ def test_trailing_throttle_with_a_lost_reply_is_pending_once_and_runs_once(conne
     lose_reply(fault_proxy, fault, ADMIT_WRITE)
     trailing = q.enqueue(tj.publish_progress, 't1', 1, tag=tag)
     assert leading is not None and trailing is not None
-    assert fault_proxy.fired and fault_proxy.seen(ADMIT_WRITE) >= 3
+    assert fault_proxy.seen(ADMIT_WRITE) >= 3
     registry = ScheduledJobRegistry('faults', connection=connection)
     assert registry.get_job_ids() == [trailing.id]
     assert queued(connection, 'faults') == [leading.id]
@@ -153,7 +163,7 @@ def test_debounce_with_a_lost_reply_is_pending_once_and_runs_once(connection, fa
     lose_reply(fault_proxy, fault, ADMIT_WRITE)
     job = q.enqueue(tj.reindex, 'doc', 1, tag=tag)
     assert job is not None
-    assert fault_proxy.fired and fault_proxy.seen(ADMIT_WRITE) >= 2
+    assert fault_proxy.seen(ADMIT_WRITE) >= 2
     assert ScheduledJobRegistry('faults', connection=connection).get_job_ids() == [job.id]
     assert queued(connection, 'faults') == []
     time.sleep(2.2)  # Debounce(1): due a second (whole seconds) after the call
@@ -169,7 +179,7 @@ def test_limited_capacity_refill_with_a_lost_reply_pushes_each_job_once(connecti
     connection.rpush('test:backlog:backlog', 'a', 'b', 'c')
     lose_reply(fault_proxy, fault, (b'EVAL', b'lcw_jobs.Backlog'))
     enqueued = lcw_jobs.Backlog.perform_with_capacity(connection=conn)
-    assert fault_proxy.fired and fault_proxy.seen((b'EVAL', b'lcw_jobs.Backlog')) >= 2
+    assert fault_proxy.seen((b'EVAL', b'lcw_jobs.Backlog')) >= 2
     assert len(enqueued) == 3  # the replay answers with the jobs the first attempt wrote
     assert queued(connection, 'lcw') == enqueued
     assert lcw_jobs.Backlog.queued_jobs_count(connection) == 3

@@ -234,6 +234,22 @@ def test_a_script_call_recovers_from_a_flush_right_before_it(connection, fault_p
     admin.close()
 
 
+def test_limited_capacity_jobs_recover_from_a_flush_before_every_script(connection, fault_proxy, redis_url):
+    """The refill, the job's hold (its acquire script rides a MULTI), its finish and the worker's fetch and heartbeat
+    pipeline, each with the script cache flushed right before it."""
+    admin = Redis.from_url(redis_url)
+    conn = Redis.from_url(fault_proxy.url)
+    connection.set('test:lcw:max', 2)
+    connection.rpush('test:backlog:backlog', 'a', 'b', 'c')
+    fault_proxy.before_request(admin.script_flush, match=b'EVAL', times=1000)
+    assert len(lcw_jobs.Backlog.perform_with_capacity(connection=conn)) == 2
+    PolicySimpleWorker([PolicyQueue('lcw', connection=conn)], connection=conn).work(burst=True)
+    assert sorted(raw.decode() for raw in connection.lrange('test:done:backlog', 0, -1)) == ['a', 'b', 'c']
+    assert lcw_jobs.Backlog.running_jobs_count(connection) == 0
+    assert len(fault_proxy.fired) >= 8
+    admin.close()
+
+
 def test_a_script_riding_a_pipeline_recovers_from_a_flush_before_execute(connection, fault_proxy, redis_url):
     """redis-py loads a pipeline's scripts (SCRIPT EXISTS, SCRIPT LOAD) and then sends the pipeline: a flush in
     between made execute() raise NoScriptError. The worker's heartbeat pipeline carries the hold refresh."""

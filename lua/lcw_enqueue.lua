@@ -29,7 +29,8 @@
   ARGV[10+n] job hash             field/value pairs shared by every candidate, as one length-prefixed
                                   blob (includes/unpack_fields.lua)
 
-  Returns the list of ids enqueued (possibly empty).
+  Returns the list of ids enqueued (possibly empty); a replayed call returns the ids its first
+  attempt enqueued.
 ]]
 local rcall = redis.call
 local class = ARGV[1]
@@ -53,15 +54,29 @@ local now = server_now()
 local room = lcw_room(KEYS[1], KEYS[2], job_prefix, max, now)
 lcw_report(KEYS[3], KEYS[4], class, queue_name, max, remaining, now, state_ttl)
 
-local take = math.min(room, remaining, n)
+-- A candidate whose job hash exists was written by an earlier attempt of this very call (a client
+-- retrying after a lost reply resends the same fresh ids): it is reported again, never pushed twice,
+-- and it is already counted in `room` as queued.
 local enqueued = {}
-for i = 1, take do
+local fresh = {}
+for i = 1, n do
+  if rcall('EXISTS', KEYS[6 + i]) == 1 then
+    enqueued[#enqueued + 1] = ARGV[9 + i]
+  else
+    fresh[#fresh + 1] = i
+  end
+end
+local take = math.min(room, remaining - #enqueued, #fresh)
+local first = nil
+for j = 1, take do
+  local i = fresh[j]
   local jid = ARGV[9 + i]
   save_job(KEYS[6 + i], KEYS[5], KEYS[6], KEYS[5], jid, 'R', 0, ttl, fields)
   rcall('ZADD', KEYS[2], now, jid)
   enqueued[#enqueued + 1] = jid
+  first = first or jid
 end
-if #enqueued > 0 then
-  rcall('PUBLISH', ARGV[6], enqueued[1])
+if first then
+  rcall('PUBLISH', ARGV[6], first)
 end
 return enqueued

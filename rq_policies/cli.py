@@ -11,6 +11,7 @@ Every error is one line on stderr and a non-zero exit (2 for bad usage, 1 for an
 from __future__ import annotations
 
 import json
+import re
 import signal
 import sys
 import threading
@@ -21,8 +22,8 @@ from redis.exceptions import RedisError
 from rq.cli.helpers import pass_cli_config
 from rq.utils import import_attribute
 
-from . import __version__, identity, state
-from .policy import FETCH, by_name, declared, positive_int, registered
+from . import __version__, health, identity, state
+from .policy import FETCH, by_name, declared, registered
 
 
 class CommandError(click.ClickException):
@@ -50,12 +51,53 @@ def _require_known(conn: Any, queue: str, force: bool = False) -> None:
     )
 
 
-def _integer(name: str, raw: str, maximum: int) -> int:
-    """An integer argument of the command line: plain ASCII digits only, 1 to ``maximum``, or a one-line error."""
-    try:
-        return positive_int(name, int(raw), maximum)
-    except ValueError:
-        raise click.BadParameter(f'must be a positive integer up to {maximum}, got {raw!r}', param_hint=name) from None
+#: An integer argument as an operator types it: ASCII digits 0-9 and nothing else (``int()`` would also take
+#: ``' 3'``, ``'3\n'``, ``'1_000'`` and other scripts' digits such as ``'٣'``).
+_DIGITS = re.compile(r'[0-9]+')
+
+
+def _why_not_digits(text: str) -> str:
+    """What makes ``text`` more than plain digits, in words."""
+    if not text:
+        return 'it is empty'
+    if text != text.strip():
+        return 'it has leading or trailing whitespace'
+    if '_' in text:
+        return 'digit-group underscores are not accepted'
+    if any(not ch.isascii() for ch in text):
+        return 'only ASCII digits 0-9 are accepted'
+    if text[0] in '+-':
+        return 'no sign is accepted'
+    return 'only decimal digits 0-9 are accepted'
+
+
+class Digits(click.ParamType):
+    """Every integer argument of the command: plain ASCII decimal digits in ``[minimum, maximum]``.
+
+    A refusal names the argument (click's ``Invalid value for 'N'``), the value as typed and what is wrong with it,
+    and comes before the command connects, so nothing in Redis changes.
+
+    Args:
+        what: how the message names a valid value (``a positive integer up to 2147483647``).
+        minimum: the smallest value accepted.
+        maximum: the largest value accepted, None for no bound.
+    """
+
+    name = 'integer'
+
+    def __init__(self, what: str, minimum: int = 0, maximum: int | None = None) -> None:
+        self.what, self.minimum, self.maximum = what, minimum, maximum
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):  # a default, already an int
+            return value
+        text = value if isinstance(value, str) else str(value)
+        if not _DIGITS.fullmatch(text):
+            self.fail(f'must be {self.what}, got {text!r}: {_why_not_digits(text)}', param, ctx)
+        number = int(text)
+        if number < self.minimum or (self.maximum is not None and number > self.maximum):
+            self.fail(f'must be {self.what}, got {text!r}', param, ctx)
+        return number
 
 
 class Kit:
@@ -64,7 +106,7 @@ class Kit:
     pass_cli_config = staticmethod(pass_cli_config)
     connect = staticmethod(lambda cli_config: _connect(cli_config))
     require_known = staticmethod(lambda conn, queue, force=False: _require_known(conn, queue, force))
-    integer = staticmethod(lambda name, raw, maximum: _integer(name, raw, maximum))
+    Digits = Digits
     error = CommandError
 
 
@@ -88,20 +130,24 @@ def main() -> None:
 @main.command()
 @click.argument('queues', nargs=-1)
 @click.option('--json', 'as_json', is_flag=True, help='Print the state as JSON (for scripts).')
-@click.option('--limit', type=int, default=20, show_default=True, help='Entries listed per queue and kind (0: all).')
+@click.option('--limit', type=Digits('an integer >= 0'), default=20, show_default=True,
+              help='Entries listed per queue and kind (0: all).')
 @pass_cli_config
 def info(cli_config: Any, queues: tuple[str, ...], as_json: bool, limit: int, **options: Any) -> None:
     """Show caps, live holds, loner markers, throttle slots, pending trailing and debounced jobs per queue, and
     limited-capacity workers with their gauges."""
-    if limit < 0:
-        raise click.BadParameter(f'must be >= 0, got {limit}', param_hint='--limit')
     conn = _connect(cli_config)
     for name in queues:
         _require_known(conn, name)
     snap = state.snapshot(conn, list(queues) if queues else None, limit=limit or None)
+    check = health.eviction_check(conn)
     if as_json:
+        snap['server'] = {'maxmemory_policy': check.maxmemory_policy, 'eviction_unsafe': check.unsafe,
+                          'warning': check.warning}
         click.echo(json.dumps(snap, indent=2, sort_keys=True))
         return
+    if check.warning:
+        click.echo(click.style('warning: ', fg='yellow', bold=True) + check.warning)
     _print_info(snap)
 
 
@@ -200,7 +246,8 @@ def _resolve(function: str) -> tuple[str, Any, Any]:
 
 
 @main.command()
-@click.option('--port', type=click.IntRange(1, 65535), default=9121, show_default=True, help='Port to serve on.')
+@click.option('--port', type=Digits('a port number from 1 to 65535', 1, 65535), default=9121, show_default=True,
+              help='Port to serve on.')
 @click.option('--addr', default='0.0.0.0', show_default=True, help='Address to bind.')
 @pass_cli_config
 def exporter(cli_config: Any, port: int, addr: str, **options: Any) -> None:

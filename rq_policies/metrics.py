@@ -16,6 +16,11 @@ metric                                                        type     labels   
 ``rq_policies_queue_slots_capacity``                          gauge    ``queue``         the cap (capped queues)
 ``rq_policies_dropped_enqueues_total``                        counter  ``policy``,       ``rq:policies:drops``
                                                                        ``queue``
+``rq_policies_eviction_unsafe``                               gauge    ``policy``        1 when ``maxmemory-policy``
+                                                                                         may evict policy keys, 0
+                                                                                         under ``noeviction``; no
+                                                                                         sample when CONFIG is
+                                                                                         denied
 ``rq_policies_redis_up``                                      gauge                      1 when Redis answered
 ============================================================  =======  ================  ===========================
 
@@ -51,7 +56,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "rq_policies.metrics needs prometheus-client: pip install 'rq-policies[metrics]'"
     ) from exc
 
-from . import state
+from . import health, state
 from .policy import registered
 
 logger = logging.getLogger('rq_policies')
@@ -122,7 +127,15 @@ class PolicyCollector(Collector):
         families = [running, maximum, remaining, queued]
         for cls in registered():
             families.extend(cls.metric_families(conn, now))
-        return families + [dropped]
+        eviction = GaugeMetricFamily(
+            'rq_policies_eviction_unsafe',
+            "1 when Redis's maxmemory-policy may evict the policies' keys (caps, ledgers, markers), 0 if noeviction.",
+            labels=['policy'],
+        )
+        check = health.eviction_check(conn)
+        if check.unsafe is not None:  # CONFIG denied or disabled: no sample (alert on absent() if it matters)
+            eviction.add_metric([check.maxmemory_policy], 1 if check.unsafe else 0)
+        return families + [dropped, eviction]
 
 
 def registry_for(connection: Redis) -> CollectorRegistry:

@@ -249,15 +249,17 @@ class QueueSlot(FetchPolicy):
 
         @click.command()
         @click.argument('queue')
-        @click.argument('n', required=False)
+        @click.argument(
+            'n', required=False, type=kit.Digits(f'a positive integer up to {MAX_CAPACITY}', 1, MAX_CAPACITY)
+        )
         @click.option('--clear', is_flag=True, help='Remove the cap (live holds stay until released or expired).')
         @click.option('--force', is_flag=True, help='Cap a queue rq does not know yet.')
         @kit.pass_cli_config
-        def cap(cli_config: Any, queue: str, n: str | None, clear: bool, force: bool, **options: Any) -> None:
+        def cap(cli_config: Any, queue: str, n: int | None, clear: bool, force: bool, **options: Any) -> None:
             """Cap QUEUE at N jobs running across the cluster, or remove its cap with --clear."""
             if clear == (n is not None):
                 raise click.UsageError('give either N or --clear')
-            limit = kit.integer('N', n, MAX_CAPACITY) if n is not None else 0
+            limit = n or 0
             conn = kit.connect(cli_config)
             kit.require_known(conn, queue, force or clear)
             before = cls.capacity(queue, connection=conn)

@@ -1,10 +1,16 @@
 """Loading the Lua scripts in ``lua/`` and running them by EVALSHA.
 
 Each script is read once from the package, its ``-- @include "includes/x.lua"`` lines expanded (BullMQ's
-convention, so shared snippets such as the job-hash write live in one file), and wrapped in redis-py's ``Script``,
-which runs EVALSHA and falls back to SCRIPT LOAD on NOSCRIPT. A ``Script`` also runs inside a pipeline, where
-redis-py loads any missing script before the pipeline executes, so a refresh or a release can ride a pipeline that
-is already going out.
+convention, so shared snippets such as the job-hash write live in one file), and kept as redis-py's ``Script`` (its
+source and SHA1).
+
+A direct call runs EVALSHA and, when the server answers NOSCRIPT (its cache was flushed, or it restarted or failed
+over), EVAL with the source, which loads the script and runs it in one command: no SCRIPT FLUSH landing between a
+SCRIPT LOAD and the EVALSHA after it (redis-py's own fallback) can make the call fail, and NOSCRIPT means the script
+did not run, so sending it again is safe. A call riding a pipeline is sent as EVAL: redis-py would load the pipeline's
+scripts first and then send it, and a flush in between made ``execute()`` raise after the pipeline's other commands
+had run (the worker's heartbeat, where rq itself executes the pipeline). Scripts that ride pipelines are small (a
+hold refresh, a release), and this also saves redis-py's SCRIPT EXISTS round trip before each such pipeline.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
 _INCLUDE = re.compile(r'^--\s*@include\s+"([^"]+)"\s*$', re.MULTILINE)
 #: ``-- @policies`` in a framework script (admit.lua, fetch.lua) includes every policy's part, ``lua/policies/*.lua``,
@@ -79,5 +86,21 @@ def script(name: str) -> Script:
 
 
 def run(name: str, client: Any, keys: list[str] | tuple = (), args: list[Any] | tuple = ()) -> Any:
-    """Run ``lua/<name>.lua`` on ``client`` (a Redis connection or a pipeline)."""
-    return script(name)(keys=list(keys), args=list(args), client=client)
+    """Run ``lua/<name>.lua`` on ``client`` (a Redis connection or a pipeline), whatever the server's script cache.
+
+    On a connection: EVALSHA, then EVAL with the source once if the server answered NOSCRIPT (two attempts at
+    most). On a pipeline: EVAL, queued; the reply arrives with ``execute()``.
+    """
+    found = script(name)
+    keys = list(keys)
+    argv = [*keys, *args]
+    if _is_pipeline(client):
+        return client.eval(found.script, len(keys), *argv)
+    try:
+        return client.evalsha(found.sha, len(keys), *argv)
+    except NoScriptError:
+        return client.eval(found.script, len(keys), *argv)
+
+
+def _is_pipeline(client: Any) -> bool:
+    return hasattr(client, 'command_stack') and hasattr(client, 'execute')

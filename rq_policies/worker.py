@@ -29,7 +29,7 @@ import redis
 from rq.queue import Queue
 from rq.worker import SimpleWorker, Worker
 
-from . import keys, ledger
+from . import health, keys, ledger
 from .fetch import IDLE_POLL_SECONDS, Claim, Fetcher, current_fetcher, release_claim
 from .ledger import WAKE_CAPACITY, WAKE_RELEASED, Keeper, Ledger
 from .ops import text
@@ -313,6 +313,10 @@ class PolicyWorkerMixin:
             self.log.warning(  # type: ignore[attr-defined]
                 'rq-policies: could not release holds %s yet; they expire within %s s', tokens, self.hold_ttl
             )
+
+    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+        super().bootstrap(*args, **kwargs)  # type: ignore[misc]
+        health.warn_if_evicting(self.connection, self.log)  # type: ignore[attr-defined]  # maxmemory-policy
 
     def teardown(self) -> None:
         try:

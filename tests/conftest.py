@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 from redis import Redis
@@ -39,6 +40,19 @@ def connection(redis_url):
     yield conn
     conn.flushdb()
     conn.close()
+
+
+@pytest.fixture
+def fault_proxy(redis_url):
+    """A :class:`faultproxy.FaultProxy` in front of the session's server; ``fault_proxy.url`` to connect through it."""
+    from faultproxy import FaultProxy
+
+    parsed = urlparse(redis_url)
+    proxy = FaultProxy(parsed.hostname or '127.0.0.1', parsed.port or 6379, lifetime=300).start()
+    try:
+        yield proxy
+    finally:
+        proxy.close()
 
 
 @pytest.fixture

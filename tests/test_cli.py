@@ -163,3 +163,33 @@ def test_reset_args_are_json_literals_or_strings(connection, env, redis_url):
     result = run('reset', 'imports', 'jobs.record', 'tag', '"3"', env=env, url=redis_url)
     assert 'removed 1 key(s)' in result.stdout, result.stdout + result.stderr
     assert connection.keys('rq:policies:loner:*') == []
+
+
+@pytest.mark.parametrize('typed, why', [
+    (' 3', 'leading or trailing whitespace'),
+    ('3\n', 'leading or trailing whitespace'),
+    ('1_000', 'underscores'),
+    ('٣', 'only ASCII digits'),
+    ('0x10', 'only decimal digits'),
+    ('+3', 'no sign'),
+    ('', 'empty'),
+])
+def test_cap_takes_plain_ascii_digits_only_and_changes_nothing_else(connection, env, redis_url, typed, why):
+    PolicyQueue('imports', connection=connection).enqueue(jobs.plain, 1)
+    QueueSlot.set_capacity('imports', 2, connection=connection)
+    before = {key: connection.type(key) for key in connection.keys('*')}
+    result = run('cap', 'imports', typed, env=env, url=redis_url)
+    assert_one_line_error(result, "'[N]'", f'got {typed!r}', why)
+    assert QueueSlot.capacity('imports', connection=connection) == 2  # nothing was written
+    assert {key: connection.type(key) for key in connection.keys('*')} == before
+
+
+def test_every_integer_option_takes_plain_digits_only(connection, env, redis_url):
+    PolicyQueue('imports', connection=connection).enqueue(jobs.plain, 1)
+    assert_one_line_error(run('info', '--limit', ' 5', env=env, url=redis_url), "'--limit'", "got ' 5'", 'whitespace')
+    assert_one_line_error(run('info', '--limit', '-1', env=env, url=redis_url), "'--limit'", "got '-1'", 'no sign')
+    assert_one_line_error(run('exporter', '--port', '9_121', env=env, url=redis_url), "'--port'", 'underscores')
+    assert_one_line_error(run('exporter', '--port', '70000', env=env, url=redis_url), "'--port'", "got '70000'")
+    assert run('info', '--limit', '0', env=env, url=redis_url).returncode == 0
+    result = run('cap', 'imports', '007', env=env, url=redis_url)  # leading zeros are still plain digits
+    assert result.returncode == 0 and QueueSlot.capacity('imports', connection=connection) == 7

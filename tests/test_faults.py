@@ -1,0 +1,315 @@
+"""Real faults between the client and the server: late and lost replies (through tests/faultproxy.py), scripts
+flushed from the server's cache while producers and workers run.
+
+A lost reply is the case a retrying client makes dangerous: the server ran the command, the client did not hear
+it and sends the very same command again. Every script call of the plugin must answer such a replay as the first
+attempt did and write nothing twice.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import jobs
+import lcw_jobs
+import pytest
+import throttle_jobs as tj
+from redis import Redis
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError, TimeoutError
+from redis.retry import Retry
+from rq.registry import ScheduledJobRegistry
+from throttle_helpers import ran, wait_for_phase
+from workers import output, start_worker, stop, wait_for
+
+from rq_policies import PolicyQueue, PolicySimpleWorker, QueueSlot, keys, ops, scripts
+
+#: What only the admission call that writes a job carries: EVALSHA (or EVAL) with the msgpack key ``created``.
+ADMIT_WRITE = (b'EVAL', ops.pack('created'))
+
+FAULTS = ['delay', 'drop', 'stall']
+
+
+@pytest.fixture(autouse=True)
+def _jobs_env(monkeypatch, redis_url):
+    monkeypatch.setenv('REDIS_URL', redis_url)  # tests/jobs.py and friends record what ran through it
+
+
+def producer(proxy) -> Redis:
+    """A producer connection through the proxy, retrying as production clients do.
+
+    redis-py >= 6 retries ConnectionError and TimeoutError by default (a Retry with 3 or more attempts and a
+    backoff); older versions only when told. The retry is given explicitly, so every version behaves the same: a
+    reply that does not come within ``socket_timeout`` (or a connection that closes) sends the same command again.
+    """
+    conn = Redis.from_url(
+        proxy.url, socket_timeout=0.2, socket_connect_timeout=1,
+        retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 3), retry_on_error=[ConnectionError, TimeoutError],
+    )
+    conn.ping()  # connected: a stall hits the next command, not the connection's handshake
+    return conn
+
+
+def lose_reply(proxy, fault: str, match) -> None:
+    """The next matching command's reply comes 0.4 s late (past the 0.2 s timeout), or not at all; or the network
+    stalls 0.4 s both ways, so the client's retry and its first attempt reach the server together, in either order."""
+    if fault == 'delay':
+        proxy.delay_reply(0.4, match=match)
+    elif fault == 'drop':
+        proxy.drop_reply(match=match)
+    else:
+        proxy.stall(0.4, match=match)
+
+
+def load(connection: Redis, *names: str) -> None:
+    """Have the server know these scripts, so the first attempt runs the script (not a NOSCRIPT answer)."""
+    for name in names:
+        connection.script_load(scripts.script(name).script)
+
+
+def queued(connection: Redis, name: str) -> list[str]:
+    return [raw.decode() for raw in connection.lrange(f'rq:queue:{name}', 0, -1)]
+
+
+def ran_ids(connection: Redis, tag: str) -> list[str]:
+    return [raw.decode() for raw in connection.lrange(f'test:ran:{tag}', 0, -1)]
+
+
+def burst(connection: Redis, name: str, scheduler: bool = False) -> None:
+    PolicySimpleWorker([PolicyQueue(name, connection=connection)], connection=connection).work(
+        burst=True, with_scheduler=scheduler)
+
+
+# -- the proxy itself ------------------------------------------------------------------------------------------------
+
+
+def test_proxy_delays_drops_and_stalls(connection, fault_proxy):
+    client = Redis.from_url(fault_proxy.url, socket_timeout=2, retry=Retry(ExponentialBackoff(), 0))
+    assert client.ping()
+    fault_proxy.delay_reply(0.5, match=b'PING')
+    started = time.monotonic()
+    assert client.ping()
+    assert time.monotonic() - started >= 0.45
+    fault_proxy.drop_reply(match=b'INCR')
+    with pytest.raises(ConnectionError):
+        client.incr('test:proxy')
+    assert connection.get('test:proxy') == b'1'  # the server ran it; only the reply was lost
+    fault_proxy.stall(0.5)
+    started = time.monotonic()
+    assert client.ping()
+    assert time.monotonic() - started >= 0.45
+    fault_proxy.stall(0.5, match=b'ECHO')
+    assert client.ping()  # not stalled: the stall starts with the matching request
+    started = time.monotonic()
+    assert client.echo('late') == b'late'
+    assert time.monotonic() - started >= 0.45
+    assert [kind for kind, _ in fault_proxy.fired] == ['delay', 'drop', 'stall']
+
+
+# -- admissions under lost replies -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('fault', FAULTS)
+def test_loner_enqueue_with_a_lost_reply_is_queued_and_runs_once(connection, fault_proxy, fault):
+    load(connection, 'admit')
+    q = PolicyQueue('faults', connection=producer(fault_proxy))
+    lose_reply(fault_proxy, fault, ADMIT_WRITE)
+    job = q.enqueue(jobs.record, 'loner-lost')
+    assert job is not None
+    assert fault_proxy.seen(ADMIT_WRITE) >= 2  # the reply was lost, the call was replayed
+    assert queued(connection, 'faults') == [job.id]
+    assert PolicyQueue('faults', connection=connection).holder(jobs.record, 'loner-lost') == job.id
+    burst(connection, 'faults')
+    assert ran_ids(connection, 'loner-lost') == [job.id]
+
+
+@pytest.mark.parametrize('fault', FAULTS)
+def test_force_with_a_lost_reply_is_queued_and_runs_once(connection, fault_proxy, fault):
+    load(connection, 'admit')
+    q = PolicyQueue('faults', connection=producer(fault_proxy))
+    first = q.enqueue(jobs.record, 'forced')
+    lose_reply(fault_proxy, fault, ADMIT_WRITE)
+    forced = q.force(jobs.record, 'forced')
+    assert fault_proxy.seen(ADMIT_WRITE) >= 3
+    assert queued(connection, 'faults') == [first.id, forced.id]
+    burst(connection, 'faults')
+    assert sorted(ran_ids(connection, 'forced')) == sorted([first.id, forced.id])
+
+
+@pytest.mark.parametrize('fault', FAULTS)
+def test_trailing_throttle_with_a_lost_reply_is_pending_once_and_runs_once(connection, fault_proxy, fault):
+    load(connection, 'admit')
+    q = PolicyQueue('faults', connection=producer(fault_proxy))
+    tag = f'trailing-{fault}'
+    wait_for_phase(connection, 2, 0.05, 0.8)  # both calls in one 2 s slot
+    leading = q.enqueue(tj.publish_progress, 't1', 0, tag=tag)
+    lose_reply(fault_proxy, fault, ADMIT_WRITE)
+    trailing = q.enqueue(tj.publish_progress, 't1', 1, tag=tag)
+    assert leading is not None and trailing is not None
+    assert fault_proxy.seen(ADMIT_WRITE) >= 3
+    registry = ScheduledJobRegistry('faults', connection=connection)
+    assert registry.get_job_ids() == [trailing.id]
+    assert queued(connection, 'faults') == [leading.id]
+    time.sleep(2.2)  # past the slot's end: the trailing job is due
+    burst(connection, 'faults', scheduler=True)
+    assert [(job_id, value) for job_id, value, _ in ran(connection, tag)] == [(leading.id, '0'), (trailing.id, '1')]
+
+
+@pytest.mark.parametrize('fault', FAULTS)
+def test_debounce_with_a_lost_reply_is_pending_once_and_runs_once(connection, fault_proxy, fault):
+    load(connection, 'admit')
+    q = PolicyQueue('faults', connection=producer(fault_proxy))
+    tag = f'debounce-{fault}'
+    lose_reply(fault_proxy, fault, ADMIT_WRITE)
+    job = q.enqueue(tj.reindex, 'doc', 1, tag=tag)
+    assert job is not None
+    assert fault_proxy.seen(ADMIT_WRITE) >= 2
+    assert ScheduledJobRegistry('faults', connection=connection).get_job_ids() == [job.id]
+    assert queued(connection, 'faults') == []
+    time.sleep(2.2)  # Debounce(1): due a second (whole seconds) after the call
+    burst(connection, 'faults', scheduler=True)
+    assert [(job_id, value) for job_id, value, _ in ran(connection, tag)] == [(job.id, '1')]
+
+
+@pytest.mark.parametrize('fault', FAULTS)
+def test_limited_capacity_refill_with_a_lost_reply_pushes_each_job_once(connection, fault_proxy, fault):
+    load(connection, 'lcw_enqueue')
+    conn = producer(fault_proxy)
+    connection.set('test:lcw:max', 10)
+    connection.rpush('test:backlog:backlog', 'a', 'b', 'c')
+    lose_reply(fault_proxy, fault, (b'EVAL', b'lcw_jobs.Backlog'))
+    enqueued = lcw_jobs.Backlog.perform_with_capacity(connection=conn)
+    assert fault_proxy.seen((b'EVAL', b'lcw_jobs.Backlog')) >= 2
+    assert len(enqueued) == 3  # the replay answers with the jobs the first attempt wrote
+    assert queued(connection, 'lcw') == enqueued
+    assert lcw_jobs.Backlog.queued_jobs_count(connection) == 3
+    burst(connection, 'lcw')
+    assert sorted(raw.decode() for raw in connection.lrange('test:done:backlog', 0, -1)) == ['a', 'b', 'c']
+    assert queued(connection, 'lcw') == []
+
+
+# -- a script cache flushed under load -------------------------------------------------------------------------------
+
+
+class Flusher:
+    """``SCRIPT FLUSH`` on the server every ``interval`` seconds from a thread of its own, for as long as it runs."""
+
+    def __init__(self, redis_url: str, interval: float = 0.05) -> None:
+        self.conn = Redis.from_url(redis_url)
+        self.interval = interval
+        self.flushes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name='script-flusher', daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.conn.script_flush()
+            self.flushes += 1
+
+    def __enter__(self) -> Flusher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.conn.close()
+
+
+def test_a_script_call_recovers_from_a_flush_right_before_it(connection, fault_proxy, redis_url):
+    """The worst moment, every time: the server's script cache is flushed just before each script call arrives,
+    the retried one too (redis-py's own fallback, SCRIPT LOAD then EVALSHA, loses that race)."""
+    admin = Redis.from_url(redis_url)
+    conn = Redis.from_url(fault_proxy.url)
+    q = PolicyQueue('faults', connection=conn)
+    fault_proxy.before_request(admin.script_flush, match=b'EVAL', times=1000)
+    job = q.enqueue(jobs.record, 'flushed')
+    assert job is not None and queued(connection, 'faults') == [job.id]
+    assert q.enqueue(jobs.record, 'flushed') is None
+    worker = PolicySimpleWorker([q], connection=conn)
+    worker.work(burst=True)
+    assert ran_ids(connection, 'flushed') == [job.id]
+    assert len(fault_proxy.fired) >= 3  # the enqueue, the duplicate, the worker's fetch
+    admin.close()
+
+
+def test_limited_capacity_jobs_recover_from_a_flush_before_every_script(connection, fault_proxy, redis_url):
+    """The refill, the job's hold (its acquire script rides a MULTI), its finish and the worker's fetch and heartbeat
+    pipeline, each with the script cache flushed right before it."""
+    admin = Redis.from_url(redis_url)
+    conn = Redis.from_url(fault_proxy.url)
+    connection.set('test:lcw:max', 2)
+    connection.rpush('test:backlog:backlog', 'a', 'b', 'c')
+    fault_proxy.before_request(admin.script_flush, match=b'EVAL', times=1000)
+    assert len(lcw_jobs.Backlog.perform_with_capacity(connection=conn)) == 2
+    PolicySimpleWorker([PolicyQueue('lcw', connection=conn)], connection=conn).work(burst=True)
+    assert sorted(raw.decode() for raw in connection.lrange('test:done:backlog', 0, -1)) == ['a', 'b', 'c']
+    assert lcw_jobs.Backlog.running_jobs_count(connection) == 0
+    assert len(fault_proxy.fired) >= 8
+    admin.close()
+
+
+def test_a_script_riding_a_pipeline_recovers_from_a_flush_before_execute(connection, fault_proxy, redis_url):
+    """redis-py loads a pipeline's scripts (SCRIPT EXISTS, SCRIPT LOAD) and then sends the pipeline: a flush in
+    between made execute() raise NoScriptError. The worker's heartbeat pipeline carries the hold refresh."""
+    admin = Redis.from_url(redis_url)
+    conn = Redis.from_url(fault_proxy.url)
+    QueueSlot.set_capacity('faults', 2, connection=connection)
+    assert QueueSlot.acquire('faults', 2, ttl=30, token='pipe-hold', connection=connection)
+    try:
+        worker = PolicySimpleWorker([PolicyQueue('faults', connection=conn)], connection=conn)
+        fault_proxy.before_request(admin.script_flush, match=b'EVAL', times=1000)
+        for _ in range(3):
+            with conn.pipeline() as pipe:
+                worker.heartbeat(90, pipeline=pipe)  # rq's prepare_job_execution and maintain_heartbeats do this
+                pipe.execute()
+        assert fault_proxy.fired  # the refresh rode the pipeline, and the cache was flushed right before it
+        # Refreshed: acquired for 30 s, now hold_ttl (90 s) ahead.
+        assert 60 < connection.zscore(keys.holds('faults'), 'pipe-hold') - connection.time()[0] <= 91
+    finally:
+        QueueSlot.release('faults', 'pipe-hold', connection=connection)
+        admin.close()
+
+
+def test_producers_and_a_worker_under_a_script_flush_every_50ms(connection, redis_url):
+    """An enqueue loop and a worker burst (capped queue: fetch script, hold refresh on the heartbeat pipeline,
+    release) while the script cache is flushed every 50 ms: no NoScriptError escapes, every job runs once."""
+    QueueSlot.set_capacity('flushed', 2, connection=connection)
+    q = PolicyQueue('flushed', connection=connection)
+    with Flusher(redis_url) as flusher:
+        admitted = []
+        started = time.monotonic()
+        i = 0
+        while time.monotonic() - started < 1.0 or i < 100:
+            job = q.enqueue(jobs.record, 'flush-loop', i)
+            assert job is not None
+            admitted.append(job.id)
+            assert q.enqueue(jobs.record, 'flush-loop', i) is None  # its duplicate, dropped
+            i += 1
+        burst(connection, 'flushed')
+    assert flusher.flushes >= 10
+    assert sorted(ran_ids(connection, 'flush-loop')) == sorted(admitted)
+    assert q.count == 0 and QueueSlot.in_use('flushed', connection=connection) == 0
+
+
+def test_a_forking_worker_under_a_script_flush_every_5ms_stays_up_and_runs_each_job_once(
+        connection, redis_url, worker_env):
+    """The reported failure: a worker died in dequeue_any. A forking PolicyWorker (rq worker -w) on a capped queue,
+    its fetch, hold refresh and release scripts racing a flush every 5 ms (harsher than the report's 50 ms, so that
+    the race is lost within a few seconds every time on the code before the fix)."""
+    QueueSlot.set_capacity('flushed', 1, connection=connection)
+    q = PolicyQueue('flushed', connection=connection)
+    worker = start_worker(redis_url, ['flushed'], worker_env)
+    try:
+        with Flusher(redis_url, interval=0.005):
+            admitted = [q.enqueue(jobs.record, 'forking', i).id for i in range(150)]
+            done = wait_for(lambda: connection.llen('test:ran:forking') >= len(admitted), timeout=60)
+            alive = worker.poll() is None
+    finally:
+        stop(worker)
+    log = output(worker)
+    assert 'NoScriptError' not in log, log
+    assert alive and done, log
+    assert sorted(ran_ids(connection, 'forking')) == sorted(admitted)
+    assert QueueSlot.in_use('flushed', connection=connection) == 0

@@ -5,78 +5,68 @@
   enqueue past max_running_jobs between them.
 
   The caller builds up to min(max, remaining) candidate ids; the first `room` of them are
-  written as ordinary rq jobs (one shared field list, see includes/save_job.lua) and pushed to
-  the queue's tail, and their ids join the class's queued set.
+  written as ordinary rq jobs (one shared field list, see lib/save_job.lua) and pushed to the
+  queue's tail, and their ids join the class's queued set. A candidate whose job hash exists was
+  written by an earlier attempt of this very call (a client retrying after a lost reply resends
+  the same fresh ids): it is reported again, never pushed twice, and it is already counted in
+  the room as queued.
 
-  KEYS[1]    running ledger       rq:policies:lcw-running:<class>  (ZSET, score = expiry epoch s)
-  KEYS[2]    queued set           rq:policies:lcw-queued:<class>   (ZSET, score = enqueue epoch s)
-  KEYS[3]    gauges               rq:policies:lcw:<class>          (HASH)
-  KEYS[4]    class index          rq:policies:lcw                  (ZSET)
-  KEYS[5]    queue list           rq:queue:<q>
-  KEYS[6]    queues set           rq:queues
-  KEYS[6+i]  candidate i's hash   rq:job:<id i>
+  KEYS  by name (rq_policies/ops.py, built by LimitedCapacityWorker._call):
+    running      ZSET   rq:policies:lcw-running:<class> (a hold ledger, score = expiry epoch s)
+    queued       ZSET   rq:policies:lcw-queued:<class> (score = enqueue epoch s)
+    gauges       HASH   rq:policies:lcw:<class>
+    index        ZSET   rq:policies:lcw
+    queue        LIST   rq:queue:<q>
+    queues       SET    rq:queues
+    jobs         key list: candidate i's hash, rq:job:<id i>
+  ARGV[1]  one msgpack map (lib/codec.lua):
+    class       import path of the class
+    max         max running jobs, integer >= 0
+    remaining   remaining work, integer >= 0
+    job_prefix  rq:job:
+    queue_name  the queue's name
+    wake        rq:policies:wake:<q>
+    ttl         seconds the job hashes live, -1 for none
+    state_ttl   seconds the gauges and the index outlive the last write
+    ids         the candidate ids, in the order of KEYS `jobs`
+    fields      the job hash shared by every candidate, a flat field/value list
 
-  ARGV[1]    class                import path of the class
-  ARGV[2]    max running jobs     integer >= 0
-  ARGV[3]    remaining work       integer >= 0
-  ARGV[4]    job key prefix       rq:job:
-  ARGV[5]    queue name
-  ARGV[6]    wake channel         rq:policies:wake:<q>
-  ARGV[7]    job ttl              seconds the job hash lives, -1 for none
-  ARGV[8]    gauges ttl           seconds the gauges and the index outlive the last write
-  ARGV[9]    n                    number of candidates
-  ARGV[9+i]  candidate i's id
-  ARGV[10+n] job hash             field/value pairs shared by every candidate, as one length-prefixed
-                                  blob (includes/unpack_fields.lua)
-
-  Returns the list of ids enqueued (possibly empty); a replayed call returns the ids its first
-  attempt enqueued.
+  Returns the list of ids enqueued (possibly empty).
 ]]
 local rcall = redis.call
-local class = ARGV[1]
-local max = tonumber(ARGV[2])
-local remaining = tonumber(ARGV[3])
-local job_prefix = ARGV[4]
-local queue_name = ARGV[5]
-local ttl = tonumber(ARGV[7])
-local state_ttl = tonumber(ARGV[8])
-local n = tonumber(ARGV[9])
 
--- @include "includes/server_time.lua"
--- @include "includes/save_job.lua"
--- @include "includes/unpack_fields.lua"
+-- @include "lib/codec.lua"
+-- @include "lib/server_time.lua"
+-- @include "lib/save_job.lua"
 -- @include "lib/ledger_count.lua"
--- @include "includes/lcw_room.lua"
+-- @include "lib/lcw_room.lua"
+-- @include "lib/lcw_report.lua"
 
-local fields = unpack_fields(ARGV[10 + n])
+local a = decode_args(ARGV[1])
+local function key(name) return KEYS[a.k[name]] end
+local first_job = a.kl.jobs[1]
 
 local now = server_now()
-local room = lcw_room(KEYS[1], KEYS[2], job_prefix, max, now)
-lcw_report(KEYS[3], KEYS[4], class, queue_name, max, remaining, now, state_ttl)
+local room = lcw_room(key('running'), key('queued'), a.job_prefix, a.max, now)
+lcw_report(key('gauges'), key('index'), a.class, a.queue_name, a.max, a.remaining, now, a.state_ttl)
 
--- A candidate whose job hash exists was written by an earlier attempt of this very call (a client
--- retrying after a lost reply resends the same fresh ids): it is reported again, never pushed twice,
--- and it is already counted in `room` as queued.
 local enqueued = {}
 local fresh = {}
-for i = 1, n do
-  if rcall('EXISTS', KEYS[6 + i]) == 1 then
-    enqueued[#enqueued + 1] = ARGV[9 + i]
+for i, jid in ipairs(a.ids) do
+  if rcall('EXISTS', KEYS[first_job + i - 1]) == 1 then
+    enqueued[#enqueued + 1] = jid
   else
     fresh[#fresh + 1] = i
   end
 end
-local take = math.min(room, remaining - #enqueued, #fresh)
-local first = nil
+local take = math.min(room, a.remaining - #enqueued, #fresh)
 for j = 1, take do
   local i = fresh[j]
-  local jid = ARGV[9 + i]
-  save_job(KEYS[6 + i], KEYS[5], KEYS[6], KEYS[5], jid, 'R', 0, ttl, fields)
-  rcall('ZADD', KEYS[2], now, jid)
+  local jid = a.ids[i]
+  -- the wake-up goes with the first push only: one idle worker per refill is enough to start
+  save_job(KEYS[first_job + i - 1], key('queue'), key('queues'), key('queue'), jid, 'R', 0, a.ttl, a.fields,
+           j == 1 and a.wake or nil)
+  rcall('ZADD', key('queued'), now, jid)
   enqueued[#enqueued + 1] = jid
-  first = first or jid
-end
-if first then
-  rcall('PUBLISH', ARGV[6], first)
 end
 return enqueued

@@ -2,56 +2,41 @@
   A LimitedCapacityWorker job that finished its unit of work successfully: give back its hold
   and, when work remains and the class still has room, enqueue its successor, in one atomic step.
   The room is counted as in lcw_enqueue.lua after this job's own hold is gone, so a lowered
-  max_running_jobs shrinks the pool as jobs finish instead of being outrun by re-enqueues.
+  max_running_jobs shrinks the pool as jobs finish instead of being outrun by re-enqueues. A
+  replay (the same call again after a lost reply) finds the successor's hash already written and
+  pushes nothing twice.
 
-  KEYS[1]  running ledger       rq:policies:lcw-running:<class>
-  KEYS[2]  queued set           rq:policies:lcw-queued:<class>
-  KEYS[3]  gauges               rq:policies:lcw:<class>
-  KEYS[4]  class index          rq:policies:lcw
-  KEYS[5]  queue list           rq:queue:<q>
-  KEYS[6]  queues set           rq:queues
-  KEYS[7]  successor's hash     rq:job:<successor id>
-
-  ARGV[1]  class                import path of the class
-  ARGV[2]  max running jobs     integer >= 0
-  ARGV[3]  remaining work       integer >= 0
-  ARGV[4]  job key prefix       rq:job:
-  ARGV[5]  queue name
-  ARGV[6]  wake channel         rq:policies:wake:<q>
-  ARGV[7]  job ttl              seconds the successor's hash lives, -1 for none
-  ARGV[8]  gauges ttl           seconds the gauges and the index outlive the last write
-  ARGV[9]  hold token           this job's hold in the running ledger
-  ARGV[10] successor id
-  ARGV[11] the successor's hash  field/value pairs as one length-prefixed blob (includes/unpack_fields.lua)
+  KEYS  by name (rq_policies/ops.py): running, queued, gauges, index, queue, queues (as in
+        lcw_enqueue.lua), successor (rq:job:<successor id>)
+  ARGV[1]  one msgpack map (lib/codec.lua): class, max, remaining, job_prefix, queue_name, wake,
+           ttl, state_ttl, fields (as in lcw_enqueue.lua), token (this job's hold in the running
+           ledger), successor (the successor's id)
 
   Returns {released, successor id or ''}: released = 1 when this job's hold was still live.
 ]]
 local rcall = redis.call
-local class = ARGV[1]
-local max = tonumber(ARGV[2])
-local remaining = tonumber(ARGV[3])
-local job_prefix = ARGV[4]
-local queue_name = ARGV[5]
-local ttl = tonumber(ARGV[7])
-local state_ttl = tonumber(ARGV[8])
-local holder = ARGV[9]
-local successor = ARGV[10]
 
--- @include "includes/server_time.lua"
--- @include "includes/save_job.lua"
--- @include "includes/unpack_fields.lua"
+-- @include "lib/codec.lua"
+-- @include "lib/server_time.lua"
+-- @include "lib/save_job.lua"
 -- @include "lib/ledger_count.lua"
--- @include "includes/lcw_room.lua"
+-- @include "lib/lcw_room.lua"
+-- @include "lib/lcw_report.lua"
 -- @include "lib/ledger_release.lua"
 
+local a = decode_args(ARGV[1])
+local function key(name) return KEYS[a.k[name]] end
+
 local now = server_now()
-local released = ledger_release(KEYS[1], holder)
-local room = lcw_room(KEYS[1], KEYS[2], job_prefix, max, now)
-lcw_report(KEYS[3], KEYS[4], class, queue_name, max, remaining, now, state_ttl)
-if remaining > 0 and room > 0 then
-  save_job(KEYS[7], KEYS[5], KEYS[6], KEYS[5], successor, 'R', 0, ttl, unpack_fields(ARGV[11]))
-  rcall('ZADD', KEYS[2], now, successor)
-  rcall('PUBLISH', ARGV[6], successor)
-  return {released, successor}
+local released = ledger_release(key('running'), a.token)
+if rcall('EXISTS', key('successor')) == 1 then
+  return {released, a.successor}
+end
+local room = lcw_room(key('running'), key('queued'), a.job_prefix, a.max, now)
+lcw_report(key('gauges'), key('index'), a.class, a.queue_name, a.max, a.remaining, now, a.state_ttl)
+if a.remaining > 0 and room > 0 then
+  save_job(key('successor'), key('queue'), key('queues'), key('queue'), a.successor, 'R', 0, a.ttl, a.fields, a.wake)
+  rcall('ZADD', key('queued'), now, a.successor)
+  return {released, a.successor}
 end
 return {released, ''}

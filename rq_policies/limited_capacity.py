@@ -44,9 +44,10 @@ from redis import Redis
 from rq import get_current_job
 from rq.utils import import_attribute
 
-from . import keys, ledger, scripts
+from . import keys, ledger
 from .ledger import Hold, Keeper, Ledger, acquire_call
-from .queue import PolicyQueue, _flatten, pack_fields
+from .ops import Call
+from .queue import PolicyQueue
 
 logger = logging.getLogger('rq_policies')
 
@@ -122,12 +123,9 @@ class LimitedCapacityWorker:
         queue, fields, ttl = cls._template(args, conn, queue_name)
         ids = [str(uuid.uuid4()) for _ in range(min(limit, remaining))]
         path = cls.class_path()
-        enqueued = scripts.run(
-            'lcw_enqueue',
-            conn,
-            [*cls._keys(queue), *(queue.job_class.key_for(job_id) for job_id in ids)],
-            [*cls._argv(queue, limit, remaining, ttl), len(ids), *ids, fields],
-        )
+        call = cls._call('lcw_enqueue', queue, limit, remaining, ttl, fields, ids=ids)
+        call.key_list('jobs', [queue.job_class.key_for(job_id) for job_id in ids])
+        enqueued = call.run(conn)
         result = [job_id.decode() if isinstance(job_id, bytes) else job_id for job_id in enqueued]
         logger.debug('rq-policies: %s.perform_with_capacity enqueued %d job(s)', path, len(result))
         return result
@@ -184,12 +182,10 @@ class LimitedCapacityWorker:
             limit = _count(f'{cls.__qualname__}.max_running_jobs()', instance.max_running_jobs())
             queue, fields, job_ttl = cls._template(args, conn, job.origin)
             successor = str(uuid.uuid4())
-            scripts.run(
-                'lcw_finish',
-                conn,
-                [*cls._keys(queue), queue.job_class.key_for(successor)],
-                [*cls._argv(queue, limit, remaining, job_ttl), hold.token, successor, fields],
-            )
+            call = cls._call('lcw_finish', queue, limit, remaining, job_ttl, fields, token=hold.token,
+                             successor=successor)
+            call.key('successor', queue.job_class.key_for(successor))
+            call.run(conn)
         except BaseException:
             _release(conn, held, hold)
             raise
@@ -234,8 +230,8 @@ class LimitedCapacityWorker:
         return name
 
     @classmethod
-    def _template(cls, args: tuple, conn: Redis, queue_name: str) -> tuple[PolicyQueue, bytes, int]:
-        """The job hash every job of this call shares (rq's own ``to_dict``, packed for the script), and the ttl."""
+    def _template(cls, args: tuple, conn: Redis, queue_name: str) -> tuple[PolicyQueue, list[Any], int]:
+        """The job hash every job of this call shares (as rq's own enqueue writes it), and the ttl."""
         queue = PolicyQueue(queue_name, connection=conn)
         options: dict[str, Any] = {'args': args}
         if cls.job_timeout is not None:
@@ -245,24 +241,23 @@ class LimitedCapacityWorker:
         if cls.failure_ttl is not None:
             options['failure_ttl'] = cls.failure_ttl
         job = queue.create_job(f'{cls.class_path()}.perform', **options)
-        queue._prepare(job, None, False)
-        ttl = job.ttl if job.ttl and job.ttl > 0 else -1
-        return queue, pack_fields(_flatten(job.to_dict())), ttl
+        write = queue.job_write(job)
+        return queue, write.fields, write.ttl
 
     @classmethod
-    def _keys(cls, queue: PolicyQueue) -> list[str]:
+    def _call(cls, script: str, queue: PolicyQueue, limit: int, remaining: int, ttl: int, fields: list[Any],
+              **args: Any) -> Call:
+        """The ``lua/<script>.lua`` call (lcw_enqueue or lcw_finish) with the keys and arguments both share."""
         path = cls.class_path()
-        return [
-            keys.lcw_running(path), keys.lcw_queued(path), keys.lcw_state(path), keys.LCW_INDEX,
-            queue.key, queue.redis_queues_keys,
-        ]
-
-    @classmethod
-    def _argv(cls, queue: PolicyQueue, limit: int, remaining: int, ttl: int) -> list[Any]:
-        return [
-            cls.class_path(), limit, remaining, queue.job_class.redis_job_namespace_prefix, queue.name,
-            keys.wake(queue.name), ttl, STATE_TTL_SECONDS,
-        ]
+        call = Call(script, max=limit, remaining=remaining,
+                    job_prefix=queue.job_class.redis_job_namespace_prefix, queue_name=queue.name,
+                    wake=keys.wake(queue.name), ttl=ttl, state_ttl=STATE_TTL_SECONDS, fields=fields, **args)
+        call.arg('class', path)
+        for name, key in (('running', keys.lcw_running(path)), ('queued', keys.lcw_queued(path)),
+                          ('gauges', keys.lcw_state(path)), ('index', keys.LCW_INDEX), ('queue', queue.key),
+                          ('queues', queue.redis_queues_keys)):
+            call.key(name, key)
+        return call
 
 
 def positive_ttl(value: Any) -> int:

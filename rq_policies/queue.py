@@ -80,15 +80,6 @@ def _flatten(mapping: dict[str, Any]) -> list[Any]:
     return flat
 
 
-def pack_fields(flat: list[Any]) -> bytes:
-    """A flat field/value list as one length-prefixed blob (decoded by ``lua/includes/unpack_fields.lua``)."""
-    parts = []
-    for item in flat:
-        data = item.encode('utf-8') if isinstance(item, str) else item
-        parts.append(b'%d:%s' % (len(data), data))
-    return b''.join(parts)
-
-
 def _score(when: datetime) -> int:
     # rq's ScheduledJobRegistry.schedule: a naive datetime is local time.
     if not when.tzinfo:
@@ -294,7 +285,7 @@ class PolicyQueue(Queue):
         digest = identity.digest(identity.func_path(job), self.name, job.args, job.kwargs, spec.unique_context)
         door = _door.get()
         force = door is not None and door.force
-        write = self._job_write(job, spec, digest, at_front, when, schedule=not force)
+        write = self.job_write(job, spec, digest, at_front, when, schedule=not force)
         if not admission.admit(self, spec, digest, write, force=force, hint=door.hint if door is not None else None):
             return None
         if write.mode == 'D':
@@ -324,17 +315,20 @@ class PolicyQueue(Queue):
         job._status = JobStatus.QUEUED
         return ('L' if at_front else 'R'), 0, self.key
 
-    def _job_write(
-        self, job: Job, spec: PolicySet, digest: str, at_front: bool, when: datetime | None, schedule: bool = True
+    def job_write(
+        self, job: Job, spec: PolicySet | None = None, digest: str = '', at_front: bool = False,
+        when: datetime | None = None, schedule: bool = True,
     ) -> JobWrite:
-        """Prepare the job as rq would and flatten it for the admission script, with each policy's own fields.
+        """Prepare ``job`` exactly as rq's own enqueue would and flatten it for a script that writes it (the
+        admission script, or LimitedCapacityWorker's), with each policy of ``spec`` adding its own fields.
 
         With ``schedule``, a policy that schedules its jobs (a debounce) gets a scheduled job to time (a forced enqueue
         runs now instead).
         """
-        mode, score, dest = self._prepare(job, when, at_front, schedule and any(p.schedules for p in spec.policies))
+        policies = spec.policies if spec is not None else ()
+        mode, score, dest = self._prepare(job, when, at_front, schedule and any(p.schedules for p in policies))
         fields = _flatten(job.to_dict())
-        for item in spec.policies:
+        for item in policies:
             fields += item.job_fields(self.name, digest)
         ttl = job.ttl if job.ttl and job.ttl > 0 else -1
         if mode == 'D' and ttl < 0:

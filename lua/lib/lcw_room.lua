@@ -1,4 +1,4 @@
--- Shared: the free room of a LimitedCapacityWorker class, and its gauges written on the way.
+-- Shared: the free room of a LimitedCapacityWorker class.
 -- Needs lib/ledger_count.lua (the running ledger is a hold ledger).
 -- Room = max_running_jobs - live holds in the running ledger - jobs still waiting to start.
 -- Expired holds (a killed job) are purged under the server's clock, and a queued entry whose job
@@ -15,14 +15,4 @@ local function lcw_room(running, queued, job_prefix, max, now)
     end
   end
   return max - live - redis.call('ZCARD', queued)
-end
-
--- Record the gauges the metrics collector exports, and the class in the index (both expire a
--- day after the class was last seen).
-local function lcw_report(state, index, class, queue_name, max, remaining, now, state_ttl)
-  redis.call('HSET', state, 'queue', queue_name, 'max', max, 'remaining', remaining, 'updated', now)
-  redis.call('EXPIRE', state, state_ttl)
-  redis.call('ZADD', index, now, class)
-  redis.call('ZREMRANGEBYSCORE', index, '-inf', now - state_ttl)
-  redis.call('EXPIRE', index, state_ttl)
 end

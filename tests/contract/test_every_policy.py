@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import jobs
 import pytest
-
 from rq.queue import Queue
 
 from rq_policies import PolicyQueue, keys, ledger, ops, state

@@ -422,3 +422,70 @@ def test_sigkill_right_after_a_start_refunds_nothing_and_leaks_nothing(connectio
     ours = [k.decode() for k in connection.keys(keys.PREFIX + '*')]
     assert set(ours) <= {keys.RATE, keys.rate_tat('emails')}
     assert connection.pttl(keys.rate_tat('emails')) > 0 or keys.rate_tat('emails') not in ours
+
+
+# -- the CLI --------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cli_env(worker_env):
+    return {k: v for k, v in worker_env.items() if not k.startswith('RQ_')}
+
+
+def test_cli_rate_set_info_and_clear(connection, cli_env, redis_url):
+    from test_cli import run
+
+    PolicyQueue('emails', connection=connection).enqueue(record_start, 'x')
+    result = run('rate', 'emails', '100/60s', '--burst', '10', env=cli_env, url=redis_url)
+    assert result.returncode == 0, result.stderr
+    assert 'limited to 100 starts every 60s, burst 10 (was unlimited)' in result.stdout
+    assert QueueRate.get('emails', connection=connection) == QueueRate(100, 60, 10)
+    assert run('rate', 'emails', '5/1m', env=cli_env, url=redis_url).returncode == 0
+    assert QueueRate.get('emails', connection=connection) == QueueRate(5, 60, 1)
+    QueueRate.backoff('emails', 30, connection=connection)
+    info = run('info', 'emails', env=cli_env, url=redis_url)
+    assert info.returncode == 0, info.stderr
+    assert 'rate 5/60s burst 1, 0 available, backed off 29.' in info.stdout  # a back-off allows no start
+    assert 'next start at server time' in info.stdout and 'backoff   no start until server time' in info.stdout
+    snap = run('info', 'emails', '--json', env=cli_env, url=redis_url)
+    entry = __import__('json').loads(snap.stdout)['queues']['emails']
+    assert entry['rate'] == {'limit': 5, 'per': 60, 'burst': 1} and entry['rate_available'] == 0
+    assert 29 < entry['backoff_seconds_left'] <= 30
+    result = run('rate', 'emails', '--clear', env=cli_env, url=redis_url)
+    assert result.returncode == 0 and 'has no rate (was 5/60s burst 1)' in result.stdout
+    assert QueueRate.get('emails', connection=connection) is None
+
+
+@pytest.mark.parametrize('args, needle', [
+    (['100'], "LIMIT/PER"),
+    (['0/60s'], 'limit must be a positive integer'),
+    (['100/0s'], 'per must be'),
+    (['abc/1'], "'abc/1'"),
+    (['5/1x'], "'5/1x'"),
+    (['5/-1'], "'5/-1'"),
+    (['5/1.5'], "'5/1.5'"),
+    (['²/1'], "'²/1'"),
+    (['5/1', '--burst', '0'], '--burst'),
+    (['5/1', '--burst', '6'], 'burst must be at most limit (5), got 6'),
+    (['5/1', '--burst', 'x'], '--burst'),
+    (['5/1', '--clear'], 'either LIMIT/PER or --clear'),
+    ([], 'either LIMIT/PER or --clear'),
+])
+def test_cli_bad_input_is_one_clear_line_and_writes_nothing(connection, cli_env, redis_url, args, needle):
+    from test_cli import assert_one_line_error, run
+
+    PolicyQueue('emails', connection=connection).enqueue(record_start, 'x')
+    QueueRate.set('emails', 7, per=3, connection=connection)
+    before = {k: connection.dump(k) for k in connection.keys('*')}
+    result = run('rate', 'emails', *args, env=cli_env, url=redis_url)
+    assert_one_line_error(result, needle)
+    assert {k: connection.dump(k) for k in connection.keys('*')} == before
+
+
+def test_cli_refuses_an_unknown_queue_unless_forced(connection, cli_env, redis_url):
+    from test_cli import assert_one_line_error, run
+
+    assert_one_line_error(run('rate', 'nowhere', '5/1', env=cli_env, url=redis_url), "unknown queue 'nowhere'")
+    assert connection.dbsize() == 0
+    assert run('rate', 'nowhere', '5/1', '--force', env=cli_env, url=redis_url).returncode == 0
+    assert QueueRate.get('nowhere', connection=connection) == QueueRate(5, 1, 1)

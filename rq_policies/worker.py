@@ -32,6 +32,7 @@ from rq.queue import Queue
 from rq.worker import SimpleWorker, Worker
 
 from . import keys, ledger
+from .compat import LEGACY_FAILURE
 from .exceptions import PolicyError
 from .fetch import IDLE_POLL_SECONDS, Claim, Fetcher, current_fetcher, release_claim
 from .ledger import WAKE_CAPACITY, WAKE_RELEASED, Keeper, Ledger
@@ -54,9 +55,6 @@ _mixed: dict[type, type] = {}
 
 # Errors that mean "Redis is not reachable right now" (a restart, or a failover in progress).
 _UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.ReadOnlyError)
-
-# rq 3 ends a job that raised in Worker._finalize_failure; rq 2.12 has no such method (see _policy_outcome).
-_LEGACY_FAILURE = not hasattr(Worker, '_finalize_failure')
 
 
 def policy_queue_class(queue_class: type[Queue]) -> type[PolicyQueue]:
@@ -334,7 +332,7 @@ class PolicyWorkerMixin:
                 with self.connection.pipeline() as pipe:  # type: ignore[attr-defined]
                     if not cls.on_job_exception(job, queue, exc, pipe):
                         continue
-                    if _LEGACY_FAILURE:
+                    if LEGACY_FAILURE:
                         self.cleanup_execution(job, pipeline=pipe)  # type: ignore[attr-defined]
                     else:
                         self.cleanup_execution(job, pipeline=pipe, execution=execution)  # type: ignore[attr-defined]
@@ -359,7 +357,7 @@ class PolicyWorkerMixin:
         super().handle_execution_ended(job, queue, heartbeat_ttl)  # type: ignore[misc]
         self._policy_taken = self._policy_error = None
         exc_info = sys.exc_info()
-        if not _LEGACY_FAILURE or exc_info[1] is None or job.get_status(refresh=False) != JobStatus.FAILED:
+        if not LEGACY_FAILURE or exc_info[1] is None or job.get_status(refresh=False) != JobStatus.FAILED:
             return
         outcome = self._policy_outcome(job, queue, exc_info, getattr(self, 'execution', None))
         if outcome is None:

@@ -9,7 +9,7 @@ from .limited_capacity import LimitedCapacityWorker
 from .loner import Loner
 from .policy import AdmissionPolicy, FetchPolicy, Policy, PolicySet, policy
 from .queue import PolicyQueue
-from .queue_rate import BackOff, QueueRate, RateStatus, Snooze
+from .queue_rate import BackOff, QueueRate, RateStatus, Snooze, SnoozeLimitReached
 from .queue_slot import QueueSlot
 from .throttle import Outcome, Throttle
 from .worker import PolicySimpleWorker, PolicyWorker
@@ -37,6 +37,7 @@ __all__ = [
     'QueueSlot',
     'RateStatus',
     'Snooze',
+    'SnoozeLimitReached',
     'Throttle',
     'policy',
 ]

@@ -35,7 +35,7 @@ from .ops import text
 from .policy import MAX_CAPACITY, MAX_SECONDS, FetchPolicy, positive_int, whole_seconds
 from .queue_slot import queue_name
 
-__all__ = ['BACKOFFS_META', 'SNOOZES_META', 'BackOff', 'QueueRate', 'RateStatus', 'Snooze']
+__all__ = ['BACKOFFS_META', 'SNOOZES_META', 'BackOff', 'QueueRate', 'RateStatus', 'Snooze', 'SnoozeLimitReached']
 
 #: The job's meta key counting how often it was snoozed, and how often it backed its queue off.
 SNOOZES_META = 'policies_snoozes'

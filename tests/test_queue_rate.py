@@ -489,3 +489,19 @@ def test_cli_refuses_an_unknown_queue_unless_forced(connection, cli_env, redis_u
     assert connection.dbsize() == 0
     assert run('rate', 'nowhere', '5/1', '--force', env=cli_env, url=redis_url).returncode == 0
     assert QueueRate.get('nowhere', connection=connection) == QueueRate(5, 1, 1)
+
+
+def test_metrics_show_the_rate_tokens_and_backoff(connection):
+    prometheus_client = pytest.importorskip('prometheus_client')
+    from rq_policies.metrics import PolicyCollector
+
+    registry = prometheus_client.CollectorRegistry()
+    registry.register(PolicyCollector(connection))
+    QueueRate.set('emails', 100, per=60, burst=10, connection=connection)
+    QueueRate.backoff('partner', 30, connection=connection)
+    text = prometheus_client.generate_latest(registry).decode()
+    assert 'rq_policies_queue_rate_per_second{queue="emails"} 1.6666' in text
+    assert 'rq_policies_queue_rate_available{queue="emails"} 10.0' in text
+    left = [float(line.split()[-1]) for line in text.splitlines()
+            if line.startswith('rq_policies_queue_backoff_seconds{queue="partner"}')]
+    assert len(left) == 1 and 29 < left[0] <= 30

@@ -11,7 +11,7 @@ import time
 
 import pytest
 from redis import Redis
-from rq import get_current_job
+from rq import Callback, get_current_job
 from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.registry import FailedJobRegistry
@@ -259,7 +259,7 @@ def test_the_idle_wait_sleeps_until_the_queue_is_eligible(connection):
 
 
 def test_backoff_in_a_simple_worker_puts_the_job_back_at_the_head_uses_no_retry(connection):
-    from rq import Callback, Retry
+    from rq import Retry
 
     q = PolicyQueue('partner', connection=connection)
     job = q.enqueue(back_off_once, 'partner:starts', 1, retry=Retry(max=1),
@@ -284,6 +284,21 @@ def test_a_rate_change_reads_the_starts_owed_at_the_new_rate(connection):
     QueueRate.set('emails', 100, per=1, burst=100, connection=connection)  # one start owed, at 10 ms now
     assert QueueRate.status('emails', connection=connection).available == 99
     assert isinstance(fetch_once(connection, ['emails']), Claim)
+
+
+def test_snooze_in_a_simple_worker_comes_back_through_the_scheduler(connection):
+    q = PolicyQueue('naps', connection=connection)
+    job = q.enqueue(snooze_times, 'naps:starts', 1, 0.5, on_failure=Callback(note_failure))
+    worker = PolicySimpleWorker([q], connection=connection)
+    worker.work(burst=True, with_scheduler=True)
+    assert job.get_status() == JobStatus.SCHEDULED and job.id in q.scheduled_job_registry
+    assert wait_for(lambda: (worker.work(burst=True, with_scheduler=True), job.get_status())[1]
+                    == JobStatus.FINISHED, timeout=10, interval=0.3)
+    job.refresh()
+    assert job.meta[SNOOZES_META] == 1 and job.retries_left is None
+    assert connection.llen('naps:starts') == 1 and connection.llen('failure-callbacks') == 0
+    assert FailedJobRegistry('naps', connection=connection).count == 0
+    assert q.started_job_registry.count == 0
 
 
 # -- real forking workers -------------------------------------------------------------------------------------------
@@ -505,3 +520,29 @@ def test_metrics_show_the_rate_tokens_and_backoff(connection):
     left = [float(line.split()[-1]) for line in text.splitlines()
             if line.startswith('rq_policies_queue_backoff_seconds{queue="partner"}')]
     assert len(left) == 1 and 29 < left[0] <= 30
+
+
+def test_worker_pool_holds_the_rate(connection, redis_url, worker_env):
+    import subprocess
+    import sys
+
+    QueueRate.set('pooled', 10, per=1, burst=2, connection=connection)
+    q = PolicyQueue('pooled', connection=connection)
+    q.enqueue_many([Queue.prepare_data(record_start, ('pooled:starts',)) for _ in range(20)])
+    pool = subprocess.Popen(
+        [sys.executable, '-m', 'rq.cli', 'worker-pool', '-w', 'rq_policies.PolicyWorker', '--url', redis_url,
+         '-n', '3', '--burst', '--logging-level', 'WARNING', 'pooled'],
+        env=worker_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    try:
+        out, _ = pool.communicate(timeout=60)
+    finally:
+        if pool.poll() is None:
+            os.killpg(pool.pid, signal.SIGKILL)
+            pool.wait()
+    assert pool.returncode == 0, out.decode(errors='replace')[-3000:]
+    times = starts(connection, 'pooled:starts')
+    assert len(times) == 20
+    # Read in the job, after the fork: a wider slack for that jitter than the in-worker record above.
+    assert windows_within_bound(times, 10, 1, 2, slack=0.1) == []
+    assert times[-1] - times[0] >= (20 - 2) / 10 - 0.1

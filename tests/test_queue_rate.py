@@ -199,6 +199,19 @@ def test_a_refused_fetch_replayed_writes_nothing(connection):
     assert connection.llen('rq:queue:emails') == 1
 
 
+def test_a_replayed_taking_fetch_never_starts_more_than_the_rate_allows(connection):
+    """A taking fetch whose reply is lost and is sent again pops again (the framework's replay, not the rate's); the
+    rate's part still counts every pop it allowed, so a replay can never start more than the rate allows."""
+    push(connection, 'emails', 3)
+    QueueRate.set('emails', 1, per=60, connection=connection)
+    queues = [Queue('emails', connection=connection)]
+    call = fetch_call(queues, 'h:1:1:1', 90)
+    first, again = call.run(connection), call.run(connection)
+    assert first[0] == 1 and again[0] == 0  # the replay is refused: the one start was used
+    assert connection.llen('rq:queue:emails') == 2
+    assert QueueRate.status('emails', connection=connection).available == 0
+
+
 def test_a_limited_queue_is_skipped_and_the_next_one_served(connection):
     push(connection, 'limited', 3)
     free = push(connection, 'free', 3)

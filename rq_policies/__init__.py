@@ -9,6 +9,7 @@ from .limited_capacity import LimitedCapacityWorker
 from .loner import Loner
 from .policy import AdmissionPolicy, FetchPolicy, Policy, PolicySet, policy
 from .queue import PolicyQueue
+from .queue_rate import BackOff, QueueRate, RateStatus, Snooze, SnoozeLimitReached
 from .queue_slot import QueueSlot
 from .throttle import Outcome, Throttle
 from .worker import PolicySimpleWorker, PolicyWorker
@@ -17,6 +18,7 @@ __version__ = '0.1.0'
 
 __all__ = [
     'AdmissionPolicy',
+    'BackOff',
     'Debounce',
     'FetchPolicy',
     'LimitedCapacityWorker',
@@ -31,7 +33,11 @@ __all__ = [
     'PolicySet',
     'PolicySimpleWorker',
     'PolicyWorker',
+    'QueueRate',
     'QueueSlot',
+    'RateStatus',
+    'Snooze',
+    'SnoozeLimitReached',
     'Throttle',
     'policy',
 ]

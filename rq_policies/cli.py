@@ -109,6 +109,15 @@ class Kit:
     Digits = Digits
     error = CommandError
 
+    @staticmethod
+    def integer(name: str, raw: Any, maximum: int, minimum: int = 1) -> int:
+        """A value the command line gave as text, read as :class:`Digits` reads an argument (for an option whose
+        meaning depends on another, checked in the command's body)."""
+        try:
+            return Digits(f'a positive integer up to {maximum}', minimum, maximum).convert(raw, None, None)
+        except click.BadParameter as exc:
+            raise click.BadParameter(exc.message, param_hint=name) from None
+
 
 def _parse_value(text: str) -> Any:
     """An ARG as a JSON literal when it is one (``3``, ``true``, ``null``, ``"3"``, ``[1, 2]``), else as a string."""

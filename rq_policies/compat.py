@@ -7,6 +7,7 @@ from typing import Any
 
 import rq
 from rq.queue import Queue
+from rq.worker import Worker
 
 RQ_VERSION: tuple[int, ...] = tuple(int(part) for part in rq.__version__.split('.')[:2] if part.isdigit())
 RQ3 = RQ_VERSION >= (3, 0)
@@ -22,3 +23,8 @@ def create_job_kwargs(data: dict[str, Any]) -> dict[str, Any]:
 def has_rate_limit(job: Any) -> bool:
     """rq 3 added ``RateLimit`` (``job.has_rate_limit``); rq 2.12 jobs never have one."""
     return bool(getattr(job, 'has_rate_limit', False))
+
+
+#: rq 3 ends a job that raised in ``Worker._finalize_failure`` (failure callback, exception handlers, failure
+#: handling); rq 2.12 has no such method and does the same steps inline in ``perform_job``.
+LEGACY_FAILURE = not hasattr(Worker, '_finalize_failure')

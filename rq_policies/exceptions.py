@@ -27,3 +27,51 @@ class PipelineNotSupported(PolicyError):
 
 class PolicyConfigurationError(PolicyError, ValueError):
     """Policies that cannot be combined, or a worker set up so that policies would be bypassed."""
+
+
+class Snooze(PolicyError):  # noqa: N818 - raised by a job as a request, not an error
+    """Raised inside a job: put this job back, due again in ``seconds``; not a failure, no retry used, same job id.
+
+    Needs a worker that runs rq's scheduler (``rq worker --with-scheduler``), which moves the job back to its queue
+    when it is due. The job's meta counts it (``policies_snoozes``); past ``max_snoozes`` the job fails instead.
+
+    Attributes:
+        seconds: the delay, in seconds (a positive number).
+        max_snoozes: how many times the job may be snoozed in all.
+    """
+
+    def __init__(self, seconds: float, max_snoozes: int = 100) -> None:
+        self.seconds = _delay('seconds', seconds)
+        if isinstance(max_snoozes, bool) or not isinstance(max_snoozes, int) or max_snoozes < 1:
+            raise ValueError(f'max_snoozes must be a positive integer, got {max_snoozes!r}')
+        self.max_snoozes = max_snoozes
+        super().__init__(f'snoozed for {seconds} s')
+
+
+class BackOff(PolicyError):  # noqa: N818 - raised by a job as a request, not an error
+    """Raised inside a job: no PolicyWorker starts a job of this queue for ``seconds`` (server clock); this job goes
+    back to the head of its queue. Not a failure, no retry used; the job's meta counts it (``policies_backoffs``).
+
+    A second BackOff on the same queue extends the block only when it ends later.
+
+    Attributes:
+        seconds: how long the queue is blocked, in seconds (a positive number).
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = _delay('seconds', seconds)
+        super().__init__(f'backed off for {seconds} s')
+
+
+class SnoozeLimitReached(PolicyError):
+    """A job raised :class:`Snooze` more than its ``max_snoozes`` allows: it fails with this error."""
+
+
+#: The longest delay Snooze and BackOff accept (ten years, as every other policy duration).
+_MAX_DELAY = 10 * 366 * 24 * 3600
+
+
+def _delay(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= _MAX_DELAY:
+        raise ValueError(f'{name} must be a number of seconds > 0 and <= {_MAX_DELAY}, got {value!r}')
+    return float(value)

@@ -69,8 +69,29 @@ class Fetcher:
 
     hold_ttl: int = ledger.TTL_SECONDS
 
+    #: How often the estimate of the server's clock (:meth:`server_now`) is measured again (seconds).
+    CLOCK_CHECK_SECONDS = 60.0
+
     def __init__(self) -> None:
         self.claim: Claim | None = None
+        self._clock: tuple[float, float] | None = None  # (server minus local clock, local time measured)
+
+    def server_now(self, connection: Any) -> float:
+        """The server's clock (epoch s) estimated from this host's, measured with TIME once a minute at most."""
+        local = time.time()
+        if self._clock is None or local - self._clock[1] > self.CLOCK_CHECK_SECONDS:
+            seconds, micros = connection.time()
+            after = time.time()
+            self._clock = (seconds + micros / 1e6 - (local + after) / 2, after)
+            local = after
+        return local + self._clock[0]
+
+    def until_wait(self, connection: Any, look: Look, seconds: float) -> float:
+        """``seconds``, or less when ``look`` says nothing can be taken before a server time: until then (a gate that
+        skipped a queue until a time, as a start rate does; the wait still ends early on a wake-up)."""
+        if look.until is None:
+            return seconds
+        return min(seconds, max(look.until - self.server_now(connection), 0.001))
 
     def on_claim(self, claim: Claim) -> None:
         self.claim = claim
@@ -184,12 +205,12 @@ def dequeue(
         if fetcher.listen(connection, names):
             continue  # a wake-up published before the subscription landed is lost: look once more first
         if deadline is None:
-            fetcher.wait(connection, names, IDLE_POLL_SECONDS, found.full)
+            fetcher.wait(connection, names, fetcher.until_wait(connection, found, IDLE_POLL_SECONDS), found.full)
             continue
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise DequeueTimeout(timeout, [q.key for q in queues])
-        fetcher.wait(connection, names, remaining, found.full)
+        fetcher.wait(connection, names, fetcher.until_wait(connection, found, remaining), found.full)
 
 
 def rebuild(

@@ -30,6 +30,17 @@ key                                                    type     meaning
                                                                 replaced; a PolicyWorker drops that id should a
                                                                 skewed scheduler bring it back; expires after
                                                                 SUPERSEDED_SECONDS
+``rq:policies:rate``                                   HASH     queue name -> ``<limit> <per> <burst>``: at most
+                                                                ``limit`` job starts every ``per`` seconds, up to
+                                                                ``burst`` at once (QueueRate)
+``rq:policies:tat:<queue>``                            STRING   ``<tat> <interval>``: the queue's theoretical
+                                                                arrival time (QueueRate's GCRA, epoch s, server
+                                                                clock) and the emission interval it was reached at
+                                                                (s); expires once tat is past, where it allows as
+                                                                much as no key
+``rq:policies:backoff``                                ZSET     member = queue name, score = epoch second (server
+                                                                clock) until which no PolicyWorker starts a job of
+                                                                it (BackOff); past members are trimmed on write
 ``rq:policies:drops``                                  HASH     ``<policy>:<queue>`` -> dropped enqueues (a counter)
 ``rq:policies:wake:<queue>``                           channel  pub/sub: a job was admitted or a hold freed
 ``rq:policies:lcw``                                    ZSET     LimitedCapacityWorker classes seen: member = class
@@ -68,6 +79,8 @@ from dataclasses import dataclass
 PREFIX = 'rq:policies:'
 
 CAPACITY = PREFIX + 'capacity'
+RATE = PREFIX + 'rate'
+BACKOFF = PREFIX + 'backoff'
 DROPS = PREFIX + 'drops'
 
 #: Field of the job hash naming the job's loner marker key.
@@ -109,6 +122,11 @@ def debounce(queue: str, digest: str) -> str:
 def holds(queue: str) -> str:
     """The hold ledger of one queue (QueueSlot's). The string still says ``slots``: 0.1's name, kept for upgrades."""
     return f'{PREFIX}slots:{queue}'
+
+
+def rate_tat(queue: str) -> str:
+    """The theoretical arrival time of one rate-limited queue (QueueRate's GCRA state)."""
+    return f'{PREFIX}tat:{queue}'
 
 
 def wake(queue: str) -> str:

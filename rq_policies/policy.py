@@ -126,6 +126,18 @@ class Policy:
         """The per-identity key families this policy writes (:class:`rq_policies.keys.Family`), for info and reset."""
         return ()
 
+    @classmethod
+    def on_job_exception(cls, job: Any, queue: Any, exc: BaseException, pipeline: Any) -> bool:
+        """A job raised ``exc`` in a PolicyWorker: when it is this policy's (Snooze, BackOff), queue onto
+        ``pipeline`` what becomes of the job instead of rq's failure path, and return True.
+
+        The worker then skips the job's failure callback, rq's exception handlers and its failure and retry
+        handling, removes the job from its started registry, and sends the pipeline; the job's holds are released as
+        on every other path. Raising instead (a :class:`~rq_policies.exceptions.PolicyError` chained from ``exc``)
+        fails the job with that error through rq's own failure path.
+        """
+        return False
+
 
 def registered(kind: str | None = None) -> list[type[Policy]]:
     """Every registered policy class (of one kind when ``kind`` is given), in rank order, then by name."""
@@ -244,6 +256,25 @@ class FetchPolicy(Policy):
     def describe_queue(cls, entry: dict[str, Any]) -> list[str]:
         """The lines ``rq-policies info`` prints for this policy under a queue's headline."""
         return []
+
+    # -- the contract suite (tests/contract): settings, as a policy whose settings live in Redis takes them -------
+
+    @classmethod
+    def configure(cls, connection: Any, queue: str, **settings: Any) -> None:
+        """Give ``queue`` this policy's setting (QueueSlot: ``capacity=``); bad settings raise naming the argument
+        and write nothing."""
+        raise NotImplementedError(f'{cls.__name__}: configure() is how the contract suite sets it up')
+
+    @classmethod
+    def unconfigure(cls, connection: Any, queue: str) -> None:
+        """Remove the setting :meth:`configure` gave ``queue``."""
+        raise NotImplementedError(f'{cls.__name__}: unconfigure() is how the contract suite clears it')
+
+    @classmethod
+    def setting_examples(cls) -> tuple[dict[str, Any], ...]:
+        """Settings for :meth:`configure` under each of which one start is allowed now and the next is refused
+        (the contract suite runs each one)."""
+        return ()
 
 
 

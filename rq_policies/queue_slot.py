@@ -173,6 +173,27 @@ class QueueSlot(FetchPolicy):
     def fetch_hold(cls, queue_name: str, token: str, ttl: int) -> Hold:
         return Hold(keys.holds(queue_name), token, ttl)
 
+    # -- the contract suite's settings ----------------------------------------------------------------------------
+
+    @classmethod
+    def configure(cls, connection: Any, queue: str, **settings: Any) -> None:
+        cls.set_capacity(queue, connection=connection, **settings)
+
+    @classmethod
+    def unconfigure(cls, connection: Any, queue: str) -> None:
+        cls.clear_capacity(queue, connection=connection)
+
+    @classmethod
+    def setting_examples(cls) -> tuple[dict[str, Any], ...]:
+        return ({'capacity': 1},)
+
+    invalid: ClassVar[tuple[tuple[dict[str, Any], str], ...]] = (
+        ({'capacity': 0}, 'capacity'),
+        ({'capacity': True}, 'capacity'),
+        ({'capacity': '3'}, 'capacity'),
+        ({'capacity': MAX_CAPACITY + 1}, 'capacity'),
+    )
+
     # -- state, metrics, the CLI -----------------------------------------------------------------------------------
 
     @classmethod

@@ -22,18 +22,22 @@ with stock rq:
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
 import redis
+from rq.job import JobStatus
 from rq.queue import Queue
 from rq.worker import SimpleWorker, Worker
 
 from . import health, keys, ledger
+from .compat import LEGACY_FAILURE
+from .exceptions import PolicyError
 from .fetch import IDLE_POLL_SECONDS, Claim, Fetcher, current_fetcher, release_claim
 from .ledger import WAKE_CAPACITY, WAKE_RELEASED, Keeper, Ledger
 from .ops import text
-from .policy import positive_int
+from .policy import positive_int, registered
 from .queue import PolicyQueue
 
 #: Environment variable that sets ``hold_ttl`` for workers started from the command line (``rq worker``,
@@ -317,6 +321,72 @@ class PolicyWorkerMixin:
     def bootstrap(self, *args: Any, **kwargs: Any) -> None:
         super().bootstrap(*args, **kwargs)  # type: ignore[misc]
         health.warn_if_evicting(self.connection, self.log)  # type: ignore[attr-defined]  # maxmemory-policy
+
+    # -- a job raised a policy's exception (Snooze, BackOff): Policy.on_job_exception ----------------------------
+
+    def _policy_outcome(self, job: Any, queue: Any, exc_info: tuple, execution: Any = None) -> tuple | None:
+        """None when a policy took over the job that raised ``exc_info`` (written, off its started registry); else
+        the exc_info rq's failure path records (the policy's own error when it refused, as Snooze past max_snoozes).
+        """
+        exc = exc_info[1]
+        if exc is None:
+            return exc_info
+        for cls in registered():
+            try:
+                with self.connection.pipeline() as pipe:  # type: ignore[attr-defined]
+                    if not cls.on_job_exception(job, queue, exc, pipe):
+                        continue
+                    if LEGACY_FAILURE:
+                        self.cleanup_execution(job, pipeline=pipe)  # type: ignore[attr-defined]
+                    else:
+                        self.cleanup_execution(job, pipeline=pipe, execution=execution)  # type: ignore[attr-defined]
+                    pipe.execute()
+            except PolicyError:
+                return sys.exc_info()
+            self.log.info('rq-policies: job %s: %s (%s)', job.id, exc, cls.name)  # type: ignore[attr-defined]
+            return None
+        return exc_info
+
+    def _finalize_failure(self, job: Any, queue: Any, execution: Any, exc_info: tuple) -> None:  # rq >= 3
+        outcome = self._policy_outcome(job, queue, exc_info, execution)
+        if outcome is not None:
+            super()._finalize_failure(job, queue, execution, outcome)  # type: ignore[misc]
+
+    # rq 2.12 ends a job that raised with handle_execution_ended, the job's failure callback, handle_exception and
+    # handle_job_failure in turn, inside its except block: the outcome is decided at the first of them.
+    _policy_taken: Any = None
+    _policy_error: Any = None
+
+    def handle_execution_ended(self, job: Any, queue: Any, heartbeat_ttl: int) -> None:
+        super().handle_execution_ended(job, queue, heartbeat_ttl)  # type: ignore[misc]
+        self._policy_taken = self._policy_error = None
+        exc_info = sys.exc_info()
+        if not LEGACY_FAILURE or exc_info[1] is None or job.get_status(refresh=False) != JobStatus.FAILED:
+            return
+        outcome = self._policy_outcome(job, queue, exc_info, getattr(self, 'execution', None))
+        if outcome is None:
+            self._policy_taken = job.id
+            job.execute_failure_callback = lambda *args, **kwargs: None  # not a failure: no failure callback
+        elif outcome is not exc_info:
+            self._policy_error = (job.id, outcome)
+
+    def handle_exception(self, job: Any, *exc_info: Any) -> None:
+        if self._policy_taken is not None and self._policy_taken == job.id:
+            return
+        if self._policy_error is not None and self._policy_error[0] == job.id:
+            exc_info = self._policy_error[1]
+        super().handle_exception(job, *exc_info)  # type: ignore[misc]
+
+    def handle_job_failure(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> Any:
+        if self._policy_taken is not None and self._policy_taken == job.id:
+            self._policy_taken = None
+            return None
+        if self._policy_error is not None and self._policy_error[0] == job.id:
+            import traceback
+
+            kwargs['exc_string'] = ''.join(traceback.format_exception(*self._policy_error[1]))
+            self._policy_error = None
+        return super().handle_job_failure(job, queue, *args, **kwargs)  # type: ignore[misc]
 
     def teardown(self) -> None:
         try:

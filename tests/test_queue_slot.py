@@ -21,6 +21,7 @@ from rq.queue import Queue
 from rq_policies import PolicyQueue, PolicySimpleWorker, PolicyWorker, QueueSlot, keys
 from rq_policies.fetch import Fetcher, current_fetcher, fetch_call
 from rq_policies.ledger import Hold, Ledger, acquire_call
+from rq_policies.policy import FETCH, registered
 from rq_policies.worker import HOLD_TTL_ENV, _WorkerFetcher
 
 
@@ -100,8 +101,12 @@ def test_refresh_script_extends_live_holds_and_never_revives_an_expired_one(conn
 
 
 def _dequeue_script(conn: Redis, queues: list[Queue], token: str, ttl: int = 30) -> list:
+    """The fetch reply, with only QueueSlot's hold flag of a claim (other fetch policies' flags are theirs)."""
     raw = fetch_call(queues, token, ttl, Job.redis_job_namespace_prefix).run(conn)
-    return [x.decode() if isinstance(x, bytes) else x for x in raw]
+    reply = [x.decode() if isinstance(x, bytes) else x for x in raw]
+    if reply[0]:
+        reply = reply[:2] + [reply[2 + registered(FETCH).index(QueueSlot)]]
+    return reply
 
 
 def test_dequeue_script_pops_through_the_intermediate_list_and_holds_on_capped_queues(connection):

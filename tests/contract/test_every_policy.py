@@ -1,4 +1,4 @@
-"""The contract every registered admission policy keeps, parametrized over the registry.
+"""The contract every registered policy keeps, parametrized over the registry.
 
 A new policy gets these tests by registering (defining its class) and giving ``examples()`` and ``invalid``:
 
@@ -8,15 +8,25 @@ A new policy gets these tests by registering (defining its class) and giving ``e
   expires, or is freed by the operation that ends its purpose (a marker held while its job waits);
 * ``info --json`` shows its state, and a drop is counted under its name for the metrics;
 * bad arguments raise an error naming the argument.
+
+A fetch policy (its settings live in Redis: ``configure``, ``unconfigure``, ``setting_examples``, ``invalid``) gets:
+
+* under each example setting one start is taken and the next refused without a pop, and a refused fetch replayed
+  writes nothing;
+* its setting is listed (``configured_queues``, ``info --json``, the headline) and clearing it lets the job start;
+* what the fetch writes is under ``rq:policies:`` and expires;
+* bad settings raise an error naming the argument and change nothing in Redis.
 """
 
 from __future__ import annotations
 
 import jobs
 import pytest
+from rq.queue import Queue
 
-from rq_policies import PolicyQueue, keys, ops, state
-from rq_policies.policy import ADMISSION, registered
+from rq_policies import PolicyQueue, keys, ledger, ops, state
+from rq_policies.fetch import Claim, Look, fetch_call, read_reply
+from rq_policies.policy import ADMISSION, FETCH, registered
 
 CASES = [
     pytest.param(example, id=repr(example)) for cls in registered(ADMISSION) for example in cls.examples()
@@ -166,3 +176,100 @@ def test_bad_arguments_name_the_argument(connection, cls, kwargs, argument):
     with pytest.raises((TypeError, ValueError), match=argument):
         cls(**kwargs)
     assert connection.dbsize() == 0
+
+
+# -- fetch policies -------------------------------------------------------------------------------------------------
+
+FETCH_CASES = [
+    pytest.param(cls, settings, id=f'{cls.name}-{settings}') for cls in registered(FETCH)
+    for settings in cls.setting_examples()
+]
+FETCH_INVALID = [
+    pytest.param(cls, kwargs, argument, id=f'{cls.name}-{argument}-{kwargs}')
+    for cls in registered(FETCH) for kwargs, argument in cls.invalid
+]
+
+
+@pytest.fixture
+def forget_holds():
+    yield
+    for token in ledger.PROCESS.snapshot():  # holds the contract's fetches took are not this process's to refresh
+        ledger.PROCESS.discard(token)
+
+
+def test_every_fetch_policy_gives_setting_examples_and_invalid_settings():
+    assert registered(FETCH), 'no fetch policy registered'
+    for cls in registered(FETCH):
+        assert cls.setting_examples(), f'{cls.name}: setting_examples() must give at least one setting'
+        assert cls.invalid, f'{cls.name}: invalid must list settings configure() refuses'
+
+
+def fetch(conn, token):
+    queues = [Queue('contract', connection=conn)]
+    call = fetch_call(queues, token, 90)
+    return call, read_reply(call.run(conn), queues, token, 90)
+
+
+@pytest.mark.parametrize('cls, settings', FETCH_CASES)
+def test_a_setting_allows_one_start_then_refuses_without_a_pop(connection, forget_holds, cls, settings):
+    q = PolicyQueue('contract', connection=connection)
+    q.enqueue(jobs.plain, 1)
+    second = q.enqueue(jobs.plain, 2)
+    cls.configure(connection, 'contract', **settings)
+    _, first = fetch(connection, 'h:1:1:1')
+    assert isinstance(first, Claim)
+    call, refused = fetch(connection, 'h:1:1:2')
+    assert isinstance(refused, Look) and refused.full == {'contract'} and refused.waiting == 1
+    assert connection.lrange(q.key, 0, -1) == [second.id.encode()]
+    before = shape(connection)
+    call.run(connection)  # a refused fetch replayed (a lost reply) writes nothing
+    assert shape(connection) == before
+
+
+@pytest.mark.parametrize('cls, settings', FETCH_CASES)
+def test_a_setting_is_listed_and_clearing_it_lets_the_job_start(connection, forget_holds, cls, settings):
+    q = PolicyQueue('contract', connection=connection)
+    q.enqueue(jobs.plain, 1)
+    q.enqueue(jobs.plain, 2)
+    cls.configure(connection, 'contract', **settings)
+    written = {k.decode() for k in connection.keys(keys.PREFIX + '*')}
+    assert written and all(k.startswith(keys.PREFIX) for k in written)
+    assert 'contract' in cls.configured_queues(connection)
+    assert 'contract' in state.queue_names(connection)
+    entry = state.snapshot(connection, None)['queues']['contract']
+    fields = cls.queue_state(connection, ['contract'], state.server_now(connection), None)['contract']
+    assert fields and set(fields) <= set(entry)  # info --json shows the policy's fields
+    assert cls.summary(entry), f'{cls.name}: the info headline says nothing of its setting'
+    fetch(connection, 'h:1:1:1')
+    assert isinstance(fetch(connection, 'h:1:1:2')[1], Look)
+    cls.unconfigure(connection, 'contract')
+    assert 'contract' not in cls.configured_queues(connection)
+    assert isinstance(fetch(connection, 'h:1:1:3')[1], Claim)
+
+
+@pytest.mark.parametrize('cls, settings', FETCH_CASES)
+def test_what_a_fetch_writes_is_its_own_and_expires(connection, forget_holds, cls, settings):
+    q = PolicyQueue('contract', connection=connection)
+    q.enqueue(jobs.plain, 1)
+    q.enqueue(jobs.plain, 2)
+    cls.configure(connection, 'contract', **settings)
+    setting = {k: connection.dump(k) for k in connection.keys(keys.PREFIX + '*')}
+    fetch(connection, 'h:1:1:1')
+    fetch(connection, 'h:1:1:2')
+    for raw in connection.keys('*'):
+        key = raw.decode()
+        if key.startswith(RQ_KEYS) or raw in setting:
+            continue
+        assert key.startswith(keys.PREFIX), key
+        assert connection.pttl(key) > 0, f'{key}, written by a {cls.name} fetch, never expires'
+    assert {k: connection.dump(k) for k in setting} == setting  # a fetch reads the setting, never writes it
+
+
+@pytest.mark.parametrize('cls, kwargs, argument', FETCH_INVALID)
+def test_bad_settings_name_the_argument_and_change_nothing(connection, cls, kwargs, argument):
+    good = cls.setting_examples()[0]
+    cls.configure(connection, 'contract', **good)
+    before = shape(connection)
+    with pytest.raises((TypeError, ValueError), match=argument):
+        cls.configure(connection, 'contract', **{**good, **kwargs})
+    assert shape(connection) == before

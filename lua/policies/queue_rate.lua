@@ -1,0 +1,80 @@
+--[[
+  Policy part: queue_rate (a cluster-wide rate of job starts per queue, GCRA on the server's
+  clock, and BackOff's block). Included by the framework scripts through `-- @policies`;
+  defines functions only. Only the fetch script (fetch.lua) calls it.
+
+  Keys:
+    queue_rate.settings   HASH    rq:policies:rate, field = queue name -> '<limit> <per> <burst>'
+                                  (integers: starts, seconds, starts)
+    queue_rate.backoff    ZSET    rq:policies:backoff, member = queue name, score = epoch s (server
+                                  clock) until which the queue is blocked
+    queue_rate.tat        key list  queue i's theoretical arrival time, rq:policies:tat:<q>: a
+                                  STRING '<tat> <interval>' (epoch s '%.6f', the emission
+                                  interval it was reached at, s), expiring once tat is past
+  No arguments of its own; the clock is ctx.now (server time, epoch s).
+
+  gate(ctx, i): a queue blocked by a BackOff ending later than now is skipped until then (returns
+  that server time); an unlimited queue is taken (true); a limited one is taken when its GCRA
+  allows a start now (emission interval T = per / limit, tolerance (burst - 1) * T: at most
+  `burst` at once after a quiet spell), else skipped until the time it allows one (a number).
+  The gate writes nothing: a start refused by another gate, or a queue found empty, costs no rate.
+  A rate changed since the arrival time was stored reads it under the new interval (the starts
+  owed keep their count), so the change applies from the next fetch on.
+  take(ctx, i, job_key, jid): the start the gate allowed is recorded (the arrival time moves on by
+  T; the key expires when it is reached). Returns 0: a rate takes no hold, so a start is never
+  refunded, whatever becomes of the job.
+]]
+P.queue_rate = {}
+
+-- The arrival time stored as '<tat> <interval it was reached at>' (epoch s, s), read under the
+-- current interval: the starts still owed keep their count and are paid at the new rate, so a
+-- changed rate applies from the next fetch on, and the change alone grants no fresh burst.
+local function rate_tat(raw, interval, now)
+  if not raw then
+    return now
+  end
+  local tat, was = string.match(raw, '^(%S+) (%S+)$')
+  tat, was = tonumber(tat), tonumber(was)
+  if not tat or tat <= now then
+    return now
+  end
+  if was and was > 0 and was ~= interval then
+    tat = now + (tat - now) / was * interval
+  end
+  return tat
+end
+
+function P.queue_rate.gate(ctx, i)
+  local name = ctx.names[i]
+  local blocked = tonumber(rcall('ZSCORE', ctx.key('queue_rate.backoff'), name))
+  if blocked and blocked > ctx.now then
+    return blocked
+  end
+  local raw = rcall('HGET', ctx.key('queue_rate.settings'), name)
+  if not raw then
+    return true
+  end
+  local limit, per, burst = string.match(raw, '^(%d+) (%d+) (%d+)$')
+  if not limit then
+    return true -- not written by QueueRate.set (which validates): ignored rather than blocking forever
+  end
+  local interval = tonumber(per) / tonumber(limit)
+  local tat = rate_tat(rcall('GET', ctx.key_at('queue_rate.tat', i)), interval, ctx.now)
+  local allowed_at = tat - (tonumber(burst) - 1) * interval
+  if allowed_at > ctx.now then
+    return allowed_at
+  end
+  ctx.q.queue_rate = {tat + interval, interval}
+  return true
+end
+
+function P.queue_rate.take(ctx, i, job_key, jid)
+  local taken = ctx.q.queue_rate
+  if taken then
+    local tat, interval = taken[1], taken[2]
+    local ms = math.ceil((tat - ctx.now) * 1000)
+    rcall('SET', ctx.key_at('queue_rate.tat', i), string.format('%.6f %.17g', tat, interval), 'PX',
+      math.max(ms, 1))
+  end
+  return 0
+end

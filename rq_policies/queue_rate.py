@@ -1,0 +1,412 @@
+"""QueueRate: at most ``limit`` job starts of a queue every ``per`` seconds across the whole cluster, checked at fetch.
+
+A GCRA on the server's clock (``lua/policies/queue_rate.lua``): one key per limited queue holds its theoretical
+arrival time (``rq:policies:tat:<queue>``); a start is allowed when that time, less the tolerance ``(burst - 1) *
+per / limit``, is not in the future, and moves it on by ``per / limit``. Exact, O(1), no per-start entries and no
+reaper: the key expires once its time is past, where it allows as much as no key at all.
+
+The check runs in the fetch script together with the pop and any QueueSlot hold (:mod:`rq_policies.fetch`), so a
+start the rate does not allow never pops, and a start refused by a cap consumes no rate. A limited queue is skipped
+and the worker serves its other queues in rq's order; a worker whose queues are all limited sleeps until the
+earliest time one of them allows a start (the script tells it), or until a push, release or setting change wakes it.
+
+The settings live in Redis (``rq:policies:rate``), like QueueSlot's capacity, so every PolicyWorker obeys the same
+numbers and an operator changes them without a deploy. The same policy owns BackOff's block
+(``rq:policies:backoff``) and what happens to a job that raises :class:`~rq_policies.exceptions.Snooze` or
+:class:`~rq_policies.exceptions.BackOff`.
+
+The name is not ``RateLimit``: rq 3 exports ``rq.RateLimit(key, concurrency)``, a concurrency limit at enqueue.
+QueueSlot caps how many run, QueueRate how many start per unit of time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, ClassVar
+
+from redis import Redis
+
+from . import keys
+from .exceptions import BackOff, Snooze, SnoozeLimitReached
+from .ledger import WAKE_CAPACITY
+from .ops import text
+from .policy import MAX_CAPACITY, MAX_SECONDS, FetchPolicy, positive_int, whole_seconds
+from .queue_slot import queue_name
+
+__all__ = ['BACKOFFS_META', 'SNOOZES_META', 'BackOff', 'QueueRate', 'RateStatus', 'Snooze', 'SnoozeLimitReached']
+
+#: The job's meta key counting how often it was snoozed, and how often it backed its queue off.
+SNOOZES_META = 'policies_snoozes'
+BACKOFFS_META = 'policies_backoffs'
+
+
+@dataclass(frozen=True)
+class RateStatus:
+    """A limited queue's rate right now (server clock).
+
+    Attributes:
+        available: starts allowed at once now (0 to ``burst``; 0 also while a back-off blocks the queue).
+        next_at: the server time (epoch s) the next start is allowed (now, when one is available).
+        backoff_until: the server time a BackOff blocks the queue until, or None.
+    """
+
+    available: int
+    next_at: float
+    backoff_until: float | None = None
+
+
+@dataclass(frozen=True)
+class QueueRate(FetchPolicy):
+    """A queue's start rate: ``limit`` starts every ``per`` seconds, up to ``burst`` at once after a quiet spell.
+
+    Used through classmethods (:meth:`set`, :meth:`get`, :meth:`clear`, :meth:`status`): the setting lives in
+    Redis, not on a function. An instance is what :meth:`get` returns.
+    """
+
+    name: ClassVar[str] = 'queue_rate'
+
+    limit: int
+    per: int = 1
+    burst: int = 1
+
+    def __post_init__(self) -> None:
+        check(self.limit, self.per, self.burst)
+
+    def __repr__(self) -> str:
+        return f'QueueRate(limit={self.limit}, per={self.per}, burst={self.burst})'
+
+    @property
+    def interval(self) -> float:
+        """Seconds between two starts at the steady rate (GCRA's emission interval)."""
+        return self.per / self.limit
+
+    # -- the setting ----------------------------------------------------------------------------------------------
+
+    @classmethod
+    def set(cls, queue: Any, limit: int, per: int = 1, burst: int = 1, connection: Redis | None = None) -> QueueRate:
+        """Limit ``queue`` to ``limit`` job starts every ``per`` seconds across the cluster, up to ``burst`` at once.
+
+        Stored in Redis: every PolicyWorker's next fetch obeys it. Idle PolicyWorkers are woken, so a raised rate is
+        used at once. The starts already owed keep their count and are paid at the new rate, so a change never
+        grants a fresh burst by itself.
+
+        Args:
+            queue: queue name or Queue.
+            limit: starts per ``per`` seconds, a positive integer.
+            per: the period, whole seconds >= 1.
+            burst: starts allowed at once after a quiet spell, 1 to ``limit``.
+            connection: the Redis connection.
+
+        Returns:
+            The rate now set.
+
+        Raises:
+            ValueError: naming the argument and the value; nothing is written.
+        """
+        name = queue_name(queue)
+        rate = cls(limit, per, burst)
+        conn = _need(connection)
+        with conn.pipeline(transaction=False) as pipe:
+            pipe.hset(keys.RATE, name, f'{rate.limit} {rate.per} {rate.burst}')
+            pipe.publish(keys.wake(name), WAKE_CAPACITY)
+            pipe.execute()
+        return rate
+
+    @classmethod
+    def get(cls, queue: Any, connection: Redis | None = None) -> QueueRate | None:
+        """The rate of ``queue``, or None when it is unlimited."""
+        raw = _need(connection).hget(keys.RATE, queue_name(queue))
+        return parse(raw)
+
+    @classmethod
+    def clear(cls, queue: Any, connection: Redis | None = None) -> bool:
+        """Remove the rate of ``queue`` (its arrival time expires by itself). Returns True when it had one."""
+        name = queue_name(queue)
+        with _need(connection).pipeline(transaction=False) as pipe:
+            pipe.hdel(keys.RATE, name)
+            pipe.delete(keys.rate_tat(name))
+            pipe.publish(keys.wake(name), WAKE_CAPACITY)
+            removed, _, _ = pipe.execute()
+        return bool(removed)
+
+    @classmethod
+    def status(cls, queue: Any, connection: Redis | None = None) -> RateStatus | None:
+        """How many starts ``queue`` allows now and when the next one is allowed; None when it has no rate and no
+        back-off."""
+        name = queue_name(queue)
+        conn = _need(connection)
+        with conn.pipeline(transaction=False) as pipe:
+            pipe.time()
+            pipe.hget(keys.RATE, name)
+            pipe.get(keys.rate_tat(name))
+            pipe.zscore(keys.BACKOFF, name)
+            (seconds, micros), raw, tat, blocked = pipe.execute()
+        return _status(parse(raw), tat, blocked, seconds + micros / 1e6)
+
+    @classmethod
+    def backoff(cls, queue: Any, seconds: float, connection: Redis | None = None) -> float:
+        """Block ``queue`` for ``seconds`` (server clock), as a job raising :class:`BackOff` does; a block that
+        already ends later is kept. Returns the server time the block ends."""
+        name = queue_name(queue)
+        delay = BackOff(seconds).seconds
+        conn = _need(connection)
+        with conn.pipeline(transaction=False) as pipe:
+            _backoff_in(pipe, name, delay, _server_now(conn))
+            pipe.execute()
+        return float(conn.zscore(keys.BACKOFF, name) or 0.0)
+
+    # -- the fetch (lua/policies/queue_rate.lua) ------------------------------------------------------------------
+
+    @classmethod
+    def fetch_keys(cls, call: Any, queue_names: list[str]) -> None:
+        call.key('queue_rate.settings', keys.RATE)
+        call.key('queue_rate.backoff', keys.BACKOFF)
+        call.key_list('queue_rate.tat', [keys.rate_tat(name) for name in queue_names])
+
+    # -- a job raised Snooze or BackOff ---------------------------------------------------------------------------
+
+    @classmethod
+    def on_job_exception(cls, job: Any, queue: Any, exc: BaseException, pipeline: Any) -> bool:
+        if isinstance(exc, Snooze):
+            count = int(job.meta.get(SNOOZES_META, 0)) + 1
+            if count > exc.max_snoozes:
+                raise SnoozeLimitReached(
+                    f'job {job.id} raised Snooze({exc.seconds:g}) after {count - 1} snoozes: max_snoozes='
+                    f'{exc.max_snoozes} reached, so it fails'
+                ) from exc
+            job.meta[SNOOZES_META] = count
+            when = datetime.now(timezone.utc) + timedelta(seconds=exc.seconds)
+            queue.schedule_job(job, when, pipeline=pipeline)  # saves the job, meta included
+            return True
+        if isinstance(exc, BackOff):
+            job.meta[BACKOFFS_META] = int(job.meta.get(BACKOFFS_META, 0)) + 1
+            _backoff_in(pipeline, queue.name, exc.seconds, _server_now(queue.connection))
+            queue._enqueue_job(job, pipeline=pipeline, at_front=True)  # saves the job, meta included
+            return True
+        return False
+
+    # -- the contract suite's settings ----------------------------------------------------------------------------
+
+    @classmethod
+    def configure(cls, connection: Any, queue: str, **settings: Any) -> None:
+        cls.set(queue, connection=connection, **settings)
+
+    @classmethod
+    def unconfigure(cls, connection: Any, queue: str) -> None:
+        cls.clear(queue, connection=connection)
+
+    @classmethod
+    def setting_examples(cls) -> tuple[dict[str, Any], ...]:
+        return ({'limit': 1, 'per': 60}, {'limit': 10, 'per': 3600, 'burst': 1})
+
+    invalid: ClassVar[tuple[tuple[dict[str, Any], str], ...]] = (
+        ({'limit': 0}, 'limit'),
+        ({'limit': -3}, 'limit'),
+        ({'limit': 1.5}, 'limit'),
+        ({'limit': True}, 'limit'),
+        ({'limit': MAX_CAPACITY + 1}, 'limit'),
+        ({'limit': 5, 'per': 0}, 'per'),
+        ({'limit': 5, 'per': 0.5}, 'per'),
+        ({'limit': 5, 'per': MAX_SECONDS + 1}, 'per'),
+        ({'limit': 5, 'burst': 0}, 'burst'),
+        ({'limit': 5, 'burst': 6}, 'burst'),
+        ({'limit': 5, 'burst': '2'}, 'burst'),
+    )
+
+    # -- state, metrics, the CLI -----------------------------------------------------------------------------------
+
+    @classmethod
+    def configured_queues(cls, connection: Any) -> set[str]:
+        return {text(name) for name in connection.hkeys(keys.RATE)}
+
+    @classmethod
+    def queue_state(cls, connection: Any, names: list[str], now: float, limit: int | None) -> dict[str, dict]:
+        rates = {text(k): parse(v) for k, v in connection.hgetall(keys.RATE).items()}
+        blocks = {text(k): float(v) for k, v in connection.zrangebyscore(keys.BACKOFF, f'({now:.6f}', '+inf',
+                                                                          withscores=True)}
+        with connection.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.get(keys.rate_tat(name))
+            tats = pipe.execute()
+        out: dict[str, dict] = {}
+        for name, tat in zip(names, tats):
+            rate = rates.get(name)
+            status = _status(rate, tat, blocks.get(name), now)
+            out[name] = {
+                'rate': None if rate is None else {'limit': rate.limit, 'per': rate.per, 'burst': rate.burst},
+                'rate_available': status.available if status and rate else None,
+                'rate_next_at': status.next_at if status and rate else None,
+                'backoff_until': blocks.get(name),
+                'backoff_seconds_left': round(blocks[name] - now, 3) if name in blocks else None,
+            }
+        return out
+
+    @classmethod
+    def summary(cls, entry: dict[str, Any]) -> str:
+        rate = entry.get('rate')
+        words = []
+        if rate:
+            words.append(f'rate {rate["limit"]}/{rate["per"]}s burst {rate["burst"]}, {entry["rate_available"]} '
+                         'available')
+        if entry.get('backoff_until'):
+            words.append(f'backed off {entry["backoff_seconds_left"]:.1f}s')
+        return ', '.join(words)
+
+    @classmethod
+    def describe_queue(cls, entry: dict[str, Any]) -> list[str]:
+        lines = []
+        if entry.get('rate'):
+            lines.append(f'  rate      {entry["rate_available"]} start(s) available, next start at server time '
+                         f'{entry["rate_next_at"]:.3f}')
+        if entry.get('backoff_until'):
+            lines.append(f'  backoff   no start until server time {entry["backoff_until"]:.3f} '
+                         f'(in {entry["backoff_seconds_left"]:.1f}s)')
+        return lines
+
+    @classmethod
+    def metric_families(cls, connection: Any, now: float) -> list[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        limit = GaugeMetricFamily('rq_policies_queue_rate_per_second',
+                                  'QueueRate of a queue: job starts allowed per second.', labels=['queue'])
+        available = GaugeMetricFamily('rq_policies_queue_rate_available',
+                                      'QueueRate starts a queue allows at once now.', labels=['queue'])
+        backoff = GaugeMetricFamily('rq_policies_queue_backoff_seconds',
+                                    'Seconds left of a BackOff blocking a queue.', labels=['queue'])
+        names = sorted(cls.configured_queues(connection)
+                       | {text(m) for m in connection.zrangebyscore(keys.BACKOFF, f'({now:.6f}', '+inf')})
+        for name, entry in cls.queue_state(connection, names, now, None).items():
+            if entry['rate']:
+                limit.add_metric([name], entry['rate']['limit'] / entry['rate']['per'])
+                available.add_metric([name], entry['rate_available'])
+            if entry['backoff_seconds_left']:
+                backoff.add_metric([name], entry['backoff_seconds_left'])
+        return [limit, available, backoff]
+
+    @classmethod
+    def cli_commands(cls, kit: Any) -> list[Any]:
+        import click
+
+        @click.command()
+        @click.argument('queue')
+        @click.argument('rate', required=False, metavar='LIMIT/PER')
+        @click.option('--burst', default=None, help='Starts allowed at once after a quiet spell (1 to LIMIT; 1).')
+        @click.option('--clear', is_flag=True, help='Remove the rate.')
+        @click.option('--force', is_flag=True, help='Limit a queue rq does not know yet.')
+        @kit.pass_cli_config
+        def rate(cli_config: Any, queue: str, rate: str | None, burst: str | None, clear: bool, force: bool,
+                 **options: Any) -> None:
+            """Limit QUEUE to LIMIT job starts every PER across the cluster (100/60s, 5/1m, 10/1h, 3/1), or remove
+            the limit with --clear."""
+            if clear == (rate is not None):
+                raise click.UsageError('give either LIMIT/PER or --clear')
+            if clear and burst is not None:
+                raise click.UsageError('--burst goes with LIMIT/PER, not with --clear')
+            if not clear:
+                limit, per = parse_rate(rate)  # type: ignore[arg-type]
+                size = kit.integer('--burst', burst, MAX_CAPACITY) if burst is not None else 1
+                try:
+                    new = cls(limit, per, size)
+                except ValueError as exc:
+                    hint = '--burst' if 'burst' in str(exc) else 'LIMIT/PER'
+                    raise click.BadParameter(str(exc), param_hint=hint) from None
+            conn = kit.connect(cli_config)
+            kit.require_known(conn, queue, force or clear)
+            before = cls.get(queue, connection=conn)
+            was = f'was {before.limit}/{before.per}s burst {before.burst}' if before else 'was unlimited'
+            if clear:
+                cls.clear(queue, connection=conn)
+                click.echo(f'Queue {queue!r} has no rate ({was}).')
+            else:
+                cls.set(queue, new.limit, new.per, new.burst, connection=conn)
+                click.echo(f'Queue {queue!r} is limited to {new.limit} starts every {new.per}s, burst {new.burst} '
+                           f'({was}).')
+
+        return [rate]
+
+
+_UNITS = {'': 1, 's': 1, 'm': 60, 'h': 3600, 'd': 86400}
+
+
+def parse_rate(raw: str) -> tuple[int, int]:
+    """``'100/60s'`` as ``(100, 60)``: LIMIT/PER with PER in whole seconds, minutes, hours or days (``s`` by default).
+
+    Raises:
+        click.BadParameter naming LIMIT/PER and the value.
+    """
+    import click
+
+    head, sep, tail = raw.partition('/')
+    unit = tail[-1:] if tail[-1:] in _UNITS else ''
+    number = tail[: len(tail) - len(unit)]
+    if not sep or not head.isascii() or not head.isdigit() or not number.isascii() or not number.isdigit():
+        raise click.BadParameter(f'expected LIMIT/PER such as 100/60s, 5/1m or 3/1, got {raw!r}',
+                                 param_hint='LIMIT/PER')
+    limit, per = int(head), int(number) * _UNITS[unit]
+    try:
+        check(limit, per, 1)
+    except ValueError as exc:
+        raise click.BadParameter(f'{exc} (in {raw!r})', param_hint='LIMIT/PER') from None
+    return limit, per
+
+
+def check(limit: Any, per: Any, burst: Any) -> None:
+    """Refuse a bad rate with a ValueError naming the argument and the value."""
+    positive_int('limit', limit, MAX_CAPACITY)
+    whole_seconds('per', per)
+    positive_int('burst', burst, MAX_CAPACITY)
+    if burst > limit:
+        raise ValueError(f'burst must be at most limit ({limit}), got {burst!r}')
+
+
+def parse(raw: Any) -> QueueRate | None:
+    """A stored setting (``'<limit> <per> <burst>'``) as a QueueRate, or None."""
+    if raw is None:
+        return None
+    limit, per, burst = (int(part) for part in text(raw).split())
+    return QueueRate(limit, per, burst)
+
+
+def _status(rate: QueueRate | None, raw_tat: Any, blocked: Any, now: float) -> RateStatus | None:
+    until = float(blocked) if blocked is not None and float(blocked) > now else None
+    if rate is None:
+        return None if until is None else RateStatus(0, until, until)
+    tat = read_tat(raw_tat, rate.interval, now)
+    tolerance = (rate.burst - 1) * rate.interval
+    next_at = max(now, tat - tolerance)
+    available = min(rate.burst, max(0, math.floor((now + tolerance - tat) / rate.interval + 1e-9) + 1))
+    if until is not None:
+        return RateStatus(0, max(next_at, until), until)
+    return RateStatus(available, next_at, None)
+
+
+def read_tat(raw: Any, interval: float, now: float) -> float:
+    """A stored arrival time (``'<tat> <interval>'``) under ``interval``, as ``lua/policies/queue_rate.lua`` reads it:
+    the starts still owed keep their count at a changed rate."""
+    if raw is None:
+        return now
+    parts = text(raw).split()
+    tat = float(parts[0])
+    if tat <= now:
+        return now
+    was = float(parts[1]) if len(parts) > 1 else interval
+    return now + (tat - now) / was * interval if was > 0 and was != interval else tat
+
+
+def _backoff_in(pipe: Any, name: str, seconds: float, now: float) -> None:
+    """Queue onto ``pipe`` a block of queue ``name`` until ``now + seconds``, kept when one ends later (ZADD GT)."""
+    pipe.zadd(keys.BACKOFF, {name: round(now + seconds, 6)}, gt=True)
+    pipe.zremrangebyscore(keys.BACKOFF, '-inf', f'({now:.6f}')
+
+
+def _server_now(conn: Any) -> float:
+    seconds, micros = conn.time()
+    return seconds + micros / 1e6
+
+
+def _need(connection: Any) -> Any:
+    if connection is None:
+        raise ValueError('connection is required: pass connection=Redis(...)')
+    return connection

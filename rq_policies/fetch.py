@@ -100,7 +100,11 @@ def fetch_call(
     """The ``lua/fetch.lua`` call taking the next job of ``queues`` (in that order), holds named ``token``."""
     names = [q.name for q in queues]
     policies = registered(FETCH)
-    call = Call('fetch', job_prefix=job_prefix, names=names, order=[p.name for p in policies], token=token, ttl=ttl)
+    call = Call(
+        'fetch', job_prefix=job_prefix, names=names, order=[p.name for p in policies], token=token, ttl=ttl,
+        claim_ttl=keys.CLAIM_TTL,
+    )
+    call.key('claim', keys.claim(token))
     call.key_list('queues', [q.key for q in queues])
     call.key_list('intermediate', [q.intermediate_queue_key for q in queues])
     for policy in policies:
@@ -154,7 +158,8 @@ def dequeue(
     while True:
         token = ledger.claim_token()
         fetched_after = time.time()
-        found = read_reply(call.arg('token', token).run(connection), queues, token, fetcher.hold_ttl)
+        call.arg('token', token).set_key('claim', keys.claim(token))
+        found = read_reply(call.run(connection), queues, token, fetcher.hold_ttl)
         if isinstance(found, Claim):
             found.fetched_after = fetched_after
             queue = queues[names.index(found.queue_name)]

@@ -25,6 +25,10 @@ key                                                    type     meaning
 ``rq:policies:slots:<queue>``                          ZSET     the queue's hold ledger (QueueSlot): member = the
                                                                 hold's claim token, score = epoch second the hold
                                                                 expires (:func:`holds`)
+``rq:policies:claim:<token>``                          STRING   what the fetch under claim token ``<token>`` took
+                                                                (``<i>:<hold flags>:<job id>``), so a replayed
+                                                                fetch answers the same job; expires after
+                                                                :data:`CLAIM_TTL` seconds
 ``rq:policies:capacity``                               HASH     queue name -> cluster-wide cap (QueueSlot)
 ``rq:policies:drops``                                  HASH     ``<policy>:<queue>`` -> dropped enqueues (a counter)
 ``rq:policies:wake:<queue>``                           channel  pub/sub: a job was admitted or a hold freed
@@ -93,6 +97,15 @@ def debounce(queue: str, digest: str) -> str:
 def holds(queue: str) -> str:
     """The hold ledger of one queue (QueueSlot's). The string still says ``slots``: 0.1's name, kept for upgrades."""
     return f'{PREFIX}slots:{queue}'
+
+
+#: Seconds a fetch's claim record lives: long enough for redis-py to resend a fetch whose reply was lost.
+CLAIM_TTL = 60
+
+
+def claim(token: str) -> str:
+    """The record of what the fetch under claim ``token`` took (a replay of that fetch answers it)."""
+    return f'{PREFIX}claim:{token}'
 
 
 def wake(queue: str) -> str:

@@ -18,7 +18,7 @@ from rq.exceptions import DequeueTimeout
 from rq.job import Job, JobStatus, Retry
 from rq.queue import Queue
 
-from rq_policies import PolicyQueue, PolicySimpleWorker, PolicyWorker, QueueSlot, keys
+from rq_policies import PolicyQueue, PolicySimpleWorker, PolicyWorker, QueueSlot, keys, ops
 from rq_policies.fetch import Fetcher, current_fetcher, fetch_call
 from rq_policies.ledger import Hold, Ledger, acquire_call
 from rq_policies.worker import HOLD_TTL_ENV, _WorkerFetcher
@@ -134,6 +134,38 @@ def test_dequeue_script_pops_through_the_intermediate_list_and_holds_on_capped_q
     ghost_free = capped.enqueue(jobs.plain, 4)
     assert _dequeue_script(connection, [capped], 't4') == [1, ghost_free.id, 1]
     assert connection.lrange(capped.intermediate_queue_key, 0, -1) == [first.id.encode(), ghost_free.id.encode()]
+
+
+def test_a_replayed_fetch_answers_the_job_the_first_attempt_took(connection, monkeypatch):
+    # redis-py resends a command whose reply was lost: the same fetch, same claim token, runs twice. The replay must
+    # answer the first attempt's job; popping a second one would strand it on the intermediate list, status queued,
+    # its loner marker gone (an identical enqueue admitted, and rq's cleanup failing it without a run).
+    q = PolicyQueue('replay', connection=connection)
+    QueueSlot.set_capacity('replay', 2, connection=connection)
+    first = q.enqueue(jobs.sweep_cache, 1)
+    second = q.enqueue(jobs.sweep_cache, 2)
+    real_run = ops.Call.run
+
+    def lost_reply(self, client):
+        if self.script == 'fetch':
+            real_run(self, client)
+        return real_run(self, client)
+
+    monkeypatch.setattr(ops.Call, 'run', lost_reply)
+    fetcher = _WorkerFetcher(30)
+    token = current_fetcher.set(fetcher)
+    try:
+        job, _ = q.dequeue_any([q], None, connection=connection)
+    finally:
+        current_fetcher.reset(token)
+        fetcher.close()
+    monkeypatch.undo()
+    assert job.id == first.id
+    assert fetcher.claim.job_id == first.id and len(fetcher.claim.holds) == 1
+    assert q.job_ids == [second.id]  # still waiting, not popped
+    assert connection.lrange(q.intermediate_queue_key, 0, -1) == [first.id.encode()]
+    assert q.enqueued(jobs.sweep_cache, 2)  # its marker is intact
+    assert set(members(connection, 'replay')) == {fetcher.claim.token}  # one hold, not two
 
 
 def test_dequeue_script_racing_processes_never_take_more_than_the_cap(connection, redis_url):

@@ -11,6 +11,7 @@ its :class:`Fetcher` in :data:`current_fetcher` around each fetch.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Sequence
 from contextvars import ContextVar
@@ -119,7 +120,7 @@ def read_reply(reply: list[Any], queues: Sequence[Queue], token: str, ttl: int) 
         queue = queues[index - 1]
         job_id = second.decode() if isinstance(second, bytes) else second
         holds = tuple(
-            policy.fetch_hold(queue.name, token, ttl)
+            dataclasses.replace(policy.fetch_hold(queue.name, token, ttl), job=job_id)
             for policy, flag in zip(registered(FETCH), rest)
             if flag == 1
         )

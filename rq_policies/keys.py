@@ -30,6 +30,9 @@ key                                                    type     meaning
                                                                 fetch answers the same job; expires after
                                                                 :data:`CLAIM_TTL` seconds
 ``rq:policies:capacity``                               HASH     queue name -> cluster-wide cap (QueueSlot)
+``rq:policies:lapses``                                 HASH     ``queue:<queue>`` / ``lcw:<class>`` -> holds found
+                                                                lapsed under a running job and re-added (a counter,
+                                                                :func:`lapse_field`)
 ``rq:policies:drops``                                  HASH     ``<policy>:<queue>`` -> dropped enqueues (a counter)
 ``rq:policies:wake:<queue>``                           channel  pub/sub: a job was admitted or a hold freed
 ``rq:policies:lcw``                                    ZSET     LimitedCapacityWorker classes seen: member = class
@@ -69,6 +72,7 @@ PREFIX = 'rq:policies:'
 
 CAPACITY = PREFIX + 'capacity'
 DROPS = PREFIX + 'drops'
+LAPSES = PREFIX + 'lapses'
 
 #: Field of the job hash naming the job's loner marker key.
 LONER_FIELD = 'policies_loner'
@@ -130,6 +134,18 @@ def lcw_running(worker_class: str) -> str:
 def lcw_queued(worker_class: str) -> str:
     """The ids of one LimitedCapacityWorker class's jobs that wait to start."""
     return f'{PREFIX}lcw-queued:{worker_class}'
+
+
+def lapse_field(ledger: str) -> str:
+    """The field of :data:`LAPSES` counting the lapses of hold ledger key ``ledger``: ``queue:<queue>`` for a
+    queue's (QueueSlot), ``lcw:<class>`` for a LimitedCapacityWorker class's."""
+    queue_ledger = holds('')
+    if ledger.startswith(queue_ledger):
+        return 'queue:' + ledger[len(queue_ledger):]
+    lcw_ledger = lcw_running('')
+    if ledger.startswith(lcw_ledger):
+        return 'lcw:' + ledger[len(lcw_ledger):]
+    return ledger
 
 
 def drop_field(policy: str, queue: str) -> str:

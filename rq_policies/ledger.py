@@ -9,8 +9,10 @@ while jobs still run. With a ledger:
   ledger key itself expires once its last hold could have, ``lua/lib/outlive.lua``);
 * a release names one member, so a release arriving after its own hold lapsed frees nothing that has since been
   handed to someone else;
-* a refresh never revives a lapsed hold (its capacity may be someone else's by then), and tells the caller which ones
-  lapsed.
+* a refresh comes only from the owner of a job that still runs, so a hold it finds lapsed (a stall longer than its
+  ttl, a restart without persistence) is written again, counted in ``rq:policies:lapses`` and reported to the
+  caller, who logs it: a lease may lapse, never silently, and a running job is always counted again (the ledger may
+  then be over its cap until enough jobs end; fetches are refused meanwhile).
 
 :class:`Hold` names one hold; :class:`Ledger` is the holds one owner has (a process, a job) with the three operations
 on them (acquire, refresh, release); :class:`Keeper` refreshes an owner's holds from a thread where no heartbeat
@@ -26,9 +28,10 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from . import keys
 from .ops import Call
 
 logger = logging.getLogger('rq_policies')
@@ -48,11 +51,15 @@ WAKE_CAPACITY = 'capacity'
 
 @dataclass(frozen=True)
 class Hold:
-    """One hold: the member ``token`` of the ledger key ``ledger``, living ``ttl`` seconds unless refreshed."""
+    """One hold: the member ``token`` of the ledger key ``ledger``, living ``ttl`` seconds unless refreshed.
+
+    ``job`` names the job it counts, for logs (not part of its identity).
+    """
 
     ledger: str
     token: str
     ttl: int
+    job: str | None = field(default=None, compare=False)
 
 
 def acquire_call(hold: Hold, capacity: int) -> Call:
@@ -67,9 +74,23 @@ def acquire_call(hold: Hold, capacity: int) -> Call:
 
 def refresh_call(holds: list[Hold]) -> Call:
     """The ``lua/refresh_holds.lua`` call refreshing ``holds`` (each by its own ttl); it replies with the 1-based
-    positions of those found lapsed."""
-    call = Call('refresh_holds', tokens=[h.token for h in holds], ttls=[h.ttl for h in holds])
+    positions of those found lapsed (re-added and counted)."""
+    call = Call(
+        'refresh_holds', tokens=[h.token for h in holds], ttls=[h.ttl for h in holds],
+        fields=[keys.lapse_field(h.ledger) for h in holds],
+    )
+    call.key('lapses', keys.LAPSES)
     return call.key_list('holds', [h.ledger for h in holds])
+
+
+def log_lapses(log: Any, lapsed: Iterable[Hold]) -> None:
+    """Log each hold a refresh found lapsed under its running job (a WARNING naming ledger, job and holder)."""
+    for hold in lapsed:
+        log.warning(
+            'rq-policies: hold on %s lapsed while job %s still runs (holder %s): re-added, so the ledger counts it '
+            'again; a stall longer than the hold ttl (%s s) let another job take its place meanwhile',
+            keys.lapse_field(hold.ledger), hold.job, hold.token, hold.ttl,
+        )
 
 
 def _is_pipeline(conn: Any) -> bool:
@@ -134,35 +155,37 @@ class Ledger:
         return taken
 
     def refresh(self, connection: Any, holds: list[Hold] | None = None, ttl: int | None = None) -> list[Hold]:
-        """Refresh ``holds`` (default: every hold this owner has) in one call; a lapsed one is not revived.
+        """Refresh ``holds`` (default: every hold this owner has) in one call; a lapsed one is re-added and counted.
 
+        Call it only while the holds' jobs run: the script writes back a hold it finds gone.
         ``ttl`` replaces each hold's own (a worker's ``hold_ttl``, as on its heartbeat).
 
         Returns:
-            The holds found lapsed. The owner forgets them: refreshing them again could only fail.
+            The holds found lapsed (and re-added): the caller logs them (:func:`log_lapses`).
         """
         holds = self.holds() if holds is None else holds
         if not holds:
             return []
-        sent = holds if ttl is None else [Hold(h.ledger, h.token, ttl) for h in holds]
+        sent = holds if ttl is None else [Hold(h.ledger, h.token, ttl, h.job) for h in holds]
         positions = refresh_call(sent).run(connection)
-        lapsed = [holds[int(i) - 1] for i in positions]
-        for hold in lapsed:
-            self.discard(hold.token)
-        return lapsed
+        return [sent[int(i) - 1] for i in positions]
 
-    def refresh_in(self, pipeline: Any, ttl: int | None = None) -> None:
+    def refresh_in(self, pipeline: Any, ttl: int | None = None) -> list[Hold]:
         """Queue a refresh of every hold this owner has onto a pipeline the caller already owns (a heartbeat's).
 
         ``ttl`` replaces each hold's own (a worker's ``hold_ttl``). It adds nothing to the pipeline when nothing is
         held, which is every process in an install that caps nothing.
+
+        Returns:
+            The holds sent, in the order the script's reply (the lapsed positions) refers to.
         """
         holds = self.holds()
         if not holds:
-            return
+            return []
         if ttl is not None:
-            holds = [Hold(h.ledger, h.token, ttl) for h in holds]
+            holds = [Hold(h.ledger, h.token, ttl, h.job) for h in holds]
         refresh_call(holds).run(pipeline)
+        return holds
 
     def release(self, connection: Any, hold: Hold, wake: str | None = None) -> bool:
         """Give back ``hold``. Idempotent: it only ever removes the hold's own member.
@@ -261,8 +284,7 @@ class Keeper:
                 self.log.warning('rq-policies: could not refresh holds', exc_info=True)
                 continue
             last = time.monotonic()
-            for hold in lapsed:  # never revived: its capacity may be someone else's now
-                self.log.warning('rq-policies: hold %s on %s had already lapsed', hold.token, hold.ledger)
+            log_lapses(self.log, lapsed)
             if self.until_empty and not self.ledger:
                 return
 

@@ -147,7 +147,7 @@ class LimitedCapacityWorker:
         path = cls.class_path()
         limit = _count(f'{cls.__qualname__}.max_running_jobs()', instance.max_running_jobs())
         token = f'{socket.gethostname()}:{os.getpid()}:{job.id}'
-        hold = Hold(keys.lcw_running(path), token, positive_ttl(cls.hold_ttl))
+        hold = Hold(keys.lcw_running(path), token, positive_ttl(cls.hold_ttl), job.id)
         acquired = 0
         with conn.pipeline(transaction=True) as pipe:
             # Taking the hold and leaving the queued set in one MULTI: a concurrent refill sees this job either

@@ -16,6 +16,9 @@ metric                                                        type     labels   
 ``rq_policies_queue_slots_capacity``                          gauge    ``queue``         the cap (capped queues)
 ``rq_policies_dropped_enqueues_total``                        counter  ``policy``,       ``rq:policies:drops``
                                                                        ``queue``
+``rq_policies_hold_lapses_total``                             counter  ``queue``         ``rq:policies:lapses``: holds
+                                                                                         found lapsed under a running
+                                                                                         job (and re-added)
 ``rq_policies_redis_up``                                      gauge                      1 when Redis answered
 ============================================================  =======  ================  ===========================
 
@@ -51,7 +54,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "rq_policies.metrics needs prometheus-client: pip install 'rq-policies[metrics]'"
     ) from exc
 
-from . import state
+from . import keys, state
 
 logger = logging.getLogger('rq_policies')
 
@@ -131,7 +134,15 @@ class PolicyCollector(Collector):
         )
         for row in drops:
             dropped.add_metric([row['policy'], row['queue']], row['count'])
-        return [running, maximum, remaining, queued, in_use, capacity, dropped]
+        lapses = CounterMetricFamily(
+            'rq_policies_hold_lapses', 'QueueSlot holds found lapsed while their job still ran (re-added).',
+            labels=['queue'],
+        )
+        for field, value in sorted(conn.hgetall(keys.LAPSES).items()):
+            kind, _, queue = field.decode().partition(':')
+            if kind == 'queue':
+                lapses.add_metric([queue], int(value))
+        return [running, maximum, remaining, queued, in_use, capacity, dropped, lapses]
 
 
 def registry_for(connection: Redis) -> CollectorRegistry:

@@ -268,7 +268,10 @@ class PolicyWorkerMixin:
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         if pipeline is not None:
             super().heartbeat(timeout, pipeline=pipeline)  # type: ignore[misc]
-            ledger.PROCESS.refresh_in(pipeline, ttl=self.hold_ttl)
+            at = len(pipeline.command_stack)
+            sent = ledger.PROCESS.refresh_in(pipeline, ttl=self.hold_ttl)
+            if sent:
+                self._watch_refresh(pipeline, at, sent)
             return
         # rq sends a bare heartbeat as three commands and three round trips; one pipeline carries the same commands,
         # and the releases of jobs that ended ride it: no round trip of their own. On an error they stay pending,
@@ -280,6 +283,22 @@ class PolicyWorkerMixin:
                 release_claim(claim, pipe)
             pipe.execute()
         del self._pending_releases[: len(pending)]
+
+    def _watch_refresh(self, pipeline: Any, at: int, sent: list[ledger.Hold]) -> None:
+        """Read the refresh's answer (command ``at`` of ``pipeline``) when rq executes its heartbeat pipeline: a hold
+        found lapsed (re-added by the script) is logged, never passed over in silence."""
+        execute = pipeline.execute
+
+        def execute_and_read(*args: Any, **kwargs: Any) -> Any:
+            replies = execute(*args, **kwargs)
+            try:
+                positions = replies[at]
+                ledger.log_lapses(self.log, [sent[int(i) - 1] for i in positions])  # type: ignore[attr-defined]
+            except Exception:  # an answer of another shape is not worth failing rq's heartbeat for
+                pass
+            return replies
+
+        pipeline.execute = execute_and_read
 
     def _release_later(self, claim: Claim | None) -> None:
         if claim is not None and claim.holds:

@@ -1,0 +1,110 @@
+"""A hold under faults: a stall longer than its ttl, a restart without persistence, an error in the heartbeat, a job
+that holds the GIL. Real forking PolicyWorkers in subprocesses, real signals, real server settings.
+
+The rule every test here checks: a hold is counted for as long as its job really runs, and no longer.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import jobs
+import pytest
+from test_worker_cap import peak, spans
+from workers import output, start_worker, stop, wait_for
+
+from rq_policies import PolicyQueue, QueueSlot, keys
+from rq_policies.testing import RedisServer
+from rq_policies.worker import HOLD_TTL_ENV
+
+FAST = ['--job-monitoring-interval', '1']
+
+
+def file_spans(path: str) -> dict[str, list]:
+    """job id -> [start, end, None] from jobs.span_to_file's lines (records that survive a restart of Redis)."""
+    found: dict[str, list] = {}
+    if not os.path.exists(path):
+        return found
+    with open(path) as f:
+        for line in f:
+            job_id, kind, at = line.split()
+            found.setdefault(job_id, [None, None, None])[0 if kind == 'start' else 1] = float(at)
+    return found
+
+
+@pytest.fixture
+def own_server(worker_env):
+    """A server of this test's own, started without persistence (``--save '' --appendonly no``)."""
+    server = RedisServer().start()
+    conn = server.client()
+    yield server, conn, dict(worker_env, REDIS_URL=server.url)
+    conn.close()
+    server.close()
+
+
+def test_a_stall_longer_than_the_hold_ttl_is_logged_counted_and_the_running_job_counted_again(
+        connection, redis_url, worker_env):
+    QueueSlot.set_capacity('stall', 1, connection=connection)
+    q = PolicyQueue('stall', connection=connection)
+    env = dict(worker_env, **{HOLD_TTL_ENV: '3'})
+    first = start_worker(redis_url, ['stall'], env, extra=FAST)
+    second = None
+    try:
+        long = q.enqueue(jobs.span_on_worker, 'stall', 14)
+        assert wait_for(lambda: len(spans(connection, 'stall')) == 1), output(first)
+        ((holder, _),) = QueueSlot.holders('stall', connection=connection)
+        # The worker stalls (SIGSTOP, a real signal) longer than hold_ttl; its work horse runs on, the hold lapses.
+        first.send_signal(signal.SIGSTOP)
+        second = start_worker(redis_url, ['stall'], env, extra=FAST)
+        short = q.enqueue(jobs.span_on_worker, 'stall', 2)
+        assert wait_for(lambda: short.id in spans(connection, 'stall'), timeout=10), output(second)
+        first.send_signal(signal.SIGCONT)
+        # The next heartbeat finds the hold gone under a running job: counted, logged, and written again.
+        assert wait_for(lambda: connection.hget(keys.LAPSES, 'queue:stall') == b'1', timeout=5), output(first)
+        assert wait_for(lambda: 'lapsed while job' in output(first), timeout=5)
+        log = output(first)
+        assert 'queue:stall' in log and long.id in log and holder in log, log
+        assert holder in dict(QueueSlot.holders('stall', connection=connection))
+        # The ledger is honest again: once the short job ends, the long one still fills the cap of 1.
+        last = q.enqueue(jobs.span_on_worker, 'stall', 0.2)
+        assert wait_for(lambda: len([s for s in spans(connection, 'stall').values() if s[1]]) == 3, timeout=30)
+    finally:
+        first.send_signal(signal.SIGCONT)
+        stop(first)
+        if second is not None:
+            stop(second)
+    records = spans(connection, 'stall')
+    assert records[last.id][0] >= records[long.id][1], records  # the third job waited for the long one
+    assert peak({k: v for k, v in records.items() if k != short.id}) == 1
+
+
+def test_a_restart_without_persistence_counts_the_running_job_again_once_the_cap_is_set(own_server, tmp_path):
+    server, connection, env = own_server
+    env = dict(env, **{HOLD_TTL_ENV: '5'})
+    path = str(tmp_path / 'spans')
+    QueueSlot.set_capacity('restart', 1, connection=connection)
+    q = PolicyQueue('restart', connection=connection)
+    first = start_worker(server.url, ['restart'], env, extra=FAST)
+    second = None
+    try:
+        long = q.enqueue(jobs.span_to_file, path, 14)
+        assert wait_for(lambda: long.id in file_spans(path)), output(first)
+        ((holder, _),) = QueueSlot.holders('restart', connection=connection)
+        server.restart()  # same port, no persistence: the ledger, the cap, the queue are gone
+        assert connection.dbsize() == 0
+        QueueSlot.set_capacity('restart', 1, connection=connection)  # the operator sets the cap again
+        # The running job's hold reappears at the next heartbeat of its worker.
+        assert wait_for(lambda: holder in dict(QueueSlot.holders('restart', connection=connection)), timeout=5), \
+            output(first)
+        second = start_worker(server.url, ['restart'], env, extra=FAST)
+        other = q.enqueue(jobs.span_to_file, path, 0.2)
+        assert wait_for(lambda: file_spans(path).get(other.id, [None, None])[1] is not None, timeout=30), \
+            output(second)
+    finally:
+        stop(first)
+        if second is not None:
+            stop(second)
+    records = file_spans(path)
+    assert records[other.id][0] >= records[long.id][1], records  # the cap of 1 held across the restart
+    assert connection.hget(keys.LAPSES, 'queue:restart') == b'1'

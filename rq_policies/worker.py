@@ -241,10 +241,19 @@ class PolicyWorkerMixin:
         self._running_claim = claim  # a forked work horse inherits it (see PolicyWorker.main_work_horse)
         try:
             result = super().execute_job(job, queue)  # type: ignore[misc]
-        except BaseException:
-            # Cold shutdown and other escapes skip the work loop's heartbeat: release now.
-            self._release_later(claim)
-            self._release_now()
+        except BaseException as exc:
+            # Cold shutdown and other escapes skip the work loop's heartbeat: release now, but only once the job's
+            # process has ended (rq's cold shutdown waits for the killed horse before it raises). An error in the
+            # heartbeat (OOM under noeviction, BUSY, NOPERM) also lands here while the horse, in a process group of
+            # its own, runs on: its hold stays, and the horse keeps it once this worker has quit.
+            if self._job_process_ended():
+                self._release_later(claim)
+                self._release_now()
+            elif claim is not None:
+                self.log.warning(  # type: ignore[attr-defined]
+                    'rq-policies: job %s still runs in its work horse after %r; its hold on %r stays, kept by the '
+                    'horse once this worker has quit', claim.job_id, exc, claim.queue_name,
+                )
             raise
         finally:
             self._running_claim = None
@@ -253,6 +262,10 @@ class PolicyWorkerMixin:
         # the work loop sends right after this; rq's own heartbeats *during* the job never carry it.
         self._release_later(claim)
         return result
+
+    def _job_process_ended(self) -> bool:
+        """Has the process that ran the job ended? In-process (PolicySimpleWorker): yes, once execute_job left."""
+        return True
 
     def _take_claim(self, job: Any) -> Claim | None:
         self._release_now()
@@ -365,6 +378,17 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
     def execute_job(self, job: Any, queue: Any) -> Any:
         self._worker_pid = os.getpid()  # the horse compares its parent with this (taken before the fork)
         return super().execute_job(job, queue)
+
+    def _job_process_ended(self) -> bool:
+        """Has the work horse ended (reaped here, or by rq's cold shutdown, which waits for the horse it killed)?"""
+        pid = self._horse_pid  # type: ignore[attr-defined]
+        if not pid:
+            return True
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # already reaped
+            return True
+        return done != 0
 
     def main_work_horse(self, job: Any, queue: Any) -> None:
         claim = self._running_claim

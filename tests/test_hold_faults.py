@@ -108,3 +108,38 @@ def test_a_restart_without_persistence_counts_the_running_job_again_once_the_cap
     records = file_spans(path)
     assert records[other.id][0] >= records[long.id][1], records  # the cap of 1 held across the restart
     assert connection.hget(keys.LAPSES, 'queue:restart') == b'1'
+
+
+def test_a_redis_error_in_the_heartbeat_leaves_the_hold_with_the_running_horse(own_server, tmp_path):
+    # maxmemory with noeviction, memory full: rq's heartbeat HSET raises OutOfMemoryError and its work loop quits,
+    # while the work horse, in a process group of its own, runs on. Its hold must stay (ZREM is allowed under OOM,
+    # so a release would go through): a restarted worker must not take the slot while the job still runs.
+    server, connection, env = own_server
+    env = dict(env, **{HOLD_TTL_ENV: '10'})
+    path = str(tmp_path / 'spans')
+    QueueSlot.set_capacity('oom', 1, connection=connection)
+    q = PolicyQueue('oom', connection=connection)
+    first = start_worker(server.url, ['oom'], env, extra=FAST)
+    second = None
+    try:
+        long = q.enqueue(jobs.span_to_file, path, 12)
+        assert wait_for(lambda: long.id in file_spans(path)), output(first)
+        ((holder, _),) = QueueSlot.holders('oom', connection=connection)
+        connection.config_set('maxmemory-policy', 'noeviction')
+        connection.config_set('maxmemory', 1)  # any used memory is over it: every write that may grow is refused
+        assert first.wait(30) is not None
+        assert 'OOM' in output(first) or 'OutOfMemory' in output(first), output(first)
+        assert file_spans(path)[long.id][1] is None  # the horse runs on...
+        assert holder in dict(QueueSlot.holders('oom', connection=connection)), output(first)  # ...and so does its hold
+        connection.config_set('maxmemory', 0)
+        second = start_worker(server.url, ['oom'], env, extra=FAST)
+        other = q.enqueue(jobs.span_to_file, path, 0.2)
+        assert wait_for(lambda: file_spans(path).get(other.id, [None, None])[1] is not None, timeout=30), \
+            output(second)
+    finally:
+        connection.config_set('maxmemory', 0)
+        stop(first)
+        if second is not None:
+            stop(second)
+    records = file_spans(path)
+    assert records[other.id][0] >= records[long.id][1], records  # cap 1 ran 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 
+import fault_jobs
 import jobs
 import pytest
 from test_worker_cap import peak, spans
@@ -143,3 +144,34 @@ def test_a_redis_error_in_the_heartbeat_leaves_the_hold_with_the_running_horse(o
             stop(second)
     records = file_spans(path)
     assert records[other.id][0] >= records[long.id][1], records  # cap 1 ran 1
+
+
+@pytest.mark.parametrize('where', ['simple-worker', 'orphaned-horse'])
+def test_a_job_holding_the_gil_keeps_its_hold(connection, redis_url, worker_env, tmp_path, where):
+    # A job stuck in a C call that holds the GIL starves every thread of its process. Where that process is the one
+    # keeping the hold (a PolicySimpleWorker; a work horse whose worker was SIGKILLed), the hold must still be kept:
+    # the keeper is a process of its own. hold_ttl 2 s, a match of about 9 s, a second worker waiting on cap 1.
+    QueueSlot.set_capacity('gil', 1, connection=connection)
+    q = PolicyQueue('gil', connection=connection)
+    env = dict(worker_env, **{HOLD_TTL_ENV: '2'})
+    path = str(tmp_path / 'spans')
+    cls = 'rq_policies.PolicySimpleWorker' if where == 'simple-worker' else 'rq_policies.PolicyWorker'
+    first = start_worker(redis_url, ['gil'], env, worker_class=cls, extra=FAST)
+    second = None
+    try:
+        bound = q.enqueue(fault_jobs.gil_bound_span, path, 28)
+        assert wait_for(lambda: bound.id in file_spans(path)), output(first)
+        if where == 'orphaned-horse':
+            first.send_signal(signal.SIGKILL)  # the worker alone: its horse runs on, and must keep the hold
+            first.wait(10)
+        second = start_worker(redis_url, ['gil'], env, extra=FAST)
+        other = q.enqueue(jobs.span_to_file, path, 0.2)
+        assert wait_for(lambda: file_spans(path).get(other.id, [None, None])[1] is not None, timeout=90), \
+            output(second)
+    finally:
+        stop(first)
+        if second is not None:
+            stop(second)
+    records = file_spans(path)
+    assert records[bound.id][1] - records[bound.id][0] > 6, records  # it did hold the GIL for 3x the hold ttl
+    assert records[other.id][0] >= records[bound.id][1], records  # cap 1 ran 1

@@ -42,6 +42,9 @@ class Claim:
     holds: tuple[Hold, ...] = ()
     #: Wall-clock time just before the fetch that took the job: the job stopped waiting after this instant.
     fetched_after: float = 0.0
+    #: The fetch's claim record (``rq:policies:claim:<token>``): needed only until the reply arrived, so the worker
+    #: deletes it with its next pipeline, and it expires by itself anyway.
+    record: str = ''
 
     @property
     def token(self) -> str | None:
@@ -72,9 +75,13 @@ class Fetcher:
 
     def __init__(self) -> None:
         self.claim: Claim | None = None
+        #: Claim records whose reply has arrived, to be deleted with the worker's next pipeline.
+        self.records: list[str] = []
 
     def on_claim(self, claim: Claim) -> None:
         self.claim = claim
+        if claim.record:
+            self.records.append(claim.record)
         for hold in claim.holds:
             ledger.PROCESS.add(hold)  # the heartbeat refreshes it from now on
 
@@ -163,6 +170,7 @@ def dequeue(
         found = read_reply(call.run(connection), queues, token, fetcher.hold_ttl)
         if isinstance(found, Claim):
             found.fetched_after = fetched_after
+            found.record = keys.claim(token)
             queue = queues[names.index(found.queue_name)]
             try:
                 job = job_class.fetch(found.job_id, connection=connection, serializer=serializer)
@@ -170,6 +178,7 @@ def dequeue(
                 # Deleted between the pop and the fetch: give the holds back and look again.
                 with connection.pipeline(transaction=False) as pipe:
                     pipe.lrem(queue.intermediate_queue_key, 1, found.job_id)
+                    pipe.delete(found.record)
                     release_claim(found, pipe)
                     pipe.execute()
                 continue

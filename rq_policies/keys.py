@@ -27,8 +27,10 @@ key                                                    type     meaning
                                                                 expires (:func:`holds`)
 ``rq:policies:claim:<token>``                          STRING   what the fetch under claim token ``<token>`` took
                                                                 (``<i>:<hold flags>:<job id>``), so a replayed
-                                                                fetch answers the same job; expires after
-                                                                :data:`CLAIM_TTL` seconds
+                                                                fetch answers the same job; deleted with the
+                                                                worker's next pipeline (its heartbeat) once the
+                                                                reply arrived, and expires after
+                                                                :data:`CLAIM_TTL` seconds anyway
 ``rq:policies:capacity``                               HASH     queue name -> cluster-wide cap (QueueSlot)
 ``rq:policies:lapses``                                 HASH     ``queue:<queue>`` / ``lcw:<class>`` -> holds found
                                                                 lapsed under a running job and re-added (a counter,

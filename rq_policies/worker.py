@@ -288,6 +288,7 @@ class PolicyWorkerMixin:
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         if pipeline is not None:
             super().heartbeat(timeout, pipeline=pipeline)  # type: ignore[misc]
+            self._forget_records(pipeline)
             at = len(pipeline.command_stack)
             sent = ledger.PROCESS.refresh_in(pipeline, ttl=self.hold_ttl)
             if sent:
@@ -299,10 +300,18 @@ class PolicyWorkerMixin:
         pending = list(self._pending_releases)
         with self.connection.pipeline(transaction=False) as pipe:  # type: ignore[attr-defined]
             super().heartbeat(timeout, pipeline=pipe)  # type: ignore[misc]
+            self._forget_records(pipe)
             for claim in pending:
                 release_claim(claim, pipe)
             pipe.execute()
         del self._pending_releases[: len(pending)]
+
+    def _forget_records(self, pipeline: Any) -> None:
+        """Delete, on ``pipeline``, the claim records of fetches whose reply has arrived (no replay can come now)."""
+        records = self._policy_fetcher.records
+        if records:
+            pipeline.delete(*records)
+            records.clear()
 
     def _watch_refresh(self, pipeline: Any, at: int, sent: list[ledger.Hold]) -> None:
         """Read the refresh's answer (command ``at`` of ``pipeline``) when rq executes its heartbeat pipeline: a hold

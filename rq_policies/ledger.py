@@ -330,11 +330,13 @@ class Keeper:
             os.close(self._pipe)  # end of file in the child: it exits
             self._pipe = -1
         deadline = time.monotonic() + timeout
+        pause = 0.0002  # the child exits within a fraction of a millisecond unless it is mid-refresh: poll fast first
         while self.alive():
             if time.monotonic() >= deadline:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(self._pid, signal.SIGKILL)
-            time.sleep(0.01)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
 
     def _child(self, pipe: int, holds: list[Hold]) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)

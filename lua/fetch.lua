@@ -22,6 +22,7 @@
   KEYS  by name (rq_policies/ops.py, built by rq_policies.fetch.fetch_call):
     queues          key list        queue i's list, rq:queue:<q>
     intermediate    key list        queue i's intermediate list, rq:queue:<q>:intermediate
+    claim           key             rq:policies:claim:<token>: this claim's record (see below)
     and each fetch policy's keys, named '<policy>.<what>' (queue_slot.capacity, the capacity
     hash rq:policies:capacity; queue_slot.holds, a key list: queue i's hold ledger,
     rq:policies:slots:<q>)
@@ -36,6 +37,13 @@
                                     dropped, not handed out)
     burst           boolean         a burst worker: count the skipped queues that still have jobs
                                     (it waits for those instead of quitting); 0 is reported otherwise
+    claim_ttl       seconds         how long the claim's record lives (a replay comes within it)
+
+  Replay-safe: a fetch that takes a job records, in the same script, what it took under its
+  claim token (one SET with a short EX). A replay of the same call (redis-py resending it after
+  a lost reply) finds the record and answers the job the first attempt took, with its holds,
+  never popping a second one (a second pop would strand that job on the intermediate list with
+  its loner marker gone).
 
   Returns {i, job id, h1, h2, ...} for the job taken from queue i, where hn = 1 when the n-th
   policy of `order` took a hold; or {0, waiting, f1, f2, ..., [until]} when nothing was taken:
@@ -51,6 +59,16 @@ local rcall = redis.call
 -- @include "lib/server_time.lua"
 
 local a = decode_args(ARGV[1])
+local claim_key = KEYS[a.k.claim]
+local recorded = rcall('GET', claim_key)
+if recorded then
+  local i, flags, jid = string.match(recorded, '^(%d+):(%d*):(.*)$')
+  local reply = {tonumber(i), jid}
+  for n = 1, #flags do
+    reply[n + 2] = tonumber(string.sub(flags, n, n))
+  end
+  return reply
+end
 local P = {}
 -- @policies
 
@@ -127,9 +145,12 @@ for i = 1, #a.names do
           hook(job_key, jid)
         end
         local reply = {i, jid}
+        local flags = {}
         for n = 1, #a.order do
           reply[n + 2] = takes[n] and takes[n](ctx, i, job_key, jid) or 0
+          flags[n] = tostring(reply[n + 2])
         end
+        rcall('SET', claim_key, i .. ':' .. table.concat(flags) .. ':' .. jid, 'EX', a.claim_ttl)
         return reply
       end
       rcall('LREM', inter_key, 1, jid)

@@ -11,6 +11,7 @@ its :class:`Fetcher` in :data:`current_fetcher` around each fetch.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Sequence
 from contextvars import ContextVar
@@ -41,6 +42,9 @@ class Claim:
     holds: tuple[Hold, ...] = ()
     #: Wall-clock time just before the fetch that took the job: the job stopped waiting after this instant.
     fetched_after: float = 0.0
+    #: The fetch's claim record (``rq:policies:claim:<token>``): needed only until the reply arrived, so the worker
+    #: deletes it with its next pipeline, and it expires by itself anyway.
+    record: str = ''
 
     @property
     def token(self) -> str | None:
@@ -75,6 +79,8 @@ class Fetcher:
     def __init__(self) -> None:
         self.claim: Claim | None = None
         self._clock: tuple[float, float] | None = None  # (server minus local clock, local time measured)
+        #: Claim records whose reply has arrived, to be deleted with the worker's next pipeline.
+        self.records: list[str] = []
 
     def server_now(self, connection: Any) -> float:
         """The server's clock (epoch s) estimated from this host's, measured with TIME once a minute at most."""
@@ -95,6 +101,8 @@ class Fetcher:
 
     def on_claim(self, claim: Claim) -> None:
         self.claim = claim
+        if claim.record:
+            self.records.append(claim.record)
         for hold in claim.holds:
             ledger.PROCESS.add(hold)  # the heartbeat refreshes it from now on
 
@@ -125,8 +133,11 @@ def fetch_call(
     """
     names = [q.name for q in queues]
     policies = registered(FETCH)
-    call = Call('fetch', job_prefix=job_prefix, names=names, order=[p.name for p in policies], token=token, ttl=ttl,
-                burst=burst, tombstone=keys.SUPERSEDED_PREFIX)
+    call = Call(
+        'fetch', job_prefix=job_prefix, names=names, order=[p.name for p in policies], token=token, ttl=ttl,
+        burst=burst, tombstone=keys.SUPERSEDED_PREFIX, claim_ttl=keys.CLAIM_TTL,
+    )
+    call.key('claim', keys.claim(token))
     call.key_list('queues', [q.key for q in queues])
     call.key_list('intermediate', [q.intermediate_queue_key for q in queues])
     for policy in policies:
@@ -141,7 +152,7 @@ def read_reply(reply: list[Any], queues: Sequence[Queue], token: str, ttl: int) 
         queue = queues[index - 1]
         job_id = second.decode() if isinstance(second, bytes) else second
         holds = tuple(
-            policy.fetch_hold(queue.name, token, ttl)
+            dataclasses.replace(policy.fetch_hold(queue.name, token, ttl), job=job_id)
             for policy, flag in zip(registered(FETCH), rest)
             if flag == 1
         )
@@ -180,9 +191,11 @@ def dequeue(
     while True:
         token = ledger.claim_token()
         fetched_after = time.time()
-        found = read_reply(call.arg('token', token).run(connection), queues, token, fetcher.hold_ttl)
+        call.arg('token', token).set_key('claim', keys.claim(token))
+        found = read_reply(call.run(connection), queues, token, fetcher.hold_ttl)
         if isinstance(found, Claim):
             found.fetched_after = fetched_after
+            found.record = keys.claim(token)
             queue = queues[names.index(found.queue_name)]
             try:
                 job = job_class.fetch(found.job_id, connection=connection, serializer=serializer)
@@ -190,6 +203,7 @@ def dequeue(
                 # Deleted between the pop and the fetch: give the holds back and look again.
                 with connection.pipeline(transaction=False) as pipe:
                     pipe.lrem(queue.intermediate_queue_key, 1, found.job_id)
+                    pipe.delete(found.record)
                     release_claim(found, pipe)
                     pipe.execute()
                 continue

@@ -25,6 +25,12 @@ key                                                    type     meaning
 ``rq:policies:slots:<queue>``                          ZSET     the queue's hold ledger (QueueSlot): member = the
                                                                 hold's claim token, score = epoch second the hold
                                                                 expires (:func:`holds`)
+``rq:policies:claim:<token>``                          STRING   what the fetch under claim token ``<token>`` took
+                                                                (``<i>:<hold flags>:<job id>``), so a replayed
+                                                                fetch answers the same job; deleted with the
+                                                                worker's next pipeline (its heartbeat) once the
+                                                                reply arrived, and expires after
+                                                                :data:`CLAIM_TTL` seconds anyway
 ``rq:policies:capacity``                               HASH     queue name -> cluster-wide cap (QueueSlot)
 ``rq:policies:superseded:<job id>``                   STRING   tombstone of a pending job a later enqueue
                                                                 replaced; a PolicyWorker drops that id should a
@@ -41,6 +47,9 @@ key                                                    type     meaning
 ``rq:policies:backoff``                                ZSET     member = queue name, score = epoch second (server
                                                                 clock) until which no PolicyWorker starts a job of
                                                                 it (BackOff); past members are trimmed on write
+``rq:policies:lapses``                                 HASH     ``queue:<queue>`` / ``lcw:<class>`` -> holds found
+                                                                lapsed under a running job and re-added (a counter,
+                                                                :func:`lapse_field`)
 ``rq:policies:drops``                                  HASH     ``<policy>:<queue>`` -> dropped enqueues (a counter)
 ``rq:policies:wake:<queue>``                           channel  pub/sub: a job was admitted or a hold freed
 ``rq:policies:lcw``                                    ZSET     LimitedCapacityWorker classes seen: member = class
@@ -82,6 +91,7 @@ CAPACITY = PREFIX + 'capacity'
 RATE = PREFIX + 'rate'
 BACKOFF = PREFIX + 'backoff'
 DROPS = PREFIX + 'drops'
+LAPSES = PREFIX + 'lapses'
 
 #: Field of the job hash naming the job's loner marker key.
 LONER_FIELD = 'policies_loner'
@@ -129,6 +139,15 @@ def rate_tat(queue: str) -> str:
     return f'{PREFIX}tat:{queue}'
 
 
+#: Seconds a fetch's claim record lives: long enough for redis-py to resend a fetch whose reply was lost.
+CLAIM_TTL = 60
+
+
+def claim(token: str) -> str:
+    """The record of what the fetch under claim ``token`` took (a replay of that fetch answers it)."""
+    return f'{PREFIX}claim:{token}'
+
+
 def wake(queue: str) -> str:
     """The pub/sub channel idle PolicyWorkers listen on for one queue."""
     return f'{PREFIX}wake:{queue}'
@@ -151,6 +170,18 @@ def lcw_running(worker_class: str) -> str:
 def lcw_queued(worker_class: str) -> str:
     """The ids of one LimitedCapacityWorker class's jobs that wait to start."""
     return f'{PREFIX}lcw-queued:{worker_class}'
+
+
+def lapse_field(ledger: str) -> str:
+    """The field of :data:`LAPSES` counting the lapses of hold ledger key ``ledger``: ``queue:<queue>`` for a
+    queue's (QueueSlot), ``lcw:<class>`` for a LimitedCapacityWorker class's."""
+    queue_ledger = holds('')
+    if ledger.startswith(queue_ledger):
+        return 'queue:' + ledger[len(queue_ledger):]
+    lcw_ledger = lcw_running('')
+    if ledger.startswith(lcw_ledger):
+        return 'lcw:' + ledger[len(lcw_ledger):]
+    return ledger
 
 
 def drop_field(policy: str, queue: str) -> str:

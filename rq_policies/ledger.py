@@ -9,8 +9,10 @@ while jobs still run. With a ledger:
   ledger key itself expires once its last hold could have, ``lua/lib/outlive.lua``);
 * a release names one member, so a release arriving after its own hold lapsed frees nothing that has since been
   handed to someone else;
-* a refresh never revives a lapsed hold (its capacity may be someone else's by then), and tells the caller which ones
-  lapsed.
+* a refresh comes only from the owner of a job that still runs, so a hold it finds lapsed (a stall longer than its
+  ttl, a restart without persistence) is written again, counted in ``rq:policies:lapses`` and reported to the
+  caller, who logs it: a lease may lapse, never silently, and a running job is always counted again (the ledger may
+  then be over its cap until enough jobs end; fetches are refused meanwhile).
 
 :class:`Hold` names one hold; :class:`Ledger` is the holds one owner has (a process, a job) with the three operations
 on them (acquire, refresh, release); :class:`Keeper` refreshes an owner's holds from a thread where no heartbeat
@@ -20,15 +22,20 @@ script uses too.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import select
+import signal
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from . import keys
 from .ops import Call
 
 logger = logging.getLogger('rq_policies')
@@ -48,11 +55,15 @@ WAKE_CAPACITY = 'capacity'
 
 @dataclass(frozen=True)
 class Hold:
-    """One hold: the member ``token`` of the ledger key ``ledger``, living ``ttl`` seconds unless refreshed."""
+    """One hold: the member ``token`` of the ledger key ``ledger``, living ``ttl`` seconds unless refreshed.
+
+    ``job`` names the job it counts, for logs (not part of its identity).
+    """
 
     ledger: str
     token: str
     ttl: int
+    job: str | None = field(default=None, compare=False)
 
 
 def acquire_call(hold: Hold, capacity: int) -> Call:
@@ -67,9 +78,23 @@ def acquire_call(hold: Hold, capacity: int) -> Call:
 
 def refresh_call(holds: list[Hold]) -> Call:
     """The ``lua/refresh_holds.lua`` call refreshing ``holds`` (each by its own ttl); it replies with the 1-based
-    positions of those found lapsed."""
-    call = Call('refresh_holds', tokens=[h.token for h in holds], ttls=[h.ttl for h in holds])
+    positions of those found lapsed (re-added and counted)."""
+    call = Call(
+        'refresh_holds', tokens=[h.token for h in holds], ttls=[h.ttl for h in holds],
+        fields=[keys.lapse_field(h.ledger) for h in holds],
+    )
+    call.key('lapses', keys.LAPSES)
     return call.key_list('holds', [h.ledger for h in holds])
+
+
+def log_lapses(log: Any, lapsed: Iterable[Hold]) -> None:
+    """Log each hold a refresh found lapsed under its running job (a WARNING naming ledger, job and holder)."""
+    for hold in lapsed:
+        log.warning(
+            'rq-policies: hold on %s lapsed while job %s still runs (holder %s): re-added, so the ledger counts it '
+            'again; a stall longer than the hold ttl (%s s) let another job take its place meanwhile',
+            keys.lapse_field(hold.ledger), hold.job, hold.token, hold.ttl,
+        )
 
 
 def _is_pipeline(conn: Any) -> bool:
@@ -134,35 +159,37 @@ class Ledger:
         return taken
 
     def refresh(self, connection: Any, holds: list[Hold] | None = None, ttl: int | None = None) -> list[Hold]:
-        """Refresh ``holds`` (default: every hold this owner has) in one call; a lapsed one is not revived.
+        """Refresh ``holds`` (default: every hold this owner has) in one call; a lapsed one is re-added and counted.
 
+        Call it only while the holds' jobs run: the script writes back a hold it finds gone.
         ``ttl`` replaces each hold's own (a worker's ``hold_ttl``, as on its heartbeat).
 
         Returns:
-            The holds found lapsed. The owner forgets them: refreshing them again could only fail.
+            The holds found lapsed (and re-added): the caller logs them (:func:`log_lapses`).
         """
         holds = self.holds() if holds is None else holds
         if not holds:
             return []
-        sent = holds if ttl is None else [Hold(h.ledger, h.token, ttl) for h in holds]
+        sent = holds if ttl is None else [Hold(h.ledger, h.token, ttl, h.job) for h in holds]
         positions = refresh_call(sent).run(connection)
-        lapsed = [holds[int(i) - 1] for i in positions]
-        for hold in lapsed:
-            self.discard(hold.token)
-        return lapsed
+        return [sent[int(i) - 1] for i in positions]
 
-    def refresh_in(self, pipeline: Any, ttl: int | None = None) -> None:
+    def refresh_in(self, pipeline: Any, ttl: int | None = None) -> list[Hold]:
         """Queue a refresh of every hold this owner has onto a pipeline the caller already owns (a heartbeat's).
 
         ``ttl`` replaces each hold's own (a worker's ``hold_ttl``). It adds nothing to the pipeline when nothing is
         held, which is every process in an install that caps nothing.
+
+        Returns:
+            The holds sent, in the order the script's reply (the lapsed positions) refers to.
         """
         holds = self.holds()
         if not holds:
-            return
+            return []
         if ttl is not None:
-            holds = [Hold(h.ledger, h.token, ttl) for h in holds]
+            holds = [Hold(h.ledger, h.token, ttl, h.job) for h in holds]
         refresh_call(holds).run(pipeline)
+        return holds
 
     def release(self, connection: Any, hold: Hold, wake: str | None = None) -> bool:
         """Give back ``hold``. Idempotent: it only ever removes the hold's own member.
@@ -195,23 +222,34 @@ PROCESS = Ledger()
 
 
 class Keeper:
-    """Refreshes an owner's holds from a daemon thread, where no heartbeat does it.
+    """Refreshes an owner's holds where no heartbeat does, from a small process of its own.
 
     The one keeper for every such place, parametrized where they differ: a LimitedCapacityWorker job keeps its one
     hold while ``perform_work`` runs; a PolicySimpleWorker keeps the process's holds while a job runs (it sends no
-    heartbeat then); a work horse keeps its job's hold once its worker died (``active`` says when). The thread dies
-    with the process, so a killed holder's holds still age out.
+    heartbeat then); a work horse keeps its job's hold once its worker died (``active`` says when).
+
+    The keeper is a forked child, not a thread: a job stuck in C code that holds the GIL (a catastrophic regex, a
+    long ``numpy`` call without releasing it) would starve a thread, and the hold would lapse under a job that still
+    runs. The child has its own interpreter lock and its own connection; it refreshes the holds the ledger had at
+    :meth:`start` and dies with its parent: it watches a pipe whose other end only the parent holds (end of file once
+    the parent exits, even by SIGKILL), and its parent pid. It ignores SIGINT and SIGTERM (its parent decides when the
+    job ends) and shares its parent's process group, so rq's ``killpg`` of a work horse kills it too. A connection
+    that is not a real socket (fakeredis, in users' unit tests) keeps a thread, which has no other process to reach.
+
+    Call :meth:`stop` before releasing the holds: it waits for the child, so no refresh can write a hold back after
+    its release.
 
     Args:
-        connection: the Redis connection.
-        ledger: the owner's holds; the refresh runs over what it has at each tick.
+        connection: the Redis connection (the child opens its own with the same settings).
+        ledger: the owner's holds; the refresh runs over what it has at :meth:`start`.
         every: seconds between refreshes (a third of the ttl leaves room for two missed ones).
         ttl: the lifetime each refresh gives (default: each hold's own).
         tick: seconds between looks at ``active`` (default: ``every``).
-        active: refresh only while this returns True (default: always).
-        until_empty: stop once the ledger has no hold left (its last one released or lapsed).
+        active: refresh only while this returns True (default: always); it runs in the keeper's process.
+        until_empty: stop once the ledger has no hold left (thread mode; a process keeper's holds are fixed).
         log: where a failed refresh and a lapsed hold are reported.
-        name: the thread's name.
+        name: the keeper's name (the thread's, or the process title's in logs).
+        process: keep from a child process (default: unless the connection is fakeredis).
     """
 
     def __init__(
@@ -226,6 +264,7 @@ class Keeper:
         until_empty: bool = False,
         log: Any = logger,
         name: str = 'rq-policies-holds',
+        process: bool | None = None,
     ) -> None:
         self.connection = connection
         self.ledger = ledger
@@ -235,18 +274,86 @@ class Keeper:
         self.active = active
         self.until_empty = until_empty
         self.log = log
+        self.name = name
+        self.process = _forkable(connection) if process is None else process
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._pid = 0
+        self._pipe = -1
 
     def start(self) -> Keeper:
-        self._thread.start()
+        if not self.process:
+            self._thread.start()
+            return self
+        holds = self.ledger.holds()
+        read_end, write_end = os.pipe()
+        with warnings.catch_warnings():
+            # Python 3.12+ warns about fork() in a threaded process: the child runs only this loop (redis-py's pool
+            # and logging reinitialize their locks at fork) and never returns into the parent's code.
+            warnings.simplefilter('ignore', DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # the keeper
+            code = 0
+            try:
+                os.close(write_end)
+                self._child(read_end, holds)
+            except BaseException:  # noqa: BLE001 - nothing of the parent's may run in this process
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(read_end)
+        self._pid, self._pipe = pid, write_end
         return self
 
+    def alive(self) -> bool:
+        """Is the keeper still running (its thread, or its process)?"""
+        if not self.process:
+            return self._thread.is_alive()
+        if not self._pid:
+            return False
+        try:
+            done, _ = os.waitpid(self._pid, os.WNOHANG)
+        except ChildProcessError:
+            done = self._pid
+        if done:
+            self._pid = 0
+        return not done
+
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop refreshing (the holds stay: releasing them is the owner's call)."""
+        """Stop refreshing and wait for the keeper (the holds stay: releasing them is the owner's call)."""
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=timeout)
+        if not self.process:
+            if self._thread.is_alive():
+                self._thread.join(timeout=timeout)
+            return
+        if self._pipe >= 0:
+            os.close(self._pipe)  # end of file in the child: it exits
+            self._pipe = -1
+        deadline = time.monotonic() + timeout
+        pause = 0.0002  # the child exits within a fraction of a millisecond unless it is mid-refresh: poll fast first
+        while self.alive():
+            if time.monotonic() >= deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self._pid, signal.SIGKILL)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
+
+    def _child(self, pipe: int, holds: list[Hold]) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        parent = os.getppid()
+        connection = self.connection  # redis-py's pool notices the fork and opens sockets of its own here
+        own = Ledger(holds)
+        last: float | None = None
+        while True:
+            ready, _, _ = select.select([pipe], [], [], self.tick)
+            if ready or os.getppid() != parent:
+                return  # the parent stopped us, or died
+            if self.active is not None and not self.active():
+                continue
+            if last is not None and time.monotonic() - last < self.every:
+                continue
+            last = self._refresh(connection, own, last)
 
     def _run(self) -> None:
         last: float | None = None
@@ -255,16 +362,24 @@ class Keeper:
                 continue
             if last is not None and time.monotonic() - last < self.every:
                 continue
-            try:
-                lapsed = self.ledger.refresh(self.connection, ttl=self.ttl)
-            except Exception:  # retried on the next tick; the ttl covers two missed refreshes
-                self.log.warning('rq-policies: could not refresh holds', exc_info=True)
-                continue
-            last = time.monotonic()
-            for hold in lapsed:  # never revived: its capacity may be someone else's now
-                self.log.warning('rq-policies: hold %s on %s had already lapsed', hold.token, hold.ledger)
+            last = self._refresh(self.connection, self.ledger, last)
             if self.until_empty and not self.ledger:
                 return
+
+    def _refresh(self, connection: Any, held: Ledger, last: float | None = None) -> float | None:
+        """One refresh; returns when it happened (or ``last`` when it failed: retried on the next tick)."""
+        try:
+            lapsed = held.refresh(connection, ttl=self.ttl)
+        except Exception:  # retried on the next tick; the ttl covers two missed refreshes
+            self.log.warning('rq-policies: could not refresh holds', exc_info=True)
+            return last
+        log_lapses(self.log, lapsed)
+        return time.monotonic()
+
+
+def _forkable(connection: Any) -> bool:
+    """Can a forked keeper reach the same server? Not for fakeredis, whose server lives in this process."""
+    return not type(connection).__module__.startswith('fakeredis') and hasattr(connection, 'connection_pool')
 
 
 # -- tokens -----------------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ How it runs:
   rq worker, stock ``Worker`` or ``PolicyWorker``, imports and runs it, and dashboards show the class's name.
 * The running count is a hold ledger (:mod:`rq_policies.ledger`, the one QueueSlot counts with too;
   ``rq:policies:lcw-running:<class>``), not a counter: a job takes its hold when it starts (``lua/acquire_hold.lua``,
-  in one MULTI with leaving the queued set), refreshes it from a :class:`~rq_policies.ledger.Keeper` thread while
+  in one MULTI with leaving the queued set), refreshes it from a :class:`~rq_policies.ledger.Keeper` process while
   ``perform_work`` runs, and gives it back on every exit path. A job killed with SIGKILL stops refreshing and its
   unit comes back by itself within :attr:`hold_ttl` seconds; the next refill replaces it.
 * A job that finishes successfully re-enqueues itself when work remains and the class has room (``lcw_finish.lua``:
@@ -145,7 +145,7 @@ class LimitedCapacityWorker:
         path = cls.class_path()
         limit = _count(f'{cls.__qualname__}.max_running_jobs()', instance.max_running_jobs())
         token = f'{socket.gethostname()}:{os.getpid()}:{job.id}'
-        hold = Hold(keys.lcw_running(path), token, positive_ttl(cls.hold_ttl))
+        hold = Hold(keys.lcw_running(path), token, positive_ttl(cls.hold_ttl), job.id)
         acquired = 0
         with conn.pipeline(transaction=True) as pipe:
             # Taking the hold and leaving the queued set in one MULTI: a concurrent refill sees this job either

@@ -21,6 +21,9 @@ metric                                                        type     labels   
                                                                                          under ``noeviction``; no
                                                                                          sample when CONFIG is
                                                                                          denied
+``rq_policies_hold_lapses_total``                             counter  ``queue``         ``rq:policies:lapses``: holds
+                                                                                         found lapsed under a running
+                                                                                         job (and re-added)
 ``rq_policies_redis_up``                                      gauge                      1 when Redis answered
 ============================================================  =======  ================  ===========================
 
@@ -56,7 +59,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "rq_policies.metrics needs prometheus-client: pip install 'rq-policies[metrics]'"
     ) from exc
 
-from . import health, state
+from . import health, keys, state
 from .policy import registered
 
 logger = logging.getLogger('rq_policies')
@@ -135,7 +138,15 @@ class PolicyCollector(Collector):
         check = health.eviction_check(conn)
         if check.unsafe is not None:  # CONFIG denied or disabled: no sample (alert on absent() if it matters)
             eviction.add_metric([check.maxmemory_policy], 1 if check.unsafe else 0)
-        return families + [dropped, eviction]
+        lapses = CounterMetricFamily(
+            'rq_policies_hold_lapses', 'Cap holds found lapsed while their job still ran (re-added).',
+            labels=['queue'],
+        )
+        for field, value in sorted(conn.hgetall(keys.LAPSES).items()):
+            kind, _, queue = field.decode().partition(':')
+            if kind == 'queue':
+                lapses.add_metric([queue], int(value))
+        return families + [dropped, eviction, lapses]
 
 
 def registry_for(connection: Redis) -> CollectorRegistry:

@@ -65,6 +65,11 @@ class Call:
         self._k[name] = len(self.keys)
         return self
 
+    def set_key(self, name: str, value: str) -> Call:
+        """Point the key already passed as ``name`` at ``value`` (a call reused with a new per-call key)."""
+        self.keys[self._k[name] - 1] = value
+        return self
+
     def key_list(self, name: str, values: list[str]) -> Call:
         """Pass ``values`` as consecutive KEYS; the script finds them as ``a.kl[name] = {first index, count}``."""
         lists = self.args.setdefault('kl', {})

@@ -11,9 +11,10 @@ hold in the same script that pops the job (``lua/fetch.lua``, this policy's part
 * a claim token (``<host>:<pid>:<tid>:<n>``) names one claim, so a stale release from an earlier job of the same
   thread can never take the live job's hold.
 
-Holds are refreshed on the worker's heartbeat (:meth:`QueueSlot.refresh_in`), and a refresh never revives a hold that
-already expired. The cap itself is stored in Redis (``rq:policies:capacity``), so every worker in the cluster obeys
-the same number and an operator changes it without a deploy.
+Holds are refreshed on the worker's heartbeat (:meth:`QueueSlot.refresh_in`) while their jobs run; a hold the refresh
+finds lapsed (a stall longer than its ttl, a restart without persistence) is re-added, counted and logged, so a
+running job is always counted again. The cap itself is stored in Redis (``rq:policies:capacity``), so every worker in
+the cluster obeys the same number and an operator changes it without a deploy.
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ class QueueSlot(FetchPolicy):
         """Queue a refresh of every hold this process has onto a pipeline the caller already owns.
 
         One EVALSHA covering every hold; it touches nothing when nothing is held, which is every process in an
-        install that caps nothing. A hold that already expired is not revived (see ``lua/refresh_holds.lua``).
+        install that caps nothing. A hold found lapsed is re-added and counted (see ``lua/refresh_holds.lua``).
         """
         cls.HELD.refresh_in(pipeline, ttl=whole_seconds('ttl', ttl))
 

@@ -14,16 +14,18 @@ with stock rq:
   when the execution raised (cold shutdown);
 * holds are refreshed by a script appended to the heartbeat pipeline rq sends every ``job_monitoring_interval``
   while a job runs, and live ``hold_ttl`` seconds unrefreshed, so a SIGKILLed worker's holds age out by themselves
-  (where no heartbeat runs, a :class:`~rq_policies.ledger.Keeper` thread refreshes them);
+  (where no heartbeat runs, a :class:`~rq_policies.ledger.Keeper` process refreshes them);
 * an idle worker waits on pub/sub (woken by pushes, releases and cap changes) and looks again at least every
   second, instead of blocking on BLMOVE/BLPOP, which would pop without the checks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import redis
@@ -242,11 +244,21 @@ class PolicyWorkerMixin:
         claim = self._take_claim(job)
         self._running_claim = claim  # a forked work horse inherits it (see PolicyWorker.main_work_horse)
         try:
-            result = super().execute_job(job, queue)  # type: ignore[misc]
-        except BaseException:
-            # Cold shutdown and other escapes skip the work loop's heartbeat: release now.
-            self._release_later(claim)
-            self._release_now()
+            with self._keeping():
+                result = super().execute_job(job, queue)  # type: ignore[misc]
+        except BaseException as exc:
+            # Cold shutdown and other escapes skip the work loop's heartbeat: release now, but only once the job's
+            # process has ended (rq's cold shutdown waits for the killed horse before it raises). An error in the
+            # heartbeat (OOM under noeviction, BUSY, NOPERM) also lands here while the horse, in a process group of
+            # its own, runs on: its hold stays, and the horse keeps it once this worker has quit.
+            if self._job_process_ended():
+                self._release_later(claim)
+                self._release_now()
+            elif claim is not None:
+                self.log.warning(  # type: ignore[attr-defined]
+                    'rq-policies: job %s still runs in its work horse after %r; its hold on %r stays, kept by the '
+                    'horse once this worker has quit', claim.job_id, exc, claim.queue_name,
+                )
             raise
         finally:
             self._running_claim = None
@@ -255,6 +267,14 @@ class PolicyWorkerMixin:
         # the work loop sends right after this; rq's own heartbeats *during* the job never carry it.
         self._release_later(claim)
         return result
+
+    def _job_process_ended(self) -> bool:
+        """Has the process that ran the job ended? In-process (PolicySimpleWorker): yes, once execute_job left."""
+        return True
+
+    def _keeping(self) -> contextlib.AbstractContextManager[Any]:
+        """What keeps the holds while the job runs, stopped before any release (the heartbeat, by default)."""
+        return contextlib.nullcontext()
 
     def _take_claim(self, job: Any) -> Claim | None:
         self._release_now()
@@ -270,7 +290,11 @@ class PolicyWorkerMixin:
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         if pipeline is not None:
             super().heartbeat(timeout, pipeline=pipeline)  # type: ignore[misc]
-            ledger.PROCESS.refresh_in(pipeline, ttl=self.hold_ttl)
+            self._forget_records(pipeline)
+            at = len(pipeline.command_stack)
+            sent = ledger.PROCESS.refresh_in(pipeline, ttl=self.hold_ttl)
+            if sent:
+                self._watch_refresh(pipeline, at, sent)
             return
         # rq sends a bare heartbeat as three commands and three round trips; one pipeline carries the same commands,
         # and the releases of jobs that ended ride it: no round trip of their own. On an error they stay pending,
@@ -278,10 +302,34 @@ class PolicyWorkerMixin:
         pending = list(self._pending_releases)
         with self.connection.pipeline(transaction=False) as pipe:  # type: ignore[attr-defined]
             super().heartbeat(timeout, pipeline=pipe)  # type: ignore[misc]
+            self._forget_records(pipe)
             for claim in pending:
                 release_claim(claim, pipe)
             pipe.execute()
         del self._pending_releases[: len(pending)]
+
+    def _forget_records(self, pipeline: Any) -> None:
+        """Delete, on ``pipeline``, the claim records of fetches whose reply has arrived (no replay can come now)."""
+        records = self._policy_fetcher.records
+        if records:
+            pipeline.delete(*records)
+            records.clear()
+
+    def _watch_refresh(self, pipeline: Any, at: int, sent: list[ledger.Hold]) -> None:
+        """Read the refresh's answer (command ``at`` of ``pipeline``) when rq executes its heartbeat pipeline: a hold
+        found lapsed (re-added by the script) is logged, never passed over in silence."""
+        execute = pipeline.execute
+
+        def execute_and_read(*args: Any, **kwargs: Any) -> Any:
+            replies = execute(*args, **kwargs)
+            try:
+                positions = replies[at]
+                ledger.log_lapses(self.log, [sent[int(i) - 1] for i in positions])  # type: ignore[attr-defined]
+            except Exception:  # an answer of another shape is not worth failing rq's heartbeat for
+                pass
+            return replies
+
+        pipeline.execute = execute_and_read
 
     def _release_later(self, claim: Claim | None) -> None:
         if claim is not None and claim.holds:
@@ -412,6 +460,7 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
     orphan_check_seconds: float = 1.0
 
     _horse_keeper: Keeper | None = None  # only ever set in a work horse
+    _horse_pid_self: int = 0
     _horse_claim: Claim | None = None
     _orphaned: bool = False
 
@@ -419,21 +468,38 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
         self._worker_pid = os.getpid()  # the horse compares its parent with this (taken before the fork)
         return super().execute_job(job, queue)
 
+    def _job_process_ended(self) -> bool:
+        """Has the work horse ended (reaped here, or by rq's cold shutdown, which waits for the horse it killed)?"""
+        pid = self._horse_pid  # type: ignore[attr-defined]
+        if not pid:
+            return True
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # already reaped
+            return True
+        return done != 0
+
     def main_work_horse(self, job: Any, queue: Any) -> None:
         claim = self._running_claim
         if claim is not None and claim.holds:
             # The keeper only refreshes once the worker is gone: until then the worker's heartbeat does.
             self._horse_claim = claim
+            self._horse_pid_self = os.getpid()
             self._horse_keeper = Keeper(
                 self.connection, Ledger(claim.holds), self.hold_ttl / 3, ttl=self.hold_ttl,  # type: ignore[operator]
-                tick=self.orphan_check_seconds, active=self._orphaned_now, until_empty=True, log=self.log,
+                tick=self.orphan_check_seconds, active=self._horse_orphaned, until_empty=True, log=self.log,
                 name='rq-policies-orphan-guard',
             ).start()
         super().main_work_horse(job, queue)  # ends in os._exit
 
-    def _orphaned_now(self) -> bool:
+    def _horse_orphaned(self) -> bool:
+        """In the horse's keeper (a child of the horse): has the horse's worker died? Logged once, when noticed."""
+        return self._orphaned_now(_parent_of(self._horse_pid_self, self._worker_pid))
+
+    def _orphaned_now(self, parent: int | None = None) -> bool:
         """In a work horse: has its worker died? Logged once, when first noticed."""
-        if not self._orphaned and os.getppid() != self._worker_pid:
+        parent = os.getppid() if parent is None else parent
+        if not self._orphaned and parent != self._worker_pid:
             self._orphaned = True
             claim = self._horse_claim
             self.log.warning(
@@ -461,23 +527,45 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
                              self.hold_ttl, exc_info=True)
 
 
+def _parent_of(pid: int, expected: int) -> int:
+    """The parent pid of process ``pid`` (from ``/proc``); where there is no ``/proc``, ``expected`` while that
+    process is alive, else 1."""
+    try:
+        with open(f'/proc/{pid}/stat', 'rb') as f:
+            return int(f.read().rsplit(b')', 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        pass
+    try:
+        os.kill(expected, 0)
+    except ProcessLookupError:
+        return 1
+    except OSError:
+        pass
+    return expected
+
+
 class PolicySimpleWorker(PolicyWorkerMixin, SimpleWorker):
     """rq's SimpleWorker (no fork), fetching through the policies.
 
     A SimpleWorker sends no heartbeat while a job runs, so a hold would lapse under a long job. A
-    :class:`~rq_policies.ledger.Keeper` thread keeps this process's holds refreshed every ``hold_ttl / 3`` seconds
-    while a job runs; it dies with the process, so a killed worker's holds still age out. That is also why any
-    positive ``hold_ttl`` is accepted here.
+    :class:`~rq_policies.ledger.Keeper` keeps this process's holds refreshed every ``hold_ttl / 3`` seconds while a
+    job runs, from a small forked process of its own, so a job that holds the GIL for long (a C call) cannot starve
+    it; it dies with the worker, so a killed worker's holds still age out. That is also why any positive
+    ``hold_ttl`` is accepted here.
     """
 
     def _check_hold_ttl(self, ttl: int, interval: int) -> None:
         return None
 
-    def execute_job(self, job: Any, queue: Any) -> Any:
+    @contextlib.contextmanager
+    def _keeping(self) -> Iterator[None]:
+        if not ledger.PROCESS:
+            yield
+            return
         keeper = Keeper(
             self.connection, ledger.PROCESS, self.hold_ttl / 3, ttl=self.hold_ttl, log=self.log,  # type: ignore[operator]
         ).start()
         try:
-            return super().execute_job(job, queue)
+            yield
         finally:
-            keeper.stop()
+            keeper.stop()  # before any release: no refresh may write a released hold back

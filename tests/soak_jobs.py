@@ -30,6 +30,36 @@ class SoakWorker(PolicyWorker):
         kwargs['job_monitoring_interval'] = 3
         super().__init__(*args, **kwargs)
 
+    def _note(self, *record) -> None:
+        """Append a timestamped event of this worker (a reaped horse, a released hold) for the soak's cap check."""
+        path = os.path.join(os.environ['SOAK_RUN_DIR'], f'events-{os.getpid()}.log')
+        with open(path, 'a') as f:
+            f.write(json.dumps([*record, time.time()]) + '\n')
+
+    def monitor_work_horse(self, job, queue, execution):
+        try:
+            return super().monitor_work_horse(job, queue, execution)
+        finally:  # the horse has been waited for (rq's cold shutdown waits for it too, then raises)
+            self._note('reaped', job.id)
+
+    def heartbeat(self, timeout=None, pipeline=None):
+        pending = list(self._pending_releases) if pipeline is None else []
+        try:
+            super().heartbeat(timeout, pipeline=pipeline)
+        finally:
+            for claim in pending:
+                if claim not in self._pending_releases:
+                    self._note('released', claim.job_id)
+
+    def _flush_release(self, grace=0.0):
+        pending = list(self._pending_releases)
+        try:
+            super()._flush_release(grace)
+        finally:
+            for claim in pending:
+                if claim not in self._pending_releases:
+                    self._note('released', claim.job_id)
+
     def execute_job(self, job, queue):
         claim = self._policy_fetcher.claim
         if claim is not None and claim.job_id == job.id:

@@ -83,6 +83,20 @@ def test_drops_count_from_every_producer_process(connection, worker_env, redis_u
     assert value(found, 'rq_policies_dropped_enqueues_total', policy='loner', queue='imports') == 15
 
 
+def test_hold_lapses_are_exported_per_queue(connection):
+    from rq_policies import keys
+    from rq_policies.ledger import Hold, Ledger
+
+    hold = Hold(keys.holds('lapsing:q'), 'gone', 30)
+    Ledger([hold]).refresh(connection)  # found absent under its (running) job: re-added and counted
+    Ledger([Hold(keys.lcw_running('mod.Cls'), 'gone', 30)]).refresh(connection)  # a LimitedCapacityWorker's
+    found = samples(prometheus_client.generate_latest(registry_for(connection)).decode())
+    assert value(found, 'rq_policies_hold_lapses_total', queue='lapsing:q') == 1
+    assert [k for k in found if k[0] == 'rq_policies_hold_lapses_total'] == [
+        ('rq_policies_hold_lapses_total', frozenset({('queue', 'lapsing:q')}))
+    ]
+
+
 def test_unreachable_redis_reports_down_instead_of_failing(caplog):
     dead = Redis(host='127.0.0.1', port=1, socket_connect_timeout=1)
     text = prometheus_client.generate_latest(registry_for(dead)).decode()

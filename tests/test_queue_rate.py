@@ -5,6 +5,7 @@ The job functions the workers run are defined here (tests/ is on the workers' pa
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import time
@@ -89,7 +90,12 @@ def server_now(conn: Redis) -> float:
     return seconds + micros / 1e6
 
 
-def fetch_once(conn: Redis, names: list[str], token: str = 'h:1:1:1') -> Claim | Look:
+_tokens = itertools.count(1)
+
+
+def fetch_once(conn: Redis, names: list[str], token: str | None = None) -> Claim | Look:
+    """One fetch as a worker makes it: a claim token of its own (a token used again is a replay of that fetch)."""
+    token = token or f'h:1:1:{next(_tokens)}'
     queues = [Queue(name, connection=conn) for name in names]
     return read_reply(fetch_call(queues, token, 90).run(conn), queues, token, 90)
 
@@ -190,8 +196,8 @@ def test_a_refused_fetch_replayed_writes_nothing(connection):
     push(connection, 'emails', 2)
     QueueRate.set('emails', 1, per=60, connection=connection)
     queues = [Queue('emails', connection=connection)]
-    call = fetch_call(queues, 'h:1:1:1', 90)
-    assert read_reply(call.run(connection), queues, 'h:1:1:1', 90).job_id
+    assert fetch_once(connection, ['emails']).job_id
+    call = fetch_call(queues, 'h:1:1:refused', 90)
     before = {k: connection.dump(k) for k in connection.keys('*')}
     first, again = call.run(connection), call.run(connection)  # a lost reply: redis-py sends the same call again
     assert first == again and first[0] == 0
@@ -200,14 +206,14 @@ def test_a_refused_fetch_replayed_writes_nothing(connection):
 
 
 def test_a_replayed_taking_fetch_never_starts_more_than_the_rate_allows(connection):
-    """A taking fetch whose reply is lost and is sent again pops again (the framework's replay, not the rate's); the
-    rate's part still counts every pop it allowed, so a replay can never start more than the rate allows."""
+    """A taking fetch whose reply is lost and is sent again answers the job its first attempt took (the framework's
+    claim record), and the rate counted that one start once: a replay never starts more than the rate allows."""
     push(connection, 'emails', 3)
     QueueRate.set('emails', 1, per=60, connection=connection)
     queues = [Queue('emails', connection=connection)]
     call = fetch_call(queues, 'h:1:1:1', 90)
     first, again = call.run(connection), call.run(connection)
-    assert first[0] == 1 and again[0] == 0  # the replay is refused: the one start was used
+    assert first[0] == 1 and again == first  # the replay answers the first attempt's job
     assert connection.llen('rq:queue:emails') == 2
     assert QueueRate.status('emails', connection=connection).available == 0
 

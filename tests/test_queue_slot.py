@@ -18,7 +18,7 @@ from rq.exceptions import DequeueTimeout
 from rq.job import Job, JobStatus, Retry
 from rq.queue import Queue
 
-from rq_policies import PolicyQueue, PolicySimpleWorker, PolicyWorker, QueueSlot, keys
+from rq_policies import PolicyQueue, PolicySimpleWorker, PolicyWorker, QueueSlot, keys, ops
 from rq_policies.fetch import Fetcher, current_fetcher, fetch_call
 from rq_policies.ledger import Hold, Ledger, acquire_call
 from rq_policies.policy import FETCH, registered
@@ -80,21 +80,21 @@ def test_acquire_script_replay_finds_its_own_member(connection):
 # -- lua/refresh_holds.lua ----------------------------------------------------------------------------------------
 
 
-def test_refresh_script_extends_live_holds_and_never_revives_an_expired_one(connection):
+def test_refresh_script_extends_live_holds_and_re_adds_and_counts_lapsed_ones(connection):
+    # A refresh comes from the owner of a running job: a hold it finds gone is that job, uncounted. It is written
+    # again (the ledger may be over its cap for a while: fetches are refused until it is not) and counted.
     a, b = keys.holds('a'), keys.holds('b')
     now = server_now(connection)
     connection.zadd(a, {'live': now + 2})
     connection.zadd(b, {'expired': now - 1})
     holds = [Hold(a, 'live', 60), Hold(b, 'expired', 60), Hold(a, 'absent', 60)]
     lapsed = Ledger(holds).refresh(connection)
-    assert lapsed == holds[1:]  # the reply names the holds that were not refreshed
-    refreshed = len(holds) - len(lapsed)
-    assert refreshed == 1
+    assert lapsed == holds[1:]  # the reply names the holds that had lapsed
     now = server_now(connection)
-    assert now + 59 < connection.zscore(a, 'live') <= now + 60.5
-    assert connection.zscore(b, 'expired') < now  # left expired: its slot may already be someone else's
-    assert connection.zscore(a, 'absent') is None  # a released hold is not re-created
-    assert connection.ttl(a) >= 60
+    for ledger_key, member in ((a, 'live'), (b, 'expired'), (a, 'absent')):
+        assert now + 59 < connection.zscore(ledger_key, member) <= now + 60.5
+    assert connection.ttl(a) >= 60 and connection.ttl(b) >= 60
+    assert connection.hgetall(keys.LAPSES) == {b'queue:a': b'1', b'queue:b': b'1'}
 
 
 # -- lua/fetch.lua ------------------------------------------------------------------------------------------------
@@ -139,6 +139,38 @@ def test_dequeue_script_pops_through_the_intermediate_list_and_holds_on_capped_q
     ghost_free = capped.enqueue(jobs.plain, 4)
     assert _dequeue_script(connection, [capped], 't4') == [1, ghost_free.id, 1]
     assert connection.lrange(capped.intermediate_queue_key, 0, -1) == [first.id.encode(), ghost_free.id.encode()]
+
+
+def test_a_replayed_fetch_answers_the_job_the_first_attempt_took(connection, monkeypatch):
+    # redis-py resends a command whose reply was lost: the same fetch, same claim token, runs twice. The replay must
+    # answer the first attempt's job; popping a second one would strand it on the intermediate list, status queued,
+    # its loner marker gone (an identical enqueue admitted, and rq's cleanup failing it without a run).
+    q = PolicyQueue('replay', connection=connection)
+    QueueSlot.set_capacity('replay', 2, connection=connection)
+    first = q.enqueue(jobs.sweep_cache, 1)
+    second = q.enqueue(jobs.sweep_cache, 2)
+    real_run = ops.Call.run
+
+    def lost_reply(self, client):
+        if self.script == 'fetch':
+            real_run(self, client)
+        return real_run(self, client)
+
+    monkeypatch.setattr(ops.Call, 'run', lost_reply)
+    fetcher = _WorkerFetcher(30)
+    token = current_fetcher.set(fetcher)
+    try:
+        job, _ = q.dequeue_any([q], None, connection=connection)
+    finally:
+        current_fetcher.reset(token)
+        fetcher.close()
+    monkeypatch.undo()
+    assert job.id == first.id
+    assert fetcher.claim.job_id == first.id and len(fetcher.claim.holds) == 1
+    assert q.job_ids == [second.id]  # still waiting, not popped
+    assert connection.lrange(q.intermediate_queue_key, 0, -1) == [first.id.encode()]
+    assert q.enqueued(jobs.sweep_cache, 2)  # its marker is intact
+    assert set(members(connection, 'replay')) == {fetcher.claim.token}  # one hold, not two
 
 
 def test_dequeue_script_racing_processes_never_take_more_than_the_cap(connection, redis_url):

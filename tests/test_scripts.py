@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from types import SimpleNamespace
 
 from rq.queue import Queue
@@ -108,9 +109,12 @@ def test_release_markers_only_frees_markers_still_naming_the_job(connection):
     assert not connection.exists('marker')
 
 
+_tokens = itertools.count()
+
+
 def fetch(conn):
-    """lua/fetch.lua on queue q ('rq:queue:q', 'rq:queue:q:intermediate'), token 'tok', holds of 90 s."""
-    return fetch_call([Queue('q', connection=conn)], 'tok', 90, PREFIX).run(conn)
+    """lua/fetch.lua on queue q ('rq:queue:q', 'rq:queue:q:intermediate'), a new claim token each, holds of 90 s."""
+    return fetch_call([Queue('q', connection=conn)], f'tok{next(_tokens)}', 90, PREFIX).run(conn)
 
 
 def test_fetch_pops_clears_marker_and_skips_dangling_ids(connection):

@@ -22,4 +22,7 @@ def test_soak_keeps_every_invariant():
         assert results[invariant]['ok'], (invariant, results[invariant])
     assert results['cap']['runs'] > 0 and results['loner']['jobs'] > 0 and results['throttle']['slots'] > 0
     assert results['run']['drained'], results['run']['backlog_left']
+    # A second SIGTERM sent to a worker still busy 1.3 s after the first is a cold shutdown, seen in its log.
+    if results['run']['kills'].get('cold_second_signal'):
+        assert results['run']['cold_shutdowns'] > 0, results['run']
     assert results['ok']

@@ -1,12 +1,12 @@
--- Shared: extend hold `token` of `ledger` to `ttl` seconds from `now`, only while it is still
--- live: a lapsed hold's capacity may already be someone else's, and reviving it would run the
--- ledger over its cap. Returns true when the hold was live and is extended. Needs lib/outlive.lua.
+-- Shared: extend hold `token` of `ledger` to `ttl` seconds from `now`. A refresh comes only from
+-- the owner of a job that still runs, so a hold found lapsed (expired, removed, or gone with a
+-- restart without persistence) is written again: the ledger must count every job that runs. The
+-- re-added hold may put the ledger over its cap for a while; new fetches are refused until the
+-- real count is under it again. Returns true when the hold was live, false when it had lapsed
+-- and was re-added (the caller counts and logs that). Needs lib/outlive.lua.
 local function ledger_refresh(ledger, token, ttl, now)
   local score = tonumber(redis.call('ZSCORE', ledger, token))
-  if not score or score <= now then
-    return false
-  end
-  redis.call('ZADD', ledger, 'XX', now + ttl, token)
+  redis.call('ZADD', ledger, now + ttl, token)
   outlive(ledger, ttl)
-  return true
+  return score ~= nil and score > now
 end

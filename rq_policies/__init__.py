@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .debounce import Debounce
-from .exceptions import PipelineNotSupported, PolicyConfigurationError, PolicyError
+from .exceptions import DuplicateJob, PipelineNotSupported, PolicyConfigurationError, PolicyError
 from .job import PolicyJob
 from .limited_capacity import LimitedCapacityWorker
 from .loner import Loner
@@ -18,6 +18,7 @@ __version__ = '0.1.0'
 __all__ = [
     'AdmissionPolicy',
     'Debounce',
+    'DuplicateJob',
     'FetchPolicy',
     'LimitedCapacityWorker',
     'Loner',

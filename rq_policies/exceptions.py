@@ -27,3 +27,21 @@ class PipelineNotSupported(PolicyError):
 
 class PolicyConfigurationError(PolicyError, ValueError):
     """Policies that cannot be combined, or a worker set up so that policies would be bypassed."""
+
+
+class DuplicateJob(PolicyError):
+    """``Loner(on_conflict='raise')``: an enqueue found its identity held by another job.
+
+    Counted as a drop (``rq-policies info``, metrics), and nothing was written.
+
+    Attributes:
+        holder: the id of the job that holds the identity.
+        queue: the queue name.
+        identity: the identity digest (what ``rq-policies explain`` and ``info`` show).
+    """
+
+    def __init__(self, holder: str, queue: str, identity: str):
+        self.holder = holder
+        self.queue = queue
+        self.identity = identity
+        super().__init__(f'duplicate job on queue {queue!r}: identity {identity[:12]} is held by job {holder}')

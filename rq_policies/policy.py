@@ -175,6 +175,11 @@ class AdmissionPolicy(Policy):
     def release(cls, connection: Any, job_prefix: str, job_ids: list[str]) -> None:
         """These jobs stopped waiting (deleted, cancelled, removed, emptied): free what they hold. May be a pipeline."""
 
+    @classmethod
+    def ended(cls, pipeline: Any, job_prefix: str, job_id: str) -> None:
+        """This job ended for good (finished, failed with no retry left, stopped, timed out, its horse killed): free
+        what it held while it ran, on ``pipeline``, the worker's pipeline that records the ending."""
+
     def validate(self, job: Any, mode: str, force: bool) -> None:
         """Refuse an enqueue this policy cannot serve (PolicyConfigurationError naming why), before any write."""
 

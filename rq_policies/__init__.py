@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .debounce import Debounce
 from .exceptions import DuplicateJob, PipelineNotSupported, PolicyConfigurationError, PolicyError
+from .explainer import UnknownJob, explain
 from .job import PolicyJob
 from .limited_capacity import LimitedCapacityWorker
 from .loner import Loner
@@ -34,5 +35,7 @@ __all__ = [
     'PolicyWorker',
     'QueueSlot',
     'Throttle',
+    'UnknownJob',
+    'explain',
     'policy',
 ]

@@ -18,7 +18,7 @@ from rq.worker import Worker
 
 from . import keys
 from .exceptions import DuplicateJob
-from .ops import Call
+from .ops import Call, text
 from .policy import AdmissionPolicy, Policy
 
 logger = logging.getLogger('rq_policies')
@@ -155,6 +155,52 @@ class Loner(AdmissionPolicy):
     @classmethod
     def identity_families(cls) -> tuple[keys.Family, ...]:
         return (keys.LONER_KEYS,)
+
+    @classmethod
+    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[dict[str, Any]]:
+        marker = job.get(keys.LONER_FIELD)
+        parsed = keys.LONER_KEYS.parse(marker) if marker else None
+        if parsed is None:
+            return []
+        digest, until, status, jid = parsed[1], job.get(UNTIL_FIELD, 'started'), job.get('status', ''), job['id']
+        worker = job.get('worker_name') or ''
+        with connection.pipeline(transaction=False) as pipe:
+            pipe.get(marker)
+            pipe.ttl(marker)
+            pipe.exists(Worker.redis_worker_namespace_prefix + worker)
+            holder, ttl, worker_alive = pipe.execute()
+        holder = text(holder) if holder is not None else None
+        entry: dict[str, Any] = {'policy': cls.name, 'identity': digest, 'until': until, 'marker': marker,
+                                 'holder': holder, 'expires_in': ttl if ttl and ttl > 0 else None}
+        short = digest[:12]
+        waiting = status in ('queued', 'scheduled', 'deferred')
+        running = status == 'started' and until == 'finished'
+        if holder == jid and (waiting or (running and worker_alive)):
+            entry['holds'] = True
+            entry['verdict'] = f'holds identity {short} (Loner until {until})' + (
+                f', marker expires in {ttl} s with the job' if ttl and ttl > 0 else '')
+            entry['change'] = ('freed when a worker takes the job, or it is deleted, cancelled or removed'
+                               if until == 'started' else
+                               'freed when the job ends: success, failure with no retry left, stop, timeout, cancel, '
+                               'delete')
+        elif holder == jid and running:
+            entry['holds'] = False
+            entry['verdict'] = (f'identity {short} is free: its worker {worker} is gone (no heartbeat), so the '
+                                'marker no longer blocks')
+            entry['change'] = "rq's maintenance marks the job failed (abandoned)"
+        elif holder:
+            entry['holds'] = False
+            entry['verdict'] = f'identity {short} is held by job {holder}, not this one'
+            entry['change'] = f'an identical enqueue is handled as a duplicate of {holder} while it holds'
+        else:
+            entry['holds'] = False
+            why = 'a worker took it' if status == 'started' else f'it is {status or "gone"}'
+            entry['verdict'] = f'holds nothing: identity {short} is free ({why})'
+            entry['change'] = 'the next identical enqueue is admitted'
+        if job.get('policies_replaced_by'):
+            entry['replaced_by'] = job['policies_replaced_by']
+            entry['verdict'] += f'; its payload was replaced in place by the enqueue of job {entry["replaced_by"]}'
+        return [entry]
 
     @classmethod
     def describe(cls, family: keys.Family, block: dict[str, Any]) -> list[str]:

@@ -126,6 +126,17 @@ class Policy:
         """The per-identity key families this policy writes (:class:`rq_policies.keys.Family`), for info and reset."""
         return ()
 
+    @classmethod
+    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[dict[str, Any]]:
+        """This policy's part of ``rq-policies explain`` for one job (:func:`rq_policies.explainer.explain`).
+
+        ``job`` is the job hash without its payload (str -> str, the policies' own ``policies_*`` fields included,
+        plus ``id`` and ``now``, the server clock). Answer from Redis alone, building keys from what the job hash
+        stores (never SCAN): a list of ``{'policy': name, 'verdict': what it says now, 'change': what would change
+        it, ...details}``, empty when this policy has nothing to say about the job.
+        """
+        return []
+
 
 def registered(kind: str | None = None) -> list[type[Policy]]:
     """Every registered policy class (of one kind when ``kind`` is given), in rank order, then by name."""

@@ -159,9 +159,10 @@ def _freed(connection, q, job, status, **kwargs):
 
 
 def test_until_finished_holds_across_the_run_and_frees_on_success(connection, redis_url, worker_env):
-    q, job, worker = _run_held(connection, redis_url, worker_env, 'fin-ok', seconds=1)
+    q, job, worker = _run_held(connection, redis_url, worker_env, 'fin-ok', seconds=2)
     try:
-        _freed(connection, q, job, JobStatus.FINISHED, seconds=1)
+        assert q.holder(lock_jobs.held, 'fin-ok', seconds=2) == job.id  # enqueued()/holder() see the running holder
+        _freed(connection, q, job, JobStatus.FINISHED, seconds=2)
     finally:
         stop(worker)
 

@@ -247,3 +247,16 @@ def test_until_finished_frees_within_the_heartbeat_bound_when_the_worker_is_sigk
     assert q.enqueue(lock_jobs.held, 'fin-sigkill', seconds=300) is None  # the worker's key still lives
     assert wait_for(lambda: q.enqueue(lock_jobs.held, 'fin-sigkill', seconds=300) is not None, timeout=1 + 60 + 5,
                     interval=0.5)
+
+
+def test_replace_never_rewrites_a_job_popped_but_not_yet_started(connection, redis_url, worker_env):
+    """Between the fetch script and rq marking the job started, the job is still 'queued' in its hash: the fetch's
+    mark (until='finished') is what keeps a replace off it. The worker dies in exactly that window here."""
+    q = PolicyQueue('replace-popped', connection=connection)
+    first = q.enqueue(lock_jobs.replaced_held, 'acme', 'first', check='first')
+    worker = start_worker(redis_url, ['replace-popped'], worker_env, worker_class='workers.DiesAfterPop', burst=True)
+    worker.wait(30)
+    assert connection.lrange(q.intermediate_queue_key, 0, -1) == [first.id.encode()]
+    assert Job.fetch(first.id, connection=connection).get_status() == JobStatus.QUEUED
+    assert q.enqueue(lock_jobs.replaced_held, 'acme', 'second', check='second') is None
+    assert Job.fetch(first.id, connection=connection).args == ('acme', 'first')

@@ -34,6 +34,13 @@ def replaced(account, reason, check=None):
     return reason
 
 
+@policy(Loner(on_conflict='replace'), unique_context=lambda args, kwargs: args[0])
+def replaced_slow(account, reason, check=None, seconds=0.0):
+    _conn().rpush(f'test:ran:{account}', f'{get_current_job().id} {reason} {check}')
+    time.sleep(seconds)
+    return reason
+
+
 @policy(Loner(until='finished', on_conflict='replace'), unique_context=lambda args, kwargs: args[0])
 def replaced_held(account, reason, check=None, seconds=0.0):
     _conn().rpush(f'test:ran:{account}', f'{get_current_job().id} {reason} {check}')

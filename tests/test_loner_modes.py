@@ -84,13 +84,11 @@ def test_replace_never_touches_a_job_that_was_taken(connection, redis_url, worke
 
 def test_replace_with_until_started_admits_a_new_job_while_the_holder_runs(connection, redis_url, worker_env):
     q = PolicyQueue('replace-started', connection=connection)
-    spec = policy(Loner(on_conflict='replace'), unique_context=lambda a, k: a[0])
-    f = spec(lock_jobs.replaced_held)
-    first = q.enqueue(f, 'acme', 'first', check='first', seconds=3, policy=Loner(on_conflict='replace'))
+    first = q.enqueue(lock_jobs.replaced_slow, 'acme', 'first', check='first', seconds=3)
     worker = start_worker(redis_url, ['replace-started'], worker_env)
     try:
         assert wait_for(lambda: connection.llen('test:ran:acme') == 1)
-        second = q.enqueue(lock_jobs.replaced, 'acme', 'second', check='second')
+        second = q.enqueue(lock_jobs.replaced_slow, 'acme', 'second', check='second')
         assert second is not None and second.id != first.id
     finally:
         stop(worker)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import lock_jobs
 import pytest
@@ -19,6 +20,7 @@ from rq_policies import (
     PolicyJob,
     PolicyQueue,
     Throttle,
+    explain,
     keys,
     ops,
     policy,
@@ -243,8 +245,12 @@ def test_until_finished_frees_within_the_heartbeat_bound_when_the_worker_is_sigk
     worker.wait()
     assert Job.fetch(job.id, connection=connection).get_status() == JobStatus.STARTED
     assert q.enqueue(lock_jobs.held, 'fin-sigkill', seconds=300) is None  # the worker's key still lives
-    assert wait_for(lambda: q.enqueue(lock_jobs.held, 'fin-sigkill', seconds=300) is not None, timeout=1 + 60 + 5,
-                    interval=0.5)
+    assert 'holds identity' in explain(job.id, connection=connection)['policies'][0]['verdict']
+    started = time.monotonic()
+    assert wait_for(lambda: 'is gone (no heartbeat)' in explain(job.id, connection=connection)['policies'][0][
+        'verdict'], timeout=1 + 60 + 5, interval=0.5)
+    assert time.monotonic() - started <= 1 + 60 + 5  # the bound: job_monitoring_interval + 60 s after the last beat
+    assert q.enqueue(lock_jobs.held, 'fin-sigkill', seconds=300) is not None
 
 
 def test_replace_never_rewrites_a_job_popped_but_not_yet_started(connection, redis_url, worker_env):

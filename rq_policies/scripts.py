@@ -9,6 +9,7 @@ is already going out.
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from importlib import resources
@@ -36,6 +37,7 @@ def _lua_root() -> Any:
     return Path(__file__).resolve().parent.parent / 'lua'
 
 
+@functools.cache
 def source(name: str) -> str:
     """The full text of script ``name`` (without ``.lua``), includes expanded.
 

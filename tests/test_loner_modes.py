@@ -264,3 +264,18 @@ def test_replace_never_rewrites_a_job_popped_but_not_yet_started(connection, red
     assert Job.fetch(first.id, connection=connection).get_status() == JobStatus.QUEUED
     assert q.enqueue(lock_jobs.replaced_held, 'acme', 'second', check='second') is None
     assert Job.fetch(first.id, connection=connection).args == ('acme', 'first')
+
+
+def test_the_end_of_run_release_adds_no_round_trip(connection, redis_url, worker_env):
+    """The release rides rq's end-of-run transaction as an EVAL: redis-py's Script would make every such pipeline
+    send SCRIPT EXISTS first, a round trip per job."""
+    q = PolicyQueue('fin-trips', connection=connection)
+    for i in range(5):
+        q.enqueue(lock_jobs.held, 'fin-trips', i)
+    connection.config_resetstat()
+    worker = start_worker(redis_url, ['fin-trips'], worker_env, burst=True)
+    assert worker.wait(60) == 0, output(worker)
+    assert connection.llen('test:ran:fin-trips') == 5
+    stats = connection.info('commandstats')
+    assert stats.get('cmdstat_script|exists', {}).get('calls', 0) == 0, stats.get('cmdstat_script|exists')
+    assert connection.keys('rq:policies:loner:*') == []

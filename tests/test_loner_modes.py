@@ -279,3 +279,23 @@ def test_the_end_of_run_release_adds_no_round_trip(connection, redis_url, worker
     stats = connection.info('commandstats')
     assert stats.get('cmdstat_script|exists', {}).get('calls', 0) == 0, stats.get('cmdstat_script|exists')
     assert connection.keys('rq:policies:loner:*') == []
+
+
+@pytest.mark.parametrize('mode', [Loner(), Loner(until='finished'), Loner(on_conflict='raise'),
+                                  Loner(until='finished', on_conflict='raise')], ids=repr)
+def test_every_dropping_mode_takes_the_hinted_fast_path_and_counts(connection, monkeypatch, mode):
+    from rq_policies import admission
+
+    q = PolicyQueue('hinted', connection=connection)
+    first = q.enqueue(lock_jobs.raising, 7, policy=mode)
+    probes = []
+    real_probe = admission.probe
+    monkeypatch.setattr(admission, 'probe', lambda *a, **k: probes.append(1) or real_probe(*a, **k))
+    for _ in range(3):
+        try:
+            assert q.enqueue(lock_jobs.raising, 7, policy=mode) is None
+        except DuplicateJob as exc:
+            assert mode.on_conflict == 'raise' and exc.holder == first.id
+    assert len(probes) == 2  # the first duplicate takes the full path and leaves the hint; the next two probe
+    assert connection.hget(keys.DROPS, 'loner:hinted') == b'3'
+    assert q.count == 1

@@ -22,6 +22,10 @@ from .policy import registered
 _FIELDS = ('status', 'origin', 'description', 'enqueued_at', 'created_at', 'started_at', 'ended_at', 'worker_name')
 
 
+#: How far into its queue ``explain`` looks for a queued job's position (LPOS is linear): beyond it, no position.
+POSITION_SCAN = 100_000
+
+
 class UnknownJob(PolicyError, LookupError):
     """``explain`` was given a job id Redis has no job hash for."""
 
@@ -64,7 +68,8 @@ def explain(job_id: str, connection: Any, job_prefix: str = Job.redis_job_namesp
 
     Returns:
         ``{'job', 'status', 'queue', 'position', 'policies': [{'policy', 'verdict', 'change', ...}, ...]}``:
-        ``position`` is the job's 0-based place in its queue while it is queued (else None); each policy entry
+        ``position`` is the job's 0-based place in its queue while it is queued (None otherwise, or when it is
+        beyond the first :data:`POSITION_SCAN` ids); each policy entry
         names the policy, what it says now (``verdict``), what would change that (``change``) and its own details.
 
     Raises:
@@ -75,7 +80,7 @@ def explain(job_id: str, connection: Any, job_prefix: str = Job.redis_job_namesp
     queue = job.get('origin', '')
     position = None
     if job.get('status') == 'queued' and queue:
-        found = connection.lpos(Queue.redis_queue_namespace_prefix + queue, job_id)
+        found = connection.lpos(Queue.redis_queue_namespace_prefix + queue, job_id, maxlen=POSITION_SCAN)
         position = int(found) if found is not None else None
     now = float(job['now'])
     parts: list[dict[str, Any]] = []

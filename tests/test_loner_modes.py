@@ -162,6 +162,8 @@ def test_until_finished_holds_across_the_run_and_frees_on_success(connection, re
     q, job, worker = _run_held(connection, redis_url, worker_env, 'fin-ok', seconds=2)
     try:
         assert q.holder(lock_jobs.held, 'fin-ok', seconds=2) == job.id  # enqueued()/holder() see the running holder
+        # A call declaring until='started' still sees the holder's own until='finished': mixed declarations agree.
+        assert q.enqueue(lock_jobs.held, 'fin-ok', seconds=2, policy=Loner()) is None
         _freed(connection, q, job, JobStatus.FINISHED, seconds=2)
     finally:
         stop(worker)

@@ -5,7 +5,10 @@
 Each variant enqueues the same function with the same kind of arguments; rounds interleave the variants and the
 figure is the median per-call time, printed as a ratio to stock `Queue.enqueue`. Targets (issue 2): Loner admitted
 <= 1.0 (one round trip where stock makes two), Loner dropped <= 0.5, and the admitted ratio unchanged (within 1.1)
-with 100,000 live markers of other identities. ``--smoke`` runs every case a few times (CI: the bench still works).
+with 100,000 live markers of other identities. Issue 13: each lock mode against today's Loner, printed as ratios:
+`until='finished'` admitted and `on_conflict='replace'` (admitted, and replacing a waiting holder) within 1.1x of
+Loner admitted; `on_conflict='raise'` (a DuplicateJob raised) as cheap as a drop (within 1.1x of Loner dropped).
+``--smoke`` runs every case a few times (CI: the bench still works).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from bench_jobs import work  # noqa: E402
 from common import add_smoke, connect, interleaved, report, run_main, server_url, smoke_defaults  # noqa: E402
 from rq import Queue  # noqa: E402
 
-from rq_policies import Loner, PolicyQueue  # noqa: E402
+from rq_policies import DuplicateJob, Loner, PolicyQueue  # noqa: E402
 
 
 def main() -> None:
@@ -39,6 +42,19 @@ def main() -> None:
         pq = PolicyQueue('bench_policy', connection=conn)
         loner = Loner()
         pq.enqueue(work, 'held', policy=loner)  # the identity every "dropped" call collides with
+        finished = Loner(until='finished')
+        replace = Loner(on_conflict='replace')
+        raising = Loner(on_conflict='raise')
+        modes = PolicyQueue('bench_modes', connection=conn)
+        modes.enqueue(work, 'held', policy=raising)
+        modes.enqueue(work, 'waiting', policy=replace)  # the waiting holder every "replacing" call rewrites
+
+        def raised(i):
+            try:
+                modes.enqueue(work, 'held', policy=raising)
+            except DuplicateJob:
+                return None
+            raise AssertionError('Loner(on_conflict=raise) admitted a duplicate')
 
         def flush_lists():
             conn.delete(stock.key)
@@ -47,12 +63,25 @@ def main() -> None:
             'stock Queue.enqueue': lambda i: stock.enqueue(work, i),
             'Loner admitted': lambda i: pq.enqueue(work, i, policy=loner),
             'Loner dropped': lambda i: pq.enqueue(work, 'held', policy=loner),
+            "Loner(until='finished') admitted": lambda i: modes.enqueue(work, i, policy=finished),
+            "Loner(on_conflict='replace') admitted": lambda i: modes.enqueue(work, -1 - i, policy=replace),
+            "Loner(on_conflict='replace') replacing": lambda i: modes.enqueue(work, 'waiting', policy=replace),
+            "Loner(on_conflict='raise') raised": raised,
         }
         info = conn.info('server')
         version = info.get('valkey_version') or info.get('redis_version')
         print(f'server: {version}; {opts.rounds} rounds x {opts.calls} calls\n')
         samples = interleaved(variants, opts.rounds, opts.calls, before_round=flush_lists)
         ratios = report(samples, 'stock Queue.enqueue', {'Loner admitted': 1.0, 'Loner dropped': 0.5})
+        print('\nlock modes against today\'s Loner (issue 13):')
+        for name, base, target in (
+            ("Loner(until='finished') admitted", 'Loner admitted', 1.1),
+            ("Loner(on_conflict='replace') admitted", 'Loner admitted', 1.1),
+            ("Loner(on_conflict='replace') replacing", 'Loner admitted', 1.1),
+            ("Loner(on_conflict='raise') raised", 'Loner dropped', 1.1),
+        ):
+            ratio = ratios[name] / ratios[base]
+            print(f'  {name:42} / {base:15} {ratio:.3f} (target <= {target}: {"ok" if ratio <= target else "MISSED"})')
 
         if opts.markers:
             print(f'\nfilling {opts.markers:,} live loner markers of other identities ...')

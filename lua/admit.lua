@@ -11,7 +11,12 @@
                       when this very call was already admitted (a retried call whose reply was
                       lost: answered as admitted, nothing written again); it may also plan the
                       write (ctx.mode, ctx.score, ctx.dest, ctx.scheduled) and name the pending
-                      job this one would supersede (ctx.supersedes)
+                      job this one would supersede (ctx.supersedes); {replace = holder}: the
+                      remaining checks run, then the policy's replace rewrites the holder
+                      (in a probe, ctx.probe, a check that would replace passes instead)
+    replace(ctx, p, holder, fields) -> a check that answered {replace = holder}: rewrite the
+                      holder's payload in place with this call's job fields instead of writing
+                      a job (Loner(on_conflict='replace')); no policy commits then
     commit(ctx, p) -> writes the policy's own state, before the job is written
     force(ctx, p)  -> PolicyQueue.force: takes the policy's state whatever it holds
   `p` is the policy's own arguments (a.p[name]); ctx.key(name) is the key passed as `name`.
@@ -42,7 +47,8 @@
                 script answers as the first attempt did and writes nothing
 
   Returns {code, policy, job id, n, server now, superseded, dropped...}:
-    code 1 admitted (job id = ours; n = the policy's number, e.g. the window's end), 2 admitted
+    code 1 admitted (job id = ours; n = the policy's number, e.g. the window's end), 3 the
+    holder's payload was replaced in place by `policy` (job id = the holder), 2 admitted
     as a pending trailing job (n = its run time), 0 dropped by `policy` (job id = the job that
     holds the identity; n = e.g. the window's end), -1 a probe that found nothing to drop.
     superseded = the pending job this one replaced and deleted, or ''. dropped... = pairs of
@@ -62,7 +68,7 @@ local now = server_now()
 local ctx = {
   jid = a.jid, mode = a.mode, score = a.score or 0, ttl = a.ttl, job_prefix = a.job_prefix,
   now = now, dest = a.k.dest and KEYS[a.k.dest], scheduled = false, code = 1, n = 0,
-  superseded = '', dropped = {}, tomb = a.tombstone, tomb_ttl = a.tombstone_ttl,
+  superseded = '', dropped = {}, tomb = a.tombstone, tomb_ttl = a.tombstone_ttl, probe = a.probe,
 }
 function ctx.key(name)
   return KEYS[a.k[name]]
@@ -85,9 +91,12 @@ if a.force then
     if part.force then part.force(ctx, a.p[name]) end
   end
 else
+  local replacer, holder
   for _, name in ipairs(order) do
     local verdict = P[name].check(ctx, a.p[name])
-    if verdict then
+    if verdict and verdict.replace then
+      replacer, holder = name, verdict.replace
+    elseif verdict then
       if verdict.replay then
         if a.probe then return {-1, name, ctx.jid, verdict.n or 0, nowstr, ''} end
         return {1, name, ctx.jid, verdict.n or 0, nowstr, ''}
@@ -97,6 +106,10 @@ else
     end
   end
   if a.probe then return {-1, '', '', ctx.n, nowstr, ''} end
+  if replacer then
+    P[replacer].replace(ctx, a.p[replacer], holder, a.fields)
+    return {3, replacer, holder, 0, nowstr, ''}
+  end
   for _, name in ipairs(order) do
     local part = P[name]
     if part.commit then part.commit(ctx, a.p[name]) end

@@ -11,7 +11,8 @@
     take(ctx, i, job_key, jid) -> the fetch policy's commit for the job taken from queue i: 1
                                   when it took a hold (named ctx.token, ctx.ttl seconds), else 0
     taken(job_key, jid)        -> any policy (an admission one, such as loner): the job was
-                                  taken off its queue; free what it held while it waited
+                                  taken off its queue; free what it held while it waited (or
+                                  mark what it holds until it ends: Loner until='finished')
   ctx.q is scratch space a gate leaves for its own take, emptied for every queue. The job id
   moves to the queue's intermediate list (LMOVE), as rq's own single-queue fetch does, so a
   worker that dies between this pop and the job's start leaves the job where rq's maintenance

@@ -4,9 +4,14 @@
   marker (field policies_loner); the marker is deleted only while it still names that job, so a
   late release never frees an identity that a newer job holds.
 
+  With `ended` (the worker's end-of-run pipeline, PolicyWorker.cleanup_execution, where this runs
+  as the last command): a run ended; the marker goes only when the job no longer waits or runs
+  (finished, failed, stopped, cancelled, or gone), so a job retried or repeated keeps its
+  identity (Loner until='finished').
+
   KEYS  none: each marker is named by its job's hash (written there by the admission, which had
         the key in KEYS)
-  ARGV[1]  msgpack map: job_prefix (rq:job:), jobs (the job ids)
+  ARGV[1]  msgpack map: job_prefix (rq:job:), jobs (the job ids), ended (true: see above)
 
   Returns how many markers were deleted.
 ]]
@@ -14,9 +19,11 @@ local rcall = redis.call
 -- @include "lib/codec.lua"
 local a = decode_args(ARGV[1])
 local removed = 0
+local holding = {queued = true, scheduled = true, deferred = true, started = true}
 for _, jid in ipairs(a.jobs) do
-  local marker = rcall('HGET', a.job_prefix .. jid, 'policies_loner')
-  if marker and rcall('GET', marker) == jid then
+  local job = rcall('HMGET', a.job_prefix .. jid, 'policies_loner', 'status')
+  local marker = job[1]
+  if marker and not (a.ended and holding[job[2]]) and rcall('GET', marker) == jid then
     removed = removed + rcall('DEL', marker)
   end
 end

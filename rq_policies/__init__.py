@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from .debounce import Debounce
-from .exceptions import PipelineNotSupported, PolicyConfigurationError, PolicyError
+from .exceptions import DuplicateJob, PipelineNotSupported, PolicyConfigurationError, PolicyError
+from .explainer import UnknownJob, explain
 from .job import PolicyJob
 from .limited_capacity import LimitedCapacityWorker
 from .loner import Loner
@@ -20,6 +21,7 @@ __all__ = [
     'AdmissionPolicy',
     'BackOff',
     'Debounce',
+    'DuplicateJob',
     'FetchPolicy',
     'LimitedCapacityWorker',
     'Loner',
@@ -39,5 +41,7 @@ __all__ = [
     'Snooze',
     'SnoozeLimitReached',
     'Throttle',
+    'UnknownJob',
+    'explain',
     'policy',
 ]

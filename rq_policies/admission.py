@@ -44,6 +44,8 @@ class JobWrite:
         dest: the queue list, the scheduled registry, or the queue key (unused) for modes D and N.
         ttl: seconds the job hash lives, -1 for no expiry.
         fields: the job hash as a flat field/value list (each policy's extra fields included).
+        replaced: after :func:`admit`, the id of the waiting job whose payload this write replaced in place (a
+            replacing policy's verdict, code 3), or ''. No job of its own was written then.
     """
 
     job: Job
@@ -52,6 +54,7 @@ class JobWrite:
     dest: str
     ttl: int
     fields: list[Any]
+    replaced: str = ''
 
 
 @dataclass(frozen=True)
@@ -59,13 +62,15 @@ class Verdict:
     """What the admission script decided.
 
     Attributes:
-        code: 1 admitted, 2 admitted as a pending job (a trailing job), 0 dropped, -1 a probe that found no drop.
+        code: 1 admitted, 2 admitted as a pending job (a trailing job), 3 the waiting holder's payload replaced in
+            place (job_id names it), 0 dropped, -1 a probe that found no drop.
         policy: the policy that dropped the job (or answered a replay), '' otherwise.
         job_id: ours when admitted; the holder of the identity when dropped.
         number: the deciding policy's number (a throttle window's end, a pending job's run time), epoch seconds.
         server_now: the server's clock when the script ran.
         superseded: the pending job this one replaced and deleted, or ''.
         dropped: (kind, job id) of the pending jobs a force dropped.
+        digest: the identity the verdict is about (set by the caller, not the script).
     """
 
     code: int
@@ -75,13 +80,14 @@ class Verdict:
     server_now: float
     superseded: str
     dropped: tuple[tuple[str, str], ...] = ()
+    digest: str = ''
 
     @classmethod
-    def read(cls, reply: list[Any]) -> Verdict:
+    def read(cls, reply: list[Any], digest: str = '') -> Verdict:
         code, policy, job_id, number, server_now, superseded, *rest = reply
         dropped = tuple((text(rest[i]), text(rest[i + 1])) for i in range(0, len(rest) - 1, 2))
         return cls(int(code), text(policy), text(job_id), float(number), float(text(server_now)), text(superseded),
-                   dropped)
+                   dropped, digest)
 
 
 def _policy_call(queue: Queue, spec: PolicySet, digest: str, **args: Any) -> Call:
@@ -130,8 +136,10 @@ def admit(queue: Queue, spec: PolicySet, digest: str, write: JobWrite, force: bo
     if force and write.mode == 'S':
         raise PolicyConfigurationError('force() enqueues now; it cannot be scheduled')
     call = admit_call(queue, spec, digest, write, force)
-    verdict = Verdict.read(call.run(queue.connection))
+    verdict = Verdict.read(call.run(queue.connection), digest)
     by_name = {item.name: item for item in spec.policies}
+    if verdict.code == 3:
+        write.replaced = verdict.job_id
     if verdict.code == 0:
         _remember(hint, spec, digest, verdict)
         by_name[verdict.policy].on_drop(job.func_name, queue.name, verdict)
@@ -201,7 +209,7 @@ def probe(queue: Queue, spec: PolicySet, digest: str, job_id: str = '') -> Verdi
     """Run only the checks of ``spec`` for one identity: code 0 (dropped, counted) or -1 (nothing to drop; a replay
     of ``job_id`` is also -1, for the full path to answer). Writes nothing but a drop's counter."""
     call = _policy_call(queue, spec, digest, jid=job_id, mode='N', score=0, ttl=-1, queue_key=queue.key, probe=True)
-    return Verdict.read(call.run(queue.connection))
+    return Verdict.read(call.run(queue.connection), digest)
 
 
 # -- reset -----------------------------------------------------------------------------------------------------------
@@ -234,3 +242,10 @@ def release(connection: Any, job_prefix: str, job_ids: list[str]) -> None:
         return
     for cls in registered(ADMISSION):
         cls.release(connection, job_prefix, job_ids)
+
+
+def ended(pipeline: Any, job_prefix: str, job_id: str) -> None:
+    """A job ended for good (finished, failed with no retry left, stopped): every admission policy frees what it held
+    while it ran, on ``pipeline``, the one that records the ending (the worker's ``cleanup_execution``)."""
+    for cls in registered(ADMISSION):
+        cls.ended(pipeline, job_prefix, job_id)

@@ -251,6 +251,29 @@ def _resolve(function: str) -> tuple[str, Any, Any]:
     return name, spec.unique_context if spec else None, spec
 
 
+# -- explain --------------------------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument('job_id')
+@click.option('--json', 'as_json', is_flag=True, help='Print the answer as JSON (for tools).')
+@pass_cli_config
+def explain(cli_config: Any, job_id: str, as_json: bool, **options: Any) -> None:
+    """Why is JOB_ID where it is: its status and queue, and each policy's verdict on it now (from Redis alone)."""
+    from . import explainer as explaining
+
+    conn = _connect(cli_config)
+    try:
+        answer = explaining.explain(job_id, connection=conn)
+    except (explaining.UnknownJob, ValueError) as exc:
+        raise CommandError(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(answer, indent=2, sort_keys=True))
+        return
+    for line in explaining.lines(answer):
+        click.echo(line)
+
+
 # -- exporter -------------------------------------------------------------------------------------------------------
 
 

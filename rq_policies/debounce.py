@@ -29,6 +29,9 @@ from .policy import AdmissionPolicy, Policy, whole_seconds
 
 logger = logging.getLogger('rq_policies')
 
+#: Job hash field a debounced job carries for ``rq-policies explain``: its identity's pending pointer.
+DEBOUNCE_FIELD = 'policies_debounce'
+
 
 class Debounce(AdmissionPolicy):
     """Run the job ``wait`` seconds after the last enqueue of its identity, with the last payload.
@@ -69,6 +72,32 @@ class Debounce(AdmissionPolicy):
         call.key('debounce.state', keys.debounce(queue.name, digest))
         call.key('registry', ScheduledJobRegistry(queue=queue).key)
         return {'wait': self.wait, 'max_wait': self.max_wait or 0}
+
+    def job_fields(self, queue: str, digest: str) -> list[str]:
+        return [DEBOUNCE_FIELD, keys.debounce(queue, digest)]
+
+    @classmethod
+    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[dict[str, Any]]:
+        state = job.get(DEBOUNCE_FIELD)
+        if not state:
+            return []
+        with connection.pipeline(transaction=False) as pipe:
+            pipe.hget(state, 'job')
+            pipe.zscore(ScheduledJobRegistry.key_template.format(job.get('origin', '')), job['id'])
+            pending, run_at = pipe.execute()
+        pending = pending.decode() if isinstance(pending, bytes) else pending
+        entry: dict[str, Any] = {'policy': cls.name, 'pending': pending, 'run_at': run_at}
+        when = datetime.fromtimestamp(run_at, timezone.utc).isoformat() if run_at is not None else None
+        if pending == job['id'] and run_at is not None and run_at > now:
+            entry['verdict'] = f'pending debounced job, runs at {when} (in {run_at - now:.1f} s)'
+            entry['change'] = 'an identical enqueue before then supersedes it (this job is deleted)'
+        elif run_at is not None:
+            entry['verdict'] = f'its quiet period is over: rq\'s scheduler moves it to the queue (due {when})'
+            entry['change'] = 'run workers with --with-scheduler'
+        else:
+            entry['verdict'] = 'its debounce period is over'
+            entry['change'] = ''
+        return [entry]
 
     def validate(self, job: Any, mode: str, force: bool) -> None:
         if job._dependency_ids and not force:

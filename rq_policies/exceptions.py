@@ -75,3 +75,20 @@ def _delay(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= _MAX_DELAY:
         raise ValueError(f'{name} must be a number of seconds > 0 and <= {_MAX_DELAY}, got {value!r}')
     return float(value)
+
+class DuplicateJob(PolicyError):
+    """``Loner(on_conflict='raise')``: an enqueue found its identity held by another job.
+
+    Counted as a drop (``rq-policies info``, metrics), and nothing was written.
+
+    Attributes:
+        holder: the id of the job that holds the identity.
+        queue: the queue name.
+        identity: the identity digest (what ``rq-policies explain`` and ``info`` show).
+    """
+
+    def __init__(self, holder: str, queue: str, identity: str):
+        self.holder = holder
+        self.queue = queue
+        self.identity = identity
+        super().__init__(f'duplicate job on queue {queue!r}: identity {identity[:12]} is held by job {holder}')

@@ -8,7 +8,9 @@ another's. The only user input that reaches a key is the queue name.
 =====================================================  =======  ===================================================
 key                                                    type     meaning
 =====================================================  =======  ===================================================
-``rq:policies:loner:<queue>:<digest>``                 STRING   id of the job holding this identity while it waits;
+``rq:policies:loner:<queue>:<digest>``                 STRING   id of the job holding this identity while it waits
+                                                                (``until='finished'``: until it ends, deleted by the
+                                                                worker's end-of-run pipeline);
                                                                 deleted when a PolicyWorker takes the job, or when
                                                                 the job is deleted, cancelled or removed; expires
                                                                 with the job when the job has a ``ttl``
@@ -76,9 +78,12 @@ A ``<class>`` is a LimitedCapacityWorker's import path (``module.Class``): dots 
 The slot number of a throttle key is computed inside the scripts from the server's clock, so those scripts receive
 the identity's prefix in KEYS and append the number; every other key arrives whole.
 
-Job hashes (``rq:job:<id>``) written by an admission carry one extra field, ``policies_loner``, naming the job's
-loner marker, so the fetch script can clear the marker of the job it pops without a second round trip. rq and
-rq-dashboard ignore fields they do not know.
+Job hashes (``rq:job:<id>``) written by an admission carry extra fields: ``policies_loner`` names the job's loner
+marker, so the fetch script can clear the marker of the job it pops without a second round trip;
+``policies_loner_until`` (``finished``), ``policies_loner_taken`` (set at fetch under ``until='finished'``) and
+``policies_replaced_by`` (the enqueue whose payload replaced this one's) are Loner's modes; ``policies_throttle``,
+``policies_throttle_slot``, ``policies_trailing`` and ``policies_debounce`` name the other policies' state, for
+``rq-policies explain``. rq and rq-dashboard ignore fields they do not know.
 """
 
 from __future__ import annotations

@@ -1,18 +1,34 @@
-"""Loner: one job per identity per queue while it waits (resque-loner's unique jobs).
+"""Loner: one job per identity per queue while it waits (resque-loner's unique jobs), or until it ends.
 
-The marker ``rq:policies:loner:<queue>:<digest>`` names the waiting job; it is taken in the admission script
-(``lua/admit.lua`` with this policy's part, ``lua/policies/loner.lua``) and freed in the same script that takes the
-job off the queue, or when the job is deleted, cancelled or removed (``lua/release_markers.lua``). A marker whose job
-no longer waits is free, so no reaper is needed.
+The marker ``rq:policies:loner:<queue>:<digest>`` names the job holding the identity; it is taken in the admission
+script (``lua/admit.lua`` with this policy's part, ``lua/policies/loner.lua``). With ``until='started'`` it is freed
+in the same script that takes the job off the queue; with ``until='finished'`` in the pipeline that records the job's
+ending (the worker's ``cleanup_execution``: success, failure with no retry left, stop-job, timeout, a killed work
+horse). Either way it is freed when the job is deleted, cancelled or removed (``lua/release_markers.lua``). A marker
+whose job no longer holds (no longer waits, or for ``until='finished'`` no longer runs on a live worker) is free, so no
+reaper is needed and no marker blocks forever.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, ClassVar
 
+from rq.worker import Worker
+
 from . import keys
-from .ops import Call
-from .policy import AdmissionPolicy
+from .exceptions import DuplicateJob
+from .ops import Call, text
+from .policy import AdmissionPolicy, Policy
+
+logger = logging.getLogger('rq_policies')
+
+#: The job hash field that says the job holds its identity until it ends (``until='finished'``).
+UNTIL_FIELD = 'policies_loner_until'
+#: When the identity is let go: when a worker takes the job, or when the job ends.
+UNTIL = ('started', 'finished')
+#: What a duplicate enqueue does: return None, raise DuplicateJob, or replace the waiting holder's payload.
+ON_CONFLICT = ('drop', 'raise', 'replace')
 
 #: Seconds a "seen held" hint is trusted to pick the probe first (a marker can be freed at any moment, when a worker
 #: takes the job, so a loner hint is kept only briefly; a stale one costs one extra round trip before the full path).
@@ -20,22 +36,94 @@ HINT_SECONDS = 5.0
 
 
 class Loner(AdmissionPolicy):
-    """One job per identity per queue while it waits (resque-loner's unique jobs).
+    """One job per identity per queue (resque-loner's and sidekiq-unique-jobs' unique jobs).
 
-    The identity is held from the enqueue until a PolicyWorker takes the job (or it is deleted, cancelled or removed
-    from its queue); an identical enqueue in that time returns ``None``. Once the job runs, the same payload can be
-    enqueued again: the policy prevents duplicate *waiting* work, not concurrent runs.
+    Example::
+
+        @policy(Loner())                          # held while the job waits (until='started', the default)
+        @policy(Loner(until='finished'))          # held from the enqueue until the job ends, whatever the ending
+        @policy(Loner(on_conflict='raise'))       # a duplicate raises DuplicateJob(holder=, queue=, identity=)
+        @policy(Loner(on_conflict='replace'), unique_context=lambda a, k: a[0])
+        def sync_account(account_id, reason): ...  # a duplicate rewrites the waiting job's payload in place
+
+    ``until='started'``: the identity is held from the enqueue until a PolicyWorker takes the job (or it is deleted,
+    cancelled or removed from its queue). Once the job runs, the same payload can be enqueued again: this prevents
+    duplicate *waiting* work, not concurrent runs.
+
+    ``until='finished'``: held from the enqueue until the job ends: success, failure with no retry left (a retry
+    keeps it), stop-job, timeout, cancel, delete, its work horse killed (the worker records the failure), ttl expiry
+    while it waits. The marker is deleted in the pipeline that records the ending. If the worker itself dies
+    (SIGKILL of the worker and its horse, a lost machine), the job stays ``started`` in rq, but it only counts while
+    its worker's key ``rq:worker:<name>`` lives: that is at most ``job_monitoring_interval + 60`` seconds (rq's
+    heartbeat TTL, 90 s by default) after the worker's last heartbeat, so the identity is free again within that
+    bound, without a reaper, even before rq's maintenance marks the job failed.
+
+    ``on_conflict``: ``'drop'`` returns None (logged, counted); ``'raise'`` raises :class:`DuplicateJob` (counted as
+    a drop; nothing written); ``'replace'`` rewrites the waiting holder's payload (args, kwargs, meta, description)
+    in place, in the admission script: same id, same place in its queue, and returns it (the returned Job carries
+    the holder's id and the new payload). A holder already running is never replaced: with ``until='started'`` the
+    new job is then admitted as usual (a running job holds nothing), with ``until='finished'`` it is dropped.
+
+    Args:
+        until: ``'started'`` or ``'finished'``.
+        on_conflict: ``'drop'``, ``'raise'`` or ``'replace'``.
     """
 
     name: ClassVar[str] = 'loner'
     rank: ClassVar[int] = 50
 
+    def __init__(self, until: str = 'started', on_conflict: str = 'drop') -> None:
+        if until not in UNTIL:
+            raise ValueError(f"until must be 'started' or 'finished', got {until!r}")
+        if on_conflict not in ON_CONFLICT:
+            raise ValueError(f"on_conflict must be 'drop', 'raise' or 'replace', got {on_conflict!r}")
+        self.until = until
+        self.on_conflict = on_conflict
+
+    def __repr__(self) -> str:
+        words = [f'until={self.until!r}'] if self.until != 'started' else []
+        words += [f'on_conflict={self.on_conflict!r}'] if self.on_conflict != 'drop' else []
+        return f'Loner({", ".join(words)})'
+
+    def conflicts(self, others: tuple[Policy, ...]) -> str | None:
+        if self.on_conflict == 'replace' and any(other.name == 'throttle' for other in others):
+            return (
+                "Throttle and Loner(on_conflict='replace') cannot be combined: the throttle already decides what an "
+                'extra in a held slot does (it is dropped, or with trailing=True kept as the trailing job); a '
+                "replacing Loner would rewrite the slot winner's payload after the slot was decided."
+            )
+        return None
+
     def admit_part(self, call: Call, queue: Any, digest: str) -> dict[str, Any]:
         call.key('loner.marker', keys.loner(queue.name, digest))
-        return {}
+        part: dict[str, Any] = {}
+        if self.until == 'finished':
+            part['finished'] = True
+            part['worker_prefix'] = Worker.redis_worker_namespace_prefix
+        if self.on_conflict != 'drop':
+            part['conflict'] = self.on_conflict
+        return part
 
     def job_fields(self, queue: str, digest: str) -> list[str]:
+        if self.until == 'finished':
+            return [keys.LONER_FIELD, keys.loner(queue, digest), UNTIL_FIELD, 'finished']
         return [keys.LONER_FIELD, keys.loner(queue, digest)]
+
+    @classmethod
+    def ended(cls, pipeline: Any, job_prefix: str, job_id: str) -> None:
+        Call('release_markers', job_prefix=job_prefix, jobs=[job_id], ended=True).ride(pipeline)
+
+    def on_drop(self, func_name: str, queue: str, verdict: Any) -> None:
+        if self.on_conflict == 'raise':
+            raise DuplicateJob(holder=verdict.job_id, queue=queue, identity=verdict.digest)
+        super().on_drop(func_name, queue, verdict)
+
+    def on_admit(self, job: Any, queue: str, verdict: Any) -> None:
+        if verdict.code == 3 and verdict.policy == self.name:
+            if logger.isEnabledFor(logging.INFO):
+                logger.info('rq-policies: %s on queue %r (loner): replaced the payload of waiting job %s',
+                            job.func_name, queue, verdict.job_id)
+            job._id = verdict.job_id
 
     def leased_keys(self, queue: str, digest: str) -> list[str]:
         return [keys.loner(queue, digest)]
@@ -50,18 +138,69 @@ class Loner(AdmissionPolicy):
         return holder(connection, queue, digest, job_prefix)
 
     def hint_seconds(self, verdict: Any) -> float:
+        # Every mode: a drop, a raise (a drop too) and a running holder under until='finished' (which a 'replace'
+        # cannot replace) are decided by the checks alone, so the probe serves them.
         return HINT_SECONDS if verdict.code == 0 and verdict.policy == self.name else 0.0
 
     @classmethod
     def examples(cls) -> tuple[AdmissionPolicy, ...]:
-        return (cls(),)
+        return (cls(), cls(until='finished'), cls(on_conflict='replace'), cls(until='finished', on_conflict='replace'))
 
     #: Constructor arguments this policy refuses, each with the argument its error names (the contract suite).
-    invalid: ClassVar[tuple[tuple[dict[str, Any], str], ...]] = ()
+    invalid: ClassVar[tuple[tuple[dict[str, Any], str], ...]] = (
+        ({'until': 'x'}, 'until'), ({'until': None}, 'until'), ({'on_conflict': 'skip'}, 'on_conflict'),
+        ({'on_conflict': True}, 'on_conflict'),
+    )
 
     @classmethod
     def identity_families(cls) -> tuple[keys.Family, ...]:
         return (keys.LONER_KEYS,)
+
+    @classmethod
+    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[dict[str, Any]]:
+        marker = job.get(keys.LONER_FIELD)
+        parsed = keys.LONER_KEYS.parse(marker) if marker else None
+        if parsed is None:
+            return []
+        digest, until, status, jid = parsed[1], job.get(UNTIL_FIELD, 'started'), job.get('status', ''), job['id']
+        worker = job.get('worker_name') or ''
+        with connection.pipeline(transaction=False) as pipe:
+            pipe.get(marker)
+            pipe.ttl(marker)
+            pipe.exists(Worker.redis_worker_namespace_prefix + worker)
+            holder, ttl, worker_alive = pipe.execute()
+        holder = text(holder) if holder is not None else None
+        entry: dict[str, Any] = {'policy': cls.name, 'identity': digest, 'until': until, 'marker': marker,
+                                 'holder': holder, 'expires_in': ttl if ttl and ttl > 0 else None}
+        short = digest[:12]
+        waiting = status in ('queued', 'scheduled', 'deferred')
+        running = status == 'started' and until == 'finished'
+        if holder == jid and (waiting or (running and worker_alive)):
+            entry['holds'] = True
+            entry['verdict'] = f'holds identity {short} (Loner until {until})' + (
+                f', marker expires in {ttl} s with the job' if ttl and ttl > 0 else '')
+            entry['change'] = ('freed when a worker takes the job, or it is deleted, cancelled or removed'
+                               if until == 'started' else
+                               'freed when the job ends: success, failure with no retry left, stop, timeout, cancel, '
+                               'delete')
+        elif holder == jid and running:
+            entry['holds'] = False
+            entry['verdict'] = (f'identity {short} is free: its worker {worker} is gone (no heartbeat), so the '
+                                'marker no longer blocks')
+            entry['change'] = "rq's maintenance marks the job failed (abandoned)"
+        elif holder:
+            entry['holds'] = False
+            entry['verdict'] = f'identity {short} is held by job {holder}, not this one'
+            entry['change'] = f'an identical enqueue is handled as a duplicate of {holder} while it holds'
+        else:
+            entry['holds'] = False
+            why = 'a worker took it' if status == 'started' else f'it is {status or "gone"}'
+            entry['verdict'] = f'holds nothing: identity {short} is free ({why})'
+            entry['change'] = 'the next identical enqueue is admitted'
+        if job.get('policies_replaced_by'):
+            entry['replaced_by'] = job['policies_replaced_by']
+            entry['verdict'] += f'; its payload was replaced in place by the enqueue of job {entry["replaced_by"]}'
+        return [entry]
 
     @classmethod
     def describe(cls, family: keys.Family, block: dict[str, Any]) -> list[str]:
@@ -78,8 +217,9 @@ class Loner(AdmissionPolicy):
 
 
 def holder(connection: Any, queue: str, digest: str, job_prefix: str) -> str | None:
-    """The id of the waiting job holding ``digest``'s marker on ``queue``, or None."""
-    call = Call('loner_holder', job_prefix=job_prefix)
+    """The id of the job holding ``digest``'s marker on ``queue`` (waiting; or running, for a job admitted with
+    ``until='finished'``), or None."""
+    call = Call('loner_holder', job_prefix=job_prefix, worker_prefix=Worker.redis_worker_namespace_prefix)
     call.key('marker', keys.loner(queue, digest))
     found = call.run(connection)
     if isinstance(found, bytes):

@@ -138,6 +138,17 @@ class Policy:
         """
         return False
 
+    @classmethod
+    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[dict[str, Any]]:
+        """This policy's part of ``rq-policies explain`` for one job (:func:`rq_policies.explainer.explain`).
+
+        ``job`` is the job hash without its payload (str -> str, the policies' own ``policies_*`` fields included,
+        plus ``id`` and ``now``, the server clock). Answer from Redis alone, building keys from what the job hash
+        stores (never SCAN): a list of ``{'policy': name, 'verdict': what it says now, 'change': what would change
+        it, ...details}``, empty when this policy has nothing to say about the job.
+        """
+        return []
+
 
 def registered(kind: str | None = None) -> list[type[Policy]]:
     """Every registered policy class (of one kind when ``kind`` is given), in rank order, then by name."""
@@ -186,6 +197,11 @@ class AdmissionPolicy(Policy):
     @classmethod
     def release(cls, connection: Any, job_prefix: str, job_ids: list[str]) -> None:
         """These jobs stopped waiting (deleted, cancelled, removed, emptied): free what they hold. May be a pipeline."""
+
+    @classmethod
+    def ended(cls, pipeline: Any, job_prefix: str, job_id: str) -> None:
+        """This job ended for good (finished, failed with no retry left, stopped, timed out, its horse killed): free
+        what it held while it ran, on ``pipeline``, the worker's pipeline that records the ending."""
 
     def validate(self, job: Any, mode: str, force: bool) -> None:
         """Refuse an enqueue this policy cannot serve (PolicyConfigurationError naming why), before any write."""

@@ -234,6 +234,31 @@ class QueueSlot(FetchPolicy):
         return out
 
     @classmethod
+    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[dict[str, Any]]:
+        queue = job.get('origin')
+        if not queue:
+            return []
+        with connection.pipeline(transaction=False) as pipe:
+            pipe.hget(keys.CAPACITY, queue)
+            pipe.zrangebyscore(keys.holds(queue), f'({now:.6f}', '+inf', withscores=True)
+            cap, rows = pipe.execute()
+        if cap is None:
+            return []
+        cap = int(cap)
+        holders = [(text(member), round(score - now, 1)) for member, score in rows]
+        entry: dict[str, Any] = {'policy': cls.name, 'capacity': cap, 'in_use': len(holders),
+                                 'holders': [{'token': t, 'expires_in': e} for t, e in holders]}
+        listed = ', '.join(f'{t} (expires in {e} s)' for t, e in holders[:5]) + (' ...' if len(holders) > 5 else '')
+        if job.get('status') == 'queued' and len(holders) >= cap:
+            entry['verdict'] = f'queue at cap {len(holders)}/{cap}, holders: {listed}'
+            entry['change'] = 'a hold is released when its job ends (a dead worker\'s expires by itself), or raise ' \
+                              'the cap (rq-policies cap)'
+        else:
+            entry['verdict'] = f'queue cap {cap}, {len(holders)} in use' + (f': {listed}' if holders else '')
+            entry['change'] = ''
+        return [entry]
+
+    @classmethod
     def summary(cls, entry: dict[str, Any]) -> str:
         in_use = entry.get('holds_in_use', 0)
         cap = entry.get('capacity')

@@ -15,6 +15,7 @@ hold refresh, a release), and this also saves redis-py's SCRIPT EXISTS round tri
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from importlib import resources
@@ -43,6 +44,7 @@ def _lua_root() -> Any:
     return Path(__file__).resolve().parent.parent / 'lua'
 
 
+@functools.cache
 def source(name: str) -> str:
     """The full text of script ``name`` (without ``.lua``), includes expanded.
 

@@ -43,6 +43,12 @@ from .policy import AdmissionPolicy, Policy, PolicySet, declared, whole_seconds
 
 logger = logging.getLogger('rq_policies')
 
+#: Job hash fields a throttled job carries for ``rq-policies explain``: its window keys' prefix, the window width,
+#: and with trailing=True the identity's trailing pointer.
+THROTTLE_FIELD = 'policies_throttle'
+WIDTH_FIELD = 'policies_throttle_slot'
+TRAILING_FIELD = 'policies_trailing'
+
 
 def _when(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, timezone.utc).isoformat()
@@ -148,6 +154,43 @@ class Throttle(AdmissionPolicy):
             call.key('throttle.trailing', keys.trailing(queue.name, digest))
             call.key('registry', ScheduledJobRegistry(queue=queue).key)
         return {'width': self.slot, 'trailing': self.trailing}
+
+    def job_fields(self, queue: str, digest: str) -> list[str]:
+        # What `rq-policies explain` reads back: the window keys' prefix and width (and the trailing pointer).
+        fields = [THROTTLE_FIELD, keys.throttle_prefix(queue, digest), WIDTH_FIELD, str(self.slot)]
+        if self.trailing:
+            fields += [TRAILING_FIELD, keys.trailing(queue, digest)]
+        return fields
+
+    @classmethod
+    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[dict[str, Any]]:
+        prefix, width = job.get(THROTTLE_FIELD), job.get(WIDTH_FIELD)
+        if not prefix or not width or not width.isdigit():
+            return []
+        width_s, jid, queue = int(width), job['id'], job.get('origin', '')
+        index = int(now // width_s)
+        ends = (index + 1) * width_s
+        trailing = job.get(TRAILING_FIELD)
+        with connection.pipeline(transaction=False) as pipe:
+            pipe.get(f'{prefix}{index}')
+            pipe.get(trailing or prefix)
+            pipe.zscore(ScheduledJobRegistry.key_template.format(queue), jid)
+            owner, pending, run_at = pipe.execute()
+        owner = owner.decode() if isinstance(owner, bytes) else owner
+        pending = pending.decode() if isinstance(pending, bytes) else pending
+        entry: dict[str, Any] = {'policy': cls.name, 'slot': width_s, 'window_ends_at': ends, 'owner': owner}
+        if trailing and pending == jid and job.get('status') == 'scheduled' and run_at is not None:
+            entry['verdict'] = f'pending trailing job of the window ending at {_when(run_at)} (in {run_at - now:.1f} s)'
+            entry['change'] = 'runs at that time; a later extra of the window replaces it'
+        elif owner == jid:
+            entry['verdict'] = f'owns the current {width_s} s slot, which ends at {_when(ends)} (in {ends - now:.1f} s)'
+            entry['change'] = 'an identical enqueue before then is dropped' + (
+                ' (or kept as the trailing job)' if trailing else '')
+        else:
+            entry['verdict'] = 'admitted in an earlier slot; the current one ' + (
+                f'is held by job {owner}' if owner else 'is free') + f', ends at {_when(ends)}'
+            entry['change'] = ''
+        return [entry]
 
     def validate(self, job: Any, mode: str, force: bool) -> None:
         if self.trailing and mode == 'D' and not force:

@@ -33,7 +33,7 @@ from rq.job import JobStatus
 from rq.queue import Queue
 from rq.worker import SimpleWorker, Worker
 
-from . import health, keys, ledger
+from . import admission, health, keys, ledger
 from .compat import LEGACY_FAILURE
 from .exceptions import PolicyError
 from .fetch import IDLE_POLL_SECONDS, Claim, Fetcher, current_fetcher, release_claim
@@ -237,6 +237,22 @@ class PolicyWorkerMixin:
         # Our fetch always moves the id to the intermediate list, multi-queue workers included, so it always has to
         # come off it when the job starts (stock rq only removes it for single-queue workers).
         super().prepare_job_execution(job, remove_from_intermediate_queue=True)  # type: ignore[misc]
+
+    def cleanup_execution(self, job: Any, pipeline: Any, execution: Any = None) -> None:
+        # The narrowest rq hook every ending of a run passes (success, failure, stop-job, timeout, a killed horse),
+        # on the pipeline that records the ending. The policies' end-of-run release is queued as that pipeline's
+        # last command, after rq's own status write and any retry or repeat re-enqueue, so its script reads the
+        # status the pipeline leaves: only a final ending frees what the job held while it ran.
+        super().cleanup_execution(job, pipeline=pipeline, execution=execution)  # type: ignore[misc]
+        execute = pipeline.execute
+        prefix, job_id = job.redis_job_namespace_prefix, job.id
+
+        def execute_last(*args: Any, **kwargs: Any) -> Any:
+            del pipeline.execute  # once: a pipeline retried after a WatchError comes back through here
+            admission.ended(pipeline, prefix, job_id)
+            return execute(*args, **kwargs)
+
+        pipeline.execute = execute_last
 
     # -- the hold's life ------------------------------------------------------------------------------------------
 

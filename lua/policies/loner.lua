@@ -1,29 +1,93 @@
 --[[
-  Policy part: loner (one waiting job per identity per queue). Included by the framework scripts
-  through `-- @policies`; defines functions only.
+  Policy part: loner (one job per identity per queue: while it waits, or with until='finished'
+  from the enqueue until the job ends). Included by the framework scripts through `-- @policies`;
+  defines functions only.
 
-  Keys: loner.marker (rq:policies:loner:<q>:<digest>), holding the id of the job that waits.
-  check: a marker naming another job that still waits drops this one (a marker whose job no
-  longer waits is free: no reaper); a marker naming this very job is a replay; the job this one
-  supersedes (a pending trailing job it replaces) does not count as a holder.
-  commit / force: the job takes the marker (force: unless another waiting job holds it; both then
-  wait, which is what "regardless" asks for).
-  taken(job_key, jid): at fetch, the job was taken off its queue: free its identity. The job hash
-  names its marker (field policies_loner); it is deleted only while it still names this job.
+  Keys: loner.marker (rq:policies:loner:<q>:<digest>), holding the id of the job that holds it.
+  Arguments p (each absent for the default): finished (true: until='finished'), conflict ('drop',
+  'raise' or 'replace'), worker_prefix (rq:worker:; when absent, rq's default).
+
+  A marker's holder holds the identity while it waits (queued, scheduled, or deferred with
+  parents that can still release it: lib/holder_waiting.lua); with until='finished' also while
+  it runs on a live worker (lib/holder_running.lua; also when the holder itself was admitted with
+  until='finished', whatever this call declares). A marker whose holder does neither is free:
+  no reaper, no marker blocks forever. A holder taken by a PolicyWorker under until='finished'
+  (field policies_loner_taken) counts as running even before rq marks it started.
+
+  check: a marker naming another job that holds drops this one (a 'raise' is a drop too: the
+  caller raises); with conflict 'replace' and a holder still waiting (not taken), the check
+  answers {replace = holder} instead, and in a probe passes (the full path replaces). A marker
+  naming this very job is a replay; the job this one supersedes (a pending trailing job it
+  replaces) does not count as a holder.
+  replace(ctx, p, holder, fields): rewrite the waiting holder's payload in place (data,
+  description, meta of this call's job fields; same id, same place in its queue) and name this
+  call's job in the holder's policies_replaced_by. Writes the same values when replayed.
+  commit / force: the job takes the marker (force: unless another holder holds it; both then
+  run, which is what "regardless" asks for).
+  taken(job_key, jid): at fetch, the job was taken off its queue. until='started' (no field
+  policies_loner_until): free its identity. until='finished': mark it taken and make the marker
+  live as long as the job hash, which rq persists when the job starts. The job hash names its
+  marker (field policies_loner); it is deleted only while it still names this job.
 ]]
 -- @include "lib/holder_waiting.lua"
+-- @include "lib/holder_running.lua"
 -- @include "lib/take_marker.lua"
 P.loner = {}
 
+-- 'waiting' (replaceable), 'running' (holds, never replaced) or nil (free).
+local function loner_held(job_prefix, p, holder)
+  if holder_waiting(job_prefix, holder) then
+    if p.finished and rcall('HEXISTS', job_prefix .. holder, 'policies_loner_taken') == 1 then
+      return 'running'
+    end
+    return 'waiting'
+  end
+  -- A running holder counts when either side asks for until='finished': this call, or the holder
+  -- itself (its hash says so), so mixed declarations of one function agree on who holds.
+  if (p.finished or rcall('HGET', job_prefix .. holder, 'policies_loner_until') == 'finished')
+      and holder_running(job_prefix, p.worker_prefix or 'rq:worker:', holder) then
+    return 'running'
+  end
+  return nil
+end
+
 function P.loner.check(ctx, p)
   local holder = rcall('GET', ctx.key('loner.marker'))
-  if not holder or holder == ctx.supersedes or not holder_waiting(ctx.job_prefix, holder) then
+  if not holder or holder == ctx.supersedes then
+    return nil
+  end
+  local held = loner_held(ctx.job_prefix, p, holder)
+  if not held then
     return nil
   end
   if holder == ctx.jid then
     return {replay = true}
   end
+  if p.conflict == 'replace' and held == 'waiting' then
+    if ctx.probe then return nil end
+    return {replace = holder}
+  end
   return {who = holder}
+end
+
+local LONER_PAYLOAD = {'data', 'description', 'meta'}
+
+function P.loner.replace(ctx, p, holder, fields)
+  local key = ctx.job_prefix .. holder
+  local new = {}
+  for i = 1, #fields - 1, 2 do
+    new[fields[i]] = fields[i + 1]
+  end
+  local set = {'policies_replaced_by', ctx.jid}
+  for _, name in ipairs(LONER_PAYLOAD) do
+    if new[name] then
+      set[#set + 1] = name
+      set[#set + 1] = new[name]
+    else
+      rcall('HDEL', key, name)
+    end
+  end
+  rcall('HSET', key, unpack(set))
 end
 
 function P.loner.commit(ctx, p)
@@ -35,14 +99,21 @@ end
 function P.loner.force(ctx, p)
   local marker = ctx.key('loner.marker')
   local holder = rcall('GET', marker)
-  if not (holder and holder ~= ctx.jid and holder_waiting(ctx.job_prefix, holder)) then
+  if not (holder and holder ~= ctx.jid and loner_held(ctx.job_prefix, p, holder)) then
     take_marker(marker, ctx.jid, ctx.ttl)
   end
 end
 
 function P.loner.taken(job_key, jid)
-  local marker = rcall('HGET', job_key, 'policies_loner')
-  if marker and rcall('GET', marker) == jid then
+  local job = rcall('HMGET', job_key, 'policies_loner', 'policies_loner_until')
+  local marker = job[1]
+  if not marker or rcall('GET', marker) ~= jid then
+    return
+  end
+  if job[2] == 'finished' then
+    rcall('HSET', job_key, 'policies_loner_taken', '1')
+    rcall('PERSIST', marker)
+  else
     rcall('DEL', marker)
   end
 end

@@ -1,0 +1,105 @@
+"""``explain``: why is this job where it is? Its status and queue, and each policy's verdict on it now.
+
+Answers from Redis alone (no application import): the job hash says which policies it was admitted under, because
+each admission policy stores what it needs there (:meth:`rq_policies.policy.AdmissionPolicy.job_fields`: the key of
+its state, a setting such as a throttle's width). Every registered policy contributes its own part through
+:meth:`rq_policies.policy.Policy.explain`, so a new policy explains itself in its own module. Every key read is built
+from the job hash, never found by SCAN, so the answer costs a few round trips however many identities are live.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rq.job import Job
+from rq.queue import Queue
+
+from .exceptions import PolicyError
+from .ops import text
+from .policy import registered
+
+#: Job hash fields read (the payload itself, ``data``, is never read).
+_FIELDS = ('status', 'origin', 'description', 'enqueued_at', 'created_at', 'started_at', 'ended_at', 'worker_name')
+
+
+#: How far into its queue ``explain`` looks for a queued job's position (LPOS is linear): beyond it, no position.
+POSITION_SCAN = 100_000
+
+
+class UnknownJob(PolicyError, LookupError):
+    """``explain`` was given a job id Redis has no job hash for."""
+
+    def __init__(self, job_id: str):
+        self.job_id = job_id
+        super().__init__(
+            f'no job {job_id!r} in Redis ({Job.redis_job_namespace_prefix}{job_id} does not exist): it was never '
+            'admitted (a dropped enqueue writes no job), or it was deleted, superseded, or its result expired'
+        )
+
+
+def job_state(connection: Any, job_id: str, job_prefix: str = Job.redis_job_namespace_prefix) -> dict[str, str]:
+    """The job hash without its payload, as str -> str (policy fields included); UnknownJob when there is none."""
+    if not isinstance(job_id, str) or not job_id or any(c.isspace() for c in job_id):
+        raise ValueError(f'job_id must be a job id (a non-empty string without spaces), got {job_id!r}')
+    key = job_prefix + job_id
+    with connection.pipeline(transaction=False) as pipe:
+        pipe.hkeys(key)
+        pipe.hmget(key, _FIELDS)
+        pipe.time()
+        names, values, (seconds, micros) = pipe.execute()
+    if not names:
+        raise UnknownJob(job_id)
+    fields = {f: text(v) for f, v in zip(_FIELDS, values) if v is not None}
+    extra = [text(n) for n in names if text(n).startswith('policies_')]
+    if extra:
+        fields.update({f: text(v) for f, v in zip(extra, connection.hmget(key, extra)) if v is not None})
+    fields['id'] = job_id
+    fields['now'] = f'{seconds + micros / 1e6:.6f}'
+    return fields
+
+
+def explain(job_id: str, connection: Any, job_prefix: str = Job.redis_job_namespace_prefix) -> dict[str, Any]:
+    """Why job ``job_id`` is where it is: its status and queue, and each policy's verdict on it now.
+
+    Args:
+        job_id: the job's id.
+        connection: a Redis connection.
+        job_prefix: the job key prefix (``rq:job:``; a custom job class's own).
+
+    Returns:
+        ``{'job', 'status', 'queue', 'position', 'policies': [{'policy', 'verdict', 'change', ...}, ...]}``:
+        ``position`` is the job's 0-based place in its queue while it is queued (None otherwise, or when it is
+        beyond the first :data:`POSITION_SCAN` ids); each policy entry
+        names the policy, what it says now (``verdict``), what would change that (``change``) and its own details.
+
+    Raises:
+        UnknownJob: no job hash has this id.
+        ValueError: ``job_id`` is not a job id.
+    """
+    job = job_state(connection, job_id, job_prefix)
+    queue = job.get('origin', '')
+    position = None
+    if job.get('status') == 'queued' and queue:
+        found = connection.lpos(Queue.redis_queue_namespace_prefix + queue, job_id, maxlen=POSITION_SCAN)
+        position = int(found) if found is not None else None
+    now = float(job['now'])
+    parts: list[dict[str, Any]] = []
+    for cls in registered():
+        parts += cls.explain(connection, job, now)
+    return {'job': job_id, 'status': job.get('status', ''), 'queue': queue, 'position': position,
+            'worker': job.get('worker_name') or None, 'policies': parts}
+
+
+def lines(answer: dict[str, Any]) -> list[str]:
+    """``explain``'s answer as the lines ``rq-policies explain`` prints."""
+    position = answer['position']
+    where = f'queue {answer["queue"]!r}' + (f', position {position}' if position is not None else '')
+    worker = f' on worker {answer["worker"]}' if answer['worker'] and answer['status'] == 'started' else ''
+    out = [f'job {answer["job"]}: {answer["status"] or "no status"}{worker}, {where}']
+    if not answer['policies']:
+        out.append('  no policy applies to this job')
+    for part in answer['policies']:
+        out.append(f'  {part["policy"]:<10} {part["verdict"]}')
+        if part.get('change'):
+            out.append(f'  {"":<10} -> {part["change"]}')
+    return out

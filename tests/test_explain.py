@@ -1,0 +1,120 @@
+"""``rq_policies.explain`` and ``rq-policies explain JOB_ID``: each policy's named reason, from Redis alone."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import jobs
+import lock_jobs
+import pytest
+from rq import Queue
+from workers import start_worker, stop, wait_for
+
+from rq_policies import Debounce, Loner, PolicyQueue, QueueSlot, Throttle, UnknownJob, explain
+
+
+def verdicts(answer):
+    return {part['policy']: part['verdict'] for part in answer['policies']}
+
+
+def test_an_unknown_or_malformed_id_is_a_clear_error(connection):
+    with pytest.raises(UnknownJob, match="no job 'nope' in Redis"):
+        explain('nope', connection=connection)
+    with pytest.raises(ValueError, match='job_id'):
+        explain('', connection=connection)
+
+
+def test_a_job_without_policies_says_so(connection):
+    job = Queue('plain', connection=connection).enqueue(jobs.plain, 1)
+    answer = explain(job.id, connection=connection)
+    assert answer['status'] == 'queued' and answer['queue'] == 'plain' and answer['position'] == 0
+    assert answer['policies'] == []
+
+
+def test_a_waiting_loner_holds_its_identity_and_a_replaced_one_says_by_whom(connection):
+    q = PolicyQueue('ex-loner', connection=connection)
+    q.enqueue(jobs.plain, 0)
+    job = q.enqueue(lock_jobs.replaced, 'acme', 'one', check='one')
+    answer = explain(job.id, connection=connection)
+    assert answer['position'] == 1
+    assert verdicts(answer)['loner'].startswith('holds identity ')
+    assert '(Loner until started)' in verdicts(answer)['loner']
+    again = q.enqueue(lock_jobs.replaced, 'acme', 'two', check='two')
+    assert 'payload was replaced in place by the enqueue of job' in verdicts(explain(again.id, connection=connection))[
+        'loner']
+    forced = q.force(lock_jobs.replaced, 'acme', 'three', check='three')
+    assert f'is held by job {job.id}' in verdicts(explain(forced.id, connection=connection))['loner']
+
+
+def test_until_finished_holds_while_it_runs_and_frees_when_it_ends(connection, redis_url, worker_env):
+    q = PolicyQueue('ex-fin', connection=connection)
+    job = q.enqueue(lock_jobs.held, 'ex-fin', 2)
+    worker = start_worker(redis_url, ['ex-fin'], worker_env)
+    try:
+        assert wait_for(lambda: connection.llen('test:ran:ex-fin') == 1)
+        answer = explain(job.id, connection=connection)
+        assert answer['status'] == 'started' and answer['worker']
+        assert '(Loner until finished)' in verdicts(answer)['loner']
+        assert wait_for(lambda: explain(job.id, connection=connection)['status'] == 'finished')
+        assert verdicts(explain(job.id, connection=connection))['loner'].startswith('holds nothing')
+    finally:
+        stop(worker)
+
+
+def test_throttle_slot_owner_and_pending_trailing_job(connection):
+    q = PolicyQueue('ex-throttle', connection=connection)
+    first = q.enqueue(jobs.plain, 1, policy=Throttle(3600, trailing=True))
+    trailing = q.enqueue(jobs.plain, 1, policy=Throttle(3600, trailing=True))
+    assert 'owns the current 3600 s slot' in verdicts(explain(first.id, connection=connection))['throttle']
+    assert 'pending trailing job of the window ending at' in verdicts(
+        explain(trailing.id, connection=connection))['throttle']
+
+
+def test_debounce_pending_job(connection):
+    q = PolicyQueue('ex-debounce', connection=connection)
+    job = q.enqueue(jobs.plain, 1, policy=Debounce(60))
+    assert verdicts(explain(job.id, connection=connection))['debounce'].startswith('pending debounced job, runs at')
+
+
+def test_a_queue_at_its_cap_names_its_holders(connection):
+    QueueSlot.set_capacity('ex-cap', 1, connection=connection)
+    assert QueueSlot.acquire('ex-cap', 1, token='host:1:1:1', connection=connection)
+    job = PolicyQueue('ex-cap', connection=connection).enqueue(jobs.plain, 1)
+    verdict = verdicts(explain(job.id, connection=connection))['queue_slot']
+    assert verdict.startswith('queue at cap 1/1, holders: host:1:1:1 (expires in')
+
+
+def test_the_command_prints_lines_or_json_and_one_line_errors(connection, redis_url, worker_env):
+    job = PolicyQueue('ex-cli', connection=connection).enqueue(jobs.sweep_cache, 1)
+    base = [sys.executable, '-m', 'rq_policies.cli', 'explain']
+    out = subprocess.run(base + [job.id, '--url', redis_url], env=worker_env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == f"job {job.id}: queued, queue 'ex-cli', position 0"
+    assert 'holds identity' in out.stdout
+    out = subprocess.run(base + [job.id, '--json', '--url', redis_url], env=worker_env, capture_output=True,
+                         text=True)
+    assert json.loads(out.stdout)['policies'][0]['holds'] is True
+    out = subprocess.run(base + ['nope', '--url', redis_url], env=worker_env, capture_output=True, text=True)
+    assert out.returncode == 1 and out.stderr.startswith("Error: no job 'nope'") and len(out.stderr.splitlines()) == 1
+
+
+def test_explain_answers_in_50_ms_beside_100000_live_identities(connection):
+    with connection.pipeline(transaction=False) as pipe:
+        for i in range(100_000):
+            pipe.set(f'rq:policies:loner:ex-scale:{i:064x}', f'filler-{i}')
+            if i % 10_000 == 9_999:
+                pipe.execute()
+        pipe.execute()
+    q = PolicyQueue('ex-scale', connection=connection)
+    job = q.enqueue(jobs.plain, 1, policy=(Loner(until='finished'), Throttle(60)))
+    times = []
+    for _ in range(20):
+        start = time.perf_counter()
+        answer = explain(job.id, connection=connection)
+        times.append(time.perf_counter() - start)
+    assert set(verdicts(answer)) == {'loner', 'throttle'}
+    assert statistics.median(times) <= 0.050, times

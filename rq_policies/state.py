@@ -159,7 +159,7 @@ def _identity_rows(
             with connection.pipeline(transaction=False) as pipe:
                 for holder in holders:
                     if holder:
-                        pipe.hget(job_prefix + text(holder), 'status')
+                        pipe.hmget(job_prefix + text(holder), 'status', family.held_until_field or 'status')
                     else:
                         pipe.echo('')
                 statuses = pipe.execute()
@@ -173,10 +173,13 @@ def _identity_rows(
                 row['fields'] = {text(k): text(v) for k, v in (value or {}).items()}
             else:
                 row['job_id'] = text(value) if value is not None else None
-                status = statuses[i]
+                status, until = statuses[i] if isinstance(statuses[i], list) else (None, None)
                 row['job_status'] = text(status) if status else None
                 if family.while_waiting:
-                    row['waiting'] = row['job_status'] in ('queued', 'scheduled', 'deferred')
+                    # held while it waits, and with until='finished' while it runs too
+                    row['waiting'] = row['job_status'] in ('queued', 'scheduled', 'deferred') or (
+                        bool(family.held_until_field) and until is not None and text(until) == 'finished'
+                        and row['job_status'] == 'started')
             row['expires_in'] = round(pttl / 1000, 3) if pttl is not None and pttl >= 0 else None
             rows.append(row)
     return rows

@@ -301,3 +301,14 @@ def test_every_dropping_mode_takes_the_hinted_fast_path_and_counts(connection, m
     assert len(probes) == 2  # the first duplicate takes the full path and leaves the hint; the next two probe
     assert connection.hget(keys.DROPS, 'loner:hinted') == b'3'
     assert q.count == 1
+
+
+def test_info_counts_a_running_until_finished_holder_as_holding(connection):
+    q = PolicyQueue('modes-info', connection=connection)
+    job = q.enqueue(lock_jobs.held, 'info')
+    connection.hset(job.key, 'status', 'started')  # what a worker's start writes; the identity stays held
+    block = state.snapshot(connection, ['modes-info'])['queues']['modes-info']['loner']
+    assert (block['count'], block['waiting']) == (1, 1)
+    connection.hset(job.key, 'status', 'finished')  # ended without its release (a stock worker): free, stale
+    block = state.snapshot(connection, ['modes-info'])['queues']['modes-info']['loner']
+    assert (block['count'], block['waiting']) == (1, 0)

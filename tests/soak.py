@@ -428,7 +428,8 @@ def drain(conn: Redis, timeout: float) -> tuple[bool, float, dict, int]:
 
 def policy_keys(conn: Redis) -> list[str]:
     """Policy keys left that would not go away: configuration and counters are allowed, and so are the fetches'
-    claim records while they expire by themselves (``keys.CLAIM_TTL``)."""
+    claim records and the tombstones of superseded pending jobs while they expire by themselves (``keys.CLAIM_TTL``,
+    ``keys.SUPERSEDED_SECONDS``)."""
     allowed = {keys.CAPACITY, keys.DROPS, keys.LAPSES}
     left = []
     for raw in conn.scan_iter('rq:policies:*', count=1000):
@@ -438,6 +439,8 @@ def policy_keys(conn: Redis) -> list[str]:
         ttl = conn.ttl(key)
         if ttl == -2 or (key.startswith(keys.claim('')) and 0 <= ttl <= keys.CLAIM_TTL):
             continue  # gone since the scan, or a claim record on its way out
+        if key.startswith(keys.SUPERSEDED_PREFIX) and 0 <= ttl <= keys.SUPERSEDED_SECONDS:
+            continue  # a superseded pending job's tombstone on its way out
         left.append(f'{key} (ttl {ttl})')
     return sorted(left)
 

@@ -46,7 +46,7 @@ logger = logging.getLogger('rq_policies')
 #: its jobs run; longer and a killed worker's capacity comes back later than the worker leaves the dashboard.
 TTL_SECONDS = 90
 
-#: Payloads published on ``rq:policies:wake:<queue>`` besides a pushed job's id (see ``lua/enqueue_job.lua``). A
+#: Payloads published on ``rq:policies:wake:<queue>`` besides a pushed job's id (see ``lua/lib/save_job.lua``). A
 #: waiting worker treats a push to a queue it found full as no news; these two always wake it: a hold was released,
 #: or a ledger's capacity changed.
 WAKE_RELEASED = 'released'

@@ -1,6 +1,6 @@
 """Loading the Lua scripts in ``lua/`` and running them by EVALSHA.
 
-Each script is read once from the package, its ``-- @include "includes/x.lua"`` lines expanded (BullMQ's
+Each script is read once from the package, its ``-- @include "lib/x.lua"`` lines expanded (BullMQ's
 convention, so shared snippets such as the job-hash write live in one file), and kept as redis-py's ``Script`` (its
 source and SHA1).
 

@@ -233,7 +233,7 @@ def test_fast_path_drops_a_seen_duplicate_without_building_it(connection):
     assert q.enqueue(jobs.sweep_cache, 'hot') is None  # full path: sees the identity held, remembers it
     before = connection.hlen(held.key), connection.dbsize()
     for _ in range(5):
-        assert q.enqueue(jobs.sweep_cache, 'hot') is None  # fast path: loner_check.lua, no job written
+        assert q.enqueue(jobs.sweep_cache, 'hot') is None  # fast path: the admission probe, no job written
     assert (connection.hlen(held.key), connection.dbsize()) == before
     assert connection.hget(keys.DROPS, 'loner:fast') == b'6'
 

@@ -238,12 +238,13 @@ class PolicyWorkerMixin:
         # come off it when the job starts (stock rq only removes it for single-queue workers).
         super().prepare_job_execution(job, remove_from_intermediate_queue=True)  # type: ignore[misc]
 
-    def cleanup_execution(self, job: Any, pipeline: Any, execution: Any = None) -> None:
+    def cleanup_execution(self, job: Any, pipeline: Any, *args: Any, **kwargs: Any) -> None:
         # The narrowest rq hook every ending of a run passes (success, failure, stop-job, timeout, a killed horse),
         # on the pipeline that records the ending. The policies' end-of-run release is queued as that pipeline's
         # last command, after rq's own status write and any retry or repeat re-enqueue, so its script reads the
         # status the pipeline leaves: only a final ending frees what the job held while it ran.
-        super().cleanup_execution(job, pipeline=pipeline, execution=execution)  # type: ignore[misc]
+        # rq 3 passes execution=; rq 2.12's takes no such argument: pass on exactly what rq gave.
+        super().cleanup_execution(job, pipeline, *args, **kwargs)  # type: ignore[misc]
         execute = pipeline.execute
         prefix, job_id = job.redis_job_namespace_prefix, job.id
 

@@ -25,7 +25,7 @@ from rq.registry import ScheduledJobRegistry
 
 from . import keys
 from .exceptions import PolicyConfigurationError
-from .policy import AdmissionPolicy, Policy, whole_seconds
+from .policy import AdmissionPolicy, Policy, pending_lines, whole_seconds
 
 logger = logging.getLogger('rq_policies')
 
@@ -128,11 +128,7 @@ class Debounce(AdmissionPolicy):
 
     @classmethod
     def describe(cls, family: keys.Family, block: dict[str, Any]) -> list[str]:
-        lines = [f'  {family.name:<9} {block["count"]} pending']
-        for row in block['entries']:
-            expires = f'  expires in {row["expires_in"]:.1f}s' if row['expires_in'] is not None else ''
-            lines.append(f'    {row["digest"][:12]}  {json.dumps(row["fields"], sort_keys=True)}{expires}')
-        return lines
+        return pending_lines(family, block, lambda row: json.dumps(row['fields'], sort_keys=True))
 
     @classmethod
     def reset_part(cls, call: Any, queue: str, digest: str, declared: AdmissionPolicy | None) -> dict[str, Any]:

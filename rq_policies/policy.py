@@ -165,6 +165,16 @@ def by_name(name: str) -> type[Policy]:
         raise KeyError(f'no policy named {name!r}; registered: {sorted(_REGISTRY)}') from None
 
 
+def pending_lines(family: Any, block: dict[str, Any], detail: Callable[[dict[str, Any]], str]) -> list[str]:
+    """``info``'s lines for a family of pending jobs (a trailing Throttle's, a Debounce's): a count, then one line per
+    identity with ``detail(row)`` and the time left when the key expires."""
+    lines = [f'  {family.name:<9} {block["count"]} pending']
+    for row in block['entries']:
+        expires = f'  expires in {row["expires_in"]:.1f}s' if row['expires_in'] is not None else ''
+        lines.append(f'    {row["digest"][:12]}  {detail(row)}{expires}')
+    return lines
+
+
 class AdmissionPolicy(Policy):
     """A policy decided at enqueue, in the admission script (``lua/admit.lua``, see :mod:`rq_policies.admission`).
 

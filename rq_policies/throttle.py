@@ -39,7 +39,7 @@ from rq.utils import import_attribute
 
 from . import admission, identity, keys
 from .exceptions import PolicyConfigurationError
-from .policy import AdmissionPolicy, Policy, PolicySet, declared, whole_seconds
+from .policy import AdmissionPolicy, Policy, PolicySet, declared, pending_lines, whole_seconds
 
 logger = logging.getLogger('rq_policies')
 
@@ -249,11 +249,7 @@ class Throttle(AdmissionPolicy):
                 expires = f'expires in {row["expires_in"]:.1f}s' if row['expires_in'] is not None else 'no expiry'
                 lines.append(f'    {row["digest"][:12]}  slot {row["slot"]}  job {row["job_id"]}  {expires}')
             return lines
-        lines = [f'  {family.name:<9} {block["count"]} pending']
-        for row in block['entries']:
-            expires = f'  expires in {row["expires_in"]:.1f}s' if row['expires_in'] is not None else ''
-            lines.append(f'    {row["digest"][:12]}  job {row["job_id"]}{expires}')
-        return lines
+        return pending_lines(family, block, lambda row: f'job {row["job_id"]}')
 
     @classmethod
     def reset_part(cls, call: Any, queue: str, digest: str, declared: AdmissionPolicy | None) -> dict[str, Any]:

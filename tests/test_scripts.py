@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from types import SimpleNamespace
 
 from rq.queue import Queue
@@ -144,3 +145,25 @@ def test_scripts_run_inside_a_pipeline(connection):
         holder(pipe, 'q', 'd', PREFIX)
         release_markers(pipe, PREFIX, ['x'])
         assert pipe.execute() == [None, 0]
+
+
+def test_the_pure_lua_msgpack_decoder_agrees_with_cmsgpack(connection):
+    """lib/codec.lua's own decoder (fakeredis has no cmsgpack) run on the real server beside cmsgpack, on every type
+    ops.py sends: both must give the same value, floats of both widths included."""
+    import msgpack
+
+    from rq_policies import scripts
+
+    codec = scripts._lua_root().joinpath('lib/codec.lua').read_text(encoding='utf-8')
+    probe = codec + '\nreturn cjson.encode({decode_msgpack(ARGV[1]), cmsgpack.unpack(ARGV[1])})'
+    values = [
+        {'a': 1, 'b': -1, 'c': -33, 'd': 300, 'e': -40000, 'f': 2 ** 40, 'g': -(2 ** 40), 'h': 'x' * 40},
+        {'floats': [0.5, -2.25, 1e-300, 5e-324, 123456.789, -0.0, 3.0e38]},
+        {'nested': {'list': [1, [2, [3]], {'k': 'v'}], 'yes': True, 'no': False}},
+        {'long': 'y' * 70000, 'many': list(range(20))},
+    ]
+    for value in values:
+        for single in (False, True):
+            packed = msgpack.packb(value, use_bin_type=False, use_single_float=single)
+            ours, theirs = json.loads(connection.eval(probe, 0, packed))
+            assert ours == theirs, (value, single)

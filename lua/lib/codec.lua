@@ -18,23 +18,19 @@ local function decode_msgpack(data)
     if v >= half then v = v - 2 * half end
     return v
   end
+  -- An IEEE 754 float of n bytes (4 or 8): 1 sign bit, e exponent bits, the rest mantissa.
   local function double(n)
     local b = {byte(data, pos, pos + n - 1)}
     pos = pos + n
+    local e = n == 8 and 11 or 8
+    local bits, bias = 8 * n - 1 - e, 2 ^ (e - 1) - 1
+    local split = 2 ^ (15 - e)  -- the second byte holds the exponent's last e - 7 bits above this
     local sign = b[1] >= 128 and -1 or 1
-    local exponent, mantissa
-    if n == 8 then
-      exponent = (b[1] % 128) * 16 + math.floor(b[2] / 16)
-      mantissa = b[2] % 16
-      for i = 3, 8 do mantissa = mantissa * 256 + b[i] end
-      if exponent == 0 then return sign * mantissa * 2 ^ -1074 end
-      return sign * (1 + mantissa / 2 ^ 52) * 2 ^ (exponent - 1023)
-    end
-    exponent = (b[1] % 128) * 2 + math.floor(b[2] / 128)
-    mantissa = b[2] % 128
-    for i = 3, 4 do mantissa = mantissa * 256 + b[i] end
-    if exponent == 0 then return sign * mantissa * 2 ^ -149 end
-    return sign * (1 + mantissa / 2 ^ 23) * 2 ^ (exponent - 127)
+    local exponent = (b[1] % 128) * (256 / split) + math.floor(b[2] / split)
+    local mantissa = b[2] % split
+    for i = 3, n do mantissa = mantissa * 256 + b[i] end
+    if exponent == 0 then return sign * mantissa * 2 ^ (1 - bias - bits) end
+    return sign * (1 + mantissa / 2 ^ bits) * 2 ^ (exponent - bias)
   end
   local value
   local function str(n)

@@ -354,12 +354,12 @@ class QueueSlot(FetchPolicy):
             row[2] = {'text': job_id, 'job': job_id} if job_id else None
         if not queues:
             return []
-        note = f'{len(holds)} of {shown} holds listed' if shown > len(holds) else ''
-        return [
-            {'title': 'Queue caps (QueueSlot)', 'columns': ['queue', 'cap', 'in use', 'lapsed holds'], 'rows': queues},
-            {'title': 'Holds (QueueSlot)', 'columns': ['queue', 'holder', 'job', 'expires in (s)'], 'rows': holds,
-             'note': note},
-        ]
+        out = [{'title': 'Queue caps (QueueSlot)', 'columns': ['queue', 'cap', 'in use', 'lapsed holds'],
+                'rows': queues}]
+        if holds:
+            out.append({'title': 'Holds (QueueSlot)', 'columns': ['queue', 'holder', 'job', 'expires in (s)'],
+                        'rows': holds, 'note': f'{len(holds)} of {shown} holds listed' if shown > len(holds) else ''})
+        return out
 
     # -- tokens ---------------------------------------------------------------------------------------------------
 

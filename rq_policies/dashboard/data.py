@@ -14,6 +14,7 @@ come from a SCAN with a budget (:func:`rq_policies.state.sample_family`), never 
 from __future__ import annotations
 
 import logging
+from datetime import datetime, timezone
 from typing import Any
 
 from rq.queue import Queue
@@ -169,6 +170,7 @@ def overview(connection: Any, search: str | None = None, limit: int = ROW_LIMIT)
     history = state.drop_history(connection, now)
     return {
         'server_time': now,
+        'server_time_text': datetime.fromtimestamp(now, timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC'),
         'search': search or '',
         'limit': limit,
         'warning': check.warning,

@@ -505,7 +505,9 @@ def test_mounted_under_rq_dashboard(connection, redis_url):
     setup_rq_connection(app)
     app.register_blueprint(blueprint, url_prefix='/rq/policies')
     c = app.test_client()
-    assert c.get('/rq/').status_code == 200  # rq-dashboard itself still answers
+    assert c.get('/rq/').status_code == 200  # rq-dashboard itself still answers, on this rq version too
+    listed = c.get('/rq/0/data/queues.json').get_json()
+    assert XSS in [queue['name'] for queue in listed['queues']]
     html = page(c, '/rq/policies/')
     assert 'class="home" href="/rq/"' in html  # the link back to rq-dashboard
     assert '/rq/policies/static/rq_policies/dashboard.js' in html

@@ -375,20 +375,17 @@ class QueueSlot(FetchPolicy):
 
 
 
-#: The most workers :func:`_running_jobs` reads (a page's bound; a cluster with more shows some holds without a job).
-_WORKER_LIMIT = 500
-
-
 def _running_jobs(connection: Any, tokens: list[str]) -> dict[str, str]:
     """``'<host>:<pid>'`` -> the id of the job that worker runs, for the workers these claim tokens name (a claim
-    token is ``<host>:<pid>:<tid>:<n>``, taken in the worker's own process)."""
+    token is ``<host>:<pid>:<tid>:<n>``, taken in the worker's own process). Reads rq's worker registry (O(workers),
+    rq's own ``Worker.all``), and only when a hold is listed."""
     from rq.worker import Worker
 
     wanted = {token.rsplit(':', 2)[0] for token in tokens}
     if not wanted:
         return {}
     found = {}
-    for worker in Worker.all(connection=connection)[:_WORKER_LIMIT]:
+    for worker in Worker.all(connection=connection):
         where = f'{worker.hostname}:{worker.pid}'
         if where in wanted:
             job_id = worker.get_current_job_id()

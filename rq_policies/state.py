@@ -344,6 +344,15 @@ def reset_identity(
     return {'digest': digest, 'removed': reset_digest(connection, queue, digest, spec)}
 
 
+def identity_keys(connection: Redis, queue: str, digest: str) -> list[str]:
+    """Every key identity ``digest`` has on ``queue`` now, in every registered family (SCAN of its own prefix)."""
+    found = []
+    for family in families():
+        pattern = _glob_escape(family.prefix(queue, digest)) + ('*' if family.windowed else '')
+        found += sorted(text(k) for k in connection.scan_iter(match=pattern, count=1000))
+    return found
+
+
 def reset_digest(connection: Redis, queue: str, digest: str, spec: Any = None) -> int:
     """Clear the state of identity ``digest`` on ``queue`` (what :func:`reset_identity` does once it has the
     digest; the dashboard's reset, which lists digests). Returns how many keys were removed."""

@@ -462,6 +462,25 @@ def test_the_dashboard_modules_name_no_policy_class():
         assert found == [], f'{path.name} names a policy: {found}'
 
 
+def test_every_page_asset_is_package_data_of_the_wheel():
+    """setup.py's package_data globs cover every template, script and stylesheet (test_packaging builds the wheel)."""
+    import ast
+
+    tree = ast.parse((PACKAGE.parent / 'setup.py').read_text())
+    call = next(
+        node for node in ast.walk(tree) if isinstance(node, ast.Call) and getattr(node.func, 'id', '') == 'setup'
+    )
+    package_data = next(kw.value for kw in call.keywords if kw.arg == 'package_data')
+    globs = next(
+        ast.literal_eval(v)
+        for k, v in zip(package_data.keys, package_data.values)
+        if k is not None and ast.literal_eval(k) == 'rq_policies.dashboard'
+    )
+    root = PACKAGE / 'dashboard'
+    assets = {p.relative_to(root) for p in root.rglob('*') if p.is_file() and p.suffix in ('.html', '.js', '.css')}
+    assert assets and all(any(asset.match(g) for g in globs) for asset in assets), (assets, globs)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))

@@ -142,7 +142,7 @@ def plan(connection: Any, action: str, form: Any) -> tuple[str, str, Callable[[]
         return (
             f'Reset identity {digest} on queue {queue!r}: its loner marker, throttle windows and pending '
             'trailing and debounced jobs are cleared (queued jobs are left alone).',
-            f'{_identity_keys(connection, queue, digest)} key(s) of this identity',
+            f'{len(state.identity_keys(connection, queue, digest))} key(s) of this identity',
             lambda: (
                 f'Identity {digest[:12]} on {queue!r}: removed {state.reset_digest(connection, queue, digest)} key(s).'
             ),
@@ -164,15 +164,6 @@ def plan(connection: Any, action: str, form: Any) -> tuple[str, str, Callable[[]
 
         return what, '', override
     raise ActionError(f'no action named {action!r}')
-
-
-def _identity_keys(connection: Any, queue: str, digest: str) -> int:
-    """How many keys identity ``digest`` has on ``queue`` now (SCAN of its own prefix in each family)."""
-    count = 0
-    for family in state.families():
-        pattern = state._glob_escape(family.prefix(queue, digest)) + ('*' if family.windowed else '')
-        count += sum(1 for _ in connection.scan_iter(match=pattern, count=1000))
-    return count
 
 
 def create_blueprint(

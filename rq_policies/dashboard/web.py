@@ -120,11 +120,12 @@ def plan(connection: Any, action: str, form: Any) -> tuple[str, str, Callable[[]
             )
         now = _queue_words(connection, queue)
         if action == 'unconfigure':
-            return (
-                f'Remove the {cls.name} setting of queue {queue!r}.',
-                now,
-                lambda: (cls.unconfigure(connection, queue), f'Removed the {cls.name} setting of {queue!r}.')[1],
-            )
+
+            def unconfigure() -> str:
+                cls.unconfigure(connection, queue)
+                return f'Removed the {cls.name} setting of queue {queue!r}.'
+
+            return f'Remove the {cls.name} setting of queue {queue!r}.', now, unconfigure
         settings = {name: _integer(name, form[name]) for name in _setting_fields(cls) if form.get(name)}
         if not settings:
             raise ActionError(f'give at least one of {_setting_fields(cls)}')
@@ -152,15 +153,12 @@ def plan(connection: Any, action: str, form: Any) -> tuple[str, str, Callable[[]
         scope, key = _field(form, 'scope'), _field(form, 'key')
         raw = _field(form, 'limit', required=False)
         limit = _integer('limit', raw) if raw else None
-        what = (
-            f'Override the {cls.name} limit of key {key!r} on {scope!r} to {limit}.'
-            if limit is not None
-            else f'Clear the {cls.name} override of key {key!r} on {scope!r}.'
-        )
+        change = f'the {cls.name} limit of key {key!r} on {scope!r}'
+        what = f'Override {change} to {limit}.' if limit is not None else f'Clear the override of {change}.'
 
         def override() -> str:
             cls.override(scope, key, limit, connection=connection)
-            return what.replace('Override', 'Overrode').replace('Clear', 'Cleared')
+            return f'Overrode {change}: {limit}.' if limit is not None else f'Cleared the override of {change}.'
 
         return what, '', override
     raise ActionError(f'no action named {action!r}')

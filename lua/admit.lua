@@ -23,7 +23,9 @@
 
   KEYS  by name (rq_policies/ops.py): job (rq:job:<id>), dest (the queue list, the scheduled
         registry, or the queue key, unused, for mode D/N), queues (rq:queues), drops
-        (rq:policies:drops), and each policy's keys, named '<policy>.<what>'
+        (rq:policies:drops), drops_minute (the prefix of the per-minute drop counters,
+        rq:policies:drops-minute:, to which lib/count_drop.lua appends the server's epoch
+        minute), and each policy's keys, named '<policy>.<what>'
   ARGV[1]  one msgpack map (lib/codec.lua):
     jid         the job id ('' in a probe without an explicit id)
     mode        R | L (push to tail / head), S (scheduled at score), D (hash only: deferred),
@@ -59,6 +61,7 @@ local rcall = redis.call
 -- @include "lib/codec.lua"
 -- @include "lib/server_time.lua"
 -- @include "lib/save_job.lua"
+-- @include "lib/count_drop.lua"
 
 local a = decode_args(ARGV[1])
 local P = {}
@@ -101,7 +104,7 @@ else
         if a.probe then return {-1, name, ctx.jid, verdict.n or 0, nowstr, ''} end
         return {1, name, ctx.jid, verdict.n or 0, nowstr, ''}
       end
-      rcall('HINCRBY', KEYS[a.k.drops], a.drops[name], 1)
+      count_drop(KEYS[a.k.drops], KEYS[a.k.drops_minute], a.drops[name], now)
       return {0, name, verdict.who, verdict.n or 0, nowstr, ''}
     end
   end

@@ -94,6 +94,7 @@ def _policy_call(queue: Queue, spec: PolicySet, digest: str, **args: Any) -> Cal
     """The admit call with every declared admission policy's part: keys by name, arguments under ``p``."""
     call = Call('admit', **args)
     call.key('drops', keys.DROPS)
+    call.key('drops_minute', keys.DROPS_MINUTE_PREFIX)
     ordered = spec.admission
     parts: dict[str, Any] = {}
     for item in ordered:

@@ -309,6 +309,30 @@ def exporter(cli_config: Any, port: int, addr: str, **options: Any) -> None:
         server.server_close()
 
 
+# -- dashboard ------------------------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option('--port', type=Digits('a port number from 1 to 65535', 1, 65535), default=9181, show_default=True,
+              help='Port to serve on.')
+@click.option('--host', default='127.0.0.1', show_default=True,
+              help='Address to bind (the page shows job ids and queue names: keep it local unless behind auth).')
+@click.option('--allow-actions', is_flag=True,
+              help='Offer actions (set or clear a cap or a rate, reset an identity, override a key limit), each '
+                   'behind a confirmation. Off: the page is read-only.')
+@click.option('--refresh', type=Digits('a whole number of seconds >= 0'), default=2, show_default=True,
+              help='Seconds between live refreshes of the page (0: never).')
+@pass_cli_config
+def dashboard(cli_config: Any, port: int, host: str, allow_actions: bool, refresh: int, **options: Any) -> None:
+    """Serve a web page of policy state at http://HOST:PORT/ until stopped (needs rq-policies[dashboard])."""
+    try:
+        from .dashboard.serve import serve
+    except ImportError as exc:
+        raise CommandError(str(exc)) from None
+    serve(_connect(cli_config), host, port, allow_actions=allow_actions, refresh_seconds=refresh,
+          error=CommandError)
+
+
 # -- entry point ----------------------------------------------------------------------------------------------------
 
 

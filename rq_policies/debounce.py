@@ -131,6 +131,25 @@ class Debounce(AdmissionPolicy):
         return pending_lines(family, block, lambda row: json.dumps(row['fields'], sort_keys=True))
 
     @classmethod
+    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
+        """The dashboard's pending debounced jobs: the job that runs once its identity is quiet, when the pending
+        period started, and when the job runs."""
+        from . import state
+
+        sample = state.sample_family(connection, keys.DEBOUNCE_KEYS, limit, search)
+        rows = []
+        for row in sample['rows']:
+            job_id = row['fields'].get('job')
+            first = row['fields'].get('first')
+            rows.append([row['queue'], row['digest'], {'text': job_id, 'job': job_id} if job_id else None,
+                         round(now - float(first), 1) if first else None, row['expires_in']])
+        if not rows:
+            return []
+        return [{'title': 'Pending debounced jobs (Debounce)', 'rows': rows,
+                 'columns': ['queue', 'identity', 'job', 'pending for (s)', 'runs in (s)'],
+                 'note': state.sample_note(sample, 'pending jobs')}]
+
+    @classmethod
     def reset_part(cls, call: Any, queue: str, digest: str, declared: AdmissionPolicy | None) -> dict[str, Any]:
         call.key('debounce.state', keys.debounce(queue, digest))
         return {}

@@ -53,6 +53,10 @@ key                                                    type     meaning
                                                                 lapsed under a running job and re-added (a counter,
                                                                 :func:`lapse_field`)
 ``rq:policies:drops``                                  HASH     ``<policy>:<queue>`` -> dropped enqueues (a counter)
+``rq:policies:drops-minute:<minute>``                  HASH     ``<policy>:<queue>`` -> enqueues dropped during epoch
+                                                                minute ``<minute>`` (server clock, epoch s // 60);
+                                                                expires an hour after the minute ends, so at most
+                                                                61 are live (the dashboard's last-hour chart)
 ``rq:policies:wake:<queue>``                           channel  pub/sub: a job was admitted or a hold freed
 ``rq:policies:lcw``                                    ZSET     LimitedCapacityWorker classes seen: member = class
                                                                 import path, score = epoch second last seen;
@@ -97,6 +101,10 @@ RATE = PREFIX + 'rate'
 BACKOFF = PREFIX + 'backoff'
 DROPS = PREFIX + 'drops'
 LAPSES = PREFIX + 'lapses'
+#: The prefix of the per-minute drop counters (``<prefix><epoch minute>``, HASH, expire an hour after their minute).
+DROPS_MINUTE_PREFIX = PREFIX + 'drops-minute:'
+#: Minutes a per-minute drop counter outlives its minute (``lua/lib/count_drop.lua`` sets the expiry).
+DROPS_MINUTE_KEEP = 60
 
 #: Field of the job hash naming the job's loner marker key.
 LONER_FIELD = 'policies_loner'
@@ -187,6 +195,11 @@ def lapse_field(ledger: str) -> str:
     if ledger.startswith(lcw_ledger):
         return 'lcw:' + ledger[len(lcw_ledger):]
     return ledger
+
+
+def is_drop_counter(key: str) -> bool:
+    """Is ``key`` one of the drop counters (:data:`DROPS`, or a per-minute one under :data:`DROPS_MINUTE_PREFIX`)?"""
+    return key == DROPS or key.startswith(DROPS_MINUTE_PREFIX)
 
 
 def drop_field(policy: str, queue: str) -> str:

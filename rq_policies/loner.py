@@ -211,6 +211,26 @@ class Loner(AdmissionPolicy):
         return lines
 
     @classmethod
+    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
+        """The dashboard's unique identities: each marker's queue, identity, holder job and whether it still holds
+        (a marker whose job no longer waits, and is not running under ``until='finished'``, is stale: the next
+        enqueue of the identity replaces it)."""
+        from . import state
+
+        sample = state.sample_family(connection, keys.LONER_KEYS, limit, search)
+        rows = []
+        for row in sample['rows']:
+            job_id = row['job_id']
+            holds = 'yes' if row['waiting'] else {'text': 'stale (no longer holds)', 'warn': True}
+            rows.append([row['queue'], row['digest'], {'text': job_id, 'job': job_id} if job_id else None,
+                         row['job_status'] or 'gone', holds, row['expires_in']])
+        if not rows:
+            return []
+        return [{'title': 'Unique identities (Loner)', 'rows': rows,
+                 'columns': ['queue', 'identity', 'job', 'job status', 'holds', 'expires in (s)'],
+                 'note': state.sample_note(sample, 'markers')}]
+
+    @classmethod
     def reset_part(cls, call: Call, queue: str, digest: str, declared: AdmissionPolicy | None) -> dict[str, Any]:
         call.key('loner.marker', keys.loner(queue, digest))
         return {}

@@ -149,6 +149,25 @@ class Policy:
         """
         return []
 
+    @classmethod
+    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
+        """This policy's panels on the dashboard (:mod:`rq_policies.dashboard`), read from Redis in a bounded
+        number of commands (SCAN with COUNT and a budget, never KEYS): the page must answer fast on a server with
+        100,000 identities, so list at most ``limit`` rows per panel and say in ``note`` when there are more.
+
+        Args:
+            connection: the Redis connection.
+            now: the server's clock (epoch seconds), the clock every expiry is measured by.
+            limit: the most rows a panel lists.
+            search: only rows about this text (a queue name, a key, an identity digest or a job id); None for all.
+
+        Returns:
+            A list of ``{'title': str, 'columns': [str, ...], 'rows': [[cell, ...], ...]}`` with an optional
+            ``'note'`` (str): a cell is a str, int, float or None, ``{'text': str, 'job': job_id}`` (a link to the
+            job's page) or ``{'text': str, 'warn': True}`` (shown as a warning). The page escapes every cell.
+        """
+        return []
+
 
 def registered(kind: str | None = None) -> list[type[Policy]]:
     """Every registered policy class (of one kind when ``kind`` is given), in rank order, then by name."""

@@ -266,6 +266,30 @@ class QueueRate(FetchPolicy):
         return lines
 
     @classmethod
+    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
+        """The dashboard's rates panel: per queue with a rate or a back-off, the rate, the starts allowed now, when
+        the next start is allowed (seconds from now, server clock) and the back-off left."""
+        names = sorted(cls.configured_queues(connection)
+                       | {text(m) for m in connection.zrangebyscore(keys.BACKOFF, f'({now:.6f}', '+inf')})
+        names = [name for name in names if not search or search in name]
+        rows = []
+        for name, entry in cls.queue_state(connection, names[:limit], now, None).items():
+            rate = entry['rate']
+            left = entry['backoff_seconds_left']
+            rows.append([
+                name,
+                f'{rate["limit"]}/{rate["per"]}s burst {rate["burst"]}' if rate else None,
+                entry['rate_available'],
+                round(max(0.0, entry['rate_next_at'] - now), 2) if rate else None,
+                {'text': f'{left:.1f}', 'warn': True} if left else None,
+            ])
+        if not rows:
+            return []
+        return [{'title': 'Queue rates (QueueRate)', 'rows': rows,
+                 'columns': ['queue', 'rate', 'starts available', 'next start in (s)', 'backed off for (s)'],
+                 'note': f'{len(rows)} of {len(names)} queues listed' if len(names) > len(rows) else ''}]
+
+    @classmethod
     def metric_families(cls, connection: Any, now: float) -> list[Any]:
         from prometheus_client.core import GaugeMetricFamily
 

@@ -320,6 +320,47 @@ class QueueSlot(FetchPolicy):
 
         return [cap]
 
+    @classmethod
+    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
+        """The dashboard's holds panel: per queue with a cap or a hold, the cap, the holds in use and each hold
+        (holder, the job its worker runs, seconds to expiry). A hold past its expiry still in the ledger is
+        *lapsed*: its holder stopped refreshing (killed, or stalled longer than the ttl); the next fetch purges it,
+        and it is shown as a warning until then."""
+        from . import state
+
+        names = [name for name in state.queue_names(connection) if not search or search in name]
+        live = cls.queue_state(connection, names, now, limit)
+        with connection.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.zrangebyscore(keys.holds(name), '-inf', f'{now:.6f}', start=0, num=limit, withscores=True)
+            lapsed_rows = dict(zip(names, pipe.execute()))
+        queues, holds, shown = [], [], 0
+        for name in names:
+            entry = live[name]
+            lapsed = [(text(member), score) for member, score in lapsed_rows[name]]
+            if entry['capacity'] is None and not entry['holds_in_use'] and not lapsed:
+                continue
+            in_use = entry['holds_in_use']
+            queues.append([name, entry['capacity'], in_use, len(lapsed)])
+            for token, score in lapsed:
+                holds.append([name, token, None, {'text': f'lapsed {now - score:.1f} s ago', 'warn': True}])
+            for hold in entry['holds']:
+                holds.append([name, hold['holder'], None, round(hold['expires_in'], 1)])
+            shown += in_use + len(lapsed)
+        holds = holds[:limit]
+        jobs = _running_jobs(connection, [row[1] for row in holds])
+        for row in holds:
+            job_id = jobs.get(row[1].rsplit(':', 2)[0])
+            row[2] = {'text': job_id, 'job': job_id} if job_id else None
+        if not queues:
+            return []
+        out = [{'title': 'Queue caps (QueueSlot)', 'columns': ['queue', 'cap', 'in use', 'lapsed holds'],
+                'rows': queues}]
+        if holds:
+            out.append({'title': 'Holds (QueueSlot)', 'columns': ['queue', 'holder', 'job', 'expires in (s)'],
+                        'rows': holds, 'note': f'{len(holds)} of {shown} holds listed' if shown > len(holds) else ''})
+        return out
+
     # -- tokens ---------------------------------------------------------------------------------------------------
 
     @classmethod
@@ -332,6 +373,25 @@ class QueueSlot(FetchPolicy):
         """A token naming one claim, ``<host>:<pid>:<tid>:<n>``: a stale release of an earlier claim frees nothing."""
         return ledger.claim_token()
 
+
+
+def _running_jobs(connection: Any, tokens: list[str]) -> dict[str, str]:
+    """``'<host>:<pid>'`` -> the id of the job that worker runs, for the workers these claim tokens name (a claim
+    token is ``<host>:<pid>:<tid>:<n>``, taken in the worker's own process). Reads rq's worker registry (O(workers),
+    rq's own ``Worker.all``), and only when a hold is listed."""
+    from rq.worker import Worker
+
+    wanted = {token.rsplit(':', 2)[0] for token in tokens}
+    if not wanted:
+        return {}
+    found = {}
+    for worker in Worker.all(connection=connection):
+        where = f'{worker.hostname}:{worker.pid}'
+        if where in wanted:
+            job_id = worker.get_current_job_id()
+            if job_id:
+                found[where] = job_id
+    return found
 
 
 def _need(connection: Any) -> Any:

@@ -97,6 +97,33 @@ def drops(connection: Redis) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda row: (row['queue'], row['policy']))
 
 
+def drop_history(connection: Redis, now: float, minutes: int = keys.DROPS_MINUTE_KEEP) -> dict[str, Any]:
+    """Dropped enqueues per minute over the last ``minutes`` minutes of the server's clock, from the per-minute
+    counters the admission script keeps (``lua/lib/count_drop.lua``): one pipelined round trip of ``minutes``
+    HGETALLs, however many enqueues there were.
+
+    Returns:
+        ``{'minutes': [epoch minute, ...] (oldest first), 'series': [{'policy', 'queue', 'counts': [per minute],
+        'total'}, ...]}``, series sorted by queue then policy.
+    """
+    current = int(now // 60)
+    span = list(range(current - minutes + 1, current + 1))
+    with connection.pipeline(transaction=False) as pipe:
+        for minute in span:
+            pipe.hgetall(f'{keys.DROPS_MINUTE_PREFIX}{minute}')
+        replies = pipe.execute()
+    series: dict[tuple[str, str], list[int]] = {}
+    for i, reply in enumerate(replies):
+        for field, value in reply.items():
+            policy, _, queue = text(field).partition(':')
+            series.setdefault((queue, policy), [0] * len(span))[i] = int(value)
+    return {
+        'minutes': span,
+        'series': [{'policy': policy, 'queue': queue, 'counts': counts, 'total': sum(counts)}
+                   for (queue, policy), counts in sorted(series.items())],
+    }
+
+
 # -- per-identity state (SCAN: for humans) --------------------------------------------------------------------------
 
 def families() -> list[keys.Family]:
@@ -185,6 +212,51 @@ def _identity_rows(
     return rows
 
 
+#: Keys one bounded sample (:func:`sample_family`) lets SCAN examine: the page answers in a few milliseconds per
+#: family whatever the keyspace holds, and says when the walk stopped before the end.
+SAMPLE_BUDGET = 20_000
+
+
+def sample_family(
+    connection: Redis, family: keys.Family, limit: int, search: str | None = None, budget: int = SAMPLE_BUDGET
+) -> dict[str, Any]:
+    """At most ``limit`` keys of one per-identity family, read as :func:`snapshot` reads them, in a bounded number
+    of commands: SCAN (COUNT 1000, MATCH the family, and ``search`` as a substring of the queue name or the
+    identity digest) stops once ``limit`` keys are found or ``budget`` keys were examined.
+
+    Returns:
+        ``{'rows': [...] (as in snapshot's entries, plus 'queue'), 'complete': bool (the SCAN reached its end, so
+        ``found`` is every match), 'found': keys matched}``.
+    """
+    pattern = f'{keys.PREFIX}{family.name}:*' + (f'{_glob_escape(search)}*' if search else '')
+    found: list[str] = []
+    cursor, examined, matched = 0, 0, 0
+    while True:
+        cursor, batch = connection.scan(cursor=cursor, match=pattern, count=1000)
+        examined += 1000
+        for raw in batch:
+            key = text(raw)
+            if family.parse(key) is not None:
+                matched += 1
+                if len(found) < limit:
+                    found.append(key)
+        if cursor == 0 or len(found) >= limit or examined >= budget:
+            break
+    rows = _identity_rows(connection, family, found, Job.redis_job_namespace_prefix)
+    for key, row in zip(sorted(found), rows):
+        row['queue'] = (family.parse(key) or ('',))[0]
+    return {'rows': rows, 'complete': cursor == 0, 'found': matched}
+
+
+def sample_note(sample: dict[str, Any], what: str) -> str:
+    """What a panel built from :func:`sample_family` says about its counts (exact, or a lower bound)."""
+    shown = len(sample['rows'])
+    if sample['complete'] and sample['found'] == shown:
+        return f'{shown} {what}'
+    total = f'{sample["found"]}' if sample['complete'] else f'at least {sample["found"]} (the page stopped looking)'
+    return f'showing {shown} of {total} {what}; rq-policies info --limit 0 lists them all'
+
+
 def snapshot(connection: Redis, queues: list[str] | None = None, limit: int | None = None) -> dict[str, Any]:
     """Everything ``rq-policies info`` shows, as plain data (what ``--json`` prints).
 
@@ -266,16 +338,32 @@ def reset_identity(
     Returns:
         ``{'digest', 'removed'}``: the identity and how many keys were removed.
     """
-    from rq.queue import Queue
-
-    from . import admission, identity
+    from . import identity
 
     digest = identity.digest(func_name, queue, tuple(args), dict(kwargs or {}), unique_context)
+    return {'digest': digest, 'removed': reset_digest(connection, queue, digest, spec)}
+
+
+def identity_keys(connection: Redis, queue: str, digest: str) -> list[str]:
+    """Every key identity ``digest`` has on ``queue`` now, in every registered family (SCAN of its own prefix)."""
+    found = []
+    for family in families():
+        pattern = _glob_escape(family.prefix(queue, digest)) + ('*' if family.windowed else '')
+        found += sorted(text(k) for k in connection.scan_iter(match=pattern, count=1000))
+    return found
+
+
+def reset_digest(connection: Redis, queue: str, digest: str, spec: Any = None) -> int:
+    """Clear the state of identity ``digest`` on ``queue`` (what :func:`reset_identity` does once it has the
+    digest; the dashboard's reset, which lists digests). Returns how many keys were removed."""
+    from . import admission
+
+    if not isinstance(digest, str) or len(digest) != 64 or any(c not in '0123456789abcdef' for c in digest):
+        raise ValueError(f'digest must be an identity digest (64 lowercase hex characters), got {digest!r}')
     declared_names = {item.name for item in (spec.policies if spec else ())}
     scanned: list[str] = []
     for family in keys.FAMILIES:
         if family.needs_setting and family.policy not in declared_names:
             pattern = _glob_escape(family.prefix(queue, digest)) + '*'
             scanned += sorted(text(k) for k in connection.scan_iter(match=pattern, count=1000))
-    removed = admission.reset(Queue(queue, connection=connection), spec, digest, scanned)
-    return {'digest': digest, 'removed': removed}
+    return admission.reset(Queue(queue, connection=connection), spec, digest, scanned)

@@ -252,10 +252,38 @@ class Throttle(AdmissionPolicy):
         return pending_lines(family, block, lambda row: f'job {row["job_id"]}')
 
     @classmethod
+    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
+        """The dashboard's throttle windows (the job that won each live window, and when the window ends) and
+        pending trailing jobs (the job that runs when its window ends)."""
+        from . import state
+
+        out = []
+        windows = state.sample_family(connection, keys.THROTTLE_KEYS, limit, search)
+        rows = [[row['queue'], row['digest'], row['slot'], _job_cell(row['job_id']), row['expires_in']]
+                for row in windows['rows']]
+        if rows:
+            out.append({'title': 'Throttle windows (Throttle)', 'rows': rows,
+                        'columns': ['queue', 'identity', 'window', 'job', 'ends in (s)'],
+                        'note': state.sample_note(windows, 'windows')})
+        trailing = state.sample_family(connection, keys.TRAILING_KEYS, limit, search)
+        rows = [[row['queue'], row['digest'], _job_cell(row['job_id']), row['job_status'] or 'gone',
+                 row['expires_in']] for row in trailing['rows']]
+        if rows:
+            out.append({'title': 'Pending trailing jobs (Throttle)', 'rows': rows,
+                        'columns': ['queue', 'identity', 'job', 'job status', 'runs in (s)'],
+                        'note': state.sample_note(trailing, 'pending jobs')})
+        return out
+
+    @classmethod
     def reset_part(cls, call: Any, queue: str, digest: str, declared: AdmissionPolicy | None) -> dict[str, Any]:
         call.key('throttle.prefix', keys.throttle_prefix(queue, digest))
         call.key('throttle.trailing', keys.trailing(queue, digest))
         return {'width': declared.slot if isinstance(declared, Throttle) else 0}
+
+
+def _job_cell(job_id: str | None) -> dict[str, str] | None:
+    """A dashboard cell linking to ``job_id``'s page, or None."""
+    return {'text': job_id, 'job': job_id} if job_id else None
 
 
 def _declared_spec(job: Job) -> PolicySet | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .concurrency import Concurrency
 from .debounce import Debounce
 from .exceptions import DuplicateJob, PipelineNotSupported, PolicyConfigurationError, PolicyError
 from .explainer import UnknownJob, explain
@@ -20,6 +21,7 @@ __version__ = '0.1.0'
 __all__ = [
     'AdmissionPolicy',
     'BackOff',
+    'Concurrency',
     'Debounce',
     'DuplicateJob',
     'FetchPolicy',

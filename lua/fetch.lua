@@ -15,14 +15,15 @@
                                   mark what it holds until it ends: Loner until='finished')
   A per-job policy (declared on the job's function, the job hash carries its setting: Concurrency,
   Rate) defines instead:
-    fields                     -> the job hash fields it reads; every per-job part's fields are
-                                  read with one HMGET per popped job, and a job carrying none of
-                                  them pays only that
-    admit_job(ctx, jid, value) -> nil: allowed; or a refusal {parked = list key, member = its
+    fields                     -> the job hash fields it reads (one or two; the first says the job
+                                  is under the policy); every per-job part's fields are read with
+                                  one HMGET per popped job, and a job carrying none pays only that
+    admit_job(ctx, jid, value, extra) -> (value, extra: its fields' values) nil: allowed; or a
+                                  refusal {parked = list key, member = its
                                   member of the due index, due = server time the key could
                                   free, head = park at the head of the list}
-    take_job(ctx, jid, value)  -> like take: 0, 1, or the ledger key the claim's hold went to
-    refused(ctx, jid, value)   -> another part refused the job this one allowed: free what this
+    take_job(ctx, jid, value, extra) -> like take: 0, 1, or the ledger key the claim's hold went to
+    refused(ctx, jid, value, extra) -> another part refused the job this one allowed: free what this
                                   one holds for it (checks run first, takes after: a refusal by
                                   one consumes nothing of another)
     due(ctx, channel)          -> the part's member '<part>:<channel>' of the due index came due:
@@ -166,17 +167,18 @@ local function admit_job(job_key, jid, allowed)
   for _, item in ipairs(per_job) do
     local value = values[item.at]
     if value then
-      refusal = item.part.admit_job(ctx, jid, value)
+      local extra = #item.part.fields > 1 and values[item.at + 1] or nil -- a second field, if it reads two
+      refusal = item.part.admit_job(ctx, jid, value, extra)
       if refusal then
         break
       end
-      allowed[#allowed + 1] = {item, value}
+      allowed[#allowed + 1] = {item, value, extra}
     end
   end
   if refusal then
     for _, pair in ipairs(allowed) do
       if pair[1].part.refused then
-        pair[1].part.refused(ctx, jid, pair[2])
+        pair[1].part.refused(ctx, jid, pair[2], pair[3])
       end
     end
   end
@@ -257,7 +259,7 @@ for i = 1, #a.names do
           reply[n + 2] = takes[n] and takes[n](ctx, i, job_key, jid) or 0
         end
         for _, pair in ipairs(allowed) do
-          local got = pair[1].part.take_job(ctx, jid, pair[2])
+          local got = pair[1].part.take_job(ctx, jid, pair[2], pair[3])
           if got ~= 0 then
             reply[pair[1].n + 2] = got
           end

@@ -7,6 +7,7 @@ from .debounce import Debounce
 from .exceptions import DuplicateJob, PipelineNotSupported, PolicyConfigurationError, PolicyError
 from .explainer import UnknownJob, explain
 from .job import PolicyJob
+from .key_rate import Rate
 from .limited_capacity import LimitedCapacityWorker
 from .loner import Loner
 from .policy import AdmissionPolicy, FetchPolicy, Policy, PolicySet, policy
@@ -39,6 +40,7 @@ __all__ = [
     'PolicyWorker',
     'QueueRate',
     'QueueSlot',
+    'Rate',
     'RateStatus',
     'Snooze',
     'SnoozeLimitReached',

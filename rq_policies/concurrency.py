@@ -175,6 +175,17 @@ class KeyedPolicy(FetchPolicy):
         return True
 
     @classmethod
+    def key_rows(cls, connection: Any, scope: str, limit: int = 20, search: str | None = None,
+                 now: float | None = None) -> list[dict[str, Any]]:
+        """The keys of ``scope`` this policy has state for (``rq-policies keys``, the dashboard)."""
+        raise NotImplementedError
+
+    @classmethod
+    def key_lines(cls, rows: list[dict[str, Any]], now: float) -> list[str]:
+        """``rq-policies keys``'s lines for :meth:`key_rows`."""
+        raise NotImplementedError
+
+    @classmethod
     def blocked_until(cls, scope: str, key: Any, connection: Any) -> float | None:
         """The server time until which ``key`` of ``scope`` is backed off, or None."""
         raw = _need(connection).get(keys.KEY_BLOCK_PREFIX + keys.key_channel(check_scope(scope), key_text(key)))
@@ -328,6 +339,17 @@ class Concurrency(KeyedPolicy):
         return rows[:limit] if limit else rows
 
     @classmethod
+    def key_lines(cls, rows: list[dict[str, Any]], now: float) -> list[str]:
+        """``rq-policies keys``'s lines for :meth:`key_rows`."""
+        out = []
+        for row in rows:
+            limit_text = '?' if row['limit'] is None else str(row['limit'])
+            due = '' if row['next_due'] is None else f', next due in {max(row["next_due"] - now, 0):.1f} s'
+            mark = ' (override)' if row['overridden'] else ''
+            out.append(f'key {row["key"]}  {row["in_use"]}/{limit_text}{mark} in use, {row["parked"]} parked{due}')
+        return out
+
+    @classmethod
     def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
         scopes = _scopes(connection, cls.name)
         out = []
@@ -398,14 +420,13 @@ class Concurrency(KeyedPolicy):
                 raise click.BadParameter(str(exc), param_hint='SCOPE') from None
             conn = kit.connect(cli_config)
             now = _server_now(conn)
-            rows = cls.key_rows(conn, scope, count, search, now)
-            if not rows:
+            shown = 0
+            for policy in _keyed_classes():
+                for line in policy.key_lines(policy.key_rows(conn, scope, count, search, now), now):
+                    click.echo(line)
+                    shown += 1
+            if not shown:
                 click.echo(f'No key of scope {scope!r} has running or parked jobs.')
-            for row in rows:
-                limit_text = '?' if row['limit'] is None else str(row['limit'])
-                due = '' if row['next_due'] is None else f', next due in {max(row["next_due"] - now, 0):.1f} s'
-                mark = ' (override)' if row['overridden'] else ''
-                click.echo(f'key {row["key"]}  {row["in_use"]}/{limit_text}{mark} in use, {row["parked"]} parked{due}')
 
         @click.command()
         @click.argument('scope')
@@ -488,10 +509,11 @@ def _declared_limit(raw: Any) -> int | None:
     return int(head) if head.isdigit() else None
 
 
-def _scopes(conn: Any, policy: str) -> set[str]:
-    """The scopes with live holds or parked jobs (SCAN with COUNT; a dashboard's look, bounded by the keyspace)."""
+def _scopes(conn: Any, policy: str, holds: bool = True) -> set[str]:
+    """The scopes with parked jobs of ``policy`` (and, with ``holds``, live holds): SCAN with COUNT, never KEYS."""
     found: set[str] = set()
-    for prefix in (keys.KEY_HOLDS_PREFIX, f'{keys.KEY_PARKED_PREFIX}{policy}:'):
+    prefixes = [f'{keys.KEY_PARKED_PREFIX}{policy}:'] + ([keys.KEY_HOLDS_PREFIX] if holds else [])
+    for prefix in prefixes:
         for raw in conn.scan_iter(match=prefix + '*', count=1000):
             found.add(text(raw)[len(prefix):].split(':', 1)[0])
     return found

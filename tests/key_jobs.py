@@ -9,7 +9,7 @@ import time
 from redis import Redis
 from rq import get_current_job
 
-from rq_policies import BackOff, Concurrency, policy
+from rq_policies import BackOff, Concurrency, Rate, policy
 
 
 def _conn() -> Redis:
@@ -50,6 +50,19 @@ def billing_a(tag, seconds, customer):
 @policy(Concurrency(2, key=lambda args, kwargs: kwargs['customer'], scope='billing'))
 def billing_b(tag, seconds, customer):
     _span(tag, customer, seconds)
+
+
+@policy(Rate(5, per=1, burst=2, key=lambda args, kwargs: kwargs['shop']))
+def per_shop(tag, shop):
+    _span(tag, shop, 0)
+
+
+@policy(
+    Concurrency(1, key=lambda args, kwargs: kwargs['customer'], scope='both'),
+    Rate(1, per=60, key=lambda args, kwargs: kwargs['shop'], scope='both'),
+)
+def both_limits(tag, customer, shop):
+    _span(tag, customer, 0)
 
 
 @policy(Concurrency(1, key=lambda args, kwargs: kwargs['customer'], scope='backoff'))

@@ -10,6 +10,7 @@
 
   KEYS  by name (rq_policies/ops.py, built by rq_policies.concurrency.release_call):
     ledger     rq:policies:keyholds:<scope>:<key>   the key's hold ledger
+    parked     rq:policies:keyparked:concurrency:<scope>:<key>   the key's parked jobs
     keydue     rq:policies:keydue                   the due index of keys with parked jobs
   ARGV[1]  one msgpack map (lib/codec.lua):
     token      the claim token naming the hold
@@ -31,7 +32,9 @@ local P = {}
 local removed = rcall('ZREM', KEYS[a.k.ledger], a.token)
 if removed == 1 then
   local member = 'concurrency:' .. a.channel
-  if rcall('ZSCORE', KEYS[a.k.keydue], member) then
+  -- The parked list itself is asked, not the due index: a release also finds parked jobs whose
+  -- due-index entry was lost (a failover to a replica that missed it).
+  if rcall('EXISTS', KEYS[a.k.parked]) == 1 then
     local ctx = {now = server_now(), ttl = a.ttl, kp = a.keyed}
     local next_at = P.concurrency.due(ctx, a.channel)
     if next_at then

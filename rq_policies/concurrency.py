@@ -466,7 +466,8 @@ def release_call(hold: Any) -> Call:
     """The ``lua/key_release.lua`` call giving back a per-key hold (and its unit to the key's oldest parked job)."""
     channel = hold.ledger[len(keys.KEY_HOLDS_PREFIX):]
     call = Call('key_release', token=hold.token, channel=channel, ttl=hold.ttl, keyed=keyed_args())
-    return call.key('ledger', hold.ledger).key('keydue', keys.KEY_DUE)
+    call.key('ledger', hold.ledger).key('parked', f'{keys.KEY_PARKED_PREFIX}{Concurrency.name}:{channel}')
+    return call.key('keydue', keys.KEY_DUE)
 
 
 def _setting_call(scope: str, key: Any, limit: int) -> Call:

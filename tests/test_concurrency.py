@@ -505,3 +505,20 @@ def test_keyed_args_name_rq_s_own_prefixes():
     args = keyed_args()
     assert args['deferred'] == DeferredJobRegistry('q', connection=Redis()).key[:-1]
     assert args['queue'] == Queue.redis_queue_namespace_prefix
+
+
+def test_a_burst_policy_simple_worker_waits_for_parked_jobs_and_runs_them_all(connection, redis_url, worker_env):
+    q = PolicyQueue('keys', connection=connection)
+    for _ in range(4):
+        q.enqueue(key_jobs.one_per_customer, 'simple', 0.1, customer='k')
+    q.enqueue(key_jobs.one_per_customer, 'simple', 0.1, customer='other')
+    worker = start_worker(redis_url, ['keys'], worker_env, worker_class='rq_policies.PolicySimpleWorker', burst=True)
+    try:
+        assert worker.wait(60) == 0, output(worker)
+    finally:
+        stop(worker)
+    found = key_jobs.spans(connection, 'simple')
+    assert len(found['k']) == 8 and key_jobs.max_overlap(found['k']) == 1
+    assert len(found['other']) == 2
+    assert connection.zcard(keys.KEY_DUE) == 0
+    assert DeferredJobRegistry('keys', connection=connection).count == 0

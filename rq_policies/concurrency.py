@@ -95,10 +95,13 @@ class KeyedPolicy(FetchPolicy):
     """
 
     per_job: ClassVar[bool] = True
-    #: The job hash field carrying the policy's setting and key.
+    #: The job hash field carrying the policy's setting and key: ``'<setting> <scope>:<key>'``.
     field: ClassVar[str] = ''
-    #: Per-key policies never drop an enqueue, so there is nothing to probe for.
-    probes: ClassVar[bool] = False
+    #: How many space-separated words the setting has (before ``<scope>:<key>``).
+    setting_words: ClassVar[int] = 1
+    #: A per-key policy never drops an enqueue, so it never stands in the way of an admission policy's probe (the
+    #: fast path for an expected duplicate: Loner's and Throttle's checks alone decide it).
+    probes: ClassVar[bool] = True
     #: ... nor schedule one.
     schedules: ClassVar[bool] = False
 
@@ -161,7 +164,8 @@ class KeyedPolicy(FetchPolicy):
     def on_job_exception(cls, job: Any, queue: Any, exc: BaseException, pipeline: Any) -> bool:
         if not isinstance(exc, BackOff) or not getattr(exc, 'key', False):
             return False
-        channels = job_channels(job.connection.hmget(job.key, [p.field for p in _keyed_classes()]))
+        classes = _keyed_classes()
+        channels = job_channels(classes, job.connection.hmget(job.key, [p.field for p in classes]))
         if not channels:
             from .exceptions import PolicyError
 
@@ -198,25 +202,16 @@ def _keyed_classes() -> list[type[KeyedPolicy]]:
     return [cls for cls in registered(FETCH) if issubclass(cls, KeyedPolicy)]
 
 
-def job_channels(values: list[Any]) -> list[str]:
-    """The distinct ``<scope>:<key>`` of a job's per-key fields (as read, one per per-key policy, None if absent)."""
+def job_channels(classes: list[type[KeyedPolicy]], values: list[Any]) -> list[str]:
+    """The distinct ``<scope>:<key>`` of a job's per-key fields (``values``: each class's field as read, or None)."""
     out: list[str] = []
-    for raw in values:
+    for cls, raw in zip(classes, values):
         if raw is None:
             continue
-        channel = _channel_of(text(raw))
-        if channel and channel not in out:
+        channel = text(raw).split(' ', cls.setting_words)[-1]
+        if channel not in out:
             out.append(channel)
     return out
-
-
-def _channel_of(raw: str) -> str | None:
-    """The ``<scope>:<key>`` at the end of a per-key field: after the setting's numbers (digits and spaces)."""
-    i = 0
-    while i < len(raw) and (raw[i].isdigit() or raw[i] == ' '):
-        i += 1
-    rest = raw[i:]
-    return rest if ':' in rest else None
 
 
 class Concurrency(KeyedPolicy):

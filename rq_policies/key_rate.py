@@ -45,6 +45,7 @@ class Rate(KeyedPolicy):
 
     name: ClassVar[str] = 'key_rate'
     field: ClassVar[str] = 'policies_key_rate'
+    setting_words: ClassVar[int] = 3
 
     def __init__(self, limit: int, per: int = 1, burst: int = 1, key: KeyFunction | None = None,
                  scope: str | None = None) -> None:

@@ -68,7 +68,8 @@ key                                                    type     meaning
                                                                 (``BackOff(key=True)``); expires then
 ``rq:policies:keytat:<scope>:<key>``                   STRING   ``<tat> <interval>``: one key's GCRA state (Rate),
                                                                 as ``rq:policies:tat:<queue>``
-``rq:policies:lapses``                                 HASH     ``queue:<queue>`` / ``lcw:<class>`` -> holds found
+``rq:policies:lapses``                                 HASH     ``queue:<queue>`` / ``lcw:<class>`` /
+                                                                ``key:<scope>:<key>`` -> holds found
                                                                 lapsed under a running job and re-added (a counter,
                                                                 :func:`lapse_field`)
 ``rq:policies:drops``                                  HASH     ``<policy>:<queue>`` -> dropped enqueues (a counter)
@@ -213,13 +214,16 @@ def lcw_queued(worker_class: str) -> str:
 
 def lapse_field(ledger: str) -> str:
     """The field of :data:`LAPSES` counting the lapses of hold ledger key ``ledger``: ``queue:<queue>`` for a
-    queue's (QueueSlot), ``lcw:<class>`` for a LimitedCapacityWorker class's."""
+    queue's (QueueSlot), ``lcw:<class>`` for a LimitedCapacityWorker class's, ``key:<scope>:<key>`` for a key's
+    (Concurrency)."""
     queue_ledger = holds('')
     if ledger.startswith(queue_ledger):
         return 'queue:' + ledger[len(queue_ledger):]
     lcw_ledger = lcw_running('')
     if ledger.startswith(lcw_ledger):
         return 'lcw:' + ledger[len(lcw_ledger):]
+    if ledger.startswith(KEY_HOLDS_PREFIX):
+        return 'key:' + ledger[len(KEY_HOLDS_PREFIX):]
     return ledger
 
 

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import jobs
 import key_jobs
@@ -431,6 +432,9 @@ def test_a_sigkilled_holder_s_key_frees_within_hold_ttl_and_its_parked_job_runs(
         parked = q.enqueue(key_jobs.one_per_customer, 'kill', 0, customer='p')
         survivor = start_worker(redis_url, ['keys'], env, extra=['--job-monitoring-interval', '1'])
         assert wait_for(lambda: parked.get_status() == 'deferred', 20), output(survivor)
+        time.sleep(4)  # past the 3 s hold ttl: the heartbeat refreshes the running job's key hold
+        assert parked.get_status() == 'deferred'
+        assert Concurrency.in_use('key_jobs.one_per_customer', 'p', connection=connection) == 1
         # The whole worker dies, its horse too (rq gives the horse a process group of its own): no release is sent.
         for pid in {victim.pid} | _descendants(victim.pid):
             os.kill(pid, signal.SIGKILL)
@@ -522,3 +526,22 @@ def test_a_burst_policy_simple_worker_waits_for_parked_jobs_and_runs_them_all(co
     assert len(found['other']) == 2
     assert connection.zcard(keys.KEY_DUE) == 0
     assert DeferredJobRegistry('keys', connection=connection).count == 0
+
+
+def test_with_a_loner_a_parked_job_keeps_its_identity_and_the_duplicate_is_dropped(connection, forget_holds):
+    from rq_policies import Loner
+
+    q = PolicyQueue('keys', connection=connection)
+    both = [Loner(), Concurrency(1, key=lambda a, k: k['customer'], scope='lonely')]
+    running = q.enqueue(key_jobs.per_customer, 't', 0, customer='a', policy=both)
+    waiting = q.enqueue(key_jobs.per_customer, 't', 1, customer='a', policy=both)
+    claim = fetch(connection, 'h:15:0:1')
+    assert claim.job_id == running.id
+    assert isinstance(fetch(connection, 'h:15:0:2'), Look)
+    assert waiting.get_status() == 'deferred'
+    # Parked, it still waits: its loner identity is held, so the same call is dropped (twice: the hinted fast path)
+    assert q.enqueue(key_jobs.per_customer, 't', 1, customer='a', policy=both) is None
+    assert q.enqueue(key_jobs.per_customer, 't', 1, customer='a', policy=both) is None
+    release_claim(claim, connection)
+    assert fetch(connection, 'h:15:1:1').job_id == waiting.id
+    assert q.enqueue(key_jobs.per_customer, 't', 1, customer='a', policy=both) is not None  # taken: free again

@@ -23,9 +23,9 @@
                                   member of the due index, due = server time the key could
                                   free, head = park at the head of the list}
     take_job(ctx, jid, value, extra) -> like take: 0, 1, or the ledger key the claim's hold went to
-    refused(ctx, jid, value, extra) -> another part refused the job this one allowed: free what this
-                                  one holds for it (checks run first, takes after: a refusal by
-                                  one consumes nothing of another)
+    refused(ctx, jid, value, extra) -> the job is parked (refused by this part or another): free
+                                  what this part holds for it (checks run first, takes after: a
+                                  refusal by one consumes nothing of another)
     due(ctx, channel)          -> the part's member '<part>:<channel>' of the due index came due:
                                   give parked jobs back while the key allows; returns the next
                                   time to look, or nil (no parked job left)
@@ -163,19 +163,23 @@ local function admit_job(job_key, jid, allowed)
     return nil
   end
   local values = rcall('HMGET', job_key, unpack(fields))
-  local refusal
+  local refusal, refuser
   for _, item in ipairs(per_job) do
     local value = values[item.at]
     if value then
       local extra = #item.part.fields > 1 and values[item.at + 1] or nil -- a second field, if it reads two
       refusal = item.part.admit_job(ctx, jid, value, extra)
       if refusal then
+        refuser = {item, value, extra}
         break
       end
       allowed[#allowed + 1] = {item, value, extra}
     end
   end
   if refusal then
+    -- the job is parked: what the parts held for it (a unit reserved when it was given back) goes,
+    -- the refusing part's own included
+    allowed[#allowed + 1] = refuser
     for _, pair in ipairs(allowed) do
       if pair[1].part.refused then
         pair[1].part.refused(ctx, jid, pair[2], pair[3])

@@ -190,6 +190,16 @@ class KeyedPolicy(FetchPolicy):
         raise NotImplementedError
 
     @classmethod
+    def backoff(cls, scope: str, key: Any, seconds: float, connection: Any = None) -> float:
+        """Block one key of ``scope`` for ``seconds`` (server clock), as a job raising ``BackOff(seconds, key=True)``
+        does; a block that already ends later is kept. Returns the server time the block ends."""
+        delay = BackOff(seconds, key=True).seconds
+        call = Call('key_backoff', seconds=delay)
+        call.key_list('blocks', [keys.KEY_BLOCK_PREFIX + keys.key_channel(check_scope(scope), key_text(key))])
+        call.run(_need(connection))
+        return float(cls.blocked_until(scope, key, connection) or 0.0)
+
+    @classmethod
     def blocked_until(cls, scope: str, key: Any, connection: Any) -> float | None:
         """The server time until which ``key`` of ``scope`` is backed off, or None."""
         raw = _need(connection).get(keys.KEY_BLOCK_PREFIX + keys.key_channel(check_scope(scope), key_text(key)))

@@ -9,7 +9,7 @@ import time
 from redis import Redis
 from rq import get_current_job
 
-from rq_policies import BackOff, Concurrency, Rate, policy
+from rq_policies import BackOff, Concurrency, PolicyWorker, Rate, policy
 
 
 def _conn() -> Redis:
@@ -75,6 +75,29 @@ def backs_off_once(tag, customer):
         conn.rpush(f'test:keyspan:{tag}', f'{customer} {job.id} backoff {now[0] + now[1] / 1e6:.6f}')
         raise BackOff(1, key=True)
     _span(tag, customer, 0)
+
+
+class FetchTimesWorker(PolicyWorker):
+    """Records, for every job it takes, the clock just before and just after the fetch that took it (this host's
+    clock, the server's too in the tests): the fetch script's own time, which a rate decides on, lies in between."""
+
+    def dequeue_job_and_maintain_ttl(self, *args, **kwargs):
+        before = time.time()
+        result = super().dequeue_job_and_maintain_ttl(*args, **kwargs)
+        after = time.time()
+        if result is not None:
+            job = result[0]
+            self.connection.rpush('test:fetched', f'{job.kwargs.get("shop")} {job.id} {before:.6f} {after:.6f}')
+        return result
+
+
+def fetch_times(conn: Redis) -> dict[str, list[tuple[float, float]]]:
+    """Per key, the (before, after) interval of each fetch a FetchTimesWorker made."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for raw in conn.lrange('test:fetched', 0, -1):
+        key, _, before, after = raw.decode().rsplit(' ', 3)
+        out.setdefault(key, []).append((float(before), float(after)))
+    return out
 
 
 def spans(conn: Redis, tag: str) -> dict[str, list[tuple[str, str, float]]]:

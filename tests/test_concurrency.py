@@ -545,3 +545,24 @@ def test_with_a_loner_a_parked_job_keeps_its_identity_and_the_duplicate_is_dropp
     release_claim(claim, connection)
     assert fetch(connection, 'h:15:1:1').job_id == waiting.id
     assert q.enqueue(key_jobs.per_customer, 't', 1, customer='a', policy=both) is not None  # taken: free again
+
+
+def test_a_job_given_back_then_blocked_drops_its_reserved_unit_and_keeps_its_place(connection, forget_holds):
+    q = PolicyQueue('keys', connection=connection)
+    running, first, second = (q.enqueue(key_jobs.one_per_customer, 't', 0, customer='k') for _ in range(3))
+    claim = fetch(connection, 'h:16:0:1')
+    assert claim.job_id == running.id
+    fetch(connection, 'h:16:0:2')  # parks first and second
+    release_claim(claim, connection)  # first goes back with the unit reserved for it
+    assert q.job_ids == [first.id]
+    scope = 'key_jobs.one_per_customer'
+    assert Concurrency.in_use(scope, 'k', connection=connection) == 1
+    until = Concurrency.backoff(scope, 'k', 1, connection=connection)
+    assert until > 0 and Concurrency.blocked_until(scope, 'k', connection=connection) == until
+    assert isinstance(fetch(connection, 'h:16:1:1'), Look)
+    assert Concurrency.parked(scope, 'k', connection=connection) == [first.id, second.id]  # its place kept
+    assert Concurrency.in_use(scope, 'k', connection=connection) == 0  # the reserved unit is not held while blocked
+    time.sleep(1.05)
+    assert fetch(connection, 'h:16:2:1').job_id == first.id  # the block ended: the due index gives it back
+    with pytest.raises(ValueError, match='seconds'):
+        Concurrency.backoff(scope, 'k', 0, connection=connection)

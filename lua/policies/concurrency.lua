@@ -18,10 +18,11 @@
   Hooks of a per-job part (lua/fetch.lua calls them for a popped job carrying the field):
     admit_job(ctx, jid, raw) -> nil: allowed (state for take_job in ctx.kj.concurrency); or a
       refusal {parked = list key, member = due-index member, due = server time the key could
-      free, head = park at the head} (check only: nothing written, but a reservation of this
-      very job that can no longer be used is dropped by refused())
+      free, head = park at the head: a job given back keeps its place} (check only: nothing
+      written; a reservation of this very job is dropped by refused())
     take_job(ctx, jid, raw)  -> the ledger key the claim's hold was added to
-    refused(ctx, jid, raw)   -> another part refused the job: its reservation (if any) goes
+    refused(ctx, jid, raw)   -> the job is parked (by this part or another): its reservation, if
+      any, goes, and the key is due now (its next parked job may use the unit)
     due(ctx, channel)        -> the key's entry in the due index came due: give parked jobs back
       while units are free (each with a reservation), at most 10 per call; returns the next
       time to look (nil: no parked job left)

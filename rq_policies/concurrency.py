@@ -99,6 +99,8 @@ class KeyedPolicy(FetchPolicy):
     field: ClassVar[str] = ''
     #: How many space-separated words the setting has (before ``<scope>:<key>``).
     setting_words: ClassVar[int] = 1
+    #: Does the policy take a hold per running job (a key's ledger, ``rq:policies:keyholds:<scope>:<key>``)?
+    holds: ClassVar[bool] = False
     #: A per-key policy never drops an enqueue, so it never stands in the way of an admission policy's probe (the
     #: fast path for an expected duplicate: Loner's and Throttle's checks alone decide it).
     probes: ClassVar[bool] = True
@@ -200,6 +202,30 @@ class KeyedPolicy(FetchPolicy):
         return float(cls.blocked_until(scope, key, connection) or 0.0)
 
     @classmethod
+    def cluster_state(cls, connection: Any, now: float, limit: int | None) -> dict[str, Any]:
+        """Per scope with state: how many keys, in use, parked, and the busiest keys (at most ``limit``)."""
+        out = {}
+        for scope in sorted(_scopes(connection, cls.name, holds=cls.holds)):
+            rows = cls.key_rows(connection, scope, 0, None, now)
+            if rows:
+                out[scope] = {'keys': len(rows), 'in_use': sum(r.get('in_use', 0) for r in rows),
+                              'parked': sum(r['parked'] for r in rows), 'busiest': rows[:limit] if limit else rows}
+        return {'scopes': out, 'now': now} if out else {}
+
+    @classmethod
+    def describe_cluster(cls, state: dict[str, Any]) -> list[str]:
+        import click
+
+        lines = []
+        for scope, entry in state['scopes'].items():
+            head = click.style(f'{cls.__name__} per key, scope {scope}', bold=True)
+            lines.append(f'{head}  ({entry["keys"]} key(s), {entry["in_use"]} in use, {entry["parked"]} parked)')
+            lines += ['  ' + line for line in cls.key_lines(entry['busiest'], state['now'])]
+            if entry['keys'] > len(entry['busiest']):
+                lines.append(f'  ... and {entry["keys"] - len(entry["busiest"])} more (rq-policies keys {scope})')
+        return lines
+
+    @classmethod
     def blocked_until(cls, scope: str, key: Any, connection: Any) -> float | None:
         """The server time until which ``key`` of ``scope`` is backed off, or None."""
         raw = _need(connection).get(keys.KEY_BLOCK_PREFIX + keys.key_channel(check_scope(scope), key_text(key)))
@@ -250,6 +276,7 @@ class Concurrency(KeyedPolicy):
 
     name: ClassVar[str] = 'concurrency'
     field: ClassVar[str] = 'policies_concurrency'
+    holds: ClassVar[bool] = True
 
     def __init__(self, limit: int, key: KeyFunction | None = None, scope: str | None = None) -> None:
         self.limit = positive_int('limit', limit, MAX_CAPACITY)

@@ -182,7 +182,7 @@ class Rate(KeyedPolicy):
         from .concurrency import _scopes
 
         out = []
-        for scope in sorted(_scopes(connection, cls.name, holds=False)):
+        for scope in sorted(_scopes(connection, cls.name, holds=cls.holds)):
             rows = cls.key_rows(connection, scope, limit, search, now)
             if rows:
                 out.append({

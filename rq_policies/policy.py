@@ -144,6 +144,17 @@ class Policy:
         return []
 
     @classmethod
+    def cluster_state(cls, connection: Any, now: float, limit: int | None) -> dict[str, Any]:
+        """This policy's state that belongs to no queue (a per-key limit's keys), for ``rq-policies info`` and its
+        ``--json`` (``policies.<name>``); ``limit`` bounds the entries listed (None: all). Empty: nothing to show."""
+        return {}
+
+    @classmethod
+    def describe_cluster(cls, state: dict[str, Any]) -> list[str]:
+        """The lines ``rq-policies info`` prints for :meth:`cluster_state`."""
+        return []
+
+    @classmethod
     def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
         """Tables a dashboard shows for this policy: ``{'title', 'columns', 'rows'}`` each, at most ``limit`` rows,
         filtered by ``search`` where the policy has something to search (a cell: str/int/float/None, or

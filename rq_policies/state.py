@@ -185,6 +185,16 @@ def _identity_rows(
     return rows
 
 
+def policies_state(connection: Redis, now: float, limit: int | None) -> dict[str, Any]:
+    """Each policy's state that belongs to no queue (:meth:`rq_policies.policy.Policy.cluster_state`), by name."""
+    out = {}
+    for cls in registered():
+        found = cls.cluster_state(connection, now, limit)
+        if found:
+            out[cls.name] = found
+    return out
+
+
 def snapshot(connection: Redis, queues: list[str] | None = None, limit: int | None = None) -> dict[str, Any]:
     """Everything ``rq-policies info`` shows, as plain data (what ``--json`` prints).
 
@@ -231,6 +241,7 @@ def snapshot(connection: Redis, queues: list[str] | None = None, limit: int | No
         'server_time': now,
         'queues': out_queues,
         'limited_capacity_workers': lcw_gauges(connection, now),
+        'policies': policies_state(connection, now, limit),
     }
 
 

@@ -7,6 +7,7 @@ check what actually ran at once, not what the ledger claims.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import signal
@@ -351,6 +352,13 @@ def test_the_keys_and_override_commands(connection, worker_env, forget_holds):
     assert Concurrency.overridden(CUSTOMER_SCOPE, 'acme', connection=connection) == 3
     cleared = cli('override', CUSTOMER_SCOPE, 'acme', '--clear', env=worker_env)
     assert cleared.returncode == 0 and 'was 3' in cleared.stdout
+    info = cli('info', env=worker_env)
+    assert info.returncode == 0, info.stderr
+    assert f'Concurrency per key, scope {CUSTOMER_SCOPE}  (1 key(s), 2 in use, 1 parked)' in info.stdout
+    assert '  key acme  2/2 in use, 1 parked' in info.stdout
+    data = json.loads(cli('info', '--json', env=worker_env).stdout)
+    (row,) = data['policies']['concurrency']['scopes'][CUSTOMER_SCOPE]['busiest']
+    assert (row['key'], row['in_use'], row['parked']) == ('acme', 2, 1)
     bad = cli('override', CUSTOMER_SCOPE, 'acme', '0', env=worker_env)
     assert bad.returncode == 2 and "'[N]'" in bad.stderr and 'Traceback' not in bad.stderr
     bad_scope = cli('keys', 'a:b', env=worker_env)
@@ -566,3 +574,25 @@ def test_a_job_given_back_then_blocked_drops_its_reserved_unit_and_keeps_its_pla
     assert fetch(connection, 'h:16:2:1').job_id == first.id  # the block ended: the due index gives it back
     with pytest.raises(ValueError, match='seconds'):
         Concurrency.backoff(scope, 'k', 0, connection=connection)
+
+
+def test_a_burst_worker_pool_keeps_the_per_key_limit_and_runs_every_job(connection, redis_url, worker_env):
+    q = PolicyQueue('keys', connection=connection)
+    for n in range(12):
+        customer(q, f'c{n % 2}', 0.2, tag='pool')
+    pool = subprocess.Popen(
+        [sys.executable, '-m', 'rq.cli', 'worker-pool', '-w', 'rq_policies.PolicyWorker', '--url', redis_url,
+         '-n', '3', '--burst', '--logging-level', 'WARNING', 'keys'],
+        env=worker_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    try:
+        out, _ = pool.communicate(timeout=90)
+    finally:
+        if pool.poll() is None:
+            os.killpg(pool.pid, signal.SIGKILL)
+            pool.wait()
+    assert pool.returncode == 0, out.decode(errors='replace')[-3000:]
+    found = key_jobs.spans(connection, 'pool')
+    assert sorted(found) == ['c0', 'c1'] and all(len(v) == 12 for v in found.values())
+    assert all(key_jobs.max_overlap(v) <= 2 for v in found.values())
+    assert connection.exists(keys.KEY_DUE) == 0

@@ -46,3 +46,13 @@ def keyed_noop(i: int, customer: int = 0) -> int:
 def keyed_record_start(seconds: float, customer: int = 0) -> None:
     """bench/keys.py: one at a time per key; records its start as :func:`record_start` does, then sleeps."""
     record_start(seconds)
+
+
+@_keyed(2)
+def keyed_starve(seconds: float, customer: int = 0) -> None:
+    """bench/keys.py: two at a time per key; records its key and start (server clock) on ``bench:starve``."""
+    conn = Redis.from_url(os.environ['REDIS_URL'])
+    seconds_now, micros = conn.time()
+    conn.rpush('bench:starve', f'{customer} {seconds_now + micros / 1e6:.6f}')
+    conn.close()
+    time.sleep(seconds)

@@ -279,8 +279,9 @@ for i = 1, #a.names do
       if not skip_until or ctx.now < skip_until then
         skip_until = ctx.now
       end
-      full[#full + 1] = i
-      waiting = waiting + 1
+      if a.burst then
+        waiting = waiting + 1
+      end
       break
     end
   end

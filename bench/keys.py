@@ -148,18 +148,32 @@ def wait_until(predicate, timeout: float, what: str) -> None:
         time.sleep(0.02)
 
 
-def throughput(conn: Redis, url: str, jobs: int, workers: int, rounds: int) -> dict[str, list[float]]:
+def cpu_seconds(procs: list) -> float:
+    """CPU time of these worker processes and of the children they reaped (work horses), Linux /proc, in seconds:
+    on a shared machine it swings far less than wall-clock throughput."""
+    total = 0
+    for proc in procs:
+        with open(f'/proc/{proc.pid}/stat') as f:
+            fields = f.read().rsplit(')', 1)[1].split()
+        total += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+    return total / os.sysconf('SC_CLK_TCK')
+
+
+def throughput(conn: Redis, url: str, jobs: int, workers: int, rounds: int) -> dict[str, list[tuple[float, float]]]:
+    """Per variant, (jobs/s, worker CPU ms per job) of each round."""
     conn.flushdb()
     variants = {'PolicyWorker, no per-key policy': 'plain', 'PolicyWorker, Concurrency(64) over 1,000 keys': 'keyed',
                 'PolicyWorker, QueueSlot cap 10,000 (a hold per job)': 'capped'}
     QueueSlot.set_capacity('capped', 10_000, connection=conn)
     procs = []
+    by_queue = {}
     try:
         for queue in variants.values():
-            procs += start_workers(url, queue, workers)
+            by_queue[queue] = start_workers(url, queue, workers)
+            procs += by_queue[queue]
         for queue in variants.values():
             wait_until(lambda q=queue: Worker.count(queue=Queue(q, connection=conn)) == workers, 60, 'workers')
-        samples: dict[str, list[float]] = {name: [] for name in variants}
+        samples: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
         for r in range(rounds):
             order = list(variants.items()) if r % 2 == 0 else list(reversed(variants.items()))
             for name, queue in order:
@@ -172,12 +186,14 @@ def throughput(conn: Redis, url: str, jobs: int, workers: int, rounds: int) -> d
                 else:
                     datas = [Queue.prepare_data(bench_jobs.keyed_noop, (i,), {'customer': i % 1000})
                              for i in range(jobs)]
+                cpu0 = cpu_seconds(by_queue[queue])
                 made = [job.id for job in q.enqueue_many(datas)]
                 wait_until(lambda r=registry: r.count >= jobs, 300, f'{jobs} jobs on {queue}')
+                cpu = (cpu_seconds(by_queue[queue]) - cpu0) * 1000 / jobs
                 fetched = Job.fetch_many(made, connection=conn)
                 first = min(job.started_at for job in fetched)
                 last = max(job.ended_at for job in fetched)
-                samples[name].append(jobs / (last - first).total_seconds())
+                samples[name].append((jobs / (last - first).total_seconds(), cpu))
     finally:
         stop_workers(procs)
     return samples
@@ -288,14 +304,18 @@ def report_fetch_cost(conn: Redis, opts: argparse.Namespace) -> int:
 
 def report_throughput(conn: Redis, url: str, opts: argparse.Namespace) -> int:
     print(f'== throughput: {opts.workers} PolicyWorkers per variant, {opts.jobs} jobs, {opts.throughput_rounds} rounds')
-    rates = throughput(conn, url, opts.jobs, opts.workers, opts.throughput_rounds)
+    found = throughput(conn, url, opts.jobs, opts.workers, opts.throughput_rounds)
+    rates = {name: [rate for rate, _ in values] for name, values in found.items()}
+    cpus = {name: [cpu for _, cpu in values] for name, values in found.items()}
+    for name in found:
+        print(f'  {name:52} {statistics.median(rates[name]):8.1f} jobs/s ({spread(rates[name])}), worker CPU '
+              f'{statistics.median(cpus[name]):.2f} ms/job ({spread(cpus[name])})')
     plain, keyed, capped = (statistics.median(v) for v in rates.values())
-    for name, values in rates.items():
-        print(f'  {name:52} {statistics.median(values):8.1f} jobs/s  ({spread(values)})')
+    cpu_plain, cpu_keyed, cpu_capped = (statistics.median(v) for v in cpus.values())
     ratio = keyed / plain
     print(f'  keyed / plain {ratio:.3f} (target >= 0.95): {"ok" if ratio >= 0.95 else "MISSED"}; keyed / capped '
-          f'{keyed / capped:.3f} (what the per-key part costs beyond holding a hold: the work horse forks its hold '
-          'keeper for any held job)')
+          f'{keyed / capped:.3f}; worker CPU per job keyed / plain x{cpu_keyed / cpu_plain:.3f}, keyed / capped '
+          f'x{cpu_keyed / cpu_capped:.3f} (capped: what holding any hold costs, its work horse forks a hold keeper)')
     return int(ratio < 0.95)
 
 

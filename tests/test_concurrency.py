@@ -596,3 +596,25 @@ def test_a_burst_worker_pool_keeps_the_per_key_limit_and_runs_every_job(connecti
     assert sorted(found) == ['c0', 'c1'] and all(len(v) == 12 for v in found.values())
     assert all(key_jobs.max_overlap(v) <= 2 for v in found.values())
     assert connection.exists(keys.KEY_DUE) == 0
+
+
+def test_the_due_index_is_exported_as_two_gauges(connection, forget_holds):
+    prometheus_client = pytest.importorskip('prometheus_client')
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from rq_policies.metrics import registry_for
+
+    def gauges():
+        text = prometheus_client.generate_latest(registry_for(connection)).decode()
+        return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name.startswith('rq_policies_keys_')}
+
+    assert gauges() == {'rq_policies_keys_with_parked_jobs': 0, 'rq_policies_keys_due_overdue_seconds': 0}
+    q = PolicyQueue('keys', connection=connection)
+    for name in ('a', 'a', 'a', 'b', 'b', 'b'):
+        customer(q, name)
+    for i in range(5):
+        fetch(connection, f'h:17:0:{i}')
+    found = gauges()
+    assert found['rq_policies_keys_with_parked_jobs'] == 2
+    assert found['rq_policies_keys_due_overdue_seconds'] == 0  # due when their holds expire, in 90 s

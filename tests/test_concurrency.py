@@ -618,3 +618,16 @@ def test_the_due_index_is_exported_as_two_gauges(connection, forget_holds):
     found = gauges()
     assert found['rq_policies_keys_with_parked_jobs'] == 2
     assert found['rq_policies_keys_due_overdue_seconds'] == 0  # due when their holds expire, in 90 s
+
+
+def test_backoff_of_its_key_from_a_job_without_a_per_key_policy_fails_it_with_a_clear_error(connection):
+    from rq_policies import BackOff, PolicyError
+
+    q = PolicyQueue('keys', connection=connection)
+    job = q.enqueue(jobs.plain, 1)
+    with connection.pipeline() as pipe, pytest.raises(PolicyError, match='no per-key policy'):
+        Concurrency.on_job_exception(job, q, BackOff(1, key=True), pipe)
+    assert connection.exists(keys.KEY_DUE) == 0 and not list(connection.scan_iter(keys.KEY_BLOCK_PREFIX + '*'))
+    assert Concurrency.on_job_exception(job, q, BackOff(1), connection.pipeline()) is False  # the queue's own
+    with pytest.raises(TypeError, match='key'):
+        BackOff(1, key='yes')

@@ -13,6 +13,32 @@
     taken(job_key, jid)        -> any policy (an admission one, such as loner): the job was
                                   taken off its queue; free what it held while it waited (or
                                   mark what it holds until it ends: Loner until='finished')
+  A per-job policy (declared on the job's function, the job hash carries its setting: Concurrency,
+  Rate) defines instead:
+    fields                     -> the job hash fields it reads (one or two; the first says the job
+                                  is under the policy); every per-job part's fields are read with
+                                  one HMGET per popped job, and a job carrying none pays only that
+    admit_job(ctx, jid, value, extra) -> (value, extra: its fields' values) nil: allowed; or a
+                                  refusal {parked = list key, member = its
+                                  member of the due index, due = server time the key could
+                                  free, head = park at the head of the list}
+    take_job(ctx, jid, value, extra) -> like take: 0, 1, or the ledger key the claim's hold went to
+    refused(ctx, jid, value, extra) -> the job is parked (refused by this part or another): free
+                                  what this part holds for it (checks run first, takes after: a
+                                  refusal by one consumes nothing of another)
+    due(ctx, channel)          -> the part's member '<part>:<channel>' of the due index came due:
+                                  give parked jobs back while the key allows; returns the next
+                                  time to look, or nil (no parked job left)
+  A refused job is *parked*: its id moves off the intermediate list to the key's parked list, its
+  status becomes deferred and it joins rq's deferred registry of its queue (stock rq reads it
+  sanely, and its maintenance leaves it alone), and the pop goes on with the jobs behind it: no
+  head-of-line blocking. At most 100 jobs are parked per call (each parked job costs O(1) once
+  per refusal); a call that stopped there takes nothing and reports its queue skipped until now,
+  so the worker looks again at once. The due index (keydue, ZSET member -> the earliest time a
+  key with parked jobs could free) is read at the start of every fetch with one ZRANGEBYSCORE
+  LIMIT (O(log n), whatever the number of keys or parked jobs); up to 4 due keys are served per
+  call. An idle look also reports the index's head as its `until`, so an idle worker looks again
+  when a key could free by itself (a killed holder's hold expiring emits no event).
   ctx.q is scratch space a gate leaves for its own take, emptied for every queue. The job id
   moves to the queue's intermediate list (LMOVE), as rq's own single-queue fetch does, so a
   worker that dies between this pop and the job's start leaves the job where rq's maintenance
@@ -47,7 +73,8 @@
   its loner marker gone).
 
   Returns {i, job id, h1, h2, ...} for the job taken from queue i, where hn = 1 when the n-th
-  policy of `order` took a hold; or {0, waiting, f1, f2, ..., [until]} when nothing was taken:
+  policy of `order` took a hold in its queue ledger, or the ledger key when it took one in
+  another ledger (a per-key hold); or {0, waiting, f1, f2, ..., [until]} when nothing was taken:
   waiting = how many skipped queues still have jobs (a burst worker waits for them instead of
   quitting), f1.. = the index of every skipped queue (an idle worker ignores pushes to those
   until something is released), and, only when a gate skipped a queue until a time, `until` =
@@ -61,12 +88,16 @@ local rcall = redis.call
 
 local a = decode_args(ARGV[1])
 local claim_key = KEYS[a.k.claim]
+-- The claim record: the reply, each item as '<length>:<bytes>' (a hold flag may be a key name).
 local recorded = rcall('GET', claim_key)
 if recorded then
-  local i, flags, jid = string.match(recorded, '^(%d+):(%d*):(.*)$')
-  local reply = {tonumber(i), jid}
-  for n = 1, #flags do
-    reply[n + 2] = tonumber(string.sub(flags, n, n))
+  local reply, pos = {}, 1
+  while pos <= #recorded do
+    local colon = string.find(recorded, ':', pos, true)
+    local n = tonumber(string.sub(recorded, pos, colon - 1))
+    local item = string.sub(recorded, colon + 1, colon + n)
+    reply[#reply + 1] = (#reply ~= 1 and tonumber(item)) or item
+    pos = colon + n + 1
   end
   return reply
 end
@@ -75,10 +106,18 @@ local P = {}
 
 -- The hooks that exist, in a fixed order, so every run writes in the same order.
 local gates, takes, taken = {}, {}, {}
+-- per-job parts: their index in `order`, name, and the job hash fields they read (one HMGET)
+local per_job, fields = {}, {}
 for n, name in ipairs(a.order) do
   local part = P[name] or {}
   gates[n] = part.gate
   takes[n] = part.take
+  if part.admit_job then
+    per_job[#per_job + 1] = {n = n, name = name, part = part, at = #fields + 1}
+    for _, f in ipairs(part.fields) do
+      fields[#fields + 1] = f
+    end
+  end
 end
 local names = {}
 for name, part in pairs(P) do
@@ -92,12 +131,80 @@ for _, name in ipairs(names) do
 end
 
 local queues, inters = a.kl.queues[1], a.kl.intermediate[1]
-local ctx = {names = a.names, token = a.token, ttl = a.ttl, now = server_now()}
+local ctx = {names = a.names, token = a.token, ttl = a.ttl, now = server_now(), kp = a.keyed}
 function ctx.key(name)
   return KEYS[a.k[name]]
 end
 function ctx.key_at(name, i)
   return KEYS[a.kl[name][1] + i - 1]
+end
+
+-- Keys whose parked jobs may run now (a hold expired, a rate or a back-off allows, a limit was
+-- raised): each part gives back what its key allows and says when to look next.
+local due_key = a.k.keydue and KEYS[a.k.keydue]
+if due_key then
+  local due = rcall('ZRANGEBYSCORE', due_key, '-inf', string.format('%.6f', ctx.now), 'LIMIT', 0, 4)
+  for _, member in ipairs(due) do
+    local name, channel = string.match(member, '^([^:]+):(.*)$')
+    local part = name and P[name]
+    local next_at = part and part.due and part.due(ctx, channel)
+    if next_at then
+      rcall('ZADD', due_key, next_at, member)
+    else
+      rcall('ZREM', due_key, member)
+    end
+  end
+end
+
+-- The per-job parts' verdict on job `jid` (values: its fields, read with one HMGET): nil when
+-- every part allows it (their values, for take_job, in `allowed`), else the first refusal.
+local function admit_job(job_key, jid, allowed)
+  if #per_job == 0 then
+    return nil
+  end
+  local values = rcall('HMGET', job_key, unpack(fields))
+  local refusal, refuser
+  for _, item in ipairs(per_job) do
+    local value = values[item.at]
+    if value then
+      local extra = #item.part.fields > 1 and values[item.at + 1] or nil -- a second field, if it reads two
+      refusal = item.part.admit_job(ctx, jid, value, extra)
+      if refusal then
+        refuser = {item, value, extra}
+        break
+      end
+      allowed[#allowed + 1] = {item, value, extra}
+    end
+  end
+  if refusal then
+    -- the job is parked: what the parts held for it (a unit reserved when it was given back) goes,
+    -- the refusing part's own included
+    allowed[#allowed + 1] = refuser
+    for _, pair in ipairs(allowed) do
+      if pair[1].part.refused then
+        pair[1].part.refused(ctx, jid, pair[2], pair[3])
+      end
+    end
+  end
+  return refusal
+end
+
+-- Park job `jid` (just moved to the right end of intermediate list `inter_key`) on its key.
+local function park(i, inter_key, job_key, jid, refusal)
+  rcall('LMOVE', inter_key, refusal.parked, 'RIGHT', refusal.head and 'LEFT' or 'RIGHT')
+  rcall('HSET', job_key, 'status', 'deferred')
+  rcall('ZADD', a.keyed.deferred .. a.names[i], ctx.now, jid)
+  rcall('ZADD', due_key, 'LT', refusal.due, refusal.member)
+end
+local parks = 0
+
+local function record(reply)
+  local out = {}
+  for n, item in ipairs(reply) do
+    item = tostring(item)
+    out[n] = #item .. ':' .. item
+  end
+  return table.concat(out)
 end
 
 local waiting = 0
@@ -126,7 +233,7 @@ for i = 1, #a.names do
     end
   else
     local tries = 0
-    while tries < 100 do
+    while tries < 100 and parks < 100 do
       tries = tries + 1
       local jid = rcall('LMOVE', queue_key, inter_key, 'LEFT', 'RIGHT')
       if not jid then
@@ -141,21 +248,53 @@ for i = 1, #a.names do
         rcall('DEL', job_key)
         present = false
       end
-      if present then
+      local allowed = {}
+      local refusal = present and admit_job(job_key, jid, allowed)
+      if refusal then
+        park(i, inter_key, job_key, jid, refusal)
+        parks = parks + 1
+        tries = tries - 1 -- a parked job is progress, bounded by `parks`
+      elseif present then
         for _, hook in ipairs(taken) do
           hook(job_key, jid)
         end
         local reply = {i, jid}
-        local flags = {}
         for n = 1, #a.order do
           reply[n + 2] = takes[n] and takes[n](ctx, i, job_key, jid) or 0
-          flags[n] = tostring(reply[n + 2])
         end
-        rcall('SET', claim_key, i .. ':' .. table.concat(flags) .. ':' .. jid, 'EX', a.claim_ttl)
+        for _, pair in ipairs(allowed) do
+          local got = pair[1].part.take_job(ctx, jid, pair[2], pair[3])
+          if got ~= 0 then
+            reply[pair[1].n + 2] = got
+          end
+        end
+        rcall('SET', claim_key, record(reply), 'EX', a.claim_ttl)
         return reply
+      else
+        rcall('LREM', inter_key, 1, jid)
       end
-      rcall('LREM', inter_key, 1, jid)
     end
+    if parks >= 100 then
+      -- The per-call bound on parking stopped this pop: nothing taken, look again at once.
+      if not skip_until or ctx.now < skip_until then
+        skip_until = ctx.now
+      end
+      if a.burst then
+        waiting = waiting + 1
+      end
+      break
+    end
+  end
+end
+if due_key then
+  -- An idle worker looks again when a key with parked jobs could free by itself.
+  local head = rcall('ZRANGE', due_key, 0, 0, 'WITHSCORES')
+  local at = tonumber(head[2])
+  if at and (not skip_until or at < skip_until) then
+    skip_until = math.max(at, ctx.now)
+  end
+  if at and a.burst then
+    waiting = waiting + 1 -- parked jobs are work not yet done: a burst worker waits for them
   end
 end
 if skip_until then

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from .concurrency import Concurrency
 from .debounce import Debounce
 from .exceptions import DuplicateJob, PipelineNotSupported, PolicyConfigurationError, PolicyError
 from .explainer import UnknownJob, explain
 from .job import PolicyJob
+from .key_rate import Rate
 from .limited_capacity import LimitedCapacityWorker
 from .loner import Loner
 from .policy import AdmissionPolicy, FetchPolicy, Policy, PolicySet, policy
@@ -20,6 +22,7 @@ __version__ = '0.1.0'
 __all__ = [
     'AdmissionPolicy',
     'BackOff',
+    'Concurrency',
     'Debounce',
     'DuplicateJob',
     'FetchPolicy',
@@ -37,6 +40,7 @@ __all__ = [
     'PolicyWorker',
     'QueueRate',
     'QueueSlot',
+    'Rate',
     'RateStatus',
     'Snooze',
     'SnoozeLimitReached',

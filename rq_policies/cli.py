@@ -188,6 +188,9 @@ def _print_info(snap: dict[str, Any]) -> None:
                 _more(block['count'], block['entries'])
         if q['drops']:
             click.echo('  dropped   ' + ', '.join(f'{policy} {count}' for policy, count in sorted(q['drops'].items())))
+    for name, found in snap.get('policies', {}).items():
+        for line in by_name(name).describe_cluster(found):
+            click.echo(line)
     workers = snap['limited_capacity_workers']
     if workers:
         click.echo(click.style('limited-capacity workers', bold=True))

@@ -52,15 +52,22 @@ class BackOff(PolicyError):  # noqa: N818 - raised by a job as a request, not an
     """Raised inside a job: no PolicyWorker starts a job of this queue for ``seconds`` (server clock); this job goes
     back to the head of its queue. Not a failure, no retry used; the job's meta counts it (``policies_backoffs``).
 
-    A second BackOff on the same queue extends the block only when it ends later.
+    With ``key=True`` only this job's key is blocked (the key of its Concurrency or Rate, every function sharing
+    that scope): the queue's other keys run on, and the key's jobs are parked until the block ends.
+
+    A second BackOff on the same queue (or key) extends the block only when it ends later.
 
     Attributes:
-        seconds: how long the queue is blocked, in seconds (a positive number).
+        seconds: how long the queue (or key) is blocked, in seconds (a positive number).
+        key: block only the job's key.
     """
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, key: bool = False) -> None:
         self.seconds = _delay('seconds', seconds)
-        super().__init__(f'backed off for {seconds} s')
+        if not isinstance(key, bool):
+            raise TypeError(f'key must be True or False, got {key!r}')
+        self.key = key
+        super().__init__(f'backed off for {seconds} s' + (' (its key)' if key else ''))
 
 
 class SnoozeLimitReached(PolicyError):

@@ -24,8 +24,8 @@ from rq.queue import Queue
 
 from . import keys, ledger
 from .ledger import Hold
-from .ops import Call
-from .policy import FETCH, registered
+from .ops import Call, text
+from .policy import FETCH, by_name, registered
 
 #: How long an idle PolicyWorker waits for a wake-up before it looks again (seconds). Admissions and releases wake
 #: it at once over pub/sub; this bounds the delay for jobs pushed by stock rq producers or schedulers, which do not
@@ -151,21 +151,29 @@ def read_reply(reply: list[Any], queues: Sequence[Queue], token: str, ttl: int) 
     if index:
         queue = queues[index - 1]
         job_id = second.decode() if isinstance(second, bytes) else second
-        holds = tuple(
-            dataclasses.replace(policy.fetch_hold(queue.name, token, ttl), job=job_id)
-            for policy, flag in zip(registered(FETCH), rest)
-            if flag == 1
-        )
+        holds = tuple(_hold(policy, flag, queue.name, token, ttl, job_id)
+                      for policy, flag in zip(registered(FETCH), rest) if flag != 0)
         return Claim(job_id, queue.name, holds)
     until = next((float(item) for item in rest if isinstance(item, (bytes, str))), None)
     full = frozenset(queues[i - 1].name for i in rest if isinstance(i, int))
     return Look(second, full, until)
 
 
+def _hold(policy: Any, flag: Any, queue_name: str, token: str, ttl: int, job_id: str) -> Hold:
+    """The hold a policy's take reported: 1 for one in the queue's ledger (the policy says which), or the name of
+    the ledger it took one in (a per-key hold, given back by that policy's ``release_hold``)."""
+    if flag == 1:
+        return dataclasses.replace(policy.fetch_hold(queue_name, token, ttl), job=job_id)
+    return Hold(text(flag), token, ttl, job_id, policy=policy.name)
+
+
 def release_claim(claim: Claim, connection: Any) -> None:
     """Give back every hold of ``claim`` (on a pipeline: with it), waking idle workers of its queue."""
     for hold in claim.holds:
-        ledger.PROCESS.release(connection, hold, wake=keys.wake(claim.queue_name))
+        if hold.policy:
+            by_name(hold.policy).release_hold(connection, hold, keys.wake(claim.queue_name))
+        else:
+            ledger.PROCESS.release(connection, hold, wake=keys.wake(claim.queue_name))
 
 
 def dequeue(

@@ -49,7 +49,27 @@ key                                                    type     meaning
 ``rq:policies:backoff``                                ZSET     member = queue name, score = epoch second (server
                                                                 clock) until which no PolicyWorker starts a job of
                                                                 it (BackOff); past members are trimmed on write
-``rq:policies:lapses``                                 HASH     ``queue:<queue>`` / ``lcw:<class>`` -> holds found
+``rq:policies:keyholds:<scope>:<key>``                 ZSET     one key's hold ledger (Concurrency): member = claim
+                                                                token, or ``unpark:<job id>`` (a unit reserved for
+                                                                a parked job given back to its queue), score =
+                                                                epoch second it expires; the key expires with its
+                                                                last hold
+``rq:policies:keyparked:<policy>:<scope>:<key>``       LIST     ids of the key's parked jobs (status ``deferred``,
+                                                                in rq's deferred registry), oldest first; gone
+                                                                once the last is given back
+``rq:policies:keydue``                                 ZSET     member = ``<policy>:<scope>:<key>`` of a key with
+                                                                parked jobs, score = earliest epoch second it could
+                                                                free (its oldest hold's expiry, its rate's next
+                                                                start, its back-off's end); removed with the key's
+                                                                last parked job
+``rq:policies:keylimits``                              HASH     ``<scope>:<key>`` -> a limit set at run time
+                                                                (``Concurrency.override``)
+``rq:policies:keyblock:<scope>:<key>``                 STRING   epoch second until which no job of the key starts
+                                                                (``BackOff(key=True)``); expires then
+``rq:policies:keytat:<scope>:<key>``                   STRING   ``<tat> <interval>``: one key's GCRA state (Rate),
+                                                                as ``rq:policies:tat:<queue>``
+``rq:policies:lapses``                                 HASH     ``queue:<queue>`` / ``lcw:<class>`` /
+                                                                ``key:<scope>:<key>`` -> holds found
                                                                 lapsed under a running job and re-added (a counter,
                                                                 :func:`lapse_field`)
 ``rq:policies:drops``                                  HASH     ``<policy>:<queue>`` -> dropped enqueues (a counter)
@@ -152,6 +172,21 @@ def rate_tat(queue: str) -> str:
     return f'{PREFIX}tat:{queue}'
 
 
+#: The per-key policies' keys (Concurrency, Rate): a ``<scope>`` never holds a colon, so ``<scope>:<key>`` (the key
+#: value as text, colons allowed) names one key of one scope unambiguously.
+KEY_HOLDS_PREFIX = PREFIX + 'keyholds:'
+KEY_PARKED_PREFIX = PREFIX + 'keyparked:'
+KEY_BLOCK_PREFIX = PREFIX + 'keyblock:'
+KEY_TAT_PREFIX = PREFIX + 'keytat:'
+KEY_DUE = PREFIX + 'keydue'
+KEY_LIMITS = PREFIX + 'keylimits'
+
+
+def key_channel(scope: str, key: str) -> str:
+    """``<scope>:<key>``: one key of one scope, as the per-key keys and the due index name it."""
+    return f'{scope}:{key}'
+
+
 #: Seconds a fetch's claim record lives: long enough for redis-py to resend a fetch whose reply was lost.
 CLAIM_TTL = 60
 
@@ -187,13 +222,16 @@ def lcw_queued(worker_class: str) -> str:
 
 def lapse_field(ledger: str) -> str:
     """The field of :data:`LAPSES` counting the lapses of hold ledger key ``ledger``: ``queue:<queue>`` for a
-    queue's (QueueSlot), ``lcw:<class>`` for a LimitedCapacityWorker class's."""
+    queue's (QueueSlot), ``lcw:<class>`` for a LimitedCapacityWorker class's, ``key:<scope>:<key>`` for a key's
+    (Concurrency)."""
     queue_ledger = holds('')
     if ledger.startswith(queue_ledger):
         return 'queue:' + ledger[len(queue_ledger):]
     lcw_ledger = lcw_running('')
     if ledger.startswith(lcw_ledger):
         return 'lcw:' + ledger[len(lcw_ledger):]
+    if ledger.startswith(KEY_HOLDS_PREFIX):
+        return 'key:' + ledger[len(KEY_HOLDS_PREFIX):]
     return ledger
 
 

@@ -57,13 +57,15 @@ WAKE_CAPACITY = 'capacity'
 class Hold:
     """One hold: the member ``token`` of the ledger key ``ledger``, living ``ttl`` seconds unless refreshed.
 
-    ``job`` names the job it counts, for logs (not part of its identity).
+    ``job`` names the job it counts, for logs (not part of its identity); ``policy`` names the fetch policy whose
+    ``release_hold`` gives it back, when that is more than a bare ZREM (a per-key hold unparks a job).
     """
 
     ledger: str
     token: str
     ttl: int
     job: str | None = field(default=None, compare=False)
+    policy: str = field(default='', compare=False)
 
 
 def acquire_call(hold: Hold, capacity: int) -> Call:

@@ -24,6 +24,10 @@ metric                                                        type     labels   
 ``rq_policies_hold_lapses_total``                             counter  ``queue``         ``rq:policies:lapses``: holds
                                                                                          found lapsed under a running
                                                                                          job (and re-added)
+``rq_policies_keys_with_parked_jobs``                         gauge                      per-key policies' keys with
+                                                                                         parked jobs (the due index)
+``rq_policies_keys_due_overdue_seconds``                      gauge                      how late the most overdue
+                                                                                         key is being served
 ``rq_policies_redis_up``                                      gauge                      1 when Redis answered
 ============================================================  =======  ================  ===========================
 

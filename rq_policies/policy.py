@@ -138,6 +138,22 @@ class Policy:
         """
         return False
 
+    def call_fields(self, job: Any, queue: str, digest: str) -> list[Any]:
+        """Fields this policy stores on the job hash that depend on the call itself (its args and kwargs: a per-key
+        policy's key), field, value, ...; raising here (a bad key) refuses the enqueue before anything is written."""
+        return []
+
+    @classmethod
+    def cluster_state(cls, connection: Any, now: float, limit: int | None) -> dict[str, Any]:
+        """This policy's state that belongs to no queue (a per-key limit's keys), for ``rq-policies info`` and its
+        ``--json`` (``policies.<name>``); ``limit`` bounds the entries listed (None: all). Empty: nothing to show."""
+        return {}
+
+    @classmethod
+    def describe_cluster(cls, state: dict[str, Any]) -> list[str]:
+        """The lines ``rq-policies info`` prints for :meth:`cluster_state`."""
+        return []
+
     @classmethod
     def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[dict[str, Any]]:
         """This policy's part of ``rq-policies explain`` for one job (:func:`rq_policies.explainer.explain`).
@@ -270,6 +286,9 @@ class FetchPolicy(Policy):
     """
 
     kind: ClassVar[str] = FETCH
+    #: Declared on the job's function (``@policy(...)``, its setting stored on each job hash) rather than configured
+    #: per queue in Redis: the contract suite tests such a policy through ``examples()``, not ``configure()``.
+    per_job: ClassVar[bool] = False
 
     @classmethod
     def fetch_keys(cls, call: Any, queue_names: list[str]) -> None:
@@ -279,6 +298,12 @@ class FetchPolicy(Policy):
     def fetch_hold(cls, queue_name: str, token: str, ttl: int) -> Any:
         """The :class:`rq_policies.ledger.Hold` the policy's ``take`` took for a claim on ``queue_name``."""
         raise NotImplementedError(f'{cls.__name__}: its Lua take() reported a hold, so it must say which one')
+
+    @classmethod
+    def release_hold(cls, connection: Any, hold: Any, wake: str) -> bool:
+        """Give back ``hold``, which names this policy (:attr:`rq_policies.ledger.Hold.policy`: a take that reported
+        its own ledger), on ``connection`` or a pipeline; ``wake`` is the claim's queue's wake-up channel."""
+        raise NotImplementedError(f'{cls.__name__}: its Lua take() named a ledger, so it must release the hold')
 
     # -- what state, metrics and the CLI show of it (rq_policies.state, .metrics, .cli iterate the registry) -------
 

@@ -332,6 +332,7 @@ class PolicyQueue(Queue):
         fields = _flatten(job.to_dict())
         for item in policies:
             fields += item.job_fields(self.name, digest)
+            fields += item.call_fields(job, self.name, digest)
         ttl = job.ttl if job.ttl and job.ttl > 0 else -1
         if mode == 'D' and ttl < 0:
             ttl = DEFERRED_LEASE_SECONDS

@@ -180,7 +180,7 @@ class QueueRate(FetchPolicy):
             when = datetime.now(timezone.utc) + timedelta(seconds=exc.seconds)
             queue.schedule_job(job, when, pipeline=pipeline)  # saves the job, meta included
             return True
-        if isinstance(exc, BackOff):
+        if isinstance(exc, BackOff) and not exc.key:  # BackOff(key=True) is the per-key policies'
             job.meta[BACKOFFS_META] = int(job.meta.get(BACKOFFS_META, 0)) + 1
             _backoff_in(pipeline, queue.name, exc.seconds, _server_now(queue.connection))
             queue._enqueue_job(job, pipeline=pipeline, at_front=True)  # saves the job, meta included

@@ -257,6 +257,16 @@ def sample_note(sample: dict[str, Any], what: str) -> str:
     return f'showing {shown} of {total} {what}; rq-policies info --limit 0 lists them all'
 
 
+def policies_state(connection: Redis, now: float, limit: int | None) -> dict[str, Any]:
+    """Each policy's state that belongs to no queue (:meth:`rq_policies.policy.Policy.cluster_state`), by name."""
+    out = {}
+    for cls in registered():
+        found = cls.cluster_state(connection, now, limit)
+        if found:
+            out[cls.name] = found
+    return out
+
+
 def snapshot(connection: Redis, queues: list[str] | None = None, limit: int | None = None) -> dict[str, Any]:
     """Everything ``rq-policies info`` shows, as plain data (what ``--json`` prints).
 
@@ -303,6 +313,7 @@ def snapshot(connection: Redis, queues: list[str] | None = None, limit: int | No
         'server_time': now,
         'queues': out_queues,
         'limited_capacity_workers': lcw_gauges(connection, now),
+        'policies': policies_state(connection, now, limit),
     }
 
 

@@ -376,6 +376,21 @@ def check(conn: Redis, run_dir: Path, policy_keys_left: list[str]) -> dict:
     results['throttle'] = {'ok': not doubles and not ran_twice, 'slots': len(leading),
                            'slots_with_two_winners': len(doubles), 'slots_that_ran_two': len(ran_twice)}
 
+    # keyed: runs of one identity that both recorded their end never overlap beyond the per-key limit (a run
+    # without an end, its horse killed, is left out: the check can only find real overlaps)
+    runs = defaultdict(list)
+    for job_id, records in started.items():
+        for rec in records:
+            ends = [e[2] for e in ended.get(job_id, []) if e[3] == rec[5]]
+            if rec[3] == 'keyed' and ends:
+                runs[rec[4]].append((rec[6], ends[0]))
+    worst = 0
+    for spans in runs.values():
+        for t0, _ in spans:
+            worst = max(worst, sum(1 for s0, s1 in spans if s0 <= t0 < s1))
+    results['keyed'] = {'ok': worst <= soak_jobs.KEY_LIMIT, 'peak_per_key': worst, 'limit': soak_jobs.KEY_LIMIT,
+                        'runs': sum(map(len, runs.values()))}
+
     results['leaks'] = {'ok': not policy_keys_left, 'left': policy_keys_left[:10]}
     return results
 
@@ -384,7 +399,8 @@ def backlog(conn: Redis) -> dict:
     out = {}
     for name in QUEUES:
         q = Queue(name, connection=conn)
-        out[name] = {'queued': q.count, 'scheduled': ScheduledJobRegistry(queue=q).count}
+        out[name] = {'queued': q.count, 'scheduled': ScheduledJobRegistry(queue=q).count,
+                     'parked': DeferredJobRegistry(queue=q).count}  # per-key parked jobs must run too
         # A job popped by a worker that died before starting it sits in the intermediate list until rq's maintenance
         # fails it into the FailedJobRegistry: at least a minute later, and up to 15 minutes when the worker died
         # holding rq's per-queue maintenance lock. It is in rq's hands (counted as recoverable), not backlog.

@@ -8,10 +8,13 @@ import time
 
 from rq import get_current_job
 
-from rq_policies import Debounce, Loner, PolicyWorker, Throttle, policy
+from rq_policies import Concurrency, Debounce, Loner, PolicyWorker, Throttle, policy
 
 #: Throttle slot width of the soak's throttled kind (seconds).
 SLOT_SECONDS = 2
+
+#: Jobs of one identity of the per-key kind running at once (Concurrency, keyed on the identity, whatever the queue).
+KEY_LIMIT = 1
 
 #: Kinds whose pending job a later enqueue replaces (the replaced job is deleted by design).
 REPLACING = {'debounce', 'trailing'}
@@ -112,9 +115,14 @@ def soak_debounced(identity: str, seconds: float) -> str:
     return _record('debounce', identity, seconds)
 
 
+@policy(Concurrency(KEY_LIMIT, key=lambda args, kwargs: args[0]))
+def soak_keyed(identity: str, seconds: float) -> str:
+    return _record('keyed', identity, seconds)
+
+
 def kinds() -> dict:
     """The kinds the producers pick from: name -> job function."""
     return {
         'plain': soak_plain, 'loner': soak_loner, 'throttle': soak_throttled, 'trailing': soak_trailing,
-        'debounce': soak_debounced,
+        'debounce': soak_debounced, 'keyed': soak_keyed,
     }

@@ -18,7 +18,7 @@ def test_soak_keeps_every_invariant():
     print('\n' + json.dumps(results, indent=2), file=sys.stderr)
     assert results['run']['redis_restarts'] == 1
     assert sum(results['run']['kills'].values()) > 0
-    for invariant in ('cap', 'lost', 'loner', 'throttle', 'leaks'):
+    for invariant in ('cap', 'lost', 'loner', 'throttle', 'keyed', 'leaks'):
         assert results[invariant]['ok'], (invariant, results[invariant])
     assert results['cap']['runs'] > 0 and results['loner']['jobs'] > 0 and results['throttle']['slots'] > 0
     assert results['run']['drained'], results['run']['backlog_left']

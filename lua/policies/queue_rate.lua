@@ -24,25 +24,8 @@
   T; the key expires when it is reached). Returns 0: a rate takes no hold, so a start is never
   refunded, whatever becomes of the job.
 ]]
+-- @include "lib/rate_tat.lua"
 P.queue_rate = {}
-
--- The arrival time stored as '<tat> <interval it was reached at>' (epoch s, s), read under the
--- current interval: the starts still owed keep their count and are paid at the new rate, so a
--- changed rate applies from the next fetch on, and the change alone grants no fresh burst.
-local function rate_tat(raw, interval, now)
-  if not raw then
-    return now
-  end
-  local tat, was = string.match(raw, '^(%S+) (%S+)$')
-  tat, was = tonumber(tat), tonumber(was)
-  if not tat or tat <= now then
-    return now
-  end
-  if was and was > 0 and was ~= interval then
-    tat = now + (tat - now) / was * interval
-  end
-  return tat
-end
 
 function P.queue_rate.gate(ctx, i)
   local name = ctx.names[i]

@@ -9,6 +9,14 @@ A new policy gets these tests by registering (defining its class) and giving ``e
 * ``info --json`` shows its state, and a drop is counted under its name for the metrics;
 * bad arguments raise an error naming the argument.
 
+A per-job fetch policy (declared on the function, its setting on each job hash: ``examples()``, ``invalid``) gets:
+
+* under each example one start of a key is taken and the next job of that key is parked, out of the way of the job
+  of another key behind it, which is served; a replayed fetch and a replayed release move nothing twice;
+* the release gives the parked job back to the front of its queue, and it starts;
+* what the fetch writes is under ``rq:policies:`` and expires or is freed when the last parked job goes back;
+* bad arguments raise an error naming the argument.
+
 A fetch policy (its settings live in Redis: ``configure``, ``unconfigure``, ``setting_examples``, ``invalid``) gets:
 
 * under each example setting one start is taken and the next refused without a pop, and a refused fetch replayed
@@ -180,13 +188,14 @@ def test_bad_arguments_name_the_argument(connection, cls, kwargs, argument):
 
 # -- fetch policies -------------------------------------------------------------------------------------------------
 
+QUEUE_FETCH = [cls for cls in registered(FETCH) if not cls.per_job]
 FETCH_CASES = [
-    pytest.param(cls, settings, id=f'{cls.name}-{settings}') for cls in registered(FETCH)
+    pytest.param(cls, settings, id=f'{cls.name}-{settings}') for cls in QUEUE_FETCH
     for settings in cls.setting_examples()
 ]
 FETCH_INVALID = [
     pytest.param(cls, kwargs, argument, id=f'{cls.name}-{argument}-{kwargs}')
-    for cls in registered(FETCH) for kwargs, argument in cls.invalid
+    for cls in QUEUE_FETCH for kwargs, argument in cls.invalid
 ]
 
 
@@ -198,8 +207,8 @@ def forget_holds():
 
 
 def test_every_fetch_policy_gives_setting_examples_and_invalid_settings():
-    assert registered(FETCH), 'no fetch policy registered'
-    for cls in registered(FETCH):
+    assert QUEUE_FETCH, 'no fetch policy registered'
+    for cls in QUEUE_FETCH:
         assert cls.setting_examples(), f'{cls.name}: setting_examples() must give at least one setting'
         assert cls.invalid, f'{cls.name}: invalid must list settings configure() refuses'
 
@@ -273,3 +282,97 @@ def test_bad_settings_name_the_argument_and_change_nothing(connection, cls, kwar
     with pytest.raises((TypeError, ValueError), match=argument):
         cls.configure(connection, 'contract', **{**good, **kwargs})
     assert shape(connection) == before
+
+
+# -- per-job fetch policies (declared on the function) ---------------------------------------------------------------
+
+PER_JOB = [cls for cls in registered(FETCH) if cls.per_job]
+PER_JOB_CASES = [pytest.param(example, id=repr(example)) for cls in PER_JOB for example in cls.examples()]
+PER_JOB_INVALID = [
+    pytest.param(cls, kwargs, argument, id=f'{cls.name}-{argument}-{kwargs}')
+    for cls in PER_JOB for kwargs, argument in cls.invalid
+]
+
+
+def test_every_per_job_fetch_policy_gives_examples_and_invalid_arguments():
+    assert PER_JOB, 'no per-job fetch policy registered'
+    for cls in PER_JOB:
+        assert cls.examples(), f'{cls.name}: examples() must give at least one instance for the contract suite'
+        assert cls.invalid, f'{cls.name}: invalid must list arguments it refuses'
+
+
+def per_job_fetch(conn, token):
+    queues = [Queue('contract', connection=conn)]
+    call = fetch_call(queues, token, 90)
+    return call, read_reply(call.run(conn), queues, token, 90)
+
+
+def start_then_park(conn, example):
+    """Two jobs of one key, then one of another key; the first starts, the second is parked, the third starts."""
+    q = PolicyQueue('contract', connection=conn)
+    first = q.enqueue(jobs.plain, 1, policy=example)
+    second = q.enqueue(jobs.plain, 1, policy=example)
+    other = q.enqueue(jobs.plain, 2, policy=example)
+    _, taken = per_job_fetch(conn, 'h:1:1:1')
+    assert isinstance(taken, Claim) and taken.job_id == first.id
+    call, behind = per_job_fetch(conn, 'h:1:1:2')
+    assert isinstance(behind, Claim) and behind.job_id == other.id  # no head-of-line blocking
+    assert second.get_status() == 'deferred'
+    assert conn.llen(q.key) == 0
+    return q, taken, second, call
+
+
+def wait_for_start(conn, job_id, first_token):
+    """Fetch (as an idle worker does, each fetch serving the due keys) until ``job_id`` starts; its claim."""
+    import time
+
+    deadline = time.monotonic() + 5
+    n = 0
+    while time.monotonic() < deadline:
+        n += 1
+        _, got = per_job_fetch(conn, f'{first_token}:{n}')
+        if isinstance(got, Claim):
+            assert got.job_id == job_id
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f'{job_id} never started')
+
+
+@pytest.mark.parametrize('example', PER_JOB_CASES)
+def test_a_key_at_its_limit_parks_its_job_and_serves_the_next(connection, forget_holds, example):
+    q, taken, second, call = start_then_park(connection, example)
+    before = shape(connection)
+    call.run(connection)  # the fetch replayed (its reply lost): it answers the same job, moves nothing
+    assert shape(connection) == before
+    from rq_policies.fetch import release_claim
+
+    release_claim(taken, connection)
+    after = shape(connection)
+    release_claim(taken, connection)  # the release replayed: nothing moves twice
+    assert shape(connection) == after
+    wait_for_start(connection, second.id, 'h:1:2')  # the key frees (a release, or its rate): the parked job runs
+    assert connection.llen(q.key) == 0
+
+
+@pytest.mark.parametrize('example', PER_JOB_CASES)
+def test_what_a_per_job_fetch_writes_is_its_own_and_expires_or_is_freed(connection, forget_holds, example):
+    q, taken, second, _ = start_then_park(connection, example)
+    from rq_policies.fetch import release_claim
+
+    release_claim(taken, connection)
+    wait_for_start(connection, second.id, 'h:1:3')
+    for raw in connection.keys('*'):
+        key = raw.decode()
+        if key.startswith(RQ_KEYS) or key.startswith('rq:deferred:'):
+            continue
+        assert key.startswith(keys.PREFIX), key
+        assert connection.pttl(key) > 0, f'{key}, written by a {example.name} fetch, never expires'
+    assert connection.exists(keys.KEY_DUE) == 0  # no parked job left: the due index is gone
+    assert connection.zcard('rq:deferred:contract') == 0
+
+
+@pytest.mark.parametrize('cls, kwargs, argument', PER_JOB_INVALID)
+def test_bad_per_job_arguments_name_the_argument(connection, cls, kwargs, argument):
+    with pytest.raises((TypeError, ValueError), match=argument):
+        cls(**kwargs)
+    assert connection.dbsize() == 0

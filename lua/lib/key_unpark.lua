@@ -1,0 +1,49 @@
+-- Shared (per-key policies): the parked lists of a key (rq:policies:keyparked:<policy>:<scope>:<key>).
+-- `kp` is the per-key prefixes map (rq_policies.concurrency.keyed_args: job, queue, deferred, wake).
+
+-- The id at the head of parked list `parked` whose job is still parked (status deferred), after
+-- dropping ids whose job is gone or no longer parked (deleted, cancelled meanwhile); at most 10
+-- are dropped per call, so a list of stale ids cannot stall the server (the rest go next time).
+-- Returns the id and the job's `field` (nil when the list has no parked job at its head).
+local function key_parked_head(kp, parked, field)
+  for _ = 1, 10 do
+    local jid = redis.call('LINDEX', parked, 0)
+    if not jid then
+      return nil
+    end
+    local job = redis.call('HMGET', kp.job .. jid, 'status', 'origin', field)
+    if job[1] == 'deferred' and job[2] then
+      return jid, job[3]
+    end
+    redis.call('LPOP', parked)
+  end
+  return nil
+end
+
+-- Give the head jobs of `parked` back to their queues, `n` at most (each found live by
+-- key_parked_head, which `next_head` calls), at the front and in their parked order (they were
+-- refused before every later job of their key), status queued, out of rq's deferred registry,
+-- and wake each queue's idle PolicyWorkers. `each(jid)` runs for every job moved (a reservation).
+-- Returns how many were moved.
+local function key_unpark(kp, parked, n, next_head, each)
+  local moved = {}
+  while #moved < n and next_head() do
+    local jid = redis.call('LPOP', parked)
+    local job_key = kp.job .. jid
+    local origin = redis.call('HGET', job_key, 'origin')
+    redis.call('HSET', job_key, 'status', 'queued')
+    redis.call('ZREM', kp.deferred .. origin, jid)
+    each(jid)
+    moved[#moved + 1] = {jid, origin}
+  end
+  local woken = {}
+  for i = #moved, 1, -1 do
+    local jid, origin = moved[i][1], moved[i][2]
+    redis.call('LPUSH', kp.queue .. origin, jid)
+    if not woken[origin] then
+      woken[origin] = true
+      redis.call('PUBLISH', kp.wake .. origin, 'released')
+    end
+  end
+  return #moved
+end

@@ -1,0 +1,107 @@
+--[[
+  Policy part: key_rate (Rate: at most `limit` job starts of one key every `per` seconds,
+  cluster-wide, GCRA on the server clock as QueueRate; a per-job policy, declared on the job's
+  function). Included by the framework scripts through `-- @policies`; defines functions only.
+
+  The job hash carries the policy (field policies_key_rate = '<limit> <per> <burst> <scope>:<key>',
+  written at enqueue) and, once a parked job was given back with its start paid for, the field
+  policies_key_rate_paid. Keys, from the prefixes in ctx.kp, '<scope>:<key>' appended:
+    tat     rq:policies:keytat:<scope>:<key>     STRING '<tat> <interval>' (lib/rate_tat.lua),
+                                                  expiring once tat is past
+    parked  rq:policies:keyparked:key_rate:<scope>:<key>   LIST of parked job ids, FIFO
+    block   rq:policies:keyblock:<scope>:<key>   a BackOff(key=True) (lib/key_blocked.lua)
+
+  admit_job(ctx, jid, raw, paid): a job whose start was paid for when it was given back runs;
+    another waits behind the key's parked jobs (FIFO per key), or until its key's GCRA allows a
+    start (emission interval T = per / limit, tolerance (burst - 1) * T). Writes nothing.
+  take_job(ctx, jid, raw, paid): records the start (the arrival time moves on by T), or clears
+    the paid mark; returns 0 (a rate takes no hold: a start is never refunded).
+  due(ctx, channel): gives back as many parked jobs as the GCRA allows now (at most 10), each
+    with its start paid (the arrival time moves on for it); returns when the next start is
+    allowed, or nil when no parked job is left.
+]]
+-- @include "lib/rate_tat.lua"
+-- @include "lib/key_blocked.lua"
+-- @include "lib/key_unpark.lua"
+P.key_rate = {fields = {'policies_key_rate', 'policies_key_rate_paid'}}
+
+local function kr_parse(raw)
+  local limit, per, burst, channel = string.match(raw, '^(%d+) (%d+) (%d+) (.+)$')
+  if not limit then
+    return nil
+  end
+  local interval = tonumber(per) / tonumber(limit)
+  return interval, (tonumber(burst) - 1) * interval, channel
+end
+
+-- The GCRA now: the arrival time under `interval`, and the server time the next start is allowed.
+local function kr_state(ctx, channel, interval, tolerance)
+  local tat = rate_tat(redis.call('GET', ctx.kp.tat .. channel), interval, ctx.now)
+  return tat, tat - tolerance
+end
+
+local function kr_record(ctx, channel, tat, interval)
+  local ms = math.ceil((tat - ctx.now) * 1000)
+  redis.call('SET', ctx.kp.tat .. channel, string.format('%.6f %.17g', tat, interval), 'PX', math.max(ms, 1))
+end
+
+function P.key_rate.admit_job(ctx, jid, raw, paid)
+  local interval, tolerance, channel = kr_parse(raw)
+  if not interval then
+    return nil -- not written by Rate (which validates): ignored rather than blocking forever
+  end
+  local parked = ctx.kp.parked .. 'key_rate:' .. channel
+  local member = 'key_rate:' .. channel
+  local blocked = key_blocked(ctx.kp, channel, ctx.now)
+  if blocked then
+    return {parked = parked, member = member, due = blocked, head = paid and true or false}
+  end
+  if paid then
+    return nil
+  end
+  local _, allowed_at = kr_state(ctx, channel, interval, tolerance)
+  if allowed_at <= ctx.now and redis.call('LLEN', parked) == 0 then
+    return nil
+  end
+  return {parked = parked, member = member, due = math.max(allowed_at, ctx.now), head = false}
+end
+
+function P.key_rate.take_job(ctx, jid, raw, paid)
+  if paid then
+    redis.call('HDEL', ctx.kp.job .. jid, 'policies_key_rate_paid')
+    return 0
+  end
+  local interval, tolerance, channel = kr_parse(raw)
+  local tat = kr_state(ctx, channel, interval, tolerance)
+  kr_record(ctx, channel, tat + interval, interval)
+  return 0
+end
+
+function P.key_rate.due(ctx, channel)
+  local parked = ctx.kp.parked .. 'key_rate:' .. channel
+  local head, raw = key_parked_head(ctx.kp, parked, 'policies_key_rate')
+  if not head then
+    return redis.call('LLEN', parked) > 0 and ctx.now or nil -- stale ids left: the next fetch goes on
+  end
+  local blocked = key_blocked(ctx.kp, channel, ctx.now)
+  if blocked then
+    return blocked
+  end
+  local interval, tolerance = kr_parse(raw)
+  local tat, allowed_at = kr_state(ctx, channel, interval, tolerance)
+  if allowed_at > ctx.now then
+    return allowed_at
+  end
+  local room = math.floor((ctx.now + tolerance - tat) / interval + 1e-9) + 1
+  key_unpark(ctx.kp, parked, math.min(room, 10), function()
+    return key_parked_head(ctx.kp, parked, 'policies_key_rate')
+  end, function(jid)
+    redis.call('HSET', ctx.kp.job .. jid, 'policies_key_rate_paid', '1')
+    tat = tat + interval
+  end)
+  kr_record(ctx, channel, tat, interval)
+  if redis.call('LLEN', parked) == 0 then
+    return nil
+  end
+  return math.max(tat - tolerance, ctx.now)
+end

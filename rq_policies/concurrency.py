@@ -1,0 +1,631 @@
+"""Concurrency: at most N jobs of one *key* running at once across the cluster (per customer, per shop, per payload).
+
+A per-job fetch policy: declared on the job's function (``@policy(Concurrency(2, key=...))``) rather than configured
+per queue like QueueSlot. The design, and why:
+
+* **The key travels on the job.** At enqueue the key function runs on ``(args, kwargs)`` (it must return a str or an
+  int, else TypeError and nothing is written); the key, the scope (the function's import path unless given, so
+  functions sharing a ``scope`` share one budget) and the limit are stored on the job hash
+  (``policies_concurrency = '<limit> <scope>:<key>'``). A worker needs no import of the function to enforce it.
+  ``Concurrency(1)`` with no key keys on the job's identity digest (the one every policy keys on, queue and
+  ``unique_context`` included): two runs of one payload never overlap.
+* **Checked at fetch, after the pop** (``lua/fetch.lua``, this policy's part ``lua/policies/concurrency.lua``): the
+  popped job's fields are read with one HMGET (a job without per-key policies pays only that); every per-job part
+  checks before any takes, so a refusal by one consumes nothing of another.
+* **No head-of-line blocking: a refused job is parked.** Its id moves off the intermediate list to the key's parked
+  list (``rq:policies:keyparked:concurrency:<scope>:<key>``), its status becomes ``deferred`` and it joins rq's
+  deferred registry of its queue (rq 2.12's and 3.x's maintenance leaves that registry alone; ``rq info``,
+  rq-dashboard and ``Job.fetch`` read the job sanely), and the pop goes on to the jobs behind it. Each refused job is
+  parked once per refusal and never rescanned; one fetch parks at most 100 jobs, then reports "look again now".
+* **Holds are QueueSlot's ledger**, one per key (``rq:policies:keyholds:<scope>:<key>``): claim tokens with expiry,
+  refreshed on the heartbeat, released on every exit path, so a SIGKILLed worker's hold ages out within
+  ``hold_ttl`` with no reaper.
+* **Unparking.** Releasing a hold (``lua/key_release.lua``, riding the worker's pipeline) gives the freed unit to the
+  key's oldest parked job: it goes back to the *front* of its queue (FIFO per key), status queued, with the unit
+  reserved for it (a ledger member ``unpark:<job id>`` living ``hold_ttl``, which the take turns into the claim's
+  hold), and the queue's idle workers are woken. A job that was not given back waits behind the key's parked jobs.
+  An expiry emits no event, so keys with parked jobs are also in a due index (``rq:policies:keydue``, member ->
+  earliest time the key could free: its oldest hold's expiry, its back-off's end); every fetch reads the index's
+  head (one ZRANGEBYSCORE LIMIT, O(log n)) and gives back what due keys allow, and an idle worker wakes for the
+  head's time. Nothing a fetch does grows with the number of keys or parked jobs.
+* **Overrides** (``Concurrency.override``) live in ``rq:policies:keylimits`` and win over the declared limit.
+
+What is not covered: jobs enqueued through a stock ``rq.Queue`` carry no key (nothing limits them), and stock rq
+workers do not check keys; a parked job counts in rq's deferred registry, not in its queue's length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from rq.job import Job
+from rq.queue import Queue
+from rq.registry import DeferredJobRegistry
+
+from . import keys, ledger
+from .exceptions import BackOff
+from .ops import Call, text
+from .policy import MAX_CAPACITY, FetchPolicy, positive_int
+
+__all__ = ['Concurrency', 'KeyFunction', 'KeyedPolicy']
+
+#: A key function: ``(args, kwargs) -> str | int``, as ``unique_context`` gets them.
+KeyFunction = Callable[[tuple, dict], Any]
+
+#: The longest key value accepted (characters): it is part of Redis key names.
+MAX_KEY_LENGTH = 1000
+
+
+def keyed_args(job_prefix: str = Job.redis_job_namespace_prefix) -> dict[str, str]:
+    """The key prefixes the per-key Lua parts build their keys from (``ctx.kp``), ``<scope>:<key>`` appended."""
+    return {
+        'job': job_prefix, 'queue': Queue.redis_queue_namespace_prefix,
+        'deferred': DeferredJobRegistry.key_template.format(''), 'wake': keys.wake(''),
+        'holds': keys.KEY_HOLDS_PREFIX, 'parked': keys.KEY_PARKED_PREFIX, 'limits': keys.KEY_LIMITS,
+        'block': keys.KEY_BLOCK_PREFIX, 'tat': keys.KEY_TAT_PREFIX, 'due': keys.KEY_DUE,
+    }
+
+
+def check_scope(scope: Any) -> str:
+    """``scope`` as given, or a ValueError naming it: a non-empty str without a colon (it ends at the first one)."""
+    if not isinstance(scope, str) or not scope or ':' in scope or len(scope) > MAX_KEY_LENGTH:
+        raise ValueError(f'scope must be a non-empty str without ":" (at most {MAX_KEY_LENGTH} characters), '
+                         f'got {scope!r}')
+    return scope
+
+
+def key_text(value: Any, where: str = 'key') -> str:
+    """A key value as the text it is stored as: a str, or an int (``12`` and ``'12'`` are one key); else TypeError
+    naming the value."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise TypeError(f'{where} must be a str or an int, got {value!r} ({type(value).__name__})')
+    out = str(value)
+    if len(out) > MAX_KEY_LENGTH:
+        raise ValueError(f'{where} must be at most {MAX_KEY_LENGTH} characters, got one of {len(out)}')
+    return out
+
+
+class KeyedPolicy(FetchPolicy):
+    """The shared part of the per-key policies (Concurrency, Rate): declared on the function, the key computed at
+    enqueue and stored on the job hash, checked at fetch, a refused job parked on its key.
+
+    The enqueue path calls the admission-side hooks of every declared policy; a per-key one writes nothing then but
+    its job field (:meth:`call_fields`).
+    """
+
+    per_job: ClassVar[bool] = True
+    #: The job hash field carrying the policy's setting and key: ``'<setting> <scope>:<key>'``.
+    field: ClassVar[str] = ''
+    #: How many space-separated words the setting has (before ``<scope>:<key>``).
+    setting_words: ClassVar[int] = 1
+    #: Does the policy take a hold per running job (a key's ledger, ``rq:policies:keyholds:<scope>:<key>``)?
+    holds: ClassVar[bool] = False
+    #: A per-key policy never drops an enqueue, so it never stands in the way of an admission policy's probe (the
+    #: fast path for an expected duplicate: Loner's and Throttle's checks alone decide it).
+    probes: ClassVar[bool] = True
+    #: ... nor schedule one.
+    schedules: ClassVar[bool] = False
+
+    def __init__(self, key: KeyFunction | None, scope: str | None) -> None:
+        if key is not None and not callable(key):
+            raise TypeError(f'key must be a callable (args, kwargs) -> str | int, got {key!r}')
+        self.key = key
+        self.scope = None if scope is None else check_scope(scope)
+
+    # -- the enqueue (rq_policies.queue.PolicyQueue.job_write) ---------------------------------------------------
+
+    def key_of(self, job: Any, digest: str) -> tuple[str, str]:
+        """``(scope, key)`` of one job: its key function's value (the identity digest without one)."""
+        from .identity import func_path
+
+        scope = self.scope or func_path(job)
+        if ':' in scope:  # a function path never has one; refuse rather than build an ambiguous key
+            raise ValueError(f'scope must not contain ":", got {scope!r}')
+        if self.key is None:
+            return scope, digest
+        try:
+            value = self.key(tuple(job.args), dict(job.kwargs))
+        except Exception as exc:
+            raise TypeError(f'{self!r}: the key function failed on this call: {exc!r}') from exc
+        return scope, key_text(value, f'{type(self).__name__} key (the value the key function returned)')
+
+    def setting(self) -> str:
+        """The policy's own part of the job field, before ``<scope>:<key>``."""
+        raise NotImplementedError
+
+    def call_fields(self, job: Any, queue: str, digest: str) -> list[Any]:
+        scope, key = self.key_of(job, digest)
+        return [self.field, f'{self.setting()} {keys.key_channel(scope, key)}']
+
+    def job_fields(self, queue: str, digest: str) -> list[str]:
+        return []
+
+    def leased_keys(self, queue: str, digest: str) -> list[str]:
+        return []
+
+    def validate(self, job: Any, mode: str, force: bool) -> None:
+        return None
+
+    def hint_seconds(self, verdict: Any) -> float:
+        return 0.0
+
+    def on_admit(self, job: Any, queue: str, verdict: Any) -> None:
+        return None
+
+    # -- the fetch ------------------------------------------------------------------------------------------------
+
+    @classmethod
+    def fetch_keys(cls, call: Any, queue_names: list[str]) -> None:
+        call.key('keydue', keys.KEY_DUE)
+        call.arg('keyed', keyed_args(call.args.get('job_prefix', Job.redis_job_namespace_prefix)))
+
+    # -- a job raised BackOff(key=True) ---------------------------------------------------------------------------
+
+    @classmethod
+    def on_job_exception(cls, job: Any, queue: Any, exc: BaseException, pipeline: Any) -> bool:
+        if not isinstance(exc, BackOff) or not getattr(exc, 'key', False):
+            return False
+        classes = _keyed_classes()
+        channels = job_channels(classes, job.connection.hmget(job.key, [p.field for p in classes]))
+        if not channels:
+            from .exceptions import PolicyError
+
+            raise PolicyError(f'job {job.id} raised BackOff(key=True) but has no per-key policy: declare '
+                              'Concurrency or Rate with a key, or raise BackOff() to block its queue') from exc
+        job.meta['policies_backoffs'] = int(job.meta.get('policies_backoffs', 0)) + 1
+        call = Call('key_backoff', seconds=exc.seconds)
+        call.key_list('blocks', [keys.KEY_BLOCK_PREFIX + channel for channel in channels])
+        call.run(pipeline)
+        queue._enqueue_job(job, pipeline=pipeline, at_front=True)  # saves the job, meta included
+        return True
+
+    @classmethod
+    def key_rows(cls, connection: Any, scope: str, limit: int = 20, search: str | None = None,
+                 now: float | None = None) -> list[dict[str, Any]]:
+        """The keys of ``scope`` this policy has state for (``rq-policies keys``, the dashboard)."""
+        raise NotImplementedError
+
+    @classmethod
+    def key_lines(cls, rows: list[dict[str, Any]], now: float) -> list[str]:
+        """``rq-policies keys``'s lines for :meth:`key_rows`."""
+        raise NotImplementedError
+
+    @classmethod
+    def backoff(cls, scope: str, key: Any, seconds: float, connection: Any = None) -> float:
+        """Block one key of ``scope`` for ``seconds`` (server clock), as a job raising ``BackOff(seconds, key=True)``
+        does; a block that already ends later is kept. Returns the server time the block ends."""
+        delay = BackOff(seconds, key=True).seconds
+        call = Call('key_backoff', seconds=delay)
+        call.key_list('blocks', [keys.KEY_BLOCK_PREFIX + keys.key_channel(check_scope(scope), key_text(key))])
+        call.run(_need(connection))
+        return float(cls.blocked_until(scope, key, connection) or 0.0)
+
+    @classmethod
+    def cluster_state(cls, connection: Any, now: float, limit: int | None) -> dict[str, Any]:
+        """Per scope with state: how many keys, in use, parked, and the busiest keys (at most ``limit``)."""
+        out = {}
+        for scope in sorted(_scopes(connection, cls.name, holds=cls.holds)):
+            rows = cls.key_rows(connection, scope, 0, None, now)
+            if rows:
+                out[scope] = {'keys': len(rows), 'in_use': sum(r.get('in_use', 0) for r in rows),
+                              'parked': sum(r['parked'] for r in rows), 'busiest': rows[:limit] if limit else rows}
+        return {'scopes': out, 'now': now} if out else {}
+
+    @classmethod
+    def describe_cluster(cls, state: dict[str, Any]) -> list[str]:
+        import click
+
+        lines = []
+        for scope, entry in state['scopes'].items():
+            head = click.style(f'{cls.__name__} per key, scope {scope}', bold=True)
+            lines.append(f'{head}  ({entry["keys"]} key(s), {entry["in_use"]} in use, {entry["parked"]} parked)')
+            lines += ['  ' + line for line in cls.key_lines(entry['busiest'], state['now'])]
+            if entry['keys'] > len(entry['busiest']):
+                lines.append(f'  ... and {entry["keys"] - len(entry["busiest"])} more (rq-policies keys {scope})')
+        return lines
+
+    @classmethod
+    def blocked_until(cls, scope: str, key: Any, connection: Any) -> float | None:
+        """The server time until which ``key`` of ``scope`` is backed off, or None."""
+        raw = _need(connection).get(keys.KEY_BLOCK_PREFIX + keys.key_channel(check_scope(scope), key_text(key)))
+        return float(raw) if raw is not None else None
+
+
+def _keyed_classes() -> list[type[KeyedPolicy]]:
+    from .policy import FETCH, registered
+
+    return [cls for cls in registered(FETCH) if issubclass(cls, KeyedPolicy)]
+
+
+def job_channels(classes: list[type[KeyedPolicy]], values: list[Any]) -> list[str]:
+    """The distinct ``<scope>:<key>`` of a job's per-key fields (``values``: each class's field as read, or None)."""
+    out: list[str] = []
+    for cls, raw in zip(classes, values):
+        if raw is None:
+            continue
+        channel = text(raw).split(' ', cls.setting_words)[-1]
+        if channel not in out:
+            out.append(channel)
+    return out
+
+
+class Concurrency(KeyedPolicy):
+    """At most ``limit`` jobs of one key running at once across the cluster, whatever their queue.
+
+    Example::
+
+        @policy(Concurrency(2, key=lambda args, kwargs: kwargs['customer_id']))
+        def sync_customer(customer_id, full=False): ...   # <= 2 running per customer
+
+        @policy(Concurrency(1))          # no key: the job's identity; two runs of one payload never overlap
+        def rebuild_report(report_id): ...
+
+        @policy(Concurrency(3, key=lambda a, k: k['customer_id'], scope='billing'))
+        def charge(customer_id): ...     # every function with scope='billing' shares one budget per customer
+
+    Args:
+        limit: jobs of one key running at once, a positive integer (``Concurrency.override`` changes it per key at
+            run time).
+        key: ``(args, kwargs) -> str | int``; None keys on the job's identity digest.
+        scope: the namespace keys are counted in (no colon); default: the function's import path.
+
+    A job whose key is at its limit is parked (status ``deferred``, in rq's deferred registry) and the jobs behind it
+    run; it goes back to the front of its queue when a hold of its key is released or expires.
+    """
+
+    name: ClassVar[str] = 'concurrency'
+    field: ClassVar[str] = 'policies_concurrency'
+    holds: ClassVar[bool] = True
+
+    def __init__(self, limit: int, key: KeyFunction | None = None, scope: str | None = None) -> None:
+        self.limit = positive_int('limit', limit, MAX_CAPACITY)
+        super().__init__(key, scope)
+
+    def __repr__(self) -> str:
+        words = [str(self.limit)]
+        if self.key is not None:
+            words.append(f'key={getattr(self.key, "__name__", self.key)}')
+        if self.scope is not None:
+            words.append(f'scope={self.scope!r}')
+        return f'Concurrency({", ".join(words)})'
+
+    def setting(self) -> str:
+        return str(self.limit)
+
+    @classmethod
+    def examples(cls) -> tuple[Concurrency, ...]:
+        return (cls(1), cls(1, key=_first_argument, scope='contract'))
+
+    invalid: ClassVar[tuple[tuple[dict[str, Any], str], ...]] = (
+        ({'limit': 0}, 'limit'),
+        ({'limit': True}, 'limit'),
+        ({'limit': '2'}, 'limit'),
+        ({'limit': MAX_CAPACITY + 1}, 'limit'),
+        ({'limit': 1, 'key': 'customer_id'}, 'key'),
+        ({'limit': 1, 'scope': 'a:b'}, 'scope'),
+        ({'limit': 1, 'scope': ''}, 'scope'),
+        ({'limit': 1, 'scope': 3}, 'scope'),
+    )
+
+    # -- the hold -------------------------------------------------------------------------------------------------
+
+    @classmethod
+    def release_hold(cls, connection: Any, hold: Any, wake: str) -> bool:
+        call = release_call(hold)
+        removed = call.run(connection)
+        ledger.PROCESS.discard(hold.token)
+        return True if hasattr(connection, 'command_stack') else removed == 1
+
+    # -- run-time settings and gauges -----------------------------------------------------------------------------
+
+    @classmethod
+    def override(cls, scope: str, key: Any, limit: int, connection: Any = None) -> bool:
+        """Set the limit of one key of ``scope`` to ``limit`` at run time (every worker obeys it from its next fetch;
+        a raised limit gives the key's parked jobs back at once). Returns True when the key had an override."""
+        limit = positive_int('limit', limit, MAX_CAPACITY)
+        return _setting_call(scope, key, limit).run(_need(connection)) == 1
+
+    @classmethod
+    def clear(cls, scope: str, key: Any, connection: Any = None) -> bool:
+        """Remove the override of one key: its jobs' declared limit applies again. Returns True when it had one."""
+        return _setting_call(scope, key, 0).run(_need(connection)) == 1
+
+    @classmethod
+    def overridden(cls, scope: str, key: Any, connection: Any = None) -> int | None:
+        """The override of one key, or None."""
+        raw = _need(connection).hget(keys.KEY_LIMITS, keys.key_channel(check_scope(scope), key_text(key)))
+        return int(raw) if raw is not None else None
+
+    @classmethod
+    def in_use(cls, scope: str, key: Any, connection: Any = None) -> int:
+        """Live holds of one key: its running jobs, and the units reserved for parked jobs given back to their queue
+        and not yet taken by a worker."""
+        conn = _need(connection)
+        channel = keys.key_channel(check_scope(scope), key_text(key))
+        return int(conn.zcount(keys.KEY_HOLDS_PREFIX + channel, f'({_server_now(conn):.6f}', '+inf'))
+
+    @classmethod
+    def parked(cls, scope: str, key: Any, connection: Any = None) -> list[str]:
+        """The ids of one key's parked jobs, oldest first (the order they go back in)."""
+        channel = keys.key_channel(check_scope(scope), key_text(key))
+        return [text(j) for j in _need(connection).lrange(f'{keys.KEY_PARKED_PREFIX}{cls.name}:{channel}', 0, -1)]
+
+    @classmethod
+    def key_rows(cls, connection: Any, scope: str, limit: int = 20, search: str | None = None,
+                 now: float | None = None, names: list[str] | None = None) -> list[dict[str, Any]]:
+        """The keys of ``scope`` with live holds or parked jobs, busiest first, at most ``limit`` (0: all): each
+        ``{'key', 'in_use', 'limit' (override, else the declared limit of a parked or running job's, or None),
+        'overridden', 'parked', 'next_due' (server time, or None)}``. Found by SCAN (MATCH, COUNT), never KEYS,
+        unless ``names`` gives the keys to read."""
+        conn = _need(connection)
+        scope = check_scope(scope)
+        now = _server_now(conn) if now is None else now
+        if names is None:
+            found: set[str] = set()
+            pattern = _glob(scope) + ':*'
+            for prefix in (keys.KEY_HOLDS_PREFIX, f'{keys.KEY_PARKED_PREFIX}{cls.name}:'):
+                for raw in conn.scan_iter(match=prefix + pattern, count=1000):
+                    found.add(text(raw)[len(prefix) + len(scope) + 1:])
+            names = sorted(k for k in found if search is None or search in k)
+        rows = _key_rows(conn, cls.name, scope, names, now)
+        rows.sort(key=lambda r: (-(r['in_use'] + r['parked']), r['key']))
+        return rows[:limit] if limit else rows
+
+    @classmethod
+    def metric_families(cls, connection: Any, now: float) -> list[Any]:
+        """Two gauges of the due index, O(log n) whatever the number of keys (no SCAN in a scrape): how many keys
+        (of Concurrency and Rate) have parked jobs, and how late the most overdue one is being served (seconds past
+        its due time; it stays near 0 while PolicyWorkers fetch)."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        with connection.pipeline(transaction=False) as pipe:
+            pipe.zcard(keys.KEY_DUE)
+            pipe.zrange(keys.KEY_DUE, 0, 0, withscores=True)
+            count, head = pipe.execute()
+        parked = GaugeMetricFamily('rq_policies_keys_with_parked_jobs',
+                                   'Keys of the per-key policies (Concurrency, Rate) with parked jobs.')
+        parked.add_metric([], int(count))
+        late = GaugeMetricFamily('rq_policies_keys_due_overdue_seconds',
+                                 'Seconds the most overdue key with parked jobs is past its due time (0: none).')
+        late.add_metric([], round(max(now - head[0][1], 0.0), 3) if head else 0.0)
+        return [parked, late]
+
+    @classmethod
+    def key_lines(cls, rows: list[dict[str, Any]], now: float) -> list[str]:
+        """``rq-policies keys``'s lines for :meth:`key_rows`."""
+        out = []
+        for row in rows:
+            limit_text = '?' if row['limit'] is None else str(row['limit'])
+            due = '' if row['next_due'] is None else f', next due in {max(row["next_due"] - now, 0):.1f} s'
+            mark = ' (override)' if row['overridden'] else ''
+            out.append(f'key {row["key"]}  {row["in_use"]}/{limit_text}{mark} in use, {row["parked"]} parked{due}')
+        return out
+
+    @classmethod
+    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
+        """The busiest keys of each scope, from one bounded SCAN walk (:func:`sample_keys`): at most
+        ``PANEL_BUDGET`` keys examined and ``PANEL_KEYS`` keys read per scope, with a note when the walk stopped
+        early (``rq-policies keys SCOPE --limit 0`` reads them all)."""
+        found, complete = sample_keys(connection, cls.name, holds=True)
+        out = []
+        for scope in sorted(found):
+            names, note = panel_names(found[scope], search, complete)
+            rows = cls.key_rows(connection, scope, limit, search, now, names=names)
+            if not rows:
+                continue
+            out.append({
+                'note': note,
+                'title': f'Concurrency per key: {scope}',
+                'columns': ['key', 'in use', 'limit', 'parked', 'next due (s)'],
+                'rows': [[
+                    row['key'],
+                    {'text': str(row['in_use']), 'warn': True}
+                    if row['limit'] is not None and row['in_use'] > row['limit'] else row['in_use'],
+                    row['limit'], row['parked'],
+                    None if row['next_due'] is None else round(max(row['next_due'] - now, 0.0), 3),
+                ] for row in rows],
+            })
+        return out
+
+    @classmethod
+    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[dict[str, Any]]:
+        raw = job.get(cls.field)
+        if not raw:
+            return []
+        declared, _, channel = raw.partition(' ')
+        scope, _, key = channel.partition(':')
+        ledger_key = keys.KEY_HOLDS_PREFIX + channel
+        parked_key = f'{keys.KEY_PARKED_PREFIX}{cls.name}:{channel}'
+        with connection.pipeline(transaction=False) as pipe:
+            pipe.zcount(ledger_key, f'({now:.6f}', '+inf')
+            pipe.hget(keys.KEY_LIMITS, channel)
+            pipe.lpos(parked_key, job['id'])
+            pipe.get(keys.KEY_BLOCK_PREFIX + channel)
+            in_use, override, position, blocked = pipe.execute()
+        limit = int(override) if override is not None else int(declared)
+        entry: dict[str, Any] = {'policy': cls.name, 'scope': scope, 'key': key, 'limit': limit,
+                                 'in_use': int(in_use), 'overridden': override is not None}
+        words = f'key {key!r} (scope {scope}) at {int(in_use)}/{limit}'
+        if position is not None:
+            entry['parked_position'] = int(position)
+            words += f' (parked, position {int(position) + 1})'
+            entry['change'] = ('it goes back to the front of its queue when a hold of its key is released or expires '
+                               '(or raise the key\'s limit: rq-policies override)')
+        else:
+            entry['change'] = ''
+        if blocked is not None and float(blocked) > now:
+            entry['backoff_until'] = float(blocked)
+            words += f', backed off for {float(blocked) - now:.1f} s more'
+        entry['verdict'] = words
+        return [entry]
+
+    @classmethod
+    def cli_commands(cls, kit: Any) -> list[Any]:
+        import click
+
+        @click.command('keys')
+        @click.argument('scope')
+        @click.option('--limit', default='20', help='List at most this many keys (0: all; 20).')
+        @click.option('--search', default=None, help='Only keys containing this text.')
+        @kit.pass_cli_config
+        def keys_command(cli_config: Any, scope: str, limit: str, search: str | None, **options: Any) -> None:
+            """The keys of SCOPE with running or parked jobs (Concurrency, Rate): in use / limit, parked, next due."""
+            count = kit.integer('--limit', limit, 10**9, minimum=0)
+            try:
+                check_scope(scope)
+            except ValueError as exc:
+                raise click.BadParameter(str(exc), param_hint='SCOPE') from None
+            conn = kit.connect(cli_config)
+            now = _server_now(conn)
+            shown = 0
+            for policy in _keyed_classes():
+                for line in policy.key_lines(policy.key_rows(conn, scope, count, search, now), now):
+                    click.echo(line)
+                    shown += 1
+            if not shown:
+                click.echo(f'No key of scope {scope!r} has running or parked jobs.')
+
+        @click.command()
+        @click.argument('scope')
+        @click.argument('key')
+        @click.argument('n', required=False, type=kit.Digits(f'a positive integer up to {MAX_CAPACITY}', 1,
+                                                              MAX_CAPACITY))
+        @click.option('--clear', is_flag=True, help='Remove the override: the declared limit applies again.')
+        @kit.pass_cli_config
+        def override(cli_config: Any, scope: str, key: str, n: int | None, clear: bool, **options: Any) -> None:
+            """Set the Concurrency limit of KEY in SCOPE to N at run time, or remove that override with --clear."""
+            if clear == (n is not None):
+                raise click.UsageError('give either N or --clear')
+            try:
+                check_scope(scope)
+                key_text(key)
+            except (TypeError, ValueError) as exc:
+                raise click.BadParameter(str(exc), param_hint='SCOPE' if 'scope' in str(exc) else 'KEY') from None
+            conn = kit.connect(cli_config)
+            before = cls.overridden(scope, key, connection=conn)
+            was = f'was {before}' if before is not None else 'had no override'
+            if clear:
+                cls.clear(scope, key, connection=conn)
+                click.echo(f'Key {key!r} of scope {scope!r} has its declared limit again ({was}).')
+            else:
+                cls.override(scope, key, n, connection=conn)  # type: ignore[arg-type]
+                click.echo(f'Key {key!r} of scope {scope!r} is limited to {n} running at once ({was}).')
+
+        return [keys_command, override]
+
+
+def _first_argument(args: tuple, kwargs: dict) -> Any:
+    """The contract suite's key: the call's first argument."""
+    return args[0]
+
+
+def release_call(hold: Any) -> Call:
+    """The ``lua/key_release.lua`` call giving back a per-key hold (and its unit to the key's oldest parked job)."""
+    channel = hold.ledger[len(keys.KEY_HOLDS_PREFIX):]
+    call = Call('key_release', token=hold.token, channel=channel, ttl=hold.ttl, keyed=keyed_args())
+    call.key('ledger', hold.ledger).key('parked', f'{keys.KEY_PARKED_PREFIX}{Concurrency.name}:{channel}')
+    return call.key('keydue', keys.KEY_DUE)
+
+
+def _setting_call(scope: str, key: Any, limit: int) -> Call:
+    channel = keys.key_channel(check_scope(scope), key_text(key))
+    call = Call('key_setting', channel=channel, limit=limit, job_prefix=Job.redis_job_namespace_prefix,
+                wake=keys.wake(''))
+    call.key('limits', keys.KEY_LIMITS)
+    call.key('parked', f'{keys.KEY_PARKED_PREFIX}{Concurrency.name}:{channel}')
+    return call.key('keydue', keys.KEY_DUE)
+
+
+def _key_rows(conn: Any, policy: str, scope: str, names: list[str], now: float) -> list[dict[str, Any]]:
+    rows = []
+    with conn.pipeline(transaction=False) as pipe:
+        for key in names:
+            channel = keys.key_channel(scope, key)
+            pipe.zcount(keys.KEY_HOLDS_PREFIX + channel, f'({now:.6f}', '+inf')
+            pipe.hget(keys.KEY_LIMITS, channel)
+            pipe.llen(f'{keys.KEY_PARKED_PREFIX}{policy}:{channel}')
+            pipe.lindex(f'{keys.KEY_PARKED_PREFIX}{policy}:{channel}', 0)
+            pipe.zscore(keys.KEY_DUE, f'{policy}:{channel}')
+        replies = pipe.execute()
+    heads = {i: text(replies[i * 5 + 3]) for i in range(len(names)) if replies[i * 5 + 3] is not None}
+    with conn.pipeline(transaction=False) as pipe:
+        for head in heads.values():
+            pipe.hget(Job.redis_job_namespace_prefix + head, 'policies_' + policy)
+        declared = dict(zip(heads, pipe.execute()))
+    for i, key in enumerate(names):
+        in_use, override, parked, _, due = replies[i * 5:i * 5 + 5]
+        limit = int(override) if override is not None else _declared_limit(declared.get(i))
+        rows.append({'key': key, 'in_use': int(in_use), 'limit': limit, 'overridden': override is not None,
+                     'parked': int(parked), 'next_due': float(due) if due is not None else None})
+    return rows
+
+
+def _declared_limit(raw: Any) -> int | None:
+    if raw is None:
+        return None
+    head = text(raw).split(' ', 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def _scopes(conn: Any, policy: str, holds: bool = True) -> set[str]:
+    """The scopes with parked jobs of ``policy`` (and, with ``holds``, live holds): SCAN with COUNT, never KEYS."""
+    found: set[str] = set()
+    prefixes = [f'{keys.KEY_PARKED_PREFIX}{policy}:'] + ([keys.KEY_HOLDS_PREFIX] if holds else [])
+    for prefix in prefixes:
+        for raw in conn.scan_iter(match=prefix + '*', count=1000):
+            found.add(text(raw)[len(prefix):].split(':', 1)[0])
+    return found
+
+
+#: What one dashboard read of a per-key policy may cost: SCAN examines at most PANEL_BUDGET keys (as
+#: state.SAMPLE_BUDGET for the identity families), and at most PANEL_KEYS keys of a scope are read.
+PANEL_BUDGET = 20_000
+PANEL_KEYS = 200
+
+
+def sample_keys(conn: Any, policy: str, holds: bool, budget: int = PANEL_BUDGET) -> tuple[dict[str, set[str]], bool]:
+    """scope -> the keys with parked jobs of ``policy`` (and, with ``holds``, a hold ledger), from one SCAN walk
+    (COUNT 1000) of the per-key keys that stops once ``budget`` keys were examined; and whether it reached the end."""
+    prefixes = [f'{keys.KEY_PARKED_PREFIX}{policy}:'] + ([keys.KEY_HOLDS_PREFIX] if holds else [])
+    found: dict[str, set[str]] = {}
+    cursor, examined = 0, 0
+    while True:
+        cursor, batch = conn.scan(cursor=cursor, match=_glob(keys.PREFIX) + 'key*', count=1000)
+        examined += 1000
+        for raw in batch:
+            name = text(raw)
+            for prefix in prefixes:
+                if name.startswith(prefix):
+                    scope, _, key = name[len(prefix):].partition(':')
+                    found.setdefault(scope, set()).add(key)
+        if cursor == 0 or examined >= budget:
+            return found, cursor == 0
+
+
+def panel_names(found: set[str], search: str | None, complete: bool) -> tuple[list[str], str | None]:
+    """The keys of one scope a panel reads (matching ``search``, at most PANEL_KEYS) and the note it shows when that
+    is not every key of the scope."""
+    names = sorted(k for k in found if search is None or search in k)
+    note = None
+    if len(names) > PANEL_KEYS or not complete:
+        note = (f'from {min(len(names), PANEL_KEYS)} of {"at least " if not complete else ""}{len(names)} keys '
+                '(the page stopped looking); rq-policies keys SCOPE --limit 0 lists them all')
+    return names[:PANEL_KEYS], note
+
+
+def _glob(value: str) -> str:
+    """``value`` with the glob characters of SCAN MATCH escaped."""
+    return ''.join('\\' + ch if ch in '*?[]\\' else ch for ch in value)
+
+
+def _server_now(conn: Any) -> float:
+    seconds, micros = conn.time()
+    return seconds + micros / 1e6
+
+
+def _need(connection: Any) -> Any:
+    if connection is None:
+        raise ValueError('connection is required: pass connection=Redis(...)')
+    return connection
+

@@ -226,7 +226,9 @@ class Keeper:
 
     The one keeper for every such place, parametrized where they differ: a LimitedCapacityWorker job keeps its one
     hold while ``perform_work`` runs; a PolicySimpleWorker keeps the process's holds while a job runs (it sends no
-    heartbeat then); a work horse keeps its job's hold once its worker died (``active`` says when).
+    heartbeat then); ``active`` limits the refreshes to when a condition holds. (A forking PolicyWorker's orphaned
+    work horse is kept by the worker's one long-lived hold guard instead, which a horse announces itself to: see
+    ``rq_policies.worker``.)
 
     The keeper is a forked child, not a thread: a job stuck in C code that holds the GIL (a catastrophic regex, a
     long ``numpy`` call without releasing it) would starve a thread, and the hold would lapse under a job that still
@@ -275,7 +277,7 @@ class Keeper:
         self.until_empty = until_empty
         self.log = log
         self.name = name
-        self.process = _forkable(connection) if process is None else process
+        self.process = forkable(connection) if process is None else process
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._pid = 0
@@ -377,7 +379,7 @@ class Keeper:
         return time.monotonic()
 
 
-def _forkable(connection: Any) -> bool:
+def forkable(connection: Any) -> bool:
     """Can a forked keeper reach the same server? Not for fakeredis, whose server lives in this process."""
     return not type(connection).__module__.startswith('fakeredis') and hasattr(connection, 'connection_pool')
 

@@ -203,7 +203,7 @@ class PolicyQueue(Queue):
 
         Every push rq makes through this queue passes here: jobs without a policy, retries, released dependents,
         requeues. Pushes by stock ``rq.Queue`` producers do not publish; idle PolicyWorkers see those within
-        ``IDLE_POLL_SECONDS``.
+        ``IDLE_POLL_SECONDS`` (the idle probe).
         """
         if pipeline is not None:
             super().push_job_id(job_id, pipeline=pipeline, at_front=at_front)

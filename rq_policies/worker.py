@@ -15,8 +15,10 @@ with stock rq:
 * holds are refreshed by a script appended to the heartbeat pipeline rq sends every ``job_monitoring_interval``
   while a job runs, and live ``hold_ttl`` seconds unrefreshed, so a SIGKILLed worker's holds age out by themselves
   (where no heartbeat runs, a :class:`~rq_policies.ledger.Keeper` process refreshes them);
-* an idle worker waits on pub/sub (woken by pushes, releases and cap changes) and looks again at least every
-  second, instead of blocking on BLMOVE/BLPOP, which would pop without the checks.
+* an idle worker waits on pub/sub (woken by pushes, releases and cap changes; of the idle workers a release wakes,
+  only the first to claim it looks again), probes the queues it did not find full once a second and looks again
+  at full ones every ``hold_ttl / 3`` seconds (1 to 10), instead of blocking on BLMOVE/BLPOP, which would pop
+  without the checks.
 """
 
 from __future__ import annotations
@@ -132,7 +134,7 @@ class _WorkerFetcher(Fetcher):
             raise
         return True
 
-    def wait(self, connection: Any, queue_names: list[str], seconds: float, full: frozenset[str] = frozenset()) -> None:
+    def wait(self, connection: Any, queue_names: list[str], seconds: float, full: frozenset[str] = frozenset()) -> bool:
         if self._pubsub is None:
             self.listen(connection, queue_names)
         deadline = time.monotonic() + min(seconds, IDLE_POLL_SECONDS)
@@ -140,10 +142,10 @@ class _WorkerFetcher(Fetcher):
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return
+                    return False
                 message = self._pubsub.get_message(timeout=left)
-                if message is not None and self._news(message, full):
-                    return
+                if message is not None and self._news(message, full) and self._first(connection, message):
+                    return True
         except Exception:
             self.close()
             raise
@@ -156,7 +158,16 @@ class _WorkerFetcher(Fetcher):
         if queue is None:
             return False  # left over from an earlier subscription
         data = text(message['data'])
-        return data in (WAKE_RELEASED, WAKE_CAPACITY) or queue not in full
+        return data.split(' ', 1)[0] in (WAKE_RELEASED, WAKE_CAPACITY) or queue not in full
+
+    @staticmethod
+    def _first(connection: Any, message: dict) -> bool:
+        """Of the idle workers a release woke, only the first to claim it looks again (one freed hold, one look);
+        the others go back to waiting after that one SET. Any other news is everyone's."""
+        data = text(message['data'])
+        if data.split(' ', 1)[0] != WAKE_RELEASED:
+            return True
+        return ledger.woken(connection, data)
 
     def on_claim(self, claim: Claim) -> None:
         super().on_claim(claim)

@@ -149,8 +149,10 @@ def throughput_round(conn: Redis, variant: str, queue_name: str, jobs: int, proc
     fetched = Job.fetch_many([job.id for job in batch], connection=conn)
     first = min(job.started_at for job in fetched)
     last = max(job.ended_at for job in fetched)
-    if capped and QueueSlot.in_use(queue_name, connection=conn):
-        raise RuntimeError('a hold outlived its job')
+    if capped:
+        # The horse records the job finished; its worker releases the hold right after (with its next command), so on
+        # a loaded machine the last hold may still be live for a moment here. One still live seconds later leaked.
+        wait_until(lambda: not QueueSlot.in_use(queue_name, connection=conn), 10, 'the holds released (one leaked?)')
     return Sample(jobs / (last - first).total_seconds(), (cpu1 - cpu0) * 1000 / jobs, (server1 - server0) * 1000 / jobs)
 
 

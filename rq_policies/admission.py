@@ -70,7 +70,8 @@ class Verdict:
         policy: the policy that dropped the job (or answered a replay), '' otherwise.
         job_id: ours when admitted; the holder of the identity when dropped.
         number: the deciding policy's number (a throttle window's end, a pending job's run time), epoch seconds.
-        server_now: the server's clock when the script ran.
+        server_now: the server's clock when the script ran; 0 when no policy of the call reads the clock (a part
+            with ``clock = false``), which then skips the TIME call.
         superseded: the pending job this one replaced and deleted, or ''.
         dropped: (kind, job id) of the pending jobs a force dropped.
         digest: the identity the verdict is about (set by the caller, not the script).

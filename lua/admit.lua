@@ -48,6 +48,9 @@
                 very value is this call's own write (a retried call whose reply was lost), so the
                 script answers as the first attempt did and writes nothing
 
+  A part may also set `clock = false`: it never reads ctx.now, so a call whose every policy says
+  so skips the TIME call (ctx.now and the reply's server now are then 0).
+
   Returns {code, policy, job id, n, server now, superseded, dropped...}:
     code 1 admitted (job id = ours; n = the policy's number, e.g. the window's end), 3 the
     holder's payload was replaced in place by `policy` (job id = the holder), 2 admitted
@@ -67,7 +70,15 @@ local a = decode_args(ARGV[1])
 local P = {}
 -- @policies
 
-local now = server_now()
+-- The server's clock, read only when some declared policy keeps time (a part that does not sets
+-- `clock = false`, as loner does): TIME is one of the few commands a loner admission runs.
+local now = 0
+for _, name in ipairs(a.order) do
+  if P[name].clock ~= false then
+    now = server_now()
+    break
+  end
+end
 local ctx = {
   jid = a.jid, mode = a.mode, score = a.score or 0, ttl = a.ttl, job_prefix = a.job_prefix,
   now = now, dest = a.k.dest and KEYS[a.k.dest], scheduled = false, code = 1, n = 0,

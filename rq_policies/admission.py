@@ -46,6 +46,8 @@ class JobWrite:
         fields: the job hash as a flat field/value list (each policy's extra fields included).
         replaced: after :func:`admit`, the id of the waiting job whose payload this write replaced in place (a
             replacing policy's verdict, code 3), or ''. No job of its own was written then.
+        created: the job's ``created_at`` as ``fields`` write it (what makes a replay of this very call
+            recognisable); None to find it in ``fields``.
     """
 
     job: Job
@@ -55,6 +57,7 @@ class JobWrite:
     ttl: int
     fields: list[Any]
     replaced: str = ''
+    created: Any = None
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,8 @@ class Verdict:
         policy: the policy that dropped the job (or answered a replay), '' otherwise.
         job_id: ours when admitted; the holder of the identity when dropped.
         number: the deciding policy's number (a throttle window's end, a pending job's run time), epoch seconds.
-        server_now: the server's clock when the script ran.
+        server_now: the server's clock when the script ran; 0 when no policy of the call reads the clock (a part
+            with ``clock = false``), which then skips the TIME call.
         superseded: the pending job this one replaced and deleted, or ''.
         dropped: (kind, job id) of the pending jobs a force dropped.
         digest: the identity the verdict is about (set by the caller, not the script).
@@ -85,26 +89,40 @@ class Verdict:
     @classmethod
     def read(cls, reply: list[Any], digest: str = '') -> Verdict:
         code, policy, job_id, number, server_now, superseded, *rest = reply
-        dropped = tuple((text(rest[i]), text(rest[i + 1])) for i in range(0, len(rest) - 1, 2))
-        return cls(int(code), text(policy), text(job_id), float(number), float(text(server_now)), text(superseded),
+        dropped = tuple((text(rest[i]), text(rest[i + 1])) for i in range(0, len(rest) - 1, 2)) if rest else ()
+        # float() reads the reply's bytes as they are; text() only where a str is kept.
+        return cls(int(code), text(policy), text(job_id), float(number), float(server_now), text(superseded),
                    dropped, digest)
+
+
+#: Queues whose constant admission arguments one PolicySet keeps (a set used on more queues rebuilds them).
+_MEMO_QUEUES = 256
+
+
+def _constants(queue: Queue, spec: PolicySet) -> dict[str, Any]:
+    """The admit call's arguments that depend only on the set and the queue, built once per (set, queue)."""
+    prefix = queue.job_class.redis_job_namespace_prefix
+    memo = spec.memo
+    found = memo.get((queue.name, prefix))
+    if found is None:
+        ordered = spec.admission
+        found = {
+            'order': [item.name for item in ordered],
+            'drops': {item.name: keys.drop_field(item.name, queue.name) for item in ordered},
+            'job_prefix': prefix, 'tombstone': keys.SUPERSEDED_PREFIX, 'tombstone_ttl': keys.SUPERSEDED_SECONDS,
+        }
+        if len(memo) >= _MEMO_QUEUES:
+            memo.clear()
+        memo[(queue.name, prefix)] = found
+    return found
 
 
 def _policy_call(queue: Queue, spec: PolicySet, digest: str, **args: Any) -> Call:
     """The admit call with every declared admission policy's part: keys by name, arguments under ``p``."""
-    call = Call('admit', **args)
+    call = Call('admit', **args, **_constants(queue, spec))
     call.key('drops', keys.DROPS)
     call.key('drops_minute', keys.DROPS_MINUTE_PREFIX)
-    ordered = spec.admission
-    parts: dict[str, Any] = {}
-    for item in ordered:
-        parts[item.name] = item.admit_part(call, queue, digest)
-    call.arg('order', [item.name for item in ordered])
-    call.arg('p', parts)
-    call.arg('drops', {item.name: keys.drop_field(item.name, queue.name) for item in ordered})
-    call.arg('job_prefix', queue.job_class.redis_job_namespace_prefix)
-    call.arg('tombstone', keys.SUPERSEDED_PREFIX)
-    call.arg('tombstone_ttl', keys.SUPERSEDED_SECONDS)
+    call.arg('p', {item.name: item.admit_part(call, queue, digest) for item in spec.admission})
     return call
 
 
@@ -113,7 +131,7 @@ def admit_call(queue: Queue, spec: PolicySet, digest: str, write: JobWrite, forc
     job = write.job
     call = _policy_call(queue, spec, digest, jid=job.id, mode=write.mode, score=write.score, ttl=write.ttl,
                         queue_key=queue.key, wake=keys.wake(queue.name), fields=write.fields, force=force,
-                        created=_created_at(write.fields))
+                        created=write.created if write.created is not None else _created_at(write.fields))
     call.key('job', job.key)
     call.key('dest', write.dest)
     call.key('queues', queue.redis_queues_keys)
@@ -138,12 +156,11 @@ def admit(queue: Queue, spec: PolicySet, digest: str, write: JobWrite, force: bo
         raise PolicyConfigurationError('force() enqueues now; it cannot be scheduled')
     call = admit_call(queue, spec, digest, write, force)
     verdict = Verdict.read(call.run(queue.connection), digest)
-    by_name = {item.name: item for item in spec.policies}
     if verdict.code == 3:
         write.replaced = verdict.job_id
     if verdict.code == 0:
         _remember(hint, spec, digest, verdict)
-        by_name[verdict.policy].on_drop(job.func_name, queue.name, verdict)
+        next(item for item in spec.policies if item.name == verdict.policy).on_drop(job.func_name, queue.name, verdict)
         return False
     _remember(hint, spec, digest, verdict)
     for item in spec.policies:

@@ -32,6 +32,9 @@ from .policy import FETCH, by_name, registered
 #: publish, and for holds that expired because their worker died.
 IDLE_POLL_SECONDS = 1.0
 
+#: The longest an idle worker goes without looking again at queues it found full (see :meth:`Fetcher.relook_seconds`).
+IDLE_RELOOK_MAX_SECONDS = 10.0
+
 
 @dataclass
 class Claim:
@@ -110,13 +113,46 @@ class Fetcher:
         """Get ready to be woken for ``queue_names``; True when that only starts now (look once more first)."""
         return False
 
-    def wait(self, connection: Any, queue_names: list[str], seconds: float, full: frozenset[str] = frozenset()) -> None:
+    def wait(self, connection: Any, queue_names: list[str], seconds: float, full: frozenset[str] = frozenset()) -> bool:
         """Wait up to ``seconds`` (at most IDLE_POLL_SECONDS) for something that could make a look succeed.
 
         ``full`` names the queues the last look skipped (a capped one at its cap): a push to one of them is
-        no news.
+        no news. Returns True when news came (a wake-up), False when the time ran out.
         """
         time.sleep(min(seconds, IDLE_POLL_SECONDS))
+        return False
+
+    def relook_seconds(self) -> float:
+        """How often an idle worker looks again at queues its last look found full, with no news of them.
+
+        A release and a capacity change publish a wake-up; a hold that ages out (its worker SIGKILLed) does not, so
+        the full queues are looked at again this often: a third of the hold ttl (the ttl is the bound on when a dead
+        worker's capacity returns anyway), between 1 and :data:`IDLE_RELOOK_MAX_SECONDS` seconds.
+        """
+        return min(max(self.hold_ttl / 3, IDLE_POLL_SECONDS), IDLE_RELOOK_MAX_SECONDS)
+
+    def idle(self, connection: Any, queues: Sequence[Queue], look: Look, seconds: float) -> None:
+        """Wait, up to ``seconds``, until another run of the fetch script could take something.
+
+        That is: news on pub/sub (a push to a queue ``look`` did not find full, a release, a capacity change);
+        once a second, a probe (one EXISTS over the queues the look did not find full) finding a job there, which a
+        stock rq producer pushed without a wake-up; or every :meth:`relook_seconds` when the look found some queue
+        full (a hold that ages out silently frees it). A look runs the whole fetch script over every queue (a full
+        capped queue costs it a ZCOUNT and more), so an idle worker over many full queues looks rarely, and probes.
+        """
+        names = [q.name for q in queues]
+        probe = [q.key for q in queues if q.name not in look.full]
+        now = time.monotonic()
+        end = now + seconds
+        relook = now + self.relook_seconds() if look.full else end
+        while True:
+            left = min(end, relook) - time.monotonic()
+            if left <= 0:
+                return
+            if self.wait(connection, names, left, look.full):
+                return
+            if probe and time.monotonic() < min(end, relook) and connection.exists(*probe):
+                return
 
 
 #: The fetcher of the PolicyWorker fetching in this context, or None (then ``dequeue_any`` is stock rq's).
@@ -227,12 +263,12 @@ def dequeue(
         if fetcher.listen(connection, names):
             continue  # a wake-up published before the subscription landed is lost: look once more first
         if deadline is None:
-            fetcher.wait(connection, names, fetcher.until_wait(connection, found, IDLE_POLL_SECONDS), found.full)
+            fetcher.idle(connection, queues, found, fetcher.until_wait(connection, found, IDLE_POLL_SECONDS))
             continue
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise DequeueTimeout(timeout, [q.key for q in queues])
-        fetcher.wait(connection, names, fetcher.until_wait(connection, found, remaining), found.full)
+        fetcher.idle(connection, queues, found, fetcher.until_wait(connection, found, remaining))
 
 
 def rebuild(

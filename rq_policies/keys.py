@@ -201,6 +201,11 @@ def wake(queue: str) -> str:
     return f'{PREFIX}wake:{queue}'
 
 
+def woken(release: str) -> str:
+    """The record that an idle worker answered the release named ``release`` (its ledger and token), expiring."""
+    return f'{PREFIX}woken:{release}'
+
+
 #: The index of LimitedCapacityWorker classes (for metrics and ``rq-policies info``).
 LCW_INDEX = PREFIX + 'lcw'
 

@@ -48,9 +48,30 @@ TTL_SECONDS = 90
 
 #: Payloads published on ``rq:policies:wake:<queue>`` besides a pushed job's id (see ``lua/lib/save_job.lua``). A
 #: waiting worker treats a push to a queue it found full as no news; these two always wake it: a hold was released,
-#: or a ledger's capacity changed.
+#: or a ledger's capacity changed. A release publishes ``released <ledger> <token>`` (:func:`release_message`), so
+#: that of the idle workers it wakes only the first to claim it (:func:`woken`) looks again: one freed hold, one look.
 WAKE_RELEASED = 'released'
 WAKE_CAPACITY = 'capacity'
+
+#: Seconds the record that an idle worker answered a release lives (:func:`woken`): only a duplicate of the same
+#: release, within moments, may find it.
+WOKEN_SECONDS = 10
+
+
+def release_message(hold: Hold) -> str:
+    """The wake-up a release of ``hold`` publishes: :data:`WAKE_RELEASED`, the ledger and the hold's token."""
+    return f'{WAKE_RELEASED} {hold.ledger} {hold.token}'
+
+
+def woken(connection: Any, message: str) -> bool:
+    """Is this idle worker the first to answer the release ``message`` names? (One SET NX, expiring.)
+
+    A bare :data:`WAKE_RELEASED` (published by an older release) names no hold: every worker answers it.
+    """
+    _, _, what = message.partition(' ')
+    if not what:
+        return True
+    return bool(connection.set(keys.woken(what), 1, nx=True, ex=WOKEN_SECONDS))
 
 
 @dataclass(frozen=True)
@@ -196,7 +217,7 @@ class Ledger:
     def release(self, connection: Any, hold: Hold, wake: str | None = None) -> bool:
         """Give back ``hold``. Idempotent: it only ever removes the hold's own member.
 
-        A bare ZREM (plus, with ``wake``, a :data:`WAKE_RELEASED` on that channel for idle workers) so it can ride a
+        A bare ZREM (plus, with ``wake``, a :func:`release_message` on that channel for idle workers) so it can ride a
         pipeline: pass a pipeline as ``connection`` and it goes out with it (the return value is then True: the answer
         arrives with ``execute()``).
 
@@ -206,13 +227,13 @@ class Ledger:
         if _is_pipeline(connection):
             connection.zrem(hold.ledger, hold.token)
             if wake is not None:
-                connection.publish(wake, WAKE_RELEASED)
+                connection.publish(wake, release_message(hold))
             self.discard(hold.token)
             return True
         with connection.pipeline(transaction=False) as pipe:
             pipe.zrem(hold.ledger, hold.token)
             if wake is not None:
-                pipe.publish(wake, WAKE_RELEASED)
+                pipe.publish(wake, release_message(hold))
             removed = pipe.execute()[0]
         self.discard(hold.token)
         return removed == 1
@@ -228,7 +249,9 @@ class Keeper:
 
     The one keeper for every such place, parametrized where they differ: a LimitedCapacityWorker job keeps its one
     hold while ``perform_work`` runs; a PolicySimpleWorker keeps the process's holds while a job runs (it sends no
-    heartbeat then); a work horse keeps its job's hold once its worker died (``active`` says when).
+    heartbeat then); ``active`` limits the refreshes to when a condition holds. (A forking PolicyWorker's orphaned
+    work horse is kept by the worker's one long-lived hold guard instead, which a horse announces itself to: see
+    ``rq_policies.worker``.)
 
     The keeper is a forked child, not a thread: a job stuck in C code that holds the GIL (a catastrophic regex, a
     long ``numpy`` call without releasing it) would starve a thread, and the hold would lapse under a job that still
@@ -277,7 +300,7 @@ class Keeper:
         self.until_empty = until_empty
         self.log = log
         self.name = name
-        self.process = _forkable(connection) if process is None else process
+        self.process = forkable(connection) if process is None else process
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._pid = 0
@@ -379,7 +402,7 @@ class Keeper:
         return time.monotonic()
 
 
-def _forkable(connection: Any) -> bool:
+def forkable(connection: Any) -> bool:
     """Can a forked keeper reach the same server? Not for fakeredis, whose server lives in this process."""
     return not type(connection).__module__.startswith('fakeredis') and hasattr(connection, 'connection_pool')
 

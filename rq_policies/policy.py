@@ -372,6 +372,12 @@ class PolicySet:
         """The admission policies of the set, in the order their checks run (computed once per set)."""
         return tuple(sorted((p for p in self.policies if p.kind == ADMISSION), key=lambda p: (p.rank, p.name)))
 
+    @functools.cached_property
+    def memo(self) -> dict[Any, Any]:
+        """Values the doors derive from this set alone and reuse on every enqueue under it (the admission call's
+        constant arguments per queue), kept with the set so they live exactly as long as it does."""
+        return {}
+
     def get(self, kind: type[P]) -> P | None:
         """The policy of this kind, or None."""
         for item in self.policies:
@@ -393,6 +399,11 @@ def check_combination(policies: tuple[Policy, ...]) -> None:
             raise PolicyConfigurationError(f'policy: {message}')
 
 
+#: make_set's sets of one policy, by the policy's id (bounded: a caller building a new policy per call only refills it).
+_SINGLE_SETS: dict[int, tuple[Policy, PolicySet]] = {}
+_SINGLE_SETS_MAX = 1024
+
+
 def make_set(value: Policy | Iterable[Policy] | PolicySet | None, unique_context: UniqueContext | None = None):
     """Normalize what a caller passed as ``policy=`` into a PolicySet (or None for "no policy")."""
     if value is None:
@@ -400,7 +411,18 @@ def make_set(value: Policy | Iterable[Policy] | PolicySet | None, unique_context
     if isinstance(value, PolicySet):
         return value
     if isinstance(value, Policy):
-        return PolicySet((value,), unique_context)
+        if unique_context is not None:
+            return PolicySet((value,), unique_context)
+        # A door's ``policy=Loner()`` is usually one long-lived object passed on every call: its set is built (and
+        # its combination checked) once, not per enqueue. Keyed by identity, holding the policy so the id stays its.
+        found = _SINGLE_SETS.get(id(value))
+        if found is not None and found[0] is value:
+            return found[1]
+        made = PolicySet((value,))
+        if len(_SINGLE_SETS) >= _SINGLE_SETS_MAX:
+            _SINGLE_SETS.clear()
+        _SINGLE_SETS[id(value)] = (value, made)
+        return made
     if isinstance(value, (list, tuple)):
         return PolicySet(tuple(value), unique_context) if value else None
     raise TypeError(f'policy: expected a Policy, a list of policies or None, got {value!r}')

@@ -72,11 +72,11 @@ def door_override(default: Any = DECLARED) -> Any:
 def _flatten(mapping: dict[str, Any]) -> list[Any]:
     """A job's ``to_dict()`` as the flat field/value list HSET takes (None values skipped, as rq's scripts do)."""
     flat: list[Any] = []
+    append = flat.append
     for field_name, value in mapping.items():
-        if value is None:
-            continue
-        flat.append(field_name)
-        flat.append(value if isinstance(value, (bytes, str)) else str(value))
+        if value is not None:
+            append(field_name)
+            append(value if isinstance(value, (bytes, str)) else str(value))
     return flat
 
 
@@ -105,15 +105,11 @@ class PolicyQueue(Queue):
     # -- the doors ------------------------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _door(self, policy: Any, force: bool = False, hint: Any = None, spec: Any = _DECLARED) -> Iterator[None]:
-        if _door.get() is not None:  # an inner door of the same call (enqueue -> enqueue_call): the outer one rules
+    def _door(self, policy: Any, force: bool = False, hint: Any = None) -> Iterator[None]:
+        if _door.get() is not None:  # an inner door of the same call (enqueue_at -> enqueue_call): the outer one rules
             yield
             return
-        # ``spec``: the PolicySet the fast path already resolved for this call (None for none), so it is not read again
-        if spec is not _DECLARED:
-            override = spec
-        else:
-            override = policy if policy is _DECLARED else make_set(policy)
+        override = policy if policy is _DECLARED else make_set(policy)
         token = _door.set(_Door(override, force=force, hint=hint))
         try:
             yield
@@ -127,19 +123,26 @@ class PolicyQueue(Queue):
             The Job, or None when a policy dropped it.
         """
         policy = kwargs.pop('policy', _DECLARED)
-        hint, spec = None, _DECLARED
-        if _door.get() is None:
-            spec = self._spec(policy, f)
-            dropped, hint = admission.quick_drop(self, spec, f, args, kwargs)
-            if dropped:
-                return None
-        with self._door(policy, hint=hint, spec=spec):
+        if _door.get() is not None:  # an inner door of the same call: the outer one rules
             return super().enqueue(f, *args, **kwargs)
+        spec = self._spec(policy, f)
+        dropped, hint = admission.quick_drop(self, spec, f, args, kwargs)
+        if dropped:
+            return None
+        # The door is set by hand rather than through ``_door()``: this is the hottest door, and a generator-based
+        # context manager costs more than the rest of the door's own bookkeeping.
+        token = _door.set(_Door(spec, hint=hint))
+        try:
+            return super().enqueue(f, *args, **kwargs)
+        finally:
+            _door.reset(token)
 
     def enqueue_call(self, func: Any, *args: Any, policy: Any = _DECLARED, **kwargs: Any) -> Job | None:  # type: ignore[override]
         """rq's ``enqueue_call``, plus ``policy=``. Returns None when a policy dropped the job."""
+        if _door.get() is not None:  # an inner door (enqueue arrives here): the outer one rules
+            return super().enqueue_call(func, *args, **kwargs)
         hint = None
-        if _door.get() is None and not args:  # the @job decorator's .delay() arrives here
+        if not args:  # the @job decorator's .delay() arrives here
             call = {name: kwargs[name] for name in ('args', 'kwargs', 'job_id', 'pipeline', 'unique', 'rate_limit')
                     if kwargs.get(name) is not None}
             dropped, hint = self._quick_drop(policy, func, (), call)
@@ -200,7 +203,7 @@ class PolicyQueue(Queue):
 
         Every push rq makes through this queue passes here: jobs without a policy, retries, released dependents,
         requeues. Pushes by stock ``rq.Queue`` producers do not publish; idle PolicyWorkers see those within
-        ``IDLE_POLL_SECONDS``.
+        ``IDLE_POLL_SECONDS`` (the idle probe).
         """
         if pipeline is not None:
             super().push_job_id(job_id, pipeline=pipeline, at_front=at_front)
@@ -329,14 +332,15 @@ class PolicyQueue(Queue):
         """
         policies = spec.policies if spec is not None else ()
         mode, score, dest = self._prepare(job, when, at_front, schedule and any(p.schedules for p in policies))
-        fields = _flatten(job.to_dict())
+        mapping = job.to_dict()
+        fields = _flatten(mapping)
         for item in policies:
             fields += item.job_fields(self.name, digest)
             fields += item.call_fields(job, self.name, digest)
         ttl = job.ttl if job.ttl and job.ttl > 0 else -1
         if mode == 'D' and ttl < 0:
             ttl = DEFERRED_LEASE_SECONDS
-        return JobWrite(job, mode, score, dest, ttl, fields)
+        return JobWrite(job, mode, score, dest, ttl, fields, created=mapping.get('created_at'))
 
     def _finish_deferred(self, job: Job, spec: PolicySet, digest: str, at_front: bool) -> Job:
         """Hand an admitted job with dependencies to rq's own dependency handling, then drop the lease."""

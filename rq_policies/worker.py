@@ -15,16 +15,23 @@ with stock rq:
 * holds are refreshed by a script appended to the heartbeat pipeline rq sends every ``job_monitoring_interval``
   while a job runs, and live ``hold_ttl`` seconds unrefreshed, so a SIGKILLed worker's holds age out by themselves
   (where no heartbeat runs, a :class:`~rq_policies.ledger.Keeper` process refreshes them);
-* an idle worker waits on pub/sub (woken by pushes, releases and cap changes) and looks again at least every
-  second, instead of blocking on BLMOVE/BLPOP, which would pop without the checks.
+* an idle worker waits on pub/sub (woken by pushes, releases and cap changes; of the idle workers a release wakes,
+  only the first to claim it looks again), probes the queues it did not find full once a second and looks again
+  at full ones every ``hold_ttl / 3`` seconds (1 to 10), instead of blocking on BLMOVE/BLPOP, which would pop
+  without the checks.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import pickle
+import select
+import signal
+import struct
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -49,6 +56,9 @@ HOLD_TTL_ENV = 'RQ_POLICIES_HOLD_TTL'
 #: Seconds a hold outlives a missed heartbeat by default, on top of ``job_monitoring_interval``: rq's own margin for
 #: the worker key while a job runs (``job_monitoring_interval + 60``).
 HOLD_TTL_MARGIN = 60
+
+#: Seconds a hold guard whose worker died waits for a work horse forked just before to announce itself.
+_ANNOUNCE_GRACE = 5.0
 
 #: How long the idle wait waits for the server to confirm a subscription before looking again anyway (seconds).
 _SUBSCRIBE_CONFIRM_SECONDS = 1.0
@@ -124,7 +134,7 @@ class _WorkerFetcher(Fetcher):
             raise
         return True
 
-    def wait(self, connection: Any, queue_names: list[str], seconds: float, full: frozenset[str] = frozenset()) -> None:
+    def wait(self, connection: Any, queue_names: list[str], seconds: float, full: frozenset[str] = frozenset()) -> bool:
         if self._pubsub is None:
             self.listen(connection, queue_names)
         deadline = time.monotonic() + min(seconds, IDLE_POLL_SECONDS)
@@ -132,10 +142,10 @@ class _WorkerFetcher(Fetcher):
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return
+                    return False
                 message = self._pubsub.get_message(timeout=left)
-                if message is not None and self._news(message, full):
-                    return
+                if message is not None and self._news(message, full) and self._first(connection, message):
+                    return True
         except Exception:
             self.close()
             raise
@@ -148,7 +158,16 @@ class _WorkerFetcher(Fetcher):
         if queue is None:
             return False  # left over from an earlier subscription
         data = text(message['data'])
-        return data in (WAKE_RELEASED, WAKE_CAPACITY) or queue not in full
+        return data.split(' ', 1)[0] in (WAKE_RELEASED, WAKE_CAPACITY) or queue not in full
+
+    @staticmethod
+    def _first(connection: Any, message: dict) -> bool:
+        """Of the idle workers a release woke, only the first to claim it looks again (one freed hold, one look);
+        the others go back to waiting after that one SET. Any other news is everyone's."""
+        data = text(message['data'])
+        if data.split(' ', 1)[0] != WAKE_RELEASED:
+            return True
+        return ledger.woken(connection, data)
 
     def on_claim(self, claim: Claim) -> None:
         super().on_claim(claim)
@@ -462,28 +481,273 @@ class PolicyWorkerMixin:
             super().teardown()  # type: ignore[misc]
 
 
+class _HorseGuard:
+    """One small process per forking PolicyWorker that keeps a capped job's hold once the worker itself has died.
+
+    rq runs the work horse in a process group of its own, so a worker SIGKILLed alone leaves its horse running the
+    job, while the hold, refreshed by the dead worker's heartbeat, would age out under it. The guard is forked from
+    the worker once, at its first capped job (again only if it died), not once per job: the worker tells it nothing
+    while it lives but "this job ended", and the horse of a capped job announces itself (its pid and its claim) as the
+    first thing it does. Once the worker is gone (the guard's parent changes), the guard refreshes the announced
+    hold every ``hold_ttl / 3`` seconds for as long as the horse lives and releases it once the horse has ended
+    (watched through a pidfd, so the release is prompt and never lands before the job's process is gone), then exits.
+
+    A process, not a thread in the horse: a job holding the GIL (a catastrophic regex) would starve a thread. It
+    ignores SIGINT and SIGTERM (its worker decides), lives in the worker's process group, and exits when the worker
+    exits with no capped job still running. If everything is SIGKILLed, the hold ages out within ``hold_ttl``.
+    """
+
+    def __init__(self, connection: Any, hold_ttl: int, tick: float, log: Any) -> None:
+        self.connection = connection
+        self.hold_ttl = hold_ttl
+        self.tick = tick
+        self.log = log
+        self._pid = 0
+        self._write = -1
+
+    def ensure(self) -> None:
+        """Start the guard unless it runs (checked with one WNOHANG wait)."""
+        if self._pid:
+            try:
+                done, _ = os.waitpid(self._pid, os.WNOHANG)
+            except ChildProcessError:
+                done = self._pid
+            if not done:
+                return
+            self.log.warning('rq-policies: the hold guard (pid %s) died; starting another', self._pid)
+            self._close()
+        read_end, write_end = os.pipe()
+        worker = os.getpid()
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore', DeprecationWarning)  # fork() in a threaded process: see ledger.Keeper
+            pid = os.fork()
+        if pid == 0:  # the guard
+            code = 0
+            try:
+                os.close(write_end)
+                self._run(read_end, worker)
+            except BaseException:  # noqa: BLE001 - nothing of the worker's may run in this process
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(read_end)
+        os.set_blocking(write_end, False)  # a stopped guard must never block the worker
+        self._pid, self._write = pid, write_end
+
+    def announce(self, claim: Claim) -> None:
+        """In the work horse, first thing: name this horse and its claim to the guard; then drop the pipe."""
+        if self._write < 0:
+            return
+        try:
+            self._send(('start', os.getpid(), claim))
+        except OSError:
+            pass  # no guard to tell: the worker's heartbeat still keeps the hold while the worker lives
+        self.detach()
+
+    def detach(self) -> None:
+        """In a child of the worker (a work horse): close its inherited end of the pipe."""
+        if self._write >= 0:
+            os.close(self._write)
+            self._write = -1
+        self._pid = 0
+
+    def ended(self, claim: Claim) -> None:
+        """In the worker: the horse that ran ``claim`` has ended (reaped); the guard forgets it."""
+        try:
+            self._send(('end', claim.token))
+        except OSError:
+            self._close()  # a guard that cannot hear us is started again at the next capped job
+
+    def stop(self, job_running: bool) -> None:
+        """In the worker, leaving: with no capped job still running, the guard exits; else it stays for that job."""
+        if self._write < 0:
+            return
+        if job_running:
+            os.close(self._write)  # the guard sees its worker go and keeps the running horse's hold
+            self._write, self._pid = -1, 0
+            return
+        with contextlib.suppress(OSError):
+            self._send(('stop',))
+        deadline = time.monotonic() + 2.0
+        while self._pid and time.monotonic() < deadline:
+            try:
+                done, _ = os.waitpid(self._pid, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if done:
+                break
+            time.sleep(0.01)
+        self._close()
+
+    def _close(self) -> None:
+        if self._write >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._write)
+        self._write, self._pid = -1, 0
+
+    def _send(self, message: tuple) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        os.write(self._write, struct.pack('!I', len(data)) + data)  # < PIPE_BUF: one atomic write
+
+    # -- in the guard's process -----------------------------------------------------------------------------------
+
+    def _run(self, pipe: int, worker: int) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        buffer = b''
+        current: _Guarded | None = None
+        orphaned_at: float | None = None  # when the worker was first seen gone
+        next_refresh = 0.0
+        while True:
+            now = time.monotonic()
+            if orphaned_at is None and os.getppid() != worker:
+                orphaned_at, next_refresh = now, now
+                if current is not None:
+                    self.log.warning('rq-policies: worker %s died while job %s ran; its hold guard keeps the hold on '
+                                     '%r until the job ends', worker, current.claim.job_id, current.claim.queue_name)
+            if orphaned_at is not None and current is None and (pipe < 0 or now - orphaned_at > _ANNOUNCE_GRACE):
+                return  # the worker is gone, and no horse of it announced a capped job (nor can any now)
+            if current is not None and not current.alive():
+                if orphaned_at is not None:  # the worker is gone: the hold is ours to give back, now the job ended
+                    self._release(current.claim)
+                    current.close()
+                    return
+                current.close()  # while the worker lives, its own release follows the job's end
+                current = None
+                continue
+            if current is not None and orphaned_at is not None and now >= next_refresh:
+                next_refresh = now + (self.hold_ttl / 3 if self._refresh(current.claim) else self.tick)
+            watch = [pipe] if pipe >= 0 else []
+            if current is not None and current.pidfd >= 0:
+                watch.append(current.pidfd)
+            timeout = self.tick
+            if orphaned_at is not None and current is not None:
+                timeout = max(0.0, min(self.tick, next_refresh - now))
+            if not watch:
+                time.sleep(timeout)
+                continue
+            ready, _, _ = select.select(watch, [], [], timeout)
+            if pipe not in ready:
+                continue
+            data = os.read(pipe, 65536)
+            if not data:  # every writer closed: the worker left (and no horse can announce itself any more)
+                os.close(pipe)
+                pipe = -1
+            buffer += data
+            while len(buffer) >= 4 and len(buffer) >= 4 + struct.unpack('!I', buffer[:4])[0]:
+                size = struct.unpack('!I', buffer[:4])[0]
+                message, buffer = pickle.loads(buffer[4:4 + size]), buffer[4 + size:]
+                if message[0] == 'start':
+                    if current is not None:
+                        current.close()
+                    current = _Guarded(message[1], message[2])
+                    if orphaned_at is not None:
+                        self.log.warning('rq-policies: worker %s died while job %s ran; its hold guard keeps the hold '
+                                         'on %r until the job ends', worker, current.claim.job_id,
+                                         current.claim.queue_name)
+                elif message[0] == 'end' and current is not None and current.claim.token == message[1]:
+                    current.close()
+                    current = None
+                elif message[0] == 'stop' and current is None:
+                    return
+
+    def _refresh(self, claim: Claim) -> bool:
+        try:
+            ledger.log_lapses(self.log, Ledger(claim.holds).refresh(self.connection, ttl=self.hold_ttl))
+        except Exception:  # retried on the next tick; the ttl covers two missed refreshes
+            self.log.warning('rq-policies: could not refresh the hold of job %s', claim.job_id, exc_info=True)
+            return False
+        return True
+
+    def _release(self, claim: Claim) -> None:
+        try:
+            release_claim(claim, self.connection)
+        except Exception:
+            self.log.warning('rq-policies: could not release the hold of job %s; it expires within %s s',
+                             claim.job_id, self.hold_ttl, exc_info=True)
+            return
+        self.log.info('rq-policies: job %s ended after its worker died; its hold on %r is released', claim.job_id,
+                      claim.queue_name)
+
+
+class _Guarded:
+    """The work horse a guard watches: its pid (through a pidfd where the OS has them) and its claim."""
+
+    def __init__(self, pid: int, claim: Claim) -> None:
+        self.pid = pid
+        self.claim = claim
+        self.pidfd = -1
+        if hasattr(os, 'pidfd_open'):
+            try:
+                self.pidfd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                self.pid = 0  # already gone (and reaped)
+            except OSError:
+                pass  # no pidfds here (an old kernel): polled instead
+
+    def alive(self) -> bool:
+        if not self.pid:
+            return False
+        if self.pidfd >= 0:
+            return not select.select([self.pidfd], [], [], 0)[0]  # readable once the process has exited
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            pass
+        return True
+
+    def close(self) -> None:
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
+
+
 class PolicyWorker(PolicyWorkerMixin, Worker):
     """rq's forking Worker, fetching through the policies: ``rq worker -w rq_policies.PolicyWorker``.
 
     rq runs the work horse in a process group of its own, so a worker SIGKILLed alone (``kill -9`` of its pid, an
     OOM kill of the parent) leaves its horse running the job to the end, and the hold, no longer refreshed by the
-    worker's heartbeat, would age out under a job that still runs. The horse of a job holding a hold therefore
-    watches its parent: once orphaned, it refreshes its own hold every ``hold_ttl / 3`` seconds and releases it when
-    the job ends. The cap counts the job for as long as it actually runs (bounded by the job's timeout, which the
-    horse enforces itself).
+    worker's heartbeat, would age out under a job that still runs. A capped job's hold is therefore watched by the
+    worker's hold guard (one small process per worker, :class:`_HorseGuard`): once the worker is gone, it refreshes
+    the hold every ``hold_ttl / 3`` seconds while the horse lives and releases it when the horse has ended. The cap
+    counts the job for as long as it actually runs (bounded by the job's timeout, which the horse enforces itself).
     """
 
-    #: How often a work horse holding a hold checks that its worker is alive (seconds; no Redis command).
+    #: How often the hold guard checks that its worker is alive (seconds; no Redis command).
     orphan_check_seconds: float = 1.0
 
-    _horse_keeper: Keeper | None = None  # only ever set in a work horse
-    _horse_pid_self: int = 0
-    _horse_claim: Claim | None = None
-    _orphaned: bool = False
+    _guard: _HorseGuard | None = None
+    _guarded: Claim | None = None  # the claim of the capped job whose horse runs now
+
+    def fork_work_horse(self, job: Any, queue: Any) -> None:
+        claim = self._running_claim
+        if claim is not None and claim.holds and ledger.forkable(self.connection):  # type: ignore[attr-defined]
+            if self._guard is None:
+                self._guard = _HorseGuard(self.connection, self.hold_ttl, self.orphan_check_seconds,  # type: ignore[arg-type, attr-defined]
+                                          self.log)  # type: ignore[attr-defined]
+            self._guard.ensure()
+            self._guarded = claim
+        super().fork_work_horse(job, queue)  # the horse never returns from it
+
+    def main_work_horse(self, job: Any, queue: Any) -> None:
+        if self._guard is not None:
+            if self._guarded is not None and self._guarded is self._running_claim:
+                self._guard.announce(self._guarded)
+            else:
+                self._guard.detach()
+        super().main_work_horse(job, queue)  # ends in os._exit
 
     def execute_job(self, job: Any, queue: Any) -> Any:
-        self._worker_pid = os.getpid()  # the horse compares its parent with this (taken before the fork)
-        return super().execute_job(job, queue)
+        try:
+            return super().execute_job(job, queue)
+        finally:
+            guarded, self._guarded = self._guarded, None
+            if guarded is not None and self._guard is not None and self._job_process_ended():
+                self._guard.ended(guarded)
+            elif guarded is not None:
+                self._guarded = guarded  # the horse runs on (the worker is quitting): the guard keeps its hold
 
     def _job_process_ended(self) -> bool:
         """Has the work horse ended (reaped here, or by rq's cold shutdown, which waits for the horse it killed)?"""
@@ -496,69 +760,12 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
             return True
         return done != 0
 
-    def main_work_horse(self, job: Any, queue: Any) -> None:
-        claim = self._running_claim
-        if claim is not None and claim.holds:
-            # The keeper only refreshes once the worker is gone: until then the worker's heartbeat does.
-            self._horse_claim = claim
-            self._horse_pid_self = os.getpid()
-            self._horse_keeper = Keeper(
-                self.connection, Ledger(claim.holds), self.hold_ttl / 3, ttl=self.hold_ttl,  # type: ignore[operator]
-                tick=self.orphan_check_seconds, active=self._horse_orphaned, until_empty=True, log=self.log,
-                name='rq-policies-orphan-guard',
-            ).start()
-        super().main_work_horse(job, queue)  # ends in os._exit
-
-    def _horse_orphaned(self) -> bool:
-        """In the horse's keeper (a child of the horse): has the horse's worker died? Logged once, when noticed."""
-        return self._orphaned_now(_parent_of(self._horse_pid_self, self._worker_pid))
-
-    def _orphaned_now(self, parent: int | None = None) -> bool:
-        """In a work horse: has its worker died? Logged once, when first noticed."""
-        parent = os.getppid() if parent is None else parent
-        if not self._orphaned and parent != self._worker_pid:
-            self._orphaned = True
-            claim = self._horse_claim
-            self.log.warning(
-                'rq-policies: worker %s died while job %s ran; its work horse keeps the hold on %r until the job ends',
-                self._worker_pid, claim.job_id if claim else None, claim.queue_name if claim else None,
-            )
-        return self._orphaned
-
-    def perform_job(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> Any:
+    def teardown(self) -> None:
         try:
-            return super().perform_job(job, queue, *args, **kwargs)
+            super().teardown()
         finally:
-            if self._horse_keeper is not None:
-                self._finish_horse()
-
-    def _finish_horse(self) -> None:
-        """The job has ended: stop watching, and give the hold back if the worker is gone (else the worker does)."""
-        self._horse_keeper.stop()  # type: ignore[union-attr]
-        if not self._orphaned_now() or self._horse_claim is None:
-            return
-        try:
-            release_claim(self._horse_claim, self.connection)
-        except Exception:
-            self.log.warning('rq-policies: work horse could not release its hold; it expires within %s s',
-                             self.hold_ttl, exc_info=True)
-
-
-def _parent_of(pid: int, expected: int) -> int:
-    """The parent pid of process ``pid`` (from ``/proc``); where there is no ``/proc``, ``expected`` while that
-    process is alive, else 1."""
-    try:
-        with open(f'/proc/{pid}/stat', 'rb') as f:
-            return int(f.read().rsplit(b')', 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        pass
-    try:
-        os.kill(expected, 0)
-    except ProcessLookupError:
-        return 1
-    except OSError:
-        pass
-    return expected
+            if self._guard is not None:
+                self._guard.stop(job_running=self._guarded is not None)
 
 
 class PolicySimpleWorker(PolicyWorkerMixin, SimpleWorker):

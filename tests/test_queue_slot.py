@@ -329,7 +329,7 @@ def test_release_and_refresh_ride_a_pipeline(connection):
         assert pipe.execute()[0] == 1
     assert connection.zcard(keys.holds('reports')) == 0
     assert QueueSlot.HELD.snapshot() == {}
-    assert _next_message(pubsub)['data'] == b'released'
+    assert _next_message(pubsub)['data'] == f'released {keys.holds("reports")} x'.encode()  # names its hold
     with connection.pipeline() as pipe:
         QueueSlot.refresh_in(pipe)  # nothing held: the pipeline is not touched
         assert len(pipe) == 0
@@ -516,6 +516,85 @@ def test_a_waiting_fetch_wakes_on_a_release(connection, redis_url):
     job, queue = got[0]
     assert queue.name == 'wake'
     assert got[1] - released_at < 0.5  # woken, not polled (the poll is 1 s)
+    fetcher.close()
+
+
+def test_a_release_makes_one_idle_worker_look_again_a_capacity_change_all(connection):
+    # Two idle workers' fetchers waiting on the same full queue (real pub/sub): a release freed one hold, so only the
+    # first to claim its wake-up looks again; the other spends one SET and goes on waiting. A capacity change (or a
+    # release published by an older version, naming no hold) is news to everyone.
+    QueueSlot.set_capacity('herd', 1, connection=connection)
+    assert QueueSlot.acquire('herd', capacity=1, ttl=60, token='holder', connection=connection)
+    fetchers = [_WorkerFetcher(hold_ttl=30) for _ in range(2)]
+    for fetcher in fetchers:
+        assert fetcher.listen(connection, ['herd'])
+
+    def waits() -> tuple[list[bool], list[threading.Thread]]:
+        """Both fetchers waiting (up to 1 s) in threads of their own; each one's answer lands in the list."""
+        results = [False, False]
+
+        def wait(n: int) -> None:
+            results[n] = fetchers[n].wait(connection, ['herd'], 1.0, frozenset({'herd'}))
+
+        threads = [threading.Thread(target=wait, args=(n,)) for n in range(2)]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.2)  # both are in get_message now
+        return results, threads
+
+    results, threads = waits()
+    assert QueueSlot.release('herd', token='holder', connection=connection)
+    for thread in threads:
+        thread.join(5)
+    assert sorted(results) == [False, True]
+    assert connection.ttl(keys.woken(f'{keys.holds("herd")} holder')) > 0  # the claim of the wake-up expires
+
+    results, threads = waits()
+    QueueSlot.set_capacity('herd', 2, connection=connection)
+    for thread in threads:
+        thread.join(5)
+    assert results == [True, True]
+
+    results, threads = waits()
+    connection.publish(keys.wake('herd'), 'released')  # an older release: no hold named
+    for thread in threads:
+        thread.join(5)
+    assert results == [True, True]
+    for fetcher in fetchers:
+        fetcher.close()
+
+
+def test_an_idle_worker_over_full_queues_probes_instead_of_looking_again(connection):
+    # One full capped queue and one empty one. Once a look found nothing, the idle wait probes the queue that was not
+    # full (one EXISTS) and looks again only when the probe finds a job there (pushed by a stock producer, which
+    # publishes no wake-up), on news, or after relook_seconds.
+    QueueSlot.set_capacity('idlefull', 1, connection=connection)
+    assert QueueSlot.acquire('idlefull', capacity=1, ttl=60, token='holder', connection=connection)
+    PolicyQueue('idlefull', connection=connection).enqueue(jobs.plain, 1)
+    queues = [PolicyQueue('idlefull', connection=connection), PolicyQueue('idleempty', connection=connection)]
+    fetcher = _WorkerFetcher(hold_ttl=30)
+    assert fetcher.relook_seconds() == 10.0
+    assert _WorkerFetcher(hold_ttl=3).relook_seconds() == 1.0
+    got: list = []
+
+    def fetch() -> None:
+        current_fetcher.set(fetcher)  # a thread starts with a context of its own
+        got.append(PolicyQueue.dequeue_any(queues, 30, connection=connection))
+        got.append(time.monotonic())
+
+    connection.config_resetstat()
+    thread = threading.Thread(target=fetch)
+    thread.start()
+    time.sleep(3.5)
+    stats = connection.info('commandstats')
+    looks = stats['cmdstat_evalsha']['calls'] + stats.get('cmdstat_eval', {}).get('calls', 0)
+    assert looks <= 3, stats  # the first look, and the one after the subscription landed: no look per second
+    assert stats['cmdstat_exists']['calls'] >= 2  # it probed the empty queue once a second instead
+    pushed_at = time.monotonic()
+    Queue('idleempty', connection=connection).enqueue(jobs.plain, 2)  # stock rq: no wake-up published
+    thread.join(10)
+    job, queue = got[0]
+    assert queue.name == 'idleempty' and got[1] - pushed_at < 1.5
     fetcher.close()
 
 

@@ -32,7 +32,7 @@
 -- @include "lib/holder_waiting.lua"
 -- @include "lib/holder_running.lua"
 -- @include "lib/take_marker.lua"
-P.loner = {}
+P.loner = {clock = false}  -- never reads ctx.now: a loner-only admission skips TIME
 
 -- 'waiting' (replaceable), 'running' (holds, never replaced) or nil (free).
 local function loner_held(job_prefix, p, holder)

@@ -13,7 +13,8 @@
                                   interval it was reached at, s), expiring once tat is past
   No arguments of its own; the clock is ctx.now (server time, epoch s).
 
-  gate(ctx, i): a queue blocked by a BackOff ending later than now is skipped until then (returns
+  gate(ctx, i): every queue's rate and block are read on the first gate of a look (one HMGET, one
+  ZRANGEBYSCORE). A queue blocked by a BackOff ending later than now is skipped until then (returns
   that server time); an unlimited queue is taken (true); a limited one is taken when its GCRA
   allows a start now (emission interval T = per / limit, tolerance (burst - 1) * T: at most
   `burst` at once after a quiet spell), else skipped until the time it allows one (a number).
@@ -27,13 +28,30 @@
 -- @include "lib/rate_tat.lua"
 P.queue_rate = {}
 
+-- Every queue's rate and block are read once per look, on its first gate (one HMGET, one
+-- ZRANGEBYSCORE of the queues blocked now, normally none), so a look over many queues stays cheap.
+local function rate_look(ctx)
+  local look = ctx.queue_rate_look
+  if not look then
+    local blocked = {}
+    local found = rcall('ZRANGEBYSCORE', ctx.key('queue_rate.backoff'), '(' .. string.format('%.6f', ctx.now),
+      '+inf', 'WITHSCORES')
+    for n = 1, #found - 1, 2 do
+      blocked[found[n]] = tonumber(found[n + 1])
+    end
+    look = {blocked = blocked, settings = rcall('HMGET', ctx.key('queue_rate.settings'), unpack(ctx.names))}
+    ctx.queue_rate_look = look
+  end
+  return look
+end
+
 function P.queue_rate.gate(ctx, i)
-  local name = ctx.names[i]
-  local blocked = tonumber(rcall('ZSCORE', ctx.key('queue_rate.backoff'), name))
+  local look = rate_look(ctx)
+  local blocked = look.blocked[ctx.names[i]]
   if blocked and blocked > ctx.now then
     return blocked
   end
-  local raw = rcall('HGET', ctx.key('queue_rate.settings'), name)
+  local raw = look.settings[i]
   if not raw then
     return true
   end

@@ -66,6 +66,10 @@ key                                                    type     meaning
 ``rq:policies:lcw-queued:<class>``                     ZSET     ids of the class's jobs enqueued and not yet
                                                                 started (score = enqueue epoch s); an entry whose
                                                                 job is gone or ended is pruned on the next count
+``rq:policies:lcw-finish:<successor id>``              STRING   what the finish call that drew successor id
+                                                                ``<successor id>`` answered (``<released>:<id or
+                                                                nothing>``), so a replayed finish answers the same
+                                                                and writes nothing; expires after :data:`CLAIM_TTL`
 =====================================================  =======  ===================================================
 
 A member of a hold ledger is a *hold* (see :mod:`rq_policies.ledger`); "slot" is a throttle's time window. The hold
@@ -175,6 +179,12 @@ def lcw_running(worker_class: str) -> str:
 def lcw_queued(worker_class: str) -> str:
     """The ids of one LimitedCapacityWorker class's jobs that wait to start."""
     return f'{PREFIX}lcw-queued:{worker_class}'
+
+
+def lcw_finish(successor_id: str) -> str:
+    """The record of what one LimitedCapacityWorker finish call answered, named by the fresh successor id it drew
+    (a replay of that call, which carries the same id, answers the record instead of deciding again)."""
+    return f'{PREFIX}lcw-finish:{successor_id}'
 
 
 def lapse_field(ledger: str) -> str:

@@ -45,6 +45,8 @@
     created     the job's created_at as written in its hash: a job hash already holding this
                 very value is this call's own write (a retried call whose reply was lost), so the
                 script answers as the first attempt did and writes nothing
+    dropped_ttl seconds the drop record lives (lib/drop_record.lua), with KEYS `dropped`
+                (rq:policies:dropped:<id>) passed only when the caller chose the job id
 
   Returns {code, policy, job id, n, server now, superseded, dropped...}:
     code 1 admitted (job id = ours; n = the policy's number, e.g. the window's end), 3 the
@@ -59,6 +61,7 @@ local rcall = redis.call
 -- @include "lib/codec.lua"
 -- @include "lib/server_time.lua"
 -- @include "lib/save_job.lua"
+-- @include "lib/drop_record.lua"
 
 local a = decode_args(ARGV[1])
 local P = {}
@@ -102,6 +105,9 @@ else
         return {1, name, ctx.jid, verdict.n or 0, nowstr, ''}
       end
       rcall('HINCRBY', KEYS[a.k.drops], a.drops[name], 1)
+      if a.k.dropped then
+        record_drop(KEYS[a.k.dropped], name, verdict.who, verdict.n or 0, a.queue_key, a.dropped_ttl)
+      end
       return {0, name, verdict.who, verdict.n or 0, nowstr, ''}
     end
   end

@@ -75,11 +75,13 @@ class FaultProxy:
         target_host: the server's host.
         target_port: the server's port.
         lifetime: seconds after which the proxy closes every connection and stops listening by itself.
+        record: keep every request for :meth:`seen` (a long run, the soak, passes False: nothing is kept).
     """
 
-    def __init__(self, target_host: str, target_port: int, lifetime: float = 300.0) -> None:
+    def __init__(self, target_host: str, target_port: int, lifetime: float = 300.0, record: bool = True) -> None:
         self.target = (target_host, target_port)
         self.lifetime = lifetime
+        self.record = record
         self._lock = threading.Lock()
         self._faults: list[_Fault] = []
         self._stall_until = 0.0
@@ -166,7 +168,8 @@ class FaultProxy:
     def _take(self, data: bytes) -> list[_Fault]:
         """The armed faults this request fires (each counted down once), in the order they were armed."""
         with self._lock:
-            self._seen.append(data[:4096])
+            if self.record:
+                self._seen.append(data[:4096])
             fired = []
             for fault in list(self._faults):
                 if _matches(fault.match, data):

@@ -387,6 +387,7 @@ class Run:
         self.produced, self.started, self.ended, self.popped = read_records(run_dir)
         self.horses = json.loads((run_dir / 'horses.json').read_text())  # 'pid-start' -> last seen alive
         self.takers = chaos.takers if chaos is not None else {}
+        self.timeline = chaos.timeline if chaos is not None else []  # [epoch s, action, pid]
         self.died = chaos.died if chaos is not None else set()
         self.policy_keys_left = policy_keys_left or []
         self.admitted = [p for p in self.produced if p[0] == 'admit']
@@ -497,26 +498,40 @@ def check_double_runs(run: Run) -> dict:
     twice = {job_id: [rec[6] for rec in runs] for job_id, runs in run.started.items() if len(runs) > 1}
     with_data = {job_id for job_id, starts in twice.items() if run.across_data_loss(min(starts), max(starts))}
     real = sorted(set(twice) - with_data)
-    return {'ok': not real, 'ids_run_twice': len(real), 'across_the_data_loss': len(with_data),
-            'examples': [[job_id, twice[job_id]] for job_id in real[:5]]}
+    produced = {p[1]: p for p in run.produced}
+    # The evidence: the runs (queue, kind, pid, start, horse), the producer's record, the chaos actions around them.
+    examples = [{'job': job_id, 'runs': [rec[2:] for rec in run.started[job_id]], 'produced': produced.get(job_id),
+                 'timeline': [t for t in run.timeline if min(twice[job_id]) - 3 <= t[0] <= max(twice[job_id]) + 1]}
+                for job_id in real[:5]]
+    return {'ok': not real, 'ids_run_twice': len(real), 'across_the_data_loss': len(with_data), 'examples': examples}
+
+
+#: Job statuses of a run that is over: an id of such a job left on an intermediate list is rq's bookkeeping, not a job
+#: waiting for nothing.
+ENDED = {'finished', 'failed', 'stopped', 'canceled'}
 
 
 def check_stranded(run: Run) -> dict:
-    """Stranded: at the end (nothing runs then), an id on an intermediate list that no dying worker explains. A
-    worker SIGKILLed (or cold-shut-down, or dead of a Redis error) between its fetch and the job's start leaves the
-    id there for rq's own cleanup, which fails it after a minute: counted apart, as rq's recovery."""
+    """Stranded: at the end (nothing runs then), an id on an intermediate list of a job that has not ended, and that
+    no dying worker explains: it waits for nothing (no worker will take it; rq's cleanup fails it after a minute,
+    unrun). A worker SIGKILLed (or cold-shut-down, or dead of a Redis error) between its fetch and the job's start
+    leaves the id there: counted apart, as rq's recovery, and so is the id of a job whose run already ended (a horse
+    SIGKILLed right after the fork: rq failed the job but left its id listed until its cleanup)."""
     conn = run.conn
-    stranded, by_dead = [], 0
+    stranded, by_dead, ended = [], 0, 0
     for name in QUEUES:
         for raw in conn.lrange(Queue(name, connection=conn).intermediate_queue_key, 0, -1):
             job_id = raw.decode()
+            status = conn.hget(Job.key_for(job_id), 'status')
+            status = status.decode() if status else None
             if run.takers.get(job_id) in run.died:
                 by_dead += 1
+            elif status in ENDED:
+                ended += 1  # its run was handled (a horse killed right after the fork fails it); rq lists it still
             else:
-                status = conn.hget(Job.key_for(job_id), 'status')
-                stranded.append([name, job_id, status.decode() if status else None, run.takers.get(job_id)])
+                stranded.append([name, job_id, status, run.takers.get(job_id)])
     return {'ok': not stranded, 'stranded': len(stranded), 'taken_by_a_worker_that_died': by_dead,
-            'examples': stranded[:5]}
+            'ended_but_still_listed': ended, 'examples': stranded[:5]}
 
 
 def check_loner(run: Run) -> dict:

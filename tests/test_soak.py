@@ -71,6 +71,12 @@ def test_an_id_left_on_an_intermediate_list_is_stranded_unless_a_dead_worker_too
     run.takers, run.died = {'x': 4242}, {4242}
     found = soak.check_stranded(run)
     assert found['ok'] and found['taken_by_a_worker_that_died'] == 1
+    connection.hset('rq:job:y', 'status', 'failed')  # its run ended (a horse killed right after the fork)
+    connection.hset('rq:job:z', 'status', 'queued')  # waits for nothing
+    connection.rpush('rq:queue:soak_open:intermediate', 'y', 'z')
+    found = soak.check_stranded(run)
+    assert not found['ok'] and found['stranded'] == 1 and found['ended_but_still_listed'] == 1
+    assert found['examples'] == [['soak_open', 'z', 'queued', None]]
 
 
 def test_a_cap_overlap_is_excused_only_in_the_recount_window_beside_a_job_that_ran_across_the_restart(

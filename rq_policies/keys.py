@@ -42,9 +42,9 @@ key                                                    type     meaning
                                                                 replacement; expires after SUPERSEDED_SECONDS
 ``rq:policies:dropped:<job id>``                      STRING   JSON record of an enqueue a policy dropped, written
                                                                 only when the caller chose the job id
-                                                                (``job_id=``): ``policy``, ``holder``, ``n``, ``at``,
-                                                                ``queue``; read by ``explain``; expires after
-                                                                DROPPED_SECONDS
+                                                                (``job_id=``): ``policy``, ``holder``, ``n``,
+                                                                ``queue`` (when: its ttl's start); read by
+                                                                ``explain``; expires after DROPPED_SECONDS
 ``rq:policies:rate``                                   HASH     queue name -> ``<limit> <per> <burst>``: at most
                                                                 ``limit`` job starts every ``per`` seconds, up to
                                                                 ``burst`` at once (QueueRate)

@@ -47,6 +47,8 @@
     created     the job's created_at as written in its hash: a job hash already holding this
                 very value is this call's own write (a retried call whose reply was lost), so the
                 script answers as the first attempt did and writes nothing
+    dropped_ttl seconds the drop record lives (lib/drop_record.lua), with KEYS `dropped`
+                (rq:policies:dropped:<id>) passed only when the caller chose the job id
 
   A part may also set `clock = false`: it never reads ctx.now, so a call whose every policy says
   so skips the TIME call (ctx.now and the reply's server now are then 0).
@@ -65,6 +67,7 @@ local rcall = redis.call
 -- @include "lib/server_time.lua"
 -- @include "lib/save_job.lua"
 -- @include "lib/count_drop.lua"
+-- @include "lib/drop_record.lua"
 
 local a = decode_args(ARGV[1])
 local P = {}
@@ -116,6 +119,9 @@ else
         return {1, name, ctx.jid, verdict.n or 0, nowstr, ''}
       end
       count_drop(KEYS[a.k.drops], KEYS[a.k.drops_minute], a.drops[name], now)
+      if a.k.dropped then
+        record_drop(KEYS[a.k.dropped], name, verdict.who, verdict.n or 0, a.queue_key, a.dropped_ttl)
+      end
       return {0, name, verdict.who, verdict.n or 0, nowstr, ''}
     end
   end

@@ -135,7 +135,30 @@ def admit_call(queue: Queue, spec: PolicySet, digest: str, write: JobWrite, forc
     call.key('job', job.key)
     call.key('dest', write.dest)
     call.key('queues', queue.redis_queues_keys)
+    if chose_id(job):
+        _record_drops(call, job.id)
     return call
+
+
+#: The attribute :func:`mark_chosen_id` sets on a Job object (never saved: rq writes only its own fields).
+_CHOSEN_ID = '_policies_chosen_id'
+
+
+def mark_chosen_id(job: Job) -> None:
+    """The caller chose ``job``'s id (``job_id=``): a policy's drop of it leaves a record ``explain`` reads."""
+    setattr(job, _CHOSEN_ID, True)
+
+
+def chose_id(job: Job) -> bool:
+    """Was ``job``'s id chosen by the caller (:func:`mark_chosen_id`), not drawn by rq?"""
+    return getattr(job, _CHOSEN_ID, False)
+
+
+def _record_drops(call: Call, job_id: str) -> None:
+    """Have a drop of ``job_id`` leave its record (``keys.dropped``). Only for an id the caller chose: nobody can ask
+    about an id rq drew for a job that was never written, so the common path writes nothing more."""
+    call.key('dropped', keys.dropped(job_id))
+    call.arg('dropped_ttl', keys.DROPPED_SECONDS)
 
 
 def _created_at(fields: list[Any]) -> Any:
@@ -227,6 +250,8 @@ def probe(queue: Queue, spec: PolicySet, digest: str, job_id: str = '') -> Verdi
     """Run only the checks of ``spec`` for one identity: code 0 (dropped, counted) or -1 (nothing to drop; a replay
     of ``job_id`` is also -1, for the full path to answer). Writes nothing but a drop's counter."""
     call = _policy_call(queue, spec, digest, jid=job_id, mode='N', score=0, ttl=-1, queue_key=queue.key, probe=True)
+    if job_id:  # the caller's own job_id= (a probe knows no other)
+        _record_drops(call, job_id)
     return Verdict.read(call.run(queue.connection), digest)
 
 

@@ -5,15 +5,23 @@ each admission policy stores what it needs there (:meth:`rq_policies.policy.Admi
 its state, a setting such as a throttle's width). Every registered policy contributes its own part through
 :meth:`rq_policies.policy.Policy.explain`, so a new policy explains itself in its own module. Every key read is built
 from the job hash, never found by SCAN, so the answer costs a few round trips however many identities are live.
+
+A job id with no job hash may still have an answer: a pending job that a later enqueue superseded leaves a
+tombstone naming its replacement (``keys.superseded``), and an enqueue a policy dropped leaves a drop record
+naming the holder (``keys.dropped``), but only when the caller chose the job id (``job_id=``): a dropped enqueue
+returns None, so an id rq drew is never seen by anyone, and the common path writes nothing more. Each policy reads
+the records that are its own (:meth:`rq_policies.policy.Policy.explain_gone`).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from rq.job import Job
 from rq.queue import Queue
 
+from . import keys
 from .exceptions import PolicyError
 from .ops import text
 from .policy import registered
@@ -67,16 +75,23 @@ def explain(job_id: str, connection: Any, job_prefix: str = Job.redis_job_namesp
         job_prefix: the job key prefix (``rq:job:``; a custom job class's own).
 
     Returns:
-        ``{'job', 'status', 'queue', 'position', 'policies': [{'policy', 'verdict', 'change', ...}, ...]}``:
-        ``position`` is the job's 0-based place in its queue while it is queued (None otherwise, or when it is
-        beyond the first :data:`POSITION_SCAN` ids); each policy entry
-        names the policy, what it says now (``verdict``), what would change that (``change``) and its own details.
+        ``{'job', 'exists', 'status', 'queue', 'position', 'worker', 'policies': [{'policy', 'verdict', 'change',
+        ...}, ...]}``: ``position`` is the job's 0-based place in its queue while it is queued (None otherwise, or
+        when it is beyond the first :data:`POSITION_SCAN` ids); each policy entry names the policy, what it says now
+        (``verdict``), what would change that (``change``) and its own details. ``exists`` is False for an id with
+        no job hash that a policy still explains: "superseded by job ..." (a pending Debounce or trailing Throttle
+        job replaced by a later enqueue, for ``keys.SUPERSEDED_SECONDS``) or "dropped at enqueue: held by ..." (an
+        enqueue given ``job_id=`` that a policy dropped, for ``keys.DROPPED_SECONDS``; an enqueue without
+        ``job_id=`` leaves no record, as nobody knows its id); ``status`` is then ''.
 
     Raises:
-        UnknownJob: no job hash has this id.
+        UnknownJob: no job hash has this id, and no policy has a record of it.
         ValueError: ``job_id`` is not a job id.
     """
-    job = job_state(connection, job_id, job_prefix)
+    try:
+        job = job_state(connection, job_id, job_prefix)
+    except UnknownJob:
+        return _gone(connection, job_id, job_prefix)
     queue = job.get('origin', '')
     position = None
     if job.get('status') == 'queued' and queue:
@@ -86,8 +101,46 @@ def explain(job_id: str, connection: Any, job_prefix: str = Job.redis_job_namesp
     parts: list[dict[str, Any]] = []
     for cls in registered():
         parts += cls.explain(connection, job, now)
-    return {'job': job_id, 'status': job.get('status', ''), 'queue': queue, 'position': position,
+    return {'job': job_id, 'exists': True, 'status': job.get('status', ''), 'queue': queue, 'position': position,
             'worker': job.get('worker_name') or None, 'policies': parts}
+
+
+def _drop_record(raw: str, now: float, left_ms: int) -> dict[str, Any]:
+    """A drop record (lib/drop_record.lua) with its queue as a name, not a key, and ``at``, when the drop happened
+    (the record's ttl started then)."""
+    record = json.loads(raw)
+    queue = str(record.get('queue', ''))
+    if queue.startswith(Queue.redis_queue_namespace_prefix):
+        record['queue'] = queue[len(Queue.redis_queue_namespace_prefix):]
+    record['at'] = now - keys.DROPPED_SECONDS + left_ms / 1000 if left_ms > 0 else None
+    return record
+
+
+def _gone(connection: Any, job_id: str, job_prefix: str) -> dict[str, Any]:
+    """The answer for an id with no job hash, from its tombstone and drop record; UnknownJob when a policy has none."""
+    with connection.pipeline(transaction=False) as pipe:
+        pipe.get(keys.superseded(job_id))
+        pipe.get(keys.dropped(job_id))
+        pipe.pttl(keys.dropped(job_id))
+        pipe.time()
+        tombstone, dropped, left_ms, (seconds, micros) = pipe.execute()
+    if tombstone is None and dropped is None:
+        raise UnknownJob(job_id)
+    now = seconds + micros / 1e6
+    policy, _, by = text(tombstone).partition(' ') if tombstone is not None else ('', '', '')
+    records: dict[str, Any] = {
+        'superseded': {'policy': policy, 'by': by} if tombstone is not None else None,
+        'dropped': _drop_record(text(dropped), now, left_ms) if dropped is not None else None,
+        'job_prefix': job_prefix,
+    }
+    parts: list[dict[str, Any]] = []
+    for cls in registered():
+        parts += cls.explain_gone(connection, job_id, records, now)
+    if not parts:
+        raise UnknownJob(job_id)
+    queue = next((part['queue'] for part in parts if part.get('queue')), '')
+    return {'job': job_id, 'exists': False, 'status': '', 'queue': queue, 'position': None, 'worker': None,
+            'policies': parts}
 
 
 def lines(answer: dict[str, Any]) -> list[str]:
@@ -95,7 +148,10 @@ def lines(answer: dict[str, Any]) -> list[str]:
     position = answer['position']
     where = f'queue {answer["queue"]!r}' + (f', position {position}' if position is not None else '')
     worker = f' on worker {answer["worker"]}' if answer['worker'] and answer['status'] == 'started' else ''
-    out = [f'job {answer["job"]}: {answer["status"] or "no status"}{worker}, {where}']
+    if answer.get('exists', True):
+        out = [f'job {answer["job"]}: {answer["status"] or "no status"}{worker}, {where}']
+    else:
+        out = [f'job {answer["job"]}: not in Redis' + (f', queue {answer["queue"]!r}' if answer['queue'] else '')]
     if not answer['policies']:
         out.append('  no policy applies to this job')
     for part in answer['policies']:

@@ -35,9 +35,16 @@ key                                                    type     meaning
                                                                 :data:`CLAIM_TTL` seconds anyway
 ``rq:policies:capacity``                               HASH     queue name -> cluster-wide cap (QueueSlot)
 ``rq:policies:superseded:<job id>``                   STRING   tombstone of a pending job a later enqueue
-                                                                replaced; a PolicyWorker drops that id should a
-                                                                skewed scheduler bring it back; expires after
-                                                                SUPERSEDED_SECONDS
+                                                                replaced: ``<policy> <id of that enqueue's job>``
+                                                                (``reset `` after ``rq-policies reset``); a
+                                                                PolicyWorker drops that id should a skewed
+                                                                scheduler bring it back, and ``explain`` names the
+                                                                replacement; expires after SUPERSEDED_SECONDS
+``rq:policies:dropped:<job id>``                      STRING   JSON record of an enqueue a policy dropped, written
+                                                                only when the caller chose the job id
+                                                                (``job_id=``): ``policy``, ``holder``, ``n``,
+                                                                ``queue`` (when: its ttl's start); read by
+                                                                ``explain``; expires after DROPPED_SECONDS
 ``rq:policies:rate``                                   HASH     queue name -> ``<limit> <per> <burst>``: at most
                                                                 ``limit`` job starts every ``per`` seconds, up to
                                                                 ``burst`` at once (QueueRate)
@@ -90,6 +97,10 @@ key                                                    type     meaning
 ``rq:policies:lcw-queued:<class>``                     ZSET     ids of the class's jobs enqueued and not yet
                                                                 started (score = enqueue epoch s); an entry whose
                                                                 job is gone or ended is pruned on the next count
+``rq:policies:lcw-finish:<successor id>``              STRING   what the finish call that drew successor id
+                                                                ``<successor id>`` answered (``<released>:<id or
+                                                                nothing>``), so a replayed finish answers the same
+                                                                and writes nothing; expires after :data:`CLAIM_TTL`
 =====================================================  =======  ===================================================
 
 A member of a hold ledger is a *hold* (see :mod:`rq_policies.ledger`); "slot" is a throttle's time window. The hold
@@ -140,6 +151,16 @@ SUPERSEDED_PREFIX = PREFIX + 'superseded:'
 def superseded(job_id: str) -> str:
     """The tombstone of a pending job that a later enqueue replaced: the fetch drops that job id if it comes back."""
     return SUPERSEDED_PREFIX + job_id
+
+
+#: Seconds the record of a dropped enqueue lives (an enqueue given ``job_id=``): long enough to ask ``explain`` why that
+#: id never ran, short enough that the records of a busy duplicate path stay few.
+DROPPED_SECONDS = 3600
+
+
+def dropped(job_id: str) -> str:
+    """The record of an enqueue under the caller's ``job_id`` that a policy dropped (see :data:`DROPPED_SECONDS`)."""
+    return f'{PREFIX}dropped:{job_id}'
 
 
 def loner(queue: str, digest: str) -> str:
@@ -223,6 +244,12 @@ def lcw_running(worker_class: str) -> str:
 def lcw_queued(worker_class: str) -> str:
     """The ids of one LimitedCapacityWorker class's jobs that wait to start."""
     return f'{PREFIX}lcw-queued:{worker_class}'
+
+
+def lcw_finish(successor_id: str) -> str:
+    """The record of what one LimitedCapacityWorker finish call answered, named by the fresh successor id it drew
+    (a replay of that call, which carries the same id, answers the record instead of deciding again)."""
+    return f'{PREFIX}lcw-finish:{successor_id}'
 
 
 def lapse_field(ledger: str) -> str:

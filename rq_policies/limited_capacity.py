@@ -180,12 +180,7 @@ class LimitedCapacityWorker:
         try:
             remaining = _count(f'{cls.__qualname__}.remaining_work_count()', instance.remaining_work_count(*args))
             limit = _count(f'{cls.__qualname__}.max_running_jobs()', instance.max_running_jobs())
-            queue, fields, job_ttl = cls._template(args, conn, job.origin)
-            successor = str(uuid.uuid4())
-            call = cls._call('lcw_finish', queue, limit, remaining, job_ttl, fields, token=hold.token,
-                             successor=successor)
-            call.key('successor', queue.job_class.key_for(successor))
-            call.run(conn)
+            cls._finish_call(args, conn, job.origin, limit, remaining, hold.token).run(conn)
         except BaseException:
             _release(conn, held, hold)
             raise
@@ -243,6 +238,20 @@ class LimitedCapacityWorker:
         job = queue.create_job(f'{cls.class_path()}.perform', **options)
         write = queue.job_write(job)
         return queue, write.fields, write.ttl
+
+    @classmethod
+    def _finish_call(cls, args: tuple, conn: Redis, queue_name: str, limit: int, remaining: int,
+                     token: str) -> Call:
+        """The ``lua/lcw_finish.lua`` call of a job whose hold is ``token``: give the hold back and enqueue a
+        successor. The successor's id is drawn here, so a replay of this very call carries the same one and finds
+        the first attempt's answer recorded under it (``keys.lcw_finish``)."""
+        queue, fields, job_ttl = cls._template(args, conn, queue_name)
+        successor = str(uuid.uuid4())
+        call = cls._call('lcw_finish', queue, limit, remaining, job_ttl, fields, token=token, successor=successor,
+                         record_ttl=keys.CLAIM_TTL)
+        call.key('successor', queue.job_class.key_for(successor))
+        call.key('record', keys.lcw_finish(successor))
+        return call
 
     @classmethod
     def _call(cls, script: str, queue: PolicyQueue, limit: int, remaining: int, ttl: int, fields: list[Any],

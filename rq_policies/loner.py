@@ -19,7 +19,7 @@ from rq.worker import Worker
 from . import keys
 from .exceptions import DuplicateJob
 from .ops import Call, text
-from .policy import AdmissionPolicy, Policy
+from .policy import AdmissionPolicy, Policy, job_status
 
 logger = logging.getLogger('rq_policies')
 
@@ -201,6 +201,21 @@ class Loner(AdmissionPolicy):
             entry['replaced_by'] = job['policies_replaced_by']
             entry['verdict'] += f'; its payload was replaced in place by the enqueue of job {entry["replaced_by"]}'
         return [entry]
+
+    @classmethod
+    def explain_gone(cls, connection: Any, job_id: str, records: dict[str, Any], now: float) -> list[dict[str, Any]]:
+        dropped = records['dropped']
+        if not dropped or dropped.get('policy') != cls.name:
+            return []
+        holder = str(dropped.get('holder', ''))
+        status, _ = job_status(connection, records['job_prefix'], holder)
+        at = dropped.get('at')
+        ago = f' ({max(now - at, 0.0):.0f} s ago)' if at is not None else ''
+        return [{
+            'policy': cls.name, 'holder': holder, 'queue': dropped.get('queue', ''), 'dropped_at': at,
+            'verdict': f'dropped at enqueue{ago}: held by job {holder} ({status or "gone"} now)',
+            'change': 'an identical enqueue is admitted once no job holds the identity; force() enqueues it anyway',
+        }]
 
     @classmethod
     def describe(cls, family: keys.Family, block: dict[str, Any]) -> list[str]:

@@ -184,6 +184,26 @@ class Policy:
         """
         return []
 
+    @classmethod
+    def explain_gone(cls, connection: Any, job_id: str, records: dict[str, Any], now: float) -> list[dict[str, Any]]:
+        """This policy's part of ``explain`` for a job id Redis has no job hash for (a superseded pending job, a
+        dropped enqueue), from what the admission left about that id.
+
+        ``records``: ``superseded`` (the id's tombstone, ``{'policy': who superseded it, 'by': the job that did}``),
+        ``dropped`` (the drop record of an enqueue given ``job_id=``: ``{'policy', 'holder', 'n', 'at', 'queue'}``),
+        each None when absent, and ``job_prefix``. Answer as :meth:`explain` does (``queue`` may name the job's
+        queue); empty when the records are not this policy's.
+        """
+        return []
+
+
+def job_status(connection: Any, job_prefix: str, job_id: str) -> tuple[str, str]:
+    """``(status, origin)`` of job ``job_id`` ('' for what its hash lacks, both for no hash): for ``explain`` hooks
+    naming another job (a holder, a replacement)."""
+    status, origin = connection.hmget(job_prefix + job_id, 'status', 'origin')
+    return (status.decode() if isinstance(status, bytes) else status or '',
+            origin.decode() if isinstance(origin, bytes) else origin or '')
+
 
 def registered(kind: str | None = None) -> list[type[Policy]]:
     """Every registered policy class (of one kind when ``kind`` is given), in rank order, then by name."""

@@ -198,6 +198,14 @@ class PolicyQueue(Queue):
 
     # -- where the doors arrive -----------------------------------------------------------------------------------
 
+    def create_job(self, *args: Any, **kwargs: Any) -> Job:  # type: ignore[override]
+        """rq's ``create_job`` (every door builds its job here); a job whose id the caller chose (``job_id=``) is
+        marked, so that a policy's drop of it leaves the record ``explain`` reads (``keys.dropped``)."""
+        job = super().create_job(*args, **kwargs)
+        if kwargs.get('job_id') is not None:
+            admission.mark_chosen_id(job)
+        return job
+
     def push_job_id(self, job_id: str, pipeline: Any = None, at_front: bool = False) -> None:
         """rq's push, plus a wake-up for idle PolicyWorkers (riding the same pipeline, or one of its own).
 

@@ -39,7 +39,7 @@ from rq.utils import import_attribute
 
 from . import admission, identity, keys
 from .exceptions import PolicyConfigurationError
-from .policy import AdmissionPolicy, Policy, PolicySet, declared, pending_lines, whole_seconds
+from .policy import AdmissionPolicy, Policy, PolicySet, declared, job_status, pending_lines, whole_seconds
 
 logger = logging.getLogger('rq_policies')
 
@@ -191,6 +191,29 @@ class Throttle(AdmissionPolicy):
                 f'is held by job {owner}' if owner else 'is free') + f', ends at {_when(ends)}'
             entry['change'] = ''
         return [entry]
+
+    @classmethod
+    def explain_gone(cls, connection: Any, job_id: str, records: dict[str, Any], now: float) -> list[dict[str, Any]]:
+        superseded, dropped = records['superseded'], records['dropped']
+        if superseded and superseded['policy'] == cls.name:
+            by = superseded['by']
+            status, queue = job_status(connection, records['job_prefix'], by)
+            return [{
+                'policy': cls.name, 'superseded_by': by, 'queue': queue,
+                'verdict': f'superseded by job {by} ({status or "gone"} now): a later extra of its window replaced '
+                           'this pending trailing job, which was deleted',
+                'change': f'nothing: job {by} runs in its place, at the end of the window',
+            }]
+        if dropped and dropped.get('policy') == cls.name:
+            holder, ends = str(dropped.get('holder', '')), float(dropped.get('n', 0))
+            return [{
+                'policy': cls.name, 'holder': holder, 'queue': dropped.get('queue', ''), 'window_ends_at': ends,
+                'dropped_at': dropped.get('at'),
+                'verdict': f'dropped at enqueue: held by job {holder}, which owned the slot ending at {_when(ends)}',
+                'change': 'an identical enqueue after ' + (
+                    'that is admitted' if ends > now else f'{_when(ends)} is admitted (that time has passed)'),
+            }]
+        return []
 
     def validate(self, job: Any, mode: str, force: bool) -> None:
         if self.trailing and mode == 'D' and not force:

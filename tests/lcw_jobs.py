@@ -10,6 +10,7 @@ import os
 import time
 
 from redis import Redis
+from rq import get_current_job
 
 from rq_policies import LimitedCapacityWorker
 
@@ -95,3 +96,16 @@ class BadCount(LimitedCapacityWorker):
 
     def max_running_jobs(self):
         return 2
+
+
+class Ephemeral(Backlog):
+    """Keeps no result (``result_ttl = 0``: rq deletes a job's hash as soon as it succeeded) and records the id of
+    every job that ran, so a test can see one id run twice."""
+
+    name = 'ephemeral'
+    result_ttl = 0
+    unit_seconds = 0.05
+
+    def perform_work(self, *args):
+        _conn().rpush(f'test:ran:{self.name}', get_current_job().id)
+        return super().perform_work(*args)

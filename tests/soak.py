@@ -1,26 +1,45 @@
-"""Soak: the policies together under kills, shutdowns and a Redis restart, checked from records the jobs write.
+"""Soak: the policies together under kills, shutdowns, lost replies and Redis restarts, checked from records the jobs
+write.
 
-    python tests/soak.py --seconds 600            # a long run; prints the figures and exits non-zero on a violation
+    python tests/soak.py --seconds 600 --seed 7   # a long run; prints the figures and exits non-zero on a violation
 
-Against a real server with AOF on, it runs producer processes enqueuing a mix of policy kinds (see KINDS) into a
-capped and an uncapped queue, and forking PolicyWorker processes. Throughout the run a chaos loop SIGKILLs work
-horses and whole workers, sends warm and cold shutdowns, and starts replacements; once, mid-run, it restarts the
-Redis server. A cold shutdown is two SIGTERMs 1.3 s apart (rq ignores a second one within 1 s) to a worker running
-a 4 s job the chaos enqueued for it; the report counts the cold shutdowns the workers logged. Then it lets the
-queues drain and checks, from the records jobs and producers append to local files (files, so that the records
-survive the restart):
+Against a real server with AOF on, it runs producer processes enqueuing a mix of policy kinds (``soak_jobs.kinds()``)
+into a capped and an uncapped queue, and forking PolicyWorker processes. Producers and workers reach the server
+through a fault-injecting proxy (tests/faultproxy.py) with retrying clients, as production clients retry: producers
+with a 1 s socket timeout, so a reply held 1.5 s or a dropped connection makes redis-py send the call again; workers
+with rq's own timeout (rq raises a worker's to its dequeue timeout plus 10 s), so a dropped connection makes them
+resend. Throughout the run a chaos loop SIGKILLs work horses and whole workers, sends warm and cold shutdowns, starts
+replacements, and arms a lost reply (a late admission reply, a dropped admission, fetch or any script reply, a stall
+of every connection); at a third of the run it restarts the Redis server with its data (AOF), at two thirds without
+(the dataset is lost: CONFIG SET appendonly no, SHUTDOWN NOSAVE, the AOF files removed, started again on the same
+port), and then sets the cap again as an operator would. A cold shutdown is two SIGTERMs 1.3 s apart (rq ignores a
+second one within 1 s) to a worker running a 4 s job the chaos enqueued for it; the report counts the cold shutdowns
+the workers logged. Then it lets the queues drain and checks, from the records jobs and producers append to local
+files (files, so that the records survive the restarts):
 
 * cap: the capped queue never ran more than CAP jobs at any instant (a horse that was SIGKILLed has no end record;
   its end is the last moment a 10 ms poll saw it alive, so the check has that resolution). The workers record when
-  they reaped each horse and released each hold; an overlap is classified as real, or as within the watcher's
+  they reaped each horse and released each hold; an overlap is classified as real, as within the watcher's
   resolution when the earlier job's worker had reaped its horse and released its hold before the later job
-  started. Only real ones fail the check. Every chaos action is timestamped in the report's timeline;
+  started, or as within the restart window: a job started in the RECOUNT_WINDOW seconds after the restart without
+  persistence, beside a job that was running across it (that job's hold was lost with the data and is counted
+  again at its worker's next refresh; until then the ledger does not know it). Only real ones fail the check;
 * lost: every admitted job ran at least once or sits where rq can recover it (a queue, the intermediate list, the
-  scheduled, started, deferred or failed registry);
-* loner: no two jobs of one loner identity waited at once (waiting is measured from the producer's return to the
-  job's start, a sub-interval of the true wait, so an overlap found is a real one);
-* throttle: no slot of a throttled identity ran more than one leading job;
-* leaks: once the queues drain and the slots end, no policy key is left but configuration and counters.
+  scheduled, started, deferred or failed registry); a job whose admission began before the restart without
+  persistence and that had not started is lost with the data (counted, not a failure);
+* double runs: no job id ran twice (each run is a start record), except across the restart without persistence,
+  which also forgets that an admission happened (a replay of it then admits the id again);
+* stranded: at the end, no id on an intermediate list (nothing runs then) but those taken by a worker that was
+  killed or died before it could start them (rq's own cleanup fails such a job after a minute);
+* per kind (``KIND_CHECKS``): loner, no two jobs of one loner identity waited at once (waiting is measured from the
+  producer's return to the job's start, a sub-interval of the true wait, so an overlap found is a real one);
+  throttle, no slot of a throttled identity ran more than one leading job (a slot across the restart without
+  persistence is forgotten with the data, and may have two); keyed, no two runs of one key (Concurrency(1) keyed
+  on the identity, whatever the queue) that recorded their end overlapped;
+* leaks: once the queues drain and the slots end, no policy key is left but configuration, counters and records on
+  their way out.
+
+Every chaos action, fault and restart is timestamped in the report's timeline.
 """
 
 from __future__ import annotations
@@ -30,6 +49,7 @@ import json
 import multiprocessing
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,7 +62,9 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import soak_jobs  # noqa: E402
+from faultproxy import FaultProxy, retrying  # noqa: E402
 from redis import Redis  # noqa: E402
+from redis.exceptions import ConnectionError as RedisConnectionError  # noqa: E402
 from rq import Queue  # noqa: E402
 from rq.job import Job  # noqa: E402
 from rq.registry import (  # noqa: E402
@@ -52,36 +74,57 @@ from rq.registry import (  # noqa: E402
     StartedJobRegistry,
 )
 
-from rq_policies import PolicyQueue, QueueSlot, keys  # noqa: E402
+from rq_policies import PolicyQueue, QueueSlot, keys, ops  # noqa: E402
 from rq_policies.testing import RedisServer  # noqa: E402
 
 CAP = 2
 QUEUES = ('soak_capped', 'soak_open')
 HOLD_TTL = soak_jobs.SoakWorker.hold_ttl
 
+#: Seconds after the restart without persistence within which a job may start beside one that ran across it,
+#: uncounted: the running job's hold went with the data and comes back at its worker's next refresh (every
+#: job_monitoring_interval, 3 s in the soak), plus 2 s for a starved machine and the reconnect.
+RECOUNT_WINDOW = soak_jobs.SoakWorker.monitoring_interval + 2
+
+#: Seconds of the capped job the soak starts just before the restart without persistence, to run across it.
+LONG_ACROSS_SECONDS = 8.0
+
+#: The producers' socket timeout (seconds): a reply later than this is given up and the call sent again.
+PRODUCER_TIMEOUT = 1.0
+
+#: What only an admission that writes a job carries (the msgpack key ``created``), and only a fetch (``claim_ttl``).
+ADMIT_WRITE = (b'EVAL', ops.pack('created'))
+FETCH = (b'EVAL', ops.pack('claim_ttl'))
+
 
 def KINDS():  # noqa: N802 - a table, built lazily so a kind whose policy is missing is simply absent
     return soak_jobs.kinds()
+
+
+def replacing() -> set[str]:
+    """The kinds whose pending job a later enqueue replaces (deleted by design)."""
+    return {name for name, kind in KINDS().items() if kind.replacing}
 
 
 # -- producers ----------------------------------------------------------------------------------------------------
 
 def producer(index: int, url: str, run_dir: str, deadline: float, seed: int) -> None:
     rng = random.Random(seed)
-    conn = Redis.from_url(url, socket_timeout=5)
+    # Through the proxy, retrying as production clients do: a late or lost reply sends the same call again.
+    conn = Redis.from_url(url, socket_timeout=PRODUCER_TIMEOUT, socket_connect_timeout=2, retry=retrying())
     queues = {name: PolicyQueue(name, connection=conn) for name in QUEUES}
     kinds = KINDS()
     with open(Path(run_dir) / f'producer-{index}.log', 'a', buffering=1) as out:
         while time.time() < deadline:
             kind = rng.choice(list(kinds))
-            func = kinds[kind]
+            func = kinds[kind].func
             identity = f'id{rng.randrange(6)}'
             queue = rng.choice(QUEUES)
             job_id = f'p{index}-{rng.getrandbits(48):x}'
             called = time.time()
             try:
                 job = queues[queue].enqueue(func, identity, rng.choice((0.05, 0.2, 0.4)), job_id=job_id)
-            except Exception as exc:  # the restart: the call may or may not have landed
+            except Exception as exc:  # a restart, or retries used up: the call may or may not have landed
                 out.write(json.dumps(['maybe', job_id, queue, kind, identity, time.time(), called, repr(exc)[:80]])
                           + '\n')
                 time.sleep(0.2)
@@ -107,6 +150,7 @@ def cold_shutdowns(log_dir: Path) -> int:
 
 def start_worker(url: str, env: dict, log_dir: Path, n: int, scheduler: bool) -> subprocess.Popen:
     args = [sys.executable, '-m', 'rq.cli', 'worker', '-w', 'soak_jobs.SoakWorker', '--url', url,
+            '--connection-class', 'faultproxy.RetryingRedis',  # a dropped connection resends the call
             '--logging_level', 'WARNING', *(['--with-scheduler'] if scheduler else []),
             # rq retries a dead scheduler's lock and cleans its registries only in maintenance (every 10 minutes by
             # default); the soak kills workers every few seconds, so it asks for maintenance every 5 s.
@@ -133,17 +177,33 @@ def alive(pid: int, start: str) -> bool:
     return fields[0] != 'Z' and fields[19] == start
 
 
+#: The lost replies the chaos arms, one at a time: (name, how). A producer gives a late reply up after
+#: PRODUCER_TIMEOUT and resends; a dropped reply (the server ran the command, the connection closes) makes producers
+#: and workers resend; a stall holds every byte of every connection (none is lost) past the producers' timeout.
+NET_FAULTS = (
+    ('late_admission', lambda proxy: proxy.delay_reply(PRODUCER_TIMEOUT + 0.5, match=ADMIT_WRITE)),
+    ('lost_admission', lambda proxy: proxy.drop_reply(match=ADMIT_WRITE)),
+    ('lost_fetch', lambda proxy: proxy.drop_reply(match=FETCH)),
+    ('lost_script_reply', lambda proxy: proxy.drop_reply(match=b'EVAL')),
+    ('stall', lambda proxy: proxy.stall(PRODUCER_TIMEOUT + 0.3)),
+)
+
+
 class Chaos:
-    def __init__(self, url: str, env: dict, run_dir: Path, workers: int, rng: random.Random):
-        self.url, self.env, self.run_dir, self.rng = url, env, run_dir, rng
+    def __init__(self, url: str, admin_url: str, env: dict, run_dir: Path, workers: int, rng: random.Random,
+                 proxy: FaultProxy | None = None):
+        self.url, self.admin_url, self.env, self.run_dir, self.rng = url, admin_url, env, run_dir, rng
+        self.proxy = proxy
         self.counter = 0
         self.procs: list[subprocess.Popen] = []
         self.events: dict[str, int] = defaultdict(int)
         self.asked: set[int] = set()  # workers the chaos told to stop or killed
         self.died_unasked = 0
+        self.died: set[int] = set()  # workers that were SIGKILLed, cold-shut-down or died unasked
         self.cold_jobs = 0
         self.timeline: list[list] = []  # [epoch s, action, victim pid] for every chaos action
         self.conn: Redis | None = None
+        self.takers: dict[str, int] = {}  # job id -> pid of the worker whose fetch took it (from claim records)
         # One worker runs rq's scheduler (trailing and debounced jobs) and is never a victim: rq takes over a dead
         # scheduler's lock only after the lock expires and in maintenance, which is rq's recovery, not ours.
         self.scheduler = self.spawn(scheduler=True)
@@ -162,6 +222,7 @@ class Chaos:
                 self.procs.remove(proc)
                 if proc.pid not in self.asked:
                     self.died_unasked += 1
+                    self.died.add(proc.pid)
                 if proc is self.scheduler:
                     self.scheduler = self.spawn(scheduler=True)
                 else:
@@ -185,6 +246,7 @@ class Chaos:
             for pid in horses:
                 os.kill(pid, signal.SIGKILL)
         elif action == 'kill_worker':
+            self.died.add(victim.pid)
             os.kill(victim.pid, signal.SIGKILL)
         elif action == 'warm':
             os.kill(victim.pid, signal.SIGTERM)
@@ -194,19 +256,53 @@ class Chaos:
             os.kill(victim.pid, signal.SIGTERM)
             time.sleep(COLD_SECOND_SIGNAL_AFTER)
             if victim.poll() is None:
+                self.died.add(victim.pid)  # its horse is killed: a job it took and had not started stays taken
                 os.kill(victim.pid, signal.SIGTERM)
                 self.events['cold_second_signal'] += 1
         self.events[action] += 1
+
+    def lose_a_reply(self) -> None:
+        """Arm one lost reply on the proxy (forgetting one armed earlier that found nothing to fire on)."""
+        if self.proxy is None:
+            return
+        name, arm = self.rng.choice(NET_FAULTS)
+        self.proxy.disarm()
+        arm(self.proxy)
+        self.timeline.append([round(time.time(), 3), f'net:{name}', 0])
+        self.events[f'armed:{name}'] += 1
+
+    def note_takers(self) -> None:
+        """Which worker took each job on an intermediate list: a fetch's claim record (``keys.claim``, 60 s) names
+        the claim token, ``<host>:<pid>:<tid>:<n>``, and the job. Read every chaos tick, well within the 60 s."""
+        try:
+            conn = self.admin()
+            names = list(conn.scan_iter(keys.claim('*'), count=1000))
+            values = conn.mget(names) if names else []
+        except RedisConnectionError:
+            return  # a restart
+        for name, value in zip(names, values):
+            if value is not None:
+                pid = int(name.decode()[len(keys.claim('')):].split(':')[-3])
+                self.takers[value.decode().split(':', 2)[2]] = pid
+
+    def admin(self) -> Redis:
+        """The chaos's own connection, straight to the server (not through the proxy)."""
+        if self.conn is None:
+            self.conn = Redis.from_url(self.admin_url, socket_timeout=5)
+        return self.conn
 
     def busy_with_long_job(self, wait: float = 5.0) -> subprocess.Popen | None:
         """Enqueue a 4 s plain job on the uncapped queue and return the worker whose horse runs it (None when no
         worker took it within ``wait`` seconds, or the enqueue failed: the Redis restart)."""
         self.cold_jobs += 1
-        job_id = f'cold-{self.cold_jobs}'
+        return self.start_long_job('soak_open', f'cold-{self.cold_jobs}', 4.0, wait)
+
+    def start_long_job(self, queue: str, job_id: str, seconds: float, wait: float = 5.0) -> subprocess.Popen | None:
+        """Enqueue a plain job of ``seconds`` on ``queue`` and return the worker whose horse runs it (None when no
+        worker took it within ``wait`` seconds, or the enqueue failed)."""
         try:
-            if self.conn is None:
-                self.conn = Redis.from_url(self.url, socket_timeout=5)
-            PolicyQueue('soak_open', connection=self.conn).enqueue(soak_jobs.soak_plain, 'cold', 4.0, job_id=job_id)
+            PolicyQueue(queue, connection=self.admin()).enqueue(soak_jobs.soak_plain, 'long', seconds, job_id=job_id,
+                                                                at_front=True)
         except Exception:
             return None
         needle = f'"{job_id}"'
@@ -232,6 +328,7 @@ class Chaos:
             try:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
+                self.died.add(proc.pid)
                 proc.kill()
                 proc.wait()
 
@@ -283,115 +380,240 @@ def read_records(run_dir: Path):
     return produced, started, ended, popped
 
 
-def check(conn: Redis, run_dir: Path, policy_keys_left: list[str]) -> dict:
-    produced, started, ended, popped = read_records(run_dir)
-    horses = json.loads((run_dir / 'horses.json').read_text())  # 'pid-start' -> last seen alive
-    results: dict = {}
+class Run:
+    """What a check reads: the records, the server, what the chaos did, and the restarts.
 
-    # cap: each overlap is real (the earlier job's horse was surely alive when the later one started: its own end
-    # record is later, or its worker had not yet reaped it and released its hold), or within the watcher's
-    # resolution (its end is only the watcher's last sight of it, and its worker had reaped it and released its hold
-    # by the later start: the hold did its job, the 10 ms poll did not see the end sooner).
+    Attributes:
+        produced: the producers' records, ``[verdict, job id, queue, kind, identity, returned at, called at, ...]``.
+        started, ended: job id -> its start / end records (one per run).
+        popped: job id -> the moment before the fetch that took it.
+        restarts: ``{'kind': 'aof' | 'empty', 'began': epoch s, 'ended': epoch s}`` in order.
+    """
+
+    def __init__(self, conn: Redis, run_dir: Path, restarts: list[dict], chaos: Chaos | None = None,
+                 policy_keys_left: list[str] | None = None):
+        self.conn, self.run_dir, self.restarts = conn, run_dir, restarts
+        self.produced, self.started, self.ended, self.popped = read_records(run_dir)
+        self.horses = json.loads((run_dir / 'horses.json').read_text())  # 'pid-start' -> last seen alive
+        self.takers = chaos.takers if chaos is not None else {}
+        self.timeline = chaos.timeline if chaos is not None else []  # [epoch s, action, pid]
+        self.died = chaos.died if chaos is not None else set()
+        self.policy_keys_left = policy_keys_left or []
+        self.admitted = [p for p in self.produced if p[0] == 'admit']
+        self.empty = [r for r in restarts if r['kind'] == 'empty']
+
+    def before_data_loss(self, at: float) -> bool:
+        """Could something that happened at ``at`` have been forgotten by a restart without persistence?"""
+        return any(at < r['ended'] for r in self.empty)
+
+    def across_data_loss(self, first: float, last: float) -> bool:
+        """Do two moments lie on either side of a restart without persistence?"""
+        return any(first < r['ended'] and last > r['began'] for r in self.empty)
+
+    def in_recount_window(self, at: float) -> dict | None:
+        """The restart without persistence whose recount window holds ``at``, if any."""
+        return next((r for r in self.empty if r['began'] <= at <= r['ended'] + RECOUNT_WINDOW), None)
+
+
+def check_cap(run: Run) -> dict:
+    """Cap: each overlap is real (the earlier job's horse was surely alive and counted when the later one started),
+    within the watcher's resolution (its end is only the watcher's last sight of it, and its worker had reaped it
+    and released its hold by the later start: the hold did its job, the 10 ms poll did not see the end sooner), or
+    within the restart window (the later job started within RECOUNT_WINDOW of the restart without persistence,
+    beside a job that ran across it and was not counted yet)."""
     reaped, released = {}, {}
-    for path in run_dir.glob('events-*.log'):
+    for path in run.run_dir.glob('events-*.log'):
         for line in path.read_text().splitlines():
             kind, job_id, at = json.loads(line)
             (reaped if kind == 'reaped' else released)[job_id] = at
     events = []
-    for job_id, runs in started.items():
-        for run in runs:
-            queue, pid, t0, horse = run[2], run[5], run[6], run[7]
+    for job_id, runs in run.started.items():
+        for rec in runs:
+            queue, pid, t0, horse = rec[2], rec[5], rec[6], rec[7]
             if queue != 'soak_capped':
                 continue
-            ends = [e[2] for e in ended.get(job_id, []) if e[3] == pid]
-            span = (job_id, horse, t0, ends[0] if ends else horses.get(horse, t0), 'record' if ends else 'last seen')
+            ends = [e[2] for e in run.ended.get(job_id, []) if e[3] == pid]
+            end = ends[0] if ends else run.horses.get(horse, t0)
+            span = (job_id, horse, t0, end, 'record' if ends else 'last seen')
             events += [(t0, 1, span), (span[3], -1, span)]
+
     def within_resolution(span, at):
         job_id, _, _, _, how = span
         done = max(reaped.get(job_id, float('inf')), released.get(job_id, float('inf')))
         return how == 'last seen' and done <= at
 
-    running, peak, over, open_spans = 0, 0, [], set()
-    real = resolution = 0
+    running, peak, peak_counted, over, open_spans = 0, 0, 0, [], set()
+    counts = {'real': 0, 'resolution': 0, 'restart_window': 0}
     for at, delta, span in sorted(events, key=lambda e: (e[0], e[1])):
         running += delta
         (open_spans.add if delta > 0 else open_spans.discard)(span)
         peak = max(peak, running)
-        if running > CAP and delta > 0:
-            earlier = [sp for sp in open_spans if sp is not span]
-            alive_then = [sp for sp in earlier if not within_resolution(sp, at)]
-            kind = 'real' if len(alive_then) + 1 > CAP else 'resolution'
-            real, resolution = real + (kind == 'real'), resolution + (kind == 'resolution')
-            if len(over) < 5:  # the evidence: which runs overlapped, how each one's end is known, when it was reaped
-                over.append({'at': at, 'kind': kind, 'runs': [
-                    [*sp, reaped.get(sp[0]), released.get(sp[0])] for sp in sorted(open_spans, key=lambda sp: sp[2])
-                ]})
-    results['cap'] = {'ok': real == 0, 'peak': peak, 'cap': CAP, 'runs': len(events) // 2, 'over': over,
-                      'overlaps_real': real, 'overlaps_within_resolution': resolution}
+        if delta < 0:
+            continue
+        alive_then = [sp for sp in open_spans if sp is span or not within_resolution(sp, at)]
+        window = run.in_recount_window(at)
+        uncounted = [sp for sp in alive_then if window is not None and sp[2] < window['began']]
+        peak_counted = max(peak_counted, len(alive_then) - len(uncounted))
+        if running <= CAP:
+            continue
+        if len(alive_then) <= CAP:
+            kind = 'resolution'
+        elif len(alive_then) - len(uncounted) <= CAP:
+            kind = 'restart_window'
+        else:
+            kind = 'real'
+        counts[kind] += 1
+        if len(over) < 5 and kind != 'resolution':  # the evidence: which runs overlapped, how each end is known
+            over.append({'at': at, 'kind': kind, 'runs': [
+                [*sp, reaped.get(sp[0]), released.get(sp[0])] for sp in sorted(open_spans, key=lambda sp: sp[2])
+            ]})
+    return {'ok': counts['real'] == 0, 'peak': peak, 'peak_outside_windows': peak_counted, 'cap': CAP,
+            'runs': len(events) // 2, 'over': over, 'overlaps_real': counts['real'],
+            'overlaps_within_resolution': counts['resolution'], 'overlaps_in_restart_window': counts['restart_window']}
 
-    # lost
+
+def check_lost(run: Run) -> dict:
+    """Lost: every admitted job ran or sits where rq can recover it; one admitted before the restart without
+    persistence that had not started is lost with the data. A replaced (debounced or trailing) job is deleted by
+    design: only the latest of each identity must run."""
+    conn = run.conn
     recoverable = set()
     for name in QUEUES:
         q = Queue(name, connection=conn)
         recoverable |= set(q.job_ids) | {x.decode() for x in conn.lrange(q.intermediate_queue_key, 0, -1)}
         for registry in (ScheduledJobRegistry, StartedJobRegistry, DeferredJobRegistry, FailedJobRegistry):
             recoverable |= set(registry(queue=q).get_job_ids())
-    admitted = [p for p in produced if p[0] == 'admit']
-    # A replaced (debounced or trailing) job is deleted by design; only the latest of each identity must run.
+    replaced = replacing()
     latest = {}
-    for p in sorted(admitted, key=lambda p: p[5]):
-        if p[3] in soak_jobs.REPLACING:
+    for p in sorted(run.admitted, key=lambda p: p[5]):
+        if p[3] in replaced:
             latest[(p[2], p[3], p[4])] = p[1]
-    must_run = [p for p in admitted if p[3] not in soak_jobs.REPLACING or latest[(p[2], p[3], p[4])] == p[1]]
-    lost = [p[1] for p in must_run if p[1] not in started and p[1] not in recoverable
-            and not Job.exists(p[1], connection=conn)]
-    results['lost'] = {'ok': not lost, 'admitted': len(admitted), 'ran': sum(1 for p in admitted if p[1] in started),
-                       'recoverable': sum(1 for p in admitted if p[1] not in started and p[1] in recoverable),
-                       'lost': lost[:10], 'maybe': sum(1 for p in produced if p[0] == 'maybe'),
-                       'dropped': sum(1 for p in produced if p[0] == 'drop')}
+    must_run = [p for p in run.admitted if p[3] not in replaced or latest[(p[2], p[3], p[4])] == p[1]]
+    missing = [p for p in must_run if p[1] not in run.started and p[1] not in recoverable
+               and not Job.exists(p[1], connection=conn)]
+    with_data = [p for p in missing if run.before_data_loss(p[6])]
+    lost = [p[1] for p in missing if p not in with_data]
+    return {'ok': not lost, 'admitted': len(run.admitted),
+            'ran': sum(1 for p in run.admitted if p[1] in run.started),
+            'recoverable': sum(1 for p in run.admitted if p[1] not in run.started and p[1] in recoverable),
+            'lost': lost[:10], 'lost_with_the_data': len(with_data),
+            'maybe': sum(1 for p in run.produced if p[0] == 'maybe'),
+            'dropped': sum(1 for p in run.produced if p[0] == 'drop')}
 
-    # loner: each job surely waited from the producer's return to the moment before the fetch that took it, a
-    # sub-interval of its true wait; two such intervals of one identity that intersect are a real violation.
+
+def check_double_runs(run: Run) -> dict:
+    """Double runs: a job id that started more than once (its runs are its start records). Across the restart
+    without persistence an admission's replay may admit the id again, as nothing remembers the first attempt."""
+    twice = {job_id: [rec[6] for rec in runs] for job_id, runs in run.started.items() if len(runs) > 1}
+    with_data = {job_id for job_id, starts in twice.items() if run.across_data_loss(min(starts), max(starts))}
+    real = sorted(set(twice) - with_data)
+    produced = {p[1]: p for p in run.produced}
+    # The evidence: the runs (queue, kind, pid, start, horse), the producer's record, the chaos actions around them.
+    examples = [{'job': job_id, 'runs': [rec[2:] for rec in run.started[job_id]], 'produced': produced.get(job_id),
+                 'timeline': [t for t in run.timeline if min(twice[job_id]) - 3 <= t[0] <= max(twice[job_id]) + 1]}
+                for job_id in real[:5]]
+    return {'ok': not real, 'ids_run_twice': len(real), 'across_the_data_loss': len(with_data), 'examples': examples}
+
+
+#: Job statuses of a run that is over: an id of such a job left on an intermediate list is rq's bookkeeping, not a job
+#: waiting for nothing.
+ENDED = {'finished', 'failed', 'stopped', 'canceled'}
+
+
+def check_stranded(run: Run) -> dict:
+    """Stranded: at the end (nothing runs then), an id on an intermediate list of a job that has not ended, and that
+    no dying worker explains: it waits for nothing (no worker will take it; rq's cleanup fails it after a minute,
+    unrun). A worker SIGKILLed (or cold-shut-down, or dead of a Redis error) between its fetch and the job's start
+    leaves the id there: counted apart, as rq's recovery, and so is the id of a job whose run already ended (a horse
+    SIGKILLed right after the fork: rq failed the job but left its id listed until its cleanup)."""
+    conn = run.conn
+    stranded, by_dead, ended = [], 0, 0
+    for name in QUEUES:
+        for raw in conn.lrange(Queue(name, connection=conn).intermediate_queue_key, 0, -1):
+            job_id = raw.decode()
+            status = conn.hget(Job.key_for(job_id), 'status')
+            status = status.decode() if status else None
+            if run.takers.get(job_id) in run.died:
+                by_dead += 1
+            elif status in ENDED:
+                ended += 1  # its run was handled (a horse killed right after the fork fails it); rq lists it still
+            else:
+                stranded.append([name, job_id, status, run.takers.get(job_id)])
+    return {'ok': not stranded, 'stranded': len(stranded), 'taken_by_a_worker_that_died': by_dead,
+            'ended_but_still_listed': ended, 'examples': stranded[:5]}
+
+
+def check_loner(run: Run) -> dict:
+    """Loner: each job surely waited from the producer's return to the moment before the fetch that took it, a
+    sub-interval of its true wait; two such intervals of one identity that intersect are a real violation."""
     waits = defaultdict(list)
-    for p in admitted:
-        if p[3] == 'loner' and p[1] in popped:
-            waits[(p[2], p[4])].append((p[5], popped[p[1]]))
+    for p in run.admitted:
+        if p[3] == 'loner' and p[1] in run.popped:
+            waits[(p[2], p[4])].append((p[5], run.popped[p[1]]))
     overlaps = 0
     for intervals in waits.values():
         intervals.sort()
         for i, (_a0, a1) in enumerate(intervals):
             overlaps += sum(1 for b0, b1 in intervals[i + 1:] if b0 < a1 and b0 < b1)
-    results['loner'] = {'ok': overlaps == 0, 'overlapping_waits': overlaps, 'jobs': sum(map(len, waits.values()))}
+    return {'ok': overlaps == 0, 'overlapping_waits': overlaps, 'jobs': sum(map(len, waits.values()))}
 
-    # throttle: an admission happened between the producer's call and return; when both fall in one slot, that is
-    # the slot it won. No slot may have two leading winners (nor run two).
-    leading = defaultdict(set)
-    for p in admitted:
+
+def check_throttle(run: Run) -> dict:
+    """Throttle: an admission happened between the producer's call and return; when both fall in one slot, that is
+    the slot it won. No slot may have two leading winners (nor run two), but a slot the restart without persistence
+    cut in two, which the server forgot."""
+    leading = defaultdict(list)
+    for p in run.admitted:
         if p[3] == 'throttle':
             first, last = int(p[6] // soak_jobs.SLOT_SECONDS), int(p[5] // soak_jobs.SLOT_SECONDS)
             if first == last:
-                leading[(p[2], p[4], first)].add(p[1])
-    doubles = {k: v for k, v in leading.items() if len(v) > 1}
-    ran_twice = {k: v for k, v in leading.items() if len(v & set(started)) > 1}
-    results['throttle'] = {'ok': not doubles and not ran_twice, 'slots': len(leading),
-                           'slots_with_two_winners': len(doubles), 'slots_that_ran_two': len(ran_twice)}
+                leading[(p[2], p[4], first)].append(p)
 
-    # keyed: runs of one identity that both recorded their end never overlap beyond the per-key limit (a run
-    # without an end, its horse killed, is left out: the check can only find real overlaps)
+    def forgotten(winners):
+        return run.across_data_loss(min(p[6] for p in winners), max(p[5] for p in winners))
+
+    doubles = {k: v for k, v in leading.items() if len(v) > 1}
+    ran_twice = {k: v for k, v in leading.items() if len([p for p in v if p[1] in run.started]) > 1}
+    real = {k for k in set(doubles) | set(ran_twice) if not forgotten(leading[k])}
+    return {'ok': not real, 'slots': len(leading), 'slots_with_two_winners': len([k for k in doubles if k in real]),
+            'slots_that_ran_two': len([k for k in ran_twice if k in real]),
+            'slots_forgotten_by_the_data_loss': len((set(doubles) | set(ran_twice)) - real)}
+
+
+def check_keyed(run: Run) -> dict:
+    """Keyed: runs of one key that both recorded their end never overlap beyond the per-key limit (a run without an
+    end, its horse killed, is left out: the check can only find real overlaps)."""
     runs = defaultdict(list)
-    for job_id, records in started.items():
+    for job_id, records in run.started.items():
         for rec in records:
-            ends = [e[2] for e in ended.get(job_id, []) if e[3] == rec[5]]
+            ends = [e[2] for e in run.ended.get(job_id, []) if e[3] == rec[5]]
             if rec[3] == 'keyed' and ends:
                 runs[rec[4]].append((rec[6], ends[0]))
     worst = 0
     for spans in runs.values():
         for t0, _ in spans:
             worst = max(worst, sum(1 for s0, s1 in spans if s0 <= t0 < s1))
-    results['keyed'] = {'ok': worst <= soak_jobs.KEY_LIMIT, 'peak_per_key': worst, 'limit': soak_jobs.KEY_LIMIT,
-                        'runs': sum(map(len, runs.values()))}
+    return {'ok': worst <= soak_jobs.KEY_LIMIT, 'peak_per_key': worst, 'limit': soak_jobs.KEY_LIMIT,
+            'runs': sum(map(len, runs.values()))}
 
-    results['leaks'] = {'ok': not policy_keys_left, 'left': policy_keys_left[:10]}
+
+def check_leaks(run: Run) -> dict:
+    return {'ok': not run.policy_keys_left, 'left': run.policy_keys_left[:10]}
+
+
+#: The invariants every run checks, by name (each reads a Run, returns a dict with 'ok').
+CHECKS = {'cap': check_cap, 'lost': check_lost, 'double_runs': check_double_runs, 'stranded': check_stranded,
+          'leaks': check_leaks}
+
+#: The per-kind invariants, by the name a kind lists in ``soak_jobs.Kind.checks``.
+KIND_CHECKS = {'loner': check_loner, 'throttle': check_throttle, 'keyed': check_keyed}
+
+
+def check(run: Run) -> dict:
+    """Every invariant of CHECKS, and each per-kind one that some kind of the run names."""
+    results = {name: fn(run) for name, fn in CHECKS.items()}
+    for name in sorted({c for kind in KINDS().values() for c in kind.checks}):
+        results[name] = KIND_CHECKS[name](run)
     return results
 
 
@@ -444,8 +666,8 @@ def drain(conn: Redis, timeout: float) -> tuple[bool, float, dict, int]:
 
 def policy_keys(conn: Redis) -> list[str]:
     """Policy keys left that would not go away: configuration and counters are allowed, and so are the fetches'
-    claim records and the tombstones of superseded pending jobs while they expire by themselves (``keys.CLAIM_TTL``,
-    ``keys.SUPERSEDED_SECONDS``)."""
+    claim records, the tombstones of superseded pending jobs and the records of dropped enqueues while they expire by
+    themselves (``keys.CLAIM_TTL``, ``keys.SUPERSEDED_SECONDS``, ``keys.DROPPED_SECONDS``)."""
     allowed = {keys.CAPACITY, keys.DROPS, keys.LAPSES}
     left = []
     for raw in conn.scan_iter('rq:policies:*', count=1000):
@@ -455,16 +677,41 @@ def policy_keys(conn: Redis) -> list[str]:
         ttl = conn.ttl(key)
         if ttl == -2 or (key.startswith(keys.claim('')) and 0 <= ttl <= keys.CLAIM_TTL):
             continue  # gone since the scan, or a claim record on its way out
-        if keys.is_drop_counter(key) and 0 <= ttl <= (keys.DROPS_MINUTE_KEEP + 1) * 60:
-            continue  # a per-minute drop counter, which expires an hour after its minute
         if key.startswith(keys.SUPERSEDED_PREFIX) and 0 <= ttl <= keys.SUPERSEDED_SECONDS:
             continue  # a superseded pending job's tombstone on its way out
+        if key.startswith(keys.dropped('')) and 0 <= ttl <= keys.DROPPED_SECONDS:
+            continue  # the record of a dropped enqueue (the producers choose their job ids) on its way out
         left.append(f'{key} (ttl {ttl})')
     return sorted(left)
 
 
-def run(seconds: float, producers: int = 3, workers: int = 4, seed: int = 1, restart: bool = True,
-        keep: bool = False) -> dict:
+def restart_without_persistence(server: RedisServer) -> None:
+    """Restart the server empty on the same port: its data is really lost (no AOF, no RDB is read back)."""
+    conn = server.client(socket_timeout=5)
+    try:
+        conn.config_set('appendonly', 'no')
+        conn.config_set('save', '')
+        conn.shutdown(nosave=True)
+    except RedisConnectionError:
+        pass  # the server went away while answering SHUTDOWN: that is the point
+    finally:
+        conn.close()
+    server.stop()
+    for leftover in ('appendonlydir', 'appendonly.aof', 'dump.rdb'):
+        path = server.dir / leftover
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    server.start()  # AOF on again, from an empty dataset
+
+
+#: The restarts of a run, in order: (kind, at which fraction of the run). 'aof' keeps the data, 'empty' loses it.
+RESTARTS = (('aof', 1 / 3), ('empty', 2 / 3))
+
+
+def run(seconds: float, producers: int = 3, workers: int = 4, seed: int = 1, restarts=RESTARTS,
+        lost_replies: bool = True, keep: bool = False) -> dict:
     rng = random.Random(seed)
     server = RedisServer(appendonly=True, extra_args=['--appendfsync', 'always']).start()
     run_dir = server.dir / 'records'
@@ -474,46 +721,71 @@ def run(seconds: float, producers: int = 3, workers: int = 4, seed: int = 1, res
     os.environ['SOAK_RUN_DIR'] = str(run_dir)
     conn = Redis.from_url(server.url)
     QueueSlot.set_capacity('soak_capped', CAP, connection=conn)
+    proxy = FaultProxy('127.0.0.1', server.port, lifetime=seconds + 1200, record=False).start() if lost_replies \
+        else None
+    url = proxy.url if proxy is not None else server.url  # producers and workers; the checks go straight
     started_at = time.time()
     deadline = started_at + seconds
     ctx = multiprocessing.get_context('spawn')
     stop_watch = ctx.Event()
     watcher = ctx.Process(target=watch_horses, args=(run_dir, stop_watch))
     watcher.start()
-    chaos = Chaos(server.url, env, run_dir, workers, rng)
-    prods = [ctx.Process(target=producer, args=(i, server.url, str(run_dir), deadline, seed * 100 + i))
+    chaos = Chaos(url, server.url, env, run_dir, workers, rng, proxy)
+    prods = [ctx.Process(target=producer, args=(i, url, str(run_dir), deadline, seed * 100 + i))
              for i in range(producers)]
     for p in prods:
         p.start()
-    restarted = False
-    restarts = 0
+    planned = sorted(restarts, key=lambda r: r[1])
+    done: list[dict] = []
     try:
         while time.time() < deadline:
             time.sleep(rng.uniform(0.5, 2.0))
             chaos.act()
+            if rng.random() < 0.6:
+                chaos.lose_a_reply()
+            chaos.note_takers()
             chaos.reap()
-            if restart and not restarted and time.time() > started_at + seconds / 2:
-                server.restart()  # same port, AOF on: producers and workers must reconnect
-                restarted = True
-                restarts += 1
+            if planned and time.time() > started_at + seconds * planned[0][1]:
+                kind = planned.pop(0)[0]
+                if kind == 'empty':
+                    # A capped job that runs across the data loss: its hold goes with the data and must be counted
+                    # again (a lapse, item 7), and jobs started beside it meanwhile are the restart window's.
+                    chaos.start_long_job('soak_capped', 'across-the-restart', LONG_ACROSS_SECONDS)
+                began = time.time()
+                if kind == 'empty':
+                    restart_without_persistence(server)
+                    QueueSlot.set_capacity('soak_capped', CAP, connection=conn)  # the operator sets the cap again
+                else:
+                    server.restart()  # same port, AOF on: producers and workers must reconnect
+                done.append({'kind': kind, 'began': began, 'ended': time.time()})
+                chaos.timeline.append([round(began, 3), f'restart:{kind}', 0])
         for p in prods:
             p.join(60)
+        if proxy is not None:
+            proxy.disarm()  # the drain runs without new faults
         drained, drain_seconds, left, assists = drain(conn, 180)
+        chaos.note_takers()
         chaos.stop_all()
         time.sleep(max(HOLD_TTL, soak_jobs.SLOT_SECONDS) + 2)  # let killed workers' holds and the last slots end
         stop_watch.set()
         watcher.join(10)
-        results = check(conn, run_dir, policy_keys(conn))
+        results = check(Run(conn, run_dir, done, chaos, policy_keys(conn)))
+        fired: dict[str, int] = defaultdict(int)
+        for kind, _ in (proxy.fired if proxy is not None else []):
+            fired[kind] += 1
         results['run'] = {
-            'seconds': round(time.time() - started_at, 1), 'drained': drained, 'drain_seconds': round(drain_seconds, 1),
-            'backlog_left': left, 'scheduler_assists': assists, 'redis_restarts': restarts,
-            'kills': dict(chaos.events), 'workers_started': chaos.counter, 'kinds': sorted(KINDS()),
-            'cold_shutdowns': cold_shutdowns(run_dir),
+            'seconds': round(time.time() - started_at, 1), 'seed': seed, 'drained': drained,
+            'drain_seconds': round(drain_seconds, 1), 'backlog_left': left, 'scheduler_assists': assists,
+            'redis_restarts': len(done), 'restarts': [[r['kind'], round(r['began'] - started_at, 1),
+                                                      round(r['ended'] - r['began'], 2)] for r in done],
+            'kills': dict(chaos.events), 'lost_replies_fired': dict(fired), 'workers_started': chaos.counter,
+            'kinds': sorted(KINDS()), 'cold_shutdowns': cold_shutdowns(run_dir),
+            'hold_lapses_detected': {k.decode(): int(v) for k, v in conn.hgetall(keys.LAPSES).items()},
             'timeline': [[round(at - started_at, 3), action, pid] for at, action, pid in chaos.timeline],
         }
         results['ok'] = all(v.get('ok', True) for v in results.values() if isinstance(v, dict)) and drained
         # A worker that dies at start (a bad setting) would make a soak that proves nothing: respawns are chaos only.
-        # (rq's own work loop also quits on a Redis error in the middle of a job, so the restart accounts for some.)
+        # (rq's own work loop also quits on a Redis error in the middle of a job, so the restarts account for some.)
         results['run']['workers_died_unasked'] = chaos.died_unasked
         return results
     finally:
@@ -522,6 +794,8 @@ def run(seconds: float, producers: int = 3, workers: int = 4, seed: int = 1, res
             if p.is_alive():
                 p.kill()
         chaos.stop_all()
+        if proxy is not None:
+            proxy.close()
         if keep:
             print(f'records kept in {run_dir}', file=sys.stderr)
             server.stop()
@@ -536,8 +810,10 @@ def main() -> None:
     parser.add_argument('--workers', type=int, default=4)
     parser.add_argument('--seed', type=int, default=1)
     parser.add_argument('--keep', action='store_true', help='keep the records folder')
+    parser.add_argument('--no-lost-replies', action='store_true', help='connect straight to the server, no proxy')
     opts = parser.parse_args()
-    results = run(opts.seconds, opts.producers, opts.workers, opts.seed, keep=opts.keep)
+    results = run(opts.seconds, opts.producers, opts.workers, opts.seed, lost_replies=not opts.no_lost_replies,
+                  keep=opts.keep)
     print(json.dumps(results, indent=2))
     sys.exit(0 if results['ok'] else 1)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from rq import get_current_job
 
@@ -16,8 +18,6 @@ SLOT_SECONDS = 2
 #: Jobs of one identity of the per-key kind running at once (Concurrency, keyed on the identity, whatever the queue).
 KEY_LIMIT = 1
 
-#: Kinds whose pending job a later enqueue replaces (the replaced job is deleted by design).
-REPLACING = {'debounce', 'trailing'}
 
 
 class SoakWorker(PolicyWorker):
@@ -27,10 +27,11 @@ class SoakWorker(PolicyWorker):
     """
 
     hold_ttl = 10
+    #: Holds are refreshed every job_monitoring_interval (seconds), which must be shorter than hold_ttl.
+    monitoring_interval = 3
 
     def __init__(self, *args, **kwargs):
-        # Holds are refreshed every job_monitoring_interval, which must be shorter than hold_ttl.
-        kwargs['job_monitoring_interval'] = 3
+        kwargs['job_monitoring_interval'] = self.monitoring_interval
         super().__init__(*args, **kwargs)
 
     def _note(self, *record) -> None:
@@ -120,9 +121,30 @@ def soak_keyed(identity: str, seconds: float) -> str:
     return _record('keyed', identity, seconds)
 
 
-def kinds() -> dict:
-    """The kinds the producers pick from: name -> job function."""
+@dataclass(frozen=True)
+class Kind:
+    """One kind of job the producers enqueue.
+
+    Attributes:
+        func: the job function (its declared policy is the kind's).
+        replacing: a later enqueue of the identity replaces the kind's pending job, which is deleted by design: only
+            the latest of each identity must run.
+        checks: the names of the soak's per-kind invariant checks (``soak.KIND_CHECKS``) that read this kind's records.
+    """
+
+    func: Callable
+    replacing: bool = False
+    checks: tuple[str, ...] = ()
+
+
+def kinds() -> dict[str, Kind]:
+    """The kinds the producers pick from, by name. A new kind adds its entry here, and its invariant as a function in
+    ``soak.KIND_CHECKS`` named in ``checks``."""
     return {
-        'plain': soak_plain, 'loner': soak_loner, 'throttle': soak_throttled, 'trailing': soak_trailing,
-        'debounce': soak_debounced, 'keyed': soak_keyed,
+        'plain': Kind(soak_plain),
+        'loner': Kind(soak_loner, checks=('loner',)),
+        'throttle': Kind(soak_throttled, checks=('throttle',)),
+        'trailing': Kind(soak_trailing, replacing=True),
+        'debounce': Kind(soak_debounced, replacing=True),
+        'keyed': Kind(soak_keyed, checks=('keyed',)),
     }

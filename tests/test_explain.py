@@ -14,7 +14,19 @@ import pytest
 from rq import Queue
 from workers import start_worker, stop, wait_for
 
-from rq_policies import Debounce, Loner, PolicyQueue, QueueSlot, Throttle, UnknownJob, explain
+from rq_policies import (
+    Debounce,
+    DuplicateJob,
+    Loner,
+    PolicyQueue,
+    PolicySimpleWorker,
+    QueueSlot,
+    Throttle,
+    UnknownJob,
+    explain,
+    keys,
+)
+from rq_policies.explainer import lines
 
 
 def verdicts(answer):
@@ -118,3 +130,86 @@ def test_explain_answers_in_50_ms_beside_100000_live_identities(connection):
         times.append(time.perf_counter() - start)
     assert set(verdicts(answer)) == {'loner', 'throttle'}
     assert statistics.median(times) <= 0.050, times
+
+
+# -- ids with no job hash: superseded pending jobs, dropped enqueues ------------------------------------------------
+
+
+def test_a_superseded_debounced_job_names_the_job_that_replaced_it(connection):
+    q = PolicyQueue('ex-gone', connection=connection)
+    first = q.enqueue(jobs.plain, 1, policy=Debounce(60))
+    second = q.enqueue(jobs.plain, 1, policy=Debounce(60))
+    assert not connection.exists(first.key)  # deleted: only its tombstone is left
+    answer = explain(first.id, connection=connection)
+    assert answer['exists'] is False and answer['status'] == '' and answer['queue'] == 'ex-gone'
+    assert verdicts(answer)['debounce'].startswith(f'superseded by job {second.id} (scheduled now)')
+    assert lines(answer)[0] == f"job {first.id}: not in Redis, queue 'ex-gone'"
+    forced = q.force(jobs.plain, 1, policy=Debounce(60))  # a force drops the pending job too, and says so
+    assert verdicts(explain(second.id, connection=connection))['debounce'].startswith(f'superseded by job {forced.id}')
+
+
+def test_a_superseded_trailing_job_names_the_job_that_replaced_it(connection):
+    q = PolicyQueue('ex-gone', connection=connection)
+    q.enqueue(jobs.plain, 2, policy=Throttle(3600, trailing=True))
+    pending = q.enqueue(jobs.plain, 2, policy=Throttle(3600, trailing=True))
+    later = q.enqueue(jobs.plain, 2, policy=Throttle(3600, trailing=True))
+    verdict = verdicts(explain(pending.id, connection=connection))['throttle']
+    assert verdict.startswith(f'superseded by job {later.id} (scheduled now): a later extra of its window')
+
+
+def test_a_pending_job_enqueued_again_under_its_own_id_is_not_superseded_by_itself(connection, redis_url, monkeypatch):
+    """A debounced enqueue reusing the pending job's id rewrites it in place. It used to leave a tombstone on its own
+    id, so the fetch dropped the job as a superseded one: it never ran."""
+    monkeypatch.setenv('REDIS_URL', redis_url)  # tests/jobs.py records what ran through it
+    q = PolicyQueue('ex-self', connection=connection)
+    q.enqueue(jobs.record, 'ex-self', policy=Debounce(1), job_id='ex-self-job')
+    again = q.enqueue(jobs.record, 'ex-self', policy=Debounce(1), job_id='ex-self-job')  # the same identity
+    assert again.id == 'ex-self-job' and not connection.exists(keys.superseded('ex-self-job'))
+    assert verdicts(explain('ex-self-job', connection=connection))['debounce'].startswith('pending debounced job')
+    time.sleep(2.2)  # due a second (whole seconds) after the call
+    PolicySimpleWorker([q], connection=connection).work(burst=True, with_scheduler=True)
+    assert connection.lrange('test:ran:ex-self', 0, -1) == [b'ex-self-job']
+
+
+def test_an_enqueue_dropped_under_a_chosen_id_says_who_held_it(connection):
+    q = PolicyQueue('ex-drop', connection=connection)
+    holder = q.enqueue(jobs.plain, 3, policy=Loner())
+    assert q.enqueue(jobs.plain, 3, policy=Loner(), job_id='ex-drop-1') is None
+    answer = explain('ex-drop-1', connection=connection)
+    assert answer['exists'] is False and answer['queue'] == 'ex-drop'
+    assert verdicts(answer)['loner'].startswith('dropped at enqueue (0 s ago): held by job ' + holder.id)
+    assert 0 < connection.ttl(keys.dropped('ex-drop-1')) <= keys.DROPPED_SECONDS
+    # The hinted fast path (a probe: this process just saw the identity held) records its drop the same way.
+    assert q.enqueue(jobs.plain, 3, policy=Loner(), job_id='ex-drop-2') is None
+    assert f'held by job {holder.id}' in verdicts(explain('ex-drop-2', connection=connection))['loner']
+    with pytest.raises(DuplicateJob):
+        q.enqueue(jobs.plain, 3, policy=Loner(on_conflict='raise'), job_id='ex-drop-3')
+    assert f'held by job {holder.id}' in verdicts(explain('ex-drop-3', connection=connection))['loner']
+    slot = q.enqueue(jobs.plain, 4, policy=Throttle(3600))
+    assert q.enqueue(jobs.plain, 4, policy=Throttle(3600), job_id='ex-drop-4') is None
+    verdict = verdicts(explain('ex-drop-4', connection=connection))['throttle']
+    assert verdict.startswith(f'dropped at enqueue: held by job {slot.id}, which owned the slot ending at ')
+    # Without job_id= nobody knows the dropped call's id: the common path writes no record.
+    before = sorted(connection.scan_iter('rq:policies:*'))
+    assert q.enqueue(jobs.plain, 3, policy=Loner()) is None
+    assert q.enqueue(jobs.plain, 4, policy=Throttle(3600)) is None
+    assert sorted(connection.scan_iter('rq:policies:*')) == before
+    # An id that was never seen is still a clear error.
+    with pytest.raises(UnknownJob):
+        explain('ex-drop-never', connection=connection)
+
+
+def test_a_dropped_enqueue_whose_reply_is_lost_records_the_same_drop(connection, fault_proxy):
+    """The drop record rides the admission's drop path: a replayed (lost-reply) drop writes the same record again
+    and nothing else (no job hash, no queue entry)."""
+    from test_faults import ADMIT_WRITE, load, lose_reply, producer
+
+    load(connection, 'admit')
+    holder = PolicyQueue('ex-drop', connection=connection).enqueue(jobs.plain, 5, policy=Loner())
+    q = PolicyQueue('ex-drop', connection=producer(fault_proxy))
+    lose_reply(fault_proxy, 'drop', ADMIT_WRITE)
+    assert q.enqueue(jobs.plain, 5, policy=Loner(), job_id='ex-lost') is None
+    assert fault_proxy.seen(ADMIT_WRITE) >= 2
+    assert f'held by job {holder.id}' in verdicts(explain('ex-lost', connection=connection))['loner']
+    assert not connection.exists('rq:job:ex-lost')
+    assert connection.lrange('rq:queue:ex-drop', 0, -1) == [holder.id.encode()]

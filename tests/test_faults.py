@@ -19,11 +19,12 @@ from redis import Redis
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, TimeoutError
 from redis.retry import Retry
+from rq.job import Job
 from rq.registry import ScheduledJobRegistry
 from throttle_helpers import ran, wait_for_phase
 from workers import output, start_worker, stop, wait_for
 
-from rq_policies import PolicyQueue, PolicySimpleWorker, QueueSlot, keys, ops, scripts
+from rq_policies import PolicyQueue, PolicySimpleWorker, QueueSlot, keys, ledger, ops, scripts
 
 #: What only the admission call that writes a job carries: EVALSHA (or EVAL) with the msgpack key ``created``.
 ADMIT_WRITE = (b'EVAL', ops.pack('created'))
@@ -187,6 +188,92 @@ def test_limited_capacity_refill_with_a_lost_reply_pushes_each_job_once(connecti
     burst(connection, 'lcw')
     assert sorted(raw.decode() for raw in connection.lrange('test:done:backlog', 0, -1)) == ['a', 'b', 'c']
     assert queued(connection, 'lcw') == []
+
+
+#: Only LimitedCapacityWorker's finish call carries the msgpack key ``successor``.
+LCW_FINISH = (b'EVAL', ops.pack('successor'))
+
+
+@pytest.mark.parametrize('between', ['nothing', 'the successor ran', 'room opened'])
+def test_limited_capacity_finish_sent_twice_writes_nothing_more(connection, between):
+    """The same lcw_finish call twice, as redis-py resends it after a lost reply: the second answers as the first
+    did and pushes nothing, whatever happened between the two: nothing; the successor already ran and rq deleted its
+    hash (``result_ttl=0``), which a check of the successor's hash cannot tell from "never written"; or another job
+    of the class went away, so that there is room now where the first attempt found none."""
+    cls = lcw_jobs.Backlog
+    running = keys.lcw_running(cls.class_path())
+    limit = 1 if between == 'room opened' else 2
+    connection.set('test:lcw:max', limit)
+    connection.rpush('test:backlog:backlog', 'a', 'b', 'c')
+    waiting = cls.perform_with_capacity(connection=connection) if between == 'room opened' else []
+    assert len(waiting) == (1 if between == 'room opened' else 0)  # a waiting job fills the class's only room
+    assert ledger.acquire_call(ledger.Hold(running, 'finishing', 60), 5).run(connection) == 1
+    call = cls._finish_call((), connection, 'lcw', limit, 3, 'finishing')
+    successor = call.args['successor']
+
+    first = call.run(connection)
+    after_first = queued(connection, 'lcw')
+    if between == 'room opened':
+        assert [int(first[0]), first[1]] == [1, b''] and after_first == waiting  # no room: no successor
+        Job.fetch(waiting[0], connection=connection).delete()  # an operator deleted the waiting job
+    else:
+        assert [int(first[0]), first[1]] == [1, successor.encode()] and after_first == [successor]
+        if between == 'the successor ran':
+            Job.fetch(successor, connection=connection).delete()  # what rq does once a result_ttl=0 job succeeded
+    expected = [] if between != 'nothing' else after_first
+    assert queued(connection, 'lcw') == expected
+
+    replayed = call.run(connection)
+    assert queued(connection, 'lcw') == expected  # the replay pushed nothing
+    assert replayed == first  # and answered as the first attempt did
+    if between != 'nothing':
+        assert not connection.exists(Job.key_for(successor))
+
+
+def test_limited_capacity_finish_with_a_lost_reply_never_runs_its_successor_twice(
+        connection, fault_proxy, redis_url, worker_env):
+    """End to end: a forking PolicyWorker, connected through the proxy with a retrying client, runs a job whose
+    finish reply is lost (the server ran it, the connection closed). Before the replay reaches the server, another
+    worker has already run the successor the first attempt pushed (a ``result_ttl=0`` class: rq deleted its hash on
+    success). The replay must not push that successor again, or it runs twice.
+
+    A late reply is no replay in a worker: rq raises a worker's ``socket_timeout`` to its dequeue timeout plus 10 s
+    (415 s), so a worker waits for a slow reply; only a broken connection makes it resend."""
+    load(connection, 'lcw_finish', 'lcw_enqueue', 'acquire_hold')
+    cls = lcw_jobs.Ephemeral
+    connection.set('test:lcw:max', 1)
+    connection.rpush('test:backlog:ephemeral', 'a', 'b', 'c')
+    [first_job] = cls.perform_with_capacity(connection=connection)
+    connection.set('test:lcw:max', 3)
+    sent, successor_ran, replaying = threading.Event(), threading.Event(), threading.Event()
+
+    def before_finish() -> None:  # in the proxy's thread, before each finish request of the proxied worker
+        if not sent.is_set():
+            sent.set()
+            return
+        successor_ran.wait(10)  # the replay reaches the server only once the successor has run
+        replaying.set()
+
+    fault_proxy.before_request(before_finish, match=LCW_FINISH, times=2)
+    fault_proxy.drop_reply(match=LCW_FINISH)
+    worker = start_worker(fault_proxy.url, ['lcw'], worker_env,
+                          extra=['--connection-class', 'faultproxy.RetryingRedis'])
+    try:
+        assert wait_for(sent.is_set, timeout=30), output(worker)
+        assert wait_for(lambda: len(queued(connection, 'lcw')) == 1, timeout=5)
+        [successor] = queued(connection, 'lcw')  # the first attempt pushed it
+        burst_one = PolicySimpleWorker([PolicyQueue('lcw', connection=connection)], connection=connection)
+        burst_one.work(burst=True, max_jobs=1)  # another worker runs the successor before the replay arrives
+        assert not connection.exists(Job.key_for(successor))
+        successor_ran.set()
+        assert wait_for(replaying.is_set, timeout=15), output(worker)
+        assert wait_for(lambda: connection.llen('test:backlog:ephemeral') == 0 and not queued(connection, 'lcw')
+                        and cls.running_jobs_count(connection) == 0, timeout=30), output(worker)
+    finally:
+        stop(worker)
+    assert fault_proxy.seen(LCW_FINISH) >= 2, output(worker)
+    ran = ran_ids(connection, 'ephemeral')
+    assert ran[:2] == [first_job, successor] and len(ran) == len(set(ran)) == 3, ran
 
 
 # -- a script cache flushed under load -------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ end
 function P.debounce.commit(ctx, p)
   local key = ctx.key('debounce.state')
   if ctx.supersedes then
-    drop_pending(ctx.key('registry'), ctx.job_prefix, ctx.supersedes, ctx.now, ctx.tomb, ctx.tomb_ttl)
+    drop_pending(ctx.key('registry'), ctx.job_prefix, ctx.supersedes, ctx.now, ctx.tomb, ctx.tomb_ttl, 'debounce', ctx.jid)
     ctx.superseded = ctx.supersedes
   end
   rcall('HSET', key, 'job', ctx.jid, 'first', string.format('%.6f', ctx.debounce_first))
@@ -55,7 +55,7 @@ end
 function P.debounce.force(ctx, p)
   local key = ctx.key('debounce.state')
   local pending = rcall('HGET', key, 'job')
-  if drop_pending(ctx.key('registry'), ctx.job_prefix, pending, ctx.now, ctx.tomb, ctx.tomb_ttl) == 1 then
+  if drop_pending(ctx.key('registry'), ctx.job_prefix, pending, ctx.now, ctx.tomb, ctx.tomb_ttl, 'debounce', ctx.jid) == 1 then
     ctx.dropped[#ctx.dropped + 1] = {'debounced', pending}
   end
   rcall('DEL', key)

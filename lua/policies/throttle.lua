@@ -58,7 +58,7 @@ function P.throttle.commit(ctx, p)
     return
   end
   if ctx.supersedes then
-    drop_pending(ctx.key('registry'), ctx.job_prefix, ctx.supersedes, ctx.now, ctx.tomb, ctx.tomb_ttl)
+    drop_pending(ctx.key('registry'), ctx.job_prefix, ctx.supersedes, ctx.now, ctx.tomb, ctx.tomb_ttl, 'throttle', ctx.jid)
     ctx.superseded = ctx.supersedes
   end
   set_until(ctx.key('throttle.trailing'), ctx.jid, ctx.score, ctx.now)
@@ -70,7 +70,7 @@ function P.throttle.force(ctx, p)
   local dropped = nil
   if pointer then  -- a trailing throttle: its pending trailing job goes
     local trailing = rcall('GET', pointer)
-    if drop_pending(ctx.key('registry'), ctx.job_prefix, trailing, ctx.now, ctx.tomb, ctx.tomb_ttl) == 1 then
+    if drop_pending(ctx.key('registry'), ctx.job_prefix, trailing, ctx.now, ctx.tomb, ctx.tomb_ttl, 'throttle', ctx.jid) == 1 then
       dropped = trailing
       ctx.dropped[#ctx.dropped + 1] = {'trailing', trailing}
     end

@@ -677,6 +677,8 @@ def policy_keys(conn: Redis) -> list[str]:
         ttl = conn.ttl(key)
         if ttl == -2 or (key.startswith(keys.claim('')) and 0 <= ttl <= keys.CLAIM_TTL):
             continue  # gone since the scan, or a claim record on its way out
+        if keys.is_drop_counter(key) and 0 <= ttl <= (keys.DROPS_MINUTE_KEEP + 1) * 60:
+            continue  # a per-minute drop counter, which expires an hour after its minute
         if key.startswith(keys.SUPERSEDED_PREFIX) and 0 <= ttl <= keys.SUPERSEDED_SECONDS:
             continue  # a superseded pending job's tombstone on its way out
         if key.startswith(keys.dropped('')) and 0 <= ttl <= keys.DROPPED_SECONDS:

@@ -87,12 +87,14 @@ class FetchTimesWorker(PolicyWorker):
         after = time.time()
         if result is not None:
             job = result[0]
-            self.connection.rpush('test:fetched', f'{job.kwargs.get("shop")} {job.id} {before:.6f} {after:.6f}')
+            key = job.kwargs.get('shop', job.origin)  # per shop for the per-key tests, per queue for the others
+            self.connection.rpush('test:fetched', f'{key} {job.id} {before:.6f} {after:.6f}')
         return result
 
 
 def fetch_times(conn: Redis) -> dict[str, list[tuple[float, float]]]:
-    """Per key, the (before, after) interval of each fetch a FetchTimesWorker made."""
+    """Per key (a job's ``shop`` keyword, else its queue), the (before, after) interval of each fetch a
+    FetchTimesWorker made."""
     out: dict[str, list[tuple[float, float]]] = {}
     for raw in conn.lrange('test:fetched', 0, -1):
         key, _, before, after = raw.decode().rsplit(' ', 3)

@@ -47,7 +47,8 @@ def own_server(worker_env):
 @pytest.mark.xfail(strict=False, reason=(
     'flaky by design of the stand-in: a SIGSTOPped rq worker often does not beat again after SIGCONT until its work '
     'horse has ended (the monitor loop does not wake for the alarm that fired while it was stopped), so the lapse is '
-    'found only after the job ended; the network stall of the issue (the fault proxy holding bytes) is not tested yet'))
+    'found only after the job ended; the network stall of the issue (the fault proxy holding bytes) is tested by '
+    'test_a_network_stall_longer_than_the_hold_ttl_is_logged_counted_and_the_running_job_counted_again'))
 def test_a_stall_longer_than_the_hold_ttl_is_logged_counted_and_the_running_job_counted_again(
         connection, redis_url, worker_env):
     QueueSlot.set_capacity('stall', 1, connection=connection)

@@ -135,6 +135,12 @@ else
     if part.commit then part.commit(ctx, a.p[name]) end
   end
 end
+-- An id the caller chose (KEYS `dropped` is passed only then) may be one a pending job had before a
+-- later enqueue superseded it: this job is a new one, so that id's tombstone must not make the
+-- fetch drop it.
+if a.k.dropped then
+  rcall('DEL', a.tombstone .. ctx.jid)
+end
 
 if ctx.mode ~= 'N' then
   save_job(KEYS[a.k.job], ctx.dest, KEYS[a.k.queues], a.queue_key, ctx.jid, ctx.mode, ctx.score, ctx.ttl,

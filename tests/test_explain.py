@@ -171,6 +171,21 @@ def test_a_pending_job_enqueued_again_under_its_own_id_is_not_superseded_by_itse
     assert connection.lrange('test:ran:ex-self', 0, -1) == [b'ex-self-job']
 
 
+def test_a_superseded_id_chosen_again_runs(connection, redis_url, monkeypatch):
+    """A pending job superseded (x by y), then its id chosen again by a later enqueue (x supersedes y): the new job x
+    runs. Its tombstone, left for a scheduler's write-back of the old payload, used to make the fetch drop it unrun."""
+    monkeypatch.setenv('REDIS_URL', redis_url)  # tests/jobs.py records what ran through it
+    q = PolicyQueue('ex-again', connection=connection)
+    q.enqueue(jobs.record, 'ex-again', policy=Debounce(1), job_id='ex-again-x')
+    q.enqueue(jobs.record, 'ex-again', policy=Debounce(1), job_id='ex-again-y')
+    assert connection.exists(keys.superseded('ex-again-x'))
+    q.enqueue(jobs.record, 'ex-again', policy=Debounce(1), job_id='ex-again-x')
+    assert not connection.exists(keys.superseded('ex-again-x')) and connection.exists(keys.superseded('ex-again-y'))
+    time.sleep(2.2)  # due a second (whole seconds) after the call
+    PolicySimpleWorker([q], connection=connection).work(burst=True, with_scheduler=True)
+    assert connection.lrange('test:ran:ex-again', 0, -1) == [b'ex-again-x']
+
+
 def test_an_enqueue_dropped_under_a_chosen_id_says_who_held_it(connection):
     q = PolicyQueue('ex-drop', connection=connection)
     holder = q.enqueue(jobs.plain, 3, policy=Loner())

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import jobs
 import key_jobs
 import pytest
+from workers import output, start_worker, stop, wait_for
 
 flask = pytest.importorskip('flask', reason="the dashboard needs Flask: pip install 'rq-policies[dashboard]'")
 
@@ -377,6 +378,26 @@ def test_per_key_panels_show_in_use_limit_parked_and_next_due_and_the_queue_coun
     assert f'Rate per key: {SHOPS}' not in narrowed  # no shop key matches: no panel
     shown = text_of(page(client(connection), '/?q=glob'))
     assert 'globex' in shown and 'acme' not in shown
+
+
+def test_a_key_with_only_a_running_job_shows_the_limit_that_job_declares(connection, redis_url, worker_env,
+                                                                       forget_holds):
+    """No parked job names the key's limit: the job a real forking worker runs under the key's hold does (found
+    through rq's worker registry); a hold whose holder runs no job leaves it blank rather than guessed."""
+    other = PolicyQueue('other', connection=connection)
+    other.enqueue(key_jobs.per_customer, 't', 0, customer='hooli')
+    assert isinstance(fetch(connection, 'h:43:0:1', 'other'), Claim)  # a hold, and no worker runs its job
+    PolicyQueue('keys', connection=connection).enqueue(key_jobs.per_customer, 'dash', 2, customer='initech')
+    proc = start_worker(redis_url, ['keys'], worker_env)
+    try:
+        def shown():
+            (panel,) = [p for p in data.overview(connection)['panels'] if p['policy'] == 'concurrency']
+            return _cells(panel)
+
+        assert wait_for(lambda: ['initech', '1', '2', '0', ''] in shown(), 15), (shown(), output(proc))
+        assert ['hooli', '1', '', '0', ''] in shown()
+    finally:
+        stop(proc)
 
 
 def test_override_action_sets_and_clears_a_real_concurrency_limit(connection, forget_holds):

@@ -361,7 +361,7 @@ def test_per_key_panels_show_in_use_limit_parked_and_next_due_and_the_queue_coun
     assert 85 < float(rows[0][4]) <= 90  # acme frees when its oldest hold (90 s) is released or expires
     assert rows[1][4] == ''  # nothing parked on globex: not in the due index
     shop_rows = _cells(panels[f'Rate per key: {SHOPS}'])
-    assert [row[:2] for row in shop_rows] == [['s1', '2']]
+    assert [row[:2] + row[3:] for row in shop_rows] == [['s1', '2', '5/1s burst 2']]
     assert 0 <= float(shop_rows[0][2]) <= 0.2  # the next start 5/s allows (one every 0.2 s)
     # rq's deferred registry of the queue holds the parked jobs: the queue table's deferred column counts them
     (queue,) = view['queues']['rows']

@@ -538,7 +538,13 @@ def _setting_call(scope: str, key: Any, limit: int) -> Call:
 
 
 def _key_rows(conn: Any, policy: str, scope: str, names: list[str], now: float) -> list[dict[str, Any]]:
-    rows = []
+    """Each key's row. Its limit: the override, else the declared limit on the job hash of its oldest parked job, else
+    of a job holding one of its units (a unit reserved for a given-back job names it; a running job is found through
+    rq's worker registry, as QueueSlot's holds panel finds its holders' jobs, and counts only when its own field names
+    this key). A key none of these name has no limit shown."""
+    from .queue_slot import _running_jobs
+
+    width = 6
     with conn.pipeline(transaction=False) as pipe:
         for key in names:
             channel = keys.key_channel(scope, key)
@@ -547,25 +553,45 @@ def _key_rows(conn: Any, policy: str, scope: str, names: list[str], now: float) 
             pipe.llen(f'{keys.KEY_PARKED_PREFIX}{policy}:{channel}')
             pipe.lindex(f'{keys.KEY_PARKED_PREFIX}{policy}:{channel}', 0)
             pipe.zscore(keys.KEY_DUE, f'{policy}:{channel}')
+            pipe.zrangebyscore(keys.KEY_HOLDS_PREFIX + channel, f'({now:.6f}', '+inf', start=0, num=1)
         replies = pipe.execute()
-    heads = {i: text(replies[i * 5 + 3]) for i in range(len(names)) if replies[i * 5 + 3] is not None}
+    sources: dict[int, str] = {}  # row -> the job whose declared limit it shows
+    holders: dict[int, str] = {}  # row -> the token of a live hold, when no parked job or reservation names a job
+    for i in range(len(names)):
+        override, head, held = replies[i * width + 1], replies[i * width + 3], replies[i * width + 5]
+        if override is not None:
+            continue
+        if head is not None:
+            sources[i] = text(head)
+        elif held:
+            member = text(held[0])
+            if member.startswith('unpark:'):
+                sources[i] = member[len('unpark:'):]
+            else:
+                holders[i] = member
+    if holders:
+        running = _running_jobs(conn, list(holders.values()))
+        sources.update({i: running[where] for i, token in holders.items()
+                        if (where := token.rsplit(':', 2)[0]) in running})
     with conn.pipeline(transaction=False) as pipe:
-        for head in heads.values():
-            pipe.hget(Job.redis_job_namespace_prefix + head, 'policies_' + policy)
-        declared = dict(zip(heads, pipe.execute()))
+        for job_id in sources.values():
+            pipe.hget(Job.redis_job_namespace_prefix + job_id, 'policies_' + policy)
+        fields = dict(zip(sources, pipe.execute()))
+    rows = []
     for i, key in enumerate(names):
-        in_use, override, parked, _, due = replies[i * 5:i * 5 + 5]
-        limit = int(override) if override is not None else _declared_limit(declared.get(i))
+        in_use, override, parked, _, due, _ = replies[i * width:i * width + width]
+        limit = int(override) if override is not None else _declared_limit(fields.get(i), keys.key_channel(scope, key))
         rows.append({'key': key, 'in_use': int(in_use), 'limit': limit, 'overridden': override is not None,
                      'parked': int(parked), 'next_due': float(due) if due is not None else None})
     return rows
 
 
-def _declared_limit(raw: Any) -> int | None:
+def _declared_limit(raw: Any, channel: str) -> int | None:
+    """The limit in a job's ``'<limit> <scope>:<key>'`` field, when that field names ``channel``."""
     if raw is None:
         return None
-    head = text(raw).split(' ', 1)[0]
-    return int(head) if head.isdigit() else None
+    head, _, named = text(raw).partition(' ')
+    return int(head) if head.isdigit() and named == channel else None
 
 
 def _scopes(conn: Any, policy: str, holds: bool = True) -> set[str]:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from rq.job import Job
+
 from . import keys
 from .concurrency import KeyedPolicy, KeyFunction, _need, _server_now, check_scope, key_text
 from .ops import text
@@ -150,8 +152,8 @@ class Rate(KeyedPolicy):
     def key_rows(cls, connection: Any, scope: str, limit: int = 20, search: str | None = None,
                  now: float | None = None, names: list[str] | None = None) -> list[dict[str, Any]]:
         """The keys of ``scope`` with jobs parked by their rate, most parked first, at most ``limit`` (0: all): each
-        ``{'key', 'parked', 'next_due' (server time, or None)}``. Found by SCAN (MATCH, COUNT), never KEYS, unless
-        ``names`` gives the keys to read."""
+        ``{'key', 'parked', 'next_due' (server time, or None), 'rate' ((limit, per, burst) its oldest parked job
+        declares, or None)}``. Found by SCAN (MATCH, COUNT), never KEYS, unless ``names`` gives the keys to read."""
         from .concurrency import _glob
 
         conn = _need(connection)
@@ -164,9 +166,16 @@ class Rate(KeyedPolicy):
             for key in names:
                 pipe.llen(prefix + key)
                 pipe.zscore(keys.KEY_DUE, f'{cls.name}:{scope}:{key}')
+                pipe.lindex(prefix + key, 0)
             replies = pipe.execute()
-        rows = [{'key': key, 'parked': int(replies[2 * i]),
-                 'next_due': float(replies[2 * i + 1]) if replies[2 * i + 1] is not None else None}
+        heads = {i: text(replies[3 * i + 2]) for i in range(len(names)) if replies[3 * i + 2] is not None}
+        with conn.pipeline(transaction=False) as pipe:
+            for job_id in heads.values():
+                pipe.hget(Job.redis_job_namespace_prefix + job_id, cls.field)
+            fields = dict(zip(heads, pipe.execute()))
+        rows = [{'key': key, 'parked': int(replies[3 * i]),
+                 'next_due': float(replies[3 * i + 1]) if replies[3 * i + 1] is not None else None,
+                 'rate': _declared_rate(fields.get(i), f'{scope}:{key}')}
                 for i, key in enumerate(names)]
         rows.sort(key=lambda r: (-r['parked'], r['key']))
         return rows[:limit] if limit else rows
@@ -192,9 +201,20 @@ class Rate(KeyedPolicy):
                 out.append({
                     'note': note,
                     'title': f'Rate per key: {scope}',
-                    'columns': ['key', 'parked', 'next start (s)'],
+                    'columns': ['key', 'parked', 'next start (s)', 'rate'],
                     'rows': [[row['key'], row['parked'],
-                              None if row['next_due'] is None else round(max(row['next_due'] - now, 0.0), 3)]
+                              None if row['next_due'] is None else round(max(row['next_due'] - now, 0.0), 3),
+                              None if row['rate'] is None else '{}/{}s burst {}'.format(*row['rate'])]
                              for row in rows],
                 })
         return out
+
+
+def _declared_rate(raw: Any, channel: str) -> tuple[int, int, int] | None:
+    """``(limit, per, burst)`` of a job's ``'<limit> <per> <burst> <scope>:<key>'`` field, when it names ``channel``."""
+    if raw is None:
+        return None
+    words = text(raw).split(' ', 3)
+    if len(words) != 4 or words[3] != channel or not all(w.isdigit() for w in words[:3]):
+        return None
+    return int(words[0]), int(words[1]), int(words[2])

@@ -12,14 +12,31 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import jobs
+import key_jobs
 import pytest
+from workers import output, start_worker, stop, wait_for
 
 flask = pytest.importorskip('flask', reason="the dashboard needs Flask: pip install 'rq-policies[dashboard]'")
 
-from rq_policies import Debounce, Loner, PolicyQueue, QueueRate, QueueSlot, Throttle, keys, state  # noqa: E402
+from rq.queue import Queue  # noqa: E402
+
+from rq_policies import (  # noqa: E402
+    Concurrency,
+    Debounce,
+    Loner,
+    PolicyQueue,
+    QueueRate,
+    QueueSlot,
+    Rate,
+    Throttle,
+    keys,
+    ledger,
+    state,
+)
 from rq_policies.concurrency import PANEL_BUDGET  # noqa: E402
 from rq_policies.dashboard import create_app, data  # noqa: E402
 from rq_policies.dashboard.web import CSRF_COOKIE  # noqa: E402
+from rq_policies.fetch import Claim, Look, fetch_call, read_reply  # noqa: E402
 from rq_policies.policy import _REGISTRY, ADMISSION, AdmissionPolicy, registered  # noqa: E402
 
 XSS = '<script>alert(1)</script>'
@@ -295,6 +312,129 @@ def test_override_action_calls_the_policy_through_the_registry(connection, probe
         ('override', 'billing', 'acme', 10, True),
         ('override', 'billing', 'acme', None, True),
     ]
+
+
+# -- per-key limits (Concurrency, Rate), with real parked jobs -------------------------------------------------------
+
+CUSTOMERS = 'key_jobs.per_customer'  # Concurrency(2) per customer: the scope is the function's path
+SHOPS = 'key_jobs.per_shop'  # Rate(5, per=1, burst=2) per shop
+
+
+@pytest.fixture
+def forget_holds():
+    yield
+    for token in ledger.PROCESS.snapshot():  # the holds these fetches took are not this process's to refresh
+        ledger.PROCESS.discard(token)
+
+
+def fetch(connection, token: str, name: str = 'keys') -> Claim | Look:
+    """One fetch by the real fetch script, as a PolicyWorker's (the claim's hold lives 90 s)."""
+    queues = [Queue(name, connection=connection)]
+    return read_reply(fetch_call(queues, token, 90).run(connection), queues, token, 90)
+
+
+def _cells(panel: dict[str, Any]) -> list[list[str]]:
+    return [[c['text'] for c in row] for row in panel['rows']]
+
+
+def test_per_key_panels_show_in_use_limit_parked_and_next_due_and_the_queue_counts_parked_as_deferred(
+    connection, forget_holds
+):
+    q = PolicyQueue('keys', connection=connection)
+    acme = [q.enqueue(key_jobs.per_customer, 't', 0, customer='acme') for _ in range(4)]
+    globex = q.enqueue(key_jobs.per_customer, 't', 0, customer='globex')
+    shops = [q.enqueue(key_jobs.per_shop, 't', shop='s1') for _ in range(4)]
+    taken = []
+    while isinstance(claim := fetch(connection, f'h:41:0:{len(taken)}'), Claim):
+        taken.append(claim.job_id)
+    # acme: two run (its limit), two parked; globex runs; s1: its burst of two start, two parked on its rate
+    assert taken == [acme[0].id, acme[1].id, globex.id, shops[0].id, shops[1].id]
+    assert Concurrency.parked(CUSTOMERS, 'acme', connection=connection) == [acme[2].id, acme[3].id]
+    assert Rate.parked(SHOPS, 's1', connection=connection) == [shops[2].id, shops[3].id]
+
+    view = data.overview(connection)
+    panels = {p['title']: p for p in view['panels']}
+    customers = panels[f'Concurrency per key: {CUSTOMERS}']
+    assert customers['columns'] == ['key', 'in use', 'limit', 'parked', 'next due (s)']
+    rows = _cells(customers)
+    assert [row[:4] for row in rows] == [['acme', '2', '2', '2'], ['globex', '1', '', '0']]  # busiest first
+    assert 85 < float(rows[0][4]) <= 90  # acme frees when its oldest hold (90 s) is released or expires
+    assert rows[1][4] == ''  # nothing parked on globex: not in the due index
+    shop_rows = _cells(panels[f'Rate per key: {SHOPS}'])
+    assert [row[:2] + row[3:] for row in shop_rows] == [['s1', '2', '5/1s burst 2']]
+    assert 0 <= float(shop_rows[0][2]) <= 0.2  # the next start 5/s allows (one every 0.2 s)
+    # rq's deferred registry of the queue holds the parked jobs: the queue table's deferred column counts them
+    (queue,) = view['queues']['rows']
+    assert (queue['name'], queue['waiting'], queue['deferred']) == ('keys', 0, 4)
+
+    html = page(client(connection))
+    section = re.search(r'<section class="panel" data-policy="concurrency".*?</section>', html, re.S).group(0)
+    assert '<td>acme</td><td>2</td><td>2</td><td>2</td>' in section
+    assert re.search(r'data-queue="keys".*?data-field="deferred">4<', html, re.S)
+    assert 'parked per key' in html  # the deferred column's header says it counts them
+
+    narrowed = {p['title']: p for p in data.overview(connection, search='glob')['panels']}
+    assert [row[0] for row in _cells(narrowed[f'Concurrency per key: {CUSTOMERS}'])] == ['globex']
+    assert f'Rate per key: {SHOPS}' not in narrowed  # no shop key matches: no panel
+    shown = text_of(page(client(connection), '/?q=glob'))
+    assert 'globex' in shown and 'acme' not in shown
+
+
+def test_a_key_with_only_a_running_job_shows_the_limit_that_job_declares(connection, redis_url, worker_env,
+                                                                       forget_holds):
+    """No parked job names the key's limit: the job a real forking worker runs under the key's hold does (found
+    through rq's worker registry); a hold whose holder runs no job leaves it blank rather than guessed."""
+    other = PolicyQueue('other', connection=connection)
+    other.enqueue(key_jobs.per_customer, 't', 0, customer='hooli')
+    assert isinstance(fetch(connection, 'h:43:0:1', 'other'), Claim)  # a hold, and no worker runs its job
+    PolicyQueue('keys', connection=connection).enqueue(key_jobs.per_customer, 'dash', 2, customer='initech')
+    proc = start_worker(redis_url, ['keys'], worker_env)
+    try:
+        def shown():
+            (panel,) = [p for p in data.overview(connection)['panels'] if p['policy'] == 'concurrency']
+            return _cells(panel)
+
+        assert wait_for(lambda: ['initech', '1', '2', '0', ''] in shown(), 15), (shown(), output(proc))
+        assert ['hooli', '1', '', '0', ''] in shown()
+    finally:
+        stop(proc)
+
+
+def test_override_action_sets_and_clears_a_real_concurrency_limit(connection, forget_holds):
+    q = PolicyQueue('keys', connection=connection)
+    made = [q.enqueue(key_jobs.per_customer, 't', 0, customer='acme') for _ in range(3)]
+    for i in range(3):
+        fetch(connection, f'h:42:0:{i}')  # two holds, the third job parked
+    assert Concurrency.parked(CUSTOMERS, 'acme', connection=connection) == [made[2].id]
+    c = client(connection, allow_actions=True)
+    token = csrf(c)
+    assert 'data-action="override-concurrency"' in page(c)
+    form = {'csrf': token, 'policy': 'concurrency', 'scope': CUSTOMERS, 'key': 'acme', 'limit': '3'}
+
+    confirm = c.post('/action/override', data=form).get_data(as_text=True)
+    assert 'id="action-now">now: no override<' in confirm
+    assert Concurrency.overridden(CUSTOMERS, 'acme', connection=connection) is None  # asking wrote nothing
+    done = c.post('/action/override', data={**form, 'confirmed': 'yes'}).get_data(as_text=True)
+    assert 'id="action-done"' in done and 'now: override 3' in done
+    assert Concurrency.overridden(CUSTOMERS, 'acme', connection=connection) == 3
+    got = fetch(connection, 'h:42:0:9')  # the raised limit: the next fetch gives the parked job back and starts it
+    assert isinstance(got, Claim) and got.job_id == made[2].id
+
+    cleared = {**form, 'limit': ''}
+    confirm = c.post('/action/override', data=cleared).get_data(as_text=True)
+    assert 'Clear the override' in confirm and 'now: override 3' in confirm
+    done = c.post('/action/override', data={**cleared, 'confirmed': 'yes'}).get_data(as_text=True)
+    assert 'Cleared the override' in done and 'now: no override' in done
+    assert Concurrency.overridden(CUSTOMERS, 'acme', connection=connection) is None
+    later = q.enqueue(key_jobs.per_customer, 't', 0, customer='acme')
+    assert isinstance(fetch(connection, 'h:42:0:10'), Look)  # the declared 2 applies again: 3 run, this one parks
+    assert Concurrency.parked(CUSTOMERS, 'acme', connection=connection) == [later.id]
+
+    before = {k: connection.dump(k) for k in connection.keys('*')}
+    for bad, message in (({'scope': 'a:b'}, 'scope must be'), ({'limit': '0', 'confirmed': 'yes'}, 'limit must be')):
+        response = c.post('/action/override', data={**form, **bad})
+        assert response.status_code == 400 and message in response.get_data(as_text=True), bad
+    assert {k: connection.dump(k) for k in connection.keys('*')} == before
 
 
 # -- actions --------------------------------------------------------------------------------------------------------

@@ -103,7 +103,12 @@ def _registry_keys(connection: Any, name: str) -> tuple[str, str, str, str]:
 
 def queues(connection: Any, now: float, search: str | None, history: dict[str, Any]) -> dict[str, Any]:
     """Per queue: waiting, scheduled, deferred and started counts, each fetch policy's headline words, and drops
-    (last hour and all time). Read-only: rq's ``registry.count`` would clean the registry up, so ZCARD is used."""
+    (last hour and all time). Read-only: rq's ``registry.count`` would clean the registry up, so ZCARD is used.
+
+    A job parked by a per-key policy has status ``deferred`` and sits in rq's deferred registry of its queue, so the
+    deferred count includes the queue's parked jobs (beside jobs waiting on a dependency), in the same O(1) ZCARD;
+    the per-key panels say which keys they are parked on. A separate parked count per queue would mean reading
+    every parked job (the parked lists are per key, not per queue), so the page does not keep one."""
     names = [name for name in state.queue_names(connection) if not search or search in name]
     listed = names[:QUEUE_LIMIT]
     fetch_policies = registered(FETCH)

@@ -9,7 +9,11 @@ change and what the state is now.
 
 Actions call the public APIs, through the registry: a fetch policy's ``configure``/``unconfigure`` (a queue's cap, its
 rate), :func:`rq_policies.state.reset_digest` (what ``rq-policies reset`` runs), and ``override(scope, key, limit,
-connection=)`` on any registered policy that offers it (a per-key limit; ``limit=None`` clears the override).
+connection=)`` on any registered policy that offers it (a per-key limit). An empty limit clears the override: through
+the policy's ``clear(scope, key, connection=)`` when it has one (what ``rq-policies override --clear`` runs), else
+``override`` with ``limit=None``. The confirmation page shows the key's override now when the policy offers
+``overridden(scope, key, connection=)``, whose own checks also refuse a malformed scope or key before anything is
+asked.
 """
 
 from __future__ import annotations
@@ -104,6 +108,22 @@ def _queue_words(connection: Any, queue: str) -> str:
     return ', '.join(w for cls in registered(FETCH) if (w := cls.summary(entry))) or 'no setting'
 
 
+def _override_words(connection: Any, cls: type, scope: str, key: str) -> str:
+    """A key's override now (``override 10``, ``no override``) when the policy reports it, else ''.
+
+    Raises:
+        ActionError: the policy's own check refused the scope or the key (nothing is written).
+    """
+    overridden = getattr(cls, 'overridden', None)
+    if not callable(overridden):
+        return ''
+    try:
+        value = overridden(scope, key, connection=connection)
+    except (TypeError, ValueError) as exc:
+        raise ActionError(str(exc)) from None
+    return 'no override' if value is None else f'override {value}'
+
+
 def plan(connection: Any, action: str, form: Any) -> tuple[str, str, Callable[[], str]]:
     """Read and check an action's form: ``(what it will do, the state now, the function that does it)``.
 
@@ -153,14 +173,22 @@ def plan(connection: Any, action: str, form: Any) -> tuple[str, str, Callable[[]
         scope, key = _field(form, 'scope'), _field(form, 'key')
         raw = _field(form, 'limit', required=False)
         limit = _integer('limit', raw) if raw else None
-        change = f'the {cls.name} limit of key {key!r} on {scope!r}'
+        change = f'the {cls.name} limit of key {key!r} in scope {scope!r}'
         what = f'Override {change} to {limit}.' if limit is not None else f'Clear the override of {change}.'
+        now = _override_words(connection, cls, scope, key)
 
         def override() -> str:
-            cls.override(scope, key, limit, connection=connection)
-            return f'Overrode {change}: {limit}.' if limit is not None else f'Cleared the override of {change}.'
+            if limit is not None:
+                cls.override(scope, key, limit, connection=connection)
+                return f'Overrode {change}: {limit}.'
+            clear = getattr(cls, 'clear', None)
+            if callable(clear):
+                clear(scope, key, connection=connection)
+            else:
+                cls.override(scope, key, None, connection=connection)
+            return f'Cleared the override of {change}.'
 
-        return what, '', override
+        return what, now, override
     raise ActionError(f'no action named {action!r}')
 
 
@@ -328,7 +356,7 @@ def create_blueprint(
             'rq_policies/action.html',
             error=None,
             what=what,
-            now=_queue_after(conn, fields),
+            now=_state_after(conn, action, fields),
             fields={},
             action=action,
             done=done,
@@ -351,7 +379,10 @@ def create_blueprint(
             403,
         )
 
-    def _queue_after(conn: Any, fields: dict[str, str]) -> str:
+    def _state_after(conn: Any, action: str, fields: dict[str, str]) -> str:
+        """What the confirmation page showed as the state now, read again after the action ran."""
+        if action == 'override':
+            return _override_words(conn, _policy(fields['policy'], overridable()), fields['scope'], fields['key'])
         queue = fields.get('queue')
         return _queue_words(conn, queue) if queue else ''
 

@@ -65,10 +65,13 @@ def worker_env(redis_url):
 
 
 def pytest_collection_modifyitems(config, items):
-    """RQ_POLICIES_SKIP_SLOW=1 skips the tests marked slow (CI runs the soak once, not on every matrix cell)."""
-    if not os.environ.get('RQ_POLICIES_SKIP_SLOW'):
-        return
-    skip = pytest.mark.skip(reason='RQ_POLICIES_SKIP_SLOW is set')
-    for item in items:
-        if 'slow' in item.keywords:
-            item.add_marker(skip)
+    """RQ_POLICIES_SKIP_SLOW=1 skips the tests marked slow (CI runs the soak once, not on every matrix cell), and
+    RQ_POLICIES_SKIP_LONG=1 those marked long (worker and fault tests of 5 s or more: CI runs them on Valkey with
+    both rq versions, and every other test on Redis 7 too, which keeps CI near its time budget)."""
+    for marker, variable in (('slow', 'RQ_POLICIES_SKIP_SLOW'), ('long', 'RQ_POLICIES_SKIP_LONG')):
+        if not os.environ.get(variable):
+            continue
+        skip = pytest.mark.skip(reason=f'{variable} is set')
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(skip)

@@ -64,6 +64,7 @@ def test_connection_from_rq_env_vars_and_config_module(connection, env, redis_ur
     assert QueueSlot.capacity('imports', connection=connection) == 4
 
 
+@pytest.mark.long
 def test_bad_input_is_one_line_and_non_zero(connection, env, redis_url):
     PolicyQueue('imports', connection=connection).enqueue(jobs.plain, 1)
     assert_one_line_error(run('cap', 'nosuch', '3', env=env, url=redis_url), "unknown queue 'nosuch'", '--force')

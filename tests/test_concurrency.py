@@ -394,6 +394,7 @@ def test_six_workers_five_keys_overlap_never_exceeds_the_limit_and_every_key_pro
     assert connection.zcard(keys.KEY_DUE) == 0
 
 
+@pytest.mark.long
 def test_a_lone_job_behind_ten_thousand_of_another_key_starts_within_a_second(connection, redis_url, worker_env):
     q = PolicyQueue('keys', connection=connection)
     datas = [PolicyQueue.prepare_data(key_jobs.per_customer, ('starve', 0.2), {'customer': 'big'})
@@ -429,6 +430,7 @@ def test_concurrency_one_without_a_key_never_overlaps_one_payload_and_lets_other
     assert key_jobs.max_overlap(found['x'] + found['y'] + found['z']) >= 2  # different payloads do overlap
 
 
+@pytest.mark.long
 def test_a_sigkilled_holder_s_key_frees_within_hold_ttl_and_its_parked_job_runs(connection, redis_url, worker_env):
     q = PolicyQueue('keys', connection=connection)
     env = dict(worker_env, **{HOLD_TTL_ENV: '3'})
@@ -473,6 +475,7 @@ def _descendants(worker_pid: int) -> set[int]:
     return found
 
 
+@pytest.mark.long
 def test_an_override_while_workers_run_is_obeyed(connection, redis_url, worker_env):
     q = PolicyQueue('keys', connection=connection)
     for _ in range(12):

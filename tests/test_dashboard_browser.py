@@ -142,6 +142,7 @@ def _no_alert(driver) -> None:
         driver.switch_to.alert  # noqa: B018 - reading it is the check
 
 
+@pytest.mark.long
 def test_live_holds_rates_and_drops_standalone_and_inside_rq_dashboard(
     browser, connection, redis_url, worker_env, tmp_path
 ):

@@ -205,6 +205,7 @@ def test_sync_queue_runs_at_once(connection):
 # -- run by a real worker with rq's scheduler ------------------------------------------------------------------------
 
 
+@pytest.mark.long
 def test_burst_runs_once_with_the_last_payload(connection, redis_url, worker_env):
     q = PolicyQueue('index', connection=connection)
     with WorkerProcess(redis_url, worker_env, 'index') as worker:
@@ -223,6 +224,7 @@ def test_burst_runs_once_with_the_last_payload(connection, redis_url, worker_env
             assert connection.exists(superseded.key) == 0
 
 
+@pytest.mark.long
 def test_max_wait_runs_a_stream_that_never_pauses(connection, redis_url, worker_env):
     q = PolicyQueue('index', connection=connection)
     with WorkerProcess(redis_url, worker_env, 'index') as worker:

@@ -359,6 +359,7 @@ def test_a_script_riding_a_pipeline_recovers_from_a_flush_before_execute(connect
         admin.close()
 
 
+@pytest.mark.long
 def test_producers_and_a_worker_under_a_script_flush_every_50ms(connection, redis_url):
     """An enqueue loop and a worker burst (capped queue: fetch script, hold refresh on the heartbeat pipeline,
     release) while the script cache is flushed every 50 ms: no NoScriptError escapes, every job runs once."""

@@ -49,6 +49,7 @@ def own_server(worker_env):
     'horse has ended (the monitor loop does not wake for the alarm that fired while it was stopped), so the lapse is '
     'found only after the job ended; the network stall of the issue (the fault proxy holding bytes) is tested by '
     'test_a_network_stall_longer_than_the_hold_ttl_is_logged_counted_and_the_running_job_counted_again'))
+@pytest.mark.long
 def test_a_stall_longer_than_the_hold_ttl_is_logged_counted_and_the_running_job_counted_again(
         connection, redis_url, worker_env):
     QueueSlot.set_capacity('stall', 1, connection=connection)
@@ -92,6 +93,7 @@ def test_a_stall_longer_than_the_hold_ttl_is_logged_counted_and_the_running_job_
     assert peak({k: v for k, v in records.items() if k != short.id}) == 1
 
 
+@pytest.mark.long
 def test_a_restart_without_persistence_counts_the_running_job_again_once_the_cap_is_set(own_server, tmp_path):
     server, connection, env = own_server
     env = dict(env, **{HOLD_TTL_ENV: '5'})
@@ -123,6 +125,7 @@ def test_a_restart_without_persistence_counts_the_running_job_again_once_the_cap
     assert connection.hget(keys.LAPSES, 'queue:restart') == b'1'
 
 
+@pytest.mark.long
 def test_a_redis_error_in_the_heartbeat_leaves_the_hold_with_the_running_horse(own_server, tmp_path):
     # maxmemory with noeviction, memory full: rq's heartbeat HSET raises OutOfMemoryError and its work loop quits,
     # while the work horse, in a process group of its own, runs on. Its hold must stay (ZREM is allowed under OOM,
@@ -159,6 +162,7 @@ def test_a_redis_error_in_the_heartbeat_leaves_the_hold_with_the_running_horse(o
 
 
 @pytest.mark.parametrize('where', ['simple-worker', 'orphaned-horse'])
+@pytest.mark.long
 def test_a_job_holding_the_gil_keeps_its_hold(connection, redis_url, worker_env, tmp_path, where):
     # A job stuck in a C call that holds the GIL starves every thread of its process. Where that process is the one
     # keeping the hold (a PolicySimpleWorker; a work horse whose worker was SIGKILLed), the hold must still be kept:
@@ -189,6 +193,7 @@ def test_a_job_holding_the_gil_keeps_its_hold(connection, redis_url, worker_env,
     assert records[other.id][0] >= records[bound.id][1], records  # cap 1 ran 1
 
 
+@pytest.mark.long
 def test_a_network_stall_longer_than_the_hold_ttl_is_logged_counted_and_the_running_job_counted_again(
         connection, redis_url, worker_env, fault_proxy):
     """The issue's stall: the proxy holds every byte for 6 s (no byte lost) with hold_ttl 3 while a capped job runs.

@@ -224,6 +224,7 @@ def test_until_finished_frees_on_cancel_and_delete_of_a_waiting_job(connection):
     assert q.enqueue(lock_jobs.held, 'a') is not None
 
 
+@pytest.mark.long
 def test_until_finished_frees_when_a_running_job_is_deleted(connection, redis_url, worker_env):
     q, job, worker = _run_held(connection, redis_url, worker_env, 'fin-delete', seconds=30)
     try:
@@ -268,6 +269,7 @@ def test_replace_never_rewrites_a_job_popped_but_not_yet_started(connection, red
     assert Job.fetch(first.id, connection=connection).args == ('acme', 'first')
 
 
+@pytest.mark.long
 def test_the_end_of_run_release_adds_no_round_trip(connection, redis_url, worker_env):
     """The release rides rq's end-of-run transaction as an EVAL: redis-py's Script would make every such pipeline
     send SCRIPT EXISTS first, a round trip per job."""

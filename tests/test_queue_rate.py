@@ -340,6 +340,7 @@ def windows_within_bound(times: list[float], limit: int, per: float, burst: int,
     return bad
 
 
+@pytest.mark.long
 def test_six_workers_hold_the_rate_in_every_window_and_reach_it(connection, redis_url, worker_env):
     limit, per, burst, count = 20, 2, 5, 200
     QueueRate.set('emails', limit, per=per, burst=burst, connection=connection)
@@ -438,6 +439,7 @@ def test_snooze_runs_the_job_again_with_its_id_and_max_snoozes_fails_it(connecti
     assert QueueSlot.in_use('naps', connection=connection) == 0  # every snooze gave its hold back
 
 
+@pytest.mark.long
 def test_sigkill_right_after_a_start_refunds_nothing_and_leaks_nothing(connection, redis_url, worker_env):
     QueueRate.set('emails', 1, per=8, connection=connection)
     q = PolicyQueue('emails', connection=connection)

@@ -429,6 +429,7 @@ def test_trailing_refuses_depends_on_and_writes_nothing(connection):
     assert sorted(connection.keys('*')) == before
 
 
+@pytest.mark.long
 def test_trailing_latest_wins_run_by_a_scheduler_worker(connection, redis_url, worker_env):
     q = PolicyQueue('progress', connection=connection)
     with WorkerProcess(redis_url, worker_env, 'progress') as worker:

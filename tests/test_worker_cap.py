@@ -82,6 +82,7 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+@pytest.mark.long
 def test_six_workers_cap_two_never_overlap_more_than_two(connection, redis_url, worker_env):
     QueueSlot.set_capacity('reports', 2, connection=connection)
     q = PolicyQueue('reports', connection=connection)
@@ -212,6 +213,7 @@ def test_a_sigkilled_worker_holds_until_its_short_ttl_runs_out(connection, redis
         stop(worker)
 
 
+@pytest.mark.long
 def test_the_horse_of_a_worker_sigkilled_alone_keeps_its_hold_until_the_job_ends(connection, redis_url, worker_env):
     # kill -9 of the worker's pid alone (an OOM kill of the parent): rq's horse, in a process group of its own,
     # runs on. Its hold must outlive the TTL the dead worker can no longer refresh, and come back when the job ends.
@@ -395,6 +397,7 @@ def own_server(worker_env):
     server.close()
 
 
+@pytest.mark.long
 def test_an_idle_worker_waiting_on_a_full_queue_does_not_spin(own_server):
     connection, redis_url, worker_env = own_server
     QueueSlot.set_capacity('full', 1, connection=connection)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jobs
+import pytest
 from rq import Queue
 from rq.job import Callback, Dependency, Job, JobStatus
 from workers import output, start_worker, stop, wait_for
@@ -25,6 +26,7 @@ def test_forking_worker_runs_loners_and_clears_markers(connection, redis_url, wo
         assert Job.fetch(job.id, connection=connection).get_status() == JobStatus.FINISHED
 
 
+@pytest.mark.long
 def test_identity_is_free_while_the_job_runs(connection, redis_url, worker_env):
     q = PolicyQueue('running', connection=connection)
     first = q.enqueue(jobs.slow_loner, 'running', 3)

@@ -9,7 +9,7 @@ import time
 from redis import Redis
 from rq import get_current_job
 
-from rq_policies import BackOff, Concurrency, PolicyWorker, Rate, policy
+from rq_policies import BackOff, Concurrency, Loner, PolicyWorker, Rate, policy
 
 
 def _conn() -> Redis:
@@ -39,6 +39,18 @@ def one_per_customer(tag, seconds, customer):
 
 @policy(Concurrency(1))
 def per_payload(tag, seconds, payload):
+    _span(tag, payload, seconds)
+
+
+@policy(Loner(), Concurrency(1))
+def waiting_and_running(tag, seconds, payload):
+    """One waiting and never two running per payload (sidekiq-unique-jobs' until_and_while_executing)."""
+    _span(tag, payload, seconds)
+
+
+@policy(Loner(until='finished'), Concurrency(1))
+def one_in_all(tag, seconds, payload):
+    """One job per payload, waiting or running; a forced duplicate waits for it instead of running beside it."""
     _span(tag, payload, seconds)
 
 

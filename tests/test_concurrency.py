@@ -558,6 +558,36 @@ def test_with_a_loner_a_parked_job_keeps_its_identity_and_the_duplicate_is_dropp
     assert q.enqueue(key_jobs.per_customer, 't', 1, customer='a', policy=both) is not None  # taken: free again
 
 
+@pytest.mark.long
+def test_loner_with_concurrency_one_keeps_one_waiting_and_never_two_running(connection, redis_url, worker_env):
+    """Loner() + Concurrency(1): while a job runs its identity is free again, so one duplicate is admitted (and a
+    second dropped), but a worker that takes it parks it until the first ends. Loner(until='finished') +
+    Concurrency(1): a duplicate is dropped while the first runs, and a forced one waits for it."""
+    q = PolicyQueue('keys', connection=connection)
+    first = q.enqueue(key_jobs.waiting_and_running, 'uw', 1.5, payload='p')
+    assert q.enqueue(key_jobs.one_in_all, 'uf', 1.5, payload='p')
+    workers = run_workers(redis_url, worker_env, 3)
+    try:
+        assert wait_for(lambda: len(key_jobs.spans(connection, 'uw').get('p', [])) == 1
+                        and len(key_jobs.spans(connection, 'uf').get('p', [])) == 1, 20), output(workers[0])
+        second = q.enqueue(key_jobs.waiting_and_running, 'uw', 1.5, payload='p')
+        assert second is not None and second.id != first.id  # the first runs: its identity is free
+        assert q.enqueue(key_jobs.waiting_and_running, 'uw', 1.5, payload='p') is None  # one waits already
+        assert q.enqueue(key_jobs.one_in_all, 'uf', 1.5, payload='p') is None  # held until the first ends
+        forced = q.force(key_jobs.one_in_all, 'uf', 1.5, payload='p')
+        assert wait_for(lambda: len(key_jobs.spans(connection, 'uw').get('p', [])) == 4
+                        and len(key_jobs.spans(connection, 'uf').get('p', [])) == 4, 30), output(workers[0])
+    finally:
+        for w in workers:
+            stop(w)
+    for tag, later in (('uw', second), ('uf', forced)):
+        events = key_jobs.spans(connection, tag)['p']
+        assert key_jobs.max_overlap(events) == 1, events  # never two running
+        ends = [at for jid, what, at in events if what == 'end' and jid != later.id]
+        starts = [at for jid, what, at in events if what == 'start' and jid == later.id]
+        assert starts[0] >= ends[0], events  # the duplicate started once the first had ended
+
+
 def test_a_job_given_back_then_blocked_drops_its_reserved_unit_and_keeps_its_place(connection, forget_holds):
     q = PolicyQueue('keys', connection=connection)
     running, first, second = (q.enqueue(key_jobs.one_per_customer, 't', 0, customer='k') for _ in range(3))

@@ -46,6 +46,8 @@ from rq.registry import DeferredJobRegistry
 from . import keys, ledger
 from .exceptions import BackOff
 from .ops import Call, text
+from .ops import need_connection as _need
+from .ops import server_now as _server_now
 from .policy import MAX_CAPACITY, FetchPolicy, positive_int
 
 __all__ = ['Concurrency', 'KeyFunction', 'KeyedPolicy']
@@ -645,13 +647,4 @@ def _glob(value: str) -> str:
     return ''.join('\\' + ch if ch in '*?[]\\' else ch for ch in value)
 
 
-def _server_now(conn: Any) -> float:
-    seconds, micros = conn.time()
-    return seconds + micros / 1e6
-
-
-def _need(connection: Any) -> Any:
-    if connection is None:
-        raise ValueError('connection is required: pass connection=Redis(...)')
-    return connection
 

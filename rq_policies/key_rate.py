@@ -21,7 +21,9 @@ from typing import Any, ClassVar
 from rq.job import Job
 
 from . import keys
-from .concurrency import KeyedPolicy, KeyFunction, _need, _server_now, check_scope, key_text
+from .concurrency import KeyedPolicy, KeyFunction, check_scope, key_text
+from .ops import need_connection as _need
+from .ops import server_now as _server_now
 from .ops import text
 from .policy import MAX_CAPACITY, MAX_SECONDS
 from .queue_rate import RateStatus, _status, check

@@ -32,6 +32,19 @@ def text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def need_connection(connection: Any) -> Any:
+    """``connection``, or a ValueError saying one is required (the policies' classmethods take ``connection=``)."""
+    if connection is None:
+        raise ValueError('connection is required: pass connection=Redis(...)')
+    return connection
+
+
+def server_now(connection: Any) -> float:
+    """The server's clock (epoch seconds, with microseconds): the clock every expiry and rate is measured by."""
+    seconds, micros = connection.time()
+    return seconds + micros / 1e6
+
+
 def pack(value: Any) -> bytes:
     """``value`` (dicts, lists, str, bytes, int, float, bool, None) as the msgpack a script decodes."""
     return _packb(value)

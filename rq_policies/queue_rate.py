@@ -31,6 +31,8 @@ from redis import Redis
 from . import keys
 from .exceptions import BackOff, Snooze, SnoozeLimitReached
 from .ledger import WAKE_CAPACITY
+from .ops import need_connection as _need
+from .ops import server_now as _server_now
 from .ops import text
 from .policy import MAX_CAPACITY, MAX_SECONDS, FetchPolicy, positive_int, whole_seconds
 from .queue_slot import queue_name
@@ -425,12 +427,3 @@ def _backoff_in(pipe: Any, name: str, seconds: float, now: float) -> None:
     pipe.zremrangebyscore(keys.BACKOFF, '-inf', f'({now:.6f}')
 
 
-def _server_now(conn: Any) -> float:
-    seconds, micros = conn.time()
-    return seconds + micros / 1e6
-
-
-def _need(connection: Any) -> Any:
-    if connection is None:
-        raise ValueError('connection is required: pass connection=Redis(...)')
-    return connection

@@ -25,6 +25,7 @@ from redis import Redis
 
 from . import keys, ledger
 from .ledger import WAKE_CAPACITY, WAKE_RELEASED, Hold
+from .ops import need_connection as _need
 from .ops import text
 from .policy import MAX_CAPACITY, FetchPolicy, positive_int, whole_seconds
 
@@ -393,11 +394,6 @@ def _running_jobs(connection: Any, tokens: list[str]) -> dict[str, str]:
                 found[where] = job_id
     return found
 
-
-def _need(connection: Any) -> Any:
-    if connection is None:
-        raise ValueError('connection is required: pass connection=Redis(...)')
-    return connection
 
 
 def _holder(token: Any) -> str:

@@ -315,7 +315,7 @@ def report_throughput(conn: Redis, url: str, opts: argparse.Namespace) -> int:
     ratio = keyed / plain
     print(f'  keyed / plain {ratio:.3f} (target >= 0.95): {"ok" if ratio >= 0.95 else "MISSED"}; keyed / capped '
           f'{keyed / capped:.3f}; worker CPU per job keyed / plain x{cpu_keyed / cpu_plain:.3f}, keyed / capped '
-          f'x{cpu_keyed / cpu_capped:.3f} (capped: what holding any hold costs, the worker's hold guard included)')
+          f'x{cpu_keyed / cpu_capped:.3f} (capped: what holding any hold costs, with the hold guard a worker keeps)')
     return int(ratio < 0.95)
 
 

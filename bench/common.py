@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import time
 import traceback
@@ -14,6 +15,9 @@ from contextlib import contextmanager
 from redis import Redis
 
 from rq_policies.testing import RedisServer
+
+#: bench/, put on worker subprocesses' path beside the project so they import the benches' job modules.
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @contextmanager
@@ -91,3 +95,39 @@ def run_main(main: Callable[[], int | None]) -> None:
         traceback.print_exc()
         sys.exit(1)
     sys.exit(status or 0)
+
+
+def start_workers(url: str, worker_class: str, queue: str | list[str], count: int) -> list[subprocess.Popen]:
+    """``count`` forking ``rq worker -w <worker_class>`` subprocesses on ``queue`` (or several), quiet."""
+    env = dict(os.environ, REDIS_URL=url)
+    env['PYTHONPATH'] = os.pathsep.join([HERE, os.path.dirname(HERE), env.get('PYTHONPATH', '')])
+    queues = [queue] if isinstance(queue, str) else queue
+    return [
+        subprocess.Popen(
+            [sys.executable, '-m', 'rq.cli', 'worker', '-w', worker_class, '--url', url, '--logging_level', 'ERROR',
+             *queues],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        for _ in range(count)
+    ]
+
+
+def stop_workers(procs: list[subprocess.Popen]) -> None:
+    """Warm-stop every worker (SIGTERM), killing one that has not left within 15 s."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> None:
+    """Poll ``predicate`` every 20 ms; RuntimeError naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f'timed out waiting for {what}')
+        time.sleep(0.02)

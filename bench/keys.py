@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -48,7 +47,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import bench_jobs  # noqa: E402
-from common import add_smoke, run_main, server_url, smoke_defaults  # noqa: E402
+from common import add_smoke, run_main, server_url, smoke_defaults, start_workers, stop_workers, wait_until  # noqa: E402
 from rq import Queue  # noqa: E402
 from rq.job import Job  # noqa: E402
 from rq.registry import FinishedJobRegistry  # noqa: E402
@@ -118,36 +117,6 @@ def fetch_cost(conn: Redis, big: int, rounds: int, calls: int) -> dict[str, list
 # -- workers --------------------------------------------------------------------------------------------------------
 
 
-def start_workers(url: str, queue: str, count: int) -> list:
-    env = dict(os.environ, REDIS_URL=url)
-    env['PYTHONPATH'] = os.pathsep.join([str(HERE), str(HERE.parent), env.get('PYTHONPATH', '')])
-    return [
-        subprocess.Popen([sys.executable, '-m', 'rq.cli', 'worker', '-w', 'rq_policies.PolicyWorker', '--url', url,
-                          '--logging_level', 'ERROR', queue], env=env, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
-        for _ in range(count)
-    ]
-
-
-def stop_workers(procs: list) -> None:
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f'timed out waiting for {what}')
-        time.sleep(0.02)
-
-
 def cpu_seconds(procs: list) -> float:
     """CPU time of these worker processes and of the children they reaped (work horses), Linux /proc, in seconds:
     on a shared machine it swings far less than wall-clock throughput."""
@@ -169,7 +138,7 @@ def throughput(conn: Redis, url: str, jobs: int, workers: int, rounds: int) -> d
     by_queue = {}
     try:
         for queue in variants.values():
-            by_queue[queue] = start_workers(url, queue, workers)
+            by_queue[queue] = start_workers(url, 'rq_policies.PolicyWorker', queue, workers)
             procs += by_queue[queue]
         for queue in variants.values():
             wait_until(lambda q=queue: Worker.count(queue=Queue(q, connection=conn)) == workers, 60, 'workers')
@@ -217,7 +186,7 @@ def release_to_start(conn: Redis, url: str, handovers: int) -> list[float]:
 
     thread = threading.Thread(target=listen, daemon=True)
     thread.start()
-    procs = start_workers(url, 'handover', 3)
+    procs = start_workers(url, 'rq_policies.PolicyWorker', 'handover', 3)
     try:
         wait_until(lambda: Worker.count(queue=Queue('handover', connection=conn)) == 3, 60, 'workers')
         q = PolicyQueue('handover', connection=conn)
@@ -249,7 +218,7 @@ def starvation(conn: Redis, url: str, backlog: int) -> float:
         q.enqueue_many([Queue.prepare_data(bench_jobs.keyed_starve, (0.2,), {'customer': 1})
                         for _ in range(start, min(backlog, start + 1000))])
     q.enqueue(bench_jobs.keyed_starve, 0.2, customer=2)
-    procs = start_workers(url, 'starve', 4)
+    procs = start_workers(url, 'rq_policies.PolicyWorker', 'starve', 4)
     try:
         def lone_started() -> bool:
             return any(line.startswith(b'2 ') for line in conn.lrange('bench:starve', 0, -1))

@@ -28,9 +28,7 @@ Throughput on an unlimited queue against stock rq is bench/worker.py's (its Poli
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,7 +40,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import bench_jobs  # noqa: E402
-from common import add_smoke, run_main, server_url, smoke_defaults  # noqa: E402
+from common import add_smoke, run_main, server_url, smoke_defaults, start_workers, stop_workers, wait_until  # noqa: E402
 from rq import Queue  # noqa: E402
 from rq.worker import Worker  # noqa: E402
 
@@ -110,36 +108,6 @@ def fetch_cost(conn: Redis, rounds: int, calls: int) -> dict[str, float]:
 # -- workers --------------------------------------------------------------------------------------------------------
 
 
-def start_workers(url: str, queue: str, count: int, worker_class: str = 'rate.RecordingWorker') -> list:
-    env = dict(os.environ, REDIS_URL=url)
-    env['PYTHONPATH'] = os.pathsep.join([str(HERE), str(HERE.parent), env.get('PYTHONPATH', '')])
-    return [
-        subprocess.Popen([sys.executable, '-m', 'rq.cli', 'worker', '-w', worker_class, '--url', url,
-                          '--logging_level', 'ERROR', queue], env=env, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
-        for _ in range(count)
-    ]
-
-
-def stop_workers(procs: list) -> None:
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f'timed out waiting for {what}')
-        time.sleep(0.02)
-
-
 def workers_idle(conn: Redis, queue: str, count: int) -> None:
     wait_until(lambda: Worker.count(queue=Queue(queue, connection=conn)) == count, 60, f'{count} workers')
     time.sleep(0.5)
@@ -158,7 +126,7 @@ def taken(conn: Redis) -> list[float]:
 def achieved_rate(conn: Redis, url: str, limit: int, seconds: float) -> tuple[float, int]:
     conn.flushdb()
     count = int(limit * seconds) + 1
-    procs = start_workers(url, 'rated', 4)
+    procs = start_workers(url, 'rate.RecordingWorker', 'rated', 4)
     try:
         workers_idle(conn, 'rated', 4)
         QueueRate.set('rated', limit, per=1, connection=conn)
@@ -173,7 +141,7 @@ def achieved_rate(conn: Redis, url: str, limit: int, seconds: float) -> tuple[fl
 def eligible_to_start(conn: Redis, url: str, gaps: int) -> list[float]:
     conn.flushdb()
     interval = 0.5
-    procs = start_workers(url, 'sleepy', 1)
+    procs = start_workers(url, 'rate.RecordingWorker', 'sleepy', 1)
     try:
         workers_idle(conn, 'sleepy', 1)
         QueueRate.set('sleepy', 2, per=1, connection=conn)
@@ -190,7 +158,7 @@ def idle_cost(conn: Redis, url: str, seconds: float) -> float:
     QueueRate.set('blocked', 1, per=3600, connection=conn)
     conn.set('rq:policies:tat:blocked', f'{server_now(conn) + 3600:.6f} 3600', ex=3600)
     enqueue(conn, 'blocked', 5)
-    procs = start_workers(url, 'blocked', 1)
+    procs = start_workers(url, 'rate.RecordingWorker', 'blocked', 1)
     try:
         workers_idle(conn, 'blocked', 1)
         time.sleep(1.0)

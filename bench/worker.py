@@ -50,43 +50,10 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import bench_jobs  # noqa: E402
-from common import add_smoke, run_main, smoke_defaults  # noqa: E402
+from common import add_smoke, run_main, smoke_defaults, start_workers, stop_workers, wait_until  # noqa: E402
 
 from rq_policies import PolicyQueue, QueueSlot, keys  # noqa: E402
 from rq_policies.testing import RedisServer  # noqa: E402
-
-
-def start_workers(url: str, worker_class: str, queue: str | list[str], count: int) -> list[subprocess.Popen]:
-    env = dict(os.environ, REDIS_URL=url)
-    env['PYTHONPATH'] = os.pathsep.join([str(HERE), str(HERE.parent), env.get('PYTHONPATH', '')])
-    queues = [queue] if isinstance(queue, str) else queue
-    return [
-        subprocess.Popen(
-            [sys.executable, '-m', 'rq.cli', 'worker', '-w', worker_class, '--url', url, '--logging_level', 'ERROR',
-             *queues],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        for _ in range(count)
-    ]
-
-
-def stop_workers(procs: list[subprocess.Popen]) -> None:
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f'timed out waiting for {what}')
-        time.sleep(0.02)
 
 
 @contextmanager

@@ -106,11 +106,11 @@ class Call:
         return scripts.run(self.script, client, self.keys, self.argv())
 
     def ride(self, pipeline: Any) -> Any:
-        """Queue the script on someone else's ``pipeline`` as an EVAL of its source.
+        """Queue the script on someone else's ``pipeline`` as an EVAL of its source (``scripts.eval_source``).
 
         redis-py makes every pipeline that carries a ``Script`` send SCRIPT EXISTS first, one round trip of its own;
         on a pipeline rq sends once per job (its end-of-run pipeline) that would be a round trip per job. An EVAL
         carries the source instead (the server caches the compiled script), so the call costs no round trip and
         cannot fail with NOSCRIPT inside rq's transaction.
         """
-        return pipeline.eval(scripts.source(self.script), len(self.keys), *self.keys, *self.argv())
+        return scripts.run(self.script, pipeline, self.keys, self.argv())

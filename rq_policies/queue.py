@@ -15,6 +15,7 @@ from __future__ import annotations
 import calendar
 import contextlib
 import logging
+import os
 from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from .admission import JobWrite
 from .exceptions import PipelineNotSupported, PolicyConfigurationError
 from .fetch import current_fetcher, dequeue
 from .job import PolicyJob, rq_class_name
+from .ops import Call
 from .policy import PolicySet, by_name, declared, make_set
 
 logger = logging.getLogger('rq_policies')
@@ -207,20 +209,40 @@ class PolicyQueue(Queue):
         return job
 
     def push_job_id(self, job_id: str, pipeline: Any = None, at_front: bool = False) -> None:
-        """rq's push, plus a wake-up for idle PolicyWorkers (riding the same pipeline, or one of its own).
+        """rq's push, made safe to send twice, plus a wake-up for idle PolicyWorkers: one script (``lua/push.lua``)
+        riding the same pipeline, or a call of its own.
 
-        Every push rq makes through this queue passes here: jobs without a policy, retries, released dependents,
-        requeues. Pushes by stock ``rq.Queue`` producers do not publish; idle PolicyWorkers see those within
-        ``IDLE_POLL_SECONDS`` (the idle probe).
+        Every push rq makes through this queue passes here: jobs without a policy, retries, released dependents.
+        rq sends it inside a transaction with the job's hash, and redis-py resends the whole transaction after a lost
+        reply; each call carries a fresh token that the first attempt records in the job's hash, so a resent one
+        pushes nothing (a plain RPUSH pushed the id twice, and the job ran twice). Pushes by stock ``rq.Queue``
+        producers (and rq's scheduler, requeues from a registry) are rq's own: they do not publish (idle PolicyWorkers
+        see those within ``IDLE_POLL_SECONDS``, the idle probe) and are not guarded.
         """
+        call = self._push_call(job_id, 'L' if at_front else 'R', self.key, wake=keys.wake(self.name))
         if pipeline is not None:
-            super().push_job_id(job_id, pipeline=pipeline, at_front=at_front)
-            pipeline.publish(keys.wake(self.name), job_id)
-            return
-        with self.connection.pipeline(transaction=False) as pipe:
-            super().push_job_id(job_id, pipeline=pipe, at_front=at_front)
-            pipe.publish(keys.wake(self.name), job_id)
+            call.ride(pipeline)
+        else:
+            call.run(self.connection)
+
+    def _push_call(self, job_id: str, mode: str, dest: str, score: int = 0, wake: str | None = None) -> Call:
+        """The ``lua/push.lua`` call that pushes ``job_id`` once (mode R, L or S), with this call's own token."""
+        call = Call('push', jid=job_id, token=os.urandom(6).hex(), mode=mode, score=score, wake=wake)
+        return call.key('job', self.job_class.redis_job_namespace_prefix + job_id).key('dest', dest)
+
+    def _schedule_once(self, job: Job, when: datetime, pipeline: Any) -> Job:
+        """rq's ``schedule_job`` (the hash, then the scheduled registry's entry, in one transaction) with the entry
+        written by ``lua/push.lua``: a ZADD is idempotent only while the entry is there, and a resend that arrived after
+        rq's scheduler had moved the due job to its queue put it back, to be pushed and run a second time."""
+        from rq.registry import ScheduledJobRegistry
+
+        pipe = pipeline if pipeline is not None else self.connection.pipeline()
+        pipe.sadd(self.redis_queues_keys, self.key)
+        self._persist_job(job, pipe, status=JobStatus.SCHEDULED)
+        self._push_call(job.id, 'S', ScheduledJobRegistry(queue=self).key, score=_score(when)).ride(pipe)
+        if pipeline is None:
             pipe.execute()
+        return job
 
     def enqueue_job(self, job: Job, pipeline: Any = None, at_front: bool = False, **kwargs: Any) -> Job | None:  # type: ignore[override]
         spec = self._take_door(job)
@@ -231,7 +253,9 @@ class PolicyQueue(Queue):
     def schedule_job(self, job: Job, datetime: datetime, pipeline: Any = None, **kwargs: Any) -> Job | None:  # type: ignore[override]
         spec = self._take_door(job)
         if spec is None:
-            return super().schedule_job(job, datetime, pipeline=pipeline, **kwargs)
+            if kwargs.get('unique') or compat.has_rate_limit(job):  # rq's own script, or rq 3's rate-limit checks
+                return super().schedule_job(job, datetime, pipeline=pipeline, **kwargs)
+            return self._schedule_once(job, datetime, pipeline)
         return self._admit(job, spec, pipeline, at_front=bool(job.enqueue_at_front), when=datetime, **kwargs)
 
     def _take_door(self, job: Job) -> PolicySet | None:

@@ -10,7 +10,10 @@ SCRIPT LOAD and the EVALSHA after it (redis-py's own fallback) can make the call
 did not run, so sending it again is safe. A call riding a pipeline is sent as EVAL: redis-py would load the pipeline's
 scripts first and then send it, and a flush in between made ``execute()`` raise after the pipeline's other commands
 had run (the worker's heartbeat, where rq itself executes the pipeline). Scripts that ride pipelines are small (a
-hold refresh, a release), and this also saves redis-py's SCRIPT EXISTS round trip before each such pipeline.
+hold refresh, a release, a push), and this also saves redis-py's SCRIPT EXISTS round trip before each such pipeline.
+An EVAL carries its source every time, so on a real server it carries the lean one (:func:`lean_source`: no comments,
+and cmsgpack's decoder instead of the pure-Lua one fakeredis needs): a fifth of the bytes, which the server hashes on
+every call (the push rides every enqueue of a job without a policy).
 """
 
 from __future__ import annotations
@@ -44,12 +47,23 @@ def _lua_root() -> Any:
     return Path(__file__).resolve().parent.parent / 'lua'
 
 
+#: ``lib/codec.lua`` in a lean source: the servers that have cmsgpack (Redis, Valkey) need none of its fallback.
+_LEAN_CODEC = """local function decode_args(data)
+  if cmsgpack then return cmsgpack.unpack(data) end
+  error('rq-policies: this server has no cmsgpack; a lean script was sent to it')
+end
+"""
+#: A comment that fills its lines: a ``--[[ ... ]]`` block opening a line, or a line that is only a ``--`` comment.
+_COMMENT_LINES = re.compile(r'^[ \t]*--\[\[.*?\]\][ \t]*\n|^[ \t]*--[^\n]*\n', re.MULTILINE | re.DOTALL)
+
+
 @functools.cache
-def source(name: str) -> str:
+def source(name: str, lean: bool = False) -> str:
     """The full text of script ``name`` (without ``.lua``), includes expanded.
 
     Each included file is expanded once per script, where it is first included, so a policy's part can include the
-    shared functions it uses without defining them twice beside another part that uses them too.
+    shared functions it uses without defining them twice beside another part that uses them too. ``lean``: see
+    :func:`lean_source`.
     """
     root = _lua_root()
     done: set[str] = set()
@@ -57,6 +71,8 @@ def source(name: str) -> str:
     def read(rel: str, seen: tuple[str, ...]) -> str:
         if rel in seen:
             raise RuntimeError(f'circular @include of {rel!r} in {seen[0]!r}')
+        if lean and rel == 'lib/codec.lua':
+            return _LEAN_CODEC
         text = root.joinpath(rel).read_text(encoding='utf-8')
 
         def include(match: re.Match) -> str:
@@ -72,7 +88,32 @@ def source(name: str) -> str:
             text = _POLICIES.sub(lambda _: '\n'.join(read(f'policies/{part}', seen + (rel,)) for part in parts), text)
         return text
 
-    return read(f'{name}.lua', ())
+    text = read(f'{name}.lua', ())
+    if lean:
+        text = '\n'.join(line.strip() for line in _COMMENT_LINES.sub('', text).splitlines() if line.strip())
+    return text
+
+
+def lean_source(name: str) -> bytes:
+    """Script ``name`` as a pipeline's EVAL sends it to a server that has cmsgpack: without its comment lines and
+    indentation, and with ``lib/codec.lua`` reduced to cmsgpack's decoder (the pure-Lua fallback is for fakeredis)."""
+    return _lean(name)
+
+
+@functools.cache
+def _lean(name: str) -> bytes:
+    return source(name, lean=True).encode('utf-8')
+
+
+def eval_source(name: str, client: Any) -> bytes:
+    """The source an EVAL of script ``name`` on ``client`` (a connection or a pipeline) carries: the lean one, unless
+    the client is fakeredis (no cmsgpack) or of a kind whose server cannot be told (then the full one, which runs
+    everywhere)."""
+    pool = getattr(client, 'connection_pool', None)
+    connection_class = getattr(pool, 'connection_class', None)
+    if connection_class is None or connection_class.__module__.startswith('fakeredis'):
+        return script(name).script
+    return _lean(name)
 
 
 def script(name: str) -> Script:
@@ -91,13 +132,13 @@ def run(name: str, client: Any, keys: list[str] | tuple = (), args: list[Any] | 
     """Run ``lua/<name>.lua`` on ``client`` (a Redis connection or a pipeline), whatever the server's script cache.
 
     On a connection: EVALSHA, then EVAL with the source once if the server answered NOSCRIPT (two attempts at
-    most). On a pipeline: EVAL, queued; the reply arrives with ``execute()``.
+    most). On a pipeline: EVAL of :func:`eval_source`, queued; the reply arrives with ``execute()``.
     """
     found = script(name)
     keys = list(keys)
     argv = [*keys, *args]
     if _is_pipeline(client):
-        return client.eval(found.script, len(keys), *argv)
+        return client.eval(eval_source(name, client), len(keys), *argv)
     try:
         return client.evalsha(found.sha, len(keys), *argv)
     except NoScriptError:

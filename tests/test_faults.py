@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 
 import jobs
 import lcw_jobs
@@ -19,7 +20,9 @@ from redis import Redis
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, TimeoutError
 from redis.retry import Retry
+from rq import Queue
 from rq.job import Job
+from rq.job import Retry as JobRetry
 from rq.registry import ScheduledJobRegistry
 from throttle_helpers import ran, wait_for_phase
 from workers import output, start_worker, stop, wait_for
@@ -274,6 +277,107 @@ def test_limited_capacity_finish_with_a_lost_reply_never_runs_its_successor_twic
     assert fault_proxy.seen(LCW_FINISH) >= 2, output(worker)
     ran = ran_ids(connection, 'ephemeral')
     assert ran[:2] == [first_job, successor] and len(ran) == len(set(ran)) == 3, ran
+
+
+# -- jobs without a policy: rq's own pipelines, replayed ----------------------------------------------------------
+
+
+def plain_write(job_id: str):
+    """What only the pipeline that writes job ``job_id`` carries: its EXEC and the job's id (rq sends a transaction
+    in one write, so the proxy sees it whole)."""
+    return (b'EXEC', job_id.encode())
+
+
+@pytest.mark.parametrize('fault', FAULTS)
+def test_a_plain_enqueue_with_a_lost_reply_is_pushed_once_and_runs_once(connection, fault_proxy, fault):
+    """A job with no policy takes rq's own enqueue pipeline (MULTI, the job's hash, the push, EXEC). redis-py resends
+    the whole transaction after a lost reply; the id must still be pushed once (it was pushed twice and ran twice:
+    the double run a 10-minute soak caught, docs/reliability.md)."""
+    q = PolicyQueue('faults', connection=producer(fault_proxy))
+    lose_reply(fault_proxy, fault, plain_write('plain-lost'))
+    job = q.enqueue(jobs.record_plain, 'plain-lost', job_id='plain-lost')
+    assert fault_proxy.seen(plain_write('plain-lost')) >= 2  # the transaction was sent again
+    assert queued(connection, 'faults') == [job.id]
+    burst(connection, 'faults')
+    assert ran_ids(connection, 'plain-lost') == [job.id]
+
+
+def test_a_plain_enqueue_with_a_lost_reply_runs_once_on_a_forking_worker(connection, fault_proxy, redis_url,
+                                                                         worker_env):
+    q = PolicyQueue('faults', connection=producer(fault_proxy))
+    lose_reply(fault_proxy, 'delay', plain_write('plain-forked'))
+    job = q.enqueue(jobs.record_plain, 'plain-forked', job_id='plain-forked')
+    assert fault_proxy.seen(plain_write('plain-forked')) >= 2
+    worker = start_worker(redis_url, ['faults'], worker_env, burst=True)
+    try:
+        assert worker.wait(60) == 0, output(worker)
+    finally:
+        stop(worker)
+    assert ran_ids(connection, 'plain-forked') == [job.id], output(worker)
+    assert queued(connection, 'faults') == []
+
+
+@pytest.mark.parametrize('fault', FAULTS)
+def test_a_plain_enqueue_many_with_a_lost_reply_pushes_each_job_once(connection, fault_proxy, fault):
+    q = PolicyQueue('faults', connection=producer(fault_proxy))
+    lose_reply(fault_proxy, fault, b'EXEC')  # one transaction for the three jobs, the only one
+    made = q.enqueue_many([PolicyQueue.prepare_data(jobs.record_plain, ('many',), job_id=f'many-{n}')
+                           for n in range(3)])
+    assert fault_proxy.seen((b'MULTI', b'rq:job:many-0')) >= 2  # (the proxy records each request's first 4 KiB)
+    assert queued(connection, 'faults') == [job.id for job in made] == ['many-0', 'many-1', 'many-2']
+    burst(connection, 'faults')
+    assert sorted(ran_ids(connection, 'many')) == ['many-0', 'many-1', 'many-2']
+
+
+def _move_like_rqs_scheduler(connection: Redis, name: str, job_id: str) -> None:
+    """What rq's scheduler does with a due job (rq.scheduler.RQScheduler.enqueue_scheduled_jobs): a stock Queue
+    pushes it and removes it from the scheduled registry, in one transaction."""
+    queue, registry = Queue(name, connection=connection), ScheduledJobRegistry(name, connection=connection)
+    with connection.pipeline() as pipe:
+        queue._enqueue_job(Job.fetch(job_id, connection=connection), pipeline=pipe)
+        registry.remove(job_id, pipeline=pipe)
+        pipe.execute()
+
+
+def test_a_plain_enqueue_at_replayed_after_the_scheduler_moved_it_is_not_scheduled_again(connection, fault_proxy):
+    """A scheduled plain job's ZADD is idempotent only while the job is still in the registry: when rq's scheduler
+    moved it to the queue before the resend arrived, the replay put it back, and the scheduler pushed it again (two
+    runs)."""
+    q = PolicyQueue('faults', connection=producer(fault_proxy))
+    attempts = []
+
+    def before_each() -> None:  # in the proxy's thread, before each attempt reaches the server
+        if attempts:  # the replay: the scheduler has moved the due job meanwhile
+            _move_like_rqs_scheduler(connection, 'faults', 'plain-at')
+        attempts.append(time.monotonic())
+
+    fault_proxy.before_request(before_each, match=plain_write('plain-at'), times=2)
+    fault_proxy.delay_reply(0.4, match=plain_write('plain-at'))
+    job = q.enqueue_at(datetime.now(timezone.utc) - timedelta(seconds=1), jobs.record_plain, 'plain-at',
+                       job_id='plain-at')
+    assert len(attempts) == 2  # the first attempt and its replay
+    assert queued(connection, 'faults') == [job.id]
+    assert ScheduledJobRegistry('faults', connection=connection).get_job_ids() == []  # not put back
+    burst(connection, 'faults', scheduler=True)
+    assert ran_ids(connection, 'plain-at') == [job.id]
+
+
+@pytest.mark.parametrize('fault', ['delay', 'drop'])
+def test_a_retry_push_with_a_lost_reply_pushes_once(connection, fault_proxy, fault):
+    """A PolicyWorker retries a failed job by pushing it again through PolicyQueue (rq's ``job.retry`` inside the
+    worker's failure pipeline); a resent pipeline must not push it twice, while the legitimate second push (the
+    retry itself, after the first push was taken) does push."""
+    conn = producer(fault_proxy)
+    job = PolicyQueue('faults', connection=connection).enqueue(jobs.record_plain, 'retried', job_id='retried',
+                                                               retry=JobRetry(max=2))
+    assert connection.lpop('rq:queue:faults') == b'retried'  # a worker took it; it failed
+    lose_reply(fault_proxy, fault, plain_write('retried'))
+    job = Job.fetch(job.id, connection=conn)
+    with conn.pipeline() as pipe:
+        job.retry(PolicyQueue('faults', connection=conn), pipe)
+        pipe.execute()
+    assert fault_proxy.seen(plain_write('retried')) >= 2
+    assert queued(connection, 'faults') == ['retried']
 
 
 # -- a script cache flushed under load -------------------------------------------------------------------------------

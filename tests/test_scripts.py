@@ -167,3 +167,72 @@ def test_the_pure_lua_msgpack_decoder_agrees_with_cmsgpack(connection):
             packed = msgpack.packb(value, use_bin_type=False, use_single_float=single)
             ours, theirs = json.loads(connection.eval(probe, 0, packed))
             assert ours == theirs, (value, single)
+
+
+def test_every_lean_source_compiles_and_fakeredis_gets_the_full_one(connection):
+    """A pipeline's EVAL carries the lean source (no comment lines, cmsgpack's decoder): each one must compile on a
+    real server, and a fakeredis client (no cmsgpack) must get the full source, whose own decoder it needs."""
+    import fakeredis
+
+    from rq_policies import scripts
+
+    names = sorted(item.name[:-4] for item in scripts._lua_root().iterdir() if item.name.endswith('.lua'))
+    assert 'push' in names and 'admit' in names
+    for name in names:
+        lean = scripts.lean_source(name)
+        assert b'decode_msgpack' not in lean and b'\n--' not in lean
+        connection.script_load(lean)  # compiles, or raises
+        assert scripts.eval_source(name, connection.pipeline()) == lean
+        assert scripts.eval_source(name, fakeredis.FakeRedis().pipeline()) == scripts.script(name).script
+
+
+def _push(queue: PolicyQueue, job_id: str, pipeline=None):
+    call = queue._push_call(job_id, 'R', queue.key, wake=keys.wake(queue.name))
+    return call, call.run(pipeline if pipeline is not None else queue.connection)
+
+
+def test_push_sent_twice_pushes_once_and_a_later_push_pushes_again(connection):
+    """lua/push.lua: the same call twice (redis-py's resend) pushes once; a new call for the same id (a retry, after a
+    worker took it) pushes; a replay of the first call arriving after up to three later pushes still pushes nothing;
+    the record in the job's hash stays bounded whatever the number of pushes."""
+    q = PolicyQueue('q', connection=connection)
+    job = q.enqueue('jobs.plain', 1)
+    assert connection.lrange(q.key, 0, -1) == [job.id.encode()]
+    connection.delete(q.key)
+    first, pushed = _push(q, job.id)
+    assert pushed == 1 and first.run(connection) == 0
+    assert connection.lrange(q.key, 0, -1) == [job.id.encode()]
+    for _ in range(3):  # taken, failed, retried: three legitimate later pushes
+        connection.delete(q.key)
+        assert _push(q, job.id)[1] == 1
+    assert first.run(connection) == 0  # the late replay of the first call
+    assert connection.lrange(q.key, 0, -1) == [job.id.encode()]
+    for _ in range(50):
+        _push(q, job.id)
+    assert len(connection.hget(job.key, 'policies_push')) == 52  # four tokens, never more
+
+
+def test_push_of_an_id_without_a_hash_pushes_and_makes_no_hash(connection):
+    q = PolicyQueue('q', connection=connection)
+    call, pushed = _push(q, 'gone')
+    assert pushed == 1 and connection.lrange(q.key, 0, -1) == [b'gone']
+    assert not connection.exists(PREFIX + 'gone')
+
+
+def test_the_push_record_survives_rqs_own_saves_and_reads(connection):
+    """rq ignores a job hash field it does not know: Job.fetch, refresh and a later job.save() (the worker saves the
+    job at start and end) read and write the job as before, and the save keeps the record (a replay of the enqueue
+    that arrives after it is still recognised)."""
+    from rq.job import Job
+
+    q = PolicyQueue('q', connection=connection)
+    job = q.enqueue('jobs.plain', 7)
+    record = connection.hget(job.key, 'policies_push')
+    assert record and len(record) == 13  # one token and its separator
+    fetched = Job.fetch(job.id, connection=connection)
+    assert fetched.args == (7,) and fetched.get_status() == 'queued'
+    fetched.meta['seen'] = True
+    fetched.save()
+    fetched.refresh()
+    assert fetched.meta == {'seen': True}
+    assert connection.hget(job.key, 'policies_push') == record

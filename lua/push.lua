@@ -1,0 +1,42 @@
+--[[
+  Push a job id once per call: the push PolicyQueue makes for rq (a job without a policy, a
+  retry, a released dependent, a scheduled job's registry entry), safe to run twice.
+
+  rq sends that push inside a MULTI/EXEC with the job's hash, and redis-py resends the whole
+  transaction after a lost reply: a plain RPUSH then lands the id in the list twice and the job
+  runs twice. Each call carries a fresh token; the first attempt records it in the job's own hash
+  (field policies_push) and a call that finds its token there is a replay and pushes nothing. The
+  field keeps the last four tokens (newest first, a fixed width), so a replay that arrives after a
+  legitimate later push of the same id (a retry, a requeue, rq's scheduler moving it) is still
+  recognised, and the field never grows. A later push of the same id carries a new token and
+  pushes. An id whose hash is gone is pushed as rq would push it, and no hash is made for it.
+
+  KEYS  by name (rq_policies/ops.py): job (rq:job:<id>), dest (the queue's list, or its
+        scheduled registry for mode S)
+  ARGV[1]  one msgpack map (lib/codec.lua): jid, token (12 characters), mode (R: push to the
+           tail, L: to the head, S: add to the scheduled registry at score), score, wake (the
+           queue's wake-up channel, published on a list push; nil: none)
+
+  Returns 1 when it pushed, 0 for a replay.
+]]
+local rcall = redis.call
+-- @include "lib/codec.lua"
+local a = decode_args(ARGV[1])
+local job = KEYS[a.k.job]
+local seen = rcall('HGET', job, 'policies_push')
+if seen and string.find(seen, a.token, 1, true) then
+  return 0
+end
+if seen or rcall('EXISTS', job) == 1 then
+  rcall('HSET', job, 'policies_push', string.sub(a.token .. ' ' .. (seen or ''), 1, 52))
+end
+local dest = KEYS[a.k.dest]
+if a.mode == 'S' then
+  rcall('ZADD', dest, a.score, a.jid)
+  return 1
+end
+rcall(a.mode == 'L' and 'LPUSH' or 'RPUSH', dest, a.jid)
+if a.wake then
+  rcall('PUBLISH', a.wake, a.jid)
+end
+return 1

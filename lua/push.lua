@@ -7,15 +7,21 @@
   runs twice. Each call carries a fresh token; the first attempt records it in the job's own hash
   (field policies_push) and a call that finds its token there is a replay and pushes nothing. The
   field keeps the last four tokens (newest first, a fixed width), so a replay that arrives after a
-  legitimate later push of the same id (a retry, a requeue, rq's scheduler moving it) is still
-  recognised, and the field never grows. A later push of the same id carries a new token and
-  pushes. An id whose hash is gone is pushed as rq would push it, and no hash is made for it.
+  legitimate later push of the same id (a retry, rq's scheduler moving it) is still recognised,
+  and the field never grows. A later push of the same id carries a new token and pushes.
+
+  A job that rq deletes soon after it runs (result_ttl shorter than `record_ttl`: result_ttl=0 is
+  the common one) may be gone when the resend arrives, and the resent transaction has just written
+  its hash again, without the field. For such a job the tokens are also kept in `record`
+  (rq:policies:pushed:<id>, record_ttl seconds, far longer than a client takes to resend): a call
+  that finds its token there deletes the hash its resend brought back and pushes nothing. An id
+  whose hash is gone is pushed as rq would push it, and no hash is made for it.
 
   KEYS  by name (rq_policies/ops.py): job (rq:job:<id>), dest (the queue's list, or its
-        scheduled registry for mode S)
+        scheduled registry for mode S), record (rq:policies:pushed:<id>)
   ARGV[1]  one msgpack map (lib/codec.lua): jid, token (12 characters), mode (R: push to the
-           tail, L: to the head, S: add to the scheduled registry at score), score, wake (the
-           queue's wake-up channel, published on a list push; nil: none)
+           tail, L: to the head, S: add to the scheduled registry at score), score (mode S), wake (the
+           queue's wake-up channel, published on a list push; nil: none), record_ttl
 
   Returns 1 when it pushed, 0 for a replay.
 ]]
@@ -23,12 +29,27 @@ local rcall = redis.call
 -- @include "lib/codec.lua"
 local a = decode_args(ARGV[1])
 local job = KEYS[a.k.job]
-local seen = rcall('HGET', job, 'policies_push')
+local got = rcall('HMGET', job, 'policies_push', 'result_ttl', 'status')
+local seen = got[1]
 if seen and string.find(seen, a.token, 1, true) then
   return 0
 end
-if seen or rcall('EXISTS', job) == 1 then
-  rcall('HSET', job, 'policies_push', string.sub(a.token .. ' ' .. (seen or ''), 1, 52))
+local result_ttl = tonumber(got[2])
+local short = result_ttl and result_ttl >= 0 and result_ttl < a.record_ttl
+local record = KEYS[a.k.record]
+if short and not seen then  -- a first push, or a hash its resend wrote again (the job ran and was deleted since)
+  local recorded = rcall('GET', record)
+  if recorded and string.find(recorded, a.token, 1, true) then
+    rcall('DEL', job)
+    return 0
+  end
+end
+if got[3] then  -- the hash exists (rq writes every job's status)
+  local tokens = string.sub(a.token .. ' ' .. (seen or ''), 1, 52)
+  rcall('HSET', job, 'policies_push', tokens)
+  if short then
+    rcall('SET', record, tokens, 'EX', a.record_ttl)
+  end
 end
 local dest = KEYS[a.k.dest]
 if a.mode == 'S' then

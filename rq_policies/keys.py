@@ -101,6 +101,12 @@ key                                                    type     meaning
                                                                 ``<successor id>`` answered (``<released>:<id or
                                                                 nothing>``), so a replayed finish answers the same
                                                                 and writes nothing; expires after :data:`CLAIM_TTL`
+``rq:policies:pushed:<job id>``                       STRING   the tokens of the last pushes PolicyQueue made of a
+                                                                job rq deletes soon after it runs (``result_ttl``
+                                                                under :data:`PUSHED_SECONDS`), so a resent push
+                                                                that arrives after the job ran and was deleted is
+                                                                still recognised (``lua/push.lua``); expires after
+                                                                :data:`PUSHED_SECONDS`
 =====================================================  =======  ===================================================
 
 A member of a hold ledger is a *hold* (see :mod:`rq_policies.ledger`); "slot" is a throttle's time window. The hold
@@ -118,7 +124,9 @@ marker, so the fetch script can clear the marker of the job it pops without a se
 ``policies_loner_until`` (``finished``), ``policies_loner_taken`` (set at fetch under ``until='finished'``) and
 ``policies_replaced_by`` (the enqueue whose payload replaced this one's) are Loner's modes; ``policies_throttle``,
 ``policies_throttle_slot``, ``policies_trailing`` and ``policies_debounce`` name the other policies' state, for
-``rq-policies explain``. rq and rq-dashboard ignore fields they do not know.
+``rq-policies explain``. ``policies_push`` (on every job PolicyQueue pushes, with or without a policy) holds the
+tokens of its last four pushes (``lua/push.lua``: a resent push finds its own token and pushes nothing). rq and
+rq-dashboard ignore fields they do not know.
 """
 
 from __future__ import annotations
@@ -250,6 +258,17 @@ def lcw_finish(successor_id: str) -> str:
     """The record of what one LimitedCapacityWorker finish call answered, named by the fresh successor id it drew
     (a replay of that call, which carries the same id, answers the record instead of deciding again)."""
     return f'{PREFIX}lcw-finish:{successor_id}'
+
+
+#: Seconds the push record of a job with a short ``result_ttl`` lives (:func:`pushed`): far longer than redis-py
+#: takes to resend a transaction whose reply was lost.
+PUSHED_SECONDS = 60
+
+
+def pushed(job_id: str) -> str:
+    """The tokens of the last pushes of job ``job_id``, kept beside its hash when rq deletes the hash soon after the
+    job runs (``result_ttl`` under :data:`PUSHED_SECONDS`), so a resend that arrives later is still recognised."""
+    return f'{PREFIX}pushed:{job_id}'
 
 
 def lapse_field(ledger: str) -> str:

@@ -227,8 +227,11 @@ class PolicyQueue(Queue):
 
     def _push_call(self, job_id: str, mode: str, dest: str, score: int = 0, wake: str | None = None) -> Call:
         """The ``lua/push.lua`` call that pushes ``job_id`` once (mode R, L or S), with this call's own token."""
-        call = Call('push', jid=job_id, token=os.urandom(6).hex(), mode=mode, score=score, wake=wake)
-        return call.key('job', self.job_class.redis_job_namespace_prefix + job_id).key('dest', dest)
+        call = Call('push', jid=job_id, token=os.urandom(6).hex(), mode=mode, wake=wake, record_ttl=keys.PUSHED_SECONDS)
+        if mode == 'S':
+            call.arg('score', score)
+        call.key('job', self.job_class.redis_job_namespace_prefix + job_id).key('dest', dest)
+        return call.key('record', keys.pushed(job_id))
 
     def _schedule_once(self, job: Job, when: datetime, pipeline: Any) -> Job:
         """rq's ``schedule_job`` (the hash, then the scheduled registry's entry, in one transaction) with the entry

@@ -380,6 +380,31 @@ def test_a_retry_push_with_a_lost_reply_pushes_once(connection, fault_proxy, fau
     assert queued(connection, 'faults') == ['retried']
 
 
+def test_a_plain_result_ttl_0_job_that_ran_before_the_resend_arrived_runs_once(connection, fault_proxy):
+    """A ``result_ttl=0`` job is deleted as soon as it succeeds. When it ran between its enqueue and the resend of
+    that enqueue, the resent transaction wrote its hash again (no push record in it any more) and pushed it: it ran
+    a second time, and its rewritten hash stayed forever, ``queued`` in no queue."""
+    q = PolicyQueue('faults', connection=producer(fault_proxy))
+    attempts = []
+
+    def before_each() -> None:  # in the proxy's thread, before each attempt reaches the server
+        if attempts:  # the resend: a worker has taken and run the job meanwhile, and rq deleted it (result_ttl=0)
+            assert connection.lpop('rq:queue:faults') == b'plain-ttl0'
+            connection.rpush('test:ran:plain-ttl0', 'plain-ttl0')  # what jobs.record_plain records
+            Job.fetch('plain-ttl0', connection=connection).delete()
+        attempts.append(time.monotonic())
+
+    fault_proxy.before_request(before_each, match=plain_write('plain-ttl0'), times=2)
+    fault_proxy.delay_reply(0.4, match=plain_write('plain-ttl0'))
+    job = q.enqueue(jobs.record_plain, 'plain-ttl0', job_id='plain-ttl0', result_ttl=0)
+    assert len(attempts) == 2
+    assert ran_ids(connection, 'plain-ttl0') == [job.id]
+    assert queued(connection, 'faults') == []
+    assert not connection.exists(job.key)  # not brought back by the resend
+    burst(connection, 'faults')
+    assert ran_ids(connection, 'plain-ttl0') == [job.id]
+
+
 # -- a script cache flushed under load -------------------------------------------------------------------------------
 
 

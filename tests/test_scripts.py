@@ -236,3 +236,24 @@ def test_the_push_record_survives_rqs_own_saves_and_reads(connection):
     fetched.refresh()
     assert fetched.meta == {'seen': True}
     assert connection.hget(job.key, 'policies_push') == record
+
+
+def test_a_replayed_push_of_a_job_deleted_since_deletes_the_hash_its_resend_wrote(connection):
+    """A job rq deletes once it succeeds (``result_ttl=0``) may be gone when the resend of its enqueue arrives, and
+    the resent transaction has just written its hash again (without the push record field). The record kept beside
+    it (``keys.pushed``) recognises the replay: nothing is pushed and the hash the resend brought back goes."""
+    from rq.job import Job
+
+    q = PolicyQueue('q', connection=connection)
+    job = q.enqueue('jobs.plain', 1, result_ttl=0)
+    assert connection.ttl(keys.pushed(job.id)) > 0  # a short-lived job: its tokens are kept beside it
+    connection.delete(q.key)
+    call, pushed = _push(q, job.id)
+    assert pushed == 1
+    connection.delete(q.key)  # a worker took it, ran it, and rq deleted it (result_ttl=0)
+    Job.fetch(job.id, connection=connection).delete()
+    job.save()  # the resent transaction writes the hash again, then its push arrives
+    assert call.run(connection) == 0
+    assert connection.lrange(q.key, 0, -1) == [] and not connection.exists(job.key)
+    kept = q.enqueue('jobs.plain', 2)  # a job kept after it runs needs no record beside it
+    assert not connection.exists(keys.pushed(kept.id))

@@ -45,6 +45,7 @@ Every chaos action, fault and restart is timestamped in the report's timeline.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -244,7 +245,8 @@ class Chaos:
             if not horses:
                 return
             for pid in horses:
-                os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):  # the horse ended since children() listed it
+                    os.kill(pid, signal.SIGKILL)
         elif action == 'kill_worker':
             self.died.add(victim.pid)
             os.kill(victim.pid, signal.SIGKILL)

@@ -47,6 +47,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import bench_jobs  # noqa: E402
+import keyed_jobs  # noqa: E402
 from common import add_smoke, run_main, server_url, smoke_defaults, start_workers, stop_workers, wait_until  # noqa: E402
 from rq import Queue  # noqa: E402
 from rq.job import Job  # noqa: E402
@@ -153,7 +154,7 @@ def throughput(conn: Redis, url: str, jobs: int, workers: int, rounds: int) -> d
                 if queue != 'keyed':
                     datas = [Queue.prepare_data(bench_jobs.noop, (i,)) for i in range(jobs)]
                 else:
-                    datas = [Queue.prepare_data(bench_jobs.keyed_noop, (i,), {'customer': i % 1000})
+                    datas = [Queue.prepare_data(keyed_jobs.keyed_noop, (i,), {'customer': i % 1000})
                              for i in range(jobs)]
                 cpu0 = cpu_seconds(by_queue[queue])
                 made = [job.id for job in q.enqueue_many(datas)]
@@ -190,7 +191,7 @@ def release_to_start(conn: Redis, url: str, handovers: int) -> list[float]:
     try:
         wait_until(lambda: Worker.count(queue=Queue('handover', connection=conn)) == 3, 60, 'workers')
         q = PolicyQueue('handover', connection=conn)
-        q.enqueue_many([Queue.prepare_data(bench_jobs.keyed_record_start, (0.05,), {'customer': 1})
+        q.enqueue_many([Queue.prepare_data(keyed_jobs.keyed_record_start, (0.05,), {'customer': 1})
                         for _ in range(handovers + 1)])
         wait_until(lambda: conn.llen('bench:starts') >= handovers + 1, handovers * 2 + 60, 'the hand-over jobs')
         time.sleep(0.2)
@@ -215,9 +216,9 @@ def starvation(conn: Redis, url: str, backlog: int) -> float:
     conn.flushdb()
     q = PolicyQueue('starve', connection=conn)
     for start in range(0, backlog, 1000):
-        q.enqueue_many([Queue.prepare_data(bench_jobs.keyed_starve, (0.2,), {'customer': 1})
+        q.enqueue_many([Queue.prepare_data(keyed_jobs.keyed_starve, (0.2,), {'customer': 1})
                         for _ in range(start, min(backlog, start + 1000))])
-    q.enqueue(bench_jobs.keyed_starve, 0.2, customer=2)
+    q.enqueue(keyed_jobs.keyed_starve, 0.2, customer=2)
     procs = start_workers(url, 'rq_policies.PolicyWorker', 'starve', 4)
     try:
         def lone_started() -> bool:

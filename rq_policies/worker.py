@@ -40,7 +40,7 @@ from rq.job import JobStatus
 from rq.queue import Queue
 from rq.worker import SimpleWorker, Worker
 
-from . import admission, health, keys, ledger
+from . import admission, health, keys, ledger, scripts
 from .compat import LEGACY_FAILURE
 from .exceptions import PolicyError
 from .fetch import IDLE_POLL_SECONDS, Claim, Fetcher, current_fetcher, release_claim
@@ -405,6 +405,7 @@ class PolicyWorkerMixin:
     def bootstrap(self, *args: Any, **kwargs: Any) -> None:
         super().bootstrap(*args, **kwargs)  # type: ignore[misc]
         health.warn_if_evicting(self.connection, self.log)  # type: ignore[attr-defined]  # maxmemory-policy
+        scripts.preload()  # before the first fork: no work horse reads a script's files again
 
     # -- a job raised a policy's exception (Snooze, BackOff): Policy.on_job_exception ----------------------------
 

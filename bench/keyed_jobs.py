@@ -21,6 +21,11 @@ def _keyed(limit: int):
     return policy(Concurrency(limit, key=_customer, scope='bench'))
 
 
+def plain_noop(i: int, customer: int = 0) -> int:
+    """bench/keys.py: the same no-op with no per-key policy (the plain and capped variants)."""
+    return i
+
+
 @_keyed(64)
 def keyed_noop(i: int, customer: int = 0) -> int:
     """bench/keys.py: a no-op under a per-key limit that never binds (64 per key, far above the worker count)."""

@@ -9,7 +9,8 @@ starts its own server with rq_policies.testing.RedisServer.
   ``rq.Queue``), as PolicyWorker on an uncapped queue and as PolicyWorker on a queue capped at the worker count (fed
   by PolicyQueue). Each variant's workers stay up on a queue of their own for the whole run; rounds hand them the
   same batch in turn (the order rotates every round) and the figures are medians. Throughput is jobs / (last job's
-  end - first job's start), from rq's own ``started_at``/``ended_at``. On a shared machine wall-clock rates swing
+  end - first job's start), from rq's own ``started_at``/``ended_at``, counted from the producer's return when it
+  is still enqueueing after the first start (common.drain_rate). On a shared machine wall-clock rates swing
   with the neighbours, so the CPU each job costs is measured too: the workers with their work horses (Linux
   /proc), and the Redis server (INFO cpu; it includes the producer's enqueue, the same for every variant). The
   ratios against stock are the point (x1.000 = stock); the absolute numbers depend on the machine.
@@ -43,6 +44,7 @@ from redis import Redis
 from rq import Queue
 from rq.job import Job
 from rq.registry import FinishedJobRegistry
+from rq.utils import now as rq_now
 from rq.worker import Worker
 
 HERE = Path(__file__).resolve().parent
@@ -50,7 +52,15 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import bench_jobs  # noqa: E402
-from common import add_smoke, run_main, smoke_defaults, start_workers, stop_workers, wait_until  # noqa: E402
+from common import (  # noqa: E402
+    add_smoke,
+    drain_rate,
+    run_main,
+    smoke_defaults,
+    start_workers,
+    stop_workers,
+    wait_until,
+)
 
 from rq_policies import PolicyQueue, QueueSlot, keys  # noqa: E402
 from rq_policies.testing import RedisServer  # noqa: E402
@@ -111,16 +121,15 @@ def throughput_round(conn: Redis, variant: str, queue_name: str, jobs: int, proc
     datas = [Queue.prepare_data(bench_jobs.noop, (i,), result_ttl=600) for i in range(jobs)]
     cpu0, server0 = _cpu_seconds(procs), _server_cpu(conn)
     batch = q.enqueue_many(datas)
+    enqueued = rq_now()
     wait_until(lambda: registry.count >= before + jobs, 300, f'{jobs} jobs')
     cpu1, server1 = _cpu_seconds(procs), _server_cpu(conn)
-    fetched = Job.fetch_many([job.id for job in batch], connection=conn)
-    first = min(job.started_at for job in fetched)
-    last = max(job.ended_at for job in fetched)
+    rate = drain_rate(Job.fetch_many([job.id for job in batch], connection=conn), enqueued)
     if capped:
         # The horse records the job finished; its worker releases the hold right after (with its next command), so on
         # a loaded machine the last hold may still be live for a moment here. One still live seconds later leaked.
         wait_until(lambda: not QueueSlot.in_use(queue_name, connection=conn), 10, 'the holds released (one leaked?)')
-    return Sample(jobs / (last - first).total_seconds(), (cpu1 - cpu0) * 1000 / jobs, (server1 - server0) * 1000 / jobs)
+    return Sample(rate, (cpu1 - cpu0) * 1000 / jobs, (server1 - server0) * 1000 / jobs)
 
 
 def throughput(conn: Redis, url: str, jobs: int, workers: int, rounds: int) -> dict[str, list[Sample]]:

@@ -741,6 +741,10 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
     worker's hold guard (one small process per worker, :class:`_HorseGuard`): once the worker is gone, it refreshes
     the hold every ``hold_ttl / 3`` seconds while the horse lives and releases it when the horse has ended. The cap
     counts the job for as long as it actually runs (bounded by the job's timeout, which the horse enforces itself).
+
+    At bootstrap it resolves redis-py's driver info once, on its connection pool (see
+    :func:`_resolve_driver_info_once`): a work horse opens a new connection per job, and redis-py 7 and later would
+    read their own package metadata for each.
     """
 
     #: How often the hold guard checks that its worker is alive (seconds; no Redis command).

@@ -1,6 +1,7 @@
-"""A PolicyWorker resolves redis-py's client name and version once (rq_policies.worker._resolve_driver_info_once):
-the connections its work horses open announce exactly what a stock worker's do, and a pool given its own name,
-version or driver info is left as it was.
+"""What a PolicyWorker does once at bootstrap so its work horses need not do it per job: every Lua script read into
+the process's caches (rq_policies.scripts.preload), and redis-py's client name and version resolved on the pool
+(rq_policies.worker._resolve_driver_info_once): the connections its work horses open announce exactly what a stock
+worker's do, and a pool given its own name, version or driver info is left as it was.
 """
 
 from __future__ import annotations
@@ -12,10 +13,28 @@ from rq import Queue
 from rq.job import Job, get_current_job
 from workers import output, start_worker, stop
 
-from rq_policies import PolicyQueue, PolicyWorker
+from rq_policies import PolicyQueue, PolicyWorker, scripts
 from rq_policies.worker import _resolve_driver_info_once
 
-driver_info = pytest.importorskip('redis.driver_info', reason='redis-py < 7 reads its version once, at import')
+
+def test_bootstrap_reads_every_script_before_the_first_fork(redis_url):
+    scripts.source.cache_clear()
+    scripts._cache.clear()
+    conn = Redis.from_url(redis_url)
+    worker = PolicyWorker(['preload'], connection=conn)
+    worker.bootstrap()
+    try:
+        names = sorted(item.name[:-len('.lua')] for item in scripts._lua_root().iterdir() if item.name.endswith('.lua'))
+        assert 'release_markers' in names and 'fetch' in names
+        assert sorted(scripts._cache) == names  # a work horse inherits them: it reads no script file per job
+        assert scripts.source.cache_info().currsize == len(names)
+    finally:
+        worker.teardown()
+        conn.close()
+
+
+def _driver_info() -> object:
+    return pytest.importorskip('redis.driver_info', reason='redis-py < 7 reads its version once, at import')
 
 
 def announced() -> list[str]:
@@ -26,7 +45,7 @@ def announced() -> list[str]:
 
 def _run_in_horse(connection: Redis, redis_url: str, worker_env: dict, worker_class: str, queue: str) -> list[str]:
     job = (PolicyQueue if 'rq_policies' in worker_class else Queue)(queue, connection=connection).enqueue(
-        'test_worker_connections.announced', result_ttl=600)
+        'test_worker_bootstrap.announced', result_ttl=600)
     proc = start_worker(redis_url, [queue], worker_env, worker_class=worker_class, burst=True)
     try:
         proc.wait(60)
@@ -45,6 +64,7 @@ def test_a_work_horse_announces_the_same_name_and_version_as_a_stock_one(connect
 
 
 def test_the_pool_carries_the_resolved_driver_info_from_bootstrap(redis_url):
+    driver_info = _driver_info()
     conn = Redis.from_url(redis_url)
     worker = PolicyWorker(['announce'], connection=conn)
     worker.bootstrap()
@@ -68,6 +88,7 @@ def test_the_pool_carries_the_resolved_driver_info_from_bootstrap(redis_url):
 @pytest.mark.parametrize('given', [{'lib_name': 'mine'}, {'lib_version': '1.0'},
                                    {'driver_info': None}])
 def test_a_pool_with_its_own_name_version_or_driver_info_is_left_alone(redis_url, given):
+    _driver_info()
     conn = Redis.from_url(redis_url, **given)
     before = dict(conn.connection_pool.connection_kwargs)
     _resolve_driver_info_once(conn)

@@ -131,3 +131,17 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> No
         if time.monotonic() > deadline:
             raise RuntimeError(f'timed out waiting for {what}')
         time.sleep(0.02)
+
+
+def drain_rate(jobs: list, enqueued: object) -> float:
+    """Jobs per second of a batch, from rq's own ``started_at``/``ended_at``, over the part of the run after the
+    producer's ``enqueue_many`` returned at ``enqueued`` (rq's ``now()``).
+
+    Workers start on a batch while it is still being enqueued; a producer slower than the workers (an enqueue
+    through a policy's admission script) would otherwise starve them for its first part and count its own speed as
+    theirs. The window opens at the later of the first start and ``enqueued``, and counts the jobs started in it.
+    """
+    opened = max(min(job.started_at for job in jobs), enqueued)
+    closed = max(job.ended_at for job in jobs)
+    counted = sum(1 for job in jobs if job.started_at >= opened)
+    return counted / (closed - opened).total_seconds()

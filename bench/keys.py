@@ -15,8 +15,12 @@ starts its own server with rq_policies.testing.RedisServer.
 * Throughput: ``--workers`` forking PolicyWorkers per variant, each variant on a queue of its own for the whole run;
   rounds hand them the same batch of ``--jobs`` trivial jobs in turn: without a per-key policy, under
   Concurrency(64) over 1,000 keys (never binding), and on a queue with a QueueSlot cap that never binds (a hold per
-  job, no key). Jobs / (last end - first start) from rq's own timestamps; ratio keyed / plain (target >= 0.95), and
-  keyed / capped: the cost of the per-key part beyond holding a hold at all; medians and spread over the rounds.
+  job, no key); every variant's job function lives in bench/keyed_jobs.py, so each work horse imports the same
+  module. Throughput from rq's own timestamps over the part of the run after ``enqueue_many`` returned
+  (common.drain_rate: a keyed enqueue runs the admission script per job, several times slower than a plain one,
+  and must not starve the workers inside the window); ratio keyed / plain as the median of the per-round ratios
+  (target >= 0.95), and keyed / capped: the cost of the per-key part beyond holding a hold at all; spread over the
+  rounds.
 * Release to start: Concurrency(1) on one key, 3 PolicyWorkers, jobs of 50 ms, each parked until the one before it
   ends: for every job that starts on a worker that was waiting, the delay from the key's release (the wake-up seen
   on pub/sub, published by the release that gives the parked job back) to the job's first line (target p50 <=
@@ -46,11 +50,21 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-import bench_jobs  # noqa: E402
-from common import add_smoke, run_main, server_url, smoke_defaults, start_workers, stop_workers, wait_until  # noqa: E402
+import keyed_jobs  # noqa: E402
+from common import (  # noqa: E402
+    add_smoke,
+    drain_rate,
+    run_main,
+    server_url,
+    smoke_defaults,
+    start_workers,
+    stop_workers,
+    wait_until,
+)
 from rq import Queue  # noqa: E402
 from rq.job import Job  # noqa: E402
 from rq.registry import FinishedJobRegistry  # noqa: E402
+from rq.utils import now as rq_now  # noqa: E402
 from rq.worker import Worker  # noqa: E402
 
 from rq_policies import PolicyQueue, QueueSlot, keys  # noqa: E402
@@ -150,19 +164,16 @@ def throughput(conn: Redis, url: str, jobs: int, workers: int, rounds: int) -> d
                 registry = FinishedJobRegistry(queue, connection=conn)
                 for job_id in registry.get_job_ids():
                     registry.remove(job_id, delete_job=True)
-                if queue != 'keyed':
-                    datas = [Queue.prepare_data(bench_jobs.noop, (i,)) for i in range(jobs)]
-                else:
-                    datas = [Queue.prepare_data(bench_jobs.keyed_noop, (i,), {'customer': i % 1000})
-                             for i in range(jobs)]
+                # Every variant's job lives in keyed_jobs, so each work horse imports the same module (the
+                # decorators that declare the per-key ones run at that import): only the policy differs.
+                func = keyed_jobs.keyed_noop if queue == 'keyed' else keyed_jobs.plain_noop
+                datas = [Queue.prepare_data(func, (i,), {'customer': i % 1000}) for i in range(jobs)]
                 cpu0 = cpu_seconds(by_queue[queue])
                 made = [job.id for job in q.enqueue_many(datas)]
+                enqueued = rq_now()
                 wait_until(lambda r=registry: r.count >= jobs, 300, f'{jobs} jobs on {queue}')
                 cpu = (cpu_seconds(by_queue[queue]) - cpu0) * 1000 / jobs
-                fetched = Job.fetch_many(made, connection=conn)
-                first = min(job.started_at for job in fetched)
-                last = max(job.ended_at for job in fetched)
-                samples[name].append((jobs / (last - first).total_seconds(), cpu))
+                samples[name].append((drain_rate(Job.fetch_many(made, connection=conn), enqueued), cpu))
     finally:
         stop_workers(procs)
     return samples
@@ -190,7 +201,7 @@ def release_to_start(conn: Redis, url: str, handovers: int) -> list[float]:
     try:
         wait_until(lambda: Worker.count(queue=Queue('handover', connection=conn)) == 3, 60, 'workers')
         q = PolicyQueue('handover', connection=conn)
-        q.enqueue_many([Queue.prepare_data(bench_jobs.keyed_record_start, (0.05,), {'customer': 1})
+        q.enqueue_many([Queue.prepare_data(keyed_jobs.keyed_record_start, (0.05,), {'customer': 1})
                         for _ in range(handovers + 1)])
         wait_until(lambda: conn.llen('bench:starts') >= handovers + 1, handovers * 2 + 60, 'the hand-over jobs')
         time.sleep(0.2)
@@ -215,9 +226,9 @@ def starvation(conn: Redis, url: str, backlog: int) -> float:
     conn.flushdb()
     q = PolicyQueue('starve', connection=conn)
     for start in range(0, backlog, 1000):
-        q.enqueue_many([Queue.prepare_data(bench_jobs.keyed_starve, (0.2,), {'customer': 1})
+        q.enqueue_many([Queue.prepare_data(keyed_jobs.keyed_starve, (0.2,), {'customer': 1})
                         for _ in range(start, min(backlog, start + 1000))])
-    q.enqueue(bench_jobs.keyed_starve, 0.2, customer=2)
+    q.enqueue(keyed_jobs.keyed_starve, 0.2, customer=2)
     procs = start_workers(url, 'rq_policies.PolicyWorker', 'starve', 4)
     try:
         def lone_started() -> bool:
@@ -279,11 +290,18 @@ def report_throughput(conn: Redis, url: str, opts: argparse.Namespace) -> int:
     for name in found:
         print(f'  {name:52} {statistics.median(rates[name]):8.1f} jobs/s ({spread(rates[name])}), worker CPU '
               f'{statistics.median(cpus[name]):.2f} ms/job ({spread(cpus[name])})')
-    plain, keyed, capped = (statistics.median(v) for v in rates.values())
+    plain, keyed, capped = rates.values()
     cpu_plain, cpu_keyed, cpu_capped = (statistics.median(v) for v in cpus.values())
-    ratio = keyed / plain
-    print(f'  keyed / plain {ratio:.3f} (target >= 0.95): {"ok" if ratio >= 0.95 else "MISSED"}; keyed / capped '
-          f'{keyed / capped:.3f}; worker CPU per job keyed / plain x{cpu_keyed / cpu_plain:.3f}, keyed / capped '
+
+    def paired(these: list[float], those: list[float]) -> list[float]:
+        # The load on a shared machine drifts between rounds; a ratio within one round cancels most of it.
+        return [a / b for a, b in zip(these, those)]
+
+    by_round, to_capped = paired(keyed, plain), paired(keyed, capped)
+    ratio = statistics.median(by_round)
+    print(f'  keyed / plain, median of the per-round ratios {ratio:.3f} ({spread(by_round)}; target >= 0.95): '
+          f'{"ok" if ratio >= 0.95 else "MISSED"}; keyed / capped {statistics.median(to_capped):.3f} '
+          f'({spread(to_capped)}); worker CPU per job keyed / plain x{cpu_keyed / cpu_plain:.3f}, keyed / capped '
           f'x{cpu_keyed / cpu_capped:.3f} (capped: what holding any hold costs, with the hold guard a worker keeps)')
     return int(ratio < 0.95)
 

@@ -6,10 +6,13 @@ Uses REDIS_URL when it is set (the database is flushed between rounds: point it 
 starts its own server with rq_policies.testing.RedisServer.
 
 * Throughput: the same trivial jobs run by ``--workers`` forking workers, as stock ``rq.Worker`` (fed by
-  ``rq.Queue``), as PolicyWorker on an uncapped queue and as PolicyWorker on a queue capped at the worker count (fed
+  ``rq.Queue``), as stock with the one connection-pool change PolicyWorker makes (``bench_workers.DriverInfoWorker``:
+  redis-py's driver info resolved once; PolicyWorker beside it shows what the policies themselves cost per job),
+  as PolicyWorker on an uncapped queue and as PolicyWorker on a queue capped at the worker count (fed
   by PolicyQueue). Each variant's workers stay up on a queue of their own for the whole run; rounds hand them the
   same batch in turn (the order rotates every round) and the figures are medians. Throughput is jobs / (last job's
-  end - first job's start), from rq's own ``started_at``/``ended_at``. On a shared machine wall-clock rates swing
+  end - first job's start), from rq's own ``started_at``/``ended_at``, counted from the producer's return when it
+  is still enqueueing after the first start (common.drain_rate). On a shared machine wall-clock rates swing
   with the neighbours, so the CPU each job costs is measured too: the workers with their work horses (Linux
   /proc), and the Redis server (INFO cpu; it includes the producer's enqueue, the same for every variant). The
   ratios against stock are the point (x1.000 = stock); the absolute numbers depend on the machine.
@@ -43,6 +46,7 @@ from redis import Redis
 from rq import Queue
 from rq.job import Job
 from rq.registry import FinishedJobRegistry
+from rq.utils import now as rq_now
 from rq.worker import Worker
 
 HERE = Path(__file__).resolve().parent
@@ -50,7 +54,15 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import bench_jobs  # noqa: E402
-from common import add_smoke, run_main, smoke_defaults, start_workers, stop_workers, wait_until  # noqa: E402
+from common import (  # noqa: E402
+    add_smoke,
+    drain_rate,
+    run_main,
+    smoke_defaults,
+    start_workers,
+    stop_workers,
+    wait_until,
+)
 
 from rq_policies import PolicyQueue, QueueSlot, keys  # noqa: E402
 from rq_policies.testing import RedisServer  # noqa: E402
@@ -82,6 +94,7 @@ class Sample:
 VARIANTS = {
     # name: (worker class, producer class, capped at the worker count)
     'stock rq.Worker': ('rq.Worker', Queue, False),
+    'stock, driver info once': ('bench_workers.DriverInfoWorker', Queue, False),
     'PolicyWorker, uncapped': ('rq_policies.PolicyWorker', PolicyQueue, False),
     'PolicyWorker, capped at workers': ('rq_policies.PolicyWorker', PolicyQueue, True),
 }
@@ -111,16 +124,15 @@ def throughput_round(conn: Redis, variant: str, queue_name: str, jobs: int, proc
     datas = [Queue.prepare_data(bench_jobs.noop, (i,), result_ttl=600) for i in range(jobs)]
     cpu0, server0 = _cpu_seconds(procs), _server_cpu(conn)
     batch = q.enqueue_many(datas)
+    enqueued = rq_now()
     wait_until(lambda: registry.count >= before + jobs, 300, f'{jobs} jobs')
     cpu1, server1 = _cpu_seconds(procs), _server_cpu(conn)
-    fetched = Job.fetch_many([job.id for job in batch], connection=conn)
-    first = min(job.started_at for job in fetched)
-    last = max(job.ended_at for job in fetched)
+    rate = drain_rate(Job.fetch_many([job.id for job in batch], connection=conn), enqueued)
     if capped:
         # The horse records the job finished; its worker releases the hold right after (with its next command), so on
         # a loaded machine the last hold may still be live for a moment here. One still live seconds later leaked.
         wait_until(lambda: not QueueSlot.in_use(queue_name, connection=conn), 10, 'the holds released (one leaked?)')
-    return Sample(jobs / (last - first).total_seconds(), (cpu1 - cpu0) * 1000 / jobs, (server1 - server0) * 1000 / jobs)
+    return Sample(rate, (cpu1 - cpu0) * 1000 / jobs, (server1 - server0) * 1000 / jobs)
 
 
 def throughput(conn: Redis, url: str, jobs: int, workers: int, rounds: int) -> dict[str, list[Sample]]:
@@ -278,18 +290,27 @@ def run(url: str, jobs: int, workers: int, rounds: int, handovers: int, idle_sec
     def median(name: str, field: str) -> float:
         return statistics.median(getattr(sample, field) for sample in results[name])
 
-    def paired(name: str) -> float:
+    def paired(name: str, against: str = 'stock rq.Worker') -> float:
         # The load on a shared machine drifts between rounds; a ratio within one round cancels most of it.
-        stock = results['stock rq.Worker']
-        return statistics.median(a.jobs_per_second / b.jobs_per_second for a, b in zip(results[name], stock))
+        return statistics.median(a.jobs_per_second / b.jobs_per_second for a, b in zip(results[name], results[against]))
+
+    def spread(name: str, against: str = 'stock rq.Worker') -> str:
+        ratios = [a.jobs_per_second / b.jobs_per_second for a, b in zip(results[name], results[against])]
+        return f'{min(ratios):.2f}-{max(ratios):.2f}'
 
     base = {field: median('stock rq.Worker', field) for field in ('jobs_per_second', 'worker_cpu_ms', 'server_cpu_ms')}
     print('  medians (x = ratio to stock; "paired" = median of the per-round throughput ratios):')
     for name in names:
         rate, cpu, server = (median(name, field) for field in base)
-        print(f'  {name:<32} {rate:6.1f} jobs/s (x{rate / base["jobs_per_second"]:.3f}, paired x{paired(name):.3f})   '
-              f'worker CPU {cpu:5.2f} ms/job (x{cpu / base["worker_cpu_ms"]:.3f})   '
+        print(f'  {name:<32} {rate:6.1f} jobs/s (x{rate / base["jobs_per_second"]:.3f}, paired x{paired(name):.3f}, '
+              f'rounds {spread(name)})   worker CPU {cpu:5.2f} ms/job (x{cpu / base["worker_cpu_ms"]:.3f})   '
               f'server CPU {server:5.3f} ms/job (x{server / base["server_cpu_ms"]:.3f})')
+    reference = 'stock, driver info once'
+    for name in names[2:]:
+        cpu, ref_cpu = median(name, 'worker_cpu_ms'), median(reference, 'worker_cpu_ms')
+        print(f'  {name} vs {reference} (what the policies cost, apart from the connection saving): paired '
+              f'x{paired(name, reference):.3f} (rounds {spread(name, reference)}), worker CPU '
+              f'{cpu - ref_cpu:+.2f} ms/job (x{cpu / ref_cpu:.3f})')
 
     delays = release_to_start(conn, url, jobs=handovers)
     if not delays:

@@ -147,3 +147,16 @@ def run(name: str, client: Any, keys: list[str] | tuple = (), args: list[Any] | 
 
 def _is_pipeline(client: Any) -> bool:
     return hasattr(client, 'command_stack') and hasattr(client, 'execute')
+
+
+def preload() -> None:
+    """Read, expand and hash every script in ``lua/`` now, into this process's caches.
+
+    A forking worker calls it once before its first fork: a work horse inherits the caches, so it never reads and
+    expands a script's files itself (the end-of-run script it rides on rq's pipeline, every job, was read from disk
+    again in each new horse: about 0.7 ms a job).
+    """
+    root = _lua_root()
+    for item in sorted(root.iterdir(), key=lambda entry: entry.name):
+        if item.name.endswith('.lua'):
+            script(item.name[:-len('.lua')])

@@ -80,6 +80,7 @@ def enqueue_costs(conn: Redis, rounds: int, calls: int) -> dict[str, list[float]
         ('debounce replace', lambda i: deb_q.enqueue(debounced, 0, i)),
     ]
     samples: dict[str, list[float]] = {name: [] for name, _ in cases}
+    cpu: dict[str, list[float]] = {name: [] for name, _ in cases}
     dropped: dict[str, int] = {'throttle drop': 0, 'throttle drop, cold': 0}
     for round_no in range(rounds + 1):
         conn.flushdb()
@@ -93,19 +94,22 @@ def enqueue_costs(conn: Redis, rounds: int, calls: int) -> dict[str, list[float]
             # every case once per step, starting at a different case each step: load drift hits them alike
             for k in range(len(cases)):
                 name, fn = cases[(i + k) % len(cases)]
+                cpu_start = time.process_time()
                 start = time.perf_counter()
                 job = fn(i)
                 elapsed = time.perf_counter() - start
+                cpu_elapsed = time.process_time() - cpu_start
                 if name in dropped:
                     dropped[name] += job is None
                 if round_no:  # round 0 warms up (script loading, imports, connection)
                     samples[name].append(elapsed)
+                    cpu[name].append(cpu_elapsed)
     # the drops really were drops and the replaces replaced
     want = (rounds + 1) * calls
     assert dropped == {'throttle drop': want, 'throttle drop, cold': want}, dropped
     assert drop_q.count == 1 and cold_q.count == 0, (drop_q.count, cold_q.count)
     assert trail_q.count == 1 and deb_q.count == 0
-    return samples
+    return samples, cpu
 
 
 def memory_check(conn: Redis, identities: int, slot: int) -> dict[str, float]:
@@ -164,9 +168,11 @@ def main() -> int:
         version = conn.info('server')
         print(f'rq {rq.__version__}, server {version.get("valkey_version") or version.get("redis_version")}, '
               f'python {sys.version.split()[0]}; {opts.rounds} rounds x {opts.calls} calls per case, interleaved')
-        samples = enqueue_costs(conn, opts.rounds, opts.calls)
+        samples, cpu = enqueue_costs(conn, opts.rounds, opts.calls)
         base = statistics.median(samples['stock Queue.enqueue'])
-        print(f'\n{"case":<24}{"median":>12}{"ratio":>9}   target')
+        base_cpu = statistics.median(cpu['stock Queue.enqueue'])
+        print(f'\n{"case":<24}{"median":>12}{"ratio":>9}   {"target":<14}{"p25":>9}{"p75":>9}{"CPU":>9}'
+              f'{"CPU ratio":>10}')
         missed = False
         for name, got in samples.items():
             median = statistics.median(got)
@@ -177,7 +183,10 @@ def main() -> int:
                 ok = ratio <= target
                 missed |= not ok and not opts.smoke  # a smoke run's timings are noise
                 verdict = f'<= {target}  {"ok" if ok else "MISSED"}'
-            print(f'{name:<24}{median * 1e6:>10.1f}us{ratio:>9.2f}   {verdict}')
+            q1, _, q3 = statistics.quantiles(got, n=4)
+            mine = statistics.median(cpu[name])
+            print(f'{name:<24}{median * 1e6:>10.1f}us{ratio:>9.2f}   {verdict:<14}{q1 * 1e6:>7.1f}us{q3 * 1e6:>7.1f}us'
+                  f'{mine * 1e6:>7.1f}us{mine / base_cpu:>10.2f}')
         print('\n"throttle drop" is the common case, a process enqueuing an identity whose slot it has seen taken; '
               '"cold" is\na drop in a process that has not (the full admission script, with the job built).')
 

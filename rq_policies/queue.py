@@ -69,6 +69,9 @@ def door_override(default: Any = DECLARED) -> Any:
 
 
 
+_TEXT = frozenset((str, bytes))
+
+
 def _flatten(mapping: dict[str, Any]) -> list[Any]:
     """A job's ``to_dict()`` as the flat field/value list HSET takes (None values skipped, as rq's scripts do)."""
     flat: list[Any] = []
@@ -76,7 +79,8 @@ def _flatten(mapping: dict[str, Any]) -> list[Any]:
     for field_name, value in mapping.items():
         if value is not None:
             append(field_name)
-            append(value if isinstance(value, (bytes, str)) else str(value))
+            # the exact-type test first: nearly every value is a str or bytes, and it is the cheaper one
+            append(value if type(value) in _TEXT or isinstance(value, (bytes, str)) else str(value))
     return flat
 
 

@@ -7,7 +7,9 @@ per-call wall time per case, each divided by the median of stock ``rq.Queue.enqu
 arguments. Targets (issue 9; issue 3's were 1.0 and 0.5): throttle win <= 0.7, throttle drop <= 0.35, cold <= 0.5.
 
 "throttle drop, cold" is a drop in a process that has not seen the slot taken: each call is a fresh identity whose
-slot was claimed beforehand (untimed) with ``Throttle.admit``, which leaves this process no hint.
+slot was claimed beforehand (untimed) with ``Throttle.admit``, which leaves this process no identity hint (the
+drop-rate predictor of rq_policies/hints.py, having seen most cold enqueues there dropped, sends it to the probe).
+Each case also prints its spread (p25 / p75 of wall time) and its median client CPU per call against stock's.
 
 Then the memory check: a burst of distinct identities claims their slots with ``Throttle.admit`` (a few threads, so
 the burst is short), and once the slot has ended no throttle key is left and the server's memory is back where it
@@ -188,7 +190,8 @@ def main() -> int:
             print(f'{name:<24}{median * 1e6:>10.1f}us{ratio:>9.2f}   {verdict:<14}{q1 * 1e6:>7.1f}us{q3 * 1e6:>7.1f}us'
                   f'{mine * 1e6:>7.1f}us{mine / base_cpu:>10.2f}')
         print('\n"throttle drop" is the common case, a process enqueuing an identity whose slot it has seen taken; '
-              '"cold" is\na drop in a process that has not (the full admission script, with the job built).')
+              '"cold" is\na drop in a process that has not (the probe, once most cold enqueues there were drops; '
+              'before that the full\nadmission script, with the job built).')
 
         mem = memory_check(conn, opts.identities, opts.slot)
         print(f'\nmemory: {mem["identities"]:,} distinct identities, slot={opts.slot}s: {mem["admitted"]:,} admitted '

@@ -273,8 +273,10 @@ def quick_drop(queue: Queue, spec: PolicySet | None, f: Any, args: tuple, kwargs
         _dropped(spec, func_name, queue.name, verdict)
         return True, None
     call = seen.probe
-    if call is not None and plain(key) and call.args['job_prefix'] == queue.job_class.redis_job_namespace_prefix:
-        # An equal key of plain arguments is the same identity: the packed probe is this call's own.
+    if (call is not None and plain(key) and call.args['queue_key'] == queue.key
+            and call.args['job_prefix'] == queue.job_class.redis_job_namespace_prefix):
+        # An equal key of plain arguments is the same identity (and the same queue and job keys): the packed probe
+        # is this call's own.
         func_name, digest, job_id = identity.function_name(f), seen.digest, ''
     else:
         found = call_identity(queue, spec.unique_context, f, args, kwargs)

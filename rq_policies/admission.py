@@ -224,7 +224,11 @@ def _remember(hint: Seen | None, spec: PolicySet, digest: str, verdict: Verdict,
         return
     if hint.rate is not None:
         _rates.record(hint.rate, verdict.code == 0)
-    seconds = max((item.hint_seconds(verdict) for item in spec.policies), default=0.0)
+    seconds = 0.0
+    for item in spec.policies:  # a loop, not max() over a generator: this runs on every enqueue
+        found = item.hint_seconds(verdict)
+        if found > seconds:
+            seconds = found
     if seconds > 0:
         _hints.remember(hint.key, digest, seconds, spec, probe_call)
 

@@ -53,7 +53,7 @@ class _Door:
     override: Any
     used: bool = False
     force: bool = False
-    hint: Any = None  # the call's hint key (rq_policies.admission.quick_drop)
+    hint: Any = None  # what the call's quick_drop saw, for admit to remember (rq_policies.admission.Seen)
 
 
 _door: ContextVar[_Door | None] = ContextVar('rq_policies_door', default=None)
@@ -248,7 +248,7 @@ class PolicyQueue(Queue):
         return door.override
 
     def _quick_drop(self, policy: Any, f: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
-        """Drop an expected duplicate before its job is built (see rq_policies.hints); (dropped, hint key)."""
+        """Drop an expected duplicate before its job is built (see rq_policies.hints); (dropped, what it saw)."""
         return admission.quick_drop(self, self._spec(policy, f), f, args, kwargs)
 
     def _spec(self, policy: Any, func: Any) -> PolicySet | None:

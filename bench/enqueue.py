@@ -5,9 +5,11 @@
 Each variant enqueues the same function with the same kind of arguments; rounds interleave the variants and the
 figure is the median per-call time, printed as a ratio to stock `Queue.enqueue`. Targets (issue 9; issue 2's were
 1.0 and 0.5): Loner admitted <= 0.65, Loner dropped (hinted: this process saw the identity dropped) <= 0.35, a cold
-drop (no hint: the full path) <= 0.5, and the admitted ratio unchanged (within 1.1) with 100,000 live markers of
-other identities. The ratios depend on the machine's load: stock makes two round trips where a policy door makes
-one, so a loaded machine (each round trip slower) favours the policy doors.
+drop (no identity hint: on a queue where this function's enqueues are mostly dropped, the drop-rate predictor of
+rq_policies/hints.py sends it to the probe first) <= 0.5, and the admitted ratio unchanged (within 1.1) with 100,000
+live markers of other identities. A second table gives each case's spread (p25 / p75 of wall time) and its median
+client CPU per call against stock's. The ratios depend on the machine's load: stock makes two round trips where a
+policy door makes one, so a loaded machine (each round trip slower) favours the policy doors.
 Issue 13: each lock mode against today's Loner, printed as ratios:
 `until='finished'` admitted and `on_conflict='replace'` (admitted, and replacing a waiting holder) within 1.1x of
 Loner admitted; `on_conflict='raise'` (a DuplicateJob raised) as cheap as a drop (within 1.1x of Loner dropped).
@@ -17,7 +19,9 @@ Loner admitted; `on_conflict='raise'` (a DuplicateJob raised) as cheap as a drop
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -30,6 +34,29 @@ from rq_policies import DuplicateJob, Loner, PolicyQueue  # noqa: E402
 
 #: Issue 9's targets (issue 2's were 1.0 admitted and 0.5 dropped).
 TARGETS = {'Loner admitted': 0.65, 'Loner dropped': 0.35, 'Loner dropped, cold': 0.5}
+
+
+def with_cpu(variants: dict, cpu: dict[str, list[float]]) -> dict:
+    """Each variant, also recording its per-call client CPU (``time.process_time``) into ``cpu``."""
+    def wrap(name, call):
+        record = cpu.setdefault(name, []).append
+
+        def timed(i):
+            start = time.process_time()
+            call(i)
+            record(time.process_time() - start)
+        return timed
+    return {name: wrap(name, call) for name, call in variants.items()}
+
+
+def spread(samples: dict[str, list[float]], cpu: dict[str, list[float]], baseline: str) -> None:
+    """Per variant: the interquartile range of its wall time, and its median client CPU against the baseline's."""
+    base_cpu = statistics.median(cpu[baseline])
+    print(f'\n{"variant":44} {"p25 us":>8} {"p75 us":>8} {"CPU us":>8} {"CPU ratio":>9}')
+    for name, values in samples.items():
+        q1, _, q3 = statistics.quantiles(values, n=4)
+        mine = statistics.median(cpu[name])
+        print(f'{name:44} {q1 * 1e6:8.1f} {q3 * 1e6:8.1f} {mine * 1e6:8.1f} {mine / base_cpu:9.3f}')
 
 
 def main() -> None:
@@ -65,8 +92,9 @@ def main() -> None:
         def flush_lists():
             conn.delete(stock.key)
 
-        # Identities held by jobs this process admitted but never saw dropped: no hint, so each first duplicate is a
-        # cold drop (what a producer that has not seen the identity pays: the full path, job built).
+        # Identities held by jobs this process admitted but never saw dropped: no identity hint, so each first
+        # duplicate is a cold drop (what a producer that has not seen the identity pays: the probe once the predictor
+        # has seen most enqueues of the function there dropped, the full path with the job built before that).
         cold_queue = PolicyQueue('bench_cold', connection=conn)
         for n in range(opts.rounds * opts.calls):
             cold_queue.enqueue(work, f'cold-{n}', policy=loner)
@@ -85,8 +113,10 @@ def main() -> None:
         info = conn.info('server')
         version = info.get('valkey_version') or info.get('redis_version')
         print(f'server: {version}; {opts.rounds} rounds x {opts.calls} calls\n')
-        samples = interleaved(variants, opts.rounds, opts.calls, before_round=flush_lists)
+        cpu: dict[str, list[float]] = {}
+        samples = interleaved(with_cpu(variants, cpu), opts.rounds, opts.calls, before_round=flush_lists)
         ratios = report(samples, 'stock Queue.enqueue', TARGETS)
+        spread(samples, cpu, 'stock Queue.enqueue')
         print('\nlock modes against today\'s Loner (issue 13):')
         for name, base, target in (
             ("Loner(until='finished') admitted", 'Loner admitted', 1.1),

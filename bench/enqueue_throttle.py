@@ -7,7 +7,9 @@ per-call wall time per case, each divided by the median of stock ``rq.Queue.enqu
 arguments. Targets (issue 9; issue 3's were 1.0 and 0.5): throttle win <= 0.7, throttle drop <= 0.35, cold <= 0.5.
 
 "throttle drop, cold" is a drop in a process that has not seen the slot taken: each call is a fresh identity whose
-slot was claimed beforehand (untimed) with ``Throttle.admit``, which leaves this process no hint.
+slot was claimed beforehand (untimed) with ``Throttle.admit``, which leaves this process no identity hint (the
+drop-rate predictor of rq_policies/hints.py, having seen most cold enqueues there dropped, sends it to the probe).
+Each case also prints its spread (p25 / p75 of wall time) and its median client CPU per call against stock's.
 
 Then the memory check: a burst of distinct identities claims their slots with ``Throttle.admit`` (a few threads, so
 the burst is short), and once the slot has ended no throttle key is left and the server's memory is back where it
@@ -80,6 +82,7 @@ def enqueue_costs(conn: Redis, rounds: int, calls: int) -> dict[str, list[float]
         ('debounce replace', lambda i: deb_q.enqueue(debounced, 0, i)),
     ]
     samples: dict[str, list[float]] = {name: [] for name, _ in cases}
+    cpu: dict[str, list[float]] = {name: [] for name, _ in cases}
     dropped: dict[str, int] = {'throttle drop': 0, 'throttle drop, cold': 0}
     for round_no in range(rounds + 1):
         conn.flushdb()
@@ -93,19 +96,22 @@ def enqueue_costs(conn: Redis, rounds: int, calls: int) -> dict[str, list[float]
             # every case once per step, starting at a different case each step: load drift hits them alike
             for k in range(len(cases)):
                 name, fn = cases[(i + k) % len(cases)]
+                cpu_start = time.process_time()
                 start = time.perf_counter()
                 job = fn(i)
                 elapsed = time.perf_counter() - start
+                cpu_elapsed = time.process_time() - cpu_start
                 if name in dropped:
                     dropped[name] += job is None
                 if round_no:  # round 0 warms up (script loading, imports, connection)
                     samples[name].append(elapsed)
+                    cpu[name].append(cpu_elapsed)
     # the drops really were drops and the replaces replaced
     want = (rounds + 1) * calls
     assert dropped == {'throttle drop': want, 'throttle drop, cold': want}, dropped
     assert drop_q.count == 1 and cold_q.count == 0, (drop_q.count, cold_q.count)
     assert trail_q.count == 1 and deb_q.count == 0
-    return samples
+    return samples, cpu
 
 
 def memory_check(conn: Redis, identities: int, slot: int) -> dict[str, float]:
@@ -164,9 +170,11 @@ def main() -> int:
         version = conn.info('server')
         print(f'rq {rq.__version__}, server {version.get("valkey_version") or version.get("redis_version")}, '
               f'python {sys.version.split()[0]}; {opts.rounds} rounds x {opts.calls} calls per case, interleaved')
-        samples = enqueue_costs(conn, opts.rounds, opts.calls)
+        samples, cpu = enqueue_costs(conn, opts.rounds, opts.calls)
         base = statistics.median(samples['stock Queue.enqueue'])
-        print(f'\n{"case":<24}{"median":>12}{"ratio":>9}   target')
+        base_cpu = statistics.median(cpu['stock Queue.enqueue'])
+        print(f'\n{"case":<24}{"median":>12}{"ratio":>9}   {"target":<14}{"p25":>9}{"p75":>9}{"CPU":>9}'
+              f'{"CPU ratio":>10}')
         missed = False
         for name, got in samples.items():
             median = statistics.median(got)
@@ -177,9 +185,13 @@ def main() -> int:
                 ok = ratio <= target
                 missed |= not ok and not opts.smoke  # a smoke run's timings are noise
                 verdict = f'<= {target}  {"ok" if ok else "MISSED"}'
-            print(f'{name:<24}{median * 1e6:>10.1f}us{ratio:>9.2f}   {verdict}')
+            q1, _, q3 = statistics.quantiles(got, n=4)
+            mine = statistics.median(cpu[name])
+            print(f'{name:<24}{median * 1e6:>10.1f}us{ratio:>9.2f}   {verdict:<14}{q1 * 1e6:>7.1f}us{q3 * 1e6:>7.1f}us'
+                  f'{mine * 1e6:>7.1f}us{mine / base_cpu:>10.2f}')
         print('\n"throttle drop" is the common case, a process enqueuing an identity whose slot it has seen taken; '
-              '"cold" is\na drop in a process that has not (the full admission script, with the job built).')
+              '"cold" is\na drop in a process that has not (the probe, once most cold enqueues there were drops; '
+              'before that the full\nadmission script, with the job built).')
 
         mem = memory_check(conn, opts.identities, opts.slot)
         print(f'\nmemory: {mem["identities"]:,} distinct identities, slot={opts.slot}s: {mem["admitted"]:,} admitted '

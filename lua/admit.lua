@@ -70,8 +70,18 @@ local rcall = redis.call
 -- @include "lib/drop_record.lua"
 
 local a = decode_args(ARGV[1])
-local P = {}
--- @policies
+-- Each part is defined when the call first asks for it (`-- @policies lazy`: PARTS[name] loads
+-- P[name]), so a call pays for the parts it declares only.
+local P, PARTS = {}, {}
+-- @policies lazy
+setmetatable(P, {__index = function(t, name)
+  local load = PARTS[name]
+  if load then
+    PARTS[name] = nil
+    load()
+  end
+  return rawget(t, name)
+end})
 
 -- The server's clock, read only when some declared policy keeps time (a part that does not sets
 -- `clock = false`, as loner does): TIME is one of the few commands a loner admission runs.

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from rq.registry import ScheduledJobRegistry
 
-from . import keys
+from . import identity, keys
 from .exceptions import PolicyConfigurationError
-from .hints import Hints, call_identity, hint_key
+from .hints import DropRates, Hints, call_identity, hint_key, plain, spec_token
 from .ops import Call, text
 from .policy import ADMISSION, PolicySet, registered
 
@@ -60,9 +60,9 @@ class JobWrite:
     created: Any = None
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """What the admission script decided.
+class Verdict(NamedTuple):
+    """What the admission script decided (a named tuple: built on every enqueue, it costs a third of a frozen
+    dataclass).
 
     Attributes:
         code: 1 admitted, 2 admitted as a pending job (a trailing job), 3 the waiting holder's payload replaced in
@@ -202,56 +202,125 @@ def claim(queue: Queue, spec: PolicySet, digest: str, job: Job) -> Verdict:
 
 # -- the fast path for an enqueue that is expected to be dropped ---------------------------------------------------
 
-#: What this process last saw of identities held (see rq_policies.hints).
+#: What this process last saw of identities held, and how often its cold enqueues were dropped (rq_policies.hints).
 _hints = Hints()
+_rates = DropRates()
 
 
-def _remember(hint: tuple | None, spec: PolicySet, digest: str, verdict: Verdict) -> None:
+class Seen(NamedTuple):
+    """What :func:`quick_drop` hands the full path of an enqueue it did not drop, for :func:`admit` to remember.
+
+    Attributes:
+        key: the call's hint key (:func:`rq_policies.hints.hint_key`), or None.
+        rate: the call's drop-rate key when it had no identity hint (its outcome feeds the predictor), or None.
+    """
+
+    key: tuple | None
+    rate: tuple | None = None
+
+
+def _remember(hint: Seen | None, spec: PolicySet, digest: str, verdict: Verdict, probe_call: Any = None) -> None:
     if hint is None:
         return
-    seconds = max((item.hint_seconds(verdict) for item in spec.policies), default=0.0)
+    if hint.rate is not None:
+        _rates.record(hint.rate, verdict.code == 0)
+    seconds = 0.0
+    for item in spec.policies:  # a loop, not max() over a generator: this runs on every enqueue
+        found = item.hint_seconds(verdict)
+        if found > seconds:
+            seconds = found
     if seconds > 0:
-        _hints.remember(hint, digest, seconds)
+        _hints.remember(hint.key, digest, seconds, spec, probe_call)
+
+
+def _probes(spec: PolicySet) -> bool:
+    """Can every policy of ``spec`` decide an expected drop by its checks alone (computed once per set)?"""
+    memo = spec.memo
+    found = memo.get('probes')
+    if found is None:
+        found = memo['probes'] = all(item.probes for item in spec.policies)
+    return found
 
 
 def quick_drop(queue: Queue, spec: PolicySet | None, f: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
-    """Drop an expected duplicate before rq builds its job, when this process just saw its identity held.
+    """Drop an expected duplicate before rq builds its job (see :mod:`rq_policies.hints` for what makes one expected).
 
-    Building and serializing a job costs more than the decision. A process that has just seen this call's identity
-    held first runs the admission script as a probe: the checks only, which drop the extra as one complete atomic
-    decision when the identity is still held. Anything else (no hint, the identity free after all, a replayed job
-    id, options the full path must refuse) returns False and the enqueue takes the full path, which checks again and
-    writes in one script. A hint only chooses which call runs first; it never decides.
+    Building and serializing a job costs more than the decision. An enqueue expected to be dropped (this process just
+    saw its identity held, or most recent enqueues of its function on this queue were dropped) first runs the
+    admission script as a probe: the checks only, which drop the extra as one complete atomic decision when the
+    identity is still held. Anything else (nothing expected, the identity free after all, a replayed job id, options
+    the full path must refuse) returns False and the enqueue takes the full path, which checks again and writes in
+    one script. An expectation only chooses which call runs first; it never decides.
 
     Returns:
-        (dropped, hint key): dropped is True when the enqueue was dropped (and logged and counted); the hint key is
-        for the full path to remember what it saw.
+        (dropped, seen): dropped is True when the enqueue was dropped (and logged and counted); ``seen`` is for the
+        full path to remember what it saw (:class:`Seen`).
     """
-    if spec is None or not queue._is_async or not all(item.probes for item in spec.policies):
+    if spec is None or not queue._is_async or not _probes(spec):
         return False, None
-    key = hint_key(queue.name, spec.policies, f, args, kwargs)
-    seen = _hints.get(key)
+    token = spec_token(spec)
+    key = hint_key(queue.name, token, f, args, kwargs)
+    seen = _hints.get(key, spec)
     if seen is None:
-        return False, key
-    found = call_identity(queue, spec.unique_context, f, args, kwargs)
-    if found is None or found[1] != seen:
-        return False, None
-    func_name, digest, job_id = found
-    verdict = probe(queue, spec, digest, job_id)
+        rate = (queue.name, token, f) if key is not None else None
+        if not _rates.likely(rate):
+            return False, Seen(key, rate)
+        found = call_identity(queue, spec.unique_context, f, args, kwargs)
+        if found is None:
+            return False, Seen(key, rate)
+        func_name, digest, job_id = found
+        call = probe_call(queue, spec, digest, job_id).packed()
+        verdict = probe(queue, spec, digest, job_id, call)
+        if verdict.code != 0:
+            return False, Seen(key, rate)
+        _remember(Seen(key, rate), spec, digest, verdict, call)
+        _dropped(spec, func_name, queue.name, verdict)
+        return True, None
+    call = seen.probe
+    if (call is not None and plain(key) and call.args['queue_key'] == queue.key
+            and call.args['job_prefix'] == queue.job_class.redis_job_namespace_prefix):
+        # An equal key of plain arguments is the same identity (and the same queue and job keys): the packed probe
+        # is this call's own.
+        func_name, digest, job_id = identity.function_name(f), seen.digest, ''
+    else:
+        found = call_identity(queue, spec.unique_context, f, args, kwargs)
+        if found is None or found[1] != seen.digest:
+            return False, None
+        func_name, digest, job_id = found
+        call = probe_call(queue, spec, digest, job_id).packed()
+    verdict = probe(queue, spec, digest, job_id, call)
     if verdict.code != 0:
         _hints.forget(key)
-        return False, key
-    _remember(key, spec, digest, verdict)
-    next(item for item in spec.policies if item.name == verdict.policy).on_drop(func_name, queue.name, verdict)
-    return True, key
+        return False, Seen(key)
+    _remember(Seen(key), spec, digest, verdict, call)
+    _dropped(spec, func_name, queue.name, verdict)
+    return True, None
 
 
-def probe(queue: Queue, spec: PolicySet, digest: str, job_id: str = '') -> Verdict:
-    """Run only the checks of ``spec`` for one identity: code 0 (dropped, counted) or -1 (nothing to drop; a replay
-    of ``job_id`` is also -1, for the full path to answer). Writes nothing but a drop's counter."""
+def _dropped(spec: PolicySet, func_name: str, queue: str, verdict: Verdict) -> None:
+    """The dropping policy's own ``on_drop`` (its log line, or its raise)."""
+    for item in spec.policies:
+        if item.name == verdict.policy:
+            item.on_drop(func_name, queue, verdict)
+            return
+
+
+def probe_call(queue: Queue, spec: PolicySet, digest: str, job_id: str = '') -> Call:
+    """The probe's call for one identity (see :func:`probe`)."""
     call = _policy_call(queue, spec, digest, jid=job_id, mode='N', score=0, ttl=-1, queue_key=queue.key, probe=True)
     if job_id:  # the caller's own job_id= (a probe knows no other)
         _record_drops(call, job_id)
+    return call
+
+
+def probe(queue: Queue, spec: PolicySet, digest: str, job_id: str = '', call: Any = None) -> Verdict:
+    """Run only the checks of ``spec`` for one identity: code 0 (dropped, counted) or -1 (nothing to drop; a replay
+    of ``job_id`` is also -1, for the full path to answer). Writes nothing but a drop's counter.
+
+    ``call``: the probe's call already built (:func:`probe_call`, packed or not), as an identity hint keeps it.
+    """
+    if call is None:
+        call = probe_call(queue, spec, digest, job_id)
     return Verdict.read(call.run(queue.connection), digest)
 
 

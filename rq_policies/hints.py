@@ -1,13 +1,28 @@
-"""What a producer process last saw of an identity's policy state: it chooses which script an enqueue runs first.
+"""What a producer process last saw of its enqueues' policy state: it chooses which script an enqueue runs first.
 
-Building and serializing a job costs more than deciding to drop it. A process that has just seen an identity held
-(a throttle slot taken, a loner waiting) first asks a small check script, which drops the extra as one complete
-atomic decision when the identity is still held; otherwise the enqueue takes the full path, whose script checks
-again and writes. A hint never decides anything by itself, and a stale one costs one extra round trip, once.
+Building and serializing a job costs more than deciding to drop it. An enqueue expected to be dropped first asks
+the admission script as a *probe* (checks only, no job built), which drops the extra as one complete atomic decision
+when the identity is still held; otherwise the enqueue takes the full path, whose script checks again and writes. An
+expectation never decides anything by itself, and a wrong one costs one extra round trip. Two things make an
+enqueue expected to be dropped:
 
-A hint key is the call as the caller wrote it (queue, function, policy, args, kwargs), so a call without a hint costs
-one dictionary lookup; a hit is confirmed against the identity digest before it is used (Python takes ``1``,
-``1.0`` and ``True`` for one key; the digest does not).
+* **An identity hint** (:class:`Hints`): this process has just seen this very call's identity held (a throttle
+  window taken, a loner waiting). The hint keeps the probe's call built and packed, so the next identical enqueue
+  sends it as it is: no identity digest, no call building, no msgpack. A hint key is the call as the caller wrote
+  it (queue, function, policy set, args, kwargs), so a call without a hint costs one dictionary lookup; a hit is
+  confirmed before it is used: Python takes ``1``, ``1.0`` and ``True`` for one key, the digest does not, so the key
+  also carries the type of every top-level argument, and a call with an argument of any other type than ``str``,
+  ``int``, ``bool``, ``None`` or ``bytes`` (whose equal values always encode alike) confirms against the digest.
+* **A drop-rate predictor** (:class:`DropRates`), for the identities this process has not seen (the common case
+  with several producers: each identity is enqueued by one and dropped in another). Per (queue, function, policy
+  set) it keeps an exponentially weighted rate of the outcomes of enqueues that had no identity hint (weight
+  :data:`DropRates.WEIGHT` for the newest). When most recent ones were dropped (rate above
+  :data:`DropRates.THRESHOLD`, where the probe's expected saving outweighs its expected extra round trip), a cold
+  enqueue also probes first; otherwise it is admitted directly in one round trip, as before. A misprediction costs
+  one extra round trip and moves the rate back (after a burst of drops about five admissions bring it under the
+  threshold). Chosen over a per-identity probe of every cold enqueue (an extra round trip on every admission) and
+  over a shared server-side hint (another round trip to read it): the admission of a function that is rarely
+  dropped stays at one round trip.
 """
 
 from __future__ import annotations
@@ -15,51 +30,130 @@ from __future__ import annotations
 import inspect
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
+
+#: Argument types whose equal values (of the same exact type) always have the same canonical encoding, so a hint key
+#: holding only these needs no digest to confirm it (a float does not qualify: ``0.0 == -0.0``).
+_PLAIN = frozenset((str, int, bool, type(None), bytes))
+
+
+class Hint(NamedTuple):
+    """What one identity hint remembers."""
+
+    digest: str
+    until: float  # time.monotonic() after which the hint is ignored
+    spec: Any  # the PolicySet the hint was seen under
+    probe: Any  # the probe's call, built and packed (rq_policies.ops.Packed), or None
 
 
 class Hints:
-    """A bounded map of hint key -> (identity digest, time.monotonic() after which the hint is ignored)."""
+    """A bounded map of hint key -> :class:`Hint`."""
 
     def __init__(self, size: int = 4096) -> None:
         self._size = size
-        self._items: dict[tuple, tuple[str, float]] = {}
+        self._items: dict[tuple, Hint] = {}
         self._lock = threading.Lock()
 
-    def get(self, key: tuple | None) -> str | None:
-        """The digest remembered for ``key`` while its hint is fresh, else None."""
+    def get(self, key: tuple | None, spec: Any = None) -> Hint | None:
+        """The hint remembered for ``key`` while it is fresh (and, given ``spec``, seen under an equal set), else
+        None."""
         if key is None:
             return None
         found = self._items.get(key)
-        if found is None or found[1] <= time.monotonic():
+        if found is None or found.until <= time.monotonic():
             return None
-        return found[0]
+        if spec is not None and found.spec is not spec and not (
+                found.spec.policies == spec.policies and found.spec.unique_context is spec.unique_context):
+            return None
+        return found
 
-    def remember(self, key: tuple | None, digest: str, seconds: float) -> None:
+    def remember(self, key: tuple | None, digest: str, seconds: float, spec: Any = None, probe: Any = None) -> None:
         if key is None or seconds <= 0:
             return
         with self._lock:
             if len(self._items) >= self._size:
                 now = time.monotonic()
-                for stale in [k for k, (_, until) in self._items.items() if until <= now]:
+                for stale in [k for k, item in self._items.items() if item.until <= now]:
                     del self._items[stale]
                 if len(self._items) >= self._size:
                     self._items.clear()
-            self._items[key] = (digest, time.monotonic() + seconds)
+            self._items[key] = Hint(digest, time.monotonic() + seconds, spec, probe)
 
     def forget(self, key: tuple | None) -> None:
         if key is not None:
             self._items.pop(key, None)
 
 
-def hint_key(queue: str, policy: Any, f: Any, args: tuple, kwargs: dict) -> tuple | None:
-    """The hint key of a call, or None when its arguments are not hashable (such calls take the full path)."""
+class DropRates:
+    """Per (queue, function, policy set): the weighted rate at which enqueues without an identity hint were dropped.
+
+    Bounded (a process enqueuing under many queues or functions only refills it); updates are not locked, because a
+    lost update of a rate that only chooses which script runs first changes nothing a caller sees.
+    """
+
+    #: The weight of the newest outcome (an exponentially weighted moving average).
+    WEIGHT = 0.25
+    #: The rate above which a cold enqueue probes first: with a probe costing about half a full admission, the probe
+    #: saves more than it costs once more than half of the enqueues are drops.
+    THRESHOLD = 0.5
+
+    def __init__(self, size: int = 1024) -> None:
+        self._size = size
+        self._rates: dict[tuple, float] = {}
+
+    def likely(self, key: tuple | None) -> bool:
+        """Is a drop the likely outcome of the next enqueue without a hint under ``key``?"""
+        return key is not None and self._rates.get(key, 0.0) > self.THRESHOLD
+
+    def record(self, key: tuple | None, dropped: bool) -> None:
+        """One enqueue without a hint under ``key`` was dropped (or admitted)."""
+        if key is None:
+            return
+        rate = self._rates.get(key)
+        if rate is None:
+            if len(self._rates) >= self._size:
+                self._rates.clear()
+            rate = 0.0
+        self._rates[key] = rate + ((1.0 if dropped else 0.0) - rate) * self.WEIGHT
+
+    def rate(self, key: tuple | None) -> float:
+        """The current rate under ``key`` (0 when nothing was recorded)."""
+        return self._rates.get(key, 0.0) if key is not None else 0.0
+
+
+def spec_token(spec: Any) -> int:
+    """A small hashable stand-in for a PolicySet in hint keys, computed once per set (a hit is confirmed against the
+    set itself, :meth:`Hints.get`)."""
+    memo = spec.memo
+    token = memo.get('hint token')
+    if token is None:
+        token = memo['hint token'] = hash(spec.policies)
+    return token
+
+
+def hint_key(queue: str, token: Any, f: Any, args: tuple, kwargs: dict) -> tuple | None:
+    """The hint key of a call, or None when its arguments are not hashable (such calls take the full path).
+
+    The key ends with ``True`` when every argument is of a :data:`_PLAIN` type, so that an equal key means an equal
+    identity without computing it; the types of the top-level arguments are part of the key either way.
+    """
     try:
-        key = (queue, policy, f, args, tuple(sorted(kwargs.items())) if kwargs else ())
+        if kwargs:
+            items = tuple(sorted(kwargs.items()))
+            types = (*map(type, args), *(type(value) for _, value in items))
+        else:
+            items = ()
+            types = tuple(map(type, args))
+        key = (queue, token, f, args, items, types, _PLAIN.issuperset(types))
         hash(key)
     except TypeError:
         return None
     return key
+
+
+def plain(key: tuple) -> bool:
+    """Does an equal hint key mean the same identity (every argument of a :data:`_PLAIN` type)?"""
+    return key[-1]
 
 
 def call_identity(queue: Any, unique_context: Any, f: Any, args: tuple, kwargs: dict) -> tuple[str, str, str] | None:

@@ -7,6 +7,7 @@ enqueue of that identity treats it as free.
 
 from __future__ import annotations
 
+from builtins import id as id_of
 from typing import Any
 
 from rq.job import Job
@@ -26,6 +27,10 @@ def rq_class_name(cls: type) -> str:
     return cls.__name__
 
 
+#: Serializers rq's ``resolve_serializer`` has accepted as they are, by id (each held, so its id stays its own).
+_RESOLVED: dict[int, Any] = {}
+
+
 class PolicyJob(Job):
     """A Job whose ``delete()`` and ``cancel()`` also free the loner identity it holds.
 
@@ -34,6 +39,18 @@ class PolicyJob(Job):
     to what ``Job.fetch``, registries, ``Group.get_jobs`` or ``get_current_job`` return; and its ``str``/``repr``
     read ``<Job id: description>``/``Job('id', ...)``, like rq's, for logs and tools that parse them.
     """
+
+    def __init__(self, id: str | None = None, connection: Any = None, serializer: Any = None) -> None:
+        # rq's Job.__init__ checks the serializer against a runtime-checkable Protocol (an isinstance that walks the
+        # protocol's attributes, a tenth of an enqueue's client CPU), although every door passes the queue's
+        # serializer, checked once already. A serializer object rq accepted as it is is accepted again unchecked.
+        if serializer is not None and _RESOLVED.get(id_of(serializer)) is serializer:
+            super().__init__(id, connection)
+            self.serializer = serializer
+            return
+        super().__init__(id, connection, serializer)
+        if self.serializer is serializer and len(_RESOLVED) < 64:
+            _RESOLVED[id_of(serializer)] = serializer
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Job):

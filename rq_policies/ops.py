@@ -105,6 +105,10 @@ class Call:
         """Run the script on ``client`` (a connection, or a pipeline: the reply then arrives with ``execute()``)."""
         return scripts.run(self.script, client, self.keys, self.argv())
 
+    def packed(self) -> Packed:
+        """This call, its argument packed once, to be sent as it is any number of times (a hint's probe)."""
+        return Packed(self.script, list(self.keys), self.args, self.argv())
+
     def ride(self, pipeline: Any) -> Any:
         """Queue the script on someone else's ``pipeline`` as an EVAL of its source (``scripts.eval_source``).
 
@@ -114,3 +118,21 @@ class Call:
         cannot fail with NOSCRIPT inside rq's transaction.
         """
         return scripts.run(self.script, pipeline, self.keys, self.argv())
+
+
+class Packed:
+    """A :class:`Call` built and packed once (:meth:`Call.packed`): running it again sends the same bytes.
+
+    Attributes:
+        script, keys, args: those of the call (``args`` for reading only: changing it changes nothing sent).
+        argv: ARGV as sent.
+    """
+
+    __slots__ = ('script', 'keys', 'args', 'argv')
+
+    def __init__(self, script: str, keys: list[str], args: dict[str, Any], argv: list[bytes]) -> None:
+        self.script, self.keys, self.args, self.argv = script, keys, args, argv
+
+    def run(self, client: Any) -> Any:
+        """Run the script on ``client``, as :meth:`Call.run` does."""
+        return scripts.run(self.script, client, self.keys, self.argv)

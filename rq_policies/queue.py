@@ -55,7 +55,7 @@ class _Door:
     override: Any
     used: bool = False
     force: bool = False
-    hint: Any = None  # the call's hint key (rq_policies.admission.quick_drop)
+    hint: Any = None  # what the call's quick_drop saw, for admit to remember (rq_policies.admission.Seen)
 
 
 _door: ContextVar[_Door | None] = ContextVar('rq_policies_door', default=None)
@@ -71,6 +71,9 @@ def door_override(default: Any = DECLARED) -> Any:
 
 
 
+_TEXT = frozenset((str, bytes))
+
+
 def _flatten(mapping: dict[str, Any]) -> list[Any]:
     """A job's ``to_dict()`` as the flat field/value list HSET takes (None values skipped, as rq's scripts do)."""
     flat: list[Any] = []
@@ -78,7 +81,8 @@ def _flatten(mapping: dict[str, Any]) -> list[Any]:
     for field_name, value in mapping.items():
         if value is not None:
             append(field_name)
-            append(value if isinstance(value, (bytes, str)) else str(value))
+            # the exact-type test first: nearly every value is a str or bytes, and it is the cheaper one
+            append(value if type(value) in _TEXT or isinstance(value, (bytes, str)) else str(value))
     return flat
 
 
@@ -271,7 +275,7 @@ class PolicyQueue(Queue):
         return door.override
 
     def _quick_drop(self, policy: Any, f: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
-        """Drop an expected duplicate before its job is built (see rq_policies.hints); (dropped, hint key)."""
+        """Drop an expected duplicate before its job is built (see rq_policies.hints); (dropped, what it saw)."""
         return admission.quick_drop(self, self._spec(policy, f), f, args, kwargs)
 
     def _spec(self, policy: Any, func: Any) -> PolicySet | None:

@@ -12,6 +12,9 @@ local function count_drop(total_key, minute_prefix, field, now)
   end
   local minute = math.floor(now / 60)
   local key = minute_prefix .. string.format('%d', minute)
-  redis.call('HINCRBY', key, field, 1)
-  redis.call('EXPIREAT', key, (minute + 61) * 60)
+  -- The field's first count of the minute sets the key's expiry (a new key's field always starts at 1,
+  -- and every count goes through here): later drops of the minute skip the EXPIREAT.
+  if redis.call('HINCRBY', key, field, 1) == 1 then
+    redis.call('EXPIREAT', key, (minute + 61) * 60)
+  end
 end

@@ -1,6 +1,8 @@
 -- Shared (per-key policies): the parked lists of a key (rq:policies:keyparked:<policy>:<scope>:<key>).
 -- `kp` is the per-key prefixes map (rq_policies.concurrency.keyed_args: job, queue, deferred, wake).
 
+-- @include "lib/key_blocked.lua"
+
 -- The id at the head of parked list `parked` whose job is still parked (status deferred), after
 -- dropping ids whose job is gone or no longer parked (deleted, cancelled meanwhile); at most 10
 -- are dropped per call, so a list of stale ids cannot stall the server (the rest go next time).
@@ -46,4 +48,21 @@ local function key_unpark(kp, parked, n, next_head, each)
     end
   end
   return #moved
+end
+
+-- The start of a per-key policy's `due(ctx, channel)`, shared by every such policy: key `channel`'s
+-- parked list of `policy`, and its live head's `policies_<policy>` field. `stop` says the due
+-- function answers `due` at once: the key is backed off (until `due`), or its list has no live head
+-- (`due` is now while stale ids are left, for the next fetch to go on; nil when the list is empty).
+local function key_due_start(ctx, policy, channel)
+  local parked = ctx.kp.parked .. policy .. ':' .. channel
+  local head, raw = key_parked_head(ctx.kp, parked, 'policies_' .. policy)
+  if not head then
+    return parked, nil, true, redis.call('LLEN', parked) > 0 and ctx.now or nil
+  end
+  local blocked = key_blocked(ctx.kp, channel, ctx.now)
+  if blocked then
+    return parked, raw, true, blocked
+  end
+  return parked, raw, false, nil
 end

@@ -94,14 +94,9 @@ function P.concurrency.refused(ctx, jid, raw)
 end
 
 function P.concurrency.due(ctx, channel)
-  local parked = ctx.kp.parked .. 'concurrency:' .. channel
-  local head, raw = key_parked_head(ctx.kp, parked, 'policies_concurrency')
-  if not head then
-    return redis.call('LLEN', parked) > 0 and ctx.now or nil -- stale ids left: the next fetch goes on
-  end
-  local blocked = key_blocked(ctx.kp, channel, ctx.now)
-  if blocked then
-    return blocked
+  local parked, raw, stop, due = key_due_start(ctx, 'concurrency', channel)
+  if stop then
+    return due
   end
   local ledger = ctx.kp.holds .. channel
   redis.call('ZREMRANGEBYSCORE', ledger, '-inf', ctx.now)

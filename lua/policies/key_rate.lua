@@ -78,14 +78,9 @@ function P.key_rate.take_job(ctx, jid, raw, paid)
 end
 
 function P.key_rate.due(ctx, channel)
-  local parked = ctx.kp.parked .. 'key_rate:' .. channel
-  local head, raw = key_parked_head(ctx.kp, parked, 'policies_key_rate')
-  if not head then
-    return redis.call('LLEN', parked) > 0 and ctx.now or nil -- stale ids left: the next fetch goes on
-  end
-  local blocked = key_blocked(ctx.kp, channel, ctx.now)
-  if blocked then
-    return blocked
+  local parked, raw, stop, due = key_due_start(ctx, 'key_rate', channel)
+  if stop then
+    return due
   end
   local interval, tolerance = kr_parse(raw)
   local tat, allowed_at = kr_state(ctx, channel, interval, tolerance)

@@ -311,23 +311,7 @@ class Keeper:
             self._thread.start()
             return self
         holds = self.ledger.holds()
-        read_end, write_end = os.pipe()
-        with warnings.catch_warnings():
-            # Python 3.12+ warns about fork() in a threaded process: the child runs only this loop (redis-py's pool
-            # and logging reinitialize their locks at fork) and never returns into the parent's code.
-            warnings.simplefilter('ignore', DeprecationWarning)
-            pid = os.fork()
-        if pid == 0:  # the keeper
-            code = 0
-            try:
-                os.close(write_end)
-                self._child(read_end, holds)
-            except BaseException:  # noqa: BLE001 - nothing of the parent's may run in this process
-                code = 1
-            finally:
-                os._exit(code)
-        os.close(read_end)
-        self._pid, self._pipe = pid, write_end
+        self._pid, self._pipe = fork_child(lambda read_end: self._child(read_end, holds))
         return self
 
     def alive(self) -> bool:
@@ -400,6 +384,30 @@ class Keeper:
             return last
         log_lapses(self.log, lapsed)
         return time.monotonic()
+
+
+def fork_child(run: Callable[[int], object]) -> tuple[int, int]:
+    """Fork a small process that runs ``run(read_end)`` (the read end of a new pipe from the parent) and exits, with
+    status 0 when ``run`` returns and 1 when it raises; nothing of the parent's code runs in it after that. Returns
+    ``(pid, write end)`` in the parent. Used by the :class:`Keeper` and by the worker's hold guard.
+    """
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():
+        # Python 3.12+ warns about fork() in a threaded process: the child runs only its loop (redis-py's pool and
+        # logging reinitialize their locks at fork) and never returns into the parent's code.
+        warnings.simplefilter('ignore', DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child
+        code = 0
+        try:
+            os.close(write_end)
+            run(read_end)
+        except BaseException:  # noqa: BLE001 - nothing of the parent's may run in this process
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(read_end)
+    return pid, write_end
 
 
 def forkable(connection: Any) -> bool:

@@ -31,7 +31,6 @@ import signal
 import struct
 import sys
 import time
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -544,21 +543,8 @@ class _HorseGuard:
                 return
             self.log.warning('rq-policies: the hold guard (pid %s) died; starting another', self._pid)
             self._close()
-        read_end, write_end = os.pipe()
         worker = os.getpid()
-        with warnings.catch_warnings():
-            warnings.simplefilter('ignore', DeprecationWarning)  # fork() in a threaded process: see ledger.Keeper
-            pid = os.fork()
-        if pid == 0:  # the guard
-            code = 0
-            try:
-                os.close(write_end)
-                self._run(read_end, worker)
-            except BaseException:  # noqa: BLE001 - nothing of the worker's may run in this process
-                code = 1
-            finally:
-                os._exit(code)
-        os.close(read_end)
+        pid, write_end = ledger.fork_child(lambda read_end: self._run(read_end, worker))
         os.set_blocking(write_end, False)  # a stopped guard must never block the worker
         self._pid, self._write = pid, write_end
 

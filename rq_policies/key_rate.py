@@ -26,12 +26,12 @@ from .ops import need_connection as _need
 from .ops import server_now as _server_now
 from .ops import text
 from .policy import MAX_CAPACITY, MAX_SECONDS
-from .queue_rate import RateStatus, _status, check
+from .queue_rate import GcraRate, RateStatus, _status, check
 
 __all__ = ['Rate']
 
 
-class Rate(KeyedPolicy):
+class Rate(KeyedPolicy, GcraRate):
     """At most ``limit`` job starts of one key every ``per`` seconds, up to ``burst`` at once after a quiet spell.
 
     Example::
@@ -67,11 +67,6 @@ class Rate(KeyedPolicy):
 
     def setting(self) -> str:
         return f'{self.limit} {self.per} {self.burst}'
-
-    @property
-    def interval(self) -> float:
-        """Seconds between starts at the sustained rate (the GCRA's emission interval)."""
-        return self.per / self.limit
 
     @classmethod
     def examples(cls) -> tuple[Rate, ...]:

@@ -59,8 +59,22 @@ class RateStatus:
     backoff_until: float | None = None
 
 
+class GcraRate:
+    """What a GCRA rate (``limit`` starts every ``per`` seconds, up to ``burst`` at once) derives from its numbers;
+    shared by :class:`QueueRate` and the per-key ``Rate``."""
+
+    limit: int
+    per: int
+    burst: int
+
+    @property
+    def interval(self) -> float:
+        """Seconds between two starts at the sustained rate (the GCRA's emission interval)."""
+        return self.per / self.limit
+
+
 @dataclass(frozen=True)
-class QueueRate(FetchPolicy):
+class QueueRate(FetchPolicy, GcraRate):
     """A queue's start rate: ``limit`` starts every ``per`` seconds, up to ``burst`` at once after a quiet spell.
 
     Used through classmethods (:meth:`set`, :meth:`get`, :meth:`clear`, :meth:`status`): the setting lives in
@@ -78,11 +92,6 @@ class QueueRate(FetchPolicy):
 
     def __repr__(self) -> str:
         return f'QueueRate(limit={self.limit}, per={self.per}, burst={self.burst})'
-
-    @property
-    def interval(self) -> float:
-        """Seconds between two starts at the steady rate (GCRA's emission interval)."""
-        return self.per / self.limit
 
     # -- the setting ----------------------------------------------------------------------------------------------
 

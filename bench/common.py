@@ -145,3 +145,17 @@ def drain_rate(jobs: list, enqueued: object) -> float:
     closed = max(job.ended_at for job in jobs)
     counted = sum(1 for job in jobs if job.started_at >= opened)
     return counted / (closed - opened).total_seconds()
+
+
+def handover_delays(conn: Redis, releases: list[float]) -> list[float]:
+    """Seconds from a release to the start it allowed on another worker, from the records of
+    ``bench_jobs.record_start`` (``bench:starts``: server time and worker) and the server times of the releases seen:
+    for each start on a worker other than the previous start's, the time since the latest release before it."""
+    records = (raw.decode().split() for raw in conn.lrange('bench:starts', 0, -1))
+    starts = [(float(at), worker) for at, worker in records]
+    delays = []
+    for (_, previous_worker), (at, worker) in zip(starts, starts[1:]):
+        before = [r for r in releases if r <= at]
+        if worker != previous_worker and before:
+            delays.append(at - before[-1])
+    return delays

@@ -54,6 +54,7 @@ import keyed_jobs  # noqa: E402
 from common import (  # noqa: E402
     add_smoke,
     drain_rate,
+    handover_delays,
     run_main,
     server_url,
     smoke_defaults,
@@ -210,14 +211,7 @@ def release_to_start(conn: Redis, url: str, handovers: int) -> list[float]:
         done.set()
         thread.join()
         listener.close()
-    records = (raw.decode().split() for raw in conn.lrange('bench:starts', 0, -1))
-    starts = [(float(at), worker) for at, worker in records]
-    delays = []
-    for (_, previous_worker), (at, worker) in zip(starts, starts[1:]):
-        before = [r for r in releases if r <= at]
-        if worker != previous_worker and before:
-            delays.append(at - before[-1])
-    return delays
+    return handover_delays(conn, releases)
 
 
 def starvation(conn: Redis, url: str, backlog: int) -> float:

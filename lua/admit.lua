@@ -36,7 +36,8 @@
     job_prefix  rq:job:
     wake        rq:policies:wake:<q>, published on a push so idle PolicyWorkers wake
     fields      the job hash as a flat field/value list
-    order       policy names, in the order their checks run
+    order       policy names, in the order their checks run (empty for a job without a policy:
+                PolicyQueue's plain enqueue, written as rq writes it, once)
     p           policy name -> that policy's arguments
     drops       policy name -> its field in the drop counters (<policy>:<q>)
     force       true: PolicyQueue.force (no check; every policy's force, then the write)
@@ -49,6 +50,10 @@
                 script answers as the first attempt did and writes nothing
     dropped_ttl seconds the drop record lives (lib/drop_record.lua), with KEYS `dropped`
                 (rq:policies:dropped:<id>) passed only when the caller chose the job id
+    record_ttl  seconds the replay record lives, with KEYS `record` (rq:policies:pushed:<id>)
+                passed only for a job whose result_ttl is shorter (rq deletes it soon after it
+                runs): the record keeps `created`, so a replay that arrives after rq deleted the
+                job writes nothing (it brought the hash back, and the job ran twice)
 
   A part may also set `clock = false`: it never reads ctx.now, so a call whose every policy says
   so skips the TIME call (ctx.now and the reply's server now are then 0).
@@ -105,11 +110,15 @@ local order = a.order
 local nowstr = format_now(now)
 
 -- A replay of a call that already wrote its job (any policy, forced or not): the job hash holds
--- this very call's creation time, which no other call shares.
-if a.created and rcall('HGET', KEYS[a.k.job], 'created_at') == a.created then
-  local code = 1
-  if a.mode ~= 'S' and rcall('HGET', KEYS[a.k.job], 'status') == 'scheduled' then code = 2 end
-  return {code, '', ctx.jid, 0, nowstr, ''}
+-- this very call's creation time, which no other call shares; or, for a job rq deletes as soon as
+-- it runs (KEYS `record` passed), the hash is gone and the record beside it holds that time.
+if a.created then
+  local prior = rcall('HGET', KEYS[a.k.job], 'created_at')
+  if prior == a.created or (not prior and a.k.record and rcall('GET', KEYS[a.k.record]) == a.created) then
+    local code = 1
+    if prior and a.mode ~= 'S' and rcall('HGET', KEYS[a.k.job], 'status') == 'scheduled' then code = 2 end
+    return {code, '', ctx.jid, 0, nowstr, ''}
+  end
 end
 
 if a.force then
@@ -155,6 +164,9 @@ end
 if ctx.mode ~= 'N' then
   save_job(KEYS[a.k.job], ctx.dest, KEYS[a.k.queues], a.queue_key, ctx.jid, ctx.mode, ctx.score, ctx.ttl,
            a.fields, a.wake)
+  if a.k.record then
+    rcall('SET', KEYS[a.k.record], a.created, 'EX', a.record_ttl)
+  end
   if ctx.scheduled then
     -- Built as a queued job; one that waits for its run time is a scheduled one, exactly as rq's
     -- schedule_job writes it (no enqueued_at until the scheduler moves it).

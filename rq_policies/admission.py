@@ -194,6 +194,41 @@ def admit(queue: Queue, spec: PolicySet, digest: str, write: JobWrite, force: bo
     return True
 
 
+def plain_call(queue: Queue, write: JobWrite) -> Call:
+    """The ``lua/admit.lua`` call that writes a job without a policy: no check, no identity, the job written as rq's
+    own enqueue writes it, once (a resend of the call finds its ``created`` and writes nothing).
+
+    A job rq deletes soon after it runs (``result_ttl`` under ``keys.PUSHED_SECONDS``) also keeps that value in
+    ``keys.pushed(id)`` for as long: a resend that arrives after the job ran and was deleted writes nothing either.
+    An id the caller chose drops the tombstone a superseded pending job of that id left (the fetch would drop it).
+    """
+    job = write.job
+    call = Call('admit', jid=job.id, mode=write.mode, score=write.score, ttl=write.ttl, queue_key=queue.key,
+                wake=keys.wake(queue.name), fields=write.fields, order=_NO_ORDER, p=_NO_PARTS,
+                created=write.created if write.created is not None else _created_at(write.fields))
+    call.key('job', job.key)
+    call.key('dest', write.dest)
+    call.key('queues', queue.redis_queues_keys)
+    result_ttl = job.result_ttl
+    if result_ttl is not None and 0 <= result_ttl < keys.PUSHED_SECONDS:
+        call.key('record', keys.pushed(job.id))
+        call.arg('record_ttl', keys.PUSHED_SECONDS)
+    if chose_id(job):
+        call.key('dropped', keys.dropped(job.id))
+        call.arg('tombstone', keys.SUPERSEDED_PREFIX)
+    return call
+
+
+#: The empty policy order and parts of a plain call (:func:`plain_call`), shared: msgpack packs them as they are.
+_NO_ORDER: list[str] = []
+_NO_PARTS: dict[str, Any] = {}
+
+
+def write_plain(queue: Queue, write: JobWrite) -> None:
+    """Write a job without a policy in one script call (:func:`plain_call`), safe to send twice."""
+    plain_call(queue, write).run(queue.connection)
+
+
 def claim(queue: Queue, spec: PolicySet, digest: str, job: Job) -> Verdict:
     """Take the policies' state for ``job`` without writing the job (mode N: a throttle's ``admit``)."""
     call = _policy_call(queue, spec, digest, jid=job.id, mode='N', score=0, ttl=-1, queue_key=queue.key)

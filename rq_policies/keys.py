@@ -105,7 +105,10 @@ key                                                    type     meaning
                                                                 job rq deletes soon after it runs (``result_ttl``
                                                                 under :data:`PUSHED_SECONDS`), so a resent push
                                                                 that arrives after the job ran and was deleted is
-                                                                still recognised (``lua/push.lua``); expires after
+                                                                still recognised (``lua/push.lua``); or, for such a
+                                                                job a door wrote without a policy
+                                                                (``lua/admit.lua``), its ``created_at``, which a
+                                                                resent write finds; expires after
                                                                 :data:`PUSHED_SECONDS`
 =====================================================  =======  ===================================================
 
@@ -266,8 +269,9 @@ PUSHED_SECONDS = 60
 
 
 def pushed(job_id: str) -> str:
-    """The tokens of the last pushes of job ``job_id``, kept beside its hash when rq deletes the hash soon after the
-    job runs (``result_ttl`` under :data:`PUSHED_SECONDS`), so a resend that arrives later is still recognised."""
+    """The tokens of the last pushes of job ``job_id`` (or the ``created_at`` of its plain write), kept beside its
+    hash when rq deletes the hash soon after the job runs (``result_ttl`` under :data:`PUSHED_SECONDS`), so a resend
+    that arrives later is still recognised."""
     return f'{PREFIX}pushed:{job_id}'
 
 

@@ -5,6 +5,10 @@ Every public enqueue door (``enqueue``, ``enqueue_call``, ``enqueue_at``, ``enqu
 in the same round trip. An admitted job is an ordinary rq job; a dropped one returns ``None`` and is logged at INFO
 with the id of the job that holds its identity.
 
+A job without a policy goes through the same script with no policy (no check, no identity): written exactly as rq
+writes it, in one round trip, and a resend of the call writes nothing (see ``PolicyQueue._writes_plain`` for what
+stays on rq's own pipeline).
+
 Retries, the release of dependents and requeues reach ``enqueue_job``/``schedule_job`` from inside rq rather than
 through a door, so they are the same job and are not checked again. ``enqueue_job`` called directly is likewise
 unchecked: it is rq's internal re-enqueue path.
@@ -70,6 +74,9 @@ def door_override(default: Any = DECLARED) -> Any:
 
 
 
+
+#: What ``_take_door`` answers for a new job of a public door that no policy applies to.
+_PLAIN: Any = object()
 
 _TEXT = frozenset((str, bytes))
 
@@ -216,7 +223,8 @@ class PolicyQueue(Queue):
         """rq's push, made safe to send twice, plus a wake-up for idle PolicyWorkers: one script (``lua/push.lua``)
         riding the same pipeline, or a call of its own.
 
-        Every push rq makes through this queue passes here: jobs without a policy, retries, released dependents.
+        Every push rq makes through this queue passes here: jobs without a policy that stay on rq's pipeline
+        (``_writes_plain``), ``enqueue_many``, retries, released dependents.
         rq sends it inside a transaction with the job's hash, and redis-py resends the whole transaction after a lost
         reply; each call carries a fresh token that the first attempt records in the job's hash, so a resent one
         pushes nothing (a plain RPUSH pushed the id twice, and the job ran twice). Pushes by stock ``rq.Queue``
@@ -253,26 +261,61 @@ class PolicyQueue(Queue):
 
     def enqueue_job(self, job: Job, pipeline: Any = None, at_front: bool = False, **kwargs: Any) -> Job | None:  # type: ignore[override]
         spec = self._take_door(job)
+        if spec is _PLAIN:
+            if self._writes_plain(job, pipeline, kwargs) and self._is_async and not job._dependency_ids:
+                admission.write_plain(self, self._plain_write(job, at_front, None))
+                return job
+            spec = None
         if spec is None:
             return super().enqueue_job(job, pipeline=pipeline, at_front=at_front, **kwargs)
         return self._admit(job, spec, pipeline, at_front=at_front, when=None, **kwargs)
 
     def schedule_job(self, job: Job, datetime: datetime, pipeline: Any = None, **kwargs: Any) -> Job | None:  # type: ignore[override]
         spec = self._take_door(job)
+        if spec is _PLAIN:
+            if self._writes_plain(job, pipeline, kwargs):
+                admission.write_plain(self, self._plain_write(job, False, datetime))
+                return job
+            spec = None
         if spec is None:
             if kwargs.get('unique') or compat.has_rate_limit(job):  # rq's own script, or rq 3's rate-limit checks
                 return super().schedule_job(job, datetime, pipeline=pipeline, **kwargs)
             return self._schedule_once(job, datetime, pipeline)
         return self._admit(job, spec, pipeline, at_front=bool(job.enqueue_at_front), when=datetime, **kwargs)
 
-    def _take_door(self, job: Job) -> PolicySet | None:
+    def _take_door(self, job: Job) -> Any:
+        """The PolicySet the open door applies to ``job``; ``_PLAIN`` when a door is open but no policy applies (a
+        new job of a public door); None when no door is open (rq's own re-enqueue: a retry, a released dependent)."""
         door = _door.get()
         if door is None or door.used:
             return None
         door.used = True
-        if door.override is _DECLARED:
-            return self._declared_for(job)
-        return door.override
+        spec = self._declared_for(job) if door.override is _DECLARED else door.override
+        return _PLAIN if spec is None else spec
+
+    @staticmethod
+    def _writes_plain(job: Job, pipeline: Any, kwargs: dict[str, Any]) -> bool:
+        """Can the admission script write this new job without a policy (``admission.write_plain``)? Not what rq's
+        own path does more than write the job and push it: a caller's pipeline (the write must ride it), a
+        ``unique=True`` enqueue (rq's own script), rq 3's rate-limited jobs (their registry), ``ttl=0`` (rq deletes
+        the job at once), or an option this code does not know; the callers add a synchronous queue and
+        dependencies (rq's dependency handling) for a job enqueued now."""
+        return (pipeline is None and not any(kwargs.values()) and not compat.has_rate_limit(job)
+                and job.ttl != 0)
+
+    def _plain_write(self, job: Job, at_front: bool, when: datetime | None) -> JobWrite:
+        """A job without a policy, prepared and flattened exactly as rq's ``enqueue_job`` (``when`` None) or
+        ``schedule_job`` writes it: the scheduled one gets its status only, as rq's does."""
+        if when is None:
+            mode, score, dest = self._prepare(job, None, at_front)
+        else:
+            from rq.registry import ScheduledJobRegistry
+
+            job._status = JobStatus.SCHEDULED
+            mode, score, dest = 'S', _score(when), ScheduledJobRegistry(queue=self).key
+        mapping = job.to_dict()
+        ttl = job.ttl if job.ttl and job.ttl > 0 else -1
+        return JobWrite(job, mode, score, dest, ttl, _flatten(mapping), created=mapping.get('created_at'))
 
     def _quick_drop(self, policy: Any, f: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
         """Drop an expected duplicate before its job is built (see rq_policies.hints); (dropped, what it saw)."""

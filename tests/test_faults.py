@@ -40,7 +40,7 @@ def _jobs_env(monkeypatch, redis_url):
     monkeypatch.setenv('REDIS_URL', redis_url)  # tests/jobs.py and friends record what ran through it
 
 
-def producer(proxy) -> Redis:
+def producer(proxy, timeout: float = 0.2) -> Redis:
     """A producer connection through the proxy, retrying as production clients do.
 
     redis-py >= 6 retries ConnectionError and TimeoutError by default (a Retry with 3 or more attempts and a
@@ -48,7 +48,7 @@ def producer(proxy) -> Redis:
     reply that does not come within ``socket_timeout`` (or a connection that closes) sends the same command again.
     """
     conn = Redis.from_url(
-        proxy.url, socket_timeout=0.2, socket_connect_timeout=1,
+        proxy.url, socket_timeout=timeout, socket_connect_timeout=1,
         retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 3), retry_on_error=[ConnectionError, TimeoutError],
     )
     conn.ping()  # connected: a stall hits the next command, not the connection's handshake
@@ -288,15 +288,22 @@ def plain_write(job_id: str):
     return (b'EXEC', job_id.encode())
 
 
+def plain_admit(job_id: str):
+    """What only the admission call that writes job ``job_id`` without a policy carries (a public door's plain
+    enqueue, ``admission.write_plain``)."""
+    return (*ADMIT_WRITE, b'rq:job:' + job_id.encode())
+
+
 @pytest.mark.parametrize('fault', FAULTS)
 def test_a_plain_enqueue_with_a_lost_reply_is_pushed_once_and_runs_once(connection, fault_proxy, fault):
-    """A job with no policy takes rq's own enqueue pipeline (MULTI, the job's hash, the push, EXEC). redis-py resends
-    the whole transaction after a lost reply; the id must still be pushed once (it was pushed twice and ran twice:
-    the double run a 10-minute soak caught, docs/reliability.md)."""
+    """A job with no policy is written by the admission script with no check (it was rq's own enqueue pipeline:
+    MULTI, the job's hash, the push, EXEC). redis-py resends the call after a lost reply; the id must still be pushed
+    once (it was pushed twice and ran twice: the double run a 10-minute soak caught, docs/reliability.md)."""
+    load(connection, 'admit')
     q = PolicyQueue('faults', connection=producer(fault_proxy))
-    lose_reply(fault_proxy, fault, plain_write('plain-lost'))
+    lose_reply(fault_proxy, fault, plain_admit('plain-lost'))
     job = q.enqueue(jobs.record_plain, 'plain-lost', job_id='plain-lost')
-    assert fault_proxy.seen(plain_write('plain-lost')) >= 2  # the transaction was sent again
+    assert fault_proxy.seen(plain_admit('plain-lost')) >= 2  # the call was sent again
     assert queued(connection, 'faults') == [job.id]
     burst(connection, 'faults')
     assert ran_ids(connection, 'plain-lost') == [job.id]
@@ -304,10 +311,11 @@ def test_a_plain_enqueue_with_a_lost_reply_is_pushed_once_and_runs_once(connecti
 
 def test_a_plain_enqueue_with_a_lost_reply_runs_once_on_a_forking_worker(connection, fault_proxy, redis_url,
                                                                          worker_env):
+    load(connection, 'admit')
     q = PolicyQueue('faults', connection=producer(fault_proxy))
-    lose_reply(fault_proxy, 'delay', plain_write('plain-forked'))
+    lose_reply(fault_proxy, 'delay', plain_admit('plain-forked'))
     job = q.enqueue(jobs.record_plain, 'plain-forked', job_id='plain-forked')
-    assert fault_proxy.seen(plain_write('plain-forked')) >= 2
+    assert fault_proxy.seen(plain_admit('plain-forked')) >= 2
     worker = start_worker(redis_url, ['faults'], worker_env, burst=True)
     try:
         assert worker.wait(60) == 0, output(worker)
@@ -343,6 +351,7 @@ def test_a_plain_enqueue_at_replayed_after_the_scheduler_moved_it_is_not_schedul
     """A scheduled plain job's ZADD is idempotent only while the job is still in the registry: when rq's scheduler
     moved it to the queue before the resend arrived, the replay put it back, and the scheduler pushed it again (two
     runs)."""
+    load(connection, 'admit')
     q = PolicyQueue('faults', connection=producer(fault_proxy))
     attempts = []
 
@@ -351,8 +360,8 @@ def test_a_plain_enqueue_at_replayed_after_the_scheduler_moved_it_is_not_schedul
             _move_like_rqs_scheduler(connection, 'faults', 'plain-at')
         attempts.append(time.monotonic())
 
-    fault_proxy.before_request(before_each, match=plain_write('plain-at'), times=2)
-    fault_proxy.delay_reply(0.4, match=plain_write('plain-at'))
+    fault_proxy.before_request(before_each, match=plain_admit('plain-at'), times=2)
+    fault_proxy.delay_reply(0.4, match=plain_admit('plain-at'))
     job = q.enqueue_at(datetime.now(timezone.utc) - timedelta(seconds=1), jobs.record_plain, 'plain-at',
                        job_id='plain-at')
     assert len(attempts) == 2  # the first attempt and its replay
@@ -384,6 +393,7 @@ def test_a_plain_result_ttl_0_job_that_ran_before_the_resend_arrived_runs_once(c
     """A ``result_ttl=0`` job is deleted as soon as it succeeds. When it ran between its enqueue and the resend of
     that enqueue, the resent transaction wrote its hash again (no push record in it any more) and pushed it: it ran
     a second time, and its rewritten hash stayed forever, ``queued`` in no queue."""
+    load(connection, 'admit')
     q = PolicyQueue('faults', connection=producer(fault_proxy))
     attempts = []
 
@@ -394,8 +404,8 @@ def test_a_plain_result_ttl_0_job_that_ran_before_the_resend_arrived_runs_once(c
             Job.fetch('plain-ttl0', connection=connection).delete()
         attempts.append(time.monotonic())
 
-    fault_proxy.before_request(before_each, match=plain_write('plain-ttl0'), times=2)
-    fault_proxy.delay_reply(0.4, match=plain_write('plain-ttl0'))
+    fault_proxy.before_request(before_each, match=plain_admit('plain-ttl0'), times=2)
+    fault_proxy.delay_reply(0.4, match=plain_admit('plain-ttl0'))
     job = q.enqueue(jobs.record_plain, 'plain-ttl0', job_id='plain-ttl0', result_ttl=0)
     assert len(attempts) == 2
     assert ran_ids(connection, 'plain-ttl0') == [job.id]
@@ -403,6 +413,102 @@ def test_a_plain_result_ttl_0_job_that_ran_before_the_resend_arrived_runs_once(c
     assert not connection.exists(job.key)  # not brought back by the resend
     burst(connection, 'faults')
     assert ran_ids(connection, 'plain-ttl0') == [job.id]
+
+
+#: One instant for rq's and this package's clocks, so that a job's times are byte-equal between two enqueues.
+FROZEN = datetime(2026, 3, 4, 5, 6, 7, 891011, tzinfo=timezone.utc)
+
+
+_READ = {b'hash': Redis.hgetall, b'list': lambda c, k: c.lrange(k, 0, -1), b'set': Redis.smembers,
+         b'zset': lambda c, k: c.zrange(k, 0, -1, withscores=True), b'string': Redis.get}
+
+
+def _everything(connection: Redis) -> dict:
+    """Every key with its type, its contents (a hash field for field) and whether it expires."""
+    return {key: (kind, _READ[kind](connection, key), connection.ttl(key) > 0)
+            for key in connection.scan_iter(count=1000) for kind in [connection.type(key)]}
+
+
+PLAIN_DOORS = {
+    'enqueue': lambda q: q.enqueue(jobs.record_plain, 'same', job_id='same', description='d', meta={'m': 1}),
+    'at_front': lambda q: q.enqueue(jobs.record_plain, 'same', job_id='same', at_front=True, retry=JobRetry(max=2)),
+    'ttl': lambda q: q.enqueue(jobs.record_plain, 'same', job_id='same', ttl=300, result_ttl=5, failure_ttl=60),
+    'enqueue_call': lambda q: q.enqueue_call(jobs.record_plain, args=('same',), job_id='same', timeout=7),
+    'drawn id': lambda q: q.enqueue(jobs.record_plain, 'same'),
+    'enqueue_at': lambda q: q.enqueue_at(FROZEN + timedelta(minutes=5), jobs.record_plain, 'same', job_id='same'),
+    'enqueue_in': lambda q: q.enqueue_in(timedelta(seconds=90), jobs.record_plain, 'same', job_id='same', ttl=600,
+                                         at_front=True),
+}
+
+
+@pytest.mark.parametrize('door', list(PLAIN_DOORS))
+def test_a_plain_job_is_written_exactly_as_stock_rq_writes_it(connection, monkeypatch, door):
+    """The admission script writes a job without a policy: every key it leaves (the job's hash field for field, the
+    queue or the scheduled registry, rq's queues set) is byte-for-byte what stock ``rq.Queue`` leaves, and nothing
+    more, but for a job rq deletes soon after it runs (``result_ttl`` under a minute): its replay record, which
+    expires."""
+    import rq.job
+    import rq.queue
+
+    import rq_policies.queue
+
+    for module in (rq.job, rq.queue, rq_policies.queue):
+        monkeypatch.setattr(module, 'now', lambda: FROZEN)
+    monkeypatch.setattr(rq.job, 'uuid4', lambda: 'drawn-id')  # the same id for a job whose id rq draws
+    PLAIN_DOORS[door](Queue('same', connection=connection))
+    stock = _everything(connection)
+    connection.flushdb()
+    PLAIN_DOORS[door](PolicyQueue('same', connection=connection))
+    ours = _everything(connection)
+    if door == 'ttl':  # result_ttl=5
+        assert ours.pop(keys.pushed('same').encode())[2] is True
+    assert ours == stock
+
+
+@pytest.mark.parametrize('door', ['enqueue', 'enqueue_at'])
+def test_a_kept_plain_job_that_ran_before_the_resend_arrived_stays_finished(connection, fault_proxy, door):
+    """A kept job (rq's default ``result_ttl``) that a worker ran between its enqueue and the resend of that enqueue:
+    the resent transaction wrote rq's enqueue fields again, and the finished job read ``queued``, its
+    ``started_at``/``ended_at``/``worker_name`` blanked, until its result expired. A resend must write nothing."""
+    load(connection, 'admit')
+    # The reply comes 3.5 s late, past a 3 s timeout: room for a real worker to run the job before the resend.
+    q = PolicyQueue('faults', connection=producer(fault_proxy, timeout=3))
+    written, job_ran = threading.Event(), threading.Event()
+
+    def before_each() -> None:  # in the proxy's thread, before each attempt reaches the server
+        if written.is_set():  # the resend: it reaches the server only once the worker has run the job
+            job_ran.wait(20)
+        written.set()
+
+    match = b'rq:job:plain-kept'  # the one request that writes the job, whichever code sends it
+    fault_proxy.before_request(before_each, match=match, times=2)
+    fault_proxy.delay_reply(3.5, match=match)
+    made: list = []
+    if door == 'enqueue':
+        def call() -> None:
+            made.append(q.enqueue(jobs.record_plain, 'plain-kept', job_id='plain-kept'))
+    else:
+        def call() -> None:
+            made.append(q.enqueue_at(datetime.now(timezone.utc) - timedelta(seconds=1), jobs.record_plain,
+                                     'plain-kept', job_id='plain-kept'))
+    producing = threading.Thread(target=call, name='producer')
+    producing.start()
+    try:
+        assert wait_for(lambda: Job.exists('plain-kept', connection=connection), timeout=10)
+        burst(connection, 'faults', scheduler=door == 'enqueue_at')  # a real worker runs it meanwhile
+        ran_once = connection.hgetall(Job.key_for('plain-kept'))
+        assert ran_once[b'status'] == b'finished' and ran_once[b'started_at'] and ran_once[b'ended_at']
+    finally:
+        job_ran.set()
+        producing.join(30)
+    assert made and made[0].id == 'plain-kept'
+    assert fault_proxy.seen(match) >= 2  # the write was sent again, after the job had run
+    after = connection.hgetall(Job.key_for('plain-kept'))
+    assert after == ran_once  # written once: still finished, its start and end intact
+    assert Job.fetch('plain-kept', connection=connection).get_status() == 'finished'
+    assert queued(connection, 'faults') == [] and ScheduledJobRegistry('faults', connection=connection).count == 0
+    burst(connection, 'faults', scheduler=True)
+    assert ran_ids(connection, 'plain-kept') == ['plain-kept']
 
 
 # -- a script cache flushed under load -------------------------------------------------------------------------------

@@ -186,6 +186,14 @@ def test_every_lean_source_compiles_and_fakeredis_gets_the_full_one(connection):
         assert scripts.eval_source(name, fakeredis.FakeRedis().pipeline()) == scripts.script(name).script
 
 
+def _on_rqs_pipeline(queue: PolicyQueue, *args, **kwargs):
+    """A plain enqueue that stays on rq's own pipeline (a caller's ``pipeline=``), whose push is lua/push.lua."""
+    with queue.connection.pipeline() as pipe:
+        job = queue.enqueue(*args, pipeline=pipe, **kwargs)
+        pipe.execute()
+    return job
+
+
 def _push(queue: PolicyQueue, job_id: str, pipeline=None):
     call = queue._push_call(job_id, 'R', queue.key, wake=keys.wake(queue.name))
     return call, call.run(pipeline if pipeline is not None else queue.connection)
@@ -196,7 +204,7 @@ def test_push_sent_twice_pushes_once_and_a_later_push_pushes_again(connection):
     worker took it) pushes; a replay of the first call arriving after up to three later pushes still pushes nothing;
     the record in the job's hash stays bounded whatever the number of pushes."""
     q = PolicyQueue('q', connection=connection)
-    job = q.enqueue('jobs.plain', 1)
+    job = _on_rqs_pipeline(q, 'jobs.plain', 1)
     assert connection.lrange(q.key, 0, -1) == [job.id.encode()]
     connection.delete(q.key)
     first, pushed = _push(q, job.id)
@@ -226,7 +234,7 @@ def test_the_push_record_survives_rqs_own_saves_and_reads(connection):
     from rq.job import Job
 
     q = PolicyQueue('q', connection=connection)
-    job = q.enqueue('jobs.plain', 7)
+    job = _on_rqs_pipeline(q, 'jobs.plain', 7)
     record = connection.hget(job.key, 'policies_push')
     assert record and len(record) == 13  # one token and its separator
     fetched = Job.fetch(job.id, connection=connection)
@@ -245,7 +253,7 @@ def test_a_replayed_push_of_a_job_deleted_since_deletes_the_hash_its_resend_wrot
     from rq.job import Job
 
     q = PolicyQueue('q', connection=connection)
-    job = q.enqueue('jobs.plain', 1, result_ttl=0)
+    job = _on_rqs_pipeline(q, 'jobs.plain', 1, result_ttl=0)
     assert connection.ttl(keys.pushed(job.id)) > 0  # a short-lived job: its tokens are kept beside it
     connection.delete(q.key)
     call, pushed = _push(q, job.id)
@@ -257,3 +265,43 @@ def test_a_replayed_push_of_a_job_deleted_since_deletes_the_hash_its_resend_wrot
     assert connection.lrange(q.key, 0, -1) == [] and not connection.exists(job.key)
     kept = q.enqueue('jobs.plain', 2)  # a job kept after it runs needs no record beside it
     assert not connection.exists(keys.pushed(kept.id))
+
+
+def _plain_call(queue: PolicyQueue, *args, **kwargs):
+    """A plain door's write of a new job (``admission.plain_call``), built as ``PolicyQueue.enqueue`` builds it."""
+    from rq_policies.admission import plain_call
+
+    job = queue.create_job('jobs.plain', args=args, **kwargs)
+    return job, plain_call(queue, queue._plain_write(job, False, None))
+
+
+def test_a_plain_write_sent_again_after_its_job_ran_writes_nothing(connection):
+    """lua/admit.lua with no policy: the same call again (redis-py's resend) finds the job's own ``created_at`` and
+    writes nothing, however far the job got meanwhile (here: a worker ran it and rq kept its result)."""
+    q = PolicyQueue('q', connection=connection)
+    job, call = _plain_call(q, 1)
+    call.run(connection)
+    assert connection.lrange(q.key, 0, -1) == [job.id.encode()]
+    assert connection.hget(job.key, 'status') == b'queued'
+    connection.delete(q.key)  # a worker took it and ran it
+    connection.hset(job.key, mapping={'status': 'finished', 'started_at': 's', 'ended_at': 'e', 'worker_name': 'w'})
+    ran = connection.hgetall(job.key)
+    call.run(connection)
+    assert connection.hgetall(job.key) == ran and connection.lrange(q.key, 0, -1) == []
+    assert not connection.exists(keys.pushed(job.id))  # a kept job needs no record beside it
+    again, second = _plain_call(q, 1, job_id=job.id)  # a new enqueue of the same id is a new job: it is written
+    second.run(connection)
+    assert connection.lrange(q.key, 0, -1) == [job.id.encode()]
+    assert connection.hget(job.key, 'status') == b'queued'
+
+
+def test_a_plain_write_sent_again_after_rq_deleted_its_job_writes_nothing(connection):
+    """A job rq deletes once it succeeds (``result_ttl=0``) may be gone when the resend arrives: the record beside it
+    (``keys.pushed``, its ``created_at``) recognises the replay, which neither writes the hash again nor pushes."""
+    q = PolicyQueue('q', connection=connection)
+    job, call = _plain_call(q, 1, result_ttl=0)
+    call.run(connection)
+    assert 0 < connection.ttl(keys.pushed(job.id)) <= keys.PUSHED_SECONDS
+    connection.delete(q.key, job.key)  # ran, and rq deleted it
+    call.run(connection)
+    assert not connection.exists(job.key) and connection.lrange(q.key, 0, -1) == []

@@ -135,9 +135,20 @@ def admit_call(queue: Queue, spec: PolicySet, digest: str, write: JobWrite, forc
     call.key('job', job.key)
     call.key('dest', write.dest)
     call.key('queues', queue.redis_queues_keys)
+    _keep_replay_record(call, job)
     if chose_id(job):
         _record_drops(call, job.id)
     return call
+
+
+def _keep_replay_record(call: Call, job: Job) -> None:
+    """A job rq deletes soon after it runs (``result_ttl`` under ``keys.PUSHED_SECONDS``) keeps its ``created`` in
+    ``keys.pushed(id)`` for as long, so that a resend of its write that arrives after it ran and rq deleted its hash
+    is still known as a replay (the hash that tells a replay is gone; a policy's identity may be free again)."""
+    result_ttl = job.result_ttl
+    if result_ttl is not None and 0 <= result_ttl < keys.PUSHED_SECONDS:
+        call.key('record', keys.pushed(job.id))
+        call.arg('record_ttl', keys.PUSHED_SECONDS)
 
 
 #: The attribute :func:`mark_chosen_id` sets on a Job object (never saved: rq writes only its own fields).
@@ -209,10 +220,7 @@ def plain_call(queue: Queue, write: JobWrite) -> Call:
     call.key('job', job.key)
     call.key('dest', write.dest)
     call.key('queues', queue.redis_queues_keys)
-    result_ttl = job.result_ttl
-    if result_ttl is not None and 0 <= result_ttl < keys.PUSHED_SECONDS:
-        call.key('record', keys.pushed(job.id))
-        call.arg('record_ttl', keys.PUSHED_SECONDS)
+    _keep_replay_record(call, job)
     if chose_id(job):
         call.key('dropped', keys.dropped(job.id))
         call.arg('tombstone', keys.SUPERSEDED_PREFIX)

@@ -269,9 +269,9 @@ PUSHED_SECONDS = 60
 
 
 def pushed(job_id: str) -> str:
-    """The tokens of the last pushes of job ``job_id`` (or the ``created_at`` of its plain write), kept beside its
-    hash when rq deletes the hash soon after the job runs (``result_ttl`` under :data:`PUSHED_SECONDS`), so a resend
-    that arrives later is still recognised."""
+    """The tokens of the last pushes of job ``job_id`` (or the ``created_at`` of its write by the admission script,
+    with a policy or without), kept beside its hash when rq deletes the hash soon after the job runs (``result_ttl``
+    under :data:`PUSHED_SECONDS`), so a resend that arrives later is still recognised."""
     return f'{PREFIX}pushed:{job_id}'
 
 

@@ -117,8 +117,8 @@ def test_debounce_script_direct(connection):
     q = PolicyQueue('q', connection=connection)
 
     def debounce(jid, not_before=0):
-        write = JobWrite(SimpleNamespace(id=jid, key=f'rq:job:{jid}'), 'S', not_before, 'rq:scheduled:q', -1,
-                         ['status', 'scheduled', 'origin', 'q'])
+        job = SimpleNamespace(id=jid, key=f'rq:job:{jid}', result_ttl=None)
+        write = JobWrite(job, 'S', not_before, 'rq:scheduled:q', -1, ['status', 'scheduled', 'origin', 'q'])
         reply = admit_call(q, PolicySet((Debounce(30),)), digest, write).run(connection)
         return reply[2], reply[3], reply[4], reply[5]
 

@@ -27,7 +27,7 @@ from rq.registry import ScheduledJobRegistry
 from throttle_helpers import ran, wait_for_phase
 from workers import output, start_worker, stop, wait_for
 
-from rq_policies import PolicyQueue, PolicySimpleWorker, QueueSlot, keys, ledger, ops, scripts
+from rq_policies import Loner, PolicyQueue, PolicySimpleWorker, QueueSlot, keys, ledger, ops, scripts
 
 #: What only the admission call that writes a job carries: EVALSHA (or EVAL) with the msgpack key ``created``.
 ADMIT_WRITE = (b'EVAL', ops.pack('created'))
@@ -413,6 +413,42 @@ def test_a_plain_result_ttl_0_job_that_ran_before_the_resend_arrived_runs_once(c
     assert not connection.exists(job.key)  # not brought back by the resend
     burst(connection, 'faults')
     assert ran_ids(connection, 'plain-ttl0') == [job.id]
+
+
+def test_a_result_ttl_0_loner_job_that_ran_before_the_resend_arrived_runs_once(connection, fault_proxy):
+    """The same with a policy: a Loner job with ``result_ttl=0`` that a real worker ran (its marker released, rq
+    deleting its hash) between its admission and the resend of that admission. The resend found no hash to tell it
+    was a replay and the identity free: admitted again, it ran a second time."""
+    load(connection, 'admit')
+    q = PolicyQueue('faults', connection=producer(fault_proxy, timeout=3))
+    written, job_ran = threading.Event(), threading.Event()
+
+    def before_each() -> None:  # in the proxy's thread, before each attempt reaches the server
+        if written.is_set():  # the resend: it reaches the server only once the worker has run the job
+            job_ran.wait(20)
+        written.set()
+
+    match = b'rq:job:loner-ttl0'  # the one request that writes the job
+    fault_proxy.before_request(before_each, match=match, times=2)
+    fault_proxy.delay_reply(3.5, match=match)
+    made: list = []
+    producing = threading.Thread(target=lambda: made.append(q.enqueue(
+        jobs.record_plain, 'loner-ttl0', job_id='loner-ttl0', result_ttl=0, policy=Loner())), name='producer')
+    producing.start()
+    try:
+        assert wait_for(lambda: Job.exists('loner-ttl0', connection=connection), timeout=10)
+        burst(connection, 'faults')  # a real worker runs it meanwhile, and rq deletes it (result_ttl=0)
+        assert ran_ids(connection, 'loner-ttl0') == ['loner-ttl0']
+        assert not Job.exists('loner-ttl0', connection=connection)
+    finally:
+        job_ran.set()
+        producing.join(30)
+    assert made and made[0] is not None and made[0].id == 'loner-ttl0'
+    assert fault_proxy.seen(match) >= 2  # the admission was sent again, after the job had run
+    assert queued(connection, 'faults') == []
+    assert not Job.exists('loner-ttl0', connection=connection)  # not written again by the resend
+    burst(connection, 'faults')
+    assert ran_ids(connection, 'loner-ttl0') == ['loner-ttl0']
 
 
 #: One instant for rq's and this package's clocks, so that a job's times are byte-equal between two enqueues.

@@ -26,7 +26,7 @@ def enqueue(conn, jid, digest='d1', mode='R', ttl=-1, loner=1, dest='rq:queue:q'
     spec = PolicySet((Loner(),) if loner else ())
     for item in spec.policies:
         fields = fields + item.job_fields('q', digest)
-    job = SimpleNamespace(id=jid, key=PREFIX + jid)
+    job = SimpleNamespace(id=jid, key=PREFIX + jid, result_ttl=None)  # what the builder reads of a Job
     write = JobWrite(job, mode, score, dest, ttl, fields)
     return admit_call(PolicyQueue('q', connection=conn), spec, digest, write).run(conn)
 

@@ -285,7 +285,7 @@ class Chaos:
         for name, value in zip(names, values):
             if value is not None:
                 pid = int(name.decode()[len(keys.claim('')):].split(':')[-3])
-                self.takers[value.decode().split(':', 2)[2]] = pid
+                self.takers[claimed_job(value.decode())] = pid
 
     def admin(self) -> Redis:
         """The chaos's own connection, straight to the server (not through the proxy)."""
@@ -515,6 +515,18 @@ def check_double_runs(run: Run) -> dict:
                  'timeline': [t for t in run.timeline if min(twice[job_id]) - 3 <= t[0] <= max(twice[job_id]) + 1]}
                 for job_id in real[:5]]
     return {'ok': not real, 'ids_run_twice': len(real), 'across_the_data_loss': len(with_data), 'examples': examples}
+
+
+def claimed_job(record: str) -> str:
+    """The job id in a fetch's claim record: the fetch's reply, each item as ``<length>:<bytes>`` (lua/fetch.lua's
+    ``record``), whose items are the queue's index, the job id, then one hold flag per fetch policy."""
+    items, at = [], 0
+    while at < len(record) and len(items) < 2:
+        colon = record.index(':', at)
+        size = int(record[at:colon])
+        items.append(record[colon + 1:colon + 1 + size])
+        at = colon + 1 + size
+    return items[1]
 
 
 #: Job statuses of a run that is over: an id of such a job left on an intermediate list is rq's bookkeeping, not a job

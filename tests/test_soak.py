@@ -10,8 +10,13 @@ import os
 import sys
 from pathlib import Path
 
+import jobs
 import pytest
 import soak
+
+from rq_policies import PolicyQueue, QueueSlot, keys
+from rq_policies.fetch import current_fetcher
+from rq_policies.worker import _WorkerFetcher
 
 
 @pytest.mark.slow
@@ -77,6 +82,26 @@ def test_an_id_left_on_an_intermediate_list_is_stranded_unless_a_dead_worker_too
     found = soak.check_stranded(run)
     assert not found['ok'] and found['stranded'] == 1 and found['ended_but_still_listed'] == 1
     assert found['examples'] == [['soak_open', 'z', 'queued', None]]
+
+
+def test_the_taker_of_a_job_is_read_from_the_claim_record_a_real_fetch_wrote(connection):
+    """The stranded check excuses an id taken by a worker that died before starting it, knowing the taker from the
+    fetch's claim record. Its format (length-prefixed reply items, with a hold flag per fetch policy) once changed
+    under the soak's parser, which then never knew a taker: a worker SIGKILLed between its fetch and the job's start
+    left a "stranded" id (a 10-minute run, seed 16)."""
+    q = PolicyQueue('soak_capped', connection=connection)
+    QueueSlot.set_capacity('soak_capped', 2, connection=connection)
+    waiting = q.enqueue(jobs.sweep_cache, 7)
+    fetcher = _WorkerFetcher(30)
+    token = current_fetcher.set(fetcher)
+    try:
+        job, _ = q.dequeue_any([q], None, connection=connection)
+    finally:
+        current_fetcher.reset(token)
+        fetcher.close()
+    assert job.id == waiting.id
+    records = [raw.decode() for raw in connection.mget(list(connection.scan_iter(keys.claim('*'))))]
+    assert [soak.claimed_job(record) for record in records] == [waiting.id]
 
 
 def test_a_cap_overlap_is_excused_only_in_the_recount_window_beside_a_job_that_ran_across_the_restart(

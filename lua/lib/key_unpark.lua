@@ -23,13 +23,13 @@ local function key_parked_head(kp, parked, field)
 end
 
 -- Give the head jobs of `parked` back to their queues, `n` at most (each found live by
--- key_parked_head, which `next_head` calls), at the front and in their parked order (they were
+-- key_parked_head, reading the policy's job `field`), at the front and in their parked order (they were
 -- refused before every later job of their key), status queued, out of rq's deferred registry,
 -- and wake each queue's idle PolicyWorkers. `each(jid)` runs for every job moved (a reservation).
 -- Returns how many were moved.
-local function key_unpark(kp, parked, n, next_head, each)
+local function key_unpark(kp, parked, n, field, each)
   local moved = {}
-  while #moved < n and next_head() do
+  while #moved < n and key_parked_head(kp, parked, field) do
     local jid = redis.call('LPOP', parked)
     local job_key = kp.job .. jid
     local origin = redis.call('HGET', job_key, 'origin')

@@ -101,9 +101,7 @@ function P.concurrency.due(ctx, channel)
   local ledger = ctx.kp.holds .. channel
   redis.call('ZREMRANGEBYSCORE', ledger, '-inf', ctx.now)
   local room = cc_limit(ctx, channel, cc_parse(raw or '') or 1) - redis.call('ZCARD', ledger)
-  local moved = key_unpark(ctx.kp, parked, math.min(room, 10), function()
-    return key_parked_head(ctx.kp, parked, 'policies_concurrency')
-  end, function(jid)
+  local moved = key_unpark(ctx.kp, parked, math.min(room, 10), 'policies_concurrency', function(jid)
     ledger_add(ledger, 'unpark:' .. jid, ctx.ttl, ctx.now)
   end)
   if redis.call('LLEN', parked) == 0 then

@@ -88,9 +88,7 @@ function P.key_rate.due(ctx, channel)
     return allowed_at
   end
   local room = math.floor((ctx.now + tolerance - tat) / interval + 1e-9) + 1
-  key_unpark(ctx.kp, parked, math.min(room, 10), function()
-    return key_parked_head(ctx.kp, parked, 'policies_key_rate')
-  end, function(jid)
+  key_unpark(ctx.kp, parked, math.min(room, 10), 'policies_key_rate', function(jid)
     redis.call('HSET', ctx.kp.job .. jid, 'policies_key_rate_paid', '1')
     tat = tat + interval
   end)

@@ -128,17 +128,27 @@ def _policy_call(queue: Queue, spec: PolicySet, digest: str, **args: Any) -> Cal
 
 def admit_call(queue: Queue, spec: PolicySet, digest: str, write: JobWrite, force: bool = False) -> Call:
     """The ``lua/admit.lua`` call that writes ``write.job`` through ``spec`` (see :func:`admit`, which runs it)."""
-    job = write.job
-    call = _policy_call(queue, spec, digest, jid=job.id, mode=write.mode, score=write.score, ttl=write.ttl,
-                        queue_key=queue.key, wake=keys.wake(queue.name), fields=write.fields, force=force,
-                        created=write.created if write.created is not None else _created_at(write.fields))
-    call.key('job', job.key)
+    call = _policy_call(queue, spec, digest, force=force, **_write_args(queue, write))
+    _write_keys(call, queue, write)
+    if chose_id(write.job):
+        _record_drops(call, write.job.id)
+    return call
+
+
+def _write_args(queue: Queue, write: JobWrite) -> dict[str, Any]:
+    """The arguments of an admit call that say how ``write.job`` is written (with a policy or without)."""
+    return {'jid': write.job.id, 'mode': write.mode, 'score': write.score, 'ttl': write.ttl, 'queue_key': queue.key,
+            'wake': keys.wake(queue.name), 'fields': write.fields,
+            'created': write.created if write.created is not None else _created_at(write.fields)}
+
+
+def _write_keys(call: Call, queue: Queue, write: JobWrite) -> None:
+    """The keys of an admit call that writes ``write.job``: its hash, where it goes, rq's queues set, and the replay
+    record of a job rq deletes soon after it runs (:func:`_keep_replay_record`)."""
+    call.key('job', write.job.key)
     call.key('dest', write.dest)
     call.key('queues', queue.redis_queues_keys)
-    _keep_replay_record(call, job)
-    if chose_id(job):
-        _record_drops(call, job.id)
-    return call
+    _keep_replay_record(call, write.job)
 
 
 def _keep_replay_record(call: Call, job: Job) -> None:
@@ -214,13 +224,8 @@ def plain_call(queue: Queue, write: JobWrite) -> Call:
     An id the caller chose drops the tombstone a superseded pending job of that id left (the fetch would drop it).
     """
     job = write.job
-    call = Call('admit', jid=job.id, mode=write.mode, score=write.score, ttl=write.ttl, queue_key=queue.key,
-                wake=keys.wake(queue.name), fields=write.fields, order=_NO_ORDER, p=_NO_PARTS,
-                created=write.created if write.created is not None else _created_at(write.fields))
-    call.key('job', job.key)
-    call.key('dest', write.dest)
-    call.key('queues', queue.redis_queues_keys)
-    _keep_replay_record(call, job)
+    call = Call('admit', order=_NO_ORDER, p=_NO_PARTS, **_write_args(queue, write))
+    _write_keys(call, queue, write)
     if chose_id(job):
         call.key('dropped', keys.dropped(job.id))
         call.arg('tombstone', keys.SUPERSEDED_PREFIX)

@@ -37,6 +37,12 @@ def _driver_info() -> object:
     return pytest.importorskip('redis.driver_info', reason='redis-py < 7 reads its version once, at import')
 
 
+def _takes_setinfo(conn: Redis) -> bool:
+    """Does the server record a client's CLIENT SETINFO (Redis 7.2+, Valkey)? Debian's Redis 7.0 has no such
+    command: redis-py sends it and ignores the error, and CLIENT INFO shows no lib-name at all."""
+    return 'lib-name' in conn.client_info()
+
+
 def announced() -> list[str]:
     """Run in a work horse: the lib-name and lib-ver the horse's own connection sent with CLIENT SETINFO."""
     info = get_current_job().connection.client_info()
@@ -60,7 +66,7 @@ def test_a_work_horse_announces_the_same_name_and_version_as_a_stock_one(connect
     policy = _run_in_horse(connection, redis_url, worker_env, 'rq_policies.PolicyWorker', 'announce-policy')
     stock = _run_in_horse(connection, redis_url, worker_env, 'rq.Worker', 'announce-stock')
     assert policy == stock
-    assert policy == ['redis-py', redis.__version__]
+    assert policy == (['redis-py', redis.__version__] if _takes_setinfo(connection) else ['', ''])
 
 
 def test_the_pool_carries_the_resolved_driver_info_from_bootstrap(redis_url):
@@ -79,7 +85,8 @@ def test_the_pool_carries_the_resolved_driver_info_from_bootstrap(redis_url):
             line = fresh.read_response().decode()
         finally:
             fresh.disconnect()
-        assert 'lib-name=redis-py' in line and f'lib-ver={redis.__version__}' in line
+        if _takes_setinfo(conn):
+            assert 'lib-name=redis-py' in line and f'lib-ver={redis.__version__}' in line
     finally:
         worker.teardown()
         conn.close()

@@ -17,6 +17,7 @@ from rq.defaults import DEFAULT_JOB_MONITORING_INTERVAL
 from rq.exceptions import DequeueTimeout
 from rq.job import Job, JobStatus, Retry
 from rq.queue import Queue
+from workers import fetch_as_a_worker
 
 from rq_policies import PolicyQueue, PolicySimpleWorker, PolicyWorker, QueueSlot, keys, ops
 from rq_policies.fetch import Fetcher, current_fetcher, fetch_call
@@ -157,13 +158,7 @@ def test_a_replayed_fetch_answers_the_job_the_first_attempt_took(connection, mon
         return real_run(self, client)
 
     monkeypatch.setattr(ops.Call, 'run', lost_reply)
-    fetcher = _WorkerFetcher(30)
-    token = current_fetcher.set(fetcher)
-    try:
-        job, _ = q.dequeue_any([q], None, connection=connection)
-    finally:
-        current_fetcher.reset(token)
-        fetcher.close()
+    job, fetcher = fetch_as_a_worker(q, connection)
     monkeypatch.undo()
     assert job.id == first.id
     assert fetcher.claim.job_id == first.id and len(fetcher.claim.holds) == 1

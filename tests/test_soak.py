@@ -13,10 +13,9 @@ from pathlib import Path
 import jobs
 import pytest
 import soak
+from workers import fetch_as_a_worker
 
 from rq_policies import PolicyQueue, QueueSlot, keys
-from rq_policies.fetch import current_fetcher
-from rq_policies.worker import _WorkerFetcher
 
 
 @pytest.mark.slow
@@ -92,13 +91,7 @@ def test_the_taker_of_a_job_is_read_from_the_claim_record_a_real_fetch_wrote(con
     q = PolicyQueue('soak_capped', connection=connection)
     QueueSlot.set_capacity('soak_capped', 2, connection=connection)
     waiting = q.enqueue(jobs.sweep_cache, 7)
-    fetcher = _WorkerFetcher(30)
-    token = current_fetcher.set(fetcher)
-    try:
-        job, _ = q.dequeue_any([q], None, connection=connection)
-    finally:
-        current_fetcher.reset(token)
-        fetcher.close()
+    job, fetcher = fetch_as_a_worker(q, connection)
     assert job.id == waiting.id
     records = [raw.decode() for raw in connection.mget(list(connection.scan_iter(keys.claim('*'))))]
     assert [soak.claimed_job(record) for record in records] == [waiting.id]

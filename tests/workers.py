@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 
 from rq_policies import PolicyWorker
+from rq_policies.fetch import current_fetcher
+from rq_policies.worker import _WorkerFetcher
 
 
 def start_worker(url: str, queues: list[str], env: dict, worker_class: str = 'rq_policies.PolicyWorker',
@@ -93,3 +95,16 @@ class BeatsBareMidJob(PolicyWorker):
     def maintain_heartbeats(self, *args, **kwargs):
         super().maintain_heartbeats(*args, **kwargs)
         self.heartbeat()
+
+
+def fetch_as_a_worker(queue, connection, hold_ttl: int = 30):
+    """One ``dequeue_any`` of ``queue`` as a PolicyWorker's fetch makes it (its fetcher current, closed after):
+    ``(job, fetcher)``, the fetcher holding the claim it made."""
+    fetcher = _WorkerFetcher(hold_ttl)
+    token = current_fetcher.set(fetcher)
+    try:
+        job, _ = queue.dequeue_any([queue], None, connection=connection)
+    finally:
+        current_fetcher.reset(token)
+        fetcher.close()
+    return job, fetcher

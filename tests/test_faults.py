@@ -415,12 +415,9 @@ def test_a_plain_result_ttl_0_job_that_ran_before_the_resend_arrived_runs_once(c
     assert ran_ids(connection, 'plain-ttl0') == [job.id]
 
 
-def test_a_result_ttl_0_loner_job_that_ran_before_the_resend_arrived_runs_once(connection, fault_proxy):
-    """The same with a policy: a Loner job with ``result_ttl=0`` that a real worker ran (its marker released, rq
-    deleting its hash) between its admission and the resend of that admission. The resend found no hash to tell it
-    was a replay and the identity free: admitted again, it ran a second time."""
-    load(connection, 'admit')
-    q = PolicyQueue('faults', connection=producer(fault_proxy, timeout=3))
+def hold_the_resend(fault_proxy, match: bytes) -> threading.Event:
+    """Delay the reply to the one request carrying ``match`` past a 3 s client timeout, and hold its resend back until
+    the returned event is set (a real worker runs the job meanwhile)."""
     written, job_ran = threading.Event(), threading.Event()
 
     def before_each() -> None:  # in the proxy's thread, before each attempt reaches the server
@@ -428,9 +425,19 @@ def test_a_result_ttl_0_loner_job_that_ran_before_the_resend_arrived_runs_once(c
             job_ran.wait(20)
         written.set()
 
-    match = b'rq:job:loner-ttl0'  # the one request that writes the job
     fault_proxy.before_request(before_each, match=match, times=2)
     fault_proxy.delay_reply(3.5, match=match)
+    return job_ran
+
+
+def test_a_result_ttl_0_loner_job_that_ran_before_the_resend_arrived_runs_once(connection, fault_proxy):
+    """The same with a policy: a Loner job with ``result_ttl=0`` that a real worker ran (its marker released, rq
+    deleting its hash) between its admission and the resend of that admission. The resend found no hash to tell it
+    was a replay and the identity free: admitted again, it ran a second time."""
+    load(connection, 'admit')
+    q = PolicyQueue('faults', connection=producer(fault_proxy, timeout=3))
+    match = b'rq:job:loner-ttl0'  # the one request that writes the job
+    job_ran = hold_the_resend(fault_proxy, match)
     made: list = []
     producing = threading.Thread(target=lambda: made.append(q.enqueue(
         jobs.record_plain, 'loner-ttl0', job_id='loner-ttl0', result_ttl=0, policy=Loner())), name='producer')
@@ -509,16 +516,8 @@ def test_a_kept_plain_job_that_ran_before_the_resend_arrived_stays_finished(conn
     load(connection, 'admit')
     # The reply comes 3.5 s late, past a 3 s timeout: room for a real worker to run the job before the resend.
     q = PolicyQueue('faults', connection=producer(fault_proxy, timeout=3))
-    written, job_ran = threading.Event(), threading.Event()
-
-    def before_each() -> None:  # in the proxy's thread, before each attempt reaches the server
-        if written.is_set():  # the resend: it reaches the server only once the worker has run the job
-            job_ran.wait(20)
-        written.set()
-
     match = b'rq:job:plain-kept'  # the one request that writes the job, whichever code sends it
-    fault_proxy.before_request(before_each, match=match, times=2)
-    fault_proxy.delay_reply(3.5, match=match)
+    job_ran = hold_the_resend(fault_proxy, match)
     made: list = []
     if door == 'enqueue':
         def call() -> None:

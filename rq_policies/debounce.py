@@ -25,7 +25,7 @@ from rq.registry import ScheduledJobRegistry
 
 from . import keys
 from .exceptions import PolicyConfigurationError
-from .policy import AdmissionPolicy, Policy, job_status, pending_lines, whole_seconds
+from .policy import AdmissionPolicy, Policy, pending_lines, superseded_entry, whole_seconds
 
 logger = logging.getLogger('rq_policies')
 
@@ -101,17 +101,9 @@ class Debounce(AdmissionPolicy):
 
     @classmethod
     def explain_gone(cls, connection: Any, job_id: str, records: dict[str, Any], now: float) -> list[dict[str, Any]]:
-        superseded = records['superseded']
-        if not superseded or superseded['policy'] != cls.name:
-            return []
-        by = superseded['by']
-        status, queue = job_status(connection, records['job_prefix'], by)
-        return [{
-            'policy': cls.name, 'superseded_by': by, 'queue': queue,
-            'verdict': f'superseded by job {by} ({status or "gone"} now): a later enqueue of its identity replaced '
-                       'this pending debounced job, which was deleted',
-            'change': f'nothing: job {by} runs in its place, with the latest payload',
-        }]
+        return superseded_entry(cls.name, connection, records,
+                                'a later enqueue of its identity replaced this pending debounced job',
+                                'nothing: job {by} runs in its place, with the latest payload')
 
     def validate(self, job: Any, mode: str, force: bool) -> None:
         if job._dependency_ids and not force:

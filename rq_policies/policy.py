@@ -205,6 +205,23 @@ def job_status(connection: Any, job_prefix: str, job_id: str) -> tuple[str, str]
             origin.decode() if isinstance(origin, bytes) else origin or '')
 
 
+def superseded_entry(policy: str, connection: Any, records: dict[str, Any], pending: str,
+                     change: str) -> list[dict[str, Any]]:
+    """The ``explain_gone`` entry of a pending job that a later enqueue of ``policy`` replaced (its tombstone in
+    ``records['superseded']``), or [] when no tombstone of ``policy`` names one. ``pending`` says what the job was (a
+    debounced, a trailing job) and when its replacement runs; ``change`` is the advice, ``{by}`` its id."""
+    superseded = records['superseded']
+    if not superseded or superseded['policy'] != policy:
+        return []
+    by = superseded['by']
+    status, queue = job_status(connection, records['job_prefix'], by)
+    return [{
+        'policy': policy, 'superseded_by': by, 'queue': queue,
+        'verdict': f'superseded by job {by} ({status or "gone"} now): {pending}, which was deleted',
+        'change': change.format(by=by),
+    }]
+
+
 def registered(kind: str | None = None) -> list[type[Policy]]:
     """Every registered policy class (of one kind when ``kind`` is given), in rank order, then by name."""
     return sorted(

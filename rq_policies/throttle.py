@@ -39,7 +39,7 @@ from rq.utils import import_attribute
 
 from . import admission, identity, keys
 from .exceptions import PolicyConfigurationError
-from .policy import AdmissionPolicy, Policy, PolicySet, declared, job_status, pending_lines, whole_seconds
+from .policy import AdmissionPolicy, Policy, PolicySet, declared, pending_lines, superseded_entry, whole_seconds
 
 logger = logging.getLogger('rq_policies')
 
@@ -194,16 +194,12 @@ class Throttle(AdmissionPolicy):
 
     @classmethod
     def explain_gone(cls, connection: Any, job_id: str, records: dict[str, Any], now: float) -> list[dict[str, Any]]:
-        superseded, dropped = records['superseded'], records['dropped']
-        if superseded and superseded['policy'] == cls.name:
-            by = superseded['by']
-            status, queue = job_status(connection, records['job_prefix'], by)
-            return [{
-                'policy': cls.name, 'superseded_by': by, 'queue': queue,
-                'verdict': f'superseded by job {by} ({status or "gone"} now): a later extra of its window replaced '
-                           'this pending trailing job, which was deleted',
-                'change': f'nothing: job {by} runs in its place, at the end of the window',
-            }]
+        dropped = records['dropped']
+        superseded = superseded_entry(cls.name, connection, records,
+                                      'a later extra of its window replaced this pending trailing job',
+                                      'nothing: job {by} runs in its place, at the end of the window')
+        if superseded:
+            return superseded
         if dropped and dropped.get('policy') == cls.name:
             holder, ends = str(dropped.get('holder', '')), float(dropped.get('n', 0))
             return [{

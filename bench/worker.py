@@ -214,13 +214,8 @@ def idle_cost(conn: Redis, url: str, worker_class: str, seconds: float = 5.0) ->
         QueueSlot.acquire('idle', capacity=1, ttl=600, token='someone-else', connection=conn)
         PolicyQueue('idle', connection=conn).enqueue(bench_jobs.noop, 0)
     with workers_up(conn, url, worker_class, 'idle', 1):
-        time.sleep(1.0)
-        total0, trips0 = _counts(conn)
-        started = time.monotonic()
-        time.sleep(seconds)
-        total1, trips1 = _counts(conn)
-        elapsed = time.monotonic() - started
-        quiet = ((total1 - total0 - 2) / elapsed, (trips1 - trips0) / elapsed)
+        commands, trips, trips1 = _idle_window(conn, seconds)
+        quiet = (commands, trips)
         storm = float('nan')
         if not stock:
             q = PolicyQueue('idle', connection=conn)
@@ -233,6 +228,18 @@ def idle_cost(conn: Redis, url: str, worker_class: str, seconds: float = 5.0) ->
     return quiet[0], quiet[1], storm
 
 
+def _idle_window(conn: Redis, seconds: float) -> tuple[float, float, int]:
+    """After a second to settle, (server commands/s, round trips/s) over ``seconds`` of the workers running, and the
+    round-trip count at the window's end. The two commands of the measurement's own reads are not counted."""
+    time.sleep(1.0)
+    total0, trips0 = _counts(conn)
+    started = time.monotonic()
+    time.sleep(seconds)
+    total1, trips1 = _counts(conn)
+    elapsed = time.monotonic() - started
+    return (total1 - total0 - 2) / elapsed, (trips1 - trips0) / elapsed, trips1
+
+
 def idle_many(conn: Redis, url: str, seconds: float, queues: int = 50, capped: int = 40) -> tuple[float, float]:
     """(commands/s, round trips/s) of one idle PolicyWorker over ``queues`` queues, ``capped`` of them capped and
     full (a hold of someone else's, a job waiting), the others empty: the issue's idle case."""
@@ -243,13 +250,8 @@ def idle_many(conn: Redis, url: str, seconds: float, queues: int = 50, capped: i
         QueueSlot.acquire(name, capacity=1, ttl=600, token='someone-else', connection=conn)
         PolicyQueue(name, connection=conn).enqueue(bench_jobs.noop, 0)
     with workers_up(conn, url, 'rq_policies.PolicyWorker', names, 1):
-        time.sleep(1.0)
-        total0, trips0 = _counts(conn)
-        started = time.monotonic()
-        time.sleep(seconds)
-        total1, trips1 = _counts(conn)
-        elapsed = time.monotonic() - started
-    return (total1 - total0 - 2) / elapsed, (trips1 - trips0) / elapsed
+        commands, trips, _ = _idle_window(conn, seconds)
+    return commands, trips
 
 
 def wake_herd(conn: Redis, url: str, workers: int = 4, releases: int = 40) -> float:

@@ -199,7 +199,7 @@ def admit(queue: Queue, spec: PolicySet, digest: str, write: JobWrite, force: bo
     if force and write.mode == 'S':
         raise PolicyConfigurationError('force() enqueues now; it cannot be scheduled')
     call = admit_call(queue, spec, digest, write, force)
-    verdict = Verdict.read(call.run(queue.connection), digest)
+    verdict = Verdict.read(call.run_door(queue.connection), digest)
     if verdict.code == 3:
         write.replaced = verdict.job_id
     if verdict.code == 0:
@@ -239,7 +239,7 @@ _NO_PARTS: dict[str, Any] = {}
 
 def write_plain(queue: Queue, write: JobWrite) -> None:
     """Write a job without a policy in one script call (:func:`plain_call`), safe to send twice."""
-    plain_call(queue, write).run(queue.connection)
+    plain_call(queue, write).run_door(queue.connection)
 
 
 def claim(queue: Queue, spec: PolicySet, digest: str, job: Job) -> Verdict:
@@ -369,7 +369,7 @@ def probe(queue: Queue, spec: PolicySet, digest: str, job_id: str = '', call: An
     """
     if call is None:
         call = probe_call(queue, spec, digest, job_id)
-    return Verdict.read(call.run(queue.connection), digest)
+    return Verdict.read(call.run_door(queue.connection), digest)
 
 
 # -- reset -----------------------------------------------------------------------------------------------------------

@@ -105,6 +105,10 @@ class Call:
         """Run the script on ``client`` (a connection, or a pipeline: the reply then arrives with ``execute()``)."""
         return scripts.run(self.script, client, self.keys, self.argv())
 
+    def run_door(self, client: Any) -> Any:
+        """Run the script as an enqueue door does: on this thread's leased connection (``scripts.Lease``)."""
+        return scripts.run_leased(self.script, client, self.keys, self.argv())
+
     def packed(self) -> Packed:
         """This call, its argument packed once, to be sent as it is any number of times (a hint's probe)."""
         return Packed(self.script, list(self.keys), self.args, self.argv())
@@ -128,11 +132,16 @@ class Packed:
         argv: ARGV as sent.
     """
 
-    __slots__ = ('script', 'keys', 'args', 'argv')
+    __slots__ = ('script', 'keys', 'args', 'argv', 'wire')
 
     def __init__(self, script: str, keys: list[str], args: dict[str, Any], argv: list[bytes]) -> None:
         self.script, self.keys, self.args, self.argv = script, keys, args, argv
+        self.wire: list = [None]  # the command as packed for a pool (scripts.run_leased)
 
     def run(self, client: Any) -> Any:
         """Run the script on ``client``, as :meth:`Call.run` does."""
         return scripts.run(self.script, client, self.keys, self.argv)
+
+    def run_door(self, client: Any) -> Any:
+        """Run the script as :meth:`Call.run_door` does, sending the command as packed the first time."""
+        return scripts.run_leased(self.script, client, self.keys, self.argv, self.wire)

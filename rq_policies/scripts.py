@@ -248,12 +248,7 @@ class Lease:
         pool, self.pool = self.pool, None
         if pool is None or self.pid != os.getpid():
             return
-        with _lease_lock:
-            left = _leased.get(id(pool), 1) - 1
-            if left:
-                _leased[id(pool)] = left
-            else:
-                _leased.pop(id(pool), None)
+        _count(pool, -1)
         pool.release(self.connection)
 
     def __del__(self) -> None:  # the thread ended (its thread-local went), or the lease was evicted
@@ -267,10 +262,29 @@ class Lease:
 #: (pool id, pid) pairs it has made one door call on without a lease.
 _local = threading.local()
 _LEASES_PER_THREAD = 2
-#: Live leases per pool id, in this process (a lease holds its pool, so the id stays that pool's): what the cap of a
-#: quarter of ``max_connections`` counts. Its own lock: a lease is given back from ``__del__``, which may run anywhere.
+#: Live leases per pool id in process ``_leased_pid`` (a lease holds its pool, so the id stays that pool's): what the
+#: cap of a quarter of ``max_connections`` counts. Its own lock: a lease is given back from ``__del__``, which may run
+#: anywhere.
 _leased: dict[int, int] = {}
+_leased_pid = os.getpid()
 _lease_lock = threading.RLock()
+
+
+def _count(pool: Any, delta: int, cap: int | None = None) -> bool:
+    """Add ``delta`` to ``pool``'s live leases in this process, unless that would pass ``cap``; False if it would."""
+    global _leased_pid
+    with _lease_lock:
+        if _leased_pid != os.getpid():  # a forked child: the parent's leases are not its own
+            _leased.clear()
+            _leased_pid = os.getpid()
+        total = _leased.get(id(pool), 0) + delta
+        if cap is not None and total > cap:
+            return False
+        if total > 0:
+            _leased[id(pool)] = total
+        else:
+            _leased.pop(id(pool), None)
+        return True
 
 
 def _lease(client: Any) -> Lease | None:
@@ -293,20 +307,12 @@ def _lease(client: Any) -> Lease | None:
             _local.first = first = set()
         first.add(key)
         return None
-    with _lease_lock:
-        taken = _leased.get(id(pool), 0)
-        if taken + 1 > pool.max_connections // 4:
-            return None
-        _leased[id(pool)] = taken + 1
+    if not _count(pool, 1, pool.max_connections // 4):
+        return None
     try:
         lease = Lease(pool)
     except BaseException:
-        with _lease_lock:
-            left = _leased.get(id(pool), 1) - 1
-            if left:
-                _leased[id(pool)] = left
-            else:
-                _leased.pop(id(pool), None)
+        _count(pool, -1)
         raise
     if leases is None:
         _local.leases = leases = []

@@ -250,8 +250,8 @@ class Keeper:
     The one keeper for every such place, parametrized where they differ: a LimitedCapacityWorker job keeps its one
     hold while ``perform_work`` runs; a PolicySimpleWorker keeps the process's holds while a job runs (it sends no
     heartbeat then); ``active`` limits the refreshes to when a condition holds. (A forking PolicyWorker's orphaned
-    work horse is kept by the worker's one long-lived hold guard instead, which a horse announces itself to: see
-    ``rq_policies.worker``.)
+    work horse is kept by the worker's one long-lived hold guard instead, which finds the horse in memory they
+    share: see ``rq_policies.worker``.)
 
     The keeper is a forked child, not a thread: a job stuck in C code that holds the GIL (a catastrophic regex, a
     long ``numpy`` call without releasing it) would starve a thread, and the hold would lapse under a job that still

@@ -24,6 +24,7 @@ with stock rq:
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import pickle
 import select
@@ -56,8 +57,19 @@ HOLD_TTL_ENV = 'RQ_POLICIES_HOLD_TTL'
 #: the worker key while a job runs (``job_monitoring_interval + 60``).
 HOLD_TTL_MARGIN = 60
 
-#: Seconds a hold guard whose worker died waits for a work horse forked just before to announce itself.
+#: Seconds a hold guard whose worker died waits for a work horse forked just before to write its pid (announce).
 _ANNOUNCE_GRACE = 5.0
+
+#: The head of the slot a forking PolicyWorker shares with its hold guard and its work horses (see _HorseGuard), four
+#: native 8-byte words: the number of the claim armed now (0: none), the number the horse pid that follows belongs
+#: to, the horse's pid, and the length of the pickled claim that follows the head. _SLOT_BYTES in all.
+_SLOT = struct.Struct('=4Q')
+_ARMED, _PID_OF, _PID, _LENGTH = 0, 8, 16, 24
+_SLOT_BYTES = 64 * 1024
+#: What a worker leaving with no capped job running writes to its guard's pipe.
+_STOP = b'stop'
+#: A claim armed whose horse has not written its pid (_HorseGuard._horse).
+_PENDING = object()
 
 #: How long the idle wait waits for the server to confirm a subscription before looking again anyway (seconds).
 _SUBSCRIBE_CONFIRM_SECONDS = 1.0
@@ -513,11 +525,23 @@ class _HorseGuard:
 
     rq runs the work horse in a process group of its own, so a worker SIGKILLed alone leaves its horse running the
     job, while the hold, refreshed by the dead worker's heartbeat, would age out under it. The guard is forked from
-    the worker once, at its first capped job (again only if it died), not once per job: the worker tells it nothing
-    while it lives but "this job ended", and the horse of a capped job announces itself (its pid and its claim) as the
-    first thing it does. Once the worker is gone (the guard's parent changes), the guard refreshes the announced
-    hold every ``hold_ttl / 3`` seconds for as long as the horse lives and releases it once the horse has ended
-    (watched through a pidfd, so the release is prompt and never lands before the job's process is gone), then exits.
+    the worker once, at its first capped job (again only if it died), not once per job. While the worker lives the
+    guard does nothing but check, once a ``tick``, that it still does: no message, no wake-up per job. What it needs
+    once the worker is gone, the running horse and its claim, sits in a slot of memory the worker shares with the
+    guard and with every horse it forks (:data:`_SLOT`, an anonymous shared mapping made before the guard's fork):
+    the worker writes the claim there before it forks a capped job's horse, the horse writes its pid there as the
+    first thing it does, and the worker clears the slot once it has reaped the horse. Plain stores into memory, so
+    a capped job costs the worker and its horse no system call for the guard beyond the horse closing its copy of
+    the guard's pipe (until this, a message each way per job woke the guard three times: about 0.3 ms of CPU a job).
+
+    Once the worker is gone (its end of the guard's pipe closes, or the guard's parent changes), the guard reads the
+    slot: a claim whose horse has written its pid is refreshed every ``hold_ttl / 3`` seconds for as long as that
+    horse lives and released once it has ended (watched through a pidfd, so the release is prompt and never lands
+    before the job's process is gone), then the guard exits. A claim whose horse has not written its pid yet (the
+    worker died just after the fork) is waited for up to :data:`_ANNOUNCE_GRACE` seconds. The guard opens its pidfd
+    only then: a horse that ended in the moment between its worker's death and the guard's look (the worker died
+    before reaping it) is then found gone and its hold released at once; its pid taken again by another process in
+    that moment would be watched instead, which at worst keeps the hold until that process ends.
 
     A process, not a thread in the horse: a job holding the GIL (a catastrophic regex) would starve a thread. It
     ignores SIGINT and SIGTERM (its worker decides), lives in the worker's process group, and exits when the worker
@@ -531,6 +555,9 @@ class _HorseGuard:
         self.log = log
         self._pid = 0
         self._write = -1
+        # MAP_SHARED (Python's default for an anonymous map): the guard and every horse forked later see one slot.
+        self._slot = mmap.mmap(-1, _SLOT_BYTES)
+        self._number = 0  # the number of the last claim armed (the slot's first word while its horse runs)
 
     def ensure(self) -> None:
         """Start the guard unless it runs (checked with one WNOHANG wait)."""
@@ -548,14 +575,27 @@ class _HorseGuard:
         os.set_blocking(write_end, False)  # a stopped guard must never block the worker
         self._pid, self._write = pid, write_end
 
-    def announce(self, claim: Claim) -> None:
-        """In the work horse, first thing: name this horse and its claim to the guard; then drop the pipe."""
-        if self._write < 0:
-            return
-        try:
-            self._send(('start', os.getpid(), claim))
-        except OSError:
-            pass  # no guard to tell: the worker's heartbeat still keeps the hold while the worker lives
+    def arm(self, claim: Claim) -> bool:
+        """In the worker, just before it forks the horse of ``claim``: write the claim to the slot (no system call).
+
+        Returns False, with a warning, for a claim too large for the slot (not guarded: the worker's heartbeat still
+        keeps its holds while the worker lives).
+        """
+        data = pickle.dumps(claim, protocol=pickle.HIGHEST_PROTOCOL)
+        if _SLOT.size + len(data) > len(self._slot):
+            self.log.warning('rq-policies: the claim of job %s is too large for the hold guard (%s bytes); its hold '
+                             'is not kept if the worker dies while the job runs', claim.job_id, len(data))
+            return False
+        self._number += 1
+        self._slot[_SLOT.size:_SLOT.size + len(data)] = data
+        struct.pack_into('=Q', self._slot, _LENGTH, len(data))
+        struct.pack_into('=Q', self._slot, _ARMED, self._number)  # last: the claim is whole once it is armed
+        return True
+
+    def announce(self) -> None:
+        """In the work horse of the armed claim, first thing: write this horse's pid to the slot; drop the pipe."""
+        struct.pack_into('=Q', self._slot, _PID, os.getpid())
+        struct.pack_into('=Q', self._slot, _PID_OF, struct.unpack_from('=Q', self._slot, _ARMED)[0])  # after the pid
         self.detach()
 
     def detach(self) -> None:
@@ -565,12 +605,9 @@ class _HorseGuard:
             self._write = -1
         self._pid = 0
 
-    def ended(self, claim: Claim) -> None:
-        """In the worker: the horse that ran ``claim`` has ended (reaped); the guard forgets it."""
-        try:
-            self._send(('end', claim.token))
-        except OSError:
-            self._close()  # a guard that cannot hear us is started again at the next capped job
+    def ended(self) -> None:
+        """In the worker: the horse of the armed claim has ended (reaped); the slot is cleared (no system call)."""
+        struct.pack_into('=Q', self._slot, _ARMED, 0)
 
     def stop(self, job_running: bool) -> None:
         """In the worker, leaving: with no capped job still running, the guard exits; else it stays for that job."""
@@ -581,7 +618,7 @@ class _HorseGuard:
             self._write, self._pid = -1, 0
             return
         with contextlib.suppress(OSError):
-            self._send(('stop',))
+            os.write(self._write, _STOP)
         deadline = time.monotonic() + 2.0
         while self._pid and time.monotonic() < deadline:
             try:
@@ -599,71 +636,62 @@ class _HorseGuard:
                 os.close(self._write)
         self._write, self._pid = -1, 0
 
-    def _send(self, message: tuple) -> None:
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        os.write(self._write, struct.pack('!I', len(data)) + data)  # < PIPE_BUF: one atomic write
-
     # -- in the guard's process -----------------------------------------------------------------------------------
 
     def _run(self, pipe: int, worker: int) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        buffer = b''
+        while os.getppid() == worker:  # the worker lives: wait for its stop, its leaving, or the next look
+            if select.select([pipe], [], [], self.tick)[0]:
+                data = os.read(pipe, 4096)
+                if data:
+                    return  # stopped: the worker leaves with no capped job running
+                break  # every writer closed: the worker left (died, or quit while a job runs on)
+        orphaned_at = time.monotonic()
         current: _Guarded | None = None
-        orphaned_at: float | None = None  # when the worker was first seen gone
+        while current is None:
+            found = self._horse()
+            if found is None:
+                return  # the worker left with no capped job running
+            if found is not _PENDING:
+                current = _Guarded(*found)
+            elif time.monotonic() - orphaned_at > _ANNOUNCE_GRACE:
+                return  # armed, but no horse ever wrote its pid: the worker died before (or just at) the fork
+            else:
+                time.sleep(0.05)
+        self.log.warning('rq-policies: worker %s died while job %s ran; its hold guard keeps the hold on %r until '
+                         'the job ends', worker, current.claim.job_id, current.claim.queue_name)
         next_refresh = 0.0
-        while True:
+        while current.alive():
             now = time.monotonic()
-            if orphaned_at is None and os.getppid() != worker:
-                orphaned_at, next_refresh = now, now
-                if current is not None:
-                    self.log.warning('rq-policies: worker %s died while job %s ran; its hold guard keeps the hold on '
-                                     '%r until the job ends', worker, current.claim.job_id, current.claim.queue_name)
-            if orphaned_at is not None and current is None and (pipe < 0 or now - orphaned_at > _ANNOUNCE_GRACE):
-                return  # the worker is gone, and no horse of it announced a capped job (nor can any now)
-            if current is not None and not current.alive():
-                if orphaned_at is not None:  # the worker is gone: the hold is ours to give back, now the job ended
-                    self._release(current.claim)
-                    current.close()
-                    return
-                current.close()  # while the worker lives, its own release follows the job's end
-                current = None
-                continue
-            if current is not None and orphaned_at is not None and now >= next_refresh:
+            if now >= next_refresh:
                 next_refresh = now + (self.hold_ttl / 3 if self._refresh(current.claim) else self.tick)
-            watch = [pipe] if pipe >= 0 else []
-            if current is not None and current.pidfd >= 0:
-                watch.append(current.pidfd)
-            timeout = self.tick
-            if orphaned_at is not None and current is not None:
-                timeout = max(0.0, min(self.tick, next_refresh - now))
-            if not watch:
+            timeout = max(0.0, min(self.tick, next_refresh - time.monotonic()))
+            if current.pidfd >= 0:
+                select.select([current.pidfd], [], [], timeout)
+            else:
                 time.sleep(timeout)
-                continue
-            ready, _, _ = select.select(watch, [], [], timeout)
-            if pipe not in ready:
-                continue
-            data = os.read(pipe, 65536)
-            if not data:  # every writer closed: the worker left (and no horse can announce itself any more)
-                os.close(pipe)
-                pipe = -1
-            buffer += data
-            while len(buffer) >= 4 and len(buffer) >= 4 + struct.unpack('!I', buffer[:4])[0]:
-                size = struct.unpack('!I', buffer[:4])[0]
-                message, buffer = pickle.loads(buffer[4:4 + size]), buffer[4 + size:]
-                if message[0] == 'start':
-                    if current is not None:
-                        current.close()
-                    current = _Guarded(message[1], message[2])
-                    if orphaned_at is not None:
-                        self.log.warning('rq-policies: worker %s died while job %s ran; its hold guard keeps the hold '
-                                         'on %r until the job ends', worker, current.claim.job_id,
-                                         current.claim.queue_name)
-                elif message[0] == 'end' and current is not None and current.claim.token == message[1]:
-                    current.close()
-                    current = None
-                elif message[0] == 'stop' and current is None:
-                    return
+        # The worker is gone and the job's process has ended: the hold is ours to give back.
+        self._release(current.claim)
+        current.close()
+
+    def _horse(self) -> tuple[int, Claim] | object | None:
+        """The slot, read once the worker is gone: the running horse's pid and claim, :data:`_PENDING` when a claim
+        is armed whose horse has not written its pid (yet), or None when no claim is armed.
+
+        Read twice, 10 ms apart, until both reads agree: a horse starting this moment may be writing its pid.
+        """
+        while True:
+            first = _SLOT.unpack_from(self._slot)
+            time.sleep(0.01)
+            if _SLOT.unpack_from(self._slot) == first:
+                break
+        armed, pid_of, pid, length = first
+        if not armed:
+            return None
+        if pid_of != armed or not pid:
+            return _PENDING
+        return pid, pickle.loads(self._slot[_SLOT.size:_SLOT.size + length])
 
     def _refresh(self, claim: Claim) -> bool:
         try:
@@ -750,13 +778,14 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
                 self._guard = _HorseGuard(self.connection, self.hold_ttl, self.orphan_check_seconds,  # type: ignore[arg-type, attr-defined]
                                           self.log)  # type: ignore[attr-defined]
             self._guard.ensure()
-            self._guarded = claim
+            if self._guard.arm(claim):
+                self._guarded = claim
         super().fork_work_horse(job, queue)  # the horse never returns from it
 
     def main_work_horse(self, job: Any, queue: Any) -> None:
         if self._guard is not None:
             if self._guarded is not None and self._guarded is self._running_claim:
-                self._guard.announce(self._guarded)
+                self._guard.announce()
             else:
                 self._guard.detach()
         super().main_work_horse(job, queue)  # ends in os._exit
@@ -767,7 +796,7 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
         finally:
             guarded, self._guarded = self._guarded, None
             if guarded is not None and self._guard is not None and self._job_process_ended():
-                self._guard.ended(guarded)
+                self._guard.ended()
             elif guarded is not None:
                 self._guarded = guarded  # the horse runs on (the worker is quitting): the guard keeps its hold
 

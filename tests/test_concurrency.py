@@ -461,6 +461,41 @@ def test_a_sigkilled_holder_s_key_frees_within_hold_ttl_and_its_parked_job_runs(
             stop(survivor)
 
 
+@pytest.mark.long
+def test_the_horse_of_a_worker_sigkilled_alone_keeps_its_key_hold_until_the_job_ends(connection, redis_url, worker_env):
+    # kill -9 of the worker's pid alone: its horse (a process group of its own) runs on. The worker's hold guard,
+    # which finds the horse and its claim in the memory the three share, keeps the key's hold past the ttl the dead
+    # worker can no longer refresh, and gives it back once the job has ended: the key's parked job runs then.
+    q = PolicyQueue('keys', connection=connection)
+    env = dict(worker_env, **{HOLD_TTL_ENV: '3'})
+    orphan = q.enqueue(key_jobs.one_per_customer, 'orphan', 10, customer='o')
+    first = start_worker(redis_url, ['keys'], env, extra=['--job-monitoring-interval', '1'])
+    second = None
+    try:
+        assert wait_for(lambda: 'o' in key_jobs.spans(connection, 'orphan'), 20), output(first)
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        killed_at = time.monotonic()
+        second = start_worker(redis_url, ['keys'], env, extra=['--job-monitoring-interval', '1'])
+        parked = q.enqueue(key_jobs.one_per_customer, 'orphan', 0, customer='o')
+        assert wait_for(lambda: parked.get_status() == 'deferred', 20), output(second)
+        time.sleep(max(0.0, 6 - (time.monotonic() - killed_at)))  # twice the ttl the dead worker cannot refresh
+        assert [what for _, what, _ in key_jobs.spans(connection, 'orphan')['o']] == ['start']  # the orphan runs...
+        assert Concurrency.in_use('key_jobs.one_per_customer', 'o', connection=connection) == 1  # ...and holds
+        assert parked.get_status() == 'deferred'
+        assert wait_for(lambda: len(key_jobs.spans(connection, 'orphan')['o']) == 4, 20), output(second)
+        events = key_jobs.spans(connection, 'orphan')['o']
+        assert key_jobs.max_overlap(events) == 1, events
+        (ended,) = [at for job_id, what, at in events if job_id == orphan.id and what == 'end']
+        (started,) = [at for job_id, what, at in events if job_id == parked.id and what == 'start']
+        assert 0 <= started - ended < 2, events  # promptly: the guard's release gave the parked job back
+        assert Job.fetch(orphan.id, connection=connection).get_status() == 'finished'
+    finally:
+        stop(first)
+        if second is not None:
+            stop(second)
+
+
 def _descendants(worker_pid: int) -> set[int]:
     """The worker's children (its work horse heads a process group of its own) and theirs."""
     found: set[int] = set()

@@ -19,6 +19,7 @@ from rq_policies.worker import _resolve_driver_info_once
 
 def test_bootstrap_reads_every_script_before_the_first_fork(redis_url):
     scripts.source.cache_clear()
+    scripts._lean.cache_clear()
     scripts._cache.clear()
     conn = Redis.from_url(redis_url)
     worker = PolicyWorker(['preload'], connection=conn)
@@ -27,7 +28,10 @@ def test_bootstrap_reads_every_script_before_the_first_fork(redis_url):
         names = sorted(item.name[:-len('.lua')] for item in scripts._lua_root().iterdir() if item.name.endswith('.lua'))
         assert 'release_markers' in names and 'fetch' in names
         assert sorted(scripts._cache) == names  # a work horse inherits them: it reads no script file per job
-        assert scripts.source.cache_info().currsize == len(names)
+        # The lean form too: it is the one a pipeline's EVAL carries, as the horse's end-of-run pipeline does on every
+        # job (before, each horse read and expanded that script's files again).
+        assert scripts._lean.cache_info().currsize == len(names)
+        assert scripts.source.cache_info().currsize == 2 * len(names)
     finally:
         worker.teardown()
         conn.close()

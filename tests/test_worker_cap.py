@@ -248,6 +248,42 @@ def test_the_horse_of_a_worker_sigkilled_alone_keeps_its_hold_until_the_job_ends
             stop(second)
 
 
+@pytest.mark.long
+def test_the_hold_guard_waits_for_a_horse_forked_just_before_its_worker_died(connection, redis_url):
+    # The worker armed the guard's slot with the claim and forked the horse, then died before the horse wrote its pid
+    # there: the guard waits for the pid, keeps the hold past its ttl while that horse runs, and releases it once the
+    # horse has ended. (A real guard, a real forked "worker" SIGKILLed, a real horse; only the job is a sleep.)
+    import logging
+
+    from rq_policies.fetch import Claim
+    from rq_policies.worker import _HorseGuard
+
+    assert QueueSlot.acquire('guarded', capacity=1, token='guard-test:1', ttl=2, connection=connection)
+    claim = Claim('guarded-job', 'guarded', (QueueSlot.fetch_hold('guarded', 'guard-test:1', 2),))
+    worker = os.fork()
+    if worker == 0:  # the worker
+        code = 1
+        try:
+            guard = _HorseGuard(Redis.from_url(redis_url), 2, 0.2, logging.getLogger('rq_policies'))
+            guard.ensure()
+            assert guard.arm(claim)
+            if os.fork() == 0:  # its horse
+                time.sleep(0.5)  # its worker is dead before it writes its pid
+                guard.announce()
+                time.sleep(4.5)  # the job: more than twice the hold's ttl
+                os._exit(0)
+            os.kill(os.getpid(), signal.SIGKILL)
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(worker, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    died_at = time.monotonic()
+    time.sleep(4)  # twice the ttl nobody but the guard can refresh
+    assert QueueSlot.in_use('guarded', connection=connection) == 1
+    assert wait_for(lambda: QueueSlot.in_use('guarded', connection=connection) == 0, timeout=5)
+    assert 4.5 < time.monotonic() - died_at < 6.5  # released once the horse ended (at about 5 s), not aged out
+
+
 def test_rolling_restart_never_runs_the_queue_over_its_cap(connection, redis_url, worker_env):
     QueueSlot.set_capacity('rolling', 2, connection=connection)
     q = PolicyQueue('rolling', connection=connection)

@@ -40,9 +40,9 @@ class SoakWorker(PolicyWorker):
         with open(path, 'a') as f:
             f.write(json.dumps([*record, time.time()]) + '\n')
 
-    def monitor_work_horse(self, job, queue, execution):
+    def monitor_work_horse(self, job, queue, *args):  # rq 3 passes the execution; rq 2.12 has no such argument
         try:
-            return super().monitor_work_horse(job, queue, execution)
+            return super().monitor_work_horse(job, queue, *args)
         finally:  # the horse has been waited for (rq's cold shutdown waits for it too, then raises)
             self._note('reaped', job.id)
 

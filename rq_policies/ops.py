@@ -130,18 +130,16 @@ class Packed:
     Attributes:
         script, keys, args: those of the call (``args`` for reading only: changing it changes nothing sent).
         argv: ARGV as sent.
+        wire: a one-item list, the EVALSHA as packed for the pool it was last sent to (``scripts.run_leased``).
     """
 
     __slots__ = ('script', 'keys', 'args', 'argv', 'wire')
 
     def __init__(self, script: str, keys: list[str], args: dict[str, Any], argv: list[bytes]) -> None:
         self.script, self.keys, self.args, self.argv = script, keys, args, argv
-        self.wire: list = [None]  # the command as packed for a pool (scripts.run_leased)
-
-    def run(self, client: Any) -> Any:
-        """Run the script on ``client``, as :meth:`Call.run` does."""
-        return scripts.run(self.script, client, self.keys, self.argv)
+        self.wire: list = [None]
 
     def run_door(self, client: Any) -> Any:
-        """Run the script as :meth:`Call.run_door` does, sending the command as packed the first time."""
+        """Run the script as :meth:`Call.run_door` does (a packed call is a hint's probe, always a door's), sending
+        the command as it was packed the first time."""
         return scripts.run_leased(self.script, client, self.keys, self.argv, self.wire)

@@ -177,14 +177,13 @@ def run_leased(name: str, client: Any, keys: list[str] | tuple = (), args: list[
     connection = lease.connection
     try:
         try:
-            if wire is None:
-                packed = connection.pack_command('EVALSHA', found.sha, len(keys), *keys, *args)
-            else:
-                cached = wire[0]
-                if cached is None or cached[0] is not lease.pool:
-                    packed = connection.pack_command('EVALSHA', found.sha, len(keys), *keys, *args)
-                    wire[0] = cached = (lease.pool, packed)
+            cached = wire[0] if wire is not None else None
+            if cached is not None and cached[0] is lease.pool:
                 packed = cached[1]
+            else:
+                packed = connection.pack_command('EVALSHA', found.sha, len(keys), *keys, *args)
+                if wire is not None:
+                    wire[0] = (lease.pool, packed)
             reply = _send(connection, packed)
         except NoScriptError:  # the script did not run: sending it again with its source is safe
             reply = _send(connection, connection.pack_command('EVAL', found.script, len(keys), *keys, *args))

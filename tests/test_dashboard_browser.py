@@ -3,7 +3,7 @@
 Nothing downloads a browser or a driver (Selenium Manager is told to stay offline and is given both paths). The
 tests skip when Chromium is absent, unless ``RQ_POLICIES_REQUIRE_BROWSER`` is set (CI sets it, so a missing browser
 fails there instead of passing silently). ``RQ_POLICIES_UPDATE_SCREENSHOT=1`` copies the screenshot the live test
-takes to ``docs/dashboard.png``, the one the README shows.
+takes to ``docs/dashboard.png``, the one docs/dashboard.md shows.
 """
 
 from __future__ import annotations

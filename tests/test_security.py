@@ -20,7 +20,7 @@ from rq_policies import PolicyQueue, PolicySimpleWorker, QueueSlot, keys
 from rq_policies.identity import digest
 from rq_policies.testing import RedisServer, free_port
 
-#: The ACL the README documents (README "Redis ACL"); keep the two the same.
+#: The ACL docs/acl.md documents; keep the two the same (tests/test_docs.py checks it).
 ACL_RULES = [
     'on', '>s3cret', 'resetkeys', '~rq:*', 'resetchannels', '&rq:*', '-@all',
     '+@read', '+@write', '+@scripting', '+@pubsub', '+@connection', '+@transaction',

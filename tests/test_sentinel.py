@@ -1,6 +1,6 @@
 """Redis Sentinel failover: producers and capped PolicyWorkers connected through Sentinel keep working.
 
-What a failover can cost (README "Across a failover"): replication is asynchronous, so the new master may lack the
+What a failover can cost (docs/guarantees.md): replication is asynchronous, so the new master may lack the
 last writes the old one acknowledged. For QueueSlot that means holds taken just before the failover may be missing,
 and their jobs then run uncounted until they finish: at most ``cap`` extra jobs (every hold lost), for at most the
 length of the jobs in flight at the failover. The test asserts exactly that bound.

@@ -45,6 +45,13 @@ def test_readme_starts_with_the_two_commands():
     assert '```' not in head, 'no other code before the two commands'
 
 
+def test_the_docs_give_the_same_commands():
+    for page in ('index.md', 'development.md'):
+        text = (DOCS / page).read_text(encoding='utf-8')
+        assert f'    {TESTS}\n' in text, page
+    assert f'    {QUICKSTART}\n' in (DOCS / 'index.md').read_text(encoding='utf-8')
+
+
 def test_readme_has_a_running_workers_paragraph():
     text = readme()
     assert '## Running workers' in text

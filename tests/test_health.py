@@ -38,7 +38,7 @@ def test_the_check_says_what_each_policy_breaks(connection, policy_of):
 
 
 def test_a_server_that_denies_config_is_unknown(connection, redis_url):
-    """The documented ACL (docs/acl.md) denies @dangerous, CONFIG included: the check says unknown, and raises nothing."""
+    """The ACL in docs/acl.md denies @dangerous, CONFIG included: the check says unknown, and raises nothing."""
     connection.acl_setuser('no-config', enabled=True, passwords=['+pw'], keys=['*'], channels=['*'],
                            commands=['+@all', '-config'])
     limited = Redis.from_url(redis_url, username='no-config', password='pw')

@@ -94,23 +94,26 @@ def check_scope(scope: Any) -> str:
     return scope
 
 
-def key_text(value: Any, where: str = 'key') -> str:
+def key_text(value: Any, where: str = 'key', function: str | None = None) -> str:
     """A key value as the text it is stored as: a str, or an int (``12`` and ``'12'`` are one key); else TypeError
-    naming the value."""
+    naming the value (``where``, and the job's ``function`` when there is one). Text Redis cannot store (a lone
+    surrogate) raises :class:`~rq_policies.exceptions.InvalidArgument`, a too long key ValueError."""
+    named = f'{where} in a call of {function}' if function else where
     if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise TypeError(f'{where} must be a str or an int, got {value!r} ({type(value).__name__})')
+        raise TypeError(f'{named} must be a str or an int, got {value!r} ({type(value).__name__})')
     if isinstance(value, int) and value.bit_length() > 4 * MAX_KEY_LENGTH:  # str() would refuse past its digit limit
-        raise ValueError(f'{where} must be at most {MAX_KEY_LENGTH} characters, got an int of {value.bit_length()} '
+        raise ValueError(f'{named} must be at most {MAX_KEY_LENGTH} characters, got an int of {value.bit_length()} '
                          'bits')
     out = str(value)
     if len(out) > MAX_KEY_LENGTH:
-        raise ValueError(f'{where} must be at most {MAX_KEY_LENGTH} characters, got one of {len(out)}')
+        raise ValueError(f'{named} must be at most {MAX_KEY_LENGTH} characters, got one of {len(out)}')
     if not out.isascii():  # O(1): CPython flags ASCII strings
         try:
             out.encode('utf-8')
         except UnicodeEncodeError as exc:
             raise InvalidArgument(where, f'{out!r} contains a lone surrogate ({out[exc.start]!r} at index '
-                                  f'{exc.start}), which UTF-8 cannot encode, and Redis stores keys as UTF-8') from None
+                                  f'{exc.start}), which UTF-8 cannot encode, and Redis stores keys as UTF-8',
+                                  function) from None
     return out
 
 
@@ -157,9 +160,8 @@ class KeyedPolicy(FetchPolicy):
             value = self.key(args, kwargs)
         except Exception as exc:
             raise TypeError(f'{self!r}: the key function failed on this call: {exc!r}') from exc
-        where = f'{self!r} key (the value the key function returned{_source(value, args, kwargs)}) in a call of ' \
-                f'{func_path(job)}'
-        return scope, key_text(value, where)
+        where = f'{self!r} key (the value the key function returned{_source(value, args, kwargs)})'
+        return scope, key_text(value, where, func_path(job))
 
     def setting(self) -> str:
         """The policy's own part of the job field, before ``<scope>:<key>``."""

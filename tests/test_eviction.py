@@ -202,3 +202,17 @@ def test_a_forking_worker_logs_evictions_once_while_it_runs(conn, server):
     at = lines.index(warnings[0])
     done = [i for i, line in enumerate(lines) if first.id in line and ('Job OK' in line or 'Successfully' in line)]
     assert done and at < done[0], log  # logged while the first job still ran, by the monitor loop's heartbeat
+
+
+def test_a_worker_warns_at_start_when_keys_were_evicted(conn, caplog):
+    from rq_policies import PolicySimpleWorker
+
+    q = PolicyQueue('evicting', connection=conn)
+    caplog.set_level(logging.INFO)
+    PolicySimpleWorker([q], connection=conn).work(burst=True)
+    assert not [r for r in caplog.records if 'evicted' in r.getMessage()]
+    count = evict(conn)
+    caplog.clear()
+    PolicySimpleWorker([q], connection=conn).work(burst=True)
+    (record,) = [r for r in caplog.records if 'evicted' in r.getMessage()]
+    assert record.levelno == logging.WARNING and f'Redis has evicted {count} keys' in record.getMessage()

@@ -24,7 +24,7 @@ metric                                                        type     labels   
 ``rq_policies_redis_evicted_keys_total``                      counter                    the server's ``evicted_keys``
                                                                                          (``INFO stats``); no sample
                                                                                          when INFO is denied
-``rq_policies_redis_evicted_keys_rose``                        gauge                      1 once ``evicted_keys`` rose
+``rq_policies_redis_evicted_keys_rose``                       gauge                      1 once ``evicted_keys`` rose
                                                                                          since this collector's first
                                                                                          scrape
 ``rq_policies_hold_lapses_total``                             counter  ``queue``         ``rq:policies:lapses``: holds

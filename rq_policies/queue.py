@@ -507,11 +507,16 @@ class PolicyQueue(Queue):
 
     def holder(self, func: Any, *args: Any, **kwargs: Any) -> str | None:
         """The id of the waiting job holding this call's loner identity on this queue, or None."""
-        probe = self.job_class.create(func, args=args, kwargs=kwargs, connection=self.connection)
+        probe = self._probe(func, args, kwargs)
         spec = self._declared_for(func)
         digest = identity.digest(identity.func_path(probe), self.name, args, kwargs,
                                  spec.unique_context if spec else None)
         return by_name('loner').holder(self.connection, self.name, digest, self.job_class.redis_job_namespace_prefix)
+
+    def _probe(self, func: Any, args: tuple, kwargs: dict[str, Any]) -> Job:
+        """A job never written, only for its function's name: no description (rq's repr of every argument, which
+        would raise RecursionError on an argument nested too deep before the identity could name it)."""
+        return self.job_class.create(func, args=args, kwargs=kwargs, connection=self.connection, description='-')
 
     def enqueued(self, func: Any, *args: Any, **kwargs: Any) -> bool:
         """resque-loner's ``enqueued?``: is a job of this call waiting on this queue (queued, scheduled, deferred)?"""
@@ -547,7 +552,7 @@ class PolicyQueue(Queue):
         """
         policy = kwargs.pop('policy', _DECLARED)
         spec = self._spec(policy, func)
-        probe = self.job_class.create(func, args=args, kwargs=kwargs, connection=self.connection)
+        probe = self._probe(func, args, kwargs)
         context = spec.unique_context if spec else None
         digest = identity.digest(identity.func_path(probe), self.name, args, kwargs, context)
         return admission.reset(self, spec, digest)

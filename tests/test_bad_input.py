@@ -201,3 +201,13 @@ def test_a_per_key_key_is_admitted_or_refused_by_name(connection, key):
 
 def test_identity_module_names_the_limit():
     assert identity.MAX_DEPTH == MAX_DEPTH == 100
+
+
+def test_asking_and_resetting_name_a_deep_argument_too(q):
+    before = snapshot(q.connection)
+    for ask in (lambda: q.holder(jobs.unique, nested(5000)), lambda: q.enqueued(jobs.unique, 'a', nested(150)),
+                lambda: q.reset(jobs.throttled, x=nested(5000))):
+        with pytest.raises(InvalidArgument, match=r'(args\[\d\]|kwargs\[.x.\]) in a call of bad_input_jobs\.'):
+            ask()
+    assert snapshot(q.connection) == before
+    assert q.holder(jobs.unique, 'seed') is not None  # the probe still finds the holder of an identity

@@ -98,7 +98,10 @@ def _call_of(args: tuple, kwargs: dict[str, Any]) -> tuple[str, tuple, dict[str,
     func = args[0] if args else kwargs.get('func')
     fargs = args[1] if len(args) > 1 else kwargs.get('args')
     fkwargs = args[2] if len(args) > 2 else kwargs.get('kwargs')
-    name = func if isinstance(func, str) else f'{getattr(func, "__module__", "?")}.{getattr(func, "__qualname__", func)}'
+    try:
+        name = identity.function_name(func)
+    except AttributeError:  # a callable object: rq names it its own way
+        name = repr(func)
     return name, tuple(fargs or ()), dict(fkwargs or {})
 
 

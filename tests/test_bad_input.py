@@ -132,7 +132,7 @@ def test_a_lone_surrogate_in_a_per_key_key_is_named(q):
 
 def test_a_lone_surrogate_in_a_keyword_name_is_named(q):
     for func in (jobs.plain, jobs.unique, jobs.throttled):
-        error = refused(q, lambda q: q.enqueue(func, 1, **{'bad\ud800': 2}), 'the name of keyword argument',
+        error = refused(q, lambda q, func=func: q.enqueue(func, 1, **{'bad\ud800': 2}), 'the name of keyword argument',
                         f'bad_input_jobs.{func.__name__}')
         assert "'bad\\ud800'" in error.argument
 

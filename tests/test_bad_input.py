@@ -142,6 +142,10 @@ def test_numbers_and_dates_that_cannot_be_written_out_are_named(q):
     late = dt.datetime(9999, 12, 31, 23, 0, tzinfo=dt.timezone(dt.timedelta(hours=-5)))
     error = refused(q, lambda q: q.enqueue(jobs.throttled, when=late), "kwargs['when']", 'bad_input_jobs.throttled')
     assert 'out of range in UTC' in str(error)
+    import decimal
+    error = refused(q, lambda q: q.enqueue(jobs.debounced, amount=decimal.Decimal('1e999999999999')),
+                    "kwargs['amount']", 'bad_input_jobs.debounced')  # was a raw decimal.Overflow
+    assert 'cannot be normalized' in str(error)
 
 
 def test_odd_but_valid_values_are_admitted_with_a_stable_identity(q):

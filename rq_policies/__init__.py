@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .concurrency import Concurrency
 from .debounce import Debounce
-from .exceptions import DuplicateJob, PipelineNotSupported, PolicyConfigurationError, PolicyError
+from .exceptions import DuplicateJob, InvalidArgument, PipelineNotSupported, PolicyConfigurationError, PolicyError
 from .explainer import UnknownJob, explain
 from .job import PolicyJob
 from .key_rate import Rate
@@ -26,6 +26,7 @@ __all__ = [
     'Debounce',
     'DuplicateJob',
     'FetchPolicy',
+    'InvalidArgument',
     'LimitedCapacityWorker',
     'Loner',
     'Outcome',

@@ -152,7 +152,7 @@ def info(cli_config: Any, queues: tuple[str, ...], as_json: bool, limit: int, **
     check = health.eviction_check(conn)
     if as_json:
         snap['server'] = {'maxmemory_policy': check.maxmemory_policy, 'eviction_unsafe': check.unsafe,
-                          'warning': check.warning}
+                          'evicted_keys': check.evicted_keys, 'warning': check.warning}
         click.echo(json.dumps(snap, indent=2, sort_keys=True))
         return
     if check.warning:

@@ -44,7 +44,7 @@ from rq.queue import Queue
 from rq.registry import DeferredJobRegistry
 
 from . import keys, ledger
-from .exceptions import BackOff
+from .exceptions import BackOff, InvalidArgument
 from .ops import Call, text
 from .ops import need_connection as _need
 from .ops import server_now as _server_now
@@ -69,22 +69,51 @@ def keyed_args(job_prefix: str = Job.redis_job_namespace_prefix) -> dict[str, st
     }
 
 
+def _source(value: Any, args: tuple, kwargs: dict) -> str:
+    """``', args[0]'``: the argument a key function returned as is (the usual ``lambda a, k: a[0]``), if any."""
+    for i, arg in enumerate(args):
+        if arg is value:
+            return f', args[{i}]'
+    for name, arg in kwargs.items():
+        if arg is value:
+            return f', kwargs[{name!r}]'
+    return ''
+
+
 def check_scope(scope: Any) -> str:
     """``scope`` as given, or a ValueError naming it: a non-empty str without a colon (it ends at the first one)."""
     if not isinstance(scope, str) or not scope or ':' in scope or len(scope) > MAX_KEY_LENGTH:
         raise ValueError(f'scope must be a non-empty str without ":" (at most {MAX_KEY_LENGTH} characters), '
                          f'got {scope!r}')
+    if not scope.isascii():
+        try:
+            scope.encode('utf-8')
+        except UnicodeEncodeError:
+            raise InvalidArgument('scope', f'{scope!r} contains a lone surrogate, which UTF-8 cannot encode, and '
+                                  'Redis stores keys as UTF-8') from None
     return scope
 
 
-def key_text(value: Any, where: str = 'key') -> str:
+def key_text(value: Any, where: str = 'key', function: str | None = None) -> str:
     """A key value as the text it is stored as: a str, or an int (``12`` and ``'12'`` are one key); else TypeError
-    naming the value."""
+    naming the value (``where``, and the job's ``function`` when there is one). Text Redis cannot store (a lone
+    surrogate) raises :class:`~rq_policies.exceptions.InvalidArgument`, a too long key ValueError."""
+    named = f'{where} in a call of {function}' if function else where
     if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise TypeError(f'{where} must be a str or an int, got {value!r} ({type(value).__name__})')
+        raise TypeError(f'{named} must be a str or an int, got {value!r} ({type(value).__name__})')
+    if isinstance(value, int) and value.bit_length() > 4 * MAX_KEY_LENGTH:  # str() would refuse past its digit limit
+        raise ValueError(f'{named} must be at most {MAX_KEY_LENGTH} characters, got an int of {value.bit_length()} '
+                         'bits')
     out = str(value)
     if len(out) > MAX_KEY_LENGTH:
-        raise ValueError(f'{where} must be at most {MAX_KEY_LENGTH} characters, got one of {len(out)}')
+        raise ValueError(f'{named} must be at most {MAX_KEY_LENGTH} characters, got one of {len(out)}')
+    if not out.isascii():  # O(1): CPython flags ASCII strings
+        try:
+            out.encode('utf-8')
+        except UnicodeEncodeError as exc:
+            raise InvalidArgument(where, f'{out!r} contains a lone surrogate ({out[exc.start]!r} at index '
+                                  f'{exc.start}), which UTF-8 cannot encode, and Redis stores keys as UTF-8',
+                                  function) from None
     return out
 
 
@@ -126,11 +155,13 @@ class KeyedPolicy(FetchPolicy):
             raise ValueError(f'scope must not contain ":", got {scope!r}')
         if self.key is None:
             return scope, digest
+        args, kwargs = tuple(job.args), dict(job.kwargs)
         try:
-            value = self.key(tuple(job.args), dict(job.kwargs))
+            value = self.key(args, kwargs)
         except Exception as exc:
             raise TypeError(f'{self!r}: the key function failed on this call: {exc!r}') from exc
-        return scope, key_text(value, f'{type(self).__name__} key (the value the key function returned)')
+        where = f'{self!r} key (the value the key function returned{_source(value, args, kwargs)})'
+        return scope, key_text(value, where, func_path(job))
 
     def setting(self) -> str:
         """The policy's own part of the job field, before ``<scope>:<key>``."""

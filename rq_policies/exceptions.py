@@ -29,6 +29,26 @@ class PolicyConfigurationError(PolicyError, ValueError):
     """Policies that cannot be combined, or a worker set up so that policies would be bypassed."""
 
 
+class InvalidArgument(PolicyError, ValueError):
+    """An enqueue's argument that cannot be taken as given: nested too deeply (or containing itself) to encode,
+    text Redis cannot store (a lone surrogate, which UTF-8 cannot encode), a number or date out of range. Raised
+    before anything is written: nothing in Redis changed.
+
+    Attributes:
+        argument: which one: ``'args[0]'``, ``"kwargs['name']"``, ``'the name of keyword argument ...'``, or the
+            value a key function or ``unique_context`` returned (and from which argument, when one equals it).
+        function: the job's function (its import path), or None where there is none (a key given by hand).
+        reason: what is wrong with it.
+    """
+
+    def __init__(self, argument: str, reason: str, function: str | None = None, context: str = ''):
+        self.argument = argument
+        self.function = function
+        self.reason = reason
+        where = f' in a call of {function}' if function else ''
+        super().__init__(f'{argument}{where}{context}: {reason}')
+
+
 class Snooze(PolicyError):  # noqa: N818 - raised by a job as a request, not an error
     """Raised inside a job: put this job back, due again in ``seconds``; not a failure, no retry used, same job id.
 

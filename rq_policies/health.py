@@ -8,11 +8,21 @@ just stop holding. BullMQ requires ``noeviction`` and warns at start; so does a 
 
 A server where ``CONFIG`` is disabled, renamed or denied by an ACL (the ACL in docs/acl.md denies ``@dangerous``, which
 holds CONFIG) answers nothing: the policy is then ``'unknown'``.
+
+The setting says what *may* happen; the server's ``evicted_keys`` counter (``INFO stats``) says what *did*: keys
+evicted since the server started or its statistics were last reset (``CONFIG RESETSTAT``). Any eviction on a server
+holding the policies' state may have lost some of it, whatever the policy is now, so ``rq-policies info``, the
+dashboard page and the metrics (``rq_policies_redis_evicted_keys_total``) report the count, and a PolicyWorker logs
+a warning once when the count rises while it runs (:class:`EvictionWatch`, read on the worker's own heartbeat: no
+command of its own, nothing per job). Like Sidekiq's and BullMQ's eviction warnings, it reports and does not repair:
+what was evicted is gone; ``rq-policies info`` shows what is left.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -46,12 +56,16 @@ class EvictionCheck:
     Attributes:
         maxmemory_policy: the setting as the server reports it, or ``'unknown'`` when it cannot be read.
         unsafe: True when it may evict policy keys, False under ``noeviction``, None when unknown.
-        warning: one line saying what it breaks (or that it could not be read); None when it is safe.
+        warning: what it breaks (or that it could not be read), then the keys actually evicted, if any; None when
+            the setting is safe and nothing was evicted.
+        evicted_keys: the server's ``evicted_keys`` (``INFO stats``): keys evicted since it started or its last
+            ``CONFIG RESETSTAT``; None when INFO is denied (or not read).
     """
 
     maxmemory_policy: str
     unsafe: bool | None
     warning: str | None
+    evicted_keys: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,25 +85,62 @@ def maxmemory_policy(connection: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def evicted_keys(connection: Any) -> int | None:
+    """The server's ``evicted_keys`` (``INFO stats``), or None when INFO is disabled, renamed or denied (it is in
+    ``@dangerous``)."""
+    try:
+        stats = connection.info('stats')
+    except ResponseError:
+        return None
+    return _evicted_in(stats)
+
+
+def _evicted_in(stats: Any) -> int | None:
+    value = stats.get('evicted_keys') if isinstance(stats, dict) else None
+    if isinstance(value, bool):
+        return None
+    try:
+        return int(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def evicted_warning(count: int) -> str:
+    """The line every surface shows when the server has evicted ``count`` (> 0) keys."""
+    return (
+        f'Redis has evicted {count} key{"s" if count != 1 else ""} (INFO stats evicted_keys, counted since the '
+        'server started or its last CONFIG RESETSTAT): policy state may have been among them (caps, ledgers, loner '
+        'markers, throttle slots), so caps may have been exceeded and duplicates admitted. Give Redis more memory, '
+        f'keep maxmemory-policy {SAFE_POLICY}, and run CONFIG RESETSTAT once checked'
+    )
+
+
 def eviction_check(connection: Any) -> EvictionCheck:
-    """Read ``maxmemory-policy`` and say what it breaks (see :class:`EvictionCheck`)."""
+    """Read ``maxmemory-policy`` and ``evicted_keys`` and say what they break (see :class:`EvictionCheck`)."""
     policy = maxmemory_policy(connection)
+    evicted = evicted_keys(connection)
     if policy == SAFE_POLICY:
-        return EvictionCheck(policy, False, None)
-    if policy == UNKNOWN:
-        return EvictionCheck(policy, None, (
+        unsafe: bool | None = False
+        warning = None
+    elif policy == UNKNOWN:
+        unsafe, warning = None, (
             'rq-policies could not read maxmemory-policy (CONFIG is disabled, renamed or denied); make sure it is '
             f'{SAFE_POLICY}, or evicted keys silently break caps, loner markers and throttles'
-        ))
-    loses = _ALLKEYS_LOSES if policy.startswith('allkeys-') else _VOLATILE_LOSES
-    return EvictionCheck(policy, True, (
-        f'Redis maxmemory-policy is {policy}, not {SAFE_POLICY}: under memory pressure {loses}. '
-        f'Set maxmemory-policy {SAFE_POLICY}'
-    ))
+        )
+    else:
+        loses = _ALLKEYS_LOSES if policy.startswith('allkeys-') else _VOLATILE_LOSES
+        unsafe, warning = True, (
+            f'Redis maxmemory-policy is {policy}, not {SAFE_POLICY}: under memory pressure {loses}. '
+            f'Set maxmemory-policy {SAFE_POLICY}'
+        )
+    if evicted:
+        warning = f'{warning}. {evicted_warning(evicted)}' if warning else evicted_warning(evicted)
+    return EvictionCheck(policy, unsafe, warning, evicted)
 
 
 def warn_if_evicting(connection: Any, log: logging.Logger) -> EvictionCheck | None:
-    """Log :func:`eviction_check`'s warning on ``log``: at WARNING for an evicting policy, at INFO when unknown.
+    """Log :func:`eviction_check`'s warning on ``log``: at WARNING for an evicting policy or keys already evicted,
+    at INFO when the policy is unknown.
 
     Never raises: a check that cannot run (Redis unreachable at this moment) must not keep a worker from starting.
     """
@@ -98,8 +149,88 @@ def warn_if_evicting(connection: Any, log: logging.Logger) -> EvictionCheck | No
     except Exception as exc:  # the worker's own first command reports an unreachable Redis
         log.debug('rq-policies: could not check maxmemory-policy: %s', exc)
         return None
-    if check.unsafe:
+    if check.unsafe or check.evicted_keys:
         log.warning('rq-policies: %s', check.warning)
     elif check.warning:
         log.info('rq-policies: %s', check.warning)
     return check
+
+
+#: Seconds between two reads of ``evicted_keys`` by a worker (each rides a heartbeat the worker sends anyway).
+EVICTION_WATCH_SECONDS = 60.0
+
+
+class EvictionWatch:
+    """A worker's watch on the server's ``evicted_keys``: logs one WARNING when the count rises while it runs.
+
+    The count is read at start (:meth:`start`, beside the ``maxmemory-policy`` check) and then by an ``INFO stats``
+    appended to a heartbeat pipeline the worker sends anyway (:meth:`ride`), at most once per ``interval`` seconds:
+    no round trip of its own and nothing per job. A busy worker heartbeats after every job and every
+    ``job_monitoring_interval`` while one runs, so a rise is reported within ``interval`` plus that; an idle one
+    heartbeats every ``dequeue_timeout`` (rq's default: ``worker_ttl - 15``, 405 s). Only the process that started
+    the watch reads (never a forked work horse, which shares the object). The warning is logged once per worker: a
+    server evicting under pressure would otherwise repeat it every minute; the metrics count every rise.
+
+    A server that denies INFO (an ACL) turns the watch off at start. A count that falls (a restart, a
+    ``CONFIG RESETSTAT``) becomes the new baseline.
+    """
+
+    def __init__(self, log: logging.Logger, interval: float = EVICTION_WATCH_SECONDS) -> None:
+        self.log = log
+        self.interval = interval
+        self.baseline: int | None = None  # the count at start; None until read
+        self.count: int | None = None  # the count last read
+        self.warned = False
+        self._on = True
+        self._pid = 0
+        self._next = 0.0
+
+    def start(self, check: EvictionCheck | None) -> None:
+        """Take the baseline from the worker's start check (:func:`warn_if_evicting`; None when Redis was
+        unreachable then, and the first heartbeat's reading becomes the baseline)."""
+        self._pid = os.getpid()
+        self._next = time.monotonic() + self.interval
+        if check is not None:
+            self.baseline = self.count = check.evicted_keys
+            self._on = check.evicted_keys is not None  # INFO denied: nothing to watch
+
+    def ride(self, pipeline: Any) -> None:
+        """Append ``INFO stats`` to ``pipeline`` when a reading is due, and read its reply when it executes."""
+        if not self._on or not self._pid or self._pid != os.getpid():
+            return
+        at_time = time.monotonic()
+        if at_time < self._next:
+            return
+        self._next = at_time + self.interval
+        at = len(pipeline.command_stack)
+        pipeline.info('stats')
+        execute = pipeline.execute
+
+        def execute_and_read(*args: Any, **kwargs: Any) -> Any:
+            replies = execute(*args, **kwargs)
+            try:
+                self.observe(_evicted_in(replies[at]))
+            except Exception:  # an answer of another shape is not worth failing a heartbeat for
+                pass
+            return replies
+
+        pipeline.execute = execute_and_read
+
+    def observe(self, count: int | None) -> bool:
+        """Take one reading; True when it is the rise that logged the warning."""
+        if count is None:
+            return False
+        self.count = count
+        if self.baseline is None or count < self.baseline:
+            self.baseline = count
+            return False
+        if count == self.baseline or self.warned:
+            return False
+        self.warned = True
+        self.log.warning(
+            'rq-policies: Redis evicted %s key(s) since this worker started (evicted_keys %s -> %s): policy state '
+            'may have been among them (caps, ledgers, loner markers, throttle slots), so caps may be exceeded and '
+            'duplicates admitted. Give Redis more memory and set maxmemory-policy %s (logged once per worker)',
+            count - self.baseline, self.baseline, count, SAFE_POLICY,
+        )
+        return True

@@ -21,6 +21,12 @@ metric                                                        type     labels   
                                                                                          under ``noeviction``; no
                                                                                          sample when CONFIG is
                                                                                          denied
+``rq_policies_redis_evicted_keys_total``                      counter                    the server's ``evicted_keys``
+                                                                                         (``INFO stats``); no sample
+                                                                                         when INFO is denied
+``rq_policies_redis_evicted_keys_rose``                       gauge                      1 once ``evicted_keys`` rose
+                                                                                         since this collector's first
+                                                                                         scrape
 ``rq_policies_hold_lapses_total``                             counter  ``queue``         ``rq:policies:lapses``: holds
                                                                                          found lapsed under a running
                                                                                          job (and re-added)
@@ -76,6 +82,7 @@ class PolicyCollector(Collector):
         if connection is None:
             raise TypeError('PolicyCollector: connection is required, pass a Redis connection')
         self.connection = connection
+        self._evicted_baseline: int | None = None  # evicted_keys at the first scrape (what "rose" compares with)
 
     def describe(self) -> list[Metric]:
         # Registering must not reach Redis (prometheus_client calls collect() when describe() is missing).
@@ -142,6 +149,20 @@ class PolicyCollector(Collector):
         check = health.eviction_check(conn)
         if check.unsafe is not None:  # CONFIG denied or disabled: no sample (alert on absent() if it matters)
             eviction.add_metric([check.maxmemory_policy], 1 if check.unsafe else 0)
+        evicted = CounterMetricFamily(
+            'rq_policies_redis_evicted_keys',
+            "Keys the Redis server evicted (INFO stats evicted_keys, since it started or its last CONFIG RESETSTAT): "
+            "any rise may have taken the policies' state with it.",
+        )
+        rose = GaugeMetricFamily(
+            'rq_policies_redis_evicted_keys_rose',
+            "1 when Redis's evicted_keys rose since this collector's first scrape (this process started), else 0.",
+        )
+        if check.evicted_keys is not None:  # INFO denied: no sample
+            evicted.add_metric([], check.evicted_keys)
+            if self._evicted_baseline is None or check.evicted_keys < self._evicted_baseline:  # first, or a reset
+                self._evicted_baseline = check.evicted_keys
+            rose.add_metric([], 1 if check.evicted_keys > self._evicted_baseline else 0)
         lapses = CounterMetricFamily(
             'rq_policies_hold_lapses', 'Cap holds found lapsed while their job still ran (re-added).',
             labels=['queue'],
@@ -150,7 +171,7 @@ class PolicyCollector(Collector):
             kind, _, queue = field.decode().partition(':')
             if kind == 'queue':
                 lapses.add_metric([queue], int(value))
-        return families + [dropped, eviction, lapses]
+        return families + [dropped, eviction, evicted, rose, lapses]
 
 
 def registry_for(connection: Redis) -> CollectorRegistry:

@@ -32,7 +32,7 @@ from rq.utils import import_attribute, now
 
 from . import admission, compat, identity, keys
 from .admission import JobWrite
-from .exceptions import PipelineNotSupported, PolicyConfigurationError
+from .exceptions import InvalidArgument, PipelineNotSupported, PolicyConfigurationError
 from .fetch import current_fetcher, dequeue
 from .job import PolicyJob, rq_class_name
 from .ops import Call
@@ -91,6 +91,61 @@ def _flatten(mapping: dict[str, Any]) -> list[Any]:
             # the exact-type test first: nearly every value is a str or bytes, and it is the cheaper one
             append(value if type(value) in _TEXT or isinstance(value, (bytes, str)) else str(value))
     return flat
+
+
+def _call_of(args: tuple, kwargs: dict[str, Any]) -> tuple[str, tuple, dict[str, Any]]:
+    """``(function name, args, kwargs)`` of a ``create_job`` call, as rq takes them (positional or by name)."""
+    func = args[0] if args else kwargs.get('func')
+    fargs = args[1] if len(args) > 1 else kwargs.get('args')
+    fkwargs = args[2] if len(args) > 2 else kwargs.get('kwargs')
+    try:
+        name = identity.function_name(func)
+    except AttributeError:  # a callable object: rq names it its own way
+        name = repr(func)
+    return name, tuple(fargs or ()), dict(fkwargs or {})
+
+
+def _undescribable(exc: BaseException, args: tuple, kwargs: dict[str, Any]) -> InvalidArgument | None:
+    """The argument rq's ``create_job`` could not describe (its repr raised ``exc``: nested too deeply, an int past
+    Python's digit limit), named; None when no argument is to blame (rq's own ValueErrors, already clear)."""
+    if kwargs.get('description') is not None:
+        return None
+    func, fargs, fkwargs = _call_of(args, kwargs)
+    for name, value in [*((f'args[{i}]', v) for i, v in enumerate(fargs)),
+                        *((f'kwargs[{k!r}]', v) for k, v in fkwargs.items())]:
+        try:
+            repr(value)
+        except RecursionError:
+            return InvalidArgument(name, 'nested too deeply for rq to describe the job (repr() exceeded the maximum '
+                                   'recursion depth)', func)
+        except ValueError as err:
+            return InvalidArgument(name, f'rq cannot describe the job: repr() raised {err}', func)
+    return None
+
+
+def _check_text(description: str, args: tuple, kwargs: dict[str, Any]) -> None:
+    """InvalidArgument when the job's description is not text Redis can store (a lone surrogate, which UTF-8 cannot
+    encode): rq writes a keyword argument's name into it as is; other values go in as their repr, escaped."""
+    try:
+        description.encode('utf-8')
+    except UnicodeEncodeError as exc:
+        func, _, fkwargs = _call_of(args, kwargs)
+        for key in fkwargs:
+            if not _encodable(key):
+                raise InvalidArgument(f'the name of keyword argument {key!r}', _SURROGATE, func) from exc
+        raise InvalidArgument('description=', _SURROGATE, func) from exc
+
+
+#: Why text with a lone surrogate is refused.
+_SURROGATE = 'contains a lone surrogate (such as \\ud800), which UTF-8 cannot encode, and Redis stores text as UTF-8'
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode('utf-8')
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _score(when: datetime) -> int:
@@ -214,7 +269,16 @@ class PolicyQueue(Queue):
     def create_job(self, *args: Any, **kwargs: Any) -> Job:  # type: ignore[override]
         """rq's ``create_job`` (every door builds its job here); a job whose id the caller chose (``job_id=``) is
         marked, so that a policy's drop of it leaves the record ``explain`` reads (``keys.dropped``)."""
-        job = super().create_job(*args, **kwargs)
+        try:
+            job = super().create_job(*args, **kwargs)
+        except (RecursionError, ValueError) as exc:  # rq's description: repr() of every argument
+            culprit = _undescribable(exc, args, kwargs)
+            if culprit is None:
+                raise
+            raise culprit from exc
+        description = job.description
+        if description is not None and not description.isascii():  # O(1): CPython flags ASCII strings
+            _check_text(description, args, kwargs)
         if kwargs.get('job_id') is not None:
             admission.mark_chosen_id(job)
         return job
@@ -446,11 +510,16 @@ class PolicyQueue(Queue):
 
     def holder(self, func: Any, *args: Any, **kwargs: Any) -> str | None:
         """The id of the waiting job holding this call's loner identity on this queue, or None."""
-        probe = self.job_class.create(func, args=args, kwargs=kwargs, connection=self.connection)
+        probe = self._probe(func, args, kwargs)
         spec = self._declared_for(func)
         digest = identity.digest(identity.func_path(probe), self.name, args, kwargs,
                                  spec.unique_context if spec else None)
         return by_name('loner').holder(self.connection, self.name, digest, self.job_class.redis_job_namespace_prefix)
+
+    def _probe(self, func: Any, args: tuple, kwargs: dict[str, Any]) -> Job:
+        """A job never written, only for its function's name: no description (rq's repr of every argument, which
+        would raise RecursionError on an argument nested too deep before the identity could name it)."""
+        return self.job_class.create(func, args=args, kwargs=kwargs, connection=self.connection, description='-')
 
     def enqueued(self, func: Any, *args: Any, **kwargs: Any) -> bool:
         """resque-loner's ``enqueued?``: is a job of this call waiting on this queue (queued, scheduled, deferred)?"""
@@ -486,7 +555,7 @@ class PolicyQueue(Queue):
         """
         policy = kwargs.pop('policy', _DECLARED)
         spec = self._spec(policy, func)
-        probe = self.job_class.create(func, args=args, kwargs=kwargs, connection=self.connection)
+        probe = self._probe(func, args, kwargs)
         context = spec.unique_context if spec else None
         digest = identity.digest(identity.func_path(probe), self.name, args, kwargs, context)
         return admission.reset(self, spec, digest)

@@ -215,6 +215,10 @@ class PolicyWorkerMixin:
     #: Redis error in the middle of a job, so this is what returns a hold promptly after a short outage.
     release_grace_seconds: float = 10.0
 
+    #: At most how often the worker reads the server's ``evicted_keys`` to warn (once) when keys are evicted while
+    #: it runs; each reading rides a heartbeat it sends anyway (see :class:`~rq_policies.health.EvictionWatch`).
+    eviction_watch_seconds: float = health.EVICTION_WATCH_SECONDS
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # `rq worker` passes its own queue class (rq.Queue by default) and `rq worker-pool` none at all; fetching
@@ -224,6 +228,8 @@ class PolicyWorkerMixin:
         self._policy_fetcher = _WorkerFetcher(self.hold_ttl)
         self._pending_releases: list[Claim] = []  # finished claims whose hold is not released yet
         self._running_claim: Claim | None = None  # the claim of the job executing now
+        # evicted_keys, read on heartbeats: a rise while the worker runs is logged once
+        self._evictions = health.EvictionWatch(self.log, self.eviction_watch_seconds)  # type: ignore[attr-defined]
 
     def _resolve_hold_ttl(self) -> int:
         interval = int(self.job_monitoring_interval)  # type: ignore[attr-defined]
@@ -338,6 +344,7 @@ class PolicyWorkerMixin:
         if pipeline is not None:
             super().heartbeat(timeout, pipeline=pipeline)  # type: ignore[misc]
             self._forget_records(pipeline)
+            self._evictions.ride(pipeline)
             at = len(pipeline.command_stack)
             sent = ledger.PROCESS.refresh_in(pipeline, ttl=self.hold_ttl)
             if sent:
@@ -350,6 +357,7 @@ class PolicyWorkerMixin:
         with self.connection.pipeline(transaction=False) as pipe:  # type: ignore[attr-defined]
             super().heartbeat(timeout, pipeline=pipe)  # type: ignore[misc]
             self._forget_records(pipe)
+            self._evictions.ride(pipe)
             for claim in pending:
                 release_claim(claim, pipe)
             pipe.execute()
@@ -415,7 +423,8 @@ class PolicyWorkerMixin:
 
     def bootstrap(self, *args: Any, **kwargs: Any) -> None:
         super().bootstrap(*args, **kwargs)  # type: ignore[misc]
-        health.warn_if_evicting(self.connection, self.log)  # type: ignore[attr-defined]  # maxmemory-policy
+        check = health.warn_if_evicting(self.connection, self.log)  # type: ignore[attr-defined]  # maxmemory-policy
+        self._evictions.start(check)  # evicted_keys at start: a rise while it runs is logged once
         scripts.preload()  # before the first fork: no work horse reads a script's files again
 
     # -- a job raised a policy's exception (Snooze, BackOff): Policy.on_job_exception ----------------------------

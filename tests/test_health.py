@@ -27,7 +27,7 @@ def policy_of(connection):
 
 def test_the_check_says_what_each_policy_breaks(connection, policy_of):
     policy_of('noeviction')
-    assert health.eviction_check(connection) == health.EvictionCheck('noeviction', False, None)
+    assert health.eviction_check(connection) == health.EvictionCheck('noeviction', False, None, 0)
     policy_of('allkeys-lru')
     check = health.eviction_check(connection)
     assert check.maxmemory_policy == 'allkeys-lru' and check.unsafe is True
@@ -70,7 +70,8 @@ def test_info_reports_the_policy_and_its_warning(connection, policy_of, worker_e
                               env=worker_env, capture_output=True, text=True, timeout=60)
 
     data = json.loads(info('--json').stdout)
-    assert data['server'] == {'maxmemory_policy': 'noeviction', 'eviction_unsafe': False, 'warning': None}
+    assert data['server'] == {'maxmemory_policy': 'noeviction', 'eviction_unsafe': False, 'evicted_keys': 0,
+                              'warning': None}
     assert 'warning' not in info().stdout
     policy_of('allkeys-lru')
     data = json.loads(info('--json').stdout)

@@ -180,6 +180,7 @@ def overview(connection: Any, search: str | None = None, limit: int = ROW_LIMIT)
         'limit': limit,
         'warning': check.warning,
         'maxmemory_policy': check.maxmemory_policy,
+        'evicted_keys': check.evicted_keys,
         'queues': queues(connection, now, search, history),
         'drops_chart': chart(history),
         'panels': panels(connection, now, limit, search),

@@ -313,7 +313,7 @@ def quick_drop(queue: Queue, spec: PolicySet | None, f: Any, args: tuple, kwargs
         rate = (queue.name, token, f) if key is not None else None
         if not _rates.likely(rate):
             return False, Seen(key, rate)
-        found = call_identity(queue, spec.unique_context, f, args, kwargs)
+        found = call_identity(queue, spec, f, args, kwargs)
         if found is None:
             return False, Seen(key, rate)
         func_name, digest, job_id = found
@@ -331,7 +331,7 @@ def quick_drop(queue: Queue, spec: PolicySet | None, f: Any, args: tuple, kwargs
         # is this call's own.
         func_name, digest, job_id = identity.function_name(f), seen.digest, ''
     else:
-        found = call_identity(queue, spec.unique_context, f, args, kwargs)
+        found = call_identity(queue, spec, f, args, kwargs)
         if found is None or found[1] != seen.digest:
             return False, None
         func_name, digest, job_id = found

@@ -367,7 +367,8 @@ class PolicyQueue(Queue):
         if not self._is_async:
             # A synchronous queue runs the job at once: nothing ever waits, so there is nothing to hold.
             return super().enqueue_job(job, at_front=at_front, **kwargs)
-        digest = identity.digest(identity.func_path(job), self.name, job.args, job.kwargs, spec.unique_context)
+        digest = identity.digest(identity.func_path(job), self.name, job.args, job.kwargs, spec.unique_context,
+                                 spec.policies)
         door = _door.get()
         force = door is not None and door.force
         write = self.job_write(job, spec, digest, at_front, when, schedule=not force)
@@ -449,7 +450,7 @@ class PolicyQueue(Queue):
         probe = self.job_class.create(func, args=args, kwargs=kwargs, connection=self.connection)
         spec = self._declared_for(func)
         digest = identity.digest(identity.func_path(probe), self.name, args, kwargs,
-                                 spec.unique_context if spec else None)
+                                 spec.unique_context if spec else None, spec.policies if spec else None)
         return by_name('loner').holder(self.connection, self.name, digest, self.job_class.redis_job_namespace_prefix)
 
     def enqueued(self, func: Any, *args: Any, **kwargs: Any) -> bool:
@@ -488,7 +489,8 @@ class PolicyQueue(Queue):
         spec = self._spec(policy, func)
         probe = self.job_class.create(func, args=args, kwargs=kwargs, connection=self.connection)
         context = spec.unique_context if spec else None
-        digest = identity.digest(identity.func_path(probe), self.name, args, kwargs, context)
+        digest = identity.digest(identity.func_path(probe), self.name, args, kwargs, context,
+                                 spec.policies if spec else None)
         return admission.reset(self, spec, digest)
 
     # -- removal paths free the identity ----------------------------------------------------------------------

@@ -136,7 +136,8 @@ class Throttle(AdmissionPolicy):
             raise ValueError('connection: give a Redis connection (the job has none)')
         spec = _declared_spec(job)
         context = spec.unique_context if spec else None
-        digest = identity.digest(identity.func_path(job), job.origin, job.args, job.kwargs, context)
+        digest = identity.digest(identity.func_path(job), job.origin, job.args, job.kwargs, context,
+                                 spec.policies if spec else None)
         queue = Queue(job.origin, connection=conn, job_class=type(job))
         verdict = admission.claim(queue, PolicySet((cls(width),)), digest, job)
         return Outcome(verdict.code == 1, verdict.job_id, verdict.number)

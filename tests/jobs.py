@@ -130,3 +130,13 @@ def exit_horse(code):
 def raising_callback(job, connection, *args, **kwargs):
     """An on_success callback that fails: rq then marks the job failed, and its dependents never run."""
     raise RuntimeError('callback failed')
+
+
+def account_of(args, kwargs):
+    """A unique_context that fails on a call without ``account=`` (KeyError)."""
+    return kwargs['account']
+
+
+@policy(Loner(), unique_context=account_of)
+def by_account(*args, **kwargs):
+    return kwargs.get('account')

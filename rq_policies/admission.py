@@ -111,6 +111,9 @@ def _constants(queue: Queue, spec: PolicySet) -> dict[str, Any]:
             'drops': {item.name: keys.drop_field(item.name, queue.name) for item in ordered},
             'job_prefix': prefix, 'tombstone': keys.SUPERSEDED_PREFIX, 'tombstone_ttl': keys.SUPERSEDED_SECONDS,
         }
+        payload = [name for item in spec.policies for name in item.call_field_names()]
+        if payload:  # what an in-place rewrite of a waiting job replaces besides data, description and meta
+            found['payload'] = payload
         if len(memo) >= _MEMO_QUEUES:
             memo.clear()
         memo[(queue.name, prefix)] = found

@@ -25,7 +25,7 @@ from rq.registry import ScheduledJobRegistry
 
 from . import keys
 from .exceptions import PolicyConfigurationError
-from .policy import AdmissionPolicy, Policy, pending_lines, superseded_entry, whole_seconds
+from .policy import AdmissionPolicy, Policy, pending_lines, replaced_in_place, superseded_entry, whole_seconds
 
 logger = logging.getLogger('rq_policies')
 
@@ -113,11 +113,15 @@ class Debounce(AdmissionPolicy):
             )
 
     def on_admit(self, job: Any, queue: str, verdict: Any) -> None:
-        if verdict.superseded and verdict.superseded != job.id:
-            logger.info(
-                'rq-policies: %s on queue %r (debounce): job %s replaces pending job %s, runs at %s', job.func_name,
-                queue, job.id, verdict.superseded, datetime.fromtimestamp(verdict.number, timezone.utc).isoformat(),
-            )
+        if verdict.code == 3 and verdict.policy == self.name:
+            # The pending job took this call's payload and run time in place: the Job returned is that job.
+            if logger.isEnabledFor(logging.INFO):
+                logger.info(
+                    'rq-policies: %s on queue %r (debounce): replaced the payload of pending job %s in place (this '
+                    'call was job %s), runs at %s', job.func_name, queue, verdict.job_id, job.id,
+                    datetime.fromtimestamp(verdict.number, timezone.utc).isoformat(),
+                )
+            replaced_in_place(job, verdict)
 
     @classmethod
     def examples(cls) -> tuple[AdmissionPolicy, ...]:

@@ -116,6 +116,47 @@ def _drop_record(raw: str, now: float, left_ms: int) -> dict[str, Any]:
     return record
 
 
+def read_tombstone(raw: Any) -> dict[str, Any] | None:
+    """A tombstone (``keys.superseded``, lib/pending.lua) as ``{'policy', 'by', 'merged'}``: "<policy> <by>" (a
+    pending job deleted and replaced by job ``by``) or "<policy> <by> merged" (an enqueue whose payload was written
+    into pending job ``by`` in place: its own id was never a job). None for none, and for a rewrite guard ("rewrite
+    ..."), which the fetch reads and which says nothing of a gone id."""
+    if raw is None:
+        return None
+    value = text(raw)
+    if value.startswith('rewrite '):
+        return None
+    policy, _, rest = value.partition(' ')
+    by, _, how = rest.partition(' ')
+    return {'policy': policy, 'by': by, 'merged': how == 'merged'}
+
+
+#: The most tombstones ``explain`` follows from a gone id to the job that will run (each hop is one round trip).
+CHAIN_HOPS = 32
+
+
+def follow(connection: Any, job_prefix: str, by: str) -> tuple[list[str], str, str]:
+    """Follow a chain of replacements from job ``by`` (the job that replaced a gone one) to the job that will run:
+    while a job in the chain has no hash but a tombstone of its own (it was itself superseded, or merged, as
+    pending jobs were before they were rewritten in place), go on to the job that one names. Returns (the chain,
+    ``by`` first; the last job's status and queue, '' when it is gone too)."""
+    chain = [by]
+    status, queue = '', ''
+    for _ in range(CHAIN_HOPS):
+        with connection.pipeline(transaction=False) as pipe:
+            pipe.hmget(job_prefix + chain[-1], 'status', 'origin')
+            pipe.get(keys.superseded(chain[-1]))
+            (status, queue), raw = pipe.execute()
+        status, queue = text(status) if status is not None else '', text(queue) if queue is not None else ''
+        if status or queue:
+            break
+        nxt = read_tombstone(raw)
+        if nxt is None or not nxt['by'] or nxt['by'] in chain:
+            break
+        chain.append(nxt['by'])
+    return chain, status, queue
+
+
 def _gone(connection: Any, job_id: str, job_prefix: str) -> dict[str, Any]:
     """The answer for an id with no job hash, from its tombstone and drop record; UnknownJob when a policy has none."""
     with connection.pipeline(transaction=False) as pipe:
@@ -127,9 +168,11 @@ def _gone(connection: Any, job_id: str, job_prefix: str) -> dict[str, Any]:
     if tombstone is None and dropped is None:
         raise UnknownJob(job_id)
     now = seconds + micros / 1e6
-    policy, _, by = text(tombstone).partition(' ') if tombstone is not None else ('', '', '')
+    superseded = read_tombstone(tombstone)
+    if superseded is None and dropped is None:
+        raise UnknownJob(job_id)
     records: dict[str, Any] = {
-        'superseded': {'policy': policy, 'by': by} if tombstone is not None else None,
+        'superseded': superseded,
         'dropped': _drop_record(text(dropped), now, left_ms) if dropped is not None else None,
         'job_prefix': job_prefix,
     }

@@ -138,6 +138,11 @@ class Policy:
         """
         return False
 
+    def call_field_names(self) -> tuple[str, ...]:
+        """The names of the fields :meth:`call_fields` writes: an in-place rewrite of a waiting job (Loner's
+        ``'replace'``, Debounce, a trailing Throttle) replaces them along with the payload."""
+        return ()
+
     def call_fields(self, job: Any, queue: str, digest: str) -> list[Any]:
         """Fields this policy stores on the job hash that depend on the call itself (its args and kwargs: a per-key
         policy's key), field, value, ...; raising here (a bad key) refuses the enqueue before anything is written."""
@@ -205,20 +210,47 @@ def job_status(connection: Any, job_prefix: str, job_id: str) -> tuple[str, str]
             origin.decode() if isinstance(origin, bytes) else origin or '')
 
 
+def replaced_in_place(job: Any, verdict: Any) -> None:
+    """The admission rewrote pending job ``verdict.job_id`` in place with ``job``'s payload (Debounce, a trailing
+    Throttle): make ``job`` that job, the handle the caller gets (its id, scheduled, not enqueued; the payload is
+    already ``job``'s own)."""
+    from rq.job import JobStatus
+
+    job._id = verdict.job_id
+    job._status = JobStatus.SCHEDULED
+    job.enqueued_at = None
+
+
 def superseded_entry(policy: str, connection: Any, records: dict[str, Any], pending: str,
                      change: str) -> list[dict[str, Any]]:
     """The ``explain_gone`` entry of a pending job that a later enqueue of ``policy`` replaced (its tombstone in
     ``records['superseded']``), or [] when no tombstone of ``policy`` names one. ``pending`` says what the job was (a
-    debounced, a trailing job) and when its replacement runs; ``change`` is the advice, ``{by}`` its id."""
+    debounced, a trailing job) and when its replacement runs; ``change`` is the advice, ``{by}`` the job that runs.
+
+    The chain of replacements is followed to the job that will run (``runs_as``, with ``chain`` from the first
+    replacement): ids superseded one by another before pending jobs were rewritten in place each name the next. An
+    id whose enqueue was merged into the pending job in place (its tombstone says ``merged``: that call's job was
+    never written) names the pending job its payload went into."""
+    from .explainer import follow
+
     superseded = records['superseded']
     if not superseded or superseded['policy'] != policy:
         return []
     by = superseded['by']
-    status, queue = job_status(connection, records['job_prefix'], by)
+    chain, status, queue = follow(connection, records['job_prefix'], by)
+    final = chain[-1]
+    via = f' (via {", ".join(chain[:-1])}, each replaced in turn)' if len(chain) > 1 else ''
+    if superseded.get('merged'):
+        verdict = (f'merged into pending job {final} ({status or "gone"} now){via}: this enqueue\'s payload was '
+                   f'written into that job in place (its own id was never a job)')
+    else:
+        verdict = f'superseded by job {by} ({status or "gone"} now): {pending}, which was deleted'
+        if final != by:
+            verdict = (f'superseded by job {by}, itself replaced: the job that runs is {final} '
+                       f'({status or "gone"} now){via}: {pending}, which was deleted')
     return [{
-        'policy': policy, 'superseded_by': by, 'queue': queue,
-        'verdict': f'superseded by job {by} ({status or "gone"} now): {pending}, which was deleted',
-        'change': change.format(by=by),
+        'policy': policy, 'superseded_by': by, 'runs_as': final, 'chain': chain, 'queue': queue,
+        'merged': bool(superseded.get('merged')), 'verdict': verdict, 'change': change.format(by=final),
     }]
 
 

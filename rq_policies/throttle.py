@@ -39,7 +39,16 @@ from rq.utils import import_attribute
 
 from . import admission, identity, keys
 from .exceptions import PolicyConfigurationError
-from .policy import AdmissionPolicy, Policy, PolicySet, declared, pending_lines, superseded_entry, whole_seconds
+from .policy import (
+    AdmissionPolicy,
+    Policy,
+    PolicySet,
+    declared,
+    pending_lines,
+    replaced_in_place,
+    superseded_entry,
+    whole_seconds,
+)
 
 logger = logging.getLogger('rq_policies')
 
@@ -232,6 +241,16 @@ class Throttle(AdmissionPolicy):
             )
 
     def on_admit(self, job: Any, queue: str, verdict: Any) -> None:
+        if verdict.code == 3 and verdict.policy == self.name:
+            # The pending trailing job took this call's payload (and run time) in place: the Job returned is it.
+            if logger.isEnabledFor(logging.INFO):
+                logger.info(
+                    'rq-policies: %s on queue %r (throttle): replaced the payload of pending trailing job %s in place '
+                    '(this call was job %s), runs at %s', job.func_name, queue, verdict.job_id, job.id,
+                    _when(verdict.number),
+                )
+            replaced_in_place(job, verdict)
+            return
         if verdict.code != 2:
             return
         job._status = JobStatus.SCHEDULED

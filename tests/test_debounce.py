@@ -298,3 +298,17 @@ def test_a_scheduler_clock_ahead_never_runs_a_superseded_payload(connection, red
     assert [j for j, _ in pending(connection, q)] == [v1.id] and q.job_ids == []
     back = Job.fetch(v1.id, connection=connection)
     assert back.args == ('skew', 'v2') and back.get_status() == JobStatus.SCHEDULED and back.enqueued_at is None
+
+
+def test_a_kept_handle_after_five_replacements_reads_scheduled_with_the_last_payload(connection):
+    """Issue 22: each replacement used to delete the job the app held (get_status() then raised NoSuchJobError)."""
+    q = PolicyQueue('index', connection=connection)
+    kept = q.enqueue(tj.reindex_slow, 1, 'v0')
+    created = connection.hget(kept.key, 'created_at')
+    returned = [q.enqueue(tj.reindex_slow, 1, f'v{i}', meta={'n': i}) for i in range(1, 6)]
+    assert [job.id for job in returned] == [kept.id] * 5
+    assert kept.get_status() == JobStatus.SCHEDULED
+    kept.refresh()
+    assert kept.args == (1, 'v5') and kept.meta == {'n': 5} and kept.description == returned[-1].description
+    assert [m for m, _ in pending(connection, q)] == [kept.id]
+    assert connection.hget(kept.key, 'created_at') == created  # the job's creation stays (a replay of it is known)

@@ -528,3 +528,18 @@ def test_reset_clears_every_policy_state(connection):
     assert q.reset(jobs.plain, 1, policy=Throttle(60)) == 0
     q.enqueue(jobs.plain, 1, policy=Throttle(60))
     assert q.reset(jobs.plain, 1, policy=Throttle(60)) == 1
+
+
+def test_a_kept_trailing_handle_after_five_replacements_reads_scheduled_with_the_last_payload(connection):
+    """Issue 22: each extra used to delete the pending trailing job the app held (NoSuchJobError)."""
+    q = PolicyQueue('progress', connection=connection)
+    wait_for_phase(connection, 60, 0.5, 55)
+    winner = q.enqueue(tj.publish_minute, 1, 'lead')
+    kept = q.enqueue(tj.publish_minute, 1, 'v0')
+    returned = [q.enqueue(tj.publish_minute, 1, f'v{i}', meta={'n': i}) for i in range(1, 6)]
+    assert [job.id for job in returned] == [kept.id] * 5 and kept.id != winner.id
+    assert all(job.get_status(refresh=False) == JobStatus.SCHEDULED for job in returned)
+    assert kept.get_status() == JobStatus.SCHEDULED
+    kept.refresh()
+    assert kept.args == (1, 'v5') and kept.meta == {'n': 5}
+    assert ScheduledJobRegistry(queue=q).get_job_ids() == [kept.id] and q.job_ids == [winner.id]

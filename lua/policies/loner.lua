@@ -5,7 +5,9 @@
 
   Keys: loner.marker (rq:policies:loner:<q>:<digest>), holding the id of the job that holds it.
   Arguments p (each absent for the default): finished (true: until='finished'), conflict ('drop',
-  'raise' or 'replace'), worker_prefix (rq:worker:; when absent, rq's default).
+  'raise' or 'replace'), worker_prefix (rq:worker:; when absent, rq's default), ttl_ms
+  (Loner(ttl=N): the marker lives at most N seconds from the enqueue, whatever the holder does;
+  the job hash then carries policies_loner_ttl, so taken() keeps that expiry).
 
   A marker's holder holds the identity while it waits (queued, scheduled, or deferred with
   parents that can still release it: lib/holder_waiting.lua); with until='finished' also while
@@ -26,7 +28,8 @@
   run, which is what "regardless" asks for).
   taken(job_key, jid): at fetch, the job was taken off its queue. until='started' (no field
   policies_loner_until): free its identity. until='finished': mark it taken and make the marker
-  live as long as the job hash, which rq persists when the job starts. The job hash names its
+  live as long as the job hash, which rq persists when the job starts (unless it has a cap,
+  policies_loner_ttl: it keeps expiring then). The job hash names its
   marker (field policies_loner); it is deleted only while it still names this job.
 ]]
 -- @include "lib/holder_waiting.lua"
@@ -92,7 +95,7 @@ end
 
 function P.loner.commit(ctx, p)
   if ctx.mode ~= 'N' then
-    take_marker(ctx.key('loner.marker'), ctx.jid, ctx.ttl)
+    take_marker(ctx.key('loner.marker'), ctx.jid, ctx.ttl, p.ttl_ms, ctx.mode == 'D')
   end
 end
 
@@ -100,19 +103,21 @@ function P.loner.force(ctx, p)
   local marker = ctx.key('loner.marker')
   local holder = rcall('GET', marker)
   if not (holder and holder ~= ctx.jid and loner_held(ctx.job_prefix, p, holder)) then
-    take_marker(marker, ctx.jid, ctx.ttl)
+    take_marker(marker, ctx.jid, ctx.ttl, p.ttl_ms, ctx.mode == 'D')
   end
 end
 
 function P.loner.taken(job_key, jid)
-  local job = rcall('HMGET', job_key, 'policies_loner', 'policies_loner_until')
+  local job = rcall('HMGET', job_key, 'policies_loner', 'policies_loner_until', 'policies_loner_ttl')
   local marker = job[1]
   if not marker or rcall('GET', marker) ~= jid then
     return
   end
   if job[2] == 'finished' then
     rcall('HSET', job_key, 'policies_loner_taken', '1')
-    rcall('PERSIST', marker)
+    if not job[3] then  -- Loner(ttl=N): the marker keeps its cap
+      rcall('PERSIST', marker)
+    end
   else
     rcall('DEL', marker)
   end

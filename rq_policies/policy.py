@@ -418,11 +418,35 @@ class FetchPolicy(Policy):
 
 
 @dataclass(frozen=True)
+class DroppedCall:
+    """An enqueue a policy dropped, as the ``on_drop`` hook of ``@policy(...)`` gets it.
+
+    Attributes:
+        function: the job function's import path, as rq stores it (``tasks.sweep_cache``).
+        args: the call's positional arguments (the function's, without rq's enqueue options).
+        kwargs: the call's keyword arguments (likewise).
+        queue: the queue name.
+        policy: the name of the policy that dropped it (``'loner'``, ``'throttle'``, ...).
+    """
+
+    function: str
+    args: tuple
+    kwargs: dict
+    queue: str
+    policy: str
+
+
+#: ``on_drop(call, holder_id)``: told of each enqueue a policy dropped (see :func:`policy`).
+OnDrop = Callable[[DroppedCall, str], Any]
+
+
+@dataclass(frozen=True)
 class PolicySet:
-    """The policies one enqueue is admitted under, with the identity hook they share."""
+    """The policies one enqueue is admitted under, with the identity hook they share and the drop hook."""
 
     policies: tuple[Policy, ...]
     unique_context: UniqueContext | None = field(default=None, compare=False)
+    on_drop: OnDrop | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         seen: set[type] = set()
@@ -435,6 +459,20 @@ class PolicySet:
         check_combination(self.policies)
         if self.unique_context is not None and not callable(self.unique_context):
             raise TypeError(f'unique_context: expected a callable (args, kwargs) -> value, got {self.unique_context!r}')
+        if self.on_drop is not None and not callable(self.on_drop):
+            raise TypeError(f'on_drop: expected a callable (call, holder_id) -> None, got {self.on_drop!r}')
+
+    def dropped(self, call: DroppedCall, holder: str) -> None:
+        """Tell the ``on_drop`` hook (if any) of a drop; an exception in it is logged, never raised."""
+        hook = self.on_drop
+        if hook is None:
+            return
+        try:
+            hook(call, holder)
+        except Exception:
+            logger.exception('rq-policies: the on_drop hook %r raised on a drop of %s on queue %r (%s, held by job %s); '
+                             'the enqueue returns as dropped all the same', hook, call.function, call.queue,
+                             call.policy, holder)
 
     @functools.cached_property
     def admission(self) -> tuple[AdmissionPolicy, ...]:
@@ -497,7 +535,8 @@ def make_set(value: Policy | Iterable[Policy] | PolicySet | None, unique_context
     raise TypeError(f'policy: expected a Policy, a list of policies or None, got {value!r}')
 
 
-def policy(*policies: Policy, unique_context: UniqueContext | None = None) -> Callable[[F], F]:
+def policy(*policies: Policy, unique_context: UniqueContext | None = None,
+           on_drop: OnDrop | None = None) -> Callable[[F], F]:
     """Declare the policies a job function is enqueued under.
 
     Example::
@@ -508,16 +547,31 @@ def policy(*policies: Policy, unique_context: UniqueContext | None = None) -> Ca
         @policy(Loner(), unique_context=lambda args, kwargs: args[0])
         def sync_account(account_id, reason): ...   # one waiting job per account, whatever the reason
 
+        def count_drop(call, holder_id):             # call: a DroppedCall
+            metrics.increment('jobs.dropped', tags={'function': call.function, 'policy': call.policy})
+
+        @policy(Throttle(60), on_drop=count_drop)
+        def poll_account(account_id): ...
+
     Args:
         *policies: one or more Policy objects.
         unique_context: optional ``(args, kwargs) -> value`` narrowing the identity every policy keys on.
+        on_drop: optional ``(call, holder_id) -> None``, called in the producer after a policy dropped an enqueue of
+            the function (the drop is already decided, counted and logged): ``call`` is a :class:`DroppedCall`
+            (function path, args, kwargs, queue name, the dropping policy's name), ``holder_id`` the id of the job
+            that holds the identity. For the app's own logging or metrics. It runs in the enqueueing thread, before
+            the enqueue returns None (or, under ``Loner(on_conflict='raise')``, before it raises DuplicateJob), so
+            keep it short. An exception in it is logged (``rq_policies`` logger, with its traceback) and not raised
+            into the enqueue: a metrics hook that fails must not turn a decided drop into an error the caller would
+            read as "not enqueued for another reason". Not called on an admitted enqueue, nor on a replace (a
+            Loner ``'replace'``, a Debounce or a trailing Throttle rewriting the pending job: nothing was dropped).
 
     Returns:
         A decorator that returns the function itself (rq stores jobs by import path, so no wrapper is involved).
     """
     if not policies:
         raise TypeError('policy: give at least one policy, for example @policy(Loner())')
-    spec = PolicySet(tuple(policies), unique_context)
+    spec = PolicySet(tuple(policies), unique_context, on_drop)
 
     def decorate(func: F) -> F:
         if not callable(func):

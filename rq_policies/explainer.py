@@ -6,8 +6,10 @@ its state, a setting such as a throttle's width). Every registered policy contri
 :meth:`rq_policies.policy.Policy.explain`, so a new policy explains itself in its own module. Every key read is built
 from the job hash, never found by SCAN, so the answer costs a few round trips however many identities are live.
 
-A job id with no job hash may still have an answer: a pending job that a later enqueue superseded leaves a
-tombstone naming its replacement (``keys.superseded``), and an enqueue a policy dropped leaves a drop record
+A job id with no job hash may still have an answer: a pending job that was deleted (by a force; before 0.3, by a
+later enqueue) leaves a tombstone naming its replacement (``keys.superseded``), which ``explain`` follows from
+tombstone to tombstone to the job that will run; an enqueue merged into a pending job in place leaves a merge record
+naming that job under the same key; and an enqueue a policy dropped leaves a drop record
 naming the holder (``keys.dropped``), but only when the caller chose the job id (``job_id=``): a dropped enqueue
 returns None, so an id rq drew is never seen by anyone, and the common path writes nothing more. Each policy reads
 the records that are its own (:meth:`rq_policies.policy.Policy.explain_gone`).
@@ -80,7 +82,10 @@ def explain(job_id: str, connection: Any, job_prefix: str = Job.redis_job_namesp
         when it is beyond the first :data:`POSITION_SCAN` ids); each policy entry names the policy, what it says now
         (``verdict``), what would change that (``change``) and its own details. ``exists`` is False for an id with
         no job hash that a policy still explains: "superseded by job ..." (a pending Debounce or trailing Throttle
-        job replaced by a later enqueue, for ``keys.SUPERSEDED_SECONDS``) or "dropped at enqueue: held by ..." (an
+        job a force deleted, or, before 0.3, a later enqueue replaced, for ``keys.SUPERSEDED_SECONDS``: the chain of
+        replacements is followed to the job that will run, ``runs_as``, ``chain``), "merged into pending job ..."
+        (an enqueue given ``job_id=`` whose payload a Debounce or trailing Throttle wrote into the pending job in
+        place: that id was never a job) or "dropped at enqueue: held by ..." (an
         enqueue given ``job_id=`` that a policy dropped, for ``keys.DROPPED_SECONDS``; an enqueue without
         ``job_id=`` leaves no record, as nobody knows its id); ``status`` is then ''.
 

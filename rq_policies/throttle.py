@@ -195,7 +195,8 @@ class Throttle(AdmissionPolicy):
         entry: dict[str, Any] = {'policy': cls.name, 'slot': width_s, 'window_ends_at': ends, 'owner': owner}
         if trailing and pending == jid and job.get('status') == 'scheduled' and run_at is not None:
             entry['verdict'] = f'pending trailing job of the window ending at {_when(run_at)} (in {run_at - now:.1f} s)'
-            entry['change'] = 'runs at that time; a later extra of the window replaces it'
+            entry['change'] = ('runs at that time; a later extra of the window rewrites it in place (its payload; '
+                               'same id)')
         elif owner == jid:
             entry['verdict'] = f'owns the current {width_s} s slot, which ends at {_when(ends)} (in {ends - now:.1f} s)'
             entry['change'] = 'an identical enqueue before then is dropped' + (

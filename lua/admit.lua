@@ -106,7 +106,7 @@ local ctx = {
   jid = a.jid, mode = a.mode, score = a.score or 0, ttl = a.ttl, job_prefix = a.job_prefix,
   now = now, dest = a.k.dest and KEYS[a.k.dest], scheduled = false, code = 1, n = 0,
   superseded = '', dropped = {}, tomb = a.tombstone, tomb_ttl = a.tombstone_ttl, probe = a.probe,
-  payload = a.payload,
+  payload = a.payload, created = a.created,
 }
 function ctx.key(name)
   return KEYS[a.k[name]]

@@ -123,7 +123,7 @@ def _drop_record(raw: str, now: float, left_ms: int) -> dict[str, Any]:
 
 def read_tombstone(raw: Any) -> dict[str, Any] | None:
     """A tombstone (``keys.superseded``, lib/pending.lua) as ``{'policy', 'by', 'merged'}``: "<policy> <by>" (a
-    pending job deleted and replaced by job ``by``) or "<policy> <by> merged" (an enqueue whose payload was written
+    pending job deleted and replaced by job ``by``) or "<policy> <by> merged <created>" (an enqueue whose payload was written
     into pending job ``by`` in place: its own id was never a job). None for none, and for a rewrite guard ("rewrite
     ..."), which the fetch reads and which says nothing of a gone id."""
     if raw is None:
@@ -133,7 +133,7 @@ def read_tombstone(raw: Any) -> dict[str, Any] | None:
         return None
     policy, _, rest = value.partition(' ')
     by, _, how = rest.partition(' ')
-    return {'policy': policy, 'by': by, 'merged': how == 'merged'}
+    return {'policy': policy, 'by': by, 'merged': how.split(' ')[0] == 'merged'}
 
 
 #: The most tombstones ``explain`` follows from a gone id to the job that will run (each hop is one round trip).

@@ -40,9 +40,10 @@ key                                                    type     meaning
                                                                 ``rq-policies reset``); a PolicyWorker drops that
                                                                 id should a skewed scheduler bring it back, and
                                                                 ``explain`` names the replacement. ``<policy>
-                                                                <pending id> merged``: the merge record of an
-                                                                enqueue rewritten into pending job ``<pending
-                                                                id>`` in place (a resend of it is a replay).
+                                                                <pending id> merged <created_at>``: the merge
+                                                                record of an enqueue rewritten into pending job
+                                                                ``<pending id>`` in place (a resend of that very
+                                                                call, the same created_at, is a replay).
                                                                 ``rewrite <payload>``: the rewrite guard of a
                                                                 pending job rewritten in place, until its run time
                                                                 (lua/lib/rewrite_guard.lua). Each expires after

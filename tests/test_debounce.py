@@ -133,7 +133,7 @@ def test_debounce_script_direct(connection):
     assert (jid, superseded) == (b'a', b'') and at_b == int(float(now)) + 100
     assert connection.exists('rq:job:b') == 0 and connection.hget('rq:job:a', 'policies_replaced_by') == b'b'
     assert connection.zrange('rq:scheduled:q', 0, -1, withscores=True) == [(b'a', at_b)]
-    assert connection.get(keys.superseded('b')) == b'debounce a merged'
+    assert connection.get(keys.superseded('b')) == b'debounce a merged '  # (no created_at in these fields)
     assert connection.sismember('rq:queues', 'rq:queue:q')
 
 
@@ -312,3 +312,19 @@ def test_a_kept_handle_after_five_replacements_reads_scheduled_with_the_last_pay
     assert kept.args == (1, 'v5') and kept.meta == {'n': 5} and kept.description == returned[-1].description
     assert [m for m, _ in pending(connection, q)] == [kept.id]
     assert connection.hget(kept.key, 'created_at') == created  # the job's creation stays (a replay of it is known)
+
+
+def test_a_chosen_id_reused_by_a_later_call_is_not_taken_for_a_resend(connection):
+    """A merge record answers only a resend of its own call (the same created_at): a later call given the same
+    job_id is a call of its own, rewriting the pending job again, or admitted as a new job once none is pending."""
+    q = PolicyQueue('index', connection=connection)
+    kept = q.enqueue(tj.reindex_slow, 1, 'v1')
+    assert q.enqueue(tj.reindex_slow, 1, 'v2', job_id='reused').id == kept.id
+    assert q.enqueue(tj.reindex_slow, 1, 'v3', job_id='reused').id == kept.id
+    assert Job.fetch(kept.id, connection=connection).args == (1, 'v3')  # applied, not answered as a replay of v2
+    # with nothing pending (the job deleted), the id is a new job's, and its merge record goes
+    kept.delete()
+    fresh = q.enqueue(tj.reindex_slow, 1, 'v4', job_id='reused')
+    assert fresh.id == 'reused' and Job.fetch('reused', connection=connection).args == (1, 'v4')
+    assert not connection.exists(keys.superseded('reused'))
+    assert [m for m, _ in pending(connection, q)] == ['reused']

@@ -225,7 +225,7 @@ def test_a_merged_id_chosen_again_runs(connection, redis_url, monkeypatch):
     q = PolicyQueue('ex-again', connection=connection)
     q.enqueue(jobs.record, 'ex-again', policy=Debounce(1), job_id='ex-again-x')
     assert q.enqueue(jobs.record, 'ex-again', policy=Debounce(1), job_id='ex-again-y').id == 'ex-again-x'
-    assert connection.get(keys.superseded('ex-again-y')) == b'debounce ex-again-x merged'
+    assert connection.get(keys.superseded('ex-again-y')).startswith(b'debounce ex-again-x merged ')
     assert q.enqueue(jobs.record, 'ex-again', policy=Debounce(1), job_id='ex-again-x').id == 'ex-again-x'
     time.sleep(2.2)  # due a second (whole seconds) after the call
     PolicySimpleWorker([q], connection=connection).work(burst=True, with_scheduler=True)

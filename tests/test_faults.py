@@ -177,11 +177,14 @@ def test_debounce_with_a_lost_reply_is_pending_once_and_runs_once(connection, fa
 
 
 @pytest.mark.parametrize('kind', ['debounce', 'trailing'])
-@pytest.mark.parametrize('fault', FAULTS)
+@pytest.mark.parametrize('fault', ['delay', 'drop'])
 def test_an_in_place_rewrite_with_a_lost_reply_is_applied_once(connection, fault_proxy, fault, kind):
     """An enqueue that rewrites the pending job in place (Debounce, a trailing Throttle) loses its reply; before its
     resend reaches the server, another enqueue rewrites the pending job again. The resend is answered as the first
-    attempt was (the pending job's id) and writes nothing: the later payload stays, no job of the call's own id."""
+    attempt was (the pending job's id) and writes nothing: the later payload stays, no job of the call's own id.
+
+    A late or dropped reply only: there the first attempt has run before the other enqueue. Under a stall both
+    attempts reach the server after it, in either order, so which payload is the later one is not defined."""
     load(connection, 'admit')
     direct = PolicyQueue('faults', connection=connection)
     if kind == 'debounce':
@@ -214,8 +217,8 @@ def test_an_in_place_rewrite_with_a_lost_reply_is_applied_once(connection, fault
     assert connection.hget(pending.key, 'policies_replaced_by') == third_call_id(connection, pending.id)
     assert connection.zrange(registry.key, 0, -1, withscores=True)[0][0] == pending.id.encode()
     assert len(registry.get_job_ids()) == 1 and not connection.exists('rq:job:merge-call')
-    assert connection.get(keys.superseded('merge-call')) == f'{"debounce" if kind == "debounce" else "throttle"} ' \
-        f'{pending.id} merged'.encode()
+    assert connection.get(keys.superseded('merge-call')).startswith(
+        f'{"debounce" if kind == "debounce" else "throttle"} {pending.id} merged '.encode())
     assert connection.hget(keys.DROPS, f'{"debounce" if kind == "debounce" else "throttle"}:faults') is None
 
 
@@ -224,7 +227,7 @@ def third_call_id(connection: Redis, pending_id: str) -> bytes:
     must hold once that call's rewrite is the last one applied."""
     for key in connection.scan_iter(keys.superseded('*')):
         value = connection.get(key)
-        if value and value.endswith(b' merged') and key != keys.superseded('merge-call').encode():
+        if value and b' merged ' in value and key != keys.superseded('merge-call').encode():
             return key[len(keys.superseded('')):]
     raise AssertionError('no merge record of the later call')
 

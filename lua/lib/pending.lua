@@ -33,7 +33,8 @@ end
 -- the call lacks is deleted), its run time `score` (its place in `registry`), and it names this
 -- call's job id in policies_replaced_by. Everything else (created_at, the enqueue options) stays.
 -- Two records, each under the tombstone prefix (`ctx.tomb`):
---   * this call's id (when it is not the holder's): "<policy> <holder> merged", for explain (the
+--   * this call's id (when it is not the holder's): "<policy> <holder> merged <created>" (the
+--     call's created_at), for explain (the
 --     id the app never got names the job its payload went into) and for a resend of this very
 --     call (merged_into: answered as the first attempt was, nothing rewritten again);
 --   * the holder's: a rewrite guard, "rewrite " .. the new payload and run time, until the run
@@ -80,19 +81,21 @@ local function rewrite_pending(ctx, holder, fields, extra, registry, score, poli
     if ttl < 1 then ttl = 1 end
     rcall('SET', ctx.tomb .. holder, 'rewrite ' .. pack_strings(kept), 'EX', ttl)
     if ctx.jid ~= '' and ctx.jid ~= holder then
-      rcall('SET', ctx.tomb .. ctx.jid, policy .. ' ' .. holder .. ' merged', 'EX', ctx.tomb_ttl)
+      rcall('SET', ctx.tomb .. ctx.jid, policy .. ' ' .. holder .. ' merged ' .. (ctx.created or ''), 'EX',
+            ctx.tomb_ttl)
     end
   end
 end
 
 -- merged_into: the job this call's id was merged into by `policy` (a resend of a call whose
--- rewrite already happened), or nil.
+-- rewrite already happened: the record holds this very call's creation time, which no other call
+-- shares, so a later call reusing a chosen id is not taken for a resend), or nil.
 local function merged_into(ctx, policy)
   if not ctx.tomb or ctx.jid == '' then return nil end
   local record = rcall('GET', ctx.tomb .. ctx.jid)
   if not record then return nil end
-  local name, holder, how = string.match(record, '^(%S+) (%S+) (%S+)$')
-  if name == policy and how == 'merged' then return holder end
+  local name, holder, created = string.match(record, '^(%S+) (%S+) merged ?(%S*)$')
+  if name == policy and created == (ctx.created or '') then return holder end
   return nil
 end
 

@@ -19,6 +19,7 @@ from rq_policies import (
     PolicyConfigurationError,
     PolicyJob,
     PolicyQueue,
+    PolicySet,
     Throttle,
     explain,
     keys,
@@ -379,3 +380,19 @@ def test_ttl_frees_the_identity_of_a_running_holder(connection, redis_url, worke
         assert again is not None and again.id != job.id
     finally:
         stop(worker)
+
+
+def test_replace_rewrites_the_per_key_policy_key_derived_from_the_call(connection):
+    """A Loner 'replace' whose function also has a per-key Concurrency keyed on another argument: the waiting job
+    takes the new call's key with its payload (it used to keep the first call's key and run under it)."""
+    from rq_policies import Concurrency
+
+    spec = PolicySet((Loner(on_conflict='replace'), Concurrency(1, key=lambda args, kwargs: args[1])),
+                     unique_context=lambda args, kwargs: args[0])
+    q = PolicyQueue('replace-key', connection=connection)
+    first = q.enqueue(lock_jobs.replaced, 'acme', 'tenant-1', policy=spec)
+    field = Concurrency.field
+    assert connection.hget(first.key, field).decode().endswith(':tenant-1')
+    again = q.enqueue(lock_jobs.replaced, 'acme', 'tenant-2', policy=spec)
+    assert again.id == first.id and Job.fetch(first.id, connection=connection).args == ('acme', 'tenant-2')
+    assert connection.hget(first.key, field).decode().endswith(':tenant-2')

@@ -22,7 +22,8 @@
   naming this very job is a replay; the job this one supersedes (a pending trailing job it
   replaces) does not count as a holder.
   replace(ctx, p, holder, fields): rewrite the waiting holder's payload in place (data,
-  description, meta of this call's job fields; same id, same place in its queue) and name this
+  description, meta of this call's job fields, and the call-derived fields of the declared
+  policies, ctx.payload: a per-key policy's key; same id, same place in its queue) and name this
   call's job in the holder's policies_replaced_by. Writes the same values when replayed.
   commit / force: the job takes the marker (force: unless another holder holds it; both then
   run, which is what "regardless" asks for).
@@ -82,7 +83,9 @@ function P.loner.replace(ctx, p, holder, fields)
     new[fields[i]] = fields[i + 1]
   end
   local set = {'policies_replaced_by', ctx.jid}
-  for _, name in ipairs(LONER_PAYLOAD) do
+  local names = {unpack(LONER_PAYLOAD)}
+  for _, name in ipairs(ctx.payload or {}) do names[#names + 1] = name end  -- a per-key policy's key
+  for _, name in ipairs(names) do
     if new[name] then
       set[#set + 1] = name
       set[#set + 1] = new[name]

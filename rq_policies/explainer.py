@@ -123,9 +123,9 @@ def _drop_record(raw: str, now: float, left_ms: int) -> dict[str, Any]:
 
 def read_tombstone(raw: Any) -> dict[str, Any] | None:
     """A tombstone (``keys.superseded``, lib/pending.lua) as ``{'policy', 'by', 'merged'}``: "<policy> <by>" (a
-    pending job deleted and replaced by job ``by``) or "<policy> <by> merged <created>" (an enqueue whose payload was written
-    into pending job ``by`` in place: its own id was never a job). None for none, and for a rewrite guard ("rewrite
-    ..."), which the fetch reads and which says nothing of a gone id."""
+    pending job deleted and replaced by job ``by``) or "<policy> <by> merged <created>" (an enqueue whose payload was
+    written into pending job ``by`` in place: its own id was never a job). None for none, and for a rewrite guard
+    ("rewrite ..."), which the fetch reads and which says nothing of a gone id."""
     if raw is None:
         return None
     value = text(raw)

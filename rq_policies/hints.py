@@ -175,4 +175,5 @@ def call_identity(queue: Any, spec: Any, f: Any, args: tuple, kwargs: dict) -> t
     else:
         fargs, fkwargs, job_id = args, {}, None
     func_name = identity.function_name(f)
-    return func_name, identity.digest(func_name, queue.name, fargs, fkwargs, spec.unique_context, spec.policies), job_id or ''
+    digest = identity.digest(func_name, queue.name, fargs, fkwargs, spec.unique_context, spec.policies)
+    return func_name, digest, job_id or ''

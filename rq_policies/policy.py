@@ -470,8 +470,8 @@ class PolicySet:
         try:
             hook(call, holder)
         except Exception:
-            logger.exception('rq-policies: the on_drop hook %r raised on a drop of %s on queue %r (%s, held by job %s); '
-                             'the enqueue returns as dropped all the same', hook, call.function, call.queue,
+            logger.exception('rq-policies: the on_drop hook %r raised on a drop of %s on queue %r (%s, held by job '
+                             '%s); the enqueue returns as dropped all the same', hook, call.function, call.queue,
                              call.policy, holder)
 
     @functools.cached_property

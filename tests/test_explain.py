@@ -161,6 +161,8 @@ def test_explain_on_a_merged_call_names_the_pending_job(connection):
     assert merged.id == pending.id and not connection.exists('rq:job:ex-merged-call')
     answer = explain('ex-merged-call', connection=connection)
     assert answer['exists'] is False and answer['queue'] == 'ex-gone'
+    assert lines(answer)[0] == "job ex-merged-call: not in Redis, queue 'ex-gone'"
+    assert lines(answer)[1].split(None, 1)[1].startswith(f'merged into pending job {pending.id}')
     [part] = answer['policies']
     assert part['runs_as'] == pending.id and part['merged'] is True
     assert part['verdict'].startswith(f'merged into pending job {pending.id} (scheduled now)')

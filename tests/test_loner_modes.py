@@ -317,7 +317,7 @@ def test_info_counts_a_running_until_finished_holder_as_holding(connection):
     assert (block['count'], block['waiting']) == (1, 0)
 
 
-# -- ttl: the identity held at most N seconds, whatever the holder does -------------------------------------------------
+# -- ttl: the identity held at most N seconds, whatever the holder does ------------------------------------------------
 
 
 @pytest.mark.parametrize('bad', [0, -1, 0.0, '60', True, float('nan'), float('inf'), 0.0001, [5]])

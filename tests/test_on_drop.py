@@ -1,4 +1,4 @@
-"""``@policy(..., on_drop=hook)``: the app is told of each drop in the producer, with the dropped call and the holder."""
+"""``@policy(..., on_drop=hook)``: the app is told of each drop in the producer, with the call and the holder."""
 
 from __future__ import annotations
 

@@ -374,7 +374,7 @@ class PolicyQueue(Queue):
         write = self.job_write(job, spec, digest, at_front, when, schedule=not force)
         if not admission.admit(self, spec, digest, write, force=force, hint=door.hint if door is not None else None):
             return None
-        if write.replaced:  # the waiting holder took this payload (a unique job's on_conflict='replace'): it is the job
+        if write.replaced:  # the waiting holder or pending job took this payload in place: it is the job
             return job
         if write.mode == 'D':
             return self._finish_deferred(job, spec, digest, at_front)

@@ -14,7 +14,7 @@ import throttle_jobs as tj
 from rq import Queue
 from rq.job import Job, JobStatus
 from rq.registry import ScheduledJobRegistry
-from throttle_helpers import WorkerProcess, ran, server_now, wait_for_runs
+from throttle_helpers import WorkerProcess, ran, server_now, wait_for_phase, wait_for_runs
 from workers import output, race, start_worker
 
 from rq_policies import (
@@ -328,3 +328,23 @@ def test_a_chosen_id_reused_by_a_later_call_is_not_taken_for_a_resend(connection
     assert fresh.id == 'reused' and Job.fetch('reused', connection=connection).args == (1, 'v4')
     assert not connection.exists(keys.superseded('reused'))
     assert [m for m, _ in pending(connection, q)] == ['reused']
+
+
+@pytest.mark.parametrize('kind', ['debounce', 'trailing'])
+def test_a_due_pending_job_is_never_rewritten_a_new_job_is_admitted(connection, kind):
+    """A pending job whose run time has come may be in rq's scheduler's hands at that moment: the next enqueue leaves
+    it (payload, id, place) alone and is admitted as a job of its own, as before the in-place rewrite."""
+    q = PolicyQueue('due', connection=connection)
+    if kind == 'debounce':
+        func = tj.reindex_slow
+    else:
+        func = tj.publish_minute
+        wait_for_phase(connection, 60, 0.5, 50)
+        assert q.enqueue(func, 1, 'lead') is not None
+    first = q.enqueue(func, 1, 'v1')
+    registry = ScheduledJobRegistry(queue=q).key
+    connection.zadd(registry, {first.id: int(server_now(connection)) - 1})  # its time has come
+    second = q.enqueue(func, 1, 'v2')
+    assert second.id != first.id and connection.hget(first.key, 'policies_replaced_by') is None
+    assert Job.fetch(first.id, connection=connection).args == (1, 'v1')
+    assert {m for m, _ in pending(connection, q)} == {first.id, second.id}

@@ -9,14 +9,16 @@
   A policy's part (lua/policies/<name>.lua, included by `-- @policies`) may define:
     check(ctx, p)  -> nil to pass, {who = id, n = number} to drop, {replay = true, n = number}
                       when this very call was already admitted (a retried call whose reply was
-                      lost: answered as admitted, nothing written again); it may also plan the
+                      lost: answered as admitted, nothing written again; with `replaced = id`,
+                      answered as the rewrite of job `id` it was, code 3); it may also plan the
                       write (ctx.mode, ctx.score, ctx.dest, ctx.scheduled) and name the pending
                       job this one would supersede (ctx.supersedes); {replace = holder}: the
                       remaining checks run, then the policy's replace rewrites the holder
                       (in a probe, ctx.probe, a check that would replace passes instead)
     replace(ctx, p, holder, fields) -> a check that answered {replace = holder}: rewrite the
                       holder's payload in place with this call's job fields instead of writing
-                      a job (Loner(on_conflict='replace')); no policy commits then
+                      a job (Loner(on_conflict='replace'); Debounce and a trailing Throttle, whose
+                      holder is the pending job, also its run time); no policy commits then
     commit(ctx, p) -> writes the policy's own state, before the job is written
     force(ctx, p)  -> PolicyQueue.force: takes the policy's state whatever it holds
   `p` is the policy's own arguments (a.p[name]); ctx.key(name) is the key passed as `name`.
@@ -44,7 +46,9 @@
     probe       true: run the checks only (the fast path for an expected drop); write nothing
                 but a drop's counter
     tombstone   rq:policies:superseded: and tombstone_ttl (seconds): the tombstone a superseded
-                pending job leaves (lib/pending.lua)
+                pending job leaves, and the records of an in-place rewrite (lib/pending.lua)
+    payload     the job hash fields derived from the call by the declared policies (a per-key
+                policy's key): an in-place rewrite replaces them with the payload (absent: none)
     created     the job's created_at as written in its hash: a job hash already holding this
                 very value is this call's own write (a retried call whose reply was lost), so the
                 script answers as the first attempt did and writes nothing
@@ -60,7 +64,8 @@
 
   Returns {code, policy, job id, n, server now, superseded, dropped...}:
     code 1 admitted (job id = ours; n = the policy's number, e.g. the window's end), 3 the
-    holder's payload was replaced in place by `policy` (job id = the holder), 2 admitted
+    holder's payload was replaced in place by `policy` (job id = the holder; n = its run time for
+    a pending job, else 0), 2 admitted
     as a pending trailing job (n = its run time), 0 dropped by `policy` (job id = the job that
     holds the identity; n = e.g. the window's end), -1 a probe that found nothing to drop.
     superseded = the pending job this one replaced and deleted, or ''. dropped... = pairs of
@@ -101,6 +106,7 @@ local ctx = {
   jid = a.jid, mode = a.mode, score = a.score or 0, ttl = a.ttl, job_prefix = a.job_prefix,
   now = now, dest = a.k.dest and KEYS[a.k.dest], scheduled = false, code = 1, n = 0,
   superseded = '', dropped = {}, tomb = a.tombstone, tomb_ttl = a.tombstone_ttl, probe = a.probe,
+  payload = a.payload, created = a.created,
 }
 function ctx.key(name)
   return KEYS[a.k[name]]
@@ -135,6 +141,7 @@ else
     elseif verdict then
       if verdict.replay then
         if a.probe then return {-1, name, ctx.jid, verdict.n or 0, nowstr, ''} end
+        if verdict.replaced then return {3, name, verdict.replaced, verdict.n or 0, nowstr, ''} end
         return {1, name, ctx.jid, verdict.n or 0, nowstr, ''}
       end
       count_drop(KEYS[a.k.drops], KEYS[a.k.drops_minute], a.drops[name], now)
@@ -147,7 +154,7 @@ else
   if a.probe then return {-1, '', '', ctx.n, nowstr, ''} end
   if replacer then
     P[replacer].replace(ctx, a.p[replacer], holder, a.fields)
-    return {3, replacer, holder, 0, nowstr, ''}
+    return {3, replacer, holder, ctx.n, nowstr, ''}
   end
   for _, name in ipairs(order) do
     local part = P[name]

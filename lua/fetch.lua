@@ -61,7 +61,8 @@
                                     this fetch takes
     ttl             seconds         how long a hold lives unless refreshed
     tombstone       string          rq:policies:superseded: (a popped job whose tombstone exists is
-                                    dropped, not handed out)
+                                    dropped, not handed out; one whose tombstone is a rewrite
+                                    guard is checked by lib/rewrite_guard.lua)
     burst           boolean         a burst worker: count the skipped queues that still have jobs
                                     (it waits for those instead of quitting); 0 is reported otherwise
     claim_ttl       seconds         how long the claim's record lives (a replay comes within it)
@@ -85,6 +86,7 @@ local rcall = redis.call
 
 -- @include "lib/codec.lua"
 -- @include "lib/server_time.lua"
+-- @include "lib/rewrite_guard.lua"
 
 local a = decode_args(ARGV[1])
 local claim_key = KEYS[a.k.claim]
@@ -243,10 +245,18 @@ for i = 1, #a.names do
       local present = rcall('EXISTS', job_key) == 1
       -- A pending job a later enqueue superseded, brought back by a scheduler whose clock runs
       -- ahead of the server's (lib/pending.lua; the scheduler's write-back carries none of our
-      -- fields, so every job is checked): dropped like an id whose hash is gone.
-      if present and rcall('EXISTS', a.tombstone .. jid) == 1 then
-        rcall('DEL', job_key)
-        present = false
+      -- fields, so every job is checked): dropped like an id whose hash is gone. A pending job
+      -- rewritten in place carries a rewrite guard instead (lib/rewrite_guard.lua).
+      local tomb = present and rcall('GET', a.tombstone .. jid)
+      if tomb then
+        if string.sub(tomb, 1, 8) == 'rewrite ' then
+          if rewrite_guard(job_key, jid, a.tombstone .. jid, tomb, ctx.now) then
+            present = false
+          end
+        else
+          rcall('DEL', job_key)
+          present = false
+        end
       end
       local allowed = {}
       local refusal = present and admit_job(job_key, jid, allowed)

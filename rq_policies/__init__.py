@@ -10,7 +10,7 @@ from .job import PolicyJob
 from .key_rate import Rate
 from .limited_capacity import LimitedCapacityWorker
 from .loner import Loner
-from .policy import AdmissionPolicy, FetchPolicy, Policy, PolicySet, policy
+from .policy import AdmissionPolicy, DroppedCall, FetchPolicy, Policy, PolicySet, policy
 from .queue import PolicyQueue
 from .queue_rate import BackOff, QueueRate, RateStatus, Snooze, SnoozeLimitReached
 from .queue_slot import QueueSlot
@@ -24,6 +24,7 @@ __all__ = [
     'BackOff',
     'Concurrency',
     'Debounce',
+    'DroppedCall',
     'DuplicateJob',
     'FetchPolicy',
     'InvalidArgument',

@@ -24,7 +24,7 @@ from . import identity, keys
 from .exceptions import PolicyConfigurationError
 from .hints import DropRates, Hints, call_identity, hint_key, plain, spec_token
 from .ops import Call, text
-from .policy import ADMISSION, PolicySet, registered
+from .policy import ADMISSION, DroppedCall, PolicySet, registered
 
 if TYPE_CHECKING:
     from rq.job import Job
@@ -111,6 +111,9 @@ def _constants(queue: Queue, spec: PolicySet) -> dict[str, Any]:
             'drops': {item.name: keys.drop_field(item.name, queue.name) for item in ordered},
             'job_prefix': prefix, 'tombstone': keys.SUPERSEDED_PREFIX, 'tombstone_ttl': keys.SUPERSEDED_SECONDS,
         }
+        payload = [name for item in spec.policies for name in item.call_field_names()]
+        if payload:  # what an in-place rewrite of a waiting job replaces besides data, description and meta
+            found['payload'] = payload
         if len(memo) >= _MEMO_QUEUES:
             memo.clear()
         memo[(queue.name, prefix)] = found
@@ -204,6 +207,9 @@ def admit(queue: Queue, spec: PolicySet, digest: str, write: JobWrite, force: bo
         write.replaced = verdict.job_id
     if verdict.code == 0:
         _remember(hint, spec, digest, verdict)
+        if spec.on_drop is not None:
+            spec.dropped(DroppedCall(job.func_name, tuple(job.args), dict(job.kwargs), queue.name, verdict.policy),
+                         verdict.job_id)
         next(item for item in spec.policies if item.name == verdict.policy).on_drop(job.func_name, queue.name, verdict)
         return False
     _remember(hint, spec, digest, verdict)
@@ -313,7 +319,7 @@ def quick_drop(queue: Queue, spec: PolicySet | None, f: Any, args: tuple, kwargs
         rate = (queue.name, token, f) if key is not None else None
         if not _rates.likely(rate):
             return False, Seen(key, rate)
-        found = call_identity(queue, spec.unique_context, f, args, kwargs)
+        found = call_identity(queue, spec, f, args, kwargs)
         if found is None:
             return False, Seen(key, rate)
         func_name, digest, job_id = found
@@ -322,7 +328,7 @@ def quick_drop(queue: Queue, spec: PolicySet | None, f: Any, args: tuple, kwargs
         if verdict.code != 0:
             return False, Seen(key, rate)
         _remember(Seen(key, rate), spec, digest, verdict, call)
-        _dropped(spec, func_name, queue.name, verdict)
+        _dropped(spec, func_name, queue, verdict, args, kwargs, f)
         return True, None
     call = seen.probe
     if (call is not None and plain(key) and call.args['queue_key'] == queue.key
@@ -331,7 +337,7 @@ def quick_drop(queue: Queue, spec: PolicySet | None, f: Any, args: tuple, kwargs
         # is this call's own.
         func_name, digest, job_id = identity.function_name(f), seen.digest, ''
     else:
-        found = call_identity(queue, spec.unique_context, f, args, kwargs)
+        found = call_identity(queue, spec, f, args, kwargs)
         if found is None or found[1] != seen.digest:
             return False, None
         func_name, digest, job_id = found
@@ -341,15 +347,24 @@ def quick_drop(queue: Queue, spec: PolicySet | None, f: Any, args: tuple, kwargs
         _hints.forget(key)
         return False, Seen(key)
     _remember(Seen(key), spec, digest, verdict, call)
-    _dropped(spec, func_name, queue.name, verdict)
+    _dropped(spec, func_name, queue, verdict, args, kwargs, f)
     return True, None
 
 
-def _dropped(spec: PolicySet, func_name: str, queue: str, verdict: Verdict) -> None:
-    """The dropping policy's own ``on_drop`` (its log line, or its raise)."""
+def _dropped(spec: PolicySet, func_name: str, queue: Queue, verdict: Verdict, args: tuple, kwargs: dict,
+             f: Any = None) -> None:
+    """The set's ``on_drop`` hook (told the function's own arguments, rq's options taken out), then the dropping
+    policy's own ``on_drop`` (its log line, or its raise)."""
+    if spec.on_drop is not None:
+        if kwargs:  # rq's options travel in kwargs: let rq tell them from the function's own
+            parsed = queue.parse_args(f if f is not None else func_name, *args, **dict(kwargs))
+            fargs, fkwargs = tuple(parsed.args or ()), dict(parsed.kwargs or {})
+        else:
+            fargs, fkwargs = tuple(args), {}
+        spec.dropped(DroppedCall(func_name, fargs, fkwargs, queue.name, verdict.policy), verdict.job_id)
     for item in spec.policies:
         if item.name == verdict.policy:
-            item.on_drop(func_name, queue, verdict)
+            item.on_drop(func_name, queue.name, verdict)
             return
 
 

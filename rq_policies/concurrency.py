@@ -167,6 +167,9 @@ class KeyedPolicy(FetchPolicy):
         """The policy's own part of the job field, before ``<scope>:<key>``."""
         raise NotImplementedError
 
+    def call_field_names(self) -> tuple[str, ...]:
+        return (self.field,)
+
     def call_fields(self, job: Any, queue: str, digest: str) -> list[Any]:
         scope, key = self.key_of(job, digest)
         return [self.field, f'{self.setting()} {keys.key_channel(scope, key)}']

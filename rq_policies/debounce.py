@@ -1,10 +1,21 @@
 """Debounce: run a job once a burst of enqueues of its identity has gone quiet, with the last payload.
 
 Each enqueue schedules the job ``wait`` seconds from now in rq's scheduled-job registry (run by
-``rq worker --with-scheduler``). If a job of the same identity is still pending there, it is replaced: its hash is
-deleted and the new job, with the new payload, takes its place at now + ``wait``. ``max_wait`` caps the delay since
-the enqueue that started the pending period, so a stream that never pauses still runs at least every ``max_wait``
-seconds. Each enqueue returns the caller's Job, because that job will run unless a later one supersedes it.
+``rq worker --with-scheduler``). If a job of the same identity is still pending there, that job is rewritten in place,
+in the admission script: it keeps its id and takes the new payload (args and kwargs, description, meta, and a per-key
+policy's key) and the new run time, now + ``wait``; the enqueue returns that job (its id, the new payload). So every
+handle the app kept (the first enqueue's Job, any later one's) reads the one job that will run: ``get_status()``
+says ``scheduled`` with the latest payload until it runs, then its real state. What the first enqueue set otherwise
+stays (``created_at``, ``timeout``, ``result_ttl`` and the other enqueue options), as with Loner's
+``on_conflict='replace'``, BullMQ's deduplication ``replace`` and Sidekiq-unique-jobs' ``replace`` strategy.
+``max_wait`` caps the delay since the enqueue that started the pending period, so a stream that never pauses still runs
+at least every ``max_wait`` seconds.
+
+A resend of a replacing call (redis-py retries a command whose reply was lost) is a replay: the call's own id keeps a
+merge record naming the pending job, so the resend answers that job and writes nothing, even when another enqueue
+rewrote the job in between. ``explain`` on that id (given as ``job_id=``) names the pending job; on an id superseded
+before 0.3 (when a replacement deleted the pending job and wrote a new one) it follows the chain of replacements to
+the job that will run.
 
 Times come from the Redis server's clock. rq's scheduler reads whole-second scores and looks about once a second, so
 a debounced job runs up to about two seconds after its quiet period ends: use ``wait`` in seconds, not milliseconds.
@@ -25,7 +36,7 @@ from rq.registry import ScheduledJobRegistry
 
 from . import keys
 from .exceptions import PolicyConfigurationError
-from .policy import AdmissionPolicy, Policy, pending_lines, superseded_entry, whole_seconds
+from .policy import AdmissionPolicy, Policy, pending_lines, replaced_in_place, superseded_entry, whole_seconds
 
 logger = logging.getLogger('rq_policies')
 
@@ -90,7 +101,8 @@ class Debounce(AdmissionPolicy):
         when = datetime.fromtimestamp(run_at, timezone.utc).isoformat() if run_at is not None else None
         if pending == job['id'] and run_at is not None and run_at > now:
             entry['verdict'] = f'pending debounced job, runs at {when} (in {run_at - now:.1f} s)'
-            entry['change'] = 'an identical enqueue before then supersedes it (this job is deleted)'
+            entry['change'] = ('an identical enqueue before then rewrites it in place (its payload and run time; '
+                               'same id)')
         elif run_at is not None:
             entry['verdict'] = f'its quiet period is over: rq\'s scheduler moves it to the queue (due {when})'
             entry['change'] = 'run workers with --with-scheduler'
@@ -113,11 +125,15 @@ class Debounce(AdmissionPolicy):
             )
 
     def on_admit(self, job: Any, queue: str, verdict: Any) -> None:
-        if verdict.superseded and verdict.superseded != job.id:
-            logger.info(
-                'rq-policies: %s on queue %r (debounce): job %s replaces pending job %s, runs at %s', job.func_name,
-                queue, job.id, verdict.superseded, datetime.fromtimestamp(verdict.number, timezone.utc).isoformat(),
-            )
+        if verdict.code == 3 and verdict.policy == self.name:
+            # The pending job took this call's payload and run time in place: the Job returned is that job.
+            if logger.isEnabledFor(logging.INFO):
+                logger.info(
+                    'rq-policies: %s on queue %r (debounce): replaced the payload of pending job %s in place (this '
+                    'call was job %s), runs at %s', job.func_name, queue, verdict.job_id, job.id,
+                    datetime.fromtimestamp(verdict.number, timezone.utc).isoformat(),
+                )
+            replaced_in_place(job, verdict)
 
     @classmethod
     def examples(cls) -> tuple[AdmissionPolicy, ...]:

@@ -6,8 +6,10 @@ its state, a setting such as a throttle's width). Every registered policy contri
 :meth:`rq_policies.policy.Policy.explain`, so a new policy explains itself in its own module. Every key read is built
 from the job hash, never found by SCAN, so the answer costs a few round trips however many identities are live.
 
-A job id with no job hash may still have an answer: a pending job that a later enqueue superseded leaves a
-tombstone naming its replacement (``keys.superseded``), and an enqueue a policy dropped leaves a drop record
+A job id with no job hash may still have an answer: a pending job that was deleted (by a force; before 0.3, by a
+later enqueue) leaves a tombstone naming its replacement (``keys.superseded``), which ``explain`` follows from
+tombstone to tombstone to the job that will run; an enqueue merged into a pending job in place leaves a merge record
+naming that job under the same key; and an enqueue a policy dropped leaves a drop record
 naming the holder (``keys.dropped``), but only when the caller chose the job id (``job_id=``): a dropped enqueue
 returns None, so an id rq drew is never seen by anyone, and the common path writes nothing more. Each policy reads
 the records that are its own (:meth:`rq_policies.policy.Policy.explain_gone`).
@@ -80,7 +82,10 @@ def explain(job_id: str, connection: Any, job_prefix: str = Job.redis_job_namesp
         when it is beyond the first :data:`POSITION_SCAN` ids); each policy entry names the policy, what it says now
         (``verdict``), what would change that (``change``) and its own details. ``exists`` is False for an id with
         no job hash that a policy still explains: "superseded by job ..." (a pending Debounce or trailing Throttle
-        job replaced by a later enqueue, for ``keys.SUPERSEDED_SECONDS``) or "dropped at enqueue: held by ..." (an
+        job a force deleted, or, before 0.3, a later enqueue replaced, for ``keys.SUPERSEDED_SECONDS``: the chain of
+        replacements is followed to the job that will run, ``runs_as``, ``chain``), "merged into pending job ..."
+        (an enqueue given ``job_id=`` whose payload a Debounce or trailing Throttle wrote into the pending job in
+        place: that id was never a job) or "dropped at enqueue: held by ..." (an
         enqueue given ``job_id=`` that a policy dropped, for ``keys.DROPPED_SECONDS``; an enqueue without
         ``job_id=`` leaves no record, as nobody knows its id); ``status`` is then ''.
 
@@ -116,6 +121,47 @@ def _drop_record(raw: str, now: float, left_ms: int) -> dict[str, Any]:
     return record
 
 
+def read_tombstone(raw: Any) -> dict[str, Any] | None:
+    """A tombstone (``keys.superseded``, lib/pending.lua) as ``{'policy', 'by', 'merged'}``: "<policy> <by>" (a
+    pending job deleted and replaced by job ``by``) or "<policy> <by> merged <created>" (an enqueue whose payload was
+    written into pending job ``by`` in place: its own id was never a job). None for none, and for a rewrite guard
+    ("rewrite ..."), which the fetch reads and which says nothing of a gone id."""
+    if raw is None:
+        return None
+    value = text(raw)
+    if value.startswith('rewrite '):
+        return None
+    policy, _, rest = value.partition(' ')
+    by, _, how = rest.partition(' ')
+    return {'policy': policy, 'by': by, 'merged': how.split(' ')[0] == 'merged'}
+
+
+#: The most tombstones ``explain`` follows from a gone id to the job that will run (each hop is one round trip).
+CHAIN_HOPS = 32
+
+
+def follow(connection: Any, job_prefix: str, by: str) -> tuple[list[str], str, str]:
+    """Follow a chain of replacements from job ``by`` (the job that replaced a gone one) to the job that will run:
+    while a job in the chain has no hash but a tombstone of its own (it was itself superseded, or merged, as
+    pending jobs were before they were rewritten in place), go on to the job that one names. Returns (the chain,
+    ``by`` first; the last job's status and queue, '' when it is gone too)."""
+    chain = [by]
+    status, queue = '', ''
+    for _ in range(CHAIN_HOPS):
+        with connection.pipeline(transaction=False) as pipe:
+            pipe.hmget(job_prefix + chain[-1], 'status', 'origin')
+            pipe.get(keys.superseded(chain[-1]))
+            (status, queue), raw = pipe.execute()
+        status, queue = text(status) if status is not None else '', text(queue) if queue is not None else ''
+        if status or queue:
+            break
+        nxt = read_tombstone(raw)
+        if nxt is None or not nxt['by'] or nxt['by'] in chain:
+            break
+        chain.append(nxt['by'])
+    return chain, status, queue
+
+
 def _gone(connection: Any, job_id: str, job_prefix: str) -> dict[str, Any]:
     """The answer for an id with no job hash, from its tombstone and drop record; UnknownJob when a policy has none."""
     with connection.pipeline(transaction=False) as pipe:
@@ -127,9 +173,11 @@ def _gone(connection: Any, job_id: str, job_prefix: str) -> dict[str, Any]:
     if tombstone is None and dropped is None:
         raise UnknownJob(job_id)
     now = seconds + micros / 1e6
-    policy, _, by = text(tombstone).partition(' ') if tombstone is not None else ('', '', '')
+    superseded = read_tombstone(tombstone)
+    if superseded is None and dropped is None:
+        raise UnknownJob(job_id)
     records: dict[str, Any] = {
-        'superseded': {'policy': policy, 'by': by} if tombstone is not None else None,
+        'superseded': superseded,
         'dropped': _drop_record(text(dropped), now, left_ms) if dropped is not None else None,
         'job_prefix': job_prefix,
     }

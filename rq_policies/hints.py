@@ -156,7 +156,7 @@ def plain(key: tuple) -> bool:
     return key[-1]
 
 
-def call_identity(queue: Any, unique_context: Any, f: Any, args: tuple, kwargs: dict) -> tuple[str, str, str] | None:
+def call_identity(queue: Any, spec: Any, f: Any, args: tuple, kwargs: dict) -> tuple[str, str, str] | None:
     """``(func_name, digest, explicit job id or '')`` of an enqueue call, computed without building its job.
 
     None when only the full path can tell: bound methods and callable objects (rq names them in ways only building
@@ -175,4 +175,5 @@ def call_identity(queue: Any, unique_context: Any, f: Any, args: tuple, kwargs: 
     else:
         fargs, fkwargs, job_id = args, {}, None
     func_name = identity.function_name(f)
-    return func_name, identity.digest(func_name, queue.name, fargs, fkwargs, unique_context), job_id or ''
+    digest = identity.digest(func_name, queue.name, fargs, fkwargs, spec.unique_context, spec.policies)
+    return func_name, digest, job_id or ''

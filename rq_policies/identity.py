@@ -117,8 +117,8 @@ def _encode(value: Any, where: str, depth: int = 0) -> Any:
         return ['l', [_encode(item, f'{where}[{i}]', depth + 1) for i, item in enumerate(value)]]
     raise _Refused(where, (
         f'{type(value).__name__} has no canonical encoding. Pass plain values (str, int, float, bool, None, list, '
-        'tuple, dict with str keys, datetime, date, UUID, Decimal, bytes), or declare unique_context= on the '
-        'policy to choose what identifies the job.'
+        'tuple, dict with str keys, datetime, date, UUID, Decimal, bytes), or declare '
+        '@policy(..., unique_context=lambda args, kwargs: ...) on the job function to choose what identifies the job.'
     ), value, type_error=True)
 
 
@@ -169,6 +169,7 @@ def digest(
     args: Sequence[Any] | None = None,
     kwargs: Mapping[str, Any] | None = None,
     unique_context: UniqueContext | None = None,
+    policies: Any = None,
 ) -> str:
     """The identity digest (64 hex characters) of one call on one queue.
 
@@ -179,9 +180,12 @@ def digest(
         kwargs: keyword arguments.
         unique_context: optional ``(args, kwargs) -> value``; when given, only its return value (with the function
             and queue) identifies the job.
+        policies: the policies the call is enqueued under (only to name them when ``unique_context`` fails).
 
     Raises:
-        TypeError: an argument (or unique_context's return value) has no canonical encoding.
+        TypeError: an argument (or unique_context's return value) has no canonical encoding, or ``unique_context``
+            raised: the error names the function, the policies and the cause (chained), as a failing key function's
+            does (:meth:`rq_policies.concurrency.KeyedPolicy.key_of`).
         InvalidArgument: an argument (or that value) is nested deeper than :data:`MAX_DEPTH` or contains itself, or
             is a number or date that cannot be written out (an int past Python's digit limit, an aware datetime out
             of range in UTC). Both name the argument (``args[1]``, ``kwargs['x'][0]``) and the function.
@@ -189,7 +193,10 @@ def digest(
     args = tuple(args or ())
     kwargs = dict(kwargs or {})
     if unique_context is not None:
-        narrowed = unique_context(args, kwargs)
+        try:
+            narrowed = unique_context(args, kwargs)
+        except Exception as exc:
+            raise TypeError(context_failure(unique_context, func_name, policies, exc)) from exc
         try:
             data = _pack(func_name, queue, 'context', _encode(narrowed, 'the value unique_context returned'))
         except _Refused as refused:
@@ -199,6 +206,20 @@ def digest(
     else:
         data = canonical(func_name, queue, args, kwargs)
     return hashlib.sha256(data).hexdigest()
+
+
+def context_failure(unique_context: Any, func_name: str, policies: Any, exc: BaseException) -> str:
+    """The message of a failing ``unique_context``: which hook, on which job function, under which policies, and
+    why."""
+    hook = getattr(unique_context, '__qualname__', None) or repr(unique_context)
+    module = getattr(unique_context, '__module__', None)
+    if module and not hook.startswith('<'):
+        hook = f'{module}.{hook}'
+    named = ''
+    if policies:
+        named = ', '.join(repr(item) for item in policies) if isinstance(policies, (tuple, list)) else repr(policies)
+        named = f' (@policy({named}, unique_context=...))'
+    return f'unique_context {hook} of {func_name}{named} failed on this call: {exc!r}'
 
 
 def func_path(job: Any) -> str:

@@ -34,12 +34,20 @@ key                                                    type     meaning
                                                                 reply arrived, and expires after
                                                                 :data:`CLAIM_TTL` seconds anyway
 ``rq:policies:capacity``                               HASH     queue name -> cluster-wide cap (QueueSlot)
-``rq:policies:superseded:<job id>``                   STRING   tombstone of a pending job a later enqueue
-                                                                replaced: ``<policy> <id of that enqueue's job>``
-                                                                (``reset `` after ``rq-policies reset``); a
-                                                                PolicyWorker drops that id should a skewed
-                                                                scheduler bring it back, and ``explain`` names the
-                                                                replacement; expires after SUPERSEDED_SECONDS
+``rq:policies:superseded:<job id>``                   STRING   tombstone of a pending job a force (or, before
+                                                                0.3, a later enqueue) deleted: ``<policy> <id of
+                                                                that enqueue's job>`` (``reset `` after
+                                                                ``rq-policies reset``); a PolicyWorker drops that
+                                                                id should a skewed scheduler bring it back, and
+                                                                ``explain`` names the replacement. ``<policy>
+                                                                <pending id> merged <created_at>``: the merge
+                                                                record of an enqueue rewritten into pending job
+                                                                ``<pending id>`` in place (a resend of that very
+                                                                call, the same created_at, is a replay).
+                                                                ``rewrite <payload>``: the rewrite guard of a
+                                                                pending job rewritten in place, until its run time
+                                                                (lua/lib/rewrite_guard.lua). Each expires after
+                                                                SUPERSEDED_SECONDS (the guard: after the run time)
 ``rq:policies:dropped:<job id>``                      STRING   JSON record of an enqueue a policy dropped, written
                                                                 only when the caller chose the job id
                                                                 (``job_id=``): ``policy``, ``holder``, ``n``,
@@ -160,7 +168,8 @@ SUPERSEDED_PREFIX = PREFIX + 'superseded:'
 
 
 def superseded(job_id: str) -> str:
-    """The tombstone of a pending job that a later enqueue replaced: the fetch drops that job id if it comes back."""
+    """The tombstone of a pending job that was deleted (the fetch drops that job id if it comes back), the merge
+    record of an enqueue rewritten into a pending job, or a rewritten pending job's guard (see the table above)."""
     return SUPERSEDED_PREFIX + job_id
 
 

@@ -12,6 +12,7 @@ reaper is needed and no marker blocks forever.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, ClassVar
 
 from rq.worker import Worker
@@ -19,12 +20,14 @@ from rq.worker import Worker
 from . import keys
 from .exceptions import DuplicateJob
 from .ops import Call, text
-from .policy import AdmissionPolicy, Policy, job_status
+from .policy import MAX_SECONDS, AdmissionPolicy, Policy, job_status
 
 logger = logging.getLogger('rq_policies')
 
 #: The job hash field that says the job holds its identity until it ends (``until='finished'``).
 UNTIL_FIELD = 'policies_loner_until'
+#: The job hash field of a job admitted under ``Loner(ttl=N)``: N (seconds), so the fetch keeps the marker's cap.
+TTL_FIELD = 'policies_loner_ttl'
 #: When the identity is let go: when a worker takes the job, or when the job ends.
 UNTIL = ('started', 'finished')
 #: What a duplicate enqueue does: return None, raise DuplicateJob, or replace the waiting holder's payload.
@@ -33,6 +36,19 @@ ON_CONFLICT = ('drop', 'raise', 'replace')
 #: Seconds a "seen held" hint is trusted to pick the probe first (a marker can be freed at any moment, when a worker
 #: takes the job, so a loner hint is kept only briefly; a stale one costs one extra round trip before the full path).
 HINT_SECONDS = 5.0
+
+
+def _lock_ttl(value: Any) -> float | int | None:
+    """``Loner(ttl=...)`` checked: None, or a finite number of seconds > 0 and at most ten years."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f'ttl must be a number of seconds > 0 (int or float), or None, got {value!r}')
+    if value > MAX_SECONDS:
+        raise ValueError(f'ttl must be at most {MAX_SECONDS} seconds (ten years), got {value!r}')
+    if value * 1000 < 1:
+        raise ValueError(f'ttl must be at least 0.001 seconds (the marker is kept to the millisecond), got {value!r}')
+    return value
 
 
 class Loner(AdmissionPolicy):
@@ -64,25 +80,36 @@ class Loner(AdmissionPolicy):
     the holder's id and the new payload). A holder already running is never replaced: with ``until='started'`` the
     new job is then admitted as usual (a running job holds nothing), with ``until='finished'`` it is dropped.
 
+    ``ttl``: the identity is held at most ``ttl`` seconds from the enqueue that took it, whatever the holder does
+    (sidekiq-unique-jobs' ``lock_ttl``, BullMQ's deduplication ``ttl``): after that an identical enqueue is admitted
+    even if the holder still waits or runs (both then exist; the holder is not touched). It works with either
+    ``until``: the marker (``rq:policies:loner:<queue>:<digest>``) simply expires, in Redis, so no process has to be
+    alive to free it. Without ``ttl`` the identity is held for as long as ``until`` says (bounded only by the job's
+    own ``ttl`` and, while running, by its worker's heartbeat).
+
     Args:
         until: ``'started'`` or ``'finished'``.
         on_conflict: ``'drop'``, ``'raise'`` or ``'replace'``.
+        ttl: optional cap in seconds on how long the identity is held, a number > 0 (int or float; kept to the
+            millisecond), at most ten years.
     """
 
     name: ClassVar[str] = 'loner'
     rank: ClassVar[int] = 50
 
-    def __init__(self, until: str = 'started', on_conflict: str = 'drop') -> None:
+    def __init__(self, until: str = 'started', on_conflict: str = 'drop', ttl: float | None = None) -> None:
         if until not in UNTIL:
             raise ValueError(f"until must be 'started' or 'finished', got {until!r}")
         if on_conflict not in ON_CONFLICT:
             raise ValueError(f"on_conflict must be 'drop', 'raise' or 'replace', got {on_conflict!r}")
         self.until = until
         self.on_conflict = on_conflict
+        self.ttl = _lock_ttl(ttl)
 
     def __repr__(self) -> str:
         words = [f'until={self.until!r}'] if self.until != 'started' else []
         words += [f'on_conflict={self.on_conflict!r}'] if self.on_conflict != 'drop' else []
+        words += [f'ttl={self.ttl!r}'] if self.ttl is not None else []
         return f'Loner({", ".join(words)})'
 
     def conflicts(self, others: tuple[Policy, ...]) -> str | None:
@@ -102,12 +129,17 @@ class Loner(AdmissionPolicy):
             part['worker_prefix'] = Worker.redis_worker_namespace_prefix
         if self.on_conflict != 'drop':
             part['conflict'] = self.on_conflict
+        if self.ttl is not None:
+            part['ttl_ms'] = math.ceil(self.ttl * 1000)
         return part
 
     def job_fields(self, queue: str, digest: str) -> list[str]:
+        fields = [keys.LONER_FIELD, keys.loner(queue, digest)]
         if self.until == 'finished':
-            return [keys.LONER_FIELD, keys.loner(queue, digest), UNTIL_FIELD, 'finished']
-        return [keys.LONER_FIELD, keys.loner(queue, digest)]
+            fields += [UNTIL_FIELD, 'finished']
+        if self.ttl is not None:
+            fields += [TTL_FIELD, repr(self.ttl)]
+        return fields
 
     @classmethod
     def ended(cls, pipeline: Any, job_prefix: str, job_id: str) -> None:
@@ -126,7 +158,8 @@ class Loner(AdmissionPolicy):
             job._id = verdict.job_id
 
     def leased_keys(self, queue: str, digest: str) -> list[str]:
-        return [keys.loner(queue, digest)]
+        # A capped marker keeps its cap (lua/lib/take_marker.lua gave a deferred job's marker the cap, not the lease).
+        return [keys.loner(queue, digest)] if self.ttl is None else []
 
     @classmethod
     def release(cls, connection: Any, job_prefix: str, job_ids: list[str]) -> None:
@@ -144,12 +177,14 @@ class Loner(AdmissionPolicy):
 
     @classmethod
     def examples(cls) -> tuple[AdmissionPolicy, ...]:
-        return (cls(), cls(until='finished'), cls(on_conflict='replace'), cls(until='finished', on_conflict='replace'))
+        return (cls(), cls(until='finished'), cls(on_conflict='replace'), cls(until='finished', on_conflict='replace'),
+                cls(ttl=60), cls(until='finished', ttl=60))
 
     #: Constructor arguments this policy refuses, each with the argument its error names (the contract suite).
     invalid: ClassVar[tuple[tuple[dict[str, Any], str], ...]] = (
         ({'until': 'x'}, 'until'), ({'until': None}, 'until'), ({'on_conflict': 'skip'}, 'on_conflict'),
-        ({'on_conflict': True}, 'on_conflict'),
+        ({'on_conflict': True}, 'on_conflict'), ({'ttl': 0}, 'ttl'), ({'ttl': -5}, 'ttl'), ({'ttl': '60'}, 'ttl'),
+        ({'ttl': True}, 'ttl'), ({'ttl': float('nan')}, 'ttl'), ({'ttl': float('inf')}, 'ttl'),
     )
 
     @classmethod

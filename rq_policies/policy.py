@@ -138,6 +138,11 @@ class Policy:
         """
         return False
 
+    def call_field_names(self) -> tuple[str, ...]:
+        """The names of the fields :meth:`call_fields` writes: an in-place rewrite of a waiting job (Loner's
+        ``'replace'``, Debounce, a trailing Throttle) replaces them along with the payload."""
+        return ()
+
     def call_fields(self, job: Any, queue: str, digest: str) -> list[Any]:
         """Fields this policy stores on the job hash that depend on the call itself (its args and kwargs: a per-key
         policy's key), field, value, ...; raising here (a bad key) refuses the enqueue before anything is written."""
@@ -205,20 +210,47 @@ def job_status(connection: Any, job_prefix: str, job_id: str) -> tuple[str, str]
             origin.decode() if isinstance(origin, bytes) else origin or '')
 
 
+def replaced_in_place(job: Any, verdict: Any) -> None:
+    """The admission rewrote pending job ``verdict.job_id`` in place with ``job``'s payload (Debounce, a trailing
+    Throttle): make ``job`` that job, the handle the caller gets (its id, scheduled, not enqueued; the payload is
+    already ``job``'s own)."""
+    from rq.job import JobStatus
+
+    job._id = verdict.job_id
+    job._status = JobStatus.SCHEDULED
+    job.enqueued_at = None
+
+
 def superseded_entry(policy: str, connection: Any, records: dict[str, Any], pending: str,
                      change: str) -> list[dict[str, Any]]:
     """The ``explain_gone`` entry of a pending job that a later enqueue of ``policy`` replaced (its tombstone in
     ``records['superseded']``), or [] when no tombstone of ``policy`` names one. ``pending`` says what the job was (a
-    debounced, a trailing job) and when its replacement runs; ``change`` is the advice, ``{by}`` its id."""
+    debounced, a trailing job) and when its replacement runs; ``change`` is the advice, ``{by}`` the job that runs.
+
+    The chain of replacements is followed to the job that will run (``runs_as``, with ``chain`` from the first
+    replacement): ids superseded one by another before pending jobs were rewritten in place each name the next. An
+    id whose enqueue was merged into the pending job in place (its tombstone says ``merged``: that call's job was
+    never written) names the pending job its payload went into."""
+    from .explainer import follow
+
     superseded = records['superseded']
     if not superseded or superseded['policy'] != policy:
         return []
     by = superseded['by']
-    status, queue = job_status(connection, records['job_prefix'], by)
+    chain, status, queue = follow(connection, records['job_prefix'], by)
+    final = chain[-1]
+    via = f' (via {", ".join(chain[:-1])}, each replaced in turn)' if len(chain) > 1 else ''
+    if superseded.get('merged'):
+        verdict = (f'merged into pending job {final} ({status or "gone"} now){via}: this enqueue\'s payload was '
+                   f'written into that job in place (its own id was never a job)')
+    else:
+        verdict = f'superseded by job {by} ({status or "gone"} now): {pending}, which was deleted'
+        if final != by:
+            verdict = (f'superseded by job {by}, itself replaced: the job that runs is {final} '
+                       f'({status or "gone"} now){via}: {pending}, which was deleted')
     return [{
-        'policy': policy, 'superseded_by': by, 'queue': queue,
-        'verdict': f'superseded by job {by} ({status or "gone"} now): {pending}, which was deleted',
-        'change': change.format(by=by),
+        'policy': policy, 'superseded_by': by, 'runs_as': final, 'chain': chain, 'queue': queue,
+        'merged': bool(superseded.get('merged')), 'verdict': verdict, 'change': change.format(by=final),
     }]
 
 
@@ -386,11 +418,35 @@ class FetchPolicy(Policy):
 
 
 @dataclass(frozen=True)
+class DroppedCall:
+    """An enqueue a policy dropped, as the ``on_drop`` hook of ``@policy(...)`` gets it.
+
+    Attributes:
+        function: the job function's import path, as rq stores it (``tasks.sweep_cache``).
+        args: the call's positional arguments (the function's, without rq's enqueue options).
+        kwargs: the call's keyword arguments (likewise).
+        queue: the queue name.
+        policy: the name of the policy that dropped it (``'loner'``, ``'throttle'``, ...).
+    """
+
+    function: str
+    args: tuple
+    kwargs: dict
+    queue: str
+    policy: str
+
+
+#: ``on_drop(call, holder_id)``: told of each enqueue a policy dropped (see :func:`policy`).
+OnDrop = Callable[[DroppedCall, str], Any]
+
+
+@dataclass(frozen=True)
 class PolicySet:
-    """The policies one enqueue is admitted under, with the identity hook they share."""
+    """The policies one enqueue is admitted under, with the identity hook they share and the drop hook."""
 
     policies: tuple[Policy, ...]
     unique_context: UniqueContext | None = field(default=None, compare=False)
+    on_drop: OnDrop | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         seen: set[type] = set()
@@ -403,6 +459,20 @@ class PolicySet:
         check_combination(self.policies)
         if self.unique_context is not None and not callable(self.unique_context):
             raise TypeError(f'unique_context: expected a callable (args, kwargs) -> value, got {self.unique_context!r}')
+        if self.on_drop is not None and not callable(self.on_drop):
+            raise TypeError(f'on_drop: expected a callable (call, holder_id) -> None, got {self.on_drop!r}')
+
+    def dropped(self, call: DroppedCall, holder: str) -> None:
+        """Tell the ``on_drop`` hook (if any) of a drop; an exception in it is logged, never raised."""
+        hook = self.on_drop
+        if hook is None:
+            return
+        try:
+            hook(call, holder)
+        except Exception:
+            logger.exception('rq-policies: the on_drop hook %r raised on a drop of %s on queue %r (%s, held by job '
+                             '%s); the enqueue returns as dropped all the same', hook, call.function, call.queue,
+                             call.policy, holder)
 
     @functools.cached_property
     def admission(self) -> tuple[AdmissionPolicy, ...]:
@@ -465,7 +535,8 @@ def make_set(value: Policy | Iterable[Policy] | PolicySet | None, unique_context
     raise TypeError(f'policy: expected a Policy, a list of policies or None, got {value!r}')
 
 
-def policy(*policies: Policy, unique_context: UniqueContext | None = None) -> Callable[[F], F]:
+def policy(*policies: Policy, unique_context: UniqueContext | None = None,
+           on_drop: OnDrop | None = None) -> Callable[[F], F]:
     """Declare the policies a job function is enqueued under.
 
     Example::
@@ -476,16 +547,31 @@ def policy(*policies: Policy, unique_context: UniqueContext | None = None) -> Ca
         @policy(Loner(), unique_context=lambda args, kwargs: args[0])
         def sync_account(account_id, reason): ...   # one waiting job per account, whatever the reason
 
+        def count_drop(call, holder_id):             # call: a DroppedCall
+            metrics.increment('jobs.dropped', tags={'function': call.function, 'policy': call.policy})
+
+        @policy(Throttle(60), on_drop=count_drop)
+        def poll_account(account_id): ...
+
     Args:
         *policies: one or more Policy objects.
         unique_context: optional ``(args, kwargs) -> value`` narrowing the identity every policy keys on.
+        on_drop: optional ``(call, holder_id) -> None``, called in the producer after a policy dropped an enqueue of
+            the function (the drop is already decided, counted and logged): ``call`` is a :class:`DroppedCall`
+            (function path, args, kwargs, queue name, the dropping policy's name), ``holder_id`` the id of the job
+            that holds the identity. For the app's own logging or metrics. It runs in the enqueueing thread, before
+            the enqueue returns None (or, under ``Loner(on_conflict='raise')``, before it raises DuplicateJob), so
+            keep it short. An exception in it is logged (``rq_policies`` logger, with its traceback) and not raised
+            into the enqueue: a metrics hook that fails must not turn a decided drop into an error the caller would
+            read as "not enqueued for another reason". Not called on an admitted enqueue, nor on a replace (a
+            Loner ``'replace'``, a Debounce or a trailing Throttle rewriting the pending job: nothing was dropped).
 
     Returns:
         A decorator that returns the function itself (rq stores jobs by import path, so no wrapper is involved).
     """
     if not policies:
         raise TypeError('policy: give at least one policy, for example @policy(Loner())')
-    spec = PolicySet(tuple(policies), unique_context)
+    spec = PolicySet(tuple(policies), unique_context, on_drop)
 
     def decorate(func: F) -> F:
         if not callable(func):

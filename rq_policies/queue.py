@@ -431,13 +431,14 @@ class PolicyQueue(Queue):
         if not self._is_async:
             # A synchronous queue runs the job at once: nothing ever waits, so there is nothing to hold.
             return super().enqueue_job(job, at_front=at_front, **kwargs)
-        digest = identity.digest(identity.func_path(job), self.name, job.args, job.kwargs, spec.unique_context)
+        digest = identity.digest(identity.func_path(job), self.name, job.args, job.kwargs, spec.unique_context,
+                                 spec.policies)
         door = _door.get()
         force = door is not None and door.force
         write = self.job_write(job, spec, digest, at_front, when, schedule=not force)
         if not admission.admit(self, spec, digest, write, force=force, hint=door.hint if door is not None else None):
             return None
-        if write.replaced:  # the waiting holder took this payload (a unique job's on_conflict='replace'): it is the job
+        if write.replaced:  # the waiting holder or pending job took this payload in place: it is the job
             return job
         if write.mode == 'D':
             return self._finish_deferred(job, spec, digest, at_front)
@@ -513,7 +514,7 @@ class PolicyQueue(Queue):
         probe = self._probe(func, args, kwargs)
         spec = self._declared_for(func)
         digest = identity.digest(identity.func_path(probe), self.name, args, kwargs,
-                                 spec.unique_context if spec else None)
+                                 spec.unique_context if spec else None, spec.policies if spec else None)
         return by_name('loner').holder(self.connection, self.name, digest, self.job_class.redis_job_namespace_prefix)
 
     def _probe(self, func: Any, args: tuple, kwargs: dict[str, Any]) -> Job:
@@ -557,7 +558,8 @@ class PolicyQueue(Queue):
         spec = self._spec(policy, func)
         probe = self._probe(func, args, kwargs)
         context = spec.unique_context if spec else None
-        digest = identity.digest(identity.func_path(probe), self.name, args, kwargs, context)
+        digest = identity.digest(identity.func_path(probe), self.name, args, kwargs, context,
+                                 spec.policies if spec else None)
         return admission.reset(self, spec, digest)
 
     # -- removal paths free the identity ----------------------------------------------------------------------

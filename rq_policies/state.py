@@ -351,7 +351,8 @@ def reset_identity(
     """
     from . import identity
 
-    digest = identity.digest(func_name, queue, tuple(args), dict(kwargs or {}), unique_context)
+    digest = identity.digest(func_name, queue, tuple(args), dict(kwargs or {}), unique_context,
+                             spec.policies if spec else None)
     return {'digest': digest, 'removed': reset_digest(connection, queue, digest, spec)}
 
 

@@ -39,7 +39,16 @@ from rq.utils import import_attribute
 
 from . import admission, identity, keys
 from .exceptions import PolicyConfigurationError
-from .policy import AdmissionPolicy, Policy, PolicySet, declared, pending_lines, superseded_entry, whole_seconds
+from .policy import (
+    AdmissionPolicy,
+    Policy,
+    PolicySet,
+    declared,
+    pending_lines,
+    replaced_in_place,
+    superseded_entry,
+    whole_seconds,
+)
 
 logger = logging.getLogger('rq_policies')
 
@@ -87,7 +96,11 @@ class Throttle(AdmissionPolicy):
     Args:
         slot: slot width, a whole number of seconds >= 1.
         trailing: keep the latest extra of a held slot and run it when the slot ends (through rq's scheduled-job
-            registry: run workers with ``--with-scheduler``). The trailing job counts as the next slot's run.
+            registry: run workers with ``--with-scheduler``). The trailing job counts as the next slot's run. A
+            later extra of the slot rewrites the pending trailing job in place (its payload: args, kwargs,
+            description, meta; and its run time when asked later), in the admission script, and returns it: the
+            same id, so every handle the app kept reads the job that will run (as Debounce does; a resend of the
+            call is a replay, and ``explain`` on an extra's ``job_id=`` names the pending job).
     """
 
     name: ClassVar[str] = 'throttle'
@@ -136,7 +149,8 @@ class Throttle(AdmissionPolicy):
             raise ValueError('connection: give a Redis connection (the job has none)')
         spec = _declared_spec(job)
         context = spec.unique_context if spec else None
-        digest = identity.digest(identity.func_path(job), job.origin, job.args, job.kwargs, context)
+        digest = identity.digest(identity.func_path(job), job.origin, job.args, job.kwargs, context,
+                                 spec.policies if spec else None)
         queue = Queue(job.origin, connection=conn, job_class=type(job))
         verdict = admission.claim(queue, PolicySet((cls(width),)), digest, job)
         return Outcome(verdict.code == 1, verdict.job_id, verdict.number)
@@ -181,7 +195,8 @@ class Throttle(AdmissionPolicy):
         entry: dict[str, Any] = {'policy': cls.name, 'slot': width_s, 'window_ends_at': ends, 'owner': owner}
         if trailing and pending == jid and job.get('status') == 'scheduled' and run_at is not None:
             entry['verdict'] = f'pending trailing job of the window ending at {_when(run_at)} (in {run_at - now:.1f} s)'
-            entry['change'] = 'runs at that time; a later extra of the window replaces it'
+            entry['change'] = ('runs at that time; a later extra of the window rewrites it in place (its payload; '
+                               'same id)')
         elif owner == jid:
             entry['verdict'] = f'owns the current {width_s} s slot, which ends at {_when(ends)} (in {ends - now:.1f} s)'
             entry['change'] = 'an identical enqueue before then is dropped' + (
@@ -231,6 +246,16 @@ class Throttle(AdmissionPolicy):
             )
 
     def on_admit(self, job: Any, queue: str, verdict: Any) -> None:
+        if verdict.code == 3 and verdict.policy == self.name:
+            # The pending trailing job took this call's payload (and run time) in place: the Job returned is it.
+            if logger.isEnabledFor(logging.INFO):
+                logger.info(
+                    'rq-policies: %s on queue %r (throttle): replaced the payload of pending trailing job %s in place '
+                    '(this call was job %s), runs at %s', job.func_name, queue, verdict.job_id, job.id,
+                    _when(verdict.number),
+                )
+            replaced_in_place(job, verdict)
+            return
         if verdict.code != 2:
             return
         job._status = JobStatus.SCHEDULED

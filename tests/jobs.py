@@ -130,3 +130,35 @@ def exit_horse(code):
 def raising_callback(job, connection, *args, **kwargs):
     """An on_success callback that fails: rq then marks the job failed, and its dependents never run."""
     raise RuntimeError('callback failed')
+
+
+def account_of(args, kwargs):
+    """A unique_context that fails on a call without ``account=`` (KeyError)."""
+    return kwargs['account']
+
+
+@policy(Loner(), unique_context=account_of)
+def by_account(*args, **kwargs):
+    return kwargs.get('account')
+
+
+#: What the on_drop hooks below were told: (DroppedCall, holder id), in call order.
+DROPS_SEEN: list = []
+
+
+def remember_drop(call, holder):
+    DROPS_SEEN.append((call, holder))
+
+
+def failing_drop_hook(call, holder):
+    raise RuntimeError('metrics backend down')
+
+
+@policy(Loner(), on_drop=remember_drop)
+def watched(item, flag=None):
+    return item
+
+
+@policy(Loner(), on_drop=failing_drop_hook)
+def watched_badly(item):
+    return item

@@ -51,3 +51,12 @@ def replaced_held(account, reason, check=None, seconds=0.0):
 @policy(Loner(on_conflict='raise'))
 def raising(x):
     return x
+
+
+@policy(Loner(until='finished', ttl=4))
+def held_capped(tag, seconds=0.0):
+    """Like ``held``, with the identity held at most 4 s (Loner(ttl=4)) whatever the run does."""
+    conn = _conn()
+    conn.rpush(f'test:ran:{tag}', get_current_job().id)
+    time.sleep(seconds)
+    return tag

@@ -14,7 +14,7 @@ import throttle_jobs as tj
 from rq import Queue
 from rq.job import Job, JobStatus
 from rq.registry import ScheduledJobRegistry
-from throttle_helpers import WorkerProcess, ran, server_now, wait_for_runs
+from throttle_helpers import WorkerProcess, ran, server_now, wait_for_phase, wait_for_runs
 from workers import output, race, start_worker
 
 from rq_policies import (
@@ -57,7 +57,7 @@ def test_value_object():
     assert Debounce(5, max_wait=5).max_wait == 5
 
 
-def test_replace_moves_the_run_time_and_deletes_the_superseded_job(connection, caplog):
+def test_replace_rewrites_the_pending_job_in_place_and_moves_its_run_time(connection, caplog):
     q = PolicyQueue('index', connection=connection)
     t0 = server_now(connection)
     a = q.enqueue(tj.reindex_slow, 1, 'a')
@@ -71,13 +71,16 @@ def test_replace_moves_the_run_time_and_deletes_the_superseded_job(connection, c
     time.sleep(1.1)
     with caplog.at_level(logging.INFO, logger='rq_policies'):
         b = q.enqueue(tj.reindex_slow, 1, 'b')
-    assert a.id in caplog.text and 'replaces' in caplog.text
-    assert connection.exists(a.key) == 0
+    assert a.id in caplog.text and 'replaced the payload of pending job' in caplog.text
+    # the pending job took the new payload in place: same id, so the handle the app kept stays valid
+    assert b.id == a.id and b.args == (1, 'b') and b.get_status(refresh=False) == JobStatus.SCHEDULED
+    assert a.get_status() == JobStatus.SCHEDULED
     [(member, score_b)] = pending(connection, q)
-    assert member == b.id and score_b > score_a  # the quiet period starts again
-    assert Job.fetch(b.id, connection=connection).args == (1, 'b')
+    assert member == a.id and score_b > score_a  # the quiet period starts again
+    assert Job.fetch(a.id, connection=connection).args == (1, 'b')
+    assert Job.fetch(a.id, connection=connection).description == b.description
     assert connection.hget(state_key('index', 1), 'first') == first
-    assert connection.hget(state_key('index', 1), 'job') == b.id.encode()
+    assert connection.hget(state_key('index', 1), 'job') == a.id.encode()
     now = server_now(connection)
     # Gone once the job's time comes. Up to 2 ms over: the script rounds its TTL up to a whole millisecond, and the
     # server counts expiry from its millisecond clock, which can lag the microsecond TIME the script read by one more.
@@ -126,8 +129,11 @@ def test_debounce_script_direct(connection):
     assert (jid, superseded) == (b'a', b'') and at == math.ceil(float(now) + 30)
     assert connection.hgetall('rq:job:a') == {b'status': b'scheduled', b'origin': b'q'}
     jid, at_b, _, superseded = debounce('b', not_before=int(float(now)) + 100)
-    assert superseded == b'a' and connection.exists('rq:job:a') == 0 and at_b == int(float(now)) + 100
-    assert connection.zrange('rq:scheduled:q', 0, -1, withscores=True) == [(b'b', at_b)]
+    # b's payload went into pending job a in place (the reply names it), a's run time moved to b's
+    assert (jid, superseded) == (b'a', b'') and at_b == int(float(now)) + 100
+    assert connection.exists('rq:job:b') == 0 and connection.hget('rq:job:a', 'policies_replaced_by') == b'b'
+    assert connection.zrange('rq:scheduled:q', 0, -1, withscores=True) == [(b'a', at_b)]
+    assert connection.get(keys.superseded('b')) == b'debounce a merged '  # (no created_at in these fields)
     assert connection.sismember('rq:queues', 'rq:queue:q')
 
 
@@ -147,14 +153,14 @@ def test_every_door(connection):
     a = q.enqueue_call(tj.reindex_slow, args=(1, 'a'))
     b = q.enqueue_in(timedelta(seconds=120), tj.reindex_slow, 1, 'b')
     [(member, score)] = pending(connection, q)
-    assert member == b.id and score >= server_now(connection) + 119  # the later of the debounce and the asked time
-    assert connection.exists(a.key) == 0
+    assert member == b.id == a.id and score >= server_now(connection) + 119  # the later of the debounce and the asked
     at = datetime.now(timezone.utc) + timedelta(hours=1)
     c = q.enqueue_at(at, tj.reindex_slow, 1, 'c')
-    assert pending(connection, q) == [(c.id, float(int(at.timestamp())))]
+    assert c.id == a.id and pending(connection, q) == [(a.id, float(int(at.timestamp())))]
     many = q.enqueue_many([Queue.prepare_data(tj.reindex_slow, (1, v)) for v in ('d', 'e')])
     assert [m.get_status(refresh=False) for m in many] == [JobStatus.SCHEDULED] * 2
-    assert [m for m, _ in pending(connection, q)] == [many[1].id]
+    assert [m.id for m in many] == [a.id, a.id] and [m for m, _ in pending(connection, q)] == [a.id]
+    assert Job.fetch(a.id, connection=connection).args == (1, 'e')
     assert q.enqueue('throttle_jobs.reindex_slow', 1, 'f') is not None
     assert len(pending(connection, q)) == 1
 
@@ -164,9 +170,8 @@ def test_processes_racing_leave_one_pending_job(connection, redis_url):
     assert all(outcomes), outcomes  # a debounced enqueue is never dropped: it replaces
     q = PolicyQueue('index', connection=connection)
     [(member, _)] = pending(connection, q)
-    assert member in outcomes
-    left = [job_id for job_id in outcomes if connection.exists(f'rq:job:{job_id}')]
-    assert left == [member]
+    assert set(outcomes) == {member}  # every racer got the one pending job's handle
+    assert connection.exists(f'rq:job:{member}')
     assert connection.exists(state_key('index', 1)) == 1
 
 
@@ -216,12 +221,12 @@ def test_burst_runs_once_with_the_last_payload(connection, redis_url, worker_env
             time.sleep(0.3)
         assert all(isinstance(j, Job) for j in returned)
         rows = wait_for_runs(connection, 'reindex', 1, timeout=20)
-        assert [(job_id, value) for job_id, value, _ in rows] == [(returned[-1].id, 'v4')], worker.output()
+        assert [(job_id, value) for job_id, value, _ in rows] == [(returned[0].id, 'v4')], worker.output()
         assert rows[0][2] >= last_at + 1  # not before a full quiet period after the last enqueue
         time.sleep(1.5)
         assert len(ran(connection, 'reindex')) == 1  # and only once
-        for superseded in returned[:-1]:
-            assert connection.exists(superseded.key) == 0
+        assert {job.id for job in returned} == {returned[0].id}  # one job, rewritten in place: every handle is it
+        assert returned[0].get_status() == JobStatus.FINISHED
 
 
 @pytest.mark.long
@@ -255,7 +260,9 @@ def test_a_scheduler_clock_ahead_never_runs_a_superseded_payload(connection, red
                                                                   policy):
     """rq's scheduler reads due jobs by its own host's clock, then writes them back to the queue in a second step. A
     host 10 s ahead of the server sees a pending job due while the server does not; a replacing enqueue in between
-    deletes it, and the scheduler's write brings it back. A PolicyWorker must then drop it, never run it."""
+    rewrites it in place (payload v2, a later run time), and the scheduler's write puts the payload it read (v1) back
+    and queues the job early. A PolicyWorker must then restore v2 and put the job back to wait for its time, never
+    run v1."""
     from rq import scheduler as rq_scheduler
 
     q = PolicyQueue('skew', connection=connection)
@@ -283,9 +290,61 @@ def test_a_scheduler_clock_ahead_never_runs_a_superseded_payload(connection, red
     monkeypatch.undo()
     scheduler.release_locks()
     [v2] = replaced
-    assert v2 is not None and v1.id in q.job_ids  # the stale write landed: v1 is queued again
+    assert v2.id == v1.id and v1.id in q.job_ids  # the stale write landed: the job is queued again
+    assert Job.fetch(v1.id, connection=connection).args == ('skew', 'v1')  # with the payload the scheduler read
     worker = start_worker(redis_url, ['skew'], worker_env, burst=True)
     assert worker.wait(timeout=60) == 0, output(worker)
     assert connection.lrange('test:ran:skew', 0, -1) == []  # v1 never ran; v2 waits for its own time
-    assert [j for j, _ in pending(connection, q)] == [v2.id]
-    assert not connection.exists(v1.key)
+    assert [j for j, _ in pending(connection, q)] == [v1.id] and q.job_ids == []
+    back = Job.fetch(v1.id, connection=connection)
+    assert back.args == ('skew', 'v2') and back.get_status() == JobStatus.SCHEDULED and back.enqueued_at is None
+
+
+def test_a_kept_handle_after_five_replacements_reads_scheduled_with_the_last_payload(connection):
+    """Issue 22: each replacement used to delete the job the app held (get_status() then raised NoSuchJobError)."""
+    q = PolicyQueue('index', connection=connection)
+    kept = q.enqueue(tj.reindex_slow, 1, 'v0')
+    created = connection.hget(kept.key, 'created_at')
+    returned = [q.enqueue(tj.reindex_slow, 1, f'v{i}', meta={'n': i}) for i in range(1, 6)]
+    assert [job.id for job in returned] == [kept.id] * 5
+    assert kept.get_status() == JobStatus.SCHEDULED
+    kept.refresh()
+    assert kept.args == (1, 'v5') and kept.meta == {'n': 5} and kept.description == returned[-1].description
+    assert [m for m, _ in pending(connection, q)] == [kept.id]
+    assert connection.hget(kept.key, 'created_at') == created  # the job's creation stays (a replay of it is known)
+
+
+def test_a_chosen_id_reused_by_a_later_call_is_not_taken_for_a_resend(connection):
+    """A merge record answers only a resend of its own call (the same created_at): a later call given the same
+    job_id is a call of its own, rewriting the pending job again, or admitted as a new job once none is pending."""
+    q = PolicyQueue('index', connection=connection)
+    kept = q.enqueue(tj.reindex_slow, 1, 'v1')
+    assert q.enqueue(tj.reindex_slow, 1, 'v2', job_id='reused').id == kept.id
+    assert q.enqueue(tj.reindex_slow, 1, 'v3', job_id='reused').id == kept.id
+    assert Job.fetch(kept.id, connection=connection).args == (1, 'v3')  # applied, not answered as a replay of v2
+    # with nothing pending (the job deleted), the id is a new job's, and its merge record goes
+    kept.delete()
+    fresh = q.enqueue(tj.reindex_slow, 1, 'v4', job_id='reused')
+    assert fresh.id == 'reused' and Job.fetch('reused', connection=connection).args == (1, 'v4')
+    assert not connection.exists(keys.superseded('reused'))
+    assert [m for m, _ in pending(connection, q)] == ['reused']
+
+
+@pytest.mark.parametrize('kind', ['debounce', 'trailing'])
+def test_a_due_pending_job_is_never_rewritten_a_new_job_is_admitted(connection, kind):
+    """A pending job whose run time has come may be in rq's scheduler's hands at that moment: the next enqueue leaves
+    it (payload, id, place) alone and is admitted as a job of its own, as before the in-place rewrite."""
+    q = PolicyQueue('due', connection=connection)
+    if kind == 'debounce':
+        func = tj.reindex_slow
+    else:
+        func = tj.publish_minute
+        wait_for_phase(connection, 60, 0.5, 50)
+        assert q.enqueue(func, 1, 'lead') is not None
+    first = q.enqueue(func, 1, 'v1')
+    registry = ScheduledJobRegistry(queue=q).key
+    connection.zadd(registry, {first.id: int(server_now(connection)) - 1})  # its time has come
+    second = q.enqueue(func, 1, 'v2')
+    assert second.id != first.id and connection.hget(first.key, 'policies_replaced_by') is None
+    assert Job.fetch(first.id, connection=connection).args == (1, 'v1')
+    assert {m for m, _ in pending(connection, q)} == {first.id, second.id}

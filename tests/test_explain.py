@@ -135,52 +135,100 @@ def test_explain_answers_in_50_ms_beside_100000_live_identities(connection):
 # -- ids with no job hash: superseded pending jobs, dropped enqueues ------------------------------------------------
 
 
-def test_a_superseded_debounced_job_names_the_job_that_replaced_it(connection):
+def test_a_kept_debounce_handle_and_explain_on_the_first_id_name_the_pending_job(connection):
+    """Five replacements rewrite the first job in place: the handle the app kept reads it scheduled with the last
+    payload, and explain on its id (the first id) names the pending job, which is itself."""
     q = PolicyQueue('ex-gone', connection=connection)
     first = q.enqueue(jobs.plain, 1, policy=Debounce(60))
-    second = q.enqueue(jobs.plain, 1, policy=Debounce(60))
-    assert not connection.exists(first.key)  # deleted: only its tombstone is left
+    handles = [q.enqueue(jobs.plain, 1, policy=Debounce(60), meta={'v': i}) for i in range(5)]
+    assert {h.id for h in handles} == {first.id}
+    assert first.get_status() == 'scheduled'
+    first.refresh()
+    assert first.meta == {'v': 4} and first.args == (1,)
     answer = explain(first.id, connection=connection)
-    assert answer['exists'] is False and answer['status'] == '' and answer['queue'] == 'ex-gone'
-    assert verdicts(answer)['debounce'].startswith(f'superseded by job {second.id} (scheduled now)')
-    assert lines(answer)[0] == f"job {first.id}: not in Redis, queue 'ex-gone'"
-    forced = q.force(jobs.plain, 1, policy=Debounce(60))  # a force drops the pending job too, and says so
-    assert verdicts(explain(second.id, connection=connection))['debounce'].startswith(f'superseded by job {forced.id}')
+    assert answer['exists'] is True and answer['status'] == 'scheduled'
+    assert verdicts(answer)['debounce'].startswith('pending debounced job, runs at')
+    forced = q.force(jobs.plain, 1, policy=Debounce(60))  # a force drops the pending job, and says so
+    assert verdicts(explain(first.id, connection=connection))['debounce'].startswith(f'superseded by job {forced.id}')
 
 
-def test_a_superseded_trailing_job_names_the_job_that_replaced_it(connection):
+def test_explain_on_a_merged_call_names_the_pending_job(connection):
+    """An enqueue given job_id= whose payload went into the pending job: its own id was never a job, and explain on
+    it names the job its payload went into."""
     q = PolicyQueue('ex-gone', connection=connection)
-    q.enqueue(jobs.plain, 2, policy=Throttle(3600, trailing=True))
-    pending = q.enqueue(jobs.plain, 2, policy=Throttle(3600, trailing=True))
-    later = q.enqueue(jobs.plain, 2, policy=Throttle(3600, trailing=True))
-    verdict = verdicts(explain(pending.id, connection=connection))['throttle']
-    assert verdict.startswith(f'superseded by job {later.id} (scheduled now): a later extra of its window')
+    pending = q.enqueue(jobs.plain, 3, policy=Debounce(60))
+    merged = q.enqueue(jobs.plain, 3, policy=Debounce(60), job_id='ex-merged-call')
+    assert merged.id == pending.id and not connection.exists('rq:job:ex-merged-call')
+    answer = explain('ex-merged-call', connection=connection)
+    assert answer['exists'] is False and answer['queue'] == 'ex-gone'
+    assert lines(answer)[0] == "job ex-merged-call: not in Redis, queue 'ex-gone'"
+    assert lines(answer)[1].split(None, 1)[1].startswith(f'merged into pending job {pending.id}')
+    [part] = answer['policies']
+    assert part['runs_as'] == pending.id and part['merged'] is True
+    assert part['verdict'].startswith(f'merged into pending job {pending.id} (scheduled now)')
+    # the same for a trailing throttle
+    throttled = Throttle(3600, trailing=True)
+    q.enqueue(jobs.plain, 4, policy=throttled)
+    trailing = q.enqueue(jobs.plain, 4, policy=throttled)
+    q.enqueue(jobs.plain, 4, policy=throttled, job_id='ex-merged-extra')
+    part = explain('ex-merged-extra', connection=connection)['policies'][0]
+    assert part['policy'] == 'throttle' and part['runs_as'] == trailing.id
+    assert part['verdict'].startswith(f'merged into pending job {trailing.id}')
+
+
+@pytest.mark.parametrize('policy, name', [(Debounce(60), 'debounce'), (Throttle(3600, trailing=True), 'throttle')])
+def test_explain_follows_a_chain_of_ids_superseded_before_the_upgrade(connection, policy, name):
+    """Ids superseded one by another before pending jobs were rewritten in place (each deleted, its tombstone naming
+    the next): explain on the earliest follows the chain to the job that will run."""
+    q = PolicyQueue('ex-chain', connection=connection)
+    if name == 'throttle':
+        q.enqueue(jobs.plain, 5, policy=policy)  # the window's winner
+    pending = q.enqueue(jobs.plain, 5, policy=policy)
+    # what 0.2 left: a superseded b, b superseded by c, c superseded by the pending job
+    connection.set(keys.superseded('old-a'), f'{name} old-b', ex=60)
+    connection.set(keys.superseded('old-b'), f'{name} old-c', ex=60)
+    connection.set(keys.superseded('old-c'), f'{name} {pending.id}', ex=60)
+    answer = explain('old-a', connection=connection)
+    [part] = answer['policies']
+    assert part['superseded_by'] == 'old-b' and part['runs_as'] == pending.id
+    assert part['chain'] == ['old-b', 'old-c', pending.id] and answer['queue'] == 'ex-chain'
+    assert f'the job that runs is {pending.id} (scheduled now)' in part['verdict']
+    assert pending.id in part['change']
+    # one replacement: named as it was
+    single = explain('old-c', connection=connection)['policies'][0]
+    assert single['verdict'].startswith(f'superseded by job {pending.id} (scheduled now)')
+    # a chain that loops or ends in nothing stops
+    connection.set(keys.superseded('loop-a'), f'{name} loop-b', ex=60)
+    connection.set(keys.superseded('loop-b'), f'{name} loop-a', ex=60)
+    assert explain('loop-a', connection=connection)['policies'][0]['chain'] == ['loop-b', 'loop-a']
 
 
 def test_a_pending_job_enqueued_again_under_its_own_id_is_not_superseded_by_itself(connection, redis_url, monkeypatch):
     """A debounced enqueue reusing the pending job's id rewrites it in place. It used to leave a tombstone on its own
-    id, so the fetch dropped the job as a superseded one: it never ran."""
+    id, so the fetch dropped the job as a superseded one: it never ran. Its rewrite guard (lib/rewrite_guard.lua)
+    does not drop it."""
     monkeypatch.setenv('REDIS_URL', redis_url)  # tests/jobs.py records what ran through it
     q = PolicyQueue('ex-self', connection=connection)
     q.enqueue(jobs.record, 'ex-self', policy=Debounce(1), job_id='ex-self-job')
     again = q.enqueue(jobs.record, 'ex-self', policy=Debounce(1), job_id='ex-self-job')  # the same identity
-    assert again.id == 'ex-self-job' and not connection.exists(keys.superseded('ex-self-job'))
+    assert again.id == 'ex-self-job'
+    assert connection.get(keys.superseded('ex-self-job')).startswith(b'rewrite ')  # a guard, not a tombstone
     assert verdicts(explain('ex-self-job', connection=connection))['debounce'].startswith('pending debounced job')
     time.sleep(2.2)  # due a second (whole seconds) after the call
     PolicySimpleWorker([q], connection=connection).work(burst=True, with_scheduler=True)
     assert connection.lrange('test:ran:ex-self', 0, -1) == [b'ex-self-job']
+    assert not connection.exists(keys.superseded('ex-self-job'))  # the guard went with the job's move
 
 
-def test_a_superseded_id_chosen_again_runs(connection, redis_url, monkeypatch):
-    """A pending job superseded (x by y), then its id chosen again by a later enqueue (x supersedes y): the new job x
-    runs. Its tombstone, left for a scheduler's write-back of the old payload, used to make the fetch drop it unrun."""
+def test_a_merged_id_chosen_again_runs(connection, redis_url, monkeypatch):
+    """A pending job x, an enqueue given id y merged into it (y's merge record), then x chosen again: one job, x, runs
+    once with the last payload."""
     monkeypatch.setenv('REDIS_URL', redis_url)  # tests/jobs.py records what ran through it
     q = PolicyQueue('ex-again', connection=connection)
     q.enqueue(jobs.record, 'ex-again', policy=Debounce(1), job_id='ex-again-x')
-    q.enqueue(jobs.record, 'ex-again', policy=Debounce(1), job_id='ex-again-y')
-    assert connection.exists(keys.superseded('ex-again-x'))
-    q.enqueue(jobs.record, 'ex-again', policy=Debounce(1), job_id='ex-again-x')
-    assert not connection.exists(keys.superseded('ex-again-x')) and connection.exists(keys.superseded('ex-again-y'))
+    assert q.enqueue(jobs.record, 'ex-again', policy=Debounce(1), job_id='ex-again-y').id == 'ex-again-x'
+    assert connection.get(keys.superseded('ex-again-y')).startswith(b'debounce ex-again-x merged ')
+    assert q.enqueue(jobs.record, 'ex-again', policy=Debounce(1), job_id='ex-again-x').id == 'ex-again-x'
     time.sleep(2.2)  # due a second (whole seconds) after the call
     PolicySimpleWorker([q], connection=connection).work(burst=True, with_scheduler=True)
     assert connection.lrange('test:ran:ex-again', 0, -1) == [b'ex-again-x']

@@ -176,6 +176,62 @@ def test_debounce_with_a_lost_reply_is_pending_once_and_runs_once(connection, fa
     assert [(job_id, value) for job_id, value, _ in ran(connection, tag)] == [(job.id, '1')]
 
 
+@pytest.mark.parametrize('kind', ['debounce', 'trailing'])
+@pytest.mark.parametrize('fault', ['delay', 'drop'])
+def test_an_in_place_rewrite_with_a_lost_reply_is_applied_once(connection, fault_proxy, fault, kind):
+    """An enqueue that rewrites the pending job in place (Debounce, a trailing Throttle) loses its reply; before its
+    resend reaches the server, another enqueue rewrites the pending job again. The resend is answered as the first
+    attempt was (the pending job's id) and writes nothing: the later payload stays, no job of the call's own id.
+
+    A late or dropped reply only: there the first attempt has run before the other enqueue. Under a stall both
+    attempts reach the server after it, in either order, so which payload is the later one is not defined."""
+    load(connection, 'admit')
+    direct = PolicyQueue('faults', connection=connection)
+    if kind == 'debounce':
+        func, ident = tj.reindex_slow, 'doc'
+    else:
+        func, ident = tj.publish_minute, 'task'
+        wait_for_phase(connection, 60, 0.5, 50)  # the window's winner, then the extras, in one window
+        assert direct.enqueue(func, ident, 0) is not None
+    pending = direct.enqueue(func, ident, 1)
+    registry = ScheduledJobRegistry('faults', connection=connection)
+    [(_, score)] = connection.zrange(registry.key, 0, -1, withscores=True)
+    attempts: list = []
+    later: list = []
+
+    def before_each() -> None:  # in the proxy's thread, before each attempt reaches the server
+        if attempts:  # the resend: another producer rewrites the pending job first
+            later.append(direct.enqueue(func, ident, 3))
+        attempts.append(time.monotonic())
+
+    match = (*ADMIT_WRITE, b'merge-call')
+    fault_proxy.before_request(before_each, match=match, times=2)
+    lose_reply(fault_proxy, fault, match)
+    q = PolicyQueue('faults', connection=producer(fault_proxy))
+    merged = q.enqueue(func, ident, 2, job_id='merge-call')
+    assert len(attempts) == 2 and fault_proxy.seen(match) >= 2  # the first attempt and its resend
+    [third] = later
+    assert merged.id == third.id == pending.id  # every handle is the pending job
+    stored = Job.fetch(pending.id, connection=connection)
+    assert stored.args == (ident, 3) and stored.get_status() == 'scheduled'  # the resend did not write 2 over 3
+    assert connection.hget(pending.key, 'policies_replaced_by') == third_call_id(connection, pending.id)
+    assert connection.zrange(registry.key, 0, -1, withscores=True)[0][0] == pending.id.encode()
+    assert len(registry.get_job_ids()) == 1 and not connection.exists('rq:job:merge-call')
+    assert connection.get(keys.superseded('merge-call')).startswith(
+        f'{"debounce" if kind == "debounce" else "throttle"} {pending.id} merged '.encode())
+    assert connection.hget(keys.DROPS, f'{"debounce" if kind == "debounce" else "throttle"}:faults') is None
+
+
+def third_call_id(connection: Redis, pending_id: str) -> bytes:
+    """The id the last rewriting call drew (its merge record names the pending job): what policies_replaced_by
+    must hold once that call's rewrite is the last one applied."""
+    for key in connection.scan_iter(keys.superseded('*')):
+        value = connection.get(key)
+        if value and b' merged ' in value and key != keys.superseded('merge-call').encode():
+            return key[len(keys.superseded('')):]
+    raise AssertionError('no merge record of the later call')
+
+
 @pytest.mark.parametrize('fault', FAULTS)
 def test_limited_capacity_refill_with_a_lost_reply_pushes_each_job_once(connection, fault_proxy, fault):
     load(connection, 'lcw_enqueue')

@@ -152,3 +152,32 @@ def test_policy_value_objects():
         policy(Loner(), unique_context='args[0]')
     with pytest.raises(TypeError, match='at least one'):
         policy()
+
+
+def test_failing_unique_context_is_wrapped_naming_hook_function_and_policy(connection):
+    """A unique_context that raises is reported as a failing key function is: the hook, the job function, the
+    policies and the cause (chained), a TypeError; nothing is written."""
+    import jobs
+
+    from rq_policies import PolicyQueue
+
+    q = PolicyQueue('q', connection=connection)
+    before = connection.dbsize()
+    with pytest.raises(TypeError) as raised:
+        q.enqueue(jobs.by_account, 1)
+    message = str(raised.value)
+    assert 'unique_context jobs.account_of of jobs.by_account' in message
+    assert '@policy(Loner(), unique_context=...)' in message
+    assert "KeyError('account')" in message
+    assert isinstance(raised.value.__cause__, KeyError)
+    assert connection.dbsize() == before
+    assert q.enqueue(jobs.by_account, 1, account=7) is not None
+
+
+def test_identity_error_hint_names_the_decorator_that_takes_unique_context():
+    with pytest.raises(TypeError) as raised:
+        digest('f', 'q', [object()])
+    assert '@policy(..., unique_context=' in str(raised.value)
+    assert 'on the policy' not in str(raised.value)
+    # and that place exists: the decorator takes it (Loner(...) itself does not)
+    policy(Loner(), unique_context=lambda args, kwargs: args[0])

@@ -19,6 +19,7 @@ from rq_policies import (
     PolicyConfigurationError,
     PolicyJob,
     PolicyQueue,
+    PolicySet,
     Throttle,
     explain,
     keys,
@@ -314,3 +315,84 @@ def test_info_counts_a_running_until_finished_holder_as_holding(connection):
     connection.hset(job.key, 'status', 'finished')  # ended without its release (a stock worker): free, stale
     block = state.snapshot(connection, ['modes-info'])['queues']['modes-info']['loner']
     assert (block['count'], block['waiting']) == (1, 0)
+
+
+# -- ttl: the identity held at most N seconds, whatever the holder does ------------------------------------------------
+
+
+@pytest.mark.parametrize('bad', [0, -1, 0.0, '60', True, float('nan'), float('inf'), 0.0001, [5]])
+def test_ttl_is_checked_naming_the_argument_and_the_value(bad):
+    with pytest.raises(ValueError) as raised:
+        Loner(ttl=bad)
+    assert 'ttl' in str(raised.value) and repr(bad) in str(raised.value)
+
+
+def test_ttl_value_object():
+    assert Loner(ttl=5) == Loner(ttl=5) != Loner(ttl=6)
+    assert Loner(ttl=5) != Loner()
+    assert repr(Loner(until='finished', ttl=2.5)) == "Loner(until='finished', ttl=2.5)"
+
+
+@pytest.mark.parametrize('until', ['started', 'finished'])
+def test_ttl_frees_the_identity_of_a_waiting_holder(connection, until):
+    q = PolicyQueue(f'ttl-wait-{until}', connection=connection)
+    capped = Loner(until=until, ttl=1)
+    first = q.enqueue(lock_jobs.held, 'ttl', policy=capped)
+    assert q.enqueue(lock_jobs.held, 'ttl', policy=capped) is None  # held within the cap
+    key, holder = marker(connection, q, first)
+    assert holder == first.id and 0 < connection.pttl(key) <= 1000
+    assert wait_for(lambda: not connection.exists(key), timeout=5)
+    second = q.enqueue(lock_jobs.held, 'ttl', policy=capped)
+    assert second is not None and second.id != first.id  # admitted although the holder still waits
+    assert first.get_status() == JobStatus.QUEUED and q.job_ids == [first.id, second.id]
+    assert marker(connection, q, second)[1] == second.id
+    assert q.enqueue(lock_jobs.held, 'ttl', policy=capped) is None  # and the new holder holds, for its own cap
+
+
+def test_ttl_caps_a_deferred_holder_too(connection):
+    q = PolicyQueue('ttl-deferred', connection=connection)
+    parent = q.enqueue(lock_jobs.held, 'parent', policy=None)
+    child = q.enqueue(lock_jobs.held, 'child', policy=Loner(ttl=5), depends_on=parent)
+    assert child.get_status() == JobStatus.DEFERRED
+    key, holder = marker(connection, q, child)
+    assert holder == child.id and 0 < connection.pttl(key) <= 5000  # not persisted with the deferred setup
+    assert connection.ttl(child.key) == -1  # the job itself is kept as rq keeps it
+
+
+def test_ttl_frees_the_identity_of_a_running_holder(connection, redis_url, worker_env):
+    """Loner(until='finished', ttl=4) on a real forking worker: held while the job runs, until 4 s after its enqueue;
+    then an identical enqueue is admitted while the holder still runs."""
+    q = PolicyQueue('ttl-run', connection=connection)
+    worker = start_worker(redis_url, ['ttl-run'], worker_env)
+    try:
+        assert wait_for(lambda: connection.scard('rq:workers') >= 1), output(worker)  # up, so it takes the job at once
+        job = q.enqueue(lock_jobs.held_capped, 'ttl-run', seconds=10)
+        enqueued_at = time.monotonic()
+        assert wait_for(lambda: connection.llen('test:ran:ttl-run') == 1), output(worker)
+        assert wait_for(lambda: job.get_status() == JobStatus.STARTED), output(worker)
+        key, holder = marker(connection, q, job)
+        assert time.monotonic() - enqueued_at < 3.5, 'the worker took too long to start the job (load?)'
+        assert holder == job.id and 0 < connection.pttl(key) <= 4000  # taken: kept with its cap, not persisted
+        assert q.enqueue(lock_jobs.held_capped, 'ttl-run', seconds=10) is None  # held across the run
+        assert wait_for(lambda: not connection.exists(key), timeout=6)
+        assert job.get_status() == JobStatus.STARTED  # the holder still runs
+        again = q.enqueue(lock_jobs.held_capped, 'ttl-run', seconds=10)
+        assert again is not None and again.id != job.id
+    finally:
+        stop(worker)
+
+
+def test_replace_rewrites_the_per_key_policy_key_derived_from_the_call(connection):
+    """A Loner 'replace' whose function also has a per-key Concurrency keyed on another argument: the waiting job
+    takes the new call's key with its payload (it used to keep the first call's key and run under it)."""
+    from rq_policies import Concurrency
+
+    spec = PolicySet((Loner(on_conflict='replace'), Concurrency(1, key=lambda args, kwargs: args[1])),
+                     unique_context=lambda args, kwargs: args[0])
+    q = PolicyQueue('replace-key', connection=connection)
+    first = q.enqueue(lock_jobs.replaced, 'acme', 'tenant-1', policy=spec)
+    field = Concurrency.field
+    assert connection.hget(first.key, field).decode().endswith(':tenant-1')
+    again = q.enqueue(lock_jobs.replaced, 'acme', 'tenant-2', policy=spec)
+    assert again.id == first.id and Job.fetch(first.id, connection=connection).args == ('acme', 'tenant-2')
+    assert connection.hget(first.key, field).decode().endswith(':tenant-2')

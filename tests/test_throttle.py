@@ -363,8 +363,9 @@ def test_trailing_extras_replace_each_other(connection, caplog):
     assert member == b.id.encode() and score % 60 == 0 and score > server_now(connection)
     with caplog.at_level(logging.INFO, logger='rq_policies'):
         c = q.enqueue(tj.publish_minute, 1, 'c')
-    assert b.id in caplog.text and 'replaces' in caplog.text
-    assert connection.exists(b.key) == 0  # the superseded job is deleted
+    assert b.id in caplog.text and 'replaced the payload of pending trailing job' in caplog.text
+    # the pending trailing job took c's payload in place: c is b, and the handle b stays valid
+    assert c.id == b.id and c.args == (1, 'c') and b.get_status() == JobStatus.SCHEDULED
     assert connection.zrange(registry.key, 0, -1, withscores=True) == [(c.id.encode(), score)]
     fetched = Job.fetch(c.id, connection=connection)
     assert fetched.get_status() == JobStatus.SCHEDULED and fetched.args == (1, 'c') and fetched.enqueued_at is None
@@ -394,11 +395,9 @@ def test_processes_racing_as_extras_leave_one_pending_trailing_job(connection, r
     assert all(outcomes), outcomes  # an extra of a trailing throttle is never dropped: it becomes the pending one
     registry = ScheduledJobRegistry(queue=q)
     [pending] = registry.get_job_ids()
-    assert pending in outcomes
+    assert set(outcomes) == {pending}  # the first extra became the pending one; the others rewrote it in place
     assert connection.get(keys.trailing('progress', digest_of_context(1))) == pending.encode()
-    # Every superseded extra was deleted: one job hash per identity is left besides the leading one.
-    left = [job_id for job_id in outcomes if connection.exists(f'rq:job:{job_id}')]
-    assert left == [pending]
+    assert connection.exists(f'rq:job:{pending}')
     assert q.job_ids == [winner.id]
 
 
@@ -415,9 +414,9 @@ def test_trailing_with_loner(connection):
     assert Job.fetch(winner.id, connection=connection).get_status() == JobStatus.FINISHED
     c = q.enqueue(tj.publish_loner, 1, 'c')
     assert c.get_status() == JobStatus.SCHEDULED and q.holder(tj.publish_loner, 1, 'x') == c.id
-    d = q.enqueue(tj.publish_loner, 1, 'd')  # the pending trailing job itself is replaced, and the marker moves
-    assert d.get_status() == JobStatus.SCHEDULED and q.holder(tj.publish_loner, 1, 'x') == d.id
-    assert connection.exists(c.key) == 0
+    d = q.enqueue(tj.publish_loner, 1, 'd')  # the pending trailing job itself is rewritten in place; it still holds
+    assert d.get_status() == JobStatus.SCHEDULED and d.id == c.id and q.holder(tj.publish_loner, 1, 'x') == c.id
+    assert Job.fetch(c.id, connection=connection).args == (1, 'd')
 
 
 def test_trailing_refuses_depends_on_and_writes_nothing(connection):
@@ -450,8 +449,8 @@ def test_trailing_latest_wins_run_by_a_scheduler_worker(connection, redis_url, w
         assert [value for _, value, _ in rows] == ['v0', 'v4', 'v5'], worker.output()
         assert rows[1][0] == burst[4].id and rows[1][2] >= slot_end  # the slot's latest extra, once the slot ended
         assert rows[2][0] == late.id and rows[2][2] >= next_end
-        for superseded in burst[1:4]:
-            assert connection.exists(superseded.key) == 0
+        assert {j.id for j in burst[1:]} == {burst[1].id}  # the extras are one job, rewritten in place
+        assert burst[1].get_status() == JobStatus.FINISHED
         time.sleep(1.5)
         assert len(ran(connection, 'progress')) == 3  # nothing ran twice, nothing else ran
 
@@ -529,3 +528,18 @@ def test_reset_clears_every_policy_state(connection):
     assert q.reset(jobs.plain, 1, policy=Throttle(60)) == 0
     q.enqueue(jobs.plain, 1, policy=Throttle(60))
     assert q.reset(jobs.plain, 1, policy=Throttle(60)) == 1
+
+
+def test_a_kept_trailing_handle_after_five_replacements_reads_scheduled_with_the_last_payload(connection):
+    """Issue 22: each extra used to delete the pending trailing job the app held (NoSuchJobError)."""
+    q = PolicyQueue('progress', connection=connection)
+    wait_for_phase(connection, 60, 0.5, 55)
+    winner = q.enqueue(tj.publish_minute, 1, 'lead')
+    kept = q.enqueue(tj.publish_minute, 1, 'v0')
+    returned = [q.enqueue(tj.publish_minute, 1, f'v{i}', meta={'n': i}) for i in range(1, 6)]
+    assert [job.id for job in returned] == [kept.id] * 5 and kept.id != winner.id
+    assert all(job.get_status(refresh=False) == JobStatus.SCHEDULED for job in returned)
+    assert kept.get_status() == JobStatus.SCHEDULED
+    kept.refresh()
+    assert kept.args == (1, 'v5') and kept.meta == {'n': 5}
+    assert ScheduledJobRegistry(queue=q).get_job_ids() == [kept.id] and q.job_ids == [winner.id]

@@ -25,3 +25,82 @@ local function drop_pending(registry, job_prefix, jid, now, tomb, tomb_ttl, poli
   end
   return 1
 end
+
+-- rewrite_pending: a replacing enqueue (Debounce, a trailing Throttle) rewrites pending job
+-- `holder` in place instead of deleting it: same id, so every handle the app kept reads the job
+-- that will run. Its payload (data, description, meta, and the call-derived policy fields named
+-- in `extra`) becomes this call's (`fields`, the flat list the call would have written; a field
+-- the call lacks is deleted), its run time `score` (its place in `registry`), and it names this
+-- call's job id in policies_replaced_by. Everything else (created_at, the enqueue options) stays.
+-- Two records, each under the tombstone prefix (`ctx.tomb`):
+--   * this call's id (when it is not the holder's): "<policy> <holder> merged <created>" (the
+--     call's created_at), for explain (the
+--     id the app never got names the job its payload went into) and for a resend of this very
+--     call (merged_into: answered as the first attempt was, nothing rewritten again);
+--   * the holder's: a rewrite guard, "rewrite " .. the new payload and run time, until the run
+--     time plus ctx.tomb_ttl: rq's scheduler reads due jobs by its own host's clock and writes
+--     them back in a second step, so a host clock ahead of the server's can write the old payload
+--     back over this rewrite and queue the job early; the fetch then finds the guard, restores
+--     the payload and puts the job back to wait for its time (lua/fetch.lua, rewrite_guard).
+local REWRITE_PAYLOAD = {'data', 'description', 'meta'}
+
+local function pack_strings(list)
+  local out = {}
+  for i, s in ipairs(list) do
+    out[i] = #s .. ':' .. s
+  end
+  return table.concat(out)
+end
+
+local function rewrite_pending(ctx, holder, fields, extra, registry, score, policy)
+  local key = ctx.job_prefix .. holder
+  local new = {}
+  for i = 1, #fields - 1, 2 do
+    new[fields[i]] = fields[i + 1]
+  end
+  local set = {'policies_replaced_by', ctx.jid}
+  local kept = {registry, tostring(score)}
+  local names = {unpack(REWRITE_PAYLOAD)}
+  for _, name in ipairs(extra or {}) do names[#names + 1] = name end
+  for _, name in ipairs(names) do
+    local value = new[name]
+    kept[#kept + 1] = name
+    if value then
+      set[#set + 1] = name
+      set[#set + 1] = value
+      kept[#kept + 1] = '+' .. value
+    else
+      rcall('HDEL', key, name)
+      kept[#kept + 1] = '-'
+    end
+  end
+  rcall('HSET', key, unpack(set))
+  rcall('ZADD', registry, 'XX', score, holder)
+  if ctx.tomb then
+    local ttl = math.ceil(score - ctx.now) + ctx.tomb_ttl
+    if ttl < 1 then ttl = 1 end
+    rcall('SET', ctx.tomb .. holder, 'rewrite ' .. pack_strings(kept), 'EX', ttl)
+    if ctx.jid ~= '' and ctx.jid ~= holder then
+      rcall('SET', ctx.tomb .. ctx.jid, policy .. ' ' .. holder .. ' merged ' .. (ctx.created or ''), 'EX',
+            ctx.tomb_ttl)
+    end
+  end
+end
+
+-- merged_into: the job this call's id was merged into by `policy` (a resend of a call whose
+-- rewrite already happened: the record holds this very call's creation time, which no other call
+-- shares, so a later call reusing a chosen id is not taken for a resend), or nil.
+local function merged_into(ctx, policy)
+  if not ctx.tomb or ctx.jid == '' then return nil end
+  local record = rcall('GET', ctx.tomb .. ctx.jid)
+  if not record then return nil end
+  local name, holder, created = string.match(record, '^(%S+) (%S+) merged ?(%S*)$')
+  if name == policy and created == (ctx.created or '') then return holder end
+  return nil
+end
+
+-- replaceable: is `jid` a pending job that can still be rewritten in place (its run time not yet
+-- come, its hash still there)?
+local function replaceable(registry, job_prefix, jid, now)
+  return pending_at(registry, jid, now) and rcall('EXISTS', job_prefix .. jid) == 1
+end

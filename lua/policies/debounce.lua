@@ -8,11 +8,14 @@
   Arguments p: wait, max_wait (seconds; 0 for no cap).
 
   check: never drops; plans the job as scheduled at the debounce time (or the time asked for, if
-  later) and names the pending job it supersedes, unless that one's run time has come (rq's
-  scheduler may be moving it: it runs, and this enqueue starts a new period). An enqueue reusing
-  the pending job's id replaces it in place, like any other.
-  commit: the superseded job is dropped (out of the registry, hash deleted) and the state names
-  this job until its run time.
+  later). A pending job whose run time has not come (and whose hash is there) is replaced in place:
+  the check answers {replace = pending}. One whose time has come is left alone (rq's scheduler
+  may be moving it: it runs, and this enqueue starts a new period). A resend of a call already
+  merged into the pending job (its id's merge record, lib/pending.lua) is a replay: {replay,
+  replaced = that job}.
+  replace: the pending job takes this call's payload and run time in place (rewrite_pending: same
+  id, so the handle the app kept stays valid); the state keeps naming it, until its new run time.
+  commit: a new pending period: the state names this job until its run time.
   force: a pending debounced job is dropped.
 ]]
 -- @include "lib/pending.lua"
@@ -20,9 +23,13 @@ P.debounce = {}
 
 function P.debounce.check(ctx, p)
   local registry = ctx.key('registry')
+  local merged = merged_into(ctx, 'debounce')
+  if merged then
+    return {replay = true, replaced = merged, n = tonumber(rcall('ZSCORE', registry, merged)) or 0}
+  end
   local state = rcall('HMGET', ctx.key('debounce.state'), 'job', 'first')
   local pending, first = state[1], tonumber(state[2])
-  if pending and pending_at(registry, pending, ctx.now) then
+  if pending and replaceable(registry, ctx.job_prefix, pending, ctx.now) then
     ctx.supersedes = pending
   else
     first = ctx.now
@@ -36,15 +43,22 @@ function P.debounce.check(ctx, p)
   if ctx.score > run_at then run_at = ctx.score end
   ctx.debounce_first = first
   ctx.mode, ctx.score, ctx.dest, ctx.n = 'S', run_at, registry, run_at
+  if ctx.supersedes and not ctx.probe then
+    return {replace = ctx.supersedes}
+  end
   return nil
+end
+
+function P.debounce.replace(ctx, p, holder, fields)
+  rewrite_pending(ctx, holder, fields, ctx.payload, ctx.key('registry'), ctx.score, 'debounce')
+  local key = ctx.key('debounce.state')
+  local ms = math.ceil((ctx.score - ctx.now) * 1000)
+  if ms < 1 then ms = 1 end
+  rcall('PEXPIRE', key, ms)
 end
 
 function P.debounce.commit(ctx, p)
   local key = ctx.key('debounce.state')
-  if ctx.supersedes then
-    drop_pending(ctx.key('registry'), ctx.job_prefix, ctx.supersedes, ctx.now, ctx.tomb, ctx.tomb_ttl, 'debounce', ctx.jid)
-    ctx.superseded = ctx.supersedes
-  end
   rcall('HSET', key, 'job', ctx.jid, 'first', string.format('%.6f', ctx.debounce_first))
   -- The pointer means nothing once the job's time has come (it can no longer be replaced).
   local ms = math.ceil((ctx.score - ctx.now) * 1000)

@@ -5,7 +5,9 @@
 
   Keys: loner.marker (rq:policies:loner:<q>:<digest>), holding the id of the job that holds it.
   Arguments p (each absent for the default): finished (true: until='finished'), conflict ('drop',
-  'raise' or 'replace'), worker_prefix (rq:worker:; when absent, rq's default).
+  'raise' or 'replace'), worker_prefix (rq:worker:; when absent, rq's default), ttl_ms
+  (Loner(ttl=N): the marker lives at most N seconds from the enqueue, whatever the holder does;
+  the job hash then carries policies_loner_ttl, so taken() keeps that expiry).
 
   A marker's holder holds the identity while it waits (queued, scheduled, or deferred with
   parents that can still release it: lib/holder_waiting.lua); with until='finished' also while
@@ -20,13 +22,15 @@
   naming this very job is a replay; the job this one supersedes (a pending trailing job it
   replaces) does not count as a holder.
   replace(ctx, p, holder, fields): rewrite the waiting holder's payload in place (data,
-  description, meta of this call's job fields; same id, same place in its queue) and name this
+  description, meta of this call's job fields, and the call-derived fields of the declared
+  policies, ctx.payload: a per-key policy's key; same id, same place in its queue) and name this
   call's job in the holder's policies_replaced_by. Writes the same values when replayed.
   commit / force: the job takes the marker (force: unless another holder holds it; both then
   run, which is what "regardless" asks for).
   taken(job_key, jid): at fetch, the job was taken off its queue. until='started' (no field
   policies_loner_until): free its identity. until='finished': mark it taken and make the marker
-  live as long as the job hash, which rq persists when the job starts. The job hash names its
+  live as long as the job hash, which rq persists when the job starts (unless it has a cap,
+  policies_loner_ttl: it keeps expiring then). The job hash names its
   marker (field policies_loner); it is deleted only while it still names this job.
 ]]
 -- @include "lib/holder_waiting.lua"
@@ -79,7 +83,9 @@ function P.loner.replace(ctx, p, holder, fields)
     new[fields[i]] = fields[i + 1]
   end
   local set = {'policies_replaced_by', ctx.jid}
-  for _, name in ipairs(LONER_PAYLOAD) do
+  local names = {unpack(LONER_PAYLOAD)}
+  for _, name in ipairs(ctx.payload or {}) do names[#names + 1] = name end  -- a per-key policy's key
+  for _, name in ipairs(names) do
     if new[name] then
       set[#set + 1] = name
       set[#set + 1] = new[name]
@@ -92,7 +98,7 @@ end
 
 function P.loner.commit(ctx, p)
   if ctx.mode ~= 'N' then
-    take_marker(ctx.key('loner.marker'), ctx.jid, ctx.ttl)
+    take_marker(ctx.key('loner.marker'), ctx.jid, ctx.ttl, p.ttl_ms, ctx.mode == 'D')
   end
 end
 
@@ -100,19 +106,21 @@ function P.loner.force(ctx, p)
   local marker = ctx.key('loner.marker')
   local holder = rcall('GET', marker)
   if not (holder and holder ~= ctx.jid and loner_held(ctx.job_prefix, p, holder)) then
-    take_marker(marker, ctx.jid, ctx.ttl)
+    take_marker(marker, ctx.jid, ctx.ttl, p.ttl_ms, ctx.mode == 'D')
   end
 end
 
 function P.loner.taken(job_key, jid)
-  local job = rcall('HMGET', job_key, 'policies_loner', 'policies_loner_until')
+  local job = rcall('HMGET', job_key, 'policies_loner', 'policies_loner_until', 'policies_loner_ttl')
   local marker = job[1]
   if not marker or rcall('GET', marker) ~= jid then
     return
   end
   if job[2] == 'finished' then
     rcall('HSET', job_key, 'policies_loner_taken', '1')
-    rcall('PERSIST', marker)
+    if not job[3] then  -- Loner(ttl=N): the marker keeps its cap
+      rcall('PERSIST', marker)
+    end
   else
     rcall('DEL', marker)
   end

@@ -9,11 +9,15 @@
   check, leading edge: the window's key naming another job drops this one (n = the window's end);
   naming this very job is a replay.
   check, trailing edge: a held window does not drop the job; it plans the job as the window's
-  trailing job, scheduled for the window's end (or the time asked for, if later), replacing the
-  pending trailing job of the identity while that one's run time has not come (rq's scheduler
-  may be moving a due one, so a due one runs). The trailing job counts as the next window's run:
-  it also takes the next window's key, so an extra in the next window queues behind it instead
-  of running right after it. A replay of the pending trailing job replaces itself in place.
+  trailing job, scheduled for the window's end (or the time asked for, if later). A pending
+  trailing job of the identity whose run time has not come (rq's scheduler may be moving a due
+  one, so a due one runs) is replaced in place: {replace = pending}. The trailing job counts as
+  the next window's run: it also takes the next window's key, so an extra in the next window
+  queues behind it instead of running right after it. A resend of a call already merged into the
+  pending trailing job (its id's merge record, lib/pending.lua) is a replay.
+  replace: the pending trailing job takes this call's payload and run time in place
+  (rewrite_pending: same id, so the handle the app kept stays valid); the pointer and the next
+  window keep naming it.
   commit: the winner takes the window's key until the window ends.
   force: the job takes the current window; a pending trailing job is dropped, and with it the
   next window it had taken.
@@ -37,8 +41,12 @@ function P.throttle.check(ctx, p)
     return nil
   end
   local registry = ctx.key('registry')
+  local merged = merged_into(ctx, 'throttle')
+  if merged then
+    return {replay = true, replaced = merged, n = tonumber(rcall('ZSCORE', registry, merged)) or ends}
+  end
   local pending = rcall('GET', ctx.key('throttle.trailing'))
-  if pending and pending_at(registry, pending, ctx.now) then
+  if pending and replaceable(registry, ctx.job_prefix, pending, ctx.now) then
     ctx.supersedes = pending
   end
   if owner then
@@ -47,8 +55,16 @@ function P.throttle.check(ctx, p)
     ctx.window.held = true
     ctx.mode, ctx.score, ctx.dest, ctx.scheduled = 'S', run_at, registry, true
     ctx.code, ctx.n = 2, run_at
+    if ctx.supersedes and not ctx.probe then return {replace = ctx.supersedes} end
   end
   return nil
+end
+
+function P.throttle.replace(ctx, p, holder, fields)
+  local w = ctx.window
+  rewrite_pending(ctx, holder, fields, ctx.payload, ctx.key('registry'), ctx.score, 'throttle')
+  set_until(ctx.key('throttle.trailing'), holder, ctx.score, ctx.now)
+  set_until(window_key(ctx.key('throttle.prefix'), w.index + 1), holder, w.ends + p.width, ctx.now)
 end
 
 function P.throttle.commit(ctx, p)
@@ -56,10 +72,6 @@ function P.throttle.commit(ctx, p)
   if not w.held then
     set_until(w.key, ctx.jid, w.ends, ctx.now)
     return
-  end
-  if ctx.supersedes then
-    drop_pending(ctx.key('registry'), ctx.job_prefix, ctx.supersedes, ctx.now, ctx.tomb, ctx.tomb_ttl, 'throttle', ctx.jid)
-    ctx.superseded = ctx.supersedes
   end
   set_until(ctx.key('throttle.trailing'), ctx.jid, ctx.score, ctx.now)
   set_until(window_key(ctx.key('throttle.prefix'), w.index + 1), ctx.jid, w.ends + p.width, ctx.now)

@@ -66,9 +66,21 @@ def shape(conn):
             out[key] = ('hash', tuple(sorted(conn.hkeys(key))))
         elif kind == 'set':
             out[key] = ('set', tuple(sorted(conn.smembers(key))))
+        elif key.startswith(keys.SUPERSEDED_PREFIX):
+            out[key] = (kind, _timeless_record(conn.get(key)))
         else:
             out[key] = (kind, conn.get(key))
     return out
+
+
+def _timeless_record(value: bytes) -> bytes:
+    """A record under the tombstone prefix without what carries a time: a merge record's created_at (``<policy>
+    <pending id> merged <created_at>``), a rewrite guard's run time and payload (``rewrite ...``)."""
+    if value.startswith(b'rewrite '):
+        return b'rewrite'
+    if b' merged ' in value:
+        return value.rsplit(b' ', 1)[0]
+    return value
 
 
 def enqueue(conn, example, job_id):

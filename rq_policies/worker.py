@@ -822,25 +822,50 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
 class PolicySimpleWorker(PolicyWorkerMixin, SimpleWorker):
     """rq's SimpleWorker (no fork), fetching through the policies.
 
-    A SimpleWorker sends no heartbeat while a job runs, so a hold would lapse under a long job. A
-    :class:`~rq_policies.ledger.Keeper` keeps this process's holds refreshed every ``hold_ttl / 3`` seconds while a
-    job runs, from a small forked process of its own, so a job that holds the GIL for long (a C call) cannot starve
-    it; it dies with the worker, so a killed worker's holds still age out. That is also why any positive
-    ``hold_ttl`` is accepted here.
+    A SimpleWorker sends no heartbeat while a job runs, so a hold would lapse under a long job. The worker's one
+    keeper (:class:`~rq_policies.ledger.WorkerKeeper`, a small process forked at the first capped job and kept for
+    the worker's life) refreshes the running job's holds every ``hold_ttl / 3`` seconds while it runs: a process of
+    its own, so a job that holds the GIL for long (a C call) cannot starve it; it exits with the worker (even a
+    SIGKILLed one), so a killed worker's holds still age out within ``hold_ttl``. A job's holds are handed to it
+    through shared memory when the job starts and taken back when it ends, before their release: a capped job costs
+    what an uncapped one does, bar a few microseconds. That is also why any positive ``hold_ttl`` is accepted here.
     """
+
+    _keeper: ledger.WorkerKeeper | None = None
 
     def _check_hold_ttl(self, ttl: int, interval: int) -> None:
         return None
 
     @contextlib.contextmanager
     def _keeping(self) -> Iterator[None]:
-        if not ledger.PROCESS:
+        holds = ledger.PROCESS.holds()
+        if not holds:
             yield
             return
-        keeper = Keeper(
-            self.connection, ledger.PROCESS, self.hold_ttl / 3, ttl=self.hold_ttl, log=self.log,  # type: ignore[operator]
-        ).start()
+        if not ledger.forkable(self.connection):  # type: ignore[attr-defined]
+            # fakeredis (users' unit tests): its server lives in this process, which a thread reaches.
+            keeper = Keeper(
+                self.connection, ledger.PROCESS, self.hold_ttl / 3, ttl=self.hold_ttl, log=self.log,  # type: ignore[operator, attr-defined]
+            ).start()
+            try:
+                yield
+            finally:
+                keeper.stop()  # before any release: no refresh may write a released hold back
+            return
+        if self._keeper is None:
+            self._keeper = ledger.WorkerKeeper(
+                self.connection, self.hold_ttl / 3, self.hold_ttl, log=self.log,  # type: ignore[operator, arg-type, attr-defined]
+            )
+        armed = self._keeper.arm(holds)
         try:
             yield
         finally:
-            keeper.stop()  # before any release: no refresh may write a released hold back
+            if armed:
+                self._keeper.disarm()  # before any release: no refresh may write a released hold back
+
+    def teardown(self) -> None:
+        try:
+            super().teardown()
+        finally:
+            if self._keeper is not None:
+                self._keeper.stop()

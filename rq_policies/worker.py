@@ -334,10 +334,17 @@ class PolicyWorkerMixin:
             return None
         return claim
 
+    #: Does a heartbeat on a pipeline (rq's, at a job's start and while it runs) refresh the holds? Not in an
+    #: in-process worker: its one such heartbeat is at the job's start, just after the fetch took the holds with
+    #: a full ``hold_ttl``, and its keeper refreshes them while the job runs.
+    _refresh_on_heartbeat = True
+
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         if pipeline is not None:
             super().heartbeat(timeout, pipeline=pipeline)  # type: ignore[misc]
             self._forget_records(pipeline)
+            if not self._refresh_on_heartbeat:
+                return
             at = len(pipeline.command_stack)
             sent = ledger.PROCESS.refresh_in(pipeline, ttl=self.hold_ttl)
             if sent:
@@ -832,6 +839,7 @@ class PolicySimpleWorker(PolicyWorkerMixin, SimpleWorker):
     """
 
     _keeper: ledger.WorkerKeeper | None = None
+    _refresh_on_heartbeat = False  # the fetch took the holds a moment ago with a full ttl; the keeper refreshes them
 
     def _check_hold_ttl(self, ttl: int, interval: int) -> None:
         return None

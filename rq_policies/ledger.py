@@ -15,9 +15,10 @@ while jobs still run. With a ledger:
   then be over its cap until enough jobs end; fetches are refused meanwhile).
 
 :class:`Hold` names one hold; :class:`Ledger` is the holds one owner has (a process, a job) with the three operations
-on them (acquire, refresh, release); :class:`Keeper` refreshes an owner's holds from a thread where no heartbeat
-does. The Lua side is ``lua/acquire_hold.lua``, ``lua/refresh_holds.lua`` and ``lua/lib/ledger_*.lua``, which the fetch
-script uses too.
+on them (acquire, refresh, release); :class:`Keeper` refreshes an owner's holds from a process of its own where no
+heartbeat does (a LimitedCapacityWorker job), and :class:`WorkerKeeper` is the one long-lived such process of an
+in-process worker, handed each job's holds in turn. The Lua side is ``lua/acquire_hold.lua``,
+``lua/refresh_holds.lua`` and ``lua/lib/ledger_*.lua``, which the fetch script uses too.
 """
 
 from __future__ import annotations
@@ -251,11 +252,12 @@ PROCESS = Ledger()
 class Keeper:
     """Refreshes an owner's holds where no heartbeat does, from a small process of its own.
 
-    The one keeper for every such place, parametrized where they differ: a LimitedCapacityWorker job keeps its one
-    hold while ``perform_work`` runs; a PolicySimpleWorker keeps the process's holds while a job runs (it sends no
-    heartbeat then); ``active`` limits the refreshes to when a condition holds. (A forking PolicyWorker's orphaned
-    work horse is kept by the worker's one long-lived hold guard instead, which finds the horse in memory they
-    share: see ``rq_policies.worker``.)
+    One keeper per owner, started and stopped around what it keeps: a LimitedCapacityWorker job keeps its one hold
+    while ``perform_work`` runs; a PolicySimpleWorker on a fakeredis connection keeps the process's holds from a
+    thread while a job runs; ``active`` limits the refreshes to when a condition holds. (A PolicySimpleWorker on a
+    real server keeps one :class:`WorkerKeeper` for its life instead, and a forking PolicyWorker's orphaned work
+    horse is kept by the worker's one long-lived hold guard, which finds the horse in memory they share: see
+    ``rq_policies.worker``.)
 
     The keeper is a forked child, not a thread: a job stuck in C code that holds the GIL (a catastrophic regex, a
     long ``numpy`` call without releasing it) would starve a thread, and the hold would lapse under a job that still

@@ -26,9 +26,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import marshal
 import mmap
 import os
-import pickle
 import select
 import signal
 import socket
@@ -394,7 +394,7 @@ class Keeper:
 
 #: The head of a :class:`WorkerKeeper`'s slot, three native 8-byte words: the number of the job armed now (0: none),
 #: when it was armed (``time.monotonic_ns()``: CLOCK_MONOTONIC, one clock for every process of the host) and the
-#: length of the pickled holds that follow the head.
+#: length of the holds that follow the head (marshalled tuples).
 _KEEPER_HEAD = struct.Struct('=3Q')
 _KEEPER_SLOT_BYTES = 64 * 1024
 #: Seconds the worker waits for a refresh in flight before it kills its keeper (WorkerKeeper.disarm, .stop).
@@ -459,7 +459,8 @@ class WorkerKeeper:
         first time). Returns False, with a warning, for holds too many for the slot (then not refreshed)."""
         if os.getpid() != self._owner or not holds:
             return False
-        data = pickle.dumps(holds, protocol=pickle.HIGHEST_PROTOCOL)
+        # marshal, not pickle: a tenth of the time for these plain tuples (about 1 us), and nothing but data
+        data = marshal.dumps([(h.ledger, h.token, h.ttl, h.job, h.policy) for h in holds])
         if _KEEPER_HEAD.size + len(data) > _KEEPER_SLOT_BYTES:
             self.log.warning('rq-policies: %s holds are too many for the hold keeper (%s bytes); they are not '
                              'refreshed while this job runs', len(holds), len(data))
@@ -622,7 +623,7 @@ class WorkerKeeper:
             armed, _, length = _KEEPER_HEAD.unpack_from(slot, 0)
             if armed != number:
                 return False, [], None
-            holds = pickle.loads(slot[_KEEPER_HEAD.size:_KEEPER_HEAD.size + length])
+            holds = [Hold(*fields) for fields in marshal.loads(slot[_KEEPER_HEAD.size:_KEEPER_HEAD.size + length])]
             try:
                 return True, Ledger(holds).refresh(self.connection, ttl=self.ttl), None
             except Exception as exc:  # retried on the next tick; the ttl covers two missed refreshes

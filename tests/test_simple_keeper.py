@@ -166,3 +166,36 @@ def test_a_keeper_that_died_is_replaced_at_the_next_job(connection, caplog):
     finally:
         keeper.stop()
     assert not alive(second)
+
+
+@pytest.mark.long
+def test_a_per_key_hold_is_kept_through_a_job_longer_than_hold_ttl(connection, redis_url, worker_env):
+    # Concurrency(1) on a key: the simple worker's keeper refreshes the per-key hold too (hold_ttl 2 s, a 6 s job),
+    # so a second worker cannot start the key's next job beside it.
+    import key_jobs
+
+    env = dict(worker_env, **{HOLD_TTL_ENV: '2'})
+    q = PolicyQueue('keyed', connection=connection)
+    first = q.enqueue(key_jobs.one_per_customer, 'kept', 6, customer='k')
+    worker = start_worker(redis_url, ['keyed'], env, worker_class=SIMPLE)
+    other = None
+    try:
+        assert wait_for(lambda: connection.llen('test:keyspan:kept') == 1, timeout=30), output(worker)
+        other = start_worker(redis_url, ['keyed'], env, extra=['--job-monitoring-interval', '1'])
+        second = q.enqueue(key_jobs.one_per_customer, 'kept', 0.1, customer='k')
+        assert wait_for(lambda: connection.llen('test:keyspan:kept') == 4, timeout=60), output(other)
+    finally:
+        stop(worker)
+        if other is not None:
+            stop(other)
+    spans = key_jobs_spans(connection)
+    assert spans[second.id][0] >= spans[first.id][1], spans  # one at a time on the key
+    assert connection.hgetall(keys.LAPSES) == {}
+
+
+def key_jobs_spans(connection) -> dict[str, list[float]]:
+    found: dict[str, list[float]] = {}
+    for raw in connection.lrange('test:keyspan:kept', 0, -1):
+        _, job_id, kind, at = raw.decode().split()
+        found.setdefault(job_id, [0.0, 0.0])[0 if kind == 'start' else 1] = float(at)
+    return found

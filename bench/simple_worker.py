@@ -12,9 +12,10 @@ never refuses one: what is measured is the hold's cost, its keeper's included, n
 variant the same batch in turn, the order rotating every round, so drift on a shared machine hits them alike.
 Throughput is jobs / (last job's end - first job's start), from rq's own ``started_at``/``ended_at``
 (common.drain_rate). The figure that matters is the median of the per-round ratios to stock (x1.000 = stock; target
->= 0.95 for both policy variants), printed with the spread of those ratios; the worker CPU per job (Linux /proc) is
-printed beside it, as is the number of processes the capped workers forked over the run (their keepers: one per
-worker for its whole life, not one per job).
+>= 0.95 for both policy variants), printed with the spread of those ratios. On a shared machine throughput swings
+with the neighbours, so the CPU each job costs is printed beside it: the workers' (Linux /proc) and the server's
+(INFO cpu). Last, the processes the capped workers had as children, sampled after every round: their keepers, one
+per worker for its whole life (the code before forked one per job, each gone by the time of the sample).
 
 ``--smoke`` runs one small round: CI's proof that the bench still works, not a measurement.
 """
@@ -60,6 +61,7 @@ TARGET = 0.95
 class Sample:
     jobs_per_second: float
     worker_cpu_ms: float  # per job, the worker processes (and any children they reaped)
+    server_cpu_ms: float  # per job, the Redis server (INFO cpu; the producer's enqueue included, alike for all)
 
 
 def _cpu_seconds(procs: list[subprocess.Popen]) -> float:
@@ -69,6 +71,11 @@ def _cpu_seconds(procs: list[subprocess.Popen]) -> float:
             fields = f.read().rsplit(')', 1)[1].split()
         total += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
     return total / os.sysconf('SC_CLK_TCK')
+
+
+def _server_cpu(conn: Redis) -> float:
+    info = conn.info('cpu')
+    return float(info['used_cpu_user']) + float(info['used_cpu_sys'])
 
 
 def _children(procs: list[subprocess.Popen]) -> set[int]:
@@ -94,15 +101,15 @@ def one_round(conn: Redis, variant: str, queue_name: str, jobs: int, procs: list
     registry = FinishedJobRegistry(queue_name, connection=conn)
     before = registry.count
     datas = [Queue.prepare_data(bench_jobs.noop, (i,), result_ttl=600) for i in range(jobs)]
-    cpu0 = _cpu_seconds(procs)
+    cpu0, server0 = _cpu_seconds(procs), _server_cpu(conn)
     batch = q.enqueue_many(datas)
     enqueued = rq_now()
     wait_until(lambda: registry.count >= before + jobs, 300, f'{jobs} jobs')
-    cpu1 = _cpu_seconds(procs)
+    cpu1, server1 = _cpu_seconds(procs), _server_cpu(conn)
     rate = drain_rate(Job.fetch_many([job.id for job in batch], connection=conn), enqueued)
     if capped:
         wait_until(lambda: not QueueSlot.in_use(queue_name, connection=conn), 10, 'the holds released (one leaked?)')
-    return Sample(rate, (cpu1 - cpu0) * 1000 / jobs)
+    return Sample(rate, (cpu1 - cpu0) * 1000 / jobs, (server1 - server0) * 1000 / jobs)
 
 
 def run(url: str, jobs: int, workers: int, rounds: int, headroom: int) -> int:
@@ -143,11 +150,13 @@ def run(url: str, jobs: int, workers: int, rounds: int, headroom: int) -> int:
 
     base_rate = statistics.median(s.jobs_per_second for s in results[STOCK])
     base_cpu = statistics.median(s.worker_cpu_ms for s in results[STOCK])
+    base_server = statistics.median(s.server_cpu_ms for s in results[STOCK])
     print('  x = median of the per-round throughput ratios to stock (rounds: their spread)')
     for name in names:
         ratios = [a.jobs_per_second / b.jobs_per_second for a, b in zip(results[name], results[STOCK])]
         rate = statistics.median(s.jobs_per_second for s in results[name])
         cpu = statistics.median(s.worker_cpu_ms for s in results[name])
+        server = statistics.median(s.server_cpu_ms for s in results[name])
         ratio = statistics.median(ratios)
         mark = ''
         if name != STOCK:
@@ -155,7 +164,7 @@ def run(url: str, jobs: int, workers: int, rounds: int, headroom: int) -> int:
             mark = f'  target >= {TARGET}: {"ok" if ok else "MISSED"}'
         print(f'  {name:<30} {rate:7.1f} jobs/s (median x{rate / base_rate:.3f})  paired x{ratio:.3f} '
               f'(rounds {min(ratios):.3f}-{max(ratios):.3f})  worker CPU {cpu:5.2f} ms/job '
-              f'(x{cpu / base_cpu:.3f}){mark}')
+              f'(x{cpu / base_cpu:.3f})  server CPU {server:5.3f} ms/job (x{server / base_server:.3f}){mark}')
     print(f'  processes the capped workers had as children over the run (sampled after each round): '
           f'{len(children_seen)} for {workers} workers')
     return 0  # figures, not a gate: a shared machine swings; a miss is printed as MISSED

@@ -865,7 +865,12 @@ class PolicySimpleWorker(PolicyWorkerMixin, SimpleWorker):
             self._keeper = ledger.WorkerKeeper(
                 self.connection, self.hold_ttl / 3, self.hold_ttl, log=self.log,  # type: ignore[operator, arg-type, attr-defined]
             )
-        armed = self._keeper.arm(holds)
+        try:
+            armed = self._keeper.arm(holds)
+        except OSError:  # no fork (EAGAIN, ENOMEM): the job still runs; its holds age out if it outlives hold_ttl
+            self.log.warning('rq-policies: could not start the hold keeper; the holds of job %s are not refreshed '  # type: ignore[attr-defined]
+                             'while it runs', holds[0].job, exc_info=True)
+            armed = False
         try:
             yield
         finally:

@@ -61,7 +61,7 @@ TARGET = 0.95
 class Sample:
     jobs_per_second: float
     worker_cpu_ms: float  # per job, the worker processes (and any children they reaped)
-    server_cpu_ms: float  # per job, the Redis server (INFO cpu; the producer's enqueue included, alike for all)
+    server_cpu_ms: float  # per job, the Redis server (INFO cpu; the producer's enqueue included: PolicyQueue's or rq's)
 
 
 def _cpu_seconds(procs: list[subprocess.Popen]) -> float:

@@ -15,19 +15,24 @@ while jobs still run. With a ledger:
   then be over its cap until enough jobs end; fetches are refused meanwhile).
 
 :class:`Hold` names one hold; :class:`Ledger` is the holds one owner has (a process, a job) with the three operations
-on them (acquire, refresh, release); :class:`Keeper` refreshes an owner's holds from a thread where no heartbeat
-does. The Lua side is ``lua/acquire_hold.lua``, ``lua/refresh_holds.lua`` and ``lua/lib/ledger_*.lua``, which the fetch
-script uses too.
+on them (acquire, refresh, release); :class:`Keeper` refreshes an owner's holds from a process of its own where no
+heartbeat does (a LimitedCapacityWorker job), and :class:`WorkerKeeper` is the one long-lived such process of an
+in-process worker, handed each job's holds in turn. The Lua side is ``lua/acquire_hold.lua``,
+``lua/refresh_holds.lua`` and ``lua/lib/ledger_*.lua``, which the fetch script uses too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
+import marshal
+import mmap
 import os
 import select
 import signal
 import socket
+import struct
 import threading
 import time
 import warnings
@@ -247,11 +252,12 @@ PROCESS = Ledger()
 class Keeper:
     """Refreshes an owner's holds where no heartbeat does, from a small process of its own.
 
-    The one keeper for every such place, parametrized where they differ: a LimitedCapacityWorker job keeps its one
-    hold while ``perform_work`` runs; a PolicySimpleWorker keeps the process's holds while a job runs (it sends no
-    heartbeat then); ``active`` limits the refreshes to when a condition holds. (A forking PolicyWorker's orphaned
-    work horse is kept by the worker's one long-lived hold guard instead, which finds the horse in memory they
-    share: see ``rq_policies.worker``.)
+    One keeper per owner, started and stopped around what it keeps: a LimitedCapacityWorker job keeps its one hold
+    while ``perform_work`` runs; a PolicySimpleWorker on a fakeredis connection keeps the process's holds from a
+    thread while a job runs; ``active`` limits the refreshes to when a condition holds. (A PolicySimpleWorker on a
+    real server keeps one :class:`WorkerKeeper` for its life instead, and a forking PolicyWorker's orphaned work
+    horse is kept by the worker's one long-lived hold guard, which finds the horse in memory they share: see
+    ``rq_policies.worker``.)
 
     The keeper is a forked child, not a thread: a job stuck in C code that holds the GIL (a catastrophic regex, a
     long ``numpy`` call without releasing it) would starve a thread, and the hold would lapse under a job that still
@@ -384,6 +390,260 @@ class Keeper:
             return last
         log_lapses(self.log, lapsed)
         return time.monotonic()
+
+
+#: The head of a :class:`WorkerKeeper`'s slot, three native 8-byte words: the number of the job armed now (0: none),
+#: when it was armed (``time.monotonic_ns()``: CLOCK_MONOTONIC, one clock for every process of the host) and the
+#: length of the holds that follow the head (marshalled tuples).
+_KEEPER_HEAD = struct.Struct('=3Q')
+_KEEPER_SLOT_BYTES = 64 * 1024
+#: Seconds the worker waits for a refresh in flight before it kills its keeper (WorkerKeeper.disarm, .stop).
+_KEEPER_WAIT_SECONDS = 5.0
+
+
+class WorkerKeeper:
+    """One long-lived process per in-process worker (PolicySimpleWorker) that refreshes the holds of the job it runs.
+
+    A :class:`Keeper` forked for every job cost a capped in-process worker four fifths of its throughput (a fork, a
+    new connection and a wait for the child's exit, per job). This keeper is forked once, at the worker's first
+    capped job (again only if it died), and does nothing per job: what it needs sits in a slot of memory it shares
+    with the worker (a shared mapping made before its fork). :meth:`arm` writes the job's holds there when the job
+    starts and :meth:`disarm` clears them when it ends: plain stores into memory under a lock, no message and no
+    wake-up of the keeper. The keeper looks at the slot every ``tick`` seconds and refreshes the armed holds
+    ``every`` seconds after the job was armed, and every ``every`` seconds after that, for as long as the job runs.
+
+    The lock (a POSIX record lock, ``lockf``, on the slot's file) orders a refresh and a release: the keeper holds it
+    from reading the slot until the refresh's reply, and :meth:`disarm` takes it to clear the slot, so once disarm
+    returns no refresh of the ended job is in flight or can start, and the worker's release that follows cannot be
+    undone by a refresh writing the hold back (``lua/refresh_holds.lua`` re-adds a hold it finds gone: it must only
+    ever run for a job that still runs). The kernel drops a record lock when its holder dies, so neither side can
+    leave the other waiting on a dead process; a refresh stuck longer than :data:`_KEEPER_WAIT_SECONDS` (a server
+    that stopped answering) gets the keeper killed, and another is started at the next capped job.
+
+    A process, not a thread: a job holding the GIL (a catastrophic regex, a long C call) would starve a thread. It
+    ignores SIGINT and SIGTERM (its worker decides when a job ends), shares the worker's process group (a kill of
+    the group kills it too), and exits as soon as its worker does: it watches a pipe only the worker holds the other
+    end of (end of file when the worker exits, even by SIGKILL), a pidfd of the worker where the OS has them (the
+    pipe's end may live on in a process the job forked), and its parent pid. A SIGKILLed worker's holds are then no
+    longer refreshed and age out within ``hold_ttl``. :meth:`stop` (the worker's teardown) ends it at once.
+
+    Args:
+        connection: the worker's Redis connection (the keeper opens its own with the same settings).
+        every: seconds between refreshes of a running job's holds (a third of their ttl leaves room for two missed).
+        ttl: the lifetime each refresh gives (the worker's ``hold_ttl``).
+        tick: seconds between the keeper's looks at the slot and at its worker (default: ``min(1, every)``).
+        log: where a failed refresh, a lapsed hold and a dead keeper are reported.
+    """
+
+    def __init__(self, connection: Any, every: float, ttl: int, *, tick: float | None = None,
+                 log: Any = logger) -> None:
+        self.connection = connection
+        self.every = every
+        self.ttl = ttl
+        self.tick = min(1.0, every) if tick is None else tick
+        self.log = log
+        self._owner = os.getpid()
+        self._pid = 0
+        self._write = -1
+        self._fd = -1
+        self._slot: mmap.mmap | None = None
+        self._number = 0
+
+    @property
+    def pid(self) -> int:
+        """The keeper's pid (0 when none runs)."""
+        return self._pid
+
+    def arm(self, holds: list[Hold]) -> bool:
+        """In the worker, as a job starts: have its ``holds`` refreshed until :meth:`disarm` (starts the keeper the
+        first time). Returns False, with a warning, for holds too many for the slot (then not refreshed)."""
+        if os.getpid() != self._owner or not holds:
+            return False
+        # marshal, not pickle: a tenth of the time for these plain tuples (about 1 us), and nothing but data
+        data = marshal.dumps([(h.ledger, h.token, h.ttl, h.job, h.policy) for h in holds])
+        if _KEEPER_HEAD.size + len(data) > _KEEPER_SLOT_BYTES:
+            self.log.warning('rq-policies: %s holds are too many for the hold keeper (%s bytes); they are not '
+                             'refreshed while this job runs', len(holds), len(data))
+            return False
+        self._ensure()
+        if not self._lock(_KEEPER_WAIT_SECONDS):  # the previous job's last refresh is stuck: a keeper of its own
+            self.log.warning('rq-policies: the hold keeper (pid %s) did not finish a refresh within %s s; starting '
+                             'another', self._pid, _KEEPER_WAIT_SECONDS)
+            self._kill()
+            self._ensure()
+            self._lock()  # a new keeper's slot is empty: it takes the lock for no refresh
+        slot = self._slot
+        assert slot is not None
+        self._number += 1
+        try:
+            slot[_KEEPER_HEAD.size:_KEEPER_HEAD.size + len(data)] = data
+            _KEEPER_HEAD.pack_into(slot, 0, self._number, time.monotonic_ns(), len(data))
+        finally:
+            self._unlock()
+        return True
+
+    def disarm(self) -> None:
+        """In the worker, as the job ends and before any of its holds is released: once this returns, no refresh of
+        them is in flight and none will start."""
+        if os.getpid() != self._owner or self._slot is None:
+            return
+        if not self._lock(_KEEPER_WAIT_SECONDS):
+            self.log.warning('rq-policies: the hold keeper (pid %s) did not finish a refresh within %s s; killing it',
+                             self._pid, _KEEPER_WAIT_SECONDS)
+            self._kill()
+            return
+        try:
+            struct.pack_into('=Q', self._slot, 0, 0)
+        finally:
+            self._unlock()
+
+    def stop(self) -> None:
+        """In the worker, leaving: the keeper exits (after a refresh in flight, if any) and is reaped."""
+        if os.getpid() != self._owner or not self._pid:
+            return
+        if self._write >= 0:
+            os.close(self._write)  # end of file in the keeper: it exits
+            self._write = -1
+        deadline = time.monotonic() + _KEEPER_WAIT_SECONDS
+        pause = 0.0002
+        while True:
+            try:
+                done, _ = os.waitpid(self._pid, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if done:
+                break
+            if time.monotonic() >= deadline:
+                self._kill()
+                return
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
+        self._close()
+
+    def _ensure(self) -> None:
+        """Start the keeper unless it runs (checked with one WNOHANG wait)."""
+        if self._pid:
+            try:
+                done, _ = os.waitpid(self._pid, os.WNOHANG)
+            except ChildProcessError:
+                done = self._pid
+            if not done:
+                return
+            self.log.warning('rq-policies: the hold keeper (pid %s) died; starting another', self._pid)
+            self._close()
+        fd = _shared_file(_KEEPER_SLOT_BYTES)
+        self._fd, self._slot = fd, mmap.mmap(fd, _KEEPER_SLOT_BYTES)
+        worker = os.getpid()
+        self._pid, self._write = fork_child(lambda read_end: self._run(read_end, worker))
+
+    def _kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self._pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self._pid, 0)
+        self._close()
+
+    def _close(self) -> None:
+        if self._write >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._write)
+        if self._slot is not None:
+            self._slot.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._write, self._pid, self._fd, self._slot = -1, 0, -1, None
+
+    def _lock(self, timeout: float | None = None) -> bool:
+        """Take the slot's lock (a record lock: the keeper and the worker are different processes); with a
+        ``timeout``, give up after that many seconds and answer False."""
+        try:
+            fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError:
+            if timeout is None:
+                fcntl.lockf(self._fd, fcntl.LOCK_EX)
+                return True
+        deadline = time.monotonic() + timeout
+        pause = 0.0002
+        while time.monotonic() < deadline:
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
+            try:
+                fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except OSError:
+                continue
+        return False
+
+    def _unlock(self) -> None:
+        fcntl.lockf(self._fd, fcntl.LOCK_UN)
+
+    # -- in the keeper's process ----------------------------------------------------------------------------------
+
+    def _run(self, pipe: int, worker: int) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        watched = [pipe]
+        if hasattr(os, 'pidfd_open'):
+            with contextlib.suppress(OSError):
+                watched.append(os.pidfd_open(worker))  # readable once the worker has exited
+        slot = self._slot
+        assert slot is not None
+        last_job, last_at = 0, 0.0  # the job last refreshed and when (monotonic seconds)
+        failed = False
+        timeout = self.tick
+        while True:
+            if select.select(watched, [], [], timeout)[0] or os.getppid() != worker:
+                return  # the worker stopped us (end of file), or died
+            timeout = self.tick
+            number, armed_ns, _ = _KEEPER_HEAD.unpack_from(slot, 0)  # a hint; read again under the lock
+            if not number:
+                continue
+            since = last_at if last_job == number else armed_ns / 1e9
+            due = since + (self.tick if failed and last_job == number else self.every)
+            now = time.monotonic()
+            if now < due:
+                timeout = min(self.tick, due - now)
+                continue
+            found, lapsed, error = self._refresh_armed(slot, number)
+            if not found:
+                continue  # that job ended (or another began) meanwhile
+            if error is not None:
+                self.log.warning('rq-policies: could not refresh holds', exc_info=error)
+                failed, last_job, last_at = True, number, since  # retried a tick from now
+                continue
+            failed, last_job, last_at = False, number, now
+            log_lapses(self.log, lapsed)
+
+    def _refresh_armed(self, slot: mmap.mmap, number: int) -> tuple[bool, list[Hold], BaseException | None]:
+        """Under the lock: refresh the holds armed now if they are still job ``number``'s. Returns (whether they
+        were, the holds found lapsed, the error of a failed refresh)."""
+        fcntl.lockf(self._fd, fcntl.LOCK_EX)
+        try:
+            armed, _, length = _KEEPER_HEAD.unpack_from(slot, 0)
+            if armed != number:
+                return False, [], None
+            holds = [Hold(*fields) for fields in marshal.loads(slot[_KEEPER_HEAD.size:_KEEPER_HEAD.size + length])]
+            try:
+                return True, Ledger(holds).refresh(self.connection, ttl=self.ttl), None
+            except Exception as exc:  # retried on the next tick; the ttl covers two missed refreshes
+                return True, [], exc
+        finally:
+            fcntl.lockf(self._fd, fcntl.LOCK_UN)
+
+
+def _shared_file(size: int) -> int:
+    """A file of ``size`` bytes that only this process and its children can reach: a memfd where the OS has them,
+    else an unlinked temporary file. Returns its descriptor (not inherited across exec)."""
+    if hasattr(os, 'memfd_create'):
+        fd = os.memfd_create('rq-policies-keeper', os.MFD_CLOEXEC)
+    else:
+        import tempfile
+
+        with tempfile.TemporaryFile() as handle:
+            fd = os.dup(handle.fileno())
+    os.ftruncate(fd, size)
+    return fd
 
 
 def fork_child(run: Callable[[int], object]) -> tuple[int, int]:

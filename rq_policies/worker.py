@@ -14,7 +14,8 @@ with stock rq:
   when the execution raised (cold shutdown);
 * holds are refreshed by a script appended to the heartbeat pipeline rq sends every ``job_monitoring_interval``
   while a job runs, and live ``hold_ttl`` seconds unrefreshed, so a SIGKILLed worker's holds age out by themselves
-  (where no heartbeat runs, a :class:`~rq_policies.ledger.Keeper` process refreshes them);
+  (a PolicySimpleWorker, which sends no heartbeat while its job runs, has one long-lived keeper process refresh
+  them instead: :class:`~rq_policies.ledger.WorkerKeeper`);
 * an idle worker waits on pub/sub (woken by pushes, releases and cap changes; of the idle workers a release wakes,
   only the first to claim it looks again), probes the queues it did not find full once a second and looks again
   at full ones every ``hold_ttl / 3`` seconds (1 to 10), instead of blocking on BLMOVE/BLPOP, which would pop
@@ -340,11 +341,18 @@ class PolicyWorkerMixin:
             return None
         return claim
 
+    #: Does a heartbeat on a pipeline (rq's, at a job's start and while it runs) refresh the holds? Not in an
+    #: in-process worker: its one such heartbeat is at the job's start, just after the fetch took the holds with
+    #: a full ``hold_ttl``, and its keeper refreshes them while the job runs.
+    _refresh_on_heartbeat = True
+
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         if pipeline is not None:
             super().heartbeat(timeout, pipeline=pipeline)  # type: ignore[misc]
             self._forget_records(pipeline)
             self._evictions.ride(pipeline)
+            if not self._refresh_on_heartbeat:
+                return
             at = len(pipeline.command_stack)
             sent = ledger.PROCESS.refresh_in(pipeline, ttl=self.hold_ttl)
             if sent:
@@ -831,25 +839,56 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
 class PolicySimpleWorker(PolicyWorkerMixin, SimpleWorker):
     """rq's SimpleWorker (no fork), fetching through the policies.
 
-    A SimpleWorker sends no heartbeat while a job runs, so a hold would lapse under a long job. A
-    :class:`~rq_policies.ledger.Keeper` keeps this process's holds refreshed every ``hold_ttl / 3`` seconds while a
-    job runs, from a small forked process of its own, so a job that holds the GIL for long (a C call) cannot starve
-    it; it dies with the worker, so a killed worker's holds still age out. That is also why any positive
-    ``hold_ttl`` is accepted here.
+    A SimpleWorker sends no heartbeat while a job runs, so a hold would lapse under a long job. The worker's one
+    keeper (:class:`~rq_policies.ledger.WorkerKeeper`, a small process forked at the first capped job and kept for
+    the worker's life) refreshes the running job's holds every ``hold_ttl / 3`` seconds while it runs: a process of
+    its own, so a job that holds the GIL for long (a C call) cannot starve it; it exits with the worker (even a
+    SIGKILLed one), so a killed worker's holds still age out within ``hold_ttl``. A job's holds are handed to it
+    through shared memory when the job starts and taken back when it ends, before their release: a capped job costs
+    what an uncapped one does, bar a few microseconds. That is also why any positive ``hold_ttl`` is accepted here.
     """
+
+    _keeper: ledger.WorkerKeeper | None = None
+    _refresh_on_heartbeat = False  # the fetch took the holds a moment ago with a full ttl; the keeper refreshes them
 
     def _check_hold_ttl(self, ttl: int, interval: int) -> None:
         return None
 
     @contextlib.contextmanager
     def _keeping(self) -> Iterator[None]:
-        if not ledger.PROCESS:
+        holds = ledger.PROCESS.holds()
+        if not holds:
             yield
             return
-        keeper = Keeper(
-            self.connection, ledger.PROCESS, self.hold_ttl / 3, ttl=self.hold_ttl, log=self.log,  # type: ignore[operator]
-        ).start()
+        if not ledger.forkable(self.connection):  # type: ignore[attr-defined]
+            # fakeredis (users' unit tests): its server lives in this process, which a thread reaches.
+            keeper = Keeper(
+                self.connection, ledger.PROCESS, self.hold_ttl / 3, ttl=self.hold_ttl, log=self.log,  # type: ignore[operator, attr-defined]
+            ).start()
+            try:
+                yield
+            finally:
+                keeper.stop()  # before any release: no refresh may write a released hold back
+            return
+        if self._keeper is None:
+            self._keeper = ledger.WorkerKeeper(
+                self.connection, self.hold_ttl / 3, self.hold_ttl, log=self.log,  # type: ignore[operator, arg-type, attr-defined]
+            )
+        try:
+            armed = self._keeper.arm(holds)
+        except OSError:  # no fork (EAGAIN, ENOMEM): the job still runs; its holds age out if it outlives hold_ttl
+            self.log.warning('rq-policies: could not start the hold keeper; the holds of job %s are not refreshed '  # type: ignore[attr-defined]
+                             'while it runs', holds[0].job, exc_info=True)
+            armed = False
         try:
             yield
         finally:
-            keeper.stop()  # before any release: no refresh may write a released hold back
+            if armed:
+                self._keeper.disarm()  # before any release: no refresh may write a released hold back
+
+    def teardown(self) -> None:
+        try:
+            super().teardown()
+        finally:
+            if self._keeper is not None:
+                self._keeper.stop()

@@ -27,7 +27,7 @@ from rq.registry import ScheduledJobRegistry
 from throttle_helpers import ran, wait_for_phase
 from workers import output, start_worker, stop, wait_for
 
-from rq_policies import Loner, PolicyQueue, PolicySimpleWorker, QueueSlot, keys, ledger, ops, scripts
+from rq_policies import Loner, PolicyQueue, PolicySimpleWorker, PolicyWorker, QueueSlot, keys, ledger, ops, scripts
 
 #: What only the admission call that writes a job carries: EVALSHA (or EVAL) with the msgpack key ``created``.
 ADMIT_WRITE = (b'EVAL', ops.pack('created'))
@@ -671,7 +671,8 @@ def test_a_script_riding_a_pipeline_recovers_from_a_flush_before_execute(connect
     QueueSlot.set_capacity('faults', 2, connection=connection)
     assert QueueSlot.acquire('faults', 2, ttl=30, token='pipe-hold', connection=connection)
     try:
-        worker = PolicySimpleWorker([PolicyQueue('faults', connection=conn)], connection=conn)
+        # The forking worker's heartbeat: an in-process one leaves the refresh to its keeper.
+        worker = PolicyWorker([PolicyQueue('faults', connection=conn)], connection=conn)
         fault_proxy.before_request(admin.script_flush, match=b'EVAL', times=1000)
         for _ in range(3):
             with conn.pipeline() as pipe:

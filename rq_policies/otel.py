@@ -233,7 +233,7 @@ def carry(job: Any, span: Any, write: Any = None) -> None:
     fields += ['meta', packed]
 
 
-def _finish(span: Any, queue: Any, write: Any, verdict: Any, started: float, written: bool | None) -> None:
+def _finish(span: Any, queue: Any, write: Any, verdict: Any, started: float, spec: Any) -> None:
     decision = _DECISIONS.get(verdict.code, 'admitted') if verdict is not None else 'admitted'
     span.set_attribute('rq_policies.decision', decision)
     if verdict is not None and verdict.policy:
@@ -245,19 +245,19 @@ def _finish(span: Any, queue: Any, write: Any, verdict: Any, started: float, wri
         span.set_attribute('messaging.message.id', verdict.job_id)
     else:
         span.set_attribute('messaging.message.id', write.job.id)
-    _count(queue, verdict, decision, started)
+    _count(queue, verdict, decision, started, spec)
     span.end()
 
 
-def _count(queue: Any, verdict: Any, decision: str, started: float) -> None:
-    attributes = {'queue': queue.name}
-    if verdict is not None and verdict.policy:
-        attributes['policy'] = verdict.policy
+def _count(queue: Any, verdict: Any, decision: str, started: float, spec: Any = None) -> None:
     instruments = INSTRUMENTS
     if decision == 'dropped':
-        instruments['drops'].add(1, attributes)
-    elif verdict is not None:
-        instruments['admissions'].add(1, attributes)
+        instruments['drops'].add(1, {'policy': verdict.policy, 'queue': queue.name})
+    elif decision != 'replaced':  # a job written: admitted by each of its policies ('none' for a plain job)
+        for item in spec.policies if spec is not None else ():
+            instruments['admissions'].add(1, {'policy': item.name, 'queue': queue.name})
+        if spec is None or not spec.policies:
+            instruments['admissions'].add(1, {'policy': 'none', 'queue': queue.name})
     instruments['duration'].record(time.perf_counter() - started, {'queue': queue.name, 'decision': decision})
 
 
@@ -290,7 +290,7 @@ def admit(queue: Any, spec: Any, digest: str, write: Any, force: bool, hint: Any
     except BaseException as exc:
         _raised(span, queue, exc, verdict, started)
         raise
-    _finish(span, queue, write, verdict, started, written)
+    _finish(span, queue, write, verdict, started, spec)
     return written
 
 
@@ -305,7 +305,7 @@ def write_plain(queue: Any, write: Any) -> None:
     except BaseException as exc:
         _raised(span, queue, exc, None, started)
         raise
-    _finish(span, queue, write, None, started, True)
+    _finish(span, queue, write, None, started, None)
 
 
 def probe(queue: Any, spec: Any, digest: str, call: Any, func_name: str = '') -> Any:
@@ -350,7 +350,7 @@ async def send_async(queue: Any, plan: Any, client: Any) -> Any:
     except BaseException as exc:
         _raised(span, queue, exc, verdict, started)
         raise
-    _finish(span, queue, write, verdict, started, written)
+    _finish(span, queue, write, verdict, started, plan.spec)
     return write.job if written else None
 
 
@@ -368,8 +368,8 @@ def context_of(job: Any) -> Any:
     return _api.propagator.extract(carrier)
 
 
-def perform(job: Any, queue: Any, run: Any) -> Any:
-    """Run ``run(job, queue)`` (rq's ``perform_job``, in the work horse) inside the job's ``process`` span, a child of
+def perform(job: Any, queue: Any, run: Any, *args: Any) -> Any:
+    """Run ``run(job, queue, *args)`` (rq's ``perform_job``, in the work horse) inside the job's ``process`` span, a child of
     the producer's span carried on the job; then flush the provider (a horse ends with ``os._exit``)."""
     attributes = {
         'messaging.system': 'rq', 'messaging.destination.name': queue.name, 'messaging.operation.type': 'process',
@@ -379,7 +379,7 @@ def perform(job: Any, queue: Any, run: Any) -> Any:
                              attributes=attributes)
     token = _api.context.attach(_api.trace.set_span_in_context(span))
     try:
-        ok = run(job, queue)
+        ok = run(job, queue, *args)
         span.set_attribute('rq.job.status', 'finished' if ok else 'failed')
         if not ok:
             span.set_status(_api.error)

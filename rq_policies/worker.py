@@ -484,10 +484,10 @@ class PolicyWorkerMixin:
             self._policy_error = None
         return super().handle_job_failure(job, queue, *args, **kwargs)  # type: ignore[misc]
 
-    def perform_job(self, job: Any, queue: Any) -> Any:
+    def perform_job(self, job: Any, queue: Any, *args: Any) -> Any:  # rq 3 passes the execution too
         if otel.TRACER is not None:  # the job's span (rq_policies.otel), only once it is enabled
-            return otel.perform(job, queue, super().perform_job)  # type: ignore[misc]
-        return super().perform_job(job, queue)  # type: ignore[misc]
+            return otel.perform(job, queue, super().perform_job, *args)  # type: ignore[misc]
+        return super().perform_job(job, queue, *args)  # type: ignore[misc]
 
     def teardown(self) -> None:
         try:

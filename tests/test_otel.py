@@ -1,0 +1,212 @@
+"""OpenTelemetry (rq_policies.otel): one span per door decision with its attributes, the producer's context carried
+on the job to a real forking PolicyWorker's span, metrics, and nothing of OpenTelemetry imported or done while off."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+pytest.importorskip('opentelemetry.sdk')
+
+from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
+from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+from redis.asyncio import Redis as AsyncRedis  # noqa: E402
+
+import jobs  # noqa: E402
+import rq_policies.otel as otel  # noqa: E402
+from rq_policies import Concurrency, DuplicateJob, Loner, PolicyQueue  # noqa: E402
+from rq_policies.aio import AsyncPolicyQueue  # noqa: E402
+from workers import output, start_worker  # noqa: E402
+
+
+@pytest.fixture
+def traced():
+    """The SDK with in-memory span and metric readers, switched on for the test."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    otel.instrument(tracer_provider=provider, meter_provider=meters)
+    try:
+        yield exporter, reader, provider.get_tracer('test')
+    finally:
+        otel.uninstrument()
+
+
+def _points(reader, name):
+    found = {}
+    data = reader.get_metrics_data()
+    for resource in data.resource_metrics if data else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == name:
+                    for point in metric.data.data_points:
+                        found[tuple(sorted(point.attributes.items()))] = point.value
+    return found
+
+
+def test_one_span_per_decision_with_attributes(connection, traced):
+    exporter, reader, tracer = traced
+    q = PolicyQueue('otel', connection=connection)
+    with tracer.start_as_current_span('request') as request:
+        admitted = q.enqueue(jobs.record, 'a')
+        dropped = [q.enqueue(jobs.record, 'a') for _ in range(3)]  # the later ones take the hint probe
+        plain = q.enqueue(jobs.plain, 1)
+        forced = q.force(jobs.record, 'a')
+        with pytest.raises(DuplicateJob):
+            q.enqueue(jobs.plain, 2, policy=Loner(on_conflict='raise'), job_id='x1')
+            q.enqueue(jobs.plain, 2, policy=Loner(on_conflict='raise'))
+        keyed = q.enqueue(jobs.plain, 't1', policy=Concurrency(2, key=lambda args, kwargs: args[0], scope='tenant'))
+    assert admitted is not None and dropped == [None] * 3 and plain is not None and forced is not None
+    spans = [s for s in exporter.get_finished_spans() if s.name != 'request']
+    assert [s.attributes['rq_policies.decision'] for s in spans] == [
+        'admitted', 'dropped', 'dropped', 'dropped', 'admitted', 'admitted', 'admitted', 'raised', 'admitted']
+    trace_id = request.get_span_context().trace_id
+    for span in spans:
+        assert span.name == 'send otel' and span.kind.name == 'PRODUCER'
+        assert span.context.trace_id == trace_id and span.parent.span_id == request.get_span_context().span_id
+        assert span.attributes['messaging.system'] == 'rq'
+        assert span.attributes['messaging.destination.name'] == 'otel'
+        assert span.attributes['messaging.operation.type'] == 'send'
+    first, drop = spans[0], spans[1]
+    assert first.attributes['messaging.message.id'] == admitted.id
+    assert first.attributes['rq_policies.policies'] == ('loner',)
+    assert drop.attributes['rq_policies.policy'] == 'loner'
+    assert drop.attributes['rq_policies.holder.id'] == admitted.id
+    assert drop.attributes['rq_policies.identity'] == first.attributes['rq_policies.identity']
+    assert 'messaging.message.id' not in drop.attributes
+    assert spans[3].attributes.get('rq_policies.probe') is True  # decided by the hint probe, one span all the same
+    assert spans[4].attributes['rq_policies.policies'] == () and spans[4].attributes['messaging.message.id'] == plain.id
+    assert spans[5].attributes['messaging.operation.name'] == 'force'
+    assert spans[7].status.status_code.name == 'ERROR' and spans[7].attributes['rq_policies.holder.id'] == 'x1'
+    assert spans[8].attributes['rq_policies.scope'] == 'tenant' and spans[8].attributes['rq_policies.key'] == 't1'
+    # the context on the job is the decision's span, in meta, in Redis
+    from rq.job import Job
+
+    stored = Job.fetch(admitted.id, connection=connection)
+    version, carried_trace, carried_span, _ = stored.meta['traceparent'].split('-')
+    assert int(carried_trace, 16) == trace_id and int(carried_span, 16) == first.context.span_id
+    # metrics: admissions and drops by policy and queue
+    assert _points(reader, 'rq_policies.dropped_enqueues')[(('policy', 'loner'), ('queue', 'otel'))] == 4
+    assert _points(reader, 'rq_policies.admissions') == {
+        (('policy', 'loner'), ('queue', 'otel')): 3, (('policy', 'none'), ('queue', 'otel')): 1,
+        (('policy', 'concurrency'), ('queue', 'otel')): 1}
+
+
+def test_async_door_spans(connection, redis_url, traced):
+    exporter, reader, tracer = traced
+
+    async def main():
+        client = AsyncRedis.from_url(redis_url)
+        q = AsyncPolicyQueue('otel', connection=client)
+        with tracer.start_as_current_span('request'):
+            first = await q.enqueue(jobs.record, 'b')
+            second = await q.enqueue(jobs.record, 'b')
+        await client.aclose()
+        return first, second
+
+    first, second = asyncio.run(main())
+    spans = [s for s in exporter.get_finished_spans() if s.name != 'request']
+    assert [s.attributes['rq_policies.decision'] for s in spans] == ['admitted', 'dropped']
+    assert spans[1].attributes['rq_policies.holder.id'] == first.id and second is None
+    from rq.job import Job
+
+    carried = Job.fetch(first.id, connection=connection).meta['traceparent']
+    assert int(carried.split('-')[2], 16) == spans[0].context.span_id
+
+
+def test_off_means_nothing(connection):
+    """Switched off, no span and no meta: the door is the plain one (its one None check)."""
+    otel.uninstrument()
+    assert otel.TRACER is None
+    job = PolicyQueue('otel', connection=connection).enqueue(jobs.record, 'off')
+    from rq.job import Job
+
+    assert 'traceparent' not in Job.fetch(job.id, connection=connection).meta
+
+
+def test_not_installed_imports_nothing(redis_url, worker_env):
+    """With opentelemetry unimportable (a meta-path hook refuses it), every module loads and the doors work; nothing
+    imported it; ``instrument()`` says which extra to install."""
+    script = textwrap.dedent('''
+        import sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name == 'opentelemetry' or name.startswith('opentelemetry.'):
+                    raise ImportError('blocked: ' + name)
+        sys.meta_path.insert(0, Block())
+        import asyncio
+        from redis import Redis
+        from redis.asyncio import Redis as AsyncRedis
+        import jobs, rq_policies, rq_policies.aio, rq_policies.otel, rq_policies.worker
+        url = sys.argv[1]
+        assert rq_policies.PolicyQueue('noot', connection=Redis.from_url(url)).enqueue(jobs.record, 'n') is not None
+        async def main():
+            client = AsyncRedis.from_url(url)
+            job = await rq_policies.aio.AsyncPolicyQueue('noot', connection=client).enqueue(jobs.record, 'm')
+            await client.aclose()
+            return job
+        assert asyncio.run(main()) is not None
+        assert not [m for m in sys.modules if m.startswith('opentelemetry')]
+        try:
+            rq_policies.otel.instrument()
+        except ImportError as exc:
+            assert "rq-policies[otel]" in str(exc), exc
+            print('ok')
+    ''')
+    done = subprocess.run([sys.executable, '-c', script, redis_url], env=worker_env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.strip() == 'ok', done.stderr
+
+
+def test_forking_worker_job_span_is_a_child_of_the_producer(connection, redis_url, worker_env, traced, tmp_path):
+    """A real forking PolicyWorker (TracedWorker: the SDK in the worker's process, exporting to a file) runs each
+    job in a ``process`` span whose trace is the producer's and whose parent is the decision's span. The jobs share one per-key Concurrency(1) key and two workers take them, so a
+    fetch that finds the key busy parks a job and a release promotes it: those keep their producer's context too."""
+    import otel_jobs
+
+    exporter, reader, tracer = traced
+    q = PolicyQueue('otelw', connection=connection)
+    produced = []
+    per_key = Concurrency(1, key=lambda args, kwargs: 'k', scope='otel-test')
+    for tag in ('one', 'two', 'three'):
+        with tracer.start_as_current_span(f'request {tag}'):
+            job = q.enqueue(otel_jobs.traced_task, tag, policy=per_key)
+        produced.append(job)
+    decisions = {s.attributes['messaging.message.id']: s for s in exporter.get_finished_spans()
+                 if s.name == 'send otelw'}
+    span_file = tmp_path / 'spans.jsonl'
+    env = dict(worker_env, RQ_POLICIES_SPAN_FILE=str(span_file))
+    workers = [start_worker(redis_url, ['otelw'], env, worker_class='otel_jobs.TracedWorker', burst=True)
+               for _ in range(2)]  # two workers: one of them finds the key busy and parks a job
+    try:
+        for worker in workers:
+            worker.wait(timeout=60)
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+    for worker in workers:
+        assert worker.returncode == 0, output(worker)
+    lines = [json.loads(line) for line in span_file.read_text().splitlines()]
+    processed = {line['attributes']['messaging.message.id']: line for line in lines if line['name'] == 'process otelw'}
+    assert set(processed) == {job.id for job in produced}, lines
+    for job in produced:
+        span, decision = processed[job.id], decisions[job.id]
+        assert span['trace_id'] == f'{decision.context.trace_id:032x}'
+        assert span['parent_id'] == f'{decision.context.span_id:016x}'
+        assert span['pid'] != os.getpid() and span['attributes']['rq.job.status'] == 'finished'
+        result = job.latest_result() if hasattr(job, 'latest_result') else None
+        if result is not None:
+            assert result.return_value.split()[1] == span['trace_id']

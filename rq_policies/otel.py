@@ -55,6 +55,8 @@ child of the producer's span and carries ``messaging.message.id`` and the outcom
                                                           ``top_keys`` busiest keys, the rest as ``key='(other)'``
 ``rq_policies.keys.in_use``               gauge           the same labels: holds in use (Concurrency)
 ``rq_policies.dropped_enqueues.cluster``  gauge           ``policy``, ``queue``: the cluster-wide count in Redis
+``rq_policies.queue_slots.in_use``        gauge           ``queue``: live QueueSlot holds (jobs running under a cap)
+``rq_policies.queue_slots.capacity``      gauge           ``queue``: the cap of a capped queue
 ========================================  ==============  ========================================================
 
 The counters are per process (each producer exports its own, as OTel's SDKs expect); the gauges read Redis when the
@@ -145,6 +147,10 @@ class _RedisGauges:
                                       description='Holds in use per key of the per-key policies (top keys).')
         meter.create_observable_gauge('rq_policies.dropped_enqueues.cluster', [self._drops], unit='{enqueue}',
                                       description='Enqueues dropped, counted in Redis by every producer.')
+        meter.create_observable_gauge('rq_policies.queue_slots.in_use', [self._slots], unit='{job}',
+                                      description='Live QueueSlot holds of a queue (jobs running under its cap).')
+        meter.create_observable_gauge('rq_policies.queue_slots.capacity', [self._capacity], unit='{job}',
+                                      description='Cluster-wide QueueSlot cap of a queue.')
 
     def key_rows(self) -> list[tuple[str, str, str, int, int]]:
         """(policy, scope, key, parked, in_use), the busiest ``top_keys`` keys per scope and an ``(other)`` row."""
@@ -176,6 +182,24 @@ class _RedisGauges:
 
     def _in_use(self, options: Any) -> list[Any]:
         return self._observe(4)
+
+    def _slot_rows(self) -> list[dict[str, Any]]:
+        from . import state
+        from .policy import by_name
+
+        now = state.server_now(self.connection)
+        return by_name('queue_slot').gauges(self.connection, state.queue_names(self.connection), now)
+
+    def _slots(self, options: Any) -> list[Any]:
+        from opentelemetry.metrics import Observation
+
+        return [Observation(row['in_use'], {'queue': row['queue']}) for row in self._slot_rows()]
+
+    def _capacity(self, options: Any) -> list[Any]:
+        from opentelemetry.metrics import Observation
+
+        return [Observation(row['capacity'], {'queue': row['queue']}) for row in self._slot_rows()
+                if row['capacity'] is not None]
 
     def _drops(self, options: Any) -> list[Any]:
         from opentelemetry.metrics import Observation

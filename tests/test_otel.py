@@ -210,3 +210,86 @@ def test_forking_worker_job_span_is_a_child_of_the_producer(connection, redis_ur
         result = job.latest_result() if hasattr(job, 'latest_result') else None
         if result is not None:
             assert result.return_value.split()[1] == span['trace_id']
+
+
+@pytest.fixture
+def forget_holds():
+    from rq_policies import ledger
+
+    yield
+    for token in ledger.PROCESS.snapshot():  # holds these fetches took are not this process's to refresh
+        ledger.PROCESS.discard(token)
+
+
+def _fetch_all(connection, names=('keys',)):
+    """Fetch (as a PolicyWorker's fetch script does) until nothing can be taken: full keys park their jobs."""
+    from rq.queue import Queue
+
+    from rq_policies.fetch import Look, fetch_call, read_reply
+
+    taken = []
+    for i in range(50):
+        queues = [Queue(name, connection=connection) for name in names]
+        token = f'h:1:1:{i}'
+        found = read_reply(fetch_call(queues, token, 90).run(connection), queues, token, 90)
+        if found is None or isinstance(found, Look):
+            break
+        taken.append(found)
+    return taken
+
+
+def test_a_parked_then_promoted_job_keeps_its_producer_context(connection, traced, forget_holds):
+    import key_jobs
+    from rq.job import Job
+
+    from rq_policies.fetch import release_claim
+
+    exporter, reader, tracer = traced
+    q = PolicyQueue('keys', connection=connection)
+    carried = []
+    for i in range(3):
+        with tracer.start_as_current_span(f'request {i}'):
+            job = q.enqueue(key_jobs.per_customer, f't{i}', 0.0, customer='a')
+        carried.append(Job.fetch(job.id, connection=connection).meta['traceparent'])
+    taken = _fetch_all(connection)  # Concurrency(2) per customer: the third job parks
+    parked = Job.fetch(job.id, connection=connection)
+    assert len(taken) == 2 and parked.get_status() == 'deferred'
+    release_claim(taken[0], connection)  # its key frees: the parked job is promoted to the queue
+    promoted = Job.fetch(job.id, connection=connection)
+    assert promoted.get_status() == 'queued' and promoted.meta['traceparent'] == carried[2]
+    decisions = [s for s in exporter.get_finished_spans() if s.name == 'send keys']
+    assert int(carried[2].split('-')[2], 16) == decisions[2].context.span_id
+
+
+def test_redis_gauges_bound_the_keys_to_a_top_n(connection, forget_holds):
+    import key_jobs
+
+    from rq_policies import QueueSlot
+
+    reader = InMemoryMetricReader()
+    otel.instrument(tracer_provider=TracerProvider(), meter_provider=MeterProvider(metric_readers=[reader]),
+                    connection=connection, top_keys=2)
+    try:
+        q = PolicyQueue('keys', connection=connection)
+        for name, count in (('a', 5), ('b', 4), ('c', 3), ('d', 3)):
+            for i in range(count):
+                q.enqueue(key_jobs.per_customer, f'{name}{i}', 0.0, customer=name)
+        _fetch_all(connection)  # 2 in use per customer, the rest parked: a 3+2, b 2+2, c 2+1, d 2+1
+        QueueSlot.set_capacity('capped', 3, connection=connection)
+        PolicyQueue('dropq', connection=connection).enqueue(jobs.record, 'z')
+        PolicyQueue('dropq', connection=connection).enqueue(jobs.record, 'z')
+        parked = _points(reader, 'rq_policies.keys.parked')
+        in_use = _points(reader, 'rq_policies.keys.in_use')
+        capacity = _points(reader, 'rq_policies.queue_slots.capacity')
+        dropped = _points(reader, 'rq_policies.dropped_enqueues.cluster')
+    finally:
+        otel.uninstrument()
+    scope = 'key_jobs.per_customer'
+
+    def row(key):
+        return (('key', key), ('policy', 'concurrency'), ('scope', scope))
+
+    assert parked == {row('a'): 3, row('b'): 2, row('(other)'): 2}, parked
+    assert in_use == {row('a'): 2, row('b'): 2, row('(other)'): 4}, in_use
+    assert capacity == {(('queue', 'capped'),): 3}
+    assert dropped == {(('policy', 'loner'), ('queue', 'dropq')): 1}

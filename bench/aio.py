@@ -134,8 +134,8 @@ def throughput(url: str, rounds: int, n: int) -> None:
         for name, values in rates.items():
             med = statistics.median(values)
             print(f'{name:36} {med:9.0f} {min(values):9.0f} {max(values):9.0f} {med / base:8.2f}')
-        a, s, one = (statistics.median(rates[k]) for k in (f'async, {TASKS} tasks', f'sync PolicyQueue, {TASKS} threads',
-                                                           'async, 1 task'))
+        names = (f'async, {TASKS} tasks', f'sync PolicyQueue, {TASKS} threads', 'async, 1 task')
+        a, s, one = (statistics.median(rates[k]) for k in names)
         print(f'async {TASKS} tasks / sync {TASKS} threads: {a / s:.2f}; async {TASKS} tasks / async 1 task: '
               f'{a / one:.2f}')
     conn.flushdb()

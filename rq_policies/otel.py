@@ -393,8 +393,8 @@ def context_of(job: Any) -> Any:
 
 
 def perform(job: Any, queue: Any, run: Any, *args: Any) -> Any:
-    """Run ``run(job, queue, *args)`` (rq's ``perform_job``, in the work horse) inside the job's ``process`` span, a child of
-    the producer's span carried on the job; then flush the provider (a horse ends with ``os._exit``)."""
+    """Run ``run(job, queue, *args)`` (rq's ``perform_job``, in the work horse) inside the job's ``process`` span, a
+    child of the producer's span carried on the job; then flush the provider (a horse ends with ``os._exit``)."""
     attributes = {
         'messaging.system': 'rq', 'messaging.destination.name': queue.name, 'messaging.operation.type': 'process',
         'messaging.operation.name': 'perform', 'messaging.message.id': job.id, 'rq.job.function': job.func_name,

@@ -373,7 +373,9 @@ class PolicyQueue(Queue):
         write = self.job_write(job, spec, digest, at_front, when, schedule=not force)
         return self._decide(spec, digest, write, force, door.hint if door is not None else None, at_front)
 
-    def _decide(self, spec: PolicySet, digest: str, write: JobWrite, force: bool, hint: Any, at_front: bool) -> Job | None:
+    def _decide(
+        self, spec: PolicySet, digest: str, write: JobWrite, force: bool, hint: Any, at_front: bool
+    ) -> Job | None:
         """The admission's round trip and what follows it (the asyncio doors' builder sends it themselves,
         :mod:`rq_policies.aio`)."""
         job = write.job

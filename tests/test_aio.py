@@ -10,20 +10,20 @@ import os
 import subprocess
 import sys
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from urllib.parse import urlparse
-from datetime import datetime, timedelta, timezone
 
+import jobs
 import pytest
 from redis.asyncio import BlockingConnectionPool
 from redis.asyncio import Redis as AsyncRedis
-from redis.backoff import NoBackoff
 from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
 from rq.job import Job
 from rq.registry import ScheduledJobRegistry
 
-import jobs
-from rq_policies import Concurrency, Loner, PolicyQueue, keys
+from rq_policies import Concurrency, Loner, PolicyQueue
 from rq_policies.aio import AsyncDoorError, AsyncPolicyQueue
 
 

@@ -13,9 +13,9 @@ pytest.importorskip('starlette')
 pytest.importorskip('httpx')
 
 from starlette.testclient import TestClient  # noqa: E402
+from workers import output, start_worker  # noqa: E402
 
 from rq_policies import PolicyQueue  # noqa: E402
-from workers import output, start_worker  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parent.parent / 'examples'
 sys.path.insert(0, str(EXAMPLES))

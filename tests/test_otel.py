@@ -9,24 +9,23 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
 pytest.importorskip('opentelemetry.sdk')
 
+import jobs  # noqa: E402
 from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 from redis.asyncio import Redis as AsyncRedis  # noqa: E402
+from workers import output, start_worker  # noqa: E402
 
-import jobs  # noqa: E402
 import rq_policies.otel as otel  # noqa: E402
 from rq_policies import Concurrency, DuplicateJob, Loner, PolicyQueue  # noqa: E402
 from rq_policies.aio import AsyncPolicyQueue  # noqa: E402
-from workers import output, start_worker  # noqa: E402
 
 
 @pytest.fixture
@@ -67,7 +66,7 @@ def test_one_span_per_decision_with_attributes(connection, traced):
         with pytest.raises(DuplicateJob):
             q.enqueue(jobs.plain, 2, policy=Loner(on_conflict='raise'), job_id='x1')
             q.enqueue(jobs.plain, 2, policy=Loner(on_conflict='raise'))
-        keyed = q.enqueue(jobs.plain, 't1', policy=Concurrency(2, key=lambda args, kwargs: args[0], scope='tenant'))
+        q.enqueue(jobs.plain, 't1', policy=Concurrency(2, key=lambda args, kwargs: args[0], scope='tenant'))
     assert admitted is not None and dropped == [None] * 3 and plain is not None and forced is not None
     spans = [s for s in exporter.get_finished_spans() if s.name != 'request']
     assert [s.attributes['rq_policies.decision'] for s in spans] == [
@@ -172,8 +171,10 @@ def test_not_installed_imports_nothing(redis_url, worker_env):
 
 def test_forking_worker_job_span_is_a_child_of_the_producer(connection, redis_url, worker_env, traced, tmp_path):
     """A real forking PolicyWorker (TracedWorker: the SDK in the worker's process, exporting to a file) runs each
-    job in a ``process`` span whose trace is the producer's and whose parent is the decision's span. The jobs share one per-key Concurrency(1) key and two workers take them, so a
-    fetch that finds the key busy parks a job and a release promotes it: those keep their producer's context too."""
+    job in a ``process`` span whose trace is the producer's and whose parent is the decision's span. The jobs share
+    one per-key Concurrency(1) key and two workers take them, so a fetch that finds the key busy may park a job for
+    a release to promote: such a job keeps its producer's context too (and the test just below checks that
+    case step by step)."""
     import otel_jobs
 
     exporter, reader, tracer = traced

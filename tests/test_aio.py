@@ -349,3 +349,48 @@ def test_noscript_falls_back_to_eval(connection, redis_url):
 
     assert _run(main()) is not None
     assert connection.llen('rq:queue:aio') == 1
+
+
+@pytest.mark.long
+def test_sentinel_client_follows_a_failover(connection):
+    """A ``redis.asyncio.sentinel`` master_for client: the door finds the master through the Sentinels, and after a
+    failover (SENTINEL FAILOVER) the same client's doors reach the new master; the identity held before is still
+    held there (replicated), and ``explain`` reads through ``sync_connection=``."""
+    from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+    from sentinel_cluster import SentinelCluster
+
+    cluster = SentinelCluster().start()
+    try:
+        async def main():
+            sentinel = AsyncSentinel(cluster.instances, socket_timeout=1)
+            client = sentinel.master_for('mymaster', socket_timeout=2)
+            sync = cluster.sentinel().master_for('mymaster', socket_timeout=2)
+            q = AsyncPolicyQueue('sent', connection=client, sync_connection=sync)
+            first = await q.enqueue(jobs.record, 's')
+            before = cluster.master_address()
+            await asyncio.sleep(0.5)  # let the replica receive the write
+            await sentinel.sentinels[0].execute_command('SENTINEL', 'FAILOVER', 'mymaster')
+            deadline = time.monotonic() + 30
+            while cluster.master_address() == before and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            outcomes = []
+            for _ in range(100):  # the old master may refuse writes (READONLY) or drop connections while it turns
+                try:
+                    outcomes.append(await q.enqueue(jobs.record, 's'))
+                    outcomes.append(await q.enqueue(jobs.record, 't'))
+                    break
+                except Exception as exc:  # noqa: BLE001 - any error of the failover window: try again
+                    outcomes = [type(exc).__name__]
+                    await asyncio.sleep(0.2)
+            why = await q.explain(first.id)
+            await client.aclose()
+            return first, before, cluster.master_address(), outcomes, why
+
+        first, before, after, outcomes, why = asyncio.run(main())
+    finally:
+        cluster.close()
+    assert after != before
+    assert first is not None and len(outcomes) == 2, outcomes
+    dropped, other = outcomes
+    assert dropped is None and other is not None  # the held identity, read on the new master
+    assert why['status'] == 'queued'

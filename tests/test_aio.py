@@ -290,7 +290,10 @@ def test_cancelled_task_leaves_a_whole_job_or_none(connection, redis_url, fault_
             outcomes[index] = await attempt(q, index, after=after)
             index += 1
         fault_proxy.disarm()
-        # the connections a cancellation closed are not reused with an unread reply: the door still works
+        # the connections a cancellation closed are not reused with an unread reply: every pooled connection answers
+        # its own command (an unread late reply would answer the next ECHO), and the door still works
+        echoes = await asyncio.gather(*(client.echo(f'e{i}') for i in range(8)))
+        assert echoes == [f'e{i}'.encode() for i in range(8)], echoes
         check = await q.enqueue(jobs.record, 'after')
         await client.aclose()
         return outcomes, check

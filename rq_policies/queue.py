@@ -436,7 +436,15 @@ class PolicyQueue(Queue):
         door = _door.get()
         force = door is not None and door.force
         write = self.job_write(job, spec, digest, at_front, when, schedule=not force)
-        if not admission.admit(self, spec, digest, write, force=force, hint=door.hint if door is not None else None):
+        return self._decide(spec, digest, write, force, door.hint if door is not None else None, at_front)
+
+    def _decide(
+        self, spec: PolicySet, digest: str, write: JobWrite, force: bool, hint: Any, at_front: bool
+    ) -> Job | None:
+        """The admission's round trip and what follows it (the asyncio doors' builder sends it themselves,
+        :mod:`rq_policies.aio`)."""
+        job = write.job
+        if not admission.admit(self, spec, digest, write, force=force, hint=hint):
             return None
         if write.replaced:  # the waiting holder or pending job took this payload in place: it is the job
             return job

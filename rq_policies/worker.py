@@ -41,7 +41,7 @@ from rq.job import JobStatus
 from rq.queue import Queue
 from rq.worker import SimpleWorker, Worker
 
-from . import admission, health, keys, ledger, scripts
+from . import admission, health, keys, ledger, otel, scripts
 from .compat import LEGACY_FAILURE
 from .exceptions import PolicyError
 from .fetch import IDLE_POLL_SECONDS, Claim, Fetcher, current_fetcher, release_claim
@@ -500,6 +500,11 @@ class PolicyWorkerMixin:
             kwargs['exc_string'] = ''.join(traceback.format_exception(*self._policy_error[1]))
             self._policy_error = None
         return super().handle_job_failure(job, queue, *args, **kwargs)  # type: ignore[misc]
+
+    def perform_job(self, job: Any, queue: Any, *args: Any) -> Any:  # rq 3 passes the execution too
+        if otel.TRACER is not None:  # the job's span (rq_policies.otel), only once it is enabled
+            return otel.perform(job, queue, super().perform_job, *args)  # type: ignore[misc]
+        return super().perform_job(job, queue, *args)  # type: ignore[misc]
 
     def teardown(self) -> None:
         try:

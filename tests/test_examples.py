@@ -20,7 +20,10 @@ from rq.registry import FinishedJobRegistry
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / 'examples'
 #: Examples run by a test elsewhere, and the test that runs it.
-ELSEWHERE = {'limited_capacity_cron.py': ('test_limited_capacity.py', 'test_cron_example_refills_through_rq_cron')}
+ELSEWHERE = {
+    'limited_capacity_cron.py': ('test_limited_capacity.py', 'test_cron_example_refills_through_rq_cron'),
+    'asyncio_web.py': ('test_example_asyncio_web.py', 'test_example_main_runs'),
+}
 
 
 def run_example(name: str, worker_env: dict, timeout: float = 120) -> str:

@@ -21,8 +21,11 @@ from typing import Any
 from rq.exceptions import DequeueTimeout, NoSuchJobError
 from rq.job import Job
 from rq.queue import Queue
+from rq.registry import DeferredJobRegistry, ScheduledJobRegistry
+from rq.scheduler import RQScheduler
 
 from . import keys, ledger
+from .compat import SCHEDULER_RATE_LIMITS
 from .ledger import Hold
 from .ops import Call, text
 from .policy import FETCH, by_name, registered
@@ -34,6 +37,32 @@ IDLE_POLL_SECONDS = 1.0
 
 #: The longest an idle worker goes without looking again at queues it found full (see :meth:`Fetcher.relook_seconds`).
 IDLE_RELOOK_MAX_SECONDS = 10.0
+
+
+#: Due scheduled jobs a fetch promotes at most (oldest first, over its queues in order): a fetch costs the same however
+#: many are due; the next fetches promote the rest.
+PROMOTE_BATCH = 100
+
+#: The value promotion writes to rq's scheduler lock of a queue it promotes (``rq:scheduler-lock:<queue>``): rq's
+#: schedulers see the queue taken, as by another scheduler, and leave it to the PolicyWorkers.
+PROMOTE_OWNER = 'rq-policies'
+
+#: Seconds promotion's lock lives (rq's own: its scheduler's interval + 60), refreshed by a promoting fetch once less
+#: than ``PROMOTE_LOCK_TTL - 10`` are left.
+PROMOTE_LOCK_TTL = 61
+
+#: A scheduler's lock not refreshed for this many seconds (rq refreshes it to interval + 60 s every interval) belongs
+#: to a scheduler that died (as it does on a connection error) or stopped: promotion takes the queue over.
+PROMOTE_STALE_SECONDS = 5
+
+
+def promote_args() -> dict[str, Any]:
+    """The ``promote`` argument of ``lua/fetch.lua`` (see lua/lib/promote.lua)."""
+    return {
+        'batch': PROMOTE_BATCH, 'owner': PROMOTE_OWNER, 'lock_ttl': PROMOTE_LOCK_TTL, 'refresh': 10,
+        'stale': PROMOTE_STALE_SECONDS, 'timeout': Queue.DEFAULT_TIMEOUT, 'rate_limited': SCHEDULER_RATE_LIMITS,
+        'deferred': DeferredJobRegistry.key_template.format(''),
+    }
 
 
 @dataclass
@@ -75,6 +104,9 @@ class Fetcher:
     """
 
     hold_ttl: int = ledger.TTL_SECONDS
+
+    #: Promote due scheduled jobs inside the fetch (see :func:`fetch_call`).
+    promote: bool = True
 
     #: How often the estimate of the server's clock (:meth:`server_now`) is measured again (seconds).
     CLOCK_CHECK_SECONDS = 60.0
@@ -161,11 +193,14 @@ current_fetcher: ContextVar[Fetcher | None] = ContextVar('rq_policies_fetcher', 
 
 def fetch_call(
     queues: Sequence[Queue], token: str, ttl: int, job_prefix: str = Job.redis_job_namespace_prefix,
-    burst: bool = True,
+    burst: bool = True, promote: bool = True,
 ) -> Call:
     """The ``lua/fetch.lua`` call taking the next job of ``queues`` (in that order), holds named ``token``.
 
     ``burst``: count the skipped queues that still have jobs (a burst worker waits for them rather than quit).
+    ``promote``: first move the due jobs of the queues' scheduled registries onto them (at most
+    :data:`PROMOTE_BATCH`, by the server's clock, as rq's scheduler would), and report the earliest due time to an
+    idle look.
     """
     names = [q.name for q in queues]
     policies = registered(FETCH)
@@ -176,6 +211,11 @@ def fetch_call(
     call.key('claim', keys.claim(token))
     call.key_list('queues', [q.key for q in queues])
     call.key_list('intermediate', [q.intermediate_queue_key for q in queues])
+    if promote:
+        call.arg('promote', promote_args())
+        call.key('queues_set', Queue.redis_queues_keys)
+        call.key_list('scheduled', [ScheduledJobRegistry.key_template.format(name) for name in names])
+        call.key_list('scheduler_lock', [RQScheduler.get_locking_key(name) for name in names])
     for policy in policies:
         policy.fetch_keys(call, names)
     return call
@@ -230,7 +270,8 @@ def dequeue(
     nothing is waiting, but keeps waiting while a skipped queue still has jobs: those are work not yet done.
     """
     names = [q.name for q in queues]
-    call = fetch_call(queues, '', fetcher.hold_ttl, job_class.redis_job_namespace_prefix, burst=timeout is None)
+    call = fetch_call(queues, '', fetcher.hold_ttl, job_class.redis_job_namespace_prefix, burst=timeout is None,
+                      promote=fetcher.promote)
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         token = ledger.claim_token()

@@ -215,6 +215,13 @@ class PolicyWorkerMixin:
     #: Redis error in the middle of a job, so this is what returns a hold promptly after a short outage.
     release_grace_seconds: float = 10.0
 
+    #: rq's work loop sleeps after a connection error, doubling the sleep up to 60 s: after a 30 s outage a stock
+    #: worker looks again up to 32 s after the server is back. A PolicyWorker retries every second (one refused
+    #: connect a second while the server is down), so due jobs, which its own fetch promotes, run within about two
+    #: seconds of the server answering again.
+    exponential_backoff_factor: float = 1.0
+    max_connection_wait_time: float = 1.0
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # `rq worker` passes its own queue class (rq.Queue by default) and `rq worker-pool` none at all; fetching

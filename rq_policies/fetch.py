@@ -116,6 +116,8 @@ class Fetcher:
         self._clock: tuple[float, float] | None = None  # (server minus local clock, local time measured)
         #: Claim records whose reply has arrived, to be deleted with the worker's next pipeline.
         self.records: list[str] = []
+        #: The earliest due time (server clock) announced or probed during the current idle wait.
+        self.due_at: float | None = None
 
     def server_now(self, connection: Any) -> float:
         """The server's clock (epoch s) estimated from this host's, measured with TIME once a minute at most."""
@@ -171,20 +173,56 @@ class Fetcher:
         stock rq producer pushed without a wake-up; or every :meth:`relook_seconds` when the look found some queue
         full (a hold that ages out silently frees it). A look runs the whole fetch script over every queue (a full
         capped queue costs it a ZCOUNT and more), so an idle worker over many full queues looks rarely, and probes.
+
+        Scheduled jobs: the look's ``until`` already covers the earliest due time it saw. A job scheduled since is
+        announced by PolicyQueue (a ``scheduled <time>`` wake-up, :meth:`note_due`), which moves the end of the wait
+        to its due time; one scheduled by stock rq (no wake-up) is found by the schedule probe (the head of each
+        queue's scheduled registry, one ZRANGE each, every :meth:`schedule_probe_seconds`).
         """
         names = [q.name for q in queues]
         probe = [q.key for q in queues if q.name not in look.full]
         now = time.monotonic()
         end = now + seconds
         relook = now + self.relook_seconds() if look.full else end
+        self.due_at = None
+        registries = [ScheduledJobRegistry.key_template.format(name) for name in names] if self.promote else []
+        schedule_every = self.schedule_probe_seconds(len(registries))
+        next_schedule_probe = now + schedule_every
         while True:
+            if self.due_at is not None:
+                end = min(end, time.monotonic() + max(self.due_at - self.server_now(connection), 0.0))
+                self.due_at = None
             left = min(end, relook) - time.monotonic()
             if left <= 0:
                 return
             if self.wait(connection, names, left, look.full):
                 return
-            if probe and time.monotonic() < min(end, relook) and connection.exists(*probe):
+            now = time.monotonic()
+            if probe and now < min(end, relook) and connection.exists(*probe):
                 return
+            if registries and now >= next_schedule_probe and now < min(end, relook):
+                next_schedule_probe = now + schedule_every
+                self.note_due(self._earliest_due(connection, registries))
+
+    def note_due(self, at: float | None) -> None:
+        """A job of these queues is due at server time ``at``: the idle wait ends then at the latest."""
+        if at is not None and (self.due_at is None or at < self.due_at):
+            self.due_at = at
+
+    @staticmethod
+    def schedule_probe_seconds(registries: int) -> float:
+        """How often an idle worker reads the heads of its queues' scheduled registries: once a second for up to 5
+        queues, and less often over more (one ZRANGE per queue: at most 5 commands a second, whatever the count)."""
+        return max(IDLE_POLL_SECONDS, registries / 5)
+
+    @staticmethod
+    def _earliest_due(connection: Any, registries: list[str]) -> float | None:
+        with connection.pipeline(transaction=False) as pipe:
+            for key in registries:
+                pipe.zrange(key, 0, 0, withscores=True)
+            heads = pipe.execute()
+        scores = [head[0][1] for head in heads if head]
+        return min(scores) if scores else None
 
 
 #: The fetcher of the PolicyWorker fetching in this context, or None (then ``dequeue_any`` is stock rq's).

@@ -44,7 +44,7 @@ from . import admission, health, keys, ledger, scripts
 from .compat import LEGACY_FAILURE
 from .exceptions import PolicyError
 from .fetch import IDLE_POLL_SECONDS, Claim, Fetcher, current_fetcher, release_claim
-from .ledger import WAKE_CAPACITY, WAKE_RELEASED, Keeper, Ledger
+from .ledger import WAKE_CAPACITY, WAKE_RELEASED, WAKE_SCHEDULED, Keeper, Ledger
 from .ops import text
 from .policy import positive_int, registered
 from .queue import PolicyQueue
@@ -155,11 +155,28 @@ class _WorkerFetcher(Fetcher):
                 if left <= 0:
                     return False
                 message = self._pubsub.get_message(timeout=left)
+                if message is not None and self._scheduled(connection, message):
+                    deadline = min(deadline, time.monotonic() + max(self.due_at - self.server_now(connection), 0.0))
+                    continue
                 if message is not None and self._news(message, full) and self._first(connection, message):
                     return True
         except Exception:
             self.close()
             raise
+
+    def _scheduled(self, connection: Any, message: dict) -> bool:
+        """A ``scheduled <time>`` wake-up (PolicyQueue scheduled a job of one of these queues): noted, so the wait
+        ends at its due time (server clock); nothing to look at before."""
+        if message['type'] != 'message' or text(message['channel']) not in self._channels:
+            return False
+        head, _, at = text(message['data']).partition(' ')
+        if head != WAKE_SCHEDULED:
+            return False
+        try:
+            self.note_due(float(at))
+        except ValueError:
+            return False
+        return self.due_at is not None
 
     def _news(self, message: dict, full: frozenset[str]) -> bool:
         """Could this message make the next look succeed? A push to a queue that is full cannot."""

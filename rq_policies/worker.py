@@ -266,6 +266,23 @@ class PolicyWorkerMixin:
         self._check_hold_ttl(ttl, interval)
         return ttl
 
+    def check_for_suspension(self, burst: bool) -> None:
+        # The first Redis call of each turn of rq's work loop, where rq quits on any error but a timeout: an outage
+        # that begins while a job runs would end the worker. Wait here for the server instead (once a second), so
+        # the worker serves its queues again as soon as the server answers, with no restart.
+        warned = False
+        while True:
+            try:
+                return super().check_for_suspension(burst)  # type: ignore[misc]
+            except _UNREACHABLE as exc:
+                if getattr(self, '_stop_requested', False):
+                    raise
+                if not warned:
+                    self.log.warning('rq-policies: Redis unreachable (%s); retrying every %s s', exc,  # type: ignore[attr-defined]
+                                     self.max_connection_wait_time)
+                    warned = True
+                time.sleep(self.max_connection_wait_time)
+
     def _check_hold_ttl(self, ttl: int, interval: int) -> None:
         if ttl <= interval:
             raise ValueError(
@@ -370,13 +387,20 @@ class PolicyWorkerMixin:
         # rq sends a bare heartbeat as three commands and three round trips; one pipeline carries the same commands,
         # and the releases of jobs that ended ride it: no round trip of their own. On an error they stay pending,
         # and the heartbeat after the reconnect, the next fetch or teardown sends them.
+        # Redis unreachable (a restart, an outage): rq's work loop would quit on the error of the heartbeat it sends
+        # after each job; the fetch that follows meets the same error inside rq's reconnect loop instead, which
+        # retries every second (max_connection_wait_time), so the worker carries on once the server is back.
         pending = list(self._pending_releases)
-        with self.connection.pipeline(transaction=False) as pipe:  # type: ignore[attr-defined]
-            super().heartbeat(timeout, pipeline=pipe)  # type: ignore[misc]
-            self._forget_records(pipe)
-            for claim in pending:
-                release_claim(claim, pipe)
-            pipe.execute()
+        try:
+            with self.connection.pipeline(transaction=False) as pipe:  # type: ignore[attr-defined]
+                super().heartbeat(timeout, pipeline=pipe)  # type: ignore[misc]
+                self._forget_records(pipe)
+                for claim in pending:
+                    release_claim(claim, pipe)
+                pipe.execute()
+        except _UNREACHABLE as exc:
+            self.log.warning('rq-policies: heartbeat failed, Redis unreachable (%s); retrying', exc)  # type: ignore[attr-defined]
+            return
         del self._pending_releases[: len(pending)]
 
     def _forget_records(self, pipeline: Any) -> None:
@@ -815,6 +839,20 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
         super().main_work_horse(job, queue)  # ends in os._exit
 
     def execute_job(self, job: Any, queue: Any) -> Any:
+        try:
+            return self._execute_job_once(job, queue)
+        except _UNREACHABLE as exc:
+            if not self._job_process_ended():
+                raise  # the horse runs on: the worker quits, and its hold guard keeps the job's holds
+            # The job's process has ended and only the worker's own bookkeeping after it (rq's set_state) met an
+            # unreachable Redis: rq's work loop would quit on it, leaving the queues unserved until someone restarts
+            # the worker. Carry on: the next fetch reconnects (retrying every second), the job's hold release is
+            # pending and rides the first heartbeat after it.
+            self.log.warning('rq-policies: Redis unreachable after job %s ended (%s); the worker carries on and '
+                             'reconnects', job.id, exc)
+            return None
+
+    def _execute_job_once(self, job: Any, queue: Any) -> Any:
         try:
             return super().execute_job(job, queue)
         finally:

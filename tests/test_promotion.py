@@ -16,8 +16,9 @@ from rq.job import Job
 from rq.registry import ScheduledJobRegistry
 from rq.scheduler import RQScheduler
 
-from rq_policies import PolicyQueue
+from rq_policies import PolicyQueue, QueueSlot, ops
 from rq_policies.fetch import PROMOTE_BATCH, PROMOTE_OWNER, Claim, Look, fetch_call, read_reply
+from test_faults import FAULTS, load, lose_reply, producer
 from workers import output, start_worker
 
 HERE = os.path.dirname(__file__)
@@ -244,3 +245,46 @@ def test_rq_scheduler_and_four_workers_promote_1000_due_jobs_once(connection, wo
         assert connection.zcard('rq:scheduled:race') == 0
     finally:
         stop(scheduler, *workers)
+
+
+# -- replayed after a lost reply -------------------------------------------------------------------------------------
+
+PROMOTING_FETCH = (b'EVAL', ops.pack('promote'))
+
+
+def _everywhere(connection, name):
+    """Every id on queue ``name`` and its intermediate list, with repeats."""
+    return sorted(raw.decode() for key in (f'rq:queue:{name}', f'rq:queue:{name}:intermediate')
+                  for raw in connection.lrange(key, 0, -1))
+
+
+@pytest.mark.parametrize('fault', FAULTS)
+def test_a_promoting_fetch_replayed_after_a_lost_reply_promotes_once(connection, fault_proxy, fault):
+    load(connection, 'fetch')
+    q = Queue('replayed', connection=connection)
+    jobs = [q.enqueue_at(PAST + timedelta(seconds=i), 'tests.jobs.plain', i) for i in range(3)]
+    client = producer(fault_proxy)
+    lose_reply(fault_proxy, fault, PROMOTING_FETCH)
+    claim = fetch(client, ['replayed'])
+    assert fault_proxy.seen(PROMOTING_FETCH) >= 2  # the reply was lost, the call was replayed
+    assert isinstance(claim, Claim) and claim.job_id == jobs[0].id
+    assert _everywhere(connection, 'replayed') == sorted(j.id for j in jobs)  # each once, none lost
+    assert connection.lrange('rq:queue:replayed:intermediate', 0, -1) == [jobs[0].id.encode()]
+    assert connection.zcard('rq:scheduled:replayed') == 0
+
+
+@pytest.mark.parametrize('fault', FAULTS)
+def test_a_look_that_only_promotes_replayed_after_a_lost_reply_promotes_once(connection, fault_proxy, fault):
+    """A capped queue at its cap: the fetch promotes the due jobs and takes none; its replay promotes nothing more."""
+    load(connection, 'fetch')
+    QueueSlot.set_capacity('capped', 1, connection=connection)
+    assert QueueSlot.acquire('capped', 1, ttl=30, token='held', connection=connection)
+    q = Queue('capped', connection=connection)
+    jobs = [q.enqueue_at(PAST + timedelta(seconds=i), 'tests.jobs.plain', i) for i in range(3)]
+    client = producer(fault_proxy)
+    lose_reply(fault_proxy, fault, PROMOTING_FETCH)
+    look = fetch(client, ['capped'])
+    assert fault_proxy.seen(PROMOTING_FETCH) >= 2
+    assert isinstance(look, Look) and look.full == {'capped'}
+    assert [raw.decode() for raw in connection.lrange('rq:queue:capped', 0, -1)] == [j.id for j in jobs]
+    assert connection.zcard('rq:scheduled:capped') == 0

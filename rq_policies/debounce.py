@@ -1,15 +1,17 @@
 """Debounce: run a job once a burst of enqueues of its identity has gone quiet, with the last payload.
 
-Each enqueue schedules the job ``wait`` seconds from now in rq's scheduled-job registry (run by
-``rq worker --with-scheduler``). If a job of the same identity is still pending there, it is replaced: its hash is
+Each enqueue schedules the job ``wait`` seconds from now in rq's scheduled-job registry, from which the fetch of a
+PolicyWorker serving its queue promotes it when due (by the server's clock; rq's scheduler, ``--with-scheduler``,
+does it for stock workers). If a job of the same identity is still pending there, it is replaced: its hash is
 deleted and the new job, with the new payload, takes its place at now + ``wait``. ``max_wait`` caps the delay since
 the enqueue that started the pending period, so a stream that never pauses still runs at least every ``max_wait``
 seconds. Each enqueue returns the caller's Job, because that job will run unless a later one supersedes it.
 
-Times come from the Redis server's clock. rq's scheduler reads whole-second scores and looks about once a second, so
-a debounced job runs up to about two seconds after its quiet period ends: use ``wait`` in seconds, not milliseconds.
+Times come from the Redis server's clock. Run times are whole seconds (as rq's scheduler reads them); an idle
+PolicyWorker wakes at the due time, so a debounced job runs within a moment of its quiet period's end (up to about two
+seconds with rq's scheduler instead): use ``wait`` in seconds, not milliseconds.
 
-A pending job whose run time has been reached is never replaced, because rq's scheduler may be moving it to the
+A pending job whose run time has been reached is never replaced, because it may be being moved (promoted) to the
 queue at that moment: it runs, and the next enqueue starts a new pending period. ``enqueue_at``/``enqueue_in`` are
 debounced too; the job runs at the debounce time or the time asked for, whichever is later.
 """
@@ -92,8 +94,9 @@ class Debounce(AdmissionPolicy):
             entry['verdict'] = f'pending debounced job, runs at {when} (in {run_at - now:.1f} s)'
             entry['change'] = 'an identical enqueue before then supersedes it (this job is deleted)'
         elif run_at is not None:
-            entry['verdict'] = f'its quiet period is over: rq\'s scheduler moves it to the queue (due {when})'
-            entry['change'] = 'run workers with --with-scheduler'
+            entry['verdict'] = (f'its quiet period is over: the next fetch of a PolicyWorker of its queue moves it to '
+                                f'the queue (due {when})')
+            entry['change'] = 'run a PolicyWorker on its queue (or stock workers with --with-scheduler)'
         else:
             entry['verdict'] = 'its debounce period is over'
             entry['change'] = ''

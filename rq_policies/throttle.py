@@ -87,7 +87,8 @@ class Throttle(AdmissionPolicy):
     Args:
         slot: slot width, a whole number of seconds >= 1.
         trailing: keep the latest extra of a held slot and run it when the slot ends (through rq's scheduled-job
-            registry: run workers with ``--with-scheduler``). The trailing job counts as the next slot's run.
+            registry, promoted by the fetch of a PolicyWorker serving the queue). The trailing job counts as the
+            next slot's run.
     """
 
     name: ClassVar[str] = 'throttle'

@@ -233,11 +233,11 @@ class PolicyWorkerMixin:
     release_grace_seconds: float = 10.0
 
     #: rq's work loop sleeps after a connection error, doubling the sleep up to 60 s: after a 30 s outage a stock
-    #: worker looks again up to 32 s after the server is back. A PolicyWorker retries every second (one refused
-    #: connect a second while the server is down), so due jobs, which its own fetch promotes, run within about two
-    #: seconds of the server answering again.
+    #: worker looks again up to 32 s after the server is back. A PolicyWorker retries every half second after rq's
+    #: first 1 s sleep (two refused connects a second while the server is down), so due jobs, which its own fetch
+    #: promotes, run within about two seconds of the server answering again.
     exponential_backoff_factor: float = 1.0
-    max_connection_wait_time: float = 1.0
+    max_connection_wait_time: float = 0.5
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -293,6 +293,22 @@ class PolicyWorkerMixin:
     # -- fetch ----------------------------------------------------------------------------------------------------
 
     def dequeue_job_and_maintain_ttl(self, *args: Any, **kwargs: Any) -> Any:
+        # rq retries connection errors inside its dequeue loop, but not the worker state it writes before that loop
+        # (set_state), where an outage that began during a job would end the worker: wait for the server here too.
+        warned = False
+        while True:
+            try:
+                return self._dequeue_once(*args, **kwargs)
+            except _UNREACHABLE as exc:
+                if getattr(self, '_stop_requested', False):
+                    raise
+                if not warned:
+                    self.log.warning('rq-policies: Redis unreachable (%s); retrying every %s s', exc,  # type: ignore[attr-defined]
+                                     self.max_connection_wait_time)
+                    warned = True
+                time.sleep(self.max_connection_wait_time)
+
+    def _dequeue_once(self, *args: Any, **kwargs: Any) -> Any:
         self._release_now()  # normally already gone with the work loop's heartbeat; never carried past a fetch
         token = current_fetcher.set(self._policy_fetcher)
         try:

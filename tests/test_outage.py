@@ -10,11 +10,11 @@ from datetime import timedelta
 
 import pytest
 from redis import Redis
+from test_promotion import ran, server_now, stop, wait_for, wait_idle
+from workers import output, start_worker
 
 from rq_policies import PolicyQueue
 from rq_policies.testing import RedisServer
-from test_promotion import ran, server_now, stop, wait_for, wait_idle
-from workers import output, start_worker
 
 pytestmark = pytest.mark.long
 
@@ -57,43 +57,43 @@ def _kill(server: RedisServer) -> None:
     server.process = None
 
 
-def _check(connection: Redis, back: float, worker) -> None:
-    print('DEBUG', connection.dbsize(), connection.keys('*')[:50], connection.lrange('test:ran:outage', 0, -1))
-    assert wait_for(lambda: len(ran(connection, 'outage')) >= len(EXPECTED), 10), (ran(connection, 'outage'),
-                                                                                     output(worker))
+def _check(connection: Redis, back: float, workers) -> None:
+    if not wait_for(lambda: len(ran(connection, 'outage')) >= len(EXPECTED), 10):
+        rows = ran(connection, 'outage')
+        logs = '\n'.join(output(worker) for worker in workers)
+        pytest.fail(f'ran only {[value for _, value, _ in rows]}; pending: {connection.keys("rq:*")}\n{logs}')
     time.sleep(1.5)  # a second run would land by now
     rows = ran(connection, 'outage')
     assert sorted(value for _, value, _ in rows) == EXPECTED, rows
     late = {value: round(at - back, 2) for _, value, at in rows if value != 'trailing:1'}
     assert all(delay <= 2.0 for delay in late.values()), late
+    print(f'runs after the server answered again (s): {late}')
 
 
 def _outage(server: RedisServer, seconds: float) -> None:
     connection = server.client()
-    worker = start_worker(server.url, ['outage'], _env(server.url))
+    workers = [start_worker(server.url, ['outage'], _env(server.url)) for _ in range(2)]
     try:
-        wait_idle(connection)
+        wait_idle(connection, 2)
         due = _pending(connection)
-        assert wait_for(lambda: connection.exists('test:backoff-runs:' + _first_backoff(connection)), 5)
+        assert wait_for(lambda: _all_pending(connection), 5)
         _kill(server)  # SIGKILL: appendfsync always kept every write
         time.sleep(seconds)
         server.start()
         connection = server.client()
         back = server_now(connection)
         assert back > due  # every job came due while the server was away
-        _check(connection, back, worker)
-        assert worker.poll() is None  # the same worker, never restarted
+        _check(connection, back, workers)
+        assert all(worker.poll() is None for worker in workers)  # the same workers, never restarted
     finally:
-        stop(worker)
+        stop(*workers)
 
 
-def _first_backoff(connection: Redis) -> str:
-    for raw in connection.keys('rq:job:*'):
-        key = raw.decode()
-        if key.count(':') == 2 and connection.hget(key, 'description') and b'backs_off' in connection.hget(
-                key, 'description'):
-            return key.split(':')[2]
-    return 'none'
+def _all_pending(connection: Redis) -> bool:
+    """The leading trailing run is over, the backed-off job is parked on its key, and no job runs: only timers are
+    pending (a job running when the server goes away is another matter: its horse cannot record its end)."""
+    return (len(ran(connection, 'outage')) == 1 and connection.exists('rq:policies:keydue')
+            and connection.zcard('rq:wip:outage') == 0)
 
 
 def test_restart_with_persistence_runs_every_due_job_once_within_2s(server):
@@ -115,7 +115,7 @@ def test_a_restart_without_persistence_leaves_nothing_blocking(server):
     try:
         wait_idle(connection)
         _pending(connection)
-        assert wait_for(lambda: connection.exists('test:backoff-runs:' + _first_backoff(connection)), 5)
+        assert wait_for(lambda: _all_pending(connection), 5)
         _kill(server)
         time.sleep(1.0)
         server.start()  # empty: every job, marker, hold, lock and back-off is gone

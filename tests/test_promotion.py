@@ -10,16 +10,14 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from redis import Redis
 from rq import Queue
 from rq.job import Job
-from rq.registry import ScheduledJobRegistry
 from rq.scheduler import RQScheduler
+from test_faults import FAULTS, load, lose_reply, producer
+from workers import output, start_worker
 
 from rq_policies import PolicyQueue, QueueSlot, ops
 from rq_policies.fetch import PROMOTE_BATCH, PROMOTE_OWNER, Claim, Look, fetch_call, read_reply
-from test_faults import FAULTS, load, lose_reply, producer
-from workers import output, start_worker
 
 HERE = os.path.dirname(__file__)
 PAST = datetime(2020, 1, 1, tzinfo=timezone.utc)

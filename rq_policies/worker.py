@@ -18,7 +18,13 @@ with stock rq:
 * an idle worker waits on pub/sub (woken by pushes, releases and cap changes; of the idle workers a release wakes,
   only the first to claim it looks again), probes the queues it did not find full once a second and looks again
   at full ones every ``hold_ttl / 3`` seconds (1 to 10), instead of blocking on BLMOVE/BLPOP, which would pop
-  without the checks.
+  without the checks;
+* the fetch promotes the due jobs of its queues' scheduled registries (``enqueue_at``/``enqueue_in``, Debounce,
+  trailing Throttle, Snooze, retries with intervals, stock rq's scheduled jobs) by the server's clock, and an idle
+  worker wakes for the earliest due time: ``--with-scheduler`` is not needed (running it is safe: each job is
+  promoted once, see :mod:`rq_policies.fetch` and lua/lib/promote.lua);
+* a Redis outage or restart does not end the worker where rq's work loop would quit: it waits for the server,
+  retrying every ``max_connection_wait_time`` (0.5 s).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@
 part (``gate``) whether a queue may be taken from now; after the pop it runs every policy's ``taken`` hook (a loner
 frees its identity) and each fetch policy's ``take`` (a cap's hold). The Python side here builds that call from the
 registry (:meth:`rq_policies.policy.FetchPolicy.fetch_keys`), turns the reply into a :class:`Claim`, and waits when
-nothing can be taken. :meth:`rq_policies.PolicyQueue.dequeue_any` delegates here, inside a PolicyWorker only: a worker installs
-its :class:`Fetcher` in :data:`current_fetcher` around each fetch.
+nothing can be taken. :meth:`rq_policies.PolicyQueue.dequeue_any` delegates here, inside a PolicyWorker only: a
+worker installs its :class:`Fetcher` in :data:`current_fetcher` around each fetch.
 """
 
 from __future__ import annotations

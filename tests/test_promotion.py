@@ -219,6 +219,7 @@ def test_a_worker_with_a_moved_clock_promotes_by_the_servers(connection, worker_
 
 
 @pytest.mark.long
+@pytest.mark.slow  # 10-35 s: once in CI (rq 3 + Valkey); the lock protocol is the same on rq 2.12
 def test_rq_scheduler_and_four_workers_promote_1000_due_jobs_once(connection, worker_env):
     url = worker_env['REDIS_URL']
     q = Queue('race', connection=connection)

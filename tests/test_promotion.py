@@ -16,7 +16,7 @@ from rq.scheduler import RQScheduler
 from test_faults import FAULTS, load, lose_reply, producer
 from workers import output, start_worker
 
-from rq_policies import PolicyQueue, QueueSlot, ops
+from rq_policies import PolicyQueue, QueueSlot, compat, ops
 from rq_policies.fetch import PROMOTE_BATCH, PROMOTE_OWNER, Claim, Look, fetch_call, read_reply
 
 HERE = os.path.dirname(__file__)
@@ -287,3 +287,24 @@ def test_a_look_that_only_promotes_replayed_after_a_lost_reply_promotes_once(con
     assert isinstance(look, Look) and look.full == {'capped'}
     assert [raw.decode() for raw in connection.lrange('rq:queue:capped', 0, -1)] == [j.id for j in jobs]
     assert connection.zcard('rq:scheduled:capped') == 0
+
+
+@pytest.mark.skipif(not compat.SCHEDULER_RATE_LIMITS, reason="rq 2.12 has no RateLimit")
+def test_a_due_rate_limited_job_is_left_for_rqs_scheduler(connection):
+    """rq 3's scheduler sends a RateLimit job through rq's rate-limit registry: promotion leaves it in the registry,
+    promotes the jobs behind it, and gives the queue's lock up so rq's scheduler can take it."""
+    from rq.rate_limit import RateLimit
+
+    q = Queue('limited', connection=connection)
+    limited = q.enqueue_at(PAST, 'tests.jobs.plain', 0, rate_limit=RateLimit('acct', 1))
+    plain = [q.enqueue_at(PAST + timedelta(seconds=1 + i), 'tests.jobs.plain', i) for i in range(2)]
+    claim = fetch(connection, ['limited'])
+    assert isinstance(claim, Claim) and claim.job_id == plain[0].id
+    assert [raw.decode() for raw in connection.lrange('rq:queue:limited', 0, -1)] == [plain[1].id]
+    assert connection.zrange('rq:scheduled:limited', 0, -1) == [limited.id.encode()]
+    assert connection.get(RQScheduler.get_locking_key('limited')) is None
+    scheduler = RQScheduler(['limited'], connection=connection)
+    assert scheduler.acquire_locks() == {'limited'}
+    scheduler.enqueue_scheduled_jobs()
+    assert connection.zcard('rq:scheduled:limited') == 0
+    assert Job.fetch(limited.id, connection=connection).get_status() in ('queued', 'rate_limited')

@@ -87,6 +87,7 @@ local rcall = redis.call
 -- @include "lib/codec.lua"
 -- @include "lib/server_time.lua"
 -- @include "lib/rewrite_guard.lua"
+-- @include "lib/promote.lua"
 
 local a = decode_args(ARGV[1])
 local claim_key = KEYS[a.k.claim]
@@ -156,6 +157,16 @@ if due_key then
       rcall('ZREM', due_key, member)
     end
   end
+end
+
+-- Due jobs of the queues' scheduled registries go onto their queues first (lib/promote.lua), so
+-- this very pop can take one: no scheduler process, the server's clock.
+local pr = a.promote
+local function registry_at(i) return KEYS[a.kl.scheduled[1] + i - 1] end
+local function lock_at(i) return KEYS[a.kl.scheduler_lock[1] + i - 1] end
+if pr then
+  pr.queues_set = KEYS[a.k.queues_set]
+  promote_due(a.names, function(i) return KEYS[queues + i - 1] end, registry_at, lock_at, a.job_prefix, pr, ctx.now)
 end
 
 -- The per-job parts' verdict on job `jid` (values: its fields, read with one HMGET): nil when
@@ -305,6 +316,16 @@ if due_key then
   end
   if at and a.burst then
     waiting = waiting + 1 -- parked jobs are work not yet done: a burst worker waits for them
+  end
+end
+if pr then
+  -- An idle worker looks again when a scheduled job of its queues comes due (or a live
+  -- scheduler's lock turns stale): it waits for that time rather than polling.
+  for i = 1, #a.names do
+    local at = promote_next(registry_at(i), lock_at(i), pr, ctx.now)
+    if at and (not skip_until or at < skip_until) then
+      skip_until = at
+    end
   end
 end
 if skip_until then

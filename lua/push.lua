@@ -54,6 +54,9 @@ end
 local dest = KEYS[a.k.dest]
 if a.mode == 'S' then
   rcall('ZADD', dest, a.score, a.jid)
+  if a.wake then
+    rcall('PUBLISH', a.wake, 'scheduled ' .. a.score) -- idle PolicyWorkers wake at its due time
+  end
   return 1
 end
 rcall(a.mode == 'L' and 'LPUSH' or 'RPUSH', dest, a.jid)

@@ -28,3 +28,9 @@ def has_rate_limit(job: Any) -> bool:
 #: rq 3 ends a job that raised in ``Worker._finalize_failure`` (failure callback, exception handlers, failure
 #: handling); rq 2.12 has no such method and does the same steps inline in ``perform_job``.
 LEGACY_FAILURE = not hasattr(Worker, '_finalize_failure')
+
+
+#: rq 3's scheduler enqueues a due job under a ``RateLimit`` through rq's rate-limit registry
+#: (``Queue._enqueue_rate_limited_job``); rq 2.12 has no rate limits. The fetch's promotion leaves such a job for rq's
+#: scheduler (lua/lib/promote.lua).
+SCHEDULER_RATE_LIMITS = RQ3

@@ -1,7 +1,8 @@
 """Debounce: run a job once a burst of enqueues of its identity has gone quiet, with the last payload.
 
-Each enqueue schedules the job ``wait`` seconds from now in rq's scheduled-job registry (run by
-``rq worker --with-scheduler``). If a job of the same identity is still pending there, that job is rewritten in place,
+Each enqueue schedules the job ``wait`` seconds from now in rq's scheduled-job registry, from which the fetch of a
+PolicyWorker serving its queue promotes it when due (by the server's clock; rq's scheduler, ``--with-scheduler``,
+does it for stock workers). If a job of the same identity is still pending there, that job is rewritten in place,
 in the admission script: it keeps its id and takes the new payload (args and kwargs, description, meta, and a per-key
 policy's key) and the new run time, now + ``wait``; the enqueue returns that job (its id, the new payload). So every
 handle the app kept (the first enqueue's Job, any later one's) reads the one job that will run: ``get_status()``
@@ -17,10 +18,11 @@ rewrote the job in between. ``explain`` on that id (given as ``job_id=``) names 
 before 0.3 (when a replacement deleted the pending job and wrote a new one) it follows the chain of replacements to
 the job that will run.
 
-Times come from the Redis server's clock. rq's scheduler reads whole-second scores and looks about once a second, so
-a debounced job runs up to about two seconds after its quiet period ends: use ``wait`` in seconds, not milliseconds.
+Times come from the Redis server's clock. Run times are whole seconds (as rq's scheduler reads them); an idle
+PolicyWorker wakes at the due time, so a debounced job runs within a moment of its quiet period's end (up to about two
+seconds with rq's scheduler instead): use ``wait`` in seconds, not milliseconds.
 
-A pending job whose run time has been reached is never replaced, because rq's scheduler may be moving it to the
+A pending job whose run time has been reached is never replaced, because it may be being moved (promoted) to the
 queue at that moment: it runs, and the next enqueue starts a new pending period. ``enqueue_at``/``enqueue_in`` are
 debounced too; the job runs at the debounce time or the time asked for, whichever is later.
 """
@@ -104,8 +106,9 @@ class Debounce(AdmissionPolicy):
             entry['change'] = ('an identical enqueue before then rewrites it in place (its payload and run time; '
                                'same id)')
         elif run_at is not None:
-            entry['verdict'] = f'its quiet period is over: rq\'s scheduler moves it to the queue (due {when})'
-            entry['change'] = 'run workers with --with-scheduler'
+            entry['verdict'] = (f'its quiet period is over: the next fetch of a PolicyWorker of its queue moves it to '
+                                f'the queue (due {when})')
+            entry['change'] = 'run a PolicyWorker on its queue (or stock workers with --with-scheduler)'
         else:
             entry['verdict'] = 'its debounce period is over'
             entry['change'] = ''

@@ -52,7 +52,8 @@ class InvalidArgument(PolicyError, ValueError):
 class Snooze(PolicyError):  # noqa: N818 - raised by a job as a request, not an error
     """Raised inside a job: put this job back, due again in ``seconds``; not a failure, no retry used, same job id.
 
-    Needs a worker that runs rq's scheduler (``rq worker --with-scheduler``), which moves the job back to its queue
+    A PolicyWorker serving its queue moves the job back to its queue (its fetch promotes due scheduled jobs; with
+    stock workers only, rq's scheduler, ``--with-scheduler``, does)
     when it is due. The job's meta counts it (``policies_snoozes``); past ``max_snoozes`` the job fails instead.
 
     Attributes:

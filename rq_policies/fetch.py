@@ -1,11 +1,12 @@
 """The fetch: how a PolicyWorker takes its next job, through every fetch policy, in one script.
 
-``lua/fetch.lua`` pops in the worker's queue order and asks each fetch policy's Lua part (``gate``) whether a queue may
-be taken from now; after the pop it runs every policy's ``taken`` hook (a loner frees its identity) and each fetch
-policy's ``take`` (a cap's hold). The Python side here builds that call from the registry
-(:meth:`rq_policies.policy.FetchPolicy.fetch_keys`), turns the reply into a :class:`Claim`, and waits when nothing can
-be taken. :meth:`rq_policies.PolicyQueue.dequeue_any` delegates here, inside a PolicyWorker only: a worker installs
-its :class:`Fetcher` in :data:`current_fetcher` around each fetch.
+``lua/fetch.lua`` first promotes the due jobs of the queues' scheduled registries, by the server's clock (see
+:func:`fetch_call` and lua/lib/promote.lua), then pops in the worker's queue order and asks each fetch policy's Lua
+part (``gate``) whether a queue may be taken from now; after the pop it runs every policy's ``taken`` hook (a loner
+frees its identity) and each fetch policy's ``take`` (a cap's hold). The Python side here builds that call from the
+registry (:meth:`rq_policies.policy.FetchPolicy.fetch_keys`), turns the reply into a :class:`Claim`, and waits when
+nothing can be taken. :meth:`rq_policies.PolicyQueue.dequeue_any` delegates here, inside a PolicyWorker only: a
+worker installs its :class:`Fetcher` in :data:`current_fetcher` around each fetch.
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ from typing import Any
 from rq.exceptions import DequeueTimeout, NoSuchJobError
 from rq.job import Job
 from rq.queue import Queue
+from rq.registry import DeferredJobRegistry, ScheduledJobRegistry
+from rq.scheduler import RQScheduler
 
 from . import keys, ledger
+from .compat import SCHEDULER_RATE_LIMITS
 from .ledger import Hold
 from .ops import Call, text
 from .policy import FETCH, by_name, registered
@@ -34,6 +38,32 @@ IDLE_POLL_SECONDS = 1.0
 
 #: The longest an idle worker goes without looking again at queues it found full (see :meth:`Fetcher.relook_seconds`).
 IDLE_RELOOK_MAX_SECONDS = 10.0
+
+
+#: Due scheduled jobs a fetch promotes at most (oldest first, over its queues in order): a fetch costs the same however
+#: many are due; the next fetches promote the rest.
+PROMOTE_BATCH = 100
+
+#: The value promotion writes to rq's scheduler lock of a queue it promotes (``rq:scheduler-lock:<queue>``): rq's
+#: schedulers see the queue taken, as by another scheduler, and leave it to the PolicyWorkers.
+PROMOTE_OWNER = 'rq-policies'
+
+#: Seconds promotion's lock lives (rq's own: its scheduler's interval + 60), refreshed by a promoting fetch once less
+#: than ``PROMOTE_LOCK_TTL - 10`` are left.
+PROMOTE_LOCK_TTL = 61
+
+#: A scheduler's lock not refreshed for this many seconds (rq refreshes it to interval + 60 s every interval) belongs
+#: to a scheduler that died (as it does on a connection error) or stopped: promotion takes the queue over.
+PROMOTE_STALE_SECONDS = 5
+
+
+def promote_args() -> dict[str, Any]:
+    """The ``promote`` argument of ``lua/fetch.lua`` (see lua/lib/promote.lua)."""
+    return {
+        'batch': PROMOTE_BATCH, 'owner': PROMOTE_OWNER, 'lock_ttl': PROMOTE_LOCK_TTL, 'refresh': 10,
+        'stale': PROMOTE_STALE_SECONDS, 'timeout': Queue.DEFAULT_TIMEOUT, 'rate_limited': SCHEDULER_RATE_LIMITS,
+        'deferred': DeferredJobRegistry.key_template.format(''),
+    }
 
 
 @dataclass
@@ -76,6 +106,9 @@ class Fetcher:
 
     hold_ttl: int = ledger.TTL_SECONDS
 
+    #: Promote due scheduled jobs inside the fetch (see :func:`fetch_call`).
+    promote: bool = True
+
     #: How often the estimate of the server's clock (:meth:`server_now`) is measured again (seconds).
     CLOCK_CHECK_SECONDS = 60.0
 
@@ -84,6 +117,8 @@ class Fetcher:
         self._clock: tuple[float, float] | None = None  # (server minus local clock, local time measured)
         #: Claim records whose reply has arrived, to be deleted with the worker's next pipeline.
         self.records: list[str] = []
+        #: The earliest due time (server clock) announced or probed during the current idle wait.
+        self.due_at: float | None = None
 
     def server_now(self, connection: Any) -> float:
         """The server's clock (epoch s) estimated from this host's, measured with TIME once a minute at most."""
@@ -139,20 +174,56 @@ class Fetcher:
         stock rq producer pushed without a wake-up; or every :meth:`relook_seconds` when the look found some queue
         full (a hold that ages out silently frees it). A look runs the whole fetch script over every queue (a full
         capped queue costs it a ZCOUNT and more), so an idle worker over many full queues looks rarely, and probes.
+
+        Scheduled jobs: the look's ``until`` already covers the earliest due time it saw. A job scheduled since is
+        announced by PolicyQueue (a ``scheduled <time>`` wake-up, :meth:`note_due`), which moves the end of the wait
+        to its due time; one scheduled by stock rq (no wake-up) is found by the schedule probe (the head of each
+        queue's scheduled registry, one ZRANGE each, every :meth:`schedule_probe_seconds`).
         """
         names = [q.name for q in queues]
         probe = [q.key for q in queues if q.name not in look.full]
         now = time.monotonic()
         end = now + seconds
         relook = now + self.relook_seconds() if look.full else end
+        self.due_at = None
+        registries = [ScheduledJobRegistry.key_template.format(name) for name in names] if self.promote else []
+        schedule_every = self.schedule_probe_seconds(len(registries))
+        next_schedule_probe = now + schedule_every
         while True:
+            if self.due_at is not None:
+                end = min(end, time.monotonic() + max(self.due_at - self.server_now(connection), 0.0))
+                self.due_at = None
             left = min(end, relook) - time.monotonic()
             if left <= 0:
                 return
             if self.wait(connection, names, left, look.full):
                 return
-            if probe and time.monotonic() < min(end, relook) and connection.exists(*probe):
+            now = time.monotonic()
+            if probe and now < min(end, relook) and connection.exists(*probe):
                 return
+            if registries and now >= next_schedule_probe and now < min(end, relook):
+                next_schedule_probe = now + schedule_every
+                self.note_due(self._earliest_due(connection, registries))
+
+    def note_due(self, at: float | None) -> None:
+        """A job of these queues is due at server time ``at``: the idle wait ends then at the latest."""
+        if at is not None and (self.due_at is None or at < self.due_at):
+            self.due_at = at
+
+    @staticmethod
+    def schedule_probe_seconds(registries: int) -> float:
+        """How often an idle worker reads the heads of its queues' scheduled registries: once a second for up to 5
+        queues, and less often over more (one ZRANGE per queue: at most 5 commands a second, whatever the count)."""
+        return max(IDLE_POLL_SECONDS, registries / 5)
+
+    @staticmethod
+    def _earliest_due(connection: Any, registries: list[str]) -> float | None:
+        with connection.pipeline(transaction=False) as pipe:
+            for key in registries:
+                pipe.zrange(key, 0, 0, withscores=True)
+            heads = pipe.execute()
+        scores = [head[0][1] for head in heads if head]
+        return min(scores) if scores else None
 
 
 #: The fetcher of the PolicyWorker fetching in this context, or None (then ``dequeue_any`` is stock rq's).
@@ -161,11 +232,14 @@ current_fetcher: ContextVar[Fetcher | None] = ContextVar('rq_policies_fetcher', 
 
 def fetch_call(
     queues: Sequence[Queue], token: str, ttl: int, job_prefix: str = Job.redis_job_namespace_prefix,
-    burst: bool = True,
+    burst: bool = True, promote: bool = True,
 ) -> Call:
     """The ``lua/fetch.lua`` call taking the next job of ``queues`` (in that order), holds named ``token``.
 
     ``burst``: count the skipped queues that still have jobs (a burst worker waits for them rather than quit).
+    ``promote``: first move the due jobs of the queues' scheduled registries onto them (at most
+    :data:`PROMOTE_BATCH`, by the server's clock, as rq's scheduler would), and report the earliest due time to an
+    idle look.
     """
     names = [q.name for q in queues]
     policies = registered(FETCH)
@@ -176,6 +250,11 @@ def fetch_call(
     call.key('claim', keys.claim(token))
     call.key_list('queues', [q.key for q in queues])
     call.key_list('intermediate', [q.intermediate_queue_key for q in queues])
+    if promote:
+        call.arg('promote', promote_args())
+        call.key('queues_set', Queue.redis_queues_keys)
+        call.key_list('scheduled', [ScheduledJobRegistry.key_template.format(name) for name in names])
+        call.key_list('scheduler_lock', [RQScheduler.get_locking_key(name) for name in names])
     for policy in policies:
         policy.fetch_keys(call, names)
     return call
@@ -230,7 +309,8 @@ def dequeue(
     nothing is waiting, but keeps waiting while a skipped queue still has jobs: those are work not yet done.
     """
     names = [q.name for q in queues]
-    call = fetch_call(queues, '', fetcher.hold_ttl, job_class.redis_job_namespace_prefix, burst=timeout is None)
+    call = fetch_call(queues, '', fetcher.hold_ttl, job_class.redis_job_namespace_prefix, burst=timeout is None,
+                      promote=fetcher.promote)
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         token = ledger.claim_token()

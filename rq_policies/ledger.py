@@ -57,6 +57,9 @@ TTL_SECONDS = 90
 #: that of the idle workers it wakes only the first to claim it (:func:`woken`) looks again: one freed hold, one look.
 WAKE_RELEASED = 'released'
 WAKE_CAPACITY = 'capacity'
+#: A job of the queue was scheduled: ``scheduled <epoch s>`` (its due time, server clock). An idle PolicyWorker ends its
+#: wait then (its fetch promotes the job), with no look before.
+WAKE_SCHEDULED = 'scheduled'
 
 #: Seconds the record that an idle worker answered a release lives (:func:`woken`): only a duplicate of the same
 #: release, within moments, may find it.

@@ -318,7 +318,8 @@ class PolicyQueue(Queue):
         pipe = pipeline if pipeline is not None else self.connection.pipeline()
         pipe.sadd(self.redis_queues_keys, self.key)
         self._persist_job(job, pipe, status=JobStatus.SCHEDULED)
-        self._push_call(job.id, 'S', ScheduledJobRegistry(queue=self).key, score=_score(when)).ride(pipe)
+        self._push_call(job.id, 'S', ScheduledJobRegistry(queue=self).key, score=_score(when),
+                        wake=keys.wake(self.name)).ride(pipe)
         if pipeline is None:
             pipe.execute()
         return job

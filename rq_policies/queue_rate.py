@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any, ClassVar
 
 from redis import Redis
@@ -188,7 +188,8 @@ class QueueRate(FetchPolicy, GcraRate):
                     f'{exc.max_snoozes} reached, so it fails'
                 ) from exc
             job.meta[SNOOZES_META] = count
-            when = datetime.now(timezone.utc) + timedelta(seconds=exc.seconds)
+            # the server's clock, as the fetch that promotes the job reads it: no host clock decides when it is due
+            when = datetime.fromtimestamp(_server_now(queue.connection) + exc.seconds, timezone.utc)
             queue.schedule_job(job, when, pipeline=pipeline)  # saves the job, meta included
             return True
         if isinstance(exc, BackOff) and not exc.key:  # BackOff(key=True) is the per-key policies'

@@ -96,10 +96,10 @@ class Throttle(AdmissionPolicy):
     Args:
         slot: slot width, a whole number of seconds >= 1.
         trailing: keep the latest extra of a held slot and run it when the slot ends (through rq's scheduled-job
-            registry: run workers with ``--with-scheduler``). The trailing job counts as the next slot's run. A
-            later extra of the slot rewrites the pending trailing job in place (its payload: args, kwargs,
-            description, meta; and its run time when asked later), in the admission script, and returns it: the
-            same id, so every handle the app kept reads the job that will run (as Debounce does; a resend of the
+            registry, promoted by the fetch of a PolicyWorker serving the queue). The trailing job counts as the
+            next slot's run. A later extra of the slot rewrites the pending trailing job in place (its payload: args,
+            kwargs, description, meta; and its run time when asked later), in the admission script, and returns it:
+            the same id, so every handle the app kept reads the job that will run (as Debounce does; a resend of the
             call is a replay, and ``explain`` on an extra's ``job_id=`` names the pending job).
     """
 

@@ -19,7 +19,13 @@ with stock rq:
 * an idle worker waits on pub/sub (woken by pushes, releases and cap changes; of the idle workers a release wakes,
   only the first to claim it looks again), probes the queues it did not find full once a second and looks again
   at full ones every ``hold_ttl / 3`` seconds (1 to 10), instead of blocking on BLMOVE/BLPOP, which would pop
-  without the checks.
+  without the checks;
+* the fetch promotes the due jobs of its queues' scheduled registries (``enqueue_at``/``enqueue_in``, Debounce,
+  trailing Throttle, Snooze, retries with intervals, stock rq's scheduled jobs) by the server's clock, and an idle
+  worker wakes for the earliest due time: ``--with-scheduler`` is not needed (running it is safe: each job is
+  promoted once, see :mod:`rq_policies.fetch` and lua/lib/promote.lua);
+* a Redis outage or restart does not end the worker where rq's work loop would quit: it waits for the server,
+  retrying every ``max_connection_wait_time`` (0.5 s).
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from . import admission, health, keys, ledger, otel, scripts
 from .compat import LEGACY_FAILURE
 from .exceptions import PolicyError
 from .fetch import IDLE_POLL_SECONDS, Claim, Fetcher, current_fetcher, release_claim
-from .ledger import WAKE_CAPACITY, WAKE_RELEASED, Keeper, Ledger
+from .ledger import WAKE_CAPACITY, WAKE_RELEASED, WAKE_SCHEDULED, Keeper, Ledger
 from .ops import text
 from .policy import positive_int, registered
 from .queue import PolicyQueue
@@ -156,11 +162,28 @@ class _WorkerFetcher(Fetcher):
                 if left <= 0:
                     return False
                 message = self._pubsub.get_message(timeout=left)
+                if message is not None and self._scheduled(connection, message):
+                    deadline = min(deadline, time.monotonic() + max(self.due_at - self.server_now(connection), 0.0))
+                    continue
                 if message is not None and self._news(message, full) and self._first(connection, message):
                     return True
         except Exception:
             self.close()
             raise
+
+    def _scheduled(self, connection: Any, message: dict) -> bool:
+        """A ``scheduled <time>`` wake-up (PolicyQueue scheduled a job of one of these queues): noted, so the wait
+        ends at its due time (server clock); nothing to look at before."""
+        if message['type'] != 'message' or text(message['channel']) not in self._channels:
+            return False
+        head, _, at = text(message['data']).partition(' ')
+        if head != WAKE_SCHEDULED:
+            return False
+        try:
+            self.note_due(float(at))
+        except ValueError:
+            return False
+        return self.due_at is not None
 
     def _news(self, message: dict, full: frozenset[str]) -> bool:
         """Could this message make the next look succeed? A push to a queue that is full cannot."""
@@ -219,6 +242,12 @@ class PolicyWorkerMixin:
     #: At most how often the worker reads the server's ``evicted_keys`` to warn (once) when keys are evicted while
     #: it runs; each reading rides a heartbeat it sends anyway (see :class:`~rq_policies.health.EvictionWatch`).
     eviction_watch_seconds: float = health.EVICTION_WATCH_SECONDS
+    #: rq's work loop sleeps after a connection error, doubling the sleep up to 60 s: after a 30 s outage a stock
+    #: worker looks again up to 32 s after the server is back. A PolicyWorker retries every half second after rq's
+    #: first 1 s sleep (two refused connects a second while the server is down), so due jobs, which its own fetch
+    #: promotes, run within about two seconds of the server answering again.
+    exponential_backoff_factor: float = 1.0
+    max_connection_wait_time: float = 0.5
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -249,6 +278,23 @@ class PolicyWorkerMixin:
         self._check_hold_ttl(ttl, interval)
         return ttl
 
+    def check_for_suspension(self, burst: bool) -> None:
+        # The first Redis call of each turn of rq's work loop, where rq quits on any error but a timeout: an outage
+        # that begins while a job runs would end the worker. Wait here for the server instead (once a second), so
+        # the worker serves its queues again as soon as the server answers, with no restart.
+        warned = False
+        while True:
+            try:
+                return super().check_for_suspension(burst)  # type: ignore[misc]
+            except _UNREACHABLE as exc:
+                if getattr(self, '_stop_requested', False):
+                    raise
+                if not warned:
+                    self.log.warning('rq-policies: Redis unreachable (%s); retrying every %s s', exc,  # type: ignore[attr-defined]
+                                     self.max_connection_wait_time)
+                    warned = True
+                time.sleep(self.max_connection_wait_time)
+
     def _check_hold_ttl(self, ttl: int, interval: int) -> None:
         if ttl <= interval:
             raise ValueError(
@@ -259,6 +305,22 @@ class PolicyWorkerMixin:
     # -- fetch ----------------------------------------------------------------------------------------------------
 
     def dequeue_job_and_maintain_ttl(self, *args: Any, **kwargs: Any) -> Any:
+        # rq retries connection errors inside its dequeue loop, but not the worker state it writes before that loop
+        # (set_state), where an outage that began during a job would end the worker: wait for the server here too.
+        warned = False
+        while True:
+            try:
+                return self._dequeue_once(*args, **kwargs)
+            except _UNREACHABLE as exc:
+                if getattr(self, '_stop_requested', False):
+                    raise
+                if not warned:
+                    self.log.warning('rq-policies: Redis unreachable (%s); retrying every %s s', exc,  # type: ignore[attr-defined]
+                                     self.max_connection_wait_time)
+                    warned = True
+                time.sleep(self.max_connection_wait_time)
+
+    def _dequeue_once(self, *args: Any, **kwargs: Any) -> Any:
         self._release_now()  # normally already gone with the work loop's heartbeat; never carried past a fetch
         token = current_fetcher.set(self._policy_fetcher)
         try:
@@ -361,14 +423,21 @@ class PolicyWorkerMixin:
         # rq sends a bare heartbeat as three commands and three round trips; one pipeline carries the same commands,
         # and the releases of jobs that ended ride it: no round trip of their own. On an error they stay pending,
         # and the heartbeat after the reconnect, the next fetch or teardown sends them.
+        # Redis unreachable (a restart, an outage): rq's work loop would quit on the error of the heartbeat it sends
+        # after each job; the fetch that follows meets the same error inside rq's reconnect loop instead, which
+        # retries every second (max_connection_wait_time), so the worker carries on once the server is back.
         pending = list(self._pending_releases)
-        with self.connection.pipeline(transaction=False) as pipe:  # type: ignore[attr-defined]
-            super().heartbeat(timeout, pipeline=pipe)  # type: ignore[misc]
-            self._forget_records(pipe)
-            self._evictions.ride(pipe)
-            for claim in pending:
-                release_claim(claim, pipe)
-            pipe.execute()
+        try:
+            with self.connection.pipeline(transaction=False) as pipe:  # type: ignore[attr-defined]
+                super().heartbeat(timeout, pipeline=pipe)  # type: ignore[misc]
+                self._forget_records(pipe)
+                self._evictions.ride(pipe)
+                for claim in pending:
+                    release_claim(claim, pipe)
+                pipe.execute()
+        except _UNREACHABLE as exc:
+            self.log.warning('rq-policies: heartbeat failed, Redis unreachable (%s); retrying', exc)  # type: ignore[attr-defined]
+            return
         del self._pending_releases[: len(pending)]
 
     def _forget_records(self, pipeline: Any) -> None:
@@ -813,6 +882,20 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
         super().main_work_horse(job, queue)  # ends in os._exit
 
     def execute_job(self, job: Any, queue: Any) -> Any:
+        try:
+            return self._execute_job_once(job, queue)
+        except _UNREACHABLE as exc:
+            if not self._job_process_ended():
+                raise  # the horse runs on: the worker quits, and its hold guard keeps the job's holds
+            # The job's process has ended and only the worker's own bookkeeping after it (rq's set_state) met an
+            # unreachable Redis: rq's work loop would quit on it, leaving the queues unserved until someone restarts
+            # the worker. Carry on: the next fetch reconnects (retrying every second), the job's hold release is
+            # pending and rides the first heartbeat after it.
+            self.log.warning('rq-policies: Redis unreachable after job %s ended (%s); the worker carries on and '
+                             'reconnects', job.id, exc)
+            return None
+
+    def _execute_job_once(self, job: Any, queue: Any) -> Any:
         try:
             return super().execute_job(job, queue)
         finally:

@@ -1,0 +1,48 @@
+"""Job functions the promotion and outage tests enqueue; worker subprocesses import them (tests/ is on their path).
+
+Each records ``<job id> <value> <server time>`` to ``test:ran:<tag>`` (the server's clock: a test compares run times
+with due times, and with the moment the server answered again after a restart)."""
+
+from __future__ import annotations
+
+import os
+
+from redis import Redis
+from rq import get_current_job
+
+from rq_policies import BackOff, Concurrency, Debounce, Loner, Throttle, policy
+
+
+def _record(tag: str, value) -> None:
+    conn = Redis.from_url(os.environ['REDIS_URL'])
+    seconds, micros = conn.time()
+    conn.rpush(f'test:ran:{tag}', f'{get_current_job().id} {value} {seconds + micros / 1e6:.6f}')
+
+
+def stamp(tag, value=None):
+    _record(tag, value)
+
+
+@policy(Loner())
+def lone(tag, value):
+    _record(tag, value)
+
+
+@policy(Debounce(3), unique_context=lambda args, kwargs: args[1])
+def debounced(tag, doc, version):
+    _record(tag, f'debounce:{version}')
+
+
+@policy(Throttle(3, trailing=True), unique_context=lambda args, kwargs: args[1])
+def trailing(tag, task, value):
+    _record(tag, f'trailing:{value}')
+
+
+@policy(Concurrency(1, key=lambda args, kwargs: args[1], scope='promote'))
+def backs_off(tag, customer):
+    """Raise BackOff(3, key=True) on its first run, then record the run."""
+    conn = Redis.from_url(os.environ['REDIS_URL'])
+    job = get_current_job()
+    if conn.incr(f'test:backoff-runs:{job.id}') == 1:
+        raise BackOff(3, key=True)
+    _record(tag, 'backoff')

@@ -1,0 +1,133 @@
+"""The server goes away and comes back under running PolicyWorkers (no --with-scheduler, no worker restart): every
+job that came due meanwhile runs once, within 2 s of the server answering again; after a restart that lost the data,
+nothing of ours blocks the jobs enqueued afterwards."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+
+import pytest
+from redis import Redis
+from test_promotion import ran, server_now, stop, wait_for, wait_idle
+from workers import output, start_worker
+
+from rq_policies import PolicyQueue
+from rq_policies.testing import RedisServer
+
+pytestmark = pytest.mark.long
+
+EXPECTED = ['backoff', 'debounce:2', 'lone', 'trailing:1', 'trailing:2']
+
+
+@pytest.fixture
+def server():
+    srv = RedisServer(appendonly=True, extra_args=['--appendfsync', 'always']).start()
+    try:
+        yield srv
+    finally:
+        srv.close()
+
+
+def _env(url: str) -> dict:
+    here = os.path.dirname(__file__)
+    env = dict(os.environ, REDIS_URL=url)
+    env['PYTHONPATH'] = os.pathsep.join([here, os.path.dirname(here), env.get('PYTHONPATH', '')])
+    return env
+
+
+def _pending(connection: Redis) -> float:
+    """Debounce, trailing Throttle, a key BackOff and a Loner's enqueue_in, all due 3 s from now (server clock);
+    returns the latest due time."""
+    q = PolicyQueue('outage', connection=connection)
+    start = server_now(connection)
+    q.enqueue('promote_jobs.backs_off', 'outage', 'acme')  # runs now, backs its key off for 3 s
+    q.enqueue('promote_jobs.trailing', 'outage', 'task', 1)  # the leading run, now
+    q.enqueue('promote_jobs.trailing', 'outage', 'task', 2)  # trailing: due at the window's end (start + 3)
+    for version in range(3):
+        q.enqueue('promote_jobs.debounced', 'outage', 'doc', version)  # due at start + 3
+    assert q.enqueue_in(timedelta(seconds=3), 'promote_jobs.lone', 'outage', 'lone') is not None
+    return start + 3.5
+
+
+def _kill(server: RedisServer) -> None:
+    server.process.kill()
+    server.process.wait()
+    server.process = None
+
+
+def _check(connection: Redis, back: float, workers) -> None:
+    if not wait_for(lambda: len(ran(connection, 'outage')) >= len(EXPECTED), 10):
+        rows = ran(connection, 'outage')
+        logs = '\n'.join(output(worker) for worker in workers)
+        pytest.fail(f'ran only {[value for _, value, _ in rows]}; pending: {connection.keys("rq:*")}\n{logs}')
+    time.sleep(1.5)  # a second run would land by now
+    rows = ran(connection, 'outage')
+    assert sorted(value for _, value, _ in rows) == EXPECTED, rows
+    late = {value: round(at - back, 2) for _, value, at in rows if value != 'trailing:1'}
+    assert all(delay <= 2.0 for delay in late.values()), late
+    print(f'runs after the server answered again (s): {late}')
+
+
+def _outage(server: RedisServer, seconds: float) -> None:
+    connection = server.client()
+    workers = [start_worker(server.url, ['outage'], _env(server.url)) for _ in range(2)]
+    try:
+        wait_idle(connection, 2)
+        due = _pending(connection)
+        assert wait_for(lambda: _all_pending(connection), 5)
+        _kill(server)  # SIGKILL: appendfsync always kept every write
+        time.sleep(seconds)
+        server.start()
+        connection = server.client()
+        back = server_now(connection)
+        assert back > due  # every job came due while the server was away
+        _check(connection, back, workers)
+        assert all(worker.poll() is None for worker in workers)  # the same workers, never restarted
+    finally:
+        stop(*workers)
+
+
+def _all_pending(connection: Redis) -> bool:
+    """The leading trailing run is over, the backed-off job is parked on its key, and no job runs: only timers are
+    pending (a job running when the server goes away is another matter: its horse cannot record its end)."""
+    return (len(ran(connection, 'outage')) == 1 and connection.exists('rq:policies:keydue')
+            and connection.zcard('rq:wip:outage') == 0)
+
+
+def test_restart_with_persistence_runs_every_due_job_once_within_2s(server):
+    _outage(server, 4.0)
+
+
+@pytest.mark.slow
+def test_a_30s_outage_runs_every_due_job_once_within_2s(server):
+    _outage(server, 30.0)
+
+
+def test_a_restart_without_persistence_leaves_nothing_blocking(server):
+    server.appendonly = False
+    server.extra_args = []
+    server.stop()
+    server.start()
+    connection = server.client()
+    worker = start_worker(server.url, ['outage'], _env(server.url))
+    try:
+        wait_idle(connection)
+        _pending(connection)
+        assert wait_for(lambda: _all_pending(connection), 5)
+        _kill(server)
+        time.sleep(1.0)
+        server.start()  # empty: every job, marker, hold, lock and back-off is gone
+        connection = server.client()
+        back = server_now(connection)
+        connection.delete('test:ran:outage')
+        _pending(connection)
+        assert wait_for(lambda: len(ran(connection, 'outage')) >= len(EXPECTED), 10), (ran(connection, 'outage'),
+                                                                                         output(worker))
+        time.sleep(1.0)
+        rows = ran(connection, 'outage')
+        assert sorted(value for _, value, _ in rows) == EXPECTED, rows
+        assert max(at for _, _, at in rows) - back <= 3.5 + 2.0 + 2.0  # due 3.5 s after the enqueues, which follow
+    finally:
+        stop(worker)

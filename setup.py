@@ -64,6 +64,8 @@ setup(
             # examples/asyncio_web.py and its test (Starlette's TestClient runs on httpx)
             'starlette>=0.27',
             'httpx>=0.24',
+            # starlette 1.10+'s TestClient runs on httpx2 (on plain httpx it warns, which the suite turns into an error)
+            'httpx2; python_version >= "3.11"',
         ],
     },
     entry_points={'console_scripts': ['rq-policies = rq_policies.cli:cli']},

@@ -37,7 +37,7 @@ from rq.queue import Queue
 from rq.registry import ScheduledJobRegistry
 from rq.utils import import_attribute
 
-from . import admission, identity, keys
+from . import admission, compat, identity, keys
 from .exceptions import PolicyConfigurationError
 from .policy import AdmissionPolicy, Policy, PolicySet, declared, pending_lines, superseded_entry, whole_seconds
 
@@ -233,7 +233,7 @@ class Throttle(AdmissionPolicy):
     def on_admit(self, job: Any, queue: str, verdict: Any) -> None:
         if verdict.code != 2:
             return
-        job._status = JobStatus.SCHEDULED
+        compat.set_local_status(job, JobStatus.SCHEDULED)
         job.enqueued_at = None
         if verdict.superseded and verdict.superseded != job.id:
             logger.info(

@@ -802,7 +802,7 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
 
     def _job_process_ended(self) -> bool:
         """Has the work horse ended (reaped here, or by rq's cold shutdown, which waits for the horse it killed)?"""
-        pid = self._horse_pid  # type: ignore[attr-defined]
+        pid = self.horse_pid
         if not pid:
             return True
         try:

@@ -253,16 +253,17 @@ class PolicyQueue(Queue):
 
         pipe = pipeline if pipeline is not None else self.connection.pipeline()
         pipe.sadd(self.redis_queues_keys, self.key)
-        self._persist_job(job, pipe, status=JobStatus.SCHEDULED)
+        compat.persist_job(self, job, pipe, JobStatus.SCHEDULED)
         self._push_call(job.id, 'S', ScheduledJobRegistry(queue=self).key, score=_score(when)).ride(pipe)
         if pipeline is None:
             pipe.execute()
         return job
 
     def enqueue_job(self, job: Job, pipeline: Any = None, at_front: bool = False, **kwargs: Any) -> Job | None:  # type: ignore[override]
+        job = compat.adopt_job(job, self.job_class)  # a stock rq Job too (Job.fetch, registries, admin views)
         spec = self._take_door(job)
         if spec is _PLAIN:
-            if self._writes_plain(job, pipeline, kwargs) and self._is_async and not job._dependency_ids:
+            if self._writes_plain(job, pipeline, kwargs) and self.is_async and not compat.has_dependencies(job):
                 admission.write_plain(self, self._plain_write(job, at_front, None))
                 return job
             spec = None
@@ -271,6 +272,7 @@ class PolicyQueue(Queue):
         return self._admit(job, spec, pipeline, at_front=at_front, when=None, **kwargs)
 
     def schedule_job(self, job: Job, datetime: datetime, pipeline: Any = None, **kwargs: Any) -> Job | None:  # type: ignore[override]
+        job = compat.adopt_job(job, self.job_class)
         spec = self._take_door(job)
         if spec is _PLAIN:
             if self._writes_plain(job, pipeline, kwargs):
@@ -282,6 +284,16 @@ class PolicyQueue(Queue):
                 return super().schedule_job(job, datetime, pipeline=pipeline, **kwargs)
             return self._schedule_once(job, datetime, pipeline)
         return self._admit(job, spec, pipeline, at_front=bool(job.enqueue_at_front), when=datetime, **kwargs)
+
+    def _enqueue_job(self, job: Job, *args: Any, **kwargs: Any) -> Job:
+        """rq's enqueue without a dependency check (rq's re-enqueue paths, django-rq's admin "Enqueue"), taking a stock
+        rq ``Job`` too: rq removes a deferred job from its registry by object, which only works for the queue's
+        ``job_class`` (:func:`rq_policies.compat.adopt_job`)."""
+        return super()._enqueue_job(compat.adopt_job(job, self.job_class), *args, **kwargs)
+
+    def get_job_position(self, job_or_id: Any) -> int | None:
+        """rq's ``get_job_position``, taking a stock rq ``Job`` too (by id)."""
+        return super().get_job_position(job_or_id.id if isinstance(job_or_id, Job) else job_or_id)
 
     def _take_door(self, job: Job) -> Any:
         """The PolicySet the open door applies to ``job``; ``_PLAIN`` when a door is open but no policy applies (a
@@ -311,7 +323,7 @@ class PolicyQueue(Queue):
         else:
             from rq.registry import ScheduledJobRegistry
 
-            job._status = JobStatus.SCHEDULED
+            compat.set_local_status(job, JobStatus.SCHEDULED)
             mode, score, dest = 'S', _score(when), ScheduledJobRegistry(queue=self).key
         mapping = job.to_dict()
         ttl = job.ttl if job.ttl and job.ttl > 0 else -1
@@ -364,7 +376,7 @@ class PolicyQueue(Queue):
                 f'rate_limit= cannot be combined with a policy on enqueue (job {job.func_name!r}); cap the queue '
                 '(rq-policies cap QUEUE N) instead, or enqueue with policy=None'
             )
-        if not self._is_async:
+        if not self.is_async:
             # A synchronous queue runs the job at once: nothing ever waits, so there is nothing to hold.
             return super().enqueue_job(job, at_front=at_front, **kwargs)
         digest = identity.digest(identity.func_path(job), self.name, job.args, job.kwargs, spec.unique_context)
@@ -389,17 +401,17 @@ class PolicyQueue(Queue):
         job.origin = self.name
         job.redis_server_version = self.get_redis_server_version()
         if job.timeout is None:
-            job.timeout = self._default_timeout
+            job.timeout = compat.default_timeout(self)
         if when is not None or schedule:
-            job._status = JobStatus.SCHEDULED
+            compat.set_local_status(job, JobStatus.SCHEDULED)
             from rq.registry import ScheduledJobRegistry
 
             return 'S', _score(when) if when is not None else 0, ScheduledJobRegistry(queue=self).key
-        if job._dependency_ids:
-            job._status = JobStatus.DEFERRED
+        if compat.has_dependencies(job):
+            compat.set_local_status(job, JobStatus.DEFERRED)
             return 'D', 0, self.key
         job.enqueued_at = now()
-        job._status = JobStatus.QUEUED
+        compat.set_local_status(job, JobStatus.QUEUED)
         return ('L' if at_front else 'R'), 0, self.key
 
     def job_write(

@@ -35,11 +35,10 @@ from typing import Any, ClassVar
 from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.registry import ScheduledJobRegistry
-from rq.utils import import_attribute
 
 from . import admission, compat, identity, keys
 from .exceptions import PolicyConfigurationError
-from .policy import AdmissionPolicy, Policy, PolicySet, declared, pending_lines, superseded_entry, whole_seconds
+from .policy import AdmissionPolicy, Policy, PolicySet, pending_lines, superseded_entry, whole_seconds
 
 logger = logging.getLogger('rq_policies')
 
@@ -306,13 +305,9 @@ def _job_cell(job_id: str | None) -> dict[str, str] | None:
 
 
 def _declared_spec(job: Job) -> PolicySet | None:
-    try:
-        target = job.func
-    except (ImportError, AttributeError, ValueError):
-        return None
-    if isinstance(target, str):
-        try:
-            target = import_attribute(target)
-        except (ImportError, AttributeError, ValueError):
-            return None
-    return declared(target)
+    """The policies declared on ``job``'s function; None when there are none or its path cannot be imported here,
+    which PolicyQueue warns about (once per path), as it does at the door: a typo must not switch a policy off in
+    silence."""
+    from .queue import PolicyQueue  # the glue imports the policies: at call time only
+
+    return PolicyQueue._declared_for(job)

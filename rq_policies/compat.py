@@ -94,7 +94,7 @@ def enqueue_now(queue: Queue, job: Job, pipeline: Any = None, at_front: bool = F
 
 
 def persist_job(queue: Queue, job: Job, pipeline: Any, status: JobStatus) -> None:
-    """rq's write of a job's hash with ``status`` on ``pipeline`` (``Queue._persist_job``: status, save, cleanup TTL)."""
+    """rq's write of a job's hash with ``status`` on ``pipeline`` (``Queue._persist_job``: status, save, TTLs)."""
     queue._persist_job(job, pipeline, status=status)
 
 

@@ -13,7 +13,7 @@ holds CONFIG) answers nothing: the policy is then ``'unknown'``.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from redis.exceptions import ResponseError
@@ -52,9 +52,6 @@ class EvictionCheck:
     maxmemory_policy: str
     unsafe: bool | None
     warning: str | None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def maxmemory_policy(connection: Any) -> str:

@@ -42,7 +42,6 @@ logger = logging.getLogger('rq_policies')
 
 #: The ``policy=`` default of every door: apply the policies declared on the function.
 DECLARED: Any = object()
-_DECLARED = DECLARED
 
 #: Function paths ``_declared_for`` could not import and has warned about (once per path and process).
 _UNIMPORTABLE_WARNED: set[str] = set()
@@ -54,7 +53,7 @@ DEFERRED_LEASE_SECONDS = 300
 
 @dataclass
 class _Door:
-    """The policy override of the public enqueue call in progress (``_DECLARED``, None or a PolicySet)."""
+    """The policy override of the public enqueue call in progress (``DECLARED``, None or a PolicySet)."""
 
     override: Any
     used: bool = False
@@ -122,7 +121,7 @@ class PolicyQueue(Queue):
         if _door.get() is not None:  # an inner door of the same call (enqueue_at -> enqueue_call): the outer one rules
             yield
             return
-        override = policy if policy is _DECLARED else make_set(policy)
+        override = policy if policy is DECLARED else make_set(policy)
         token = _door.set(_Door(override, force=force, hint=hint))
         try:
             yield
@@ -135,7 +134,7 @@ class PolicyQueue(Queue):
         Returns:
             The Job, or None when a policy dropped it.
         """
-        policy = kwargs.pop('policy', _DECLARED)
+        policy = kwargs.pop('policy', DECLARED)
         if _door.get() is not None:  # an inner door of the same call: the outer one rules
             return super().enqueue(f, *args, **kwargs)
         spec = self._spec(policy, f)
@@ -150,7 +149,7 @@ class PolicyQueue(Queue):
         finally:
             _door.reset(token)
 
-    def enqueue_call(self, func: Any, *args: Any, policy: Any = _DECLARED, **kwargs: Any) -> Job | None:  # type: ignore[override]
+    def enqueue_call(self, func: Any, *args: Any, policy: Any = DECLARED, **kwargs: Any) -> Job | None:  # type: ignore[override]
         """rq's ``enqueue_call``, plus ``policy=``. Returns None when a policy dropped the job."""
         if _door.get() is not None:  # an inner door (enqueue arrives here): the outer one rules
             return super().enqueue_call(func, *args, **kwargs)
@@ -166,13 +165,13 @@ class PolicyQueue(Queue):
 
     def enqueue_at(self, datetime: datetime, f: Any, *args: Any, **kwargs: Any) -> Job | None:  # type: ignore[override]
         """rq's ``enqueue_at``, plus ``policy=``. A scheduled job holds its loner identity until a worker takes it."""
-        policy = kwargs.pop('policy', _DECLARED)
+        policy = kwargs.pop('policy', DECLARED)
         with self._door(policy):
             return super().enqueue_at(datetime, f, *args, **kwargs)
 
     def enqueue_in(self, time_delta: timedelta, func: Any, *args: Any, **kwargs: Any) -> Job | None:  # type: ignore[override]
         """rq's ``enqueue_in``, plus ``policy=``."""
-        policy = kwargs.pop('policy', _DECLARED)
+        policy = kwargs.pop('policy', DECLARED)
         with self._door(policy):
             return super().enqueue_in(time_delta, func, *args, **kwargs)
 
@@ -205,7 +204,7 @@ class PolicyQueue(Queue):
             if group_id is not None:
                 fields['group_id'] = group_id
             job = self.create_job(**fields)
-            with self._door(_DECLARED):
+            with self._door(DECLARED):
                 results.append(self.enqueue_job(job, at_front=bool(data.at_front)))
         return results
 
@@ -302,7 +301,7 @@ class PolicyQueue(Queue):
         if door is None or door.used:
             return None
         door.used = True
-        spec = self._declared_for(job) if door.override is _DECLARED else door.override
+        spec = self._declared_for(job) if door.override is DECLARED else door.override
         return _PLAIN if spec is None else spec
 
     @staticmethod
@@ -335,7 +334,7 @@ class PolicyQueue(Queue):
 
     def _spec(self, policy: Any, func: Any) -> PolicySet | None:
         """The PolicySet a door applies: the declared one, or the caller's ``policy=``."""
-        return self._declared_for(func) if policy is _DECLARED else make_set(policy)
+        return self._declared_for(func) if policy is DECLARED else make_set(policy)
 
     @staticmethod
     def _declared_for(func_or_job: Any) -> PolicySet | None:
@@ -480,7 +479,7 @@ class PolicyQueue(Queue):
         Returns:
             The Job, always.
         """
-        policy = kwargs.pop('policy', _DECLARED)
+        policy = kwargs.pop('policy', DECLARED)
         with self._door(policy, force=True):
             return super().enqueue(f, *args, **kwargs)
 
@@ -496,7 +495,7 @@ class PolicyQueue(Queue):
         Returns:
             How many keys were removed (policy keys and the hashes of dropped pending jobs).
         """
-        policy = kwargs.pop('policy', _DECLARED)
+        policy = kwargs.pop('policy', DECLARED)
         spec = self._spec(policy, func)
         probe = self.job_class.create(func, args=args, kwargs=kwargs, connection=self.connection)
         context = spec.unique_context if spec else None

@@ -16,6 +16,7 @@ from django_rq.queues import DjangoRQ
 
 from ..queue import DECLARED, PolicyQueue, door_override
 
+
 class PolicyDjangoQueue(PolicyQueue, DjangoRQ):
     """django-rq's queue class with rq-policies' admission: ``RQ = {'QUEUE_CLASS': '...PolicyDjangoQueue'}``.
 

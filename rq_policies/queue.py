@@ -223,7 +223,8 @@ class PolicyQueue(Queue):
         riding the same pipeline, or a call of its own.
 
         Every push rq makes through this queue passes here: jobs without a policy that stay on rq's pipeline
-        (``_writes_plain``), ``enqueue_many``, retries, released dependents.
+        (``_writes_plain``), ``enqueue_many``, retries, released dependents on rq 2.12. rq 3 pushes a released
+        dependent from its ``ReadyJobRegistry``, through a ``Queue`` of its own: a stock push (below).
         rq sends it inside a transaction with the job's hash, and redis-py resends the whole transaction after a lost
         reply; each call carries a fresh token that the first attempt records in the job's hash, so a resent one
         pushes nothing (a plain RPUSH pushed the id twice, and the job ran twice). Pushes by stock ``rq.Queue``

@@ -152,6 +152,20 @@ def test_every_door_builds_its_job_with_create_job_and_hands_it_to_enqueue_or_sc
     assert calls[0][1] is calls[1][1] is job  # the very object create_job built
 
 
+def test_who_pushes_a_released_dependent(connection):
+    """rq 2.12 pushes a released dependent through the queue's ``push_job_id`` (ours: replay-safe, wakes idle
+    PolicyWorkers); rq 3 through a ``Queue`` its ``ReadyJobRegistry`` builds, rq's own (idle PolicyWorkers see the job
+    at their next idle probe). Pinned so that a change either way is noticed."""
+    q = PolicyQueue('released', connection=connection)
+    parent = q.enqueue(jobs.plain, 0)
+    child = q.enqueue(jobs.plain, 1, depends_on=parent)
+    parent.set_status(JobStatus.FINISHED)
+    q.enqueue_dependents(parent)
+    assert child.get_status() == JobStatus.QUEUED and child.id in q.job_ids
+    ours = connection.hget(child.key, 'policies_push') is not None  # the field lua/push.lua records
+    assert ours == (not compat.RQ3)
+
+
 # -- the end-of-run pipeline -----------------------------------------------------------------------------------------
 
 

@@ -49,6 +49,8 @@ setup(
             # the dashboard is mounted under rq-dashboard's app in a test; 0.9.0 imports six without declaring it
             'rq-dashboard>=0.9.0',
             'six',
+            # tests/rq_suite/run.py: rq's own test suite needs it
+            'psutil',
         ],
     },
     entry_points={'console_scripts': ['rq-policies = rq_policies.cli:cli']},

@@ -109,6 +109,37 @@ def test_a_released_dependent_left_ready_to_enqueue_still_holds_its_identity(con
     assert q.enqueue(jobs.sweep_cache, 3) is None
 
 
+@pytest.mark.parametrize('status', ALL_STATUSES)
+def test_the_end_of_run_release_frees_a_loner_identity_only_once_its_job_has_ended(connection, status):
+    """What PolicyWorker queues on the end-of-run pipeline (lua/release_markers.lua, ``ended``): a job retried or
+    repeated (waiting again) keeps its identity; one that ended frees it."""
+    from rq_policies import admission
+
+    q = PolicyQueue('contract', connection=connection)
+    holder = q.enqueue(jobs.plain, 1, policy=Loner(until='finished'))
+    Job.fetch(holder.id, connection=connection).set_status(status)
+    with connection.pipeline() as pipe:
+        admission.ended(pipe, q.job_class.redis_job_namespace_prefix, holder.id)
+        pipe.execute()
+    kept = compat.STATUS_ROLE[status] != 'ended'
+    assert (connection.get(holder.connection.hget(holder.key, 'policies_loner')) is not None) == kept, status
+
+
+@pytest.mark.parametrize('status', ALL_STATUSES)
+def test_limited_capacity_counts_a_queued_job_by_its_status(connection, redis_url, monkeypatch, status):
+    """LimitedCapacityWorker's room counts a job of its queued set while it waits or runs, and prunes it once ended
+    (lua/lib/lcw_room.lua): a job in rq 3's ready_to_enqueue was pruned, and a third job admitted over the cap."""
+    import lcw_jobs
+
+    monkeypatch.setenv('REDIS_URL', redis_url)  # the job class reaches its backlog through it
+    connection.rpush('test:backlog:backlog', *['x'] * 5)
+    first = lcw_jobs.Backlog.perform_with_capacity(connection=connection)
+    assert len(first) == 2  # the class's default cap
+    Job.fetch(first[0], connection=connection).set_status(status)
+    counted = compat.STATUS_ROLE[status] != 'ended'
+    assert len(lcw_jobs.Backlog.perform_with_capacity(connection=connection)) == (0 if counted else 1), status
+
+
 # -- the door protocol -------------------------------------------------------------------------------------------------
 
 

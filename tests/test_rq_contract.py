@@ -11,8 +11,9 @@ goes.
 * a stock rq ``Job`` (``Job.fetch``, registries, admin views) handed to any PolicyQueue path that takes a job;
 * ``clean_registries`` over a job parked by per-key Concurrency (in ``rq:deferred:<q>`` with score = now; rq 2.0-2.7's
   ``DeferredJobRegistry.cleanup`` failed such jobs): it stays parked and intact;
-* every job status a Loner holder can be in, rq 3's ``ready_to_enqueue`` included, read by the Loner check as
-  ``compat.STATUS_ROLE`` says.
+* every job status a Loner holder can be in, rq 3's ``ready_to_enqueue`` included, read as ``compat.STATUS_ROLE``
+  says by the Loner check, ``PolicyQueue.holder``, the end-of-run release and LimitedCapacityWorker's room;
+* who pushes a released dependent (PolicyQueue's ``push_job_id`` on rq 2.12, rq's own Queue on rq 3).
 """
 
 from __future__ import annotations

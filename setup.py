@@ -66,6 +66,8 @@ setup(
             'httpx>=0.24',
             # starlette 1.10+'s TestClient runs on httpx2 (on plain httpx it warns, which the suite turns into an error)
             'httpx2; python_version >= "3.11"',
+            # tests/rq_suite/run.py: rq's own test suite needs it
+            'psutil',
         ],
     },
     entry_points={'console_scripts': ['rq-policies = rq_policies.cli:cli']},

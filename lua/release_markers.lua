@@ -19,7 +19,9 @@ local rcall = redis.call
 -- @include "lib/codec.lua"
 local a = decode_args(ARGV[1])
 local removed = 0
-local holding = {queued = true, scheduled = true, deferred = true, started = true}
+-- waiting or running (rq_policies/compat.py STATUS_ROLE: rq 3 adds ready_to_enqueue, rate_limited)
+local holding = {queued = true, scheduled = true, deferred = true, started = true,
+                 ready_to_enqueue = true, rate_limited = true}
 for _, jid in ipairs(a.jobs) do
   local job = rcall('HMGET', a.job_prefix .. jid, 'policies_loner', 'status')
   local marker = job[1]

@@ -325,7 +325,7 @@ def quick_drop(queue: Queue, spec: PolicySet | None, f: Any, args: tuple, kwargs
         (dropped, seen): dropped is True when the enqueue was dropped (and logged and counted); ``seen`` is for the
         full path to remember what it saw (:class:`Seen`).
     """
-    if spec is None or not queue._is_async or not _probes(spec):
+    if spec is None or not queue.is_async or not _probes(spec):
         return False, None
     token = spec_token(spec)
     key = hint_key(queue.name, token, f, args, kwargs)

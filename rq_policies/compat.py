@@ -1,4 +1,12 @@
-"""Every difference between the rq versions rq-policies supports (2.12 and 3.x), in one place."""
+"""Every difference between the rq versions rq-policies supports (2.12 and 3.x), and every private rq name
+rq-policies uses, in one place.
+
+rq-policies subclasses rq's Queue, Job and Worker, and overrides some of their methods (private ones too, where rq or
+django-rq calls them: ``Worker._finalize_failure``, ``Queue._enqueue_job``); those overrides stay in their classes.
+Any other use of rq's private state or methods (``job._status``, ``queue._persist_job``, ...) goes through a small
+function here, so that a change of rq's internals is fixed in this one file, and ``tests/test_rq_contract.py`` pins
+what each of them assumes on rq 2.12 and 3.x (``tests/test_architecture.py`` keeps the names out of other modules).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +14,7 @@ import inspect
 from typing import Any
 
 import rq
+from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.worker import Worker
 
@@ -34,3 +43,92 @@ LEGACY_FAILURE = not hasattr(Worker, '_finalize_failure')
 #: (``Queue._enqueue_rate_limited_job``); rq 2.12 has no rate limits. The fetch's promotion leaves such a job for rq's
 #: scheduler (lua/lib/promote.lua).
 SCHEDULER_RATE_LIMITS = RQ3
+
+# -- job statuses ------------------------------------------------------------------------------------------------
+
+#: What each job status of rq 2.12 and 3.x means for a policy identity its job holds (a loner marker,
+#: LimitedCapacityWorker's queued set): ``waiting`` (the job will run some day: it holds), ``running`` (it holds under
+#: ``until='finished'`` while a live worker runs it) or ``ended`` (nothing will run it: the identity is free).
+#: ``created`` is a hash saved without an enqueue (nothing pushes it); rq 3's ``ready_to_enqueue`` is a released
+#: dependent between its deferred registry and its queue (rq's ``ReadyJobRegistry`` pushes it, at once or at its next
+#: cleanup) and ``rate_limited`` a job waiting for a slot of its ``RateLimit``. The Lua side spells the same sets
+#: (``lua/lib/holder_waiting.lua``, ``lua/lib/lcw_room.lua``, ``lua/release_markers.lua``); tests/test_rq_contract.py
+#: checks this table covers the installed rq's ``JobStatus`` and that the scripts read each status by it.
+STATUS_ROLE: dict[str, str] = {
+    'created': 'ended',
+    'queued': 'waiting',
+    'scheduled': 'waiting',
+    'deferred': 'waiting',  # while each parent can still release it (lua/lib/holder_waiting.lua)
+    'ready_to_enqueue': 'waiting',  # rq 3
+    'rate_limited': 'waiting',  # rq 3
+    'started': 'running',
+    'finished': 'ended',
+    'failed': 'ended',
+    'stopped': 'ended',
+    'canceled': 'ended',
+}
+
+#: The statuses in which a job still waits to run (see STATUS_ROLE).
+WAITING_STATUSES = frozenset(status for status, role in STATUS_ROLE.items() if role == 'waiting')
+
+
+# -- rq's private state and methods, each behind one function ----------------------------------------------------------
+
+
+def set_local_status(job: Job, status: JobStatus) -> None:
+    """Set ``job``'s status on the object only, as rq's own enqueue does before it writes the hash (``job._status``;
+    ``Job.set_status`` would also write it)."""
+    job._status = status
+
+
+def has_dependencies(job: Job) -> bool:
+    """Does ``job`` wait for other jobs (``depends_on=``)? Read from the object (``job._dependency_ids``; the public
+    ``Job.dependency_ids`` reads Redis, where a job being enqueued is not yet)."""
+    return bool(job._dependency_ids)
+
+
+def default_timeout(queue: Queue) -> Any:
+    """The ``default_timeout`` the queue was built with (``queue._default_timeout``: rq has no public name for it)."""
+    return queue._default_timeout
+
+
+def enqueue_now(queue: Queue, job: Job, pipeline: Any = None, at_front: bool = False) -> Job:
+    """rq's enqueue of ``job`` without looking at its dependencies (``Queue._enqueue_job``): status queued, the hash
+    saved (meta included), the id pushed through ``queue.push_job_id``, all on ``pipeline`` when given."""
+    return queue._enqueue_job(job, pipeline=pipeline, at_front=at_front)
+
+
+def persist_job(queue: Queue, job: Job, pipeline: Any, status: JobStatus) -> None:
+    """rq's write of a job's hash with ``status`` on ``pipeline`` (``Queue._persist_job``: status, save, TTLs)."""
+    queue._persist_job(job, pipeline, status=status)
+
+
+def given_id(job: Job) -> str | None:
+    """``job``'s id if it has one yet, without generating one as ``job.id`` does (``job._id``, for a repr)."""
+    return job._id
+
+
+def adopt_job(job: Any, job_class: type) -> Any:
+    """``job`` as an instance of ``job_class`` when it is a plain instance of one of its bases (a stock rq ``Job``
+    from ``Job.fetch``, a registry, rq-dashboard or django-rq's admin handed to a PolicyQueue); anything else as it is.
+
+    rq's Queue and registries turn a job into its id only when it is an instance of their ``job_class``
+    (``isinstance(job, self.job_class)``), so a stock ``Job`` reached Redis as an object (``DataError: Invalid input of
+    type: 'Job'``), as in ``PolicyQueue(...)._enqueue_job(Job.fetch(id))``. The object is re-classed in place, which is
+    sound only for a class that adds no state of its own: rq-policies' classes (``PolicyJob``), never a user's subclass
+    (a queue with a ``job_class`` of your own takes jobs of that class, as rq's does). In place, so the caller's object
+    sees what the enqueue sets on it (status, origin, enqueued_at), as with stock rq; and, being a ``PolicyJob`` now,
+    its ``delete()``/``cancel()`` free its loner identity.
+    """
+    if type(job) is job_class or not isinstance(job, Job) or isinstance(job, job_class):
+        return job
+    if not issubclass(job_class, type(job)):
+        return job
+    for klass in job_class.__mro__:
+        if klass is type(job):
+            break
+        if not klass.__module__.startswith('rq_policies') or '__slots__' in vars(klass):
+            return job
+    job.__class__ = job_class
+    return job
+

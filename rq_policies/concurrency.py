@@ -43,7 +43,7 @@ from rq.job import Job
 from rq.queue import Queue
 from rq.registry import DeferredJobRegistry
 
-from . import keys, ledger
+from . import compat, keys, ledger
 from .exceptions import BackOff, InvalidArgument
 from .ops import Call, text
 from .ops import need_connection as _need
@@ -213,7 +213,7 @@ class KeyedPolicy(FetchPolicy):
         call = Call('key_backoff', seconds=exc.seconds)
         call.key_list('blocks', [keys.KEY_BLOCK_PREFIX + channel for channel in channels])
         call.run(pipeline)
-        queue._enqueue_job(job, pipeline=pipeline, at_front=True)  # saves the job, meta included
+        compat.enqueue_now(queue, job, pipeline=pipeline, at_front=True)  # saves the job, meta included
         return True
 
     @classmethod

@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 
 from rq.registry import ScheduledJobRegistry
 
-from . import keys
+from . import compat, keys
 from .exceptions import PolicyConfigurationError
 from .policy import AdmissionPolicy, Policy, pending_lines, replaced_in_place, superseded_entry, whole_seconds
 
@@ -121,7 +121,7 @@ class Debounce(AdmissionPolicy):
                                 'nothing: job {by} runs in its place, with the latest payload')
 
     def validate(self, job: Any, mode: str, force: bool) -> None:
-        if job._dependency_ids and not force:
+        if compat.has_dependencies(job) and not force:
             raise PolicyConfigurationError(
                 f'depends_on= cannot be combined with Debounce (job {job.func_name!r}): a debounced job is scheduled, '
                 'and a scheduled job does not wait for dependencies'

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from redis.exceptions import ResponseError
@@ -66,9 +66,6 @@ class EvictionCheck:
     unsafe: bool | None
     warning: str | None
     evicted_keys: int | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def maxmemory_policy(connection: Any) -> str:

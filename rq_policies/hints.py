@@ -116,10 +116,6 @@ class DropRates:
             rate = 0.0
         self._rates[key] = rate + ((1.0 if dropped else 0.0) - rate) * self.WEIGHT
 
-    def rate(self, key: tuple | None) -> float:
-        """The current rate under ``key`` (0 when nothing was recorded)."""
-        return self._rates.get(key, 0.0) if key is not None else 0.0
-
 
 def spec_token(spec: Any) -> int:
     """A small hashable stand-in for a PolicySet in hint keys, computed once per set (a hit is confirmed against the

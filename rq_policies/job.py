@@ -12,7 +12,7 @@ from typing import Any
 
 from rq.job import Job
 
-from . import admission
+from . import admission, compat
 
 
 def rq_class_name(cls: type) -> str:
@@ -61,7 +61,7 @@ class PolicyJob(Job):
         return hash(self.id)
 
     def __repr__(self) -> str:
-        return f'{rq_class_name(type(self))}({self._id!r}, enqueued_at={self.enqueued_at!r})'
+        return f'{rq_class_name(type(self))}({compat.given_id(self)!r}, enqueued_at={self.enqueued_at!r})'
 
     def __str__(self) -> str:
         return f'<{rq_class_name(type(self))} {self.id}: {self.description}>'

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from rq.worker import Worker
 
-from . import keys
+from . import compat, keys
 from .exceptions import DuplicateJob
 from .ops import Call, text
 from .policy import MAX_SECONDS, AdmissionPolicy, Policy, job_status
@@ -155,7 +155,7 @@ class Loner(AdmissionPolicy):
             if logger.isEnabledFor(logging.INFO):
                 logger.info('rq-policies: %s on queue %r (loner): replaced the payload of waiting job %s',
                             job.func_name, queue, verdict.job_id)
-            job._id = verdict.job_id
+            job.id = verdict.job_id
 
     def leased_keys(self, queue: str, digest: str) -> list[str]:
         # A capped marker keeps its cap (lua/lib/take_marker.lua gave a deferred job's marker the cap, not the lease).
@@ -208,7 +208,7 @@ class Loner(AdmissionPolicy):
         entry: dict[str, Any] = {'policy': cls.name, 'identity': digest, 'until': until, 'marker': marker,
                                  'holder': holder, 'expires_in': ttl if ttl and ttl > 0 else None}
         short = digest[:12]
-        waiting = status in ('queued', 'scheduled', 'deferred')
+        waiting = status in compat.WAITING_STATUSES
         running = status == 'started' and until == 'finished'
         if holder == jid and (waiting or (running and worker_alive)):
             entry['holds'] = True

@@ -485,18 +485,9 @@ class PolicySet:
         constant arguments per queue), kept with the set so they live exactly as long as it does."""
         return {}
 
-    def get(self, kind: type[P]) -> P | None:
-        """The policy of this kind, or None."""
-        for item in self.policies:
-            if isinstance(item, kind):
-                return item
-        return None
-
     def __bool__(self) -> bool:
         return bool(self.policies)
 
-
-P = TypeVar('P', bound=Policy)
 
 def check_combination(policies: tuple[Policy, ...]) -> None:
     """Refuse combinations that mean nothing, with the reason each policy's :meth:`Policy.conflicts` gives."""

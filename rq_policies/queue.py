@@ -42,7 +42,6 @@ logger = logging.getLogger('rq_policies')
 
 #: The ``policy=`` default of every door: apply the policies declared on the function.
 DECLARED: Any = object()
-_DECLARED = DECLARED
 
 #: Function paths ``_declared_for`` could not import and has warned about (once per path and process).
 _UNIMPORTABLE_WARNED: set[str] = set()
@@ -54,7 +53,7 @@ DEFERRED_LEASE_SECONDS = 300
 
 @dataclass
 class _Door:
-    """The policy override of the public enqueue call in progress (``_DECLARED``, None or a PolicySet)."""
+    """The policy override of the public enqueue call in progress (``DECLARED``, None or a PolicySet)."""
 
     override: Any
     used: bool = False
@@ -177,7 +176,7 @@ class PolicyQueue(Queue):
         if _door.get() is not None:  # an inner door of the same call (enqueue_at -> enqueue_call): the outer one rules
             yield
             return
-        override = policy if policy is _DECLARED else make_set(policy)
+        override = policy if policy is DECLARED else make_set(policy)
         token = _door.set(_Door(override, force=force, hint=hint))
         try:
             yield
@@ -190,7 +189,7 @@ class PolicyQueue(Queue):
         Returns:
             The Job, or None when a policy dropped it.
         """
-        policy = kwargs.pop('policy', _DECLARED)
+        policy = kwargs.pop('policy', DECLARED)
         if _door.get() is not None:  # an inner door of the same call: the outer one rules
             return super().enqueue(f, *args, **kwargs)
         spec = self._spec(policy, f)
@@ -205,7 +204,7 @@ class PolicyQueue(Queue):
         finally:
             _door.reset(token)
 
-    def enqueue_call(self, func: Any, *args: Any, policy: Any = _DECLARED, **kwargs: Any) -> Job | None:  # type: ignore[override]
+    def enqueue_call(self, func: Any, *args: Any, policy: Any = DECLARED, **kwargs: Any) -> Job | None:  # type: ignore[override]
         """rq's ``enqueue_call``, plus ``policy=``. Returns None when a policy dropped the job."""
         if _door.get() is not None:  # an inner door (enqueue arrives here): the outer one rules
             return super().enqueue_call(func, *args, **kwargs)
@@ -221,13 +220,13 @@ class PolicyQueue(Queue):
 
     def enqueue_at(self, datetime: datetime, f: Any, *args: Any, **kwargs: Any) -> Job | None:  # type: ignore[override]
         """rq's ``enqueue_at``, plus ``policy=``. A scheduled job holds its loner identity until a worker takes it."""
-        policy = kwargs.pop('policy', _DECLARED)
+        policy = kwargs.pop('policy', DECLARED)
         with self._door(policy):
             return super().enqueue_at(datetime, f, *args, **kwargs)
 
     def enqueue_in(self, time_delta: timedelta, func: Any, *args: Any, **kwargs: Any) -> Job | None:  # type: ignore[override]
         """rq's ``enqueue_in``, plus ``policy=``."""
-        policy = kwargs.pop('policy', _DECLARED)
+        policy = kwargs.pop('policy', DECLARED)
         with self._door(policy):
             return super().enqueue_in(time_delta, func, *args, **kwargs)
 
@@ -260,7 +259,7 @@ class PolicyQueue(Queue):
             if group_id is not None:
                 fields['group_id'] = group_id
             job = self.create_job(**fields)
-            with self._door(_DECLARED):
+            with self._door(DECLARED):
                 results.append(self.enqueue_job(job, at_front=bool(data.at_front)))
         return results
 
@@ -288,7 +287,8 @@ class PolicyQueue(Queue):
         riding the same pipeline, or a call of its own.
 
         Every push rq makes through this queue passes here: jobs without a policy that stay on rq's pipeline
-        (``_writes_plain``), ``enqueue_many``, retries, released dependents.
+        (``_writes_plain``), ``enqueue_many``, retries, released dependents on rq 2.12. rq 3 pushes a released
+        dependent from its ``ReadyJobRegistry``, through a ``Queue`` of its own: a stock push (below).
         rq sends it inside a transaction with the job's hash, and redis-py resends the whole transaction after a lost
         reply; each call carries a fresh token that the first attempt records in the job's hash, so a resent one
         pushes nothing (a plain RPUSH pushed the id twice, and the job ran twice). Pushes by stock ``rq.Queue``
@@ -317,7 +317,7 @@ class PolicyQueue(Queue):
 
         pipe = pipeline if pipeline is not None else self.connection.pipeline()
         pipe.sadd(self.redis_queues_keys, self.key)
-        self._persist_job(job, pipe, status=JobStatus.SCHEDULED)
+        compat.persist_job(self, job, pipe, JobStatus.SCHEDULED)
         self._push_call(job.id, 'S', ScheduledJobRegistry(queue=self).key, score=_score(when),
                         wake=keys.wake(self.name)).ride(pipe)
         if pipeline is None:
@@ -325,9 +325,10 @@ class PolicyQueue(Queue):
         return job
 
     def enqueue_job(self, job: Job, pipeline: Any = None, at_front: bool = False, **kwargs: Any) -> Job | None:  # type: ignore[override]
+        job = compat.adopt_job(job, self.job_class)  # a stock rq Job too (Job.fetch, registries, admin views)
         spec = self._take_door(job)
         if spec is _PLAIN:
-            if self._writes_plain(job, pipeline, kwargs) and self._is_async and not job._dependency_ids:
+            if self._writes_plain(job, pipeline, kwargs) and self.is_async and not compat.has_dependencies(job):
                 admission.write_plain(self, self._plain_write(job, at_front, None))
                 return job
             spec = None
@@ -336,6 +337,7 @@ class PolicyQueue(Queue):
         return self._admit(job, spec, pipeline, at_front=at_front, when=None, **kwargs)
 
     def schedule_job(self, job: Job, datetime: datetime, pipeline: Any = None, **kwargs: Any) -> Job | None:  # type: ignore[override]
+        job = compat.adopt_job(job, self.job_class)
         spec = self._take_door(job)
         if spec is _PLAIN:
             if self._writes_plain(job, pipeline, kwargs):
@@ -348,6 +350,16 @@ class PolicyQueue(Queue):
             return self._schedule_once(job, datetime, pipeline)
         return self._admit(job, spec, pipeline, at_front=bool(job.enqueue_at_front), when=datetime, **kwargs)
 
+    def _enqueue_job(self, job: Job, *args: Any, **kwargs: Any) -> Job:
+        """rq's enqueue without a dependency check (rq's re-enqueue paths, django-rq's admin "Enqueue"), taking a stock
+        rq ``Job`` too: rq removes a deferred job from its registry by object, which only works for the queue's
+        ``job_class`` (:func:`rq_policies.compat.adopt_job`)."""
+        return super()._enqueue_job(compat.adopt_job(job, self.job_class), *args, **kwargs)
+
+    def get_job_position(self, job_or_id: Any) -> int | None:
+        """rq's ``get_job_position``, taking a stock rq ``Job`` too (by id)."""
+        return super().get_job_position(job_or_id.id if isinstance(job_or_id, Job) else job_or_id)
+
     def _take_door(self, job: Job) -> Any:
         """The PolicySet the open door applies to ``job``; ``_PLAIN`` when a door is open but no policy applies (a
         new job of a public door); None when no door is open (rq's own re-enqueue: a retry, a released dependent)."""
@@ -355,7 +367,7 @@ class PolicyQueue(Queue):
         if door is None or door.used:
             return None
         door.used = True
-        spec = self._declared_for(job) if door.override is _DECLARED else door.override
+        spec = self._declared_for(job) if door.override is DECLARED else door.override
         return _PLAIN if spec is None else spec
 
     @staticmethod
@@ -376,7 +388,7 @@ class PolicyQueue(Queue):
         else:
             from rq.registry import ScheduledJobRegistry
 
-            job._status = JobStatus.SCHEDULED
+            compat.set_local_status(job, JobStatus.SCHEDULED)
             mode, score, dest = 'S', _score(when), ScheduledJobRegistry(queue=self).key
         mapping = job.to_dict()
         ttl = job.ttl if job.ttl and job.ttl > 0 else -1
@@ -388,7 +400,7 @@ class PolicyQueue(Queue):
 
     def _spec(self, policy: Any, func: Any) -> PolicySet | None:
         """The PolicySet a door applies: the declared one, or the caller's ``policy=``."""
-        return self._declared_for(func) if policy is _DECLARED else make_set(policy)
+        return self._declared_for(func) if policy is DECLARED else make_set(policy)
 
     @staticmethod
     def _declared_for(func_or_job: Any) -> PolicySet | None:
@@ -429,7 +441,7 @@ class PolicyQueue(Queue):
                 f'rate_limit= cannot be combined with a policy on enqueue (job {job.func_name!r}); cap the queue '
                 '(rq-policies cap QUEUE N) instead, or enqueue with policy=None'
             )
-        if not self._is_async:
+        if not self.is_async:
             # A synchronous queue runs the job at once: nothing ever waits, so there is nothing to hold.
             return super().enqueue_job(job, at_front=at_front, **kwargs)
         digest = identity.digest(identity.func_path(job), self.name, job.args, job.kwargs, spec.unique_context,
@@ -463,17 +475,17 @@ class PolicyQueue(Queue):
         job.origin = self.name
         job.redis_server_version = self.get_redis_server_version()
         if job.timeout is None:
-            job.timeout = self._default_timeout
+            job.timeout = compat.default_timeout(self)
         if when is not None or schedule:
-            job._status = JobStatus.SCHEDULED
+            compat.set_local_status(job, JobStatus.SCHEDULED)
             from rq.registry import ScheduledJobRegistry
 
             return 'S', _score(when) if when is not None else 0, ScheduledJobRegistry(queue=self).key
-        if job._dependency_ids:
-            job._status = JobStatus.DEFERRED
+        if compat.has_dependencies(job):
+            compat.set_local_status(job, JobStatus.DEFERRED)
             return 'D', 0, self.key
         job.enqueued_at = now()
-        job._status = JobStatus.QUEUED
+        compat.set_local_status(job, JobStatus.QUEUED)
         return ('L' if at_front else 'R'), 0, self.key
 
     def job_write(
@@ -547,7 +559,7 @@ class PolicyQueue(Queue):
         Returns:
             The Job, always.
         """
-        policy = kwargs.pop('policy', _DECLARED)
+        policy = kwargs.pop('policy', DECLARED)
         with self._door(policy, force=True):
             return super().enqueue(f, *args, **kwargs)
 
@@ -563,7 +575,7 @@ class PolicyQueue(Queue):
         Returns:
             How many keys were removed (policy keys and the hashes of dropped pending jobs).
         """
-        policy = kwargs.pop('policy', _DECLARED)
+        policy = kwargs.pop('policy', DECLARED)
         spec = self._spec(policy, func)
         probe = self._probe(func, args, kwargs)
         context = spec.unique_context if spec else None

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 from redis import Redis
 
-from . import keys
+from . import compat, keys
 from .exceptions import BackOff, Snooze, SnoozeLimitReached
 from .ledger import WAKE_CAPACITY
 from .ops import need_connection as _need
@@ -195,7 +195,7 @@ class QueueRate(FetchPolicy, GcraRate):
         if isinstance(exc, BackOff) and not exc.key:  # BackOff(key=True) is the per-key policies'
             job.meta[BACKOFFS_META] = int(job.meta.get(BACKOFFS_META, 0)) + 1
             _backoff_in(pipeline, queue.name, exc.seconds, _server_now(queue.connection))
-            queue._enqueue_job(job, pipeline=pipeline, at_front=True)  # saves the job, meta included
+            compat.enqueue_now(queue, job, pipeline=pipeline, at_front=True)  # saves the job, meta included
             return True
         return False
 

@@ -18,7 +18,7 @@ from rq.job import Job
 from rq.queue import Queue
 from rq.worker import Worker
 
-from . import keys
+from . import compat, keys
 from .ops import text
 from .policy import ADMISSION, FETCH, registered
 
@@ -204,7 +204,7 @@ def _identity_rows(
                 row['job_status'] = text(status) if status else None
                 if family.while_waiting:
                     # held while it waits, and with until='finished' while it runs too
-                    row['waiting'] = row['job_status'] in ('queued', 'scheduled', 'deferred') or (
+                    row['waiting'] = row['job_status'] in compat.WAITING_STATUSES or (
                         bool(family.held_until_field) and until is not None and text(until) == 'finished'
                         and row['job_status'] == 'started')
             row['expires_in'] = round(pttl / 1000, 3) if pttl is not None and pttl >= 0 else None

@@ -35,15 +35,13 @@ from typing import Any, ClassVar
 from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.registry import ScheduledJobRegistry
-from rq.utils import import_attribute
 
-from . import admission, identity, keys
+from . import admission, compat, identity, keys
 from .exceptions import PolicyConfigurationError
 from .policy import (
     AdmissionPolicy,
     Policy,
     PolicySet,
-    declared,
     pending_lines,
     replaced_in_place,
     superseded_entry,
@@ -258,7 +256,7 @@ class Throttle(AdmissionPolicy):
             return
         if verdict.code != 2:
             return
-        job._status = JobStatus.SCHEDULED
+        compat.set_local_status(job, JobStatus.SCHEDULED)
         job.enqueued_at = None
         if verdict.superseded and verdict.superseded != job.id:
             logger.info(
@@ -331,13 +329,9 @@ def _job_cell(job_id: str | None) -> dict[str, str] | None:
 
 
 def _declared_spec(job: Job) -> PolicySet | None:
-    try:
-        target = job.func
-    except (ImportError, AttributeError, ValueError):
-        return None
-    if isinstance(target, str):
-        try:
-            target = import_attribute(target)
-        except (ImportError, AttributeError, ValueError):
-            return None
-    return declared(target)
+    """The policies declared on ``job``'s function; None when there are none or its path cannot be imported here,
+    which PolicyQueue warns about (once per path), as it does at the door: a typo must not switch a policy off in
+    silence."""
+    from .queue import PolicyQueue  # the glue imports the policies: at call time only
+
+    return PolicyQueue._declared_for(job)

@@ -31,6 +31,7 @@ with stock rq:
 from __future__ import annotations
 
 import contextlib
+import logging
 import mmap
 import os
 import pickle
@@ -209,7 +210,9 @@ class _WorkerFetcher(Fetcher):
         if self._pubsub is not None and self._channels:
             try:
                 self._pubsub.unsubscribe()  # the confirmations are read, and skipped, at the next listen()
-            except Exception:
+            except Exception:  # the subscription is dropped whole instead; the next idle wait subscribes anew
+                logging.getLogger('rq_policies').warning(
+                    'rq-policies: could not unsubscribe the idle wake-up; closing its connection', exc_info=True)
                 self.close()
             self._channels = {}
 
@@ -457,8 +460,10 @@ class PolicyWorkerMixin:
             try:
                 positions = replies[at]
                 ledger.log_lapses(self.log, [sent[int(i) - 1] for i in positions])  # type: ignore[attr-defined]
-            except Exception:  # an answer of another shape is not worth failing rq's heartbeat for
-                pass
+            except Exception:  # an answer of another shape is not worth failing rq's heartbeat for, nor hiding
+                self.log.warning(  # type: ignore[attr-defined]
+                    'rq-policies: could not read which holds the heartbeat found lapsed (reply %r)',
+                    replies[at] if at < len(replies) else None, exc_info=True)
             return replies
 
         pipeline.execute = execute_and_read
@@ -907,7 +912,7 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
 
     def _job_process_ended(self) -> bool:
         """Has the work horse ended (reaped here, or by rq's cold shutdown, which waits for the horse it killed)?"""
-        pid = self._horse_pid  # type: ignore[attr-defined]
+        pid = self.horse_pid
         if not pid:
             return True
         try:

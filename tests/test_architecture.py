@@ -58,3 +58,44 @@ def test_the_glue_names_no_policy_class():
         found = [(i + 1, line) for i, line in enumerate((PACKAGE / module).read_text().splitlines())
                  if pattern.search(line)]
         assert found == [], f'{module} names a policy: {found}'
+
+
+def _private_names(paths) -> set[str]:
+    """The single-underscore names the modules at ``paths`` define: methods, attributes set, module globals."""
+    names: set[str] = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding='utf-8'))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+    return {name for name in names if name.startswith('_') and not name.startswith('__')}
+
+
+def test_rq_s_private_names_are_used_only_in_compat():
+    """``job._status``, ``queue._persist_job`` and friends go through rq_policies/compat.py (one function each), so
+    a change of rq's internals is fixed there. Overriding a private method (``def _enqueue_job``) and calling the
+    parent's (``super()._enqueue_job(...)``) is a subclass's contract and stays in its class; ``self._x`` where
+    rq-policies defines ``_x`` itself is its own."""
+    import rq
+
+    rq_private = _private_names(Path(rq.__file__).parent.rglob('*.py'))
+    modules = [path for path in PACKAGE.rglob('*.py') if path.name != 'compat.py']
+    ours = _private_names(modules)
+    found = []
+    for path in modules:
+        for node in ast.walk(ast.parse(path.read_text(encoding='utf-8'))):
+            if isinstance(node, ast.Attribute) and node.attr in rq_private:
+                value = node.value
+                if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == 'super':
+                    continue
+                on_self = isinstance(value, ast.Name) and value.id in ('self', 'cls')
+                if on_self and node.attr in ours:  # an attribute or method of rq-policies' own class
+                    continue
+                found.append(f'{path.relative_to(PACKAGE)}:{node.lineno} .{node.attr}')
+            elif isinstance(node, ast.ImportFrom) and (node.module or '').split('.')[0] == 'rq':
+                found += [f'{path.relative_to(PACKAGE)}:{node.lineno} import {alias.name}' for alias in node.names
+                          if alias.name.startswith('_')]
+    assert found == [], found

@@ -126,3 +126,67 @@ def test_policy_django_queue_rolled_back_enqueue_never_happens(django_rq, connec
         assert queue.count == 0
         assert not queue.enqueued(jobs.sweep_cache, 7)
         assert queue.enqueue(jobs.sweep_cache, 7) is not None  # the identity was never taken
+
+
+@pytest.mark.parametrize('job_class', [None, 'rq_policies.PolicyJob'])
+def test_admin_enqueue_of_a_deferred_job_takes_the_stock_job_the_view_fetched(django_rq, connection, job_class):
+    """django-rq's admin "Enqueue" (views.enqueue_job -> utils.requeue_job) fetches a stock rq Job and hands it to
+    the queue's ``_enqueue_job``: with ``JOB_CLASS`` set to PolicyJob it failed with ``DataError: Invalid input of
+    type: 'Job'`` (rq removes the deferred job from the queue's registry by object only for the queue's job_class)."""
+    from django.conf import settings
+    from django.test import override_settings
+    from django_rq.utils import requeue_job
+    from rq.job import Job, JobStatus
+
+    with override_settings(RQ=dict(settings.RQ, **({'JOB_CLASS': job_class} if job_class else {}))):
+        queue = django_rq.get_queue('default')
+    assert isinstance(queue, PolicyQueue)
+    assert queue.job_class.__name__ == ('PolicyJob' if job_class else 'Job')
+    parent = queue.enqueue(jobs.plain, 0)
+    child = queue.enqueue(jobs.sweep_cache, 8, depends_on=parent)
+    assert child.get_status() == JobStatus.DEFERRED
+    stock = Job.fetch(child.id, connection=connection)
+    assert type(stock) is Job
+    requeue_job(queue, stock)
+    assert Job.fetch(child.id, connection=connection).get_status() == JobStatus.QUEUED
+    assert child.id in queue.job_ids
+    assert queue.deferred_job_registry.get_job_ids() == []
+    assert queue.enqueued(jobs.sweep_cache, 8)  # still the identity's holder, now queued
+    assert queue.enqueue(jobs.sweep_cache, 8) is None
+
+
+@pytest.mark.parametrize('call', ['enqueue', 'enqueue_call', 'delay'])
+def test_a_call_held_for_the_request_end_is_recorded_as_django_rq_records_it(django_rq, connection, call):
+    """COMMIT_MODE 'request_finished' keeps each call's (args, kwargs) until the request ends: a PolicyDjangoQueue
+    records the same shape as django-rq's own queue (no positional func, no private keyword)."""
+    from django_rq import thread_queue
+    from django_rq.queues import DjangoRQ
+
+    from rq_policies.contrib.django import PolicyDjangoQueue
+
+    def recorded(queue):
+        thread_queue.clear()
+        if call == 'enqueue':
+            queue.enqueue(jobs.sweep_cache, 9, job_timeout=30)
+        elif call == 'enqueue_call':
+            queue.enqueue_call(func=jobs.sweep_cache, args=(9,), timeout=30)
+        else:
+            from rq.decorators import job as job_decorator
+
+            job_decorator(queue, connection=connection, timeout=30)(jobs.sweep_cache).delay(9)
+        held = [(args, kwargs) for _, args, kwargs in thread_queue.get_queue()]
+        thread_queue.clear()
+        return held
+
+    stock = DjangoRQ('default', connection=connection, commit_mode='request_finished')
+    ours = PolicyDjangoQueue('default', connection=connection, commit_mode='request_finished')
+    expected = recorded(stock)
+    assert len(expected) == 1
+    assert recorded(ours) == expected
+    if call == 'enqueue':
+        # A call that names its policies carries them as the policy= it was given, and nothing else.
+        ours.enqueue(jobs.sweep_cache, 9, job_timeout=30, policy=None)
+        (_, args, kwargs), = thread_queue.get_queue()
+        thread_queue.clear()
+        assert kwargs.pop('policy') is None
+        assert (args, kwargs) == expected[0]

@@ -77,7 +77,15 @@ def test_the_predictor_weighs_recent_outcomes():
     rates.record(key, False)
     rates.record(key, False)
     assert not rates.likely(key)
-    assert 0 < rates.rate(key) < DropRates.THRESHOLD
+    # Weighed, not reset: two drops make a drop likely again (from nothing, two drops would not).
+    rates.record(key, True)
+    assert not rates.likely(key)
+    rates.record(key, True)
+    assert rates.likely(key)
+    fresh = ('q', 0, 'g')
+    rates.record(fresh, True)
+    rates.record(fresh, True)
+    assert not rates.likely(fresh)
 
 
 def test_hint_keys_tell_equal_values_of_different_types_apart(connection, probes):

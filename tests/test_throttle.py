@@ -125,6 +125,19 @@ def test_check_and_reset_scripts_direct(connection):
     assert removed == 3 and all(keys.is_drop_counter(k.decode()) for k in connection.keys('*'))
 
 
+def test_admit_warns_once_when_the_job_s_function_cannot_be_imported(connection, caplog):
+    """Throttle.admit reads the declared unique_context; an unimportable path used to be swallowed in silence."""
+    from rq_policies import queue as queue_module
+
+    path = 'throttle_jobs.poll_minuet'  # sic
+    queue_module._UNIMPORTABLE_WARNED.discard(path)
+    job = PolicyQueue('accounts', connection=connection).create_job(path, args=(7,))
+    with caplog.at_level(logging.WARNING, logger='rq_policies'):
+        assert Throttle.admit(job, slot=60, connection=connection).admitted
+        assert Throttle.admit(job, slot=60, connection=connection).admitted  # a replay: warned once only
+    assert [r.levelno for r in caplog.records if path in r.getMessage()] == [logging.WARNING]
+
+
 def test_admit_outcome_and_replay(connection):
     q = PolicyQueue('accounts', connection=connection)
     first = q.create_job(tj.poll_minute, args=(7,))

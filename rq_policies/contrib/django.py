@@ -16,20 +16,26 @@ from django_rq.queues import DjangoRQ
 
 from ..queue import DECLARED, PolicyQueue, door_override
 
-#: Keyword that carries a call's policy override to the deferred enqueue (not a job option).
-_OVERRIDE = '_rq_policies_override'
-
 
 class PolicyDjangoQueue(PolicyQueue, DjangoRQ):
-    """django-rq's queue class with rq-policies' admission: ``RQ = {'QUEUE_CLASS': '...PolicyDjangoQueue'}``."""
+    """django-rq's queue class with rq-policies' admission: ``RQ = {'QUEUE_CLASS': '...PolicyDjangoQueue'}``.
 
-    def enqueue_call(self, func: Any, *args: Any, policy: Any = DECLARED, **kwargs: Any) -> Any:  # type: ignore[override]
+    A call held until the commit is recorded in the shape rq's own ``enqueue`` gives it (``func=`` and the job
+    options as keywords, nothing added); only a call that names its policies carries them, as the ``policy=`` it
+    was given (or that ``enqueue`` was given), to the real enqueue.
+    """
+
+    def enqueue_call(self, *args: Any, policy: Any = DECLARED, **kwargs: Any) -> Any:  # type: ignore[override]
         # When enqueue() opened the door, its policy rules; carry it to wherever DjangoRQ runs the real enqueue.
         override = door_override(policy)
-        return DjangoRQ.enqueue_call(self, func, *args, **{_OVERRIDE: override}, **kwargs)
+        if override is not DECLARED:
+            func = kwargs['func'] if 'func' in kwargs else args[0] if args else None
+            if override is not self._declared_for(func):  # the declared policies need no carrying
+                kwargs['policy'] = override
+        return DjangoRQ.enqueue_call(self, *args, **kwargs)
 
     def original_enqueue_call(self, *args: Any, **kwargs: Any) -> Any:
-        override = kwargs.pop(_OVERRIDE, DECLARED)
+        override = kwargs.pop('policy', DECLARED)
         # At commit time no door is open any more: open one, so the job is admitted when it is written.
         with self._door(override):
             return DjangoRQ.original_enqueue_call(self, *args, **kwargs)

@@ -216,8 +216,10 @@ def replaced_in_place(job: Any, verdict: Any) -> None:
     already ``job``'s own)."""
     from rq.job import JobStatus
 
-    job._id = verdict.job_id
-    job._status = JobStatus.SCHEDULED
+    from . import compat
+
+    job.id = verdict.job_id
+    compat.set_local_status(job, JobStatus.SCHEDULED)
     job.enqueued_at = None
 
 

@@ -20,8 +20,8 @@ with stock rq:
   only the first to claim it looks again), probes the queues it did not find full once a second and looks again
   at full ones every ``hold_ttl / 3`` seconds (1 to 10), instead of blocking on BLMOVE/BLPOP, which would pop
   without the checks;
-* the fetch promotes the due jobs of its queues' scheduled registries (``enqueue_at``/``enqueue_in``, Debounce,
-  trailing Throttle, Snooze, retries with intervals, stock rq's scheduled jobs) by the server's clock, and an idle
+* the fetch promotes the due jobs of its queues' scheduled registries (``enqueue_at``/``enqueue_in``, the time-based
+  policies' pending jobs, retries with intervals, stock rq's scheduled jobs) by the server's clock, and an idle
   worker wakes for the earliest due time: ``--with-scheduler`` is not needed (running it is safe: each job is
   promoted once, see :mod:`rq_policies.fetch` and lua/lib/promote.lua);
 * a Redis outage or restart does not end the worker where rq's work loop would quit: it waits for the server,

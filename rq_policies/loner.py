@@ -254,7 +254,8 @@ class Loner(AdmissionPolicy):
 def holder(connection: Any, queue: str, digest: str, job_prefix: str) -> str | None:
     """The id of the job holding ``digest``'s marker on ``queue`` (waiting; or running, for a job admitted with
     ``until='finished'``), or None."""
-    call = Call('loner_holder', job_prefix=job_prefix, worker_prefix=Worker.redis_worker_namespace_prefix)
+    call = Call('loner_holder', job_prefix=job_prefix, worker_prefix=Worker.redis_worker_namespace_prefix,
+                alive_prefix=keys.ALIVE_PREFIX)
     call.key('marker', keys.loner(queue, digest))
     found = call.run(connection)
     if isinstance(found, bytes):

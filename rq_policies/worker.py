@@ -754,8 +754,9 @@ class _HorseGuard:
                 current.alive_kept = True
             if (gone or alive == 2) and current.alive():
                 # The horse still runs, so nothing was released: it lapsed (a stop of the whole tree, a stall
-                # longer than the ttl). Written back and counted; a replay of this call counts nothing more.
-                gone, alive = keep_call(claim, self.hold_ttl, self.job_prefix, 'recount').run(self.connection)
+                # longer than the ttl). Written back and counted (a replayed recount counts nothing more), and logged
+                # from what the keep found: a keep writes nothing where it finds a gap, so its replay answers alike.
+                keep_call(claim, self.hold_ttl, self.job_prefix, 'recount').run(self.connection)
                 ledger.log_lapses(self.log, [dataclasses.replace(claim.holds[int(i) - 1], ttl=self.hold_ttl)
                                              for i in gone])
                 if alive == 2:

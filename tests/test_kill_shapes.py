@@ -144,7 +144,8 @@ def test_a_kill_or_stop_of_any_shape_keeps_cap_key_and_identity_or_lapses_within
             # within the hold ttl for a dead tree (nothing gives it back; it ages out).
             bound = (0 if shape == 'horse' else TTL) + SLACK + 1  # + the survivor's relook at a full queue (1 s)
             assert wait_for(lambda: started(capped) and started(forced), timeout=bound + 5), output(survivor)
-            assert started(capped) - shaped < bound and started(forced) - shaped < bound
+            assert started(capped) - shaped < bound and started(forced) - shaped < bound, \
+                (started(capped) - shaped, started(forced) - shaped, output(victim), output(survivor))
             assert wait_for(lambda: capped_q.enqueue(key_jobs.held_everywhere, 'ks', LONG, payload='p') is not None,
                             timeout=TTL + SLACK)
             assert server_now(connection) - shaped < bound + SLACK
@@ -207,3 +208,49 @@ def test_a_kill_or_stop_of_any_shape_keeps_cap_key_and_identity_or_lapses_within
         if survivor is not None:
             stop(survivor)
         signal_all(tree[1:], signal.SIGKILL)  # a guard or horse left running by a test that failed early
+
+
+def test_the_guards_keep_and_recount_are_safe_to_run_twice(connection, fault_proxy):
+    """lua/keep_horse.lua with lost replies (the fault proxy drops each reply once; redis-py sends the call again):
+    a keep extends what is live and never writes back what is gone, so its replay answers alike; a recount writes
+    back and counts a lapse once however often it runs."""
+    from redis import Redis
+    from redis.backoff import ExponentialBackoff
+    from redis.exceptions import ConnectionError, TimeoutError
+    from redis.retry import Retry
+
+    from rq_policies.fetch import Claim
+    from rq_policies.worker import keep_call
+
+    proxied = Redis.from_url(fault_proxy.url, socket_timeout=1, retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 3),
+                             retry_on_error=[ConnectionError, TimeoutError])
+    proxied.ping()
+    assert QueueSlot.acquire('kq', capacity=1, token='guarded:1', ttl=3, connection=connection)
+    claim = Claim('kept-job', 'kq', (QueueSlot.fetch_hold('kq', 'guarded:1', 3),))
+    connection.hset('rq:job:kept-job', mapping={'status': 'started', 'policies_loner_until': 'finished'})
+
+    def lost_reply(mode, first=False):
+        fault_proxy.drop_reply(match=b'EVAL')
+        seen = fault_proxy.seen(b'EVAL')
+        reply = keep_call(claim, 30, 'rq:job:', mode, first=first).run(proxied)
+        assert fault_proxy.seen(b"EVAL") >= seen + 2  # sent again after the lost reply
+        return reply
+
+    assert lost_reply('keep', first=True) == [[], 1]
+    assert 25 < connection.zscore(keys.holds('kq'), 'guarded:1') - server_now(connection) <= 30  # extended
+    assert 25 < connection.ttl(keys.alive('kept-job')) <= 30  # the liveness key written on the first keep
+    assert lapses(connection) == {}
+
+    connection.delete(keys.holds('kq'), keys.alive('kept-job'))  # both lapse (a stop of the whole tree)
+    assert lost_reply('keep') == [[1], 2]  # reported, written back by nobody
+    assert connection.exists(keys.holds('kq'), keys.alive('kept-job')) == 0
+
+    lost_reply('recount')
+    assert connection.zscore(keys.holds('kq'), 'guarded:1') is not None and connection.exists(keys.alive('kept-job'))
+    assert lapses(connection) == {'queue:kq': 1, 'loner:kq': 1}  # counted once, though it ran twice
+    assert QueueSlot.in_use('kq', connection=connection) == 1
+
+    connection.hset('rq:job:kept-job', 'status', 'finished')  # the job ended, the worker released its hold
+    connection.delete(keys.holds('kq'), keys.alive('kept-job'))
+    assert lost_reply('keep') == [[1], 0]  # a keep that lands after the release writes nothing back
+    assert connection.exists(keys.holds('kq'), keys.alive('kept-job')) == 0

@@ -67,7 +67,7 @@ _ANNOUNCE_GRACE = 5.0
 _SLOT = struct.Struct('=4Q')
 _ARMED, _PID_OF, _PID, _LENGTH = 0, 8, 16, 24
 _SLOT_BYTES = 64 * 1024
-#: What a worker leaving with no capped job running writes to its guard's pipe.
+#: What a worker leaving with no job running writes to its guard's pipe.
 _STOP = b'stop'
 #: A claim armed whose horse has not written its pid (_HorseGuard._horse).
 _PENDING = object()
@@ -886,6 +886,11 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
                 self._guard.ended()
             elif guarded is not None:
                 self._guarded = guarded  # the horse runs on (the worker is quitting): the guard keeps its hold
+
+    def maintain_heartbeats(self, *args: Any, **kwargs: Any) -> None:
+        super().maintain_heartbeats(*args, **kwargs)  # type: ignore[misc]
+        if self._guard is not None and self._guarded is not None:
+            self._guard.ensure()  # a guard killed mid-job is replaced now; the new one finds the horse in the slot
 
     def _job_process_ended(self) -> bool:
         """Has the work horse ended (reaped here, or by rq's cold shutdown, which waits for the horse it killed)?"""

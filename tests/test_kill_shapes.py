@@ -254,3 +254,50 @@ def test_the_guards_keep_and_recount_are_safe_to_run_twice(connection, fault_pro
     connection.delete(keys.holds('kq'), keys.alive('kept-job'))
     assert lost_reply('keep') == [[1], 0]  # a keep that lands after the release writes nothing back
     assert connection.exists(keys.holds('kq'), keys.alive('kept-job')) == 0
+
+
+@pytest.mark.long
+def test_a_guard_killed_mid_job_is_replaced_and_keeps_the_horse(connection, redis_url, worker_env):
+    """The guard SIGKILLed alone while a job runs: the worker's next heartbeat forks another, which finds the running
+    horse in the memory they share; the worker SIGKILLed after that leaves the horse kept as with the first guard."""
+    QueueSlot.set_capacity('ks', 1, connection=connection)
+    capped_q = PolicyQueue('ks', connection=connection)
+    env = dict(worker_env, **{HOLD_TTL_ENV: str(TTL)})
+    victim = start_worker(redis_url, ['ks'], env, extra=FAST)
+    procs: list[tuple[int, str | None]] = []
+    try:
+        first = capped_q.enqueue(key_jobs.held_everywhere, 'ks', LONG, payload='p')
+        assert wait_for(lambda: connection.llen('test:pid:ks') == 1), output(victim)
+        horse = int(connection.lindex('test:pid:ks', 0))
+        assert wait_for(lambda: len(children(victim.pid)) == 2), output(victim)
+        (guard,) = [pid for pid in children(victim.pid) if pid != horse]
+        procs += [(horse, started_at(horse)), (guard, started_at(guard))]
+        signal_all(procs[1:], signal.SIGKILL)
+        connection.delete(keys.alive(first.id))  # whatever the dead guard wrote: the new one must write it again
+        assert wait_for(lambda: [p for p in children(victim.pid) if p not in (horse, guard)], timeout=3), \
+            output(victim)
+        (again,) = [p for p in children(victim.pid) if p not in (horse, guard)]
+        procs.append((again, started_at(again)))
+        worker_key = 'rq:worker:' + Job.fetch(first.id, connection=connection).worker_name
+        victim.kill()
+        victim.wait(10)
+        assert wait_for(lambda: connection.exists(keys.alive(first.id)), timeout=2)  # kept at once by the new guard
+        connection.delete(worker_key)  # its expiry (61 s on) brought forward
+        killed = time.monotonic()
+        other = capped_q.enqueue(jobs.span_on_worker, 'ks', 0)
+        survivor = start_worker(redis_url, ['ks'], env, extra=FAST)
+        try:
+            while time.monotonic() - killed < 2 * TTL + 1:
+                assert capped_q.enqueue(key_jobs.held_everywhere, 'ks', LONG, payload='p') is None
+                assert other.id not in spans(connection, 'ks'), output(survivor)
+                time.sleep(0.25)
+            assert QueueSlot.in_use('ks', connection=connection) == 1
+            assert wait_for(lambda: other.id in spans(connection, 'ks'), timeout=LONG), output(survivor)
+        finally:
+            stop(survivor)
+        ended = first_end(key_jobs.spans(connection, 'ks')['p'], first.id)
+        assert ended is not None and spans(connection, 'ks')[other.id][0] >= ended
+        assert 'died; starting another' in output(victim)
+    finally:
+        stop(victim)
+        signal_all(procs, signal.SIGKILL)

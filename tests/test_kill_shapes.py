@@ -29,6 +29,7 @@ import jobs
 import key_jobs
 import pytest
 from rq.job import Job
+from rq.worker import Worker
 from test_worker_cap import spans
 from workers import output, start_worker, stop, wait_for
 
@@ -113,6 +114,7 @@ def test_a_kill_or_stop_of_any_shape_keeps_cap_key_and_identity_or_lapses_within
         assert os.getpgid(guard) != os.getpgid(victim.pid) != os.getpgid(horse)  # three process groups
         worker_key = 'rq:worker:' + Job.fetch(first.id, connection=connection).worker_name
         survivor = start_worker(redis_url, ['ks', 'ks_b'], env, extra=FAST)
+        assert wait_for(lambda: Worker.count(queue=other_q) == 1, timeout=30), output(survivor)  # booted
 
         shaped = server_now(connection)
         if shape == 'worker':
@@ -286,6 +288,7 @@ def test_a_guard_killed_mid_job_is_replaced_and_keeps_the_horse(connection, redi
         killed = time.monotonic()
         other = capped_q.enqueue(jobs.span_on_worker, 'ks', 0)
         survivor = start_worker(redis_url, ['ks'], env, extra=FAST)
+        assert wait_for(lambda: Worker.count(queue=capped_q) == 1, timeout=30), output(survivor)  # booted
         try:
             while time.monotonic() - killed < 2 * TTL + 1:
                 assert capped_q.enqueue(key_jobs.held_everywhere, 'ks', LONG, payload='p') is None

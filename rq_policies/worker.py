@@ -14,7 +14,10 @@ with stock rq:
   when the execution raised (cold shutdown);
 * holds are refreshed by a script appended to the heartbeat pipeline rq sends every ``job_monitoring_interval``
   while a job runs, and live ``hold_ttl`` seconds unrefreshed, so a SIGKILLed worker's holds age out by themselves
-  (where no heartbeat runs, a :class:`~rq_policies.ledger.Keeper` process refreshes them);
+  (where no heartbeat runs, a :class:`~rq_policies.ledger.Keeper` process refreshes them); a forking worker's hold
+  guard also keeps what its running work horse holds (its holds, a ``Loner(until='finished')`` identity) for as long
+  as the horse lives, whatever becomes of the worker (killed alone or with its process group, SIGSTOPped):
+  ``docs/reliability.md``, "Kill shapes";
 * an idle worker waits on pub/sub (woken by pushes, releases and cap changes; of the idle workers a release wakes,
   only the first to claim it looks again), probes the queues it did not find full once a second and looks again
   at full ones every ``hold_ttl / 3`` seconds (1 to 10), instead of blocking on BLMOVE/BLPOP, which would pop

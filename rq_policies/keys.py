@@ -118,6 +118,13 @@ key                                                    type     meaning
                                                                 (``lua/admit.lua``), its ``created_at``, which a
                                                                 resent write finds; expires after
                                                                 :data:`PUSHED_SECONDS`
+``rq:policies:alive:<job id>``                        STRING   a ``Loner(until='finished')`` job's horse still
+                                                                runs: kept by its worker's hold guard every third
+                                                                of ``hold_ttl`` while the horse lives, whatever
+                                                                becomes of the worker (``lua/keep_horse.lua``);
+                                                                ``lua/lib/holder_running.lua`` counts a started
+                                                                job as running while its worker's key or this key
+                                                                exists; expires ``hold_ttl`` after the last keep
 =====================================================  =======  ===================================================
 
 A member of a hold ledger is a *hold* (see :mod:`rq_policies.ledger`); "slot" is a throttle's time window. The hold
@@ -235,6 +242,24 @@ CLAIM_TTL = 60
 def claim(token: str) -> str:
     """The record of what the fetch under claim ``token`` took (a replay of that fetch answers it)."""
     return f'{PREFIX}claim:{token}'
+
+
+#: The prefix of the liveness keys of running ``Loner(until='finished')`` jobs (:func:`alive`). The Lua side
+#: (``lua/lib/holder_running.lua``) has the same default; the callers pass it.
+ALIVE_PREFIX = PREFIX + 'alive:'
+
+
+def alive(job_id: str) -> str:
+    """The liveness key of job ``job_id``'s work horse, kept by its worker's hold guard while the horse runs, for a
+    job admitted with ``Loner(until='finished')``: its identity is held while the horse lives, even once its worker
+    is gone (``lua/keep_horse.lua``)."""
+    return f'{ALIVE_PREFIX}{job_id}'
+
+
+def loner_lapse_field(queue: str) -> str:
+    """The field of :data:`LAPSES` counting the liveness keys of ``queue``'s ``until='finished'`` jobs found gone
+    while their horse still ran (``loner:<queue>``)."""
+    return f'loner:{queue}'
 
 
 def wake(queue: str) -> str:

@@ -297,7 +297,8 @@ def holder(connection: Any, queue: str, digest: str, job_prefix: str) -> str | N
 
 def holder_call(queue: str, digest: str, job_prefix: str) -> Call:
     """The ``lua/loner_holder.lua`` call of :func:`holder` (the asyncio doors send it themselves)."""
-    call = Call('loner_holder', job_prefix=job_prefix, worker_prefix=Worker.redis_worker_namespace_prefix)
+    call = Call('loner_holder', job_prefix=job_prefix, worker_prefix=Worker.redis_worker_namespace_prefix,
+                alive_prefix=keys.ALIVE_PREFIX)
     return call.key('marker', keys.loner(queue, digest))
 
 

@@ -15,7 +15,10 @@ with stock rq:
 * holds are refreshed by a script appended to the heartbeat pipeline rq sends every ``job_monitoring_interval``
   while a job runs, and live ``hold_ttl`` seconds unrefreshed, so a SIGKILLed worker's holds age out by themselves
   (a PolicySimpleWorker, which sends no heartbeat while its job runs, has one long-lived keeper process refresh
-  them instead: :class:`~rq_policies.ledger.WorkerKeeper`);
+  them instead: :class:`~rq_policies.ledger.WorkerKeeper`); a forking worker's hold guard also keeps what its
+  running work horse holds (its holds, a ``Loner(until='finished')`` identity) for as long as the horse lives,
+  whatever becomes of the worker (killed alone or with its process group, SIGSTOPped): ``docs/reliability.md``,
+  "Kill shapes";
 * an idle worker waits on pub/sub (woken by pushes, releases and cap changes; of the idle workers a release wakes,
   only the first to claim it looks again), probes the queues it did not find full once a second and looks again
   at full ones every ``hold_ttl / 3`` seconds (1 to 10), instead of blocking on BLMOVE/BLPOP, which would pop
@@ -31,6 +34,7 @@ with stock rq:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import mmap
 import os
@@ -52,8 +56,8 @@ from . import admission, health, keys, ledger, otel, scripts
 from .compat import LEGACY_FAILURE
 from .exceptions import PolicyError
 from .fetch import IDLE_POLL_SECONDS, Claim, Fetcher, current_fetcher, release_claim
-from .ledger import WAKE_CAPACITY, WAKE_RELEASED, WAKE_SCHEDULED, Keeper, Ledger
-from .ops import text
+from .ledger import WAKE_CAPACITY, WAKE_RELEASED, WAKE_SCHEDULED, Keeper
+from .ops import Call, text
 from .policy import positive_int, registered
 from .queue import PolicyQueue
 
@@ -74,7 +78,7 @@ _ANNOUNCE_GRACE = 5.0
 _SLOT = struct.Struct('=4Q')
 _ARMED, _PID_OF, _PID, _LENGTH = 0, 8, 16, 24
 _SLOT_BYTES = 64 * 1024
-#: What a worker leaving with no capped job running writes to its guard's pipe.
+#: What a worker leaving with no job running writes to its guard's pipe.
 _STOP = b'stop'
 #: A claim armed whose horse has not written its pid (_HorseGuard._horse).
 _PENDING = object()
@@ -616,38 +620,72 @@ def _resolve_driver_info_once(connection: Any) -> None:
     kwargs['driver_info'] = DriverInfo()
 
 
+def keep_call(claim: Claim, hold_ttl: int, job_prefix: str, mode: str = 'keep', first: bool = False,
+              alive_ttl: int | None = None) -> Call:
+    """The ``lua/keep_horse.lua`` call keeping what the running horse of ``claim`` holds: its holds (each given
+    ``hold_ttl`` seconds) and, for a started ``Loner(until='finished')`` job, its liveness key (``alive_ttl``,
+    default ``hold_ttl``). ``mode`` 'keep' extends only what is live; 'recount' writes back and counts what lapsed.
+    """
+    holds = claim.holds
+    call = Call(
+        'keep_horse', mode=mode, tokens=[h.token for h in holds], ttls=[hold_ttl] * len(holds),
+        fields=[keys.lapse_field(h.ledger) for h in holds], alive_ttl=alive_ttl or hold_ttl,
+        alive_field=keys.loner_lapse_field(claim.queue_name), first=first,
+    )
+    call.key_list('holds', [h.ledger for h in holds])
+    call.key('lapses', keys.LAPSES)
+    call.key('job', job_prefix + claim.job_id)
+    return call.key('alive', keys.alive(claim.job_id))
+
+
 class _HorseGuard:
-    """One small process per forking PolicyWorker that keeps a capped job's hold once the worker itself has died.
+    """One small process per forking PolicyWorker that keeps what its running work horse holds, whatever becomes of
+    the worker: the holds of a capped job (a queue's cap, a key's Concurrency) and the identity of a
+    ``Loner(until='finished')`` job.
 
-    rq runs the work horse in a process group of its own, so a worker SIGKILLed alone leaves its horse running the
-    job, while the hold, refreshed by the dead worker's heartbeat, would age out under it. The guard is forked from
-    the worker once, at its first capped job (again only if it died), not once per job. While the worker lives the
-    guard does nothing but check, once a ``tick``, that it still does: no message, no wake-up per job. What it needs
-    once the worker is gone, the running horse and its claim, sits in a slot of memory the worker shares with the
-    guard and with every horse it forks (:data:`_SLOT`, an anonymous shared mapping made before the guard's fork):
-    the worker writes the claim there before it forks a capped job's horse, the horse writes its pid there as the
-    first thing it does, and the worker clears the slot once it has reaped the horse. Plain stores into memory, so
-    a capped job costs the worker and its horse no system call for the guard beyond the horse closing its copy of
-    the guard's pipe (until this, a message each way per job woke the guard three times: about 0.3 ms of CPU a job).
+    rq runs the work horse in a process group of its own, so a worker SIGKILLed alone or with its process group
+    (``kill -9 -PGID``, supervisord's ``killasgroup``) leaves its horse running the job, and a worker SIGSTOPped
+    alone stops refreshing while its horse runs on (rq's monitor loop may not beat again until the horse has ended,
+    even after SIGCONT). The guard is what keeps the running horse counted then. It is forked from the worker once,
+    at its first job (again only if it died), not once per job, and moves to a process group of its own at once,
+    so a kill of the worker's group leaves it to its work.
 
-    Once the worker is gone (its end of the guard's pipe closes, or the guard's parent changes), the guard reads the
-    slot: a claim whose horse has written its pid is refreshed every ``hold_ttl / 3`` seconds for as long as that
-    horse lives and released once it has ended (watched through a pidfd, so the release is prompt and never lands
-    before the job's process is gone), then the guard exits. A claim whose horse has not written its pid yet (the
-    worker died just after the fork) is waited for up to :data:`_ANNOUNCE_GRACE` seconds. The guard opens its pidfd
-    only then: a horse that ended in the moment between its worker's death and the guard's look (the worker died
-    before reaping it) is then found gone and its hold released at once; its pid taken again by another process in
-    that moment would be watched instead, which at worst keeps the hold until that process ends.
+    What it needs sits in a slot of memory the worker shares with the guard and with every horse it forks
+    (:data:`_SLOT`, an anonymous shared mapping made before the guard's fork): the worker writes the job's claim
+    there before it forks the horse, the horse writes its pid there as the first thing it does, and the worker
+    clears the slot once it has reaped the horse. Plain stores into memory: a job costs the worker and its horse no
+    system call for the guard beyond the horse closing its copy of the guard's pipe.
+
+    Once a ``tick`` the guard looks at the slot (and checks its worker). A horse that has run for about a third of
+    the hold ttl (``every``) is kept from then on, every ``every`` seconds while it lives, by ``lua/keep_horse.lua``:
+    its holds are extended, never written back (the worker releases them once the horse has ended; a keep that
+    lands just after must not bring them back), and the liveness key of a ``Loner(until='finished')`` job is written
+    (``rq:policies:alive:<id>``, which ``lua/lib/holder_running.lua`` reads beside the worker's key). A keep that
+    finds something gone while the horse still runs has found a lapse (the whole tree was stopped longer than the
+    ttl): the guard writes it back at once, counted in ``rq:policies:lapses`` and logged. Jobs shorter than
+    ``every`` cost no command at all. The worker's heartbeat still refreshes the holds too, while it beats.
+
+    Once the worker is gone (its end of the guard's pipe closes, or the guard's parent changes) the guard keeps the
+    running horse at once and then every ``every`` seconds for as long as that horse lives, releases its holds once
+    it has ended (watched through a pidfd, so the release is prompt and never lands before the job's process is
+    gone), and exits. A claim whose horse has not written its pid yet (the worker died just after the fork) is
+    waited for up to :data:`_ANNOUNCE_GRACE` seconds. The guard opens its pidfd when it first sees the horse's pid: a
+    horse that ended in the moment between its worker's death and the guard's look is then found gone and its hold
+    released at once; its pid taken again by another process in that moment would be watched instead, which at worst
+    keeps the hold until that process ends.
 
     A process, not a thread in the horse: a job holding the GIL (a catastrophic regex) would starve a thread. It
-    ignores SIGINT and SIGTERM (its worker decides), lives in the worker's process group, and exits when the worker
-    exits with no capped job still running. If everything is SIGKILLed, the hold ages out within ``hold_ttl``.
+    ignores SIGINT and SIGTERM (its worker decides) and exits when the worker exits with no job still running. If
+    everything is SIGKILLed, the holds age out within ``hold_ttl`` and the liveness key too.
     """
 
-    def __init__(self, connection: Any, hold_ttl: int, tick: float, log: Any) -> None:
+    def __init__(self, connection: Any, hold_ttl: int, tick: float, log: Any, job_prefix: str = 'rq:job:',
+                 every: float | None = None) -> None:
         self.connection = connection
         self.hold_ttl = hold_ttl
-        self.tick = tick
+        self.every = hold_ttl / 3 if every is None else every
+        self.tick = min(tick, self.every / 2)
+        self.job_prefix = job_prefix
         self.log = log
         self._pid = 0
         self._write = -1
@@ -668,6 +706,8 @@ class _HorseGuard:
             self._close()
         worker = os.getpid()
         pid, write_end = ledger.fork_child(lambda read_end: self._run(read_end, worker))
+        with contextlib.suppress(OSError):  # also from this side: no kill of the worker's group may race the move
+            os.setpgid(pid, pid)
         os.set_blocking(write_end, False)  # a stopped guard must never block the worker
         self._pid, self._write = pid, write_end
 
@@ -706,7 +746,7 @@ class _HorseGuard:
         struct.pack_into('=Q', self._slot, _ARMED, 0)
 
     def stop(self, job_running: bool) -> None:
-        """In the worker, leaving: with no capped job still running, the guard exits; else it stays for that job."""
+        """In the worker, leaving: with no job still running, the guard exits; else it stays for that job."""
         if self._write < 0:
             return
         if job_running:
@@ -737,67 +777,102 @@ class _HorseGuard:
     def _run(self, pipe: int, worker: int) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        while os.getppid() == worker:  # the worker lives: wait for its stop, its leaving, or the next look
-            if select.select([pipe], [], [], self.tick)[0]:
-                data = os.read(pipe, 4096)
-                if data:
-                    return  # stopped: the worker leaves with no capped job running
-                break  # every writer closed: the worker left (died, or quit while a job runs on)
-        orphaned_at = time.monotonic()
+        with contextlib.suppress(OSError):
+            os.setpgid(0, 0)  # a group of its own: kill -9 -PGID of the worker leaves the guard to keep the horse
+        orphaned_at: float | None = None
         current: _Guarded | None = None
-        while current is None:
-            found = self._horse()
-            if found is None:
-                return  # the worker left with no capped job running
-            if found is not _PENDING:
-                current = _Guarded(*found)
-            elif time.monotonic() - orphaned_at > _ANNOUNCE_GRACE:
-                return  # armed, but no horse ever wrote its pid: the worker died before (or just at) the fork
-            else:
-                time.sleep(0.05)
-        self.log.warning('rq-policies: worker %s died while job %s ran; its hold guard keeps the hold on %r until '
-                         'the job ends', worker, current.claim.job_id, current.claim.queue_name)
-        next_refresh = 0.0
-        while current.alive():
-            now = time.monotonic()
-            if now >= next_refresh:
-                next_refresh = now + (self.hold_ttl / 3 if self._refresh(current.claim) else self.tick)
-            timeout = max(0.0, min(self.tick, next_refresh - time.monotonic()))
-            if current.pidfd >= 0:
-                select.select([current.pidfd], [], [], timeout)
-            else:
-                time.sleep(timeout)
-        # The worker is gone and the job's process has ended: the hold is ours to give back.
-        self._release(current.claim)
-        current.close()
+        try:
+            while True:
+                timeout = self.tick
+                if current is not None:
+                    timeout = max(0.0, min(self.tick, current.next_keep - time.monotonic()))
+                if orphaned_at is None:
+                    if select.select([pipe], [], [], timeout)[0]:
+                        if os.read(pipe, 4096):
+                            return  # stopped: the worker leaves with no job running
+                        orphaned_at = time.monotonic()  # every writer closed: the worker left (died, or quit)
+                    elif os.getppid() != worker:
+                        orphaned_at = time.monotonic()
+                elif current is not None and current.pidfd >= 0:
+                    select.select([current.pidfd], [], [], timeout)
+                else:
+                    time.sleep(min(timeout, 0.05))
+                armed, pid_of, pid, length = self._head()
+                if current is not None and current.number != armed:
+                    current.close()  # its horse ended and the worker reaped it (and releases its holds)
+                    current = None
+                if not armed:
+                    if orphaned_at is not None:
+                        return  # the worker left with no job running
+                    continue
+                if pid_of != armed or not pid:  # armed, but the horse has not written its pid (yet)
+                    if orphaned_at is not None and time.monotonic() - orphaned_at > _ANNOUNCE_GRACE:
+                        return  # no horse ever wrote its pid: the worker died before (or just at) the fork
+                    continue
+                now = time.monotonic()
+                if current is None:
+                    claim = pickle.loads(self._slot[_SLOT.size:_SLOT.size + length])
+                    # armed at most a tick ago: the first keep comes at most `every` after the horse started
+                    current = _Guarded(pid, claim, armed, now + max(0.0, self.every - self.tick))
+                if orphaned_at is not None and not current.orphaned:
+                    current.orphaned = True
+                    current.next_keep = now  # at once: nobody else keeps it now
+                    if current.alive():
+                        self.log.warning('rq-policies: worker %s is gone while job %s runs on; its hold guard keeps '
+                                         'what the job holds on %r until the job ends', worker,
+                                         current.claim.job_id, current.claim.queue_name)
+                if not current.alive():
+                    if orphaned_at is not None:
+                        self._release(current.claim)  # the worker is gone and the job's process has ended
+                        return
+                    current.next_keep = float('inf')  # ended: the worker reaps it and releases its holds
+                    continue
+                if now >= current.next_keep:
+                    current.next_keep = now + (self.every if self._keep(current) else self.tick)
+        finally:
+            if current is not None:
+                current.close()
 
-    def _horse(self) -> tuple[int, Claim] | object | None:
-        """The slot, read once the worker is gone: the running horse's pid and claim, :data:`_PENDING` when a claim
-        is armed whose horse has not written its pid (yet), or None when no claim is armed.
-
-        Read twice, 10 ms apart, until both reads agree: a horse starting this moment may be writing its pid.
-        """
+    def _head(self) -> tuple[int, int, int, int]:
+        """The slot's head, read twice 10 ms apart until both reads agree: a horse starting this moment may be
+        writing its pid, a worker arming the next claim its number."""
         while True:
             first = _SLOT.unpack_from(self._slot)
             time.sleep(0.01)
             if _SLOT.unpack_from(self._slot) == first:
-                break
-        armed, pid_of, pid, length = first
-        if not armed:
-            return None
-        if pid_of != armed or not pid:
-            return _PENDING
-        return pid, pickle.loads(self._slot[_SLOT.size:_SLOT.size + length])
+                return first
 
-    def _refresh(self, claim: Claim) -> bool:
+    def _keep(self, current: _Guarded) -> bool:
+        """One keep of the running horse (``lua/keep_horse.lua``); what it finds gone while the horse still runs had
+        lapsed, and is written back, counted and logged at once. False when Redis could not be reached."""
+        claim = current.claim
         try:
-            ledger.log_lapses(self.log, Ledger(claim.holds).refresh(self.connection, ttl=self.hold_ttl))
-        except Exception:  # retried on the next tick; the ttl covers two missed refreshes
-            self.log.warning('rq-policies: could not refresh the hold of job %s', claim.job_id, exc_info=True)
+            gone, alive = keep_call(claim, self.hold_ttl, self.job_prefix, first=not current.alive_kept).run(
+                self.connection)
+            if alive == 1:
+                current.alive_kept = True
+            if (gone or alive == 2) and current.alive():
+                # The horse still runs, so nothing was released: it lapsed (a stop of the whole tree, a stall
+                # longer than the ttl). Written back and counted (a replayed recount counts nothing more), and logged
+                # from what the keep found: a keep writes nothing where it finds a gap, so its replay answers alike.
+                keep_call(claim, self.hold_ttl, self.job_prefix, 'recount').run(self.connection)
+                ledger.log_lapses(self.log, [dataclasses.replace(claim.holds[int(i) - 1], ttl=self.hold_ttl)
+                                             for i in gone])
+                if alive == 2:
+                    current.alive_kept = True
+                    self.log.warning(
+                        "rq-policies: the liveness of job %s (Loner until='finished' on %r) lapsed while its work "
+                        'horse still runs (a stop longer than the hold ttl, %s s): written again, so its identity is '
+                        'held again; an identical job may have been admitted meanwhile', claim.job_id,
+                        claim.queue_name, self.hold_ttl)
+        except Exception:  # retried on the next tick; the ttl covers two missed keeps
+            self.log.warning('rq-policies: could not keep the holds of job %s', claim.job_id, exc_info=True)
             return False
         return True
 
     def _release(self, claim: Claim) -> None:
+        if not claim.holds:
+            return
         try:
             release_claim(claim, self.connection)
         except Exception:
@@ -809,11 +884,16 @@ class _HorseGuard:
 
 
 class _Guarded:
-    """The work horse a guard watches: its pid (through a pidfd where the OS has them) and its claim."""
+    """The work horse a guard watches: its pid (through a pidfd where the OS has them), its claim, the number of
+    its claim in the slot, and when it is kept next."""
 
-    def __init__(self, pid: int, claim: Claim) -> None:
+    def __init__(self, pid: int, claim: Claim, number: int = 0, next_keep: float = 0.0) -> None:
         self.pid = pid
         self.claim = claim
+        self.number = number
+        self.next_keep = next_keep
+        self.orphaned = False  # its worker is gone
+        self.alive_kept = False  # the liveness key of a Loner(until='finished') job was written
         self.pidfd = -1
         if hasattr(os, 'pidfd_open'):
             try:
@@ -846,18 +926,20 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
     """rq's forking Worker, fetching through the policies: ``rq worker -w rq_policies.PolicyWorker``.
 
     rq runs the work horse in a process group of its own, so a worker SIGKILLed alone (``kill -9`` of its pid, an
-    OOM kill of the parent) leaves its horse running the job to the end, and the hold, no longer refreshed by the
-    worker's heartbeat, would age out under a job that still runs. A capped job's hold is therefore watched by the
-    worker's hold guard (one small process per worker, :class:`_HorseGuard`): once the worker is gone, it refreshes
-    the hold every ``hold_ttl / 3`` seconds while the horse lives and releases it when the horse has ended. The cap
-    counts the job for as long as it actually runs (bounded by the job's timeout, which the horse enforces itself).
+    OOM kill of the parent) or with its process group (``kill -9 -PGID``, supervisord's ``killasgroup``) leaves its
+    horse running the job to the end, and a worker SIGSTOPped alone stops beating while its horse runs on. What the
+    job holds (a cap's or a key's hold, a ``Loner(until='finished')`` identity) is therefore kept by the worker's
+    hold guard (one small process per worker, in a process group of its own, :class:`_HorseGuard`) for as long as
+    the horse lives: every ``hold_ttl / 3`` seconds once a job has run that long, at once when the worker is gone,
+    and released when the horse has ended. The cap counts the job for as long as it actually runs (bounded by the
+    job's timeout, which the horse enforces itself). ``docs/reliability.md`` has every kill shape and its bound.
 
     At bootstrap it resolves redis-py's driver info once, on its connection pool (see
     :func:`_resolve_driver_info_once`): a work horse opens a new connection per job, and redis-py 7 and later would
     read their own package metadata for each.
     """
 
-    #: How often the hold guard checks that its worker is alive (seconds; no Redis command).
+    #: How often the hold guard looks at its worker and at the running horse (seconds; no Redis command).
     orphan_check_seconds: float = 1.0
 
     def bootstrap(self, *args: Any, **kwargs: Any) -> None:
@@ -865,22 +947,30 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
         _resolve_driver_info_once(self.connection)  # type: ignore[attr-defined]
 
     _guard: _HorseGuard | None = None
-    _guarded: Claim | None = None  # the claim of the capped job whose horse runs now
+    _guarded: Claim | None = None  # the claim of the job whose horse runs now, armed in the guard's slot
+    _announce = False  # the horse forked now writes its pid to the guard's slot
 
     def fork_work_horse(self, job: Any, queue: Any) -> None:
-        claim = self._running_claim
-        if claim is not None and claim.holds and ledger.forkable(self.connection):  # type: ignore[attr-defined]
+        self._announce = False
+        if ledger.forkable(self.connection):  # type: ignore[attr-defined]
             if self._guard is None:
+                interval = int(self.job_monitoring_interval)  # type: ignore[attr-defined]
+                # A keep every third of the shorter of the hold ttl and rq's ttl of the worker's key while a job
+                # runs: a horse's liveness key is written before a dead worker's key could expire.
                 self._guard = _HorseGuard(self.connection, self.hold_ttl, self.orphan_check_seconds,  # type: ignore[arg-type, attr-defined]
-                                          self.log)  # type: ignore[attr-defined]
+                                          self.log, job_prefix=job.redis_job_namespace_prefix,  # type: ignore[attr-defined]
+                                          every=min(self.hold_ttl, interval + 60) / 3)  # type: ignore[type-var]
             self._guard.ensure()
+            claim = self._running_claim
+            if claim is None or claim.job_id != job.id:
+                claim = Claim(job.id, queue.name)  # no hold: a Loner(until='finished') identity may still need it
             if self._guard.arm(claim):
-                self._guarded = claim
+                self._guarded, self._announce = claim, True
         super().fork_work_horse(job, queue)  # the horse never returns from it
 
     def main_work_horse(self, job: Any, queue: Any) -> None:
         if self._guard is not None:
-            if self._guarded is not None and self._guarded is self._running_claim:
+            if self._announce:
                 self._guard.announce()
             else:
                 self._guard.detach()
@@ -909,6 +999,11 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
                 self._guard.ended()
             elif guarded is not None:
                 self._guarded = guarded  # the horse runs on (the worker is quitting): the guard keeps its hold
+
+    def maintain_heartbeats(self, *args: Any, **kwargs: Any) -> None:
+        super().maintain_heartbeats(*args, **kwargs)  # type: ignore[misc]
+        if self._guard is not None and self._guarded is not None:
+            self._guard.ensure()  # a guard killed mid-job is replaced now; the new one finds the horse in the slot
 
     def _job_process_ended(self) -> bool:
         """Has the work horse ended (reaped here, or by rq's cold shutdown, which waits for the horse it killed)?"""

@@ -54,6 +54,14 @@ def one_in_all(tag, seconds, payload):
     _span(tag, payload, seconds)
 
 
+@policy(Loner(until='finished'), Concurrency(1, key=lambda args, kwargs: kwargs['payload']))
+def held_everywhere(tag, seconds, payload):
+    """A loner until it finishes, one at a time per payload on any queue; records its work horse's pid first
+    (tests/test_kill_shapes.py signals it)."""
+    _conn().rpush(f'test:pid:{tag}', os.getpid())
+    _span(tag, payload, seconds)
+
+
 @policy(Concurrency(2, key=lambda args, kwargs: kwargs['customer'], scope='billing'))
 def billing_a(tag, seconds, customer):
     _span(tag, customer, seconds)

@@ -16,7 +16,7 @@ with stock rq:
   while a job runs, and live ``hold_ttl`` seconds unrefreshed, so a SIGKILLed worker's holds age out by themselves
   (a PolicySimpleWorker, which sends no heartbeat while its job runs, has one long-lived keeper process refresh
   them instead: :class:`~rq_policies.ledger.WorkerKeeper`); a forking worker's hold guard also keeps what its
-  running work horse holds (its holds, a ``Loner(until='finished')`` identity) for as long as the horse lives,
+  running work horse holds (its holds, an ``until='finished'`` identity) for as long as the horse lives,
   whatever becomes of the worker (killed alone or with its process group, SIGSTOPped): ``docs/reliability.md``,
   "Kill shapes";
 * an idle worker waits on pub/sub (woken by pushes, releases and cap changes; of the idle workers a release wakes,
@@ -623,7 +623,7 @@ def _resolve_driver_info_once(connection: Any) -> None:
 def keep_call(claim: Claim, hold_ttl: int, job_prefix: str, mode: str = 'keep', first: bool = False,
               alive_ttl: int | None = None) -> Call:
     """The ``lua/keep_horse.lua`` call keeping what the running horse of ``claim`` holds: its holds (each given
-    ``hold_ttl`` seconds) and, for a started ``Loner(until='finished')`` job, its liveness key (``alive_ttl``,
+    ``hold_ttl`` seconds) and, for a started ``until='finished'`` job, its liveness key (``alive_ttl``,
     default ``hold_ttl``). ``mode`` 'keep' extends only what is live; 'recount' writes back and counts what lapsed.
     """
     holds = claim.holds
@@ -640,8 +640,8 @@ def keep_call(claim: Claim, hold_ttl: int, job_prefix: str, mode: str = 'keep', 
 
 class _HorseGuard:
     """One small process per forking PolicyWorker that keeps what its running work horse holds, whatever becomes of
-    the worker: the holds of a capped job (a queue's cap, a key's Concurrency) and the identity of a
-    ``Loner(until='finished')`` job.
+    the worker: the holds of a capped job (a queue's cap, a key's limit) and the identity of an
+    ``until='finished'`` job.
 
     rq runs the work horse in a process group of its own, so a worker SIGKILLed alone or with its process group
     (``kill -9 -PGID``, supervisord's ``killasgroup``) leaves its horse running the job, and a worker SIGSTOPped
@@ -659,7 +659,7 @@ class _HorseGuard:
     Once a ``tick`` the guard looks at the slot (and checks its worker). A horse that has run for about a third of
     the hold ttl (``every``) is kept from then on, every ``every`` seconds while it lives, by ``lua/keep_horse.lua``:
     its holds are extended, never written back (the worker releases them once the horse has ended; a keep that
-    lands just after must not bring them back), and the liveness key of a ``Loner(until='finished')`` job is written
+    lands just after must not bring them back), and the liveness key of an ``until='finished'`` job is written
     (``rq:policies:alive:<id>``, which ``lua/lib/holder_running.lua`` reads beside the worker's key). A keep that
     finds something gone while the horse still runs has found a lapse (the whole tree was stopped longer than the
     ttl): the guard writes it back at once, counted in ``rq:policies:lapses`` and logged. Jobs shorter than
@@ -861,7 +861,7 @@ class _HorseGuard:
                 if alive == 2:
                     current.alive_kept = True
                     self.log.warning(
-                        "rq-policies: the liveness of job %s (Loner until='finished' on %r) lapsed while its work "
+                        "rq-policies: the liveness of job %s (held until='finished' on %r) lapsed while its work "
                         'horse still runs (a stop longer than the hold ttl, %s s): written again, so its identity is '
                         'held again; an identical job may have been admitted meanwhile', claim.job_id,
                         claim.queue_name, self.hold_ttl)
@@ -893,7 +893,7 @@ class _Guarded:
         self.number = number
         self.next_keep = next_keep
         self.orphaned = False  # its worker is gone
-        self.alive_kept = False  # the liveness key of a Loner(until='finished') job was written
+        self.alive_kept = False  # the liveness key of an until='finished' job was written
         self.pidfd = -1
         if hasattr(os, 'pidfd_open'):
             try:
@@ -928,7 +928,7 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
     rq runs the work horse in a process group of its own, so a worker SIGKILLed alone (``kill -9`` of its pid, an
     OOM kill of the parent) or with its process group (``kill -9 -PGID``, supervisord's ``killasgroup``) leaves its
     horse running the job to the end, and a worker SIGSTOPped alone stops beating while its horse runs on. What the
-    job holds (a cap's or a key's hold, a ``Loner(until='finished')`` identity) is therefore kept by the worker's
+    job holds (a cap's or a key's hold, an ``until='finished'`` identity) is therefore kept by the worker's
     hold guard (one small process per worker, in a process group of its own, :class:`_HorseGuard`) for as long as
     the horse lives: every ``hold_ttl / 3`` seconds once a job has run that long, at once when the worker is gone,
     and released when the horse has ended. The cap counts the job for as long as it actually runs (bounded by the
@@ -963,7 +963,7 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
             self._guard.ensure()
             claim = self._running_claim
             if claim is None or claim.job_id != job.id:
-                claim = Claim(job.id, queue.name)  # no hold: a Loner(until='finished') identity may still need it
+                claim = Claim(job.id, queue.name)  # no hold: an until='finished' identity may still need it
             if self._guard.arm(claim):
                 self._guarded, self._announce = claim, True
         super().fork_work_horse(job, queue)  # the horse never returns from it

@@ -86,9 +86,9 @@ def install(timeout: float) -> tuple[Path | None, str]:
         started = time.monotonic()
         try:
             done = subprocess.run(
-                [npm, 'install', '--prefix', str(folder), '--no-audit', '--no-fund', '--no-save', '--loglevel=error', '--fetch-retries=1',
-                 '--fetch-timeout=20000',
-                 f'bullmq@{MAJOR}'], capture_output=True, text=True, timeout=timeout)
+                [npm, 'install', '--prefix', str(folder), '--no-audit', '--no-fund', '--no-save', '--loglevel=error',
+                 '--fetch-retries=1', '--fetch-timeout=20000', f'bullmq@{MAJOR}'],
+                capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             return None, f'npm install bullmq@{MAJOR} took more than {timeout:.0f} s (offline?)'
         if done.returncode != 0 or not package.is_file():

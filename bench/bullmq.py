@@ -21,9 +21,9 @@ Server time: INFO commandstats since a CONFIG RESETSTAT taken right before the t
 bench/commands.py counts it (top-level commands only, a script or a MULTI once, whole; the doors' leased sends
 included; client and server counts checked against each other). BullMQ's side sends scripts only for these doors:
 its server time is that of EVALSHA, EVAL, MULTI and EXEC (each including what it ran), and every other command it
-sent at top level is listed (there should be none). Wall: the median of per-call times as each caller measured them
-(Node's hrtime, Python's perf_counter). Round trips per call: ours as the client counts them (checked against the server), BullMQ's its EVALSHA calls.
-Reported per door: medians over the rounds and their range, and the ratio
+sent at top level is listed (there should be none). Wall: the median of per-call times as each caller measured
+them (Node's hrtime, Python's perf_counter). Round trips per call: ours as the client counts them (checked against
+the server), BullMQ's its EVALSHA calls. Reported per door: medians over the rounds and their range, and the ratio
 ours / BullMQ, median of the per-round ratios with their range.
 
 ``--smoke`` (CI): 30 calls, one round, the npm install included; it must finish well inside 60 s.

@@ -241,7 +241,7 @@ def _pipeline_sends(pipeline: Any, send: Any) -> Any:
             # Before the pipeline's MULTI (a WATCH already sent stays in force: SCRIPT LOAD touches no key).
             connection.send_packed_command(
                 connection.pack_commands([('SCRIPT', 'LOAD', script(name).script) for name in missing]))
-            for name in missing:
+            for _name in missing:
                 connection.read_response()
             loaded.update(script(name).sha for name in missing)
         replies = send(connection, commands, False)

@@ -26,7 +26,8 @@ pipeline sends SCRIPT EXISTS before every such pipeline, a round trip each; inst
   job's status the transaction left, and is safe to run twice), and a lost reply still replays the whole pipeline
   as redis-py always does.
 
-A fakeredis pipeline (no cmsgpack, and no such internals) still gets an EVAL of the full source.
+A fakeredis pipeline (no cmsgpack) still gets an EVAL of the full source, and a pipeline of another shape than
+redis-py's ``Pipeline`` an EVAL of the lean one (:func:`lean_source`).
 """
 
 from __future__ import annotations
@@ -126,8 +127,10 @@ def source(name: str, lean: bool = False) -> str:
 
 
 def lean_source(name: str) -> bytes:
-    """Script ``name`` as a pipeline's EVAL sends it to a server that has cmsgpack: without its comment lines and
-    indentation, and with ``lib/codec.lua`` reduced to cmsgpack's decoder (the pure-Lua fallback is for fakeredis)."""
+    """Script ``name`` as an EVAL on a pipeline that cannot carry EVALSHA (one of another shape than redis-py's
+    ``Pipeline``, whose NOSCRIPT could not be recovered) sends it to a server that has cmsgpack: without its comment
+    lines and indentation, and with ``lib/codec.lua`` reduced to cmsgpack's decoder (the pure-Lua fallback is for
+    fakeredis)."""
     return _lean(name)
 
 

@@ -21,7 +21,8 @@ starts its own server with rq_policies.testing.RedisServer.
   wake-up seen on pub/sub) to the job's first line.
 * Idle cost: one PolicyWorker waiting on a full queue, alone on the server: commands per second as the server counts
   them (a script's inner commands included) and round trips (EVALSHA calls), quiet and under 100 pushes a second to
-  that queue; one over 50 queues, 40 capped and full, 10 empty (issue 9's case, target <= 10 commands/s); and the
+  that queue (the worker's alone: the producer counts its own EVALSHA, which the server's count includes, and they
+  are taken off); one over 50 queues, 40 capped and full, 10 empty (issue 9's case, target <= 10 commands/s); and the
   fetch scripts a release costs among 4 idle workers on one full queue (target: at most one per freed hold). Stock
   rq's worker blocks in BLMOVE on an empty queue for comparison.
 
@@ -65,7 +66,7 @@ from common import (  # noqa: E402
     wait_until,
 )
 
-from rq_policies import PolicyQueue, QueueSlot, keys  # noqa: E402
+from rq_policies import PolicyQueue, QueueSlot, keys, scripts  # noqa: E402
 from rq_policies.testing import RedisServer  # noqa: E402
 
 
@@ -205,8 +206,33 @@ def _counts(conn: Redis) -> tuple[int, int]:
     return int(conn.info('stats')['total_commands_processed']), int(stats.get('cmdstat_evalsha', {}).get('calls', 0))
 
 
-def idle_cost(conn: Redis, url: str, worker_class: str, seconds: float = 5.0) -> tuple[float, float, float]:
-    """(commands/s quiet, round trips/s quiet, round trips/s under 100 pushes/s) of one idle worker."""
+class ProducerCounts(Redis):
+    """The producer's client: counts the EVALSHA/EVAL it sends itself (redis-py's path and the doors' leased
+    connection, ``scripts._send``), so the server's count less these is the worker's."""
+
+    scripts_sent = [0]
+
+    def execute_command(self, *args, **options):
+        if str(args[0]).upper() in ('EVALSHA', 'EVAL'):
+            self.scripts_sent[0] += 1
+        return super().execute_command(*args, **options)
+
+
+_leased_send = scripts._send
+
+
+def _counted_send(connection, packed):
+    ProducerCounts.scripts_sent[0] += 1  # only this process's doors send here: the producer's
+    return _leased_send(connection, packed)
+
+
+scripts._send = _counted_send
+
+
+def idle_cost(conn: Redis, url: str, worker_class: str, seconds: float = 5.0) -> tuple[float, float, float, float]:
+    """(commands/s quiet, round trips/s quiet, the worker's round trips/s under 100 pushes/s, the producer's script
+    calls per push) of one idle worker. Under pushes the server counts the producer's EVALSHA too (a push is a door
+    call): the producer counts its own and they are taken off, so the worker's figure is the worker's alone."""
     conn.flushdb()
     stock = worker_class == 'rq.Worker'
     if not stock:
@@ -216,16 +242,21 @@ def idle_cost(conn: Redis, url: str, worker_class: str, seconds: float = 5.0) ->
     with workers_up(conn, url, worker_class, 'idle', 1):
         commands, trips, trips1 = _idle_window(conn, seconds)
         quiet = (commands, trips)
-        storm = float('nan')
+        storm = per_push = float('nan')
         if not stock:
-            q = PolicyQueue('idle', connection=conn)
+            producer = ProducerCounts(connection_pool=conn.connection_pool)
+            q = PolicyQueue('idle', connection=producer)
             started = time.monotonic()
+            sent0, pushes = ProducerCounts.scripts_sent[0], 0
             while time.monotonic() - started < seconds:
                 q.enqueue(bench_jobs.noop, 1)
+                pushes += 1
                 time.sleep(0.01)
             elapsed = time.monotonic() - started
-            storm = (_counts(conn)[1] - trips1) / elapsed
-    return quiet[0], quiet[1], storm
+            own = ProducerCounts.scripts_sent[0] - sent0
+            storm = (_counts(conn)[1] - trips1 - own) / elapsed
+            per_push = own / pushes
+    return quiet[0], quiet[1], storm, per_push
 
 
 def _idle_window(conn: Redis, seconds: float) -> tuple[float, float, int]:
@@ -315,15 +346,16 @@ def run(url: str, jobs: int, workers: int, rounds: int, handovers: int, idle_sec
           f'p50 {percentile(delays, 0.5) * 1000:.1f} ms, p95 {percentile(delays, 0.95) * 1000:.1f} ms, '
           f'max {max(delays) * 1000:.1f} ms')
 
-    quiet_cmds, quiet_trips, storm_trips = idle_cost(conn, url, 'rq_policies.PolicyWorker', idle_seconds)
+    quiet_cmds, quiet_trips, storm_trips, per_push = idle_cost(conn, url, 'rq_policies.PolicyWorker', idle_seconds)
     print(f'idle PolicyWorker on a full queue: {quiet_cmds:.1f} commands/s ({quiet_trips:.1f} round trips/s); '
-          f'{storm_trips:.1f} round trips/s while 100 pushes/s arrive on that queue')
+          f'{storm_trips:.1f} round trips/s of the worker while 100 pushes/s arrive on that queue (the producer\'s own '
+          f'{per_push:.2f} script calls a push counted apart)')
     many_cmds, many_trips = idle_many(conn, url, idle_seconds if idle_seconds < 5 else max(idle_seconds, 20.0))
     print(f'idle PolicyWorker over 50 queues, 40 capped and full, 10 empty: {many_cmds:.1f} commands/s '
           f'({many_trips:.1f} fetch scripts/s; target <= 10 commands/s)')
     herd = wake_herd(conn, url, releases=10 if idle_seconds < 5 else 40)
     print(f'a release among 4 idle PolicyWorkers on a full queue: {herd:.2f} fetch scripts per release (target <= 1)')
-    stock_cmds, _, _ = idle_cost(conn, url, 'rq.Worker', idle_seconds)
+    stock_cmds, _, _, _ = idle_cost(conn, url, 'rq.Worker', idle_seconds)
     print(f'idle stock rq.Worker on an empty queue (blocked in BLMOVE): {stock_cmds:.1f} commands/s')
     conn.flushdb()
 

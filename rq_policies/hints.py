@@ -15,14 +15,18 @@ enqueue expected to be dropped:
   ``int``, ``bool``, ``None`` or ``bytes`` (whose equal values always encode alike) confirms against the digest.
 * **A drop-rate predictor** (:class:`DropRates`), for the identities this process has not seen (the common case
   with several producers: each identity is enqueued by one and dropped in another). Per (queue, function, policy
-  set) it keeps an exponentially weighted rate of the outcomes of enqueues that had no identity hint (weight
-  :data:`DropRates.WEIGHT` for the newest). When most recent ones were dropped (rate above
-  :data:`DropRates.THRESHOLD`, where the probe's expected saving outweighs its expected extra round trip), a cold
-  enqueue also probes first; otherwise it is admitted directly in one round trip, as before. A misprediction costs
-  one extra round trip and moves the rate back (after a burst of drops about five admissions bring it under the
-  threshold). Chosen over a per-identity probe of every cold enqueue (an extra round trip on every admission) and
-  over a shared server-side hint (another round trip to read it): the admission of a function that is rarely
-  dropped stays at one round trip.
+  set) it keeps a weighted rate of the outcomes of enqueues that had no identity hint, and a cold enqueue probes
+  first only while that rate is above :data:`DropRates.THRESHOLD`; otherwise it is admitted directly in one round
+  trip. The rate is asymmetric: a drop moves it a little (:data:`DropRates.RISE`), an admission a lot
+  (:data:`DropRates.FALL`). A run of about 16 drops in a row starts the probes, and one admission stops them, so
+  a stream that keeps probing is one of drops almost only (more than about 95 in 100 on average): a mixed stream
+  (half duplicates from other producers, half new identities) never probes, and each of its admissions is one
+  round trip, as are its drops (they take the full path, which checks and drops in its one script). A misprediction
+  costs one extra round trip, once per run of drops. Chosen over a symmetric rate with a threshold of one half
+  (which probed a 1:1 mix before most admissions: 2 round trips each), over a per-identity probe of every cold
+  enqueue (an extra round trip on every admission) and over a shared server-side hint (another round trip to read
+  it). What would make a mixed stream's drops cheap too is a probe that admits when it finds nothing to drop, which
+  needs the job built first: see docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -91,11 +95,14 @@ class DropRates:
     lost update of a rate that only chooses which script runs first changes nothing a caller sees.
     """
 
-    #: The weight of the newest outcome (an exponentially weighted moving average).
-    WEIGHT = 0.25
-    #: The rate above which a cold enqueue probes first: with a probe costing about half a full admission, the probe
-    #: saves more than it costs once more than half of the enqueues are drops.
-    THRESHOLD = 0.5
+    #: How far one drop moves the rate towards 1, and one admission towards 0 (an exponentially weighted average
+    #: with a weight per outcome): from 0, a run of 16 drops passes the threshold (1 - 0.9 ** 16 > 0.8), and from
+    #: any rate one admission brings it under (0.5 * 1.0 < 0.8).
+    RISE = 0.1
+    FALL = 0.5
+    #: The rate above which a cold enqueue probes first. With RISE and FALL as they are, a stream whose average share
+    #: of drops is q settles at q * RISE / (q * RISE + (1 - q) * FALL): above the threshold only for q above 0.95.
+    THRESHOLD = 0.8
 
     def __init__(self, size: int = 1024) -> None:
         self._size = size
@@ -114,7 +121,7 @@ class DropRates:
             if len(self._rates) >= self._size:
                 self._rates.clear()
             rate = 0.0
-        self._rates[key] = rate + ((1.0 if dropped else 0.0) - rate) * self.WEIGHT
+        self._rates[key] = rate + (1.0 - rate) * self.RISE if dropped else rate * (1.0 - self.FALL)
 
 
 def spec_token(spec: Any) -> int:

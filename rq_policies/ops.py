@@ -114,12 +114,13 @@ class Call:
         return Packed(self.script, list(self.keys), self.args, self.argv())
 
     def ride(self, pipeline: Any) -> Any:
-        """Queue the script on someone else's ``pipeline`` as an EVAL of its source (``scripts.eval_source``).
+        """Queue the script on someone else's ``pipeline`` (rq's end-of-run transaction, its enqueue pipeline).
 
-        redis-py makes every pipeline that carries a ``Script`` send SCRIPT EXISTS first, one round trip of its own;
-        on a pipeline rq sends once per job (its end-of-run pipeline) that would be a round trip per job. An EVAL
-        carries the source instead (the server caches the compiled script), so the call costs no round trip and
-        cannot fail with NOSCRIPT inside rq's transaction.
+        It goes out as EVALSHA: redis-py's ``Script`` in a pipeline would send SCRIPT EXISTS before every such
+        pipeline (a round trip per job on rq's end-of-run pipeline), and an EVAL would carry the whole source, which
+        the server hashes every call. The script is loaded once per connection pool, and a NOSCRIPT (a flush or
+        restart since) is recovered inside ``execute()`` by sending that script alone with its source
+        (``scripts.run``), so rq never sees the error.
         """
         return scripts.run(self.script, pipeline, self.keys, self.argv())
 

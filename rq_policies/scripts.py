@@ -7,13 +7,27 @@ source and SHA1).
 A direct call runs EVALSHA and, when the server answers NOSCRIPT (its cache was flushed, or it restarted or failed
 over), EVAL with the source, which loads the script and runs it in one command: no SCRIPT FLUSH landing between a
 SCRIPT LOAD and the EVALSHA after it (redis-py's own fallback) can make the call fail, and NOSCRIPT means the script
-did not run, so sending it again is safe. A call riding a pipeline is sent as EVAL: redis-py would load the pipeline's
-scripts first and then send it, and a flush in between made ``execute()`` raise after the pipeline's other commands
-had run (the worker's heartbeat, where rq itself executes the pipeline). Scripts that ride pipelines are small (a
-hold refresh, a release, a push), and this also saves redis-py's SCRIPT EXISTS round trip before each such pipeline.
-An EVAL carries its source every time, so on a real server it carries the lean one (:func:`lean_source`: no comments,
-and cmsgpack's decoder instead of the pure-Lua one fakeredis needs): a fifth of the bytes, which the server hashes on
-every call (the push rides every enqueue of a job without a policy).
+did not run, so sending it again is safe.
+
+A call riding a pipeline (rq's end-of-run transaction, the worker's heartbeat, rq's enqueue pipeline that carries
+the push) is queued as EVALSHA too, never as an EVAL carrying the source (an EVAL hashes its whole source on the
+server every call: 20-50 us of server time per job on the end-of-run pipeline). redis-py's own ``Script`` in a
+pipeline sends SCRIPT EXISTS before every such pipeline, a round trip each; instead (:func:`_pipeline_sends`):
+
+* the scripts are loaded once per connection pool: the first pipeline on a pool that carries a script the pool has
+  not loaded sends SCRIPT LOAD for it first, on the pipeline's connection (before its MULTI, so inside no
+  transaction); a worker loads every script before its first fork (:func:`preload`), so no work horse loads one;
+* when the cache was emptied between the load and the pipeline (SCRIPT FLUSH, a restart, a failover), the server
+  answers NOSCRIPT for that command only: in a MULTI/EXEC an error at EXEC aborts nothing else, so the pipeline's
+  other commands ran and only the script did not. Each such script alone is then sent again as an EVAL with its
+  source, on the same connection, before ``execute()`` returns, and its reply takes the NOSCRIPT's place: the
+  caller (rq) never sees the error. What this rare path gives up is that the script runs right after the
+  transaction instead of inside it; every script that rides a pipeline is written for that (a release reads the
+  job's status the transaction left, and is safe to run twice), and a lost reply still replays the whole pipeline
+  as redis-py always does.
+
+A fakeredis pipeline (no cmsgpack) still gets an EVAL of the full source, and a pipeline of another shape than
+redis-py's ``Pipeline`` an EVAL of the lean one (:func:`lean_source`).
 """
 
 from __future__ import annotations
@@ -22,6 +36,7 @@ import functools
 import os
 import re
 import threading
+import weakref
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -112,8 +127,10 @@ def source(name: str, lean: bool = False) -> str:
 
 
 def lean_source(name: str) -> bytes:
-    """Script ``name`` as a pipeline's EVAL sends it to a server that has cmsgpack: without its comment lines and
-    indentation, and with ``lib/codec.lua`` reduced to cmsgpack's decoder (the pure-Lua fallback is for fakeredis)."""
+    """Script ``name`` as an EVAL on a pipeline that cannot carry EVALSHA (one of another shape than redis-py's
+    ``Pipeline``, whose NOSCRIPT could not be recovered) sends it to a server that has cmsgpack: without its comment
+    lines and indentation, and with ``lib/codec.lua`` reduced to cmsgpack's decoder (the pure-Lua fallback is for
+    fakeredis)."""
     return _lean(name)
 
 
@@ -141,6 +158,8 @@ def script(name: str) -> Script:
             found = _cache.get(name)
             if found is None:
                 found = Script(None, source(name).encode("utf-8"))
+                _by_sha[found.sha] = name
+                _by_sha[found.sha.encode()] = name
                 _cache[name] = found
     return found
 
@@ -149,17 +168,103 @@ def run(name: str, client: Any, keys: list[str] | tuple = (), args: list[Any] | 
     """Run ``lua/<name>.lua`` on ``client`` (a Redis connection or a pipeline), whatever the server's script cache.
 
     On a connection: EVALSHA, then EVAL with the source once if the server answered NOSCRIPT (two attempts at
-    most). On a pipeline: EVAL of :func:`eval_source`, queued; the reply arrives with ``execute()``.
+    most). On a pipeline: EVALSHA, queued (the reply arrives with ``execute()``; the script is loaded once per pool
+    and a NOSCRIPT is recovered inside ``execute()``: see the module's docstring).
     """
     found = script(name)
     keys = list(keys)
     argv = [*keys, *args]
     if _is_pipeline(client):
-        return client.eval(eval_source(name, client), len(keys), *argv)
+        if not _sha_pipeline(client):
+            return client.eval(eval_source(name, client), len(keys), *argv)
+        return client.evalsha(found.sha, len(keys), *argv)
     try:
         return client.evalsha(found.sha, len(keys), *argv)
     except NoScriptError:
         return client.eval(found.script, len(keys), *argv)
+
+
+#: SHA1 (hex, as bytes and str) -> script name, for every script this process has read.
+_by_sha: dict[Any, str] = {}
+#: Per connection pool: the SHA1s this process has loaded on its server (or found there). A forked work horse
+#: inherits its worker's, so what the worker loaded before its first fork is never loaded again per job.
+_loaded: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_loaded_lock = threading.Lock()
+
+
+def _pool_loaded(pool: Any) -> set:
+    with _loaded_lock:
+        found = _loaded.get(pool)
+        if found is None:
+            found = _loaded[pool] = set()
+        return found
+
+
+def _sha_pipeline(pipeline: Any) -> bool:
+    """Can ``pipeline`` carry EVALSHA (a redis-py pipeline on a real server)? Installs, once per pipeline, the
+    wrappers of its two send methods that load missing scripts first and recover a NOSCRIPT (:func:`_pipeline_sends`).
+    """
+    if getattr(pipeline, '_rqp_sha', False):
+        return True
+    pool = getattr(pipeline, 'connection_pool', None)
+    connection_class = getattr(pool, 'connection_class', None)
+    if connection_class is None or connection_class.__module__.startswith('fakeredis'):
+        return False
+    kind = type(pipeline)
+    if not (callable(getattr(kind, '_execute_transaction', None)) and callable(getattr(kind, '_execute_pipeline', None))
+            and callable(getattr(kind, 'parse_response', None))):
+        return False  # a cluster or other pipeline of another shape: EVAL, which needs nothing of it
+    try:
+        pipeline._execute_transaction = _pipeline_sends(pipeline, kind._execute_transaction.__get__(pipeline))
+        pipeline._execute_pipeline = _pipeline_sends(pipeline, kind._execute_pipeline.__get__(pipeline))
+        pipeline._rqp_sha = True
+    except (AttributeError, TypeError):  # a pipeline with __slots__: EVAL
+        return False
+    return True
+
+
+def _ours(args: tuple) -> str | None:
+    """The name of our script an EVALSHA command's ``args`` runs, else None."""
+    if len(args) < 2 or args[0] not in ('EVALSHA', b'EVALSHA', 'evalsha'):
+        return None
+    return _by_sha.get(args[1])
+
+
+def _pipeline_sends(pipeline: Any, send: Any) -> Any:
+    """Wrap a pipeline's ``_execute_transaction``/``_execute_pipeline`` (``send(connection, commands, raise_on_error)``)
+    so that it loads the pool's missing scripts first and resends a NOSCRIPT script as EVAL (the module's docstring)."""
+
+    def sends(connection: Any, commands: list, raise_on_error: bool) -> list:
+        ours = [(i, name) for i, (args, _) in enumerate(commands) if (name := _ours(args)) is not None]
+        if not ours:
+            return send(connection, commands, raise_on_error)
+        loaded = _pool_loaded(pipeline.connection_pool)
+        missing = sorted({name for _, name in ours if script(name).sha not in loaded})
+        if missing:
+            # Before the pipeline's MULTI (a WATCH already sent stays in force: SCRIPT LOAD touches no key).
+            connection.send_packed_command(
+                connection.pack_commands([('SCRIPT', 'LOAD', script(name).script) for name in missing]))
+            for _name in missing:
+                connection.read_response()
+            loaded.update(script(name).sha for name in missing)
+        replies = send(connection, commands, False)
+        lost = [(i, name) for i, name in ours if isinstance(replies[i], NoScriptError)]
+        if lost:
+            loaded.difference_update(script(name).sha for _, name in lost)
+            for i, name in lost:  # NOSCRIPT: this script did not run; alone, with its source, it runs once
+                args, options = commands[i]
+                connection.send_command('EVAL', script(name).script, *args[2:])
+                try:
+                    reply = pipeline.parse_response(connection, 'EVAL', **options)
+                except ResponseError as exc:
+                    reply = exc
+                replies[i] = reply
+            loaded.update(script(name).sha for _, name in lost)  # an EVAL leaves the script in the cache
+        if raise_on_error:
+            pipeline.raise_first_error(commands, replies)
+        return replies
+
+    return sends
 
 
 def run_leased(name: str, client: Any, keys: list[str] | tuple = (), args: list[Any] | tuple = (),
@@ -335,16 +440,29 @@ def _is_pipeline(client: Any) -> bool:
     return hasattr(client, 'command_stack') and hasattr(client, 'execute')
 
 
-def preload() -> None:
-    """Read, expand and hash every script in ``lua/`` now, into this process's caches.
+def preload(connection: Any = None) -> None:
+    """Read, expand and hash every script in ``lua/`` now, into this process's caches; with ``connection``, also load
+    them all on its server (one round trip) and remember that for its pool.
 
     A forking worker calls it once before its first fork: a work horse inherits the caches, so it never reads and
     expands a script's files itself (the end-of-run script it rides on rq's pipeline, every job, was read from disk
-    again in each new horse: about 0.7 ms a job). Both forms are cached: the full one (EVALSHA, and EVAL on a
-    NOSCRIPT) and the lean one a pipeline's EVAL carries, which is the one the horse's end-of-run pipeline sends.
+    again in each new horse: about 0.7 ms a job), and never sends SCRIPT LOAD before its end-of-run pipeline's
+    EVALSHA (the pool's loaded scripts are inherited too).
     """
     root = _lua_root()
-    for item in sorted(root.iterdir(), key=lambda entry: entry.name):
-        if item.name.endswith('.lua'):
-            script(item.name[:-len('.lua')])
-            _lean(item.name[:-len('.lua')])
+    names = [item.name[:-len('.lua')] for item in sorted(root.iterdir(), key=lambda entry: entry.name)
+             if item.name.endswith('.lua')]
+    for name in names:
+        script(name)
+        _lean(name)
+    pool = getattr(connection, 'connection_pool', None)
+    if connection is None or pool is None or _is_pipeline(connection):
+        return
+    connection_class = getattr(pool, 'connection_class', None)
+    if connection_class is None or connection_class.__module__.startswith('fakeredis'):
+        return
+    with connection.pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.script_load(script(name).script)
+        pipe.execute()
+    _pool_loaded(pool).update(script(name).sha for name in names)

@@ -511,7 +511,9 @@ class PolicyWorkerMixin:
         super().bootstrap(*args, **kwargs)  # type: ignore[misc]
         check = health.warn_if_evicting(self.connection, self.log)  # type: ignore[attr-defined]  # maxmemory-policy
         self._evictions.start(check)  # evicted_keys at start: a rise while it runs is logged once
-        scripts.preload()  # before the first fork: no work horse reads a script's files again
+        # Before the first fork: no work horse reads a script's files again, nor loads one on the server (its
+        # end-of-run pipeline's EVALSHA finds the scripts this pool loaded here).
+        scripts.preload(self.connection)  # type: ignore[attr-defined]
 
     # -- a job raised a policy's exception (Snooze, BackOff): Policy.on_job_exception ----------------------------
 

@@ -46,7 +46,7 @@ def test_cold_drops_probe_first_once_most_of_a_functions_enqueues_are_dropped(co
     for i in range(30):
         assert q.enqueue(jobs.sweep_cache, f'held-{i}') is None
     # the first cold drops took the full path (job built, then dropped); once most were drops, the rest probed first
-    assert 15 <= len(probes) <= 28, len(probes)
+    assert 10 <= len(probes) <= 15, len(probes)  # a run of 16 drops starts the probes
     assert connection.hget(keys.DROPS, 'loner:predict-cold') == b'30'
     assert q.count == 30
     assert _state(connection) == before  # nothing written but the drop counters
@@ -54,38 +54,36 @@ def test_cold_drops_probe_first_once_most_of_a_functions_enqueues_are_dropped(co
 
 def test_a_mispredicted_probe_admits_through_the_full_path_and_the_rate_falls_back(connection, probes):
     q = PolicyQueue('predict-wrong', connection=connection)
-    _hold(q, 12, 'held')
-    for i in range(12):
+    _hold(q, 20, 'held')
+    for i in range(20):
         assert q.enqueue(jobs.sweep_cache, f'held-{i}') is None
     assert admission._rates.likely(('predict-wrong', admission.spec_token(jobs.sweep_cache.__rq_policies__),
                                     jobs.sweep_cache))
     before = len(probes)
     fresh = [q.enqueue(jobs.sweep_cache, f'fresh-{i}') for i in range(10)]
     assert all(job is not None for job in fresh)  # a probe that finds nothing to drop never drops
-    assert q.count == 22 and q.holder(jobs.sweep_cache, 'fresh-0') == fresh[0].id
+    assert q.count == 30 and q.holder(jobs.sweep_cache, 'fresh-0') == fresh[0].id
     mispredicted = len(probes) - before
-    assert 1 <= mispredicted <= 4, mispredicted  # the rate falls back under the threshold after a few admissions
+    assert mispredicted == 1, mispredicted  # one admission brings the rate back under the threshold
 
 
 def test_the_predictor_weighs_recent_outcomes():
     rates = DropRates()
     key = ('q', 0, 'f')
     assert not rates.likely(key) and not rates.likely(None)
-    for _ in range(3):
+    for _ in range(15):
         rates.record(key, True)
-    assert rates.likely(key)
-    rates.record(key, False)
-    rates.record(key, False)
-    assert not rates.likely(key)
-    # Weighed, not reset: two drops make a drop likely again (from nothing, two drops would not).
-    rates.record(key, True)
-    assert not rates.likely(key)
+    assert not rates.likely(key)  # 15 drops in a row: not yet
     rates.record(key, True)
     assert rates.likely(key)
-    fresh = ('q', 0, 'g')
-    rates.record(fresh, True)
-    rates.record(fresh, True)
-    assert not rates.likely(fresh)
+    rates.record(key, False)  # one admission stops the probes
+    assert not rates.likely(key)
+    for _ in range(200):  # a 1:1 mix never probes
+        rates.record(key, True)
+        assert not rates.likely(key)
+        rates.record(key, False)
+    rates.record(key, True)  # and one drop after it does not either
+    assert not rates.likely(key)
 
 
 def test_hint_keys_tell_equal_values_of_different_types_apart(connection, probes):

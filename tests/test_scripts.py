@@ -170,8 +170,9 @@ def test_the_pure_lua_msgpack_decoder_agrees_with_cmsgpack(connection):
 
 
 def test_every_lean_source_compiles_and_fakeredis_gets_the_full_one(connection):
-    """A pipeline's EVAL carries the lean source (no comment lines, cmsgpack's decoder): each one must compile on a
-    real server, and a fakeredis client (no cmsgpack) must get the full source, whose own decoder it needs."""
+    """An EVAL on a pipeline that cannot carry EVALSHA carries the lean source (no comment lines, cmsgpack's
+    decoder): each one must compile on a real server, and a fakeredis client (no cmsgpack) must get the full source,
+    whose own decoder it needs."""
     import fakeredis
 
     from rq_policies import scripts

@@ -186,7 +186,7 @@ def measure_lifecycle(conn: Counting, label: str, jobs: int, worker_class, queue
     """One job's whole life (enqueue, fetch, start, finish, heartbeats) through an in-process worker, per job."""
     conn.flushdb()
     if cap:
-        QueueSlot.set_capacity('life', cap, connection=conn)
+        QueueSlot.set('life', cap, connection=conn)
     q = queue_class('life', connection=conn)
     worker = worker_class([q], connection=conn)
     cpu_before = server_cpu(conn)
@@ -252,7 +252,7 @@ def main() -> int:
             """A worker over a queue of n + 1 jobs, past its first fetch (which also runs rq's maintenance)."""
             def setup():
                 if capped:
-                    QueueSlot.set_capacity('p', 10**6, connection=conn)
+                    QueueSlot.set('p', 10**6, connection=conn)
                 for i in range(n + 1):
                     Queue('p', connection=conn).enqueue(work, i)
                 worker = worker_class([pq() if worker_class is PolicySimpleWorker else Queue('p', connection=conn)],

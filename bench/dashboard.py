@@ -48,7 +48,7 @@ def load(conn: Redis, identities: int) -> None:
         pipe.execute()
     for name in QUEUES:
         q = PolicyQueue(name, connection=conn)
-        QueueSlot.set_capacity(name, 10, connection=conn)
+        QueueSlot.set(name, 10, connection=conn)
         QueueRate.set(name, 100, 60, connection=conn)
         for i in range(5):
             QueueSlot.acquire(name, 10, token=f'bench-host:{i}:1:1', connection=conn)

@@ -148,7 +148,7 @@ def throughput(conn: Redis, url: str, jobs: int, workers: int, rounds: int) -> d
     conn.flushdb()
     variants = {'PolicyWorker, no per-key policy': 'plain', 'PolicyWorker, Concurrency(64) over 1,000 keys': 'keyed',
                 'PolicyWorker, QueueSlot cap 10,000 (a hold per job)': 'capped'}
-    QueueSlot.set_capacity('capped', 10_000, connection=conn)
+    QueueSlot.set('capped', 10_000, connection=conn)
     procs = []
     by_queue = {}
     try:

@@ -44,7 +44,7 @@ def noop(x):
 
 def load(conn: Redis) -> None:
     for name in QUEUES:
-        QueueSlot.set_capacity(name, 1000, connection=conn)
+        QueueSlot.set(name, 1000, connection=conn)
         for j in range(100):
             assert QueueSlot.acquire(name, capacity=1000, ttl=600, token=f'host:{j}:1:1', connection=conn)
             QueueSlot.HELD.discard(f'host:{j}:1:1')  # stand-ins for other workers' holds: not this process's to refresh
@@ -82,7 +82,7 @@ def run(conn: Redis, rounds: int) -> None:
     empty_registry = registry_for(conn)
     empty = [timed(lambda: generate_latest(empty_registry)) for _ in range(rounds)]
     load(conn)
-    assert QueueSlot.in_use(QUEUES[0], connection=conn) == 100
+    assert QueueSlot.status(QUEUES[0], connection=conn).in_use == 100
     assert len(conn.keys(keys.PREFIX + 'loner:*')) == 1000
     registry = registry_for(conn)
     loaded, stock, info = [], [], []

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from .admin import Cap, KeyLimit, KeyRate, KeyStatus, SlotStatus
 from .concurrency import Concurrency
 from .debounce import Debounce
-from .exceptions import DuplicateJob, PipelineNotSupported, PolicyConfigurationError, PolicyError
+from .exceptions import (
+    DuplicateJob,
+    InvalidSetting,
+    PipelineNotSupported,
+    PolicyConfigurationError,
+    PolicyError,
+    UnknownQueueWarning,
+)
 from .explainer import UnknownJob, explain
 from .job import PolicyJob
 from .key_rate import Rate
@@ -22,10 +30,15 @@ __version__ = '0.1.0'
 __all__ = [
     'AdmissionPolicy',
     'BackOff',
+    'Cap',
     'Concurrency',
     'Debounce',
     'DuplicateJob',
     'FetchPolicy',
+    'InvalidSetting',
+    'KeyLimit',
+    'KeyRate',
+    'KeyStatus',
     'LimitedCapacityWorker',
     'Loner',
     'Outcome',
@@ -42,10 +55,12 @@ __all__ = [
     'QueueSlot',
     'Rate',
     'RateStatus',
+    'SlotStatus',
     'Snooze',
     'SnoozeLimitReached',
     'Throttle',
     'UnknownJob',
+    'UnknownQueueWarning',
     'explain',
     'policy',
 ]

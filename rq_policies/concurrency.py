@@ -28,7 +28,7 @@ per queue like QueueSlot. The design, and why:
   earliest time the key could free: its oldest hold's expiry, its back-off's end); every fetch reads the index's
   head (one ZRANGEBYSCORE LIMIT, O(log n)) and gives back what due keys allow, and an idle worker wakes for the
   head's time. Nothing a fetch does grows with the number of keys or parked jobs.
-* **Overrides** (``Concurrency.override``) live in ``rq:policies:keylimits`` and win over the declared limit.
+* **Run-time limits** (``Concurrency.set``/``get``/``clear``, :mod:`rq_policies.admin`) live in ``rq:policies:keylimits`` and win over the declared limit.
 
 What is not covered: jobs enqueued through a stock ``rq.Queue`` carry no key (nothing limits them), and stock rq
 workers do not check keys; a parked job counts in rq's deferred registry, not in its queue's length.
@@ -44,6 +44,7 @@ from rq.queue import Queue
 from rq.registry import DeferredJobRegistry
 
 from . import keys, ledger
+from .admin import KeyLimit, KeyStatus, deprecated, refusing
 from .exceptions import BackOff
 from .ops import Call, text
 from .ops import need_connection as _need
@@ -65,6 +66,7 @@ def keyed_args(job_prefix: str = Job.redis_job_namespace_prefix) -> dict[str, st
         'job': job_prefix, 'queue': Queue.redis_queue_namespace_prefix,
         'deferred': DeferredJobRegistry.key_template.format(''), 'wake': keys.wake(''),
         'holds': keys.KEY_HOLDS_PREFIX, 'parked': keys.KEY_PARKED_PREFIX, 'limits': keys.KEY_LIMITS,
+        'rates': keys.KEY_RATES,
         'block': keys.KEY_BLOCK_PREFIX, 'tat': keys.KEY_TAT_PREFIX, 'due': keys.KEY_DUE,
     }
 
@@ -267,8 +269,8 @@ class Concurrency(KeyedPolicy):
         def charge(customer_id): ...     # every function with scope='billing' shares one budget per customer
 
     Args:
-        limit: jobs of one key running at once, a positive integer (``Concurrency.override`` changes it per key at
-            run time).
+        limit: jobs of one key running at once, a positive integer (``Concurrency.set(scope, key, n)`` changes it
+            per key at run time).
         key: ``(args, kwargs) -> str | int``; None keys on the job's identity digest.
         scope: the namespace keys are counted in (no colon); default: the function's import path.
 
@@ -279,6 +281,8 @@ class Concurrency(KeyedPolicy):
     name: ClassVar[str] = 'concurrency'
     field: ClassVar[str] = 'policies_concurrency'
     holds: ClassVar[bool] = True
+    #: The run-time setting is one limit per key (:meth:`set`): the dashboard's override form offers it.
+    key_limit_setting: ClassVar[bool] = True
 
     def __init__(self, limit: int, key: KeyFunction | None = None, scope: str | None = None) -> None:
         self.limit = positive_int('limit', limit, MAX_CAPACITY)
@@ -322,29 +326,89 @@ class Concurrency(KeyedPolicy):
     # -- run-time settings and gauges -----------------------------------------------------------------------------
 
     @classmethod
-    def override(cls, scope: str, key: Any, limit: int, connection: Any = None) -> bool:
-        """Set the limit of one key of ``scope`` to ``limit`` at run time (every worker obeys it from its next fetch;
-        a raised limit gives the key's parked jobs back at once). Returns True when the key had an override."""
-        limit = positive_int('limit', limit, MAX_CAPACITY)
-        return _setting_call(scope, key, limit).run(_need(connection)) == 1
+    def set(cls, scope: str, key: Any, limit: int, connection: Any = None) -> KeyLimit:
+        """Set the limit of one key of ``scope`` to ``limit`` at run time; it wins over the limit its jobs declare.
+
+        Every worker obeys it from its next fetch; a raised limit gives the key's parked jobs back at once. The
+        admin API's shape (:mod:`rq_policies.admin`).
+
+        Args:
+            scope: the key's scope (the function's import path unless the policy names one).
+            key: the key value, a str or an int (``12`` and ``'12'`` are one key).
+            limit: jobs of the key running at once, a positive integer.
+            connection: the Redis connection.
+
+        Returns:
+            The limit now set.
+
+        Raises:
+            InvalidSetting: (a ValueError) naming the argument and the value; nothing is written.
+        """
+        with refusing():
+            call = _setting_call(cls.name, keys.KEY_LIMITS, scope, key,
+                                 str(positive_int('limit', limit, MAX_CAPACITY)))
+            conn = _need(connection)
+        call.run(conn)
+        return KeyLimit(limit)
+
+    @classmethod
+    def get(cls, scope: str, key: Any, connection: Any = None) -> KeyLimit | None:
+        """The limit set at run time for one key of ``scope``, or None (its jobs' declared limit applies; see
+        :meth:`status` for the limit in force)."""
+        with refusing():
+            channel = keys.key_channel(check_scope(scope), key_text(key))
+            conn = _need(connection)
+        raw = conn.hget(keys.KEY_LIMITS, channel)
+        return KeyLimit(int(raw)) if raw is not None else None
 
     @classmethod
     def clear(cls, scope: str, key: Any, connection: Any = None) -> bool:
-        """Remove the override of one key: its jobs' declared limit applies again. Returns True when it had one."""
-        return _setting_call(scope, key, 0).run(_need(connection)) == 1
+        """Remove the run-time limit of one key: its jobs' declared limit applies again. Returns True when it had
+        one."""
+        with refusing():
+            call = _setting_call(cls.name, keys.KEY_LIMITS, scope, key, '')
+            conn = _need(connection)
+        return call.run(conn) == 1
 
     @classmethod
+    def status(cls, scope: str, key: Any, connection: Any = None) -> KeyStatus:
+        """One key's state now (server clock): the limit in force (the run-time one, else the one a parked or
+        running job of the key declares), the holds in use, the parked jobs and a back-off."""
+        with refusing():
+            scope, name = check_scope(scope), key_text(key)
+            conn = _need(connection)
+        now = _server_now(conn)
+        row = _key_rows(conn, cls.name, scope, [name], now)[0]
+        parked = tuple(text(j) for j in conn.lrange(f'{keys.KEY_PARKED_PREFIX}{cls.name}:'
+                                                    f'{keys.key_channel(scope, name)}', 0, -1))
+        blocked = cls.blocked_until(scope, name, conn)
+        return KeyStatus(row['limit'], row['overridden'], row['in_use'], parked,
+                         blocked if blocked is not None and blocked > now else None)
+
+    # -- the 0.2 names (deprecated, removed in 0.4) ----------------------------------------------------------------
+
+    @classmethod
+    @deprecated('Concurrency.set(scope, key, limit, connection=), which returns a KeyLimit')
+    def override(cls, scope: str, key: Any, limit: int, connection: Any = None) -> bool:
+        """Deprecated: :meth:`set`. Returns True when the key had an override."""
+        had = cls.get(scope, key, connection=connection) is not None
+        cls.set(scope, key, limit, connection=connection)
+        return had
+
+    @classmethod
+    @deprecated('Concurrency.get(scope, key, connection=), which returns a KeyLimit or None')
     def overridden(cls, scope: str, key: Any, connection: Any = None) -> int | None:
-        """The override of one key, or None."""
-        raw = _need(connection).hget(keys.KEY_LIMITS, keys.key_channel(check_scope(scope), key_text(key)))
-        return int(raw) if raw is not None else None
+        """Deprecated: :meth:`get`."""
+        found = cls.get(scope, key, connection=connection)
+        return found.limit if found is not None else None
 
     @classmethod
+    @deprecated('Concurrency.status(scope, key, connection=).in_use')
     def in_use(cls, scope: str, key: Any, connection: Any = None) -> int:
-        """Live holds of one key: its running jobs, and the units reserved for parked jobs given back to their queue
-        and not yet taken by a worker."""
-        conn = _need(connection)
-        channel = keys.key_channel(check_scope(scope), key_text(key))
+        """Deprecated: :meth:`status` ``.in_use``."""
+        with refusing():
+            conn = _need(connection)
+            channel = keys.key_channel(check_scope(scope), key_text(key))
         return int(conn.zcount(keys.KEY_HOLDS_PREFIX + channel, f'({_server_now(conn):.6f}', '+inf'))
 
     @classmethod
@@ -505,13 +569,13 @@ class Concurrency(KeyedPolicy):
             except (TypeError, ValueError) as exc:
                 raise click.BadParameter(str(exc), param_hint='SCOPE' if 'scope' in str(exc) else 'KEY') from None
             conn = kit.connect(cli_config)
-            before = cls.overridden(scope, key, connection=conn)
-            was = f'was {before}' if before is not None else 'had no override'
+            before = cls.get(scope, key, connection=conn)
+            was = f'was {before.limit}' if before is not None else 'had no override'
             if clear:
                 cls.clear(scope, key, connection=conn)
                 click.echo(f'Key {key!r} of scope {scope!r} has its declared limit again ({was}).')
             else:
-                cls.override(scope, key, n, connection=conn)  # type: ignore[arg-type]
+                cls.set(scope, key, n, connection=conn)  # type: ignore[arg-type]
                 click.echo(f'Key {key!r} of scope {scope!r} is limited to {n} running at once ({was}).')
 
         return [keys_command, override]
@@ -530,12 +594,14 @@ def release_call(hold: Any) -> Call:
     return call.key('keydue', keys.KEY_DUE)
 
 
-def _setting_call(scope: str, key: Any, limit: int) -> Call:
+def _setting_call(policy: str, hash_key: str, scope: str, key: Any, value: str) -> Call:
+    """The ``lua/key_setting.lua`` call storing ``value`` as one key's run-time setting in ``hash_key`` ('' clears
+    it); checks the scope and the key first (ValueError or TypeError naming them)."""
     channel = keys.key_channel(check_scope(scope), key_text(key))
-    call = Call('key_setting', channel=channel, limit=limit, job_prefix=Job.redis_job_namespace_prefix,
-                wake=keys.wake(''))
-    call.key('limits', keys.KEY_LIMITS)
-    call.key('parked', f'{keys.KEY_PARKED_PREFIX}{Concurrency.name}:{channel}')
+    call = Call('key_setting', channel=channel, policy=policy, value=value,
+                job_prefix=Job.redis_job_namespace_prefix, wake=keys.wake(''))
+    call.key('limits', hash_key)
+    call.key('parked', f'{keys.KEY_PARKED_PREFIX}{policy}:{channel}')
     return call.key('keydue', keys.KEY_DUE)
 
 

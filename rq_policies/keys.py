@@ -70,7 +70,9 @@ key                                                    type     meaning
                                                                 start, its back-off's end); removed with the key's
                                                                 last parked job
 ``rq:policies:keylimits``                              HASH     ``<scope>:<key>`` -> a limit set at run time
-                                                                (``Concurrency.override``)
+                                                                (``Concurrency.set``)
+``rq:policies:keyrates``                               HASH     ``<scope>:<key>`` -> ``<limit> <per> <burst>``: a
+                                                                rate set at run time (``Rate.set``)
 ``rq:policies:keyblock:<scope>:<key>``                 STRING   epoch second until which no job of the key starts
                                                                 (``BackOff(key=True)``); expires then
 ``rq:policies:keytat:<scope>:<key>``                   STRING   ``<tat> <interval>``: one key's GCRA state (Rate),
@@ -212,6 +214,7 @@ KEY_BLOCK_PREFIX = PREFIX + 'keyblock:'
 KEY_TAT_PREFIX = PREFIX + 'keytat:'
 KEY_DUE = PREFIX + 'keydue'
 KEY_LIMITS = PREFIX + 'keylimits'
+KEY_RATES = PREFIX + 'keyrates'
 
 
 def key_channel(scope: str, key: str) -> str:

@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 from redis import Redis
 
 from . import keys
+from .admin import refusing, warn_unknown_queue
 from .exceptions import BackOff, Snooze, SnoozeLimitReached
 from .ledger import WAKE_CAPACITY
 from .ops import need_connection as _need
@@ -77,8 +78,9 @@ class GcraRate:
 class QueueRate(FetchPolicy, GcraRate):
     """A queue's start rate: ``limit`` starts every ``per`` seconds, up to ``burst`` at once after a quiet spell.
 
-    Used through classmethods (:meth:`set`, :meth:`get`, :meth:`clear`, :meth:`status`): the setting lives in
-    Redis, not on a function. An instance is what :meth:`get` returns.
+    Used through classmethods (:meth:`set`, :meth:`get`, :meth:`clear`, :meth:`status`, the shape every run-time
+    setting has: :mod:`rq_policies.admin`): the setting lives in Redis, not on a function. An instance is what
+    :meth:`set` and :meth:`get` return.
     """
 
     name: ClassVar[str] = 'queue_rate'
@@ -114,11 +116,17 @@ class QueueRate(FetchPolicy, GcraRate):
             The rate now set.
 
         Raises:
-            ValueError: naming the argument and the value; nothing is written.
+            InvalidSetting: (a ValueError) naming the argument and the value; nothing is written.
+
+        Warns:
+            UnknownQueueWarning: ``queue`` is unknown to rq, to every policy setting and to every live worker (a
+            typo?); the rate is set anyway (``rq-policies rate`` refuses it without ``--force``).
         """
-        name = queue_name(queue)
-        rate = cls(limit, per, burst)
-        conn = _need(connection)
+        with refusing():
+            name = queue_name(queue)
+            rate = cls(limit, per, burst)
+            conn = _need(connection)
+        warn_unknown_queue(conn, name, 'QueueRate.set')
         with conn.pipeline(transaction=False) as pipe:
             pipe.hset(keys.RATE, name, f'{rate.limit} {rate.per} {rate.burst}')
             pipe.publish(keys.wake(name), WAKE_CAPACITY)
@@ -128,14 +136,18 @@ class QueueRate(FetchPolicy, GcraRate):
     @classmethod
     def get(cls, queue: Any, connection: Redis | None = None) -> QueueRate | None:
         """The rate of ``queue``, or None when it is unlimited."""
-        raw = _need(connection).hget(keys.RATE, queue_name(queue))
-        return parse(raw)
+        with refusing():
+            name = queue_name(queue)
+            conn = _need(connection)
+        return parse(conn.hget(keys.RATE, name))
 
     @classmethod
     def clear(cls, queue: Any, connection: Redis | None = None) -> bool:
         """Remove the rate of ``queue`` (its arrival time expires by itself). Returns True when it had one."""
-        name = queue_name(queue)
-        with _need(connection).pipeline(transaction=False) as pipe:
+        with refusing():
+            name = queue_name(queue)
+            conn = _need(connection)
+        with conn.pipeline(transaction=False) as pipe:
             pipe.hdel(keys.RATE, name)
             pipe.delete(keys.rate_tat(name))
             pipe.publish(keys.wake(name), WAKE_CAPACITY)
@@ -145,9 +157,10 @@ class QueueRate(FetchPolicy, GcraRate):
     @classmethod
     def status(cls, queue: Any, connection: Redis | None = None) -> RateStatus | None:
         """How many starts ``queue`` allows now and when the next one is allowed; None when it has no rate and no
-        back-off."""
-        name = queue_name(queue)
-        conn = _need(connection)
+        back-off. The state reading of the admin API (:mod:`rq_policies.admin`)."""
+        with refusing():
+            name = queue_name(queue)
+            conn = _need(connection)
         with conn.pipeline(transaction=False) as pipe:
             pipe.time()
             pipe.hget(keys.RATE, name)

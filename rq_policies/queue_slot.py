@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 from redis import Redis
 
 from . import keys, ledger
+from .admin import Cap, SlotStatus, deprecated, refusing, warn_unknown_queue
 from .ledger import WAKE_CAPACITY, WAKE_RELEASED, Hold
 from .ops import need_connection as _need
 from .ops import text
@@ -44,7 +45,8 @@ class QueueSlot(FetchPolicy):
     """A queue's hold ledger on its own: capacity, holds, tokens. Fetching under a cap is PolicyWorker's job.
 
     A fetch policy whose settings live in Redis (the cap per queue), so it is used through classmethods rather than
-    declared on a function.
+    declared on a function: :meth:`set`, :meth:`get`, :meth:`clear` and :meth:`status`, the shape every run-time
+    setting has (:mod:`rq_policies.admin`).
     """
 
     name: ClassVar[str] = 'queue_slot'
@@ -58,54 +60,111 @@ class QueueSlot(FetchPolicy):
     # -- capacity -------------------------------------------------------------------------------------------------
 
     @classmethod
-    def set_capacity(cls, queue: Any, capacity: int, connection: Redis | None = None) -> None:
+    def set(cls, queue: Any, capacity: int, connection: Redis | None = None) -> Cap:
         """Cap ``queue`` at ``capacity`` running jobs across the cluster (stored in Redis; every worker obeys it).
 
         Lowering the cap below the holds in use stops admissions until enough of them end; it never stops a job.
-        Idle PolicyWorkers are woken, so a raised cap is used at once.
+        Idle PolicyWorkers are woken, so a raised cap is used at once. The admin API's shape
+        (:mod:`rq_policies.admin`): ``set``/``get``/``clear``/``status``.
+
+        Args:
+            queue: queue name or Queue.
+            capacity: running jobs at most, a positive integer.
+            connection: the Redis connection.
+
+        Returns:
+            The cap now set.
+
+        Raises:
+            InvalidSetting: (a ValueError) naming the argument and the value; nothing is written.
+
+        Warns:
+            UnknownQueueWarning: ``queue`` is unknown to rq, to every policy setting and to every live worker (a
+            typo?); the cap is set anyway (``rq-policies cap`` refuses it without ``--force``).
         """
-        name = queue_name(queue)
-        positive_int('capacity', capacity, MAX_CAPACITY)
-        with _need(connection).pipeline(transaction=False) as pipe:
+        with refusing():
+            name = queue_name(queue)
+            positive_int('capacity', capacity, MAX_CAPACITY)
+            conn = _need(connection)
+        warn_unknown_queue(conn, name, 'QueueSlot.set')
+        with conn.pipeline(transaction=False) as pipe:
             pipe.hset(keys.CAPACITY, name, capacity)
             pipe.publish(keys.wake(name), WAKE_CAPACITY)
             pipe.execute()
+        return Cap(capacity)
 
     @classmethod
-    def capacity(cls, queue: Any, connection: Redis | None = None) -> int | None:
+    def get(cls, queue: Any, connection: Redis | None = None) -> Cap | None:
         """The cap of ``queue``, or None when it is uncapped."""
-        raw = _need(connection).hget(keys.CAPACITY, queue_name(queue))
-        return int(raw) if raw is not None else None
+        with refusing():
+            name = queue_name(queue)
+            conn = _need(connection)
+        raw = conn.hget(keys.CAPACITY, name)
+        return Cap(int(raw)) if raw is not None else None
 
     @classmethod
-    def clear_capacity(cls, queue: Any, connection: Redis | None = None) -> bool:
+    def clear(cls, queue: Any, connection: Redis | None = None) -> bool:
         """Uncap ``queue``. Live holds stay until released or expired; they no longer limit anything.
 
         Returns:
             True when the queue had a cap.
         """
-        name = queue_name(queue)
-        with _need(connection).pipeline(transaction=False) as pipe:
+        with refusing():
+            name = queue_name(queue)
+            conn = _need(connection)
+        with conn.pipeline(transaction=False) as pipe:
             pipe.hdel(keys.CAPACITY, name)
             pipe.publish(keys.wake(name), WAKE_CAPACITY)
             removed, _ = pipe.execute()
         return bool(removed)
 
     @classmethod
-    def in_use(cls, queue: Any, connection: Redis | None = None) -> int:
-        """Live holds of ``queue`` (a gauge for humans and tests; admission counts under the script's own clock)."""
-        conn = _need(connection)
-        seconds, micros = conn.time()
-        return int(conn.zcount(keys.holds(queue_name(queue)), f'({seconds + micros / 1e6:.6f}', '+inf'))
+    def status(cls, queue: Any, connection: Redis | None = None) -> SlotStatus:
+        """The cap of ``queue`` and its live holds now (server clock), read in one round trip."""
+        with refusing():
+            name = queue_name(queue)
+            conn = _need(connection)
+        with conn.pipeline(transaction=False) as pipe:
+            pipe.time()
+            pipe.hget(keys.CAPACITY, name)
+            (seconds, micros), raw = pipe.execute()
+        now = seconds + micros / 1e6
+        rows = conn.zrangebyscore(keys.holds(name), f'({now:.6f}', '+inf', withscores=True)
+        holders = tuple((text(member), score - now) for member, score in rows)
+        return SlotStatus(int(raw) if raw is not None else None, len(holders), holders)
+
+    # -- the 0.2 names (deprecated, removed in 0.4) ----------------------------------------------------------------
 
     @classmethod
+    @deprecated('QueueSlot.set(queue, capacity, connection=)')
+    def set_capacity(cls, queue: Any, capacity: int, connection: Redis | None = None) -> None:
+        """Deprecated: :meth:`set` (which returns the :class:`Cap`)."""
+        cls.set(queue, capacity, connection=connection)
+
+    @classmethod
+    @deprecated('QueueSlot.get(queue, connection=), which returns a Cap or None')
+    def capacity(cls, queue: Any, connection: Redis | None = None) -> int | None:
+        """Deprecated: :meth:`get`."""
+        cap = cls.get(queue, connection=connection)
+        return cap.capacity if cap is not None else None
+
+    @classmethod
+    @deprecated('QueueSlot.clear(queue, connection=)')
+    def clear_capacity(cls, queue: Any, connection: Redis | None = None) -> bool:
+        """Deprecated: :meth:`clear`."""
+        return cls.clear(queue, connection=connection)
+
+    @classmethod
+    @deprecated('QueueSlot.status(queue, connection=).in_use')
+    def in_use(cls, queue: Any, connection: Redis | None = None) -> int:
+        """Deprecated: :meth:`status` ``.in_use``."""
+        return cls.status(queue, connection=connection).in_use
+
+    @classmethod
+    @deprecated('QueueSlot.status(queue, connection=).holders')
     def holders(cls, queue: Any, connection: Redis | None = None) -> list[tuple[str, float]]:
-        """Live holds of ``queue`` as ``(claim token, seconds to expiry)``, soonest to expire first."""
-        connection = _need(connection)
-        seconds, micros = connection.time()
-        now = seconds + micros / 1e6
-        rows = connection.zrangebyscore(keys.holds(queue_name(queue)), f'({now:.6f}', '+inf', withscores=True)
-        return [(member.decode() if isinstance(member, bytes) else member, score - now) for member, score in rows]
+        """Deprecated: :meth:`status` ``.holders``."""
+        return list(cls.status(queue, connection=connection).holders)
 
     # -- the ledger -----------------------------------------------------------------------------------------------
 
@@ -179,11 +238,11 @@ class QueueSlot(FetchPolicy):
 
     @classmethod
     def configure(cls, connection: Any, queue: str, **settings: Any) -> None:
-        cls.set_capacity(queue, connection=connection, **settings)
+        cls.set(queue, connection=connection, **settings)
 
     @classmethod
     def unconfigure(cls, connection: Any, queue: str) -> None:
-        cls.clear_capacity(queue, connection=connection)
+        cls.clear(queue, connection=connection)
 
     @classmethod
     def setting_examples(cls) -> tuple[dict[str, Any], ...]:

@@ -11,7 +11,7 @@ import jobs
 import pytest
 from rq.job import Job
 
-from rq_policies import PolicyQueue, QueueSlot, identity, keys
+from rq_policies import Cap, PolicyQueue, QueueSlot, identity, keys
 
 
 def run(*args, env=None, url=None):
@@ -44,24 +44,24 @@ def test_cap_set_show_and_clear(connection, env, redis_url):
     result = run('cap', 'imports', '3', env=env, url=redis_url)
     assert result.returncode == 0, result.stderr
     assert "capped at 3 (was uncapped)" in result.stdout
-    assert QueueSlot.capacity('imports', connection=connection) == 3
+    assert QueueSlot.get('imports', connection=connection) == Cap(3)
     result = run('cap', 'imports', '5', env=env, url=redis_url)
     assert 'capped at 5 (was 3)' in result.stdout
     result = run('cap', 'imports', '--clear', env=env, url=redis_url)
     assert result.returncode == 0 and 'uncapped (was 5)' in result.stdout
-    assert QueueSlot.capacity('imports', connection=connection) is None
+    assert QueueSlot.get('imports', connection=connection) is None
 
 
 def test_connection_from_rq_env_vars_and_config_module(connection, env, redis_url, tmp_path):
     PolicyQueue('imports', connection=connection).enqueue(jobs.plain, 1)
     with_env = dict(env, RQ_REDIS_URL=redis_url)
     assert run('cap', 'imports', '2', env=with_env).returncode == 0
-    assert QueueSlot.capacity('imports', connection=connection) == 2
+    assert QueueSlot.get('imports', connection=connection) == Cap(2)
     # rq's --config: a settings module with REDIS_URL (or REDIS_HOST/PORT, or SENTINEL).
     (tmp_path / 'opsettings.py').write_text(f'REDIS_URL = {redis_url!r}\n')
     with_config = dict(env, PYTHONPATH=f'{tmp_path}{os.pathsep}{env["PYTHONPATH"]}')
     assert run('cap', 'imports', '4', '--config', 'opsettings', env=with_config).returncode == 0
-    assert QueueSlot.capacity('imports', connection=connection) == 4
+    assert QueueSlot.get('imports', connection=connection) == Cap(4)
 
 
 @pytest.mark.long
@@ -77,7 +77,7 @@ def test_bad_input_is_one_line_and_non_zero(connection, env, redis_url):
     assert_one_line_error(run('reset', 'nosuch', 'jobs.plain', '1', env=env, url=redis_url), "unknown queue")
     assert_one_line_error(run('reset', 'imports', 'plain', env=env, url=redis_url), 'import path')
     assert_one_line_error(run('frobnicate', env=env), 'No such command')
-    assert QueueSlot.capacity('imports', connection=connection) is None  # nothing was written
+    assert QueueSlot.get('imports', connection=connection) is None  # nothing was written
     unreachable = 'redis://127.0.0.1:1/0'
     for args in (('info',), ('cap', 'imports', '3'), ('reset', 'imports', 'jobs.plain'), ('exporter',)):
         assert_one_line_error(run(*args, env=env, url=unreachable), 'cannot reach Redis', '127.0.0.1:1')
@@ -89,7 +89,7 @@ def test_info_text_and_json(connection, env, redis_url, monkeypatch):
     q = PolicyQueue('imports', connection=connection)
     held = q.enqueue(jobs.sweep_cache, 1)
     assert q.enqueue(jobs.sweep_cache, 1) is None  # one drop
-    QueueSlot.set_capacity('imports', 3, connection=connection)
+    QueueSlot.set('imports', 3, connection=connection)
     assert QueueSlot.acquire('imports', 3, ttl=40, token='web-1:4242:7:1', connection=connection)
     digest = identity.digest('jobs.sweep_cache', 'imports', (2,), {})
     connection.set(keys.throttle_prefix('imports', digest) + '1234', 'job-t', ex=30)
@@ -177,11 +177,11 @@ def test_reset_args_are_json_literals_or_strings(connection, env, redis_url):
 ])
 def test_cap_takes_plain_ascii_digits_only_and_changes_nothing_else(connection, env, redis_url, typed, why):
     PolicyQueue('imports', connection=connection).enqueue(jobs.plain, 1)
-    QueueSlot.set_capacity('imports', 2, connection=connection)
+    QueueSlot.set('imports', 2, connection=connection)
     before = {key: connection.type(key) for key in connection.keys('*')}
     result = run('cap', 'imports', typed, env=env, url=redis_url)
     assert_one_line_error(result, "'[N]'", f'got {typed!r}', why)
-    assert QueueSlot.capacity('imports', connection=connection) == 2  # nothing was written
+    assert QueueSlot.get('imports', connection=connection) == Cap(2)  # nothing was written
     assert {key: connection.type(key) for key in connection.keys('*')} == before
 
 
@@ -193,4 +193,4 @@ def test_every_integer_option_takes_plain_digits_only(connection, env, redis_url
     assert_one_line_error(run('exporter', '--port', '70000', env=env, url=redis_url), "'--port'", "got '70000'")
     assert run('info', '--limit', '0', env=env, url=redis_url).returncode == 0
     result = run('cap', 'imports', '007', env=env, url=redis_url)  # leading zeros are still plain digits
-    assert result.returncode == 0 and QueueSlot.capacity('imports', connection=connection) == 7
+    assert result.returncode == 0 and QueueSlot.get('imports', connection=connection) == Cap(7)

@@ -21,8 +21,10 @@ flask = pytest.importorskip('flask', reason="the dashboard needs Flask: pip inst
 from rq.queue import Queue  # noqa: E402
 
 from rq_policies import (  # noqa: E402
+    Cap,
     Concurrency,
     Debounce,
+    KeyLimit,
     Loner,
     PolicyQueue,
     QueueRate,
@@ -89,7 +91,7 @@ def test_queues_table_counts_and_policy_words(connection):
     for i in range(3):
         q.enqueue(jobs.plain, i)
     q.enqueue_in(__import__('datetime').timedelta(seconds=600), jobs.plain, 9)
-    QueueSlot.set_capacity('billing', 2, connection=connection)
+    QueueSlot.set('billing', 2, connection=connection)
     QueueRate.set('billing', 5, 60, burst=2, connection=connection)
     view = data.overview(connection)
     (row,) = [row for row in view['queues']['rows'] if row['name'] == 'billing']
@@ -100,7 +102,7 @@ def test_queues_table_counts_and_policy_words(connection):
 
 
 def test_holds_show_holder_job_expiry_and_lapsed_ones_as_warnings(connection):
-    QueueSlot.set_capacity('capped', 3, connection=connection)
+    QueueSlot.set('capped', 3, connection=connection)
     assert QueueSlot.acquire('capped', 3, ttl=60, token='host-a:11:1:1', connection=connection)
     assert QueueSlot.acquire('capped', 3, ttl=1, token='host-b:22:1:1', connection=connection)
     time.sleep(1.2)  # the second hold's holder stopped refreshing: it lapses, and stays until a fetch purges it
@@ -234,13 +236,15 @@ def test_state_json(connection):
 
 class _Probe(AdmissionPolicy):
     """A stand-in for a policy this repository does not have yet (per-key limits): registered only inside the
-    ``probe`` fixture (no kind until then, so the rest of the suite never sees it), it offers ``override`` and
-    shows every kind of cell, so the page's generic rendering and actions are tested."""
+    ``probe`` fixture (no kind until then, so the rest of the suite never sees it), it offers a per-key limit
+    (``set``/``get``/``clear``, the admin API's shape) and shows every kind of cell, so the page's generic rendering
+    and actions are tested."""
 
     name: ClassVar[str] = 'dash_probe'
     kind: ClassVar[str] = ''
     calls: ClassVar[list[Any]] = []
     broken: ClassVar[bool] = False
+    key_limit_setting: ClassVar[bool] = True
 
     @classmethod
     def panels(cls, connection, now, limit, search=None):
@@ -261,8 +265,18 @@ class _Probe(AdmissionPolicy):
         ]
 
     @classmethod
-    def override(cls, scope, key, limit, connection=None):
-        cls.calls.append(('override', scope, key, limit, connection is not None))
+    def set(cls, scope, key, limit, connection=None):
+        cls.calls.append(('set', scope, key, limit, connection is not None))
+        return KeyLimit(limit)
+
+    @classmethod
+    def get(cls, scope, key, connection=None):
+        return None
+
+    @classmethod
+    def clear(cls, scope, key, connection=None):
+        cls.calls.append(('clear', scope, key, connection is not None))
+        return False
 
 
 @pytest.fixture
@@ -304,13 +318,13 @@ def test_override_action_calls_the_policy_through_the_registry(connection, probe
     form = {'csrf': token, 'policy': 'dash_probe', 'scope': 'billing', 'key': 'acme', 'limit': '10'}
     confirm = c.post('/action/override', data=form)
     assert confirm.status_code == 200 and 'Yes, do it' in confirm.get_data(as_text=True)
-    assert not [call for call in probe.calls if call[0] == 'override']
+    assert not [call for call in probe.calls if call[0] in ('set', 'clear')]
     done = c.post('/action/override', data={**form, 'confirmed': 'yes'})
     assert done.status_code == 200 and 'Overrode' in done.get_data(as_text=True)
     c.post('/action/override', data={**form, 'limit': '', 'confirmed': 'yes'})
-    assert [call for call in probe.calls if call[0] == 'override'] == [
-        ('override', 'billing', 'acme', 10, True),
-        ('override', 'billing', 'acme', None, True),
+    assert [call for call in probe.calls if call[0] in ('set', 'clear')] == [
+        ('set', 'billing', 'acme', 10, True),
+        ('clear', 'billing', 'acme', True),
     ]
 
 
@@ -413,10 +427,10 @@ def test_override_action_sets_and_clears_a_real_concurrency_limit(connection, fo
 
     confirm = c.post('/action/override', data=form).get_data(as_text=True)
     assert 'id="action-now">now: no override<' in confirm
-    assert Concurrency.overridden(CUSTOMERS, 'acme', connection=connection) is None  # asking wrote nothing
+    assert Concurrency.get(CUSTOMERS, 'acme', connection=connection) is None  # asking wrote nothing
     done = c.post('/action/override', data={**form, 'confirmed': 'yes'}).get_data(as_text=True)
     assert 'id="action-done"' in done and 'now: override 3' in done
-    assert Concurrency.overridden(CUSTOMERS, 'acme', connection=connection) == 3
+    assert Concurrency.get(CUSTOMERS, 'acme', connection=connection) == KeyLimit(3)
     got = fetch(connection, 'h:42:0:9')  # the raised limit: the next fetch gives the parked job back and starts it
     assert isinstance(got, Claim) and got.job_id == made[2].id
 
@@ -425,7 +439,7 @@ def test_override_action_sets_and_clears_a_real_concurrency_limit(connection, fo
     assert 'Clear the override' in confirm and 'now: override 3' in confirm
     done = c.post('/action/override', data={**cleared, 'confirmed': 'yes'}).get_data(as_text=True)
     assert 'Cleared the override' in done and 'now: no override' in done
-    assert Concurrency.overridden(CUSTOMERS, 'acme', connection=connection) is None
+    assert Concurrency.get(CUSTOMERS, 'acme', connection=connection) is None
     later = q.enqueue(key_jobs.per_customer, 't', 0, customer='acme')
     assert isinstance(fetch(connection, 'h:42:0:10'), Look)  # the declared 2 applies again: 3 run, this one parks
     assert Concurrency.parked(CUSTOMERS, 'acme', connection=connection) == [later.id]
@@ -441,7 +455,7 @@ def test_override_action_sets_and_clears_a_real_concurrency_limit(connection, fo
 
 
 def test_read_only_by_default(connection):
-    QueueSlot.set_capacity('ro', 2, connection=connection)
+    QueueSlot.set('ro', 2, connection=connection)
     c = client(connection)
     html = page(c)
     assert 'id="actions"' not in html and 'read-only' in html and c.get_cookie(CSRF_COOKIE) is None
@@ -449,11 +463,11 @@ def test_read_only_by_default(connection):
         '/action/configure', data={'policy': 'queue_slot', 'queue': 'ro', 'capacity': '9', 'confirmed': 'yes'}
     )
     assert response.status_code == 403 and '--allow-actions' in response.get_data(as_text=True)
-    assert QueueSlot.capacity('ro', connection=connection) == 2
+    assert QueueSlot.get('ro', connection=connection) == Cap(2)
 
 
 def test_actions_need_the_csrf_token_and_the_same_origin(connection):
-    QueueSlot.set_capacity('guarded', 2, connection=connection)
+    QueueSlot.set('guarded', 2, connection=connection)
     c = client(connection, allow_actions=True)
     token = csrf(c)
     form = {'policy': 'queue_slot', 'queue': 'guarded', 'capacity': '9', 'confirmed': 'yes'}
@@ -463,9 +477,9 @@ def test_actions_need_the_csrf_token_and_the_same_origin(connection):
     assert other.status_code == 403
     fresh = client(connection, allow_actions=True)  # a token without its cookie (another browser's)
     assert fresh.post('/action/configure', data={**form, 'csrf': token}).status_code == 403
-    assert QueueSlot.capacity('guarded', connection=connection) == 2
+    assert QueueSlot.get('guarded', connection=connection) == Cap(2)
     assert c.post('/action/configure', data={**form, 'csrf': token}).status_code == 200
-    assert QueueSlot.capacity('guarded', connection=connection) == 9
+    assert QueueSlot.get('guarded', connection=connection) == Cap(9)
 
 
 def test_cap_and_rate_set_and_clear_each_after_a_confirmation(connection):
@@ -478,9 +492,9 @@ def test_cap_and_rate_set_and_clear_each_after_a_confirmation(connection):
         (
             'configure',
             {'policy': 'queue_slot', 'capacity': '3'},
-            lambda: QueueSlot.capacity('ops', connection=connection),
+            lambda: QueueSlot.get('ops', connection=connection),
             None,
-            3,
+            Cap(3),
         ),
         (
             'configure',
@@ -489,7 +503,7 @@ def test_cap_and_rate_set_and_clear_each_after_a_confirmation(connection):
             None,
             QueueRate(10, 60),
         ),
-        ('unconfigure', {'policy': 'queue_slot'}, lambda: QueueSlot.capacity('ops', connection=connection), 3, None),
+        ('unconfigure', {'policy': 'queue_slot'}, lambda: QueueSlot.get('ops', connection=connection), Cap(3), None),
         (
             'unconfigure',
             {'policy': 'queue_rate'},

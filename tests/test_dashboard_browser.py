@@ -55,7 +55,7 @@ if not _why:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from rq_policies import Loner, PolicyQueue, QueueRate, QueueSlot
+    from rq_policies import Cap, Loner, PolicyQueue, QueueRate, QueueSlot
     from rq_policies.dashboard import create_app
 
 
@@ -151,7 +151,7 @@ def test_live_holds_rates_and_drops_standalone_and_inside_rq_dashboard(
 
     from rq_policies.contrib.rq_dashboard import blueprint
 
-    QueueSlot.set_capacity('capped', 1, connection=connection)
+    QueueSlot.set('capped', 1, connection=connection)
     QueueRate.set('rated', 1, 2, connection=connection)
     port = _free_port()
     standalone = subprocess.Popen(
@@ -264,7 +264,7 @@ def _port_open(port: int) -> bool:
 
 def test_a_script_queue_name_is_text_and_an_action_asks_before_it_writes(browser, connection):
     PolicyQueue(XSS, connection=connection).enqueue(jobs.plain, 1, policy=Loner())
-    QueueSlot.set_capacity('ops', 1, connection=connection)
+    QueueSlot.set('ops', 1, connection=connection)
     served = _Thread(create_app(connection, allow_actions=True, refresh_seconds=0))
     try:
         browser.get(served.url + '/')
@@ -280,9 +280,9 @@ def test_a_script_queue_name_is_text_and_an_action_asks_before_it_writes(browser
         _until(browser, lambda d: d.find_elements(By.ID, 'action-what'), message='no confirmation page')
         assert "Set queue_slot of queue 'ops' to capacity=4." in browser.find_element(By.ID, 'action-what').text
         assert 'cap 1' in browser.find_element(By.ID, 'action-now').text
-        assert QueueSlot.capacity('ops', connection=connection) == 1  # asking wrote nothing
+        assert QueueSlot.get('ops', connection=connection) == Cap(1)  # asking wrote nothing
         browser.find_element(By.CSS_SELECTOR, '#confirm button').click()
         _until(browser, lambda d: d.find_elements(By.ID, 'action-done'), message='the action did not complete')
-        assert QueueSlot.capacity('ops', connection=connection) == 4
+        assert QueueSlot.get('ops', connection=connection) == Cap(4)
     finally:
         served.close()

@@ -38,7 +38,7 @@ def snapshot(conn):
 def seeded(conn):
     q = PolicyQueue('seed', connection=conn)
     q.enqueue(jobs.sweep_cache, 'seed')
-    QueueSlot.set_capacity('seed', 3, connection=conn)
+    QueueSlot.set('seed', 3, connection=conn)
     QueueSlot.acquire('seed', capacity=3, token='holder', connection=conn)
     return q
 
@@ -86,7 +86,7 @@ def test_capacity_and_ttl_rejected_without_a_trace(connection, capacity, ttl):
     valid_cap, valid_ttl = positive(capacity) and capacity <= MAX_CAPACITY, whole_seconds(ttl)
     if not valid_cap:
         with pytest.raises(ValueError, match='capacity'):
-            QueueSlot.set_capacity('seed', capacity, connection=connection)
+            QueueSlot.set('seed', capacity, connection=connection)
     if not (valid_cap and valid_ttl):
         with pytest.raises(ValueError, match='capacity|ttl'):
             QueueSlot.acquire('seed', capacity=capacity, ttl=ttl, token='x', connection=connection)

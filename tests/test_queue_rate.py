@@ -233,7 +233,7 @@ def test_a_limited_queue_is_skipped_and_the_next_one_served(connection):
 def test_a_refused_cap_consumes_no_rate_and_a_refused_rate_takes_no_hold(connection):
     push(connection, 'both', 4)
     QueueRate.set('both', 10, per=10, burst=2, connection=connection)
-    QueueSlot.set_capacity('both', 1, connection=connection)
+    QueueSlot.set('both', 1, connection=connection)
     first = fetch_once(connection, ['both'], 'h:1:1:1')
     assert isinstance(first, Claim) and len(first.holds) == 1
     tat = connection.get(keys.rate_tat('both'))
@@ -241,11 +241,11 @@ def test_a_refused_cap_consumes_no_rate_and_a_refused_rate_takes_no_hold(connect
         assert isinstance(fetch_once(connection, ['both'], 'h:1:1:2'), Look)  # the cap refuses
     assert connection.get(keys.rate_tat('both')) == tat
     assert QueueRate.status('both', connection=connection).available == 1
-    QueueSlot.set_capacity('both', 5, connection=connection)
+    QueueSlot.set('both', 5, connection=connection)
     assert isinstance(fetch_once(connection, ['both'], 'h:1:1:3'), Claim)
     refused = fetch_once(connection, ['both'], 'h:1:1:4')  # the rate refuses: no hold is taken
     assert isinstance(refused, Look) and refused.until is not None
-    assert QueueSlot.in_use('both', connection=connection) == 2
+    assert QueueSlot.status('both', connection=connection).in_use == 2
     for token in list(QueueSlot.HELD.snapshot()):
         QueueSlot.HELD.discard(token)
 
@@ -419,7 +419,7 @@ def test_backoff_from_a_job_stops_the_queue_on_every_worker_other_queues_flow(co
 
 def test_snooze_runs_the_job_again_with_its_id_and_max_snoozes_fails_it(connection, redis_url, worker_env):
     q = PolicyQueue('naps', connection=connection)
-    QueueSlot.set_capacity('naps', 1, connection=connection)
+    QueueSlot.set('naps', 1, connection=connection)
     napper = q.enqueue(snooze_times, 'naps:starts', 2, 1)
     capped = q.enqueue(snooze_times, 'naps:capped', 5, 0.5, max_snoozes=2)
     t0 = server_now(connection)
@@ -436,7 +436,7 @@ def test_snooze_runs_the_job_again_with_its_id_and_max_snoozes_fails_it(connecti
     assert napper.id not in FailedJobRegistry('naps', connection=connection).get_job_ids()
     capped.refresh()
     assert capped.meta[SNOOZES_META] == 2 and 'max_snoozes=2 reached' in (capped.latest_result().exc_string or '')
-    assert QueueSlot.in_use('naps', connection=connection) == 0  # every snooze gave its hold back
+    assert QueueSlot.status('naps', connection=connection).in_use == 0  # every snooze gave its hold back
 
 
 @pytest.mark.long

@@ -463,9 +463,10 @@ class Concurrency(KeyedPolicy):
         out = []
         for row in rows:
             limit_text = '?' if row['limit'] is None else str(row['limit'])
-            due = '' if row['next_due'] is None else f', next due in {max(row["next_due"] - now, 0):.1f} s'
+            waiting = waiting_words(row, now)
             mark = ' (override)' if row['overridden'] else ''
-            out.append(f'key {row["key"]}  {row["in_use"]}/{limit_text}{mark} in use, {row["parked"]} parked{due}')
+            out.append(f'key {row["key"]}  {row["in_use"]}/{limit_text}{mark} in use, {row["parked"]} parked'
+                       + (f'; {waiting}' if waiting else ''))
         return out
 
     @classmethod
@@ -483,13 +484,13 @@ class Concurrency(KeyedPolicy):
             out.append({
                 'note': note,
                 'title': f'Concurrency per key: {scope}',
-                'columns': ['key', 'in use', 'limit', 'parked', 'next due (s)'],
+                'columns': ['key', 'in use', 'limit', 'parked', 'waiting for'],
                 'rows': [[
                     row['key'],
                     {'text': str(row['in_use']), 'warn': True}
                     if row['limit'] is not None and row['in_use'] > row['limit'] else row['in_use'],
                     row['limit'], row['parked'],
-                    None if row['next_due'] is None else round(max(row['next_due'] - now, 0.0), 3),
+                    _waiting_cell(row, now),
                 ] for row in rows],
             })
         return out
@@ -612,7 +613,7 @@ def _key_rows(conn: Any, policy: str, scope: str, names: list[str], now: float) 
     this key). A key none of these name has no limit shown."""
     from .queue_slot import _running_jobs
 
-    width = 6
+    width = 7
     with conn.pipeline(transaction=False) as pipe:
         for key in names:
             channel = keys.key_channel(scope, key)
@@ -622,6 +623,7 @@ def _key_rows(conn: Any, policy: str, scope: str, names: list[str], now: float) 
             pipe.lindex(f'{keys.KEY_PARKED_PREFIX}{policy}:{channel}', 0)
             pipe.zscore(keys.KEY_DUE, f'{policy}:{channel}')
             pipe.zrangebyscore(keys.KEY_HOLDS_PREFIX + channel, f'({now:.6f}', '+inf', start=0, num=1)
+            pipe.get(keys.KEY_BLOCK_PREFIX + channel)
         replies = pipe.execute()
     sources: dict[int, str] = {}  # row -> the job whose declared limit it shows
     holders: dict[int, str] = {}  # row -> the token of a live hold, when no parked job or reservation names a job
@@ -647,11 +649,46 @@ def _key_rows(conn: Any, policy: str, scope: str, names: list[str], now: float) 
         fields = dict(zip(sources, pipe.execute()))
     rows = []
     for i, key in enumerate(names):
-        in_use, override, parked, _, due, _ = replies[i * width:i * width + width]
+        in_use, override, parked, _, due, _, blocked = replies[i * width:i * width + width]
         limit = int(override) if override is not None else _declared_limit(fields.get(i), keys.key_channel(scope, key))
-        rows.append({'key': key, 'in_use': int(in_use), 'limit': limit, 'overridden': override is not None,
-                     'parked': int(parked), 'next_due': float(due) if due is not None else None})
+        until = float(blocked) if blocked is not None and float(blocked) > now else None
+        row = {'key': key, 'in_use': int(in_use), 'limit': limit, 'overridden': override is not None,
+               'parked': int(parked), 'next_due': float(due) if due is not None else None, 'backoff_until': until}
+        row['waiting_for'] = _waiting_for(row)
+        rows.append(row)
     return rows
+
+
+def _waiting_for(row: dict[str, Any]) -> str | None:
+    """What a key with parked jobs waits for: ``'backoff'`` (a BackOff(key=True) ends at ``backoff_until``),
+    ``'release'`` (a running job of the key ends; ``next_due`` is only the latest that can come, its hold's expiry
+    should its worker die) or ``'fetch'`` (a unit is free: the next fetch gives a parked job back); None when
+    nothing is parked."""
+    if not row['parked']:
+        return None
+    if row['backoff_until'] is not None:
+        return 'backoff'
+    if row['limit'] is None or row['in_use'] >= row['limit']:
+        return 'release'
+    return 'fetch'
+
+
+def waiting_words(row: dict[str, Any], now: float) -> str:
+    """:func:`_waiting_for` in words, with the moments it names (local time and how far from now)."""
+    from .readable import at, relative
+
+    kind = row.get('waiting_for')
+    if kind == 'backoff':
+        return f'waiting for its back-off to end {at(row["backoff_until"], now)}'
+    if kind == 'release':
+        words = 'waiting for a release (a running job of the key ends)'
+        if row.get('next_due') is not None:
+            words += f'; a dead worker\'s hold expires {relative(row["next_due"] - now)}'
+        return words
+    if kind == 'fetch':
+        return 'a unit is free: the next fetch gives a parked job back'
+    return ''
+
 
 
 def _declared_limit(raw: Any, channel: str) -> int | None:
@@ -714,3 +751,19 @@ def _glob(value: str) -> str:
 
 
 
+
+
+def _waiting_cell(row: dict[str, Any], now: float) -> Any:
+    """The page's "waiting for" cell of a key: what its parked jobs wait for, with the moment as a live time."""
+    kind = row.get('waiting_for')
+    if kind == 'backoff':
+        return {'text': 'its back-off to end', 'at': row['backoff_until'] - now}
+    if kind == 'release':
+        cell: dict[str, Any] = {'text': 'a release (a running job ends)'}
+        if row.get('next_due') is not None:
+            cell['note'] = 'a dead worker\'s hold expires'
+            cell['at'] = row['next_due'] - now
+        return cell
+    if kind == 'fetch':
+        return 'the next fetch (a unit is free)'
+    return None

@@ -252,10 +252,14 @@ class Rate(KeyedPolicy, GcraRate):
 
     @classmethod
     def key_lines(cls, rows: list[dict[str, Any]], now: float) -> list[str]:
+        from .readable import at
+
         out = []
         for row in rows:
-            due = '' if row['next_due'] is None else f', next start in {max(row["next_due"] - now, 0):.1f} s'
-            out.append(f'key {row["key"]}  rate: {row["parked"]} parked{due}')
+            due = '' if row['next_due'] is None else f'; waiting for its rate: next start {at(row["next_due"], now)}'
+            rate = '' if row['rate'] is None else ' {}/{}s burst {}'.format(*row['rate'])
+            mark = ' (set at run time)' if row.get('set_at_run_time') else ''
+            out.append(f'key {row["key"]}  rate{rate}{mark}: {row["parked"]} parked{due}')
         return out
 
     @classmethod
@@ -271,10 +275,12 @@ class Rate(KeyedPolicy, GcraRate):
                 out.append({
                     'note': note,
                     'title': f'Rate per key: {scope}',
-                    'columns': ['key', 'parked', 'next start (s)', 'rate'],
+                    'columns': ['key', 'parked', 'waiting for', 'rate'],
                     'rows': [[row['key'], row['parked'],
-                              None if row['next_due'] is None else round(max(row['next_due'] - now, 0.0), 3),
-                              None if row['rate'] is None else '{}/{}s burst {}'.format(*row['rate'])]
+                              None if row['next_due'] is None else
+                              {'text': 'its rate', 'note': 'next start', 'at': max(row['next_due'] - now, 0.0)},
+                              None if row['rate'] is None else '{}/{}s burst {}'.format(*row['rate'])
+                              + (' (set at run time)' if row.get('set_at_run_time') else '')]
                              for row in rows],
                 })
         return out

@@ -275,24 +275,29 @@ class QueueRate(FetchPolicy, GcraRate):
             words.append(f'rate {rate["limit"]}/{rate["per"]}s burst {rate["burst"]}, {entry["rate_available"]} '
                          'available')
         if entry.get('backoff_until'):
-            words.append(f'backed off {entry["backoff_seconds_left"]:.1f}s')
+            words.append(f'backed off for {entry["backoff_seconds_left"]:.0f} s more')
         return ', '.join(words)
 
     @classmethod
     def describe_queue(cls, entry: dict[str, Any]) -> list[str]:
+        """``info``'s lines: the starts available and when the next is allowed, and a back-off's end (local time and
+        how far from now; ``entry['server_time']`` is the server time the state was read at)."""
+        from .readable import at
+
         lines = []
+        now = entry.get('server_time')
         if entry.get('rate'):
-            lines.append(f'  rate      {entry["rate_available"]} start(s) available, next start at server time '
-                         f'{entry["rate_next_at"]:.3f}')
+            when = 'now' if now is None or entry['rate_next_at'] <= now else at(entry['rate_next_at'], now)
+            lines.append(f'  rate      {entry["rate_available"]} start(s) available, next start {when}')
         if entry.get('backoff_until'):
-            lines.append(f'  backoff   no start until server time {entry["backoff_until"]:.3f} '
-                         f'(in {entry["backoff_seconds_left"]:.1f}s)')
+            until = at(entry['backoff_until'], now) if now is not None else f'in {entry["backoff_seconds_left"]:.1f} s'
+            lines.append(f'  backoff   no start until {until}')
         return lines
 
     @classmethod
     def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
         """The dashboard's rates panel: per queue with a rate or a back-off, the rate, the starts allowed now, when
-        the next start is allowed (seconds from now, server clock) and the back-off left."""
+        the next start is allowed and when a back-off ends (local time and how far from now)."""
         names = sorted(cls.configured_queues(connection)
                        | {text(m) for m in connection.zrangebyscore(keys.BACKOFF, f'({now:.6f}', '+inf')})
         names = [name for name in names if not search or search in name]
@@ -304,13 +309,14 @@ class QueueRate(FetchPolicy, GcraRate):
                 name,
                 f'{rate["limit"]}/{rate["per"]}s burst {rate["burst"]}' if rate else None,
                 entry['rate_available'],
-                round(max(0.0, entry['rate_next_at'] - now), 2) if rate else None,
-                {'text': f'{left:.1f}', 'warn': True} if left else None,
+                ('now' if entry['rate_next_at'] <= now else {'text': '', 'at': entry['rate_next_at'] - now})
+                if rate else None,
+                {'text': '', 'note': 'until', 'at': left, 'warn': True} if left else None,
             ])
         if not rows:
             return []
         return [{'title': 'Queue rates (QueueRate)', 'rows': rows,
-                 'columns': ['queue', 'rate', 'starts available', 'next start in (s)', 'backed off for (s)'],
+                 'columns': ['queue', 'rate', 'starts available', 'next start', 'backed off'],
                  'note': f'{len(rows)} of {len(names)} queues listed' if len(names) > len(rows) else ''}]
 
     @classmethod

@@ -326,7 +326,9 @@ class QueueSlot(FetchPolicy):
 
     @classmethod
     def describe_queue(cls, entry: dict[str, Any]) -> list[str]:
-        lines = [f'  hold      {hold["holder"]:<48} expires in {hold["expires_in"]:.1f}s' for hold in entry['holds']]
+        from .readable import in_seconds
+
+        lines = [f'  hold      {hold["holder"]:<36} expires {in_seconds(hold["expires_in"])}' for hold in entry['holds']]
         if entry['holds_in_use'] > len(entry['holds']):
             lines.append(f'  ... and {entry["holds_in_use"] - len(entry["holds"])} more (--limit 0 lists all)')
         return lines
@@ -384,8 +386,10 @@ class QueueSlot(FetchPolicy):
     def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
         """The dashboard's holds panel: per queue with a cap or a hold, the cap, the holds in use and each hold
         (holder, the job its worker runs, seconds to expiry). A hold past its expiry still in the ledger is
-        *lapsed*: its holder stopped refreshing (killed, or stalled longer than the ttl); the next fetch purges it,
-        and it is shown as a warning until then."""
+        *expired*: its holder stopped refreshing (killed, or stalled longer than the ttl); it no longer counts
+        against the cap, and the next fetch purges it. It is shown greyed, as expired, until then: nothing is wrong
+        (a hold that ages out is the crash path working), and a running job's lapsed hold is re-added and counted
+        by its worker's next heartbeat (``rq_policies_hold_lapses_total`` counts those)."""
         from . import state
 
         names = [name for name in state.queue_names(connection) if not search or search in name]
@@ -403,9 +407,10 @@ class QueueSlot(FetchPolicy):
             in_use = entry['holds_in_use']
             queues.append([name, entry['capacity'], in_use, len(lapsed)])
             for token, score in lapsed:
-                holds.append([name, token, None, {'text': f'lapsed {now - score:.1f} s ago', 'warn': True}])
+                holds.append([name, token, None, {'text': 'expired (no longer counts)', 'at': score - now,
+                                                  'expired': True}])
             for hold in entry['holds']:
-                holds.append([name, hold['holder'], None, round(hold['expires_in'], 1)])
+                holds.append([name, hold['holder'], None, {'text': '', 'at': hold['expires_in']}])
             shown += in_use + len(lapsed)
         holds = holds[:limit]
         jobs = _running_jobs(connection, [row[1] for row in holds])
@@ -414,10 +419,10 @@ class QueueSlot(FetchPolicy):
             row[2] = {'text': job_id, 'job': job_id} if job_id else None
         if not queues:
             return []
-        out = [{'title': 'Queue caps (QueueSlot)', 'columns': ['queue', 'cap', 'in use', 'lapsed holds'],
+        out = [{'title': 'Queue caps (QueueSlot)', 'columns': ['queue', 'cap', 'in use', 'expired holds (not counted)'],
                 'rows': queues}]
         if holds:
-            out.append({'title': 'Holds (QueueSlot)', 'columns': ['queue', 'holder', 'job', 'expires in (s)'],
+            out.append({'title': 'Holds (QueueSlot)', 'columns': ['queue', 'holder', 'job', 'expires'],
                         'rows': holds, 'note': f'{len(holds)} of {shown} holds listed' if shown > len(holds) else ''})
         return out
 

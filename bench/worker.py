@@ -132,7 +132,8 @@ def throughput_round(conn: Redis, variant: str, queue_name: str, jobs: int, proc
     if capped:
         # The horse records the job finished; its worker releases the hold right after (with its next command), so on
         # a loaded machine the last hold may still be live for a moment here. One still live seconds later leaked.
-        wait_until(lambda: not QueueSlot.status(queue_name, connection=conn).in_use, 10, 'the holds released (one leaked?)')
+        wait_until(lambda: not QueueSlot.status(queue_name, connection=conn).in_use, 10,
+                   'the holds released (one leaked?)')
     return Sample(rate, (cpu1 - cpu0) * 1000 / jobs, (server1 - server0) * 1000 / jobs)
 
 
@@ -188,8 +189,8 @@ def release_to_start(conn: Redis, url: str, jobs: int) -> list[float]:
     q = PolicyQueue('handover', connection=conn)
     with workers_up(conn, url, 'rq_policies.PolicyWorker', 'handover', 3):
         q.enqueue_many([Queue.prepare_data(bench_jobs.record_start, (0.05,)) for _ in range(jobs)])
-        wait_until(lambda: conn.llen('bench:starts') == jobs and QueueSlot.status('handover', connection=conn).in_use == 0,
-                   120, 'the hand-over jobs')
+        wait_until(lambda: conn.llen('bench:starts') == jobs
+                   and QueueSlot.status('handover', connection=conn).in_use == 0, 120, 'the hand-over jobs')
         time.sleep(0.2)
     done.set()
     thread.join()

@@ -4,27 +4,27 @@ Every setting an operator changes at run time (no deploy: it lives in Redis and 
 next fetch) is reached through the same four classmethods, with the same argument order (*what* the setting is for,
 then the values, then ``connection=``), the same return types and the same errors:
 
-=======================  ===================================================  =====================================
-call                     returns                                              what
-=======================  ===================================================  =====================================
-``X.set(what, values)``  the setting now stored, a frozen dataclass           write (wakes idle workers)
-``X.get(what)``          that dataclass, or None when nothing is set          read the setting
-``X.clear(what)``        True when there was a setting to remove              remove it
-``X.status(what)``       a frozen dataclass of the state *now* (or None)      read the live state (gauges)
-=======================  ===================================================  =====================================
+=======================  ===========================================  ============================
+call                     returns                                      what
+=======================  ===========================================  ============================
+``X.set(what, values)``  the setting now stored, a frozen dataclass   write (wakes idle workers)
+``X.get(what)``          that dataclass, or None when nothing is set  read the setting
+``X.clear(what)``        True when there was a setting to remove      remove it
+``X.status(what)``       a frozen dataclass of the state *now*        read the live state (gauges)
+=======================  ===========================================  ============================
 
-=====================  ===============  ============================================  ===================================
-policy                 what             setting (``set``/``get``)                     state (``status``)
-=====================  ===============  ============================================  ===================================
-``QueueSlot``          queue            :class:`Cap` ``(capacity)``                   :class:`SlotStatus`
-``QueueRate``          queue            ``QueueRate(limit, per, burst)``              :class:`~rq_policies.RateStatus`
-``Concurrency``        scope, key       :class:`KeyLimit` ``(limit)``                 :class:`KeyStatus`
-``Rate``               scope, key       :class:`KeyRate` ``(limit, per, burst)``      :class:`~rq_policies.RateStatus`
-=====================  ===============  ============================================  ===================================
+===========  ==========  ========================================  ================================
+policy       what        setting (``set``/``get``)                 state (``status``)
+===========  ==========  ========================================  ================================
+QueueSlot    queue       :class:`Cap` ``(capacity)``               :class:`SlotStatus`
+QueueRate    queue       ``QueueRate(limit, per, burst)``          :class:`~rq_policies.RateStatus`
+Concurrency  scope, key  :class:`KeyLimit` ``(limit)``             :class:`KeyStatus`
+Rate         scope, key  :class:`KeyRate` ``(limit, per, burst)``  :class:`~rq_policies.RateStatus`
+===========  ==========  ========================================  ================================
 
 ``get`` answers only what was *set*: a per-key policy's declared limit (on the function) is not a run-time setting
 and is not returned by ``get``; ``status`` shows the limit in force, whichever it is. A state reading is named
-``status`` everywhere, as Sidekiq Enterprise's and Oban Pro's limiter APIs separate the limit from its live count.
+``status`` everywhere: a setting and its live count are different things, read by different calls.
 
 Back-offs (``QueueRate.backoff``, ``Concurrency.backoff``/``Rate.backoff``) are not settings: a back-off is an event
 with an end time, not a value that stays, so it keeps its verb and shows in ``status`` (``backoff_until``).

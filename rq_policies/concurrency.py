@@ -28,7 +28,8 @@ per queue like QueueSlot. The design, and why:
   earliest time the key could free: its oldest hold's expiry, its back-off's end); every fetch reads the index's
   head (one ZRANGEBYSCORE LIMIT, O(log n)) and gives back what due keys allow, and an idle worker wakes for the
   head's time. Nothing a fetch does grows with the number of keys or parked jobs.
-* **Run-time limits** (``Concurrency.set``/``get``/``clear``, :mod:`rq_policies.admin`) live in ``rq:policies:keylimits`` and win over the declared limit.
+* **Run-time limits** (``Concurrency.set``/``get``/``clear``, :mod:`rq_policies.admin`) live in
+  ``rq:policies:keylimits`` and win over the declared limit.
 
 What is not covered: jobs enqueued through a stock ``rq.Queue`` carry no key (nothing limits them), and stock rq
 workers do not check keys; a parked job counts in rq's deferred registry, not in its queue's length.
@@ -535,9 +536,12 @@ class Concurrency(KeyedPolicy):
         @click.argument('scope')
         @click.option('--limit', default='20', help='List at most this many keys (0: all; 20).')
         @click.option('--search', default=None, help='Only keys containing this text.')
+        @click.option('--json', 'as_json', is_flag=True, help='Print the keys as JSON (server-clock times).')
         @kit.pass_cli_config
-        def keys_command(cli_config: Any, scope: str, limit: str, search: str | None, **options: Any) -> None:
-            """The keys of SCOPE with running or parked jobs (Concurrency, Rate): in use / limit, parked, next due."""
+        def keys_command(cli_config: Any, scope: str, limit: str, search: str | None, as_json: bool,
+                         **options: Any) -> None:
+            """The keys of SCOPE with running or parked jobs (Concurrency, Rate): in use / limit, parked, and what
+            the parked jobs wait for (a release, a back-off, a rate), with local times."""
             count = kit.integer('--limit', limit, 10**9, minimum=0)
             try:
                 check_scope(scope)
@@ -545,6 +549,11 @@ class Concurrency(KeyedPolicy):
                 raise click.BadParameter(str(exc), param_hint='SCOPE') from None
             conn = kit.connect(cli_config)
             now = _server_now(conn)
+            if as_json:
+                kit.echo_json({'scope': scope, 'server_time': now,
+                               'policies': {policy.name: policy.key_rows(conn, scope, count, search, now)
+                                            for policy in _keyed_classes()}})
+                return
             shown = 0
             for policy in _keyed_classes():
                 for line in policy.key_lines(policy.key_rows(conn, scope, count, search, now), now):
@@ -559,25 +568,46 @@ class Concurrency(KeyedPolicy):
         @click.argument('n', required=False, type=kit.Digits(f'a positive integer up to {MAX_CAPACITY}', 1,
                                                               MAX_CAPACITY))
         @click.option('--clear', is_flag=True, help='Remove the override: the declared limit applies again.')
+        @click.option('--json', 'as_json', is_flag=True, help='Print the key\'s state as JSON.')
         @kit.pass_cli_config
-        def override(cli_config: Any, scope: str, key: str, n: int | None, clear: bool, **options: Any) -> None:
-            """Set the Concurrency limit of KEY in SCOPE to N at run time, or remove that override with --clear."""
-            if clear == (n is not None):
-                raise click.UsageError('give either N or --clear')
+        def override(cli_config: Any, scope: str, key: str, n: int | None, clear: bool, as_json: bool,
+                     **options: Any) -> None:
+            """Set the Concurrency limit of KEY in SCOPE to N at run time, remove that override with --clear, or
+            show the key's limit and state (no N)."""
+            if clear and n is not None:
+                raise click.UsageError('give either N or --clear, not both')
             try:
                 check_scope(scope)
                 key_text(key)
             except (TypeError, ValueError) as exc:
                 raise click.BadParameter(str(exc), param_hint='SCOPE' if 'scope' in str(exc) else 'KEY') from None
             conn = kit.connect(cli_config)
+            if not clear and n is None:
+                status = cls.status(scope, key, connection=conn)
+                if as_json:
+                    kit.echo_json({'scope': scope, 'key': key, 'limit': status.limit, 'overridden': status.overridden,
+                                   'in_use': status.in_use, 'parked': list(status.parked),
+                                   'backoff_until': status.backoff_until})
+                    return
+                limit = 'no known limit' if status.limit is None else (
+                    f'limit {status.limit} ({"override" if status.overridden else "declared"})')
+                click.echo(f'Key {key!r} of scope {scope!r}: {limit}, {status.in_use} in use, '
+                           f'{len(status.parked)} parked.')
+                return
             before = cls.get(scope, key, connection=conn)
             was = f'was {before.limit}' if before is not None else 'had no override'
             if clear:
                 cls.clear(scope, key, connection=conn)
-                click.echo(f'Key {key!r} of scope {scope!r} has its declared limit again ({was}).')
+                message = f'Key {key!r} of scope {scope!r} has its declared limit again ({was}).'
             else:
                 cls.set(scope, key, n, connection=conn)  # type: ignore[arg-type]
-                click.echo(f'Key {key!r} of scope {scope!r} is limited to {n} running at once ({was}).')
+                message = f'Key {key!r} of scope {scope!r} is limited to {n} running at once ({was}).'
+            if as_json:
+                found = cls.get(scope, key, connection=conn)
+                kit.echo_json({'scope': scope, 'key': key, 'override': found.limit if found else None,
+                               'was': before.limit if before else None})
+            else:
+                click.echo(message)
 
         return [keys_command, override]
 

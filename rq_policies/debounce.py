@@ -132,7 +132,8 @@ class Debounce(AdmissionPolicy):
         return (keys.DEBOUNCE_KEYS,)
 
     @classmethod
-    def describe(cls, family: keys.Family, block: dict[str, Any], digests: bool = False) -> list[str]:
+    def describe(cls, family: keys.Family, block: dict[str, Any], digests: bool = False,
+                 width: int = 40) -> list[str]:
         from .readable import relative
 
         def detail(row: dict[str, Any]) -> str:
@@ -142,7 +143,7 @@ class Debounce(AdmissionPolicy):
                 since = f', pending since {relative(float(first) - block["server_time"])}'
             return f'job {job}{since}' if job else ''
 
-        return pending_lines(family, block, detail, digests)
+        return pending_lines(family, block, detail, digests, width)
 
     @classmethod
     def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:

@@ -24,7 +24,6 @@ from . import keys
 from .admin import KeyRate, refusing
 from .concurrency import KeyedPolicy, KeyFunction, _setting_call, check_scope, key_text
 from .ops import need_connection as _need
-from .ops import server_now as _server_now
 from .ops import text
 from .policy import MAX_CAPACITY, MAX_SECONDS
 from .queue_rate import GcraRate, RateStatus, _status, check
@@ -221,7 +220,8 @@ class Rate(KeyedPolicy, GcraRate):
                  now: float | None = None, names: list[str] | None = None) -> list[dict[str, Any]]:
         """The keys of ``scope`` with jobs parked by their rate, most parked first, at most ``limit`` (0: all): each
         ``{'key', 'parked', 'next_due' (server time, or None), 'rate' ((limit, per, burst): the run-time rate, else
-        the one its oldest parked job declares, or None), 'set_at_run_time'}``. Found by SCAN (MATCH, COUNT), never KEYS, unless ``names`` gives the keys to read."""
+        the one its oldest parked job declares, or None), 'set_at_run_time'}``. Found by SCAN (MATCH, COUNT), never
+        KEYS, unless ``names`` gives the keys to read."""
         from .concurrency import _glob
 
         conn = _need(connection)

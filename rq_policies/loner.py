@@ -218,14 +218,15 @@ class Loner(AdmissionPolicy):
         }]
 
     @classmethod
-    def describe(cls, family: keys.Family, block: dict[str, Any], digests: bool = False) -> list[str]:
+    def describe(cls, family: keys.Family, block: dict[str, Any], digests: bool = False,
+                 width: int = 40) -> list[str]:
         from .readable import identity
 
         stale = block['count'] - block['waiting']
         lines = [f'  loner     {block["waiting"]} waiting' + (f', {stale} stale' if stale else '')]
         for row in block['entries']:
             holds = '' if row.get('waiting') else ', stale: no longer holds'
-            lines.append(f'    {identity(row, digests=digests)}  job {row["job_id"]} ({row["job_status"] or "gone"}'
+            lines.append(f'    {identity(row, width, digests)}  job {row["job_id"]} ({row["job_status"] or "gone"}'
                          f'{holds})')
         return lines
 

@@ -238,7 +238,7 @@ def by_name(name: str) -> type[Policy]:
 
 
 def pending_lines(family: Any, block: dict[str, Any], detail: Callable[[dict[str, Any]], str],
-                  digests: bool = False) -> list[str]:
+                  digests: bool = False, width: int = 40) -> list[str]:
     """``info``'s lines for a family of pending jobs (a trailing Throttle's, a Debounce's): a count, then one line per
     identity (its job's description, :func:`rq_policies.readable.identity`) with ``detail(row)`` and when it runs
     (the key expires at the job's run time)."""
@@ -248,7 +248,7 @@ def pending_lines(family: Any, block: dict[str, Any], detail: Callable[[dict[str
     for row in block['entries']:
         runs = f'  runs {in_seconds(row["expires_in"])}' if row['expires_in'] is not None else ''
         extra = detail(row)
-        lines.append(f'    {identity(row, digests=digests)}{"  " + extra if extra else ""}{runs}')
+        lines.append(f'    {identity(row, width, digests)}{"  " + extra if extra else ""}{runs}')
     return lines
 
 
@@ -307,14 +307,15 @@ class AdmissionPolicy(Policy):
         """The job was admitted: bring the Python object in line with what the script wrote, log what it replaced."""
 
     @classmethod
-    def describe(cls, family: Any, block: dict[str, Any], digests: bool = False) -> list[str]:
+    def describe(cls, family: Any, block: dict[str, Any], digests: bool = False,
+                 width: int = 40) -> list[str]:
         """The lines ``rq-policies info`` prints for one of this policy's key families on one queue (``block`` is
         what ``info --json`` shows for it: ``count`` and the listed ``entries``); an identity is shown as its job's
         description (:func:`rq_policies.readable.identity`), with the whole digest when ``digests``."""
         from .readable import identity
 
         lines = [f'  {family.name:<9} {block["count"]} key(s)']
-        lines += [f'    {identity(row, digests=digests)}' for row in block['entries']]
+        lines += [f'    {identity(row, width, digests)}' for row in block['entries']]
         return lines
 
     @classmethod

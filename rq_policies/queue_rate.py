@@ -22,6 +22,7 @@ QueueSlot caps how many run, QueueRate how many start per unit of time.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, ClassVar
@@ -30,7 +31,7 @@ from redis import Redis
 
 from . import keys
 from .admin import refusing, warn_unknown_queue
-from .exceptions import BackOff, Snooze, SnoozeLimitReached
+from .exceptions import BackOff, Snooze, SnoozeLimitReached, UnknownQueueWarning
 from .ledger import WAKE_CAPACITY
 from .ops import need_connection as _need
 from .ops import server_now as _server_now
@@ -349,15 +350,20 @@ class QueueRate(FetchPolicy, GcraRate):
         @click.option('--burst', default=None, help='Starts allowed at once after a quiet spell (1 to LIMIT; 1).')
         @click.option('--clear', is_flag=True, help='Remove the rate.')
         @click.option('--force', is_flag=True, help='Limit a queue rq does not know yet.')
+        @click.option('--json', 'as_json', is_flag=True, help='Print the rate and the starts available as JSON.')
         @kit.pass_cli_config
         def rate(cli_config: Any, queue: str, rate: str | None, burst: str | None, clear: bool, force: bool,
-                 **options: Any) -> None:
-            """Limit QUEUE to LIMIT job starts every PER across the cluster (100/60s, 5/1m, 10/1h, 3/1), or remove
-            the limit with --clear."""
-            if clear == (rate is not None):
-                raise click.UsageError('give either LIMIT/PER or --clear')
-            if clear and burst is not None:
-                raise click.UsageError('--burst goes with LIMIT/PER, not with --clear')
+                 as_json: bool, **options: Any) -> None:
+            """Limit QUEUE to LIMIT job starts every PER across the cluster (100/60s, 5/1m, 10/1h, 3/1), remove
+            the limit with --clear, or show it (no LIMIT/PER)."""
+            if clear and rate is not None:
+                raise click.UsageError('give either LIMIT/PER or --clear, not both')
+            if rate is None and burst is not None:
+                raise click.UsageError('--burst goes with LIMIT/PER')
+            if not clear and rate is None:
+                conn = kit.connect(cli_config)
+                _show_rate(kit, conn, queue, as_json)
+                return
             if not clear:
                 limit, per = parse_rate(rate)  # type: ignore[arg-type]
                 size = kit.integer('--burst', burst, MAX_CAPACITY) if burst is not None else 1
@@ -372,13 +378,47 @@ class QueueRate(FetchPolicy, GcraRate):
             was = f'was {before.limit}/{before.per}s burst {before.burst}' if before else 'was unlimited'
             if clear:
                 cls.clear(queue, connection=conn)
-                click.echo(f'Queue {queue!r} has no rate ({was}).')
+                message = f'Queue {queue!r} has no rate ({was}).'
             else:
-                cls.set(queue, new.limit, new.per, new.burst, connection=conn)
-                click.echo(f'Queue {queue!r} is limited to {new.limit} starts every {new.per}s, burst {new.burst} '
+                with warnings.catch_warnings():  # refused above unless --force: the operator meant it
+                    warnings.simplefilter('ignore', UnknownQueueWarning)
+                    cls.set(queue, new.limit, new.per, new.burst, connection=conn)
+                message = (f'Queue {queue!r} is limited to {new.limit} starts every {new.per}s, burst {new.burst} '
                            f'({was}).')
+            if as_json:
+                _show_rate(kit, conn, queue, True)
+            else:
+                click.echo(message)
 
         return [rate]
+
+
+def _show_rate(kit: Any, conn: Any, queue: str, as_json: bool) -> None:
+    """``rq-policies rate QUEUE``: the rate, the starts available now and the next one (local time), a back-off."""
+    import click
+
+    from .readable import at
+
+    rate, status, now = QueueRate.get(queue, connection=conn), QueueRate.status(queue, connection=conn), \
+        _server_now(conn)
+    if as_json:
+        kit.echo_json({
+            'queue': queue, 'rate': None if rate is None else {'limit': rate.limit, 'per': rate.per,
+                                                                 'burst': rate.burst},
+            'available': None if status is None else status.available,
+            'next_at': None if status is None else status.next_at,
+            'backoff_until': None if status is None else status.backoff_until, 'server_time': now,
+        })
+        return
+    if rate is None:
+        click.echo(f'Queue {queue!r} has no rate.')
+    else:
+        assert status is not None
+        when = 'now' if status.next_at <= now else at(status.next_at, now)
+        click.echo(f'Queue {queue!r} is limited to {rate.limit} starts every {rate.per}s, burst {rate.burst}: '
+                   f'{status.available} available, next start {when}.')
+    if status is not None and status.backoff_until is not None:
+        click.echo(f'Backed off: no start until {at(status.backoff_until, now)}.')
 
 
 _UNITS = {'': 1, 's': 1, 'm': 60, 'h': 3600, 'd': 86400}

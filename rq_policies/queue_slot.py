@@ -19,12 +19,14 @@ the cluster obeys the same number and an operator changes it without a deploy.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, ClassVar
 
 from redis import Redis
 
 from . import keys, ledger
 from .admin import Cap, SlotStatus, deprecated, refusing, warn_unknown_queue
+from .exceptions import UnknownQueueWarning
 from .ledger import WAKE_CAPACITY, WAKE_RELEASED, Hold
 from .ops import need_connection as _need
 from .ops import text
@@ -328,7 +330,8 @@ class QueueSlot(FetchPolicy):
     def describe_queue(cls, entry: dict[str, Any]) -> list[str]:
         from .readable import in_seconds
 
-        lines = [f'  hold      {hold["holder"]:<36} expires {in_seconds(hold["expires_in"])}' for hold in entry['holds']]
+        lines = [f'  hold      {hold["holder"]:<36} expires {in_seconds(hold["expires_in"])}'
+                 for hold in entry['holds']]
         if entry['holds_in_use'] > len(entry['holds']):
             lines.append(f'  ... and {entry["holds_in_use"] - len(entry["holds"])} more (--limit 0 lists all)')
         return lines
@@ -363,22 +366,44 @@ class QueueSlot(FetchPolicy):
         )
         @click.option('--clear', is_flag=True, help='Remove the cap (live holds stay until released or expired).')
         @click.option('--force', is_flag=True, help='Cap a queue rq does not know yet.')
+        @click.option('--json', 'as_json', is_flag=True, help='Print the cap and the holds in use as JSON.')
         @kit.pass_cli_config
-        def cap(cli_config: Any, queue: str, n: int | None, clear: bool, force: bool, **options: Any) -> None:
-            """Cap QUEUE at N jobs running across the cluster, or remove its cap with --clear."""
-            if clear == (n is not None):
-                raise click.UsageError('give either N or --clear')
-            limit = n or 0
+        def cap(cli_config: Any, queue: str, n: int | None, clear: bool, force: bool, as_json: bool,
+                **options: Any) -> None:
+            """Cap QUEUE at N jobs running across the cluster, remove its cap with --clear, or show it (no N)."""
+            if clear and n is not None:
+                raise click.UsageError('give either N or --clear, not both')
+            try:
+                queue_name(queue)
+            except ValueError as exc:
+                raise click.BadParameter(str(exc), param_hint='QUEUE') from None
             conn = kit.connect(cli_config)
+            if not clear and n is None:
+                status = cls.status(queue, connection=conn)
+                if as_json:
+                    kit.echo_json({'queue': queue, 'capacity': status.capacity, 'in_use': status.in_use})
+                elif status.capacity is None:
+                    click.echo(f'Queue {queue!r} is uncapped ({status.in_use} hold(s) in use).')
+                else:
+                    click.echo(f'Queue {queue!r} is capped at {status.capacity}, {status.in_use} in use.')
+                return
             kit.require_known(conn, queue, force or clear)
-            before = cls.capacity(queue, connection=conn)
-            was = f'was {before}' if before is not None else 'was uncapped'
+            before = cls.get(queue, connection=conn)
+            was = f'was {before.capacity}' if before is not None else 'was uncapped'
             if clear:
-                cls.clear_capacity(queue, connection=conn)
-                click.echo(f'Queue {queue!r} is uncapped ({was}).')
+                cls.clear(queue, connection=conn)
+                message = f'Queue {queue!r} is uncapped ({was}).'
             else:
-                cls.set_capacity(queue, limit, connection=conn)
-                click.echo(f'Queue {queue!r} is capped at {limit} ({was}).')
+                with warnings.catch_warnings():  # refused above unless --force: the operator meant it
+                    warnings.simplefilter('ignore', UnknownQueueWarning)
+                    cls.set(queue, n, connection=conn)  # type: ignore[arg-type]
+                message = f'Queue {queue!r} is capped at {n} ({was}).'
+            if as_json:
+                now = cls.get(queue, connection=conn)
+                kit.echo_json({'queue': queue, 'capacity': now.capacity if now else None,
+                               'was': before.capacity if before else None})
+            else:
+                click.echo(message)
 
         return [cap]
 

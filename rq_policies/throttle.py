@@ -261,15 +261,16 @@ class Throttle(AdmissionPolicy):
         return (keys.THROTTLE_KEYS, keys.TRAILING_KEYS)
 
     @classmethod
-    def describe(cls, family: keys.Family, block: dict[str, Any], digests: bool = False) -> list[str]:
+    def describe(cls, family: keys.Family, block: dict[str, Any], digests: bool = False,
+                 width: int = 40) -> list[str]:
         from .readable import identity
 
         if family.windowed:
             lines = [f'  throttle  {block["count"]} live window(s)']
             for row in block['entries']:
-                lines.append(f'    {identity(row, digests=digests)}  job {row["job_id"]}  {window_words(row)}')
+                lines.append(f'    {identity(row, width, digests)}  job {row["job_id"]}  {window_words(row)}')
             return lines
-        return pending_lines(family, block, lambda row: f'job {row["job_id"]}', digests)
+        return pending_lines(family, block, lambda row: f'job {row["job_id"]}', digests, width)
 
     @classmethod
     def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:

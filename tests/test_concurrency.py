@@ -638,7 +638,8 @@ def test_a_job_given_back_then_blocked_drops_its_reserved_unit_and_keeps_its_pla
     assert until > 0 and Concurrency.blocked_until(scope, 'k', connection=connection) == until
     assert isinstance(fetch(connection, 'h:16:1:1'), Look)
     assert Concurrency.parked(scope, 'k', connection=connection) == [first.id, second.id]  # its place kept
-    assert Concurrency.status(scope, 'k', connection=connection).in_use == 0  # the reserved unit is not held while blocked
+    # the reserved unit is not held while blocked
+    assert Concurrency.status(scope, 'k', connection=connection).in_use == 0
     time.sleep(1.05)
     assert fetch(connection, 'h:16:2:1').job_id == first.id  # the block ended: the due index gives it back
     with pytest.raises(ValueError, match='seconds'):

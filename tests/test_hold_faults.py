@@ -110,8 +110,8 @@ def test_a_restart_without_persistence_counts_the_running_job_again_once_the_cap
         assert connection.dbsize() == 0
         QueueSlot.set('restart', 1, connection=connection)  # the operator sets the cap again
         # The running job's hold reappears at the next heartbeat of its worker.
-        assert wait_for(lambda: holder in dict(QueueSlot.status('restart', connection=connection).holders), timeout=5), \
-            output(first)
+        assert wait_for(lambda: holder in dict(QueueSlot.status('restart', connection=connection).holders),
+                        timeout=5), output(first)
         second = start_worker(server.url, ['restart'], env, extra=FAST)
         other = q.enqueue(jobs.span_to_file, path, 0.2)
         assert wait_for(lambda: file_spans(path).get(other.id, [None, None])[1] is not None, timeout=30), \
@@ -146,7 +146,8 @@ def test_a_redis_error_in_the_heartbeat_leaves_the_hold_with_the_running_horse(o
         assert first.wait(30) is not None
         assert 'OOM' in output(first) or 'OutOfMemory' in output(first), output(first)
         assert file_spans(path)[long.id][1] is None  # the horse runs on...
-        assert holder in dict(QueueSlot.status('oom', connection=connection).holders), output(first)  # ...and so does its hold
+        # ...and so does its hold
+        assert holder in dict(QueueSlot.status('oom', connection=connection).holders), output(first)
         connection.config_set('maxmemory', 0)
         second = start_worker(server.url, ['oom'], env, extra=FAST)
         other = q.enqueue(jobs.span_to_file, path, 0.2)

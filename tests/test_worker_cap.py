@@ -141,14 +141,16 @@ def test_stop_command_and_a_killed_work_horse_give_the_slot_back_at_once(connect
         horse_pid(connection, 'stopped')
         assert QueueSlot.status('signals', connection=connection).in_use == 1
         send_stop_job_command(connection, stopped.id)
-        assert wait_for(lambda: QueueSlot.status('signals', connection=connection).in_use == 0, timeout=5), output(worker)
+        assert wait_for(lambda: QueueSlot.status('signals', connection=connection).in_use == 0,
+                        timeout=5), output(worker)
         assert wait_for(lambda: statuses(connection, [stopped.id]) == [JobStatus.STOPPED], timeout=5)
 
         killed = q.enqueue(jobs.pid_and_sleep, 'killed', 60)
         pid = horse_pid(connection, 'killed')
         assert QueueSlot.status('signals', connection=connection).in_use == 1
         os.kill(pid, signal.SIGKILL)
-        assert wait_for(lambda: QueueSlot.status('signals', connection=connection).in_use == 0, timeout=5), output(worker)
+        assert wait_for(lambda: QueueSlot.status('signals', connection=connection).in_use == 0,
+                        timeout=5), output(worker)
         assert wait_for(lambda: statuses(connection, [killed.id]) == [JobStatus.FAILED], timeout=5)
 
         after = q.enqueue(jobs.plain, 5)  # the freed slot is usable at once

@@ -373,7 +373,7 @@ class QueueRate(FetchPolicy, GcraRate):
                     hint = '--burst' if 'burst' in str(exc) else 'LIMIT/PER'
                     raise click.BadParameter(str(exc), param_hint=hint) from None
             conn = kit.connect(cli_config)
-            kit.require_known(conn, queue, force or clear)
+            kit.require_known(conn, queue, force or clear, command='rate')
             before = cls.get(queue, connection=conn)
             was = f'was {before.limit}/{before.per}s burst {before.burst}' if before else 'was unlimited'
             if clear:

@@ -29,6 +29,9 @@ and is not returned by ``get``; ``status`` shows the limit in force, whichever i
 Back-offs (``QueueRate.backoff``, ``Concurrency.backoff``/``Rate.backoff``) are not settings: a back-off is an event
 with an end time, not a value that stays, so it keeps its verb and shows in ``status`` (``backoff_until``).
 
+Every ``set`` and ``clear`` is safe to send twice (redis-py resends a call whose reply was lost): the state left is
+what one call leaves. Only ``clear``'s answer can differ then: the resent call finds nothing left and says False.
+
 Bad input raises :class:`~rq_policies.exceptions.InvalidSetting` (a ValueError) naming the argument and the value,
 before anything is written. Setting a cap or a rate on a queue nothing has seen yet warns
 (:class:`~rq_policies.exceptions.UnknownQueueWarning`) and stores it all the same.

@@ -256,3 +256,40 @@ def test_concurrency_status_reads_the_limit_in_force(connection):
     finally:
         for token in ledger.PROCESS.snapshot():
             ledger.PROCESS.discard(token)
+
+
+@pytest.mark.parametrize('family', FAMILIES, ids=str)
+def test_set_and_clear_with_a_lost_reply_leave_what_one_call_leaves(connection, fault_proxy, seen, family):
+    """redis-py resends a call whose reply was lost: a set or a clear that already landed, run again, leaves the same
+    state as one call (and set still answers the setting)."""
+    from redis import Redis
+    from redis.backoff import ExponentialBackoff
+    from redis.exceptions import ConnectionError, TimeoutError
+    from redis.retry import Retry
+
+    cls = family.cls
+    proxied = Redis.from_url(fault_proxy.url, socket_timeout=0.5, socket_connect_timeout=1,
+                             retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 3),
+                             retry_on_error=[ConnectionError, TimeoutError])
+    write = b'HSET' if cls in (QueueSlot, QueueRate) else b'EVALSHA'
+    try:
+        proxied.ping()
+        cls.set(*family.what, *family.values, connection=connection)
+        once = snapshot(connection)
+        cls.clear(*family.what, connection=connection)
+        cleared = snapshot(connection)
+
+        fault_proxy.drop_reply(match=write)
+        seen_before = fault_proxy.seen(write)
+        assert cls.set(*family.what, *family.values, connection=proxied) == family.setting
+        assert fault_proxy.seen(write) - seen_before >= 2  # the reply was lost, the call was sent again
+        assert snapshot(connection) == once
+
+        delete = b'HDEL' if cls in (QueueSlot, QueueRate) else b'EVALSHA'
+        fault_proxy.drop_reply(match=delete)
+        seen_before = fault_proxy.seen(delete)
+        cls.clear(*family.what, connection=proxied)  # its answer may be False: the first attempt removed it
+        assert fault_proxy.seen(delete) - seen_before >= 2
+        assert snapshot(connection) == cleared and cls.get(*family.what, connection=connection) is None
+    finally:
+        proxied.close()

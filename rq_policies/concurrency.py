@@ -423,8 +423,9 @@ class Concurrency(KeyedPolicy):
                  now: float | None = None, names: list[str] | None = None) -> list[dict[str, Any]]:
         """The keys of ``scope`` with live holds or parked jobs, busiest first, at most ``limit`` (0: all): each
         ``{'key', 'in_use', 'limit' (override, else the declared limit of a parked or running job's, or None),
-        'overridden', 'parked', 'next_due' (server time, or None)}``. Found by SCAN (MATCH, COUNT), never KEYS,
-        unless ``names`` gives the keys to read."""
+        'overridden', 'parked', 'next_due' (server time, or None: the key's oldest hold's crash expiry or its
+        back-off's end), 'backoff_until', 'waiting_for' ('release', 'backoff', 'fetch' or None: what the parked jobs
+        wait for)}``. Found by SCAN (MATCH, COUNT), never KEYS, unless ``names`` gives the keys to read."""
         conn = _need(connection)
         scope = check_scope(scope)
         now = _server_now(conn) if now is None else now

@@ -323,6 +323,9 @@ class Family:
     while_waiting: bool = False
     #: a field of the holder's job hash that, set to ``finished``, makes a started holder still hold its identity
     held_until_field: str = ''
+    #: (a windowed family) a field of the holder's job hash carrying the window's width in seconds, from which
+    #: ``info`` and the page show the window's start and end instead of its number
+    width_field: str = ''
 
     @property
     def needs_setting(self) -> bool:
@@ -346,7 +349,7 @@ class Family:
 
 
 LONER_KEYS = Family('loner', 'loner', while_waiting=True, held_until_field='policies_loner_until')
-THROTTLE_KEYS = Family('throttle', 'throttle', windowed=True)
+THROTTLE_KEYS = Family('throttle', 'throttle', windowed=True, width_field='policies_throttle_slot')
 TRAILING_KEYS = Family('trailing', 'throttle')
 DEBOUNCE_KEYS = Family('debounce', 'debounce', hash=True)
 

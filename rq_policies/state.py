@@ -167,10 +167,6 @@ def _batched(items: list[str]) -> Iterable[list[str]]:
         yield items[i: i + _BATCH]
 
 
-#: The job hash field a Throttle winner carries its window width in (``rq_policies.throttle.WIDTH_FIELD``).
-_WIDTH_FIELD = 'policies_throttle_slot'
-
-
 def _identity_rows(
     connection: Redis, family: keys.Family, key_list: list[str], job_prefix: str
 ) -> list[dict[str, Any]]:
@@ -192,7 +188,7 @@ def _identity_rows(
             for holder in holders:
                 if holder:
                     pipe.hmget(job_prefix + text(holder), 'status', family.held_until_field or 'status',
-                               'description', _WIDTH_FIELD)
+                               'description', family.width_field or 'description')
                 else:
                     pipe.echo('')
             statuses = pipe.execute()

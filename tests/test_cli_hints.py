@@ -126,8 +126,9 @@ def test_every_option_an_error_names_exists_on_that_command(connection, redis_ur
 
 def test_unknown_queue_hints_follow_the_command(connection, redis_url, state):
     """The 0.2 bug: info and reset on an unknown queue suggested --force, which neither has."""
-    for args, hint in ((['info', 'nosuch'], 'check the name'), (['reset', 'nosuch', 'jobs.plain'], 'check the name'),
-                       (['cap', 'nosuch', '3'], '--force to cap it'), (['rate', 'nosuch', '5/1'], '--force to limit it')):
+    cases = ((['info', 'nosuch'], 'check the name'), (['reset', 'nosuch', 'jobs.plain'], 'check the name'),
+             (['cap', 'nosuch', '3'], '--force to cap it'), (['rate', 'nosuch', '5/1'], '--force to limit it'))
+    for args, hint in cases:
         output = invoke(args, redis_url).output
         assert "unknown queue 'nosuch'" in output and hint in output, (args, output)
         assert ('--force' in output) == ('--force' in options(args[0])), (args, output)

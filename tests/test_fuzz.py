@@ -151,7 +151,8 @@ def _cli(*args, env):
 
 
 CLI_CASES = [
-    ('cap', 'seed', 'three'), ('cap', 'seed', '-1'), ('cap', 'seed', '0'), ('cap', 'seed', '1.5'), ('cap', 'seed'),
+    ('cap', 'seed', 'three'), ('cap', 'seed', '-1'), ('cap', 'seed', '0'), ('cap', 'seed', '1.5'),
+    ('cap', 'seed', '2', '--clear'),
     ('cap', 'no-such-queue', '2'), ('cap', '', '2'), ('reset', 'seed', 'not a path'), ('reset', 'seed', '.x'),
     ('reset', 'seed', 'jobs.sweep_cache', '--kwarg', 'novalue'), ('info', '--json', 'no-such-queue'),
     ('exporter', '--port', '0'), ('exporter', '--port', 'http'), ('cap', 'seed', '\u2603'), ('info', '--limit', 'x'),

@@ -190,7 +190,7 @@ def our_variants(conn: Counting, op: str, n: int, r: int) -> dict:
     def filled(worker_class, queue_class, capped):
         def setup():
             if capped:
-                QueueSlot.set_capacity(name, 10**6, connection=conn)
+                QueueSlot.set(name, 10**6, connection=conn)
             Queue(name, connection=conn).enqueue_many(
                 [Queue.prepare_data(work, (i,)) for i in range(n + 1)])
             worker = worker_class([queue_class(name, connection=conn)], connection=conn)

@@ -110,7 +110,7 @@ def prepare(conn: Redis, label: str, calls: int):
         pipe.rpush(f'rq:queue:{name}', *ids)
         pipe.execute()
     if label.endswith('capped'):
-        QueueSlot.set_capacity(name, 10**6, connection=conn)
+        QueueSlot.set(name, 10**6, connection=conn)
     return fetch_call([Queue(name, connection=conn)], 'bench:0', 90)
 
 

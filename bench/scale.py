@@ -20,6 +20,7 @@ import argparse
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -28,9 +29,12 @@ from bench_jobs import work  # noqa: E402
 from common import add_smoke, run_main, smoke_defaults  # noqa: E402
 from redis import Redis  # noqa: E402
 
-from rq_policies import Loner, PolicyQueue, QueueSlot, Throttle  # noqa: E402
+from rq_policies import Loner, PolicyQueue, QueueSlot, Throttle, UnknownQueueWarning  # noqa: E402
 from rq_policies.fetch import Fetcher, current_fetcher  # noqa: E402
 from rq_policies.testing import RedisServer  # noqa: E402
+
+# A bench caps and limits fresh queues before their first job, on purpose.
+warnings.simplefilter('ignore', UnknownQueueWarning)
 
 
 def load(conn: Redis, opts: argparse.Namespace) -> None:
@@ -43,7 +47,7 @@ def load(conn: Redis, opts: argparse.Namespace) -> None:
                 pipe.set(f'rq:policies:loner:scale:{i:064x}', f'other-{i}')
                 pipe.set(f'rq:policies:throttle:scale:{i:064x}:1', f'other-{i}', ex=3600)
             pipe.execute()
-    QueueSlot.set_capacity('capped', 10**6, connection=conn)
+    QueueSlot.set('capped', 10**6, connection=conn)
     for i in range(opts.holds):
         QueueSlot.acquire('capped', capacity=10**6, ttl=3600, token=f'elsewhere:{i}:1:1', connection=conn)
         QueueSlot.HELD.discard(f'elsewhere:{i}:1:1')  # other workers' holds: not this process's to refresh
@@ -93,11 +97,11 @@ def wide_look(opts: argparse.Namespace) -> None:
         conn = Redis.from_url(server.url)
         names = [f'w{i}' for i in range(50)]
         for name in names[:40]:
-            QueueSlot.set_capacity(name, 1, connection=conn)
+            QueueSlot.set(name, 1, connection=conn)
             QueueSlot.acquire(name, capacity=1, ttl=3600, token=f'busy:{name}', connection=conn)
             QueueSlot.HELD.discard(f'busy:{name}')
             PolicyQueue(name, connection=conn).enqueue(work, 1)  # waiting behind the full cap
-        QueueSlot.set_capacity('single', 10**6, connection=conn)
+        QueueSlot.set('single', 10**6, connection=conn)
         wide = [PolicyQueue(name, connection=conn) for name in names]
         single = PolicyQueue('single', connection=conn)
 
@@ -143,7 +147,7 @@ def main() -> int:
     smoke_defaults(opts, rounds=2, calls=10, identities=2000, holds=50, backlog=2000, warmup=10)
     with RedisServer() as empty_server, RedisServer() as loaded_server:
         empty, loaded = Redis.from_url(empty_server.url), Redis.from_url(loaded_server.url)
-        QueueSlot.set_capacity('capped', 10**6, connection=empty)
+        QueueSlot.set('capped', 10**6, connection=empty)
         load(loaded, opts)
         # the empty server's backlog fetch needs jobs too, a few of them
         PolicyQueue('scale', connection=empty).enqueue_many(

@@ -108,7 +108,7 @@ def one_round(conn: Redis, variant: str, queue_name: str, jobs: int, procs: list
     cpu1, server1 = _cpu_seconds(procs), _server_cpu(conn)
     rate = drain_rate(Job.fetch_many([job.id for job in batch], connection=conn), enqueued)
     if capped:
-        wait_until(lambda: not QueueSlot.in_use(queue_name, connection=conn), 10, 'the holds released (one leaked?)')
+        wait_until(lambda: not QueueSlot.status(queue_name, connection=conn).in_use, 10, 'the holds released (one leaked?)')
     return Sample(rate, (cpu1 - cpu0) * 1000 / jobs, (server1 - server0) * 1000 / jobs)
 
 
@@ -126,7 +126,7 @@ def run(url: str, jobs: int, workers: int, rounds: int, headroom: int) -> int:
         for name in names:
             worker_class, _, capped = VARIANTS[name]
             if capped:
-                QueueSlot.set_capacity(queues[name], workers + headroom, connection=conn)
+                QueueSlot.set(queues[name], workers + headroom, connection=conn)
             procs[name] = start_workers(url, worker_class, queues[name], workers)
         for queue_name in queues.values():
             up = Queue(queue_name, connection=conn)

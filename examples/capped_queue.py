@@ -34,10 +34,10 @@ def main(url: str) -> None:
     redis = Redis.from_url(url)
     q = PolicyQueue('reports', connection=redis)
     q.empty()
-    QueueSlot.set_capacity('reports', CAP, connection=redis)
-    print(f'QueueSlot.set_capacity({q.name!r}, {CAP}) -> capacity {QueueSlot.capacity("reports", connection=redis)}')
     for i in range(JOBS):
         q.enqueue(render_report, i, 0.5)
+    # After the first enqueue rq knows the queue; a cap on a queue nothing has seen yet warns (a typo?).
+    print(f'QueueSlot.set({q.name!r}, {CAP}) -> {QueueSlot.set("reports", CAP, connection=redis)}')
     print(f'{JOBS} jobs of 0.5 s enqueued; starting {WORKERS} workers: rq worker -w rq_policies.PolicyWorker reports\n')
 
     here = str(Path(__file__).resolve().parent)
@@ -55,14 +55,14 @@ def main(url: str) -> None:
     peak = 0
     begun = time.monotonic()
     while any(worker.poll() is None for worker in workers):
-        running, held = started.count, QueueSlot.in_use('reports', connection=redis)
+        running, held = started.count, QueueSlot.status('reports', connection=redis).in_use
         peak = max(peak, running)
         print(f'{time.monotonic() - begun:5.1f}s  running {running}/{CAP}  holds {held}  waiting {q.count:2d}  '
               f'done {finished.count:2d}  {"#" * running}', flush=True)
         time.sleep(0.25)
     print(f'\nall {finished.count} jobs done by {WORKERS} workers; at most {peak} ran at once (cap {CAP}); '
-          f'holds left: {QueueSlot.in_use("reports", connection=redis)}')
-    QueueSlot.clear_capacity('reports', connection=redis)
+          f'holds left: {QueueSlot.status("reports", connection=redis).in_use}')
+    QueueSlot.clear('reports', connection=redis)
 
 
 if __name__ == '__main__':

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from .admin import Cap, KeyLimit, KeyRate, KeyStatus, SlotStatus
 from .concurrency import Concurrency
 from .debounce import Debounce
-from .exceptions import DuplicateJob, InvalidArgument, PipelineNotSupported, PolicyConfigurationError, PolicyError
+from .exceptions import (
+    DuplicateJob,
+    InvalidArgument,
+    InvalidSetting,
+    PipelineNotSupported,
+    PolicyConfigurationError,
+    PolicyError,
+    UnknownQueueWarning,
+)
 from .explainer import UnknownJob, explain
 from .job import PolicyJob
 from .key_rate import Rate
@@ -22,12 +31,17 @@ __version__ = '0.1.0'
 __all__ = [
     'AdmissionPolicy',
     'BackOff',
+    'Cap',
     'Concurrency',
     'Debounce',
     'DroppedCall',
     'DuplicateJob',
     'FetchPolicy',
     'InvalidArgument',
+    'InvalidSetting',
+    'KeyLimit',
+    'KeyRate',
+    'KeyStatus',
     'LimitedCapacityWorker',
     'Loner',
     'Outcome',
@@ -44,10 +58,12 @@ __all__ = [
     'QueueSlot',
     'Rate',
     'RateStatus',
+    'SlotStatus',
     'Snooze',
     'SnoozeLimitReached',
     'Throttle',
     'UnknownJob',
+    'UnknownQueueWarning',
     'explain',
     'policy',
 ]

@@ -42,12 +42,23 @@ def _connect(cli_config: Any) -> Any:
     return conn
 
 
-def _require_known(conn: Any, queue: str, force: bool = False) -> None:
+#: What a refusal of an unknown queue suggests, per command: only options the command has (a test walks them).
+_UNKNOWN_QUEUE_HINTS = {
+    'cap': 'pass --force to cap it anyway',
+    'rate': 'pass --force to limit it anyway',
+    'info': 'check the name; rq-policies info with no QUEUE lists every queue with policy state',
+    'reset': 'check the name; rq-policies info lists the queues with policy state',
+}
+
+
+def _require_known(conn: Any, queue: str, force: bool = False, command: str = 'cap') -> None:
+    """Refuse a queue nothing has seen (rq, a policy setting, a live worker), with a hint the command can follow."""
     if force or state.known_queue(conn, queue):
         return
+    hint = _UNKNOWN_QUEUE_HINTS.get(command)
     raise CommandError(
-        f'unknown queue {queue!r}: rq has no such queue, it has no cap and no worker listens to it'
-        + (' (pass --force to cap it anyway)' if not force else '')
+        f'unknown queue {queue!r}: rq has no such queue, no policy setting names it and no worker listens to it'
+        + (f' ({hint})' if hint else '')
     )
 
 
@@ -105,9 +116,15 @@ class Kit:
 
     pass_cli_config = staticmethod(pass_cli_config)
     connect = staticmethod(lambda cli_config: _connect(cli_config))
-    require_known = staticmethod(lambda conn, queue, force=False: _require_known(conn, queue, force))
+    require_known = staticmethod(
+        lambda conn, queue, force=False, command='cap': _require_known(conn, queue, force, command))
     Digits = Digits
     error = CommandError
+
+    @staticmethod
+    def echo_json(value: Any) -> None:
+        """Print ``value`` as the read commands' ``--json`` does (indented, keys sorted)."""
+        click.echo(json.dumps(value, indent=2, sort_keys=True))
 
     @staticmethod
     def integer(name: str, raw: Any, maximum: int, minimum: int = 1) -> int:
@@ -141,14 +158,26 @@ def main() -> None:
 @click.option('--json', 'as_json', is_flag=True, help='Print the state as JSON (for scripts).')
 @click.option('--limit', type=Digits('an integer >= 0'), default=20, show_default=True,
               help='Entries listed per queue and kind (0: all).')
+@click.option('--digests', is_flag=True, help='Show each identity\'s whole digest beside its job (for reset).')
+@click.option('--width', type=Digits('an integer >= 0'), default=40, show_default=True,
+              help='Cut job descriptions to this many characters (0: never).')
 @pass_cli_config
-def info(cli_config: Any, queues: tuple[str, ...], as_json: bool, limit: int, **options: Any) -> None:
-    """Show caps, live holds, loner markers, throttle slots, pending trailing and debounced jobs per queue, and
-    limited-capacity workers with their gauges."""
+def info(cli_config: Any, queues: tuple[str, ...], as_json: bool, limit: int, digests: bool, width: int,
+         **options: Any) -> None:
+    """Show caps, live holds, loner markers, throttle windows, pending trailing and debounced jobs per queue,
+    per-key state and limited-capacity workers with their gauges; with QUEUES, only those queues.
+
+    Times are local ISO time with how far they are from now; an identity is shown as its holder job's description
+    (the digest with --digests, and always in --json).
+    """
     conn = _connect(cli_config)
     for name in queues:
-        _require_known(conn, name)
+        _require_known(conn, name, command='info')
     snap = state.snapshot(conn, list(queues) if queues else None, limit=limit or None)
+    if queues:  # only these queues: no per-key scopes (they span queues), only their limited-capacity workers
+        snap['policies'] = {}
+        snap['limited_capacity_workers'] = [row for row in snap['limited_capacity_workers']
+                                            if row.get('queue') in queues]
     check = health.eviction_check(conn)
     if as_json:
         snap['server'] = {'maxmemory_policy': check.maxmemory_policy, 'eviction_unsafe': check.unsafe,
@@ -157,7 +186,7 @@ def info(cli_config: Any, queues: tuple[str, ...], as_json: bool, limit: int, **
         return
     if check.warning:
         click.echo(click.style('warning: ', fg='yellow', bold=True) + check.warning)
-    _print_info(snap)
+    _print_info(snap, digests=digests, width=width)
 
 
 def _short(digest: str) -> str:
@@ -169,21 +198,26 @@ def _more(count: int, listed: list[Any], indent: str = '    ') -> None:
         click.echo(f'{indent}... and {count - len(listed)} more (--limit 0 lists all)')
 
 
-def _print_info(snap: dict[str, Any]) -> None:
+def _print_info(snap: dict[str, Any], digests: bool = False, width: int = 40) -> None:
+    from . import readable
+
     if not snap['queues']:
         click.echo('No queue has a cap, a hold or policy state.')
     fetch_policies = registered(FETCH)
+    now = snap['server_time']
     for name, q in snap['queues'].items():
         head = click.style(f'queue {name}', bold=True)
         words = [words for cls in fetch_policies if (words := cls.summary(q))]
         click.echo(f'{head}  ({", ".join(words)})' if words else head)
+        q = {**q, 'server_time': now}
         for cls in fetch_policies:
             for line in cls.describe_queue(q):
                 click.echo(line)
         for family in state.families():
             block = q.get(family.name)
             if block and block['count']:
-                for line in by_name(family.policy).describe(family, block):
+                block = {**block, 'server_time': now}
+                for line in by_name(family.policy).describe(family, block, digests=digests, width=width):
                     click.echo(line)
                 _more(block['count'], block['entries'])
         if q['drops']:
@@ -198,7 +232,8 @@ def _print_info(snap: dict[str, Any]) -> None:
             click.echo(
                 f'  {row["class"]}  queue {row["queue"]}  running {row["running_jobs"]}/{row["max_running_jobs"]}'
                 f'  queued {row["queued_jobs"]}  remaining {row["remaining_work_count"]}'
-                f'  (reported {row["reported_seconds_ago"]:.0f}s ago)'
+                + (f'  (reported {readable.in_seconds(-row["reported_seconds_ago"])})'
+                   if row['reported_seconds_ago'] is not None else '')
             )
 
 
@@ -228,7 +263,7 @@ def reset(cli_config: Any, queue: str, function: str, args: tuple[str, ...], kwa
         call_kwargs[key] = _parse_value(value)
     func_name, unique_context, spec = _resolve(function)
     conn = _connect(cli_config)
-    _require_known(conn, queue)
+    _require_known(conn, queue, command='reset')
     try:
         result = state.reset_identity(conn, queue, func_name, call_args, call_kwargs, unique_context, spec)
     except TypeError as exc:

@@ -28,7 +28,8 @@ per queue like QueueSlot. The design, and why:
   earliest time the key could free: its oldest hold's expiry, its back-off's end); every fetch reads the index's
   head (one ZRANGEBYSCORE LIMIT, O(log n)) and gives back what due keys allow, and an idle worker wakes for the
   head's time. Nothing a fetch does grows with the number of keys or parked jobs.
-* **Overrides** (``Concurrency.override``) live in ``rq:policies:keylimits`` and win over the declared limit.
+* **Run-time limits** (``Concurrency.set``/``get``/``clear``, :mod:`rq_policies.admin`) live in
+  ``rq:policies:keylimits`` and win over the declared limit.
 
 What is not covered: jobs enqueued through a stock ``rq.Queue`` carry no key (nothing limits them), and stock rq
 workers do not check keys; a parked job counts in rq's deferred registry, not in its queue's length.
@@ -44,6 +45,7 @@ from rq.queue import Queue
 from rq.registry import DeferredJobRegistry
 
 from . import compat, keys, ledger
+from .admin import KeyLimit, KeyStatus, deprecated, refusing
 from .exceptions import BackOff, InvalidArgument
 from .ops import Call, text
 from .ops import need_connection as _need
@@ -65,6 +67,7 @@ def keyed_args(job_prefix: str = Job.redis_job_namespace_prefix) -> dict[str, st
         'job': job_prefix, 'queue': Queue.redis_queue_namespace_prefix,
         'deferred': DeferredJobRegistry.key_template.format(''), 'wake': keys.wake(''),
         'holds': keys.KEY_HOLDS_PREFIX, 'parked': keys.KEY_PARKED_PREFIX, 'limits': keys.KEY_LIMITS,
+        'rates': keys.KEY_RATES,
         'block': keys.KEY_BLOCK_PREFIX, 'tat': keys.KEY_TAT_PREFIX, 'due': keys.KEY_DUE,
     }
 
@@ -301,8 +304,8 @@ class Concurrency(KeyedPolicy):
         def charge(customer_id): ...     # every function with scope='billing' shares one budget per customer
 
     Args:
-        limit: jobs of one key running at once, a positive integer (``Concurrency.override`` changes it per key at
-            run time).
+        limit: jobs of one key running at once, a positive integer (``Concurrency.set(scope, key, n)`` changes it
+            per key at run time).
         key: ``(args, kwargs) -> str | int``; None keys on the job's identity digest.
         scope: the namespace keys are counted in (no colon); default: the function's import path.
 
@@ -313,6 +316,8 @@ class Concurrency(KeyedPolicy):
     name: ClassVar[str] = 'concurrency'
     field: ClassVar[str] = 'policies_concurrency'
     holds: ClassVar[bool] = True
+    #: The run-time setting is one limit per key (:meth:`set`): the dashboard's override form offers it.
+    key_limit_setting: ClassVar[bool] = True
 
     def __init__(self, limit: int, key: KeyFunction | None = None, scope: str | None = None) -> None:
         self.limit = positive_int('limit', limit, MAX_CAPACITY)
@@ -356,29 +361,89 @@ class Concurrency(KeyedPolicy):
     # -- run-time settings and gauges -----------------------------------------------------------------------------
 
     @classmethod
-    def override(cls, scope: str, key: Any, limit: int, connection: Any = None) -> bool:
-        """Set the limit of one key of ``scope`` to ``limit`` at run time (every worker obeys it from its next fetch;
-        a raised limit gives the key's parked jobs back at once). Returns True when the key had an override."""
-        limit = positive_int('limit', limit, MAX_CAPACITY)
-        return _setting_call(scope, key, limit).run(_need(connection)) == 1
+    def set(cls, scope: str, key: Any, limit: int, connection: Any = None) -> KeyLimit:
+        """Set the limit of one key of ``scope`` to ``limit`` at run time; it wins over the limit its jobs declare.
+
+        Every worker obeys it from its next fetch; a raised limit gives the key's parked jobs back at once. The
+        admin API's shape (:mod:`rq_policies.admin`).
+
+        Args:
+            scope: the key's scope (the function's import path unless the policy names one).
+            key: the key value, a str or an int (``12`` and ``'12'`` are one key).
+            limit: jobs of the key running at once, a positive integer.
+            connection: the Redis connection.
+
+        Returns:
+            The limit now set.
+
+        Raises:
+            InvalidSetting: (a ValueError) naming the argument and the value; nothing is written.
+        """
+        with refusing():
+            call = _setting_call(cls.name, keys.KEY_LIMITS, scope, key,
+                                 str(positive_int('limit', limit, MAX_CAPACITY)))
+            conn = _need(connection)
+        call.run(conn)
+        return KeyLimit(limit)
+
+    @classmethod
+    def get(cls, scope: str, key: Any, connection: Any = None) -> KeyLimit | None:
+        """The limit set at run time for one key of ``scope``, or None (its jobs' declared limit applies; see
+        :meth:`status` for the limit in force)."""
+        with refusing():
+            channel = keys.key_channel(check_scope(scope), key_text(key))
+            conn = _need(connection)
+        raw = conn.hget(keys.KEY_LIMITS, channel)
+        return KeyLimit(int(raw)) if raw is not None else None
 
     @classmethod
     def clear(cls, scope: str, key: Any, connection: Any = None) -> bool:
-        """Remove the override of one key: its jobs' declared limit applies again. Returns True when it had one."""
-        return _setting_call(scope, key, 0).run(_need(connection)) == 1
+        """Remove the run-time limit of one key: its jobs' declared limit applies again. Returns True when it had
+        one."""
+        with refusing():
+            call = _setting_call(cls.name, keys.KEY_LIMITS, scope, key, '')
+            conn = _need(connection)
+        return call.run(conn) == 1
 
     @classmethod
+    def status(cls, scope: str, key: Any, connection: Any = None) -> KeyStatus:
+        """One key's state now (server clock): the limit in force (the run-time one, else the one a parked or
+        running job of the key declares), the holds in use, the parked jobs and a back-off."""
+        with refusing():
+            scope, name = check_scope(scope), key_text(key)
+            conn = _need(connection)
+        now = _server_now(conn)
+        row = _key_rows(conn, cls.name, scope, [name], now)[0]
+        parked = tuple(text(j) for j in conn.lrange(f'{keys.KEY_PARKED_PREFIX}{cls.name}:'
+                                                    f'{keys.key_channel(scope, name)}', 0, -1))
+        blocked = cls.blocked_until(scope, name, conn)
+        return KeyStatus(row['limit'], row['overridden'], row['in_use'], parked,
+                         blocked if blocked is not None and blocked > now else None)
+
+    # -- the 0.2 names (deprecated, removed in 0.4) ----------------------------------------------------------------
+
+    @classmethod
+    @deprecated('Concurrency.set(scope, key, limit, connection=), which returns a KeyLimit')
+    def override(cls, scope: str, key: Any, limit: int, connection: Any = None) -> bool:
+        """Deprecated: :meth:`set`. Returns True when the key had an override."""
+        had = cls.get(scope, key, connection=connection) is not None
+        cls.set(scope, key, limit, connection=connection)
+        return had
+
+    @classmethod
+    @deprecated('Concurrency.get(scope, key, connection=), which returns a KeyLimit or None')
     def overridden(cls, scope: str, key: Any, connection: Any = None) -> int | None:
-        """The override of one key, or None."""
-        raw = _need(connection).hget(keys.KEY_LIMITS, keys.key_channel(check_scope(scope), key_text(key)))
-        return int(raw) if raw is not None else None
+        """Deprecated: :meth:`get`."""
+        found = cls.get(scope, key, connection=connection)
+        return found.limit if found is not None else None
 
     @classmethod
+    @deprecated('Concurrency.status(scope, key, connection=).in_use')
     def in_use(cls, scope: str, key: Any, connection: Any = None) -> int:
-        """Live holds of one key: its running jobs, and the units reserved for parked jobs given back to their queue
-        and not yet taken by a worker."""
-        conn = _need(connection)
-        channel = keys.key_channel(check_scope(scope), key_text(key))
+        """Deprecated: :meth:`status` ``.in_use``."""
+        with refusing():
+            conn = _need(connection)
+            channel = keys.key_channel(check_scope(scope), key_text(key))
         return int(conn.zcount(keys.KEY_HOLDS_PREFIX + channel, f'({_server_now(conn):.6f}', '+inf'))
 
     @classmethod
@@ -392,8 +457,9 @@ class Concurrency(KeyedPolicy):
                  now: float | None = None, names: list[str] | None = None) -> list[dict[str, Any]]:
         """The keys of ``scope`` with live holds or parked jobs, busiest first, at most ``limit`` (0: all): each
         ``{'key', 'in_use', 'limit' (override, else the declared limit of a parked or running job's, or None),
-        'overridden', 'parked', 'next_due' (server time, or None)}``. Found by SCAN (MATCH, COUNT), never KEYS,
-        unless ``names`` gives the keys to read."""
+        'overridden', 'parked', 'next_due' (server time, or None: the key's oldest hold's crash expiry or its
+        back-off's end), 'backoff_until', 'waiting_for' ('release', 'backoff', 'fetch' or None: what the parked jobs
+        wait for)}``. Found by SCAN (MATCH, COUNT), never KEYS, unless ``names`` gives the keys to read."""
         conn = _need(connection)
         scope = check_scope(scope)
         now = _server_now(conn) if now is None else now
@@ -433,9 +499,10 @@ class Concurrency(KeyedPolicy):
         out = []
         for row in rows:
             limit_text = '?' if row['limit'] is None else str(row['limit'])
-            due = '' if row['next_due'] is None else f', next due in {max(row["next_due"] - now, 0):.1f} s'
+            waiting = waiting_words(row, now)
             mark = ' (override)' if row['overridden'] else ''
-            out.append(f'key {row["key"]}  {row["in_use"]}/{limit_text}{mark} in use, {row["parked"]} parked{due}')
+            out.append(f'key {row["key"]}  {row["in_use"]}/{limit_text}{mark} in use, {row["parked"]} parked'
+                       + (f'; {waiting}' if waiting else ''))
         return out
 
     @classmethod
@@ -453,13 +520,13 @@ class Concurrency(KeyedPolicy):
             out.append({
                 'note': note,
                 'title': f'Concurrency per key: {scope}',
-                'columns': ['key', 'in use', 'limit', 'parked', 'next due (s)'],
+                'columns': ['key', 'in use', 'limit', 'parked', 'waiting for'],
                 'rows': [[
                     row['key'],
                     {'text': str(row['in_use']), 'warn': True}
                     if row['limit'] is not None and row['in_use'] > row['limit'] else row['in_use'],
                     row['limit'], row['parked'],
-                    None if row['next_due'] is None else round(max(row['next_due'] - now, 0.0), 3),
+                    _waiting_cell(row, now),
                 ] for row in rows],
             })
         return out
@@ -504,9 +571,12 @@ class Concurrency(KeyedPolicy):
         @click.argument('scope')
         @click.option('--limit', default='20', help='List at most this many keys (0: all; 20).')
         @click.option('--search', default=None, help='Only keys containing this text.')
+        @click.option('--json', 'as_json', is_flag=True, help='Print the keys as JSON (server-clock times).')
         @kit.pass_cli_config
-        def keys_command(cli_config: Any, scope: str, limit: str, search: str | None, **options: Any) -> None:
-            """The keys of SCOPE with running or parked jobs (Concurrency, Rate): in use / limit, parked, next due."""
+        def keys_command(cli_config: Any, scope: str, limit: str, search: str | None, as_json: bool,
+                         **options: Any) -> None:
+            """The keys of SCOPE with running or parked jobs (Concurrency, Rate): in use / limit, parked, and what
+            the parked jobs wait for (a release, a back-off, a rate), with local times."""
             count = kit.integer('--limit', limit, 10**9, minimum=0)
             try:
                 check_scope(scope)
@@ -514,6 +584,11 @@ class Concurrency(KeyedPolicy):
                 raise click.BadParameter(str(exc), param_hint='SCOPE') from None
             conn = kit.connect(cli_config)
             now = _server_now(conn)
+            if as_json:
+                kit.echo_json({'scope': scope, 'server_time': now,
+                               'policies': {policy.name: policy.key_rows(conn, scope, count, search, now)
+                                            for policy in _keyed_classes()}})
+                return
             shown = 0
             for policy in _keyed_classes():
                 for line in policy.key_lines(policy.key_rows(conn, scope, count, search, now), now):
@@ -528,25 +603,46 @@ class Concurrency(KeyedPolicy):
         @click.argument('n', required=False, type=kit.Digits(f'a positive integer up to {MAX_CAPACITY}', 1,
                                                               MAX_CAPACITY))
         @click.option('--clear', is_flag=True, help='Remove the override: the declared limit applies again.')
+        @click.option('--json', 'as_json', is_flag=True, help='Print the key\'s state as JSON.')
         @kit.pass_cli_config
-        def override(cli_config: Any, scope: str, key: str, n: int | None, clear: bool, **options: Any) -> None:
-            """Set the Concurrency limit of KEY in SCOPE to N at run time, or remove that override with --clear."""
-            if clear == (n is not None):
-                raise click.UsageError('give either N or --clear')
+        def override(cli_config: Any, scope: str, key: str, n: int | None, clear: bool, as_json: bool,
+                     **options: Any) -> None:
+            """Set the Concurrency limit of KEY in SCOPE to N at run time, remove that override with --clear, or
+            show the key's limit and state (no N)."""
+            if clear and n is not None:
+                raise click.UsageError('give either N or --clear, not both')
             try:
                 check_scope(scope)
                 key_text(key)
             except (TypeError, ValueError) as exc:
                 raise click.BadParameter(str(exc), param_hint='SCOPE' if 'scope' in str(exc) else 'KEY') from None
             conn = kit.connect(cli_config)
-            before = cls.overridden(scope, key, connection=conn)
-            was = f'was {before}' if before is not None else 'had no override'
+            if not clear and n is None:
+                status = cls.status(scope, key, connection=conn)
+                if as_json:
+                    kit.echo_json({'scope': scope, 'key': key, 'limit': status.limit, 'overridden': status.overridden,
+                                   'in_use': status.in_use, 'parked': list(status.parked),
+                                   'backoff_until': status.backoff_until})
+                    return
+                limit = 'no known limit' if status.limit is None else (
+                    f'limit {status.limit} ({"override" if status.overridden else "declared"})')
+                click.echo(f'Key {key!r} of scope {scope!r}: {limit}, {status.in_use} in use, '
+                           f'{len(status.parked)} parked.')
+                return
+            before = cls.get(scope, key, connection=conn)
+            was = f'was {before.limit}' if before is not None else 'had no override'
             if clear:
                 cls.clear(scope, key, connection=conn)
-                click.echo(f'Key {key!r} of scope {scope!r} has its declared limit again ({was}).')
+                message = f'Key {key!r} of scope {scope!r} has its declared limit again ({was}).'
             else:
-                cls.override(scope, key, n, connection=conn)  # type: ignore[arg-type]
-                click.echo(f'Key {key!r} of scope {scope!r} is limited to {n} running at once ({was}).')
+                cls.set(scope, key, n, connection=conn)  # type: ignore[arg-type]
+                message = f'Key {key!r} of scope {scope!r} is limited to {n} running at once ({was}).'
+            if as_json:
+                found = cls.get(scope, key, connection=conn)
+                kit.echo_json({'scope': scope, 'key': key, 'override': found.limit if found else None,
+                               'was': before.limit if before else None})
+            else:
+                click.echo(message)
 
         return [keys_command, override]
 
@@ -564,12 +660,14 @@ def release_call(hold: Any) -> Call:
     return call.key('keydue', keys.KEY_DUE)
 
 
-def _setting_call(scope: str, key: Any, limit: int) -> Call:
+def _setting_call(policy: str, hash_key: str, scope: str, key: Any, value: str) -> Call:
+    """The ``lua/key_setting.lua`` call storing ``value`` as one key's run-time setting in ``hash_key`` ('' clears
+    it); checks the scope and the key first (ValueError or TypeError naming them)."""
     channel = keys.key_channel(check_scope(scope), key_text(key))
-    call = Call('key_setting', channel=channel, limit=limit, job_prefix=Job.redis_job_namespace_prefix,
-                wake=keys.wake(''))
-    call.key('limits', keys.KEY_LIMITS)
-    call.key('parked', f'{keys.KEY_PARKED_PREFIX}{Concurrency.name}:{channel}')
+    call = Call('key_setting', channel=channel, policy=policy, value=value,
+                job_prefix=Job.redis_job_namespace_prefix, wake=keys.wake(''))
+    call.key('limits', hash_key)
+    call.key('parked', f'{keys.KEY_PARKED_PREFIX}{policy}:{channel}')
     return call.key('keydue', keys.KEY_DUE)
 
 
@@ -580,7 +678,7 @@ def _key_rows(conn: Any, policy: str, scope: str, names: list[str], now: float) 
     this key). A key none of these name has no limit shown."""
     from .queue_slot import _running_jobs
 
-    width = 6
+    width = 7
     with conn.pipeline(transaction=False) as pipe:
         for key in names:
             channel = keys.key_channel(scope, key)
@@ -590,6 +688,7 @@ def _key_rows(conn: Any, policy: str, scope: str, names: list[str], now: float) 
             pipe.lindex(f'{keys.KEY_PARKED_PREFIX}{policy}:{channel}', 0)
             pipe.zscore(keys.KEY_DUE, f'{policy}:{channel}')
             pipe.zrangebyscore(keys.KEY_HOLDS_PREFIX + channel, f'({now:.6f}', '+inf', start=0, num=1)
+            pipe.get(keys.KEY_BLOCK_PREFIX + channel)
         replies = pipe.execute()
     sources: dict[int, str] = {}  # row -> the job whose declared limit it shows
     holders: dict[int, str] = {}  # row -> the token of a live hold, when no parked job or reservation names a job
@@ -615,11 +714,46 @@ def _key_rows(conn: Any, policy: str, scope: str, names: list[str], now: float) 
         fields = dict(zip(sources, pipe.execute()))
     rows = []
     for i, key in enumerate(names):
-        in_use, override, parked, _, due, _ = replies[i * width:i * width + width]
+        in_use, override, parked, _, due, _, blocked = replies[i * width:i * width + width]
         limit = int(override) if override is not None else _declared_limit(fields.get(i), keys.key_channel(scope, key))
-        rows.append({'key': key, 'in_use': int(in_use), 'limit': limit, 'overridden': override is not None,
-                     'parked': int(parked), 'next_due': float(due) if due is not None else None})
+        until = float(blocked) if blocked is not None and float(blocked) > now else None
+        row = {'key': key, 'in_use': int(in_use), 'limit': limit, 'overridden': override is not None,
+               'parked': int(parked), 'next_due': float(due) if due is not None else None, 'backoff_until': until}
+        row['waiting_for'] = _waiting_for(row)
+        rows.append(row)
     return rows
+
+
+def _waiting_for(row: dict[str, Any]) -> str | None:
+    """What a key with parked jobs waits for: ``'backoff'`` (a BackOff(key=True) ends at ``backoff_until``),
+    ``'release'`` (a running job of the key ends; ``next_due`` is only the latest that can come, its hold's expiry
+    should its worker die) or ``'fetch'`` (a unit is free: the next fetch gives a parked job back); None when
+    nothing is parked."""
+    if not row['parked']:
+        return None
+    if row['backoff_until'] is not None:
+        return 'backoff'
+    if row['limit'] is None or row['in_use'] >= row['limit']:
+        return 'release'
+    return 'fetch'
+
+
+def waiting_words(row: dict[str, Any], now: float) -> str:
+    """:func:`_waiting_for` in words, with the moments it names (local time and how far from now)."""
+    from .readable import at, relative
+
+    kind = row.get('waiting_for')
+    if kind == 'backoff':
+        return f'waiting for its back-off to end {at(row["backoff_until"], now)}'
+    if kind == 'release':
+        words = 'waiting for a release (a running job of the key ends)'
+        if row.get('next_due') is not None:
+            words += f'; a dead worker\'s hold expires {relative(row["next_due"] - now)}'
+        return words
+    if kind == 'fetch':
+        return 'a unit is free: the next fetch gives a parked job back'
+    return ''
+
 
 
 def _declared_limit(raw: Any, channel: str) -> int | None:
@@ -682,3 +816,19 @@ def _glob(value: str) -> str:
 
 
 
+
+
+def _waiting_cell(row: dict[str, Any], now: float) -> Any:
+    """The page's "waiting for" cell of a key: what its parked jobs wait for, with the moment as a live time."""
+    kind = row.get('waiting_for')
+    if kind == 'backoff':
+        return {'text': 'its back-off to end', 'at': row['backoff_until'] - now}
+    if kind == 'release':
+        cell: dict[str, Any] = {'text': 'a release (a running job ends)'}
+        if row.get('next_due') is not None:
+            cell['note'] = 'a dead worker\'s hold expires'
+            cell['at'] = row['next_due'] - now
+        return cell
+    if kind == 'fetch':
+        return 'the next fetch (a unit is free)'
+    return None

@@ -29,7 +29,6 @@ debounced too; the job runs at the debounce time or the time asked for, whicheve
 
 from __future__ import annotations
 
-import json
 import logging
 from datetime import datetime, timezone
 from typing import Any, ClassVar
@@ -152,26 +151,38 @@ class Debounce(AdmissionPolicy):
         return (keys.DEBOUNCE_KEYS,)
 
     @classmethod
-    def describe(cls, family: keys.Family, block: dict[str, Any]) -> list[str]:
-        return pending_lines(family, block, lambda row: json.dumps(row['fields'], sort_keys=True))
+    def describe(cls, family: keys.Family, block: dict[str, Any], digests: bool = False,
+                 width: int = 40) -> list[str]:
+        from .readable import relative
+
+        def detail(row: dict[str, Any]) -> str:
+            job, first = row['fields'].get('job'), row['fields'].get('first')
+            since = ''
+            if first and block.get('server_time'):
+                since = f', pending since {relative(float(first) - block["server_time"])}'
+            return f'job {job}{since}' if job else ''
+
+        return pending_lines(family, block, detail, digests, width)
 
     @classmethod
     def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
         """The dashboard's pending debounced jobs: the job that runs once its identity is quiet, when the pending
         period started, and when the job runs."""
         from . import state
+        from .readable import identity_cell
 
         sample = state.sample_family(connection, keys.DEBOUNCE_KEYS, limit, search)
         rows = []
         for row in sample['rows']:
             job_id = row['fields'].get('job')
             first = row['fields'].get('first')
-            rows.append([row['queue'], row['digest'], {'text': job_id, 'job': job_id} if job_id else None,
-                         round(now - float(first), 1) if first else None, row['expires_in']])
+            rows.append([row['queue'], identity_cell(row), {'text': job_id, 'job': job_id} if job_id else None,
+                         {'text': '', 'at': float(first) - now} if first else None,
+                         None if row['expires_in'] is None else {'text': '', 'at': row['expires_in']}])
         if not rows:
             return []
         return [{'title': 'Pending debounced jobs (Debounce)', 'rows': rows,
-                 'columns': ['queue', 'identity', 'job', 'pending for (s)', 'runs in (s)'],
+                 'columns': ['queue', 'identity', 'job', 'pending since', 'runs'],
                  'note': state.sample_note(sample, 'pending jobs')}]
 
     @classmethod

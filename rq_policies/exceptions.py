@@ -120,3 +120,18 @@ class DuplicateJob(PolicyError):
         self.queue = queue
         self.identity = identity
         super().__init__(f'duplicate job on queue {queue!r}: identity {identity[:12]} is held by job {holder}')
+
+
+class InvalidSetting(PolicyError, ValueError, TypeError):
+    """A run-time setting call (``set``/``get``/``clear``/``status`` of QueueSlot, QueueRate, Concurrency, Rate) was
+    given a bad argument. The message names the argument and the value, and nothing in Redis was changed.
+
+    A ValueError (as every bad value the library refuses) and, for code written against 0.2's per-key calls, which
+    raised TypeError for a key of the wrong type, a TypeError too.
+    """
+
+
+class UnknownQueueWarning(UserWarning):
+    """A cap or a rate was set on a queue no worker, producer or policy setting has seen yet (a typo?). The setting
+    is stored all the same (the queue may simply not exist yet); ``rq-policies cap/rate`` refuse it without
+    ``--force``."""

@@ -21,9 +21,9 @@ from typing import Any, ClassVar
 from rq.job import Job
 
 from . import keys
-from .concurrency import KeyedPolicy, KeyFunction, check_scope, key_text
+from .admin import KeyRate, refusing
+from .concurrency import KeyedPolicy, KeyFunction, _setting_call, check_scope, key_text
 from .ops import need_connection as _need
-from .ops import server_now as _server_now
 from .ops import text
 from .policy import MAX_CAPACITY, MAX_SECONDS
 from .queue_rate import GcraRate, RateStatus, _status, check
@@ -88,23 +88,86 @@ class Rate(KeyedPolicy, GcraRate):
         ({'limit': 5, 'scope': 'a:b'}, 'scope'),
     )
 
-    # -- gauges -----------------------------------------------------------------------------------------------------
+    # -- run-time settings and gauges (the admin API: rq_policies.admin) -----------------------------------------
 
     @classmethod
-    def status(cls, scope: str, key: Any, limit: int, per: int = 1, burst: int = 1,
-               connection: Any = None) -> RateStatus:
-        """How many starts one key allows now under this rate, and when the next is allowed (server clock); a
-        BackOff(key=True) of the key shows as ``backoff_until``."""
-        check(limit, per, burst)
-        conn = _need(connection)
-        channel = keys.key_channel(check_scope(scope), key_text(key))
+    def set(cls, scope: str, key: Any, limit: int, per: int = 1, burst: int = 1, connection: Any = None) -> KeyRate:
+        """Set the rate of one key of ``scope`` at run time: ``limit`` starts every ``per`` seconds, up to ``burst``
+        at once. It wins over the rate the key's jobs declare, from every worker's next fetch; the key's parked jobs
+        are looked at again at once. The starts already owed keep their count and are paid at the new rate.
+
+        Args:
+            scope: the key's scope (the function's import path unless the policy names one).
+            key: the key value, a str or an int.
+            limit: starts per ``per`` seconds, a positive integer.
+            per: the period, whole seconds >= 1.
+            burst: starts allowed at once after a quiet spell, 1 to ``limit``.
+            connection: the Redis connection.
+
+        Returns:
+            The rate now set.
+
+        Raises:
+            InvalidSetting: (a ValueError) naming the argument and the value; nothing is written.
+        """
+        with refusing():
+            check(limit, per, burst)
+            call = _setting_call(cls.name, keys.KEY_RATES, scope, key, f'{limit} {per} {burst}')
+            conn = _need(connection)
+        call.run(conn)
+        return KeyRate(limit, per, burst)
+
+    @classmethod
+    def get(cls, scope: str, key: Any, connection: Any = None) -> KeyRate | None:
+        """The rate set at run time for one key of ``scope``, or None (its jobs' declared rate applies)."""
+        with refusing():
+            channel = keys.key_channel(check_scope(scope), key_text(key))
+            conn = _need(connection)
+        return _stored_rate(conn.hget(keys.KEY_RATES, channel))
+
+    @classmethod
+    def clear(cls, scope: str, key: Any, connection: Any = None) -> bool:
+        """Remove the run-time rate of one key: its jobs' declared rate applies again. Returns True when it had
+        one."""
+        with refusing():
+            call = _setting_call(cls.name, keys.KEY_RATES, scope, key, '')
+            conn = _need(connection)
+        return call.run(conn) == 1
+
+    @classmethod
+    def status(cls, scope: str, key: Any, *deprecated_rate: int, connection: Any = None,
+               **deprecated_kwargs: Any) -> RateStatus | None:
+        """How many starts one key allows now, and when the next is allowed (server clock); a BackOff(key=True) of
+        the key shows as ``backoff_until``.
+
+        The rate is the one in force: the run-time rate (:meth:`set`), else the one the key's oldest parked job
+        declares; None when neither is known (and the key is not backed off).
+
+        ``Rate.status(scope, key, limit, per, burst)``, 0.2's form that gave the rate, is deprecated (removed in
+        0.4): it warns and answers under the rate given.
+        """
+        given = _deprecated_rate(deprecated_rate, deprecated_kwargs)
+        with refusing():
+            if given is not None:
+                check(*given)
+            scope, name = check_scope(scope), key_text(key)
+            conn = _need(connection)
+        channel = keys.key_channel(scope, name)
         with conn.pipeline(transaction=False) as pipe:
+            pipe.time()
             pipe.get(keys.KEY_TAT_PREFIX + channel)
             pipe.get(keys.KEY_BLOCK_PREFIX + channel)
-            tat, blocked = pipe.execute()
-        found = _status(cls(limit, per, burst), tat, blocked, _server_now(conn))
-        assert found is not None  # a rate is given
-        return found
+            pipe.hget(keys.KEY_RATES, channel)
+            pipe.lindex(f'{keys.KEY_PARKED_PREFIX}{cls.name}:{channel}', 0)
+            (seconds, micros), tat, blocked, stored, head = pipe.execute()
+        now = seconds + micros / 1e6
+        rate = given or _stored_rate(stored)
+        if rate is None and head is not None:
+            rate = _declared_rate(conn.hget(Job.redis_job_namespace_prefix + text(head), cls.field), channel)
+        if rate is None:
+            return _status(None, tat, blocked, now)
+        limit, per, burst = (rate.limit, rate.per, rate.burst) if isinstance(rate, KeyRate) else rate
+        return _status(_Gcra(limit, per, burst), tat, blocked, now)
 
     @classmethod
     def parked(cls, scope: str, key: Any, connection: Any = None) -> list[str]:
@@ -119,18 +182,25 @@ class Rate(KeyedPolicy, GcraRate):
             return []
         limit, per, burst, channel = raw.split(' ', 3)
         scope, _, key = channel.partition(':')
-        rate = cls(int(limit), int(per), int(burst))
         with connection.pipeline(transaction=False) as pipe:
             pipe.get(keys.KEY_TAT_PREFIX + channel)
             pipe.get(keys.KEY_BLOCK_PREFIX + channel)
             pipe.lpos(f'{keys.KEY_PARKED_PREFIX}{cls.name}:{channel}', job['id'])
-            tat, blocked, position = pipe.execute()
+            pipe.hget(keys.KEY_RATES, channel)
+            tat, blocked, position, stored = pipe.execute()
+        stored_rate = _stored_rate(stored)
+        if stored_rate is None:
+            rate = cls(int(limit), int(per), int(burst))
+        else:
+            rate = cls(stored_rate.limit, stored_rate.per, stored_rate.burst)
         status = _status(rate, tat, blocked, now)
         assert status is not None
         entry: dict[str, Any] = {'policy': cls.name, 'scope': scope, 'key': key, 'limit': rate.limit,
                                  'per': rate.per, 'burst': rate.burst, 'available': status.available,
                                  'next_at': status.next_at, 'change': ''}
-        words = f'key {key!r} (scope {scope}) rate {rate.limit}/{rate.per}s burst {rate.burst}: '
+        entry['set_at_run_time'] = stored_rate is not None
+        mark = ' (set at run time)' if stored_rate is not None else ''
+        words = f'key {key!r} (scope {scope}) rate {rate.limit}/{rate.per}s burst {rate.burst}{mark}: '
         if status.available:
             words += f'{status.available} start(s) available now'
         else:
@@ -149,8 +219,9 @@ class Rate(KeyedPolicy, GcraRate):
     def key_rows(cls, connection: Any, scope: str, limit: int = 20, search: str | None = None,
                  now: float | None = None, names: list[str] | None = None) -> list[dict[str, Any]]:
         """The keys of ``scope`` with jobs parked by their rate, most parked first, at most ``limit`` (0: all): each
-        ``{'key', 'parked', 'next_due' (server time, or None), 'rate' ((limit, per, burst) its oldest parked job
-        declares, or None)}``. Found by SCAN (MATCH, COUNT), never KEYS, unless ``names`` gives the keys to read."""
+        ``{'key', 'parked', 'next_due' (server time, or None), 'rate' ((limit, per, burst): the run-time rate, else
+        the one its oldest parked job declares, or None), 'set_at_run_time'}``. Found by SCAN (MATCH, COUNT), never
+        KEYS, unless ``names`` gives the keys to read."""
         from .concurrency import _glob
 
         conn = _need(connection)
@@ -164,7 +235,8 @@ class Rate(KeyedPolicy, GcraRate):
                 pipe.llen(prefix + key)
                 pipe.zscore(keys.KEY_DUE, f'{cls.name}:{scope}:{key}')
                 pipe.lindex(prefix + key, 0)
-            replies = pipe.execute()
+            pipe.hmget(keys.KEY_RATES, [keys.key_channel(scope, key) for key in names] or ['-'])
+            *replies, stored = pipe.execute()
         heads = {i: text(replies[3 * i + 2]) for i in range(len(names)) if replies[3 * i + 2] is not None}
         with conn.pipeline(transaction=False) as pipe:
             for job_id in heads.values():
@@ -172,17 +244,22 @@ class Rate(KeyedPolicy, GcraRate):
             fields = dict(zip(heads, pipe.execute()))
         rows = [{'key': key, 'parked': int(replies[3 * i]),
                  'next_due': float(replies[3 * i + 1]) if replies[3 * i + 1] is not None else None,
-                 'rate': _declared_rate(fields.get(i), f'{scope}:{key}')}
+                 'rate': _rate_words(stored[i]) or _declared_rate(fields.get(i), f'{scope}:{key}'),
+                 'set_at_run_time': stored[i] is not None}
                 for i, key in enumerate(names)]
         rows.sort(key=lambda r: (-r['parked'], r['key']))
         return rows[:limit] if limit else rows
 
     @classmethod
     def key_lines(cls, rows: list[dict[str, Any]], now: float) -> list[str]:
+        from .readable import at
+
         out = []
         for row in rows:
-            due = '' if row['next_due'] is None else f', next start in {max(row["next_due"] - now, 0):.1f} s'
-            out.append(f'key {row["key"]}  rate: {row["parked"]} parked{due}')
+            due = '' if row['next_due'] is None else f'; waiting for its rate: next start {at(row["next_due"], now)}'
+            rate = '' if row['rate'] is None else ' {}/{}s burst {}'.format(*row['rate'])
+            mark = ' (set at run time)' if row.get('set_at_run_time') else ''
+            out.append(f'key {row["key"]}  rate{rate}{mark}: {row["parked"]} parked{due}')
         return out
 
     @classmethod
@@ -198,10 +275,12 @@ class Rate(KeyedPolicy, GcraRate):
                 out.append({
                     'note': note,
                     'title': f'Rate per key: {scope}',
-                    'columns': ['key', 'parked', 'next start (s)', 'rate'],
+                    'columns': ['key', 'parked', 'waiting for', 'rate'],
                     'rows': [[row['key'], row['parked'],
-                              None if row['next_due'] is None else round(max(row['next_due'] - now, 0.0), 3),
-                              None if row['rate'] is None else '{}/{}s burst {}'.format(*row['rate'])]
+                              None if row['next_due'] is None else
+                              {'text': 'its rate', 'note': 'next start', 'at': max(row['next_due'] - now, 0.0)},
+                              None if row['rate'] is None else '{}/{}s burst {}'.format(*row['rate'])
+                              + (' (set at run time)' if row.get('set_at_run_time') else '')]
                              for row in rows],
                 })
         return out
@@ -215,3 +294,50 @@ def _declared_rate(raw: Any, channel: str) -> tuple[int, int, int] | None:
     if len(words) != 4 or words[3] != channel or not all(w.isdigit() for w in words[:3]):
         return None
     return int(words[0]), int(words[1]), int(words[2])
+
+
+class _Gcra(GcraRate):
+    """A bare rate for :func:`~rq_policies.queue_rate._status` (which reads limit, per, burst and interval)."""
+
+    def __init__(self, limit: int, per: int, burst: int) -> None:
+        self.limit, self.per, self.burst = limit, per, burst
+
+
+def _stored_rate(raw: Any) -> KeyRate | None:
+    """A run-time rate as stored in ``rq:policies:keyrates`` (``'<limit> <per> <burst>'``), or None."""
+    if raw is None:
+        return None
+    limit, per, burst = (int(word) for word in text(raw).split())
+    return KeyRate(limit, per, burst)
+
+
+def _deprecated_rate(args: tuple, kwargs: dict) -> tuple[int, int, int] | None:
+    """The rate 0.2's ``Rate.status(scope, key, limit, per=1, burst=1)`` was given, with its DeprecationWarning."""
+    import warnings
+
+    from .admin import REMOVED_IN
+
+    unknown = set(kwargs) - {'limit', 'per', 'burst'}
+    if unknown:
+        raise TypeError(f'Rate.status() got an unexpected keyword argument {sorted(unknown)[0]!r}')
+    if not args and not kwargs:
+        return None
+    if len(args) > 3:
+        raise TypeError(f'Rate.status() takes scope, key and connection=, got {len(args) + 2} positional arguments')
+    names = ('limit', 'per', 'burst')
+    given = dict(zip(names, args))
+    for name, value in kwargs.items():
+        if name in given:
+            raise TypeError(f'Rate.status() got multiple values for argument {name!r}')
+        given[name] = value
+    if 'limit' not in given:
+        raise TypeError("Rate.status() with per= or burst= needs limit= too (0.2's form); or give none of them")
+    warnings.warn(f'Rate.status(scope, key, limit, per, burst) is deprecated and is removed in rq-policies '
+                  f'{REMOVED_IN}: use Rate.status(scope, key, connection=), which reads the rate in force',
+                  DeprecationWarning, stacklevel=3)
+    return given['limit'], given.get('per', 1), given.get('burst', 1)
+
+
+def _rate_words(raw: Any) -> tuple[int, int, int] | None:
+    rate = _stored_rate(raw)
+    return None if rate is None else (rate.limit, rate.per, rate.burst)

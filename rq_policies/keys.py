@@ -78,7 +78,9 @@ key                                                    type     meaning
                                                                 start, its back-off's end); removed with the key's
                                                                 last parked job
 ``rq:policies:keylimits``                              HASH     ``<scope>:<key>`` -> a limit set at run time
-                                                                (``Concurrency.override``)
+                                                                (``Concurrency.set``)
+``rq:policies:keyrates``                               HASH     ``<scope>:<key>`` -> ``<limit> <per> <burst>``: a
+                                                                rate set at run time (``Rate.set``)
 ``rq:policies:keyblock:<scope>:<key>``                 STRING   epoch second until which no job of the key starts
                                                                 (``BackOff(key=True)``); expires then
 ``rq:policies:keytat:<scope>:<key>``                   STRING   ``<tat> <interval>``: one key's GCRA state (Rate),
@@ -228,6 +230,7 @@ KEY_BLOCK_PREFIX = PREFIX + 'keyblock:'
 KEY_TAT_PREFIX = PREFIX + 'keytat:'
 KEY_DUE = PREFIX + 'keydue'
 KEY_LIMITS = PREFIX + 'keylimits'
+KEY_RATES = PREFIX + 'keyrates'
 
 
 def key_channel(scope: str, key: str) -> str:
@@ -354,6 +357,9 @@ class Family:
     while_waiting: bool = False
     #: a field of the holder's job hash that, set to ``finished``, makes a started holder still hold its identity
     held_until_field: str = ''
+    #: (a windowed family) a field of the holder's job hash carrying the window's width in seconds, from which
+    #: ``info`` and the page show the window's start and end instead of its number
+    width_field: str = ''
 
     @property
     def needs_setting(self) -> bool:
@@ -377,7 +383,7 @@ class Family:
 
 
 LONER_KEYS = Family('loner', 'loner', while_waiting=True, held_until_field='policies_loner_until')
-THROTTLE_KEYS = Family('throttle', 'throttle', windowed=True)
+THROTTLE_KEYS = Family('throttle', 'throttle', windowed=True, width_field='policies_throttle_slot')
 TRAILING_KEYS = Family('trailing', 'throttle')
 DEBOUNCE_KEYS = Family('debounce', 'debounce', hash=True)
 

@@ -253,11 +253,16 @@ class Loner(AdmissionPolicy):
         }]
 
     @classmethod
-    def describe(cls, family: keys.Family, block: dict[str, Any]) -> list[str]:
+    def describe(cls, family: keys.Family, block: dict[str, Any], digests: bool = False,
+                 width: int = 40) -> list[str]:
+        from .readable import identity
+
         stale = block['count'] - block['waiting']
         lines = [f'  loner     {block["waiting"]} waiting' + (f', {stale} stale' if stale else '')]
         for row in block['entries']:
-            lines.append(f'    {row["digest"][:12]}  job {row["job_id"]} ({row["job_status"] or "gone"})')
+            holds = '' if row.get('waiting') else ', stale: no longer holds'
+            lines.append(f'    {identity(row, width, digests)}  job {row["job_id"]} ({row["job_status"] or "gone"}'
+                         f'{holds})')
         return lines
 
     @classmethod
@@ -266,18 +271,20 @@ class Loner(AdmissionPolicy):
         (a marker whose job no longer waits, and is not running under ``until='finished'``, is stale: the next
         enqueue of the identity replaces it)."""
         from . import state
+        from .readable import identity_cell
 
         sample = state.sample_family(connection, keys.LONER_KEYS, limit, search)
         rows = []
         for row in sample['rows']:
             job_id = row['job_id']
-            holds = 'yes' if row['waiting'] else {'text': 'stale (no longer holds)', 'warn': True}
-            rows.append([row['queue'], row['digest'], {'text': job_id, 'job': job_id} if job_id else None,
-                         row['job_status'] or 'gone', holds, row['expires_in']])
+            holds = 'yes' if row['waiting'] else {'text': 'no (stale: the next enqueue replaces it)', 'expired': True}
+            rows.append([row['queue'], identity_cell(row), {'text': job_id, 'job': job_id} if job_id else None,
+                         row['job_status'] or 'gone', holds,
+                         None if row['expires_in'] is None else {'text': '', 'at': row['expires_in']}])
         if not rows:
             return []
         return [{'title': 'Unique identities (Loner)', 'rows': rows,
-                 'columns': ['queue', 'identity', 'job', 'job status', 'holds', 'expires in (s)'],
+                 'columns': ['queue', 'identity', 'job', 'job status', 'holds', 'expires'],
                  'note': state.sample_note(sample, 'markers')}]
 
     @classmethod

@@ -271,13 +271,18 @@ def by_name(name: str) -> type[Policy]:
         raise KeyError(f'no policy named {name!r}; registered: {sorted(_REGISTRY)}') from None
 
 
-def pending_lines(family: Any, block: dict[str, Any], detail: Callable[[dict[str, Any]], str]) -> list[str]:
+def pending_lines(family: Any, block: dict[str, Any], detail: Callable[[dict[str, Any]], str],
+                  digests: bool = False, width: int = 40) -> list[str]:
     """``info``'s lines for a family of pending jobs (a trailing Throttle's, a Debounce's): a count, then one line per
-    identity with ``detail(row)`` and the time left when the key expires."""
+    identity (its job's description, :func:`rq_policies.readable.identity`) with ``detail(row)`` and when it runs
+    (the key expires at the job's run time)."""
+    from .readable import identity, in_seconds
+
     lines = [f'  {family.name:<9} {block["count"]} pending']
     for row in block['entries']:
-        expires = f'  expires in {row["expires_in"]:.1f}s' if row['expires_in'] is not None else ''
-        lines.append(f'    {row["digest"][:12]}  {detail(row)}{expires}')
+        runs = f'  runs {in_seconds(row["expires_in"])}' if row['expires_in'] is not None else ''
+        extra = detail(row)
+        lines.append(f'    {identity(row, width, digests)}{"  " + extra if extra else ""}{runs}')
     return lines
 
 
@@ -336,11 +341,15 @@ class AdmissionPolicy(Policy):
         """The job was admitted: bring the Python object in line with what the script wrote, log what it replaced."""
 
     @classmethod
-    def describe(cls, family: Any, block: dict[str, Any]) -> list[str]:
+    def describe(cls, family: Any, block: dict[str, Any], digests: bool = False,
+                 width: int = 40) -> list[str]:
         """The lines ``rq-policies info`` prints for one of this policy's key families on one queue (``block`` is
-        what ``info --json`` shows for it: ``count`` and the listed ``entries``)."""
+        what ``info --json`` shows for it: ``count`` and the listed ``entries``); an identity is shown as its job's
+        description (:func:`rq_policies.readable.identity`), with the whole digest when ``digests``."""
+        from .readable import identity
+
         lines = [f'  {family.name:<9} {block["count"]} key(s)']
-        lines += [f'    {row["digest"][:12]}  {row}' for row in block['entries']]
+        lines += [f'    {identity(row, width, digests)}' for row in block['entries']]
         return lines
 
     @classmethod

@@ -22,6 +22,7 @@ QueueSlot caps how many run, QueueRate how many start per unit of time.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, ClassVar
@@ -29,7 +30,8 @@ from typing import Any, ClassVar
 from redis import Redis
 
 from . import compat, keys
-from .exceptions import BackOff, Snooze, SnoozeLimitReached
+from .admin import refusing, warn_unknown_queue
+from .exceptions import BackOff, Snooze, SnoozeLimitReached, UnknownQueueWarning
 from .ledger import WAKE_CAPACITY
 from .ops import need_connection as _need
 from .ops import server_now as _server_now
@@ -77,8 +79,9 @@ class GcraRate:
 class QueueRate(FetchPolicy, GcraRate):
     """A queue's start rate: ``limit`` starts every ``per`` seconds, up to ``burst`` at once after a quiet spell.
 
-    Used through classmethods (:meth:`set`, :meth:`get`, :meth:`clear`, :meth:`status`): the setting lives in
-    Redis, not on a function. An instance is what :meth:`get` returns.
+    Used through classmethods (:meth:`set`, :meth:`get`, :meth:`clear`, :meth:`status`, the shape every run-time
+    setting has: :mod:`rq_policies.admin`): the setting lives in Redis, not on a function. An instance is what
+    :meth:`set` and :meth:`get` return.
     """
 
     name: ClassVar[str] = 'queue_rate'
@@ -114,11 +117,17 @@ class QueueRate(FetchPolicy, GcraRate):
             The rate now set.
 
         Raises:
-            ValueError: naming the argument and the value; nothing is written.
+            InvalidSetting: (a ValueError) naming the argument and the value; nothing is written.
+
+        Warns:
+            UnknownQueueWarning: ``queue`` is unknown to rq, to every policy setting and to every live worker (a
+            typo?); the rate is set anyway (``rq-policies rate`` refuses it without ``--force``).
         """
-        name = queue_name(queue)
-        rate = cls(limit, per, burst)
-        conn = _need(connection)
+        with refusing():
+            name = queue_name(queue)
+            rate = cls(limit, per, burst)
+            conn = _need(connection)
+        warn_unknown_queue(conn, name, 'QueueRate.set')
         with conn.pipeline(transaction=False) as pipe:
             pipe.hset(keys.RATE, name, f'{rate.limit} {rate.per} {rate.burst}')
             pipe.publish(keys.wake(name), WAKE_CAPACITY)
@@ -128,14 +137,18 @@ class QueueRate(FetchPolicy, GcraRate):
     @classmethod
     def get(cls, queue: Any, connection: Redis | None = None) -> QueueRate | None:
         """The rate of ``queue``, or None when it is unlimited."""
-        raw = _need(connection).hget(keys.RATE, queue_name(queue))
-        return parse(raw)
+        with refusing():
+            name = queue_name(queue)
+            conn = _need(connection)
+        return parse(conn.hget(keys.RATE, name))
 
     @classmethod
     def clear(cls, queue: Any, connection: Redis | None = None) -> bool:
         """Remove the rate of ``queue`` (its arrival time expires by itself). Returns True when it had one."""
-        name = queue_name(queue)
-        with _need(connection).pipeline(transaction=False) as pipe:
+        with refusing():
+            name = queue_name(queue)
+            conn = _need(connection)
+        with conn.pipeline(transaction=False) as pipe:
             pipe.hdel(keys.RATE, name)
             pipe.delete(keys.rate_tat(name))
             pipe.publish(keys.wake(name), WAKE_CAPACITY)
@@ -145,9 +158,10 @@ class QueueRate(FetchPolicy, GcraRate):
     @classmethod
     def status(cls, queue: Any, connection: Redis | None = None) -> RateStatus | None:
         """How many starts ``queue`` allows now and when the next one is allowed; None when it has no rate and no
-        back-off."""
-        name = queue_name(queue)
-        conn = _need(connection)
+        back-off. The state reading of the admin API (:mod:`rq_policies.admin`)."""
+        with refusing():
+            name = queue_name(queue)
+            conn = _need(connection)
         with conn.pipeline(transaction=False) as pipe:
             pipe.time()
             pipe.hget(keys.RATE, name)
@@ -263,24 +277,29 @@ class QueueRate(FetchPolicy, GcraRate):
             words.append(f'rate {rate["limit"]}/{rate["per"]}s burst {rate["burst"]}, {entry["rate_available"]} '
                          'available')
         if entry.get('backoff_until'):
-            words.append(f'backed off {entry["backoff_seconds_left"]:.1f}s')
+            words.append(f'backed off for {entry["backoff_seconds_left"]:.0f} s more')
         return ', '.join(words)
 
     @classmethod
     def describe_queue(cls, entry: dict[str, Any]) -> list[str]:
+        """``info``'s lines: the starts available and when the next is allowed, and a back-off's end (local time and
+        how far from now; ``entry['server_time']`` is the server time the state was read at)."""
+        from .readable import at
+
         lines = []
+        now = entry.get('server_time')
         if entry.get('rate'):
-            lines.append(f'  rate      {entry["rate_available"]} start(s) available, next start at server time '
-                         f'{entry["rate_next_at"]:.3f}')
+            when = 'now' if now is None or entry['rate_next_at'] <= now else at(entry['rate_next_at'], now)
+            lines.append(f'  rate      {entry["rate_available"]} start(s) available, next start {when}')
         if entry.get('backoff_until'):
-            lines.append(f'  backoff   no start until server time {entry["backoff_until"]:.3f} '
-                         f'(in {entry["backoff_seconds_left"]:.1f}s)')
+            until = at(entry['backoff_until'], now) if now is not None else f'in {entry["backoff_seconds_left"]:.1f} s'
+            lines.append(f'  backoff   no start until {until}')
         return lines
 
     @classmethod
     def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
         """The dashboard's rates panel: per queue with a rate or a back-off, the rate, the starts allowed now, when
-        the next start is allowed (seconds from now, server clock) and the back-off left."""
+        the next start is allowed and when a back-off ends (local time and how far from now)."""
         names = sorted(cls.configured_queues(connection)
                        | {text(m) for m in connection.zrangebyscore(keys.BACKOFF, f'({now:.6f}', '+inf')})
         names = [name for name in names if not search or search in name]
@@ -292,13 +311,14 @@ class QueueRate(FetchPolicy, GcraRate):
                 name,
                 f'{rate["limit"]}/{rate["per"]}s burst {rate["burst"]}' if rate else None,
                 entry['rate_available'],
-                round(max(0.0, entry['rate_next_at'] - now), 2) if rate else None,
-                {'text': f'{left:.1f}', 'warn': True} if left else None,
+                ('now' if entry['rate_next_at'] <= now else {'text': '', 'at': entry['rate_next_at'] - now})
+                if rate else None,
+                {'text': '', 'note': 'until', 'at': left, 'warn': True} if left else None,
             ])
         if not rows:
             return []
         return [{'title': 'Queue rates (QueueRate)', 'rows': rows,
-                 'columns': ['queue', 'rate', 'starts available', 'next start in (s)', 'backed off for (s)'],
+                 'columns': ['queue', 'rate', 'starts available', 'next start', 'backed off'],
                  'note': f'{len(rows)} of {len(names)} queues listed' if len(names) > len(rows) else ''}]
 
     @classmethod
@@ -331,15 +351,20 @@ class QueueRate(FetchPolicy, GcraRate):
         @click.option('--burst', default=None, help='Starts allowed at once after a quiet spell (1 to LIMIT; 1).')
         @click.option('--clear', is_flag=True, help='Remove the rate.')
         @click.option('--force', is_flag=True, help='Limit a queue rq does not know yet.')
+        @click.option('--json', 'as_json', is_flag=True, help='Print the rate and the starts available as JSON.')
         @kit.pass_cli_config
         def rate(cli_config: Any, queue: str, rate: str | None, burst: str | None, clear: bool, force: bool,
-                 **options: Any) -> None:
-            """Limit QUEUE to LIMIT job starts every PER across the cluster (100/60s, 5/1m, 10/1h, 3/1), or remove
-            the limit with --clear."""
-            if clear == (rate is not None):
-                raise click.UsageError('give either LIMIT/PER or --clear')
-            if clear and burst is not None:
-                raise click.UsageError('--burst goes with LIMIT/PER, not with --clear')
+                 as_json: bool, **options: Any) -> None:
+            """Limit QUEUE to LIMIT job starts every PER across the cluster (100/60s, 5/1m, 10/1h, 3/1), remove
+            the limit with --clear, or show it (no LIMIT/PER)."""
+            if clear and rate is not None:
+                raise click.UsageError('give either LIMIT/PER or --clear, not both')
+            if rate is None and burst is not None:
+                raise click.UsageError('--burst goes with LIMIT/PER')
+            if not clear and rate is None:
+                conn = kit.connect(cli_config)
+                _show_rate(kit, conn, queue, as_json)
+                return
             if not clear:
                 limit, per = parse_rate(rate)  # type: ignore[arg-type]
                 size = kit.integer('--burst', burst, MAX_CAPACITY) if burst is not None else 1
@@ -349,18 +374,52 @@ class QueueRate(FetchPolicy, GcraRate):
                     hint = '--burst' if 'burst' in str(exc) else 'LIMIT/PER'
                     raise click.BadParameter(str(exc), param_hint=hint) from None
             conn = kit.connect(cli_config)
-            kit.require_known(conn, queue, force or clear)
+            kit.require_known(conn, queue, force or clear, command='rate')
             before = cls.get(queue, connection=conn)
             was = f'was {before.limit}/{before.per}s burst {before.burst}' if before else 'was unlimited'
             if clear:
                 cls.clear(queue, connection=conn)
-                click.echo(f'Queue {queue!r} has no rate ({was}).')
+                message = f'Queue {queue!r} has no rate ({was}).'
             else:
-                cls.set(queue, new.limit, new.per, new.burst, connection=conn)
-                click.echo(f'Queue {queue!r} is limited to {new.limit} starts every {new.per}s, burst {new.burst} '
+                with warnings.catch_warnings():  # refused above unless --force: the operator meant it
+                    warnings.simplefilter('ignore', UnknownQueueWarning)
+                    cls.set(queue, new.limit, new.per, new.burst, connection=conn)
+                message = (f'Queue {queue!r} is limited to {new.limit} starts every {new.per}s, burst {new.burst} '
                            f'({was}).')
+            if as_json:
+                _show_rate(kit, conn, queue, True)
+            else:
+                click.echo(message)
 
         return [rate]
+
+
+def _show_rate(kit: Any, conn: Any, queue: str, as_json: bool) -> None:
+    """``rq-policies rate QUEUE``: the rate, the starts available now and the next one (local time), a back-off."""
+    import click
+
+    from .readable import at
+
+    rate, status, now = QueueRate.get(queue, connection=conn), QueueRate.status(queue, connection=conn), \
+        _server_now(conn)
+    if as_json:
+        kit.echo_json({
+            'queue': queue, 'rate': None if rate is None else {'limit': rate.limit, 'per': rate.per,
+                                                                 'burst': rate.burst},
+            'available': None if status is None else status.available,
+            'next_at': None if status is None else status.next_at,
+            'backoff_until': None if status is None else status.backoff_until, 'server_time': now,
+        })
+        return
+    if rate is None:
+        click.echo(f'Queue {queue!r} has no rate.')
+    else:
+        assert status is not None
+        when = 'now' if status.next_at <= now else at(status.next_at, now)
+        click.echo(f'Queue {queue!r} is limited to {rate.limit} starts every {rate.per}s, burst {rate.burst}: '
+                   f'{status.available} available, next start {when}.')
+    if status is not None and status.backoff_until is not None:
+        click.echo(f'Backed off: no start until {at(status.backoff_until, now)}.')
 
 
 _UNITS = {'': 1, 's': 1, 'm': 60, 'h': 3600, 'd': 86400}

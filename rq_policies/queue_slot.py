@@ -19,11 +19,14 @@ the cluster obeys the same number and an operator changes it without a deploy.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, ClassVar
 
 from redis import Redis
 
 from . import keys, ledger
+from .admin import Cap, SlotStatus, deprecated, refusing, warn_unknown_queue
+from .exceptions import UnknownQueueWarning
 from .ledger import WAKE_CAPACITY, WAKE_RELEASED, Hold
 from .ops import need_connection as _need
 from .ops import text
@@ -44,7 +47,8 @@ class QueueSlot(FetchPolicy):
     """A queue's hold ledger on its own: capacity, holds, tokens. Fetching under a cap is PolicyWorker's job.
 
     A fetch policy whose settings live in Redis (the cap per queue), so it is used through classmethods rather than
-    declared on a function.
+    declared on a function: :meth:`set`, :meth:`get`, :meth:`clear` and :meth:`status`, the shape every run-time
+    setting has (:mod:`rq_policies.admin`).
     """
 
     name: ClassVar[str] = 'queue_slot'
@@ -58,54 +62,111 @@ class QueueSlot(FetchPolicy):
     # -- capacity -------------------------------------------------------------------------------------------------
 
     @classmethod
-    def set_capacity(cls, queue: Any, capacity: int, connection: Redis | None = None) -> None:
+    def set(cls, queue: Any, capacity: int, connection: Redis | None = None) -> Cap:
         """Cap ``queue`` at ``capacity`` running jobs across the cluster (stored in Redis; every worker obeys it).
 
         Lowering the cap below the holds in use stops admissions until enough of them end; it never stops a job.
-        Idle PolicyWorkers are woken, so a raised cap is used at once.
+        Idle PolicyWorkers are woken, so a raised cap is used at once. The admin API's shape
+        (:mod:`rq_policies.admin`): ``set``/``get``/``clear``/``status``.
+
+        Args:
+            queue: queue name or Queue.
+            capacity: running jobs at most, a positive integer.
+            connection: the Redis connection.
+
+        Returns:
+            The cap now set.
+
+        Raises:
+            InvalidSetting: (a ValueError) naming the argument and the value; nothing is written.
+
+        Warns:
+            UnknownQueueWarning: ``queue`` is unknown to rq, to every policy setting and to every live worker (a
+            typo?); the cap is set anyway (``rq-policies cap`` refuses it without ``--force``).
         """
-        name = queue_name(queue)
-        positive_int('capacity', capacity, MAX_CAPACITY)
-        with _need(connection).pipeline(transaction=False) as pipe:
+        with refusing():
+            name = queue_name(queue)
+            positive_int('capacity', capacity, MAX_CAPACITY)
+            conn = _need(connection)
+        warn_unknown_queue(conn, name, 'QueueSlot.set')
+        with conn.pipeline(transaction=False) as pipe:
             pipe.hset(keys.CAPACITY, name, capacity)
             pipe.publish(keys.wake(name), WAKE_CAPACITY)
             pipe.execute()
+        return Cap(capacity)
 
     @classmethod
-    def capacity(cls, queue: Any, connection: Redis | None = None) -> int | None:
+    def get(cls, queue: Any, connection: Redis | None = None) -> Cap | None:
         """The cap of ``queue``, or None when it is uncapped."""
-        raw = _need(connection).hget(keys.CAPACITY, queue_name(queue))
-        return int(raw) if raw is not None else None
+        with refusing():
+            name = queue_name(queue)
+            conn = _need(connection)
+        raw = conn.hget(keys.CAPACITY, name)
+        return Cap(int(raw)) if raw is not None else None
 
     @classmethod
-    def clear_capacity(cls, queue: Any, connection: Redis | None = None) -> bool:
+    def clear(cls, queue: Any, connection: Redis | None = None) -> bool:
         """Uncap ``queue``. Live holds stay until released or expired; they no longer limit anything.
 
         Returns:
             True when the queue had a cap.
         """
-        name = queue_name(queue)
-        with _need(connection).pipeline(transaction=False) as pipe:
+        with refusing():
+            name = queue_name(queue)
+            conn = _need(connection)
+        with conn.pipeline(transaction=False) as pipe:
             pipe.hdel(keys.CAPACITY, name)
             pipe.publish(keys.wake(name), WAKE_CAPACITY)
             removed, _ = pipe.execute()
         return bool(removed)
 
     @classmethod
-    def in_use(cls, queue: Any, connection: Redis | None = None) -> int:
-        """Live holds of ``queue`` (a gauge for humans and tests; admission counts under the script's own clock)."""
-        conn = _need(connection)
-        seconds, micros = conn.time()
-        return int(conn.zcount(keys.holds(queue_name(queue)), f'({seconds + micros / 1e6:.6f}', '+inf'))
+    def status(cls, queue: Any, connection: Redis | None = None) -> SlotStatus:
+        """The cap of ``queue`` and its live holds now (server clock), read in one round trip."""
+        with refusing():
+            name = queue_name(queue)
+            conn = _need(connection)
+        with conn.pipeline(transaction=False) as pipe:
+            pipe.time()
+            pipe.hget(keys.CAPACITY, name)
+            (seconds, micros), raw = pipe.execute()
+        now = seconds + micros / 1e6
+        rows = conn.zrangebyscore(keys.holds(name), f'({now:.6f}', '+inf', withscores=True)
+        holders = tuple((text(member), score - now) for member, score in rows)
+        return SlotStatus(int(raw) if raw is not None else None, len(holders), holders)
+
+    # -- the 0.2 names (deprecated, removed in 0.4) ----------------------------------------------------------------
 
     @classmethod
+    @deprecated('QueueSlot.set(queue, capacity, connection=)')
+    def set_capacity(cls, queue: Any, capacity: int, connection: Redis | None = None) -> None:
+        """Deprecated: :meth:`set` (which returns the :class:`Cap`)."""
+        cls.set(queue, capacity, connection=connection)
+
+    @classmethod
+    @deprecated('QueueSlot.get(queue, connection=), which returns a Cap or None')
+    def capacity(cls, queue: Any, connection: Redis | None = None) -> int | None:
+        """Deprecated: :meth:`get`."""
+        cap = cls.get(queue, connection=connection)
+        return cap.capacity if cap is not None else None
+
+    @classmethod
+    @deprecated('QueueSlot.clear(queue, connection=)')
+    def clear_capacity(cls, queue: Any, connection: Redis | None = None) -> bool:
+        """Deprecated: :meth:`clear`."""
+        return cls.clear(queue, connection=connection)
+
+    @classmethod
+    @deprecated('QueueSlot.status(queue, connection=).in_use')
+    def in_use(cls, queue: Any, connection: Redis | None = None) -> int:
+        """Deprecated: :meth:`status` ``.in_use``."""
+        return cls.status(queue, connection=connection).in_use
+
+    @classmethod
+    @deprecated('QueueSlot.status(queue, connection=).holders')
     def holders(cls, queue: Any, connection: Redis | None = None) -> list[tuple[str, float]]:
-        """Live holds of ``queue`` as ``(claim token, seconds to expiry)``, soonest to expire first."""
-        connection = _need(connection)
-        seconds, micros = connection.time()
-        now = seconds + micros / 1e6
-        rows = connection.zrangebyscore(keys.holds(queue_name(queue)), f'({now:.6f}', '+inf', withscores=True)
-        return [(member.decode() if isinstance(member, bytes) else member, score - now) for member, score in rows]
+        """Deprecated: :meth:`status` ``.holders``."""
+        return list(cls.status(queue, connection=connection).holders)
 
     # -- the ledger -----------------------------------------------------------------------------------------------
 
@@ -179,11 +240,11 @@ class QueueSlot(FetchPolicy):
 
     @classmethod
     def configure(cls, connection: Any, queue: str, **settings: Any) -> None:
-        cls.set_capacity(queue, connection=connection, **settings)
+        cls.set(queue, connection=connection, **settings)
 
     @classmethod
     def unconfigure(cls, connection: Any, queue: str) -> None:
-        cls.clear_capacity(queue, connection=connection)
+        cls.clear(queue, connection=connection)
 
     @classmethod
     def setting_examples(cls) -> tuple[dict[str, Any], ...]:
@@ -267,7 +328,10 @@ class QueueSlot(FetchPolicy):
 
     @classmethod
     def describe_queue(cls, entry: dict[str, Any]) -> list[str]:
-        lines = [f'  hold      {hold["holder"]:<48} expires in {hold["expires_in"]:.1f}s' for hold in entry['holds']]
+        from .readable import in_seconds
+
+        lines = [f'  hold      {hold["holder"]:<36} expires {in_seconds(hold["expires_in"])}'
+                 for hold in entry['holds']]
         if entry['holds_in_use'] > len(entry['holds']):
             lines.append(f'  ... and {entry["holds_in_use"] - len(entry["holds"])} more (--limit 0 lists all)')
         return lines
@@ -302,22 +366,44 @@ class QueueSlot(FetchPolicy):
         )
         @click.option('--clear', is_flag=True, help='Remove the cap (live holds stay until released or expired).')
         @click.option('--force', is_flag=True, help='Cap a queue rq does not know yet.')
+        @click.option('--json', 'as_json', is_flag=True, help='Print the cap and the holds in use as JSON.')
         @kit.pass_cli_config
-        def cap(cli_config: Any, queue: str, n: int | None, clear: bool, force: bool, **options: Any) -> None:
-            """Cap QUEUE at N jobs running across the cluster, or remove its cap with --clear."""
-            if clear == (n is not None):
-                raise click.UsageError('give either N or --clear')
-            limit = n or 0
+        def cap(cli_config: Any, queue: str, n: int | None, clear: bool, force: bool, as_json: bool,
+                **options: Any) -> None:
+            """Cap QUEUE at N jobs running across the cluster, remove its cap with --clear, or show it (no N)."""
+            if clear and n is not None:
+                raise click.UsageError('give either N or --clear, not both')
+            try:
+                queue_name(queue)
+            except ValueError as exc:
+                raise click.BadParameter(str(exc), param_hint='QUEUE') from None
             conn = kit.connect(cli_config)
+            if not clear and n is None:
+                status = cls.status(queue, connection=conn)
+                if as_json:
+                    kit.echo_json({'queue': queue, 'capacity': status.capacity, 'in_use': status.in_use})
+                elif status.capacity is None:
+                    click.echo(f'Queue {queue!r} is uncapped ({status.in_use} hold(s) in use).')
+                else:
+                    click.echo(f'Queue {queue!r} is capped at {status.capacity}, {status.in_use} in use.')
+                return
             kit.require_known(conn, queue, force or clear)
-            before = cls.capacity(queue, connection=conn)
-            was = f'was {before}' if before is not None else 'was uncapped'
+            before = cls.get(queue, connection=conn)
+            was = f'was {before.capacity}' if before is not None else 'was uncapped'
             if clear:
-                cls.clear_capacity(queue, connection=conn)
-                click.echo(f'Queue {queue!r} is uncapped ({was}).')
+                cls.clear(queue, connection=conn)
+                message = f'Queue {queue!r} is uncapped ({was}).'
             else:
-                cls.set_capacity(queue, limit, connection=conn)
-                click.echo(f'Queue {queue!r} is capped at {limit} ({was}).')
+                with warnings.catch_warnings():  # refused above unless --force: the operator meant it
+                    warnings.simplefilter('ignore', UnknownQueueWarning)
+                    cls.set(queue, n, connection=conn)  # type: ignore[arg-type]
+                message = f'Queue {queue!r} is capped at {n} ({was}).'
+            if as_json:
+                now = cls.get(queue, connection=conn)
+                kit.echo_json({'queue': queue, 'capacity': now.capacity if now else None,
+                               'was': before.capacity if before else None})
+            else:
+                click.echo(message)
 
         return [cap]
 
@@ -325,8 +411,10 @@ class QueueSlot(FetchPolicy):
     def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
         """The dashboard's holds panel: per queue with a cap or a hold, the cap, the holds in use and each hold
         (holder, the job its worker runs, seconds to expiry). A hold past its expiry still in the ledger is
-        *lapsed*: its holder stopped refreshing (killed, or stalled longer than the ttl); the next fetch purges it,
-        and it is shown as a warning until then."""
+        *expired*: its holder stopped refreshing (killed, or stalled longer than the ttl); it no longer counts
+        against the cap, and the next fetch purges it. It is shown greyed, as expired, until then: nothing is wrong
+        (a hold that ages out is the crash path working), and a running job's lapsed hold is re-added and counted
+        by its worker's next heartbeat (``rq_policies_hold_lapses_total`` counts those)."""
         from . import state
 
         names = [name for name in state.queue_names(connection) if not search or search in name]
@@ -344,9 +432,10 @@ class QueueSlot(FetchPolicy):
             in_use = entry['holds_in_use']
             queues.append([name, entry['capacity'], in_use, len(lapsed)])
             for token, score in lapsed:
-                holds.append([name, token, None, {'text': f'lapsed {now - score:.1f} s ago', 'warn': True}])
+                holds.append([name, token, None, {'text': 'expired (no longer counts)', 'at': score - now,
+                                                  'expired': True}])
             for hold in entry['holds']:
-                holds.append([name, hold['holder'], None, round(hold['expires_in'], 1)])
+                holds.append([name, hold['holder'], None, {'text': '', 'at': hold['expires_in']}])
             shown += in_use + len(lapsed)
         holds = holds[:limit]
         jobs = _running_jobs(connection, [row[1] for row in holds])
@@ -355,10 +444,10 @@ class QueueSlot(FetchPolicy):
             row[2] = {'text': job_id, 'job': job_id} if job_id else None
         if not queues:
             return []
-        out = [{'title': 'Queue caps (QueueSlot)', 'columns': ['queue', 'cap', 'in use', 'lapsed holds'],
+        out = [{'title': 'Queue caps (QueueSlot)', 'columns': ['queue', 'cap', 'in use', 'expired holds (not counted)'],
                 'rows': queues}]
         if holds:
-            out.append({'title': 'Holds (QueueSlot)', 'columns': ['queue', 'holder', 'job', 'expires in (s)'],
+            out.append({'title': 'Holds (QueueSlot)', 'columns': ['queue', 'holder', 'job', 'expires'],
                         'rows': holds, 'note': f'{len(holds)} of {shown} holds listed' if shown > len(holds) else ''})
         return out
 

@@ -181,26 +181,33 @@ def _identity_rows(
                 pipe.pttl(key)
             replies = pipe.execute()
         holders = [replies[2 * i] for i in range(len(chunk))]
+        if family.hash:  # a pending job's state: its job id is the ``job`` field
+            holders = [(value or {}).get(b'job', (value or {}).get('job')) for value in holders]
         statuses: list[Any] = []
-        if not family.hash:
-            with connection.pipeline(transaction=False) as pipe:
-                for holder in holders:
-                    if holder:
-                        pipe.hmget(job_prefix + text(holder), 'status', family.held_until_field or 'status')
-                    else:
-                        pipe.echo('')
-                statuses = pipe.execute()
+        with connection.pipeline(transaction=False) as pipe:
+            for holder in holders:
+                if holder:
+                    pipe.hmget(job_prefix + text(holder), 'status', family.held_until_field or 'status',
+                               'description', family.width_field or 'description')
+                else:
+                    pipe.echo('')
+            statuses = pipe.execute()
         for i, key in enumerate(chunk):
             value, pttl = replies[2 * i], replies[2 * i + 1]
             _, digest, window = family.parse(key) or ('', '', None)
             row: dict[str, Any] = {'digest': digest}
+            status, until, description, width = statuses[i] if isinstance(statuses[i], list) else (None,) * 4
+            row['job_description'] = text(description) if description else None
             if family.windowed:
                 row['slot'] = window
+                if width is not None and text(width).isdigit() and str(window).isdigit():
+                    # the window's bounds: slot n of width w is [n * w, (n + 1) * w) in epoch seconds
+                    row['window_start'] = int(window) * int(text(width))
+                    row['window_end'] = (int(window) + 1) * int(text(width))
             if family.hash:
                 row['fields'] = {text(k): text(v) for k, v in (value or {}).items()}
             else:
                 row['job_id'] = text(value) if value is not None else None
-                status, until = statuses[i] if isinstance(statuses[i], list) else (None, None)
                 row['job_status'] = text(status) if status else None
                 if family.while_waiting:
                     # held while it waits, and with until='finished' while it runs too

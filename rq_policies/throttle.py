@@ -284,35 +284,38 @@ class Throttle(AdmissionPolicy):
         return (keys.THROTTLE_KEYS, keys.TRAILING_KEYS)
 
     @classmethod
-    def describe(cls, family: keys.Family, block: dict[str, Any]) -> list[str]:
+    def describe(cls, family: keys.Family, block: dict[str, Any], digests: bool = False,
+                 width: int = 40) -> list[str]:
+        from .readable import identity
+
         if family.windowed:
-            lines = [f'  throttle  {block["count"]} live slot(s)']
+            lines = [f'  throttle  {block["count"]} live window(s)']
             for row in block['entries']:
-                expires = f'expires in {row["expires_in"]:.1f}s' if row['expires_in'] is not None else 'no expiry'
-                lines.append(f'    {row["digest"][:12]}  slot {row["slot"]}  job {row["job_id"]}  {expires}')
+                lines.append(f'    {identity(row, width, digests)}  job {row["job_id"]}  {window_words(row)}')
             return lines
-        return pending_lines(family, block, lambda row: f'job {row["job_id"]}')
+        return pending_lines(family, block, lambda row: f'job {row["job_id"]}', digests, width)
 
     @classmethod
     def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
         """The dashboard's throttle windows (the job that won each live window, and when the window ends) and
         pending trailing jobs (the job that runs when its window ends)."""
         from . import state
+        from .readable import identity_cell
 
         out = []
         windows = state.sample_family(connection, keys.THROTTLE_KEYS, limit, search)
-        rows = [[row['queue'], row['digest'], row['slot'], _job_cell(row['job_id']), row['expires_in']]
-                for row in windows['rows']]
+        rows = [[row['queue'], identity_cell(row), _window_cell(row), _job_cell(row['job_id']),
+                 _at(row['expires_in'])] for row in windows['rows']]
         if rows:
             out.append({'title': 'Throttle windows (Throttle)', 'rows': rows,
-                        'columns': ['queue', 'identity', 'window', 'job', 'ends in (s)'],
+                        'columns': ['queue', 'identity', 'window', 'job', 'ends'],
                         'note': state.sample_note(windows, 'windows')})
         trailing = state.sample_family(connection, keys.TRAILING_KEYS, limit, search)
-        rows = [[row['queue'], row['digest'], _job_cell(row['job_id']), row['job_status'] or 'gone',
-                 row['expires_in']] for row in trailing['rows']]
+        rows = [[row['queue'], identity_cell(row), _job_cell(row['job_id']), row['job_status'] or 'gone',
+                 _at(row['expires_in'])] for row in trailing['rows']]
         if rows:
             out.append({'title': 'Pending trailing jobs (Throttle)', 'rows': rows,
-                        'columns': ['queue', 'identity', 'job', 'job status', 'runs in (s)'],
+                        'columns': ['queue', 'identity', 'job', 'job status', 'runs'],
                         'note': state.sample_note(trailing, 'pending jobs')})
         return out
 
@@ -321,6 +324,22 @@ class Throttle(AdmissionPolicy):
         call.key('throttle.prefix', keys.throttle_prefix(queue, digest))
         call.key('throttle.trailing', keys.trailing(queue, digest))
         return {'width': declared.slot if isinstance(declared, Throttle) else 0}
+
+
+def _at(seconds: float | None) -> dict[str, Any] | None:
+    """A page cell of the moment ``seconds`` from now (local time, ``in 5 s``), or None."""
+    return None if seconds is None else {'text': '', 'at': seconds}
+
+
+def _window_cell(row: dict[str, Any]) -> dict[str, Any]:
+    """A page cell of a throttle window: its start and end in local time, the window number on hover."""
+    from .readable import local_iso
+
+    if row.get('window_start') is None:
+        return {'text': f'window {row.get("slot")}', 'title': 'the window number (epoch seconds // width)'}
+    start, end = local_iso(row['window_start']), local_iso(row['window_end'])
+    return {'text': f'{start} to {end[11:19] if start[:10] == end[:10] else end}',
+            'title': f'window {row["slot"]} of {row["window_end"] - row["window_start"]} s'}
 
 
 def _job_cell(job_id: str | None) -> dict[str, str] | None:
@@ -335,3 +354,17 @@ def _declared_spec(job: Job) -> PolicySet | None:
     from .queue import PolicyQueue  # the glue imports the policies: at call time only
 
     return PolicyQueue._declared_for(job)
+
+
+def window_words(row: dict[str, Any]) -> str:
+    """A throttle window as a person reads it: ``window 13:45:00 to 13:46:00 (ends in 12 s)`` in local time, from
+    the row's ``window_start``/``window_end`` (its winner job's width); the ends alone when the width is unknown."""
+    from .readable import local_iso, relative
+
+    left = row.get('expires_in')
+    ends = f'ends {relative(left)}' if left is not None else 'no expiry'
+    if row.get('window_start') is None:
+        return f'window {row.get("slot")} ({ends})'
+    start, end = local_iso(row['window_start']), local_iso(row['window_end'])
+    same_day = start[:10] == end[:10]
+    return f'window {start} to {end[11:19] if same_day else end} ({ends})'

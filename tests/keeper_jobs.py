@@ -34,7 +34,7 @@ def record_process(queue: str, seconds: float = 0.0) -> None:
     conn = Redis.from_url(os.environ['REDIS_URL'])
     conn.rpush('test:keeper', json.dumps({
         'job': get_current_job().id, 'pid': os.getpid(), 'children': children_of(os.getpid()),
-        'in_use': QueueSlot.in_use(queue, connection=conn),
+        'in_use': QueueSlot.status(queue, connection=conn).in_use,
     }))
     conn.close()
     time.sleep(seconds)

@@ -739,7 +739,7 @@ def run(seconds: float, producers: int = 3, workers: int = 4, seed: int = 1, res
                PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent), os.environ.get('PYTHONPATH', '')]))
     os.environ['SOAK_RUN_DIR'] = str(run_dir)
     conn = Redis.from_url(server.url)
-    QueueSlot.set_capacity('soak_capped', CAP, connection=conn)
+    QueueSlot.set('soak_capped', CAP, connection=conn)
     proxy = FaultProxy('127.0.0.1', server.port, lifetime=seconds + 1200, record=False).start() if lost_replies \
         else None
     url = proxy.url if proxy is not None else server.url  # producers and workers; the checks go straight
@@ -773,7 +773,7 @@ def run(seconds: float, producers: int = 3, workers: int = 4, seed: int = 1, res
                 began = time.time()
                 if kind == 'empty':
                     restart_without_persistence(server)
-                    QueueSlot.set_capacity('soak_capped', CAP, connection=conn)  # the operator sets the cap again
+                    QueueSlot.set('soak_capped', CAP, connection=conn)  # the operator sets the cap again
                 else:
                     server.restart()  # same port, AOF on: producers and workers must reconnect
                 done.append({'kind': kind, 'began': began, 'ended': time.time()})

@@ -51,7 +51,7 @@ def q(connection):
     queue = PolicyQueue('bad-input', connection=connection)
     queue.enqueue(jobs.unique, 'seed')
     queue.enqueue(jobs.per_customer, 'seed-customer')
-    QueueSlot.set_capacity('bad-input', 3, connection=connection)
+    QueueSlot.set('bad-input', 3, connection=connection)
     return queue
 
 
@@ -122,7 +122,7 @@ def test_a_lone_surrogate_in_a_per_key_key_is_named(q):
     assert "kwargs['shop']" in error.argument and "at index 2" in str(error)
     # The same check guards the keys given by hand (no function then).
     with pytest.raises(InvalidArgument, match='key'):
-        Concurrency.override('customers', '\ud800', 3, connection=q.connection)
+        Concurrency.set('customers', '\ud800', 3, connection=q.connection)
     with pytest.raises(InvalidArgument, match='scope'):
         Concurrency(1, scope='s\ud800')
     # Text that only looks odd is fine: a key of non-ASCII text is stored and read back.

@@ -27,7 +27,7 @@ from rq.queue import Queue
 from rq.registry import DeferredJobRegistry
 from workers import output, start_worker, stop, wait_for
 
-from rq_policies import Concurrency, PolicyQueue, explain, keys, ledger
+from rq_policies import Concurrency, KeyLimit, PolicyQueue, explain, keys, ledger
 from rq_policies.concurrency import keyed_args
 from rq_policies.fetch import Claim, Look, fetch_call, read_reply, release_claim
 from rq_policies.worker import HOLD_TTL_ENV
@@ -100,7 +100,7 @@ def test_a_full_key_parks_its_jobs_and_the_other_keys_run_in_order(connection, f
     assert [t.job_id for t in taken] == [a[0].id, a[1].id, b.id]
     assert isinstance(fetch(connection, 'h:1:1:9'), Look)
     assert Concurrency.parked(CUSTOMER_SCOPE, 'a', connection=connection) == [a[2].id, a[3].id]
-    assert Concurrency.in_use(CUSTOMER_SCOPE, 'a', connection=connection) == 2
+    assert Concurrency.status(CUSTOMER_SCOPE, 'a', connection=connection).in_use == 2
     # Parked jobs are deferred for stock rq: in the deferred registry of their queue, off the queue list.
     assert a[2].get_status() == 'deferred'
     assert set(DeferredJobRegistry('keys', connection=connection).get_job_ids()) == {a[2].id, a[3].id}
@@ -267,7 +267,7 @@ def test_sixteen_processes_racing_for_one_free_unit_start_exactly_one(connection
     for p in procs:
         p.join(10)
     assert len([o for o in outcomes if o]) == 1
-    assert Concurrency.in_use(CUSTOMER_SCOPE, 'a', connection=connection) == 2
+    assert Concurrency.status(CUSTOMER_SCOPE, 'a', connection=connection).in_use == 2
     assert len(Concurrency.parked(CUSTOMER_SCOPE, 'a', connection=connection)) == 38
 
 
@@ -281,28 +281,29 @@ def test_an_override_raises_a_keys_limit_and_gives_its_parked_jobs_back(connecti
         fetch(connection, f'h:11:0:{i}')
     pubsub = connection.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(keys.wake('keys'))
-    assert Concurrency.override(CUSTOMER_SCOPE, 'a', 4, connection=connection) is False
-    assert Concurrency.overridden(CUSTOMER_SCOPE, 'a', connection=connection) == 4
+    assert Concurrency.get(CUSTOMER_SCOPE, 'a', connection=connection) is None
+    assert Concurrency.set(CUSTOMER_SCOPE, 'a', 4, connection=connection) == KeyLimit(4)
+    assert Concurrency.get(CUSTOMER_SCOPE, 'a', connection=connection) == KeyLimit(4)
     assert wait_for(lambda: (m := pubsub.get_message(timeout=0.1)) is not None and m['data'] == b'capacity', 2)
     got = [fetch(connection, f'h:11:1:{i}') for i in range(3)]
     assert [g.job_id for g in got[:2]] == [made[2].id, made[3].id]
     assert isinstance(got[2], Look)
-    assert Concurrency.in_use(CUSTOMER_SCOPE, 'a', connection=connection) == 4
+    assert Concurrency.status(CUSTOMER_SCOPE, 'a', connection=connection).in_use == 4
     assert Concurrency.clear(CUSTOMER_SCOPE, 'a', connection=connection) is True
-    assert Concurrency.overridden(CUSTOMER_SCOPE, 'a', connection=connection) is None
+    assert Concurrency.get(CUSTOMER_SCOPE, 'a', connection=connection) is None
     with pytest.raises(ValueError, match='limit'):
-        Concurrency.override(CUSTOMER_SCOPE, 'a', 0, connection=connection)
+        Concurrency.set(CUSTOMER_SCOPE, 'a', 0, connection=connection)
     with pytest.raises(ValueError, match='scope'):
-        Concurrency.override('a:b', 'a', 3, connection=connection)
+        Concurrency.set('a:b', 'a', 3, connection=connection)
     with pytest.raises(TypeError, match='key'):
-        Concurrency.override('s', 1.5, 3, connection=connection)
+        Concurrency.set('s', 1.5, 3, connection=connection)
 
 
 def test_an_override_lowered_below_the_holds_in_use_stops_new_starts_only(connection, forget_holds):
     q = PolicyQueue('keys', connection=connection)
     made = [customer(q, 'a') for _ in range(3)]
     claims = [fetch(connection, f'h:12:0:{i}') for i in range(2)]
-    Concurrency.override(CUSTOMER_SCOPE, 'a', 1, connection=connection)
+    Concurrency.set(CUSTOMER_SCOPE, 'a', 1, connection=connection)
     assert isinstance(fetch(connection, 'h:12:0:9'), Look)
     release_claim(claims[0], connection)
     assert q.job_ids == []  # 1 in use, limit 1: nothing given back yet
@@ -323,8 +324,8 @@ def test_explain_and_key_rows_and_panels_show_a_parked_job(connection, forget_ho
     assert part['change']
     rows = Concurrency.key_rows(connection, CUSTOMER_SCOPE)
     assert rows == [{'key': 'acme', 'in_use': 2, 'limit': 2, 'overridden': False, 'parked': 2,
-                     'next_due': rows[0]['next_due']}]
-    assert rows[0]['next_due'] is not None
+                     'next_due': rows[0]['next_due'], 'backoff_until': None, 'waiting_for': 'release'}]
+    assert rows[0]['next_due'] is not None  # (the crash expiry of its oldest hold: the latest a release can come)
     assert Concurrency.key_rows(connection, CUSTOMER_SCOPE, search='zzz') == []
     now = connection.time()[0]
     (panel,) = Concurrency.panels(connection, now, 10)
@@ -349,7 +350,7 @@ def test_the_keys_and_override_commands(connection, worker_env, forget_holds):
     changed = cli('override', CUSTOMER_SCOPE, 'acme', '3', env=worker_env)
     assert changed.returncode == 0, changed.stderr
     assert 'limited to 3' in changed.stdout and 'had no override' in changed.stdout
-    assert Concurrency.overridden(CUSTOMER_SCOPE, 'acme', connection=connection) == 3
+    assert Concurrency.get(CUSTOMER_SCOPE, 'acme', connection=connection) == KeyLimit(3)
     cleared = cli('override', CUSTOMER_SCOPE, 'acme', '--clear', env=worker_env)
     assert cleared.returncode == 0 and 'was 3' in cleared.stdout
     info = cli('info', env=worker_env)
@@ -444,7 +445,7 @@ def test_a_sigkilled_holder_s_key_frees_within_hold_ttl_and_its_parked_job_runs(
         assert wait_for(lambda: parked.get_status() == 'deferred', 20), output(survivor)
         time.sleep(4)  # past the 3 s hold ttl: the heartbeat refreshes the running job's key hold
         assert parked.get_status() == 'deferred'
-        assert Concurrency.in_use('key_jobs.one_per_customer', 'p', connection=connection) == 1
+        assert Concurrency.status('key_jobs.one_per_customer', 'p', connection=connection).in_use == 1
         # The whole worker dies, its horse too (rq gives the horse a process group of its own): no release is sent.
         for pid in {victim.pid} | _descendants(victim.pid):
             os.kill(pid, signal.SIGKILL)
@@ -481,7 +482,7 @@ def test_the_horse_of_a_worker_sigkilled_alone_keeps_its_key_hold_until_the_job_
         assert wait_for(lambda: parked.get_status() == 'deferred', 20), output(second)
         time.sleep(max(0.0, 6 - (time.monotonic() - killed_at)))  # twice the ttl the dead worker cannot refresh
         assert [what for _, what, _ in key_jobs.spans(connection, 'orphan')['o']] == ['start']  # the orphan runs...
-        assert Concurrency.in_use('key_jobs.one_per_customer', 'o', connection=connection) == 1  # ...and holds
+        assert Concurrency.status('key_jobs.one_per_customer', 'o', connection=connection).in_use == 1  # ...and holds
         assert parked.get_status() == 'deferred'
         assert wait_for(lambda: len(key_jobs.spans(connection, 'orphan')['o']) == 4, 20), output(second)
         events = key_jobs.spans(connection, 'orphan')['o']
@@ -520,7 +521,7 @@ def test_an_override_while_workers_run_is_obeyed(connection, redis_url, worker_e
         assert wait_for(lambda: 'same' in key_jobs.spans(connection, 'ovr'), 20), output(workers[0])
         raw = next(connection.scan_iter(match=keys.KEY_HOLDS_PREFIX + '*'))
         scope, key = raw.decode()[len(keys.KEY_HOLDS_PREFIX):].split(':', 1)
-        Concurrency.override(scope, key, 3, connection=connection)
+        Concurrency.set(scope, key, 3, connection=connection)
         assert wait_for(lambda: sum(1 for e in key_jobs.spans(connection, 'ovr')['same'] if e[1] == 'end') == 12,
                         60), output(workers[0])
     finally:
@@ -632,12 +633,13 @@ def test_a_job_given_back_then_blocked_drops_its_reserved_unit_and_keeps_its_pla
     release_claim(claim, connection)  # first goes back with the unit reserved for it
     assert q.job_ids == [first.id]
     scope = 'key_jobs.one_per_customer'
-    assert Concurrency.in_use(scope, 'k', connection=connection) == 1
+    assert Concurrency.status(scope, 'k', connection=connection).in_use == 1
     until = Concurrency.backoff(scope, 'k', 1, connection=connection)
     assert until > 0 and Concurrency.blocked_until(scope, 'k', connection=connection) == until
     assert isinstance(fetch(connection, 'h:16:1:1'), Look)
     assert Concurrency.parked(scope, 'k', connection=connection) == [first.id, second.id]  # its place kept
-    assert Concurrency.in_use(scope, 'k', connection=connection) == 0  # the reserved unit is not held while blocked
+    # the reserved unit is not held while blocked
+    assert Concurrency.status(scope, 'k', connection=connection).in_use == 0
     time.sleep(1.05)
     assert fetch(connection, 'h:16:2:1').job_id == first.id  # the block ended: the due index gives it back
     with pytest.raises(ValueError, match='seconds'):

@@ -18,11 +18,14 @@ from workers import output, start_worker, stop, wait_for
 
 flask = pytest.importorskip('flask', reason="the dashboard needs Flask: pip install 'rq-policies[dashboard]'")
 
+from rq.job import Job  # noqa: E402
 from rq.queue import Queue  # noqa: E402
 
 from rq_policies import (  # noqa: E402
+    Cap,
     Concurrency,
     Debounce,
+    KeyLimit,
     Loner,
     PolicyQueue,
     QueueRate,
@@ -89,7 +92,7 @@ def test_queues_table_counts_and_policy_words(connection):
     for i in range(3):
         q.enqueue(jobs.plain, i)
     q.enqueue_in(__import__('datetime').timedelta(seconds=600), jobs.plain, 9)
-    QueueSlot.set_capacity('billing', 2, connection=connection)
+    QueueSlot.set('billing', 2, connection=connection)
     QueueRate.set('billing', 5, 60, burst=2, connection=connection)
     view = data.overview(connection)
     (row,) = [row for row in view['queues']['rows'] if row['name'] == 'billing']
@@ -99,22 +102,29 @@ def test_queues_table_counts_and_policy_words(connection):
     assert re.search(r'data-queue="billing".*?data-field="waiting">3<', html, re.S)
 
 
-def test_holds_show_holder_job_expiry_and_lapsed_ones_as_warnings(connection):
-    QueueSlot.set_capacity('capped', 3, connection=connection)
+def test_holds_show_holder_job_expiry_and_expired_ones_greyed_not_as_warnings(connection):
+    QueueSlot.set('capped', 3, connection=connection)
     assert QueueSlot.acquire('capped', 3, ttl=60, token='host-a:11:1:1', connection=connection)
     assert QueueSlot.acquire('capped', 3, ttl=1, token='host-b:22:1:1', connection=connection)
     time.sleep(1.2)  # the second hold's holder stopped refreshing: it lapses, and stays until a fetch purges it
     panels = {p['title']: p for p in data.overview(connection)['panels']}
     caps = panels['Queue caps (QueueSlot)']
+    assert caps['columns'][3] == 'expired holds (not counted)'
     assert [[c['text'] for c in row] for row in caps['rows']] == [['capped', '3', '1', '1']]
     holds = panels['Holds (QueueSlot)']['rows']
     by_holder = {row[1]['text']: row for row in holds}
     assert set(by_holder) == {'host-a:11:1:1', 'host-b:22:1:1'}
-    assert by_holder['host-b:22:1:1'][3]['warn'] and 'lapsed' in by_holder['host-b:22:1:1'][3]['text']
+    gone = by_holder['host-b:22:1:1'][3]
+    # an expired hold no longer counts: shown as expired (greyed), not as a warning, with when it expired
+    assert gone['expired'] and not gone['warn']
+    assert re.fullmatch(r'expired \(no longer counts\); \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d \([0-9.]+ s ago\)',
+                        gone['text']), gone['text']
     live = by_holder['host-a:11:1:1'][3]
-    assert not live['warn'] and 55 < float(live['text']) <= 60
+    assert not live['warn'] and not live['expired']
+    assert re.fullmatch(r'\S+ \(in (5\d|60) s\)', live['text']), live['text']  # local time, then how far
     html = page(client(connection))
-    assert re.search(r'<td class="warn">lapsed [0-9.]+ s ago</td>', html)
+    assert re.search(r'<td class="expired">expired \(no longer counts\); [^<]+ ago\)</td>', html)
+    assert '<td class="warn">' not in html
 
 
 def test_rates_and_backoff(connection):
@@ -123,7 +133,8 @@ def test_rates_and_backoff(connection):
     (panel,) = [p for p in data.overview(connection)['panels'] if p['policy'] == 'queue_rate']
     (row,) = panel['rows']
     assert [c['text'] for c in row[:3]] == ['feeds', '2/10s burst 1', '0']
-    assert row[4]['warn'] and 28 < float(row[4]['text']) <= 30
+    assert row[4]['warn'] and re.fullmatch(r'until \S+ \(in (2[89]|30) s\)', row[4]['text']), row[4]['text']
+    assert row[3]['text'] == 'now' or re.fullmatch(r'\S+ \(in [0-9.]+ s\)', row[3]['text'])  # the next start
 
 
 def test_identity_panels_link_to_their_jobs(connection):
@@ -142,8 +153,13 @@ def test_identity_panels_link_to_their_jobs(connection):
     }
     for title, job_id in expect.items():
         rows = panels[title]['rows']  # a trailing job also owns the next window: two window rows
-        assert all(row[0]['text'] == 'ids' and re.fullmatch(r'[0-9a-f]{64}', row[1]['text']) for row in rows)
+        assert all(row[0]['text'] == 'ids' and re.fullmatch(r'[0-9a-f]{64}', row[1]['sub']) for row in rows)
         assert job_id in [c['job'] for row in rows for c in row], title
+        # the identity reads as its holder job's description; the digest is there, under it
+        holder = Job.fetch(job_id, connection=connection)
+        assert holder.description in [row[1]['text'] for row in rows], (title, [row[1] for row in rows])
+    (window_row, *_) = panels['Throttle windows (Throttle)']['rows']
+    assert re.fullmatch(r'\d{4}-\d\d-\d\dT\d\d:\d\d:00[+-]\d\d:\d\d to \d\d:\d\d:00', window_row[2]['text'])
     html = page(client(connection))
     for job_id in expect.values():
         assert f'href="/job?id={job_id}"' in html
@@ -234,13 +250,15 @@ def test_state_json(connection):
 
 class _Probe(AdmissionPolicy):
     """A stand-in for a policy this repository does not have yet (per-key limits): registered only inside the
-    ``probe`` fixture (no kind until then, so the rest of the suite never sees it), it offers ``override`` and
-    shows every kind of cell, so the page's generic rendering and actions are tested."""
+    ``probe`` fixture (no kind until then, so the rest of the suite never sees it), it offers a per-key limit
+    (``set``/``get``/``clear``, the admin API's shape) and shows every kind of cell, so the page's generic rendering
+    and actions are tested."""
 
     name: ClassVar[str] = 'dash_probe'
     kind: ClassVar[str] = ''
     calls: ClassVar[list[Any]] = []
     broken: ClassVar[bool] = False
+    key_limit_setting: ClassVar[bool] = True
 
     @classmethod
     def panels(cls, connection, now, limit, search=None):
@@ -261,8 +279,18 @@ class _Probe(AdmissionPolicy):
         ]
 
     @classmethod
-    def override(cls, scope, key, limit, connection=None):
-        cls.calls.append(('override', scope, key, limit, connection is not None))
+    def set(cls, scope, key, limit, connection=None):
+        cls.calls.append(('set', scope, key, limit, connection is not None))
+        return KeyLimit(limit)
+
+    @classmethod
+    def get(cls, scope, key, connection=None):
+        return None
+
+    @classmethod
+    def clear(cls, scope, key, connection=None):
+        cls.calls.append(('clear', scope, key, connection is not None))
+        return False
 
 
 @pytest.fixture
@@ -304,13 +332,13 @@ def test_override_action_calls_the_policy_through_the_registry(connection, probe
     form = {'csrf': token, 'policy': 'dash_probe', 'scope': 'billing', 'key': 'acme', 'limit': '10'}
     confirm = c.post('/action/override', data=form)
     assert confirm.status_code == 200 and 'Yes, do it' in confirm.get_data(as_text=True)
-    assert not [call for call in probe.calls if call[0] == 'override']
+    assert not [call for call in probe.calls if call[0] in ('set', 'clear')]
     done = c.post('/action/override', data={**form, 'confirmed': 'yes'})
     assert done.status_code == 200 and 'Overrode' in done.get_data(as_text=True)
     c.post('/action/override', data={**form, 'limit': '', 'confirmed': 'yes'})
-    assert [call for call in probe.calls if call[0] == 'override'] == [
-        ('override', 'billing', 'acme', 10, True),
-        ('override', 'billing', 'acme', None, True),
+    assert [call for call in probe.calls if call[0] in ('set', 'clear')] == [
+        ('set', 'billing', 'acme', 10, True),
+        ('clear', 'billing', 'acme', True),
     ]
 
 
@@ -355,14 +383,17 @@ def test_per_key_panels_show_in_use_limit_parked_and_next_due_and_the_queue_coun
     view = data.overview(connection)
     panels = {p['title']: p for p in view['panels']}
     customers = panels[f'Concurrency per key: {CUSTOMERS}']
-    assert customers['columns'] == ['key', 'in use', 'limit', 'parked', 'next due (s)']
+    assert customers['columns'] == ['key', 'in use', 'limit', 'parked', 'waiting for']
     rows = _cells(customers)
     assert [row[:4] for row in rows] == [['acme', '2', '2', '2'], ['globex', '1', '', '0']]  # busiest first
-    assert 85 < float(rows[0][4]) <= 90  # acme frees when its oldest hold (90 s) is released or expires
+    # acme waits for a release (a running job's end); its due time is only the crash expiry of its oldest hold
+    assert re.fullmatch(r"a release \(a running job ends\); a dead worker's hold expires \S+ \(in (8[5-9]|90) s\)",
+                        rows[0][4]), rows[0][4]
     assert rows[1][4] == ''  # nothing parked on globex: not in the due index
     shop_rows = _cells(panels[f'Rate per key: {SHOPS}'])
     assert [row[:2] + row[3:] for row in shop_rows] == [['s1', '2', '5/1s burst 2']]
-    assert 0 <= float(shop_rows[0][2]) <= 0.2  # the next start 5/s allows (one every 0.2 s)
+    # the next start 5/s allows (one every 0.2 s)
+    assert re.fullmatch(r'its rate; next start \S+ \((now|in 0\.[0-2] s)\)', shop_rows[0][2]), shop_rows[0][2]
     # rq's deferred registry of the queue holds the parked jobs: the queue table's deferred column counts them
     (queue,) = view['queues']['rows']
     assert (queue['name'], queue['waiting'], queue['deferred']) == ('keys', 0, 4)
@@ -413,10 +444,10 @@ def test_override_action_sets_and_clears_a_real_concurrency_limit(connection, fo
 
     confirm = c.post('/action/override', data=form).get_data(as_text=True)
     assert 'id="action-now">now: no override<' in confirm
-    assert Concurrency.overridden(CUSTOMERS, 'acme', connection=connection) is None  # asking wrote nothing
+    assert Concurrency.get(CUSTOMERS, 'acme', connection=connection) is None  # asking wrote nothing
     done = c.post('/action/override', data={**form, 'confirmed': 'yes'}).get_data(as_text=True)
     assert 'id="action-done"' in done and 'now: override 3' in done
-    assert Concurrency.overridden(CUSTOMERS, 'acme', connection=connection) == 3
+    assert Concurrency.get(CUSTOMERS, 'acme', connection=connection) == KeyLimit(3)
     got = fetch(connection, 'h:42:0:9')  # the raised limit: the next fetch gives the parked job back and starts it
     assert isinstance(got, Claim) and got.job_id == made[2].id
 
@@ -425,7 +456,7 @@ def test_override_action_sets_and_clears_a_real_concurrency_limit(connection, fo
     assert 'Clear the override' in confirm and 'now: override 3' in confirm
     done = c.post('/action/override', data={**cleared, 'confirmed': 'yes'}).get_data(as_text=True)
     assert 'Cleared the override' in done and 'now: no override' in done
-    assert Concurrency.overridden(CUSTOMERS, 'acme', connection=connection) is None
+    assert Concurrency.get(CUSTOMERS, 'acme', connection=connection) is None
     later = q.enqueue(key_jobs.per_customer, 't', 0, customer='acme')
     assert isinstance(fetch(connection, 'h:42:0:10'), Look)  # the declared 2 applies again: 3 run, this one parks
     assert Concurrency.parked(CUSTOMERS, 'acme', connection=connection) == [later.id]
@@ -441,7 +472,7 @@ def test_override_action_sets_and_clears_a_real_concurrency_limit(connection, fo
 
 
 def test_read_only_by_default(connection):
-    QueueSlot.set_capacity('ro', 2, connection=connection)
+    QueueSlot.set('ro', 2, connection=connection)
     c = client(connection)
     html = page(c)
     assert 'id="actions"' not in html and 'read-only' in html and c.get_cookie(CSRF_COOKIE) is None
@@ -449,11 +480,11 @@ def test_read_only_by_default(connection):
         '/action/configure', data={'policy': 'queue_slot', 'queue': 'ro', 'capacity': '9', 'confirmed': 'yes'}
     )
     assert response.status_code == 403 and '--allow-actions' in response.get_data(as_text=True)
-    assert QueueSlot.capacity('ro', connection=connection) == 2
+    assert QueueSlot.get('ro', connection=connection) == Cap(2)
 
 
 def test_actions_need_the_csrf_token_and_the_same_origin(connection):
-    QueueSlot.set_capacity('guarded', 2, connection=connection)
+    QueueSlot.set('guarded', 2, connection=connection)
     c = client(connection, allow_actions=True)
     token = csrf(c)
     form = {'policy': 'queue_slot', 'queue': 'guarded', 'capacity': '9', 'confirmed': 'yes'}
@@ -463,9 +494,9 @@ def test_actions_need_the_csrf_token_and_the_same_origin(connection):
     assert other.status_code == 403
     fresh = client(connection, allow_actions=True)  # a token without its cookie (another browser's)
     assert fresh.post('/action/configure', data={**form, 'csrf': token}).status_code == 403
-    assert QueueSlot.capacity('guarded', connection=connection) == 2
+    assert QueueSlot.get('guarded', connection=connection) == Cap(2)
     assert c.post('/action/configure', data={**form, 'csrf': token}).status_code == 200
-    assert QueueSlot.capacity('guarded', connection=connection) == 9
+    assert QueueSlot.get('guarded', connection=connection) == Cap(9)
 
 
 def test_cap_and_rate_set_and_clear_each_after_a_confirmation(connection):
@@ -478,9 +509,9 @@ def test_cap_and_rate_set_and_clear_each_after_a_confirmation(connection):
         (
             'configure',
             {'policy': 'queue_slot', 'capacity': '3'},
-            lambda: QueueSlot.capacity('ops', connection=connection),
+            lambda: QueueSlot.get('ops', connection=connection),
             None,
-            3,
+            Cap(3),
         ),
         (
             'configure',
@@ -489,7 +520,7 @@ def test_cap_and_rate_set_and_clear_each_after_a_confirmation(connection):
             None,
             QueueRate(10, 60),
         ),
-        ('unconfigure', {'policy': 'queue_slot'}, lambda: QueueSlot.capacity('ops', connection=connection), 3, None),
+        ('unconfigure', {'policy': 'queue_slot'}, lambda: QueueSlot.get('ops', connection=connection), Cap(3), None),
         (
             'unconfigure',
             {'policy': 'queue_rate'},
@@ -532,7 +563,7 @@ def test_reset_one_identity(connection):
     held = q.enqueue(jobs.sweep_cache, 5, policy=Loner())
     assert q.enqueue(jobs.sweep_cache, 5, policy=Loner()) is None
     (panel,) = [p for p in data.overview(connection)['panels'] if p['policy'] == 'loner']
-    digest = panel['rows'][0][1]['text']
+    digest = panel['rows'][0][1]['sub']
     c = client(connection, allow_actions=True)
     token = csrf(c)
     form = {'csrf': token, 'queue': 'resets', 'digest': digest}

@@ -9,12 +9,14 @@ takes to ``docs/dashboard.png``, the one docs/dashboard.md shows.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import jobs
@@ -55,7 +57,7 @@ if not _why:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from rq_policies import Loner, PolicyQueue, QueueRate, QueueSlot
+    from rq_policies import Cap, Loner, PolicyQueue, QueueRate, QueueSlot
     from rq_policies.dashboard import create_app
 
 
@@ -151,7 +153,7 @@ def test_live_holds_rates_and_drops_standalone_and_inside_rq_dashboard(
 
     from rq_policies.contrib.rq_dashboard import blueprint
 
-    QueueSlot.set_capacity('capped', 1, connection=connection)
+    QueueSlot.set('capped', 1, connection=connection)
     QueueRate.set('rated', 1, 2, connection=connection)
     port = _free_port()
     standalone = subprocess.Popen(
@@ -198,7 +200,7 @@ def test_live_holds_rates_and_drops_standalone_and_inside_rq_dashboard(
             message='no hold with its job appeared',
         )
         assert len(holds) == 1 and holds[0][2] in {job.id for job in spans}  # the cap: one hold, a running job
-        assert 0 < float(holds[0][3]) <= QueueSlot.TTL_SECONDS
+        assert re.fullmatch(r'\S+ \(in [0-9.]+ (s|min)\)', holds[0][3]), holds[0][3]  # local time, how far
         assert _rows(browser, 'Queue caps (QueueSlot)')[0][:3] == ['capped', '1', '1']
         assert _queue(browser, 'rated')['policies'].startswith('rate 1/2s burst 1')
         assert _rows(browser, 'Queue rates (QueueRate)')[0][:2] == ['rated', '1/2s burst 1']
@@ -264,7 +266,7 @@ def _port_open(port: int) -> bool:
 
 def test_a_script_queue_name_is_text_and_an_action_asks_before_it_writes(browser, connection):
     PolicyQueue(XSS, connection=connection).enqueue(jobs.plain, 1, policy=Loner())
-    QueueSlot.set_capacity('ops', 1, connection=connection)
+    QueueSlot.set('ops', 1, connection=connection)
     served = _Thread(create_app(connection, allow_actions=True, refresh_seconds=0))
     try:
         browser.get(served.url + '/')
@@ -280,9 +282,33 @@ def test_a_script_queue_name_is_text_and_an_action_asks_before_it_writes(browser
         _until(browser, lambda d: d.find_elements(By.ID, 'action-what'), message='no confirmation page')
         assert "Set queue_slot of queue 'ops' to capacity=4." in browser.find_element(By.ID, 'action-what').text
         assert 'cap 1' in browser.find_element(By.ID, 'action-now').text
-        assert QueueSlot.capacity('ops', connection=connection) == 1  # asking wrote nothing
+        assert QueueSlot.get('ops', connection=connection) == Cap(1)  # asking wrote nothing
         browser.find_element(By.CSS_SELECTOR, '#confirm button').click()
         _until(browser, lambda d: d.find_elements(By.ID, 'action-done'), message='the action did not complete')
-        assert QueueSlot.capacity('ops', connection=connection) == 4
+        assert QueueSlot.get('ops', connection=connection) == Cap(4)
+    finally:
+        served.close()
+
+
+def test_an_expired_hold_is_greyed_not_a_warning(browser, connection):
+    """A hold past its expiry no longer counts against the cap: the page greys it as expired, and nothing on the
+    page is highlighted as a warning for it (the 0.2 page showed it as one for as long as it sat in the ledger)."""
+    QueueSlot.set('greyed', 2, connection=connection)
+    assert QueueSlot.acquire('greyed', 2, ttl=60, token='host-a:1:1:1', connection=connection)
+    assert QueueSlot.acquire('greyed', 2, ttl=1, token='host-b:2:1:1', connection=connection)
+    time.sleep(1.2)
+    served = _Thread(create_app(connection, refresh_seconds=0))
+    try:
+        browser.get(served.url + '/')
+        rows = {r[1]: r for r in _until(browser, lambda d: _rows(d, 'Holds (QueueSlot)'), message='no holds')}
+        assert rows['host-b:2:1:1'][3].startswith('expired (no longer counts); ') and rows['host-b:2:1:1'][3].endswith(
+            ' s ago)')
+        assert rows['host-a:1:1:1'][3].endswith(' s)') and '(in ' in rows['host-a:1:1:1'][3]
+        cell = browser.find_element(By.CSS_SELECTOR, 'section[data-title="Holds (QueueSlot)"] td.expired')
+        assert cell.text == rows['host-b:2:1:1'][3]
+        red, green, blue = (int(v) for v in re.findall(r'\d+', cell.value_of_css_property('color'))[:3])
+        assert red == green == blue and 100 < red < 200  # a mid grey, not the warning's amber
+        assert not browser.find_elements(By.CSS_SELECTOR, 'td.warn')
+        assert _rows(browser, 'Queue caps (QueueSlot)')[0] == ['greyed', '2', '1', '1']
     finally:
         served.close()

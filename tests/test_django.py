@@ -61,7 +61,7 @@ def test_settings_select_policy_queue_and_worker(django_rq, connection):
 def test_rqworker_command_runs_policy_worker_under_a_cap(django_rq, connection, django_env):
     """`manage.py rqworker` builds its worker from WORKER_CLASS: two of them honour a cluster-wide cap of 1."""
     queue = django_rq.get_queue('capped')
-    QueueSlot.set_capacity('capped', 1, connection=connection)
+    QueueSlot.set('capped', 1, connection=connection)
     for _ in range(4):
         assert queue.enqueue(jobs.sleep_and_record, 'dj', 0.3, policy=None) is not None
     procs = [
@@ -84,7 +84,7 @@ def test_rqworker_command_runs_policy_worker_under_a_cap(django_rq, connection, 
     assert len(spans) == 4
     spans.sort()
     assert all(prev_end <= start for (_, prev_end), (start, _) in zip(spans, spans[1:])), spans  # never two at once
-    assert QueueSlot.in_use('capped', connection=connection) == 0
+    assert QueueSlot.status('capped', connection=connection).in_use == 0
 
 
 def test_policy_django_queue_defers_to_commit_and_admits_then(django_rq, connection):

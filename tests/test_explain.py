@@ -93,7 +93,7 @@ def test_debounce_pending_job(connection):
 
 
 def test_a_queue_at_its_cap_names_its_holders(connection):
-    QueueSlot.set_capacity('ex-cap', 1, connection=connection)
+    QueueSlot.set('ex-cap', 1, connection=connection)
     assert QueueSlot.acquire('ex-cap', 1, token='host:1:1:1', connection=connection)
     job = PolicyQueue('ex-cap', connection=connection).enqueue(jobs.plain, 1)
     verdict = verdicts(explain(job.id, connection=connection))['queue_slot']

@@ -26,7 +26,7 @@ def test_loner_on_fakeredis(fake):
 
 
 def test_queue_slot_on_fakeredis(fake):
-    QueueSlot.set_capacity('unit', 1, connection=fake)
+    QueueSlot.set('unit', 1, connection=fake)
     assert QueueSlot.acquire('unit', capacity=1, token='a', connection=fake)
     assert not QueueSlot.acquire('unit', capacity=1, token='b', connection=fake)
     assert QueueSlot.release('unit', token='a', connection=fake)

@@ -670,7 +670,7 @@ def test_a_script_riding_a_pipeline_recovers_from_a_flush_before_execute(connect
     between made execute() raise NoScriptError. The worker's heartbeat pipeline carries the hold refresh."""
     admin = Redis.from_url(redis_url)
     conn = Redis.from_url(fault_proxy.url)
-    QueueSlot.set_capacity('faults', 2, connection=connection)
+    QueueSlot.set('faults', 2, connection=connection)
     assert QueueSlot.acquire('faults', 2, ttl=30, token='pipe-hold', connection=connection)
     try:
         # The forking worker's heartbeat: an in-process one leaves the refresh to its keeper.
@@ -692,7 +692,7 @@ def test_a_script_riding_a_pipeline_recovers_from_a_flush_before_execute(connect
 def test_producers_and_a_worker_under_a_script_flush_every_50ms(connection, redis_url):
     """An enqueue loop and a worker burst (capped queue: fetch script, hold refresh on the heartbeat pipeline,
     release) while the script cache is flushed every 50 ms: no NoScriptError escapes, every job runs once."""
-    QueueSlot.set_capacity('flushed', 2, connection=connection)
+    QueueSlot.set('flushed', 2, connection=connection)
     q = PolicyQueue('flushed', connection=connection)
     with Flusher(redis_url) as flusher:
         admitted = []
@@ -707,7 +707,7 @@ def test_producers_and_a_worker_under_a_script_flush_every_50ms(connection, redi
         burst(connection, 'flushed')
     assert flusher.flushes >= 10
     assert sorted(ran_ids(connection, 'flush-loop')) == sorted(admitted)
-    assert q.count == 0 and QueueSlot.in_use('flushed', connection=connection) == 0
+    assert q.count == 0 and QueueSlot.status('flushed', connection=connection).in_use == 0
 
 
 def test_a_forking_worker_under_a_script_flush_every_5ms_stays_up_and_runs_each_job_once(
@@ -715,7 +715,7 @@ def test_a_forking_worker_under_a_script_flush_every_5ms_stays_up_and_runs_each_
     """The reported failure: a worker died in dequeue_any. A forking PolicyWorker (rq worker -w) on a capped queue,
     its fetch, hold refresh and release scripts racing a flush every 5 ms (harsher than the report's 50 ms, so that
     the race is lost within a few seconds every time on the code before the fix)."""
-    QueueSlot.set_capacity('flushed', 1, connection=connection)
+    QueueSlot.set('flushed', 1, connection=connection)
     q = PolicyQueue('flushed', connection=connection)
     worker = start_worker(redis_url, ['flushed'], worker_env)
     try:
@@ -729,4 +729,4 @@ def test_a_forking_worker_under_a_script_flush_every_5ms_stays_up_and_runs_each_
     assert 'NoScriptError' not in log, log
     assert alive and done, log
     assert sorted(ran_ids(connection, 'forking')) == sorted(admitted)
-    assert QueueSlot.in_use('flushed', connection=connection) == 0
+    assert QueueSlot.status('flushed', connection=connection).in_use == 0

@@ -38,7 +38,7 @@ def snapshot(conn):
 def seeded(conn):
     q = PolicyQueue('seed', connection=conn)
     q.enqueue(jobs.sweep_cache, 'seed')
-    QueueSlot.set_capacity('seed', 3, connection=conn)
+    QueueSlot.set('seed', 3, connection=conn)
     QueueSlot.acquire('seed', capacity=3, token='holder', connection=conn)
     return q
 
@@ -86,7 +86,7 @@ def test_capacity_and_ttl_rejected_without_a_trace(connection, capacity, ttl):
     valid_cap, valid_ttl = positive(capacity) and capacity <= MAX_CAPACITY, whole_seconds(ttl)
     if not valid_cap:
         with pytest.raises(ValueError, match='capacity'):
-            QueueSlot.set_capacity('seed', capacity, connection=connection)
+            QueueSlot.set('seed', capacity, connection=connection)
     if not (valid_cap and valid_ttl):
         with pytest.raises(ValueError, match='capacity|ttl'):
             QueueSlot.acquire('seed', capacity=capacity, ttl=ttl, token='x', connection=connection)
@@ -151,7 +151,8 @@ def _cli(*args, env):
 
 
 CLI_CASES = [
-    ('cap', 'seed', 'three'), ('cap', 'seed', '-1'), ('cap', 'seed', '0'), ('cap', 'seed', '1.5'), ('cap', 'seed'),
+    ('cap', 'seed', 'three'), ('cap', 'seed', '-1'), ('cap', 'seed', '0'), ('cap', 'seed', '1.5'),
+    ('cap', 'seed', '2', '--clear'),
     ('cap', 'no-such-queue', '2'), ('cap', '', '2'), ('reset', 'seed', 'not a path'), ('reset', 'seed', '.x'),
     ('reset', 'seed', 'jobs.sweep_cache', '--kwarg', 'novalue'), ('info', '--json', 'no-such-queue'),
     ('exporter', '--port', '0'), ('exporter', '--port', 'http'), ('cap', 'seed', '\u2603'), ('info', '--limit', 'x'),

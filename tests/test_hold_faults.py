@@ -55,20 +55,20 @@ def test_a_restart_without_persistence_counts_the_running_job_again_once_the_cap
     server, connection, env = own_server
     env = dict(env, **{HOLD_TTL_ENV: '5'})
     path = str(tmp_path / 'spans')
-    QueueSlot.set_capacity('restart', 1, connection=connection)
+    QueueSlot.set('restart', 1, connection=connection)
     q = PolicyQueue('restart', connection=connection)
     first = start_worker(server.url, ['restart'], env, extra=FAST)
     second = None
     try:
         long = q.enqueue(jobs.span_to_file, path, 14)
         assert wait_for(lambda: long.id in file_spans(path)), output(first)
-        ((holder, _),) = QueueSlot.holders('restart', connection=connection)
+        ((holder, _),) = QueueSlot.status('restart', connection=connection).holders
         server.restart()  # same port, no persistence: the ledger, the cap, the queue are gone
         assert connection.dbsize() == 0
-        QueueSlot.set_capacity('restart', 1, connection=connection)  # the operator sets the cap again
+        QueueSlot.set('restart', 1, connection=connection)  # the operator sets the cap again
         # The running job's hold reappears at the next heartbeat of its worker.
-        assert wait_for(lambda: holder in dict(QueueSlot.holders('restart', connection=connection)), timeout=5), \
-            output(first)
+        assert wait_for(lambda: holder in dict(QueueSlot.status('restart', connection=connection).holders),
+                        timeout=5), output(first)
         second = start_worker(server.url, ['restart'], env, extra=FAST)
         other = q.enqueue(jobs.span_to_file, path, 0.2)
         assert wait_for(lambda: file_spans(path).get(other.id, [None, None])[1] is not None, timeout=30), \
@@ -90,20 +90,21 @@ def test_a_redis_error_in_the_heartbeat_leaves_the_hold_with_the_running_horse(o
     server, connection, env = own_server
     env = dict(env, **{HOLD_TTL_ENV: '10'})
     path = str(tmp_path / 'spans')
-    QueueSlot.set_capacity('oom', 1, connection=connection)
+    QueueSlot.set('oom', 1, connection=connection)
     q = PolicyQueue('oom', connection=connection)
     first = start_worker(server.url, ['oom'], env, extra=FAST)
     second = None
     try:
         long = q.enqueue(jobs.span_to_file, path, 12)
         assert wait_for(lambda: long.id in file_spans(path)), output(first)
-        ((holder, _),) = QueueSlot.holders('oom', connection=connection)
+        ((holder, _),) = QueueSlot.status('oom', connection=connection).holders
         connection.config_set('maxmemory-policy', 'noeviction')
         connection.config_set('maxmemory', 1)  # any used memory is over it: every write that may grow is refused
         assert first.wait(30) is not None
         assert 'OOM' in output(first) or 'OutOfMemory' in output(first), output(first)
         assert file_spans(path)[long.id][1] is None  # the horse runs on...
-        assert holder in dict(QueueSlot.holders('oom', connection=connection)), output(first)  # ...and so does its hold
+        # ...and so does its hold
+        assert holder in dict(QueueSlot.status('oom', connection=connection).holders), output(first)
         connection.config_set('maxmemory', 0)
         second = start_worker(server.url, ['oom'], env, extra=FAST)
         other = q.enqueue(jobs.span_to_file, path, 0.2)
@@ -124,7 +125,7 @@ def test_a_job_holding_the_gil_keeps_its_hold(connection, redis_url, worker_env,
     # A job stuck in a C call that holds the GIL starves every thread of its process. Where that process is the one
     # keeping the hold (a PolicySimpleWorker; a work horse whose worker was SIGKILLed), the hold must still be kept:
     # the keeper is a process of its own. hold_ttl 2 s, a match of about 9 s, a second worker waiting on cap 1.
-    QueueSlot.set_capacity('gil', 1, connection=connection)
+    QueueSlot.set('gil', 1, connection=connection)
     q = PolicyQueue('gil', connection=connection)
     env = dict(worker_env, **{HOLD_TTL_ENV: '2'})
     path = str(tmp_path / 'spans')
@@ -156,7 +157,7 @@ def test_a_network_stall_longer_than_the_hold_ttl_is_logged_counted_and_the_runn
     """The issue's stall: the proxy holds every byte for 6 s (no byte lost) with hold_ttl 3 while a capped job runs.
     The hold lapses and another worker takes the slot; when the stalled heartbeat goes through, its refresh finds
     the hold gone under a job that still runs: logged, counted, and written again, so the ledger counts it."""
-    QueueSlot.set_capacity('pstall', 1, connection=connection)
+    QueueSlot.set('pstall', 1, connection=connection)
     q = PolicyQueue('pstall', connection=connection)
     env = dict(worker_env, **{HOLD_TTL_ENV: '3'})  # the jobs record their spans directly (REDIS_URL), not proxied
     first = start_worker(fault_proxy.url, ['pstall'], env, extra=FAST)
@@ -164,14 +165,14 @@ def test_a_network_stall_longer_than_the_hold_ttl_is_logged_counted_and_the_runn
     try:
         long = q.enqueue(jobs.span_on_worker, 'pstall', 14)
         assert wait_for(lambda: long.id in spans(connection, 'pstall')), output(first)
-        ((holder, _),) = QueueSlot.holders('pstall', connection=connection)
+        ((holder, _),) = QueueSlot.status('pstall', connection=connection).holders
         fault_proxy.stall(6)
         second = start_worker(redis_url, ['pstall'], env, extra=FAST)
         short = q.enqueue(jobs.span_on_worker, 'pstall', 1)
         assert wait_for(lambda: short.id in spans(connection, 'pstall'), timeout=10), output(second)
         assert wait_for(lambda: connection.hget(keys.LAPSES, 'queue:pstall') is not None, timeout=15), output(first)
         assert spans(connection, 'pstall')[long.id][1] is None  # found while the long job still runs
-        assert holder in dict(QueueSlot.holders('pstall', connection=connection))
+        assert holder in dict(QueueSlot.status('pstall', connection=connection).holders)
         assert wait_for(lambda: 'lapsed while job' in output(first), timeout=5)
         assert long.id in output(first) and holder in output(first)
         last = q.enqueue(jobs.span_on_worker, 'pstall', 0.2)

@@ -60,7 +60,7 @@ def test_a_key_over_its_rate_parks_its_jobs_and_gives_them_back_when_the_rate_al
     assert Rate.parked(SHOP_SCOPE, 'a', connection=connection) == [j.id for j in made[2:]]
     assert made[2].get_status() == 'deferred'
     assert got[0].holds == ()  # a rate takes no hold
-    status = Rate.status(SHOP_SCOPE, 'a', 5, 1, 2, connection=connection)
+    status = Rate.status(SHOP_SCOPE, 'a', connection=connection)  # the parked jobs' declared 5/1s burst 2
     assert status.available == 0 and status.next_at > 0
     # one start every 0.2 s from now: the parked jobs come back in their order, one per emission interval
     started = []
@@ -92,7 +92,7 @@ def test_a_refusal_by_one_per_key_policy_consumes_nothing_of_another(connection,
     assert connection.get(keys.KEY_TAT_PREFIX + 'both:s2') is None
     # Refused by shop s1's rate: customer c2 holds nothing.
     assert Rate.parked('both', 's1', connection=connection) == [same_shop.id]
-    assert Concurrency.in_use('both', 'c2', connection=connection) == 0
+    assert Concurrency.status('both', 'c2', connection=connection).in_use == 0
     assert connection.get(keys.KEY_TAT_PREFIX + 'both:s1') == tat_s1
     # The customer's release gives its job back; now its shop's rate allows it (s2 was never used), and it runs.
     release_claim(taken, connection)

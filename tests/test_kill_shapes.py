@@ -95,7 +95,7 @@ def lapses(connection) -> dict[str, int]:
 @pytest.mark.parametrize('shape', ['worker', 'group', 'tree', 'horse', 'stop-worker', 'stop-tree'])
 def test_a_kill_or_stop_of_any_shape_keeps_cap_key_and_identity_or_lapses_within_the_bound(
         shape, connection, redis_url, worker_env):
-    QueueSlot.set_capacity('ks', 1, connection=connection)
+    QueueSlot.set('ks', 1, connection=connection)
     capped_q = PolicyQueue('ks', connection=connection)
     other_q = PolicyQueue('ks_b', connection=connection)
     env = dict(worker_env, **{HOLD_TTL_ENV: str(TTL)})
@@ -168,7 +168,7 @@ def test_a_kill_or_stop_of_any_shape_keeps_cap_key_and_identity_or_lapses_within
             assert wait_for(lambda: 'lapsed while job' in output(victim) and 'liveness of job' in output(victim),
                             timeout=2), output(victim)
             assert all(v == 1 for v in lapses(connection).values()), lapses(connection)
-            assert QueueSlot.in_use('ks', connection=connection) >= 1  # the running job is counted again
+            assert QueueSlot.status('ks', connection=connection).in_use >= 1  # the running job is counted again
             assert capped_q.enqueue(key_jobs.held_everywhere, 'ks', LONG, payload='p') is None  # identity held again
             late = capped_q.enqueue(jobs.span_on_worker, 'ks', 0.3)
             late_forced = other_q.force(key_jobs.held_everywhere, 'ks', 0.3, payload='p')
@@ -179,9 +179,9 @@ def test_a_kill_or_stop_of_any_shape_keeps_cap_key_and_identity_or_lapses_within
                 assert capped_q.enqueue(key_jobs.held_everywhere, 'ks', LONG, payload='p') is None  # identity held
                 assert started(capped) is None and started(forced) is None, output(survivor)
                 time.sleep(0.25)
-            assert QueueSlot.in_use('ks', connection=connection) == 1
+            assert QueueSlot.status('ks', connection=connection).in_use == 1
             assert key_holds(connection) == 1
-            assert Concurrency.in_use(SCOPE, 'p', connection=connection) == 1
+            assert Concurrency.status(SCOPE, 'p', connection=connection).in_use == 1
             if shape == 'stop-worker':
                 signal_all(tree[:1], signal.SIGCONT)
             late = late_forced = None
@@ -250,7 +250,7 @@ def test_the_guards_keep_and_recount_are_safe_to_run_twice(connection, fault_pro
     lost_reply('recount')
     assert connection.zscore(keys.holds('kq'), 'guarded:1') is not None and connection.exists(keys.alive('kept-job'))
     assert lapses(connection) == {'queue:kq': 1, 'loner:kq': 1}  # counted once, though it ran twice
-    assert QueueSlot.in_use('kq', connection=connection) == 1
+    assert QueueSlot.status('kq', connection=connection).in_use == 1
 
     connection.hset('rq:job:kept-job', 'status', 'finished')  # the job ended, the worker released its hold
     connection.delete(keys.holds('kq'), keys.alive('kept-job'))
@@ -262,7 +262,7 @@ def test_the_guards_keep_and_recount_are_safe_to_run_twice(connection, fault_pro
 def test_a_guard_killed_mid_job_is_replaced_and_keeps_the_horse(connection, redis_url, worker_env):
     """The guard SIGKILLed alone while a job runs: the worker's next heartbeat forks another, which finds the running
     horse in the memory they share; the worker SIGKILLed after that leaves the horse kept as with the first guard."""
-    QueueSlot.set_capacity('ks', 1, connection=connection)
+    QueueSlot.set('ks', 1, connection=connection)
     capped_q = PolicyQueue('ks', connection=connection)
     env = dict(worker_env, **{HOLD_TTL_ENV: str(TTL)})
     victim = start_worker(redis_url, ['ks'], env, extra=FAST)
@@ -294,7 +294,7 @@ def test_a_guard_killed_mid_job_is_replaced_and_keeps_the_horse(connection, redi
                 assert capped_q.enqueue(key_jobs.held_everywhere, 'ks', LONG, payload='p') is None
                 assert other.id not in spans(connection, 'ks'), output(survivor)
                 time.sleep(0.25)
-            assert QueueSlot.in_use('ks', connection=connection) == 1
+            assert QueueSlot.status('ks', connection=connection).in_use == 1
             assert wait_for(lambda: other.id in spans(connection, 'ks'), timeout=LONG), output(survivor)
         finally:
             stop(survivor)

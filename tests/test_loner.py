@@ -218,7 +218,7 @@ def test_stock_worker_with_policy_queue_class_fetches_as_stock(connection):
 
     from rq_policies import QueueSlot
 
-    QueueSlot.set_capacity('stockq', 1, connection=connection)
+    QueueSlot.set('stockq', 1, connection=connection)
     q = PolicyQueue('stockq', connection=connection)
     first, second = q.enqueue(jobs.plain, 1), q.enqueue(jobs.plain, 2)
     worker = SimpleWorker([q], connection=connection, queue_class=PolicyQueue)

@@ -47,7 +47,7 @@ def test_collector_reads_the_state_when_scraped(connection, lcw_env, redis_url):
     assert value(empty, 'rq_policies_redis_up') == 1
     assert not [key for key in empty if key[0].startswith('limited_capacity_worker')]
 
-    QueueSlot.set_capacity('imports', 4, connection=connection)
+    QueueSlot.set('imports', 4, connection=connection)
     for i in range(3):
         assert QueueSlot.acquire('imports', 4, token=f'h{i}', connection=connection)
     connection.set('test:lcw:max', 3)
@@ -153,7 +153,7 @@ def stop_exporter(proc):
 
 
 def test_exporter_serves_metrics_over_http(connection, worker_env, redis_url):
-    QueueSlot.set_capacity('imports', 2, connection=connection)
+    QueueSlot.set('imports', 2, connection=connection)
     assert QueueSlot.acquire('imports', 2, token='web-1', connection=connection)
     proc, port, body = start_exporter(worker_env, redis_url)
     try:

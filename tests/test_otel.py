@@ -276,7 +276,7 @@ def test_redis_gauges_bound_the_keys_to_a_top_n(connection, forget_holds):
             for i in range(count):
                 q.enqueue(key_jobs.per_customer, f'{name}{i}', 0.0, customer=name)
         _fetch_all(connection)  # 2 in use per customer, the rest parked: a 3+2, b 2+2, c 2+1, d 2+1
-        QueueSlot.set_capacity('capped', 3, connection=connection)
+        QueueSlot.set('capped', 3, connection=connection)
         PolicyQueue('dropq', connection=connection).enqueue(jobs.record, 'z')
         PolicyQueue('dropq', connection=connection).enqueue(jobs.record, 'z')
         parked = _points(reader, 'rq_policies.keys.parked')

@@ -96,7 +96,7 @@ def test_an_error_of_the_script_itself_is_still_raised_after_a_recovery(connecti
 def _enqueue_mix(connection: Redis, tag: str, n: int) -> None:
     loners = PolicyQueue('cost', connection=connection)
     capped = PolicyQueue('cost-capped', connection=connection)
-    QueueSlot.set_capacity('cost-capped', 2, connection=connection)
+    QueueSlot.set('cost-capped', 2, connection=connection)
     for i in range(n):
         loners.enqueue('cost_jobs.held_until_finished', tag, i)
         loners.enqueue('cost_jobs.plain_record', tag, i)

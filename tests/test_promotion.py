@@ -276,7 +276,7 @@ def test_a_promoting_fetch_replayed_after_a_lost_reply_promotes_once(connection,
 def test_a_look_that_only_promotes_replayed_after_a_lost_reply_promotes_once(connection, fault_proxy, fault):
     """A capped queue at its cap: the fetch promotes the due jobs and takes none; its replay promotes nothing more."""
     load(connection, 'fetch')
-    QueueSlot.set_capacity('capped', 1, connection=connection)
+    QueueSlot.set('capped', 1, connection=connection)
     assert QueueSlot.acquire('capped', 1, ttl=30, token='held', connection=connection)
     q = Queue('capped', connection=connection)
     jobs = [q.enqueue_at(PAST + timedelta(seconds=i), 'tests.jobs.plain', i) for i in range(3)]

@@ -19,7 +19,7 @@ from rq.job import Job, JobStatus, Retry
 from rq.queue import Queue
 from workers import fetch_as_a_worker
 
-from rq_policies import PolicyQueue, PolicySimpleWorker, PolicyWorker, QueueSlot, keys, ops
+from rq_policies import Cap, PolicyQueue, PolicySimpleWorker, PolicyWorker, QueueSlot, keys, ops
 from rq_policies.fetch import Fetcher, current_fetcher, fetch_call
 from rq_policies.ledger import Hold, Ledger, acquire_call
 from rq_policies.policy import FETCH, registered
@@ -113,7 +113,7 @@ def _dequeue_script(conn: Redis, queues: list[Queue], token: str, ttl: int = 30)
 def test_dequeue_script_pops_through_the_intermediate_list_and_holds_on_capped_queues(connection):
     capped = PolicyQueue('capped', connection=connection)
     free = PolicyQueue('free', connection=connection)
-    QueueSlot.set_capacity('capped', 1, connection=connection)
+    QueueSlot.set('capped', 1, connection=connection)
     first = capped.enqueue(jobs.sweep_cache, 1)  # a loner: its marker goes with the pop
     second = capped.enqueue(jobs.plain, 2)
     other = free.enqueue(jobs.plain, 3)
@@ -147,7 +147,7 @@ def test_a_replayed_fetch_answers_the_job_the_first_attempt_took(connection, mon
     # answer the first attempt's job; popping a second one would strand it on the intermediate list, status queued,
     # its loner marker gone (an identical enqueue admitted, and rq's cleanup failing it without a run).
     q = PolicyQueue('replay', connection=connection)
-    QueueSlot.set_capacity('replay', 2, connection=connection)
+    QueueSlot.set('replay', 2, connection=connection)
     first = q.enqueue(jobs.sweep_cache, 1)
     second = q.enqueue(jobs.sweep_cache, 2)
     real_run = ops.Call.run
@@ -170,7 +170,7 @@ def test_a_replayed_fetch_answers_the_job_the_first_attempt_took(connection, mon
 
 def test_dequeue_script_racing_processes_never_take_more_than_the_cap(connection, redis_url):
     q = PolicyQueue('race', connection=connection)
-    QueueSlot.set_capacity('race', 3, connection=connection)
+    QueueSlot.set('race', 3, connection=connection)
     for i in range(20):
         q.enqueue(jobs.plain, i)
     ctx = multiprocessing.get_context('fork')
@@ -205,13 +205,13 @@ def _race_dequeue(url: str, start, name: str) -> None:
 def test_capacity_is_stored_in_redis_and_changes_wake_idle_workers(connection):
     pubsub = connection.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(keys.wake('reports'))
-    assert QueueSlot.capacity('reports', connection=connection) is None
-    QueueSlot.set_capacity('reports', 3, connection=connection)
-    assert QueueSlot.capacity(PolicyQueue('reports', connection=connection), connection=connection) == 3
+    assert QueueSlot.get('reports', connection=connection) is None
+    QueueSlot.set('reports', 3, connection=connection)
+    assert QueueSlot.get(PolicyQueue('reports', connection=connection), connection=connection) == Cap(3)
     assert connection.hget(keys.CAPACITY, 'reports') == b'3'
-    assert QueueSlot.clear_capacity('reports', connection=connection) is True
-    assert QueueSlot.clear_capacity('reports', connection=connection) is False
-    assert QueueSlot.capacity('reports', connection=connection) is None
+    assert QueueSlot.clear('reports', connection=connection) is True
+    assert QueueSlot.clear('reports', connection=connection) is False
+    assert QueueSlot.get('reports', connection=connection) is None
     got = [_next_message(pubsub) for _ in range(3)]
     assert [m['data'] for m in got] == [b'capacity'] * 3
     pubsub.close()
@@ -229,7 +229,7 @@ def _next_message(pubsub, timeout: float = 5.0) -> dict:
 @pytest.mark.parametrize('bad', [0, -1, True, False, 1.5, '3', None])
 def test_capacity_and_ttl_must_be_positive_integers(connection, bad):
     with pytest.raises(ValueError, match='capacity'):
-        QueueSlot.set_capacity('reports', bad, connection=connection)
+        QueueSlot.set('reports', bad, connection=connection)
     with pytest.raises(ValueError, match='capacity'):
         QueueSlot.acquire('reports', capacity=bad, connection=connection)
     with pytest.raises(ValueError, match='ttl'):
@@ -241,7 +241,7 @@ def test_capacity_and_ttl_must_be_positive_integers(connection, bad):
 
 def test_bad_queue_token_and_missing_connection_are_refused(connection):
     with pytest.raises(ValueError, match='queue'):
-        QueueSlot.set_capacity('', 1, connection=connection)
+        QueueSlot.set('', 1, connection=connection)
     with pytest.raises(ValueError, match='queue'):
         QueueSlot.acquire(3, capacity=1, connection=connection)
     with pytest.raises(ValueError, match='token'):
@@ -257,22 +257,22 @@ def test_acquire_release_in_use_and_idempotent_release(connection):
     assert QueueSlot.acquire('reports', capacity=2, token='a', connection=connection) is True
     assert QueueSlot.acquire('reports', capacity=2, connection=connection) is True  # this thread's token
     assert QueueSlot.acquire('reports', capacity=2, token='c', connection=connection) is False
-    assert QueueSlot.in_use('reports', connection=connection) == 2
-    assert [token for token, _ in QueueSlot.holders('reports', connection=connection)] == sorted(
+    assert QueueSlot.status('reports', connection=connection).in_use == 2
+    assert [token for token, _ in QueueSlot.status('reports', connection=connection).holders] == sorted(
         ['a', QueueSlot.token()], key=lambda t: members(connection, 'reports')[t]
     )
     assert QueueSlot.release('reports', token='a', connection=connection) is True
     assert QueueSlot.release('reports', token='a', connection=connection) is False  # idempotent: frees nothing
-    assert QueueSlot.in_use('reports', connection=connection) == 1
+    assert QueueSlot.status('reports', connection=connection).in_use == 1
     assert QueueSlot.release('reports', connection=connection) is True
-    assert QueueSlot.in_use('reports', connection=connection) == 0
+    assert QueueSlot.status('reports', connection=connection).in_use == 0
 
 
 def test_in_use_counts_live_holds_only(connection):
     now = server_now(connection)
     connection.zadd(keys.holds('reports'), {'gone': now - 0.5, 'live': now + 30})
-    assert QueueSlot.in_use('reports', connection=connection) == 1
-    assert [token for token, _ in QueueSlot.holders('reports', connection=connection)] == ['live']
+    assert QueueSlot.status('reports', connection=connection).in_use == 1
+    assert [token for token, _ in QueueSlot.status('reports', connection=connection).holders] == ['live']
 
 
 def test_stale_release_after_expiry_frees_nothing(connection):
@@ -292,19 +292,19 @@ def test_stale_release_of_an_earlier_claim_of_the_same_thread_frees_nothing(conn
     second = QueueSlot.claim_token()
     assert QueueSlot.acquire('reports', capacity=1, token=second, connection=connection)
     assert QueueSlot.release('reports', token=first, connection=connection) is False
-    assert QueueSlot.in_use('reports', connection=connection) == 1
+    assert QueueSlot.status('reports', connection=connection).in_use == 1
 
 
 def test_replayed_acquire_is_not_counted_twice(connection):
     token = QueueSlot.claim_token()
     assert QueueSlot.acquire('reports', capacity=2, token=token, connection=connection)
     assert QueueSlot.acquire('reports', capacity=2, token=token, connection=connection)  # the retry
-    assert QueueSlot.in_use('reports', connection=connection) == 1
+    assert QueueSlot.status('reports', connection=connection).in_use == 1
     assert QueueSlot.acquire('reports', capacity=2, token='other', connection=connection)
     # Full: a replay still finds its own member, a newcomer is refused.
     assert QueueSlot.acquire('reports', capacity=2, token=token, connection=connection)
     assert QueueSlot.acquire('reports', capacity=2, token='third', connection=connection) is False
-    assert QueueSlot.in_use('reports', connection=connection) == 2
+    assert QueueSlot.status('reports', connection=connection).in_use == 2
 
 
 def test_release_and_refresh_ride_a_pipeline(connection):
@@ -366,7 +366,7 @@ def test_racing_holders_never_exceed_the_capacity(connection, redis_url):
     assert connection.llen('test:over') == 0
     assert int(connection.get('test:peak')) == 2  # the cap was reached, and contended
     assert int(connection.get('test:refused')) > 0
-    assert QueueSlot.in_use('hammer', connection=connection) == 0
+    assert QueueSlot.status('hammer', connection=connection).in_use == 0
 
 
 def _hammer(url: str, start) -> None:
@@ -424,7 +424,7 @@ def as_policy_worker():
 
 def test_full_queue_is_skipped_and_the_others_served_in_order(connection, as_policy_worker):
     a, b, c = (PolicyQueue(name, connection=connection) for name in 'abc')
-    QueueSlot.set_capacity('a', 1, connection=connection)
+    QueueSlot.set('a', 1, connection=connection)
     a1, a2 = a.enqueue(jobs.plain, 1), a.enqueue(jobs.plain, 2)
     b1, c1 = b.enqueue(jobs.plain, 3), c.enqueue(jobs.plain, 4)
     taken = []
@@ -434,7 +434,7 @@ def test_full_queue_is_skipped_and_the_others_served_in_order(connection, as_pol
     assert taken == [('a', a1.id), ('b', b1.id), ('c', c1.id)]
     assert isinstance(queue, PolicyQueue)
     assert a.job_ids == [a2.id]
-    assert QueueSlot.in_use('a', connection=connection) == 1
+    assert QueueSlot.status('a', connection=connection).in_use == 1
     with pytest.raises(DequeueTimeout):
         PolicyQueue.dequeue_any([a, b, c], 1, connection=connection)
     assert a.job_ids == [a2.id]
@@ -463,7 +463,7 @@ def test_uncapped_queues_are_served_exactly_as_stock_rq_serves_them(connection, 
 
 def test_a_burst_fetch_waits_for_a_full_queue_that_still_has_jobs(connection, as_policy_worker):
     q = PolicyQueue('burst', connection=connection)
-    QueueSlot.set_capacity('burst', 1, connection=connection)
+    QueueSlot.set('burst', 1, connection=connection)
     q.enqueue(jobs.plain, 1)
     assert QueueSlot.acquire('burst', capacity=1, ttl=1, token='elsewhere', connection=connection)
     started = time.monotonic()
@@ -490,7 +490,7 @@ def test_an_idle_worker_ignores_pushes_to_a_full_queue_but_not_releases():
 
 def test_a_waiting_fetch_wakes_on_a_release(connection, redis_url):
     q = PolicyQueue('wake', connection=connection)
-    QueueSlot.set_capacity('wake', 1, connection=connection)
+    QueueSlot.set('wake', 1, connection=connection)
     q.enqueue(jobs.plain, 1)
     assert QueueSlot.acquire('wake', capacity=1, ttl=60, token='holder', connection=connection)
     fetcher = _WorkerFetcher(hold_ttl=30)
@@ -518,7 +518,7 @@ def test_a_release_makes_one_idle_worker_look_again_a_capacity_change_all(connec
     # Two idle workers' fetchers waiting on the same full queue (real pub/sub): a release freed one hold, so only the
     # first to claim its wake-up looks again; the other spends one SET and goes on waiting. A capacity change (or a
     # release published by an older version, naming no hold) is news to everyone.
-    QueueSlot.set_capacity('herd', 1, connection=connection)
+    QueueSlot.set('herd', 1, connection=connection)
     assert QueueSlot.acquire('herd', capacity=1, ttl=60, token='holder', connection=connection)
     fetchers = [_WorkerFetcher(hold_ttl=30) for _ in range(2)]
     for fetcher in fetchers:
@@ -545,7 +545,7 @@ def test_a_release_makes_one_idle_worker_look_again_a_capacity_change_all(connec
     assert connection.ttl(keys.woken(f'{keys.holds("herd")} holder')) > 0  # the claim of the wake-up expires
 
     results, threads = waits()
-    QueueSlot.set_capacity('herd', 2, connection=connection)
+    QueueSlot.set('herd', 2, connection=connection)
     for thread in threads:
         thread.join(5)
     assert results == [True, True]
@@ -563,7 +563,7 @@ def test_an_idle_worker_over_full_queues_probes_instead_of_looking_again(connect
     # One full capped queue and one empty one. Once a look found nothing, the idle wait probes the queue that was not
     # full (one EXISTS) and looks again only when the probe finds a job there (pushed by a stock producer, which
     # publishes no wake-up), on news, or after relook_seconds.
-    QueueSlot.set_capacity('idlefull', 1, connection=connection)
+    QueueSlot.set('idlefull', 1, connection=connection)
     assert QueueSlot.acquire('idlefull', capacity=1, ttl=60, token='holder', connection=connection)
     PolicyQueue('idlefull', connection=connection).enqueue(jobs.plain, 1)
     queues = [PolicyQueue('idlefull', connection=connection), PolicyQueue('idleempty', connection=connection)]
@@ -653,7 +653,7 @@ class ShortSimple(PolicySimpleWorker):
 def test_simple_worker_keeps_its_hold_live_through_a_long_job(connection, redis_url, monkeypatch):
     monkeypatch.setenv('REDIS_URL', redis_url)
     q = PolicyQueue('long', connection=connection)
-    QueueSlot.set_capacity('long', 1, connection=connection)
+    QueueSlot.set('long', 1, connection=connection)
     job = q.enqueue(jobs.sleep_and_record, 'long', 4)
     samples: list[int] = []
     stop = threading.Event()
@@ -662,7 +662,7 @@ def test_simple_worker_keeps_its_hold_live_through_a_long_job(connection, redis_
     def sample() -> None:
         while not stop.is_set():
             if observer.llen('test:span:long') == 1:  # the job is running
-                samples.append(QueueSlot.in_use('long', connection=observer))
+                samples.append(QueueSlot.status('long', connection=observer).in_use)
             time.sleep(0.1)
 
     thread = threading.Thread(target=sample)
@@ -675,14 +675,14 @@ def test_simple_worker_keeps_its_hold_live_through_a_long_job(connection, redis_
     assert Job.fetch(job.id, connection=connection).get_status() == JobStatus.FINISHED
     assert len(samples) > 20  # 4 s of job, twice the 2 s hold_ttl
     assert set(samples) == {1}
-    assert QueueSlot.in_use('long', connection=connection) == 0
+    assert QueueSlot.status('long', connection=connection).in_use == 0
     assert connection.exists(keys.holds('long')) == 0
 
 
 def test_simple_worker_releases_on_success_failure_retry_and_timeout(connection, redis_url, monkeypatch):
     monkeypatch.setenv('REDIS_URL', redis_url)
     q = PolicyQueue('paths', connection=connection)
-    QueueSlot.set_capacity('paths', 1, connection=connection)
+    QueueSlot.set('paths', 1, connection=connection)
     ok = q.enqueue(jobs.plain, 1)
     failed = q.enqueue(jobs.fail, 2)
     retried = q.enqueue(jobs.fail, 3, retry=Retry(max=1))
@@ -700,5 +700,5 @@ def test_simple_worker_releases_on_success_failure_retry_and_timeout(connection,
         timed_out.id: JobStatus.FAILED,
     }
     assert Job.fetch(retried.id, connection=connection).retries_left == 0  # it did run twice
-    assert QueueSlot.in_use('paths', connection=connection) == 0
+    assert QueueSlot.status('paths', connection=connection).in_use == 0
     assert connection.llen(q.intermediate_queue_key) == 0

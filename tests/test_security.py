@@ -62,10 +62,10 @@ def _exercise(conn: Redis) -> None:
     q = PolicyQueue('secure', connection=conn)
     assert q.enqueue(jobs.sweep_cache, 1) is not None
     assert q.enqueue(jobs.sweep_cache, 1) is None
-    QueueSlot.set_capacity('secure', 1, connection=conn)
+    QueueSlot.set('secure', 1, connection=conn)
     assert PolicySimpleWorker([q], connection=conn).work(burst=True)
     assert q.enqueued(jobs.sweep_cache, 1) is False
-    assert QueueSlot.in_use('secure', connection=conn) == 0
+    assert QueueSlot.status('secure', connection=conn).in_use == 0
 
 
 def test_runs_under_a_minimal_acl_user(connection, redis_url, worker_env):

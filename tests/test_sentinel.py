@@ -46,7 +46,7 @@ def test_capped_workers_survive_a_failover(tmp_path, worker_env):
         conn = cluster.sentinel().master_for('mymaster', socket_timeout=2)
         spans = tmp_path / 'spans.log'
         q = PolicyQueue('fo', connection=conn)
-        QueueSlot.set_capacity('fo', CAP, connection=conn)
+        QueueSlot.set('fo', CAP, connection=conn)
         before = [q.enqueue(jobs.span_to_file, str(spans), JOB_SECONDS).id for _ in range(12)]
 
         def spawn():

@@ -40,14 +40,14 @@ def records(connection) -> list[dict]:
 
 def test_a_capped_simple_worker_runs_its_jobs_with_one_keeper_for_its_life_and_none_after(
         connection, redis_url, worker_env):
-    QueueSlot.set_capacity('kept', 2, connection=connection)
+    QueueSlot.set('kept', 2, connection=connection)
     q = PolicyQueue('kept', connection=connection)
     worker = start_worker(redis_url, ['kept'], worker_env, worker_class=SIMPLE)
     try:
         for _ in range(40):
             q.enqueue(record_process, 'kept')
         assert wait_for(lambda: connection.llen('test:keeper') == 40, timeout=60), output(worker)
-        assert wait_for(lambda: QueueSlot.in_use('kept', connection=connection) == 0, timeout=5)
+        assert wait_for(lambda: QueueSlot.status('kept', connection=connection).in_use == 0, timeout=5)
         seen = records(connection)
         assert {r['pid'] for r in seen} == {worker.pid}
         keepers = {pid for r in seen for pid in r['children']}
@@ -80,7 +80,7 @@ def test_an_uncapped_simple_worker_starts_no_keeper(connection, redis_url, worke
 @pytest.mark.long
 def test_a_simple_worker_sigkilled_mid_job_takes_its_keeper_along_and_the_hold_lapses_within_hold_ttl(
         connection, redis_url, worker_env):
-    QueueSlot.set_capacity('killed', 1, connection=connection)
+    QueueSlot.set('killed', 1, connection=connection)
     q = PolicyQueue('killed', connection=connection)
     env = dict(worker_env, **{HOLD_TTL_ENV: '3'})  # refreshed every second while the job runs
     worker = start_worker(redis_url, ['killed'], env, worker_class=SIMPLE)
@@ -89,13 +89,13 @@ def test_a_simple_worker_sigkilled_mid_job_takes_its_keeper_along_and_the_hold_l
         assert wait_for(lambda: connection.llen('test:keeper') == 1, timeout=30), output(worker)
         (keeper,) = records(connection)[0]['children']
         time.sleep(4)  # longer than hold_ttl: the keeper's refreshes keep the hold
-        assert QueueSlot.in_use('killed', connection=connection) == 1, output(worker)
+        assert QueueSlot.status('killed', connection=connection).in_use == 1, output(worker)
         os.kill(worker.pid, signal.SIGKILL)  # the worker alone, not its group
         killed_at = time.monotonic()
         worker.wait(10)
         assert wait_for(lambda: not alive(keeper), timeout=3, interval=0.02), 'the keeper outlived its SIGKILLed worker'
         assert time.monotonic() - killed_at < 2
-        assert wait_for(lambda: QueueSlot.in_use('killed', connection=connection) == 0, timeout=5, interval=0.05)
+        assert wait_for(lambda: QueueSlot.status('killed', connection=connection).in_use == 0, timeout=5, interval=0.05)
         # the hold was last refreshed at most a second before the kill: it lapsed within hold_ttl of it, not later
         assert time.monotonic() - killed_at < 3 + 0.5
     finally:
@@ -138,7 +138,7 @@ def test_the_keeper_refreshes_while_armed_only(connection):
         assert connection.zscore(hold.ledger, hold.token) is not None
         keeper.disarm()
         time.sleep(1.5)
-        assert QueueSlot.in_use('race', connection=connection) == 0  # no refresh after the disarm: it lapsed
+        assert QueueSlot.status('race', connection=connection).in_use == 0  # no refresh after the disarm: it lapsed
         assert alive(keeper.pid)
     finally:
         keeper.stop()

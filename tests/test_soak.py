@@ -89,7 +89,7 @@ def test_the_taker_of_a_job_is_read_from_the_claim_record_a_real_fetch_wrote(con
     under the soak's parser, which then never knew a taker: a worker SIGKILLed between its fetch and the job's start
     left a "stranded" id (a 10-minute run, seed 16)."""
     q = PolicyQueue('soak_capped', connection=connection)
-    QueueSlot.set_capacity('soak_capped', 2, connection=connection)
+    QueueSlot.set('soak_capped', 2, connection=connection)
     waiting = q.enqueue(jobs.sweep_cache, 7)
     job, fetcher = fetch_as_a_worker(q, connection)
     assert job.id == waiting.id

@@ -84,7 +84,7 @@ def pid_alive(pid: int) -> bool:
 
 @pytest.mark.long
 def test_six_workers_cap_two_never_overlap_more_than_two(connection, redis_url, worker_env):
-    QueueSlot.set_capacity('reports', 2, connection=connection)
+    QueueSlot.set('reports', 2, connection=connection)
     q = PolicyQueue('reports', connection=connection)
     workers = [start_worker(redis_url, ['reports'], worker_env) for _ in range(6)]
     try:
@@ -104,14 +104,14 @@ def test_six_workers_cap_two_never_overlap_more_than_two(connection, redis_url, 
     # 0.48, so the bar is a liveness bar, not a speed one: speed is bench/worker.py's.)
     assert share_at_least(records, 2, until=last_start) > 0.25
     assert set(statuses(connection, [job.id for job in batch])) == {JobStatus.FINISHED}
-    assert QueueSlot.in_use('reports', connection=connection) == 0
+    assert QueueSlot.status('reports', connection=connection).in_use == 0
     assert connection.llen(q.intermediate_queue_key) == 0
     assert len({worker for _, _, worker in records.values()}) >= 1
 
 
 def test_every_ending_of_a_job_gives_its_slot_back(connection, redis_url, worker_env):
     # One slot, default hold_ttl (90 s): a hold left behind by any ending would stall the rest past the wait below.
-    QueueSlot.set_capacity('endings', 1, connection=connection)
+    QueueSlot.set('endings', 1, connection=connection)
     q = PolicyQueue('endings', connection=connection)
     ok = q.enqueue(jobs.plain, 1)
     failed = q.enqueue(jobs.fail, 2)
@@ -133,22 +133,24 @@ def test_every_ending_of_a_job_gives_its_slot_back(connection, redis_url, worker
 
 
 def test_stop_command_and_a_killed_work_horse_give_the_slot_back_at_once(connection, redis_url, worker_env):
-    QueueSlot.set_capacity('signals', 1, connection=connection)
+    QueueSlot.set('signals', 1, connection=connection)
     q = PolicyQueue('signals', connection=connection)
     worker = start_worker(redis_url, ['signals'], worker_env)
     try:
         stopped = q.enqueue(jobs.pid_and_sleep, 'stopped', 60)
         horse_pid(connection, 'stopped')
-        assert QueueSlot.in_use('signals', connection=connection) == 1
+        assert QueueSlot.status('signals', connection=connection).in_use == 1
         send_stop_job_command(connection, stopped.id)
-        assert wait_for(lambda: QueueSlot.in_use('signals', connection=connection) == 0, timeout=5), output(worker)
+        assert wait_for(lambda: QueueSlot.status('signals', connection=connection).in_use == 0,
+                        timeout=5), output(worker)
         assert wait_for(lambda: statuses(connection, [stopped.id]) == [JobStatus.STOPPED], timeout=5)
 
         killed = q.enqueue(jobs.pid_and_sleep, 'killed', 60)
         pid = horse_pid(connection, 'killed')
-        assert QueueSlot.in_use('signals', connection=connection) == 1
+        assert QueueSlot.status('signals', connection=connection).in_use == 1
         os.kill(pid, signal.SIGKILL)
-        assert wait_for(lambda: QueueSlot.in_use('signals', connection=connection) == 0, timeout=5), output(worker)
+        assert wait_for(lambda: QueueSlot.status('signals', connection=connection).in_use == 0,
+                        timeout=5), output(worker)
         assert wait_for(lambda: statuses(connection, [killed.id]) == [JobStatus.FAILED], timeout=5)
 
         after = q.enqueue(jobs.plain, 5)  # the freed slot is usable at once
@@ -160,7 +162,7 @@ def test_stop_command_and_a_killed_work_horse_give_the_slot_back_at_once(connect
 
 
 def test_warm_shutdown_keeps_the_hold_until_the_job_ends_cold_shutdown_frees_it(connection, redis_url, worker_env):
-    QueueSlot.set_capacity('shutdown', 1, connection=connection)
+    QueueSlot.set('shutdown', 1, connection=connection)
     q = PolicyQueue('shutdown', connection=connection)
 
     warm = start_worker(redis_url, ['shutdown'], worker_env)
@@ -169,7 +171,7 @@ def test_warm_shutdown_keeps_the_hold_until_the_job_ends_cold_shutdown_frees_it(
     warm.send_signal(signal.SIGTERM)
     time.sleep(0.5)
     assert warm.poll() is None
-    assert QueueSlot.in_use('shutdown', connection=connection) == 1  # the job still runs: so does its hold
+    assert QueueSlot.status('shutdown', connection=connection).in_use == 1  # the job still runs: so does its hold
     assert warm.wait(20) == 0, output(warm)
     assert statuses(connection, [job.id]) == [JobStatus.FINISHED]
     assert connection.exists(keys.holds('shutdown')) == 0
@@ -182,12 +184,12 @@ def test_warm_shutdown_keeps_the_hold_until_the_job_ends_cold_shutdown_frees_it(
     cold.send_signal(signal.SIGTERM)
     cold.wait(20)
     assert not pid_alive(pid)
-    assert QueueSlot.in_use('shutdown', connection=connection) == 0
+    assert QueueSlot.status('shutdown', connection=connection).in_use == 0
     assert connection.exists(keys.holds('shutdown')) == 0
 
 
 def test_a_sigkilled_worker_holds_until_its_short_ttl_runs_out(connection, redis_url, worker_env):
-    QueueSlot.set_capacity('crash', 1, connection=connection)
+    QueueSlot.set('crash', 1, connection=connection)
     q = PolicyQueue('crash', connection=connection)
     env = dict(worker_env, **{HOLD_TTL_ENV: '3'})
     # BeatsBareMidJob also sends rq's bare heartbeat on every tick: those must not carry the release either.
@@ -198,15 +200,15 @@ def test_a_sigkilled_worker_holds_until_its_short_ttl_runs_out(connection, redis
         pid = horse_pid(connection, 'crash')
         # Alive, the worker refreshes its hold on every beat: it outlives its 3 s TTL while the job runs.
         time.sleep(4)
-        assert QueueSlot.in_use('crash', connection=connection) == 1
-        ((_, left),) = QueueSlot.holders('crash', connection=connection)
+        assert QueueSlot.status('crash', connection=connection).in_use == 1
+        ((_, left),) = QueueSlot.status('crash', connection=connection).holders
         assert 0 < left <= 3.1
         # The whole worker dies: the parent and its work horse (rq puts the horse in a process group of its own).
         worker.send_signal(signal.SIGKILL)
         os.kill(pid, signal.SIGKILL)
         killed_at = time.monotonic()
         worker.wait(10)
-        assert wait_for(lambda: QueueSlot.in_use('crash', connection=connection) == 0, timeout=6)
+        assert wait_for(lambda: QueueSlot.status('crash', connection=connection).in_use == 0, timeout=6)
         assert time.monotonic() - killed_at <= 4.5  # within the TTL (and a poll), no operator action
         assert QueueSlot.acquire('crash', capacity=1, token='next', connection=connection)
     finally:
@@ -217,7 +219,7 @@ def test_a_sigkilled_worker_holds_until_its_short_ttl_runs_out(connection, redis
 def test_the_horse_of_a_worker_sigkilled_alone_keeps_its_hold_until_the_job_ends(connection, redis_url, worker_env):
     # kill -9 of the worker's pid alone (an OOM kill of the parent): rq's horse, in a process group of its own,
     # runs on. Its hold must outlive the TTL the dead worker can no longer refresh, and come back when the job ends.
-    QueueSlot.set_capacity('orphans', 1, connection=connection)
+    QueueSlot.set('orphans', 1, connection=connection)
     q = PolicyQueue('orphans', connection=connection)
     env = dict(worker_env, **{HOLD_TTL_ENV: '3'})
     first = start_worker(redis_url, ['orphans'], env, extra=['--job-monitoring-interval', '1'])
@@ -233,7 +235,7 @@ def test_the_horse_of_a_worker_sigkilled_alone_keeps_its_hold_until_the_job_ends
         q.enqueue(jobs.span_on_worker, 'orphans', 0.5)
         time.sleep(max(0.0, 6 - (time.monotonic() - killed_at)))  # twice the TTL the dead worker can no longer refresh
         assert spans(connection, 'orphans')[orphan.id][1] is None  # the orphan's job still runs...
-        assert QueueSlot.in_use('orphans', connection=connection) == 1, output(second)  # ...and holds the slot
+        assert QueueSlot.status('orphans', connection=connection).in_use == 1, output(second)  # ...and holds the slot
         assert wait_for(lambda: len([s for s in spans(connection, 'orphans').values() if s[1]]) == 2, timeout=20)
         records = spans(connection, 'orphans')
         assert peak(records) == 1, records
@@ -279,13 +281,13 @@ def test_the_hold_guard_waits_for_a_horse_forked_just_before_its_worker_died(con
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
     died_at = time.monotonic()
     time.sleep(4)  # twice the ttl nobody but the guard can refresh
-    assert QueueSlot.in_use('guarded', connection=connection) == 1
-    assert wait_for(lambda: QueueSlot.in_use('guarded', connection=connection) == 0, timeout=5)
+    assert QueueSlot.status('guarded', connection=connection).in_use == 1
+    assert wait_for(lambda: QueueSlot.status('guarded', connection=connection).in_use == 0, timeout=5)
     assert 4.5 < time.monotonic() - died_at < 6.5  # released once the horse ended (at about 5 s), not aged out
 
 
 def test_rolling_restart_never_runs_the_queue_over_its_cap(connection, redis_url, worker_env):
-    QueueSlot.set_capacity('rolling', 2, connection=connection)
+    QueueSlot.set('rolling', 2, connection=connection)
     q = PolicyQueue('rolling', connection=connection)
     old = [start_worker(redis_url, ['rolling'], worker_env, extra=['--name', f'old-{i}']) for i in range(2)]
     new: list[subprocess.Popen] = []
@@ -317,11 +319,11 @@ def test_rolling_restart_never_runs_the_queue_over_its_cap(connection, redis_url
     assert peak(records) == 2
     ran_on = {worker.split('-')[0] for _, _, worker in records.values()}
     assert ran_on == {'old', 'new'}
-    assert QueueSlot.in_use('rolling', connection=connection) == 0
+    assert QueueSlot.status('rolling', connection=connection).in_use == 0
 
 
 def test_multi_queue_worker_serves_the_other_queue_while_one_is_full(connection, redis_url, worker_env):
-    QueueSlot.set_capacity('busy', 1, connection=connection)
+    QueueSlot.set('busy', 1, connection=connection)
     busy = PolicyQueue('busy', connection=connection)
     other = PolicyQueue('other', connection=connection)
     assert QueueSlot.acquire('busy', capacity=1, ttl=60, token='elsewhere', connection=connection)
@@ -346,7 +348,7 @@ def test_multi_queue_worker_serves_the_other_queue_while_one_is_full(connection,
 
 @pytest.mark.parametrize('queues', [['lost'], ['spare', 'lost']], ids=['single-queue', 'multi-queue'])
 def test_a_worker_dying_between_pop_and_start_loses_no_job(connection, redis_url, worker_env, queues):
-    QueueSlot.set_capacity('lost', 1, connection=connection)
+    QueueSlot.set('lost', 1, connection=connection)
     q = PolicyQueue('lost', connection=connection)
     job = q.enqueue(jobs.plain, 7, retry=Retry(max=1))
     env = dict(worker_env, **{HOLD_TTL_ENV: '2'})
@@ -358,7 +360,7 @@ def test_a_worker_dying_between_pop_and_start_loses_no_job(connection, redis_url
     assert job.id not in StartedJobRegistry('lost', connection=connection)
     assert q.count == 0
     # Nobody refreshes the dead worker's hold: it ages out by itself.
-    assert wait_for(lambda: QueueSlot.in_use('lost', connection=connection) == 0, timeout=5)
+    assert wait_for(lambda: QueueSlot.status('lost', connection=connection).in_use == 0, timeout=5)
 
     # rq's own maintenance finds it: a first pass notes it, a pass a minute later hands it to rq's failure
     # handling, which retries it (the minute is aged in Redis rather than waited for).
@@ -377,7 +379,7 @@ def test_a_worker_dying_between_pop_and_start_loses_no_job(connection, redis_url
 
 
 def test_worker_pool_runs_policy_workers_under_the_cap(connection, redis_url, worker_env):
-    QueueSlot.set_capacity('pooled', 1, connection=connection)
+    QueueSlot.set('pooled', 1, connection=connection)
     q = PolicyQueue('pooled', connection=connection)
     for _ in range(6):
         q.enqueue(jobs.sleep_and_record, 'pooled', 0.2)
@@ -404,7 +406,7 @@ def test_rq_rate_limited_jobs_keep_working_on_policy_workers(connection, redis_u
     from rq import RateLimit
 
     # rq's RateLimit holds jobs back at enqueue and admits them into the queue; QueueSlot caps the fetch. Both hold.
-    QueueSlot.set_capacity('limited', 2, connection=connection)
+    QueueSlot.set('limited', 2, connection=connection)
     q = PolicyQueue('limited', connection=connection)
     batch = [q.enqueue(jobs.sleep_and_record, 'limited', 0.2, rate_limit=RateLimit('limited-key', 1)) for _ in range(4)]
     assert [j.get_status() for j in batch].count(JobStatus.QUEUED) == 1
@@ -416,7 +418,7 @@ def test_rq_rate_limited_jobs_keep_working_on_policy_workers(connection, redis_u
             stop(worker)
     assert set(statuses(connection, [j.id for j in batch])) == {JobStatus.FINISHED}
     assert peak(spans(connection, 'limited')) == 1  # rq's limit of 1 rules, under our cap of 2
-    assert QueueSlot.in_use('limited', connection=connection) == 0
+    assert QueueSlot.status('limited', connection=connection).in_use == 0
 
 
 def _commands(conn: Redis) -> int:
@@ -436,7 +438,7 @@ def own_server(worker_env):
 @pytest.mark.long
 def test_an_idle_worker_waiting_on_a_full_queue_does_not_spin(own_server):
     connection, redis_url, worker_env = own_server
-    QueueSlot.set_capacity('full', 1, connection=connection)
+    QueueSlot.set('full', 1, connection=connection)
     q = PolicyQueue('full', connection=connection)
     assert QueueSlot.acquire('full', capacity=1, ttl=120, token='elsewhere', connection=connection)
     q.enqueue(jobs.plain, 0)

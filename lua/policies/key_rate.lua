@@ -10,6 +10,8 @@
                                                   expiring once tat is past
     parked  rq:policies:keyparked:key_rate:<scope>:<key>   LIST of parked job ids, FIFO
     block   rq:policies:keyblock:<scope>:<key>   a BackOff(key=True) (lib/key_blocked.lua)
+  and ctx.kp.rates, rq:policies:keyrates, HASH '<scope>:<key>' -> '<limit> <per> <burst>': a rate
+  set at run time (Rate.set), which wins over the rate the job declares.
 
   admit_job(ctx, jid, raw, paid): a job whose start was paid for when it was given back runs;
     another waits behind the key's parked jobs (FIFO per key), or until its key's GCRA allows a
@@ -25,10 +27,17 @@
 -- @include "lib/key_unpark.lua"
 P.key_rate = {fields = {'policies_key_rate', 'policies_key_rate_paid'}}
 
-local function kr_parse(raw)
+local function kr_parse(ctx, raw)
   local limit, per, burst, channel = string.match(raw, '^(%d+) (%d+) (%d+) (.+)$')
   if not limit then
     return nil
+  end
+  local set = redis.call('HGET', ctx.kp.rates, channel)
+  if set then
+    local l, p, b = string.match(set, '^(%d+) (%d+) (%d+)$')
+    if l then
+      limit, per, burst = l, p, b
+    end
   end
   local interval = tonumber(per) / tonumber(limit)
   return interval, (tonumber(burst) - 1) * interval, channel
@@ -46,7 +55,7 @@ local function kr_record(ctx, channel, tat, interval)
 end
 
 function P.key_rate.admit_job(ctx, jid, raw, paid)
-  local interval, tolerance, channel = kr_parse(raw)
+  local interval, tolerance, channel = kr_parse(ctx, raw)
   if not interval then
     return nil -- not written by Rate (which validates): ignored rather than blocking forever
   end
@@ -71,7 +80,7 @@ function P.key_rate.take_job(ctx, jid, raw, paid)
     redis.call('HDEL', ctx.kp.job .. jid, 'policies_key_rate_paid')
     return 0
   end
-  local interval, tolerance, channel = kr_parse(raw)
+  local interval, tolerance, channel = kr_parse(ctx, raw)
   local tat = kr_state(ctx, channel, interval, tolerance)
   kr_record(ctx, channel, tat + interval, interval)
   return 0
@@ -82,7 +91,7 @@ function P.key_rate.due(ctx, channel)
   if stop then
     return due
   end
-  local interval, tolerance = kr_parse(raw)
+  local interval, tolerance = kr_parse(ctx, raw)
   local tat, allowed_at = kr_state(ctx, channel, interval, tolerance)
   if allowed_at > ctx.now then
     return allowed_at

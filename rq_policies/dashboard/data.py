@@ -14,6 +14,7 @@ come from a SCAN with a budget (:func:`rq_policies.state.sample_family`), never 
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime, timezone
 from typing import Any
 
@@ -21,6 +22,7 @@ from rq.queue import Queue
 
 from .. import health, state
 from ..policy import FETCH, registered
+from ..readable import local_iso, relative
 
 logger = logging.getLogger('rq_policies')
 
@@ -32,23 +34,42 @@ ROW_LIMIT = 20
 
 
 def cell(value: Any) -> dict[str, Any]:
-    """A panel cell as the page renders it: ``{'text': str, 'job': job id or None, 'warn': bool}``.
+    """A panel cell as the page renders it: ``{'text', 'job' (a job id to link, or None), 'warn' (highlighted),
+    'expired' (greyed: a hold or marker past its time that no longer counts), 'title' (shown on hover), 'sub' (a
+    second, small line: an identity's whole digest, to copy into a reset), 'time' (a moment's ISO text, or '')}``.
+
+    A policy's panel gives a dict with ``text`` and any of ``job``, ``warn``, ``expired``, ``title``, ``sub``, and
+    ``at``:
+    a moment as seconds from now (negative: past), shown as :func:`rq_policies.readable.in_seconds` shows it
+    (local ISO time and ``in 5 s`` / ``12 s ago``) after the text and a ``;``, with the ``note`` words before it.
 
     A policy's panel is its own code; whatever it puts in a cell becomes text here (the template escapes it), so a
     malformed cell shows as what it is instead of breaking the page.
     """
     if isinstance(value, dict):
         job = value.get('job')
+        text = '' if value.get('text') is None else str(value.get('text'))
+        moment = ''
+        at = value.get('at')
+        if isinstance(at, (int, float)) and not isinstance(at, bool):
+            moment = local_iso(time.time() + at)
+            when = ' '.join(filter(None, [str(value.get('note') or ''), f'{moment} ({relative(at)})']))
+            text = f'{text}; {when}' if text else when
         return {
-            'text': '' if value.get('text') is None else str(value.get('text')),
+            'text': text,
             'job': str(job) if job else None,
             'warn': bool(value.get('warn')),
+            'expired': bool(value.get('expired')),
+            'title': '' if value.get('title') is None else str(value.get('title')),
+            'sub': '' if value.get('sub') is None else str(value.get('sub')),
+            'time': moment,
         }
+    blank = {'job': None, 'warn': False, 'expired': False, 'title': '', 'sub': '', 'time': ''}
     if value is None:
-        return {'text': '', 'job': None, 'warn': False}
+        return {'text': '', **blank}
     if isinstance(value, float):
-        return {'text': f'{value:g}', 'job': None, 'warn': False}
-    return {'text': str(value), 'job': None, 'warn': False}
+        return {'text': f'{value:g}', **blank}
+    return {'text': str(value), **blank}
 
 
 def _panel(policy: str, panel: Any) -> dict[str, Any]:
@@ -176,6 +197,7 @@ def overview(connection: Any, search: str | None = None, limit: int = ROW_LIMIT)
     return {
         'server_time': now,
         'server_time_text': datetime.fromtimestamp(now, timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC'),
+        'local_time_text': local_iso(time.time()),
         'search': search or '',
         'limit': limit,
         'warning': check.warning,
@@ -184,5 +206,8 @@ def overview(connection: Any, search: str | None = None, limit: int = ROW_LIMIT)
         'queues': queues(connection, now, search, history),
         'drops_chart': chart(history),
         'panels': panels(connection, now, limit, search),
-        'limited_capacity_workers': state.lcw_gauges(connection, now),
+        'limited_capacity_workers': [{**row, 'reported_text': '' if row.get('reported_seconds_ago') is None else
+                                      f'{local_iso(time.time() - row["reported_seconds_ago"])} '
+                                      f'({relative(-row["reported_seconds_ago"])})'}
+                                     for row in state.lcw_gauges(connection, now)],
     }

@@ -75,8 +75,9 @@ def configurable() -> list[type[FetchPolicy]]:
 
 
 def overridable() -> list[type]:
-    """Registered policies that offer ``override(scope, key, limit, connection=)`` (a per-key limit)."""
-    return [cls for cls in registered() if callable(getattr(cls, 'override', None))]
+    """Registered policies whose run-time setting is one limit per key (``set(scope, key, limit, connection=)``,
+    ``get``, ``clear``: :mod:`rq_policies.admin`)."""
+    return [cls for cls in registered() if getattr(cls, 'key_limit_setting', False)]
 
 
 def _field(form: Any, name: str, required: bool = True) -> str:
@@ -114,11 +115,9 @@ def _override_words(connection: Any, cls: type, scope: str, key: str) -> str:
     Raises:
         ActionError: the policy's own check refused the scope or the key (nothing is written).
     """
-    overridden = getattr(cls, 'overridden', None)
-    if not callable(overridden):
-        return ''
     try:
-        value = overridden(scope, key, connection=connection)
+        found = cls.get(scope, key, connection=connection)
+        value = None if found is None else found.limit
     except (TypeError, ValueError) as exc:
         raise ActionError(str(exc)) from None
     return 'no override' if value is None else f'override {value}'
@@ -179,13 +178,9 @@ def plan(connection: Any, action: str, form: Any) -> tuple[str, str, Callable[[]
 
         def override() -> str:
             if limit is not None:
-                cls.override(scope, key, limit, connection=connection)
+                cls.set(scope, key, limit, connection=connection)
                 return f'Overrode {change}: {limit}.'
-            clear = getattr(cls, 'clear', None)
-            if callable(clear):
-                clear(scope, key, connection=connection)
-            else:
-                cls.override(scope, key, None, connection=connection)
+            cls.clear(scope, key, connection=connection)
             return f'Cleared the override of {change}.'
 
         return what, now, override

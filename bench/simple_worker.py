@@ -108,7 +108,8 @@ def one_round(conn: Redis, variant: str, queue_name: str, jobs: int, procs: list
     cpu1, server1 = _cpu_seconds(procs), _server_cpu(conn)
     rate = drain_rate(Job.fetch_many([job.id for job in batch], connection=conn), enqueued)
     if capped:
-        wait_until(lambda: not QueueSlot.status(queue_name, connection=conn).in_use, 10, 'the holds released (one leaked?)')
+        wait_until(lambda: not QueueSlot.status(queue_name, connection=conn).in_use, 10,
+                   'the holds released (one leaked?)')
     return Sample(rate, (cpu1 - cpu0) * 1000 / jobs, (server1 - server0) * 1000 / jobs)
 
 

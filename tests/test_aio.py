@@ -192,6 +192,7 @@ def _slow_proxy(redis_url, delay):
     finally:
         proc.stdin.close()
         proc.wait(timeout=10)
+        proc.stdout.close()
 
 
 def _ticker_lag(url, enqueues, workers=2, seconds=4.0):

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rq_policies import Concurrency, InvalidArgument, PolicyError, PolicyQueue, QueueSlot, identity
+from rq_policies import Concurrency, InvalidArgument, InvalidSetting, PolicyError, PolicyQueue, QueueSlot, identity
 from rq_policies.identity import MAX_DEPTH, digest
 
 # derandomize: the same cases on every run, whatever ran before (deterministic and order-independent).
@@ -120,8 +120,8 @@ def test_a_lone_surrogate_in_a_per_key_key_is_named(q):
     error = refused(q, lambda q: q.enqueue(jobs.per_shop, 1, shop='ok\udfff'), 'Rate(',
                     'bad_input_jobs.per_shop')
     assert "kwargs['shop']" in error.argument and "at index 2" in str(error)
-    # The same check guards the keys given by hand (no function then).
-    with pytest.raises(InvalidArgument, match='key'):
+    # The same check guards the keys given by hand (no function then), as the admin API's one error for bad input.
+    with pytest.raises(InvalidSetting, match='key'):
         Concurrency.set('customers', '\ud800', 3, connection=q.connection)
     with pytest.raises(InvalidArgument, match='scope'):
         Concurrency(1, scope='s\ud800')

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -36,7 +37,9 @@ def test_wheel_runs_from_a_fresh_venv(wheel, tmp_path, redis_url):
     env_dir = tmp_path / 'venv'
     venv.create(env_dir, with_pip=True)
     python = env_dir / 'bin' / 'python'
-    subprocess.run([str(python), '-m', 'pip', 'install', '-q', str(wheel)], check=True)
+    # the wheel's copy, not a checkout on PYTHONPATH (whose egg-info would also make pip skip the install)
+    env = {name: value for name, value in os.environ.items() if name != 'PYTHONPATH'}
+    subprocess.run([str(python), '-m', 'pip', 'install', '-q', str(wheel)], check=True, env=env)
     script = textwrap.dedent(
         f"""
         import rq_policies, rq_policies.scripts as s
@@ -51,6 +54,6 @@ def test_wheel_runs_from_a_fresh_venv(wheel, tmp_path, redis_url):
         print('ok')
         """
     )
-    result = subprocess.run([str(python), '-c', script], cwd=tmp_path, capture_output=True, text=True)
+    result = subprocess.run([str(python), '-c', script], cwd=tmp_path, capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == 'ok'

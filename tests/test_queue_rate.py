@@ -309,7 +309,9 @@ def test_a_rate_change_reads_the_starts_owed_at_the_new_rate(connection):
 
 def test_snooze_in_a_simple_worker_comes_back_through_the_scheduler(connection):
     q = PolicyQueue('naps', connection=connection)
-    job = q.enqueue(snooze_times, 'naps:starts', 1, 0.5, on_failure=Callback(note_failure))
+    # Snoozed 2 s: longer than the burst run, which promotes a job only once it is due (it comes back by the fetch of
+    # a later run, or rq's scheduler).
+    job = q.enqueue(snooze_times, 'naps:starts', 1, 2, on_failure=Callback(note_failure))
     worker = PolicySimpleWorker([q], connection=connection)
     worker.work(burst=True, with_scheduler=True)
     assert job.get_status() == JobStatus.SCHEDULED and job.id in q.scheduled_job_registry

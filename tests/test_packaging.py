@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -18,8 +19,12 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope='module')
 def wheel(tmp_path_factory):
     out = tmp_path_factory.mktemp('dist')
+    # Built from a copy of the tree: pip builds in place (build/, *.egg-info), and CI runs several cells at once.
+    source = tmp_path_factory.mktemp('source') / 'rq-policies'
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        '.git', '.ci', 'build', 'dist', 'site', '*.egg-info', '__pycache__', '.venv', '.pytest_cache', '.hypothesis'))
     subprocess.run(
-        [sys.executable, '-m', 'pip', 'wheel', '--no-deps', '--no-build-isolation', '-q', '-w', str(out), str(ROOT)],
+        [sys.executable, '-m', 'pip', 'wheel', '--no-deps', '--no-build-isolation', '-q', '-w', str(out), str(source)],
         check=True,
     )
     (found,) = out.glob('rq_policies-*.whl')

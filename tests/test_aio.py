@@ -136,10 +136,12 @@ def test_refused_options_name_the_sync_path(connection, redis_url):
 
 def test_thousand_concurrent_tasks_make_one_job(connection, redis_url):
     async def main():
-        client = AsyncRedis(connection_pool=BlockingConnectionPool.from_url(redis_url, max_connections=64))
+        pool = BlockingConnectionPool.from_url(redis_url, max_connections=64)
+        client = AsyncRedis(connection_pool=pool)
         q = AsyncPolicyQueue('aio', connection=client)
         results = await asyncio.gather(*(q.enqueue(jobs.record, 'same') for _ in range(1000)))
         await client.aclose()
+        await pool.disconnect()  # a pool the client was given is the caller's to close
         return results
 
     results = _run(main())

@@ -131,7 +131,10 @@ def producer(index: int, url: str, run_dir: str, deadline: float, seed: int) -> 
                 time.sleep(0.2)
                 continue
             verdict = 'admit' if job is not None else 'drop'
-            out.write(json.dumps([verdict, job_id, queue, kind, identity, time.time(), called]) + '\n')
+            # The id that will run: a Debounce or trailing Throttle call that replaces a pending job is merged into it
+            # (rewritten in place) and the door returns that job, with the pending job's id.
+            admitted = job.id if job is not None else job_id
+            out.write(json.dumps([verdict, admitted, queue, kind, identity, time.time(), called]) + '\n')
             time.sleep(rng.uniform(0.05, 0.25))  # below what the workers drain, so a long run can end drained
 
 
@@ -476,8 +479,9 @@ def check_cap(run: Run) -> dict:
 
 def check_lost(run: Run) -> dict:
     """Lost: every admitted job ran or sits where rq can recover it; one admitted before the restart without
-    persistence that had not started is lost with the data. A replaced (debounced or trailing) job is deleted by
-    design: only the latest of each identity must run."""
+    persistence that had not started is lost with the data. A replacing (debounced or trailing) call is merged into
+    the pending job by design (recorded under the id the door returned, the pending job's): only the latest of each
+    identity must run."""
     conn = run.conn
     recoverable = set()
     for name in QUEUES:

@@ -76,7 +76,7 @@ def _outage(server: RedisServer, seconds: float) -> None:
     try:
         wait_idle(connection, 2)
         due = _pending(connection)
-        assert wait_for(lambda: _all_pending(connection), 5)
+        assert wait_for(lambda: _all_pending(connection), 20)  # a loaded machine starts workers slowly
         _kill(server)  # SIGKILL: appendfsync always kept every write
         time.sleep(seconds)
         server.start()

@@ -289,10 +289,15 @@ class PolicyWorkerMixin:
         # The first Redis call of each turn of rq's work loop, where rq quits on any error but a timeout: an outage
         # that begins while a job runs would end the worker. Wait here for the server instead (once a second), so
         # the worker serves its queues again as soon as the server answers, with no restart.
+        return self._through_outage(super().check_for_suspension, burst)  # type: ignore[misc]
+
+    def _through_outage(self, call: Any, *args: Any, **kwargs: Any) -> Any:
+        """``call(*args, **kwargs)``, retried every ``max_connection_wait_time`` while Redis is unreachable (one
+        warning), unless the worker was asked to stop."""
         warned = False
         while True:
             try:
-                return super().check_for_suspension(burst)  # type: ignore[misc]
+                return call(*args, **kwargs)
             except _UNREACHABLE as exc:
                 if getattr(self, '_stop_requested', False):
                     raise
@@ -314,18 +319,7 @@ class PolicyWorkerMixin:
     def dequeue_job_and_maintain_ttl(self, *args: Any, **kwargs: Any) -> Any:
         # rq retries connection errors inside its dequeue loop, but not the worker state it writes before that loop
         # (set_state), where an outage that began during a job would end the worker: wait for the server here too.
-        warned = False
-        while True:
-            try:
-                return self._dequeue_once(*args, **kwargs)
-            except _UNREACHABLE as exc:
-                if getattr(self, '_stop_requested', False):
-                    raise
-                if not warned:
-                    self.log.warning('rq-policies: Redis unreachable (%s); retrying every %s s', exc,  # type: ignore[attr-defined]
-                                     self.max_connection_wait_time)
-                    warned = True
-                time.sleep(self.max_connection_wait_time)
+        return self._through_outage(self._dequeue_once, *args, **kwargs)
 
     def _dequeue_once(self, *args: Any, **kwargs: Any) -> Any:
         self._release_now()  # normally already gone with the work loop's heartbeat; never carried past a fetch

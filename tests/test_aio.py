@@ -392,6 +392,9 @@ def test_sentinel_client_follows_a_failover(connection):
                     await asyncio.sleep(0.2)
             why = await q.explain(first.id)
             await client.aclose()
+            for each in sentinel.sentinels:  # the Sentinels' own clients are the caller's to close
+                await each.aclose()
+            sync.close()
             return first, before, cluster.master_address(), outcomes, why
 
         first, before, after, outcomes, why = asyncio.run(main())

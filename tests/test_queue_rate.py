@@ -5,11 +5,13 @@ The job functions the workers run are defined here (tests/ is on the workers' pa
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import re
 import signal
 import time
+from pathlib import Path
 
 import key_jobs
 import pytest
@@ -450,7 +452,14 @@ def test_sigkill_right_after_a_start_refunds_nothing_and_leaks_nothing(connectio
     q.enqueue(record_start, 'emails:starts')
     proc = start_worker(redis_url, ['emails'], worker_env)
     assert wait_for(lambda: connection.llen('emails:starts') == 1, timeout=20), output(proc)
-    os.killpg(proc.pid, signal.SIGKILL)  # the worker and its work horse, right after the start
+    # The worker and its work horse, right after the start. rq runs the horse (and PolicyWorker its hold guard) in a
+    # process group of its own, so each child is killed too: a horse left to finish its 30 s job would write its end
+    # into a later test's server state.
+    children = Path(f'/proc/{proc.pid}/task/{proc.pid}/children').read_text().split()
+    os.killpg(proc.pid, signal.SIGKILL)
+    for child in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(child), signal.SIGKILL)
     proc.wait(10)
     first = starts(connection, 'emails:starts')[0]
     status = QueueRate.status('emails', connection=connection)

@@ -377,8 +377,8 @@ def test_six_workers_five_keys_overlap_never_exceeds_the_limit_and_every_key_pro
                                                                                      worker_env):
     q = PolicyQueue('keys', connection=connection)
     names = [f'c{i}' for i in range(5)]
-    for n in range(100):
-        customer(q, names[n % 5], 0.05, tag='six')
+    for n in range(100):  # 0.2 s jobs: long beside a fork, so two of a key overlap whenever both can run
+        customer(q, names[n % 5], 0.2, tag='six')
     workers = run_workers(redis_url, worker_env, 6)
     try:
         assert wait_for(lambda: sum(len(v) for v in key_jobs.spans(connection, 'six').values()) == 200, 90), \

@@ -776,7 +776,7 @@ def _scopes(conn: Any, policy: str, holds: bool = True) -> set[str]:
 
 #: What one dashboard read of a per-key policy may cost: SCAN examines at most PANEL_BUDGET keys (as
 #: state.SAMPLE_BUDGET for the identity families), and at most PANEL_KEYS keys of a scope are read.
-PANEL_BUDGET = 20_000
+PANEL_BUDGET = 5_000
 PANEL_KEYS = 200
 
 

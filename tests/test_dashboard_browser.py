@@ -125,18 +125,27 @@ def _until(driver, predicate, timeout=15.0, message=''):
 
 
 def _rows(driver, title: str) -> list[list[str]]:
-    """The cell texts of the panel called ``title`` (none when the panel is not shown)."""
-    return [
-        [td.text for td in tr.find_elements(By.TAG_NAME, 'td')]
-        for tr in driver.find_elements(By.CSS_SELECTOR, f'section[data-title="{title}"] tbody tr')
-    ]
+    """The cell texts of the panel called ``title`` (none when the panel is not shown). Read in one script, so the
+    live refresh cannot replace the table between two reads of it (a stale element)."""
+    return driver.execute_script(
+        """return Array.from(document.querySelectorAll(arguments[0]),
+                             tr => Array.from(tr.querySelectorAll('td'), td => td.innerText.trim()));""",
+        f'section[data-title="{title}"] tbody tr',
+    )
 
 
 def _queue(driver, name: str) -> dict[str, str]:
-    for tr in driver.find_elements(By.CSS_SELECTOR, '#queues tbody tr'):
-        if tr.get_attribute('data-queue') == name:
-            return {td.get_attribute('data-field') or 'name': td.text for td in tr.find_elements(By.TAG_NAME, 'td')}
-    return {}
+    """The cells of queue ``name``'s row, by field (one script, as in :func:`_rows`)."""
+    return driver.execute_script(
+        """for (const tr of document.querySelectorAll('#queues tbody tr')) {
+             if (tr.getAttribute('data-queue') !== arguments[0]) continue;
+             const out = {};
+             for (const td of tr.querySelectorAll('td')) out[td.getAttribute('data-field') || 'name'] = td.innerText.trim();
+             return out;
+           }
+           return {};""",
+        name,
+    )
 
 
 def _no_alert(driver) -> None:

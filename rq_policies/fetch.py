@@ -19,6 +19,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis.exceptions
 from rq.exceptions import DequeueTimeout, NoSuchJobError
 from rq.job import Job
 from rq.queue import Queue
@@ -97,6 +98,10 @@ class Look:
     until: float | None = None
 
 
+#: Errors that say the server could not be reached (or is a replica for now): the outcome of a call is unknown.
+_UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.ReadOnlyError)
+
+
 class Fetcher:
     """Per-worker fetch state: the claim just made, the hold ttl, and the idle wait.
 
@@ -119,6 +124,11 @@ class Fetcher:
         self.records: list[str] = []
         #: The earliest due time (server clock) announced or probed during the current idle wait.
         self.due_at: float | None = None
+        #: The claim token of a fetch whose outcome this worker never saw (the reply, or the job's hash after it,
+        #: was lost to an unreachable server): the next fetch sends it again, so the claim record answers the job
+        #: that fetch took, with its holds, instead of a new token popping a second job and stranding the first
+        #: on the intermediate list until rq's cleanup fails it unrun.
+        self.resume_token: str | None = None
 
     def server_now(self, connection: Any) -> float:
         """The server's clock (epoch s) estimated from this host's, measured with TIME once a minute at most."""
@@ -313,17 +323,23 @@ def dequeue(
                       promote=fetcher.promote)
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        token = ledger.claim_token()
+        token = fetcher.resume_token or ledger.claim_token()
+        fetcher.resume_token = token  # until this fetch's outcome is known (see Fetcher.resume_token)
         fetched_after = time.time()
         call.arg('token', token).set_key('claim', keys.claim(token))
         found = read_reply(call.run(connection), queues, token, fetcher.hold_ttl)
-        if isinstance(found, Claim):
+        if not isinstance(found, Claim):
+            fetcher.resume_token = None
+        else:
             found.fetched_after = fetched_after
             found.record = keys.claim(token)
             queue = queues[names.index(found.queue_name)]
             try:
                 job = job_class.fetch(found.job_id, connection=connection, serializer=serializer)
+            except _UNREACHABLE:
+                raise  # the claim stands: the next fetch replays it (resume_token) and reads the job again
             except NoSuchJobError:
+                fetcher.resume_token = None
                 # Deleted between the pop and the fetch: give the holds back and look again.
                 with connection.pipeline(transaction=False) as pipe:
                     pipe.lrem(queue.intermediate_queue_key, 1, found.job_id)
@@ -333,9 +349,11 @@ def dequeue(
                 continue
             except BaseException:
                 # An unreadable job: the holds go back now, the id stays on the intermediate list for rq.
+                fetcher.resume_token = None
                 with contextlib.suppress(Exception):  # else they age out; the fetch error is the news
                     release_claim(found, connection)
                 raise
+            fetcher.resume_token = None
             fetcher.on_claim(found)
             return job, rebuild(queue_class, queue, connection, job_class, serializer, death_penalty_class)
         if deadline is None and not found.waiting:

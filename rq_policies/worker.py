@@ -997,9 +997,28 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
                 self._guarded = guarded  # the horse runs on (the worker is quitting): the guard keeps its hold
 
     def maintain_heartbeats(self, *args: Any, **kwargs: Any) -> None:
-        super().maintain_heartbeats(*args, **kwargs)  # type: ignore[misc]
+        try:
+            super().maintain_heartbeats(*args, **kwargs)  # type: ignore[misc]
+        except _UNREACHABLE as exc:
+            # rq's monitor would end the worker here and leave its horse running in a process group of its own:
+            # the worker keeps watching its horse instead, and beats again at the next tick (the hold guard keeps
+            # the job's hold meanwhile), so the job's end is recorded once the server answers.
+            self.log.warning(  # type: ignore[attr-defined]
+                'rq-policies: heartbeat during a job failed, Redis unreachable (%s); still watching the work horse', exc
+            )
         if self._guard is not None and self._guarded is not None:
             self._guard.ensure()  # a guard killed mid-job is replaced now; the new one finds the horse in the slot
+
+    def set_current_job_working_time(self, *args: Any, **kwargs: Any) -> None:
+        # rq 2.x's monitor writes the job's working time on the worker's hash every tick, before the heartbeat:
+        # the same outage, the same answer as in maintain_heartbeats (rq 3.x no longer calls it).
+        try:
+            super().set_current_job_working_time(*args, **kwargs)  # type: ignore[misc]
+        except _UNREACHABLE as exc:
+            self.log.warning(  # type: ignore[attr-defined]
+                'rq-policies: recording the working time failed, Redis unreachable (%s); still watching the work horse',
+                exc,
+            )
 
     def _job_process_ended(self) -> bool:
         """Has the work horse ended (reaped here, or by rq's cold shutdown, which waits for the horse it killed)?"""

@@ -730,3 +730,32 @@ def test_a_forking_worker_under_a_script_flush_every_5ms_stays_up_and_runs_each_
     assert alive and done, log
     assert sorted(ran_ids(connection, 'forking')) == sorted(admitted)
     assert QueueSlot.status('flushed', connection=connection).in_use == 0
+
+
+def test_a_job_whose_read_was_lost_after_the_fetch_is_taken_by_the_next_fetch_not_stranded(connection, fault_proxy):
+    """The fetch script took a job (moved to the intermediate list, its hold, its claim record), and the read of the
+    job's hash that follows it was lost: the connection dropped, no retry left. The worker's next fetch sends the
+    same claim token, so the claim record answers that job with its hold: the job runs, nothing is left on the
+    intermediate list for rq's cleanup to fail unrun a minute later, and no second job is popped beside it."""
+    from rq_policies.fetch import current_fetcher
+    from rq_policies.worker import _WorkerFetcher
+
+    QueueSlot.set('lostread', 1, connection=connection)
+    first = PolicyQueue('lostread', connection=connection).enqueue(jobs.plain, 1)
+    second = PolicyQueue('lostread', connection=connection).enqueue(jobs.plain, 2)
+    client = Redis.from_url(fault_proxy.url, socket_timeout=2, retry=Retry(ExponentialBackoff(), 0))
+    queue = PolicyQueue('lostread', connection=client)
+    fetcher = _WorkerFetcher(30)
+    context = current_fetcher.set(fetcher)
+    try:
+        fault_proxy.drop_reply(match=b'HGETALL')
+        with pytest.raises(ConnectionError):
+            queue.dequeue_any([queue], None, connection=client)
+        taken = queue.dequeue_any([queue], None, connection=client)
+    finally:
+        current_fetcher.reset(context)
+        fetcher.close()
+        client.close()
+    assert taken is not None and taken[0].id == first.id
+    assert [raw.decode() for raw in connection.lrange(queue.intermediate_queue_key, 0, -1)] == [first.id]
+    assert queued(connection, 'lostread') == [second.id]

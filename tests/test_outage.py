@@ -10,6 +10,7 @@ from datetime import timedelta
 
 import pytest
 from redis import Redis
+from rq.job import Job
 from test_promotion import ran, server_now, stop, wait_for, wait_idle
 from workers import output, start_worker
 
@@ -129,5 +130,26 @@ def test_a_restart_without_persistence_leaves_nothing_blocking(server):
         rows = ran(connection, 'outage')
         assert sorted(value for _, value, _ in rows) == EXPECTED, rows
         assert max(at for _, _, at in rows) - back <= 3.5 + 2.0 + 2.0  # due 3.5 s after the enqueues, which follow
+    finally:
+        stop(worker)
+
+
+def test_a_worker_watching_its_running_job_rides_through_an_outage(server):
+    """rq's monitor sends the worker's heartbeat every job_monitoring_interval while the work horse runs; with the
+    server away, rq's worker quits there and leaves its horse running. A PolicyWorker keeps watching its horse, and
+    the job's end lands once the server is back: the same worker, the job finished, nothing left started."""
+    connection = server.client()
+    worker = start_worker(server.url, ['outage'], _env(server.url), extra=['--job-monitoring-interval', '1'])
+    try:
+        job = PolicyQueue('outage', connection=connection).enqueue('jobs.sleep_and_record', 'outage-beat', 6)
+        assert wait_for(lambda: connection.llen('test:span:outage-beat') == 1, 20), output(worker)  # in its horse
+        _kill(server)
+        time.sleep(3)  # three monitoring ticks without a server
+        server.start()
+        connection = server.client()
+        job = Job.fetch(job.id, connection=connection)
+        assert wait_for(lambda: job.get_status(refresh=True) == 'finished', 20), output(worker)
+        assert worker.poll() is None, output(worker)
+        assert connection.zcard('rq:wip:outage') == 0
     finally:
         stop(worker)

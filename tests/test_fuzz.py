@@ -1,5 +1,6 @@
 """Fuzzing the public doors: every case ends in a clear error or a correct result, and a rejected call changes
-nothing already in Redis. The number of cases tried is printed by the last test of this module."""
+nothing already in Redis. Each property test runs its hypothesis search and then checks it tried its whole budget
+of cases, on its own: no test depends on another having run before it."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from rq_policies import Debounce, PolicyConfigurationError, PolicyQueue, QueueSlot, Throttle, keys
 from rq_policies.policy import MAX_CAPACITY, MAX_SECONDS
 
-CASES = {'count': 0}
+CASES: dict[str, int] = {}
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 anything = st.one_of(
@@ -25,6 +26,14 @@ anything = st.one_of(
     st.dictionaries(st.text(max_size=3), st.integers(), max_size=2), st.just(object()), st.just(timedelta(seconds=5)),
 )
 queue_names = st.text(alphabet=string.printable + 'éü☃\u0000', min_size=1, max_size=30)
+
+
+def _tried(search, *fixtures) -> int:
+    """Run one hypothesis search (``search`` is a @given function; ``fixtures`` fill its other arguments) and return
+    how many cases it tried."""
+    CASES[search.__name__] = 0
+    search(*fixtures)
+    return CASES[search.__name__]
 
 
 def snapshot(conn):
@@ -53,8 +62,8 @@ def whole_seconds(value):
 
 @SETTINGS
 @given(slot=anything, trailing=anything)
-def test_throttle_arguments(slot, trailing):
-    CASES['count'] += 1
+def _throttle_arguments(slot, trailing):
+    CASES['_throttle_arguments'] = CASES.get('_throttle_arguments', 0) + 1
     if whole_seconds(slot) and isinstance(trailing, bool):
         assert Throttle(slot, trailing=trailing).slot == slot
         return
@@ -63,10 +72,14 @@ def test_throttle_arguments(slot, trailing):
     assert ('slot' in str(info.value)) or ('trailing' in str(info.value))
 
 
+def test_throttle_arguments():
+    assert _tried(_throttle_arguments) >= SETTINGS.max_examples
+
+
 @SETTINGS
 @given(wait=anything, max_wait=anything)
-def test_debounce_arguments(wait, max_wait):
-    CASES['count'] += 1
+def _debounce_arguments(wait, max_wait):
+    CASES['_debounce_arguments'] = CASES.get('_debounce_arguments', 0) + 1
     ok = whole_seconds(wait) and (max_wait is None or (whole_seconds(max_wait) and max_wait >= wait))
     if ok:
         Debounce(wait, max_wait=max_wait)
@@ -76,10 +89,14 @@ def test_debounce_arguments(wait, max_wait):
     assert 'wait' in str(info.value)
 
 
+def test_debounce_arguments():
+    assert _tried(_debounce_arguments) >= SETTINGS.max_examples
+
+
 @SETTINGS
 @given(capacity=anything, ttl=anything)
-def test_capacity_and_ttl_rejected_without_a_trace(connection, capacity, ttl):
-    CASES['count'] += 1
+def _capacity_and_ttl_rejected_without_a_trace(connection, capacity, ttl):
+    CASES['_capacity_and_ttl_rejected_without_a_trace'] = CASES.get('_capacity_and_ttl_rejected_without_a_trace', 0) + 1
     connection.flushdb()
     seeded(connection)
     before = snapshot(connection)
@@ -95,10 +112,14 @@ def test_capacity_and_ttl_rejected_without_a_trace(connection, capacity, ttl):
         assert QueueSlot.acquire('seed', capacity=capacity, ttl=ttl, token='x', connection=connection) in (True, False)
 
 
+def test_capacity_and_ttl_rejected_without_a_trace(connection):
+    assert _tried(_capacity_and_ttl_rejected_without_a_trace, connection) >= SETTINGS.max_examples
+
+
 @SETTINGS
 @given(args=st.lists(anything, max_size=3), name=queue_names)
-def test_job_arguments_and_queue_names(connection, args, name):
-    CASES['count'] += 1
+def _job_arguments_and_queue_names(connection, args, name):
+    CASES['_job_arguments_and_queue_names'] = CASES.get('_job_arguments_and_queue_names', 0) + 1
     connection.flushdb()
     seeded(connection)
     q = PolicyQueue(name, connection=connection)
@@ -120,10 +141,14 @@ def test_job_arguments_and_queue_names(connection, args, name):
     assert connection.get(keys.loner(name, connection.hget(job.key, keys.LONER_FIELD).decode().rsplit(':', 1)[1]))
 
 
+def test_job_arguments_and_queue_names(connection):
+    assert _tried(_job_arguments_and_queue_names, connection) >= SETTINGS.max_examples
+
+
 @SETTINGS
 @given(policy=anything)
-def test_policy_argument_of_enqueue(connection, policy):
-    CASES['count'] += 1
+def _policy_argument_of_enqueue(connection, policy):
+    CASES['_policy_argument_of_enqueue'] = CASES.get('_policy_argument_of_enqueue', 0) + 1
     connection.flushdb()
     q = seeded(connection)
     before = snapshot(connection)
@@ -135,8 +160,11 @@ def test_policy_argument_of_enqueue(connection, policy):
     assert snapshot(connection) == before
 
 
+def test_policy_argument_of_enqueue(connection):
+    assert _tried(_policy_argument_of_enqueue, connection) >= SETTINGS.max_examples
+
+
 def test_huge_payloads(connection):
-    CASES['count'] += 2
     q = PolicyQueue('huge', connection=connection)
     big = 'x' * (8 * 1024 * 1024)
     job = q.enqueue(jobs.sweep_cache, big)
@@ -162,7 +190,6 @@ CLI_CASES = [
 
 @pytest.mark.parametrize('argv', CLI_CASES, ids=lambda a: ' '.join(a)[:40] or 'empty')
 def test_cli_rejects_bad_input_cleanly(connection, redis_url, worker_env, argv):
-    CASES['count'] += 1
     seeded(connection)
     before = snapshot(connection)
     env = dict(worker_env, RQ_REDIS_URL=redis_url)
@@ -174,17 +201,8 @@ def test_cli_rejects_bad_input_cleanly(connection, redis_url, worker_env, argv):
 
 
 def test_cli_unreachable_redis(worker_env):
-    CASES['count'] += 1
     env = dict(worker_env, RQ_REDIS_URL='redis://127.0.0.1:1/0')
     for argv in (('info',), ('cap', 'q', '2'), ('reset', 'q', 'jobs.sweep_cache', '1')):
         result = _cli(*argv, env=env)
         assert result.returncode != 0 and 'Traceback' not in result.stderr
         assert len(result.stderr.strip().splitlines()) <= 2, result.stderr
-
-
-def test_zz_report_case_count():
-    """Runs last in this module: every property above ran its full budget of cases."""
-    if CASES['count'] == 0:
-        pytest.skip('selected alone; the count is of the module run as a whole')
-    print(f'\nfuzz cases tried: {CASES["count"]}', file=sys.stderr)
-    assert CASES['count'] >= 5 * 150 + len(CLI_CASES)

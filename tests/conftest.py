@@ -42,6 +42,17 @@ def connection(redis_url):
     conn.close()
 
 
+@pytest.fixture(autouse=True)
+def forget_holds():
+    """After every test, the process-wide state reset: the holds a test's fetches took (``ledger.PROCESS``, which
+    the worker's heartbeat refreshes) belong to no worker of this process, so the next test must not refresh them."""
+    yield
+    from rq_policies import ledger
+
+    for token in ledger.PROCESS.snapshot():
+        ledger.PROCESS.discard(token)
+
+
 @pytest.fixture
 def fault_proxy(redis_url):
     """A :class:`faultproxy.FaultProxy` in front of the session's server; ``fault_proxy.url`` to connect through it."""

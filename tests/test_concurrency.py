@@ -27,19 +27,12 @@ from rq.queue import Queue
 from rq.registry import DeferredJobRegistry
 from workers import output, start_worker, stop, wait_for
 
-from rq_policies import Concurrency, KeyLimit, PolicyQueue, explain, keys, ledger
+from rq_policies import Concurrency, KeyLimit, PolicyQueue, explain, keys
 from rq_policies.concurrency import keyed_args
 from rq_policies.fetch import Claim, Look, fetch_call, read_reply, release_claim
 from rq_policies.worker import HOLD_TTL_ENV
 
 CUSTOMER_SCOPE = 'key_jobs.per_customer'
-
-
-@pytest.fixture
-def forget_holds():
-    yield
-    for token in ledger.PROCESS.snapshot():  # holds these fetches took are not this process's to refresh
-        ledger.PROCESS.discard(token)
 
 
 def fetch(conn, token, names=('keys',)):

@@ -33,7 +33,6 @@ from rq_policies import (  # noqa: E402
     Rate,
     Throttle,
     keys,
-    ledger,
     state,
 )
 from rq_policies.concurrency import PANEL_BUDGET  # noqa: E402
@@ -346,13 +345,6 @@ def test_override_action_calls_the_policy_through_the_registry(connection, probe
 
 CUSTOMERS = 'key_jobs.per_customer'  # Concurrency(2) per customer: the scope is the function's path
 SHOPS = 'key_jobs.per_shop'  # Rate(5, per=1, burst=2) per shop
-
-
-@pytest.fixture
-def forget_holds():
-    yield
-    for token in ledger.PROCESS.snapshot():  # the holds these fetches took are not this process's to refresh
-        ledger.PROCESS.discard(token)
 
 
 def fetch(connection, token: str, name: str = 'keys') -> Claim | Look:

@@ -140,7 +140,9 @@ def _queue(driver, name: str) -> dict[str, str]:
         """for (const tr of document.querySelectorAll('#queues tbody tr')) {
              if (tr.getAttribute('data-queue') !== arguments[0]) continue;
              const out = {};
-             for (const td of tr.querySelectorAll('td')) out[td.getAttribute('data-field') || 'name'] = td.innerText.trim();
+             for (const td of tr.querySelectorAll('td')) {
+               out[td.getAttribute('data-field') || 'name'] = td.innerText.trim();
+             }
              return out;
            }
            return {};""",

@@ -13,17 +13,10 @@ import pytest
 from rq.queue import Queue
 from workers import output, start_worker, stop, wait_for
 
-from rq_policies import Concurrency, PolicyQueue, Rate, explain, keys, ledger
+from rq_policies import Concurrency, PolicyQueue, Rate, explain, keys
 from rq_policies.fetch import Claim, Look, fetch_call, read_reply, release_claim
 
 SHOP_SCOPE = 'key_jobs.per_shop'
-
-
-@pytest.fixture
-def forget_holds():
-    yield
-    for token in ledger.PROCESS.snapshot():
-        ledger.PROCESS.discard(token)
 
 
 def fetch(conn, token, names=('rate',)):

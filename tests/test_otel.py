@@ -213,15 +213,6 @@ def test_forking_worker_job_span_is_a_child_of_the_producer(connection, redis_ur
             assert result.return_value.split()[1] == span['trace_id']
 
 
-@pytest.fixture
-def forget_holds():
-    from rq_policies import ledger
-
-    yield
-    for token in ledger.PROCESS.snapshot():  # holds these fetches took are not this process's to refresh
-        ledger.PROCESS.discard(token)
-
-
 def _fetch_all(connection, names=('keys',)):
     """Fetch (as a PolicyWorker's fetch script does) until nothing can be taken: full keys park their jobs."""
     from rq.queue import Queue

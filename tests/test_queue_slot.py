@@ -35,14 +35,6 @@ def members(conn: Redis, queue: str) -> dict[str, float]:
     return {m.decode(): s for m, s in conn.zrange(keys.holds(queue), 0, -1, withscores=True)}
 
 
-@pytest.fixture(autouse=True)
-def _forget_holds():
-    # HELD is process-wide; a hold one test took must not be refreshed by the next test's heartbeat.
-    yield
-    for token in QueueSlot.HELD.snapshot():
-        QueueSlot.HELD.discard(token)
-
-
 # -- lua/acquire_hold.lua -----------------------------------------------------------------------------------------
 
 

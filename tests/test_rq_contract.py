@@ -29,7 +29,7 @@ from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.registry import DeferredJobRegistry, ScheduledJobRegistry, clean_registries
 
-from rq_policies import Loner, PolicyJob, PolicyQueue, compat, ledger
+from rq_policies import Loner, PolicyJob, PolicyQueue, compat
 from rq_policies.fetch import Look, fetch_call, read_reply, release_claim
 
 ALL_STATUSES = [status.value for status in JobStatus]
@@ -308,13 +308,6 @@ def test_a_stock_job_of_another_class_is_left_as_it_is(connection):
 
 
 # -- clean_registries over a parked job --------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def forget_holds():
-    yield
-    for token in ledger.PROCESS.snapshot():  # holds these fetches took are not this process's to refresh
-        ledger.PROCESS.discard(token)
 
 
 def fetch(conn, token, names=('keys',)):

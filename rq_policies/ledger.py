@@ -357,8 +357,7 @@ class Keeper:
             pause = min(pause * 2, 0.02)
 
     def _child(self, pipe: int, holds: list[Hold]) -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        ignore_stop_signals()
         parent = os.getppid()
         connection = self.connection  # redis-py's pool notices the fork and opens sockets of its own here
         own = Ledger(holds)
@@ -395,6 +394,46 @@ class Keeper:
         return time.monotonic()
 
 
+
+class ForkedHelper:
+    """A small process its owner forks once and keeps (a :class:`WorkerKeeper`, a forking worker's hold guard,
+    :class:`rq_policies.guard.HorseGuard`): its pid, the write end of the pipe it watches for its owner's exit, and
+    the one check that it still runs. Each hands its helper what it needs through shared memory, not messages."""
+
+    #: What the log line that reports the helper's death calls it.
+    helper_name = 'helper'
+    log: Any = logger
+    _pid = 0
+    _write = -1
+
+    def _running(self) -> bool:
+        """Does the helper run? One WNOHANG wait; a helper found dead is reported and forgotten (the caller then
+        forks another)."""
+        if not self._pid:
+            return False
+        try:
+            done, _ = os.waitpid(self._pid, os.WNOHANG)
+        except ChildProcessError:
+            done = self._pid
+        if not done:
+            return True
+        self.log.warning('rq-policies: the %s (pid %s) died; starting another', self.helper_name, self._pid)
+        self._close()
+        return False
+
+    def _close(self) -> None:
+        if self._write >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._write)
+        self._write, self._pid = -1, 0
+
+
+def ignore_stop_signals() -> None:
+    """In a helper process: SIGINT and SIGTERM are its owner's to act on (the owner decides when a job ends)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 #: The head of a :class:`WorkerKeeper`'s slot, three native 8-byte words: the number of the job armed now (0: none),
 #: when it was armed (``time.monotonic_ns()``: CLOCK_MONOTONIC, one clock for every process of the host) and the
 #: length of the holds that follow the head (marshalled tuples).
@@ -404,7 +443,7 @@ _KEEPER_SLOT_BYTES = 64 * 1024
 _KEEPER_WAIT_SECONDS = 5.0
 
 
-class WorkerKeeper:
+class WorkerKeeper(ForkedHelper):
     """One long-lived process per in-process worker (PolicySimpleWorker) that refreshes the holds of the job it runs.
 
     A :class:`Keeper` forked for every job cost a capped in-process worker four fifths of its throughput (a fork, a
@@ -438,6 +477,8 @@ class WorkerKeeper:
         log: where a failed refresh, a lapsed hold and a dead keeper are reported.
     """
 
+    helper_name = 'hold keeper'
+
     def __init__(self, connection: Any, every: float, ttl: int, *, tick: float | None = None,
                  log: Any = logger) -> None:
         self.connection = connection
@@ -446,8 +487,6 @@ class WorkerKeeper:
         self.tick = min(1.0, every) if tick is None else tick
         self.log = log
         self._owner = os.getpid()
-        self._pid = 0
-        self._write = -1
         self._fd = -1
         self._slot: mmap.mmap | None = None
         self._number = 0
@@ -525,15 +564,8 @@ class WorkerKeeper:
 
     def _ensure(self) -> None:
         """Start the keeper unless it runs (checked with one WNOHANG wait)."""
-        if self._pid:
-            try:
-                done, _ = os.waitpid(self._pid, os.WNOHANG)
-            except ChildProcessError:
-                done = self._pid
-            if not done:
-                return
-            self.log.warning('rq-policies: the hold keeper (pid %s) died; starting another', self._pid)
-            self._close()
+        if self._running():
+            return
         fd = _shared_file(_KEEPER_SLOT_BYTES)
         self._fd, self._slot = fd, mmap.mmap(fd, _KEEPER_SLOT_BYTES)
         worker = os.getpid()
@@ -547,14 +579,12 @@ class WorkerKeeper:
         self._close()
 
     def _close(self) -> None:
-        if self._write >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._write)
+        super()._close()
         if self._slot is not None:
             self._slot.close()
         if self._fd >= 0:
             os.close(self._fd)
-        self._write, self._pid, self._fd, self._slot = -1, 0, -1, None
+        self._fd, self._slot = -1, None
 
     def _lock(self, timeout: float | None = None) -> bool:
         """Take the slot's lock (a record lock: the keeper and the worker are different processes); with a
@@ -584,8 +614,7 @@ class WorkerKeeper:
     # -- in the keeper's process ----------------------------------------------------------------------------------
 
     def _run(self, pipe: int, worker: int) -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        ignore_stop_signals()
         watched = [pipe]
         if hasattr(os, 'pidfd_open'):
             with contextlib.suppress(OSError):

@@ -9,7 +9,8 @@ from pathlib import Path
 from rq_policies.policy import registered
 
 PACKAGE = Path(__file__).resolve().parent.parent / 'rq_policies'
-GLUE = ('queue.py', 'worker.py', 'state.py', 'cli.py', 'metrics.py', 'fetch.py', 'admission.py')
+GLUE = ('queue.py', 'worker.py', 'worker_mixin.py', 'wake.py', 'guard.py', 'state.py', 'cli.py', 'metrics.py', 'fetch.py',
+        'admission.py')
 
 
 def module_imports() -> dict[str, set[str]]:

@@ -457,9 +457,10 @@ class PolicyQueue(Queue):
         """The admission's round trip and what follows it (the asyncio doors' builder sends it themselves,
         :mod:`rq_policies.aio`)."""
         job = write.job
-        if not admission.admit(self, spec, digest, write, force=force, hint=hint):
+        verdict = admission.admit(self, spec, digest, write, force=force, hint=hint)
+        if not verdict.written:
             return None
-        if write.replaced:  # the waiting holder or pending job took this payload in place: it is the job
+        if verdict.replaced:  # the waiting holder or pending job took this payload in place: it is the job
             return job
         if write.mode == 'D':
             return self._finish_deferred(job, spec, digest, at_front)

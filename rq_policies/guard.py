@@ -1,8 +1,8 @@
 """A forking PolicyWorker's hold guard: the process that keeps what a running work horse holds, whatever becomes of
 its worker (:class:`HorseGuard`), and the ``lua/keep_horse.lua`` call it sends (:func:`keep_call`).
 
-The worker hands each job's claim to the guard through a slot of shared memory (no message, no system call per job);
-see :class:`HorseGuard` and docs/reliability.md, "Kill shapes".
+The worker hands each job's claim to the guard through its *handoff*, a small region of shared memory (no message,
+no system call per job); see :class:`HorseGuard` and docs/reliability.md, "Kill shapes".
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from .ops import Call
 #: Seconds a hold guard whose worker died waits for a work horse forked just before to write its pid (announce).
 _ANNOUNCE_GRACE = 5.0
 
-#: The head of the slot a forking PolicyWorker shares with its hold guard and its work horses (see HorseGuard), four
+#: The head of the handoff a forking PolicyWorker shares with its hold guard and its work horses (see HorseGuard), four
 #: native 8-byte words: the number of the claim armed now (0: none), the number the horse pid that follows belongs
-#: to, the horse's pid, and the length of the pickled claim that follows the head. _SLOT_BYTES in all.
-_SLOT = struct.Struct('=4Q')
+#: to, the horse's pid, and the length of the pickled claim that follows the head. _HANDOFF_BYTES in all.
+_HANDOFF = struct.Struct('=4Q')
 _ARMED, _PID_OF, _PID, _LENGTH = 0, 8, 16, 24
-_SLOT_BYTES = 64 * 1024
+_HANDOFF_BYTES = 64 * 1024
 #: What a worker leaving with no job running writes to its guard's pipe.
 _STOP = b'stop'
 
@@ -64,13 +64,13 @@ class HorseGuard(ledger.ForkedHelper):
     at its first job (again only if it died), not once per job, and moves to a process group of its own at once,
     so a kill of the worker's group leaves it to its work.
 
-    What it needs sits in a slot of memory the worker shares with the guard and with every horse it forks
-    (:data:`_SLOT`, an anonymous shared mapping made before the guard's fork): the worker writes the job's claim
+    What it needs sits in its handoff, a small region of memory the worker shares with the guard and with every horse
+    it forks (:data:`_HANDOFF`, an anonymous shared mapping made before the guard's fork): the worker writes the claim
     there before it forks the horse, the horse writes its pid there as the first thing it does, and the worker
-    clears the slot once it has reaped the horse. Plain stores into memory: a job costs the worker and its horse no
+    clears the handoff once it has reaped the horse. Plain stores into memory: a job costs the worker and its horse no
     system call for the guard beyond the horse closing its copy of the guard's pipe.
 
-    Once a ``tick`` the guard looks at the slot (and checks its worker). A horse that has run for about a third of
+    Once a ``tick`` the guard looks at the handoff (and checks its worker). A horse that has run for about a third of
     the hold ttl (``every``) is kept from then on, every ``every`` seconds while it lives, by ``lua/keep_horse.lua``:
     its holds are extended, never written back (the worker releases them once the horse has ended; a keep that
     lands just after must not bring them back), and the liveness key of an ``until='finished'`` job is written
@@ -103,9 +103,9 @@ class HorseGuard(ledger.ForkedHelper):
         self.tick = min(tick, self.every / 2)
         self.job_prefix = job_prefix
         self.log = log
-        # MAP_SHARED (Python's default for an anonymous map): the guard and every horse forked later see one slot.
-        self._slot = mmap.mmap(-1, _SLOT_BYTES)
-        self._number = 0  # the number of the last claim armed (the slot's first word while its horse runs)
+        # MAP_SHARED (Python's default for an anonymous map): the guard and every horse forked later see one handoff.
+        self._handoff = mmap.mmap(-1, _HANDOFF_BYTES)
+        self._number = 0  # the number of the last claim armed (the handoff's first word while its horse runs)
 
     def ensure(self) -> None:
         """Start the guard unless it runs (checked with one WNOHANG wait)."""
@@ -119,26 +119,27 @@ class HorseGuard(ledger.ForkedHelper):
         self._pid, self._write = pid, write_end
 
     def arm(self, claim: Claim) -> bool:
-        """In the worker, just before it forks the horse of ``claim``: write the claim to the slot (no system call).
+        """In the worker, just before it forks the horse of ``claim``: write the claim to the handoff (no system call).
 
-        Returns False, with a warning, for a claim too large for the slot (not guarded: the worker's heartbeat still
+        Returns False, with a warning, for a claim too large for the handoff (not guarded: the worker's heartbeat still
         keeps its holds while the worker lives).
         """
         data = pickle.dumps(claim, protocol=pickle.HIGHEST_PROTOCOL)
-        if _SLOT.size + len(data) > len(self._slot):
+        if _HANDOFF.size + len(data) > len(self._handoff):
             self.log.warning('rq-policies: the claim of job %s is too large for the hold guard (%s bytes); its hold '
                              'is not kept if the worker dies while the job runs', claim.job_id, len(data))
             return False
         self._number += 1
-        self._slot[_SLOT.size:_SLOT.size + len(data)] = data
-        struct.pack_into('=Q', self._slot, _LENGTH, len(data))
-        struct.pack_into('=Q', self._slot, _ARMED, self._number)  # last: the claim is whole once it is armed
+        self._handoff[_HANDOFF.size:_HANDOFF.size + len(data)] = data
+        struct.pack_into('=Q', self._handoff, _LENGTH, len(data))
+        struct.pack_into('=Q', self._handoff, _ARMED, self._number)  # last: the claim is whole once it is armed
         return True
 
     def announce(self) -> None:
-        """In the work horse of the armed claim, first thing: write this horse's pid to the slot; drop the pipe."""
-        struct.pack_into('=Q', self._slot, _PID, os.getpid())
-        struct.pack_into('=Q', self._slot, _PID_OF, struct.unpack_from('=Q', self._slot, _ARMED)[0])  # after the pid
+        """In the work horse of the armed claim, first thing: write this horse's pid to the handoff; drop the pipe."""
+        struct.pack_into('=Q', self._handoff, _PID, os.getpid())
+        armed = struct.unpack_from('=Q', self._handoff, _ARMED)[0]
+        struct.pack_into('=Q', self._handoff, _PID_OF, armed)  # after the pid
         self.detach()
 
     def detach(self) -> None:
@@ -149,8 +150,8 @@ class HorseGuard(ledger.ForkedHelper):
         self._pid = 0
 
     def ended(self) -> None:
-        """In the worker: the horse of the armed claim has ended (reaped); the slot is cleared (no system call)."""
-        struct.pack_into('=Q', self._slot, _ARMED, 0)
+        """In the worker: the horse of the armed claim has ended (reaped); the handoff is cleared (no system call)."""
+        struct.pack_into('=Q', self._handoff, _ARMED, 0)
 
     def stop(self, job_running: bool) -> None:
         """In the worker, leaving: with no job still running, the guard exits; else it stays for that job."""
@@ -211,7 +212,7 @@ class HorseGuard(ledger.ForkedHelper):
                     continue
                 now = time.monotonic()
                 if current is None:
-                    claim = pickle.loads(self._slot[_SLOT.size:_SLOT.size + length])
+                    claim = pickle.loads(self._handoff[_HANDOFF.size:_HANDOFF.size + length])
                     # armed at most a tick ago: the first keep comes at most `every` after the horse started
                     current = Guarded(pid, claim, armed, now + max(0.0, self.every - self.tick))
                 if orphaned_at is not None and not current.orphaned:
@@ -234,12 +235,12 @@ class HorseGuard(ledger.ForkedHelper):
                 current.close()
 
     def _head(self) -> tuple[int, int, int, int]:
-        """The slot's head, read twice 10 ms apart until both reads agree: a horse starting this moment may be
+        """The handoff's head, read twice 10 ms apart until both reads agree: a horse starting this moment may be
         writing its pid, a worker arming the next claim its number."""
         while True:
-            first = _SLOT.unpack_from(self._slot)
+            first = _HANDOFF.unpack_from(self._handoff)
             time.sleep(0.01)
-            if _SLOT.unpack_from(self._slot) == first:
+            if _HANDOFF.unpack_from(self._handoff) == first:
                 return first
 
     def _keep(self, current: Guarded) -> bool:
@@ -285,7 +286,7 @@ class HorseGuard(ledger.ForkedHelper):
 
 class Guarded:
     """The work horse a guard watches: its pid (through a pidfd where the OS has them), its claim, the number of
-    its claim in the slot, and when it is kept next."""
+    its claim in the handoff, and when it is kept next."""
 
     def __init__(self, pid: int, claim: Claim, number: int = 0, next_keep: float = 0.0) -> None:
         self.pid = pid

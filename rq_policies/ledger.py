@@ -247,8 +247,8 @@ class Ledger:
         return removed == 1
 
 
-#: The holds this process has taken through QueueSlot or a fetch (``QueueSlot.HELD``): a PolicyWorker's heartbeat
-#: refreshes them.
+#: The holds this process has taken through QueueSlot or a fetch: a PolicyWorker's heartbeat refreshes them.
+#: (``QueueSlot.HELD`` is a deprecated alias of it.)
 PROCESS = Ledger()
 
 
@@ -434,11 +434,11 @@ def ignore_stop_signals() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-#: The head of a :class:`WorkerKeeper`'s slot, three native 8-byte words: the number of the job armed now (0: none),
+#: The head of a :class:`WorkerKeeper`'s handoff, three native 8-byte words: the number of the job armed now (0: none),
 #: when it was armed (``time.monotonic_ns()``: CLOCK_MONOTONIC, one clock for every process of the host) and the
 #: length of the holds that follow the head (marshalled tuples).
 _KEEPER_HEAD = struct.Struct('=3Q')
-_KEEPER_SLOT_BYTES = 64 * 1024
+_KEEPER_HANDOFF_BYTES = 64 * 1024
 #: Seconds the worker waits for a refresh in flight before it kills its keeper (WorkerKeeper.disarm, .stop).
 _KEEPER_WAIT_SECONDS = 5.0
 
@@ -448,14 +448,15 @@ class WorkerKeeper(ForkedHelper):
 
     A :class:`Keeper` forked for every job cost a capped in-process worker four fifths of its throughput (a fork, a
     new connection and a wait for the child's exit, per job). This keeper is forked once, at the worker's first
-    capped job (again only if it died), and does nothing per job: what it needs sits in a slot of memory it shares
-    with the worker (a shared mapping made before its fork). :meth:`arm` writes the job's holds there when the job
-    starts and :meth:`disarm` clears them when it ends: plain stores into memory under a lock, no message and no
-    wake-up of the keeper. The keeper looks at the slot every ``tick`` seconds and refreshes the armed holds
-    ``every`` seconds after the job was armed, and every ``every`` seconds after that, for as long as the job runs.
+    capped job (again only if it died), and does nothing per job: what it needs sits in its handoff, a small region
+    of memory it shares with the worker (a shared mapping made before its fork). :meth:`arm` writes the job's holds
+    there when the job starts and :meth:`disarm` clears them when it ends: plain stores into memory under a lock, no
+    message and no wake-up of the keeper. The keeper looks at the handoff every ``tick`` seconds and refreshes the
+    armed holds ``every`` seconds after the job was armed, and every ``every`` seconds after that, for as long as the
+    job runs.
 
-    The lock (a POSIX record lock, ``lockf``, on the slot's file) orders a refresh and a release: the keeper holds it
-    from reading the slot until the refresh's reply, and :meth:`disarm` takes it to clear the slot, so once disarm
+    The lock (a POSIX record lock, ``lockf``, on the handoff's file) orders a refresh and a release: the keeper holds it
+    from reading the handoff until the refresh's reply, and :meth:`disarm` takes it to clear the handoff, so once disarm
     returns no refresh of the ended job is in flight or can start, and the worker's release that follows cannot be
     undone by a refresh writing the hold back (``lua/refresh_holds.lua`` re-adds a hold it finds gone: it must only
     ever run for a job that still runs). The kernel drops a record lock when its holder dies, so neither side can
@@ -473,7 +474,7 @@ class WorkerKeeper(ForkedHelper):
         connection: the worker's Redis connection (the keeper opens its own with the same settings).
         every: seconds between refreshes of a running job's holds (a third of their ttl leaves room for two missed).
         ttl: the lifetime each refresh gives (the worker's ``hold_ttl``).
-        tick: seconds between the keeper's looks at the slot and at its worker (default: ``min(1, every)``).
+        tick: seconds between the keeper's looks at the handoff and at its worker (default: ``min(1, every)``).
         log: where a failed refresh, a lapsed hold and a dead keeper are reported.
     """
 
@@ -488,7 +489,7 @@ class WorkerKeeper(ForkedHelper):
         self.log = log
         self._owner = os.getpid()
         self._fd = -1
-        self._slot: mmap.mmap | None = None
+        self._handoff: mmap.mmap | None = None
         self._number = 0
 
     @property
@@ -498,12 +499,12 @@ class WorkerKeeper(ForkedHelper):
 
     def arm(self, holds: list[Hold]) -> bool:
         """In the worker, as a job starts: have its ``holds`` refreshed until :meth:`disarm` (starts the keeper the
-        first time). Returns False, with a warning, for holds too many for the slot (then not refreshed)."""
+        first time). Returns False, with a warning, for holds too many for the handoff (then not refreshed)."""
         if os.getpid() != self._owner or not holds:
             return False
         # marshal, not pickle: a tenth of the time for these plain tuples (about 1 us), and nothing but data
         data = marshal.dumps([(h.ledger, h.token, h.ttl, h.job, h.policy) for h in holds])
-        if _KEEPER_HEAD.size + len(data) > _KEEPER_SLOT_BYTES:
+        if _KEEPER_HEAD.size + len(data) > _KEEPER_HANDOFF_BYTES:
             self.log.warning('rq-policies: %s holds are too many for the hold keeper (%s bytes); they are not '
                              'refreshed while this job runs', len(holds), len(data))
             return False
@@ -513,13 +514,13 @@ class WorkerKeeper(ForkedHelper):
                              'another', self._pid, _KEEPER_WAIT_SECONDS)
             self._kill()
             self._ensure()
-            self._lock()  # a new keeper's slot is empty: it takes the lock for no refresh
-        slot = self._slot
-        assert slot is not None
+            self._lock()  # a new keeper's handoff is empty: it takes the lock for no refresh
+        handoff = self._handoff
+        assert handoff is not None
         self._number += 1
         try:
-            slot[_KEEPER_HEAD.size:_KEEPER_HEAD.size + len(data)] = data
-            _KEEPER_HEAD.pack_into(slot, 0, self._number, time.monotonic_ns(), len(data))
+            handoff[_KEEPER_HEAD.size:_KEEPER_HEAD.size + len(data)] = data
+            _KEEPER_HEAD.pack_into(handoff, 0, self._number, time.monotonic_ns(), len(data))
         finally:
             self._unlock()
         return True
@@ -527,7 +528,7 @@ class WorkerKeeper(ForkedHelper):
     def disarm(self) -> None:
         """In the worker, as the job ends and before any of its holds is released: once this returns, no refresh of
         them is in flight and none will start."""
-        if os.getpid() != self._owner or self._slot is None:
+        if os.getpid() != self._owner or self._handoff is None:
             return
         if not self._lock(_KEEPER_WAIT_SECONDS):
             self.log.warning('rq-policies: the hold keeper (pid %s) did not finish a refresh within %s s; killing it',
@@ -535,7 +536,7 @@ class WorkerKeeper(ForkedHelper):
             self._kill()
             return
         try:
-            struct.pack_into('=Q', self._slot, 0, 0)
+            struct.pack_into('=Q', self._handoff, 0, 0)
         finally:
             self._unlock()
 
@@ -566,8 +567,8 @@ class WorkerKeeper(ForkedHelper):
         """Start the keeper unless it runs (checked with one WNOHANG wait)."""
         if self._running():
             return
-        fd = _shared_file(_KEEPER_SLOT_BYTES)
-        self._fd, self._slot = fd, mmap.mmap(fd, _KEEPER_SLOT_BYTES)
+        fd = _shared_file(_KEEPER_HANDOFF_BYTES)
+        self._fd, self._handoff = fd, mmap.mmap(fd, _KEEPER_HANDOFF_BYTES)
         worker = os.getpid()
         self._pid, self._write = fork_child(lambda read_end: self._run(read_end, worker))
 
@@ -580,14 +581,14 @@ class WorkerKeeper(ForkedHelper):
 
     def _close(self) -> None:
         super()._close()
-        if self._slot is not None:
-            self._slot.close()
+        if self._handoff is not None:
+            self._handoff.close()
         if self._fd >= 0:
             os.close(self._fd)
-        self._fd, self._slot = -1, None
+        self._fd, self._handoff = -1, None
 
     def _lock(self, timeout: float | None = None) -> bool:
-        """Take the slot's lock (a record lock: the keeper and the worker are different processes); with a
+        """Take the handoff's lock (a record lock: the keeper and the worker are different processes); with a
         ``timeout``, give up after that many seconds and answer False."""
         try:
             fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -619,8 +620,8 @@ class WorkerKeeper(ForkedHelper):
         if hasattr(os, 'pidfd_open'):
             with contextlib.suppress(OSError):
                 watched.append(os.pidfd_open(worker))  # readable once the worker has exited
-        slot = self._slot
-        assert slot is not None
+        handoff = self._handoff
+        assert handoff is not None
         last_job, last_at = 0, 0.0  # the job last refreshed and when (monotonic seconds)
         failed = False
         timeout = self.tick
@@ -628,7 +629,7 @@ class WorkerKeeper(ForkedHelper):
             if select.select(watched, [], [], timeout)[0] or os.getppid() != worker:
                 return  # the worker stopped us (end of file), or died
             timeout = self.tick
-            number, armed_ns, _ = _KEEPER_HEAD.unpack_from(slot, 0)  # a hint; read again under the lock
+            number, armed_ns, _ = _KEEPER_HEAD.unpack_from(handoff, 0)  # a hint; read again under the lock
             if not number:
                 continue
             since = last_at if last_job == number else armed_ns / 1e9
@@ -637,7 +638,7 @@ class WorkerKeeper(ForkedHelper):
             if now < due:
                 timeout = min(self.tick, due - now)
                 continue
-            found, lapsed, error = self._refresh_armed(slot, number)
+            found, lapsed, error = self._refresh_armed(handoff, number)
             if not found:
                 continue  # that job ended (or another began) meanwhile
             if error is not None:
@@ -647,15 +648,15 @@ class WorkerKeeper(ForkedHelper):
             failed, last_job, last_at = False, number, now
             log_lapses(self.log, lapsed)
 
-    def _refresh_armed(self, slot: mmap.mmap, number: int) -> tuple[bool, list[Hold], BaseException | None]:
+    def _refresh_armed(self, handoff: mmap.mmap, number: int) -> tuple[bool, list[Hold], BaseException | None]:
         """Under the lock: refresh the holds armed now if they are still job ``number``'s. Returns (whether they
         were, the holds found lapsed, the error of a failed refresh)."""
         fcntl.lockf(self._fd, fcntl.LOCK_EX)
         try:
-            armed, _, length = _KEEPER_HEAD.unpack_from(slot, 0)
+            armed, _, length = _KEEPER_HEAD.unpack_from(handoff, 0)
             if armed != number:
                 return False, [], None
-            holds = [Hold(*fields) for fields in marshal.loads(slot[_KEEPER_HEAD.size:_KEEPER_HEAD.size + length])]
+            holds = [Hold(*fields) for fields in marshal.loads(handoff[_KEEPER_HEAD.size:_KEEPER_HEAD.size + length])]
             try:
                 return True, Ledger(holds).refresh(self.connection, ttl=self.ttl), None
             except Exception as exc:  # retried on the next tick; the ttl covers two missed refreshes

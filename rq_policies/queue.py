@@ -297,7 +297,7 @@ class PolicyQueue(Queue):
         """
         call = self._push_call(job_id, 'L' if at_front else 'R', self.key, wake=keys.wake(self.name))
         if pipeline is not None:
-            call.ride(pipeline)
+            call.run(pipeline)
         else:
             call.run(self.connection)
 
@@ -319,7 +319,7 @@ class PolicyQueue(Queue):
         pipe.sadd(self.redis_queues_keys, self.key)
         compat.persist_job(self, job, pipe, JobStatus.SCHEDULED)
         self._push_call(job.id, 'S', ScheduledJobRegistry(queue=self).key, score=_score(when),
-                        wake=keys.wake(self.name)).ride(pipe)
+                        wake=keys.wake(self.name)).run(pipe)
         if pipeline is None:
             pipe.execute()
         return job

@@ -88,8 +88,8 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
         compat.resolve_driver_info_once(self.connection)  # type: ignore[attr-defined]
 
     _guard: HorseGuard | None = None
-    _guarded: Claim | None = None  # the claim of the job whose horse runs now, armed in the guard's slot
-    _announce = False  # the horse forked now writes its pid to the guard's slot
+    _guarded: Claim | None = None  # the claim of the job whose horse runs now, armed in the guard's handoff
+    _announce = False  # the horse forked now writes its pid to the guard's handoff
 
     def fork_work_horse(self, job: Any, queue: Any) -> None:
         self._announce = False
@@ -144,7 +144,7 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
     def maintain_heartbeats(self, *args: Any, **kwargs: Any) -> None:
         super().maintain_heartbeats(*args, **kwargs)  # type: ignore[misc]
         if self._guard is not None and self._guarded is not None:
-            self._guard.ensure()  # a guard killed mid-job is replaced now; the new one finds the horse in the slot
+            self._guard.ensure()  # a guard killed mid-job is replaced now; the new one finds the horse in the handoff
 
     def _job_process_ended(self) -> bool:
         """Has the work horse ended (reaped here, or by rq's cold shutdown, which waits for the horse it killed)?"""

@@ -62,14 +62,19 @@
   A part may also set `clock = false`: it never reads ctx.now, so a call whose every policy says
   so skips the TIME call (ctx.now and the reply's server now are then 0).
 
-  Returns {code, policy, job id, n, server now, superseded, dropped...}:
-    code 1 admitted (job id = ours; n = the policy's number, e.g. the window's end), 3 the
-    holder's payload was replaced in place by `policy` (job id = the holder; n = its run time for
-    a pending job, else 0), 2 admitted
-    as a pending trailing job (n = its run time), 0 dropped by `policy` (job id = the job that
-    holds the identity; n = e.g. the window's end), -1 a probe that found nothing to drop.
-    superseded = the pending job this one replaced and deleted, or ''. dropped... = pairs of
-    (policy, job id) of pending jobs a force dropped.
+  Returns the verdict as named fields, a flat name/value list as HGETALL answers it (decoded in one
+  place, rq_policies.admission.Verdict.read); a field at its default is left out:
+    code       1 admitted (job = ours; n = the policy's number, e.g. the window's end), 2 admitted
+               as a pending trailing job (n = its run time), 3 the holder's payload was replaced in
+               place by `policy` (job = the holder; n = its run time for a pending job, else 0),
+               0 dropped by `policy` (job = the job that holds the identity; n = e.g. the window's
+               end), -1 a probe that found nothing to drop. Always present.
+    policy     the policy that dropped, replaced or answered a replay ('')
+    job        the job id as above ('')
+    n          the deciding policy's number, epoch seconds (0)
+    now        the server's clock as the script read it, '%.6f' (absent: 0, no policy read it)
+    superseded the pending job this one replaced and deleted ('')
+    dropped    a list of (policy, job id) pairs, flat, of pending jobs a force dropped (none)
 ]]
 local rcall = redis.call
 
@@ -115,6 +120,25 @@ end
 local order = a.order
 local nowstr = format_now(now)
 
+-- The reply: the verdict's named fields (see the header), those at their default left out.
+local function verdict(code, policy, job, n, superseded, dropped)
+  local r = {'code', code}
+  if policy and policy ~= '' then r[3] = 'policy'; r[4] = policy end
+  if job and job ~= '' then r[#r + 1] = 'job'; r[#r + 1] = job end
+  if n and n ~= 0 then r[#r + 1] = 'n'; r[#r + 1] = n end
+  if now ~= 0 then r[#r + 1] = 'now'; r[#r + 1] = nowstr end
+  if superseded and superseded ~= '' then r[#r + 1] = 'superseded'; r[#r + 1] = superseded end
+  if dropped and #dropped > 0 then
+    local flat = {}
+    for _, item in ipairs(dropped) do
+      flat[#flat + 1] = item[1]
+      flat[#flat + 1] = item[2]
+    end
+    r[#r + 1] = 'dropped'; r[#r + 1] = flat
+  end
+  return r
+end
+
 -- A replay of a call that already wrote its job (any policy, forced or not): the job hash holds
 -- this very call's creation time, which no other call shares; or, for a job rq deletes as soon as
 -- it runs (KEYS `record` passed), the hash is gone and the record beside it holds that time.
@@ -123,7 +147,7 @@ if a.created then
   if prior == a.created or (not prior and a.k.record and rcall('GET', KEYS[a.k.record]) == a.created) then
     local code = 1
     if prior and a.mode ~= 'S' and rcall('HGET', KEYS[a.k.job], 'status') == 'scheduled' then code = 2 end
-    return {code, '', ctx.jid, 0, nowstr, ''}
+    return verdict(code, '', ctx.jid, 0, '')
   end
 end
 
@@ -135,26 +159,26 @@ if a.force then
 else
   local replacer, holder
   for _, name in ipairs(order) do
-    local verdict = P[name].check(ctx, a.p[name])
-    if verdict and verdict.replace then
-      replacer, holder = name, verdict.replace
-    elseif verdict then
-      if verdict.replay then
-        if a.probe then return {-1, name, ctx.jid, verdict.n or 0, nowstr, ''} end
-        if verdict.replaced then return {3, name, verdict.replaced, verdict.n or 0, nowstr, ''} end
-        return {1, name, ctx.jid, verdict.n or 0, nowstr, ''}
+    local found = P[name].check(ctx, a.p[name])
+    if found and found.replace then
+      replacer, holder = name, found.replace
+    elseif found then
+      if found.replay then
+        if a.probe then return verdict(-1, name, ctx.jid, found.n or 0, '') end
+        if found.replaced then return verdict(3, name, found.replaced, found.n or 0, '') end
+        return verdict(1, name, ctx.jid, found.n or 0, '')
       end
       count_drop(KEYS[a.k.drops], KEYS[a.k.drops_minute], a.drops[name], now)
       if a.k.dropped then
-        record_drop(KEYS[a.k.dropped], name, verdict.who, verdict.n or 0, a.queue_key, a.dropped_ttl)
+        record_drop(KEYS[a.k.dropped], name, found.who, found.n or 0, a.queue_key, a.dropped_ttl)
       end
-      return {0, name, verdict.who, verdict.n or 0, nowstr, ''}
+      return verdict(0, name, found.who, found.n or 0, '')
     end
   end
-  if a.probe then return {-1, '', '', ctx.n, nowstr, ''} end
+  if a.probe then return verdict(-1, '', '', ctx.n, '') end
   if replacer then
     P[replacer].replace(ctx, a.p[replacer], holder, a.fields)
-    return {3, replacer, holder, ctx.n, nowstr, ''}
+    return verdict(3, replacer, holder, ctx.n, '')
   end
   for _, name in ipairs(order) do
     local part = P[name]
@@ -181,9 +205,4 @@ if ctx.mode ~= 'N' then
     rcall('HDEL', KEYS[a.k.job], 'enqueued_at')
   end
 end
-local reply = {ctx.code, '', ctx.jid, ctx.n, nowstr, ctx.superseded}
-for _, item in ipairs(ctx.dropped) do
-  reply[#reply + 1] = item[1]
-  reply[#reply + 1] = item[2]
-end
-return reply
+return verdict(ctx.code, '', ctx.jid, ctx.n, ctx.superseded, ctx.dropped)

@@ -44,8 +44,6 @@ class JobWrite:
         dest: the queue list, the scheduled registry, or the queue key (unused) for modes D and N.
         ttl: seconds the job hash lives, -1 for no expiry.
         fields: the job hash as a flat field/value list (each policy's extra fields included).
-        replaced: after :func:`admit`, the id of the waiting job whose payload this write replaced in place (a
-            replacing policy's verdict, code 3), or ''. No job of its own was written then.
         created: the job's ``created_at`` as ``fields`` write it (what makes a replay of this very call
             recognisable); None to find it in ``fields``.
     """
@@ -56,13 +54,15 @@ class JobWrite:
     dest: str
     ttl: int
     fields: list[Any]
-    replaced: str = ''
     created: Any = None
 
 
 class Verdict(NamedTuple):
-    """What the admission script decided (a named tuple: built on every enqueue, it costs a third of a frozen
-    dataclass).
+    """What the admission script decided: the one typed answer a door reads back (a named tuple: built on every
+    enqueue, it costs a third of a frozen dataclass).
+
+    The script answers with named fields (``lua/admit.lua``'s header), which :meth:`read`, the one place that
+    decodes them, turns into this.
 
     Attributes:
         code: 1 admitted, 2 admitted as a pending job (a trailing job), 3 the waiting holder's payload replaced in
@@ -86,13 +86,33 @@ class Verdict(NamedTuple):
     dropped: tuple[tuple[str, str], ...] = ()
     digest: str = ''
 
+    @property
+    def written(self) -> bool:
+        """Was the call's job written, or its payload taken by the waiting job in place (codes 1, 2, 3)?"""
+        return self.code > 0
+
+    @property
+    def replaced(self) -> str:
+        """The waiting job whose payload this call's job replaced in place (code 3), which is then the job; or ''."""
+        return self.job_id if self.code == 3 else ''
+
     @classmethod
     def read(cls, reply: list[Any], digest: str = '') -> Verdict:
-        code, policy, job_id, number, server_now, superseded, *rest = reply
-        dropped = tuple((text(rest[i]), text(rest[i + 1])) for i in range(0, len(rest) - 1, 2)) if rest else ()
+        """The verdict in ``lua/admit.lua``'s reply: named fields, a flat name/value list (bytes or, on a client
+        that decodes responses, str); a field left out has its default."""
+        named = dict(zip(reply[::2], reply[1::2]))
+        if b'code' in named:
+            get = named.get
+            code, policy, job_id = named[b'code'], get(b'policy', b''), get(b'job', b'')
+            number, now, superseded, flat = get(b'n', 0), get(b'now', 0), get(b'superseded', b''), get(b'dropped')
+        else:
+            get = named.get
+            code, policy, job_id = named['code'], get('policy', ''), get('job', '')
+            number, now, superseded, flat = get('n', 0), get('now', 0), get('superseded', ''), get('dropped')
+        dropped = tuple((text(flat[i]), text(flat[i + 1])) for i in range(0, len(flat) - 1, 2)) if flat else ()
         # float() reads the reply's bytes as they are; text() only where a str is kept.
-        return cls(int(code), text(policy), text(job_id), float(number), float(server_now), text(superseded),
-                   dropped, digest)
+        return cls(int(code), text(policy), text(job_id), float(number), float(now), text(superseded), dropped,
+                   digest)
 
 
 #: Queues whose constant admission arguments one PolicySet keeps (a set used on more queues rebuilds them).
@@ -194,8 +214,13 @@ def _created_at(fields: list[Any]) -> Any:
 
 
 def admit(queue: Queue, spec: PolicySet, digest: str, write: JobWrite, force: bool = False,
-          hint: tuple | None = None) -> bool:
-    """Run one job's admission (or, with ``force``, write it whatever its policies say). True when it was written."""
+          hint: tuple | None = None) -> Verdict:
+    """Run one job's admission (or, with ``force``, write it whatever its policies say): the door's one pass down.
+
+    Each declared policy validates the job, gives its part of the one script call and is told the outcome
+    (``on_drop``/``on_admit``); the door reads back the one typed :class:`Verdict` (``verdict.written``,
+    ``verdict.replaced``) and nothing else.
+    """
     if otel.TRACER is not None:  # the traced twin of this function (rq_policies.otel), only once it is enabled
         return otel.admit(queue, spec, digest, write, force, hint)
     call = checked_call(queue, spec, digest, write, force)
@@ -212,26 +237,24 @@ def checked_call(queue: Queue, spec: PolicySet, digest: str, write: JobWrite, fo
     return admit_call(queue, spec, digest, write, force)
 
 
-def settle(queue: Queue, spec: PolicySet, write: JobWrite, verdict: Verdict, hint: tuple | None = None) -> bool:
+def settle(queue: Queue, spec: PolicySet, write: JobWrite, verdict: Verdict, hint: tuple | None = None) -> Verdict:
     """Act on the verdict of :func:`checked_call`'s reply, as every admission door does: each policy's ``on_drop``
-    (its log line, or its raise) or ``on_admit``, and the hints. True when the job was written."""
+    (its log line, or its raise) or ``on_admit``, and the hints. Returns ``verdict``."""
     job, digest = write.job, verdict.digest
-    if verdict.code == 3:
-        write.replaced = verdict.job_id
     if verdict.code == 0:
         _remember(hint, spec, digest, verdict)
         if spec.on_drop is not None:
             spec.dropped(DroppedCall(job.func_name, tuple(job.args), dict(job.kwargs), queue.name, verdict.policy),
                          verdict.job_id)
         next(item for item in spec.policies if item.name == verdict.policy).on_drop(job.func_name, queue.name, verdict)
-        return False
+        return verdict
     _remember(hint, spec, digest, verdict)
     for item in spec.policies:
         item.on_admit(job, queue.name, verdict)
     for kind, dropped in verdict.dropped:
         logger.info('rq-policies: forced %s on queue %r as job %s; dropped pending %s job %s', job.func_name,
                     queue.name, job.id, kind, dropped)
-    return True
+    return verdict
 
 
 def plain_call(queue: Queue, write: JobWrite) -> Call:

@@ -130,7 +130,7 @@ def _settle(queue: PolicyQueue, plan: _Planned, reply: Any) -> Job | None:
     if plan.kind == 'plain':
         return job
     verdict = Verdict.read(reply, plan.digest)
-    if not admission.settle(queue, plan.spec, plan.write, verdict):
+    if not admission.settle(queue, plan.spec, plan.write, verdict).written:
         return None
     return job
 

@@ -1,5 +1,6 @@
 """Every difference between the rq versions rq-policies supports (2.12 and 3.x), and every private rq name
-rq-policies uses, in one place.
+rq-policies uses, in one place; and the one redis-py internal it works around (its driver info, read per
+connection).
 
 rq-policies subclasses rq's Queue, Job and Worker, and overrides some of their methods (private ones too, where rq or
 django-rq calls them: ``Worker._finalize_failure``, ``Queue._enqueue_job``); those overrides stay in their classes.
@@ -106,6 +107,37 @@ def persist_job(queue: Queue, job: Job, pipeline: Any, status: JobStatus) -> Non
 def given_id(job: Job) -> str | None:
     """``job``'s id if it has one yet, without generating one as ``job.id`` does (``job._id``, for a repr)."""
     return job._id
+
+
+# -- redis-py ----------------------------------------------------------------------------------------------------------
+
+
+def resolve_driver_info_once(connection: Any) -> None:
+    """Resolve redis-py's client name and version once, for every connection ``connection``'s pool opens from now on.
+
+    redis-py 7 and later look their own version up (``importlib.metadata``: the package's METADATA file read and
+    parsed) in every new ``Connection``, to send it with CLIENT SETINFO. A forking worker's work horse opens a new
+    connection for every job (the pool is reset after a fork), so that lookup cost each job about 2 ms of CPU, more
+    than anything the policies add. The pool now carries the resolved ``DriverInfo``, the value each connection would
+    have built for itself: the server sees the same name and version. A pool given a name, a version or its own
+    driver info, one whose connections are not redis-py's, fakeredis (its server lives in this process) and a redis-py
+    without ``DriverInfo`` are left alone.
+    """
+    try:
+        from redis.connection import AbstractConnection
+        from redis.driver_info import DriverInfo
+    except ImportError:  # redis-py < 7: the version is read once, at import
+        return
+    pool = getattr(connection, 'connection_pool', None)
+    kwargs = getattr(pool, 'connection_kwargs', None)
+    connection_class = getattr(pool, 'connection_class', None)
+    if not isinstance(kwargs, dict) or not isinstance(connection_class, type):
+        return
+    if not issubclass(connection_class, AbstractConnection) or type(connection).__module__.startswith('fakeredis'):
+        return
+    if kwargs.keys() & {'driver_info', 'lib_name', 'lib_version'}:
+        return
+    kwargs['driver_info'] = DriverInfo()
 
 
 def adopt_job(job: Any, job_class: type) -> Any:

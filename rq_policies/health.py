@@ -207,8 +207,9 @@ class EvictionWatch:
             replies = execute(*args, **kwargs)
             try:
                 self.observe(_evicted_in(replies[at]))
-            except Exception:  # an answer of another shape is not worth failing a heartbeat for
-                pass
+            except Exception:  # an answer of another shape is not worth failing a heartbeat for, nor hiding
+                self.log.debug('rq-policies: could not read evicted_keys from the heartbeat (reply %r)',
+                               replies[at] if at < len(replies) else None, exc_info=True)
             return replies
 
         pipeline.execute = execute_and_read

@@ -247,8 +247,8 @@ class Ledger:
         return removed == 1
 
 
-#: The holds this process has taken through QueueSlot or a fetch (``QueueSlot.HELD``): a PolicyWorker's heartbeat
-#: refreshes them.
+#: The holds this process has taken through QueueSlot or a fetch: a PolicyWorker's heartbeat refreshes them.
+#: (``QueueSlot.HELD`` is a deprecated alias of it.)
 PROCESS = Ledger()
 
 
@@ -357,8 +357,7 @@ class Keeper:
             pause = min(pause * 2, 0.02)
 
     def _child(self, pipe: int, holds: list[Hold]) -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        ignore_stop_signals()
         parent = os.getppid()
         connection = self.connection  # redis-py's pool notices the fork and opens sockets of its own here
         own = Ledger(holds)
@@ -395,28 +394,69 @@ class Keeper:
         return time.monotonic()
 
 
-#: The head of a :class:`WorkerKeeper`'s slot, three native 8-byte words: the number of the job armed now (0: none),
+
+class ForkedHelper:
+    """A small process its owner forks once and keeps (a :class:`WorkerKeeper`, a forking worker's hold guard,
+    :class:`rq_policies.guard.HorseGuard`): its pid, the write end of the pipe it watches for its owner's exit, and
+    the one check that it still runs. Each hands its helper what it needs through shared memory, not messages."""
+
+    #: What the log line that reports the helper's death calls it.
+    helper_name = 'helper'
+    log: Any = logger
+    _pid = 0
+    _write = -1
+
+    def _running(self) -> bool:
+        """Does the helper run? One WNOHANG wait; a helper found dead is reported and forgotten (the caller then
+        forks another)."""
+        if not self._pid:
+            return False
+        try:
+            done, _ = os.waitpid(self._pid, os.WNOHANG)
+        except ChildProcessError:
+            done = self._pid
+        if not done:
+            return True
+        self.log.warning('rq-policies: the %s (pid %s) died; starting another', self.helper_name, self._pid)
+        self._close()
+        return False
+
+    def _close(self) -> None:
+        if self._write >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._write)
+        self._write, self._pid = -1, 0
+
+
+def ignore_stop_signals() -> None:
+    """In a helper process: SIGINT and SIGTERM are its owner's to act on (the owner decides when a job ends)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+#: The head of a :class:`WorkerKeeper`'s handoff, three native 8-byte words: the number of the job armed now (0: none),
 #: when it was armed (``time.monotonic_ns()``: CLOCK_MONOTONIC, one clock for every process of the host) and the
 #: length of the holds that follow the head (marshalled tuples).
 _KEEPER_HEAD = struct.Struct('=3Q')
-_KEEPER_SLOT_BYTES = 64 * 1024
+_KEEPER_HANDOFF_BYTES = 64 * 1024
 #: Seconds the worker waits for a refresh in flight before it kills its keeper (WorkerKeeper.disarm, .stop).
 _KEEPER_WAIT_SECONDS = 5.0
 
 
-class WorkerKeeper:
+class WorkerKeeper(ForkedHelper):
     """One long-lived process per in-process worker (PolicySimpleWorker) that refreshes the holds of the job it runs.
 
     A :class:`Keeper` forked for every job cost a capped in-process worker four fifths of its throughput (a fork, a
     new connection and a wait for the child's exit, per job). This keeper is forked once, at the worker's first
-    capped job (again only if it died), and does nothing per job: what it needs sits in a slot of memory it shares
-    with the worker (a shared mapping made before its fork). :meth:`arm` writes the job's holds there when the job
-    starts and :meth:`disarm` clears them when it ends: plain stores into memory under a lock, no message and no
-    wake-up of the keeper. The keeper looks at the slot every ``tick`` seconds and refreshes the armed holds
-    ``every`` seconds after the job was armed, and every ``every`` seconds after that, for as long as the job runs.
+    capped job (again only if it died), and does nothing per job: what it needs sits in its handoff, a small region
+    of memory it shares with the worker (a shared mapping made before its fork). :meth:`arm` writes the job's holds
+    there when the job starts and :meth:`disarm` clears them when it ends: plain stores into memory under a lock, no
+    message and no wake-up of the keeper. The keeper looks at the handoff every ``tick`` seconds and refreshes the
+    armed holds ``every`` seconds after the job was armed, and every ``every`` seconds after that, for as long as the
+    job runs.
 
-    The lock (a POSIX record lock, ``lockf``, on the slot's file) orders a refresh and a release: the keeper holds it
-    from reading the slot until the refresh's reply, and :meth:`disarm` takes it to clear the slot, so once disarm
+    The lock (a POSIX record lock, ``lockf``, on the handoff's file) orders a refresh and a release: the keeper holds it
+    from reading the handoff until the refresh's reply, and :meth:`disarm` takes it to clear the handoff, so once disarm
     returns no refresh of the ended job is in flight or can start, and the worker's release that follows cannot be
     undone by a refresh writing the hold back (``lua/refresh_holds.lua`` re-adds a hold it finds gone: it must only
     ever run for a job that still runs). The kernel drops a record lock when its holder dies, so neither side can
@@ -434,9 +474,11 @@ class WorkerKeeper:
         connection: the worker's Redis connection (the keeper opens its own with the same settings).
         every: seconds between refreshes of a running job's holds (a third of their ttl leaves room for two missed).
         ttl: the lifetime each refresh gives (the worker's ``hold_ttl``).
-        tick: seconds between the keeper's looks at the slot and at its worker (default: ``min(1, every)``).
+        tick: seconds between the keeper's looks at the handoff and at its worker (default: ``min(1, every)``).
         log: where a failed refresh, a lapsed hold and a dead keeper are reported.
     """
+
+    helper_name = 'hold keeper'
 
     def __init__(self, connection: Any, every: float, ttl: int, *, tick: float | None = None,
                  log: Any = logger) -> None:
@@ -446,10 +488,8 @@ class WorkerKeeper:
         self.tick = min(1.0, every) if tick is None else tick
         self.log = log
         self._owner = os.getpid()
-        self._pid = 0
-        self._write = -1
         self._fd = -1
-        self._slot: mmap.mmap | None = None
+        self._handoff: mmap.mmap | None = None
         self._number = 0
 
     @property
@@ -459,12 +499,12 @@ class WorkerKeeper:
 
     def arm(self, holds: list[Hold]) -> bool:
         """In the worker, as a job starts: have its ``holds`` refreshed until :meth:`disarm` (starts the keeper the
-        first time). Returns False, with a warning, for holds too many for the slot (then not refreshed)."""
+        first time). Returns False, with a warning, for holds too many for the handoff (then not refreshed)."""
         if os.getpid() != self._owner or not holds:
             return False
         # marshal, not pickle: a tenth of the time for these plain tuples (about 1 us), and nothing but data
         data = marshal.dumps([(h.ledger, h.token, h.ttl, h.job, h.policy) for h in holds])
-        if _KEEPER_HEAD.size + len(data) > _KEEPER_SLOT_BYTES:
+        if _KEEPER_HEAD.size + len(data) > _KEEPER_HANDOFF_BYTES:
             self.log.warning('rq-policies: %s holds are too many for the hold keeper (%s bytes); they are not '
                              'refreshed while this job runs', len(holds), len(data))
             return False
@@ -474,13 +514,13 @@ class WorkerKeeper:
                              'another', self._pid, _KEEPER_WAIT_SECONDS)
             self._kill()
             self._ensure()
-            self._lock()  # a new keeper's slot is empty: it takes the lock for no refresh
-        slot = self._slot
-        assert slot is not None
+            self._lock()  # a new keeper's handoff is empty: it takes the lock for no refresh
+        handoff = self._handoff
+        assert handoff is not None
         self._number += 1
         try:
-            slot[_KEEPER_HEAD.size:_KEEPER_HEAD.size + len(data)] = data
-            _KEEPER_HEAD.pack_into(slot, 0, self._number, time.monotonic_ns(), len(data))
+            handoff[_KEEPER_HEAD.size:_KEEPER_HEAD.size + len(data)] = data
+            _KEEPER_HEAD.pack_into(handoff, 0, self._number, time.monotonic_ns(), len(data))
         finally:
             self._unlock()
         return True
@@ -488,7 +528,7 @@ class WorkerKeeper:
     def disarm(self) -> None:
         """In the worker, as the job ends and before any of its holds is released: once this returns, no refresh of
         them is in flight and none will start."""
-        if os.getpid() != self._owner or self._slot is None:
+        if os.getpid() != self._owner or self._handoff is None:
             return
         if not self._lock(_KEEPER_WAIT_SECONDS):
             self.log.warning('rq-policies: the hold keeper (pid %s) did not finish a refresh within %s s; killing it',
@@ -496,7 +536,7 @@ class WorkerKeeper:
             self._kill()
             return
         try:
-            struct.pack_into('=Q', self._slot, 0, 0)
+            struct.pack_into('=Q', self._handoff, 0, 0)
         finally:
             self._unlock()
 
@@ -525,17 +565,10 @@ class WorkerKeeper:
 
     def _ensure(self) -> None:
         """Start the keeper unless it runs (checked with one WNOHANG wait)."""
-        if self._pid:
-            try:
-                done, _ = os.waitpid(self._pid, os.WNOHANG)
-            except ChildProcessError:
-                done = self._pid
-            if not done:
-                return
-            self.log.warning('rq-policies: the hold keeper (pid %s) died; starting another', self._pid)
-            self._close()
-        fd = _shared_file(_KEEPER_SLOT_BYTES)
-        self._fd, self._slot = fd, mmap.mmap(fd, _KEEPER_SLOT_BYTES)
+        if self._running():
+            return
+        fd = _shared_file(_KEEPER_HANDOFF_BYTES)
+        self._fd, self._handoff = fd, mmap.mmap(fd, _KEEPER_HANDOFF_BYTES)
         worker = os.getpid()
         self._pid, self._write = fork_child(lambda read_end: self._run(read_end, worker))
 
@@ -547,17 +580,15 @@ class WorkerKeeper:
         self._close()
 
     def _close(self) -> None:
-        if self._write >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._write)
-        if self._slot is not None:
-            self._slot.close()
+        super()._close()
+        if self._handoff is not None:
+            self._handoff.close()
         if self._fd >= 0:
             os.close(self._fd)
-        self._write, self._pid, self._fd, self._slot = -1, 0, -1, None
+        self._fd, self._handoff = -1, None
 
     def _lock(self, timeout: float | None = None) -> bool:
-        """Take the slot's lock (a record lock: the keeper and the worker are different processes); with a
+        """Take the handoff's lock (a record lock: the keeper and the worker are different processes); with a
         ``timeout``, give up after that many seconds and answer False."""
         try:
             fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -584,14 +615,13 @@ class WorkerKeeper:
     # -- in the keeper's process ----------------------------------------------------------------------------------
 
     def _run(self, pipe: int, worker: int) -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        ignore_stop_signals()
         watched = [pipe]
         if hasattr(os, 'pidfd_open'):
             with contextlib.suppress(OSError):
                 watched.append(os.pidfd_open(worker))  # readable once the worker has exited
-        slot = self._slot
-        assert slot is not None
+        handoff = self._handoff
+        assert handoff is not None
         last_job, last_at = 0, 0.0  # the job last refreshed and when (monotonic seconds)
         failed = False
         timeout = self.tick
@@ -599,7 +629,7 @@ class WorkerKeeper:
             if select.select(watched, [], [], timeout)[0] or os.getppid() != worker:
                 return  # the worker stopped us (end of file), or died
             timeout = self.tick
-            number, armed_ns, _ = _KEEPER_HEAD.unpack_from(slot, 0)  # a hint; read again under the lock
+            number, armed_ns, _ = _KEEPER_HEAD.unpack_from(handoff, 0)  # a hint; read again under the lock
             if not number:
                 continue
             since = last_at if last_job == number else armed_ns / 1e9
@@ -608,7 +638,7 @@ class WorkerKeeper:
             if now < due:
                 timeout = min(self.tick, due - now)
                 continue
-            found, lapsed, error = self._refresh_armed(slot, number)
+            found, lapsed, error = self._refresh_armed(handoff, number)
             if not found:
                 continue  # that job ended (or another began) meanwhile
             if error is not None:
@@ -618,15 +648,15 @@ class WorkerKeeper:
             failed, last_job, last_at = False, number, now
             log_lapses(self.log, lapsed)
 
-    def _refresh_armed(self, slot: mmap.mmap, number: int) -> tuple[bool, list[Hold], BaseException | None]:
+    def _refresh_armed(self, handoff: mmap.mmap, number: int) -> tuple[bool, list[Hold], BaseException | None]:
         """Under the lock: refresh the holds armed now if they are still job ``number``'s. Returns (whether they
         were, the holds found lapsed, the error of a failed refresh)."""
         fcntl.lockf(self._fd, fcntl.LOCK_EX)
         try:
-            armed, _, length = _KEEPER_HEAD.unpack_from(slot, 0)
+            armed, _, length = _KEEPER_HEAD.unpack_from(handoff, 0)
             if armed != number:
                 return False, [], None
-            holds = [Hold(*fields) for fields in marshal.loads(slot[_KEEPER_HEAD.size:_KEEPER_HEAD.size + length])]
+            holds = [Hold(*fields) for fields in marshal.loads(handoff[_KEEPER_HEAD.size:_KEEPER_HEAD.size + length])]
             try:
                 return True, Ledger(holds).refresh(self.connection, ttl=self.ttl), None
             except Exception as exc:  # retried on the next tick; the ttl covers two missed refreshes

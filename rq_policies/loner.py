@@ -143,7 +143,7 @@ class Loner(AdmissionPolicy):
 
     @classmethod
     def ended(cls, pipeline: Any, job_prefix: str, job_id: str) -> None:
-        Call('release_markers', job_prefix=job_prefix, jobs=[job_id], ended=True).ride(pipeline)
+        Call('release_markers', job_prefix=job_prefix, jobs=[job_id], ended=True).run(pipeline)
 
     def on_drop(self, func_name: str, queue: str, verdict: Any) -> None:
         if self.on_conflict == 'raise':

@@ -102,7 +102,15 @@ class Call:
         return [pack(self.args)]
 
     def run(self, client: Any) -> Any:
-        """Run the script on ``client`` (a connection, or a pipeline: the reply then arrives with ``execute()``)."""
+        """Run the script on ``client``: a connection, or a pipeline (its own, or someone else's: rq's end-of-run
+        transaction, its enqueue pipeline), whose ``execute()`` then brings the reply.
+
+        On a pipeline it goes out as EVALSHA: redis-py's ``Script`` in a pipeline would send SCRIPT EXISTS before every
+        such pipeline (a round trip per job on rq's end-of-run pipeline), and an EVAL would carry the whole source,
+        which the server hashes every call. The script is loaded once per connection pool, and a NOSCRIPT (a flush or
+        restart since) is recovered inside ``execute()`` by sending that script alone with its source
+        (``scripts.run``), so rq never sees the error.
+        """
         return scripts.run(self.script, client, self.keys, self.argv())
 
     def run_door(self, client: Any) -> Any:
@@ -113,16 +121,9 @@ class Call:
         """This call, its argument packed once, to be sent as it is any number of times (a hint's probe)."""
         return Packed(self.script, list(self.keys), self.args, self.argv())
 
-    def ride(self, pipeline: Any) -> Any:
-        """Queue the script on someone else's ``pipeline`` (rq's end-of-run transaction, its enqueue pipeline).
-
-        It goes out as EVALSHA: redis-py's ``Script`` in a pipeline would send SCRIPT EXISTS before every such
-        pipeline (a round trip per job on rq's end-of-run pipeline), and an EVAL would carry the whole source, which
-        the server hashes every call. The script is loaded once per connection pool, and a NOSCRIPT (a flush or
-        restart since) is recovered inside ``execute()`` by sending that script alone with its source
-        (``scripts.run``), so rq never sees the error.
-        """
-        return scripts.run(self.script, pipeline, self.keys, self.argv())
+    #: The name :meth:`run` had on a pipeline someone else owns (one method: a call on a pipeline is run as on a
+    #: connection). Kept for other code that calls it.
+    ride = run
 
 
 class Packed:

@@ -300,7 +300,7 @@ def _raised(span: Any, queue: Any, exc: BaseException, verdict: Any, started: fl
     span.end()
 
 
-def admit(queue: Any, spec: Any, digest: str, write: Any, force: bool, hint: Any) -> bool:
+def admit(queue: Any, spec: Any, digest: str, write: Any, force: bool, hint: Any) -> Any:
     """:func:`rq_policies.admission.admit`, traced."""
     from .admission import Verdict, checked_call, settle
 
@@ -310,12 +310,12 @@ def admit(queue: Any, spec: Any, digest: str, write: Any, force: bool, hint: Any
     try:
         call = checked_call(queue, spec, digest, write, force)
         verdict = Verdict.read(call.run_door(queue.connection), digest)
-        written = settle(queue, spec, write, verdict, hint)
+        settle(queue, spec, write, verdict, hint)
     except BaseException as exc:
         _raised(span, queue, exc, verdict, started)
         raise
     _finish(span, queue, write, verdict, started, spec)
-    return written
+    return verdict
 
 
 def write_plain(queue: Any, write: Any) -> None:
@@ -370,7 +370,7 @@ async def send_async(queue: Any, plan: Any, client: Any) -> Any:
             written = True
         else:
             verdict = Verdict.read(reply, plan.digest)
-            written = settle(queue, plan.spec, write, verdict)
+            written = settle(queue, plan.spec, write, verdict).written
     except BaseException as exc:
         _raised(span, queue, exc, verdict, started)
         raise

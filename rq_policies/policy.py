@@ -287,7 +287,8 @@ def pending_lines(family: Any, block: dict[str, Any], detail: Callable[[dict[str
 
 
 class AdmissionPolicy(Policy):
-    """A policy decided at enqueue, in the admission script (``lua/admit.lua``, see :mod:`rq_policies.admission`).
+    """A policy decided at enqueue, in the admission script (``lua/admit.lua``, see :mod:`rq_policies.admission`):
+    it meets :class:`rq_policies.protocols.AdmissionSide`, whose methods are given no-op defaults here.
 
     Its Lua part (``lua/policies/<name>.lua``) defines ``check``, ``commit`` and ``force``; its Python side says which
     keys and arguments that part gets (:meth:`admit_part`), and what a verdict means for the caller.
@@ -303,12 +304,11 @@ class AdmissionPolicy(Policy):
         return True
 
     def admit_part(self, call: Any, queue: Any, digest: str) -> dict[str, Any]:
-        """Add this policy's keys to ``call`` (an :class:`rq_policies.ops.Call`, keys named ``<name>.<what>``) and
-        return its arguments for the Lua part."""
+        """See :meth:`rq_policies.protocols.AdmissionSide.admit_part` (documented there)."""
         return {}
 
     def job_fields(self, queue: str, digest: str) -> list[str]:
-        """Extra fields this policy stores on the job hash (field, value, ...), read back at fetch or removal."""
+        """See :meth:`rq_policies.protocols.Declared.job_fields` (documented there)."""
         return []
 
     def leased_keys(self, queue: str, digest: str) -> list[str]:
@@ -317,28 +317,27 @@ class AdmissionPolicy(Policy):
 
     @classmethod
     def release(cls, connection: Any, job_prefix: str, job_ids: list[str]) -> None:
-        """These jobs stopped waiting (deleted, cancelled, removed, emptied): free what they hold. May be a pipeline."""
+        """See :meth:`rq_policies.protocols.AdmissionSide.release` (documented there)."""
 
     @classmethod
     def ended(cls, pipeline: Any, job_prefix: str, job_id: str) -> None:
-        """This job ended for good (finished, failed with no retry left, stopped, timed out, its horse killed): free
-        what it held while it ran, on ``pipeline``, the worker's pipeline that records the ending."""
+        """See :meth:`rq_policies.protocols.AdmissionSide.ended` (documented there)."""
 
     def validate(self, job: Any, mode: str, force: bool) -> None:
-        """Refuse an enqueue this policy cannot serve (PolicyConfigurationError naming why), before any write."""
+        """See :meth:`rq_policies.protocols.Declared.validate` (documented there)."""
 
     def hint_seconds(self, verdict: Any) -> float:
-        """How long this process may expect the next identical enqueue to be dropped, after ``verdict``."""
+        """See :meth:`rq_policies.protocols.Declared.hint_seconds` (documented there)."""
         return 0.0
 
     def on_drop(self, func_name: str, queue: str, verdict: Any) -> None:
-        """This policy dropped an enqueue: log it (the script has counted it)."""
+        """See :meth:`rq_policies.protocols.AdmissionSide.on_drop` (documented there)."""
         if logger.isEnabledFor(logging.INFO):
             logger.info('rq-policies: dropped %s on queue %r (%s): identity held by job %s', func_name, queue,
                         self.name, verdict.job_id)
 
     def on_admit(self, job: Any, queue: str, verdict: Any) -> None:
-        """The job was admitted: bring the Python object in line with what the script wrote, log what it replaced."""
+        """See :meth:`rq_policies.protocols.Declared.on_admit` (documented there)."""
 
     @classmethod
     def describe(cls, family: Any, block: dict[str, Any], digests: bool = False,
@@ -361,8 +360,8 @@ class AdmissionPolicy(Policy):
 class FetchPolicy(Policy):
     """A policy decided at fetch, in the fetch script (QueueSlot).
 
-    Its Lua part (``lua/policies/<name>.lua``) defines ``gate`` and ``take`` (see ``lua/fetch.lua``); the two hooks
-    below are the Python side of the same fetch (:func:`rq_policies.fetch.fetch_call`).
+    Its Lua part (``lua/policies/<name>.lua``) defines ``gate`` and ``take`` (see ``lua/fetch.lua``); the class meets
+    :class:`rq_policies.protocols.FetchSide`, the Python side of the same fetch (:func:`rq_policies.fetch.fetch_call`).
     """
 
     kind: ClassVar[str] = FETCH
@@ -372,17 +371,16 @@ class FetchPolicy(Policy):
 
     @classmethod
     def fetch_keys(cls, call: Any, queue_names: list[str]) -> None:
-        """Add the keys (named ``'<name>.<what>'``) and arguments the policy's Lua part reads to the fetch call."""
+        """See :meth:`rq_policies.protocols.FetchSide.fetch_keys` (documented there)."""
 
     @classmethod
     def fetch_hold(cls, queue_name: str, token: str, ttl: int) -> Any:
-        """The :class:`rq_policies.ledger.Hold` the policy's ``take`` took for a claim on ``queue_name``."""
+        """See :meth:`rq_policies.protocols.FetchSide.fetch_hold` (documented there)."""
         raise NotImplementedError(f'{cls.__name__}: its Lua take() reported a hold, so it must say which one')
 
     @classmethod
     def release_hold(cls, connection: Any, hold: Any, wake: str) -> bool:
-        """Give back ``hold``, which names this policy (:attr:`rq_policies.ledger.Hold.policy`: a take that reported
-        its own ledger), on ``connection`` or a pipeline; ``wake`` is the claim's queue's wake-up channel."""
+        """See :meth:`rq_policies.protocols.FetchSide.release_hold` (documented there)."""
         raise NotImplementedError(f'{cls.__name__}: its Lua take() named a ledger, so it must release the hold')
 
     # -- what state, metrics and the CLI show of it (rq_policies.state, .metrics, .cli iterate the registry) -------

@@ -297,7 +297,7 @@ class PolicyQueue(Queue):
         """
         call = self._push_call(job_id, 'L' if at_front else 'R', self.key, wake=keys.wake(self.name))
         if pipeline is not None:
-            call.ride(pipeline)
+            call.run(pipeline)
         else:
             call.run(self.connection)
 
@@ -319,7 +319,7 @@ class PolicyQueue(Queue):
         pipe.sadd(self.redis_queues_keys, self.key)
         compat.persist_job(self, job, pipe, JobStatus.SCHEDULED)
         self._push_call(job.id, 'S', ScheduledJobRegistry(queue=self).key, score=_score(when),
-                        wake=keys.wake(self.name)).ride(pipe)
+                        wake=keys.wake(self.name)).run(pipe)
         if pipeline is None:
             pipe.execute()
         return job
@@ -457,9 +457,10 @@ class PolicyQueue(Queue):
         """The admission's round trip and what follows it (the asyncio doors' builder sends it themselves,
         :mod:`rq_policies.aio`)."""
         job = write.job
-        if not admission.admit(self, spec, digest, write, force=force, hint=hint):
+        verdict = admission.admit(self, spec, digest, write, force=force, hint=hint)
+        if not verdict.written:
             return None
-        if write.replaced:  # the waiting holder or pending job took this payload in place: it is the job
+        if verdict.replaced:  # the waiting holder or pending job took this payload in place: it is the job
             return job
         if write.mode == 'D':
             return self._finish_deferred(job, spec, digest, at_front)

@@ -56,7 +56,8 @@ class QueueSlot(FetchPolicy):
     #: Seconds a hold survives unrefreshed (:data:`rq_policies.ledger.TTL_SECONDS`: rq's heartbeat margin).
     TTL_SECONDS: int = ledger.TTL_SECONDS
 
-    #: The holds this process has (:data:`rq_policies.ledger.PROCESS`), refreshed by :meth:`refresh_in`.
+    #: Deprecated alias of :data:`rq_policies.ledger.PROCESS` (the holds this process has, refreshed by
+    #: :meth:`refresh_in`): one name for one thing; kept for code that reads it.
     HELD = ledger.PROCESS
 
     # -- capacity -------------------------------------------------------------------------------------------------
@@ -182,8 +183,8 @@ class QueueSlot(FetchPolicy):
         """Take a hold on ``queue``, or report that the cluster is at capacity.
 
         Replay-safe: a retried call whose first attempt landed finds its own member and answers True again (and
-        refreshes it), never counting itself twice. A taken hold joins :attr:`HELD`, so :meth:`refresh_in` keeps it
-        live until :meth:`release`.
+        refreshes it), never counting itself twice. A taken hold joins :data:`rq_policies.ledger.PROCESS`, so
+        :meth:`refresh_in` keeps it live until :meth:`release`.
 
         Args:
             queue: queue name or Queue.
@@ -198,8 +199,8 @@ class QueueSlot(FetchPolicy):
         name = queue_name(queue)
         limit = positive_int('capacity', capacity, MAX_CAPACITY)
         seconds = whole_seconds('ttl', ttl)
-        # A taken hold joins HELD: refresh_in keeps it live (a PolicyWorker's heartbeat does) until released.
-        return cls.HELD.acquire(_need(connection), Hold(keys.holds(name), _holder(token), seconds), limit)
+        # A taken hold joins ledger.PROCESS: refresh_in keeps it live (a PolicyWorker's heartbeat does) until released.
+        return ledger.PROCESS.acquire(_need(connection), Hold(keys.holds(name), _holder(token), seconds), limit)
 
     @classmethod
     def release(cls, queue: Any, token: str | None = None, connection: Redis | Any = None) -> bool:
@@ -214,7 +215,7 @@ class QueueSlot(FetchPolicy):
         """
         name = queue_name(queue)
         hold = Hold(keys.holds(name), _holder(token), cls.TTL_SECONDS)
-        return cls.HELD.release(_need(connection), hold, wake=keys.wake(name))
+        return ledger.PROCESS.release(_need(connection), hold, wake=keys.wake(name))
 
     @classmethod
     def refresh_in(cls, pipeline: Any, ttl: int = TTL_SECONDS) -> None:
@@ -223,7 +224,7 @@ class QueueSlot(FetchPolicy):
         One EVALSHA covering every hold; it touches nothing when nothing is held, which is every process in an
         install that caps nothing. A hold found lapsed is re-added and counted (see ``lua/refresh_holds.lua``).
         """
-        cls.HELD.refresh_in(pipeline, ttl=whole_seconds('ttl', ttl))
+        ledger.PROCESS.refresh_in(pipeline, ttl=whole_seconds('ttl', ttl))
 
     # -- the fetch (lua/policies/queue_slot.lua) ------------------------------------------------------------------
 

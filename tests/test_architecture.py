@@ -9,7 +9,8 @@ from pathlib import Path
 from rq_policies.policy import registered
 
 PACKAGE = Path(__file__).resolve().parent.parent / 'rq_policies'
-GLUE = ('queue.py', 'worker.py', 'state.py', 'cli.py', 'metrics.py', 'fetch.py', 'admission.py')
+GLUE = ('queue.py', 'worker.py', 'worker_mixin.py', 'wake.py', 'guard.py', 'state.py', 'cli.py', 'metrics.py',
+        'fetch.py', 'admission.py')
 
 
 def module_imports() -> dict[str, set[str]]:
@@ -99,3 +100,32 @@ def test_rq_s_private_names_are_used_only_in_compat():
                 found += [f'{path.relative_to(PACKAGE)}:{node.lineno} import {alias.name}' for alias in node.names
                           if alias.name.startswith('_')]
     assert found == [], found
+
+
+def test_the_engine_s_protocols_are_narrow_typed_and_met():
+    """The engine's interface to a policy (rq_policies/protocols.py): a dozen methods or fewer in all, no ``Any`` in a
+    signature, and met by every registered policy (an admission policy's examples, a per-job fetch policy's as
+    declared on a call, every fetch policy class)."""
+    import inspect
+
+    from rq_policies.policy import ADMISSION, FETCH
+    from rq_policies.protocols import AdmissionSide, Declared, FetchSide
+
+    methods = {}
+    for proto in (Declared, AdmissionSide, FetchSide):
+        for name, member in vars(proto).items():
+            if inspect.isfunction(member) and not name.startswith('_'):
+                methods[f'{proto.__name__}.{name}'] = member
+    assert 0 < len(methods) <= 12, sorted(methods)
+    for name, member in methods.items():
+        annotations = ' '.join(str(value) for value in member.__annotations__.values())
+        assert 'Any' not in annotations, (name, annotations)
+        assert member.__doc__, f'{name} is not documented'
+    for cls in registered(ADMISSION):
+        for example in cls.examples():
+            assert isinstance(example, AdmissionSide), example
+    for cls in registered(FETCH):
+        assert isinstance(cls, FetchSide), cls
+        if cls.per_job:
+            for example in cls.examples():
+                assert isinstance(example, Declared), example

@@ -27,7 +27,7 @@ from rq_policies import (
     identity,
     keys,
 )
-from rq_policies.admission import JobWrite, admit_call
+from rq_policies.admission import JobWrite, Verdict, admit_call
 
 
 def pending(conn, q) -> list[tuple[str, float]]:
@@ -122,8 +122,8 @@ def test_debounce_script_direct(connection):
     def debounce(jid, not_before=0):
         job = SimpleNamespace(id=jid, key=f'rq:job:{jid}', result_ttl=None)
         write = JobWrite(job, 'S', not_before, 'rq:scheduled:q', -1, ['status', 'scheduled', 'origin', 'q'])
-        reply = admit_call(q, PolicySet((Debounce(30),)), digest, write).run(connection)
-        return reply[2], reply[3], reply[4], reply[5]
+        verdict = Verdict.read(admit_call(q, PolicySet((Debounce(30),)), digest, write).run(connection))
+        return verdict.job_id.encode(), verdict.number, verdict.server_now, verdict.superseded.encode()
 
     jid, at, now, superseded = debounce('a')
     assert (jid, superseded) == (b'a', b'') and at == math.ceil(float(now) + 30)

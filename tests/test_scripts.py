@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from rq.queue import Queue
 
 from rq_policies import Loner, PolicyQueue, PolicySet, keys
-from rq_policies.admission import JobWrite, admit_call
+from rq_policies.admission import JobWrite, Verdict, admit_call
 from rq_policies.fetch import fetch_call
 from rq_policies.loner import holder, release_markers
 
@@ -21,14 +21,17 @@ def marker_of(digest):
 
 
 def enqueue(conn, jid, digest='d1', mode='R', ttl=-1, loner=1, dest='rq:queue:q', score=0, fields=None):
-    """One admission through the builder the queue uses (lua/admit.lua), as the raw reply."""
+    """One admission through the builder the queue uses (lua/admit.lua): its verdict, decoded by the one decoder
+    (``Verdict.read``), as (code, policy, job id, number, server now, superseded) with the ids as bytes."""
     fields = fields if fields is not None else ['status', 'queued' if mode in 'RL' else 'scheduled', 'origin', 'q']
     spec = PolicySet((Loner(),) if loner else ())
     for item in spec.policies:
         fields = fields + item.job_fields('q', digest)
     job = SimpleNamespace(id=jid, key=PREFIX + jid, result_ttl=None)  # what the builder reads of a Job
     write = JobWrite(job, mode, score, dest, ttl, fields)
-    return admit_call(PolicyQueue('q', connection=conn), spec, digest, write).run(conn)
+    verdict = Verdict.read(admit_call(PolicyQueue('q', connection=conn), spec, digest, write).run(conn))
+    return (verdict.code, verdict.policy.encode(), verdict.job_id.encode(), verdict.number, verdict.server_now,
+            verdict.superseded.encode())
 
 
 def admitted(reply):

@@ -11,6 +11,7 @@ what each of them assumes on rq 2.12 and 3.x (``tests/test_architecture.py`` kee
 from __future__ import annotations
 
 import inspect
+from importlib import import_module
 from typing import Any
 
 import rq
@@ -43,6 +44,13 @@ LEGACY_FAILURE = not hasattr(Worker, '_finalize_failure')
 #: (``Queue._enqueue_rate_limited_job``); rq 2.12 has no rate limits. The fetch's promotion leaves such a job for rq's
 #: scheduler (lua/lib/promote.lua).
 SCHEDULER_RATE_LIMITS = RQ3
+
+#: rq's key prefix: rq 3 reads the ``RQ_KEY_PREFIX`` environment variable once, when ``rq.defaults`` is imported
+#: (default ``rq``), and builds every key of its own from it (``<prefix>:queue:<q>``, ``<prefix>:job:<id>``, its
+#: classes' ``redis_*_namespace_prefix`` and registries' ``key_template`` are set at import time too). rq 2.12 has
+#: no such setting: its keys always start ``rq:``, whatever the environment says, and so do ours there.
+#: rq-policies follows rq: its keys are ``<prefix>:policies:...`` (:mod:`rq_policies.keys`), read once at import.
+KEY_PREFIX: str = getattr(import_module('rq.defaults'), 'RQ_KEY_PREFIX', 'rq') if RQ3 else 'rq'
 
 # -- job statuses ------------------------------------------------------------------------------------------------
 

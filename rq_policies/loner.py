@@ -123,10 +123,13 @@ class Loner(AdmissionPolicy):
 
     def admit_part(self, call: Call, queue: Any, digest: str) -> dict[str, Any]:
         call.key('loner.marker', keys.loner(queue.name, digest))
-        part: dict[str, Any] = {}
+        # The worker and liveness prefixes go with every part: the holder's own hash may ask for until='finished'
+        # whatever this call declares, and the Lua side cannot know rq's key prefix (RQ_KEY_PREFIX) by itself.
+        part: dict[str, Any] = {
+            'worker_prefix': Worker.redis_worker_namespace_prefix, 'alive_prefix': keys.ALIVE_PREFIX,
+        }
         if self.until == 'finished':
             part['finished'] = True
-            part['worker_prefix'] = Worker.redis_worker_namespace_prefix
         if self.on_conflict != 'drop':
             part['conflict'] = self.on_conflict
         if self.ttl is not None:

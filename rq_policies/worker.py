@@ -48,7 +48,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import redis
-from rq.job import JobStatus
+from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.worker import SimpleWorker, Worker
 
@@ -257,6 +257,8 @@ class PolicyWorkerMixin:
     max_connection_wait_time: float = 0.5
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Before rq's own set-up, which a cluster client without a hash-tagged RQ_KEY_PREFIX would fail less clearly.
+        keys.check_connection(kwargs.get('connection'))
         super().__init__(*args, **kwargs)
         # `rq worker` passes its own queue class (rq.Queue by default) and `rq worker-pool` none at all; fetching
         # must go through ours regardless.
@@ -675,7 +677,8 @@ class _HorseGuard:
     everything is SIGKILLed, the holds age out within ``hold_ttl`` and the liveness key too.
     """
 
-    def __init__(self, connection: Any, hold_ttl: int, tick: float, log: Any, job_prefix: str = 'rq:job:',
+    def __init__(self, connection: Any, hold_ttl: int, tick: float, log: Any,
+                 job_prefix: str = Job.redis_job_namespace_prefix,
                  every: float | None = None) -> None:
         self.connection = connection
         self.hold_ttl = hold_ttl

@@ -146,7 +146,7 @@ class Loner(AdmissionPolicy):
 
     @classmethod
     def ended(cls, pipeline: Any, job_prefix: str, job_id: str) -> None:
-        Call('release_markers', job_prefix=job_prefix, jobs=[job_id], ended=True).ride(pipeline)
+        _release_call(job_prefix, [job_id]).arg('ended', True).ride(pipeline)
 
     def on_drop(self, func_name: str, queue: str, verdict: Any) -> None:
         if self.on_conflict == 'raise':
@@ -319,5 +319,12 @@ def release_markers(connection: Any, job_prefix: str, job_ids: list[str]) -> int
     """
     if not job_ids:
         return 0
-    result = Call('release_markers', job_prefix=job_prefix, jobs=list(job_ids)).run(connection)
+    result = _release_call(job_prefix, job_ids).run(connection)
     return result if isinstance(result, int) else 0
+
+
+def _release_call(job_prefix: str, job_ids: list[str]) -> Call:
+    # The job hashes go in KEYS too (the script reads them by prefix and id): a Redis Cluster routes a script by its
+    # keys, and a script with none would go to any node.
+    return Call('release_markers', job_prefix=job_prefix, jobs=list(job_ids)).key_list(
+        'jobs', [job_prefix + job_id for job_id in job_ids])

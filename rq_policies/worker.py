@@ -53,7 +53,7 @@ from rq.queue import Queue
 from rq.worker import SimpleWorker, Worker
 
 from . import admission, health, keys, ledger, otel, scripts
-from .compat import LEGACY_FAILURE
+from .compat import LEGACY_FAILURE, adopt_cluster
 from .exceptions import PolicyError
 from .fetch import IDLE_POLL_SECONDS, Claim, Fetcher, current_fetcher, release_claim
 from .ledger import WAKE_CAPACITY, WAKE_RELEASED, WAKE_SCHEDULED, Keeper
@@ -259,6 +259,7 @@ class PolicyWorkerMixin:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # Before rq's own set-up, which a cluster client without a hash-tagged RQ_KEY_PREFIX would fail less clearly.
         keys.check_connection(kwargs.get('connection'))
+        adopt_cluster(kwargs.get('connection'))  # rq 3's Worker on a RedisCluster (compat.adopt_cluster)
         super().__init__(*args, **kwargs)
         # `rq worker` passes its own queue class (rq.Queue by default) and `rq worker-pool` none at all; fetching
         # must go through ours regardless.

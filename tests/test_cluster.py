@@ -1,0 +1,200 @@
+"""rq-policies on a real Redis Cluster: 3 primaries and 3 replicas of the session's server (tests/cluster.py).
+
+These run in their own CI cell, on rq 3 with a hash-tagged prefix, which puts every key of rq and of ours in one
+slot (docs/cluster.md)::
+
+    RQ_KEY_PREFIX='{rq}' pytest -m cluster tests/test_cluster.py
+
+Elsewhere (no hash tag in the prefix, or rq 2.12, which has no prefix setting) they are skipped.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jobs
+import key_jobs
+import pytest
+from cluster import ValkeyCluster
+from rq import Queue
+from rq.job import Job
+
+from rq_policies import (
+    Debounce,
+    Loner,
+    PolicyQueue,
+    PolicySimpleWorker,
+    QueueRate,
+    QueueSlot,
+    Throttle,
+    keys,
+)
+from rq_policies.compat import RQ3
+
+HERE = Path(__file__).parent
+
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.skipif(not RQ3 or keys.hash_tag(keys.PREFIX) is None,
+                       reason="a cluster needs rq 3 and a hash-tagged prefix: RQ_KEY_PREFIX='{rq}' pytest -m cluster"),
+]
+
+
+@pytest.fixture(scope='module')
+def valkey_cluster():
+    with ValkeyCluster(primaries=3, replicas=1, node_timeout_ms=1000) as found:
+        yield found
+
+
+@pytest.fixture
+def cluster(valkey_cluster):
+    valkey_cluster.flush()
+    client = valkey_cluster.client()
+    try:
+        yield client
+    finally:
+        client.close()
+        valkey_cluster.flush()
+
+
+@pytest.fixture
+def cluster_env(worker_env, valkey_cluster):
+    return dict(worker_env, CLUSTER_URL=valkey_cluster.url, RQ_KEY_PREFIX=os.environ['RQ_KEY_PREFIX'])
+
+
+def one_slot(valkey_cluster) -> list[str]:
+    """Every key on the cluster, checked to be in the prefix's slot (on the one primary that serves it)."""
+    found = valkey_cluster.keys()
+    head = keys.PREFIX.split(':', 1)[0] + ':'
+    assert all(key.startswith(head) for key in found), found
+    return found
+
+
+def test_a_prefix_without_hash_tag_is_refused_at_the_first_door_and_worker_start(valkey_cluster, worker_env):
+    """RQ_KEY_PREFIX='rq' (no hash tag) on a cluster: PolicyQueue and PolicyWorker refuse the connection with a
+    message naming RQ_KEY_PREFIX and an example, before anything is written (rather than the server's CROSSSLOT)."""
+    probe = '''
+import json, os
+from redis.cluster import RedisCluster
+from rq_policies import PolicyQueue, PolicySimpleWorker, PolicyWorker
+from rq_policies.exceptions import PolicyConfigurationError
+conn = RedisCluster.from_url(os.environ['CLUSTER_URL'])
+said = []
+for make in (lambda: PolicyQueue('q', connection=conn), lambda: PolicyWorker(['q'], connection=conn),
+             lambda: PolicySimpleWorker(['q'], connection=conn)):
+    try:
+        make()
+        said.append(None)
+    except PolicyConfigurationError as exc:
+        said.append(str(exc))
+conn.close()
+print(json.dumps(said))
+'''
+    env = dict(worker_env, CLUSTER_URL=valkey_cluster.url, RQ_KEY_PREFIX='rq')
+    valkey_cluster.flush()
+    out = subprocess.run([sys.executable, '-c', probe], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    said = json.loads(out.stdout)
+    assert all(message is not None for message in said), said
+    for message in said:
+        assert "RQ_KEY_PREFIX='rq'" in message and "RQ_KEY_PREFIX='{rq}'" in message, message
+    assert valkey_cluster.keys() == []
+
+
+def test_every_door_on_a_cluster(cluster, valkey_cluster):
+    """Every door and every policy's door runs its one script on the slot's primary; nothing lands elsewhere."""
+    q = PolicyQueue('doors', connection=cluster)
+    assert q.enqueue(jobs.plain, 1) is not None
+    assert q.enqueue_call(jobs.plain, args=(2,)) is not None
+    assert q.enqueue_in(datetime.timedelta(seconds=30), jobs.plain, 3) is not None
+    assert q.enqueue_at(datetime.datetime.now(datetime.timezone.utc), jobs.plain, 4) is not None
+    assert len(q.enqueue_many([Queue.prepare_data(jobs.plain, (5,)), Queue.prepare_data(jobs.plain, (6,))])) == 2
+    held = q.enqueue(jobs.plain, 7, policy=Loner())
+    assert held is not None and q.enqueue(jobs.plain, 7, policy=Loner()) is None
+    assert q.enqueue(jobs.plain, 8, policy=Throttle(60)) is not None
+    assert q.enqueue(jobs.plain, 8, policy=Throttle(60)) is None
+    pending = q.enqueue(jobs.plain, 9, policy=Debounce(30))
+    assert q.enqueue(jobs.plain, 9, policy=Debounce(30)).id == pending.id  # merged into the pending job
+    assert q.enqueue(key_jobs.per_customer, 'c', 0, customer='acme') is not None
+    QueueSlot.set('doors', 2, connection=cluster)
+    QueueRate.set('doors', 10, per=1, connection=cluster)
+    assert QueueSlot.get('doors', connection=cluster).capacity == 2
+    held.delete()  # frees its identity (lua/release_markers.lua, routed by the job's key)
+    assert q.enqueue(jobs.plain, 7, policy=Loner()) is not None
+    found = one_slot(valkey_cluster)
+    assert any(key.startswith(keys.PREFIX + 'loner:') for key in found)
+    assert q.count == 7  # 1, 2, 5, 6, the second Loner of 7, the throttle's winner, the concurrency job
+    assert q.scheduled_job_registry.count == 3  # enqueue_in, enqueue_at (rq schedules it), the debounced job
+
+
+def test_a_simple_worker_runs_capped_loner_jobs_on_a_cluster(cluster, valkey_cluster):
+    q = PolicyQueue('simple', connection=cluster)
+    QueueSlot.set('simple', 1, connection=cluster)
+    enqueued = [q.enqueue(jobs.plain, i, policy=Loner()) for i in range(5)]
+    assert q.enqueue(jobs.plain, 0, policy=Loner()) is None  # its identity is held
+    worker = PolicySimpleWorker([q], connection=cluster)
+    assert worker.work(burst=True, with_scheduler=False)
+    assert [Job.fetch(job.id, connection=cluster).get_status() for job in enqueued] == ['finished'] * 5
+    assert cluster.zcard(keys.holds('simple')) == 0  # every hold released
+    assert not [key for key in one_slot(valkey_cluster) if key.startswith(keys.PREFIX + 'loner:')]
+    assert q.enqueue(jobs.plain, 0, policy=Loner()) is not None  # the identity is free again
+
+
+@pytest.mark.long
+def test_forking_workers_keep_a_cap_on_a_cluster(cluster, valkey_cluster, cluster_env, tmp_path):
+    """Two forking PolicyWorkers, a cap of 2, 8 Loner jobs of 0.3 s: never more than 2 at once, all run once."""
+    q = PolicyQueue('forking', connection=cluster)
+    QueueSlot.set('forking', 2, connection=cluster)
+    spans = tmp_path / 'spans'
+    # distinct identities: 0.3 s and a thousandth more each
+    enqueued = [q.enqueue(jobs.span_to_file, str(spans), 0.3 + i / 1000, policy=Loner(), job_id=f'f{i}')
+                for i in range(8)]
+    workers = [subprocess.Popen([sys.executable, str(HERE / 'cluster_worker.py'), 'PolicyWorker', '--burst',
+                                 'forking'], env=cluster_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True) for _ in range(2)]
+    outputs = [w.communicate(timeout=90)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], outputs
+    assert [Job.fetch(job.id, connection=cluster).get_status() for job in enqueued] == ['finished'] * 8, outputs
+    lines = spans.read_text().splitlines()
+    assert sorted(line.split()[0] for line in lines if ' start ' in line) == sorted(j.id for j in enqueued)
+    assert jobs.max_overlap(lines) == 2  # the cap is used, never exceeded
+    assert cluster.zcard(keys.holds('forking')) == 0
+    one_slot(valkey_cluster)
+
+
+@pytest.mark.long
+def test_an_idle_worker_wakes_on_an_enqueue_on_a_cluster(cluster, cluster_env, tmp_path):
+    """The idle wait's pub/sub works on a cluster: the door's PUBLISH (in its script) reaches the idle worker's
+    SUBSCRIBE on another node, so a job starts well before the idle poll would look again."""
+    from rq_policies.fetch import IDLE_POLL_SECONDS
+
+    q = PolicyQueue('idle', connection=cluster)
+    spans = tmp_path / 'spans'
+    worker = subprocess.Popen([sys.executable, str(HERE / 'cluster_worker.py'), 'PolicyWorker', 'idle'],
+                              env=cluster_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not cluster.scard(f'{keys.KEY_PREFIX}:workers') and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.5)  # idle: past its first looks, waiting on the wake-up channel
+        delays = []
+        for i in range(3):
+            sent = time.time()
+            q.enqueue(jobs.span_to_file, str(spans), 0, job_id=f'idle{i}')
+            while time.monotonic() < deadline + 30 and not (spans.exists() and f'idle{i} start' in spans.read_text()):
+                time.sleep(0.01)
+            started = next(float(line.split()[2]) for line in spans.read_text().splitlines()
+                           if line.startswith(f'idle{i} start'))
+            delays.append(started - sent)
+            time.sleep(1.5)
+        assert max(delays) < IDLE_POLL_SECONDS / 2, delays
+    finally:
+        worker.terminate()
+        out = worker.communicate(timeout=30)[0]
+    assert worker.returncode is not None, out

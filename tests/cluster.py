@@ -12,7 +12,7 @@ import socket
 import time
 
 from redis import Redis
-from redis.cluster import RedisCluster
+from redis.cluster import ClusterNode, RedisCluster
 
 from rq_policies.testing import RedisServer, free_port
 
@@ -125,8 +125,11 @@ class ValkeyCluster:
                 c.close()
 
     def client(self, **kwargs) -> RedisCluster:
+        """A client that starts from any live node (the first may have been killed by a failover test)."""
         kwargs.setdefault('socket_timeout', 5)
-        return RedisCluster(host='127.0.0.1', port=self.nodes[0].port, **kwargs)
+        live = [ClusterNode('127.0.0.1', node.port) for node in self.nodes
+                if node.process is not None and node.process.poll() is None]
+        return RedisCluster(startup_nodes=live, **kwargs)
 
     def owner_of(self, key: str) -> tuple[RedisServer, RedisServer | None]:
         """The node serving ``key``'s slot as primary now, and one replica of it (or None)."""

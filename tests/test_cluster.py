@@ -371,3 +371,77 @@ def test_failover_of_the_prefix_slot_primary_during_capped_loner_jobs(cluster, v
     assert all(statuses[job_id] == 'finished' and len(starts.get(job_id, [])) == 1 for job_id in after), (
         figures, output)
     assert figures['max_overlap_from_1s_after_promotion'] <= cap, figures
+
+
+def test_producers_follow_a_slot_migration(cluster, valkey_cluster, capsys):
+    """The prefix's slot moves to another primary (SETSLOT IMPORTING/MIGRATING, MIGRATE key by key, SETSLOT NODE)
+    while a producer enqueues Loner jobs: the client follows the ASK and MOVED redirections (retrying on TRYAGAIN
+    while a script's keys are split between the two nodes), and every acknowledged enqueue is there afterwards,
+    on the new primary."""
+    import threading
+
+    from redis.crc import key_slot
+
+    slot = key_slot(keys.PREFIX.encode())
+    source, _ = valkey_cluster.owner_of(keys.PREFIX)
+    target = next(node for node in valkey_cluster.nodes[:valkey_cluster.primaries] if node is not source
+                  and _node_role(valkey_cluster, node.port) == 'master')
+    src, dst = valkey_cluster.node_client(source.port), valkey_cluster.node_client(target.port)
+    acked: list[str] = []
+    failed: list[str] = []
+    stop = threading.Event()
+
+    def produce() -> None:
+        producer = valkey_cluster.client()
+        pq = PolicyQueue('moving', connection=producer)
+        try:
+            i = 0
+            while not stop.is_set():
+                job_id = f'm{i:05d}'
+                for _ in range(50):
+                    try:
+                        pq.enqueue(jobs.plain, i, policy=Loner(), job_id=job_id)
+                        acked.append(job_id)
+                        break
+                    except Exception as exc:
+                        failed.append(repr(exc))
+                        time.sleep(0.02)
+                i += 1
+        finally:
+            producer.close()
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    try:
+        while len(acked) < 200:
+            time.sleep(0.02)
+        src_id, dst_id = src.execute_command('CLUSTER MYID'), dst.execute_command('CLUSTER MYID')
+        dst.execute_command('CLUSTER SETSLOT', slot, 'IMPORTING', src_id)
+        src.execute_command('CLUSTER SETSLOT', slot, 'MIGRATING', dst_id)
+        moved = 0
+        while True:
+            batch = src.execute_command('CLUSTER GETKEYSINSLOT', slot, 20)
+            if not batch:
+                break
+            src.execute_command('MIGRATE', '127.0.0.1', target.port, '', 0, 5000, 'KEYS', *batch)
+            moved += len(batch)
+            time.sleep(0.01)  # let the producer run against a slot split between two nodes
+        for client in (dst, src):
+            client.execute_command('CLUSTER SETSLOT', slot, 'NODE', dst_id)
+        during = len(acked)
+        while len(acked) < during + 100:
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        thread.join(30)
+        src.close()
+        dst.close()
+    with capsys.disabled():
+        print(f'\nslot migration: {moved} keys moved, {len(acked)} enqueues acknowledged, {during} by the end of the '
+              f'move, {len(failed)} failed calls retried: {sorted(set(e.split("(")[0] for e in failed))}')
+    assert moved > 200
+    assert valkey_cluster.owner_of(keys.PREFIX)[0] is target
+    missing = [job_id for job_id in acked if not cluster.exists(Job.key_for(job_id))]
+    assert missing == [], (len(missing), failed[:5])
+    assert len(set(acked)) == len(acked)
+    assert PolicyQueue('moving', connection=cluster).count == len(acked)

@@ -141,7 +141,6 @@ def adopt_job(job: Any, job_class: type) -> Any:
     return job
 
 
-
 # -- Redis Cluster: what rq 3's classes assume of a connection that redis-py's RedisCluster does not give ------------
 
 
@@ -165,9 +164,10 @@ def _cluster_classes() -> tuple[type, type] | None:
         return None
 
     class PolicyClusterPipeline(ClusterPipeline):
-        """redis-py's cluster pipeline, with the two commands it refuses by name (it lists PUBLISH and EVALSHA as
-        commands a pipeline cannot route) sent as any other: both are routed by their key (EVALSHA) or channel
-        (PUBLISH), which a hash-tagged prefix puts in the one slot every other command of the pipeline uses."""
+        """redis-py's cluster pipeline, with the commands it refuses by name (it lists PUBLISH and EVALSHA as commands
+        a pipeline cannot route, and its ``eval`` takes no script) sent as any other: each is routed by its first key
+        (EVAL, EVALSHA) or its channel (PUBLISH), which a hash-tagged prefix puts in the one slot every other command
+        of the pipeline uses."""
 
         def publish(self, channel: Any, message: Any, **kwargs: Any) -> Any:
             return self.execute_command('PUBLISH', channel, message, **kwargs)
@@ -217,11 +217,11 @@ def adopt_cluster(connection: Any) -> Any:
     job WATCHes a key in ``connection.pipeline()``, which a cluster pipeline allows only in a transaction (redis.Redis's
     pipelines are transactions by default, RedisCluster's are not). The client is re-classed in place to a subclass
     that adds no state: ``connection_pool`` (the nodes' shared connection settings, :class:`_NodesPool`) and
-    ``pipeline()`` defaulting to a transaction, whose ``publish`` and ``evalsha`` are sent like any other command
-    (redis-py's cluster pipeline refuses both by name). In place, as :func:`adopt_job` does, so that the caller's
-    object, rq's worker and our classes share one client. rq's own scheduler (``--with-scheduler``) and worker pool
-    build a connection of their own from ``connection_pool`` and are not supported on a cluster: a PolicyWorker's
-    fetch promotes due scheduled jobs itself.
+    ``pipeline()`` defaulting to a transaction, whose ``publish``, ``eval`` and ``evalsha`` are sent like any other
+    command (redis-py's cluster pipeline refuses them by name). In place, as :func:`adopt_job` does, so that the
+    caller's object, rq's worker and our classes share one client. rq's own scheduler (``--with-scheduler``) and
+    worker pool build a connection of their own from ``connection_pool`` and are not supported on a cluster: a
+    PolicyWorker's fetch promotes due scheduled jobs itself.
     """
     if _CLUSTER_CLASSES is None:
         return connection

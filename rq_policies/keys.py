@@ -415,10 +415,13 @@ def hash_tag(key: str) -> str | None:
 
 
 def is_cluster(connection: Any) -> bool:
-    """Is ``connection`` a redis-py Redis Cluster client (``redis.cluster.RedisCluster``, its asyncio twin, or a
-    pipeline of either)?"""
-    module = type(connection).__module__
-    return module in ('redis.cluster', 'redis.asyncio.cluster')
+    """Is ``connection`` a redis-py Redis Cluster client (``redis.cluster.RedisCluster`` or a subclass, its asyncio
+    twin, or a pipeline of either: redis-py's cluster pipelines are cluster clients too)?"""
+    from redis.asyncio.cluster import ClusterPipeline as AsyncClusterPipeline
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+    from redis.cluster import RedisCluster
+
+    return isinstance(connection, (RedisCluster, AsyncRedisCluster, AsyncClusterPipeline))
 
 
 def check_connection(connection: Any) -> None:

@@ -45,6 +45,8 @@ from redis.commands.core import Script
 from redis.connection import BlockingConnectionPool, ConnectionPool
 from redis.exceptions import NoScriptError, ResponseError
 
+from .keys import is_cluster
+
 _INCLUDE = re.compile(r'^--\s*@include\s+"([^"]+)"\s*$', re.MULTILINE)
 #: ``-- @policies`` in a framework script (admit.lua, fetch.lua) includes every policy's part, ``lua/policies/*.lua``,
 #: so a new policy adds its file and no framework script changes.
@@ -143,7 +145,7 @@ def eval_source(name: str, client: Any) -> bytes:
     """The source an EVAL of script ``name`` on ``client`` (a connection or a pipeline) carries: the lean one, unless
     the client is fakeredis (no cmsgpack) or of a kind whose server cannot be told (then the full one, which runs
     everywhere)."""
-    if type(client).__module__ in ('redis.cluster', 'rq_policies.compat'):  # a cluster's nodes have cmsgpack
+    if is_cluster(client):  # a cluster's nodes have cmsgpack
         return _lean(name)
     pool = getattr(client, 'connection_pool', None)
     connection_class = getattr(pool, 'connection_class', None)
@@ -457,7 +459,7 @@ def preload(connection: Any = None) -> None:
     for name in names:
         script(name)
         _lean(name)
-    if type(connection).__module__ in ('redis.cluster', 'rq_policies.compat'):
+    if is_cluster(connection):
         # A cluster: SCRIPT LOAD goes to every primary (redis-py's default for it), one script a call. Its pipelines
         # carry EVAL (see eval_source), so nothing is remembered per pool.
         for name in names:

@@ -12,6 +12,7 @@ what each of them assumes on rq 2.12 and 3.x (``tests/test_architecture.py`` kee
 from __future__ import annotations
 
 import inspect
+from importlib import import_module
 from typing import Any
 
 import rq
@@ -44,6 +45,13 @@ LEGACY_FAILURE = not hasattr(Worker, '_finalize_failure')
 #: (``Queue._enqueue_rate_limited_job``); rq 2.12 has no rate limits. The fetch's promotion leaves such a job for rq's
 #: scheduler (lua/lib/promote.lua).
 SCHEDULER_RATE_LIMITS = RQ3
+
+#: rq's key prefix: rq 3 reads the ``RQ_KEY_PREFIX`` environment variable once, when ``rq.defaults`` is imported
+#: (default ``rq``), and builds every key of its own from it (``<prefix>:queue:<q>``, ``<prefix>:job:<id>``, its
+#: classes' ``redis_*_namespace_prefix`` and registries' ``key_template`` are set at import time too). rq 2.12 has
+#: no such setting: its keys always start ``rq:``, whatever the environment says, and so do ours there.
+#: rq-policies follows rq: its keys are ``<prefix>:policies:...`` (:mod:`rq_policies.keys`), read once at import.
+KEY_PREFIX: str = getattr(import_module('rq.defaults'), 'RQ_KEY_PREFIX', 'rq') if RQ3 else 'rq'
 
 # -- job statuses ------------------------------------------------------------------------------------------------
 
@@ -164,3 +172,94 @@ def adopt_job(job: Any, job_class: type) -> Any:
     job.__class__ = job_class
     return job
 
+
+# -- Redis Cluster: what rq 3's classes assume of a connection that redis-py's RedisCluster does not give ------------
+
+
+class _NodesPool:
+    """What rq reads of ``connection.connection_pool`` (``Worker._set_connection`` raises the socket timeout in its
+    ``connection_kwargs``; the worker checks its ``connection_class`` for TLS): a cluster's are its nodes' shared
+    ones, which every connection the client opens from then on is made with."""
+
+    def __init__(self, cluster: Any) -> None:
+        self.connection_kwargs = cluster.nodes_manager.connection_kwargs
+        from redis.connection import Connection, SSLConnection
+
+        self.connection_class = self.connection_kwargs.get(
+            'connection_class', SSLConnection if self.connection_kwargs.get('ssl') else Connection)
+
+
+def _cluster_classes() -> tuple[type, type] | None:
+    try:
+        from redis.cluster import ClusterPipeline, RedisCluster
+    except ImportError:  # pragma: no cover - redis-py always has it since 4.1
+        return None
+
+    class PolicyClusterPipeline(ClusterPipeline):
+        """redis-py's cluster pipeline, with the commands it refuses by name (it lists PUBLISH and EVALSHA as commands
+        a pipeline cannot route, and its ``eval`` takes no script) sent as any other: each is routed by its first key
+        (EVAL, EVALSHA) or its channel (PUBLISH), which a hash-tagged prefix puts in the one slot every other command
+        of the pipeline uses."""
+
+        def publish(self, channel: Any, message: Any, **kwargs: Any) -> Any:
+            return self.execute_command('PUBLISH', channel, message, **kwargs)
+
+        def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
+            return self.execute_command('EVALSHA', sha, numkeys, *keys_and_args)
+
+        def eval(self, script: Any, numkeys: int, *keys_and_args: Any) -> Any:  # type: ignore[override]
+            return self.execute_command('EVAL', script, numkeys, *keys_and_args)
+
+        # What rq reads of a redis.client.Pipeline (rq 3: queue.move_dependents_to_ready, worker, job): the same
+        # state, kept by the transaction strategy of redis-py's cluster pipeline.
+        @property
+        def watching(self) -> bool:
+            return bool(getattr(self._execution_strategy, '_watching', False))
+
+        @property
+        def explicit_transaction(self) -> bool:
+            return bool(getattr(self._execution_strategy, '_explicit_transaction', False))
+
+    class PolicyCluster(RedisCluster):
+        """redis-py's RedisCluster as rq 3's classes use a connection (see :func:`adopt_cluster`)."""
+
+        @property
+        def connection_pool(self) -> _NodesPool:
+            return _NodesPool(self)
+
+        def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
+            # redis.Redis's pipelines are transactions unless asked otherwise, and rq relies on it: finishing a job
+            # WATCHes its dependents key, which redis-py's cluster pipeline refuses outside a transaction. On a
+            # cluster a transaction must stay in one slot: every key of rq and of ours is in the prefix's.
+            pipe = super().pipeline(transaction=True if transaction is None else transaction, shard_hint=shard_hint)
+            pipe.__class__ = PolicyClusterPipeline
+            return pipe
+
+    return PolicyCluster, PolicyClusterPipeline
+
+
+_CLUSTER_CLASSES = _cluster_classes()
+
+
+def adopt_cluster(connection: Any) -> Any:
+    """A redis-py ``RedisCluster`` made usable by rq 3's Queue and Worker, in place; any other connection as it is.
+
+    rq 3 runs on a cluster for its Queue, but its Worker does not: ``Worker._set_connection`` reads
+    ``connection.connection_pool`` (a cluster client has one pool per node, and no such attribute), and finishing a
+    job WATCHes a key in ``connection.pipeline()``, which a cluster pipeline allows only in a transaction (redis.Redis's
+    pipelines are transactions by default, RedisCluster's are not). The client is re-classed in place to a subclass
+    that adds no state: ``connection_pool`` (the nodes' shared connection settings, :class:`_NodesPool`) and
+    ``pipeline()`` defaulting to a transaction, whose ``publish``, ``eval`` and ``evalsha`` are sent like any other
+    command (redis-py's cluster pipeline refuses them by name). In place, as :func:`adopt_job` does, so that the
+    caller's object, rq's worker and our classes share one client. rq's own scheduler (``--with-scheduler``) and
+    worker pool build a connection of their own from ``connection_pool`` and are not supported on a cluster: a
+    PolicyWorker's fetch promotes due scheduled jobs itself.
+    """
+    if _CLUSTER_CLASSES is None:
+        return connection
+    cluster_class, _ = _CLUSTER_CLASSES
+    from redis.cluster import RedisCluster
+
+    if type(connection) is RedisCluster:
+        connection.__class__ = cluster_class
+    return connection

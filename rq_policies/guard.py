@@ -17,6 +17,8 @@ import struct
 import time
 from typing import Any
 
+from rq.job import Job
+
 from . import keys, ledger
 from .fetch import Claim, release_claim
 from .ops import Call
@@ -95,7 +97,8 @@ class HorseGuard(ledger.ForkedHelper):
 
     helper_name = 'hold guard'
 
-    def __init__(self, connection: Any, hold_ttl: int, tick: float, log: Any, job_prefix: str = 'rq:job:',
+    def __init__(self, connection: Any, hold_ttl: int, tick: float, log: Any,
+                 job_prefix: str = Job.redis_job_namespace_prefix,
                  every: float | None = None) -> None:
         self.connection = connection
         self.hold_ttl = hold_ttl

@@ -1,9 +1,16 @@
 """Every Redis key rq-policies writes, in one place.
 
-All keys live under ``rq:policies:`` so that a Redis ACL granting ``~rq:*`` covers them, and none can collide with
-rq's own ``rq:queue:*``, ``rq:job:*``, ``rq:scheduled:*`` or ``rq:rl:*``: the segment after ``rq:policies:`` names the
-key's kind, and a per-identity key ends in a fixed-width hex digest, so no queue name can make one kind's key equal
-another's. The only user input that reaches a key is the queue name.
+All keys live under ``<prefix>:policies:``, where ``<prefix>`` is rq's own key prefix: ``rq`` by default, so the
+table below spells it ``rq:``; on rq 3 the ``RQ_KEY_PREFIX`` environment variable moves rq's keys and ours together
+(``RQ_KEY_PREFIX='{app}'`` gives ``{app}:queue:<q>``, ``{app}:job:<id>`` and ``{app}:policies:...``); rq 2.12 has no
+such setting and its keys and ours stay under ``rq:`` (:data:`rq_policies.compat.KEY_PREFIX`). Like rq, the prefix is
+read once, when the module is imported: set it in the environment before the process imports rq or rq-policies, and
+give every producer and worker the same one. One prefix for both families keeps three things true: a Redis ACL
+granting ``~rq:*`` (``~{app}:*``) covers our keys; a hash-tagged prefix (``{app}``) puts every key of rq and of ours
+in one Redis Cluster slot, which the scripts need (docs/cluster.md); and none of ours can collide with rq's own
+``<prefix>:queue:*``, ``<prefix>:job:*``, ``<prefix>:scheduled:*`` or ``<prefix>:rl:*``: the segment after
+``<prefix>:policies:`` names the key's kind, and a per-identity key ends in a fixed-width hex digest, so no queue name
+can make one kind's key equal another's. The only user input that reaches a key is the queue name.
 
 =====================================================  =======  ===================================================
 key                                                    type     meaning
@@ -152,8 +159,12 @@ rq-dashboard ignore fields they do not know.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-PREFIX = 'rq:policies:'
+from .compat import KEY_PREFIX
+
+#: The prefix of every key of ours: rq's key prefix (:data:`rq_policies.compat.KEY_PREFIX`) and ``:policies:``.
+PREFIX = KEY_PREFIX + ':policies:'
 
 CAPACITY = PREFIX + 'capacity'
 RATE = PREFIX + 'rate'
@@ -389,3 +400,53 @@ DEBOUNCE_KEYS = Family('debounce', 'debounce', hash=True)
 
 #: Every per-identity key family, in the order ``rq-policies info`` shows them.
 FAMILIES = (LONER_KEYS, THROTTLE_KEYS, TRAILING_KEYS, DEBOUNCE_KEYS)
+
+
+def hash_tag(key: str) -> str | None:
+    """The hash tag of ``key`` as Redis Cluster reads it (the text between the first ``{`` and the first ``}`` after
+    it, when not empty), or None: a key with a tag is placed by the tag alone."""
+    start = key.find('{')
+    if start < 0:
+        return None
+    end = key.find('}', start + 1)
+    if end <= start + 1:
+        return None
+    return key[start + 1:end]
+
+
+def is_cluster(connection: Any) -> bool:
+    """Is ``connection`` a redis-py Redis Cluster client (``redis.cluster.RedisCluster`` or a subclass, its asyncio
+    twin, or a pipeline of either: redis-py's cluster pipelines are cluster clients too)?"""
+    from redis.asyncio.cluster import ClusterPipeline as AsyncClusterPipeline
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+    from redis.cluster import RedisCluster
+
+    return isinstance(connection, (RedisCluster, AsyncRedisCluster, AsyncClusterPipeline))
+
+
+def check_connection(connection: Any) -> None:
+    """Refuse a Redis Cluster connection when rq's key prefix has no hash tag.
+
+    Every door and every fetch is one script over rq's keys and ours, and a cluster runs a script only when all its
+    keys are in one hash slot: a hash-tagged prefix (``RQ_KEY_PREFIX='{rq}'``) puts every key of rq and of
+    rq-policies in the slot of its tag. Without one the first door would fail with the server's ``CROSSSLOT``
+    (``all keys must map to the same key slot``), which does not say why; this says it at the first door or worker
+    start instead. A single server (``redis.Redis``, Sentinel's clients) passes whatever the prefix.
+
+    Raises:
+        PolicyConfigurationError: the connection is a cluster's and :data:`PREFIX` has no hash tag.
+    """
+    if not is_cluster(connection) or hash_tag(PREFIX) is not None:
+        return
+    from .compat import RQ3
+    from .exceptions import PolicyConfigurationError
+
+    how = (
+        "set RQ_KEY_PREFIX to a hash-tagged prefix in the environment of every producer and worker before rq is "
+        "imported, e.g. RQ_KEY_PREFIX='{rq}'"
+        if RQ3 else "rq 2.12 has no RQ_KEY_PREFIX (its keys are always 'rq:...'): use rq 3 with RQ_KEY_PREFIX='{rq}'"
+    )
+    raise PolicyConfigurationError(
+        f'a Redis Cluster connection ({type(connection).__name__}) needs every key of rq and rq-policies in one hash '
+        f'slot, and RQ_KEY_PREFIX={KEY_PREFIX!r} has no hash tag ({{...}}): {how}. See docs/cluster.md.'
+    )

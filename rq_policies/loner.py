@@ -123,10 +123,13 @@ class Loner(AdmissionPolicy):
 
     def admit_part(self, call: Call, queue: Any, digest: str) -> dict[str, Any]:
         call.key('loner.marker', keys.loner(queue.name, digest))
-        part: dict[str, Any] = {}
+        # The worker and liveness prefixes go with every part: the holder's own hash may ask for until='finished'
+        # whatever this call declares, and the Lua side cannot know rq's key prefix (RQ_KEY_PREFIX) by itself.
+        part: dict[str, Any] = {
+            'worker_prefix': Worker.redis_worker_namespace_prefix, 'alive_prefix': keys.ALIVE_PREFIX,
+        }
         if self.until == 'finished':
             part['finished'] = True
-            part['worker_prefix'] = Worker.redis_worker_namespace_prefix
         if self.on_conflict != 'drop':
             part['conflict'] = self.on_conflict
         if self.ttl is not None:
@@ -143,7 +146,7 @@ class Loner(AdmissionPolicy):
 
     @classmethod
     def ended(cls, pipeline: Any, job_prefix: str, job_id: str) -> None:
-        Call('release_markers', job_prefix=job_prefix, jobs=[job_id], ended=True).run(pipeline)
+        _release_call(job_prefix, [job_id]).arg('ended', True).run(pipeline)
 
     def on_drop(self, func_name: str, queue: str, verdict: Any) -> None:
         if self.on_conflict == 'raise':
@@ -316,5 +319,12 @@ def release_markers(connection: Any, job_prefix: str, job_ids: list[str]) -> int
     """
     if not job_ids:
         return 0
-    result = Call('release_markers', job_prefix=job_prefix, jobs=list(job_ids)).run(connection)
+    result = _release_call(job_prefix, job_ids).run(connection)
     return result if isinstance(result, int) else 0
+
+
+def _release_call(job_prefix: str, job_ids: list[str]) -> Call:
+    # The job hashes go in KEYS too (the script reads them by prefix and id): a Redis Cluster routes a script by its
+    # keys, and a script with none would go to any node.
+    return Call('release_markers', job_prefix=job_prefix, jobs=list(job_ids)).key_list(
+        'jobs', [job_prefix + job_id for job_id in job_ids])

@@ -163,6 +163,11 @@ class PolicyQueue(Queue):
 
     job_class = PolicyJob
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        keys.check_connection(self.connection)  # a cluster needs a hash-tagged RQ_KEY_PREFIX: said here, not CROSSSLOT
+        compat.adopt_cluster(self.connection)
+
     def __repr__(self) -> str:
         return f'{rq_class_name(type(self))}({self.name!r})'
 

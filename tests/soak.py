@@ -76,6 +76,7 @@ from rq.registry import (  # noqa: E402
 )
 
 from rq_policies import PolicyQueue, QueueSlot, keys, ops  # noqa: E402
+from rq_policies.compat import KEY_PREFIX as RQ  # noqa: E402
 from rq_policies.testing import RedisServer  # noqa: E402
 
 CAP = 2
@@ -689,7 +690,7 @@ def policy_keys(conn: Redis) -> list[str]:
     ``keys.DROPPED_SECONDS``, ``keys.PUSHED_SECONDS``)."""
     allowed = {keys.CAPACITY, keys.DROPS, keys.LAPSES}
     left = []
-    for raw in conn.scan_iter('rq:policies:*', count=1000):
+    for raw in conn.scan_iter(f'{RQ}:policies:*', count=1000):
         key = raw.decode()
         if key in allowed:
             continue

@@ -25,6 +25,7 @@ from rq.registry import ScheduledJobRegistry
 
 from rq_policies import Concurrency, Loner, PolicyQueue
 from rq_policies.aio import AsyncDoorError, AsyncPolicyQueue
+from rq_policies.compat import KEY_PREFIX as RQ
 
 
 def _run(coro):
@@ -127,7 +128,7 @@ def test_refused_options_name_the_sync_path(connection, redis_url):
 
     errors = _run(main())
     assert len(errors) == 3 and all('PolicyQueue' in e for e in errors)
-    assert connection.keys('rq:job:*') == []  # nothing was written
+    assert connection.keys(f'{RQ}:job:*') == []  # nothing was written
     with pytest.raises(ValueError, match='connection'):
         AsyncPolicyQueue('aio')
     with pytest.raises(TypeError, match='redis.asyncio'):
@@ -148,7 +149,7 @@ def test_thousand_concurrent_tasks_make_one_job(connection, redis_url):
     admitted = [job for job in results if job is not None]
     assert len(results) == 1000 and len(admitted) == 1
     assert PolicyQueue('aio', connection=connection).job_ids == [admitted[0].id]
-    assert len(connection.keys('rq:job:*')) == 1
+    assert len(connection.keys(f'{RQ}:job:*')) == 1
 
 
 def test_per_key_concurrency_on_the_async_door(connection, redis_url):
@@ -248,7 +249,7 @@ def test_event_loop_lag_stays_under_5ms_while_1000_enqueues_run(connection, redi
             baseline = max(lag for lag, _ in _ticker_lag(url, 0))
             connection.flushdb()
             ticks = _ticker_lag(url, 1000)
-            assert len(connection.keys('rq:job:*')) == 1002
+            assert len(connection.keys(f'{RQ}:job:*')) == 1002
             wall = sorted(lag for lag, _ in ticks)
             cpu = max(used for _, used in ticks)
             rounds.append((max(wall[len(wall) // 2], cpu), wall[len(wall) // 2], cpu, wall[-1], baseline, len(ticks)))
@@ -310,7 +311,7 @@ def test_cancelled_task_leaves_a_whole_job_or_none(connection, redis_url, fault_
     kinds = {'whole': 0, 'none': 0}
     for index, outcome in outcomes.items():
         job_id = f'c{index}'
-        exists = connection.exists(f'rq:job:{job_id}') == 1
+        exists = connection.exists(f'{RQ}:job:{job_id}') == 1
         holder = sync.holder(jobs.record, job_id)
         if exists:
             assert job_id in queued and holder == job_id, (job_id, outcome)
@@ -356,7 +357,7 @@ def test_noscript_falls_back_to_eval(connection, redis_url):
         return job
 
     assert _run(main()) is not None
-    assert connection.llen('rq:queue:aio') == 1
+    assert connection.llen(f'{RQ}:queue:aio') == 1
 
 
 @pytest.mark.long

@@ -13,6 +13,7 @@ import pytest
 from rq.job import Job
 
 from rq_policies import Cap, PolicyQueue, QueueSlot, Throttle, identity, keys
+from rq_policies.compat import KEY_PREFIX as RQ
 
 
 def run(*args, env=None, url=None):
@@ -25,8 +26,9 @@ def run(*args, env=None, url=None):
 
 @pytest.fixture
 def env(worker_env):
-    # tests/ on the path (for -P-less imports of jobs), and no inherited rq settings.
-    clean = {k: v for k, v in worker_env.items() if not k.startswith('RQ_')}
+    # tests/ on the path (for -P-less imports of jobs), and no inherited rq settings but the key prefix (the suite's
+    # own, as rq 3 reads it: see conftest.py).
+    clean = {k: v for k, v in worker_env.items() if not k.startswith('RQ_') or k == 'RQ_KEY_PREFIX'}
     return clean
 
 
@@ -158,7 +160,7 @@ def test_reset_clears_one_identity_only(connection, env, redis_url):
     assert result.returncode == 0, result.stderr
     assert 'removed 5 key(s)' in result.stdout  # the loner marker, two slots, the trailing and debounce keys
     assert 'queued jobs are left alone' in result.stdout
-    assert connection.keys(f'rq:policies:*:imports:{digest}*') == []
+    assert connection.keys(f'{RQ}:policies:*:imports:{digest}*') == []
     assert Job.fetch(first.id, connection=connection).get_status() == 'queued'
     assert q.enqueue(jobs.sync_account, 7, 'again') is not None  # the identity is free
     assert q.enqueue(jobs.sync_account, 8, 'again') is None  # the other one is untouched
@@ -178,7 +180,7 @@ def test_reset_args_are_json_literals_or_strings(connection, env, redis_url):
     assert 'removed 1 key(s)' in result.stdout, result.stdout + result.stderr
     result = run('reset', 'imports', 'jobs.record', 'tag', '"3"', env=env, url=redis_url)
     assert 'removed 1 key(s)' in result.stdout, result.stdout + result.stderr
-    assert connection.keys('rq:policies:loner:*') == []
+    assert connection.keys(f'{RQ}:policies:loner:*') == []
 
 
 @pytest.mark.parametrize('typed, why', [

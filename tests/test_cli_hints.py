@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 from rq_policies import Concurrency, PolicyQueue, QueueRate, QueueSlot, Throttle
 from rq_policies.cli import main
+from rq_policies.compat import KEY_PREFIX as RQ
 
 UNREACHABLE = 'redis://127.0.0.1:1/0'
 
@@ -89,7 +90,7 @@ def state(connection):
     Concurrency.set('key_jobs.per_customer', 'c1', 1, connection=connection)
     for n in range(3):  # holds on three keys, so `keys --limit 1` has more to list
         assert QueueSlot.acquire('known', 10, ttl=60, token=f'h:{n}:0:0', connection=connection)
-        connection.zadd(f'rq:policies:keyholds:key_jobs.per_customer:c{n + 1}', {f'h:{n}:0:0': 4_000_000_000})
+        connection.zadd(f'{RQ}:policies:keyholds:key_jobs.per_customer:c{n + 1}', {f'h:{n}:0:0': 4_000_000_000})
 
 
 def invoke(args: list[str], url: str):
@@ -148,7 +149,7 @@ def test_every_read_command_takes_json_and_it_parses(connection, redis_url, stat
         'info': ['known'], 'cap': ['known'], 'rate': ['known'], 'keys': ['key_jobs.per_customer'],
         'override': ['key_jobs.per_customer', 'c1'],
     }
-    job_id = connection.lindex('rq:queue:known', 0).decode()
+    job_id = connection.lindex(f'{RQ}:queue:known', 0).decode()
     reads['explain'] = [job_id]
     for command_name, args in reads.items():
         assert '--json' in options(command_name), command_name

@@ -28,6 +28,7 @@ from rq_policies import (
     keys,
 )
 from rq_policies.admission import JobWrite, Verdict, admit_call
+from rq_policies.compat import KEY_PREFIX as RQ
 
 
 def pending(conn, q) -> list[tuple[str, float]]:
@@ -102,7 +103,7 @@ def test_max_wait_caps_the_delay_since_the_first_pending_enqueue(connection):
     capped = Debounce(30, max_wait=31)
     q.enqueue(jobs.plain, 1, policy=capped)
     [(_, s1)] = pending(connection, q)
-    [state] = connection.keys('rq:policies:debounce:*')
+    [state] = connection.keys(f'{RQ}:policies:debounce:*')
     first = float(connection.hget(state, 'first'))
     assert s1 == math.ceil(first + 30)
     time.sleep(1.2)
@@ -120,21 +121,21 @@ def test_debounce_script_direct(connection):
     q = PolicyQueue('q', connection=connection)
 
     def debounce(jid, not_before=0):
-        job = SimpleNamespace(id=jid, key=f'rq:job:{jid}', result_ttl=None)
-        write = JobWrite(job, 'S', not_before, 'rq:scheduled:q', -1, ['status', 'scheduled', 'origin', 'q'])
+        job = SimpleNamespace(id=jid, key=f'{RQ}:job:{jid}', result_ttl=None)
+        write = JobWrite(job, 'S', not_before, f'{RQ}:scheduled:q', -1, ['status', 'scheduled', 'origin', 'q'])
         verdict = Verdict.read(admit_call(q, PolicySet((Debounce(30),)), digest, write).run(connection))
         return verdict.job_id.encode(), verdict.number, verdict.server_now, verdict.superseded.encode()
 
     jid, at, now, superseded = debounce('a')
     assert (jid, superseded) == (b'a', b'') and at == math.ceil(float(now) + 30)
-    assert connection.hgetall('rq:job:a') == {b'status': b'scheduled', b'origin': b'q'}
+    assert connection.hgetall(f'{RQ}:job:a') == {b'status': b'scheduled', b'origin': b'q'}
     jid, at_b, _, superseded = debounce('b', not_before=int(float(now)) + 100)
     # b's payload went into pending job a in place (the reply names it), a's run time moved to b's
     assert (jid, superseded) == (b'a', b'') and at_b == int(float(now)) + 100
-    assert connection.exists('rq:job:b') == 0 and connection.hget('rq:job:a', 'policies_replaced_by') == b'b'
-    assert connection.zrange('rq:scheduled:q', 0, -1, withscores=True) == [(b'a', at_b)]
+    assert connection.exists(f'{RQ}:job:b') == 0 and connection.hget(f'{RQ}:job:a', 'policies_replaced_by') == b'b'
+    assert connection.zrange(f'{RQ}:scheduled:q', 0, -1, withscores=True) == [(b'a', at_b)]
     assert connection.get(keys.superseded('b')) == b'debounce a merged '  # (no created_at in these fields)
-    assert connection.sismember('rq:queues', 'rq:queue:q')
+    assert connection.sismember(f'{RQ}:queues', f'{RQ}:queue:q')
 
 
 def test_due_job_run_by_an_in_process_simple_worker(connection):
@@ -145,7 +146,7 @@ def test_due_job_run_by_an_in_process_simple_worker(connection):
         time.sleep(0.05)
     PolicySimpleWorker([q], connection=connection).work(burst=True, with_scheduler=True)
     assert Job.fetch(job.id, connection=connection).get_status() == JobStatus.FINISHED
-    assert pending(connection, q) == [] and connection.keys('rq:policies:debounce:*') == []
+    assert pending(connection, q) == [] and connection.keys(f'{RQ}:policies:debounce:*') == []
 
 
 def test_every_door(connection):
@@ -171,7 +172,7 @@ def test_processes_racing_leave_one_pending_job(connection, redis_url):
     q = PolicyQueue('index', connection=connection)
     [(member, _)] = pending(connection, q)
     assert set(outcomes) == {member}  # every racer got the one pending job's handle
-    assert connection.exists(f'rq:job:{member}')
+    assert connection.exists(f'{RQ}:job:{member}')
     assert connection.exists(state_key('index', 1)) == 1
 
 
@@ -194,7 +195,7 @@ def test_force_and_reset_drop_the_pending_job(connection):
     forced = q.force(tj.reindex_slow, 1, 'now')
     assert forced.get_status() == JobStatus.QUEUED and q.job_ids == [forced.id]
     assert connection.exists(waiting.key) == 0 and pending(connection, q) == []
-    assert connection.keys('rq:policies:debounce:*') == []
+    assert connection.keys(f'{RQ}:policies:debounce:*') == []
     waiting = q.enqueue(tj.reindex_slow, 1, 'b')
     assert q.reset(tj.reindex_slow, 1, 'any') == 2  # the pending job's hash and the debounce state
     assert connection.exists(waiting.key) == 0 and pending(connection, q) == []
@@ -204,7 +205,7 @@ def test_force_and_reset_drop_the_pending_job(connection):
 def test_sync_queue_runs_at_once(connection):
     q = PolicyQueue('sync', connection=connection, is_async=False)
     assert q.enqueue(tj.reindex_slow, 1, 'a').return_value() == 'a'
-    assert connection.keys('rq:policies:debounce:*') == []
+    assert connection.keys(f'{RQ}:policies:debounce:*') == []
 
 
 # -- run by a real worker with rq's scheduler ------------------------------------------------------------------------

@@ -16,6 +16,7 @@ if importlib.util.find_spec('django_rq') is None:  # importing it needs configur
 import jobs  # noqa: E402
 
 from rq_policies import PolicyQueue, PolicyWorker, QueueSlot  # noqa: E402
+from rq_policies.compat import KEY_PREFIX as RQ  # noqa: E402
 
 SETTINGS = 'django_settings'
 
@@ -103,7 +104,7 @@ def test_policy_django_queue_defers_to_commit_and_admits_then(django_rq, connect
         # At the commit both were written through the door: the Loner admitted one of the two.
         assert queue.count == 2
         assert queue.enqueued(jobs.sweep_cache, 5)
-        assert connection.hget('rq:policies:drops', 'loner:default') == b'1'
+        assert connection.hget(f'{RQ}:policies:drops', 'loner:default') == b'1'
 
         with transaction.atomic():
             queue.enqueue(jobs.sweep_cache, 5, policy=None)  # the per-call override survives the deferral

@@ -17,6 +17,8 @@ import pytest
 from rq.job import Job
 from rq.registry import FinishedJobRegistry
 
+from rq_policies.compat import KEY_PREFIX as RQ
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / 'examples'
 #: Examples run by a test elsewhere, and the test that runs it.
@@ -81,7 +83,7 @@ def test_capped_queue(connection, worker_env):
         running += change
         most = max(most, running)
     assert 1 <= most <= 3
-    assert connection.zcard('rq:policies:slots:reports') == 0
+    assert connection.zcard(f'{RQ}:policies:slots:reports') == 0
 
 
 @pytest.mark.long

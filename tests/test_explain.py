@@ -26,6 +26,7 @@ from rq_policies import (
     explain,
     keys,
 )
+from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.explainer import lines
 
 
@@ -117,7 +118,7 @@ def test_the_command_prints_lines_or_json_and_one_line_errors(connection, redis_
 def test_explain_answers_in_50_ms_beside_100000_live_identities(connection):
     with connection.pipeline(transaction=False) as pipe:
         for i in range(100_000):
-            pipe.set(f'rq:policies:loner:ex-scale:{i:064x}', f'filler-{i}')
+            pipe.set(f'{RQ}:policies:loner:ex-scale:{i:064x}', f'filler-{i}')
             if i % 10_000 == 9_999:
                 pipe.execute()
         pipe.execute()
@@ -158,7 +159,7 @@ def test_explain_on_a_merged_call_names_the_pending_job(connection):
     q = PolicyQueue('ex-gone', connection=connection)
     pending = q.enqueue(jobs.plain, 3, policy=Debounce(60))
     merged = q.enqueue(jobs.plain, 3, policy=Debounce(60), job_id='ex-merged-call')
-    assert merged.id == pending.id and not connection.exists('rq:job:ex-merged-call')
+    assert merged.id == pending.id and not connection.exists(f'{RQ}:job:ex-merged-call')
     answer = explain('ex-merged-call', connection=connection)
     assert answer['exists'] is False and answer['queue'] == 'ex-gone'
     assert lines(answer)[0] == "job ex-merged-call: not in Redis, queue 'ex-gone'"
@@ -253,10 +254,10 @@ def test_an_enqueue_dropped_under_a_chosen_id_says_who_held_it(connection):
     verdict = verdicts(explain('ex-drop-4', connection=connection))['throttle']
     assert verdict.startswith(f'dropped at enqueue: held by job {slot.id}, which owned the slot ending at ')
     # Without job_id= nobody knows the dropped call's id: the common path writes no record.
-    before = sorted(connection.scan_iter('rq:policies:*'))
+    before = sorted(connection.scan_iter(f'{RQ}:policies:*'))
     assert q.enqueue(jobs.plain, 3, policy=Loner()) is None
     assert q.enqueue(jobs.plain, 4, policy=Throttle(3600)) is None
-    assert sorted(connection.scan_iter('rq:policies:*')) == before
+    assert sorted(connection.scan_iter(f'{RQ}:policies:*')) == before
     # An id that was never seen is still a clear error.
     with pytest.raises(UnknownJob):
         explain('ex-drop-never', connection=connection)
@@ -274,5 +275,5 @@ def test_a_dropped_enqueue_whose_reply_is_lost_records_the_same_drop(connection,
     assert q.enqueue(jobs.plain, 5, policy=Loner(), job_id='ex-lost') is None
     assert fault_proxy.seen(ADMIT_WRITE) >= 2
     assert f'held by job {holder.id}' in verdicts(explain('ex-lost', connection=connection))['loner']
-    assert not connection.exists('rq:job:ex-lost')
-    assert connection.lrange('rq:queue:ex-drop', 0, -1) == [holder.id.encode()]
+    assert not connection.exists(f'{RQ}:job:ex-lost')
+    assert connection.lrange(f'{RQ}:queue:ex-drop', 0, -1) == [holder.id.encode()]

@@ -28,6 +28,7 @@ from throttle_helpers import ran, wait_for_phase
 from workers import output, start_worker, stop, wait_for
 
 from rq_policies import Loner, PolicyQueue, PolicySimpleWorker, PolicyWorker, QueueSlot, keys, ledger, ops, scripts
+from rq_policies.compat import KEY_PREFIX as RQ
 
 #: What only the admission call that writes a job carries: EVALSHA (or EVAL) with the msgpack key ``created``.
 ADMIT_WRITE = (b'EVAL', ops.pack('created'))
@@ -73,7 +74,7 @@ def load(connection: Redis, *names: str) -> None:
 
 
 def queued(connection: Redis, name: str) -> list[str]:
-    return [raw.decode() for raw in connection.lrange(f'rq:queue:{name}', 0, -1)]
+    return [raw.decode() for raw in connection.lrange(f'{RQ}:queue:{name}', 0, -1)]
 
 
 def ran_ids(connection: Redis, tag: str) -> list[str]:
@@ -216,7 +217,7 @@ def test_an_in_place_rewrite_with_a_lost_reply_is_applied_once(connection, fault
     assert stored.args == (ident, 3) and stored.get_status() == 'scheduled'  # the resend did not write 2 over 3
     assert connection.hget(pending.key, 'policies_replaced_by') == third_call_id(connection, pending.id)
     assert connection.zrange(registry.key, 0, -1, withscores=True)[0][0] == pending.id.encode()
-    assert len(registry.get_job_ids()) == 1 and not connection.exists('rq:job:merge-call')
+    assert len(registry.get_job_ids()) == 1 and not connection.exists(f'{RQ}:job:merge-call')
     assert connection.get(keys.superseded('merge-call')).startswith(
         f'{"debounce" if kind == "debounce" else "throttle"} {pending.id} merged '.encode())
     assert connection.hget(keys.DROPS, f'{"debounce" if kind == "debounce" else "throttle"}:faults') is None
@@ -347,7 +348,7 @@ def plain_write(job_id: str):
 def plain_admit(job_id: str):
     """What only the admission call that writes job ``job_id`` without a policy carries (a public door's plain
     enqueue, ``admission.write_plain``)."""
-    return (*ADMIT_WRITE, b'rq:job:' + job_id.encode())
+    return (*ADMIT_WRITE, f'{RQ}:job:'.encode() + job_id.encode())
 
 
 @pytest.mark.parametrize('fault', FAULTS)
@@ -386,10 +387,11 @@ def test_a_plain_enqueue_many_with_a_lost_reply_pushes_each_job_once(connection,
     q = PolicyQueue('faults', connection=producer(fault_proxy))
     # One transaction for the three jobs, the only one (matched by its job too: the SCRIPT LOAD that a pool's first
     # pipeline sends before it carries the push's source, whose comments say EXEC).
-    lose_reply(fault_proxy, fault, (b'MULTI', b'EXEC', b'rq:job:many-0'))
+    lose_reply(fault_proxy, fault, (b'MULTI', b'EXEC', f'{RQ}:job:many-0'.encode()))
     made = q.enqueue_many([PolicyQueue.prepare_data(jobs.record_plain, ('many',), job_id=f'many-{n}')
                            for n in range(3)])
-    assert fault_proxy.seen((b'MULTI', b'rq:job:many-0')) >= 2  # (the proxy records each request's first 4 KiB)
+    # (the proxy records each request's first 4 KiB)
+    assert fault_proxy.seen((b'MULTI', f'{RQ}:job:many-0'.encode())) >= 2
     assert queued(connection, 'faults') == [job.id for job in made] == ['many-0', 'many-1', 'many-2']
     burst(connection, 'faults')
     assert sorted(ran_ids(connection, 'many')) == ['many-0', 'many-1', 'many-2']
@@ -437,7 +439,7 @@ def test_a_retry_push_with_a_lost_reply_pushes_once(connection, fault_proxy, fau
     conn = producer(fault_proxy)
     job = PolicyQueue('faults', connection=connection).enqueue(jobs.record_plain, 'retried', job_id='retried',
                                                                retry=JobRetry(max=2))
-    assert connection.lpop('rq:queue:faults') == b'retried'  # a worker took it; it failed
+    assert connection.lpop(f'{RQ}:queue:faults') == b'retried'  # a worker took it; it failed
     lose_reply(fault_proxy, fault, plain_write('retried'))
     job = Job.fetch(job.id, connection=conn)
     with conn.pipeline() as pipe:
@@ -457,7 +459,7 @@ def test_a_plain_result_ttl_0_job_that_ran_before_the_resend_arrived_runs_once(c
 
     def before_each() -> None:  # in the proxy's thread, before each attempt reaches the server
         if attempts:  # the resend: a worker has taken and run the job meanwhile, and rq deleted it (result_ttl=0)
-            assert connection.lpop('rq:queue:faults') == b'plain-ttl0'
+            assert connection.lpop(f'{RQ}:queue:faults') == b'plain-ttl0'
             connection.rpush('test:ran:plain-ttl0', 'plain-ttl0')  # what jobs.record_plain records
             Job.fetch('plain-ttl0', connection=connection).delete()
         attempts.append(time.monotonic())
@@ -494,7 +496,7 @@ def test_a_result_ttl_0_loner_job_that_ran_before_the_resend_arrived_runs_once(c
     was a replay and the identity free: admitted again, it ran a second time."""
     load(connection, 'admit')
     q = PolicyQueue('faults', connection=producer(fault_proxy, timeout=3))
-    match = b'rq:job:loner-ttl0'  # the one request that writes the job
+    match = f'{RQ}:job:loner-ttl0'.encode()  # the one request that writes the job
     job_ran = hold_the_resend(fault_proxy, match)
     made: list = []
     producing = threading.Thread(target=lambda: made.append(q.enqueue(
@@ -574,7 +576,7 @@ def test_a_kept_plain_job_that_ran_before_the_resend_arrived_stays_finished(conn
     load(connection, 'admit')
     # The reply comes 3.5 s late, past a 3 s timeout: room for a real worker to run the job before the resend.
     q = PolicyQueue('faults', connection=producer(fault_proxy, timeout=3))
-    match = b'rq:job:plain-kept'  # the one request that writes the job, whichever code sends it
+    match = f'{RQ}:job:plain-kept'.encode()  # the one request that writes the job, whichever code sends it
     job_ran = hold_the_resend(fault_proxy, match)
     made: list = []
     if door == 'enqueue':

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rq_policies import Debounce, PolicyConfigurationError, PolicyQueue, QueueSlot, Throttle, keys
+from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.policy import MAX_CAPACITY, MAX_SECONDS
 
 CASES: dict[str, int] = {}
@@ -136,8 +137,8 @@ def _job_arguments_and_queue_names(connection, args, name):
     assert job is not None
     assert q.enqueue(jobs.sweep_cache, *args) is None
     assert q.enqueued(jobs.sweep_cache, *args)
-    for key in connection.scan_iter('rq:policies:*'):
-        assert key.startswith(b'rq:policies:')
+    for key in connection.scan_iter(f'{RQ}:policies:*'):
+        assert key.startswith(f'{RQ}:policies:'.encode())
     assert connection.get(keys.loner(name, connection.hget(job.key, keys.LONER_FIELD).decode().rsplit(':', 1)[1]))
 
 

@@ -11,6 +11,7 @@ import pytest
 from redis import Redis
 
 from rq_policies import PolicyQueue, PolicySimpleWorker, health
+from rq_policies.compat import KEY_PREFIX as RQ
 
 
 @pytest.fixture
@@ -31,10 +32,10 @@ def test_the_check_says_what_each_policy_breaks(connection, policy_of):
     policy_of('allkeys-lru')
     check = health.eviction_check(connection)
     assert check.maxmemory_policy == 'allkeys-lru' and check.unsafe is True
-    assert 'rq:policies:capacity' in check.warning and 'Set maxmemory-policy noeviction' in check.warning
+    assert f'{RQ}:policies:capacity' in check.warning and 'Set maxmemory-policy noeviction' in check.warning
     policy_of('volatile-ttl')
     check = health.eviction_check(connection)
-    assert check.unsafe is True and 'keys with a TTL' in check.warning and 'rq:policies:slots' in check.warning
+    assert check.unsafe is True and 'keys with a TTL' in check.warning and f'{RQ}:policies:slots' in check.warning
 
 
 def test_a_server_that_denies_config_is_unknown(connection, redis_url):
@@ -76,7 +77,7 @@ def test_info_reports_the_policy_and_its_warning(connection, policy_of, worker_e
     policy_of('allkeys-lru')
     data = json.loads(info('--json').stdout)
     assert data['server']['maxmemory_policy'] == 'allkeys-lru' and data['server']['eviction_unsafe'] is True
-    assert 'rq:policies:capacity' in data['server']['warning']
+    assert f'{RQ}:policies:capacity' in data['server']['warning']
     text = info().stdout
     assert text.splitlines()[0].startswith('warning: Redis maxmemory-policy is allkeys-lru'), text
 

@@ -34,6 +34,7 @@ from test_worker_cap import spans
 from workers import output, start_worker, stop, wait_for
 
 from rq_policies import Concurrency, PolicyQueue, QueueSlot, keys
+from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.worker import HOLD_TTL_ENV
 
 FAST = ['--job-monitoring-interval', '1']
@@ -112,7 +113,7 @@ def test_a_kill_or_stop_of_any_shape_keeps_cap_key_and_identity_or_lapses_within
         (guard,) = [pid for pid in children(victim.pid) if pid != horse]
         tree += [(guard, started_at(guard)), (horse, started_at(horse))]
         assert os.getpgid(guard) != os.getpgid(victim.pid) != os.getpgid(horse)  # three process groups
-        worker_key = 'rq:worker:' + Job.fetch(first.id, connection=connection).worker_name
+        worker_key = f'{RQ}:worker:' + Job.fetch(first.id, connection=connection).worker_name
         survivor = start_worker(redis_url, ['ks', 'ks_b'], env, extra=FAST)
         assert wait_for(lambda: Worker.count(queue=other_q) == 1, timeout=30), output(survivor)  # booted
 
@@ -229,12 +230,12 @@ def test_the_guards_keep_and_recount_are_safe_to_run_twice(connection, fault_pro
     proxied.ping()
     assert QueueSlot.acquire('kq', capacity=1, token='guarded:1', ttl=3, connection=connection)
     claim = Claim('kept-job', 'kq', (QueueSlot.fetch_hold('kq', 'guarded:1', 3),))
-    connection.hset('rq:job:kept-job', mapping={'status': 'started', 'policies_loner_until': 'finished'})
+    connection.hset(f'{RQ}:job:kept-job', mapping={'status': 'started', 'policies_loner_until': 'finished'})
 
     def lost_reply(mode, first=False):
         fault_proxy.drop_reply(match=b'EVAL')
         seen = fault_proxy.seen(b'EVAL')
-        reply = keep_call(claim, 30, 'rq:job:', mode, first=first).run(proxied)
+        reply = keep_call(claim, 30, f'{RQ}:job:', mode, first=first).run(proxied)
         assert fault_proxy.seen(b"EVAL") >= seen + 2  # sent again after the lost reply
         return reply
 
@@ -252,7 +253,7 @@ def test_the_guards_keep_and_recount_are_safe_to_run_twice(connection, fault_pro
     assert lapses(connection) == {'queue:kq': 1, 'loner:kq': 1}  # counted once, though it ran twice
     assert QueueSlot.status('kq', connection=connection).in_use == 1
 
-    connection.hset('rq:job:kept-job', 'status', 'finished')  # the job ended, the worker released its hold
+    connection.hset(f'{RQ}:job:kept-job', 'status', 'finished')  # the job ended, the worker released its hold
     connection.delete(keys.holds('kq'), keys.alive('kept-job'))
     assert lost_reply('keep') == [[1], 0]  # a keep that lands after the release writes nothing back
     assert connection.exists(keys.holds('kq'), keys.alive('kept-job')) == 0
@@ -280,7 +281,7 @@ def test_a_guard_killed_mid_job_is_replaced_and_keeps_the_horse(connection, redi
             output(victim)
         (again,) = [p for p in children(victim.pid) if p not in (horse, guard)]
         procs.append((again, started_at(again)))
-        worker_key = 'rq:worker:' + Job.fetch(first.id, connection=connection).worker_name
+        worker_key = f'{RQ}:worker:' + Job.fetch(first.id, connection=connection).worker_name
         victim.kill()
         victim.wait(10)
         assert wait_for(lambda: connection.exists(keys.alive(first.id)), timeout=2)  # kept at once by the new guard

@@ -20,6 +20,7 @@ from redis import BlockingConnectionPool, ConnectionPool, Redis
 from test_faults import ADMIT_WRITE, FAULTS, burst, load, lose_reply, producer, queued, ran_ids
 
 from rq_policies import PolicyQueue, scripts
+from rq_policies.compat import KEY_PREFIX as RQ
 
 
 @pytest.fixture(autouse=True)
@@ -125,7 +126,7 @@ def test_no_lease_is_taken_from_a_blocking_pool(redis_url):
     for n in range(3):
         assert q.enqueue(jobs.record, f'blocking-{n}') is not None
         # the pool's one connection is free for rq's own commands (a lease would make this wait 2 s and raise)
-        assert client.llen('rq:queue:lease') == n + 1
+        assert client.llen(f'{RQ}:queue:lease') == n + 1
     client.close()
 
 

@@ -16,6 +16,7 @@ from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry
 
 from rq_policies import LimitedCapacityWorker, PolicyQueue, PolicySimpleWorker, keys
+from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.ledger import Hold, acquire_call
 
 RUNNING = keys.lcw_running('lcw_jobs.Backlog')
@@ -176,7 +177,7 @@ def test_bad_input_raises_before_writing(connection):
         NoQueue.perform_with_capacity(connection=connection)
     with pytest.raises(TypeError, match='connection is required'):
         lcw_jobs.Backlog.perform_with_capacity(connection=None)
-    assert connection.keys('rq:*') == []
+    assert connection.keys(f'{RQ}:*') == []
 
 
 # -- running, in-process ------------------------------------------------------------------------------------------

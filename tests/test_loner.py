@@ -14,6 +14,7 @@ from rq.registry import ScheduledJobRegistry
 from workers import race
 
 from rq_policies import Loner, PipelineNotSupported, PolicyJob, PolicyQueue, PolicySimpleWorker, keys
+from rq_policies.compat import KEY_PREFIX as RQ
 
 
 def test_duplicate_dropped_and_enqueued_answers(connection, caplog):
@@ -127,18 +128,18 @@ def test_marker_cleared_on_removal_paths(connection):
     job = q.enqueue(jobs.sweep_cache, 1)
     job.delete()
     assert q.enqueued(jobs.sweep_cache, 1) is False
-    assert connection.keys('rq:policies:loner:*') == []
+    assert connection.keys(f'{RQ}:policies:loner:*') == []
 
     job = q.enqueue(jobs.sweep_cache, 1)
     job.cancel()
-    assert connection.keys('rq:policies:loner:*') == []
+    assert connection.keys(f'{RQ}:policies:loner:*') == []
     assert q.enqueue(jobs.sweep_cache, 1) is not None
 
     q.empty()
-    assert connection.keys('rq:policies:loner:*') == []
+    assert connection.keys(f'{RQ}:policies:loner:*') == []
     job = q.enqueue(jobs.sweep_cache, 1)
     q.remove(job)
-    assert connection.keys('rq:policies:loner:*') == []
+    assert connection.keys(f'{RQ}:policies:loner:*') == []
     assert q.enqueue(jobs.sweep_cache, 1) is not None
 
 
@@ -146,7 +147,7 @@ def test_stale_marker_is_free(connection):
     q = PolicyQueue('q', connection=connection)
     job = q.enqueue(jobs.sweep_cache, 1)
     Job.fetch(job.id, connection=connection).delete()  # a stock Job: not hooked
-    assert connection.keys('rq:policies:loner:*') != []
+    assert connection.keys(f'{RQ}:policies:loner:*') != []
     assert q.enqueued(jobs.sweep_cache, 1) is False
     second = q.enqueue(jobs.sweep_cache, 1)
     assert second is not None and second.id != job.id
@@ -166,7 +167,7 @@ def test_worker_take_clears_marker_and_reruns_allowed(connection):
     w = PolicySimpleWorker([q], connection=connection)
     assert w.work(burst=True)
     assert Job.fetch(job.id, connection=connection).get_status() == JobStatus.FINISHED
-    assert connection.keys('rq:policies:loner:*') == []
+    assert connection.keys(f'{RQ}:policies:loner:*') == []
     assert connection.llen(q.intermediate_queue_key) == 0
     assert q.enqueue(jobs.sweep_cache, 1) is not None
 
@@ -207,8 +208,8 @@ def test_sixteen_processes_one_waiting_job_at_every_door(connection, redis_url, 
     q = PolicyQueue('race', connection=connection)
     assert q.holder(jobs.sweep_cache, 42) == winners[0]
     # Exactly one job hash of sweep_cache was written: a loser leaves nothing behind.
-    written = [key for key in connection.scan_iter('rq:job:*') if b':' not in key[len('rq:job:'):]]
-    funcs = [Job.fetch(key.decode()[len('rq:job:'):], connection=connection).func_name for key in written]
+    written = [key for key in connection.scan_iter(f'{RQ}:job:*') if b':' not in key[len(f'{RQ}:job:'):]]
+    funcs = [Job.fetch(key.decode()[len(f'{RQ}:job:'):], connection=connection).func_name for key in written]
     assert funcs.count('jobs.sweep_cache') == 1
 
 
@@ -264,7 +265,7 @@ def test_remove_takes_a_plain_rq_job_and_frees_the_identity(connection):
     assert type(plain) is Job
     assert q.remove(plain) == 1
     assert q.job_ids == []
-    assert connection.keys('rq:policies:loner:*') == []
+    assert connection.keys(f'{RQ}:policies:loner:*') == []
     assert q.enqueue(jobs.sweep_cache, 1) is not None
 
 

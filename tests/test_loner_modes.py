@@ -27,6 +27,7 @@ from rq_policies import (
     policy,
     state,
 )
+from rq_policies.compat import KEY_PREFIX as RQ
 
 
 def marker(conn, queue, job):
@@ -283,7 +284,7 @@ def test_the_end_of_run_release_adds_no_round_trip(connection, redis_url, worker
     assert connection.llen('test:ran:fin-trips') == 5
     stats = connection.info('commandstats')
     assert stats.get('cmdstat_script|exists', {}).get('calls', 0) == 0, stats.get('cmdstat_script|exists')
-    assert connection.keys('rq:policies:loner:*') == []
+    assert connection.keys(f'{RQ}:policies:loner:*') == []
 
 
 @pytest.mark.parametrize('mode', [Loner(), Loner(until='finished'), Loner(on_conflict='raise'),
@@ -365,7 +366,8 @@ def test_ttl_frees_the_identity_of_a_running_holder(connection, redis_url, worke
     q = PolicyQueue('ttl-run', connection=connection)
     worker = start_worker(redis_url, ['ttl-run'], worker_env)
     try:
-        assert wait_for(lambda: connection.scard('rq:workers') >= 1), output(worker)  # up, so it takes the job at once
+        # up, so it takes the job at once
+        assert wait_for(lambda: connection.scard(f'{RQ}:workers') >= 1), output(worker)
         job = q.enqueue(lock_jobs.held_capped, 'ttl-run', seconds=10)
         enqueued_at = time.monotonic()
         assert wait_for(lambda: connection.llen('test:ran:ttl-run') == 1), output(worker)

@@ -20,6 +20,7 @@ from rq_policies.testing import free_port
 prometheus_client = pytest.importorskip('prometheus_client')
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from rq_policies.compat import KEY_PREFIX as RQ  # noqa: E402
 from rq_policies.metrics import PolicyCollector, registry_for  # noqa: E402
 
 
@@ -53,7 +54,7 @@ def test_collector_reads_the_state_when_scraped(connection, lcw_env, redis_url):
     connection.set('test:lcw:max', 3)
     connection.rpush('test:backlog:backlog', *['x'] * 5)
     assert len(lcw_jobs.Backlog.perform_with_capacity(connection=connection)) == 3
-    acquire_call(Hold('rq:policies:lcw-running:lcw_jobs.Backlog', 'busy', 60), 3).run(connection)
+    acquire_call(Hold(f'{RQ}:policies:lcw-running:lcw_jobs.Backlog', 'busy', 60), 3).run(connection)
     q = PolicyQueue('imports', connection=connection)
     q.enqueue(jobs.sweep_cache, 1)
     for _ in range(4):

@@ -15,6 +15,7 @@ from test_promotion import ran, server_now, stop, wait_for, wait_idle
 from workers import output, start_worker
 
 from rq_policies import PolicyQueue
+from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.testing import RedisServer
 
 pytestmark = pytest.mark.long
@@ -62,7 +63,7 @@ def _check(connection: Redis, back: float, workers) -> None:
     if not wait_for(lambda: len(ran(connection, 'outage')) >= len(EXPECTED), 10):
         rows = ran(connection, 'outage')
         logs = '\n'.join(output(worker) for worker in workers)
-        pytest.fail(f'ran only {[value for _, value, _ in rows]}; pending: {connection.keys("rq:*")}\n{logs}')
+        pytest.fail(f'ran only {[value for _, value, _ in rows]}; pending: {connection.keys(f"{RQ}:*")}\n{logs}')
     time.sleep(1.5)  # a second run would land by now
     rows = ran(connection, 'outage')
     assert sorted(value for _, value, _ in rows) == EXPECTED, rows
@@ -93,8 +94,8 @@ def _outage(server: RedisServer, seconds: float) -> None:
 def _all_pending(connection: Redis) -> bool:
     """The leading trailing run is over, the backed-off job is parked on its key, and no job runs: only timers are
     pending (a job running when the server goes away is another matter: its horse cannot record its end)."""
-    return (len(ran(connection, 'outage')) == 1 and connection.exists('rq:policies:keydue')
-            and connection.zcard('rq:wip:outage') == 0)
+    return (len(ran(connection, 'outage')) == 1 and connection.exists(f'{RQ}:policies:keydue')
+            and connection.zcard(f'{RQ}:wip:outage') == 0)
 
 
 def test_restart_with_persistence_runs_every_due_job_once_within_2s(server):

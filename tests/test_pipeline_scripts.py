@@ -12,9 +12,10 @@ from redis import Redis
 from workers import output, start_worker, stop, wait_for
 
 from rq_policies import Loner, PolicyQueue, QueueSlot, keys, scripts
+from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.loner import holder, release_markers
 
-PREFIX = 'rq:job:'
+PREFIX = f'{RQ}:job:'
 
 
 @pytest.fixture(autouse=True)

@@ -17,6 +17,7 @@ from test_faults import FAULTS, load, lose_reply, producer
 from workers import output, start_worker
 
 from rq_policies import PolicyQueue, QueueSlot, compat, ops
+from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.fetch import PROMOTE_BATCH, PROMOTE_OWNER, Claim, Look, fetch_call, read_reply
 
 HERE = os.path.dirname(__file__)
@@ -54,7 +55,7 @@ def wait_for(predicate, timeout, proc=None):
 
 def wait_idle(connection, count=1):
     """Wait until ``count`` workers have registered (and so are past their start-up)."""
-    assert wait_for(lambda: connection.scard('rq:workers') >= count, 30)
+    assert wait_for(lambda: connection.scard(f'{RQ}:workers') >= count, 30)
     time.sleep(0.3)
 
 
@@ -89,7 +90,7 @@ def _fields(connection, job):
 def test_promotion_leaves_the_state_rq_scheduler_leaves(connection):
     theirs = _schedule_set(Queue('by-rq', connection=connection))
     ours = _schedule_set(Queue('by-fetch', connection=connection))
-    connection.srem('rq:queues', 'rq:queue:by-rq', 'rq:queue:by-fetch')  # promotion must put them back
+    connection.srem(f'{RQ}:queues', f'{RQ}:queue:by-rq', f'{RQ}:queue:by-fetch')  # promotion must put them back
     scheduler = RQScheduler(['by-rq'], connection=connection)
     assert scheduler.acquire_locks() == {'by-rq'}
     scheduler.enqueue_scheduled_jobs()
@@ -97,10 +98,10 @@ def test_promotion_leaves_the_state_rq_scheduler_leaves(connection):
     claim = fetch(connection, ['by-fetch'])
     # rq's scheduler pushed [f1, head, p1, p2]; the fetch promoted the same way and took the head of it, f1.
     order = [j.id for j in theirs]
-    assert [raw.decode() for raw in connection.lrange('rq:queue:by-rq', 0, -1)] == [order[2], order[0], order[1],
+    assert [raw.decode() for raw in connection.lrange(f'{RQ}:queue:by-rq', 0, -1)] == [order[2], order[0], order[1],
                                                                                       order[3]]
     assert isinstance(claim, Claim) and claim.job_id == ours[2].id
-    assert [raw.decode() for raw in connection.lrange('rq:queue:by-fetch', 0, -1)] == [ours[0].id, ours[1].id,
+    assert [raw.decode() for raw in connection.lrange(f'{RQ}:queue:by-fetch', 0, -1)] == [ours[0].id, ours[1].id,
                                                                                          ours[3].id]
     for mine, rqs in zip(ours, theirs):
         assert _fields(connection, mine) == _fields(connection, rqs)
@@ -110,9 +111,9 @@ def test_promotion_leaves_the_state_rq_scheduler_leaves(connection):
     promoted = Job.fetch(ours[1].id, connection=connection)
     assert before - 1 <= promoted.enqueued_at.timestamp() <= server_now(connection)
     assert connection.ttl(ours[1].key) > 490 and Job.fetch(ours[3].id, connection=connection).timeout == 42
-    assert connection.zcard('rq:scheduled:by-fetch') == connection.zcard('rq:scheduled:by-rq') == 0
-    assert connection.sismember('rq:queues', 'rq:queue:by-fetch')
-    assert connection.get('rq:scheduler-lock:by-fetch').decode() == PROMOTE_OWNER
+    assert connection.zcard(f'{RQ}:scheduled:by-fetch') == connection.zcard(f'{RQ}:scheduled:by-rq') == 0
+    assert connection.sismember(f'{RQ}:queues', f'{RQ}:queue:by-fetch')
+    assert connection.get(f'{RQ}:scheduler-lock:by-fetch').decode() == PROMOTE_OWNER
 
 
 def test_a_fetch_promotes_a_bounded_batch_oldest_first(connection):
@@ -123,16 +124,17 @@ def test_a_fetch_promotes_a_bounded_batch_oldest_first(connection):
         pipe.execute()
     first = fetch(connection, ['batch'])
     assert first.job_id == jobs[0].id
-    assert [raw.decode() for raw in connection.lrange('rq:queue:batch', 0, -1)] == [
+    assert [raw.decode() for raw in connection.lrange(f'{RQ}:queue:batch', 0, -1)] == [
         j.id for j in jobs[1:PROMOTE_BATCH]]
-    assert connection.zcard('rq:scheduled:batch') == PROMOTE_BATCH + 50
+    assert connection.zcard(f'{RQ}:scheduled:batch') == PROMOTE_BATCH + 50
     for n in range(2, 5):
         fetch(connection, ['batch'], token=f't{n}')
-    assert connection.zcard('rq:scheduled:batch') == 0
+    assert connection.zcard(f'{RQ}:scheduled:batch') == 0
     # a due id whose hash is gone is only taken out of the registry, as rq's scheduler does
-    connection.zadd('rq:scheduled:batch', {'gone': 1})
+    connection.zadd(f'{RQ}:scheduled:batch', {'gone': 1})
     fetch(connection, ['batch'], token='t9')
-    assert connection.zcard('rq:scheduled:batch') == 0 and b'gone' not in connection.lrange('rq:queue:batch', 0, -1)
+    assert connection.zcard(f'{RQ}:scheduled:batch') == 0
+    assert b'gone' not in connection.lrange(f'{RQ}:queue:batch', 0, -1)
 
 
 def test_a_live_schedulers_queue_is_left_to_it_and_a_stale_lock_taken_over(connection):
@@ -141,7 +143,7 @@ def test_a_live_schedulers_queue_is_left_to_it_and_a_stale_lock_taken_over(conne
     scheduler = RQScheduler(['shared'], connection=connection)
     assert scheduler.acquire_locks() == {'shared'}
     look = fetch(connection, ['shared'])
-    assert isinstance(look, Look) and connection.zcard('rq:scheduled:shared') == 1  # the scheduler's to promote
+    assert isinstance(look, Look) and connection.zcard(f'{RQ}:scheduled:shared') == 1  # the scheduler's to promote
     now = server_now(connection)
     assert look.until is not None and now + 5 < look.until <= now + 6.5  # when the lock turns stale
     # the scheduler stops refreshing (dead, or stopped): 6 s later its lock is stale and the fetch takes over
@@ -154,7 +156,7 @@ def test_a_live_schedulers_queue_is_left_to_it_and_a_stale_lock_taken_over(conne
     scheduler.heartbeat()
     assert scheduler.acquired_locks == set()
     scheduler.enqueue_scheduled_jobs()
-    assert connection.llen('rq:queue:shared') == 0 and connection.zcard('rq:scheduled:shared') == 1
+    assert connection.llen(f'{RQ}:queue:shared') == 0 and connection.zcard(f'{RQ}:scheduled:shared') == 1
 
 
 def test_an_idle_look_reports_the_earliest_due_time(connection):
@@ -193,7 +195,7 @@ def test_a_worker_runs_due_jobs_without_a_scheduler(connection, worker_env):
         for _, value, at in rows:
             due = {'debounce:2': 3, 'trailing:1': 0, 'trailing:2': 3, 'lone': 2, 'stock': 2}[value]
             assert at - start <= due + 1.5, (value, at - start)
-        assert connection.zcard('rq:scheduled:promote') == 0
+        assert connection.zcard(f'{RQ}:scheduled:promote') == 0
     finally:
         stop(worker)
 
@@ -241,7 +243,7 @@ def test_rq_scheduler_and_four_workers_promote_1000_due_jobs_once(connection, wo
         rows = ran(connection, 'race')
         assert len(rows) == 1000
         assert sorted(int(value) for _, value, _ in rows) == list(range(1000))
-        assert connection.zcard('rq:scheduled:race') == 0
+        assert connection.zcard(f'{RQ}:scheduled:race') == 0
     finally:
         stop(scheduler, *workers)
 
@@ -253,7 +255,7 @@ PROMOTING_FETCH = (b'EVAL', ops.pack('promote'))
 
 def _everywhere(connection, name):
     """Every id on queue ``name`` and its intermediate list, with repeats."""
-    return sorted(raw.decode() for key in (f'rq:queue:{name}', f'rq:queue:{name}:intermediate')
+    return sorted(raw.decode() for key in (f'{RQ}:queue:{name}', f'{RQ}:queue:{name}:intermediate')
                   for raw in connection.lrange(key, 0, -1))
 
 
@@ -268,8 +270,8 @@ def test_a_promoting_fetch_replayed_after_a_lost_reply_promotes_once(connection,
     assert fault_proxy.seen(PROMOTING_FETCH) >= 2  # the reply was lost, the call was replayed
     assert isinstance(claim, Claim) and claim.job_id == jobs[0].id
     assert _everywhere(connection, 'replayed') == sorted(j.id for j in jobs)  # each once, none lost
-    assert connection.lrange('rq:queue:replayed:intermediate', 0, -1) == [jobs[0].id.encode()]
-    assert connection.zcard('rq:scheduled:replayed') == 0
+    assert connection.lrange(f'{RQ}:queue:replayed:intermediate', 0, -1) == [jobs[0].id.encode()]
+    assert connection.zcard(f'{RQ}:scheduled:replayed') == 0
 
 
 @pytest.mark.parametrize('fault', FAULTS)
@@ -285,8 +287,8 @@ def test_a_look_that_only_promotes_replayed_after_a_lost_reply_promotes_once(con
     look = fetch(client, ['capped'])
     assert fault_proxy.seen(PROMOTING_FETCH) >= 2
     assert isinstance(look, Look) and look.full == {'capped'}
-    assert [raw.decode() for raw in connection.lrange('rq:queue:capped', 0, -1)] == [j.id for j in jobs]
-    assert connection.zcard('rq:scheduled:capped') == 0
+    assert [raw.decode() for raw in connection.lrange(f'{RQ}:queue:capped', 0, -1)] == [j.id for j in jobs]
+    assert connection.zcard(f'{RQ}:scheduled:capped') == 0
 
 
 @pytest.mark.skipif(not compat.SCHEDULER_RATE_LIMITS, reason="rq 2.12 has no RateLimit")
@@ -300,11 +302,11 @@ def test_a_due_rate_limited_job_is_left_for_rqs_scheduler(connection):
     plain = [q.enqueue_at(PAST + timedelta(seconds=1 + i), 'tests.jobs.plain', i) for i in range(2)]
     claim = fetch(connection, ['limited'])
     assert isinstance(claim, Claim) and claim.job_id == plain[0].id
-    assert [raw.decode() for raw in connection.lrange('rq:queue:limited', 0, -1)] == [plain[1].id]
-    assert connection.zrange('rq:scheduled:limited', 0, -1) == [limited.id.encode()]
+    assert [raw.decode() for raw in connection.lrange(f'{RQ}:queue:limited', 0, -1)] == [plain[1].id]
+    assert connection.zrange(f'{RQ}:scheduled:limited', 0, -1) == [limited.id.encode()]
     assert connection.get(RQScheduler.get_locking_key('limited')) is None
     scheduler = RQScheduler(['limited'], connection=connection)
     assert scheduler.acquire_locks() == {'limited'}
     scheduler.enqueue_scheduled_jobs()
-    assert connection.zcard('rq:scheduled:limited') == 0
+    assert connection.zcard(f'{RQ}:scheduled:limited') == 0
     assert Job.fetch(limited.id, connection=connection).get_status() in ('queued', 'rate_limited')

@@ -33,6 +33,7 @@ from rq_policies import (
     Snooze,
     keys,
 )
+from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.fetch import Claim, Fetcher, Look, dequeue, fetch_call, read_reply
 from rq_policies.queue_rate import BACKOFFS_META, SNOOZES_META
 
@@ -190,7 +191,7 @@ def test_burst_then_one_start_per_interval_and_the_reply_says_until_when(connect
     assert isinstance(refused, Look) and refused.full == {'emails'} and refused.waiting == 1
     # After 3 starts at t0 the arrival time is t0 + 15; the next start is allowed at t0 + 15 - 2 * 5 = t0 + 5.
     assert t0 + 4.9 < refused.until < t0 + 5.5
-    assert connection.llen('rq:queue:emails') == 3  # a refused start never pops
+    assert connection.llen(f'{RQ}:queue:emails') == 3  # a refused start never pops
     assert 4000 < connection.pttl(keys.rate_tat('emails')) <= 15000  # expires once it is past
     status = QueueRate.status('emails', connection=connection)
     assert status.available == 0 and abs(status.next_at - refused.until) < 0.01
@@ -206,7 +207,7 @@ def test_a_refused_fetch_replayed_writes_nothing(connection):
     first, again = call.run(connection), call.run(connection)  # a lost reply: redis-py sends the same call again
     assert first == again and first[0] == 0
     assert {k: connection.dump(k) for k in connection.keys('*')} == before
-    assert connection.llen('rq:queue:emails') == 1
+    assert connection.llen(f'{RQ}:queue:emails') == 1
 
 
 def test_a_replayed_taking_fetch_never_starts_more_than_the_rate_allows(connection):
@@ -218,7 +219,7 @@ def test_a_replayed_taking_fetch_never_starts_more_than_the_rate_allows(connecti
     call = fetch_call(queues, 'h:1:1:1', 90)
     first, again = call.run(connection), call.run(connection)
     assert first[0] == 1 and again == first  # the replay answers the first attempt's job
-    assert connection.llen('rq:queue:emails') == 2
+    assert connection.llen(f'{RQ}:queue:emails') == 2
     assert QueueRate.status('emails', connection=connection).available == 0
 
 
@@ -375,7 +376,7 @@ def test_a_limited_queue_beside_an_unlimited_one(connection, redis_url, worker_e
     try:
         assert wait_for(lambda: connection.llen('free:starts') >= 30, timeout=30), output(procs[0])
         assert max(starts(connection, 'free:starts')) - t0 < 15  # not held back by the limited queue
-        assert connection.llen('limited:starts') == 1 and connection.llen('rq:queue:limited') == 4
+        assert connection.llen('limited:starts') == 1 and connection.llen(f'{RQ}:queue:limited') == 4
     finally:
         for proc in procs:
             stop(proc)
@@ -482,7 +483,7 @@ def test_sigkill_right_after_a_start_refunds_nothing_and_leaks_nothing(connectio
 
 @pytest.fixture
 def cli_env(worker_env):
-    return {k: v for k, v in worker_env.items() if not k.startswith('RQ_')}
+    return {k: v for k, v in worker_env.items() if not k.startswith('RQ_') or k == 'RQ_KEY_PREFIX'}
 
 
 def test_cli_rate_set_info_and_clear(connection, cli_env, redis_url):

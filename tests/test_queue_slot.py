@@ -20,6 +20,7 @@ from rq.queue import Queue
 from workers import fetch_as_a_worker
 
 from rq_policies import Cap, PolicyQueue, PolicySimpleWorker, PolicyWorker, QueueSlot, keys, ops
+from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.fetch import Fetcher, current_fetcher, fetch_call
 from rq_policies.ledger import Hold, Ledger, acquire_call
 from rq_policies.policy import FETCH, registered
@@ -228,7 +229,7 @@ def test_capacity_and_ttl_must_be_positive_integers(connection, bad):
         QueueSlot.acquire('reports', capacity=1, ttl=bad, connection=connection)
     with pytest.raises(ValueError, match='ttl'):
         QueueSlot.refresh_in(connection.pipeline(), ttl=bad)
-    assert connection.keys('rq:policies:*') == []  # refused before anything was written
+    assert connection.keys(f'{RQ}:policies:*') == []  # refused before anything was written
 
 
 def test_bad_queue_token_and_missing_connection_are_refused(connection):
@@ -242,7 +243,7 @@ def test_bad_queue_token_and_missing_connection_are_refused(connection):
         QueueSlot.release('q', token=7, connection=connection)
     with pytest.raises(ValueError, match='connection'):
         QueueSlot.acquire('q', capacity=1)
-    assert connection.keys('rq:policies:*') == []
+    assert connection.keys(f'{RQ}:policies:*') == []
 
 
 def test_acquire_release_in_use_and_idempotent_release(connection):
@@ -450,7 +451,7 @@ def test_uncapped_queues_are_served_exactly_as_stock_rq_serves_them(connection, 
     while (got := PolicyQueue.dequeue_any(ours, None, connection=connection)) is not None:
         our_order.append(got[0].id[1:])
     assert our_order == stock_order and len(our_order) == 8
-    assert connection.keys('rq:policies:slots:*') == []
+    assert connection.keys(f'{RQ}:policies:slots:*') == []
 
 
 def test_a_burst_fetch_waits_for_a_full_queue_that_still_has_jobs(connection, as_policy_worker):

@@ -10,17 +10,18 @@ from rq.queue import Queue
 
 from rq_policies import Loner, PolicyQueue, PolicySet, keys
 from rq_policies.admission import JobWrite, Verdict, admit_call
+from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.fetch import fetch_call
 from rq_policies.loner import holder, release_markers
 
-PREFIX = 'rq:job:'
+PREFIX = f'{RQ}:job:'
 
 
 def marker_of(digest):
     return keys.loner('q', digest)
 
 
-def enqueue(conn, jid, digest='d1', mode='R', ttl=-1, loner=1, dest='rq:queue:q', score=0, fields=None):
+def enqueue(conn, jid, digest='d1', mode='R', ttl=-1, loner=1, dest=f'{RQ}:queue:q', score=0, fields=None):
     """One admission through the builder the queue uses (lua/admit.lua): its verdict, decoded by the one decoder
     (``Verdict.read``), as (code, policy, job id, number, server now, superseded) with the ids as bytes."""
     fields = fields if fields is not None else ['status', 'queued' if mode in 'RL' else 'scheduled', 'origin', 'q']
@@ -41,25 +42,25 @@ def admitted(reply):
 def test_enqueue_job_admits_writes_and_drops(connection):
     reply = enqueue(connection, 'a')
     assert (reply[0], reply[2]) == (1, b'a')
-    assert connection.lrange('rq:queue:q', 0, -1) == [b'a']
+    assert connection.lrange(f'{RQ}:queue:q', 0, -1) == [b'a']
     assert connection.hgetall(PREFIX + 'a') == {
         b'status': b'queued', b'origin': b'q', keys.LONER_FIELD.encode(): marker_of('d1').encode()
     }
-    assert connection.smembers('rq:queues') == {b'rq:queue:q'}
+    assert connection.smembers(f'{RQ}:queues') == {f'{RQ}:queue:q'.encode()}
     assert connection.get(marker_of('d1')) == b'a'
     assert connection.ttl(marker_of('d1')) == -1
 
     reply = enqueue(connection, 'b')
     assert (reply[0], reply[2]) == (0, b'a')
     assert not connection.exists(PREFIX + 'b')
-    assert connection.lrange('rq:queue:q', 0, -1) == [b'a']
+    assert connection.lrange(f'{RQ}:queue:q', 0, -1) == [b'a']
     assert connection.hget(keys.DROPS, 'loner:q') == b'1'
 
 
 def test_enqueue_job_replay_is_admitted_again(connection):
     assert admitted(enqueue(connection, 'a'))
     assert admitted(enqueue(connection, 'a'))  # a retried call whose reply was lost
-    assert connection.lrange('rq:queue:q', 0, -1) == [b'a']  # and the id is not pushed twice
+    assert connection.lrange(f'{RQ}:queue:q', 0, -1) == [b'a']  # and the id is not pushed twice
 
 
 def test_enqueue_job_replaces_a_stale_marker(connection):
@@ -74,11 +75,11 @@ def test_enqueue_job_modes_and_ttl(connection):
     assert admitted(enqueue(connection, 'front', digest='m1', mode='L'))
     assert admitted(enqueue(connection, 'back', digest='m2', mode='R'))
     assert admitted(enqueue(connection, 'first', digest='m3', mode='L'))
-    assert connection.lrange('rq:queue:q', 0, -1) == [b'first', b'front', b'back']
-    assert admitted(enqueue(connection, 's', digest='m4', mode='S', score=1234, dest='rq:scheduled:q'))
-    assert connection.zscore('rq:scheduled:q', 's') == 1234
+    assert connection.lrange(f'{RQ}:queue:q', 0, -1) == [b'first', b'front', b'back']
+    assert admitted(enqueue(connection, 's', digest='m4', mode='S', score=1234, dest=f'{RQ}:scheduled:q'))
+    assert connection.zscore(f'{RQ}:scheduled:q', 's') == 1234
     assert admitted(enqueue(connection, 'd', digest='m5', mode='D', ttl=50, fields=['status', 'deferred']))
-    assert connection.llen('rq:queue:q') == 3  # mode D writes the hash only
+    assert connection.llen(f'{RQ}:queue:q') == 3  # mode D writes the hash only
     assert 0 < connection.ttl(PREFIX + 'd') <= 50 and 0 < connection.ttl(marker_of('m5')) <= 50
     assert admitted(enqueue(connection, 'plain', digest='m6', loner=0))
     assert not connection.exists(marker_of('m6'))
@@ -122,20 +123,20 @@ def fetch(conn):
 
 
 def test_fetch_pops_clears_marker_and_skips_dangling_ids(connection):
-    connection.rpush('rq:queue:q', 'dangling', 'j1')
+    connection.rpush(f'{RQ}:queue:q', 'dangling', 'j1')
     connection.hset(PREFIX + 'j1', mapping={'status': 'queued', keys.LONER_FIELD: 'marker'})
     connection.set('marker', 'j1')
     result = fetch(connection)
     assert result[:2] == [1, b'j1'] and set(result[2:]) == {0}  # no fetch policy took a hold
     assert not connection.exists('marker')
-    assert connection.lrange('rq:queue:q:intermediate', 0, -1) == [b'j1']  # the dangling id was dropped
+    assert connection.lrange(f'{RQ}:queue:q:intermediate', 0, -1) == [b'j1']  # the dangling id was dropped
     assert not connection.exists(keys.holds('q'))  # uncapped: no hold
     empty = fetch(connection)
     assert empty == [0, 0]
 
 
 def test_fetch_leaves_the_marker_of_a_newer_job(connection):
-    connection.rpush('rq:queue:q', 'old')
+    connection.rpush(f'{RQ}:queue:q', 'old')
     connection.hset(PREFIX + 'old', mapping={'status': 'queued', keys.LONER_FIELD: 'marker'})
     connection.set('marker', 'newer')
     fetch(connection)

@@ -17,6 +17,7 @@ from redis.exceptions import NoPermissionError
 from workers import output, start_worker
 
 from rq_policies import PolicyQueue, PolicySimpleWorker, QueueSlot, keys
+from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.identity import digest
 from rq_policies.testing import RedisServer, free_port
 
@@ -38,7 +39,7 @@ def test_queue_names_cannot_reach_other_keys(q1, q2, d1, d2):
     for f in families:
         key = f(q1, d1)
         assert key.startswith(keys.PREFIX)
-        assert not key.startswith(('rq:queue:', 'rq:job:', 'rq:scheduled:', 'rq:rl:', 'rq:worker'))
+        assert not key.startswith((f'{RQ}:queue:', f'{RQ}:job:', f'{RQ}:scheduled:', f'{RQ}:rl:', f'{RQ}:worker'))
         for g in families:
             other = g(q2, d2)
             if key == other:
@@ -51,7 +52,7 @@ def test_queue_names_cannot_reach_other_keys(q1, q2, d1, d2):
 
 def test_digest_is_the_only_argument_part_of_a_key():
     d = digest('jobs.sweep_cache', 'q', ['../../etc', '*', '\n'])
-    assert keys.loner('q', d) == f'rq:policies:loner:q:{d}' and all(c in '0123456789abcdef' for c in d)
+    assert keys.loner('q', d) == f'{RQ}:policies:loner:q:{d}' and all(c in '0123456789abcdef' for c in d)
 
 
 def _acl_user(conn: Redis) -> None:

@@ -19,6 +19,7 @@ from sentinel_cluster import SentinelCluster
 from workers import output, start_worker, wait_for
 
 from rq_policies import PolicyQueue, QueueSlot
+from rq_policies.compat import KEY_PREFIX as RQ
 
 pytestmark = pytest.mark.slow
 
@@ -79,9 +80,9 @@ def test_capped_workers_survive_a_failover(tmp_path, worker_env):
                 break
             if time.monotonic() > deadline:
                 state = {
-                    'ledger': conn.zrange('rq:policies:slots:fo', 0, -1, withscores=True),
-                    'now': conn.time(), 'queued': conn.llen('rq:queue:fo'),
-                    'intermediate': conn.lrange('rq:queue:fo:intermediate', 0, -1),
+                    'ledger': conn.zrange(f'{RQ}:policies:slots:fo', 0, -1, withscores=True),
+                    'now': conn.time(), 'queued': conn.llen(f'{RQ}:queue:fo'),
+                    'intermediate': conn.lrange(f'{RQ}:queue:fo:intermediate', 0, -1),
                 }
                 logs = '\n----\n'.join(output(p)[-1500:] for p in procs)
                 raise AssertionError(f'work did not resume: {len(set(after) & ended)}/{len(after)} ran {state}\n{logs}')

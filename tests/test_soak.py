@@ -16,6 +16,7 @@ import soak
 from workers import fetch_as_a_worker
 
 from rq_policies import PolicyQueue, QueueSlot, keys
+from rq_policies.compat import KEY_PREFIX as RQ
 
 
 @pytest.mark.slow
@@ -68,16 +69,16 @@ def test_a_job_id_run_twice_is_a_double_run_unless_the_data_loss_lies_between(co
 
 
 def test_an_id_left_on_an_intermediate_list_is_stranded_unless_a_dead_worker_took_it(connection, tmp_path):
-    connection.rpush('rq:queue:soak_capped:intermediate', 'x')
+    connection.rpush(f'{RQ}:queue:soak_capped:intermediate', 'x')
     run = soak.Run(connection, records(tmp_path / 'r'), [])
     found = soak.check_stranded(run)
     assert not found['ok'] and found['stranded'] == 1
     run.takers, run.died = {'x': 4242}, {4242}
     found = soak.check_stranded(run)
     assert found['ok'] and found['taken_by_a_worker_that_died'] == 1
-    connection.hset('rq:job:y', 'status', 'failed')  # its run ended (a horse killed right after the fork)
-    connection.hset('rq:job:z', 'status', 'queued')  # waits for nothing
-    connection.rpush('rq:queue:soak_open:intermediate', 'y', 'z')
+    connection.hset(f'{RQ}:job:y', 'status', 'failed')  # its run ended (a horse killed right after the fork)
+    connection.hset(f'{RQ}:job:z', 'status', 'queued')  # waits for nothing
+    connection.rpush(f'{RQ}:queue:soak_open:intermediate', 'y', 'z')
     found = soak.check_stranded(run)
     assert not found['ok'] and found['stranded'] == 1 and found['ended_but_still_listed'] == 1
     assert found['examples'] == [['soak_open', 'z', 'queued', None]]

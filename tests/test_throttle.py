@@ -32,10 +32,11 @@ from rq_policies import (
     keys,
     policy,
 )
+from rq_policies.compat import KEY_PREFIX as RQ
 
 
 def slot_keys(conn) -> list[str]:
-    return sorted(k.decode() for k in conn.keys('rq:policies:throttle:*'))
+    return sorted(k.decode() for k in conn.keys(f'{RQ}:policies:throttle:*'))
 
 
 def digest_of(func, queue: str, *args, **kwargs) -> str:
@@ -98,7 +99,7 @@ def test_slot_script_direct(connection):
     assert claim('j2')[:3] == [0, b'j1', ends]
     assert claim('j1')[:3] == [1, b'j1', ends]  # replay
     assert connection.hget(keys.DROPS, 'throttle:q') == b'1'
-    assert connection.keys('rq:job:*') == []  # mode N writes no job
+    assert connection.keys(f'{RQ}:job:*') == []  # mode N writes no job
 
 
 def test_check_and_reset_scripts_direct(connection):
@@ -152,7 +153,7 @@ def test_admit_outcome_and_replay(connection):
     lost = Throttle.admit(other, slot=60, connection=connection)
     assert not lost.admitted and lost.jid == first.id and lost.slot_ends_at == outcome.slot_ends_at
     assert Throttle.admit(q.create_job(tj.poll_minute, args=(8,)), slot=60, connection=connection).admitted
-    assert connection.keys('rq:job:*') == [] and q.count == 0  # the low-level door writes only the slot key
+    assert connection.keys(f'{RQ}:job:*') == [] and q.count == 0  # the low-level door writes only the slot key
     # the same slot the enqueue door uses
     assert q.enqueue(tj.poll_minute, 7) is None
 
@@ -264,10 +265,10 @@ def test_no_throttle_key_left_after_a_burst(connection):
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         expiring = connection.info('keyspace').get('db0', {}).get('expires', 0)
-        if expiring == 0 and not connection.keys('rq:policies:throttle:*'):
+        if expiring == 0 and not connection.keys(f'{RQ}:policies:throttle:*'):
             break
         time.sleep(0.2)
-    assert connection.keys('rq:policies:throttle:*') == []
+    assert connection.keys(f'{RQ}:policies:throttle:*') == []
     assert connection.info('keyspace').get('db0', {}).get('expires', 0) == 0  # gone from memory, not just hidden
 
 
@@ -410,7 +411,7 @@ def test_processes_racing_as_extras_leave_one_pending_trailing_job(connection, r
     [pending] = registry.get_job_ids()
     assert set(outcomes) == {pending}  # the first extra became the pending one; the others rewrote it in place
     assert connection.get(keys.trailing('progress', digest_of_context(1))) == pending.encode()
-    assert connection.exists(f'rq:job:{pending}')
+    assert connection.exists(f'{RQ}:job:{pending}')
     assert q.job_ids == [winner.id]
 
 

@@ -9,6 +9,7 @@ from rq.job import Callback, Dependency, Job, JobStatus
 from workers import output, start_worker, stop, wait_for
 
 from rq_policies import PolicyQueue, keys
+from rq_policies.compat import KEY_PREFIX as RQ
 
 
 def test_forking_worker_runs_loners_and_clears_markers(connection, redis_url, worker_env):
@@ -20,7 +21,7 @@ def test_forking_worker_runs_loners_and_clears_markers(connection, redis_url, wo
     assert worker.wait(60) == 0, output(worker)
     ran = [x.decode() for x in connection.lrange('test:ran:e2e', 0, -1)]
     assert sorted(ran) == sorted(j.id for j in admitted)
-    assert all(keys.is_drop_counter(k.decode()) for k in connection.keys('rq:policies:*'))  # only drop counters stay
+    assert all(keys.is_drop_counter(k.decode()) for k in connection.keys(f'{RQ}:policies:*'))  # only drop counters stay
     assert connection.llen(q.intermediate_queue_key) == 0
     for job in admitted:
         assert Job.fetch(job.id, connection=connection).get_status() == JobStatus.FINISHED

@@ -14,5 +14,5 @@ local function holder_running(job_prefix, worker_prefix, jid, alive_prefix)
   if job[2] and job[2] ~= '' and redis.call('EXISTS', worker_prefix .. job[2]) == 1 then
     return true
   end
-  return redis.call('EXISTS', (alive_prefix or 'rq:policies:alive:') .. jid) == 1
+  return redis.call('EXISTS', alive_prefix .. jid) == 1
 end

@@ -5,8 +5,8 @@
 
   Keys: loner.marker (rq:policies:loner:<q>:<digest>), holding the id of the job that holds it.
   Arguments p (each absent for the default): finished (true: until='finished'), conflict ('drop',
-  'raise' or 'replace'), worker_prefix (rq:worker:; when absent, rq's default), alive_prefix
-  (rq:policies:alive:; when absent, that default), ttl_ms
+  'raise' or 'replace'), worker_prefix (<prefix>:worker:) and alive_prefix
+  (<prefix>:policies:alive:), both always given (rq's key prefix is the caller's to know), ttl_ms
   (Loner(ttl=N): the marker lives at most N seconds from the enqueue, whatever the holder does;
   the job hash then carries policies_loner_ttl, so taken() keeps that expiry).
 
@@ -50,7 +50,7 @@ local function loner_held(job_prefix, p, holder)
   -- A running holder counts when either side asks for until='finished': this call, or the holder
   -- itself (its hash says so), so mixed declarations of one function agree on who holds.
   if (p.finished or rcall('HGET', job_prefix .. holder, 'policies_loner_until') == 'finished')
-      and holder_running(job_prefix, p.worker_prefix or 'rq:worker:', holder, p.alive_prefix) then
+      and holder_running(job_prefix, p.worker_prefix, holder, p.alive_prefix) then
     return 'running'
   end
   return nil

@@ -33,6 +33,7 @@ import pytest
 from rq.queue import Queue
 
 from rq_policies import PolicyQueue, keys, ledger, ops, state
+from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.fetch import Claim, Look, fetch_call, read_reply
 from rq_policies.policy import ADMISSION, FETCH, registered
 
@@ -43,7 +44,7 @@ INVALID = [
     pytest.param(cls, kwargs, argument, id=f'{cls.name}-{argument}-{kwargs}')
     for cls in registered(ADMISSION) for kwargs, argument in cls.invalid
 ]
-RQ_KEYS = ('rq:job:', 'rq:queue:', 'rq:scheduled:', 'rq:queues')
+RQ_KEYS = (f'{RQ}:job:', f'{RQ}:queue:', f'{RQ}:scheduled:', f'{RQ}:queues')
 
 
 def test_every_admission_policy_gives_examples():
@@ -375,12 +376,12 @@ def test_what_a_per_job_fetch_writes_is_its_own_and_expires_or_is_freed(connecti
     wait_for_start(connection, second.id, 'h:1:3')
     for raw in connection.keys('*'):
         key = raw.decode()
-        if key.startswith(RQ_KEYS) or key.startswith('rq:deferred:'):
+        if key.startswith(RQ_KEYS) or key.startswith(f'{RQ}:deferred:'):
             continue
         assert key.startswith(keys.PREFIX), key
         assert connection.pttl(key) > 0, f'{key}, written by a {example.name} fetch, never expires'
     assert connection.exists(keys.KEY_DUE) == 0  # no parked job left: the due index is gone
-    assert connection.zcard('rq:deferred:contract') == 0
+    assert connection.zcard(f'{RQ}:deferred:contract') == 0
 
 
 @pytest.mark.parametrize('cls, kwargs, argument', PER_JOB_INVALID)

@@ -80,6 +80,10 @@ class Policy:
     #: decides where its jobs wait (Fair) says so here and provides the admission hooks (``admit_part``,
     #: ``job_fields``, ``validate``, ``on_drop``, ``on_admit``, ...).
     admits: ClassVar[bool] = False
+    #: Keyword options of ``enqueue``/``enqueue_at``/``enqueue_in`` the policy consumes when declared (Fair's
+    #: ``priority``): the door takes them out of the call before rq parses it (the function never gets them), and
+    #: :func:`rq_policies.queue.door_options` hands them to the policy's :meth:`call_fields`.
+    call_options: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

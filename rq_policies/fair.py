@@ -103,15 +103,16 @@ class BacklogFull(PolicyError):
     Counted as a drop (``rq-policies info``, metrics), and nothing was written.
 
     Attributes:
-        key: ``'<scope>:<key>'``.
+        scope: the policy's scope (the function's import path unless given).
         queue: the queue name.
-        waiting: how many of its jobs were waiting.
-        first: the id of the key's first waiting job.
+        waiting: how many jobs of the key were waiting.
+        first: the id of the key's first waiting job (its hash names the key: ``Fair.explain``, ``explain``).
     """
 
-    def __init__(self, key: str, queue: str, waiting: int, first: str):
-        self.key, self.queue, self.waiting, self.first = key, queue, waiting, first
-        super().__init__(f'key {key!r} already has {waiting} job(s) waiting on queue {queue!r} (max_waiting)')
+    def __init__(self, scope: str, queue: str, waiting: int, first: str):
+        self.scope, self.queue, self.waiting, self.first = scope, queue, waiting, first
+        super().__init__(f'a key of scope {scope!r} already has {waiting} job(s) waiting on queue {queue!r} '
+                         f'(max_waiting; its first is job {first})')
 
 
 @dataclass(frozen=True)

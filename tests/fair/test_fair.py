@@ -268,6 +268,7 @@ def test_max_waiting_with_on_conflict_raise_raises_backlog_full_and_writes_nothi
     with pytest.raises(BacklogFull) as info:
         q.enqueue(fair_jobs.raising, 't', tenant='x')
     assert info.value.waiting == 3 and info.value.first == made[0].id and info.value.queue == 'fair'
+    assert info.value.scope == 'raising' and 'max_waiting' in str(info.value)
     new = {k.decode() for k in set(connection.keys('*')) - before}
     assert all(k.startswith('rq:policies:drops') for k in new), new  # only the drop counters
     assert len(Fair.waiting('fair', 'raising', 'x', connection=connection)) == 3

@@ -9,10 +9,12 @@ starts its own server with rq_policies.testing.RedisServer.
 
 * Fetch cost: ``lua/fetch.lua`` run in this process on a queue whose list is empty, each call taking the next Fair
   job by the turns (lua/policies/fair.lua's ``source``: the active key with the lowest virtual time, its line's
-  first job), the server's own time per call (INFO commandstats, usec_per_call of EVALSHA). Two states, rounds
-  interleaved, each written as the admission writes it (job hashes deferred, lines, the active set): 10 keys, and
-  ``--keys`` (10,000) keys with ``--per-key`` (10) jobs each (100,000 waiting). Ratio big / small, median of the
-  per-round ratios (target <= 1.2): a start's cost must not grow with keys or waiting jobs.
+  first job), the server's own time per call (INFO commandstats, usec_per_call of EVALSHA). Two states side by side
+  on two queues, each written as the admission writes it (job hashes deferred, lines, the active set): 10 keys, and
+  ``--keys`` (10,000) keys with ``--per-key`` (10) jobs each (100,000 waiting), measured in alternating blocks of
+  100 fetches (``--rounds`` x ``--calls`` fetches each). Ratio big / small, median of the per-block ratios (target
+  <= 1.2): a start's cost must not grow with keys or waiting jobs. A third queue of plain jobs on its list (no
+  Fair) shows what taking a turn adds to a fetch.
 * Throughput: ``--workers`` forking PolicyWorkers per variant, each variant on a queue of its own for the whole run;
   rounds hand them ``--jobs`` trivial jobs in turn: without Fair, and under Fair over 1,000 keys (job i of tenant
   i % 1000, so 1,000 keys are active while the batch waits). Throughput from rq's own timestamps after
@@ -56,11 +58,16 @@ def spread(values: list[float]) -> str:
 # -- fetch cost -----------------------------------------------------------------------------------------------------
 
 
-def _state(conn: Redis, count: int, per_key: int) -> object:
-    """``count`` active keys of scope 'bench' on queue 'cost', ``per_key`` waiting jobs each, written as the
-    admission writes them; returns the fetch call."""
-    conn.flushdb()
-    name = 'cost'
+def _fill(conn: Redis, name: str, count: int, per_key: int) -> object:
+    """Queue ``name``: ``count`` active keys of scope 'bench' with ``per_key`` waiting jobs each, written as the
+    admission writes them (``count`` 0: ``per_key`` plain jobs on the queue's list instead); returns its fetch call."""
+    if not count:
+        with conn.pipeline(transaction=False) as pipe:
+            ids = [f'{name}.p{i}' for i in range(per_key)]
+            for jid in ids:
+                pipe.hset(f'rq:job:{jid}', mapping={'status': 'queued', 'origin': name})
+            pipe.rpush(f'rq:queue:{name}', *ids)
+            pipe.execute()
     batch = 1000
     for start in range(0, count, batch):
         with conn.pipeline(transaction=False) as pipe:
@@ -68,7 +75,7 @@ def _state(conn: Redis, count: int, per_key: int) -> object:
                 channel = f'bench:t{n}'
                 line = {}
                 for i in range(per_key):
-                    jid = f'j{n}.{i}'
+                    jid = f'{name}.j{n}.{i}'
                     pipe.hset(f'rq:job:{jid}', mapping={'status': 'deferred', 'origin': name, FIELD: f'1 0 {channel}'})
                     line[jid] = i + 1
                 pipe.zadd(f'{WAIT_PREFIX}{name}:{channel}', line)
@@ -78,17 +85,28 @@ def _state(conn: Redis, count: int, per_key: int) -> object:
     return fetch_call([Queue(name, connection=conn)], 'bench:1:1:1', 90)
 
 
-def fetch_cost(conn: Redis, big: int, per_key: int, rounds: int, calls: int) -> dict[str, list[float]]:
-    small_per_key = max(per_key, (calls + 1) // 10 + 1)  # 10 keys hold every job the calls take
-    variants = {'10 keys': (10, small_per_key), f'{big:,} keys, {big * per_key:,} waiting': (big, per_key)}
-    samples: dict[str, list[float]] = {name: [] for name in variants}
-    for r in range(rounds):
-        order = list(variants.items()) if r % 2 == 0 else list(reversed(variants.items()))
-        for name, (count, each) in order:
-            call = _state(conn, count, each)
-            call.run(conn)  # the script is loaded before the counters start
+def fetch_cost(conn: Redis, big: int, per_key: int, rounds: int, calls: int,
+               block: int = 100) -> dict[str, list[float]]:
+    """Per state, the server time of each block of ``block`` fetches; the states live side by side on three queues
+    and their blocks alternate (the order flipped every block), so load drifting on a shared machine hits each
+    state alike."""
+    conn.flushdb()
+    total = rounds * calls
+    small_per_key = total // 10 + 10  # 10 keys hold every job the calls take
+    states = {'10 keys': ('small', 10, small_per_key),
+              f'{big:,} keys, {big * per_key:,} waiting': ('big', big, per_key + total // big + 1),
+              'no Fair: plain jobs on the list': ('plain', 0, total + 1)}
+    fetches = {name: _fill(conn, queue, count, each) for name, (queue, count, each) in states.items()}
+    samples: dict[str, list[float]] = {name: [] for name in states}
+    for call in fetches.values():
+        call.run(conn)  # the script is loaded before the counters start
+    n = 0
+    for b in range(total // block):
+        order = list(fetches.items()) if b % 2 == 0 else list(reversed(fetches.items()))
+        for name, call in order:
             conn.config_resetstat()
-            for n in range(calls):
+            for _ in range(block):
+                n += 1
                 call.arg('token', f'bench:1:1:{n}').set_key('claim', f'rq:policies:claim:bench:1:1:{n}')
                 reply = call.run(conn)
                 assert reply[0] == 1, reply  # a job taken every call
@@ -132,14 +150,19 @@ def run(url: str, opts: argparse.Namespace) -> int:
     conn = Redis.from_url(url)
     missed = 0
     if 'fetch' in opts.parts:
-        print(f'== fetch cost: server time per Fair start (median of {opts.rounds} interleaved rounds of {opts.calls})')
+        print(f'== fetch cost: server time per fetch (median of {opts.rounds * opts.calls // 100} interleaved blocks '
+              'of 100)')
         cost = fetch_cost(conn, opts.keys, opts.per_key, opts.rounds, opts.calls)
         for name, values in cost.items():
             print(f'  {name:36} {statistics.median(values):7.2f} us  ({spread(values)})')
-        per_round = [b / a for a, b in zip(*cost.values())]
+        small, big, plain = cost.values()
+        per_round = [b / a for a, b in zip(small, big)]
         ratio = statistics.median(per_round)
-        print(f'  big / small, median of per-round ratios {ratio:.3f} ({spread(per_round)}) (target <= 1.2): '
+        print(f'  big / small, median of per-block ratios {ratio:.3f} ({spread(per_round)}) (target <= 1.2): '
               f'{"ok" if ratio <= 1.2 else "MISSED"}')
+        over = [a / p for a, p in zip(small, plain)]
+        print(f'  a Fair start / a plain pop (10 keys), median of per-block ratios {statistics.median(over):.3f} '
+              f'({spread(over)}): what taking the turn adds to a fetch')
         missed += ratio > 1.2
     if 'throughput' in opts.parts:
         print(f'== throughput: {opts.workers} PolicyWorkers per variant, {opts.jobs} jobs, {opts.throughput_rounds} '

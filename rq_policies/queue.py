@@ -82,7 +82,12 @@ def _take_options(spec: PolicySet | None, kwargs: dict[str, Any]) -> dict[str, A
     """Take the keyword options ``spec``'s policies consume (``Policy.call_options``) out of a door's ``kwargs``."""
     if not spec or not kwargs:
         return None
-    found = {name: kwargs.pop(name) for item in spec.policies for name in item.call_options if name in kwargs}
+    names = spec.memo.get('call_options')
+    if names is None:  # once per set: this runs on every enqueue
+        names = spec.memo['call_options'] = tuple(name for item in spec.policies for name in item.call_options)
+    if not names:
+        return None
+    found = {name: kwargs.pop(name) for name in names if name in kwargs}
     return found or None
 
 

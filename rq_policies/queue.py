@@ -78,7 +78,7 @@ def door_options() -> dict[str, Any]:
     return (door.options if door is not None else None) or {}
 
 
-def _take_options(spec: PolicySet | None, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+def take_options(spec: PolicySet | None, kwargs: dict[str, Any]) -> dict[str, Any] | None:
     """Take the keyword options ``spec``'s policies consume (``Policy.call_options``) out of a door's ``kwargs``."""
     if not spec or not kwargs:
         return None
@@ -214,7 +214,7 @@ class PolicyQueue(Queue):
         if _door.get() is not None:  # an inner door of the same call: the outer one rules
             return super().enqueue(f, *args, **kwargs)
         spec = self._spec(policy, f)
-        options = _take_options(spec, kwargs)
+        options = take_options(spec, kwargs)
         dropped, hint = admission.quick_drop(self, spec, f, args, kwargs)
         if dropped:
             return None
@@ -243,13 +243,13 @@ class PolicyQueue(Queue):
     def enqueue_at(self, datetime: datetime, f: Any, *args: Any, **kwargs: Any) -> Job | None:  # type: ignore[override]
         """rq's ``enqueue_at``, plus ``policy=``. A scheduled job holds its loner identity until a worker takes it."""
         policy = kwargs.pop('policy', DECLARED)
-        with self._door(policy, options=_take_options(self._spec(policy, f), kwargs)):
+        with self._door(policy, options=take_options(self._spec(policy, f), kwargs)):
             return super().enqueue_at(datetime, f, *args, **kwargs)
 
     def enqueue_in(self, time_delta: timedelta, func: Any, *args: Any, **kwargs: Any) -> Job | None:  # type: ignore[override]
         """rq's ``enqueue_in``, plus ``policy=``."""
         policy = kwargs.pop('policy', DECLARED)
-        with self._door(policy, options=_take_options(self._spec(policy, func), kwargs)):
+        with self._door(policy, options=take_options(self._spec(policy, func), kwargs)):
             return super().enqueue_in(time_delta, func, *args, **kwargs)
 
     def enqueue_many(self, job_datas: Iterable[Any], pipeline: Any = None, group_id: str | None = None) -> list:  # type: ignore[override]

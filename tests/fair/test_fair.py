@@ -393,3 +393,23 @@ def test_the_fair_commands_pause_resume_weight_keys_and_info(connection, worker_
     assert info.returncode == 0 and 'Fair on queue fair' in info.stdout, info.stdout + info.stderr
     resumed = _cli('fair', 'resume', SCOPE, 'acme', env=worker_env)
     assert resumed.returncode == 0 and not Fair.status(SCOPE, 'acme', 'fair', connection=connection).paused
+
+
+def test_the_asyncio_door_takes_priority_out_of_the_call_too(connection, redis_url):
+    import asyncio
+
+    from redis.asyncio import Redis as AsyncRedis
+
+    from rq_policies.aio import AsyncPolicyQueue
+
+    async def main():
+        client = AsyncRedis.from_url(redis_url)
+        q = AsyncPolicyQueue('fair', connection=client)
+        low = await q.enqueue(fair_jobs.work, 't', tenant='a')
+        high = await q.enqueue(fair_jobs.work, 't', tenant='a', priority=7)
+        await client.aclose()
+        return low, high
+
+    low, high = asyncio.run(main())
+    assert 'priority' not in Job.fetch(high.id, connection=connection).kwargs
+    assert take(connection, 2) == [high.id, low.id]

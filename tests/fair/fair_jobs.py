@@ -9,7 +9,7 @@ import time
 from redis import Redis
 from rq import get_current_job
 
-from rq_policies import Fair, policy
+from rq_policies import Concurrency, Fair, policy
 
 SCOPE = 'tenants'
 
@@ -55,3 +55,17 @@ def starts(conn: Redis, tag: str) -> list[tuple[int, str, str]]:
         n, tenant, job_id = raw.decode().split(' ')
         out.append((int(n), tenant, job_id))
     return sorted(out)
+
+
+@policy(Fair(key=lambda a, k: k['tenant'], scope='paged'),
+        Concurrency(10, key=lambda a, k: k['tenant'], scope='paged', cost=lambda a, k: k['pages']))
+def paged(tag, seconds, *, tenant, pages):
+    """Fair between tenants, each tenant's running pages capped at 10 (Concurrency(10, cost=pages))."""
+    conn = _conn()
+    job_id = get_current_job().id
+    start = conn.time()
+    conn.rpush(f'test:fair:{tag}', f'{tenant} {job_id} start {start[0] + start[1] / 1e6:.6f}')
+    time.sleep(seconds)
+    end = conn.time()
+    conn.rpush(f'test:fair:{tag}', f'{tenant} {job_id} end {end[0] + end[1] / 1e6:.6f}')
+    conn.close()

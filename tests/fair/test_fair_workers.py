@@ -156,3 +156,27 @@ def test_a_worker_sigkilled_mid_job_costs_no_key_its_turns(connection, redis_url
         assert set(after[start:start + 5]) == {'a', 'b', 'c'}, (start, after)
     for tenant in ('a', 'b', 'c'):
         assert Fair.status(SCOPE, tenant, 'fair', connection=connection).waiting == 0
+
+
+@pytest.mark.long
+def test_with_concurrency_10_by_cost_the_running_costs_of_a_tenant_never_exceed_10(connection, redis_url, worker_env):
+    q = PolicyQueue('fair', connection=connection)
+    cost = {}
+    for i in range(24):
+        for tenant in ('a', 'b'):
+            n = 1 + (i * 3 + len(tenant)) % 5
+            cost[q.enqueue(fair_jobs.paged, 'paged', 0.3, tenant=tenant, pages=n).id] = n
+    procs = _workers(redis_url, worker_env, 4)
+    try:
+        assert wait_for(lambda: connection.llen('test:fair:paged') == 96, 180), output(procs[0])
+    finally:
+        _stop_all(procs)
+    events = [raw.decode().split(' ') for raw in connection.lrange('test:fair:paged', 0, -1)]
+    for tenant in ('a', 'b'):
+        running = best = 0
+        mine = sorted(((float(at), what, job_id) for t, job_id, what, at in events if t == tenant),
+                      key=lambda e: (e[0], e[1] == 'start'))
+        for _, what, job_id in mine:
+            running += cost[job_id] if what == 'start' else -cost[job_id]
+            best = max(best, running)
+        assert best <= 10, (tenant, best)

@@ -19,7 +19,11 @@
                       holder's payload in place with this call's job fields instead of writing
                       a job (Loner(on_conflict='replace'); Debounce and a trailing Throttle, whose
                       holder is the pending job, also its run time); no policy commits then
-    commit(ctx, p) -> writes the policy's own state, before the job is written
+    commit(ctx, p) -> writes the policy's own state, before the job is written; it may plan the
+                      write too (ctx.mode 'D': the hash only, for a part that keeps the job
+                      waiting in a store of its own)
+    written(ctx, p) -> after the job is written (admitted or forced): a part that keeps the job
+                      waiting in a store of its own files it there (its status, rq's registry)
     force(ctx, p)  -> PolicyQueue.force: takes the policy's state whatever it holds
   `p` is the policy's own arguments (a.p[name]); ctx.key(name) is the key passed as `name`.
 
@@ -203,6 +207,10 @@ if ctx.mode ~= 'N' then
     -- schedule_job writes it (no enqueued_at until the scheduler moves it).
     rcall('HSET', KEYS[a.k.job], 'status', 'scheduled')
     rcall('HDEL', KEYS[a.k.job], 'enqueued_at')
+  end
+  for _, name in ipairs(order) do
+    local part = P[name]
+    if part.written then part.written(ctx, a.p[name]) end
   end
 end
 return verdict(ctx.code, '', ctx.jid, ctx.n, ctx.superseded, ctx.dropped)

@@ -26,6 +26,11 @@
     refused(ctx, jid, value, extra) -> the job is parked (refused by this part or another): free
                                   what this part holds for it (checks run first, takes after: a
                                   refusal by one consumes nothing of another)
+    source(ctx, i)             -> (any fetch policy) a job id of queue i the part keeps waiting in
+                                  a store of its own (its status and registry already left as
+                                  the pop expects: Fair's turn of a key), or nil; asked when
+                                  queue i's list has nothing left to pop, so a queue's plain jobs
+                                  come first. The id is popped as if it came off the list.
     due(ctx, channel)          -> the part's member '<part>:<channel>' of the due index came due:
                                   give parked jobs back while the key allows; returns the next
                                   time to look, or nil (no parked job left)
@@ -108,13 +113,16 @@ local P = {}
 -- @policies
 
 -- The hooks that exist, in a fixed order, so every run writes in the same order.
-local gates, takes, taken = {}, {}, {}
+local gates, takes, taken, sources = {}, {}, {}, {}
 -- per-job parts: their index in `order`, name, and the job hash fields they read (one HMGET)
 local per_job, fields = {}, {}
 for n, name in ipairs(a.order) do
   local part = P[name] or {}
   gates[n] = part.gate
   takes[n] = part.take
+  if part.source then
+    sources[#sources + 1] = part.source
+  end
   if part.admit_job then
     per_job[#per_job + 1] = {n = n, name = name, part = part, at = #fields + 1}
     for _, f in ipairs(part.fields) do
@@ -249,6 +257,13 @@ for i = 1, #a.names do
     while tries < 100 and parks < 100 do
       tries = tries + 1
       local jid = rcall('LMOVE', queue_key, inter_key, 'LEFT', 'RIGHT')
+      for s = 1, (jid and 0 or #sources) do
+        jid = sources[s](ctx, i)
+        if jid then
+          rcall('RPUSH', inter_key, jid)
+          break
+        end
+      end
       if not jid then
         break
       end

@@ -30,6 +30,7 @@ local P = {}
 -- @include "policies/concurrency.lua"
 
 local removed = rcall('ZREM', KEYS[a.k.ledger], a.token)
+rcall('ZREM', a.keyed.units .. a.channel, a.token) -- its cost, if above 1 (Concurrency(cost=))
 if removed == 1 then
   local member = 'concurrency:' .. a.channel
   -- The parked list itself is asked, not the due index: a release also finds parked jobs whose

@@ -15,6 +15,7 @@ from .exceptions import (
     UnknownQueueWarning,
 )
 from .explainer import UnknownJob, explain
+from .fair import Fair
 from .job import PolicyJob
 from .key_rate import Rate
 from .limited_capacity import LimitedCapacityWorker
@@ -36,6 +37,7 @@ __all__ = [
     'Debounce',
     'DroppedCall',
     'DuplicateJob',
+    'Fair',
     'FetchPolicy',
     'InvalidArgument',
     'InvalidSetting',

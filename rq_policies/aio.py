@@ -59,7 +59,7 @@ from .admission import JobWrite, Verdict
 from .exceptions import PipelineNotSupported, PolicyError
 from .ops import Call, text
 from .policy import PolicySet
-from .queue import DECLARED, PolicyQueue
+from .queue import DECLARED, PolicyQueue, take_options
 
 __all__ = ['AsyncPolicyQueue', 'AsyncDoorError', 'run_call']
 
@@ -188,7 +188,7 @@ class AsyncPolicyQueue:
         policy = kwargs.pop('policy', DECLARED)
         queue = await self._ready()
         try:
-            with queue._door(policy):
+            with queue._door(policy, options=take_options(queue._spec(policy, f), kwargs)):
                 Queue.enqueue(queue, f, *args, **kwargs)  # rq's own build; PolicyQueue.enqueue's probe is skipped
         except _Planned as plan:
             return await self._send(plan)

@@ -69,6 +69,7 @@ def keyed_args(job_prefix: str = Job.redis_job_namespace_prefix) -> dict[str, st
         'holds': keys.KEY_HOLDS_PREFIX, 'parked': keys.KEY_PARKED_PREFIX, 'limits': keys.KEY_LIMITS,
         'rates': keys.KEY_RATES,
         'block': keys.KEY_BLOCK_PREFIX, 'tat': keys.KEY_TAT_PREFIX, 'due': keys.KEY_DUE,
+        'units': keys.KEY_UNITS_PREFIX,
     }
 
 
@@ -308,6 +309,11 @@ class Concurrency(KeyedPolicy):
             per key at run time).
         key: ``(args, kwargs) -> str | int``; None keys on the job's identity digest.
         scope: the namespace keys are counted in (no colon); default: the function's import path.
+        cost: the units of the key's limit one job takes while it runs, an int from 1 to ``limit`` or
+            ``(args, kwargs) -> int`` (Sidekiq Enterprise's points, Oban's weights, Hatchet's units): the running
+            jobs' costs per key never add up to more than the limit. A cost above ``limit`` is refused at enqueue
+            (ValueError naming ``cost``), before anything is written. The costs of a key's holds above 1 live in
+            ``rq:policies:keyunits:<scope>:<key>`` (gone with the key's last such hold).
 
     A job whose key is at its limit is parked (status ``deferred``, in rq's deferred registry) and the jobs behind it
     run; it goes back to the front of its queue when a hold of its key is released or expires.
@@ -319,9 +325,27 @@ class Concurrency(KeyedPolicy):
     #: The run-time setting is one limit per key (:meth:`set`): the dashboard's override form offers it.
     key_limit_setting: ClassVar[bool] = True
 
-    def __init__(self, limit: int, key: KeyFunction | None = None, scope: str | None = None) -> None:
+    def __init__(self, limit: int, key: KeyFunction | None = None, scope: str | None = None,
+                 cost: int | KeyFunction = 1) -> None:
         self.limit = positive_int('limit', limit, MAX_CAPACITY)
+        if not callable(cost):
+            _cost(cost, self.limit)
+        self.cost = cost
         super().__init__(key, scope)
+
+    def call_fields(self, job: Any, queue: str, digest: str) -> list[Any]:
+        field, value = super().call_fields(job, queue, digest)
+        cost = self.cost
+        if callable(cost):
+            try:
+                cost = cost(tuple(job.args), dict(job.kwargs))
+            except Exception as exc:
+                raise TypeError(f'{self!r}: the cost function failed on this call: {exc!r}') from exc
+            cost = _cost(cost, self.limit, f'{self!r} cost (the value the cost function returned)')
+        if cost == 1:
+            return [field, value]
+        limit, channel = value.split(' ', 1)  # a costed job: '<limit>*<cost> <scope>:<key>'
+        return [field, f'{limit}*{cost} {channel}']
 
     def __repr__(self) -> str:
         words = [str(self.limit)]
@@ -329,6 +353,8 @@ class Concurrency(KeyedPolicy):
             words.append(f'key={getattr(self.key, "__name__", self.key)}')
         if self.scope is not None:
             words.append(f'scope={self.scope!r}')
+        if self.cost != 1:
+            words.append(f'cost={getattr(self.cost, "__name__", self.cost)}')
         return f'Concurrency({", ".join(words)})'
 
     def setting(self) -> str:
@@ -537,6 +563,7 @@ class Concurrency(KeyedPolicy):
         if not raw:
             return []
         declared, _, channel = raw.partition(' ')
+        declared = declared.partition('*')[0]  # a costed job's '<limit>*<cost>'
         scope, _, key = channel.partition(':')
         ledger_key = keys.KEY_HOLDS_PREFIX + channel
         parked_key = f'{keys.KEY_PARKED_PREFIX}{cls.name}:{channel}'
@@ -761,7 +788,17 @@ def _declared_limit(raw: Any, channel: str) -> int | None:
     if raw is None:
         return None
     head, _, named = text(raw).partition(' ')
+    head = head.partition('*')[0]  # a costed job's '<limit>*<cost>'
     return int(head) if head.isdigit() and named == channel else None
+
+
+def _cost(value: Any, limit: int, where: str = 'cost') -> int:
+    """A job's cost: an int from 1 to the policy's ``limit``, else a ValueError naming ``where`` and the value."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f'{where} must be a positive integer, got {value!r}')
+    if value > limit:
+        raise ValueError(f'{where} must be at most the limit ({limit}), got {value!r}: such a job could never start')
+    return value
 
 
 def _scopes(conn: Any, policy: str, holds: bool = True) -> set[str]:

@@ -45,6 +45,11 @@ class Rate(KeyedPolicy, GcraRate):
         burst: starts allowed at once after a quiet spell, 1 to ``limit``.
         key: ``(args, kwargs) -> str | int``; None keys on the job's identity digest.
         scope: the namespace keys are counted in (no colon); default: the function's import path.
+        cost: how many starts of the key's rate one job uses, an int from 1 to ``limit`` or ``(args, kwargs) ->
+            int`` (Sidekiq Enterprise's points, Oban's weights): a job starts when the key's rate allows one start,
+            and its start moves the key's arrival time on by ``cost`` intervals, so a key's costs add up to
+            ``limit`` per ``per`` seconds over time. A cost above ``limit`` is refused at enqueue (ValueError naming
+            ``cost``), before anything is written.
     """
 
     name: ClassVar[str] = 'key_rate'
@@ -52,10 +57,27 @@ class Rate(KeyedPolicy, GcraRate):
     setting_words: ClassVar[int] = 3
 
     def __init__(self, limit: int, per: int = 1, burst: int = 1, key: KeyFunction | None = None,
-                 scope: str | None = None) -> None:
+                 scope: str | None = None, cost: int | KeyFunction = 1) -> None:
         check(limit, per, burst)
         self.limit, self.per, self.burst = limit, per, burst
+        if not callable(cost):
+            _cost(cost, limit)
+        self.cost = cost
         super().__init__(key, scope)
+
+    def call_fields(self, job: Any, queue: str, digest: str) -> list[Any]:
+        field, value = super().call_fields(job, queue, digest)
+        cost = self.cost
+        if callable(cost):
+            try:
+                cost = cost(tuple(job.args), dict(job.kwargs))
+            except Exception as exc:
+                raise TypeError(f'{self!r}: the cost function failed on this call: {exc!r}') from exc
+            cost = _cost(cost, self.limit, f'{self!r} cost (the value the cost function returned)')
+        if cost == 1:
+            return [field, value]
+        limit, per, burst, channel = value.split(' ', 3)  # a costed job: '<limit> <per> <burst>*<cost> <scope>:<key>'
+        return [field, f'{limit} {per} {burst}*{cost} {channel}']
 
     def __repr__(self) -> str:
         words = [str(self.limit), f'per={self.per}', f'burst={self.burst}']
@@ -63,6 +85,8 @@ class Rate(KeyedPolicy, GcraRate):
             words.append(f'key={getattr(self.key, "__name__", self.key)}')
         if self.scope is not None:
             words.append(f'scope={self.scope!r}')
+        if self.cost != 1:
+            words.append(f'cost={getattr(self.cost, "__name__", self.cost)}')
         return f'Rate({", ".join(words)})'
 
     def setting(self) -> str:
@@ -181,6 +205,7 @@ class Rate(KeyedPolicy, GcraRate):
         if not raw:
             return []
         limit, per, burst, channel = raw.split(' ', 3)
+        burst = burst.partition('*')[0]  # a costed job's '<burst>*<cost>'
         scope, _, key = channel.partition(':')
         with connection.pipeline(transaction=False) as pipe:
             pipe.get(keys.KEY_TAT_PREFIX + channel)
@@ -291,6 +316,8 @@ def _declared_rate(raw: Any, channel: str) -> tuple[int, int, int] | None:
     if raw is None:
         return None
     words = text(raw).split(' ', 3)
+    if len(words) == 4:
+        words[2] = words[2].partition('*')[0]  # a costed job's '<burst>*<cost>'
     if len(words) != 4 or words[3] != channel or not all(w.isdigit() for w in words[:3]):
         return None
     return int(words[0]), int(words[1]), int(words[2])
@@ -341,3 +368,13 @@ def _deprecated_rate(args: tuple, kwargs: dict) -> tuple[int, int, int] | None:
 def _rate_words(raw: Any) -> tuple[int, int, int] | None:
     rate = _stored_rate(raw)
     return None if rate is None else (rate.limit, rate.per, rate.burst)
+
+
+def _cost(value: Any, limit: int, where: str = 'cost') -> int:
+    """A job's cost: an int from 1 to the rate's ``limit``, else a ValueError naming ``where`` and the value."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f'{where} must be a positive integer, got {value!r}')
+    if value > limit:
+        raise ValueError(f'{where} must be at most the rate\'s limit ({limit}), got {value!r}: such a job could '
+                         'never start within its period')
+    return value

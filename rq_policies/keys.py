@@ -238,6 +238,8 @@ def rate_tat(queue: str) -> str:
 KEY_HOLDS_PREFIX = PREFIX + 'keyholds:'
 KEY_PARKED_PREFIX = PREFIX + 'keyparked:'
 KEY_BLOCK_PREFIX = PREFIX + 'keyblock:'
+#: The cost of each hold of a key above 1 (Concurrency(cost=)): ZSET claim token (or 'unpark:<job id>') -> cost.
+KEY_UNITS_PREFIX = PREFIX + 'keyunits:'
 KEY_TAT_PREFIX = PREFIX + 'keytat:'
 KEY_DUE = PREFIX + 'keydue'
 KEY_LIMITS = PREFIX + 'keylimits'

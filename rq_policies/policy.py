@@ -75,6 +75,15 @@ class Policy:
     #: The order in which admission checks run (lower first): a throttle window is tested before a loner marker, so
     #: a drop names the window's owner whenever the window is held.
     rank: ClassVar[int] = 100
+    #: Does the policy take part in the admission script (``lua/admit.lua``: its part's ``check``, ``commit``,
+    #: ``force``, ``written``) when declared on a function? Every admission policy does; a fetch policy that also
+    #: decides where its jobs wait (Fair) says so here and provides the admission hooks (``admit_part``,
+    #: ``job_fields``, ``validate``, ``on_drop``, ``on_admit``, ...).
+    admits: ClassVar[bool] = False
+    #: Keyword options of ``enqueue``/``enqueue_at``/``enqueue_in`` the policy consumes when declared (Fair's
+    #: ``priority``): the door takes them out of the call before rq parses it (the function never gets them), and
+    #: :func:`rq_policies.queue.door_options` hands them to the policy's :meth:`call_fields`.
+    call_options: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -485,8 +494,10 @@ class PolicySet:
 
     @functools.cached_property
     def admission(self) -> tuple[AdmissionPolicy, ...]:
-        """The admission policies of the set, in the order their checks run (computed once per set)."""
-        return tuple(sorted((p for p in self.policies if p.kind == ADMISSION), key=lambda p: (p.rank, p.name)))
+        """The policies of the set that take part in the admission script (admission policies, and a fetch policy
+        that ``admits``), in the order their checks run (computed once per set)."""
+        return tuple(sorted((p for p in self.policies if p.kind == ADMISSION or p.admits),
+                            key=lambda p: (p.rank, p.name)))
 
     @functools.cached_property
     def memo(self) -> dict[Any, Any]:

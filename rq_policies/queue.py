@@ -59,6 +59,7 @@ class _Door:
     used: bool = False
     force: bool = False
     hint: Any = None  # what the call's quick_drop saw, for admit to remember (rq_policies.admission.Seen)
+    options: Any = None  # the enqueue options the call's policies took (Policy.call_options), or None
 
 
 _door: ContextVar[_Door | None] = ContextVar('rq_policies_door', default=None)
@@ -68,6 +69,26 @@ def door_override(default: Any = DECLARED) -> Any:
     deferred enqueue, carries it to where the job is written), or ``default`` outside any call."""
     door = _door.get()
     return door.override if door is not None else default
+
+
+def door_options() -> dict[str, Any]:
+    """The enqueue keyword options the call in progress gave its policies (each policy's ``call_options``, taken
+    out of the call before rq parsed it, so the function never gets them), for their ``call_fields``."""
+    door = _door.get()
+    return (door.options if door is not None else None) or {}
+
+
+def take_options(spec: PolicySet | None, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """Take the keyword options ``spec``'s policies consume (``Policy.call_options``) out of a door's ``kwargs``."""
+    if not spec or not kwargs:
+        return None
+    names = spec.memo.get('call_options')
+    if names is None:  # once per set: this runs on every enqueue
+        names = spec.memo['call_options'] = tuple(name for item in spec.policies for name in item.call_options)
+    if not names:
+        return None
+    found = {name: kwargs.pop(name) for name in names if name in kwargs}
+    return found or None
 
 
 
@@ -177,12 +198,12 @@ class PolicyQueue(Queue):
     # -- the doors ------------------------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _door(self, policy: Any, force: bool = False, hint: Any = None) -> Iterator[None]:
+    def _door(self, policy: Any, force: bool = False, hint: Any = None, options: Any = None) -> Iterator[None]:
         if _door.get() is not None:  # an inner door of the same call (enqueue_at -> enqueue_call): the outer one rules
             yield
             return
         override = policy if policy is DECLARED else make_set(policy)
-        token = _door.set(_Door(override, force=force, hint=hint))
+        token = _door.set(_Door(override, force=force, hint=hint, options=options))
         try:
             yield
         finally:
@@ -198,12 +219,13 @@ class PolicyQueue(Queue):
         if _door.get() is not None:  # an inner door of the same call: the outer one rules
             return super().enqueue(f, *args, **kwargs)
         spec = self._spec(policy, f)
+        options = take_options(spec, kwargs)
         dropped, hint = admission.quick_drop(self, spec, f, args, kwargs)
         if dropped:
             return None
         # The door is set by hand rather than through ``_door()``: this is the hottest door, and a generator-based
         # context manager costs more than the rest of the door's own bookkeeping.
-        token = _door.set(_Door(spec, hint=hint))
+        token = _door.set(_Door(spec, hint=hint, options=options))
         try:
             return super().enqueue(f, *args, **kwargs)
         finally:
@@ -226,13 +248,13 @@ class PolicyQueue(Queue):
     def enqueue_at(self, datetime: datetime, f: Any, *args: Any, **kwargs: Any) -> Job | None:  # type: ignore[override]
         """rq's ``enqueue_at``, plus ``policy=``. A scheduled job holds its loner identity until a worker takes it."""
         policy = kwargs.pop('policy', DECLARED)
-        with self._door(policy):
+        with self._door(policy, options=take_options(self._spec(policy, f), kwargs)):
             return super().enqueue_at(datetime, f, *args, **kwargs)
 
     def enqueue_in(self, time_delta: timedelta, func: Any, *args: Any, **kwargs: Any) -> Job | None:  # type: ignore[override]
         """rq's ``enqueue_in``, plus ``policy=``."""
         policy = kwargs.pop('policy', DECLARED)
-        with self._door(policy):
+        with self._door(policy, options=take_options(self._spec(policy, func), kwargs)):
             return super().enqueue_in(time_delta, func, *args, **kwargs)
 
     def enqueue_many(self, job_datas: Iterable[Any], pipeline: Any = None, group_id: str | None = None) -> list:  # type: ignore[override]

@@ -141,3 +141,9 @@ def max_overlap(events: list[tuple[str, str, float]]) -> int:
         elif what == 'end':
             running -= 1
     return best
+
+
+@policy(Concurrency(10, key=lambda args, kwargs: kwargs['customer'], cost=lambda args, kwargs: kwargs['pages']))
+def by_pages(tag, seconds, customer, pages):
+    """Concurrency(10) per customer, each job taking ``pages`` units (tests/test_concurrency.py's cost tests)."""
+    _span(tag, customer, seconds)

@@ -697,3 +697,69 @@ def test_backoff_of_its_key_from_a_job_without_a_per_key_policy_fails_it_with_a_
     assert Concurrency.on_job_exception(job, q, BackOff(1), connection.pipeline()) is False  # the queue's own
     with pytest.raises(TypeError, match='key'):
         BackOff(1, key='yes')
+
+
+# -- cost (Concurrency(cost=)): a job takes `cost` units of its key's limit -----------------------------------------
+
+
+PAGES_SCOPE = 'key_jobs.by_pages'
+
+
+def pages(q, customer, n, seconds=0.0, tag='t'):
+    return q.enqueue(key_jobs.by_pages, tag, seconds, customer=customer, pages=n)
+
+
+def test_costed_jobs_fill_their_key_s_limit_by_cost_and_are_given_back_by_cost(connection, forget_holds):
+    q = PolicyQueue('keys', connection=connection)
+    a = [pages(q, 'a', n) for n in (4, 4, 4, 2)]
+    b = pages(q, 'b', 10)
+    assert connection.hget(a[0].key, 'policies_concurrency') == f'10*4 {PAGES_SCOPE}:a'.encode()
+    taken = [fetch(connection, f'h:c:0:{i}') for i in range(4)]
+    # 4 + 4 of a's 10 units: the third 4 waits (12 > 10), the 2 behind it waits in line (FIFO per key); b's 10 runs.
+    assert [t.job_id for t in taken[:3]] == [a[0].id, a[1].id, b.id] and isinstance(taken[3], Look)
+    assert Concurrency.parked(PAGES_SCOPE, 'a', connection=connection) == [a[2].id, a[3].id]
+    # A release of 4 frees 4 units (6 free): the parked 4 goes back, and the 2 behind it too (2 left, then 0).
+    release_claim(taken[0], connection)
+    assert q.job_ids == [a[2].id, a[3].id]
+    again = [fetch(connection, f'h:c:1:{i}') for i in range(2)]
+    assert [t.job_id for t in again] == [a[2].id, a[3].id]
+    late = pages(q, 'a', 1)
+    assert isinstance(fetch(connection, 'h:c:2:1'), Look)  # 4 + 4 + 2 = 10 in use: even 1 more waits
+    assert late.get_status() == 'deferred'
+    for claim in [taken[1], taken[2], *again]:
+        release_claim(claim, connection)
+    assert fetch(connection, 'h:c:3:1').job_id == late.id
+    assert connection.exists(keys.KEY_UNITS_PREFIX + f'{PAGES_SCOPE}:a') == 0  # no costed hold left: its key is gone
+
+
+def test_a_cost_above_the_limit_is_refused_at_enqueue_naming_it_and_nothing_is_written(connection):
+    with pytest.raises(ValueError, match='cost'):
+        Concurrency(3, cost=4)
+    with pytest.raises(ValueError, match='cost'):
+        Concurrency(3, cost=0)
+    q = PolicyQueue('keys', connection=connection)
+    with pytest.raises(ValueError, match='cost'):
+        pages(q, 'a', 11)
+    with pytest.raises(ValueError, match='cost'):
+        pages(q, 'a', 1.5)
+    assert connection.dbsize() == 0
+
+
+def test_with_workers_the_running_costs_of_a_key_never_exceed_its_limit(connection, redis_url, worker_env):
+    q = PolicyQueue('keys', connection=connection)
+    cost = {}
+    for i in range(30):
+        job = pages(q, 'w', 1 + (i * 7) % 5, seconds=0.3, tag='cost')
+        cost[job.id] = 1 + (i * 7) % 5
+    workers = run_workers(redis_url, worker_env, 4)
+    try:
+        assert wait_for(lambda: len(key_jobs.spans(connection, 'cost').get('w', [])) == 60, 120), output(workers[0])
+    finally:
+        for w in workers:
+            stop(w)
+    running = best = 0
+    for job_id, what, _ in sorted(key_jobs.spans(connection, 'cost')['w'], key=lambda e: (e[2], e[1] == 'start')):
+        running += cost[job_id] if what == 'start' else -cost[job_id]
+        best = max(best, running)
+    assert best <= 10, best
+    assert best >= 5, best  # the limit is used: several costed jobs ran at once

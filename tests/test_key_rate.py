@@ -135,3 +135,46 @@ def test_every_window_of_every_key_stays_within_the_rate_with_real_workers(conne
         # ... and the rate held them back: ten starts at 5 a second, burst 2, take at least 8 intervals of 0.2 s
         # (the latest end of a fetch less the earliest start of one bounds the true spread from above)
         assert max(after for _, after in spans) - min(before for before, _ in spans) >= (10 - 2) * 0.2 - 0.01, spans
+
+
+# -- cost (Rate(cost=)): a job uses `cost` starts of its key's rate ------------------------------------------------
+
+
+def _shop(args, kwargs):
+    return kwargs['shop']
+
+
+def test_a_costed_job_moves_its_key_s_rate_on_by_its_cost_and_parked_ones_pay_theirs(connection, forget_holds):
+    costed = Rate(10, per=1, burst=10, key=_shop, scope='costed', cost=4)
+    q = PolicyQueue('rate', connection=connection)
+    made = [q.enqueue(key_jobs.per_shop, 't', shop='a', policy=costed) for _ in range(5)]
+    other = q.enqueue(key_jobs.per_shop, 't', shop='b', policy=costed)
+    assert connection.hget(made[0].key, 'policies_key_rate') == b'10 1 10*4 costed:a'
+    got = [fetch(connection, f'h:c:0:{i}') for i in range(5)]
+    # A start is allowed while the key's rate has one; each moves it on by 4 intervals (0.4 s): a full bucket of 10
+    # takes 3 jobs of cost 4, then the key waits; the other key is not touched.
+    assert [g.job_id for g in got[:4]] == [made[0].id, made[1].id, made[2].id, other.id]
+    assert isinstance(got[4], Look)
+    assert Rate.parked('costed', 'a', connection=connection) == [made[3].id, made[4].id]
+    started, n, deadline = [], 0, time.monotonic() + 5
+    while len(started) < 2 and time.monotonic() < deadline:
+        n += 1
+        found = fetch(connection, f'h:c:1:{n}')
+        if isinstance(found, Claim):
+            started.append(time.monotonic())
+        else:
+            time.sleep(0.01)
+    assert len(started) == 2
+    assert started[1] - started[0] >= 0.3, started  # the second parked job waited for the first one's cost (0.4 s)
+
+
+def test_a_cost_above_the_limit_is_refused_naming_it_and_nothing_is_written(connection):
+    with pytest.raises(ValueError, match='cost'):
+        Rate(5, cost=6)
+    with pytest.raises(ValueError, match='cost'):
+        Rate(5, cost=0)
+    q = PolicyQueue('rate', connection=connection)
+    by_call = Rate(5, key=_shop, cost=lambda a, k: 7)
+    with pytest.raises(ValueError, match='cost'):
+        q.enqueue(key_jobs.per_shop, 't', shop='a', policy=by_call)
+    assert connection.dbsize() == 0

@@ -14,6 +14,11 @@
     parked  rq:policies:keyparked:concurrency:<scope>:<key>   LIST of parked job ids, FIFO
     limits  rq:policies:keylimits   HASH '<scope>:<key>' -> a limit set at run time (override)
     block   rq:policies:keyblock:<scope>:<key>    a BackOff(key=True) (lib/key_blocked.lua)
+    units   rq:policies:keyunits:<scope>:<key>    ZSET hold member -> its cost, for the holds (and
+                                                  reservations) of a cost above 1 (Concurrency(cost=):
+                                                  field '<limit>*<cost> <scope>:<key>'); a live hold
+                                                  counts its cost, others 1; members whose hold is gone
+                                                  are dropped at a take, the key with its last member
 
   Hooks of a per-job part (lua/fetch.lua calls them for a popped job carrying the field):
     admit_job(ctx, jid, raw) -> nil: allowed (state for take_job in ctx.kj.concurrency); or a
@@ -35,8 +40,39 @@
 P.concurrency = {fields = {'policies_concurrency'}}
 
 local function cc_parse(raw)
-  local limit, channel = string.match(raw, '^(%d+) (.+)$')
-  return tonumber(limit), channel
+  local limit, cost, channel = string.match(raw, '^(%d+)%*?(%d*) (.+)$')
+  return tonumber(limit), channel, tonumber(cost) or 1
+end
+
+-- The units of key `channel` in use under the server's clock: its live holds, each counting its
+-- cost, member `except` (a job's own reservation) left out. A key without costed holds pays one
+-- EXISTS beside the ZCOUNT; one with costed holds reads its live holds (at most `limit` of them).
+local function cc_units(ctx, ledger, channel, except)
+  local units = ctx.kp.units .. channel
+  if redis.call('EXISTS', units) == 0 then
+    local n = ledger_live(ledger, ctx.now)
+    if except and (tonumber(redis.call('ZSCORE', ledger, except)) or 0) > ctx.now then
+      n = n - 1
+    end
+    return n
+  end
+  local total = 0
+  for _, member in ipairs(redis.call('ZRANGEBYSCORE', ledger, string.format('(%.6f', ctx.now), '+inf')) do
+    if member ~= except then
+      total = total + (tonumber(redis.call('ZSCORE', units, member)) or 1)
+    end
+  end
+  return total
+end
+
+-- Drop the cost of every member of `units` whose hold in `ledger` is gone (released, lapsed).
+local function cc_prune(ctx, ledger, units)
+  for _, member in ipairs(redis.call('ZRANGE', units, 0, -1)) do
+    local score = tonumber(redis.call('ZSCORE', ledger, member))
+    if not score or score <= ctx.now then
+      redis.call('ZREM', units, member)
+    end
+  end
 end
 
 local function cc_limit(ctx, channel, declared)
@@ -51,7 +87,7 @@ local function cc_first_expiry(ledger, now)
 end
 
 function P.concurrency.admit_job(ctx, jid, raw)
-  local limit, channel = cc_parse(raw)
+  local limit, channel, cost = cc_parse(raw)
   if not limit then
     return nil -- not written by Concurrency (which validates): ignored rather than blocking forever
   end
@@ -64,29 +100,37 @@ function P.concurrency.admit_job(ctx, jid, raw)
     return {parked = parked, member = member, due = blocked, head = mine and true or false}
   end
   limit = cc_limit(ctx, channel, limit)
-  local others = ledger_live(ledger, ctx.now)
-  if mine and tonumber(mine) > ctx.now then
-    others = others - 1
-  end
+  local others = cc_units(ctx, ledger, channel, mine and ('unpark:' .. jid) or nil)
+  local fits = others + cost <= limit
   -- A job that was not given back by an unpark waits behind the key's parked jobs (FIFO per key).
-  if others < limit and (mine or redis.call('LLEN', parked) == 0) then
+  if fits and (mine or redis.call('LLEN', parked) == 0) then
     return nil
   end
-  local due = others < limit and ctx.now or cc_first_expiry(ledger, ctx.now)
+  local due = fits and ctx.now or cc_first_expiry(ledger, ctx.now)
   return {parked = parked, member = member, due = due, head = mine and true or false}
 end
 
 function P.concurrency.take_job(ctx, jid, raw)
-  local _, channel = cc_parse(raw)
+  local _, channel, cost = cc_parse(raw)
   local ledger = ctx.kp.holds .. channel
   redis.call('ZREM', ledger, 'unpark:' .. jid)
   redis.call('ZREMRANGEBYSCORE', ledger, '-inf', ctx.now)
   ledger_add(ledger, ctx.token, ctx.ttl, ctx.now)
+  local units = ctx.kp.units .. channel
+  if cost > 1 then
+    redis.call('ZADD', units, cost, ctx.token)
+  end
+  if cost > 1 or redis.call('EXISTS', units) == 1 then
+    cc_prune(ctx, ledger, units)
+  end
   return ledger
 end
 
 function P.concurrency.refused(ctx, jid, raw)
   local _, channel = cc_parse(raw)
+  if channel then
+    redis.call('ZREM', ctx.kp.units .. channel, 'unpark:' .. jid)
+  end
   if channel and redis.call('ZREM', ctx.kp.holds .. channel, 'unpark:' .. jid) == 1 then
     -- the unit reserved for this job is free again: the key's next parked job may use it
     redis.call('ZADD', ctx.kp.due, ctx.now, 'concurrency:' .. channel)
@@ -100,14 +144,49 @@ function P.concurrency.due(ctx, channel)
   end
   local ledger = ctx.kp.holds .. channel
   redis.call('ZREMRANGEBYSCORE', ledger, '-inf', ctx.now)
-  local room = cc_limit(ctx, channel, cc_parse(raw or '') or 1) - redis.call('ZCARD', ledger)
-  local moved = key_unpark(ctx.kp, parked, math.min(room, 10), 'policies_concurrency', function(jid)
-    ledger_add(ledger, 'unpark:' .. jid, ctx.ttl, ctx.now)
-  end)
+  local room = cc_limit(ctx, channel, cc_parse(raw or '') or 1) - cc_units(ctx, ledger, channel, nil)
+  local units = ctx.kp.units .. channel
+  -- One job at a time while its cost fits (each with a reservation of its cost), at most 10.
+  local full, moved = false, {}
+  for _ = 1, 10 do
+    local head, head_raw = key_parked_head(ctx.kp, parked, 'policies_concurrency')
+    if not head then
+      break
+    end
+    local _, _, cost = cc_parse(head_raw or '')
+    if cost > room then
+      full = true
+      break
+    end
+    key_unpark(ctx.kp, parked, 1, 'policies_concurrency', function(jid)
+      ledger_add(ledger, 'unpark:' .. jid, ctx.ttl, ctx.now)
+      if cost > 1 then
+        redis.call('ZADD', units, cost, 'unpark:' .. jid)
+      end
+      moved[#moved + 1] = jid
+    end)
+    room = room - cost
+  end
+  -- Each went to the front of its queue on its own: put them back in their parked order.
+  local by_queue = {}
+  for _, jid in ipairs(moved) do
+    local origin = redis.call('HGET', ctx.kp.job .. jid, 'origin')
+    by_queue[origin] = by_queue[origin] or {}
+    table.insert(by_queue[origin], jid)
+  end
+  for origin, ids in pairs(by_queue) do
+    if #ids > 1 then
+      local queue = ctx.kp.queue .. origin
+      redis.call('LPOP', queue, #ids)
+      for i = #ids, 1, -1 do
+        redis.call('LPUSH', queue, ids[i])
+      end
+    end
+  end
   if redis.call('LLEN', parked) == 0 then
     return nil
   end
-  if moved < room then
+  if not full and room > 0 then
     return ctx.now -- stale ids or the per-call bound stopped it: the next fetch goes on
   end
   return cc_first_expiry(ledger, ctx.now)

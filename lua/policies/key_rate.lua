@@ -16,19 +16,21 @@
   admit_job(ctx, jid, raw, paid): a job whose start was paid for when it was given back runs;
     another waits behind the key's parked jobs (FIFO per key), or until its key's GCRA allows a
     start (emission interval T = per / limit, tolerance (burst - 1) * T). Writes nothing.
-  take_job(ctx, jid, raw, paid): records the start (the arrival time moves on by T), or clears
-    the paid mark; returns 0 (a rate takes no hold: a start is never refunded).
-  due(ctx, channel): gives back as many parked jobs as the GCRA allows now (at most 10), each
-    with its start paid (the arrival time moves on for it); returns when the next start is
-    allowed, or nil when no parked job is left.
+  take_job(ctx, jid, raw, paid): records the start (the arrival time moves on by T, or by
+    cost x T for a job of Rate(cost=), whose field reads '<burst>*<cost>'), or clears the paid
+    mark; returns 0 (a rate takes no hold: a start is never refunded).
+  due(ctx, channel): gives back parked jobs one by one while the GCRA allows a start (at most 10),
+    each with its start paid (the arrival time moves on by its cost); returns when the next start
+    is allowed, or nil when no parked job is left.
 ]]
 -- @include "lib/rate_tat.lua"
 -- @include "lib/key_blocked.lua"
 -- @include "lib/key_unpark.lua"
 P.key_rate = {fields = {'policies_key_rate', 'policies_key_rate_paid'}}
 
+-- A job's cost (Rate(cost=)): '<burst>*<cost>' in its field, else 1.
 local function kr_parse(ctx, raw)
-  local limit, per, burst, channel = string.match(raw, '^(%d+) (%d+) (%d+) (.+)$')
+  local limit, per, burst, cost, channel = string.match(raw, '^(%d+) (%d+) (%d+)%*?(%d*) (.+)$')
   if not limit then
     return nil
   end
@@ -40,7 +42,7 @@ local function kr_parse(ctx, raw)
     end
   end
   local interval = tonumber(per) / tonumber(limit)
-  return interval, (tonumber(burst) - 1) * interval, channel
+  return interval, (tonumber(burst) - 1) * interval, channel, tonumber(cost) or 1
 end
 
 -- The GCRA now: the arrival time under `interval`, and the server time the next start is allowed.
@@ -80,9 +82,9 @@ function P.key_rate.take_job(ctx, jid, raw, paid)
     redis.call('HDEL', ctx.kp.job .. jid, 'policies_key_rate_paid')
     return 0
   end
-  local interval, tolerance, channel = kr_parse(ctx, raw)
+  local interval, tolerance, channel, cost = kr_parse(ctx, raw)
   local tat = kr_state(ctx, channel, interval, tolerance)
-  kr_record(ctx, channel, tat + interval, interval)
+  kr_record(ctx, channel, tat + cost * interval, interval)
   return 0
 end
 
@@ -96,11 +98,16 @@ function P.key_rate.due(ctx, channel)
   if allowed_at > ctx.now then
     return allowed_at
   end
-  local room = math.floor((ctx.now + tolerance - tat) / interval + 1e-9) + 1
-  key_unpark(ctx.kp, parked, math.min(room, 10), 'policies_key_rate', function(jid)
-    redis.call('HSET', ctx.kp.job .. jid, 'policies_key_rate_paid', '1')
-    tat = tat + interval
-  end)
+  -- One job at a time while a start is allowed: each pays its own cost (Rate(cost=)).
+  for _ = 1, 10 do
+    if tat - tolerance > ctx.now + 1e-9 or key_unpark(ctx.kp, parked, 1, 'policies_key_rate', function(jid)
+      redis.call('HSET', ctx.kp.job .. jid, 'policies_key_rate_paid', '1')
+      local _, _, _, cost = kr_parse(ctx, redis.call('HGET', ctx.kp.job .. jid, 'policies_key_rate') or '')
+      tat = tat + (cost or 1) * interval
+    end) == 0 then
+      break
+    end
+  end
   kr_record(ctx, channel, tat, interval)
   if redis.call('LLEN', parked) == 0 then
     return nil

@@ -1,0 +1,40 @@
+--[[
+  Pause or resume one key of Fair (lua/policies/fair.lua): a paused key's waiting jobs stay in
+  their lines (status deferred) and none starts until the key is resumed; other keys are not
+  touched. A pause takes effect at once (every fetch asks the paused hash before it takes a key's
+  job); a resume makes the key active again on every queue where it still has waiting jobs, at
+  that queue's lowest virtual time (a paused key earns no credit while paused).
+
+  KEYS  by name (rq_policies/ops.py, built by rq_policies.fair._pause_call):
+    paused     rq:policies:fair:paused                 HASH '<scope>:<key>' -> 1
+    pausedin   rq:policies:fair:pausedin:<scope>:<key>  SET of queues the key left when paused
+  ARGV[1]  one msgpack map (lib/codec.lua):
+    channel    '<scope>:<key>'
+    pause      true: pause; false: resume
+    waits      rq:policies:fair:wait: (the prefix of the lines, '<queue>:<scope>:<key>' appended)
+    actives    rq:policies:fair:active: (the prefix of the active sets, '<queue>' appended)
+    wake       rq:policies:wake: (the prefix of the queues' wake-up channels)
+
+  Safe to run twice: a pause sets what is set; a resume finds the key active already (ZADD NX)
+  or the noted queues gone. Returns 1 when the key's state changed, else 0.
+]]
+local rcall = redis.call
+
+-- @include "lib/codec.lua"
+
+local a = decode_args(ARGV[1])
+local paused, pausedin = KEYS[a.k.paused], KEYS[a.k.pausedin]
+if a.pause then
+  return rcall('HSET', paused, a.channel, 1)
+end
+local changed = rcall('HDEL', paused, a.channel)
+for _, queue in ipairs(rcall('SMEMBERS', pausedin)) do
+  if rcall('EXISTS', a.waits .. queue .. ':' .. a.channel) == 1 then
+    local active = a.actives .. queue
+    local first = rcall('ZRANGE', active, 0, 0, 'WITHSCORES')
+    rcall('ZADD', active, 'NX', tonumber(first[2]) or 0, a.channel)
+    rcall('PUBLISH', a.wake .. queue, 'released')
+  end
+end
+rcall('DEL', pausedin)
+return changed

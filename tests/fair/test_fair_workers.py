@@ -88,9 +88,11 @@ def test_a_newcomer_behind_5000_waiting_starts_within_one_round_of_its_enqueue(c
 
             assert wait_for(started, 30), output(procs[0])
             at = next(n for n, _, job_id in fair_jobs.starts(connection, 'newcomer') if job_id == job.id)
-            # 2 keys take turns: the newcomer is at most the 2nd start after its enqueue, plus the jobs the workers
-            # had already taken (at most one each) and recorded only after the enqueue.
-            assert at - before <= 2 + workers, (i, at - before)
+            # 2 keys take turns: the newcomer is at most the 2nd start after its enqueue, plus what the recording
+            # skews (a start is recorded by its horse, after a fork): the jobs the workers had taken before the
+            # enqueue and record after it (one each), and those the other worker records while the newcomer's horse
+            # starts (one each). Behind the backlog it would be the 5,000th.
+            assert at - before <= 2 + 2 * workers, (i, at - before)
     finally:
         _stop_all(procs)
     assert Fair.status(SCOPE, 'big', 'fair', connection=connection).waiting > 3000  # 'big' was backlogged throughout

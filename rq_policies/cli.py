@@ -22,7 +22,8 @@ from redis.exceptions import RedisError
 from rq.cli.helpers import pass_cli_config
 from rq.utils import import_attribute
 
-from . import __version__, health, identity, state
+from . import __version__, compat, health, identity, keys, state
+from .exceptions import PolicyConfigurationError
 from .policy import FETCH, by_name, declared, registered
 
 
@@ -33,10 +34,16 @@ class CommandError(click.ClickException):
 def _connect(cli_config: Any) -> Any:
     try:
         conn = cli_config.connection
+        # `--connection-class redis.cluster.RedisCluster` (rq's own option) reaches a cluster: refused without a
+        # hash-tagged RQ_KEY_PREFIX, else adopted as PolicyQueue does (docs/cluster.md)
+        keys.check_connection(conn)
+        compat.adopt_cluster(conn)
         conn.ping()
     except RedisError as exc:
         where = cli_config.url or cli_config.config or 'the REDIS_* settings'
         raise CommandError(f'cannot reach Redis ({where}): {exc}') from None
+    except PolicyConfigurationError as exc:
+        raise CommandError(str(exc)) from None
     except (ImportError, ValueError) as exc:  # a bad --config module, a malformed URL
         raise CommandError(f'cannot connect to Redis: {exc}') from None
     return conn

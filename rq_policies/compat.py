@@ -210,6 +210,9 @@ def _cluster_classes() -> tuple[type, type] | None:
         def eval(self, script: Any, numkeys: int, *keys_and_args: Any) -> Any:  # type: ignore[override]
             return self.execute_command('EVAL', script, numkeys, *keys_and_args)
 
+        def time(self, **kwargs: Any) -> Any:  # keyless: in a transaction it goes where the other commands go
+            return self.execute_command('TIME', **kwargs)
+
         # What rq reads of a redis.client.Pipeline (rq 3: queue.move_dependents_to_ready, worker, job): the same
         # state, kept by the transaction strategy of redis-py's cluster pipeline.
         @property

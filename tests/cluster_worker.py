@@ -2,8 +2,8 @@
 
 ``python cluster_worker.py CLASS [--burst] QUEUE...`` with ``CLUSTER_URL`` (any node) and ``RQ_KEY_PREFIX`` in the
 environment; ``CLUSTER_NODES`` (``host:port,...``) to start from any of several, ``CLUSTER_RETRIES`` for retries of
-a command (backing off up to 1 s apart). rq's CLI builds a ``redis.Redis`` only, so a cluster worker is started
-from Python, as here."""
+a command (backing off up to 1 s apart). The same as ``rq worker -w rq_policies.PolicyWorker --connection-class
+redis.cluster.RedisCluster --url ...``, with a client built here (several start nodes, retries)."""
 
 from __future__ import annotations
 

@@ -102,6 +102,10 @@ print(json.dumps(said))
     out = subprocess.run([sys.executable, '-c', probe], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     said = json.loads(out.stdout)
+    cli = subprocess.run([sys.executable, '-m', 'rq_policies.cli', 'info', *CLUSTER_CLASS, '--url',
+                          valkey_cluster.url], env=env, capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 1 and 'Traceback' not in cli.stderr, cli.stderr
+    said.append(cli.stderr)
     assert all(message is not None for message in said), said
     for message in said:
         assert "RQ_KEY_PREFIX='rq'" in message and "RQ_KEY_PREFIX='{rq}'" in message, message
@@ -202,9 +206,39 @@ def test_an_idle_worker_wakes_on_an_enqueue_on_a_cluster(cluster, cluster_env, t
 
 
 
-def test_the_cli_and_the_page_read_the_slots_primary(cluster, valkey_cluster, worker_env):
-    """``rq-policies info`` and the page's data take a plain connection: pointed at the primary of the prefix's slot,
-    where every key is, they read a cluster's state as a single server's (they do not follow a failover)."""
+CLUSTER_CLASS = ['--connection-class', 'redis.cluster.RedisCluster']
+
+
+def test_the_cli_and_rq_s_worker_command_take_rq_s_connection_class_option(cluster, valkey_cluster, cluster_env):
+    """rq's own spelling, ``--connection-class redis.cluster.RedisCluster --url <any node>``: ``rq-policies info``,
+    ``cap`` and ``explain`` work on the cluster, and so does ``rq worker -w rq_policies.PolicyWorker`` (forking)."""
+    q = PolicyQueue('cli', connection=cluster)
+    job = q.enqueue(jobs.plain, 1, policy=Loner())
+    QueueSlot.set('cli', 2, connection=cluster)
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, '-m', 'rq_policies.cli', *args, *CLUSTER_CLASS, '--url',
+                               valkey_cluster.url], env=cluster_env, capture_output=True, text=True, timeout=60)
+
+    out = run('info', '--json')
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)['queues']['cli']
+    assert info['capacity'] == 2 and info['loner']['waiting'] == 1
+    out = run('cap', 'cli', '3')
+    assert out.returncode == 0 and 'capped at 3 (was 2)' in out.stdout, out.stderr
+    assert QueueSlot.get('cli', connection=cluster).capacity == 3
+    out = run('explain', job.id)
+    assert out.returncode == 0 and 'queue_slot queue cap 3' in out.stdout, out.stderr
+    worker = subprocess.run([sys.executable, '-m', 'rq.cli', 'worker', '-w', 'rq_policies.PolicyWorker', '--burst',
+                             *CLUSTER_CLASS, '--url', valkey_cluster.url, 'cli'], env=cluster_env,
+                            capture_output=True, text=True, timeout=120)
+    assert worker.returncode == 0, worker.stderr[-3000:]
+    assert Job.fetch(job.id, connection=cluster).get_status() == 'finished'
+
+
+def test_the_page_reads_the_slots_primary(cluster, valkey_cluster):
+    """The page's data takes a plain connection: pointed at the primary of the prefix's slot, where every key is, it
+    reads a cluster's state as a single server's (it does not follow a failover)."""
     from redis import Redis
 
     from rq_policies.dashboard import data
@@ -214,12 +248,6 @@ def test_the_cli_and_the_page_read_the_slots_primary(cluster, valkey_cluster, wo
     QueueSlot.set('readers', 2, connection=cluster)
     primary, _ = valkey_cluster.owner_of(keys.PREFIX)
     url = f'redis://127.0.0.1:{primary.port}/0'
-    env = dict(worker_env, RQ_KEY_PREFIX=os.environ['RQ_KEY_PREFIX'])
-    out = subprocess.run([sys.executable, '-m', 'rq_policies.cli', 'info', '--json', '--url', url], env=env,
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    info = json.loads(out.stdout)['queues']['readers']
-    assert info['capacity'] == 2 and info['loner']['waiting'] == 1
     plain = Redis.from_url(url)
     try:
         view = data.overview(plain)

@@ -28,6 +28,8 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
+from . import keys
+
 #: The one setting under which no key of the policies is ever evicted.
 SAFE_POLICY = 'noeviction'
 
@@ -36,14 +38,14 @@ UNKNOWN = 'unknown'
 
 #: Under ``volatile-*`` only keys with a TTL go: every policy key that expires by itself.
 _VOLATILE_LOSES = (
-    'keys with a TTL can be evicted: QueueSlot ledgers (rq:policies:slots:*) and LimitedCapacityWorker ledgers, so '
+    f'keys with a TTL can be evicted: QueueSlot ledgers ({keys.holds("")}*) and LimitedCapacityWorker ledgers, so '
     'jobs running under a cap are forgotten and the cap is exceeded; throttle slots, pending trailing and debounce '
     'state, and the loner markers of jobs with a ttl, so duplicates are admitted'
 )
 
 #: Under ``allkeys-*`` any key goes, the configuration too.
 _ALLKEYS_LOSES = (
-    'any key can be evicted: the capacity hash (rq:policies:capacity), so every cap silently disappears; QueueSlot '
+    f'any key can be evicted: the capacity hash ({keys.CAPACITY}), so every cap silently disappears; QueueSlot '
     'and LimitedCapacityWorker ledgers, so caps are exceeded; loner markers and throttle slots, so duplicates are '
     "admitted; and rq's own queues and jobs"
 )

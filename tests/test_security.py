@@ -28,6 +28,13 @@ ACL_RULES = [
     '-@dangerous', '+info', '+time', '+client|setname', '+client|getname', '+client|list', '+client|id',
 ]
 
+
+
+def prefixed(rules: list[str]) -> list[str]:
+    """The documented rules with rq's key prefix for ``rq`` (``~{app}:*`` under ``RQ_KEY_PREFIX='{app}'``)."""
+    return [rule.replace('rq:', f'{RQ}:') if rule[:1] in '~&' else rule for rule in rules]
+
+
 names = st.text(alphabet=string.printable + 'é☃', min_size=1, max_size=40)
 hexes = st.text(alphabet='0123456789abcdef', min_size=64, max_size=64)
 
@@ -56,7 +63,7 @@ def test_digest_is_the_only_argument_part_of_a_key():
 
 
 def _acl_user(conn: Redis) -> None:
-    conn.execute_command('ACL', 'SETUSER', 'rqp', *ACL_RULES)
+    conn.execute_command('ACL', 'SETUSER', 'rqp', *prefixed(ACL_RULES))
 
 
 def _exercise(conn: Redis) -> None:

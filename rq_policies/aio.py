@@ -141,7 +141,9 @@ class AsyncPolicyQueue:
     Args:
         name: the queue's name (the same queue in Redis as ``PolicyQueue(name)``).
         connection: a ``redis.asyncio.Redis`` (required).
-        job_class, serializer, default_timeout: as rq's ``Queue``.
+        job_class: as rq's ``Queue``.
+        serializer: as rq's ``Queue``.
+        default_timeout: as rq's ``Queue``.
         sync_connection: a synchronous ``redis.Redis`` for :meth:`explain` (optional: one is made from
             ``connection``'s settings when needed; required for a Sentinel-managed client).
     """

@@ -99,7 +99,8 @@ def instrument(tracer_provider: Any = None, meter_provider: Any = None, connecti
     """Switch tracing and metrics on for every door and PolicyWorker of this process.
 
     Args:
-        tracer_provider, meter_provider: the providers to use (the global ones when None).
+        tracer_provider: the tracer provider to use (the global one when None).
+        meter_provider: the meter provider to use (the global one when None).
         connection: a synchronous ``redis.Redis``: adds the gauges read from Redis at each collection.
         top_keys: per scope, how many of the busiest keys get a ``key`` label of their own (the cardinality bound);
             the others are summed under ``key='(other)'``.

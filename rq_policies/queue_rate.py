@@ -120,8 +120,8 @@ class QueueRate(FetchPolicy, GcraRate):
             InvalidSetting: (a ValueError) naming the argument and the value; nothing is written.
 
         Warns:
-            UnknownQueueWarning: ``queue`` is unknown to rq, to every policy setting and to every live worker (a
-            typo?); the rate is set anyway (``rq-policies rate`` refuses it without ``--force``).
+            UnknownQueueWarning: ``queue`` is unknown to rq, to every policy setting and to every live worker (perhaps
+                a typo); the rate is set anyway (``rq-policies rate`` refuses it without ``--force``).
         """
         with refusing():
             name = queue_name(queue)

@@ -82,8 +82,8 @@ class QueueSlot(FetchPolicy):
             InvalidSetting: (a ValueError) naming the argument and the value; nothing is written.
 
         Warns:
-            UnknownQueueWarning: ``queue`` is unknown to rq, to every policy setting and to every live worker (a
-            typo?); the cap is set anyway (``rq-policies cap`` refuses it without ``--force``).
+            UnknownQueueWarning: ``queue`` is unknown to rq, to every policy setting and to every live worker (perhaps
+                a typo); the cap is set anyway (``rq-policies cap`` refuses it without ``--force``).
         """
         with refusing():
             name = queue_name(queue)

@@ -25,11 +25,16 @@ end
 -- Give the head jobs of `parked` back to their queues, `n` at most (each found live by
 -- key_parked_head, reading the policy's job `field`), at the front and in their parked order (they were
 -- refused before every later job of their key), status queued, out of rq's deferred registry,
--- and wake each queue's idle PolicyWorkers. `each(jid)` runs for every job moved (a reservation).
--- Returns how many were moved.
-local function key_unpark(kp, parked, n, field, each)
+-- and wake each queue's idle PolicyWorkers. `each(jid)` runs for every job moved (a reservation);
+-- `fits(jid, raw)`, when given, is asked before each head job moves (with its `field`), and a false
+-- answer stops the moves there. Returns how many were moved.
+local function key_unpark(kp, parked, n, field, each, fits)
   local moved = {}
-  while #moved < n and key_parked_head(kp, parked, field) do
+  while #moved < n do
+    local head, raw = key_parked_head(kp, parked, field)
+    if not head or (fits and not fits(head, raw)) then
+      break
+    end
     local jid = redis.call('LPOP', parked)
     local job_key = kp.job .. jid
     local origin = redis.call('HGET', job_key, 'origin')

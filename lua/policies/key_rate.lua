@@ -98,16 +98,20 @@ function P.key_rate.due(ctx, channel)
   if allowed_at > ctx.now then
     return allowed_at
   end
-  -- One job at a time while a start is allowed: each pays its own cost (Rate(cost=)).
-  for _ = 1, 10 do
-    if tat - tolerance > ctx.now + 1e-9 or key_unpark(ctx.kp, parked, 1, 'policies_key_rate', function(jid)
-      redis.call('HSET', ctx.kp.job .. jid, 'policies_key_rate_paid', '1')
-      local _, _, _, cost = kr_parse(ctx, redis.call('HGET', ctx.kp.job .. jid, 'policies_key_rate') or '')
-      tat = tat + (cost or 1) * interval
-    end) == 0 then
-      break
+  -- Head jobs in their parked order while a start is allowed (at most 10): each pays its own cost
+  -- (Rate(cost=)).
+  local cost = 1
+  key_unpark(ctx.kp, parked, 10, 'policies_key_rate', function(jid)
+    redis.call('HSET', ctx.kp.job .. jid, 'policies_key_rate_paid', '1')
+    tat = tat + cost * interval
+  end, function(_, raw)
+    if tat - tolerance > ctx.now + 1e-9 then
+      return false
     end
-  end
+    local _, _, _, c = kr_parse(ctx, raw or '')
+    cost = c or 1
+    return true
+  end)
   kr_record(ctx, channel, tat, interval)
   if redis.call('LLEN', parked) == 0 then
     return nil

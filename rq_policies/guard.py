@@ -166,15 +166,8 @@ class HorseGuard(ledger.ForkedHelper):
             return
         with contextlib.suppress(OSError):
             os.write(self._write, _STOP)
-        deadline = time.monotonic() + 2.0
-        while self._pid and time.monotonic() < deadline:
-            try:
-                done, _ = os.waitpid(self._pid, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if done:
-                break
-            time.sleep(0.01)
+        if self._pid:
+            self._reaped(2.0)
         self._close()
 
     # -- in the guard's process -----------------------------------------------------------------------------------

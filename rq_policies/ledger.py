@@ -329,13 +329,10 @@ class Keeper:
             return self._thread.is_alive()
         if not self._pid:
             return False
-        try:
-            done, _ = os.waitpid(self._pid, os.WNOHANG)
-        except ChildProcessError:
-            done = self._pid
-        if done:
+        if exited(self._pid):
             self._pid = 0
-        return not done
+            return False
+        return True
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop refreshing and wait for the keeper (the holds stay: releasing them is the owner's call)."""
@@ -411,21 +408,38 @@ class ForkedHelper:
         forks another)."""
         if not self._pid:
             return False
-        try:
-            done, _ = os.waitpid(self._pid, os.WNOHANG)
-        except ChildProcessError:
-            done = self._pid
-        if not done:
+        if not exited(self._pid):
             return True
         self.log.warning('rq-policies: the %s (pid %s) died; starting another', self.helper_name, self._pid)
         self._close()
         return False
+
+    def _reaped(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for the helper to exit (polled fast first: a helper told to stop exits within a
+        fraction of a millisecond unless it is mid-refresh); True once it has exited and been reaped."""
+        deadline = time.monotonic() + seconds
+        pause = 0.0002
+        while not exited(self._pid):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
+        return True
 
     def _close(self) -> None:
         if self._write >= 0:
             with contextlib.suppress(OSError):
                 os.close(self._write)
         self._write, self._pid = -1, 0
+
+
+def exited(pid: int) -> bool:
+    """Has the child ``pid`` exited (reaped by this one WNOHANG wait, or before)?"""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return done != 0
 
 
 def ignore_stop_signals() -> None:
@@ -547,20 +561,9 @@ class WorkerKeeper(ForkedHelper):
         if self._write >= 0:
             os.close(self._write)  # end of file in the keeper: it exits
             self._write = -1
-        deadline = time.monotonic() + _KEEPER_WAIT_SECONDS
-        pause = 0.0002
-        while True:
-            try:
-                done, _ = os.waitpid(self._pid, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if done:
-                break
-            if time.monotonic() >= deadline:
-                self._kill()
-                return
-            time.sleep(pause)
-            pause = min(pause * 2, 0.02)
+        if not self._reaped(_KEEPER_WAIT_SECONDS):
+            self._kill()
+            return
         self._close()
 
     def _ensure(self) -> None:

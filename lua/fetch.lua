@@ -6,11 +6,13 @@
   The phases, in this order (rq_policies.fetch.PHASES names them; a call with ARGV[12] = '1'
   reports the phases and hooks it ran, in order, as `trace`, which tests/test_fetch_phases.py
   checks):
-    probe     one EXISTS over the claim record (KEYS[1]), the fetch policies' state keys (each
+    probe     one EXISTS over the claim record (KEYS[1]), the tombstones' marker (listed so that
+              the count tells each apart), the fetch policies' state keys (each
               FetchPolicy's `fetch_state`: the keys whose absence means its gate passes every
               queue, its take does nothing and no key has parked jobs) and the queues' scheduled
               registries. 0, the common case, skips the next four phases' reads: such a fetch
-              runs EXISTS, LMOVE, HGETALL, GET (the tombstone) and SET (the record), and no part.
+              runs EXISTS, LMOVE, HGETALL and SET (the record), and no part; the tombstone of a
+              popped job is read only while the marker says some tombstone exists.
     replay    the claim record exists: answer what the first attempt took, run nothing else
     state     some state key exists (a second EXISTS when the first also counted registries):
               the gates, takes and the due phase run
@@ -107,10 +109,14 @@
                  lib/rewrite_guard.lua)
     9, 10        the state keys: first index in KEYS and count (-1: some fetch policy declares
                  none, so its gate always runs)
-    11 blob      one msgpack map (lib/codec.lua), decoded only when a part or promotion runs:
-                 names (queue i's name), order (the fetch policies' names, the order their gates
-                 run), k, kl (the named keys), keyed (the per-key prefixes), promote (its settings)
+    11 blob      one msgpack map (lib/codec.lua), decoded only when a gate, a per-job part or
+                 promotion runs: names (queue i's name), order (the fetch policies' names, the order
+                 their gates run), k, kl (the named keys)
     12 trace     '1': report the phases run (tests)
+    14 marker    the index in KEYS of the tombstones' marker (the tombstone prefix itself, the
+                 tombstone of no job: lib/pending.lua keeps it alive while any tombstone lives)
+    13 blob      the rest, decoded only when read: keyed (the per-key prefixes), promote (its
+                 settings)
 
   Replay-safe: a fetch that takes a job records, in the same script, what it took under its
   claim token (one SET with a short EX). A replay of the same call (redis-py resending it after
@@ -145,7 +151,7 @@ local trace = ARGV[12] == '1' and {} or nil
 -- promote phases' own reads.
 local state_first, state_count = tonumber(ARGV[9]), tonumber(ARGV[10])
 local promote = ARGV[6] == '1'
-local probe = {claim_key}
+local probe = {}
 if state_count > 0 then
   for n = state_first, state_first + state_count - 1 do
     probe[#probe + 1] = KEYS[n]
@@ -156,10 +162,23 @@ if promote then
     probe[#probe + 1] = KEYS[1 + 2 * N + i]
   end
 end
+-- The tombstones' marker (KEYS[ARGV[14]]: lib/pending.lua keeps it alive as long as any
+-- tombstone) counts once per other key and once more, and the claim record twice that, so the
+-- count tells each apart: found = others + (m + 1) * marker + 2 * (m + 1) * claim.
+local others = #probe
+for _ = 0, others do
+  probe[#probe + 1] = KEYS[tonumber(ARGV[14])]
+end
+for _ = 0, 2 * others + 1 do
+  probe[#probe + 1] = claim_key
+end
 local found = state_count < 0 and 1 or rcall('EXISTS', unpack(probe))
+local claimed = state_count < 0 or found >= 2 * (others + 1)
+local tombs = state_count < 0 or found % (2 * (others + 1)) > others
+found = state_count < 0 and 1 or found % (others + 1)
 
 -- replay
-if found > 0 then
+if claimed then
   local recorded = rcall('GET', claim_key)
   if recorded then
     -- The record: the queue's index, the job id, then policy, flag for each hold ('<length>:<bytes>'
@@ -198,12 +217,20 @@ if trace and stateful then trace[#trace + 1] = 'state' end
 
 -- The blob, the parts and ctx: made on first need (setup()), never on a fetch that needs none.
 -- @policies fields
-local a, ctx
-local P, PARTS = {}, {}
+-- Does part `name` define hook `hook`? (PART_HOOKS: without loading the part.)
+local function has_hook(name, hook)
+  return string.find(PART_HOOKS, '|' .. name .. '.' .. hook .. '|', 1, true) ~= nil
+end
+local P, PARTS
 local function define_parts()
 -- @policies lazy
 end
+local a, ctx
 local function part(name)
+  if not PARTS then
+    P, PARTS = {}, {}
+    define_parts()
+  end
   local load = PARTS[name]
   if load then
     PARTS[name] = false
@@ -211,11 +238,26 @@ local function part(name)
   end
   return P[name]
 end
+-- The blob (ARGV[11]) and ctx, for the parts that take ctx (gates, takes, per-job parts, due).
+-- The blob's second half (ARGV[13]: the per-key prefixes, promotion's settings) is decoded only
+-- when read.
 local function setup()
   if a then return end
-  a = decode_args(ARGV[11])
-  define_parts()
-  ctx = {names = a.names, token = ARGV[1], ttl = tonumber(ARGV[2]), now = clock(), kp = a.keyed}
+  a = setmetatable(decode_args(ARGV[11]), {__index = function(t, name)
+    local more = decode_args(ARGV[13])
+    setmetatable(t, nil)
+    for k, v in pairs(more) do
+      rawset(t, k, v)
+    end
+    return rawget(t, name)
+  end})
+  ctx = setmetatable({names = a.names, token = ARGV[1], ttl = tonumber(ARGV[2]), now = clock()}, {
+    __index = function(t, name)
+      if name == 'kp' then
+        t.kp = a.keyed
+        return t.kp
+      end
+    end})
   function ctx.key(name)
     return KEYS[a.k[name]]
   end
@@ -294,8 +336,8 @@ local function admit_job(jid, job, allowed)
   end
   for _, name in ipairs(a.order) do
     local value = at[name] and job[at[name]]
-    local p = value and part(name)
-    if p and p.admit_job then
+    local p = value and has_hook(name, 'admit_job') and part(name)
+    if p then
       local extra = count[name] > 1 and job[at[name] + 1] or nil -- a second field, if it reads two
       if trace then trace[#trace + 1] = 'admit_job:' .. name end
       refusal = p.admit_job(ctx, jid, value, extra)
@@ -335,9 +377,9 @@ local parks = 0
 local function took(i, job_key, jid, job, allowed, hash)
   for _, item in ipairs(JOB_PARTS) do
     local name, at = item[1], item[2]
-    if job[at] then
+    if job[at] and has_hook(name, 'taken') then
       local p = part(name)
-      if p.taken then
+      do
         if trace then trace[#trace + 1] = 'taken:' .. name end
         local values = {}
         for n = 1, item[3] do
@@ -350,8 +392,8 @@ local function took(i, job_key, jid, job, allowed, hash)
   local got = {}
   if stateful then
     for _, name in ipairs(a.order) do
-      local p = part(name)
-      if p and p.take then
+      local p = has_hook(name, 'take') and part(name)
+      if p then
         if trace then trace[#trace + 1] = 'take:' .. name end
         got[name] = p.take(ctx, i, job_key, jid)
       end
@@ -397,8 +439,8 @@ for i = 1, N do
   if stateful then
     ctx.q = {}
     for _, name in ipairs(a.order) do
-      local p = part(name)
-      if p and p.gate then
+      local p = has_hook(name, 'gate') and part(name)
+      if p then
         if trace then trace[#trace + 1] = 'gate:' .. name end
         verdict = p.gate(ctx, i)
         if verdict ~= true then
@@ -432,7 +474,7 @@ for i = 1, N do
       -- ahead of the server's (lib/pending.lua; the scheduler's write-back carries none of our
       -- fields, so every job is checked): dropped like an id whose hash is gone. A pending job
       -- rewritten in place carries a rewrite guard instead (lib/rewrite_guard.lua).
-      local tomb = present and rcall('GET', tombstone .. jid)
+      local tomb = present and tombs and rcall('GET', tombstone .. jid)
       if tomb then
         if string.sub(tomb, 1, 8) == 'rewrite ' then
           if rewrite_guard(job_key, jid, tombstone .. jid, tomb, clock()) then
@@ -450,8 +492,8 @@ for i = 1, N do
       if present then
         local allowed, refusal = {}, nil
         for _, item in ipairs(JOB_PARTS) do
-          if job[item[2]] then
-            setup() -- a job under some policy: the parts may run
+          if job[item[2]] and has_hook(item[1], 'admit_job') then
+            setup() -- a job under a per-job policy: its checks run
             refusal = admit_job(jid, job, allowed)
             break
           end

@@ -242,20 +242,24 @@ PHASES = ('probe', 'replay', 'state', 'due', 'promote', 'gate', 'pop', 'admit_jo
 class FetchCall(Call):
     """The ``lua/fetch.lua`` call: built by name like any :class:`rq_policies.ops.Call`, sent as flat ARGV.
 
-    The scalars a fetch always needs travel as plain arguments and the rest (queue names, the policies' order, the
-    named keys, promotion's settings) as one msgpack blob, packed once per call object and decoded by the script only
-    when a part or promotion runs: a fetch of queues without any policy state decodes nothing (the decode was a
-    sixth of the fetch's server time). KEYS start with the claim record, the queues, their intermediate lists and
+    The scalars a fetch always needs travel as plain arguments and the rest as two msgpack blobs, packed once per
+    call object and decoded by the script only when needed: the queue names, the policies' order and the named keys
+    when a gate or a per-job part runs, the per-key prefixes and promotion's settings only when those run. A fetch of
+    queues without any policy state decodes nothing (the decode of one blob of everything was a sixth of the fetch's
+    server time). KEYS start with the claim record, the queues, their intermediate lists and
     their scheduled registries, at the positions the script's header gives.
     """
 
     __slots__ = ('_blob', 'trace')
-    #: The arguments sent flat (the rest go in the blob).
+    #: The arguments sent flat (the rest go in the two blobs).
     FLAT = frozenset({'token', 'ttl', 'claim_ttl', 'burst', 'job_prefix', 'tombstone'})
+    #: The first blob's arguments, what a gate or a per-job part needs (the second: the per-key prefixes and
+    #: promotion's settings, decoded only when read).
+    CORE = frozenset({'names', 'order', 'k', 'kl'})
 
     def __init__(self, **args: Any) -> None:
         super().__init__('fetch', **args)
-        self._blob: bytes | None = None
+        self._blob: tuple[bytes, bytes] | None = None
         #: Ask the script for the phases and hooks it ran (the reply's ``trace``): tests.
         self.trace = False
 
@@ -275,12 +279,13 @@ class FetchCall(Call):
     def argv(self) -> list[Any]:
         a = self.args
         if self._blob is None:
-            self._blob = pack({name: value for name, value in a.items() if name not in self.FLAT})
+            self._blob = (pack({name: value for name, value in a.items() if name in self.CORE}),
+                          pack({name: value for name, value in a.items() if name not in self.CORE | self.FLAT}))
         state = a.get('state')
         first, count = state if state is not None else (0, -1)
         return [a['token'], a['ttl'], a['claim_ttl'], len(a['names']), '1' if a['burst'] else '0',
-                '1' if a.get('promote') else '0', a['job_prefix'], a['tombstone'], first, count, self._blob,
-                '1' if self.trace else '0']
+                '1' if a.get('promote') else '0', a['job_prefix'], a['tombstone'], first, count, self._blob[0],
+                '1' if self.trace else '0', self._blob[1], a['k']['tombstones']]
 
 
 def fetch_call(
@@ -314,6 +319,8 @@ def fetch_call(
         raise RuntimeError(f'fetch_call: the fixed KEYS of lua/fetch.lua are out of place: {lists}')
     for policy in policies:
         policy.fetch_keys(call, names)
+    # The tombstones' marker: the tombstone prefix itself, alive while any tombstone is (lua/lib/pending.lua).
+    call.key('tombstones', keys.SUPERSEDED_PREFIX)
     # The state keys: while none of them exists, no gate, take or due key has anything to do (FetchPolicy.fetch_state).
     state: list[str] = []
     always = False
@@ -433,6 +440,7 @@ def dequeue(
             queue = queues[names.index(found.queue_name)]
             try:
                 job = _job(job_class, found, connection, serializer)
+                found.raw = None  # read: the claim travels on (to the hold guard's slot) without the job's data
             except NoSuchJobError:
                 # Deleted between the pop and the fetch: give the holds back and look again.
                 with connection.pipeline(transaction=False) as pipe:

@@ -53,13 +53,16 @@ _INCLUDE = re.compile(r'^--\s*@include\s+"([^"]+)"\s*$', re.MULTILINE)
 #: where defining every part's (about 80 closures) cost a Loner admission a third of its script time.
 #: ``-- @policies fields`` defines, without defining any part, what the parts' declarations say of the job hash
 #: (:func:`part_fields`): ``JOB_FIELDS``, the fields of a popped job the fetch reads (``status`` first, then each
-#: part's ``fields`` in part order), ``JOB_FIELD_AT`` (field -> its index there), and ``JOB_PARTS``,
-#: ``{name, index of its first field, count}`` per part that
+#: part's ``fields`` in part order), ``JOB_FIELD_AT`` (field -> its index there), ``PART_HOOKS`` (a string
+#: ``'|<part>.<hook>|...|'`` of every hook a part defines, so a script can tell which parts to load), and
+#: ``JOB_PARTS``, ``{name, index of its first field, count}`` per part that
 #: declares any (fetch.lua: a job carrying none of them runs no part).
 _POLICIES = re.compile(r'^--\s*@policies(\s+lazy|\s+fields)?\s*$', re.MULTILINE)
 #: A part's declaration, ``P.<name> = {...}`` on one line, and the ``fields = {'a', 'b'}`` in it.
 _DECLARATION = re.compile(r'^P\.(\w+)\s*=\s*\{(.*)\}\s*(?:--.*)?$', re.MULTILINE)
 _DECLARED_FIELDS = re.compile(r'\bfields\s*=\s*\{([^}]*)\}')
+#: A part's hook definition, ``function P.<name>.<hook>(``.
+_HOOK = re.compile(r'^function P\.(\w+)\.(\w+)\(', re.MULTILINE)
 _lock = threading.Lock()
 _cache: dict[str, Script] = {}
 
@@ -122,7 +125,9 @@ def source(name: str, lean: bool = False) -> str:
         def policies(match: re.Match) -> str:
             parts = sorted(item.name for item in root.joinpath('policies').iterdir() if item.name.endswith('.lua'))
             if match.group(1) and match.group(1).strip() == 'fields':
-                return _fields_source(part_fields(root))
+                hooks = sorted(f'{name}.{hook}' for part in parts for name, hook in
+                               _HOOK.findall(root.joinpath(f'policies/{part}').read_text(encoding='utf-8')))
+                return _fields_source(part_fields(root)) + f"\nlocal PART_HOOKS = '|{'|'.join(hooks)}|'"
             if match.group(1):
                 return '\n'.join(lazy(part) for part in parts)
             return '\n'.join(read(f'policies/{part}', seen + (rel,)) for part in parts)

@@ -40,7 +40,7 @@ def commands(conn) -> dict[str, int]:
             if name not in ('cmdstat_evalsha', 'cmdstat_info', 'cmdstat_config|resetstat')}
 
 
-def test_a_plain_queue_without_policy_state_runs_no_part_and_five_commands(connection):
+def test_a_plain_queue_without_policy_state_runs_no_part_and_four_commands(connection):
     connection.rpush('rq:queue:q', 'j1')
     connection.hset(PREFIX + 'j1', mapping={'status': 'queued', 'origin': 'q'})
     fetch_call([Queue('q', connection=connection)], 'warm', 90, PREFIX).run(connection)  # loads the script
@@ -50,7 +50,7 @@ def test_a_plain_queue_without_policy_state_runs_no_part_and_five_commands(conne
     found, _ = traced(connection)
     assert (found.queue, found.job, found.holds) == (1, 'j2', ())
     assert found.trace == ('pop', 'record')  # no state, no part, no clock
-    assert commands(connection) == {'exists': 1, 'lmove': 1, 'hgetall': 1, 'get': 1, 'set': 1}
+    assert commands(connection) == {'exists': 1, 'lmove': 1, 'hgetall': 1, 'set': 1}  # no tombstone: no GET
     assert dict(zip(found.hash[::2], found.hash[1::2])) == {b'status': b'queued', b'origin': b'q'}  # the worker's read
 
 
@@ -110,3 +110,31 @@ def test_every_part_that_reads_the_job_at_fetch_declares_its_fields():
 def test_an_unknown_reply_field_is_an_error_naming_it(bad):
     with pytest.raises(ValueError, match='surprise'):
         FetchReply.decode(bad)
+
+
+def test_a_tombstone_keeps_its_marker_alive_and_the_fetch_then_drops_the_superseded_job(connection):
+    lib = (scripts._lua_root() / 'lib' / 'pending.lua').read_text()
+    tomb_write = connection.register_script('local rcall = redis.call\n' + lib + """
+tomb_write(ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]))""")
+    tomb_write(args=[keys.SUPERSEDED_PREFIX, 'j9', 'debounce j10', 600])
+    assert connection.get(keys.superseded('j9')) == b'debounce j10'
+    assert 595 <= connection.ttl(keys.SUPERSEDED_PREFIX) <= 600  # the marker: the tombstone of no job
+    tomb_write(args=[keys.SUPERSEDED_PREFIX, 'j8', 'debounce j11', 5])
+    assert connection.ttl(keys.SUPERSEDED_PREFIX) > 5  # a shorter tombstone never shortens the marker
+    connection.rpush('rq:queue:q', 'j9', 'j1')
+    connection.hset(PREFIX + 'j9', mapping={'status': 'queued', 'origin': 'q'})
+    connection.hset(PREFIX + 'j1', mapping={'status': 'queued', 'origin': 'q'})
+    found, _ = traced(connection)
+    assert found.job == 'j1' and not connection.exists(PREFIX + 'j9')  # the superseded id was dropped
+    assert connection.lrange('rq:queue:q:intermediate', 0, -1) == [b'j1']
+
+
+def test_a_loner_job_runs_only_loners_hook_and_reads_no_clock(connection):
+    connection.rpush('rq:queue:q', 'j1')
+    connection.hset(PREFIX + 'j1', mapping={'status': 'queued', 'origin': 'q', keys.LONER_FIELD: 'marker'})
+    connection.set('marker', 'j1')
+    connection.config_resetstat()
+    found, _ = traced(connection)
+    assert found.job == 'j1' and found.trace == ('pop', 'taken:loner', 'record')
+    assert not connection.exists('marker')
+    assert 'time' not in commands(connection)

@@ -4,12 +4,15 @@ without any policy state runs, and its named reply (rq_policies.fetch.FetchReply
 from __future__ import annotations
 
 import itertools
+import pickle
 import re
 
+import jobs
 import pytest
 from rq.queue import Queue
+from workers import fetch_as_a_worker
 
-from rq_policies import QueueSlot, keys, scripts
+from rq_policies import PolicyQueue, QueueSlot, keys, scripts
 from rq_policies.fetch import PHASES, FetchReply, fetch_call, read_reply
 
 PREFIX = 'rq:job:'
@@ -138,3 +141,26 @@ def test_a_loner_job_runs_only_loners_hook_and_reads_no_clock(connection):
     assert found.job == 'j1' and found.trace == ('pop', 'taken:loner', 'record')
     assert not connection.exists('marker')
     assert 'time' not in commands(connection)
+
+
+def test_a_workers_fetch_builds_the_job_from_the_reply_and_keeps_no_job_data_in_its_claim(connection):
+    q = PolicyQueue('q', connection=connection)
+    QueueSlot.set('q', 2, connection=connection)
+    enqueued = q.enqueue(jobs.plain, 'payload ' * 200)
+    connection.config_resetstat()
+    job, fetcher = fetch_as_a_worker(q, connection)
+    assert job.id == enqueued.id and job.args == enqueued.args and job.origin == 'q'
+    assert commands(connection)['hgetall'] == 1  # the script's read; the worker does not read the hash again
+    assert fetcher.claim.raw is None and len(fetcher.claim.holds) == 1
+    assert len(pickle.dumps(fetcher.claim)) < 1000  # what the hold guard's slot carries (tests/test_kill_shapes.py)
+
+
+def test_a_worker_builds_its_fetch_call_once_per_queue_list(connection):
+    from rq_policies.fetch import Fetcher, _worker_call
+
+    fetcher = Fetcher()
+    queues = [Queue('a', connection=connection), Queue('b', connection=connection)]
+    first = _worker_call(fetcher, queues, PREFIX, True)
+    assert _worker_call(fetcher, list(queues), PREFIX, True) is first  # the same queues: the same call, re-tokened
+    assert _worker_call(fetcher, queues[:1], PREFIX, True) is not first
+    assert _worker_call(fetcher, queues, PREFIX, False) is not first  # burst or not is part of the call

@@ -24,7 +24,8 @@
     gate      (state only) each fetch policy's gate, in registry order, may skip the queue
     pop       LMOVE onto the intermediate list; one HGETALL of the job hash (handed to the worker
               in the reply: it reads the job no more) gives every part's job fields (JOB_FIELDS,
-              from the parts' `fields` declarations); the
+              from the parts' `fields` declarations; once the call has parked a job, an HMGET of
+              those fields only, and the HGETALL for the job taken); the
               superseded tombstone is checked (a dangling or superseded id is dropped, the pop
               goes on)
     admit_job each per-job fetch policy the job carries (its first field set), registry order;
@@ -218,8 +219,15 @@ if trace and stateful then trace[#trace + 1] = 'state' end
 -- The blob, the parts and ctx: made on first need (setup()), never on a fetch that needs none.
 -- @policies fields
 -- Does part `name` define hook `hook`? (PART_HOOKS: without loading the part.)
+local hooks_known = {}
 local function has_hook(name, hook)
-  return string.find(PART_HOOKS, '|' .. name .. '.' .. hook .. '|', 1, true) ~= nil
+  local key = name .. '.' .. hook
+  local known = hooks_known[key]
+  if known == nil then
+    known = string.find(PART_HOOKS, '|' .. key .. '|', 1, true) ~= nil
+    hooks_known[key] = known
+  end
+  return known
 end
 local P, PARTS
 local function define_parts()
@@ -326,14 +334,18 @@ local function job_fields(hash)
   return job
 end
 
+local job_at, job_count -- JOB_PARTS by name: the first field's index, the count
 -- The per-job parts' verdict on job `jid` (job: its JOB_FIELDS as read): nil when every part allows
 -- it (their values, for take_job, in `allowed`), else the first refusal.
 local function admit_job(jid, job, allowed)
   local refusal, refuser
-  local at, count = {}, {}
-  for _, item in ipairs(JOB_PARTS) do
-    at[item[1]], count[item[1]] = item[2], item[3]
+  if not job_at then
+    job_at, job_count = {}, {}
+    for _, item in ipairs(JOB_PARTS) do
+      job_at[item[1]], job_count[item[1]] = item[2], item[3]
+    end
   end
+  local at, count = job_at, job_count
   for _, name in ipairs(a.order) do
     local value = at[name] and job[at[name]]
     local p = value and has_hook(name, 'admit_job') and part(name)
@@ -467,9 +479,17 @@ for i = 1, N do
       end
       if trace then trace[#trace + 1] = 'pop' end
       local job_key = job_prefix .. jid
-      local hash = rcall('HGETALL', job_key)
-      local job = job_fields(hash)
-      local present = #hash > 0
+      -- The whole hash (handed to the worker) once this call has parked nothing; after a park, the
+      -- jobs behind are likely parked too: their policy fields only, the hash of the one taken.
+      local hash, job, present
+      if parks == 0 then
+        hash = rcall('HGETALL', job_key)
+        job = job_fields(hash)
+        present = #hash > 0
+      else
+        job = rcall('HMGET', job_key, unpack(JOB_FIELDS))
+        present = job[1] or rcall('EXISTS', job_key) == 1
+      end
       -- A pending job a later enqueue superseded, brought back by a scheduler whose clock runs
       -- ahead of the server's (lib/pending.lua; the scheduler's write-back carries none of our
       -- fields, so every job is checked): dropped like an id whose hash is gone. A pending job
@@ -483,6 +503,7 @@ for i = 1, N do
           else
             hash = rcall('HGETALL', job_key) -- the guard may have restored fields
             job = job_fields(hash)
+            present = #hash > 0
           end
         else
           rcall('DEL', job_key)
@@ -503,7 +524,7 @@ for i = 1, N do
           parks = parks + 1
           tries = tries - 1 -- a parked job is progress, bounded by `parks`
         else
-          return took(i, job_key, jid, job, allowed, hash)
+          return took(i, job_key, jid, job, allowed, hash or rcall('HGETALL', job_key))
         end
       else
         rcall('LREM', inter_key, 1, jid)

@@ -97,10 +97,17 @@ def run_main(main: Callable[[], int | None]) -> None:
     sys.exit(status or 0)
 
 
-def start_workers(url: str, worker_class: str, queue: str | list[str], count: int) -> list[subprocess.Popen]:
-    """``count`` forking ``rq worker -w <worker_class>`` subprocesses on ``queue`` (or several), quiet."""
+def start_workers(url: str, worker_class: str, queue: str | list[str], count: int,
+                  tree: str | None = None) -> list[subprocess.Popen]:
+    """``count`` forking ``rq worker -w <worker_class>`` subprocesses on ``queue`` (or several), quiet.
+
+    ``tree``: a checkout of another revision to run them from (its ``bench/`` and package first on their path), for
+    a before-and-after in one run."""
     env = dict(os.environ, REDIS_URL=url)
-    env['PYTHONPATH'] = os.pathsep.join([HERE, os.path.dirname(HERE), env.get('PYTHONPATH', '')])
+    if tree:
+        env['PYTHONPATH'] = os.pathsep.join([os.path.join(tree, 'bench'), tree])
+    else:
+        env['PYTHONPATH'] = os.pathsep.join([HERE, os.path.dirname(HERE), env.get('PYTHONPATH', '')])
     queues = [queue] if isinstance(queue, str) else queue
     return [
         subprocess.Popen(

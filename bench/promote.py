@@ -32,7 +32,7 @@ from common import add_smoke, connect, interleaved, report, run_main, server_url
 from rq import Queue  # noqa: E402
 
 from rq_policies import keys  # noqa: E402
-from rq_policies.fetch import fetch_call  # noqa: E402
+from rq_policies.fetch import FetchReply, fetch_call  # noqa: E402
 from rq_policies.testing import RedisServer  # noqa: E402
 
 
@@ -81,7 +81,7 @@ def fetch_cost(conn, opts) -> dict[str, float]:
     def run(name):
         def one(_):
             reply = fresh(name).run(conn)
-            assert reply[0], 'a fetch found no job: raise --rounds/--calls fill'
+            assert FetchReply.decode(reply).job, 'a fetch found no job: raise --rounds/--calls fill'
         return one
 
     samples = interleaved({

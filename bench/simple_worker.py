@@ -1,6 +1,6 @@
 """PolicySimpleWorker (capped and uncapped) against stock rq SimpleWorker, in one run: throughput on no-op jobs.
 
-    python bench/simple_worker.py [--jobs 300] [--workers 2] [--rounds 7] [--headroom 4] [--smoke]
+    python bench/simple_worker.py [--jobs 300] [--workers 2] [--rounds 7] [--headroom 4] [--baseline PATH] [--smoke]
 
 Uses REDIS_URL when it is set (the database is flushed first: point it at a scratch database), otherwise starts its
 own server with rq_policies.testing.RedisServer.
@@ -16,6 +16,9 @@ Throughput is jobs / (last job's end - first job's start), from rq's own ``start
 with the neighbours, so the CPU each job costs is printed beside it: the workers' (Linux /proc) and the server's
 (INFO cpu). Last, the processes the capped workers had as children, sampled after every round: their keepers, one
 per worker for its whole life (the code before forked one per job, each gone by the time of the sample).
+
+``--baseline PATH`` (a checkout of another revision, e.g. ``git worktree add /tmp/base main``) adds both policy
+variants run from that checkout's code, in the same rounds: a change's before and after, each against stock.
 
 ``--smoke`` runs one small round: CI's proof that the bench still works, not a measurement.
 """
@@ -55,6 +58,8 @@ VARIANTS = {
     'PolicySimpleWorker, capped': ('rq_policies.PolicySimpleWorker', PolicyQueue, True),
 }
 TARGET = 0.95
+#: The prefix of the variants run from ``--baseline``'s checkout.
+BASELINE = 'baseline: '
 
 
 @dataclass
@@ -96,7 +101,7 @@ def _children(procs: list[subprocess.Popen]) -> set[int]:
 
 
 def one_round(conn: Redis, variant: str, queue_name: str, jobs: int, procs: list[subprocess.Popen]) -> Sample:
-    _, producer, capped = VARIANTS[variant]
+    _, producer, capped = VARIANTS[variant.removeprefix(BASELINE)]
     q = producer(queue_name, connection=conn)
     registry = FinishedJobRegistry(queue_name, connection=conn)
     before = registry.count
@@ -113,10 +118,12 @@ def one_round(conn: Redis, variant: str, queue_name: str, jobs: int, procs: list
     return Sample(rate, (cpu1 - cpu0) * 1000 / jobs, (server1 - server0) * 1000 / jobs)
 
 
-def run(url: str, jobs: int, workers: int, rounds: int, headroom: int) -> int:
+def run(url: str, jobs: int, workers: int, rounds: int, headroom: int, baseline: str | None = None) -> int:
     conn = Redis.from_url(url)
     conn.flushdb()
     names = list(VARIANTS)
+    if baseline:
+        names += [BASELINE + name for name in VARIANTS if name != STOCK]
     queues = {name: f'simple-{i}' for i, name in enumerate(names)}
     results: dict[str, list[Sample]] = {name: [] for name in names}
     procs: dict[str, list[subprocess.Popen]] = {}
@@ -125,10 +132,11 @@ def run(url: str, jobs: int, workers: int, rounds: int, headroom: int) -> int:
           f'cap {workers + headroom} on the capped queue')
     try:
         for name in names:
-            worker_class, _, capped = VARIANTS[name]
+            worker_class, _, capped = VARIANTS[name.removeprefix(BASELINE)]
             if capped:
                 QueueSlot.set(queues[name], workers + headroom, connection=conn)
-            procs[name] = start_workers(url, worker_class, queues[name], workers)
+            procs[name] = start_workers(url, worker_class, queues[name], workers,
+                                        tree=baseline if name.startswith(BASELINE) else None)
         for queue_name in queues.values():
             up = Queue(queue_name, connection=conn)
             wait_until(lambda up=up: Worker.count(queue=up) == workers, 60, 'workers')
@@ -177,11 +185,12 @@ def main() -> int:
     parser.add_argument('--workers', type=int, default=2)
     parser.add_argument('--rounds', type=int, default=7)
     parser.add_argument('--headroom', type=int, default=4, help='the capped queue allows workers + this many')
+    parser.add_argument('--baseline', help='a checkout of another revision: its policy workers run beside these')
     add_smoke(parser)
     args = parser.parse_args()
     smoke_defaults(args, jobs=20, rounds=1)
     with server_url() as url:
-        return run(url, args.jobs, args.workers, args.rounds, args.headroom)
+        return run(url, args.jobs, args.workers, args.rounds, args.headroom, args.baseline)
 
 
 if __name__ == '__main__':

@@ -3,21 +3,61 @@
   hooks, and hand it over with the holds its fetch policies took. There is never a job without
   its hold nor a hold without its job.
 
-  Queues are tried in the worker's order. Before a queue is popped, each fetch policy's gate
-  decides (a part, lua/policies/<name>.lua, included by `-- @policies`, may define):
+  The phases, in this order (rq_policies.fetch.PHASES names them; a call with ARGV[12] = '1'
+  reports the phases and hooks it ran, in order, as `trace`, which tests/test_fetch_phases.py
+  checks):
+    probe     one EXISTS over the claim record (KEYS[1]), the tombstones' marker (listed so that
+              the count tells each apart), the fetch policies' state keys (each
+              FetchPolicy's `fetch_state`: the keys whose absence means its gate passes every
+              queue, its take does nothing and no key has parked jobs) and the queues' scheduled
+              registries. 0, the common case, skips the next four phases' reads: such a fetch
+              runs EXISTS, LMOVE, HGETALL and SET (the record), and no part; the tombstone of a
+              popped job is read only while the marker says some tombstone exists.
+    replay    the claim record exists: answer what the first attempt took, run nothing else
+    state     some state key exists (a second EXISTS when the first also counted registries):
+              the gates, takes and the due phase run
+    due       keys whose parked jobs may run now: each part's `due` gives back what its key
+              allows (the due index, rq:policies:keydue, up to 4 keys a call)
+    promote   a registry's head is due: its due jobs go onto their queues (lib/promote.lua), so
+              this very pop can take one: no scheduler process, the server's clock
+    then for each queue in the worker's order:
+    gate      (state only) each fetch policy's gate, in registry order, may skip the queue
+    pop       LMOVE onto the intermediate list (an empty list: each part's `source`, state only); one HGETALL of the job hash (handed to the worker
+              in the reply: it reads the job no more) gives every part's job fields (JOB_FIELDS,
+              from the parts' `fields` declarations; once the call has parked a job, an HMGET of
+              those fields only, and the HGETALL for the job taken); the
+              superseded tombstone is checked (a dangling or superseded id is dropped, the pop
+              goes on)
+    admit_job each per-job fetch policy the job carries (its first field set), registry order;
+              a refusal parks the job (and runs every such part's `refused`) and the pop goes on
+    taken     each part (by name) whose fields the job carries and that defines `taken` (loner)
+    take      (state only) each fetch policy's take, registry order: the holds of the gates
+    take_job  each per-job policy that allowed the job: its hold
+    record    the claim record (SET EX): a replay of this call answers the same job
+    and when nothing was taken:
+    idle      the earliest time anything could change (a gate's until, the due index's head, a
+              scheduled job's due time) and which queues were skipped
+  The server's clock (TIME) is read once, when something first needs it (a part, promotion, a
+  park), never on a fetch the probe found nothing for.
+
+  A part (lua/policies/<name>.lua) is defined only when the call first needs it (`-- @policies
+  lazy`), and none is while the queues have no fetch policy state and the job carries no policy
+  field: such a fetch costs about an LMOVE and the claim record. Hooks (each optional):
     gate(ctx, i)               -> true: the queue may be taken from; false: skip it (it is full
                                   until something is released); a number: skip it until that
                                   server time (epoch s)
     take(ctx, i, job_key, jid) -> the fetch policy's commit for the job taken from queue i: 1
                                   when it took a hold (named ctx.token, ctx.ttl seconds), else 0
-    taken(job_key, jid)        -> any policy (an admission one, such as loner): the job was
-                                  taken off its queue; free what it held while it waited (or
-                                  mark what it holds until it ends: Loner until='finished')
+    taken(job_key, jid, values) -> any policy (an admission one, such as loner): the job was
+                                  taken off its queue (values: its `fields` as read); free what it
+                                  held while it waited (or mark what it holds until it ends:
+                                  Loner until='finished')
   A per-job policy (declared on the job's function, the job hash carries its setting: Concurrency,
   Rate) defines instead:
-    fields                     -> the job hash fields it reads (one or two; the first says the job
-                                  is under the policy); every per-job part's fields are read with
-                                  one HMGET per popped job, and a job carrying none pays only that
+    fields                     -> (a declaration, `P.<name> = {fields = {...}}` on one line, which
+                                  scripts.py reads into JOB_FIELDS) the job hash fields its hooks
+                                  read; the first says the job is under the policy. A part with a
+                                  `taken` hook declares its fields too.
     admit_job(ctx, jid, value, extra) -> (value, extra: its fields' values) nil: allowed; or a
                                   refusal {parked = list key, member = its
                                   member of the due index, due = server time the key could
@@ -26,11 +66,11 @@
     refused(ctx, jid, value, extra) -> the job is parked (refused by this part or another): free
                                   what this part holds for it (checks run first, takes after: a
                                   refusal by one consumes nothing of another)
-    source(ctx, i)             -> (any fetch policy) a job id of queue i the part keeps waiting in
-                                  a store of its own (its status and registry already left as
-                                  the pop expects: Fair's turn of a key), or nil; asked when
-                                  queue i's list has nothing left to pop, so a queue's plain jobs
-                                  come first. The id is popped as if it came off the list.
+    source(ctx, i)             -> (state only; any fetch policy) a job id of queue i the part keeps
+                                  waiting in a store of its own (its status and registry already
+                                  left as the pop expects: Fair's turn of a key), or nil; asked
+                                  when queue i's list has nothing left to pop, so a queue's plain
+                                  jobs come first. The id is popped as if it came off the list.
     due(ctx, channel)          -> the part's member '<part>:<channel>' of the due index came due:
                                   give parked jobs back while the key allows; returns the next
                                   time to look, or nil (no parked job left)
@@ -40,10 +80,10 @@
   head-of-line blocking. At most 100 jobs are parked per call (each parked job costs O(1) once
   per refusal); a call that stopped there takes nothing and reports its queue skipped until now,
   so the worker looks again at once. The due index (keydue, ZSET member -> the earliest time a
-  key with parked jobs could free) is read at the start of every fetch with one ZRANGEBYSCORE
-  LIMIT (O(log n), whatever the number of keys or parked jobs); up to 4 due keys are served per
-  call. An idle look also reports the index's head as its `until`, so an idle worker looks again
-  when a key could free by itself (a killed holder's hold expiring emits no event).
+  key with parked jobs could free) is read with one ZRANGEBYSCORE LIMIT (O(log n), whatever the
+  number of keys or parked jobs); up to 4 due keys are served per call. An idle look also reports
+  the index's head as its `until`, so an idle worker looks again when a key could free by itself
+  (a killed holder's hold expiring emits no event).
   ctx.q is scratch space a gate leaves for its own take, emptied for every queue. The job id
   moves to the queue's intermediate list (LMOVE), as rq's own single-queue fetch does, so a
   worker that dies between this pop and the job's start leaves the job where rq's maintenance
@@ -51,26 +91,38 @@
   from the intermediate list and the pop goes on (at most 100 ids per queue, so a list full of
   dangling ids cannot stall the server), as rq's dequeue does.
 
-  KEYS  by name (rq_policies/ops.py, built by rq_policies.fetch.fetch_call):
-    queues          key list        queue i's list, rq:queue:<q>
-    intermediate    key list        queue i's intermediate list, rq:queue:<q>:intermediate
-    claim           key             rq:policies:claim:<token>: this claim's record (see below)
-    and each fetch policy's keys, named '<policy>.<what>' (queue_slot.capacity, the capacity
-    hash rq:policies:capacity; queue_slot.holds, a key list: queue i's hold ledger,
-    rq:policies:slots:<q>)
-  ARGV[1]  one msgpack map (lib/codec.lua):
-    job_prefix      string          rq:job:
-    names           list            queue i's name
-    order           list            the fetch policies' names, in the order their gates run
-    token           string          the claim token, <host>:<pid>:<tid>:<n>: names every hold
-                                    this fetch takes
-    ttl             seconds         how long a hold lives unless refreshed
-    tombstone       string          rq:policies:superseded: (a popped job whose tombstone exists is
-                                    dropped, not handed out; one whose tombstone is a rewrite
-                                    guard is checked by lib/rewrite_guard.lua)
-    burst           boolean         a burst worker: count the skipped queues that still have jobs
-                                    (it waits for those instead of quitting); 0 is reported otherwise
-    claim_ttl       seconds         how long the claim's record lives (a replay comes within it)
+  KEYS (built by rq_policies.fetch.fetch_call), n = ARGV[4] queues:
+    1                 rq:policies:claim:<token>: this claim's record (see below)
+    1 + i             queue i's list, rq:queue:<q>
+    1 + n + i         queue i's intermediate list, rq:queue:<q>:intermediate
+    1 + 2n + i        queue i's scheduled registry, rq:scheduled:<q> (when ARGV[6] = '1')
+    then the rest by name, as the blob's k / kl say: queues_set (rq:queues), scheduler_lock (a key
+    list: rq:scheduler-lock:<q>), the state keys (key list `state`), and each fetch policy's keys,
+    named '<policy>.<what>' (queue_slot.capacity, the capacity hash rq:policies:capacity;
+    queue_slot.holds, a key list: queue i's hold ledger, rq:policies:slots:<q>; keydue, the due
+    index rq:policies:keydue ...)
+  ARGV, flat (a fetch that needs no part decodes nothing):
+    1 token      the claim token, <host>:<pid>:<tid>:<n>: names every hold this fetch takes
+    2 ttl        seconds a hold lives unless refreshed
+    3 claim_ttl  seconds the claim's record lives (a replay comes within it)
+    4 n          how many queues
+    5 burst      '1': a burst worker: count the skipped queues that still have jobs (it waits for
+                 those instead of quitting); 0 is reported otherwise
+    6 promote    '1': promote due scheduled jobs first
+    7 job_prefix rq:job:
+    8 tombstone  rq:policies:superseded: (a popped job whose tombstone exists is dropped, not
+                 handed out; one whose tombstone is a rewrite guard is checked by
+                 lib/rewrite_guard.lua)
+    9, 10        the state keys: first index in KEYS and count (-1: some fetch policy declares
+                 none, so its gate always runs)
+    11 blob      one msgpack map (lib/codec.lua), decoded only when a gate, a per-job part or
+                 promotion runs: names (queue i's name), order (the fetch policies' names, the order
+                 their gates run), k, kl (the named keys)
+    12 trace     '1': report the phases run (tests)
+    14 marker    the index in KEYS of the tombstones' marker (the tombstone prefix itself, the
+                 tombstone of no job: lib/pending.lua keeps it alive while any tombstone lives)
+    13 blob      the rest, decoded only when read: keyed (the per-key prefixes), promote (its
+                 settings)
 
   Replay-safe: a fetch that takes a job records, in the same script, what it took under its
   claim token (one SET with a short EX). A replay of the same call (redis-py resending it after
@@ -78,132 +130,249 @@
   never popping a second one (a second pop would strand that job on the intermediate list with
   its loner marker gone).
 
-  Returns {i, job id, h1, h2, ...} for the job taken from queue i, where hn = 1 when the n-th
-  policy of `order` took a hold in its queue ledger, or the ledger key when it took one in
-  another ledger (a per-key hold); or {0, waiting, f1, f2, ..., [until]} when nothing was taken:
-  waiting = how many skipped queues still have jobs (a burst worker waits for them instead of
-  quitting), f1.. = the index of every skipped queue (an idle worker ignores pushes to those
-  until something is released), and, only when a gate skipped a queue until a time, `until` =
-  the earliest such server time as a string ('%.6f' epoch s; the indices are integers, so the
-  two cannot be confused): an idle worker need not look again before it.
+  Returns a named map, as a flat list of name, value (rq_policies.fetch.read_reply decodes it):
+    job taken:     queue = i (1-based), job = the job id, holds = {policy, flag, ...} for each
+                   policy that took a hold: flag 1 for one in its queue ledger, or the ledger key
+                   of one taken elsewhere (a per-key hold), hash = the job hash as HGETALL reads
+                   it (field, value, ...: the worker builds the job from it); on a replay,
+                   replayed = 1 and no hash (the worker reads the job)
+    nothing taken: waiting = how many skipped queues still have jobs (a burst worker waits for
+                   them instead of quitting), full = {i, ...} every skipped queue (an idle worker
+                   ignores pushes to those until something is released), and, when anything
+                   could change by itself at a known time, until = that server time ('%.6f'
+                   epoch s): an idle worker need not look again before it
+    and trace = {phase, ...} when ARGV[12] = '1'.
 ]]
 local rcall = redis.call
 
 -- @include "lib/codec.lua"
--- @include "lib/server_time.lua"
 -- @include "lib/rewrite_guard.lua"
+
+local N = tonumber(ARGV[4])
+local claim_key = KEYS[1]
+local trace = ARGV[12] == '1' and {} or nil
+
+-- probe: one EXISTS over the claim record, the state keys and the scheduled registries; 0 (the
+-- common case: no replay, no policy state, nothing scheduled) skips the replay, state, due and
+-- promote phases' own reads.
+local state_first, state_count = tonumber(ARGV[9]), tonumber(ARGV[10])
+local promote = ARGV[6] == '1'
+local probe = {}
+if state_count > 0 then
+  for n = state_first, state_first + state_count - 1 do
+    probe[#probe + 1] = KEYS[n]
+  end
+end
+if promote then
+  for i = 1, N do
+    probe[#probe + 1] = KEYS[1 + 2 * N + i]
+  end
+end
+-- The tombstones' marker (KEYS[ARGV[14]]: lib/pending.lua keeps it alive as long as any
+-- tombstone) counts once per other key and once more, and the claim record twice that, so the
+-- count tells each apart: found = others + (m + 1) * marker + 2 * (m + 1) * claim.
+local others = #probe
+for _ = 0, others do
+  probe[#probe + 1] = KEYS[tonumber(ARGV[14])]
+end
+for _ = 0, 2 * others + 1 do
+  probe[#probe + 1] = claim_key
+end
+local found = state_count < 0 and 1 or rcall('EXISTS', unpack(probe))
+local claimed = state_count < 0 or found >= 2 * (others + 1)
+local tombs = state_count < 0 or found % (2 * (others + 1)) > others
+found = state_count < 0 and 1 or found % (others + 1)
+
+-- replay
+if claimed then
+  local recorded = rcall('GET', claim_key)
+  if recorded then
+    -- The record: the queue's index, the job id, then policy, flag for each hold ('<length>:<bytes>'
+    -- each, lib/rewrite_guard.lua's unpack_strings: a flag may be a key name).
+    local items = unpack_strings(recorded)
+    local holds = {}
+    for n = 3, #items do
+      holds[n - 2] = items[n]
+    end
+    local reply = {'queue', tonumber(items[1]), 'job', items[2], 'holds', holds, 'replayed', 1}
+    if trace then
+      reply[#reply + 1] = 'trace'
+      reply[#reply + 1] = {'replay'}
+    end
+    return reply
+  end
+end
+
+-- clock: the server's clock, read once, when something first needs it
+local now, now_s
+local function clock()
+  if not now then
+    local t = rcall('TIME')
+    now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+    now_s = t[1] .. '.' .. string.sub('00000' .. t[2], -6)
+  end
+  return now
+end
+
+-- state: some fetch policy has state (a cap, a rate, a key with parked jobs) somewhere
+local stateful = state_count < 0
+if not stateful and found > 0 and state_count > 0 then
+  stateful = not promote or rcall('EXISTS', unpack(KEYS, state_first, state_first + state_count - 1)) > 0
+end
+if trace and stateful then trace[#trace + 1] = 'state' end
+
+-- The blob, the parts and ctx: made on first need (setup()), never on a fetch that needs none.
+-- @policies fields
+-- Does part `name` define hook `hook`? (PART_HOOKS: without loading the part.)
+local hooks_known = {}
+local function has_hook(name, hook)
+  local key = name .. '.' .. hook
+  local known = hooks_known[key]
+  if known == nil then
+    known = string.find(PART_HOOKS, '|' .. key .. '|', 1, true) ~= nil
+    hooks_known[key] = known
+  end
+  return known
+end
+local P, PARTS
+local function define_parts()
+-- @policies lazy
+end
+local a, ctx
+local function part(name)
+  if not PARTS then
+    P, PARTS = {}, {}
+    define_parts()
+  end
+  local load = PARTS[name]
+  if load then
+    PARTS[name] = false
+    load()
+  end
+  return P[name]
+end
+-- The blob (ARGV[11]) and ctx, for the parts that take ctx (gates, takes, per-job parts, due).
+-- The blob's second half (ARGV[13]: the per-key prefixes, promotion's settings) is decoded only
+-- when read.
+local function setup()
+  if a then return end
+  a = setmetatable(decode_args(ARGV[11]), {__index = function(t, name)
+    local more = decode_args(ARGV[13])
+    setmetatable(t, nil)
+    for k, v in pairs(more) do
+      rawset(t, k, v)
+    end
+    return rawget(t, name)
+  end})
+  ctx = setmetatable({names = a.names, token = ARGV[1], ttl = tonumber(ARGV[2]), now = clock()}, {
+    __index = function(t, name)
+      if name == 'kp' then
+        t.kp = a.keyed
+        return t.kp
+      end
+    end})
+  function ctx.key(name)
+    return KEYS[a.k[name]]
+  end
+  function ctx.key_at(name, i)
+    return KEYS[a.kl[name][1] + i - 1]
+  end
+end
+
+-- due
+local due_key
+if stateful then
+  setup()
+  due_key = a.k.keydue and KEYS[a.k.keydue]
+  if due_key then
+    local due = rcall('ZRANGEBYSCORE', due_key, '-inf', now_s, 'LIMIT', 0, 4)
+    for _, member in ipairs(due) do
+      local name, channel = string.match(member, '^([^:]+):(.*)$')
+      local p = name and part(name)
+      local next_at = p and p.due and p.due(ctx, channel)
+      if trace then trace[#trace + 1] = 'due:' .. member end
+      if next_at then
+        rcall('ZADD', due_key, next_at, member)
+      else
+        rcall('ZREM', due_key, member)
+      end
+    end
+  end
+end
+
+-- promote
+local promote_lib
+local function promotion()
+  if not promote_lib then
+    setup()
 -- @include "lib/promote.lua"
-
-local a = decode_args(ARGV[1])
-local claim_key = KEYS[a.k.claim]
--- The claim record: the reply, each item as '<length>:<bytes>' (a hold flag may be a key name).
-local recorded = rcall('GET', claim_key)
-if recorded then
-  local reply, pos = {}, 1
-  while pos <= #recorded do
-    local colon = string.find(recorded, ':', pos, true)
-    local n = tonumber(string.sub(recorded, pos, colon - 1))
-    local item = string.sub(recorded, colon + 1, colon + n)
-    reply[#reply + 1] = (#reply ~= 1 and tonumber(item)) or item
-    pos = colon + n + 1
+    promote_lib = {due = promote_due, next = promote_next}
+    a.promote.queues_set = KEYS[a.k.queues_set]
   end
-  return reply
+  return promote_lib
 end
-local P = {}
--- @policies
-
--- The hooks that exist, in a fixed order, so every run writes in the same order.
-local gates, takes, taken, sources = {}, {}, {}, {}
--- per-job parts: their index in `order`, name, and the job hash fields they read (one HMGET)
-local per_job, fields = {}, {}
-for n, name in ipairs(a.order) do
-  local part = P[name] or {}
-  gates[n] = part.gate
-  takes[n] = part.take
-  if part.source then
-    sources[#sources + 1] = part.source
-  end
-  if part.admit_job then
-    per_job[#per_job + 1] = {n = n, name = name, part = part, at = #fields + 1}
-    for _, f in ipairs(part.fields) do
-      fields[#fields + 1] = f
-    end
-  end
-end
-local names = {}
-for name, part in pairs(P) do
-  if part.taken then
-    names[#names + 1] = name
-  end
-end
-table.sort(names)
-for _, name in ipairs(names) do
-  taken[#taken + 1] = P[name].taken
-end
-
-local queues, inters = a.kl.queues[1], a.kl.intermediate[1]
-local ctx = {names = a.names, token = a.token, ttl = a.ttl, now = server_now(), kp = a.keyed}
-function ctx.key(name)
-  return KEYS[a.k[name]]
-end
-function ctx.key_at(name, i)
-  return KEYS[a.kl[name][1] + i - 1]
-end
-
--- Keys whose parked jobs may run now (a hold expired, a rate or a back-off allows, a limit was
--- raised): each part gives back what its key allows and says when to look next.
-local due_key = a.k.keydue and KEYS[a.k.keydue]
-if due_key then
-  local due = rcall('ZRANGEBYSCORE', due_key, '-inf', string.format('%.6f', ctx.now), 'LIMIT', 0, 4)
-  for _, member in ipairs(due) do
-    local name, channel = string.match(member, '^([^:]+):(.*)$')
-    local part = name and P[name]
-    local next_at = part and part.due and part.due(ctx, channel)
-    if next_at then
-      rcall('ZADD', due_key, next_at, member)
-    else
-      rcall('ZREM', due_key, member)
-    end
-  end
-end
-
--- Due jobs of the queues' scheduled registries go onto their queues first (lib/promote.lua), so
--- this very pop can take one: no scheduler process, the server's clock.
-local pr = a.promote
-local function registry_at(i) return KEYS[a.kl.scheduled[1] + i - 1] end
+local function registry_at(i) return KEYS[1 + 2 * N + i] end
 local function lock_at(i) return KEYS[a.kl.scheduler_lock[1] + i - 1] end
-if pr then
-  pr.queues_set = KEYS[a.k.queues_set]
-  promote_due(a.names, function(i) return KEYS[queues + i - 1] end, registry_at, lock_at, a.job_prefix, pr, ctx.now)
+local function queue_at(i) return KEYS[1 + i] end
+if promote and found > 0 then
+  for i = 1, N do
+    local head = rcall('ZRANGE', registry_at(i), 0, 0, 'WITHSCORES')
+    if head[2] and tonumber(head[2]) <= clock() then
+      if trace then trace[#trace + 1] = 'promote' end
+      promotion().due(a.names, queue_at, registry_at, lock_at, ARGV[7], a.promote, clock())
+      break
+    end
+  end
 end
 
--- The per-job parts' verdict on job `jid` (values: its fields, read with one HMGET): nil when
--- every part allows it (their values, for take_job, in `allowed`), else the first refusal.
-local function admit_job(job_key, jid, allowed)
-  if #per_job == 0 then
-    return nil
+local job_prefix, tombstone = ARGV[7], ARGV[8]
+
+-- The job's JOB_FIELDS (by index; false: absent) out of its hash (HGETALL's flat list).
+local function job_fields(hash)
+  local job = {}
+  for n = 1, #hash, 2 do
+    local at = JOB_FIELD_AT[hash[n]]
+    if at then
+      job[at] = hash[n + 1]
+    end
   end
-  local values = rcall('HMGET', job_key, unpack(fields))
+  return job
+end
+
+local job_at, job_count -- JOB_PARTS by name: the first field's index, the count
+-- The per-job parts' verdict on job `jid` (job: its JOB_FIELDS as read): nil when every part allows
+-- it (their values, for take_job, in `allowed`), else the first refusal.
+local function admit_job(jid, job, allowed)
   local refusal, refuser
-  for _, item in ipairs(per_job) do
-    local value = values[item.at]
-    if value then
-      local extra = #item.part.fields > 1 and values[item.at + 1] or nil -- a second field, if it reads two
-      refusal = item.part.admit_job(ctx, jid, value, extra)
+  if not job_at then
+    job_at, job_count = {}, {}
+    for _, item in ipairs(JOB_PARTS) do
+      job_at[item[1]], job_count[item[1]] = item[2], item[3]
+    end
+  end
+  local at, count = job_at, job_count
+  for _, name in ipairs(a.order) do
+    local value = at[name] and job[at[name]]
+    local p = value and has_hook(name, 'admit_job') and part(name)
+    if p then
+      local extra = count[name] > 1 and job[at[name] + 1] or nil -- a second field, if it reads two
+      if trace then trace[#trace + 1] = 'admit_job:' .. name end
+      refusal = p.admit_job(ctx, jid, value, extra)
       if refusal then
-        refuser = {item, value, extra}
+        refuser = {name, value, extra}
         break
       end
-      allowed[#allowed + 1] = {item, value, extra}
+      allowed[#allowed + 1] = {name, value, extra}
     end
   end
   if refusal then
     -- the job is parked: what the parts held for it (a unit reserved when it was given back) goes,
     -- the refusing part's own included
     allowed[#allowed + 1] = refuser
-    for _, pair in ipairs(allowed) do
-      if pair[1].part.refused then
-        pair[1].part.refused(ctx, jid, pair[2], pair[3])
+    for _, item in ipairs(allowed) do
+      local p = part(item[1])
+      if p.refused then
+        p.refused(ctx, jid, item[2], item[3])
       end
     end
   end
@@ -214,33 +383,86 @@ end
 local function park(i, inter_key, job_key, jid, refusal)
   rcall('LMOVE', inter_key, refusal.parked, 'RIGHT', refusal.head and 'LEFT' or 'RIGHT')
   rcall('HSET', job_key, 'status', 'deferred')
-  rcall('ZADD', a.keyed.deferred .. a.names[i], ctx.now, jid)
+  rcall('ZADD', a.keyed.deferred .. a.names[i], clock(), jid)
+  due_key = due_key or KEYS[a.k.keydue] -- the idle answer reports the index's head
   rcall('ZADD', due_key, 'LT', refusal.due, refusal.member)
 end
 local parks = 0
 
-local function record(reply)
-  local out = {}
-  for n, item in ipairs(reply) do
-    item = tostring(item)
-    out[n] = #item .. ':' .. item
+-- Take job `jid` (its fields `job`, its per-job parts' values `allowed`) from queue i: run the
+-- taken hooks, the takes and take_jobs, record the claim and answer it.
+local function took(i, job_key, jid, job, allowed, hash)
+  for _, item in ipairs(JOB_PARTS) do
+    local name, at = item[1], item[2]
+    if job[at] and has_hook(name, 'taken') then
+      local p = part(name)
+      do
+        if trace then trace[#trace + 1] = 'taken:' .. name end
+        local values = {}
+        for n = 1, item[3] do
+          values[n] = job[at + n - 1]
+        end
+        p.taken(job_key, jid, values)
+      end
+    end
   end
-  return table.concat(out)
+  local got = {}
+  if stateful then
+    for _, name in ipairs(a.order) do
+      local p = has_hook(name, 'take') and part(name)
+      if p then
+        if trace then trace[#trace + 1] = 'take:' .. name end
+        got[name] = p.take(ctx, i, job_key, jid)
+      end
+    end
+  end
+  for _, item in ipairs(allowed) do
+    if trace then trace[#trace + 1] = 'take_job:' .. item[1] end
+    local flag = part(item[1]).take_job(ctx, jid, item[2], item[3])
+    if flag ~= 0 then
+      got[item[1]] = flag
+    end
+  end
+  local holds, record = {}, {#tostring(i) .. ':' .. i, #jid .. ':' .. jid}
+  if a then
+    for _, name in ipairs(a.order) do
+      local flag = got[name]
+      if flag and flag ~= 0 then
+        flag = tostring(flag)
+        holds[#holds + 1] = name
+        holds[#holds + 1] = flag
+        record[#record + 1] = #name .. ':' .. name
+        record[#record + 1] = #flag .. ':' .. flag
+      end
+    end
+  end
+  rcall('SET', claim_key, table.concat(record), 'EX', ARGV[3])
+  if trace then trace[#trace + 1] = 'record' end
+  local reply = {'queue', i, 'job', jid, 'holds', holds, 'hash', hash}
+  if trace then
+    reply[#reply + 1] = 'trace'
+    reply[#reply + 1] = trace
+  end
+  return reply
 end
 
+local burst = ARGV[5] == '1'
 local waiting = 0
 local full = {}
 local skip_until
-for i = 1, #a.names do
-  local queue_key = KEYS[queues + i - 1]
-  local inter_key = KEYS[inters + i - 1]
-  ctx.q = {}
+for i = 1, N do
+  local queue_key, inter_key = KEYS[1 + i], KEYS[1 + N + i]
   local verdict = true
-  for n = 1, #a.order do
-    if gates[n] then
-      verdict = gates[n](ctx, i)
-      if verdict ~= true then
-        break
+  if stateful then
+    ctx.q = {}
+    for _, name in ipairs(a.order) do
+      local p = has_hook(name, 'gate') and part(name)
+      if p then
+        if trace then trace[#trace + 1] = 'gate:' .. name end
+        verdict = p.gate(ctx, i)
+        if verdict ~= true then
+          break
+        end
       end
     end
   end
@@ -249,7 +471,7 @@ for i = 1, #a.names do
       skip_until = verdict
     end
     full[#full + 1] = i
-    if a.burst and rcall('LLEN', queue_key) > 0 then
+    if burst and rcall('LLEN', queue_key) > 0 then
       waiting = waiting + 1
     end
   else
@@ -257,93 +479,122 @@ for i = 1, #a.names do
     while tries < 100 and parks < 100 do
       tries = tries + 1
       local jid = rcall('LMOVE', queue_key, inter_key, 'LEFT', 'RIGHT')
-      for s = 1, (jid and 0 or #sources) do
-        jid = sources[s](ctx, i)
-        if jid then
-          rcall('RPUSH', inter_key, jid)
-          break
+      if not jid and stateful then
+        -- source: the queue's list is empty; a part that keeps jobs of queue i waiting in a store
+        -- of its own (Fair's turns) may hand one over, popped as if it came off the list
+        for _, name in ipairs(a.order) do
+          local p = has_hook(name, 'source') and part(name)
+          if p then
+            if trace then trace[#trace + 1] = 'source:' .. name end
+            jid = p.source(ctx, i)
+            if jid then
+              rcall('RPUSH', inter_key, jid)
+              break
+            end
+          end
         end
       end
       if not jid then
         break
       end
-      local job_key = a.job_prefix .. jid
-      local present = rcall('EXISTS', job_key) == 1
+      if trace then trace[#trace + 1] = 'pop' end
+      local job_key = job_prefix .. jid
+      -- The whole hash (handed to the worker) once this call has parked nothing; after a park, the
+      -- jobs behind are likely parked too: their policy fields only, the hash of the one taken.
+      local hash, job, present
+      if parks == 0 then
+        hash = rcall('HGETALL', job_key)
+        job = job_fields(hash)
+        present = #hash > 0
+      else
+        job = rcall('HMGET', job_key, unpack(JOB_FIELDS))
+        present = job[1] or rcall('EXISTS', job_key) == 1
+      end
       -- A pending job a later enqueue superseded, brought back by a scheduler whose clock runs
       -- ahead of the server's (lib/pending.lua; the scheduler's write-back carries none of our
       -- fields, so every job is checked): dropped like an id whose hash is gone. A pending job
       -- rewritten in place carries a rewrite guard instead (lib/rewrite_guard.lua).
-      local tomb = present and rcall('GET', a.tombstone .. jid)
+      local tomb = present and tombs and rcall('GET', tombstone .. jid)
       if tomb then
         if string.sub(tomb, 1, 8) == 'rewrite ' then
-          if rewrite_guard(job_key, jid, a.tombstone .. jid, tomb, ctx.now) then
+          if rewrite_guard(job_key, jid, tombstone .. jid, tomb, clock()) then
             present = false
+            found = found + 1 -- back in its scheduled registry: the idle answer reports its time
+          else
+            hash = rcall('HGETALL', job_key) -- the guard may have restored fields
+            job = job_fields(hash)
+            present = #hash > 0
           end
         else
           rcall('DEL', job_key)
           present = false
         end
       end
-      local allowed = {}
-      local refusal = present and admit_job(job_key, jid, allowed)
-      if refusal then
-        park(i, inter_key, job_key, jid, refusal)
-        parks = parks + 1
-        tries = tries - 1 -- a parked job is progress, bounded by `parks`
-      elseif present then
-        for _, hook in ipairs(taken) do
-          hook(job_key, jid)
-        end
-        local reply = {i, jid}
-        for n = 1, #a.order do
-          reply[n + 2] = takes[n] and takes[n](ctx, i, job_key, jid) or 0
-        end
-        for _, pair in ipairs(allowed) do
-          local got = pair[1].part.take_job(ctx, jid, pair[2], pair[3])
-          if got ~= 0 then
-            reply[pair[1].n + 2] = got
+      if present then
+        local allowed, refusal = {}, nil
+        for _, item in ipairs(JOB_PARTS) do
+          if job[item[2]] and has_hook(item[1], 'admit_job') then
+            setup() -- a job under a per-job policy: its checks run
+            refusal = admit_job(jid, job, allowed)
+            break
           end
         end
-        rcall('SET', claim_key, record(reply), 'EX', a.claim_ttl)
-        return reply
+        if refusal then
+          park(i, inter_key, job_key, jid, refusal)
+          parks = parks + 1
+          tries = tries - 1 -- a parked job is progress, bounded by `parks`
+        else
+          return took(i, job_key, jid, job, allowed, hash or rcall('HGETALL', job_key))
+        end
       else
         rcall('LREM', inter_key, 1, jid)
       end
     end
     if parks >= 100 then
       -- The per-call bound on parking stopped this pop: nothing taken, look again at once.
-      if not skip_until or ctx.now < skip_until then
-        skip_until = ctx.now
+      if not skip_until or clock() < skip_until then
+        skip_until = clock()
       end
-      if a.burst then
+      if burst then
         waiting = waiting + 1
       end
       break
     end
   end
 end
+
+-- idle
+if trace then trace[#trace + 1] = 'idle' end
 if due_key then
   -- An idle worker looks again when a key with parked jobs could free by itself.
   local head = rcall('ZRANGE', due_key, 0, 0, 'WITHSCORES')
   local at = tonumber(head[2])
   if at and (not skip_until or at < skip_until) then
-    skip_until = math.max(at, ctx.now)
+    skip_until = math.max(at, clock())
   end
-  if at and a.burst then
+  if at and burst then
     waiting = waiting + 1 -- parked jobs are work not yet done: a burst worker waits for them
   end
 end
-if pr then
+if promote and found > 0 then
   -- An idle worker looks again when a scheduled job of its queues comes due (or a live
   -- scheduler's lock turns stale): it waits for that time rather than polling.
-  for i = 1, #a.names do
-    local at = promote_next(registry_at(i), lock_at(i), pr, ctx.now)
-    if at and (not skip_until or at < skip_until) then
-      skip_until = at
+  for i = 1, N do
+    if rcall('EXISTS', registry_at(i)) == 1 then
+      local at = promotion().next(registry_at(i), lock_at(i), a.promote, clock())
+      if at and (not skip_until or at < skip_until) then
+        skip_until = at
+      end
     end
   end
 end
+local reply = {'waiting', waiting, 'full', full}
 if skip_until then
-  full[#full + 1] = string.format('%.6f', skip_until)
+  reply[5] = 'until'
+  reply[6] = string.format('%.6f', skip_until)
 end
-return {0, waiting, unpack(full)}
+if trace then
+  reply[#reply + 1] = 'trace'
+  reply[#reply + 1] = trace
+end
+return reply

@@ -130,6 +130,9 @@ class KeyedPolicy(FetchPolicy):
     """
 
     per_job: ClassVar[bool] = True
+    #: A per-key policy has no gate: its fetch work is the job's own field (read with the popped job) and the keys
+    #: with parked jobs, which are all in the due index (see :attr:`FetchPolicy.fetch_state`).
+    fetch_state: ClassVar[tuple[str, ...] | None] = ('keydue',)
     #: The job hash field carrying the policy's setting and key: ``'<setting> <scope>:<key>'``.
     field: ClassVar[str] = ''
     #: How many space-separated words the setting has (before ``<scope>:<key>``).

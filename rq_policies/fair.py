@@ -173,6 +173,8 @@ class Fair(FetchPolicy):
     admits: ClassVar[bool] = True
     rank: ClassVar[int] = 200
     call_options: ClassVar[tuple[str, ...]] = ('priority',)
+    #: A queue's turns have nothing to hand out while its active-keys index is absent (FetchPolicy.fetch_state).
+    fetch_state: ClassVar[tuple[str, ...] | None] = ('fair.active',)
     #: The admission never schedules a Fair job, and its check alone decides a backlog drop.
     schedules: ClassVar[bool] = False
     probes: ClassVar[bool] = True

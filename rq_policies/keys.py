@@ -35,7 +35,8 @@ key                                                    type     meaning
                                                                 hold's claim token, score = epoch second the hold
                                                                 expires (:func:`holds`)
 ``rq:policies:claim:<token>``                          STRING   what the fetch under claim token ``<token>`` took
-                                                                (``<i>:<hold flags>:<job id>``), so a replayed
+                                                                (the queue's index, the job id, then each hold's
+                                                                policy and flag), so a replayed
                                                                 fetch answers the same job; deleted with the
                                                                 worker's next pipeline (its heartbeat) once the
                                                                 reply arrived, and expires after
@@ -55,6 +56,10 @@ key                                                    type     meaning
                                                                 pending job rewritten in place, until its run time
                                                                 (lua/lib/rewrite_guard.lua). Each expires after
                                                                 SUPERSEDED_SECONDS (the guard: after the run time)
+``rq:policies:superseded:``                           STRING   the tombstones' marker (the tombstone of no job),
+                                                                kept alive as long as the longest-lived tombstone
+                                                                (lua/lib/pending.lua): while it is absent, the
+                                                                fetch reads no tombstone
 ``rq:policies:dropped:<job id>``                      STRING   JSON record of an enqueue a policy dropped, written
                                                                 only when the caller chose the job id
                                                                 (``job_id=``): ``policy``, ``holder``, ``n``,

@@ -377,6 +377,12 @@ class FetchPolicy(Policy):
     #: Declared on the job's function (``@policy(...)``, its setting stored on each job hash) rather than configured
     #: per queue in Redis: the contract suite tests such a policy through ``examples()``, not ``configure()``.
     per_job: ClassVar[bool] = False
+    #: The keys of the fetch call (names :meth:`fetch_keys` gave ``call.key``, or ``call.key_list`` for one key per
+    #: queue) whose absence means that the policy's gate passes every queue, its take does nothing, none of its keys
+    #: has parked jobs and its ``source`` has nothing to hand out: while none of the fetch policies' state keys
+    #: exists, a fetch skips every gate, take, source and due key (one EXISTS decides; ``lua/fetch.lua``'s ``state``
+    #: phase). None (the default): the policy's hooks run on every fetch.
+    fetch_state: ClassVar[tuple[str, ...] | None] = None
 
     @classmethod
     def fetch_keys(cls, call: Any, queue_names: list[str]) -> None:

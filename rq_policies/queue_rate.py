@@ -85,6 +85,8 @@ class QueueRate(FetchPolicy, GcraRate):
     """
 
     name: ClassVar[str] = 'queue_rate'
+    #: No queue is limited or blocked while these are absent (see :attr:`FetchPolicy.fetch_state`).
+    fetch_state: ClassVar[tuple[str, ...] | None] = ('queue_rate.settings', 'queue_rate.backoff')
 
     limit: int
     per: int = 1

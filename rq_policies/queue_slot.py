@@ -52,6 +52,8 @@ class QueueSlot(FetchPolicy):
     """
 
     name: ClassVar[str] = 'queue_slot'
+    #: No queue is capped while the capacity hash is absent (see :attr:`FetchPolicy.fetch_state`).
+    fetch_state: ClassVar[tuple[str, ...] | None] = ('queue_slot.capacity',)
 
     #: Seconds a hold survives unrefreshed (:data:`rq_policies.ledger.TTL_SECONDS`: rq's heartbeat margin).
     TTL_SECONDS: int = ledger.TTL_SECONDS

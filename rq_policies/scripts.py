@@ -53,7 +53,18 @@ _INCLUDE = re.compile(r'^--\s*@include\s+"([^"]+)"\s*$', re.MULTILINE)
 #: ``-- @policies lazy`` includes each part inside a loader, ``PARTS[name] = function() ... end``, which the script
 #: runs when it first reads ``P[name]`` (admit.lua): a call then defines the functions of the parts it uses only,
 #: where defining every part's (about 80 closures) cost a Loner admission a third of its script time.
-_POLICIES = re.compile(r'^--\s*@policies(\s+lazy)?\s*$', re.MULTILINE)
+#: ``-- @policies fields`` defines, without defining any part, what the parts' declarations say of the job hash
+#: (:func:`part_fields`): ``JOB_FIELDS``, the fields of a popped job the fetch reads (``status`` first, then each
+#: part's ``fields`` in part order), ``JOB_FIELD_AT`` (field -> its index there), ``PART_HOOKS`` (a string
+#: ``'|<part>.<hook>|...|'`` of every hook a part defines, so a script can tell which parts to load), and
+#: ``JOB_PARTS``, ``{name, index of its first field, count}`` per part that
+#: declares any (fetch.lua: a job carrying none of them runs no part).
+_POLICIES = re.compile(r'^--\s*@policies(\s+lazy|\s+fields)?\s*$', re.MULTILINE)
+#: A part's declaration, ``P.<name> = {...}`` on one line, and the ``fields = {'a', 'b'}`` in it.
+_DECLARATION = re.compile(r'^P\.(\w+)\s*=\s*\{(.*)\}\s*(?:--.*)?$', re.MULTILINE)
+_DECLARED_FIELDS = re.compile(r'\bfields\s*=\s*\{([^}]*)\}')
+#: A part's hook definition, ``function P.<name>.<hook>(``.
+_HOOK = re.compile(r'^function P\.(\w+)\.(\w+)\(', re.MULTILINE)
 _lock = threading.Lock()
 _cache: dict[str, Script] = {}
 
@@ -115,6 +126,10 @@ def source(name: str, lean: bool = False) -> str:
 
         def policies(match: re.Match) -> str:
             parts = sorted(item.name for item in root.joinpath('policies').iterdir() if item.name.endswith('.lua'))
+            if match.group(1) and match.group(1).strip() == 'fields':
+                hooks = sorted(f'{name}.{hook}' for part in parts for name, hook in
+                               _HOOK.findall(root.joinpath(f'policies/{part}').read_text(encoding='utf-8')))
+                return _fields_source(part_fields(root)) + f"\nlocal PART_HOOKS = '|{'|'.join(hooks)}|'"
             if match.group(1):
                 return '\n'.join(lazy(part) for part in parts)
             return '\n'.join(read(f'policies/{part}', seen + (rel,)) for part in parts)
@@ -126,6 +141,34 @@ def source(name: str, lean: bool = False) -> str:
     if lean:
         text = '\n'.join(line.strip() for line in _COMMENT_LINES.sub('', text).splitlines() if line.strip())
     return text
+
+
+def part_fields(root: Any = None) -> dict[str, tuple[str, ...]]:
+    """Per policy part (in part order) that declares any, the job hash fields its fetch hooks read: the ``fields``
+    of its one-line declaration ``P.<name> = {fields = {...}}`` (the first says the job is under the policy)."""
+    root = root or _lua_root()
+    found: dict[str, tuple[str, ...]] = {}
+    for item in sorted(root.joinpath('policies').iterdir(), key=lambda entry: entry.name):
+        if not item.name.endswith('.lua'):
+            continue
+        for name, body in _DECLARATION.findall(item.read_text(encoding='utf-8')):
+            declared = _DECLARED_FIELDS.search(body)
+            if declared:
+                fields = tuple(re.findall(r"'([^']*)'", declared.group(1)))
+                if fields:
+                    found[name] = fields
+    return found
+
+
+def _fields_source(parts: dict[str, tuple[str, ...]]) -> str:
+    fields, rows = ['status'], []
+    for name, declared in parts.items():
+        rows.append(f"{{'{name}', {len(fields) + 1}, {len(declared)}}}")
+        fields.extend(declared)
+    listed = ', '.join(f"'{field}'" for field in fields)
+    at = ', '.join(f"['{field}'] = {n}" for n, field in enumerate(fields, 1))
+    return (f"local JOB_FIELDS = {{{listed}}}\nlocal JOB_FIELD_AT = {{{at}}}\n"
+            f"local JOB_PARTS = {{{', '.join(rows)}}}")
 
 
 def lean_source(name: str) -> bytes:

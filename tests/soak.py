@@ -94,9 +94,10 @@ LONG_ACROSS_SECONDS = 8.0
 #: The producers' socket timeout (seconds): a reply later than this is given up and the call sent again.
 PRODUCER_TIMEOUT = 1.0
 
-#: What only an admission that writes a job carries (the msgpack key ``created``), and only a fetch (``claim_ttl``).
+#: What only an admission that writes a job carries (the msgpack key ``created``), and only a fetch (its claim
+#: record's key, KEYS[1] of lua/fetch.lua).
 ADMIT_WRITE = (b'EVAL', ops.pack('created'))
-FETCH = (b'EVAL', ops.pack('claim_ttl'))
+FETCH = (b'EVAL', keys.claim('').encode())
 
 
 def KINDS():  # noqa: N802 - a table, built lazily so a kind whose policy is missing is simply absent

@@ -734,11 +734,11 @@ def test_a_forking_worker_under_a_script_flush_every_5ms_stays_up_and_runs_each_
     assert QueueSlot.status('flushed', connection=connection).in_use == 0
 
 
-def test_a_job_whose_read_was_lost_after_the_fetch_is_taken_by_the_next_fetch_not_stranded(connection, fault_proxy):
-    """The fetch script took a job (moved to the intermediate list, its hold, its claim record), and the read of the
-    job's hash that follows it was lost: the connection dropped, no retry left. The worker's next fetch sends the
-    same claim token, so the claim record answers that job with its hold: the job runs, nothing is left on the
-    intermediate list for rq's cleanup to fail unrun a minute later, and no second job is popped beside it."""
+def test_a_job_whose_fetch_reply_was_lost_is_taken_by_the_next_fetch_not_stranded(connection, fault_proxy):
+    """The fetch script took a job (moved to the intermediate list, its hold, its claim record), and its reply was
+    lost: the connection dropped, no retry left (redis-py's retries spent, the server restarting). The worker's next
+    fetch sends the same claim token, so the claim record answers that job with its hold: the job runs, nothing is
+    left on the intermediate list for rq's cleanup to fail unrun a minute later, and no second job is popped."""
     from rq_policies.fetch import current_fetcher
     from rq_policies.worker import _WorkerFetcher
 
@@ -750,7 +750,8 @@ def test_a_job_whose_read_was_lost_after_the_fetch_is_taken_by_the_next_fetch_no
     fetcher = _WorkerFetcher(30)
     context = current_fetcher.set(fetcher)
     try:
-        fault_proxy.drop_reply(match=b'HGETALL')
+        load(client, 'fetch')  # the first attempt runs the script (not a NOSCRIPT answer)
+        fault_proxy.drop_reply(match=b'EVALSHA')
         with pytest.raises(ConnectionError):
             queue.dequeue_any([queue], None, connection=client)
         taken = queue.dequeue_any([queue], None, connection=client)

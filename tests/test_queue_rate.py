@@ -34,7 +34,7 @@ from rq_policies import (
     keys,
 )
 from rq_policies.compat import KEY_PREFIX as RQ
-from rq_policies.fetch import Claim, Fetcher, Look, dequeue, fetch_call, read_reply
+from rq_policies.fetch import Claim, Fetcher, FetchReply, Look, dequeue, fetch_call, read_reply
 from rq_policies.queue_rate import BACKOFFS_META, SNOOZES_META
 
 # -- job functions (run by the workers) -----------------------------------------------------------------------------
@@ -205,7 +205,8 @@ def test_a_refused_fetch_replayed_writes_nothing(connection):
     call = fetch_call(queues, 'h:1:1:refused', 90)
     before = {k: connection.dump(k) for k in connection.keys('*')}
     first, again = call.run(connection), call.run(connection)  # a lost reply: redis-py sends the same call again
-    assert first == again and first[0] == 0
+    first, again = FetchReply.decode(first), FetchReply.decode(again)
+    assert first == again and first.job is None
     assert {k: connection.dump(k) for k in connection.keys('*')} == before
     assert connection.llen(f'{RQ}:queue:emails') == 1
 
@@ -217,8 +218,9 @@ def test_a_replayed_taking_fetch_never_starts_more_than_the_rate_allows(connecti
     QueueRate.set('emails', 1, per=60, connection=connection)
     queues = [Queue('emails', connection=connection)]
     call = fetch_call(queues, 'h:1:1:1', 90)
-    first, again = call.run(connection), call.run(connection)
-    assert first[0] == 1 and again == first  # the replay answers the first attempt's job
+    first, again = FetchReply.decode(call.run(connection)), FetchReply.decode(call.run(connection))
+    assert first.job and (again.job, again.queue, again.holds) == (first.job, first.queue, first.holds)  # the replay
+    assert again.replayed and not first.replayed  # ... answers the first attempt's job
     assert connection.llen(f'{RQ}:queue:emails') == 2
     assert QueueRate.status('emails', connection=connection).available == 0
 

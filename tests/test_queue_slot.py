@@ -21,9 +21,8 @@ from workers import fetch_as_a_worker
 
 from rq_policies import Cap, PolicyQueue, PolicySimpleWorker, PolicyWorker, QueueSlot, keys, ops
 from rq_policies.compat import KEY_PREFIX as RQ
-from rq_policies.fetch import Fetcher, current_fetcher, fetch_call
+from rq_policies.fetch import Fetcher, FetchReply, current_fetcher, fetch_call
 from rq_policies.ledger import Hold, Ledger, acquire_call
-from rq_policies.policy import FETCH, registered
 from rq_policies.worker import HOLD_TTL_ENV, _WorkerFetcher
 
 
@@ -95,12 +94,12 @@ def test_refresh_script_extends_live_holds_and_re_adds_and_counts_lapsed_ones(co
 
 
 def _dequeue_script(conn: Redis, queues: list[Queue], token: str, ttl: int = 30) -> list:
-    """The fetch reply, with only QueueSlot's hold flag of a claim (other fetch policies' flags are theirs)."""
-    raw = fetch_call(queues, token, ttl, Job.redis_job_namespace_prefix).run(conn)
-    reply = [x.decode() if isinstance(x, bytes) else x for x in raw]
-    if reply[0]:
-        reply = reply[:2] + [reply[2 + registered(FETCH).index(QueueSlot)]]
-    return reply
+    """The fetch reply (decoded by rq_policies.fetch.FetchReply) as ``[queue index, job id, QueueSlot's hold: 1 or 0]``,
+    or ``[0, waiting, index of each skipped queue...]`` when it took nothing."""
+    found = FetchReply.decode(fetch_call(queues, token, ttl, Job.redis_job_namespace_prefix).run(conn))
+    if found.job is not None:
+        return [found.queue, found.job, int(dict(found.holds).get(QueueSlot.name) == '1')]
+    return [0, found.waiting, *found.full]
 
 
 def test_dequeue_script_pops_through_the_intermediate_list_and_holds_on_capped_queues(connection):

@@ -11,7 +11,7 @@ from rq.queue import Queue
 from rq_policies import Loner, PolicyQueue, PolicySet, keys
 from rq_policies.admission import JobWrite, Verdict, admit_call
 from rq_policies.compat import KEY_PREFIX as RQ
-from rq_policies.fetch import fetch_call
+from rq_policies.fetch import FetchReply, fetch_call
 from rq_policies.loner import holder, release_markers
 
 PREFIX = f'{RQ}:job:'
@@ -118,8 +118,9 @@ _tokens = itertools.count()
 
 
 def fetch(conn):
-    """lua/fetch.lua on queue q ('rq:queue:q', 'rq:queue:q:intermediate'), a new claim token each, holds of 90 s."""
-    return fetch_call([Queue('q', connection=conn)], f'tok{next(_tokens)}', 90, PREFIX).run(conn)
+    """lua/fetch.lua on queue q ('rq:queue:q', 'rq:queue:q:intermediate'), a new claim token each, holds of 90 s: its
+    reply decoded (rq_policies.fetch.FetchReply)."""
+    return FetchReply.decode(fetch_call([Queue('q', connection=conn)], f'tok{next(_tokens)}', 90, PREFIX).run(conn))
 
 
 def test_fetch_pops_clears_marker_and_skips_dangling_ids(connection):
@@ -127,12 +128,12 @@ def test_fetch_pops_clears_marker_and_skips_dangling_ids(connection):
     connection.hset(PREFIX + 'j1', mapping={'status': 'queued', keys.LONER_FIELD: 'marker'})
     connection.set('marker', 'j1')
     result = fetch(connection)
-    assert result[:2] == [1, b'j1'] and set(result[2:]) == {0}  # no fetch policy took a hold
+    assert (result.queue, result.job, result.holds) == (1, 'j1', ())  # no fetch policy took a hold
     assert not connection.exists('marker')
     assert connection.lrange(f'{RQ}:queue:q:intermediate', 0, -1) == [b'j1']  # the dangling id was dropped
     assert not connection.exists(keys.holds('q'))  # uncapped: no hold
     empty = fetch(connection)
-    assert empty == [0, 0]
+    assert (empty.job, empty.waiting, empty.full, empty.until) == (None, 0, (), None)
 
 
 def test_fetch_leaves_the_marker_of_a_newer_job(connection):

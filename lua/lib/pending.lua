@@ -10,6 +10,16 @@
 -- job, `policy` and job id `by` ("<policy> <id>"; "reset " for rq-policies reset), which
 -- rq-policies explain reads; a job replaced by an enqueue of its own id is written again at once
 -- and leaves none (it would drop itself). Returns 1 when it was dropped.
+-- tomb_write: write tombstone `tomb` .. `jid`, and keep the tombstone prefix itself (the key
+-- `tomb`, the tombstone of no job) alive at least as long: while it is absent no tombstone exists,
+-- so the fetch skips its per-job tombstone read (lua/fetch.lua's probe).
+local function tomb_write(tomb, jid, value, ttl)
+  redis.call('SET', tomb .. jid, value, 'EX', ttl)
+  if redis.call('TTL', tomb) < ttl then
+    redis.call('SET', tomb, '1', 'EX', ttl)
+  end
+end
+
 local function pending_at(registry, jid, now)
   if not jid then return false end
   local score = redis.call('ZSCORE', registry, jid)
@@ -21,7 +31,7 @@ local function drop_pending(registry, job_prefix, jid, now, tomb, tomb_ttl, poli
   redis.call('ZREM', registry, jid)
   redis.call('DEL', job_prefix .. jid)
   if tomb and by ~= jid then
-    redis.call('SET', tomb .. jid, (policy or 'reset') .. ' ' .. (by or ''), 'EX', tomb_ttl)
+    tomb_write(tomb, jid, (policy or 'reset') .. ' ' .. (by or ''), tomb_ttl)
   end
   return 1
 end
@@ -79,10 +89,9 @@ local function rewrite_pending(ctx, holder, fields, extra, registry, score, poli
   if ctx.tomb then
     local ttl = math.ceil(score - ctx.now) + ctx.tomb_ttl
     if ttl < 1 then ttl = 1 end
-    rcall('SET', ctx.tomb .. holder, 'rewrite ' .. pack_strings(kept), 'EX', ttl)
+    tomb_write(ctx.tomb, holder, 'rewrite ' .. pack_strings(kept), ttl)
     if ctx.jid ~= '' and ctx.jid ~= holder then
-      rcall('SET', ctx.tomb .. ctx.jid, policy .. ' ' .. holder .. ' merged ' .. (ctx.created or ''), 'EX',
-            ctx.tomb_ttl)
+      tomb_write(ctx.tomb, ctx.jid, policy .. ' ' .. holder .. ' merged ' .. (ctx.created or ''), ctx.tomb_ttl)
     end
   end
 end

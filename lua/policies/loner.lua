@@ -28,7 +28,8 @@
   call's job in the holder's policies_replaced_by. Writes the same values when replayed.
   commit / force: the job takes the marker (force: unless another holder holds it; both then
   run, which is what "regardless" asks for).
-  taken(job_key, jid): at fetch, the job was taken off its queue. until='started' (no field
+  taken(job_key, jid, job): at fetch, the job was taken off its queue (job: its `fields` as the
+  fetch read them, else read here). until='started' (no field
   policies_loner_until): free its identity. until='finished': mark it taken and make the marker
   live as long as the job hash, which rq persists when the job starts (unless it has a cap,
   policies_loner_ttl: it keeps expiring then). The job hash names its
@@ -37,7 +38,8 @@
 -- @include "lib/holder_waiting.lua"
 -- @include "lib/holder_running.lua"
 -- @include "lib/take_marker.lua"
-P.loner = {clock = false}  -- never reads ctx.now: a loner-only admission skips TIME
+-- clock = false: never reads ctx.now (a loner-only admission skips TIME); fields: what taken() reads
+P.loner = {clock = false, fields = {'policies_loner', 'policies_loner_until', 'policies_loner_ttl'}}
 
 -- 'waiting' (replaceable), 'running' (holds, never replaced) or nil (free).
 local function loner_held(job_prefix, p, holder)
@@ -111,8 +113,8 @@ function P.loner.force(ctx, p)
   end
 end
 
-function P.loner.taken(job_key, jid)
-  local job = rcall('HMGET', job_key, 'policies_loner', 'policies_loner_until', 'policies_loner_ttl')
+function P.loner.taken(job_key, jid, job)
+  job = job or rcall('HMGET', job_key, 'policies_loner', 'policies_loner_until', 'policies_loner_ttl')
   local marker = job[1]
   if not marker or rcall('GET', marker) ~= jid then
     return

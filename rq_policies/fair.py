@@ -563,6 +563,8 @@ class Fair(FetchPolicy):
         def weight_command(cli_config: Any, scope: str, key: str, weight: int | None, clear: bool,
                            **options: Any) -> None:
             """Show, set (WEIGHT) or --clear the run-time weight of KEY of SCOPE."""
+            if clear and weight is not None:
+                raise click.UsageError('give either WEIGHT or --clear, not both')
             if clear:
                 _run(cli_config, lambda conn: cls.clear(scope, key, connection=conn))
                 click.echo(f'{scope}:{key}: run-time weight cleared')

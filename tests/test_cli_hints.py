@@ -35,6 +35,8 @@ ERROR_PATHS: dict[str, list[list[str]]] = {
              ['known', '5/1', '--clear'], ['known', '0/1'], []],
     'keys': [['a:b'], ['scope', '--limit', 'x'], []],
     'override': [['a:b', 'k', '3'], ['scope', 'k', '0'], ['scope', 'k', '3', '--clear'], ['scope']],
+    'fair': [['nosuch'], ['pause'], ['pause', 'a:b', 'k'], ['resume', 'scope'], ['weight', 'scope', 'k', '0'],
+             ['weight', 'scope', 'k', 'x'], ['weight', 'scope', 'k', '3', '--clear'], ['keys']],
 }
 
 #: Valid arguments, for the walk's run against an unreachable server.
@@ -55,11 +57,13 @@ READS: dict[str, list[list[str]]] = {
 
 
 def options(command_name: str) -> set[str]:
+    """The ``--options`` of a command; of a group (``fair``), every option of its subcommands too."""
     command = main.commands[command_name]
     found = {'--help'}
-    for param in command.params:
-        found.update(getattr(param, 'opts', []))
-        found.update(getattr(param, 'secondary_opts', []))
+    for each in [command, *getattr(command, 'commands', {}).values()]:
+        for param in each.params:
+            found.update(getattr(param, 'opts', []))
+            found.update(getattr(param, 'secondary_opts', []))
     return {name for name in found if name.startswith('--')}
 
 

@@ -151,6 +151,6 @@ def test_a_worker_watching_its_running_job_rides_through_an_outage(server):
         job = Job.fetch(job.id, connection=connection)
         assert wait_for(lambda: job.get_status(refresh=True) == 'finished', 20), output(worker)
         assert worker.poll() is None, output(worker)
-        assert connection.zcard('rq:wip:outage') == 0
+        assert connection.zcard(f'{RQ}:wip:outage') == 0
     finally:
         stop(worker)

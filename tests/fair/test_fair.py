@@ -18,6 +18,7 @@ from rq.registry import DeferredJobRegistry
 
 from fair import fair_jobs
 from rq_policies import Concurrency, Fair, InvalidSetting, PolicyQueue, explain, ledger
+from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.fair import BacklogFull, FairWeight
 from rq_policies.fetch import Claim, Look, fetch_call, read_reply
 
@@ -222,9 +223,9 @@ def test_what_fair_writes_is_freed_when_its_lines_drain(connection):
         for _ in range(3):
             work(q, t)
     take(connection, 6)
-    left = [k.decode() for k in connection.keys('rq:policies:fair:*')]
+    left = [k.decode() for k in connection.keys(f'{RQ}:policies:fair:*')]
     assert left == [], left
-    assert connection.zcard('rq:deferred:fair') == 0
+    assert connection.zcard(f'{RQ}:deferred:fair') == 0
 
 
 def _produce(url, barrier, results):
@@ -252,7 +253,7 @@ def test_max_waiting_under_16_racing_producers_never_exceeds_the_cap(connection,
         p.join(10)
     assert admitted == 25
     assert len(Fair.waiting('fair', 'capped', 'x', connection=connection)) == 25
-    assert int(connection.hget('rq:policies:drops', 'fair:fair') or 0) == 16 * 20 - 25
+    assert int(connection.hget(f'{RQ}:policies:drops', 'fair:fair') or 0) == 16 * 20 - 25
     # One start frees one place in the line.
     assert isinstance(fetch(connection), Claim)
     q = PolicyQueue('fair', connection=connection)
@@ -270,7 +271,7 @@ def test_max_waiting_with_on_conflict_raise_raises_backlog_full_and_writes_nothi
     assert info.value.waiting == 3 and info.value.first == made[0].id and info.value.queue == 'fair'
     assert info.value.scope == 'raising' and 'max_waiting' in str(info.value)
     new = {k.decode() for k in set(connection.keys('*')) - before}
-    assert all(k.startswith('rq:policies:drops') for k in new), new  # only the drop counters
+    assert all(k.startswith(f'{RQ}:policies:drops') for k in new), new  # only the drop counters
     assert len(Fair.waiting('fair', 'raising', 'x', connection=connection)) == 3
 
 
@@ -328,8 +329,8 @@ def test_an_admission_whose_reply_is_lost_files_the_job_once(connection, fault_p
     finally:
         proxied.close()
     assert Fair.waiting('fair', SCOPE, 'a', connection=connection) == [job.id]
-    assert connection.zcard('rq:deferred:fair') == 1
-    assert connection.get(f'rq:policies:fair:seq:fair:{SCOPE}:a') == b'1'
+    assert connection.zcard(f'{RQ}:deferred:fair') == 1
+    assert connection.get(f'{RQ}:policies:fair:seq:fair:{SCOPE}:a') == b'1'
     assert take(connection, 2) == [job.id, None]
 
 
@@ -363,7 +364,7 @@ def test_a_pause_and_a_resume_whose_replies_are_lost_act_once(connection, fault_
         assert fault_proxy.seen(b'EVAL') >= 4
     finally:
         proxied.close()
-    assert connection.zcard('rq:policies:fair:active:fair') == 1
+    assert connection.zcard(f'{RQ}:policies:fair:active:fair') == 1
     assert take(connection, 3) == [a[0].id, a[1].id, None]
 
 

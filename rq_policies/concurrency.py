@@ -177,6 +177,18 @@ class KeyedPolicy(FetchPolicy):
     def call_field_names(self) -> tuple[str, ...]:
         return (self.field,)
 
+    def job_cost(self, job: Any) -> int:
+        """How many units of its key's limit ``job`` uses: the policy's ``cost`` (an int, or ``(args, kwargs) ->
+        int`` called on the job's arguments), checked against ``limit`` as :func:`_cost` does."""
+        cost = getattr(self, 'cost', 1)
+        if not callable(cost):
+            return cost
+        try:
+            cost = cost(tuple(job.args), dict(job.kwargs))
+        except Exception as exc:
+            raise TypeError(f'{self!r}: the cost function failed on this call: {exc!r}') from exc
+        return _cost(cost, self.limit, f'{self!r} cost (the value the cost function returned)')
+
     def call_fields(self, job: Any, queue: str, digest: str) -> list[Any]:
         scope, key = self.key_of(job, digest)
         return [self.field, f'{self.setting()} {keys.key_channel(scope, key)}']
@@ -338,13 +350,7 @@ class Concurrency(KeyedPolicy):
 
     def call_fields(self, job: Any, queue: str, digest: str) -> list[Any]:
         field, value = super().call_fields(job, queue, digest)
-        cost = self.cost
-        if callable(cost):
-            try:
-                cost = cost(tuple(job.args), dict(job.kwargs))
-            except Exception as exc:
-                raise TypeError(f'{self!r}: the cost function failed on this call: {exc!r}') from exc
-            cost = _cost(cost, self.limit, f'{self!r} cost (the value the cost function returned)')
+        cost = self.job_cost(job)
         if cost == 1:
             return [field, value]
         limit, channel = value.split(' ', 1)  # a costed job: '<limit>*<cost> <scope>:<key>'
@@ -795,12 +801,13 @@ def _declared_limit(raw: Any, channel: str) -> int | None:
     return int(head) if head.isdigit() and named == channel else None
 
 
-def _cost(value: Any, limit: int, where: str = 'cost') -> int:
-    """A job's cost: an int from 1 to the policy's ``limit``, else a ValueError naming ``where`` and the value."""
+def _cost(value: Any, limit: int, where: str = 'cost', never: str = 'could never start') -> int:
+    """A job's cost: an int from 1 to the policy's ``limit``, else a ValueError naming ``where`` and the value
+    (``never`` says what a larger cost would mean)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f'{where} must be a positive integer, got {value!r}')
     if value > limit:
-        raise ValueError(f'{where} must be at most the limit ({limit}), got {value!r}: such a job could never start')
+        raise ValueError(f'{where} must be at most the limit ({limit}), got {value!r}: such a job {never}')
     return value
 
 

@@ -23,6 +23,7 @@ from rq.job import Job
 from . import keys
 from .admin import KeyRate, refusing
 from .concurrency import KeyedPolicy, KeyFunction, _setting_call, check_scope, key_text
+from .concurrency import _cost as _keyed_cost
 from .ops import need_connection as _need
 from .ops import text
 from .policy import MAX_CAPACITY, MAX_SECONDS
@@ -67,13 +68,7 @@ class Rate(KeyedPolicy, GcraRate):
 
     def call_fields(self, job: Any, queue: str, digest: str) -> list[Any]:
         field, value = super().call_fields(job, queue, digest)
-        cost = self.cost
-        if callable(cost):
-            try:
-                cost = cost(tuple(job.args), dict(job.kwargs))
-            except Exception as exc:
-                raise TypeError(f'{self!r}: the cost function failed on this call: {exc!r}') from exc
-            cost = _cost(cost, self.limit, f'{self!r} cost (the value the cost function returned)')
+        cost = self.job_cost(job)
         if cost == 1:
             return [field, value]
         limit, per, burst, channel = value.split(' ', 3)  # a costed job: '<limit> <per> <burst>*<cost> <scope>:<key>'
@@ -371,10 +366,5 @@ def _rate_words(raw: Any) -> tuple[int, int, int] | None:
 
 
 def _cost(value: Any, limit: int, where: str = 'cost') -> int:
-    """A job's cost: an int from 1 to the rate's ``limit``, else a ValueError naming ``where`` and the value."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f'{where} must be a positive integer, got {value!r}')
-    if value > limit:
-        raise ValueError(f'{where} must be at most the rate\'s limit ({limit}), got {value!r}: such a job could '
-                         'never start within its period')
-    return value
+    """A job's cost: an int from 1 to the rate's ``limit`` (:func:`rq_policies.concurrency._cost`)."""
+    return _keyed_cost(value, limit, where, 'could never start within its period')

@@ -834,7 +834,7 @@ def sample_keys(conn: Any, policy: str, holds: bool, budget: int = PANEL_BUDGET)
     found: dict[str, set[str]] = {}
     cursor, examined = 0, 0
     while True:
-        cursor, batch = conn.scan(cursor=cursor, match=_glob(keys.PREFIX) + 'key*', count=1000)
+        cursor, batch = keys.scanner(conn).scan(cursor=cursor, match=_glob(keys.PREFIX) + 'key*', count=1000)
         examined += 1000
         for raw in batch:
             name = text(raw)

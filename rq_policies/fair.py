@@ -436,7 +436,7 @@ class Fair(FetchPolicy):
         found: set[str] = set()
         cursor, examined = 0, 0
         while True:
-            cursor, batch = connection.scan(cursor=cursor, match=_glob(ACTIVE_PREFIX) + '*', count=1000)
+            cursor, batch = keys.scanner(connection).scan(cursor=cursor, match=_glob(ACTIVE_PREFIX) + '*', count=1000)
             examined += 1000
             found.update(text(raw)[len(ACTIVE_PREFIX):] for raw in batch)
             if not cursor or examined >= budget:

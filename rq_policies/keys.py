@@ -457,3 +457,12 @@ def check_connection(connection: Any) -> None:
         f'a Redis Cluster connection ({type(connection).__name__}) needs every key of rq and rq-policies in one hash '
         f'slot, and RQ_KEY_PREFIX={KEY_PREFIX!r} has no hash tag ({{...}}): {how}. See docs/cluster.md.'
     )
+
+
+def scanner(connection: Any) -> Any:
+    """The client a cursor-by-cursor SCAN of our keys goes through: ``connection`` itself, or on a cluster the
+    client of the node that holds the prefix's slot (every key of ours and rq's lives there: the prefix is
+    hash-tagged). A cluster client's own SCAN answers one cursor per node, which cannot be passed back as one."""
+    if not is_cluster(connection):
+        return connection
+    return connection.get_node_from_key(PREFIX).redis_connection

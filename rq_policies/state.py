@@ -240,7 +240,7 @@ def sample_family(
     found: list[str] = []
     cursor, examined, matched = 0, 0, 0
     while True:
-        cursor, batch = connection.scan(cursor=cursor, match=pattern, count=1000)
+        cursor, batch = keys.scanner(connection).scan(cursor=cursor, match=pattern, count=1000)
         examined += 1000
         for raw in batch:
             key = text(raw)

@@ -148,8 +148,11 @@ def test_a_worker_sigkilled_mid_job_costs_no_key_its_turns(connection, redis_url
         victim.wait(10)
         killed_at = len(fair_jobs.starts(connection, 'kill'))
         procs.append(start_worker(redis_url, ['fair'], worker_env))
-        # Every job but the one killed mid-run starts (that one is rq's: its abandoned-job handling).
-        assert wait_for(lambda: len(fair_jobs.starts(connection, 'kill')) >= 35, 60), output(other)
+        # Every job but the one killed mid-run starts (that one is rq's: its abandoned-job handling), and no key is
+        # left with a waiting job (35 starts can come while the 36th job still waits its turn).
+        assert wait_for(lambda: len(fair_jobs.starts(connection, 'kill')) >= 35 and all(
+            Fair.status(SCOPE, tenant, 'fair', connection=connection).waiting == 0 for tenant in ('a', 'b', 'c')
+        ), 60), output(other)
     finally:
         _stop_all(procs)
     after = [t for n, t, _ in fair_jobs.starts(connection, 'kill') if n > killed_at]

@@ -28,6 +28,7 @@ measurement.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -46,9 +47,9 @@ from rq.registry import FinishedJobRegistry  # noqa: E402
 from rq.utils import now as rq_now  # noqa: E402
 from rq.worker import Worker  # noqa: E402
 
-from rq_policies import PolicyQueue  # noqa: E402
+from rq_policies import PolicyQueue, keys  # noqa: E402
 from rq_policies.fair import ACTIVE_PREFIX, FIELD, WAIT_PREFIX  # noqa: E402
-from rq_policies.fetch import fetch_call  # noqa: E402
+from rq_policies.fetch import FetchReply, fetch_call  # noqa: E402
 
 
 def spread(values: list[float]) -> str:
@@ -107,9 +108,10 @@ def fetch_cost(conn: Redis, big: int, per_key: int, rounds: int, calls: int,
             conn.config_resetstat()
             for _ in range(block):
                 n += 1
-                call.arg('token', f'bench:1:1:{n}').set_key('claim', f'rq:policies:claim:bench:1:1:{n}')
-                reply = call.run(conn)
-                assert reply[0] == 1, reply  # a job taken every call
+                token = f'bench:{os.getpid()}:{id(samples)}:{n}'  # fresh per call and per run: never a replay
+                call.arg('token', token).set_key('claim', keys.claim(token))
+                reply = FetchReply.decode(call.run(conn))
+                assert reply.job and not reply.replayed, reply  # a fresh job taken every call
             stats = conn.info('commandstats')['cmdstat_evalsha']
             samples[name].append(stats['usec'] / stats['calls'])
     return samples

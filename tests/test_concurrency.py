@@ -405,9 +405,10 @@ def test_a_lone_job_behind_ten_thousand_of_another_key_starts_within_a_second(co
     first_big = min(at for _, what, at in found['big'] if what == 'start')
     small = min(at for _, what, at in found['small'] if what == 'start')
     # A liveness bound (behind the big key's backlog the small job would wait 10,000 x 0.2 s = 2,000 s); the speed is
-    # bench/keys.py's. 2 s, not 1: each fetch now also promotes due scheduled jobs, and CI runs three cells side by
-    # side, where parking the 10,000 took 1.28 s once.
-    assert small - first_big < 2.0, (small - first_big)
+    # bench/keys.py's. 5 s, not 1: each fetch now also promotes due scheduled jobs, and CI runs three cells side by
+    # side on two cores, where parking the 10,000 took 1.28 s once and the small job started after 2.13 s another
+    # time; still 400 times under the wait behind the backlog.
+    assert small - first_big < 5.0, (small - first_big)
 
 
 def test_concurrency_one_without_a_key_never_overlaps_one_payload_and_lets_others_run(connection, redis_url,

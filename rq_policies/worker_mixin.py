@@ -165,9 +165,9 @@ class PolicyWorkerMixin:
         token = current_fetcher.set(self._policy_fetcher)
         try:
             return super().dequeue_job_and_maintain_ttl(*args, **kwargs)  # type: ignore[misc]
-        except BaseException:
+        except BaseException as exc:
             # A stop request or an error after the claim, before the job ever reached execute_job.
-            self._drop_claim()
+            self._drop_claim(exc)
             raise
         finally:
             current_fetcher.reset(token)
@@ -309,8 +309,18 @@ class PolicyWorkerMixin:
         if claim is not None and claim.holds:
             self._pending_releases.append(claim)
 
-    def _drop_claim(self) -> None:
+    def _drop_claim(self, why: BaseException | str = 'the worker stopped') -> None:
+        """Give back the holds of a job this worker's fetch took and never started (a stop request, warm or cold,
+        can land between the fetch and the job's start: rq raises it wherever the worker is until it marks itself
+        busy). The job's id stays on the queue's intermediate list, as with stock rq, whose cleanup fails it after
+        a minute, unrun: logged, naming the job, so that it is never a silent loss."""
         claim, self._policy_fetcher.claim = self._policy_fetcher.claim, None
+        if claim is not None:
+            self.log.warning(  # type: ignore[attr-defined]
+                'rq-policies: job %s was taken from %r but not started (%s); its holds are given back, and rq\'s '
+                'cleanup of the intermediate list fails it within minutes: requeue it from the failed registry',
+                claim.job_id, claim.queue_name, why if isinstance(why, str) else type(why).__name__,
+            )
         self._release_later(claim)
         self._release_now()
 

@@ -30,7 +30,8 @@ files (files, so that the records survive the restarts):
 * double runs: no job id ran twice (each run is a start record), except across the restart without persistence,
   which also forgets that an admission happened (a replay of it then admits the id again);
 * stranded: at the end, no id on an intermediate list (nothing runs then) but those taken by a worker that was
-  killed or died before it could start them (rq's own cleanup fails such a job after a minute);
+  killed, died or was stopped before it could start them (rq's own cleanup fails such a job after a minute; a
+  PolicyWorker stopped in between logs the job it gives up);
 * per kind (``KIND_CHECKS``): loner, no two jobs of one loner identity waited at once (waiting is measured from the
   producer's return to the job's start, a sub-interval of the true wait, so an overlap found is a real one);
   throttle, no slot of a throttled identity ran more than one leading job (a slot across the restart without
@@ -50,6 +51,7 @@ import json
 import multiprocessing
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -547,7 +549,8 @@ def check_stranded(run: Run) -> dict:
     leaves the id there: counted apart, as rq's recovery, and so is the id of a job whose run already ended (a horse
     SIGKILLed right after the fork: rq failed the job but left its id listed until its cleanup)."""
     conn = run.conn
-    stranded, by_dead, ended = [], 0, 0
+    given_up = set(given_up_jobs(run.run_dir))
+    stranded, by_dead, by_stopped, ended = [], 0, 0, 0
     for name in QUEUES:
         for raw in conn.lrange(Queue(name, connection=conn).intermediate_queue_key, 0, -1):
             job_id = raw.decode()
@@ -555,12 +558,25 @@ def check_stranded(run: Run) -> dict:
             status = status.decode() if status else None
             if run.takers.get(job_id) in run.died:
                 by_dead += 1
+            elif job_id in given_up:
+                by_stopped += 1  # a stop request landed between its fetch and its start: the worker logged it
             elif status in ENDED:
                 ended += 1  # its run was handled (a horse killed right after the fork fails it); rq lists it still
             else:
                 stranded.append([name, job_id, status, run.takers.get(job_id)])
     return {'ok': not stranded, 'stranded': len(stranded), 'taken_by_a_worker_that_died': by_dead,
-            'ended_but_still_listed': ended, 'examples': stranded[:5]}
+            'taken_by_a_worker_that_stopped': by_stopped, 'ended_but_still_listed': ended, 'examples': stranded[:5]}
+
+
+#: The warning a PolicyWorker logs when a stop request lands between a fetch and the job's start (worker_mixin's
+#: ``_drop_claim``): the job it names stays on the intermediate list for rq's cleanup.
+GIVEN_UP = re.compile(r"rq-policies: job (\S+) was taken from '[^']*' but not started")
+
+
+def given_up_jobs(run_dir: Path) -> list[str]:
+    """The ids of jobs the workers' logs say were taken and never started (see ``GIVEN_UP``)."""
+    return [m.group(1) for log in sorted(run_dir.glob('worker-*.log'))
+            for m in GIVEN_UP.finditer(log.read_text(errors='replace'))]
 
 
 def check_loner(run: Run) -> dict:

@@ -312,6 +312,9 @@ def test_rolling_restart_never_runs_the_queue_over_its_cap(connection, redis_url
 
         assert wait_for(settled, timeout=60), (spans(connection, 'rolling'), output(new[0]))
         assert connection.llen(q.intermediate_queue_key) <= len(old)  # at most one per stopped worker
+        logs = ''.join(output(worker) for worker in old)
+        for job_id in connection.lrange(q.intermediate_queue_key, 0, -1):  # and each one named in its worker's log
+            assert f'job {job_id.decode()} was taken from' in logs, logs
     finally:
         for worker in old + new:
             stop(worker)
@@ -320,6 +323,23 @@ def test_rolling_restart_never_runs_the_queue_over_its_cap(connection, redis_url
     ran_on = {worker.split('-')[0] for _, _, worker in records.values()}
     assert ran_on == {'old', 'new'}
     assert QueueSlot.status('rolling', connection=connection).in_use == 0
+
+
+def test_a_stop_between_the_fetch_and_the_start_gives_the_holds_back_and_names_the_job(connection, redis_url,
+                                                                                      worker_env):
+    QueueSlot.set('stopped', 1, connection=connection)
+    q = PolicyQueue('stopped', connection=connection)
+    job = q.enqueue(jobs.plain, 0)
+    worker = start_worker(redis_url, ['stopped'], worker_env, extra=['--queue-class', 'workers.StopAfterFetchQueue'])
+    try:
+        assert worker.wait(30) == 0, output(worker)
+    finally:
+        stop(worker)
+    # Not run, not lost in silence: the hold is back, the id waits for rq's cleanup, and the log names the job.
+    assert f"job {job.id} was taken from 'stopped' but not started (StopRequested)" in output(worker)
+    assert QueueSlot.status('stopped', connection=connection).in_use == 0
+    assert connection.lrange(q.intermediate_queue_key, 0, -1) == [job.id.encode()]
+    assert statuses(connection, [job.id]) == [JobStatus.QUEUED]
 
 
 def test_multi_queue_worker_serves_the_other_queue_while_one_is_full(connection, redis_url, worker_env):

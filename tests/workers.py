@@ -11,7 +11,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from rq_policies import PolicyWorker
+from rq_policies import PolicyQueue, PolicyWorker
 from rq_policies.fetch import current_fetcher
 from rq_policies.worker import _WorkerFetcher
 
@@ -108,3 +108,17 @@ def fetch_as_a_worker(queue, connection, hold_ttl: int = 30):
         current_fetcher.reset(token)
         fetcher.close()
     return job, fetcher
+
+
+class StopAfterFetchQueue(PolicyQueue):
+    """A PolicyQueue whose worker is sent SIGTERM the moment its fetch has taken a job: rq's handler raises
+    StopRequested there (the worker is not busy yet), between the fetch and the job's start, the window a warm
+    shutdown can hit by chance (``--queue-class workers.StopAfterFetchQueue``)."""
+
+    @classmethod
+    def dequeue_any(cls, *args, **kwargs):  # type: ignore[no-untyped-def]
+        found = super().dequeue_any(*args, **kwargs)
+        if found is not None:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler runs at the next bytecode; this never ends unless it failed to
+        return found

@@ -6,16 +6,18 @@
   The phases, in this order (rq_policies.fetch.PHASES names them; a call with ARGV[12] = '1'
   reports the phases and hooks it ran, in order, as `trace`, which tests/test_fetch_phases.py
   checks):
-    probe     one EXISTS over the claim record (KEYS[1]), the tombstones' marker (listed so that
-              the count tells each apart), the fetch policies' state keys (each
+    probe     one EXISTS over the claim record (KEYS[1]) and the probe range (from KEYS at ARGV[14] to
+              the end: the tombstones' marker, the fetch policies' state keys (each
               FetchPolicy's `fetch_state`: the keys whose absence means its gate passes every
-              queue, its take does nothing and no key has parked jobs) and the queues' scheduled
-              registries. 0, the common case, skips the next four phases' reads: such a fetch
-              runs EXISTS, LMOVE, HGETALL and SET (the record), and no part; the tombstone of a
-              popped job is read only while the marker says some tombstone exists.
+              queue, its take does nothing and no key has parked jobs) and a copy of the queues'
+              scheduled registries), one unpack of KEYS. 0, the common case, skips the next four
+              phases' reads: such a fetch runs EXISTS, LMOVE, HGETALL and SET (the record), and no
+              part. Otherwise a second EXISTS (the record twice, the marker once) tells those two
+              apart; the tombstone of a popped job is read only while the marker says some
+              tombstone exists.
     replay    the claim record exists: answer what the first attempt took, run nothing else
-    state     some state key exists (a second EXISTS when the first also counted registries):
-              the gates, takes and the due phase run
+    state     some state key exists (one more EXISTS when the probe also counted registries,
+              which also tells whether any registry exists): the gates, takes and the due phase run
     due       keys whose parked jobs may run now: each part's `due` gives back what its key
               allows (the due index, rq:policies:keydue, up to 4 keys a call)
     promote   a registry's head is due: its due jobs go onto their queues (lib/promote.lua), so
@@ -97,10 +99,11 @@
     1 + n + i         queue i's intermediate list, rq:queue:<q>:intermediate
     1 + 2n + i        queue i's scheduled registry, rq:scheduled:<q> (when ARGV[6] = '1')
     then the rest by name, as the blob's k / kl say: queues_set (rq:queues), scheduler_lock (a key
-    list: rq:scheduler-lock:<q>), the state keys (key list `state`), and each fetch policy's keys,
+    list: rq:scheduler-lock:<q>), each fetch policy's keys,
     named '<policy>.<what>' (queue_slot.capacity, the capacity hash rq:policies:capacity;
     queue_slot.holds, a key list: queue i's hold ledger, rq:policies:slots:<q>; keydue, the due
-    index rq:policies:keydue ...)
+    index rq:policies:keydue ...), and last the probe range: the tombstones' marker, the state
+    keys (key list `state`) and (promoting) a copy of the scheduled registries (key list `probe`)
   ARGV, flat (a fetch that needs no part decodes nothing):
     1 token      the claim token, <host>:<pid>:<tid>:<n>: names every hold this fetch takes
     2 ttl        seconds a hold lives unless refreshed
@@ -119,8 +122,10 @@
                  promotion runs: names (queue i's name), order (the fetch policies' names, the order
                  their gates run), k, kl (the named keys)
     12 trace     '1': report the phases run (tests)
-    14 marker    the index in KEYS of the tombstones' marker (the tombstone prefix itself, the
-                 tombstone of no job: lib/pending.lua keeps it alive while any tombstone lives)
+    14 probe     the index in KEYS of the tombstones' marker (the tombstone prefix itself, the
+                 tombstone of no job: lib/pending.lua keeps it alive while any tombstone lives),
+                 where the probe range starts: the marker, the state keys, then (ARGV[6] = '1') a
+                 copy of the scheduled registries, the last KEYS
     13 blob      the rest, decoded only when read: keyed (the per-key prefixes), promote (its
                  settings)
 
@@ -152,36 +157,26 @@ local N = tonumber(ARGV[4])
 local claim_key = KEYS[1]
 local trace = ARGV[12] == '1' and {} or nil
 
--- probe: one EXISTS over the claim record, the state keys and the scheduled registries; 0 (the
--- common case: no replay, no policy state, nothing scheduled) skips the replay, state, due and
--- promote phases' own reads.
+-- probe: one EXISTS over the claim record and KEYS[ARGV[14]..]: the tombstones' marker (alive
+-- while any tombstone is: lib/pending.lua), the state keys and the scheduled registries (a
+-- copy of each, so the range is one unpack of KEYS, no table built). 0, the common case (no
+-- replay, no tombstone, no policy state, nothing scheduled), skips the replay, state, due and
+-- promote phases' own reads; otherwise one EXISTS tells the claim record and the marker apart
+-- and (promoting) one more the state keys from the registries.
 local state_first, state_count = tonumber(ARGV[9]), tonumber(ARGV[10])
 local promote = ARGV[6] == '1'
-local probe = {}
-if state_count > 0 then
-  for n = state_first, state_first + state_count - 1 do
-    probe[#probe + 1] = KEYS[n]
+local marker_at = tonumber(ARGV[14])
+-- found: how many of the scheduled registries exist (of the state keys too until the state phase)
+local claimed, tombs, found = true, true, 1
+if state_count >= 0 then
+  claimed, tombs = false, false
+  found = rcall('EXISTS', claim_key, unpack(KEYS, marker_at))
+  if found > 0 then
+    local more = rcall('EXISTS', claim_key, claim_key, KEYS[marker_at])
+    claimed, tombs = more >= 2, more % 2 == 1
+    found = found - more + (claimed and 1 or 0)
   end
 end
-if promote then
-  for i = 1, N do
-    probe[#probe + 1] = KEYS[1 + 2 * N + i]
-  end
-end
--- The tombstones' marker (KEYS[ARGV[14]]: lib/pending.lua keeps it alive as long as any
--- tombstone) counts once per other key and once more, and the claim record twice that, so the
--- count tells each apart: found = others + (m + 1) * marker + 2 * (m + 1) * claim.
-local others = #probe
-for _ = 0, others do
-  probe[#probe + 1] = KEYS[tonumber(ARGV[14])]
-end
-for _ = 0, 2 * others + 1 do
-  probe[#probe + 1] = claim_key
-end
-local found = state_count < 0 and 1 or rcall('EXISTS', unpack(probe))
-local claimed = state_count < 0 or found >= 2 * (others + 1)
-local tombs = state_count < 0 or found % (2 * (others + 1)) > others
-found = state_count < 0 and 1 or found % (others + 1)
 
 -- replay
 if claimed then
@@ -216,8 +211,13 @@ end
 
 -- state: some fetch policy has state (a cap, a rate, a key with parked jobs) somewhere
 local stateful = state_count < 0
-if not stateful and found > 0 and state_count > 0 then
-  stateful = not promote or rcall('EXISTS', unpack(KEYS, state_first, state_first + state_count - 1)) > 0
+if found > 0 and state_count > 0 then
+  if promote then
+    local present = rcall('EXISTS', unpack(KEYS, state_first, state_first + state_count - 1))
+    stateful, found = present > 0, found - present
+  else
+    stateful = true
+  end
 end
 if trace and stateful then trace[#trace + 1] = 'state' end
 

@@ -348,8 +348,13 @@ def fetch_call(
                 found = call.keys[first - 1:first - 1 + count]
             state.extend(key for key in found if key not in state)
     if not always:
+        if named['tombstones'] != len(call.keys):
+            raise RuntimeError('fetch_call: the probe range of lua/fetch.lua must start at the tombstones marker')
         call.arg('state', (len(call.keys) + 1, len(state)))
         call.key_list('state', state)
+        if promote:
+            # The probe reads KEYS from the marker to the end (the marker, the state keys, these): one range.
+            call.key_list('probe', [ScheduledJobRegistry.key_template.format(name) for name in names])
     return call
 
 

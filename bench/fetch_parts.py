@@ -55,7 +55,7 @@ TARGETS = {'fetch': 3.0, 'fetch, capped': 4.0}
 def variants() -> dict[str, str]:
     full = scripts.source('fetch')
     probe = full.index('\n-- replay\n')
-    record = "  rcall('SET', claim_key, table.concat(record), 'EX', ARGV[3])\n"
+    record = "  rcall('SET', claim_key, record, 'EX', ARGV[3])\n"
     if record not in full:
         raise RuntimeError('fetch.lua changed shape: the no-claim-record variant could not be built')
     return {

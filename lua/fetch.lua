@@ -12,12 +12,13 @@
               queue, its take does nothing and no key has parked jobs) and a copy of the queues'
               scheduled registries), one unpack of KEYS. 0, the common case, skips the next four
               phases' reads: such a fetch runs EXISTS, LMOVE, HGETALL and SET (the record), and no
-              part. Otherwise a second EXISTS (the record twice, the marker once) tells those two
-              apart; the tombstone of a popped job is read only while the marker says some
-              tombstone exists.
+              part. Otherwise a second EXISTS counts the state keys, and only when the first
+              count holds more, a third (the record twice, the marker once) tells the record,
+              the marker and the registries apart; the tombstone of a popped job is read only
+              while the marker says some tombstone exists.
     replay    the claim record exists: answer what the first attempt took, run nothing else
-    state     some state key exists (one more EXISTS when the probe also counted registries,
-              which also tells whether any registry exists): the gates, takes and the due phase run
+    state     some state key exists (the probe's second EXISTS): the gates, takes and the due
+              phase run
     due       keys whose parked jobs may run now: each part's `due` gives back what its key
               allows (the due index, rq:policies:keydue, up to 4 keys a call)
     promote   a registry's head is due: its due jobs go onto their queues (lib/promote.lua), so
@@ -120,7 +121,9 @@
                  none, so its gate always runs)
     11 blob      one msgpack map (lib/codec.lua), decoded only when a gate, a per-job part or
                  promotion runs: names (queue i's name), order (the fetch policies' names, the order
-                 their gates run), k, kl (the named keys)
+                 their gates run), k (the named keys: name -> index in KEYS), kl (the key lists:
+                 name -> the index of the first, as many as the list's count: N for a per-queue
+                 list)
     12 trace     '1': report the phases run (tests)
     14 probe     the index in KEYS of the tombstones' marker (the tombstone prefix itself, the
                  tombstone of no job: lib/pending.lua keeps it alive while any tombstone lives),
@@ -161,16 +164,21 @@ local trace = ARGV[12] == '1' and {} or nil
 -- while any tombstone is: lib/pending.lua), the state keys and the scheduled registries (a
 -- copy of each, so the range is one unpack of KEYS, no table built). 0, the common case (no
 -- replay, no tombstone, no policy state, nothing scheduled), skips the replay, state, due and
--- promote phases' own reads; otherwise one EXISTS tells the claim record and the marker apart
--- and (promoting) one more the state keys from the registries.
+-- promote phases' own reads. Otherwise one EXISTS counts the state keys (stateful: the state
+-- phase), and only when that does not account for the whole count, one more (the record twice,
+-- the marker once) tells the claim record, the marker and the registries apart.
 local state_first, state_count = tonumber(ARGV[9]), tonumber(ARGV[10])
 local promote = ARGV[6] == '1'
 local marker_at = tonumber(ARGV[14])
--- found: how many of the scheduled registries exist (of the state keys too until the state phase)
-local claimed, tombs, found = true, true, 1
+-- found: how many of the scheduled registries exist (1: unknown)
+local claimed, tombs, found, stateful = true, true, 1, true
 if state_count >= 0 then
-  claimed, tombs = false, false
+  claimed, tombs, stateful = false, false, false
   found = rcall('EXISTS', claim_key, unpack(KEYS, marker_at))
+  if found > 0 and state_count > 0 then
+    local present = rcall('EXISTS', unpack(KEYS, state_first, state_first + state_count - 1))
+    stateful, found = present > 0, found - present
+  end
   if found > 0 then
     local more = rcall('EXISTS', claim_key, claim_key, KEYS[marker_at])
     claimed, tombs = more >= 2, more % 2 == 1
@@ -209,30 +217,18 @@ local function clock()
   return now
 end
 
--- state: some fetch policy has state (a cap, a rate, a key with parked jobs) somewhere
-local stateful = state_count < 0
-if found > 0 and state_count > 0 then
-  if promote then
-    local present = rcall('EXISTS', unpack(KEYS, state_first, state_first + state_count - 1))
-    stateful, found = present > 0, found - present
-  else
-    stateful = true
-  end
-end
+-- state: some fetch policy has state (a cap, a rate, a key with parked jobs) somewhere (the probe
+-- said)
 if trace and stateful then trace[#trace + 1] = 'state' end
 
 -- The blob, the parts and ctx: made on first need (setup()), never on a fetch that needs none.
 -- @policies fields
--- Does part `name` define hook `hook`? (PART_HOOKS: without loading the part.)
-local hooks_known = {}
+-- Does part `name` define hook `hook`? (part_hooks(): without loading the part.)
+local hooks
 local function has_hook(name, hook)
-  local key = name .. '.' .. hook
-  local known = hooks_known[key]
-  if known == nil then
-    known = string.find(PART_HOOKS, '|' .. key .. '|', 1, true) ~= nil
-    hooks_known[key] = known
-  end
-  return known
+  hooks = hooks or part_hooks()
+  local found = hooks[name]
+  return found ~= nil and found[hook] == true
 end
 local P, PARTS
 local function define_parts()
@@ -275,7 +271,7 @@ local function setup()
     return KEYS[a.k[name]]
   end
   function ctx.key_at(name, i)
-    return KEYS[a.kl[name][1] + i - 1]
+    return KEYS[a.kl[name] + i - 1]
   end
 end
 
@@ -312,7 +308,7 @@ local function promotion()
   return promote_lib
 end
 local function registry_at(i) return KEYS[1 + 2 * N + i] end
-local function lock_at(i) return KEYS[a.kl.scheduler_lock[1] + i - 1] end
+local function lock_at(i) return KEYS[a.kl.scheduler_lock + i - 1] end
 local function queue_at(i) return KEYS[1 + i] end
 if promote and found > 0 then
   for i = 1, N do
@@ -327,16 +323,19 @@ end
 
 local job_prefix, tombstone = ARGV[7], ARGV[8]
 
--- The job's JOB_FIELDS (by index; false: absent) out of its hash (HGETALL's flat list).
+-- The job's JOB_FIELDS (by index; nil: absent) out of its hash (HGETALL's flat list), and whether
+-- it carries any part's field (JOB_FIELDS beyond the first, status): a job that carries none runs
+-- no per-job part, and no taken hook.
 local function job_fields(hash)
-  local job = {}
+  local job, carries = {}, false
   for n = 1, #hash, 2 do
     local at = JOB_FIELD_AT[hash[n]]
     if at then
       job[at] = hash[n + 1]
+      carries = carries or at > 1
     end
   end
-  return job
+  return job, carries
 end
 
 local job_at, job_count -- JOB_PARTS by name: the first field's index, the count
@@ -391,18 +390,17 @@ local parks = 0
 
 -- Take job `jid` (its fields `job`, its per-job parts' values `allowed`) from queue i: run the
 -- taken hooks, the takes and take_jobs, record the claim and answer it.
-local function took(i, job_key, jid, job, allowed, hash)
-  for _, item in ipairs(JOB_PARTS) do
-    local name, at = item[1], item[2]
-    if job[at] and has_hook(name, 'taken') then
-      local p = part(name)
-      do
+local function took(i, job_key, jid, job, carries, allowed, hash)
+  if carries then
+    for _, item in ipairs(JOB_PARTS) do
+      local name, at = item[1], item[2]
+      if job[at] and has_hook(name, 'taken') then
         if trace then trace[#trace + 1] = 'taken:' .. name end
         local values = {}
         for n = 1, item[3] do
           values[n] = job[at + n - 1]
         end
-        p.taken(job_key, jid, values)
+        part(name).taken(job_key, jid, values)
       end
     end
   end
@@ -423,8 +421,9 @@ local function took(i, job_key, jid, job, allowed, hash)
       got[item[1]] = flag
     end
   end
-  local holds, record = {}, {#tostring(i) .. ':' .. i, #jid .. ':' .. jid}
-  if a then
+  local holds, record = {}, #tostring(i) .. ':' .. i .. #jid .. ':' .. jid
+  if next(got) then
+    record = {record}
     for _, name in ipairs(a.order) do
       local flag = got[name]
       if flag and flag ~= 0 then
@@ -435,8 +434,9 @@ local function took(i, job_key, jid, job, allowed, hash)
         record[#record + 1] = #flag .. ':' .. flag
       end
     end
+    record = table.concat(record)
   end
-  rcall('SET', claim_key, table.concat(record), 'EX', ARGV[3])
+  rcall('SET', claim_key, record, 'EX', ARGV[3])
   if trace then trace[#trace + 1] = 'record' end
   local reply = {'queue', i, 'job', jid, 'holds', holds, 'hash', hash}
   if trace then
@@ -501,14 +501,15 @@ for i = 1, N do
       local job_key = job_prefix .. jid
       -- The whole hash (handed to the worker) once this call has parked nothing; after a park, the
       -- jobs behind are likely parked too: their policy fields only, the hash of the one taken.
-      local hash, job, present
+      local hash, job, present, carries
       if parks == 0 then
         hash = rcall('HGETALL', job_key)
-        job = job_fields(hash)
+        job, carries = job_fields(hash)
         present = #hash > 0
       else
         job = rcall('HMGET', job_key, unpack(JOB_FIELDS))
         present = job[1] or rcall('EXISTS', job_key) == 1
+        carries = true
       end
       -- A pending job a later enqueue superseded, brought back by a scheduler whose clock runs
       -- ahead of the server's (lib/pending.lua; the scheduler's write-back carries none of our
@@ -522,7 +523,7 @@ for i = 1, N do
             found = found + 1 -- back in its scheduled registry: the idle answer reports its time
           else
             hash = rcall('HGETALL', job_key) -- the guard may have restored fields
-            job = job_fields(hash)
+            job, carries = job_fields(hash)
             present = #hash > 0
           end
         else
@@ -532,7 +533,7 @@ for i = 1, N do
       end
       if present then
         local allowed, refusal = {}, nil
-        for _, item in ipairs(JOB_PARTS) do
+        for _, item in ipairs(carries and JOB_PARTS or allowed) do
           if job[item[2]] and has_hook(item[1], 'admit_job') then
             setup() -- a job under a per-job policy: its checks run
             refusal = admit_job(jid, job, allowed)
@@ -544,7 +545,7 @@ for i = 1, N do
           parks = parks + 1
           tries = tries - 1 -- a parked job is progress, bounded by `parks`
         else
-          return took(i, job_key, jid, job, allowed, hash or rcall('HGETALL', job_key))
+          return took(i, job_key, jid, job, carries, allowed, hash or rcall('HGETALL', job_key))
         end
       else
         rcall('LREM', inter_key, 1, jid)

@@ -289,7 +289,11 @@ class FetchCall(Call):
     def argv(self) -> list[Any]:
         a = self.args
         if self._blob is None:
-            self._blob = (pack({name: value for name, value in a.items() if name in self.CORE}),
+            # A key list goes as its first index only (the script knows each list's length): a table fewer per list
+            # to decode.
+            core = {name: value for name, value in a.items() if name in self.CORE}
+            core['kl'] = {name: first for name, (first, _count) in core.get('kl', {}).items()}
+            self._blob = (pack(core),
                           pack({name: value for name, value in a.items() if name not in self.CORE | self.FLAT}))
         state = a.get('state')
         first, count = state if state is not None else (0, -1)

@@ -17,6 +17,8 @@ as it did in INFO commandstats' mean), rounds interleaved, the medians of the ro
 * ``fetch, Loner job``: uncapped, every job carrying a Loner marker (loner's ``taken`` hook runs);
 * ``fetch, no claim record``: the real script without the claim record's SET (the replay guard; not a change to
   make, a price to know);
+* ``floor: the 4 commands alone``: a script that runs only the uncapped fetch's EXISTS, LMOVE, HGETALL and SET and
+  answers the same reply, no other Lua: what any script doing that work costs on this server;
 * with ``--baseline PATH`` (a checkout of another revision, e.g. ``git worktree add /tmp/base main``), that
   checkout's fetch script and call, uncapped and capped, timed in the same rounds: the before and after of a change.
 
@@ -52,11 +54,20 @@ STOCK = 'stock rq: LMOVE + HGETALL'
 TARGETS = {'fetch': 3.0, 'fetch, capped': 4.0}
 
 
+#: The uncapped fetch's four commands and its reply with no other Lua (one queue): what any script doing that work costs
+#: on this server, the floor under the ``fetch`` row.
+FLOOR = '''local found = redis.call('EXISTS', KEYS[1], unpack(KEYS, tonumber(ARGV[14])))
+local jid = redis.call('LMOVE', KEYS[2], KEYS[3], 'LEFT', 'RIGHT')
+local hash = redis.call('HGETALL', ARGV[7] .. jid)
+redis.call('SET', KEYS[1], '1:1' .. #jid .. ':' .. jid, 'EX', ARGV[3])
+return {'queue', 1, 'job', jid, 'holds', {}, 'hash', hash}'''
+
+
 def variants() -> dict[str, str]:
     full = scripts.source('fetch')
     probe = full.index('\n-- replay\n')
-    record = "  rcall('SET', claim_key, record, 'EX', ARGV[3])\n"
-    if record not in full:
+    record = "rcall('SET', claim_key, record, 'EX', ARGV[3])\n"
+    if full.count(record) != 2:  # the plain pop's and took()'s
         raise RuntimeError('fetch.lua changed shape: the no-claim-record variant could not be built')
     return {
         'return 0': 'return 0',
@@ -64,7 +75,8 @@ def variants() -> dict[str, str]:
         'fetch': full,
         'fetch, capped': full,
         'fetch, Loner job': full,
-        'fetch, no claim record': full.replace(record, '', 1),
+        'fetch, no claim record': full.replace(record, '\n'),
+        'floor: the 4 commands alone': FLOOR,
     }
 
 

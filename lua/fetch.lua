@@ -223,6 +223,60 @@ if trace and stateful then trace[#trace + 1] = 'state' end
 
 -- The blob, the parts and ctx: made on first need (setup()), never on a fetch that needs none.
 -- @policies fields
+
+-- The plain pop: the probe found nothing (no replay, no tombstone, no policy state, nothing
+-- scheduled), so no gate, due key or promotion has anything to do: pop each queue in order
+-- with nothing else defined, and take the first job that carries no part's field. One that
+-- carries any (a Loner's, a Concurrency's) is handed, popped and read, to the pop below
+-- (pre_i, pre_jid, pre_hash), which runs its parts.
+local pre_i, pre_jid, pre_hash
+if found == 0 and not (claimed or tombs or stateful) then
+  for i = 1, N do
+    local queue_key, inter_key = KEYS[1 + i], KEYS[1 + N + i]
+    for _ = 1, 100 do
+      local jid = rcall('LMOVE', queue_key, inter_key, 'LEFT', 'RIGHT')
+      if not jid then
+        break
+      end
+      if trace then trace[#trace + 1] = 'pop' end
+      local hash = rcall('HGETALL', ARGV[7] .. jid)
+      if #hash == 0 then
+        rcall('LREM', inter_key, 1, jid) -- its job hash is gone: dropped, as rq's dequeue does
+      else
+        for n = 1, #hash, 2 do
+          local at = JOB_FIELD_AT[hash[n]]
+          if at and at > 1 then
+            pre_i, pre_jid, pre_hash = i, jid, hash
+            break
+          end
+        end
+        if pre_i then
+          break
+        end
+        local is = tostring(i)
+        local record = #is .. ':' .. is .. #jid .. ':' .. jid -- as took() writes it, no hold
+        rcall('SET', claim_key, record, 'EX', ARGV[3])
+        local reply = {'queue', i, 'job', jid, 'holds', {}, 'hash', hash}
+        if trace then
+          trace[#trace + 1] = 'record'
+          reply[9], reply[10] = 'trace', trace
+        end
+        return reply
+      end
+    end
+    if pre_i then
+      break
+    end
+  end
+  if not pre_i then
+    if trace then
+      trace[#trace + 1] = 'idle'
+      return {'waiting', 0, 'full', {}, 'trace', trace}
+    end
+    return {'waiting', 0, 'full', {}}
+  end
+end
+
 -- Does part `name` define hook `hook`? (part_hooks(): without loading the part.)
 local hooks
 local function has_hook(name, hook)
@@ -450,7 +504,7 @@ local burst = ARGV[5] == '1'
 local waiting = 0
 local full = {}
 local skip_until
-for i = 1, N do
+for i = pre_i or 1, N do
   local queue_key, inter_key = KEYS[1 + i], KEYS[1 + N + i]
   local verdict = true
   if stateful then
@@ -478,7 +532,9 @@ for i = 1, N do
     local tries = 0
     while tries < 100 and parks < 100 do
       tries = tries + 1
-      local jid = rcall('LMOVE', queue_key, inter_key, 'LEFT', 'RIGHT')
+      local jid, hash = pre_jid, pre_hash -- popped (and traced) by the plain pop
+      pre_jid, pre_hash = nil, nil
+      jid = jid or rcall('LMOVE', queue_key, inter_key, 'LEFT', 'RIGHT')
       if not jid and stateful then
         -- source: the queue's list is empty; a part that keeps jobs of queue i waiting in a store
         -- of its own (Fair's turns) may hand one over, popped as if it came off the list
@@ -497,13 +553,13 @@ for i = 1, N do
       if not jid then
         break
       end
-      if trace then trace[#trace + 1] = 'pop' end
+      if trace and not hash then trace[#trace + 1] = 'pop' end
       local job_key = job_prefix .. jid
       -- The whole hash (handed to the worker) once this call has parked nothing; after a park, the
       -- jobs behind are likely parked too: their policy fields only, the hash of the one taken.
-      local hash, job, present, carries
+      local job, present, carries
       if parks == 0 then
-        hash = rcall('HGETALL', job_key)
+        hash = hash or rcall('HGETALL', job_key)
         job, carries = job_fields(hash)
         present = #hash > 0
       else

@@ -5,8 +5,9 @@
 A Lua profile by timing variants (the server cannot profile inside a script): each variant is the real fetch call
 (the same KEYS and ARGV a PolicyWorker sends, each call with a fresh claim token, on a queue of ready job ids)
 against a script built from fetch.lua's own expanded source, cut or changed, loaded with SCRIPT LOAD and sent by
-EVALSHA. Server time is INFO commandstats' usec of EVALSHA per call (the script's commands included), rounds
-interleaved, medians and range. Variants:
+EVALSHA. Server time is each call's duration as the server's SLOWLOG records it (threshold 0: the script's commands
+included), the median of a round's calls (a call the machine's other load preempted counts once, not by its length,
+as it did in INFO commandstats' mean), rounds interleaved, the medians of the rounds and their range. Variants:
 
 * ``return 0``: an EVALSHA that does nothing, with the same KEYS and ARGV (the floor: the command itself);
 * ``probe``: the script up to its probe (one EXISTS over the claim record, the state keys and the scheduled
@@ -16,6 +17,8 @@ interleaved, medians and range. Variants:
 * ``fetch, Loner job``: uncapped, every job carrying a Loner marker (loner's ``taken`` hook runs);
 * ``fetch, no claim record``: the real script without the claim record's SET (the replay guard; not a change to
   make, a price to know);
+* ``floor: the 4 commands alone``: a script that runs only the uncapped fetch's EXISTS, LMOVE, HGETALL and SET and
+  answers the same reply, no other Lua: what any script doing that work costs on this server;
 * with ``--baseline PATH`` (a checkout of another revision, e.g. ``git worktree add /tmp/base main``), that
   checkout's fetch script and call, uncapped and capped, timed in the same rounds: the before and after of a change.
 
@@ -51,11 +54,20 @@ STOCK = 'stock rq: LMOVE + HGETALL'
 TARGETS = {'fetch': 3.0, 'fetch, capped': 4.0}
 
 
+#: The uncapped fetch's four commands and its reply with no other Lua (one queue): what any script doing that work costs
+#: on this server, the floor under the ``fetch`` row.
+FLOOR = '''local found = redis.call('EXISTS', KEYS[1], unpack(KEYS, tonumber(ARGV[14])))
+local jid = redis.call('LMOVE', KEYS[2], KEYS[3], 'LEFT', 'RIGHT')
+local hash = redis.call('HGETALL', ARGV[7] .. jid)
+redis.call('SET', KEYS[1], '1:1' .. #jid .. ':' .. jid, 'EX', ARGV[3])
+return {'queue', 1, 'job', jid, 'holds', {}, 'hash', hash}'''
+
+
 def variants() -> dict[str, str]:
     full = scripts.source('fetch')
     probe = full.index('\n-- replay\n')
-    record = "  rcall('SET', claim_key, table.concat(record), 'EX', ARGV[3])\n"
-    if record not in full:
+    record = "rcall('SET', claim_key, record, 'EX', ARGV[3])\n"
+    if full.count(record) != 2:  # the plain pop's and took()'s
         raise RuntimeError('fetch.lua changed shape: the no-claim-record variant could not be built')
     return {
         'return 0': 'return 0',
@@ -63,7 +75,8 @@ def variants() -> dict[str, str]:
         'fetch': full,
         'fetch, capped': full,
         'fetch, Loner job': full,
-        'fetch, no claim record': full.replace(record, '', 1),
+        'fetch, no claim record': full.replace(record, '\n'),
+        'floor: the 4 commands alone': FLOOR,
     }
 
 
@@ -121,6 +134,14 @@ def baseline_calls(path: str, calls: int, round_: int) -> tuple[str, list[tuple[
     return raw['source'], [(k, [base64.b64decode(x) for x in a]) for k, a in raw['calls']]
 
 
+def durations(conn: Redis, calls: int) -> dict[bytes, list[int]]:
+    """The SLOWLOG's durations (us) since its reset, by command name."""
+    found: dict[bytes, list[int]] = {}
+    for entry in conn.slowlog_get(2 * calls + 100):
+        found.setdefault(entry['command'].split(b' ', 1)[0].upper(), []).append(entry['duration'])
+    return found
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--calls', type=int, default=2000)
@@ -141,6 +162,11 @@ def main() -> int:
     with server_url() as url:
         conn = Redis.from_url(url)
         info = conn.info('server')
+        # Every command's duration, for the rounds' medians (a few more entries than a round's commands); a
+        # REDIS_URL server gets its settings back at the end.
+        kept = {name: conn.config_get(name)[name] for name in ('slowlog-log-slower-than', 'slowlog-max-len')}
+        conn.config_set('slowlog-log-slower-than', 0)
+        conn.config_set('slowlog-max-len', 2 * opts.calls + 100)
         print(f'server {info.get("valkey_version") or info.get("redis_version")}; {opts.calls} calls per variant, '
               f'{opts.rounds} rounds interleaved, a fresh claim token each call')
         for r in range(opts.rounds):
@@ -153,24 +179,29 @@ def main() -> int:
                 prepare(conn, label, opts.calls)
                 if label == STOCK:
                     conn.config_resetstat()
+                    conn.slowlog_reset()
                     for _ in range(opts.calls):
                         jid = conn.lmove(f'rq:queue:{QUEUE}', f'rq:queue:{QUEUE}:intermediate', 'LEFT', 'RIGHT')
                         conn.hgetall(b'rq:job:' + jid)
-                    stats = {k[len('cmdstat_'):]: v for k, v in conn.info('commandstats').items()}
-                    samples[STOCK].append((stats['lmove']['usec'] + stats['hgetall']['usec']) / opts.calls)
+                    took = durations(conn, opts.calls)
+                    samples[STOCK].append(statistics.median(took[b'LMOVE']) + statistics.median(took[b'HGETALL']))
                     continue
                 sha = conn.script_load(texts[label])
                 calls = base if label.startswith('baseline') else ours
                 keys_, argv = calls[-1]
                 conn.evalsha(sha, len(keys_), *keys_, *argv)  # warm (the last token: never used below)
                 conn.config_resetstat()
+                conn.slowlog_reset()
                 for keys_, argv in calls[:opts.calls]:
                     conn.evalsha(sha, len(keys_), *keys_, *argv)
                 stats = {k[len('cmdstat_'):]: v for k, v in conn.info('commandstats').items()}
-                samples[label].append(stats['evalsha']['usec'] / stats['evalsha']['calls'])
+                samples[label].append(statistics.median(durations(conn, opts.calls)[b'EVALSHA']))
                 if r == 0:
                     inner[label] = {k: v['calls'] / opts.calls for k, v in stats.items()
-                                    if k not in ('evalsha', 'config|resetstat', 'info')}
+                                    if k not in ('evalsha', 'config|resetstat', 'info', 'slowlog|reset')}
+        for name, value in kept.items():
+            conn.config_set(name, value)
+        conn.slowlog_reset()
         conn.close()
     stock = statistics.median(samples[STOCK])
     print(f'\n{"variant":34} {"server us/call":>15} {"range":>17} {"x stock":>8}  target')

@@ -6,16 +6,19 @@
   The phases, in this order (rq_policies.fetch.PHASES names them; a call with ARGV[12] = '1'
   reports the phases and hooks it ran, in order, as `trace`, which tests/test_fetch_phases.py
   checks):
-    probe     one EXISTS over the claim record (KEYS[1]), the tombstones' marker (listed so that
-              the count tells each apart), the fetch policies' state keys (each
+    probe     one EXISTS over the claim record (KEYS[1]) and the probe range (from KEYS at ARGV[14] to
+              the end: the tombstones' marker, the fetch policies' state keys (each
               FetchPolicy's `fetch_state`: the keys whose absence means its gate passes every
-              queue, its take does nothing and no key has parked jobs) and the queues' scheduled
-              registries. 0, the common case, skips the next four phases' reads: such a fetch
-              runs EXISTS, LMOVE, HGETALL and SET (the record), and no part; the tombstone of a
-              popped job is read only while the marker says some tombstone exists.
+              queue, its take does nothing and no key has parked jobs) and a copy of the queues'
+              scheduled registries), one unpack of KEYS. 0, the common case, skips the next four
+              phases' reads: such a fetch runs EXISTS, LMOVE, HGETALL and SET (the record), and no
+              part. Otherwise a second EXISTS counts the state keys, and only when the first
+              count holds more, a third (the record twice, the marker once) tells the record,
+              the marker and the registries apart; the tombstone of a popped job is read only
+              while the marker says some tombstone exists.
     replay    the claim record exists: answer what the first attempt took, run nothing else
-    state     some state key exists (a second EXISTS when the first also counted registries):
-              the gates, takes and the due phase run
+    state     some state key exists (the probe's second EXISTS): the gates, takes and the due
+              phase run
     due       keys whose parked jobs may run now: each part's `due` gives back what its key
               allows (the due index, rq:policies:keydue, up to 4 keys a call)
     promote   a registry's head is due: its due jobs go onto their queues (lib/promote.lua), so
@@ -97,10 +100,11 @@
     1 + n + i         queue i's intermediate list, rq:queue:<q>:intermediate
     1 + 2n + i        queue i's scheduled registry, rq:scheduled:<q> (when ARGV[6] = '1')
     then the rest by name, as the blob's k / kl say: queues_set (rq:queues), scheduler_lock (a key
-    list: rq:scheduler-lock:<q>), the state keys (key list `state`), and each fetch policy's keys,
+    list: rq:scheduler-lock:<q>), each fetch policy's keys,
     named '<policy>.<what>' (queue_slot.capacity, the capacity hash rq:policies:capacity;
     queue_slot.holds, a key list: queue i's hold ledger, rq:policies:slots:<q>; keydue, the due
-    index rq:policies:keydue ...)
+    index rq:policies:keydue ...), and last the probe range: the tombstones' marker, the state
+    keys (key list `state`) and (promoting) a copy of the scheduled registries (key list `probe`)
   ARGV, flat (a fetch that needs no part decodes nothing):
     1 token      the claim token, <host>:<pid>:<tid>:<n>: names every hold this fetch takes
     2 ttl        seconds a hold lives unless refreshed
@@ -117,10 +121,14 @@
                  none, so its gate always runs)
     11 blob      one msgpack map (lib/codec.lua), decoded only when a gate, a per-job part or
                  promotion runs: names (queue i's name), order (the fetch policies' names, the order
-                 their gates run), k, kl (the named keys)
+                 their gates run), k (the named keys: name -> index in KEYS), kl (the key lists:
+                 name -> the index of the first, as many as the list's count: N for a per-queue
+                 list)
     12 trace     '1': report the phases run (tests)
-    14 marker    the index in KEYS of the tombstones' marker (the tombstone prefix itself, the
-                 tombstone of no job: lib/pending.lua keeps it alive while any tombstone lives)
+    14 probe     the index in KEYS of the tombstones' marker (the tombstone prefix itself, the
+                 tombstone of no job: lib/pending.lua keeps it alive while any tombstone lives),
+                 where the probe range starts: the marker, the state keys, then (ARGV[6] = '1') a
+                 copy of the scheduled registries, the last KEYS
     13 blob      the rest, decoded only when read: keyed (the per-key prefixes), promote (its
                  settings)
 
@@ -152,36 +160,31 @@ local N = tonumber(ARGV[4])
 local claim_key = KEYS[1]
 local trace = ARGV[12] == '1' and {} or nil
 
--- probe: one EXISTS over the claim record, the state keys and the scheduled registries; 0 (the
--- common case: no replay, no policy state, nothing scheduled) skips the replay, state, due and
--- promote phases' own reads.
+-- probe: one EXISTS over the claim record and KEYS[ARGV[14]..]: the tombstones' marker (alive
+-- while any tombstone is: lib/pending.lua), the state keys and the scheduled registries (a
+-- copy of each, so the range is one unpack of KEYS, no table built). 0, the common case (no
+-- replay, no tombstone, no policy state, nothing scheduled), skips the replay, state, due and
+-- promote phases' own reads. Otherwise one EXISTS counts the state keys (stateful: the state
+-- phase), and only when that does not account for the whole count, one more (the record twice,
+-- the marker once) tells the claim record, the marker and the registries apart.
 local state_first, state_count = tonumber(ARGV[9]), tonumber(ARGV[10])
 local promote = ARGV[6] == '1'
-local probe = {}
-if state_count > 0 then
-  for n = state_first, state_first + state_count - 1 do
-    probe[#probe + 1] = KEYS[n]
+local marker_at = tonumber(ARGV[14])
+-- found: how many of the scheduled registries exist (1: unknown)
+local claimed, tombs, found, stateful = true, true, 1, true
+if state_count >= 0 then
+  claimed, tombs, stateful = false, false, false
+  found = rcall('EXISTS', claim_key, unpack(KEYS, marker_at))
+  if found > 0 and state_count > 0 then
+    local present = rcall('EXISTS', unpack(KEYS, state_first, state_first + state_count - 1))
+    stateful, found = present > 0, found - present
+  end
+  if found > 0 then
+    local more = rcall('EXISTS', claim_key, claim_key, KEYS[marker_at])
+    claimed, tombs = more >= 2, more % 2 == 1
+    found = found - more + (claimed and 1 or 0)
   end
 end
-if promote then
-  for i = 1, N do
-    probe[#probe + 1] = KEYS[1 + 2 * N + i]
-  end
-end
--- The tombstones' marker (KEYS[ARGV[14]]: lib/pending.lua keeps it alive as long as any
--- tombstone) counts once per other key and once more, and the claim record twice that, so the
--- count tells each apart: found = others + (m + 1) * marker + 2 * (m + 1) * claim.
-local others = #probe
-for _ = 0, others do
-  probe[#probe + 1] = KEYS[tonumber(ARGV[14])]
-end
-for _ = 0, 2 * others + 1 do
-  probe[#probe + 1] = claim_key
-end
-local found = state_count < 0 and 1 or rcall('EXISTS', unpack(probe))
-local claimed = state_count < 0 or found >= 2 * (others + 1)
-local tombs = state_count < 0 or found % (2 * (others + 1)) > others
-found = state_count < 0 and 1 or found % (others + 1)
 
 -- replay
 if claimed then
@@ -214,25 +217,72 @@ local function clock()
   return now
 end
 
--- state: some fetch policy has state (a cap, a rate, a key with parked jobs) somewhere
-local stateful = state_count < 0
-if not stateful and found > 0 and state_count > 0 then
-  stateful = not promote or rcall('EXISTS', unpack(KEYS, state_first, state_first + state_count - 1)) > 0
-end
+-- state: some fetch policy has state (a cap, a rate, a key with parked jobs) somewhere (the probe
+-- said)
 if trace and stateful then trace[#trace + 1] = 'state' end
 
 -- The blob, the parts and ctx: made on first need (setup()), never on a fetch that needs none.
 -- @policies fields
--- Does part `name` define hook `hook`? (PART_HOOKS: without loading the part.)
-local hooks_known = {}
-local function has_hook(name, hook)
-  local key = name .. '.' .. hook
-  local known = hooks_known[key]
-  if known == nil then
-    known = string.find(PART_HOOKS, '|' .. key .. '|', 1, true) ~= nil
-    hooks_known[key] = known
+
+-- The plain pop: the probe found nothing (no replay, no tombstone, no policy state, nothing
+-- scheduled), so no gate, due key or promotion has anything to do: pop each queue in order
+-- with nothing else defined, and take the first job that carries no part's field. One that
+-- carries any (a Loner's, a Concurrency's) is handed, popped and read, to the pop below
+-- (pre_i, pre_jid, pre_hash), which runs its parts.
+local pre_i, pre_jid, pre_hash
+if found == 0 and not (claimed or tombs or stateful) then
+  for i = 1, N do
+    local queue_key, inter_key = KEYS[1 + i], KEYS[1 + N + i]
+    for _ = 1, 100 do
+      local jid = rcall('LMOVE', queue_key, inter_key, 'LEFT', 'RIGHT')
+      if not jid then
+        break
+      end
+      if trace then trace[#trace + 1] = 'pop' end
+      local hash = rcall('HGETALL', ARGV[7] .. jid)
+      if #hash == 0 then
+        rcall('LREM', inter_key, 1, jid) -- its job hash is gone: dropped, as rq's dequeue does
+      else
+        for n = 1, #hash, 2 do
+          local at = JOB_FIELD_AT[hash[n]]
+          if at and at > 1 then
+            pre_i, pre_jid, pre_hash = i, jid, hash
+            break
+          end
+        end
+        if pre_i then
+          break
+        end
+        local is = tostring(i)
+        local record = #is .. ':' .. is .. #jid .. ':' .. jid -- as took() writes it, no hold
+        rcall('SET', claim_key, record, 'EX', ARGV[3])
+        local reply = {'queue', i, 'job', jid, 'holds', {}, 'hash', hash}
+        if trace then
+          trace[#trace + 1] = 'record'
+          reply[9], reply[10] = 'trace', trace
+        end
+        return reply
+      end
+    end
+    if pre_i then
+      break
+    end
   end
-  return known
+  if not pre_i then
+    if trace then
+      trace[#trace + 1] = 'idle'
+      return {'waiting', 0, 'full', {}, 'trace', trace}
+    end
+    return {'waiting', 0, 'full', {}}
+  end
+end
+
+-- Does part `name` define hook `hook`? (part_hooks(): without loading the part.)
+local hooks
+local function has_hook(name, hook)
+  hooks = hooks or part_hooks()
+  local found = hooks[name]
+  return found ~= nil and found[hook] == true
 end
 local P, PARTS
 local function define_parts()
@@ -275,7 +325,7 @@ local function setup()
     return KEYS[a.k[name]]
   end
   function ctx.key_at(name, i)
-    return KEYS[a.kl[name][1] + i - 1]
+    return KEYS[a.kl[name] + i - 1]
   end
 end
 
@@ -312,7 +362,7 @@ local function promotion()
   return promote_lib
 end
 local function registry_at(i) return KEYS[1 + 2 * N + i] end
-local function lock_at(i) return KEYS[a.kl.scheduler_lock[1] + i - 1] end
+local function lock_at(i) return KEYS[a.kl.scheduler_lock + i - 1] end
 local function queue_at(i) return KEYS[1 + i] end
 if promote and found > 0 then
   for i = 1, N do
@@ -327,16 +377,19 @@ end
 
 local job_prefix, tombstone = ARGV[7], ARGV[8]
 
--- The job's JOB_FIELDS (by index; false: absent) out of its hash (HGETALL's flat list).
+-- The job's JOB_FIELDS (by index; nil: absent) out of its hash (HGETALL's flat list), and whether
+-- it carries any part's field (JOB_FIELDS beyond the first, status): a job that carries none runs
+-- no per-job part, and no taken hook.
 local function job_fields(hash)
-  local job = {}
+  local job, carries = {}, false
   for n = 1, #hash, 2 do
     local at = JOB_FIELD_AT[hash[n]]
     if at then
       job[at] = hash[n + 1]
+      carries = carries or at > 1
     end
   end
-  return job
+  return job, carries
 end
 
 local job_at, job_count -- JOB_PARTS by name: the first field's index, the count
@@ -391,18 +444,17 @@ local parks = 0
 
 -- Take job `jid` (its fields `job`, its per-job parts' values `allowed`) from queue i: run the
 -- taken hooks, the takes and take_jobs, record the claim and answer it.
-local function took(i, job_key, jid, job, allowed, hash)
-  for _, item in ipairs(JOB_PARTS) do
-    local name, at = item[1], item[2]
-    if job[at] and has_hook(name, 'taken') then
-      local p = part(name)
-      do
+local function took(i, job_key, jid, job, carries, allowed, hash)
+  if carries then
+    for _, item in ipairs(JOB_PARTS) do
+      local name, at = item[1], item[2]
+      if job[at] and has_hook(name, 'taken') then
         if trace then trace[#trace + 1] = 'taken:' .. name end
         local values = {}
         for n = 1, item[3] do
           values[n] = job[at + n - 1]
         end
-        p.taken(job_key, jid, values)
+        part(name).taken(job_key, jid, values)
       end
     end
   end
@@ -423,8 +475,9 @@ local function took(i, job_key, jid, job, allowed, hash)
       got[item[1]] = flag
     end
   end
-  local holds, record = {}, {#tostring(i) .. ':' .. i, #jid .. ':' .. jid}
-  if a then
+  local holds, record = {}, #tostring(i) .. ':' .. i .. #jid .. ':' .. jid
+  if next(got) then
+    record = {record}
     for _, name in ipairs(a.order) do
       local flag = got[name]
       if flag and flag ~= 0 then
@@ -435,8 +488,9 @@ local function took(i, job_key, jid, job, allowed, hash)
         record[#record + 1] = #flag .. ':' .. flag
       end
     end
+    record = table.concat(record)
   end
-  rcall('SET', claim_key, table.concat(record), 'EX', ARGV[3])
+  rcall('SET', claim_key, record, 'EX', ARGV[3])
   if trace then trace[#trace + 1] = 'record' end
   local reply = {'queue', i, 'job', jid, 'holds', holds, 'hash', hash}
   if trace then
@@ -450,7 +504,7 @@ local burst = ARGV[5] == '1'
 local waiting = 0
 local full = {}
 local skip_until
-for i = 1, N do
+for i = pre_i or 1, N do
   local queue_key, inter_key = KEYS[1 + i], KEYS[1 + N + i]
   local verdict = true
   if stateful then
@@ -478,7 +532,9 @@ for i = 1, N do
     local tries = 0
     while tries < 100 and parks < 100 do
       tries = tries + 1
-      local jid = rcall('LMOVE', queue_key, inter_key, 'LEFT', 'RIGHT')
+      local jid, hash = pre_jid, pre_hash -- popped (and traced) by the plain pop
+      pre_jid, pre_hash = nil, nil
+      jid = jid or rcall('LMOVE', queue_key, inter_key, 'LEFT', 'RIGHT')
       if not jid and stateful then
         -- source: the queue's list is empty; a part that keeps jobs of queue i waiting in a store
         -- of its own (Fair's turns) may hand one over, popped as if it came off the list
@@ -497,18 +553,19 @@ for i = 1, N do
       if not jid then
         break
       end
-      if trace then trace[#trace + 1] = 'pop' end
+      if trace and not hash then trace[#trace + 1] = 'pop' end
       local job_key = job_prefix .. jid
       -- The whole hash (handed to the worker) once this call has parked nothing; after a park, the
       -- jobs behind are likely parked too: their policy fields only, the hash of the one taken.
-      local hash, job, present
+      local job, present, carries
       if parks == 0 then
-        hash = rcall('HGETALL', job_key)
-        job = job_fields(hash)
+        hash = hash or rcall('HGETALL', job_key)
+        job, carries = job_fields(hash)
         present = #hash > 0
       else
         job = rcall('HMGET', job_key, unpack(JOB_FIELDS))
         present = job[1] or rcall('EXISTS', job_key) == 1
+        carries = true
       end
       -- A pending job a later enqueue superseded, brought back by a scheduler whose clock runs
       -- ahead of the server's (lib/pending.lua; the scheduler's write-back carries none of our
@@ -522,7 +579,7 @@ for i = 1, N do
             found = found + 1 -- back in its scheduled registry: the idle answer reports its time
           else
             hash = rcall('HGETALL', job_key) -- the guard may have restored fields
-            job = job_fields(hash)
+            job, carries = job_fields(hash)
             present = #hash > 0
           end
         else
@@ -532,7 +589,7 @@ for i = 1, N do
       end
       if present then
         local allowed, refusal = {}, nil
-        for _, item in ipairs(JOB_PARTS) do
+        for _, item in ipairs(carries and JOB_PARTS or allowed) do
           if job[item[2]] and has_hook(item[1], 'admit_job') then
             setup() -- a job under a per-job policy: its checks run
             refusal = admit_job(jid, job, allowed)
@@ -544,7 +601,7 @@ for i = 1, N do
           parks = parks + 1
           tries = tries - 1 -- a parked job is progress, bounded by `parks`
         else
-          return took(i, job_key, jid, job, allowed, hash or rcall('HGETALL', job_key))
+          return took(i, job_key, jid, job, carries, allowed, hash or rcall('HGETALL', job_key))
         end
       else
         rcall('LREM', inter_key, 1, jid)

@@ -186,7 +186,7 @@ class Fetcher:
         once a second, a probe (one EXISTS over the queues the look did not find full) finding a job there, which a
         stock rq producer pushed without a wake-up; or every :meth:`relook_seconds` when the look found some queue
         full (a hold that ages out silently frees it). A look runs the whole fetch script over every queue (a full
-        capped queue costs it a ZCOUNT and more), so an idle worker over many full queues looks rarely, and probes.
+        capped queue costs it a ZCARD, a ZCOUNT and more), so an idle worker over many full queues looks rarely, and probes.
 
         Scheduled jobs: the look's ``until`` already covers the earliest due time it saw. A job scheduled since is
         announced by PolicyQueue (a ``scheduled <time>`` wake-up, :meth:`note_due`), which moves the end of the wait
@@ -289,7 +289,11 @@ class FetchCall(Call):
     def argv(self) -> list[Any]:
         a = self.args
         if self._blob is None:
-            self._blob = (pack({name: value for name, value in a.items() if name in self.CORE}),
+            # A key list goes as its first index only (the script knows each list's length): a table fewer per list
+            # to decode.
+            core = {name: value for name, value in a.items() if name in self.CORE}
+            core['kl'] = {name: first for name, (first, _count) in core.get('kl', {}).items()}
+            self._blob = (pack(core),
                           pack({name: value for name, value in a.items() if name not in self.CORE | self.FLAT}))
         state = a.get('state')
         first, count = state if state is not None else (0, -1)
@@ -348,8 +352,13 @@ def fetch_call(
                 found = call.keys[first - 1:first - 1 + count]
             state.extend(key for key in found if key not in state)
     if not always:
+        if named['tombstones'] != len(call.keys):
+            raise RuntimeError('fetch_call: the probe range of lua/fetch.lua must start at the tombstones marker')
         call.arg('state', (len(call.keys) + 1, len(state)))
         call.key_list('state', state)
+        if promote:
+            # The probe reads KEYS from the marker to the end (the marker, the state keys, these): one range.
+            call.key_list('probe', [ScheduledJobRegistry.key_template.format(name) for name in names])
     return call
 
 

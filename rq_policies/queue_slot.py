@@ -415,7 +415,8 @@ class QueueSlot(FetchPolicy):
         """The dashboard's holds panel: per queue with a cap or a hold, the cap, the holds in use and each hold
         (holder, the job its worker runs, seconds to expiry). A hold past its expiry still in the ledger is
         *expired*: its holder stopped refreshing (killed, or stalled longer than the ttl); it no longer counts
-        against the cap, and the next fetch purges it. It is shown greyed, as expired, until then: nothing is wrong
+        against the cap, and a fetch purges it when the ledger reaches its cap (or now and then once it holds 100
+        holds: lua/policies/queue_slot.lua). It is shown greyed, as expired, until then: nothing is wrong
         (a hold that ages out is the crash path working), and a running job's lapsed hold is re-added and counted
         by its worker's next heartbeat (``rq_policies_hold_lapses_total`` counts those)."""
         from . import state

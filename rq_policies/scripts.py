@@ -55,8 +55,9 @@ _INCLUDE = re.compile(r'^--\s*@include\s+"([^"]+)"\s*$', re.MULTILINE)
 #: where defining every part's (about 80 closures) cost a Loner admission a third of its script time.
 #: ``-- @policies fields`` defines, without defining any part, what the parts' declarations say of the job hash
 #: (:func:`part_fields`): ``JOB_FIELDS``, the fields of a popped job the fetch reads (``status`` first, then each
-#: part's ``fields`` in part order), ``JOB_FIELD_AT`` (field -> its index there), ``PART_HOOKS`` (a string
-#: ``'|<part>.<hook>|...|'`` of every hook a part defines, so a script can tell which parts to load), and
+#: part's ``fields`` in part order), ``JOB_FIELD_AT`` (field -> its index there), ``part_hooks()`` (a function
+#: answering ``{<part> = {<hook> = true, ...}, ...}``, every hook a part defines, so a script can tell which parts to
+#: load: a table built only by a call that asks), and
 #: ``JOB_PARTS``, ``{name, index of its first field, count}`` per part that
 #: declares any (fetch.lua: a job carrying none of them runs no part).
 _POLICIES = re.compile(r'^--\s*@policies(\s+lazy|\s+fields)?\s*$', re.MULTILINE)
@@ -127,9 +128,14 @@ def source(name: str, lean: bool = False) -> str:
         def policies(match: re.Match) -> str:
             parts = sorted(item.name for item in root.joinpath('policies').iterdir() if item.name.endswith('.lua'))
             if match.group(1) and match.group(1).strip() == 'fields':
-                hooks = sorted(f'{name}.{hook}' for part in parts for name, hook in
+                found = sorted((name, hook) for part in parts for name, hook in
                                _HOOK.findall(root.joinpath(f'policies/{part}').read_text(encoding='utf-8')))
-                return _fields_source(part_fields(root)) + f"\nlocal PART_HOOKS = '|{'|'.join(hooks)}|'"
+                by_part: dict[str, list[str]] = {}
+                for name, hook in found:
+                    by_part.setdefault(name, []).append(hook)
+                table = ', '.join(f"{name} = {{{', '.join(f'{hook} = true' for hook in hooks)}}}"
+                                  for name, hooks in by_part.items())
+                return _fields_source(part_fields(root)) + f"\nlocal function part_hooks() return {{{table}}} end"
             if match.group(1):
                 return '\n'.join(lazy(part) for part in parts)
             return '\n'.join(read(f'policies/{part}', seen + (rel,)) for part in parts)

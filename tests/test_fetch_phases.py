@@ -165,3 +165,41 @@ def test_a_worker_builds_its_fetch_call_once_per_queue_list(connection):
     assert _worker_call(fetcher, list(queues), PREFIX, True) is first  # the same queues: the same call, re-tokened
     assert _worker_call(fetcher, queues[:1], PREFIX, True) is not first
     assert _worker_call(fetcher, queues, PREFIX, False) is not first  # burst or not is part of the call
+
+
+def test_the_plain_pop_drops_gone_ids_walks_the_queues_and_hands_a_policy_job_to_its_parts(connection):
+    # No policy state: the plain pop. Queue a is empty, b holds an id whose job hash is gone, then a Loner's job.
+    connection.rpush(f'{RQ}:queue:b', 'ghost', 'j1')
+    connection.hset(PREFIX + 'j1', mapping={'status': 'queued', 'origin': 'b', keys.LONER_FIELD: 'marker'})
+    connection.set('marker', 'j1')
+    connection.config_resetstat()
+    found, token = traced(connection, names=('a', 'b'))
+    assert (found.queue, found.job) == (2, 'j1')
+    assert found.trace == ('pop', 'pop', 'taken:loner', 'record')  # each pop once, though the full pop took j1
+    assert connection.lrange(f'{RQ}:queue:b:intermediate', 0, -1) == [b'j1']  # the gone id dropped
+    assert not connection.exists('marker') and 'time' not in commands(connection)
+    again, _ = traced(connection, names=('a', 'b'), token=token)
+    assert (again.queue, again.job, again.replayed) == (2, 'j1', True)
+    # Nothing left: the idle answer, nothing skipped, no time to look again at.
+    idle, _ = traced(connection, names=('a', 'b'))
+    assert (idle.job, idle.waiting, idle.full, idle.until, idle.trace) == (None, 0, (), None, ('idle',))
+
+
+def test_an_expired_hold_never_counts_and_goes_when_the_ledger_reaches_its_cap(connection):
+    # A crashed holder's hold outlives its expiry in the ledger until the count could matter: at the cap it is not
+    # counted (the live holds are) and the take purges it; below the cap it may stay, counted by nobody.
+    now = float(connection.time()[0])
+    ledger = keys.holds('q')
+    connection.zadd(ledger, {'dead': now - 5, 'live': now + 30})
+    for jid in ('j1', 'j2', 'j3'):
+        connection.rpush(f'{RQ}:queue:q', jid)
+        connection.hset(PREFIX + jid, mapping={'status': 'queued', 'origin': 'q'})
+    QueueSlot.set('q', 3, connection=connection)
+    first, token = traced(connection)  # 2 members, cap 3: taken, nothing purged
+    assert first.job == 'j1' and dict(first.holds) == {'queue_slot': '1'}
+    assert {m.decode() for m in connection.zrange(ledger, 0, -1)} == {'dead', 'live', token}
+    second, token2 = traced(connection)  # 3 members at cap 3, 2 live: taken, and the dead hold purged
+    assert second.job == 'j2'
+    assert {m.decode() for m in connection.zrange(ledger, 0, -1)} == {'live', token, token2}
+    third, _ = traced(connection)  # 3 live at cap 3: full
+    assert third.job is None and third.full == (1,)

@@ -34,7 +34,6 @@ sys.path.insert(0, str(HERE))  # tests/jobs.py must import the same way in worke
 from cluster import ON_CLUSTER, not_on_cluster_reason  # noqa: E402  (tests/ is importable: above)
 
 
-
 @pytest.fixture(scope='session')
 def session_cluster():
     """The session's cluster (``RQ_POLICIES_CLUSTER=1``): 3 primaries, 3 replicas; None otherwise."""

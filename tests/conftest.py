@@ -49,7 +49,13 @@ def session_cluster():
 @pytest.fixture(scope='session')
 def redis_url(session_cluster):
     if session_cluster is not None:
-        yield session_cluster.url
+        # A primary that does not serve the prefix's slot: a client that is not a cluster client (a test or a
+        # command missing the switch) gets MOVED there at its first key of ours, instead of passing by luck.
+        from rq_policies import keys
+
+        owner, _ = session_cluster.owner_of(keys.PREFIX)
+        port = next(node.port for node in session_cluster.nodes[:session_cluster.primaries] if node is not owner)
+        yield f'redis://127.0.0.1:{port}/0'
         return
     url = os.environ.get('REDIS_URL')
     if url:

@@ -12,6 +12,7 @@ import time
 
 import lcw_jobs
 import pytest
+from cluster import not_on_cluster
 from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry
 
@@ -136,9 +137,9 @@ def test_concurrent_refills_never_overshoot(connection, redis_url):
     results = []
 
     def refill():
-        from redis import Redis
+        from cluster import connect
 
-        conn = Redis.from_url(redis_url)
+        conn = connect(redis_url)
         barrier.wait()
         results.append(len(lcw_jobs.Backlog.perform_with_capacity(connection=conn)))
 
@@ -310,6 +311,7 @@ def test_killed_job_unit_comes_back_by_itself(connection, worker_env, redis_url,
         stop_workers(procs)
 
 
+@not_on_cluster('the example builds a redis.Redis of its own for one server (examples/limited_capacity_cron.py)')
 def test_cron_example_refills_through_rq_cron(connection, worker_env, redis_url):
     """examples/limited_capacity_cron.py: rq's own cron enqueues the refill; one unit fails, the refill replaces it."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -15,7 +15,7 @@ import time
 
 import jobs
 import pytest
-from cluster import ON_CLUSTER, ValkeyCluster
+from cluster import ON_CLUSTER, ValkeyCluster, connect
 from redis import Redis
 from rq.command import send_stop_job_command
 from rq.intermediate_queue import IntermediateQueue
@@ -267,7 +267,7 @@ def test_the_hold_guard_waits_for_a_horse_forked_just_before_its_worker_died(con
     if worker == 0:  # the worker
         code = 1
         try:
-            guard = _HorseGuard(Redis.from_url(redis_url), 2, 0.2, logging.getLogger('rq_policies'))
+            guard = _HorseGuard(connect(redis_url), 2, 0.2, logging.getLogger('rq_policies'))
             guard.ensure()
             assert guard.arm(claim)
             if os.fork() == 0:  # its horse

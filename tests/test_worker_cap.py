@@ -15,7 +15,7 @@ import time
 
 import jobs
 import pytest
-from cluster import ON_CLUSTER, ValkeyCluster, connect
+from cluster import ON_CLUSTER, ValkeyCluster, connect, not_on_cluster
 from redis import Redis
 from rq.command import send_stop_job_command
 from rq.intermediate_queue import IntermediateQueue
@@ -399,6 +399,7 @@ def test_a_worker_dying_between_pop_and_start_loses_no_job(connection, redis_url
     assert job.id not in FailedJobRegistry('lost', connection=connection)
 
 
+@not_on_cluster("rq's worker-pool builds its workers' connections from connection_pool (docs/cluster.md)")
 def test_worker_pool_runs_policy_workers_under_the_cap(connection, redis_url, worker_env):
     QueueSlot.set('pooled', 1, connection=connection)
     q = PolicyQueue('pooled', connection=connection)

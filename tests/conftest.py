@@ -10,9 +10,10 @@ keys, ``limited:starts`` and the like, are its own), so ``RQ_KEY_PREFIX='{app}' 
 check of any part of the suite. tests/test_key_prefix.py checks with no exception at all.
 
 ``RQ_POLICIES_CLUSTER=1`` (rq 3, with a hash-tagged ``RQ_KEY_PREFIX`` such as ``'{rq}'``) runs the tests on a real
-cluster instead: the session starts 3 primaries and 3 replicas (tests/cluster.py), ``redis_url`` is a node's URL,
-``connection`` a ``RedisCluster``, workers started by tests/workers.py take rq's ``--connection-class
-redis.cluster.RedisCluster``, and :func:`cluster.connect` gives a test the client its URL needs. A test that cannot
+cluster instead: the session starts 3 primaries and 3 replicas (tests/cluster.py), ``redis_url`` names a primary
+that does not serve the prefix's slot (a client that is not a cluster client gets MOVED there), ``connection`` is a
+``RedisCluster``, workers started by tests/workers.py take rq's ``--connection-class redis.cluster.RedisCluster``,
+and :func:`cluster.connect` gives a test the client its URL needs. A test that cannot
 hold on a cluster by nature is marked with :func:`cluster.not_on_cluster`, which names why (docs/cluster.md lists
 them); the ``fault_proxy`` fixture (one node behind a proxy) skips so.
 """

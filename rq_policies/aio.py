@@ -57,6 +57,7 @@ from rq.queue import Queue
 from . import admission, compat, identity, loner, otel, scripts
 from .admission import JobWrite, Verdict
 from .exceptions import PipelineNotSupported, PolicyError
+from .keys import is_cluster
 from .ops import Call, text
 from .policy import PolicySet
 from .queue import DECLARED, PolicyQueue, take_options
@@ -311,13 +312,26 @@ class AsyncPolicyQueue:
         """:func:`rq_policies.explain` for one job: its status, queue and each policy's verdict on it now.
 
         A diagnostic of several round trips, read by the synchronous explainer in a thread (``asyncio.to_thread``)
-        on ``sync_connection`` (made from the async client's host, port, db and credentials when not given)."""
+        on ``sync_connection`` (made from the async client's host, port, db and credentials when not given; from
+        an asyncio ``RedisCluster``, a synchronous ``RedisCluster`` on the nodes it knows)."""
         from .explainer import explain
 
         connection = self._sync()
         return await asyncio.to_thread(explain, job_id, connection, self.job_class.redis_job_namespace_prefix)
 
     def _sync(self) -> Any:
+        if self.sync_connection is None and is_cluster(self.connection):
+            # redis.asyncio's RedisCluster has no connection_pool (a pool per node): a synchronous RedisCluster
+            # from the nodes it knows and their credentials (adopted, as PolicyQueue adopts one).
+            from redis.cluster import ClusterNode, RedisCluster
+
+            settings = self.connection.get_connection_kwargs()
+            wanted = ('username', 'password', 'socket_timeout', 'socket_connect_timeout')
+            options = {name: settings[name] for name in wanted if settings.get(name) is not None}
+            if 'SSL' in getattr(settings.get('connection_class'), '__name__', ''):
+                options['ssl'] = True
+            nodes = [ClusterNode(node.host, node.port) for node in self.connection.get_nodes()]
+            self.sync_connection = compat.adopt_cluster(RedisCluster(startup_nodes=nodes, **options))
         if self.sync_connection is None:
             import redis
 

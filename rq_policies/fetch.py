@@ -26,7 +26,7 @@ from rq.queue import Queue
 from rq.registry import DeferredJobRegistry, ScheduledJobRegistry
 from rq.scheduler import RQScheduler
 
-from . import keys, ledger
+from . import compat, keys, ledger
 from .compat import SCHEDULER_RATE_LIMITS
 from .ledger import Hold
 from .ops import Call, pack, text
@@ -423,7 +423,10 @@ def _hold(policy: Any, flag: Any, queue_name: str, token: str, ttl: int, job_id:
 
 
 def release_claim(claim: Claim, connection: Any) -> None:
-    """Give back every hold of ``claim`` (on a pipeline: with it), waking idle workers of its queue."""
+    """Give back every hold of ``claim`` (on a pipeline: with it), waking idle workers of its queue. A redis-py
+    ``RedisCluster`` is adopted first (:func:`compat.adopt_cluster`: the release publishes its wake-up on a pipeline,
+    which redis-py's cluster pipeline refuses by name)."""
+    connection = compat.adopt_cluster(connection)
     for hold in claim.holds:
         if hold.policy:
             by_name(hold.policy).release_hold(connection, hold, keys.wake(claim.queue_name))

@@ -238,7 +238,10 @@ class Ledger:
                 connection.publish(wake, release_message(hold))
             self.discard(hold.token)
             return True
-        with connection.pipeline(transaction=False) as pipe:
+        from .compat import adopt_cluster
+
+        # a RedisCluster's own pipeline refuses PUBLISH by name; the adopted one routes it by its channel
+        with adopt_cluster(connection).pipeline(transaction=False) as pipe:
             pipe.zrem(hold.ledger, hold.token)
             if wake is not None:
                 pipe.publish(wake, release_message(hold))

@@ -33,10 +33,17 @@ def text(value: Any) -> str:
 
 
 def need_connection(connection: Any) -> Any:
-    """``connection``, or a ValueError saying one is required (the policies' classmethods take ``connection=``)."""
+    """``connection``, or a ValueError saying one is required (the policies' classmethods take ``connection=``).
+
+    A redis-py ``RedisCluster`` is checked (a hash-tagged prefix, :func:`keys.check_connection`) and adopted
+    (:func:`compat.adopt_cluster`: its pipelines send PUBLISH and EVALSHA, which a setting's write and its wake-up
+    use), as ``PolicyQueue`` and the workers do."""
     if connection is None:
         raise ValueError('connection is required: pass connection=Redis(...)')
-    return connection
+    from . import compat, keys
+
+    keys.check_connection(connection)
+    return compat.adopt_cluster(connection)
 
 
 def server_now(connection: Any) -> float:

@@ -8,6 +8,7 @@ so that a replica promotes itself soon after its primary dies (a dead primary ca
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 
@@ -17,6 +18,41 @@ from redis.cluster import ClusterNode, RedisCluster
 from rq_policies.testing import RedisServer, free_port
 
 SLOTS = 16384
+
+#: ``RQ_POLICIES_CLUSTER=1``: the session runs its tests on a cluster of its own (tests/conftest.py).
+ON_CLUSTER = bool(os.environ.get('RQ_POLICIES_CLUSTER'))
+#: rq's option that makes its CLI (and ours) build a cluster client from ``--url``.
+CLUSTER_CLASS = ['--connection-class', 'redis.cluster.RedisCluster']
+
+
+def connect(url: str, **kwargs):
+    """The client ``url`` needs in this session: a ``RedisCluster`` on the session's cluster
+    (``RQ_POLICIES_CLUSTER=1``), a ``Redis`` otherwise. Worker subprocesses and job code call it too."""
+    if ON_CLUSTER:
+        return RedisCluster.from_url(url, **kwargs)
+    return Redis.from_url(url, **kwargs)
+
+
+def aconnect(url: str, **kwargs):
+    """:func:`connect` for redis-py's asyncio clients."""
+    if ON_CLUSTER:
+        from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
+        return AsyncRedisCluster.from_url(url, **kwargs)
+    from redis.asyncio import Redis as AsyncRedis
+
+    return AsyncRedis.from_url(url, **kwargs)
+
+
+def not_on_cluster_reason(why: str) -> str:
+    return f'not on a cluster (RQ_POLICIES_CLUSTER=1): {why}'
+
+
+def not_on_cluster(why: str):
+    """Marks a test that cannot hold on a cluster by nature, naming why (skipped under ``RQ_POLICIES_CLUSTER=1``)."""
+    import pytest
+
+    return pytest.mark.skipif(ON_CLUSTER, reason=not_on_cluster_reason(why))
 
 
 def _cluster_port() -> int:

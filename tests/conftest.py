@@ -8,6 +8,14 @@ fixture then also checks, before the flush that ends it, that no key of rq's or 
 ``<prefix>:`` (a SCAN of the whole server: a key under ``rq:``, or naming ``policies``; a test's own bookkeeping
 keys, ``limited:starts`` and the like, are its own), so ``RQ_KEY_PREFIX='{app}' pytest tests/...`` is the prefix
 check of any part of the suite. tests/test_key_prefix.py checks with no exception at all.
+
+``RQ_POLICIES_CLUSTER=1`` (rq 3, with a hash-tagged ``RQ_KEY_PREFIX`` such as ``'{rq}'``) runs the tests on a real
+cluster instead: the session starts 3 primaries and 3 replicas (tests/cluster.py), ``redis_url`` names a primary
+that does not serve the prefix's slot (a client that is not a cluster client gets MOVED there), ``connection`` is a
+``RedisCluster``, workers started by tests/workers.py take rq's ``--connection-class redis.cluster.RedisCluster``,
+and :func:`cluster.connect` gives a test the client its URL needs. A test that cannot
+hold on a cluster by nature is marked with :func:`cluster.not_on_cluster`, which names why (docs/cluster.md lists
+them); the ``fault_proxy`` fixture (one node behind a proxy) skips so.
 """
 
 from __future__ import annotations
@@ -18,16 +26,38 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-from redis import Redis
 
 from rq_policies.testing import RedisServer
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))  # tests/jobs.py must import the same way in workers and in the test process
 
+from cluster import ON_CLUSTER, not_on_cluster_reason  # noqa: E402  (tests/ is importable: above)
+
 
 @pytest.fixture(scope='session')
-def redis_url():
+def session_cluster():
+    """The session's cluster (``RQ_POLICIES_CLUSTER=1``): 3 primaries, 3 replicas; None otherwise."""
+    if not ON_CLUSTER:
+        yield None
+        return
+    from cluster import ValkeyCluster
+
+    with ValkeyCluster(primaries=3, replicas=1) as found:
+        yield found
+
+
+@pytest.fixture(scope='session')
+def redis_url(session_cluster):
+    if session_cluster is not None:
+        # A primary that does not serve the prefix's slot: a client that is not a cluster client (a test or a
+        # command missing the switch) gets MOVED there at its first key of ours, instead of passing by luck.
+        from rq_policies import keys
+
+        owner, _ = session_cluster.owner_of(keys.PREFIX)
+        port = next(node.port for node in session_cluster.nodes[:session_cluster.primaries] if node is not owner)
+        yield f'redis://127.0.0.1:{port}/0'
+        return
     url = os.environ.get('REDIS_URL')
     if url:
         yield url
@@ -54,7 +84,9 @@ def strays(conn) -> list[str]:
 
 @pytest.fixture
 def connection(redis_url):
-    conn = Redis.from_url(redis_url)
+    from cluster import connect
+
+    conn = connect(redis_url)
     conn.flushdb()
     yield conn
     try:
@@ -80,6 +112,8 @@ def forget_holds():
 @pytest.fixture
 def fault_proxy(redis_url):
     """A :class:`faultproxy.FaultProxy` in front of the session's server; ``fault_proxy.url`` to connect through it."""
+    if ON_CLUSTER:
+        pytest.skip(not_on_cluster_reason('a fault proxy fronts one node; a cluster client finds the others past it'))
     from faultproxy import FaultProxy
 
     parsed = urlparse(redis_url)
@@ -97,6 +131,16 @@ def worker_env(redis_url):
     env['REDIS_URL'] = redis_url
     env['PYTHONPATH'] = os.pathsep.join([str(HERE), str(HERE.parent), env.get('PYTHONPATH', '')])
     return env
+
+
+def pytest_configure(config):
+    if ON_CLUSTER:
+        from rq_policies import keys
+        from rq_policies.compat import RQ3
+
+        if not RQ3 or keys.hash_tag(keys.PREFIX) is None:
+            raise pytest.UsageError("RQ_POLICIES_CLUSTER=1 needs rq 3 and a hash-tagged prefix: "
+                                    "RQ_POLICIES_CLUSTER=1 RQ_KEY_PREFIX='{rq}' pytest ...")
 
 
 def pytest_collection_modifyitems(config, items):

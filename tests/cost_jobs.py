@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from redis import Redis
+from cluster import connect
 from rq import get_current_job
 
 from rq_policies import Loner, policy
@@ -13,10 +13,10 @@ from rq_policies import Loner, policy
 @policy(Loner(until='finished'))
 def held_until_finished(tag, n):
     """Record this job's id in ``test:ran:<tag>``; its identity is held until the end-of-run pipeline frees it."""
-    Redis.from_url(os.environ['REDIS_URL']).rpush(f'test:ran:{tag}', get_current_job().id)
+    connect(os.environ['REDIS_URL']).rpush(f'test:ran:{tag}', get_current_job().id)
     return n
 
 
 def plain_record(tag, n):
-    Redis.from_url(os.environ['REDIS_URL']).rpush(f'test:ran:{tag}', get_current_job().id)
+    connect(os.environ['REDIS_URL']).rpush(f'test:ran:{tag}', get_current_job().id)
     return n

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 
+from cluster import connect
 from redis import Redis
 from rq import get_current_job
 
@@ -12,7 +13,7 @@ from rq_policies import Loner, policy
 
 
 def _conn() -> Redis:
-    return Redis.from_url(os.environ['REDIS_URL'])
+    return connect(os.environ['REDIS_URL'])
 
 
 def plain(x):

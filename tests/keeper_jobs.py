@@ -6,7 +6,7 @@ import json
 import os
 import time
 
-from redis import Redis
+from cluster import connect
 from rq import get_current_job
 
 from rq_policies import QueueSlot
@@ -31,7 +31,7 @@ def children_of(pid: int) -> list[int]:
 def record_process(queue: str, seconds: float = 0.0) -> None:
     """Record, in ``test:keeper``, the worker's pid (the job runs in it), its live children and the holds in use on
     ``queue``, then sleep ``seconds``."""
-    conn = Redis.from_url(os.environ['REDIS_URL'])
+    conn = connect(os.environ['REDIS_URL'])
     conn.rpush('test:keeper', json.dumps({
         'job': get_current_job().id, 'pid': os.getpid(), 'children': children_of(os.getpid()),
         'in_use': QueueSlot.status(queue, connection=conn).in_use,

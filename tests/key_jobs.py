@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 
+from cluster import connect
 from redis import Redis
 from rq import get_current_job
 
@@ -13,7 +14,7 @@ from rq_policies import BackOff, Concurrency, Loner, PolicyWorker, Rate, policy
 
 
 def _conn() -> Redis:
-    return Redis.from_url(os.environ['REDIS_URL'])
+    return connect(os.environ['REDIS_URL'])
 
 
 def _span(tag: str, key: object, seconds: float) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 
+from cluster import connect
 from redis import Redis
 from rq import get_current_job
 
@@ -16,7 +17,7 @@ from rq_policies import LimitedCapacityWorker
 
 
 def _conn() -> Redis:
-    return Redis.from_url(os.environ['REDIS_URL'])
+    return connect(os.environ['REDIS_URL'])
 
 
 def _now(conn: Redis) -> float:

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import os
 
-from redis import Redis
+from cluster import connect
 from rq import get_current_job
 
 from rq_policies import BackOff, Concurrency, Debounce, Loner, Throttle, policy
 
 
 def _record(tag: str, value) -> None:
-    conn = Redis.from_url(os.environ['REDIS_URL'])
+    conn = connect(os.environ['REDIS_URL'])
     seconds, micros = conn.time()
     conn.rpush(f'test:ran:{tag}', f'{get_current_job().id} {value} {seconds + micros / 1e6:.6f}')
 
@@ -41,7 +41,7 @@ def trailing(tag, task, value):
 @policy(Concurrency(1, key=lambda args, kwargs: args[1], scope='promote'))
 def backs_off(tag, customer):
     """Raise BackOff(3, key=True) on its first run, then record the run."""
-    conn = Redis.from_url(os.environ['REDIS_URL'])
+    conn = connect(os.environ['REDIS_URL'])
     job = get_current_job()
     if conn.incr(f'test:backoff-runs:{job.id}') == 1:
         raise BackOff(3, key=True)

@@ -10,6 +10,7 @@ import sys
 
 import jobs
 import pytest
+from cluster import CLUSTER_CLASS, ON_CLUSTER
 from rq.job import Job
 
 from rq_policies import Cap, PolicyQueue, QueueSlot, Throttle, identity, keys
@@ -20,7 +21,7 @@ def run(*args, env=None, url=None):
     """Run ``rq-policies ARGS`` (as ``python -m rq_policies.cli``, so it needs no console script on the PATH)."""
     full = [sys.executable, '-m', 'rq_policies.cli', *args]
     if url is not None:
-        full += ['--url', url]
+        full += ['--url', url, *(CLUSTER_CLASS if ON_CLUSTER else [])]
     return subprocess.run(full, env=env, capture_output=True, text=True, timeout=60)
 
 

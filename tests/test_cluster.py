@@ -138,6 +138,49 @@ def test_every_door_on_a_cluster(cluster, valkey_cluster):
     assert q.scheduled_job_registry.count == 3  # enqueue_in, enqueue_at (rq schedules it), the debounced job
 
 
+def test_a_cluster_client_no_door_adopted_takes_settings_releases_and_the_async_explain(cluster, valkey_cluster):
+    """A ``RedisCluster`` that no PolicyQueue or worker has adopted (compat.adopt_cluster): a setting's classmethod
+    (its write and its wake-up on one pipeline), a claim's release (what a hold guard does once its worker died) and
+    the asyncio door's ``explain`` work on it. Each failed before: redis-py's cluster pipeline refuses PUBLISH by
+    name, and redis.asyncio's RedisCluster has no ``connection_pool`` to make a synchronous client from."""
+    import asyncio
+
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+    from redis.cluster import RedisCluster
+
+    from rq_policies.aio import AsyncPolicyQueue
+    from rq_policies.fetch import Claim, release_claim
+
+    assert QueueSlot.acquire('plain', capacity=1, token='plain:1', ttl=60, connection=cluster)
+    for step in ('rate', 'release'):
+        fresh = valkey_cluster.client()
+        try:
+            assert type(fresh) is RedisCluster  # not adopted
+            if step == 'rate':
+                QueueRate.set('plain', 5, per=1, connection=fresh)
+            else:
+                release_claim(Claim('plain-job', 'plain', (QueueSlot.fetch_hold('plain', 'plain:1', 60),)), fresh)
+        finally:
+            fresh.close()
+    assert QueueRate.get('plain', connection=cluster).limit == 5
+    assert QueueSlot.status('plain', connection=cluster).in_use == 0
+
+    async def main():
+        client = AsyncRedisCluster.from_url(valkey_cluster.url)
+        q = AsyncPolicyQueue('plain', connection=client)
+        try:
+            job = await q.enqueue(jobs.plain, 1)
+            return job, await q.explain(job.id)
+        finally:
+            await client.aclose()
+            if q.sync_connection is not None:
+                q.sync_connection.close()
+
+    job, why = asyncio.run(main())
+    assert why['status'] == 'queued' and why['queue'] == 'plain', why
+    assert Job.fetch(job.id, connection=cluster).get_status() == 'queued'
+
+
 def test_a_simple_worker_runs_capped_loner_jobs_on_a_cluster(cluster, valkey_cluster):
     q = PolicyQueue('simple', connection=cluster)
     QueueSlot.set('simple', 1, connection=cluster)

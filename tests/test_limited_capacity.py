@@ -12,6 +12,7 @@ import time
 
 import lcw_jobs
 import pytest
+from cluster import CLUSTER_CLASS, ON_CLUSTER, not_on_cluster
 from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry
 
@@ -56,7 +57,8 @@ def start_workers(n, worker_env, url, worker_class='rq_policies.PolicyWorker', l
         try:
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, '-m', 'rq.cli', 'worker', '-w', worker_class, '--url', url, 'lcw'],
+                    [sys.executable, '-m', 'rq.cli', 'worker', '-w', worker_class, '--url', url,
+                     *(CLUSTER_CLASS if ON_CLUSTER else []), 'lcw'],
                     env=worker_env, stdout=out, stderr=subprocess.STDOUT,
                 )
             )
@@ -136,9 +138,9 @@ def test_concurrent_refills_never_overshoot(connection, redis_url):
     results = []
 
     def refill():
-        from redis import Redis
+        from cluster import connect
 
-        conn = Redis.from_url(redis_url)
+        conn = connect(redis_url)
         barrier.wait()
         results.append(len(lcw_jobs.Backlog.perform_with_capacity(connection=conn)))
 
@@ -244,7 +246,11 @@ def test_failure_is_logged_released_and_not_re_enqueued(connection, caplog):
 # -- real forking workers -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize('worker_class', ['rq_policies.PolicyWorker', 'rq.worker.Worker'])
+@pytest.mark.parametrize('worker_class', [
+    'rq_policies.PolicyWorker',
+    pytest.param('rq.worker.Worker', marks=not_on_cluster(
+        "rq 3's own Worker does not start on a cluster (it reads connection.connection_pool)")),
+])
 def test_real_workers_never_exceed_max_and_drain(connection, worker_env, redis_url, worker_class, tmp_path):
     fill(connection, ['x'] * 12)
     connection.set('test:lcw:max', 2)
@@ -310,6 +316,7 @@ def test_killed_job_unit_comes_back_by_itself(connection, worker_env, redis_url,
         stop_workers(procs)
 
 
+@not_on_cluster('the example builds a redis.Redis of its own for one server (examples/limited_capacity_cron.py)')
 def test_cron_example_refills_through_rq_cron(connection, worker_env, redis_url):
     """examples/limited_capacity_cron.py: rq's own cron enqueues the refill; one unit fails, the refill replaces it."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

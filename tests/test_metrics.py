@@ -11,6 +11,7 @@ import urllib.request
 import jobs
 import lcw_jobs
 import pytest
+from cluster import CLUSTER_CLASS, ON_CLUSTER
 from redis import Redis
 
 from rq_policies import PolicyQueue, QueueSlot
@@ -74,8 +75,8 @@ def test_collector_reads_the_state_when_scraped(connection, lcw_env, redis_url):
 def test_drops_count_from_every_producer_process(connection, worker_env, redis_url):
     PolicyQueue('imports', connection=connection).enqueue(jobs.sweep_cache, 9)
     code = (
-        'import os, jobs; from redis import Redis; from rq_policies import PolicyQueue\n'
-        'q = PolicyQueue("imports", connection=Redis.from_url(os.environ["REDIS_URL"]))\n'
+        'import os, jobs; from cluster import connect; from rq_policies import PolicyQueue\n'
+        'q = PolicyQueue("imports", connection=connect(os.environ["REDIS_URL"]))\n'
         'assert all(q.enqueue(jobs.sweep_cache, 9) is None for _ in range(5))\n'
     )
     procs = [subprocess.Popen([sys.executable, '-c', code], env=worker_env) for _ in range(3)]
@@ -119,7 +120,7 @@ def start_exporter(worker_env, redis_url):
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, '-m', 'rq_policies.cli', 'exporter', '--port', str(port), '--addr', '127.0.0.1',
-         '--url', redis_url],
+         '--url', redis_url, *(CLUSTER_CLASS if ON_CLUSTER else [])],
         env=worker_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     deadline = time.monotonic() + 20

@@ -15,6 +15,7 @@ import time
 
 import jobs
 import pytest
+from cluster import ON_CLUSTER, ValkeyCluster, connect, not_on_cluster
 from redis import Redis
 from rq.command import send_stop_job_command
 from rq.intermediate_queue import IntermediateQueue
@@ -266,7 +267,7 @@ def test_the_hold_guard_waits_for_a_horse_forked_just_before_its_worker_died(con
     if worker == 0:  # the worker
         code = 1
         try:
-            guard = _HorseGuard(Redis.from_url(redis_url), 2, 0.2, logging.getLogger('rq_policies'))
+            guard = _HorseGuard(connect(redis_url), 2, 0.2, logging.getLogger('rq_policies'))
             guard.ensure()
             assert guard.arm(claim)
             if os.fork() == 0:  # its horse
@@ -398,6 +399,7 @@ def test_a_worker_dying_between_pop_and_start_loses_no_job(connection, redis_url
     assert job.id not in FailedJobRegistry('lost', connection=connection)
 
 
+@not_on_cluster("rq's worker-pool builds its workers' connections from connection_pool (docs/cluster.md)")
 def test_worker_pool_runs_policy_workers_under_the_cap(connection, redis_url, worker_env):
     QueueSlot.set('pooled', 1, connection=connection)
     q = PolicyQueue('pooled', connection=connection)
@@ -441,13 +443,25 @@ def test_rq_rate_limited_jobs_keep_working_on_policy_workers(connection, redis_u
     assert QueueSlot.status('limited', connection=connection).in_use == 0
 
 
-def _commands(conn: Redis) -> int:
-    return int(conn.info('stats')['total_commands_processed'])
+def _node(conn) -> Redis:
+    """The one server the counts are read on (a cluster of one primary: its node)."""
+    return conn.get_primaries()[0].redis_connection if keys.is_cluster(conn) else conn
+
+
+def _commands(conn) -> int:
+    return int(_node(conn).info('stats')['total_commands_processed'])
 
 
 @pytest.fixture
 def own_server(worker_env):
-    """A server of this test's own: the session server's command count includes every other test's leftovers."""
+    """A server of this test's own: the session server's command count includes every other test's leftovers. On
+    the session's cluster (``RQ_POLICIES_CLUSTER=1``), a cluster of one primary of its own, for the same reason."""
+    if ON_CLUSTER:
+        with ValkeyCluster(primaries=1, replicas=0) as own:
+            conn = own.client()
+            yield conn, own.url, dict(worker_env, REDIS_URL=own.url)
+            conn.close()
+        return
     server = RedisServer().start()
     conn = server.client()
     yield conn, server.url, dict(worker_env, REDIS_URL=server.url)
@@ -471,7 +485,7 @@ def test_an_idle_worker_waiting_on_a_full_queue_does_not_spin(own_server):
         time.sleep(2)
         quiet_rate = (_commands(connection) - before - 1) / (time.monotonic() - started)
         # A producer pushing 50 jobs a second to the full queue: each push publishes, and the worker ignores them.
-        pushes_before = connection.info('commandstats')['cmdstat_evalsha']['calls']
+        pushes_before = _node(connection).info('commandstats')['cmdstat_evalsha']['calls']
         started = time.monotonic()
         pushed = 0
         while time.monotonic() - started < 2:
@@ -479,7 +493,7 @@ def test_an_idle_worker_waiting_on_a_full_queue_does_not_spin(own_server):
             pushed += 1
             time.sleep(0.02)
         # Each plain enqueue is one EVALSHA of its own (the admission script): the worker's looks are the rest.
-        looks = connection.info('commandstats')['cmdstat_evalsha']['calls'] - pushes_before - pushed
+        looks = _node(connection).info('commandstats')['cmdstat_evalsha']['calls'] - pushes_before - pushed
         storm_rate = looks / (time.monotonic() - started)
         assert pushed > 10 and q.count == pushed + 1, (pushed, q.count)  # all still waiting: the queue is full
         assert worker.poll() is None

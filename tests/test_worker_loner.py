@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jobs
 import pytest
+from cluster import not_on_cluster
 from rq import Queue
 from rq.job import Callback, Dependency, Job, JobStatus
 from workers import output, start_worker, stop, wait_for
@@ -44,6 +45,7 @@ def test_identity_is_free_while_the_job_runs(connection, redis_url, worker_env):
         stop(worker)
 
 
+@not_on_cluster("rq 3's own Worker does not start on a cluster (it reads connection.connection_pool)")
 def test_stock_worker_reads_our_jobs_and_the_marker_heals(connection, redis_url, worker_env):
     q = PolicyQueue('stock', connection=connection)
     job = q.enqueue(jobs.record, 'stock', 1)

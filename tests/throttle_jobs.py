@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from redis import Redis
+from cluster import connect
 from rq import get_current_job
 
 from rq_policies import Debounce, Loner, Throttle, policy
@@ -12,7 +12,7 @@ from rq_policies import Debounce, Loner, Throttle, policy
 
 def _record(tag: str, value) -> None:
     """Append ``<job id> <value> <server time>`` to the list ``test:ran:<tag>``, so tests see what ran and when."""
-    conn = Redis.from_url(os.environ['REDIS_URL'])
+    conn = connect(os.environ['REDIS_URL'])
     seconds, micros = conn.time()
     conn.rpush(f'test:ran:{tag}', f'{get_current_job().id} {value} {seconds + micros / 1e6:.6f}')
 

@@ -11,6 +11,8 @@ import tempfile
 import time
 from collections.abc import Callable
 
+from cluster import CLUSTER_CLASS, ON_CLUSTER, connect
+
 from rq_policies import PolicyQueue, PolicyWorker
 from rq_policies.fetch import current_fetcher
 from rq_policies.worker import _WorkerFetcher
@@ -20,6 +22,8 @@ def start_worker(url: str, queues: list[str], env: dict, worker_class: str = 'rq
                  burst: bool = False, extra: list[str] | None = None) -> subprocess.Popen:
     """``rq worker -w <worker_class> --url <url> QUEUES`` as a subprocess (its own process group, killable)."""
     args = [sys.executable, '-m', 'rq.cli', 'worker', '-w', worker_class, '--url', url, '--logging_level', 'WARNING']
+    if ON_CLUSTER:  # the session's cluster (tests/conftest.py): rq's own option
+        args += CLUSTER_CLASS
     if burst:
         args.append('--burst')
     args += list(extra or []) + list(queues)
@@ -36,11 +40,9 @@ def output(proc: subprocess.Popen) -> str:
 
 
 def _race_one(url, queue, call, barrier, results):
-    from redis import Redis
-
     from rq_policies import PolicyQueue
 
-    q = PolicyQueue(queue, connection=Redis.from_url(url))
+    q = PolicyQueue(queue, connection=connect(url))
     barrier.wait()
     job = call(q)
     results.put(job.id if job else None)

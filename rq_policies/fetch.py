@@ -132,6 +132,29 @@ class Fetcher:
         #: that fetch took, with its holds, instead of a new token popping a second job and stranding the first
         #: on the intermediate list until rq's cleanup fails it unrun.
         self.resume_token: str | None = None
+        #: The queues of the fetch ``resume_token`` names, in its order (its claim record names a queue by index).
+        self.resume_queues: Sequence[Queue] = ()
+
+    def lost_claim(self, connection: Any) -> Claim | None:
+        """What the fetch whose outcome this worker never saw (``resume_token``) took, read from its claim record, or
+        None (it took nothing, its record is gone, or the server cannot say now). For a worker that quits before it
+        sends that fetch again: a stop request can land while the fetch's reply is on its way."""
+        token = self.resume_token
+        if token is None or not self.resume_queues:
+            return None
+        try:
+            recorded = connection.get(keys.claim(token))
+        except _UNREACHABLE:
+            return None
+        if recorded is None:
+            return None
+        items = unpack_strings(recorded)
+        reply = ['queue', int(items[0]), 'job', items[1], 'holds', items[2:], 'replayed', 1]
+        found = read_reply(reply, self.resume_queues, token, self.hold_ttl)
+        if isinstance(found, Claim):
+            found.record = keys.claim(token)
+            return found
+        return None
 
     def server_now(self, connection: Any) -> float:
         """The server's clock (epoch s) estimated from this host's, measured with TIME once a minute at most."""
@@ -414,6 +437,19 @@ def read_reply(reply: list[Any], queues: Sequence[Queue], token: str, ttl: int) 
     return Look(found.waiting, frozenset(queues[i - 1].name for i in found.full), found.until)
 
 
+def unpack_strings(record: bytes | str) -> list[str]:
+    """The items of a claim record, each ``<length>:<bytes>`` (lua/fetch.lua's ``record``; lua/lib/rewrite_guard.lua's
+    ``unpack_strings``): the queue's index, the job id, then policy, flag for each hold. Lengths count bytes."""
+    raw = record.encode() if isinstance(record, str) else record
+    items, at = [], 0
+    while at < len(raw):
+        colon = raw.index(b':', at)
+        size = int(raw[at:colon])
+        items.append(raw[colon + 1:colon + 1 + size].decode())
+        at = colon + 1 + size
+    return items
+
+
 def _hold(policy: Any, flag: Any, queue_name: str, token: str, ttl: int, job_id: str) -> Hold:
     """The hold a policy's take reported: 1 for one in the queue's ledger (the policy says which), or the name of
     the ledger it took one in (a per-key hold, given back by that policy's ``release_hold``)."""
@@ -457,6 +493,7 @@ def dequeue(
     while True:
         token = fetcher.resume_token or ledger.claim_token()
         fetcher.resume_token = token  # until this fetch's outcome is known (see Fetcher.resume_token)
+        fetcher.resume_queues = queues
         fetched_after = time.time()
         call.arg('token', token).set_key('claim', keys.claim(token))
         found = read_reply(call.run(connection), queues, token, fetcher.hold_ttl)

@@ -314,7 +314,12 @@ class PolicyWorkerMixin:
         can land between the fetch and the job's start: rq raises it wherever the worker is until it marks itself
         busy). The job's id stays on the queue's intermediate list, as with stock rq, whose cleanup fails it after
         a minute, unrun: logged, naming the job, so that it is never a silent loss."""
-        claim, self._policy_fetcher.claim = self._policy_fetcher.claim, None
+        fetcher = self._policy_fetcher
+        claim, fetcher.claim = fetcher.claim, None
+        if claim is None and fetcher.resume_token is not None:
+            # The stop landed while a fetch's reply was on its way: its claim record says what it took, if anything.
+            claim = fetcher.lost_claim(self.connection)  # type: ignore[attr-defined]
+            fetcher.resume_token = None
         if claim is not None:
             self.log.warning(  # type: ignore[attr-defined]
                 'rq-policies: job %s was taken from %r but not started (%s); its holds are given back, and rq\'s '

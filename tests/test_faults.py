@@ -762,3 +762,29 @@ def test_a_job_whose_fetch_reply_was_lost_is_taken_by_the_next_fetch_not_strande
     assert taken is not None and taken[0].id == first.id
     assert [raw.decode() for raw in connection.lrange(queue.intermediate_queue_key, 0, -1)] == [first.id]
     assert queued(connection, 'lostread') == [second.id]
+
+
+def test_a_stop_while_the_fetch_reply_is_on_its_way_gives_the_holds_back_and_names_the_job(connection, fault_proxy,
+                                                                                          worker_env):
+    """The fetch script took a job (intermediate list, hold, claim record) and its reply is still on its way when a
+    SIGTERM reaches the idle worker: rq raises StopRequested in the middle of the read, so the worker never learns
+    what it took. Before quitting it reads the fetch's claim record: the hold goes back at once (not after the hold
+    ttl, 90 s here) and the log names the job, which stays on the intermediate list for rq's cleanup."""
+    import signal
+
+    QueueSlot.set('midread', 1, connection=connection)
+    q = PolicyQueue('midread', connection=connection)
+    job = q.enqueue(jobs.plain, 1)
+    fault_proxy.delay_reply(5.0, match=(b'EVAL', keys.claim('').encode()))
+    worker = start_worker(fault_proxy.url, ['midread'], dict(worker_env, REDIS_URL=fault_proxy.url))
+    try:
+        assert wait_for(lambda: connection.llen(q.intermediate_queue_key) == 1, timeout=30), output(worker)
+        assert QueueSlot.status('midread', connection=connection).in_use == 1
+        time.sleep(0.3)  # the worker waits in the read of the delayed reply
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(15) == 0, output(worker)
+    finally:
+        stop(worker)
+    assert f"job {job.id} was taken from 'midread' but not started (StopRequested)" in output(worker)
+    assert QueueSlot.status('midread', connection=connection).in_use == 0
+    assert connection.lrange(q.intermediate_queue_key, 0, -1) == [job.id.encode()]

@@ -79,6 +79,7 @@ from rq.registry import (  # noqa: E402
 
 from rq_policies import PolicyQueue, QueueSlot, keys, ops  # noqa: E402
 from rq_policies.compat import KEY_PREFIX as RQ  # noqa: E402
+from rq_policies.fetch import unpack_strings  # noqa: E402
 from rq_policies.testing import RedisServer  # noqa: E402
 
 CAP = 2
@@ -526,15 +527,9 @@ def check_double_runs(run: Run) -> dict:
 
 
 def claimed_job(record: str) -> str:
-    """The job id in a fetch's claim record: the fetch's reply, each item as ``<length>:<bytes>`` (lua/fetch.lua's
-    ``record``), whose items are the queue's index, the job id, then one hold flag per fetch policy."""
-    items, at = [], 0
-    while at < len(record) and len(items) < 2:
-        colon = record.index(':', at)
-        size = int(record[at:colon])
-        items.append(record[colon + 1:colon + 1 + size])
-        at = colon + 1 + size
-    return items[1]
+    """The job id in a fetch's claim record (lua/fetch.lua's ``record``: the queue's index, the job id, then one hold
+    flag per fetch policy)."""
+    return unpack_strings(record)[1]
 
 
 #: Job statuses of a run that is over: an id of such a job left on an intermediate list is rq's bookkeeping, not a job

@@ -209,7 +209,8 @@ class Fetcher:
         once a second, a probe (one EXISTS over the queues the look did not find full) finding a job there, which a
         stock rq producer pushed without a wake-up; or every :meth:`relook_seconds` when the look found some queue
         full (a hold that ages out silently frees it). A look runs the whole fetch script over every queue (a full
-        capped queue costs it a ZCARD, a ZCOUNT and more), so an idle worker over many full queues looks rarely, and probes.
+        capped queue costs it a ZCARD, a ZCOUNT and more), so an idle worker over many full queues looks rarely,
+        and probes.
 
         Scheduled jobs: the look's ``until`` already covers the earliest due time it saw. A job scheduled since is
         announced by PolicyQueue (a ``scheduled <time>`` wake-up, :meth:`note_due`), which moves the end of the wait

@@ -22,7 +22,7 @@ from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job, JobStatus, Retry
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 from rq.worker import Worker
-from workers import output, start_worker, stop, wait_for
+from workers import assert_given_up, output, start_worker, stop, wait_for
 
 from rq_policies import PolicyQueue, PolicyWorker, QueueSlot, compat, keys
 from rq_policies.testing import RedisServer
@@ -337,9 +337,7 @@ def test_a_stop_between_the_fetch_and_the_start_gives_the_holds_back_and_names_t
     finally:
         stop(worker)
     # Not run, not lost in silence: the hold is back, the id waits for rq's cleanup, and the log names the job.
-    assert f"job {job.id} was taken from 'stopped' but not started (StopRequested)" in output(worker)
-    assert QueueSlot.status('stopped', connection=connection).in_use == 0
-    assert connection.lrange(q.intermediate_queue_key, 0, -1) == [job.id.encode()]
+    assert_given_up(connection, worker, q, job)
     assert statuses(connection, [job.id]) == [JobStatus.QUEUED]
 
 

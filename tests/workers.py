@@ -124,3 +124,13 @@ class StopAfterFetchQueue(PolicyQueue):
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(5)  # the handler runs at the next bytecode; this never ends unless it failed to
         return found
+
+
+def assert_given_up(connection, worker: subprocess.Popen, queue, job) -> None:
+    """``worker`` quit with ``job`` taken and not started: its log names the job, the queue's holds are back (the
+    queue is capped at 1 in these tests), and the id waits on the intermediate list for rq's cleanup."""
+    from rq_policies import QueueSlot
+
+    assert f"job {job.id} was taken from '{queue.name}' but not started (StopRequested)" in output(worker)
+    assert QueueSlot.status(queue.name, connection=connection).in_use == 0
+    assert connection.lrange(queue.intermediate_queue_key, 0, -1) == [job.id.encode()]

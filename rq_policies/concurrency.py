@@ -38,7 +38,7 @@ workers do not check keys; a parked job counts in rq's deferred registry, not in
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rq.job import Job
 from rq.queue import Queue
@@ -51,6 +51,10 @@ from .ops import Call, text
 from .ops import need_connection as _need
 from .ops import server_now as _server_now
 from .policy import MAX_CAPACITY, FetchPolicy, positive_int
+from .views import Argument, BadArgument, Command, Digits, Heading, Option, Reply, Setting, Values, View
+
+if TYPE_CHECKING:
+    from redis import Redis
 
 __all__ = ['Concurrency', 'KeyFunction', 'KeyedPolicy']
 
@@ -269,12 +273,10 @@ class KeyedPolicy(FetchPolicy):
 
     @classmethod
     def describe_cluster(cls, state: dict[str, Any]) -> list[str]:
-        import click
-
-        lines = []
+        lines: list[str] = []
         for scope, entry in state['scopes'].items():
-            head = click.style(f'{cls.__name__} per key, scope {scope}', bold=True)
-            lines.append(f'{head}  ({entry["keys"]} key(s), {entry["in_use"]} in use, {entry["parked"]} parked)')
+            lines.append(Heading(f'{cls.__name__} per key, scope {scope}',
+                                 f'  ({entry["keys"]} key(s), {entry["in_use"]} in use, {entry["parked"]} parked)'))
             lines += ['  ' + line for line in cls.key_lines(entry['busiest'], state['now'])]
             if entry['keys'] > len(entry['busiest']):
                 lines.append(f'  ... and {entry["keys"] - len(entry["busiest"])} more (rq-policies keys {scope})')
@@ -600,87 +602,94 @@ class Concurrency(KeyedPolicy):
         return [entry]
 
     @classmethod
-    def cli_commands(cls, kit: Any) -> list[Any]:
-        import click
+    def commands(cls) -> tuple[View, ...]:
+        """``rq-policies keys`` (every per-key policy's keys of a scope) and ``rq-policies override``."""
+        return (
+            Command(
+                'keys', 'The keys of SCOPE with running or parked jobs (Concurrency, Rate): in use / limit, parked, '
+                        'and what\nthe parked jobs wait for (a release, a back-off, a rate), with local times.',
+                arguments=(Argument('scope'),),
+                options=(Option('--limit', 'limit', 'List at most this many keys (0: all; 20).', default='20'),
+                         Option('--search', 'search', 'Only keys containing this text.'),
+                         Option('--json', 'as_json', 'Print the keys as JSON (server-clock times).', is_flag=True)),
+                prepare=_keys_prepare, run=_keys_run,
+            ),
+            Setting(
+                'override', 'Set the Concurrency limit of KEY in SCOPE to N at run time, remove that override with '
+                            '--clear, or\nshow the key\'s limit and state (no N).',
+                targets=(Argument('scope'), Argument('key')),
+                value=Argument('n', kind=Digits(f'a positive integer up to {MAX_CAPACITY}', 1, MAX_CAPACITY)),
+                clear_help='Remove the override: the declared limit applies again.',
+                json_help='Print the key\'s state as JSON.',
+                prepare=_override_prepare, status=_override_status, set=_override_set, clear=_override_clear,
+            ),
+        )
 
-        @click.command('keys')
-        @click.argument('scope')
-        @click.option('--limit', default='20', help='List at most this many keys (0: all; 20).')
-        @click.option('--search', default=None, help='Only keys containing this text.')
-        @click.option('--json', 'as_json', is_flag=True, help='Print the keys as JSON (server-clock times).')
-        @kit.pass_cli_config
-        def keys_command(cli_config: Any, scope: str, limit: str, search: str | None, as_json: bool,
-                         **options: Any) -> None:
-            """The keys of SCOPE with running or parked jobs (Concurrency, Rate): in use / limit, parked, and what
-            the parked jobs wait for (a release, a back-off, a rate), with local times."""
-            count = kit.integer('--limit', limit, 10**9, minimum=0)
-            try:
-                check_scope(scope)
-            except ValueError as exc:
-                raise click.BadParameter(str(exc), param_hint='SCOPE') from None
-            conn = kit.connect(cli_config)
-            now = _server_now(conn)
-            if as_json:
-                kit.echo_json({'scope': scope, 'server_time': now,
-                               'policies': {policy.name: policy.key_rows(conn, scope, count, search, now)
-                                            for policy in _keyed_classes()}})
-                return
-            shown = 0
-            for policy in _keyed_classes():
-                for line in policy.key_lines(policy.key_rows(conn, scope, count, search, now), now):
-                    click.echo(line)
-                    shown += 1
-            if not shown:
-                click.echo(f'No key of scope {scope!r} has running or parked jobs.')
 
-        @click.command()
-        @click.argument('scope')
-        @click.argument('key')
-        @click.argument('n', required=False, type=kit.Digits(f'a positive integer up to {MAX_CAPACITY}', 1,
-                                                              MAX_CAPACITY))
-        @click.option('--clear', is_flag=True, help='Remove the override: the declared limit applies again.')
-        @click.option('--json', 'as_json', is_flag=True, help='Print the key\'s state as JSON.')
-        @kit.pass_cli_config
-        def override(cli_config: Any, scope: str, key: str, n: int | None, clear: bool, as_json: bool,
-                     **options: Any) -> None:
-            """Set the Concurrency limit of KEY in SCOPE to N at run time, remove that override with --clear, or
-            show the key's limit and state (no N)."""
-            if clear and n is not None:
-                raise click.UsageError('give either N or --clear, not both')
-            try:
-                check_scope(scope)
-                key_text(key)
-            except (TypeError, ValueError) as exc:
-                raise click.BadParameter(str(exc), param_hint='SCOPE' if 'scope' in str(exc) else 'KEY') from None
-            conn = kit.connect(cli_config)
-            if not clear and n is None:
-                status = cls.status(scope, key, connection=conn)
-                if as_json:
-                    kit.echo_json({'scope': scope, 'key': key, 'limit': status.limit, 'overridden': status.overridden,
-                                   'in_use': status.in_use, 'parked': list(status.parked),
-                                   'backoff_until': status.backoff_until})
-                    return
-                limit = 'no known limit' if status.limit is None else (
-                    f'limit {status.limit} ({"override" if status.overridden else "declared"})')
-                click.echo(f'Key {key!r} of scope {scope!r}: {limit}, {status.in_use} in use, '
-                           f'{len(status.parked)} parked.')
-                return
-            before = cls.get(scope, key, connection=conn)
-            was = f'was {before.limit}' if before is not None else 'had no override'
-            if clear:
-                cls.clear(scope, key, connection=conn)
-                message = f'Key {key!r} of scope {scope!r} has its declared limit again ({was}).'
-            else:
-                cls.set(scope, key, n, connection=conn)  # type: ignore[arg-type]
-                message = f'Key {key!r} of scope {scope!r} is limited to {n} running at once ({was}).'
-            if as_json:
-                found = cls.get(scope, key, connection=conn)
-                kit.echo_json({'scope': scope, 'key': key, 'override': found.limit if found else None,
-                               'was': before.limit if before else None})
-            else:
-                click.echo(message)
+def _keys_prepare(values: Values) -> Values:
+    count = Digits('a positive integer up to 1000000000', 0, 10**9).parse(values['limit'], '--limit')
+    try:
+        check_scope(values['scope'])
+    except ValueError as exc:
+        raise BadArgument(str(exc), 'SCOPE') from None
+    return {**values, 'limit': count}
 
-        return [keys_command, override]
+
+def _keys_run(conn: Redis, values: Values) -> Reply:
+    scope, count, search = str(values['scope']), int(values['limit']), values['search']  # type: ignore[call-overload]
+    now = _server_now(conn)
+    if values['as_json']:
+        return Reply(data={'scope': scope, 'server_time': now,
+                           'policies': {policy.name: policy.key_rows(conn, scope, count, search, now)
+                                        for policy in _keyed_classes()}})
+    lines = []
+    for policy in _keyed_classes():
+        lines += policy.key_lines(policy.key_rows(conn, scope, count, search, now), now)
+    return Reply(tuple(lines or [f'No key of scope {scope!r} has running or parked jobs.']))
+
+
+def _override_prepare(values: Values, mode: str) -> Values:
+    try:
+        check_scope(values['scope'])
+        key_text(values['key'])
+    except (TypeError, ValueError) as exc:
+        raise BadArgument(str(exc), 'SCOPE' if 'scope' in str(exc) else 'KEY') from None
+    return values
+
+
+def _override_status(conn: Redis, values: Values) -> Reply:
+    scope, key = str(values['scope']), str(values['key'])
+    status = Concurrency.status(scope, key, connection=conn)
+    if values['as_json']:
+        return Reply(data={'scope': scope, 'key': key, 'limit': status.limit, 'overridden': status.overridden,
+                           'in_use': status.in_use, 'parked': list(status.parked),
+                           'backoff_until': status.backoff_until})
+    limit = 'no known limit' if status.limit is None else (
+        f'limit {status.limit} ({"override" if status.overridden else "declared"})')
+    return Reply((f'Key {key!r} of scope {scope!r}: {limit}, {status.in_use} in use, {len(status.parked)} parked.',))
+
+
+def _override_set(conn: Redis, values: Values) -> Reply:
+    scope, key, n = str(values['scope']), str(values['key']), values['n']
+    before = Concurrency.get(scope, key, connection=conn)
+    Concurrency.set(scope, key, n, connection=conn)  # type: ignore[arg-type]
+    return _override_changed(conn, values, before, f'Key {key!r} of scope {scope!r} is limited to {n} running at once')
+
+
+def _override_clear(conn: Redis, values: Values) -> Reply:
+    scope, key = str(values['scope']), str(values['key'])
+    before = Concurrency.get(scope, key, connection=conn)
+    Concurrency.clear(scope, key, connection=conn)
+    return _override_changed(conn, values, before, f'Key {key!r} of scope {scope!r} has its declared limit again')
+
+
+def _override_changed(conn: Redis, values: Values, before: KeyLimit | None, words: str) -> Reply:
+    if values['as_json']:
+        found = Concurrency.get(str(values['scope']), str(values['key']), connection=conn)
+        return Reply(data={'scope': values['scope'], 'key': values['key'], 'override': found.limit if found else None,
+                           'was': before.limit if before else None})
+    was = f'was {before.limit}' if before is not None else 'had no override'
+    return Reply((f'{words} ({was}).',))
 
 
 def _first_argument(args: tuple, kwargs: dict) -> Any:

@@ -11,10 +11,15 @@ import functools
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from .exceptions import PolicyConfigurationError
 from .identity import UniqueContext
+
+if TYPE_CHECKING:
+    from redis import Redis
+
+    from .views import Metric, View
 
 F = TypeVar('F', bound=Callable[..., Any])
 
@@ -126,9 +131,17 @@ class Policy:
         return []
 
     @classmethod
-    def cli_commands(cls, kit: Any) -> list[Any]:
-        """click commands this policy adds to ``rq-policies`` (``kit``: rq_policies.cli's helpers, see there)."""
+    def metrics(cls, connection: Redis, now: float) -> list[Metric]:
+        """This policy's Prometheus metric families, read from Redis at scrape time (``now``: the server clock), as
+        :class:`rq_policies.views.Metric` descriptions; :mod:`rq_policies.metrics` renders them."""
         return []
+
+    @classmethod
+    def commands(cls) -> tuple[View, ...]:
+        """The subcommands this policy adds to ``rq-policies``, as :mod:`rq_policies.views` descriptions
+        (:class:`~rq_policies.views.Setting`, :class:`~rq_policies.views.Command`, :class:`~rq_policies.views.Group`);
+        :mod:`rq_policies.cli` renders them."""
+        return ()
 
     @classmethod
     def identity_families(cls) -> tuple[Any, ...]:

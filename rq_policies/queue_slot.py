@@ -31,6 +31,7 @@ from .ledger import WAKE_CAPACITY, WAKE_RELEASED, Hold
 from .ops import need_connection as _need
 from .ops import text
 from .policy import MAX_CAPACITY, FetchPolicy, positive_int, whole_seconds
+from .views import Argument, BadArgument, Digits, Reply, Setting, Values, View
 
 __all__ = ['WAKE_CAPACITY', 'WAKE_RELEASED', 'QueueSlot', 'queue_name']
 
@@ -359,56 +360,17 @@ class QueueSlot(FetchPolicy):
         return [in_use, capacity]
 
     @classmethod
-    def cli_commands(cls, kit: Any) -> list[Any]:
-        import click
-
-        @click.command()
-        @click.argument('queue')
-        @click.argument(
-            'n', required=False, type=kit.Digits(f'a positive integer up to {MAX_CAPACITY}', 1, MAX_CAPACITY)
-        )
-        @click.option('--clear', is_flag=True, help='Remove the cap (live holds stay until released or expired).')
-        @click.option('--force', is_flag=True, help='Cap a queue rq does not know yet.')
-        @click.option('--json', 'as_json', is_flag=True, help='Print the cap and the holds in use as JSON.')
-        @kit.pass_cli_config
-        def cap(cli_config: Any, queue: str, n: int | None, clear: bool, force: bool, as_json: bool,
-                **options: Any) -> None:
-            """Cap QUEUE at N jobs running across the cluster, remove its cap with --clear, or show it (no N)."""
-            if clear and n is not None:
-                raise click.UsageError('give either N or --clear, not both')
-            try:
-                queue_name(queue)
-            except ValueError as exc:
-                raise click.BadParameter(str(exc), param_hint='QUEUE') from None
-            conn = kit.connect(cli_config)
-            if not clear and n is None:
-                status = cls.status(queue, connection=conn)
-                if as_json:
-                    kit.echo_json({'queue': queue, 'capacity': status.capacity, 'in_use': status.in_use})
-                elif status.capacity is None:
-                    click.echo(f'Queue {queue!r} is uncapped ({status.in_use} hold(s) in use).')
-                else:
-                    click.echo(f'Queue {queue!r} is capped at {status.capacity}, {status.in_use} in use.')
-                return
-            kit.require_known(conn, queue, force or clear)
-            before = cls.get(queue, connection=conn)
-            was = f'was {before.capacity}' if before is not None else 'was uncapped'
-            if clear:
-                cls.clear(queue, connection=conn)
-                message = f'Queue {queue!r} is uncapped ({was}).'
-            else:
-                with warnings.catch_warnings():  # refused above unless --force: the operator meant it
-                    warnings.simplefilter('ignore', UnknownQueueWarning)
-                    cls.set(queue, n, connection=conn)  # type: ignore[arg-type]
-                message = f'Queue {queue!r} is capped at {n} ({was}).'
-            if as_json:
-                now = cls.get(queue, connection=conn)
-                kit.echo_json({'queue': queue, 'capacity': now.capacity if now else None,
-                               'was': before.capacity if before else None})
-            else:
-                click.echo(message)
-
-        return [cap]
+    def commands(cls) -> tuple[View, ...]:
+        """``rq-policies cap``."""
+        return (Setting(
+            'cap', 'Cap QUEUE at N jobs running across the cluster, remove its cap with --clear, or show it (no N).',
+            targets=(Argument('queue'),),
+            value=Argument('n', kind=Digits(f'a positive integer up to {MAX_CAPACITY}', 1, MAX_CAPACITY)),
+            clear_help='Remove the cap (live holds stay until released or expired).',
+            force_help='Cap a queue rq does not know yet.',
+            json_help='Print the cap and the holds in use as JSON.',
+            prepare=_cap_prepare, status=_cap_status, set=_cap_set, clear=_cap_clear,
+        ),)
 
     @classmethod
     def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
@@ -466,6 +428,49 @@ class QueueSlot(FetchPolicy):
         """A token naming one claim, ``<host>:<pid>:<tid>:<n>``: a stale release of an earlier claim frees nothing."""
         return ledger.claim_token()
 
+
+
+def _cap_prepare(values: Values, mode: str) -> Values:
+    try:
+        queue_name(values['queue'])
+    except ValueError as exc:
+        raise BadArgument(str(exc), 'QUEUE') from None
+    return values
+
+
+def _cap_status(conn: Redis, values: Values) -> Reply:
+    queue = str(values['queue'])
+    status = QueueSlot.status(queue, connection=conn)
+    if values['as_json']:
+        return Reply(data={'queue': queue, 'capacity': status.capacity, 'in_use': status.in_use})
+    if status.capacity is None:
+        return Reply((f'Queue {queue!r} is uncapped ({status.in_use} hold(s) in use).',))
+    return Reply((f'Queue {queue!r} is capped at {status.capacity}, {status.in_use} in use.',))
+
+
+def _cap_set(conn: Redis, values: Values) -> Reply:
+    queue, n = str(values['queue']), values['n']
+    before = QueueSlot.get(queue, connection=conn)
+    with warnings.catch_warnings():  # refused unless --force: the operator meant it
+        warnings.simplefilter('ignore', UnknownQueueWarning)
+        QueueSlot.set(queue, n, connection=conn)
+    return _cap_changed(conn, values, before, f'Queue {queue!r} is capped at {n}')
+
+
+def _cap_clear(conn: Redis, values: Values) -> Reply:
+    queue = str(values['queue'])
+    before = QueueSlot.get(queue, connection=conn)
+    QueueSlot.clear(queue, connection=conn)
+    return _cap_changed(conn, values, before, f'Queue {queue!r} is uncapped')
+
+
+def _cap_changed(conn: Redis, values: Values, before: Cap | None, words: str) -> Reply:
+    if values['as_json']:
+        now = QueueSlot.get(str(values['queue']), connection=conn)
+        return Reply(data={'queue': values['queue'], 'capacity': now.capacity if now else None,
+                           'was': before.capacity if before else None})
+    was = f'was {before.capacity}' if before is not None else 'was uncapped'
+    return Reply((f'{words} ({was}).',))
 
 
 def _running_jobs(connection: Any, tokens: list[str]) -> dict[str, str]:

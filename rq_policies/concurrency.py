@@ -51,7 +51,7 @@ from .ops import Call, text
 from .ops import need_connection as _need
 from .ops import server_now as _server_now
 from .policy import MAX_CAPACITY, FetchPolicy, positive_int
-from .views import Argument, BadArgument, Command, Digits, Heading, Option, Reply, Setting, Values, View
+from .views import Argument, BadArgument, Command, Digits, Heading, Metric, Option, Reply, Setting, Values, View
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -512,22 +512,20 @@ class Concurrency(KeyedPolicy):
         return rows[:limit] if limit else rows
 
     @classmethod
-    def metric_families(cls, connection: Any, now: float) -> list[Any]:
+    def metrics(cls, connection: Redis, now: float) -> list[Metric]:
         """Two gauges of the due index, O(log n) whatever the number of keys (no SCAN in a scrape): how many keys
         (of Concurrency and Rate) have parked jobs, and how late the most overdue one is being served (seconds past
         its due time; it stays near 0 while PolicyWorkers fetch)."""
-        from prometheus_client.core import GaugeMetricFamily
-
         with connection.pipeline(transaction=False) as pipe:
             pipe.zcard(keys.KEY_DUE)
             pipe.zrange(keys.KEY_DUE, 0, 0, withscores=True)
             count, head = pipe.execute()
-        parked = GaugeMetricFamily('rq_policies_keys_with_parked_jobs',
-                                   'Keys of the per-key policies (Concurrency, Rate) with parked jobs.')
-        parked.add_metric([], int(count))
-        late = GaugeMetricFamily('rq_policies_keys_due_overdue_seconds',
-                                 'Seconds the most overdue key with parked jobs is past its due time (0: none).')
-        late.add_metric([], round(max(now - head[0][1], 0.0), 3) if head else 0.0)
+        parked = Metric('rq_policies_keys_with_parked_jobs',
+                        'Keys of the per-key policies (Concurrency, Rate) with parked jobs.')
+        parked.add([], int(count))
+        late = Metric('rq_policies_keys_due_overdue_seconds',
+                      'Seconds the most overdue key with parked jobs is past its due time (0: none).')
+        late.add([], round(max(now - head[0][1], 0.0), 3) if head else 0.0)
         return [parked, late]
 
     @classmethod

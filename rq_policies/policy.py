@@ -126,11 +126,6 @@ class Policy:
     invalid: ClassVar[tuple[tuple[dict[str, Any], str], ...]] = ()
 
     @classmethod
-    def metric_families(cls, connection: Any, now: float) -> list[Any]:
-        """Prometheus metric families (prometheus_client is installed when this is called)."""
-        return []
-
-    @classmethod
     def metrics(cls, connection: Redis, now: float) -> list[Metric]:
         """This policy's Prometheus metric families, read from Redis at scrape time (``now``: the server clock), as
         :class:`rq_policies.views.Metric` descriptions; :mod:`rq_policies.metrics` renders them."""

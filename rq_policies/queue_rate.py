@@ -38,7 +38,7 @@ from .ops import server_now as _server_now
 from .ops import text
 from .policy import MAX_CAPACITY, MAX_SECONDS, FetchPolicy, positive_int, whole_seconds
 from .queue_slot import queue_name
-from .views import Argument, BadArgument, Digits, Option, Reply, Setting, UsageError, Values, View
+from .views import Argument, BadArgument, Digits, Metric, Option, Reply, Setting, UsageError, Values, View
 
 __all__ = ['BACKOFFS_META', 'SNOOZES_META', 'BackOff', 'QueueRate', 'RateStatus', 'Snooze', 'SnoozeLimitReached']
 
@@ -325,23 +325,21 @@ class QueueRate(FetchPolicy, GcraRate):
                  'note': f'{len(rows)} of {len(names)} queues listed' if len(names) > len(rows) else ''}]
 
     @classmethod
-    def metric_families(cls, connection: Any, now: float) -> list[Any]:
-        from prometheus_client.core import GaugeMetricFamily
-
-        limit = GaugeMetricFamily('rq_policies_queue_rate_per_second',
-                                  'QueueRate of a queue: job starts allowed per second.', labels=['queue'])
-        available = GaugeMetricFamily('rq_policies_queue_rate_available',
-                                      'QueueRate starts a queue allows at once now.', labels=['queue'])
-        backoff = GaugeMetricFamily('rq_policies_queue_backoff_seconds',
-                                    'Seconds left of a BackOff blocking a queue.', labels=['queue'])
+    def metrics(cls, connection: Redis, now: float) -> list[Metric]:
+        limit = Metric('rq_policies_queue_rate_per_second', 'QueueRate of a queue: job starts allowed per second.',
+                       ('queue',))
+        available = Metric('rq_policies_queue_rate_available', 'QueueRate starts a queue allows at once now.',
+                           ('queue',))
+        backoff = Metric('rq_policies_queue_backoff_seconds', 'Seconds left of a BackOff blocking a queue.',
+                         ('queue',))
         names = sorted(cls.configured_queues(connection)
                        | {text(m) for m in connection.zrangebyscore(keys.BACKOFF, f'({now:.6f}', '+inf')})
         for name, entry in cls.queue_state(connection, names, now, None).items():
             if entry['rate']:
-                limit.add_metric([name], entry['rate']['limit'] / entry['rate']['per'])
-                available.add_metric([name], entry['rate_available'])
+                limit.add([name], entry['rate']['limit'] / entry['rate']['per'])
+                available.add([name], entry['rate_available'])
             if entry['backoff_seconds_left']:
-                backoff.add_metric([name], entry['backoff_seconds_left'])
+                backoff.add([name], entry['backoff_seconds_left'])
         return [limit, available, backoff]
 
     @classmethod

@@ -31,7 +31,7 @@ from .ledger import WAKE_CAPACITY, WAKE_RELEASED, Hold
 from .ops import need_connection as _need
 from .ops import text
 from .policy import MAX_CAPACITY, FetchPolicy, positive_int, whole_seconds
-from .views import Argument, BadArgument, Digits, Reply, Setting, Values, View
+from .views import Argument, BadArgument, Digits, Metric, Reply, Setting, Values, View
 
 __all__ = ['WAKE_CAPACITY', 'WAKE_RELEASED', 'QueueSlot', 'queue_name']
 
@@ -341,22 +341,16 @@ class QueueSlot(FetchPolicy):
         return lines
 
     @classmethod
-    def metric_families(cls, connection: Any, now: float) -> list[Any]:
-        from prometheus_client.core import GaugeMetricFamily
-
+    def metrics(cls, connection: Redis, now: float) -> list[Metric]:
         from . import state
 
-        in_use = GaugeMetricFamily(
-            'rq_policies_queue_slots_in_use', 'Live QueueSlot holds of a queue (jobs running under its cap).',
-            labels=['queue'],
-        )
-        capacity = GaugeMetricFamily(
-            'rq_policies_queue_slots_capacity', 'Cluster-wide QueueSlot cap of a queue.', labels=['queue']
-        )
+        in_use = Metric('rq_policies_queue_slots_in_use',
+                        'Live QueueSlot holds of a queue (jobs running under its cap).', ('queue',))
+        capacity = Metric('rq_policies_queue_slots_capacity', 'Cluster-wide QueueSlot cap of a queue.', ('queue',))
         for row in cls.gauges(connection, state.queue_names(connection), now):
-            in_use.add_metric([row['queue']], row['in_use'])
+            in_use.add([row['queue']], row['in_use'])
             if row['capacity'] is not None:
-                capacity.add_metric([row['queue']], row['capacity'])
+                capacity.add([row['queue']], row['capacity'])
         return [in_use, capacity]
 
     @classmethod

@@ -51,7 +51,22 @@ from .ops import Call, text
 from .ops import need_connection as _need
 from .ops import server_now as _server_now
 from .policy import MAX_CAPACITY, FetchPolicy, positive_int
-from .views import Argument, BadArgument, Command, Digits, Heading, Metric, Option, Reply, Setting, Values, View
+from .views import (
+    Argument,
+    BadArgument,
+    Cell,
+    CellValue,
+    Command,
+    Digits,
+    Heading,
+    Metric,
+    Option,
+    Panel,
+    Reply,
+    Setting,
+    Values,
+    View,
+)
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -541,7 +556,7 @@ class Concurrency(KeyedPolicy):
         return out
 
     @classmethod
-    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
+    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[Panel]:
         """The busiest keys of each scope, from one bounded SCAN walk (:func:`sample_keys`): at most
         ``PANEL_BUDGET`` keys examined and ``PANEL_KEYS`` keys read per scope, with a note when the walk stopped
         early (``rq-policies keys SCOPE --limit 0`` reads them all)."""
@@ -552,18 +567,17 @@ class Concurrency(KeyedPolicy):
             rows = cls.key_rows(connection, scope, limit, search, now, names=names)
             if not rows:
                 continue
-            out.append({
-                'note': note,
-                'title': f'Concurrency per key: {scope}',
-                'columns': ['key', 'in use', 'limit', 'parked', 'waiting for'],
-                'rows': [[
+            out.append(Panel(
+                f'Concurrency per key: {scope}', ['key', 'in use', 'limit', 'parked', 'waiting for'],
+                [[
                     row['key'],
-                    {'text': str(row['in_use']), 'warn': True}
+                    Cell(str(row['in_use']), warn=True)
                     if row['limit'] is not None and row['in_use'] > row['limit'] else row['in_use'],
                     row['limit'], row['parked'],
                     _waiting_cell(row, now),
                 ] for row in rows],
-            })
+                note,
+            ))
         return out
 
     @classmethod
@@ -872,17 +886,16 @@ def _glob(value: str) -> str:
 
 
 
-def _waiting_cell(row: dict[str, Any], now: float) -> Any:
+def _waiting_cell(row: dict[str, Any], now: float) -> CellValue:
     """The page's "waiting for" cell of a key: what its parked jobs wait for, with the moment as a live time."""
     kind = row.get('waiting_for')
     if kind == 'backoff':
-        return {'text': 'its back-off to end', 'at': row['backoff_until'] - now}
+        return Cell('its back-off to end', at=row['backoff_until'] - now)
     if kind == 'release':
-        cell: dict[str, Any] = {'text': 'a release (a running job ends)'}
         if row.get('next_due') is not None:
-            cell['note'] = 'a dead worker\'s hold expires'
-            cell['at'] = row['next_due'] - now
-        return cell
+            return Cell('a release (a running job ends)', note='a dead worker\'s hold expires',
+                        at=row['next_due'] - now)
+        return Cell('a release (a running job ends)')
     if kind == 'fetch':
         return 'the next fetch (a unit is free)'
     return None

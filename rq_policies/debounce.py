@@ -38,6 +38,7 @@ from rq.registry import ScheduledJobRegistry
 from . import compat, keys
 from .exceptions import PolicyConfigurationError
 from .policy import AdmissionPolicy, Policy, pending_lines, replaced_in_place, superseded_entry, whole_seconds
+from .views import Cell, Panel
 
 logger = logging.getLogger('rq_policies')
 
@@ -165,7 +166,7 @@ class Debounce(AdmissionPolicy):
         return pending_lines(family, block, detail, digests, width)
 
     @classmethod
-    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
+    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[Panel]:
         """The dashboard's pending debounced jobs: the job that runs once its identity is quiet, when the pending
         period started, and when the job runs."""
         from . import state
@@ -176,14 +177,13 @@ class Debounce(AdmissionPolicy):
         for row in sample['rows']:
             job_id = row['fields'].get('job')
             first = row['fields'].get('first')
-            rows.append([row['queue'], identity_cell(row), {'text': job_id, 'job': job_id} if job_id else None,
-                         {'text': '', 'at': float(first) - now} if first else None,
-                         None if row['expires_in'] is None else {'text': '', 'at': row['expires_in']}])
+            rows.append([row['queue'], identity_cell(row), Cell(job_id, job=job_id) if job_id else None,
+                         Cell(at=float(first) - now) if first else None,
+                         None if row['expires_in'] is None else Cell(at=row['expires_in'])])
         if not rows:
             return []
-        return [{'title': 'Pending debounced jobs (Debounce)', 'rows': rows,
-                 'columns': ['queue', 'identity', 'job', 'pending since', 'runs'],
-                 'note': state.sample_note(sample, 'pending jobs')}]
+        return [Panel('Pending debounced jobs (Debounce)', ['queue', 'identity', 'job', 'pending since', 'runs'],
+                      rows, state.sample_note(sample, 'pending jobs'))]
 
     @classmethod
     def reset_part(cls, call: Any, queue: str, digest: str, declared: AdmissionPolicy | None) -> dict[str, Any]:

@@ -67,7 +67,7 @@ from .exceptions import PolicyError
 from .ops import Call, text
 from .ops import need_connection as _need
 from .policy import FetchPolicy, positive_int
-from .views import Argument, BadArgument, Command, Group, Heading, Option, Reply, Setting, Values, View
+from .views import Argument, BadArgument, Cell, Command, Group, Heading, Option, Panel, Reply, Setting, Values, View
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -506,22 +506,21 @@ class Fair(FetchPolicy):
         return lines
 
     @classmethod
-    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
+    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[Panel]:
         out = []
         for queue in cls.queues(connection):
             rows = [r for r in cls.key_rows(connection, queue, limit) if search is None or search in r['key']
                     or search == queue]
             if rows:
                 count = int(connection.zcard(ACTIVE_PREFIX + queue))
-                out.append({
-                    'title': f'Fair share: {queue}',
-                    'note': None if count <= limit else f'the next {limit} of {count} keys taking turns; shares '
-                                                        'among those listed',
-                    'columns': ['key', 'waiting', 'weight', 'share', 'state'],
-                    'rows': [[r['key'], r['waiting'], r['weight'] if not r['set_at_run_time'] else
-                              f'{r["weight"]} (set at run time)', f'{r["share"]:.0%}',
-                              {'text': 'paused', 'warn': True} if r['paused'] else 'taking turns'] for r in rows],
-                })
+                out.append(Panel(
+                    f'Fair share: {queue}', ['key', 'waiting', 'weight', 'share', 'state'],
+                    [[r['key'], r['waiting'], r['weight'] if not r['set_at_run_time'] else
+                      f'{r["weight"]} (set at run time)', f'{r["share"]:.0%}',
+                      Cell('paused', warn=True) if r['paused'] else 'taking turns'] for r in rows],
+                    '' if count <= limit else f'the next {limit} of {count} keys taking turns; shares among those '
+                                              'listed',
+                ))
         return out
 
     @classmethod

@@ -28,6 +28,7 @@ from .ops import need_connection as _need
 from .ops import text
 from .policy import MAX_CAPACITY, MAX_SECONDS
 from .queue_rate import GcraRate, RateStatus, _status, check
+from .views import Cell, Panel
 
 __all__ = ['Rate']
 
@@ -283,7 +284,7 @@ class Rate(KeyedPolicy, GcraRate):
         return out
 
     @classmethod
-    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
+    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[Panel]:
         from .concurrency import panel_names, sample_keys
 
         found, complete = sample_keys(connection, cls.name, holds=cls.holds)
@@ -292,17 +293,16 @@ class Rate(KeyedPolicy, GcraRate):
             names, note = panel_names(found[scope], search, complete)
             rows = cls.key_rows(connection, scope, limit, search, now, names=names)
             if rows:
-                out.append({
-                    'note': note,
-                    'title': f'Rate per key: {scope}',
-                    'columns': ['key', 'parked', 'waiting for', 'rate'],
-                    'rows': [[row['key'], row['parked'],
-                              None if row['next_due'] is None else
-                              {'text': 'its rate', 'note': 'next start', 'at': max(row['next_due'] - now, 0.0)},
-                              None if row['rate'] is None else '{}/{}s burst {}'.format(*row['rate'])
-                              + (' (set at run time)' if row.get('set_at_run_time') else '')]
-                             for row in rows],
-                })
+                out.append(Panel(
+                    f'Rate per key: {scope}', ['key', 'parked', 'waiting for', 'rate'],
+                    [[row['key'], row['parked'],
+                      None if row['next_due'] is None else
+                      Cell('its rate', note='next start', at=max(row['next_due'] - now, 0.0)),
+                      None if row['rate'] is None else '{}/{}s burst {}'.format(*row['rate'])
+                      + (' (set at run time)' if row.get('set_at_run_time') else '')]
+                     for row in rows],
+                    note,
+                ))
         return out
 
 

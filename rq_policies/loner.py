@@ -21,6 +21,7 @@ from . import compat, keys
 from .exceptions import DuplicateJob
 from .ops import Call, text
 from .policy import MAX_SECONDS, AdmissionPolicy, Policy, job_status
+from .views import Cell, Panel
 
 logger = logging.getLogger('rq_policies')
 
@@ -269,7 +270,7 @@ class Loner(AdmissionPolicy):
         return lines
 
     @classmethod
-    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
+    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[Panel]:
         """The dashboard's unique identities: each marker's queue, identity, holder job and whether it still holds
         (a marker whose job no longer waits, and is not running under ``until='finished'``, is stale: the next
         enqueue of the identity replaces it)."""
@@ -280,15 +281,14 @@ class Loner(AdmissionPolicy):
         rows = []
         for row in sample['rows']:
             job_id = row['job_id']
-            holds = 'yes' if row['waiting'] else {'text': 'no (stale: the next enqueue replaces it)', 'expired': True}
-            rows.append([row['queue'], identity_cell(row), {'text': job_id, 'job': job_id} if job_id else None,
+            holds = 'yes' if row['waiting'] else Cell('no (stale: the next enqueue replaces it)', expired=True)
+            rows.append([row['queue'], identity_cell(row), Cell(job_id, job=job_id) if job_id else None,
                          row['job_status'] or 'gone', holds,
-                         None if row['expires_in'] is None else {'text': '', 'at': row['expires_in']}])
+                         None if row['expires_in'] is None else Cell(at=row['expires_in'])])
         if not rows:
             return []
-        return [{'title': 'Unique identities (Loner)', 'rows': rows,
-                 'columns': ['queue', 'identity', 'job', 'job status', 'holds', 'expires'],
-                 'note': state.sample_note(sample, 'markers')}]
+        return [Panel('Unique identities (Loner)', ['queue', 'identity', 'job', 'job status', 'holds', 'expires'],
+                      rows, state.sample_note(sample, 'markers'))]
 
     @classmethod
     def reset_part(cls, call: Call, queue: str, digest: str, declared: AdmissionPolicy | None) -> dict[str, Any]:

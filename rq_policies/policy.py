@@ -19,7 +19,7 @@ from .identity import UniqueContext
 if TYPE_CHECKING:
     from redis import Redis
 
-    from .views import Metric, View
+    from .views import Metric, Panel, View
 
 F = TypeVar('F', bound=Callable[..., Any])
 
@@ -188,7 +188,7 @@ class Policy:
         return []
 
     @classmethod
-    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
+    def panels(cls, connection: Redis, now: float, limit: int, search: str | None = None) -> list[Panel]:
         """This policy's panels on the dashboard (:mod:`rq_policies.dashboard`), read from Redis in a bounded
         number of commands (SCAN with COUNT and a budget, never KEYS): the page must answer fast on a server with
         100,000 identities, so list at most ``limit`` rows per panel and say in ``note`` when there are more.
@@ -200,9 +200,9 @@ class Policy:
             search: only rows about this text (a queue name, a key, an identity digest or a job id); None for all.
 
         Returns:
-            A list of ``{'title': str, 'columns': [str, ...], 'rows': [[cell, ...], ...]}`` with an optional
-            ``'note'`` (str): a cell is a str, int, float or None, ``{'text': str, 'job': job_id}`` (a link to the
-            job's page) or ``{'text': str, 'warn': True}`` (shown as a warning). The page escapes every cell.
+            A list of :class:`rq_policies.views.Panel` (title, columns, rows, note): a cell is a str, int, float or
+            None, or a :class:`rq_policies.views.Cell` (a link to a job, a live time, a warning, ...). The page
+            escapes every cell.
         """
         return []
 

@@ -38,7 +38,7 @@ from .ops import server_now as _server_now
 from .ops import text
 from .policy import MAX_CAPACITY, MAX_SECONDS, FetchPolicy, positive_int, whole_seconds
 from .queue_slot import queue_name
-from .views import Argument, BadArgument, Digits, Metric, Option, Reply, Setting, UsageError, Values, View
+from .views import Argument, BadArgument, Cell, Digits, Metric, Option, Panel, Reply, Setting, UsageError, Values, View
 
 __all__ = ['BACKOFFS_META', 'SNOOZES_META', 'BackOff', 'QueueRate', 'RateStatus', 'Snooze', 'SnoozeLimitReached']
 
@@ -300,7 +300,7 @@ class QueueRate(FetchPolicy, GcraRate):
         return lines
 
     @classmethod
-    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
+    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[Panel]:
         """The dashboard's rates panel: per queue with a rate or a back-off, the rate, the starts allowed now, when
         the next start is allowed and when a back-off ends (local time and how far from now)."""
         names = sorted(cls.configured_queues(connection)
@@ -314,15 +314,14 @@ class QueueRate(FetchPolicy, GcraRate):
                 name,
                 f'{rate["limit"]}/{rate["per"]}s burst {rate["burst"]}' if rate else None,
                 entry['rate_available'],
-                ('now' if entry['rate_next_at'] <= now else {'text': '', 'at': entry['rate_next_at'] - now})
+                ('now' if entry['rate_next_at'] <= now else Cell(at=entry['rate_next_at'] - now))
                 if rate else None,
-                {'text': '', 'note': 'until', 'at': left, 'warn': True} if left else None,
+                Cell(note='until', at=left, warn=True) if left else None,
             ])
         if not rows:
             return []
-        return [{'title': 'Queue rates (QueueRate)', 'rows': rows,
-                 'columns': ['queue', 'rate', 'starts available', 'next start', 'backed off'],
-                 'note': f'{len(rows)} of {len(names)} queues listed' if len(names) > len(rows) else ''}]
+        return [Panel('Queue rates (QueueRate)', ['queue', 'rate', 'starts available', 'next start', 'backed off'],
+                      rows, f'{len(rows)} of {len(names)} queues listed' if len(names) > len(rows) else '')]
 
     @classmethod
     def metrics(cls, connection: Redis, now: float) -> list[Metric]:

@@ -31,7 +31,7 @@ from .ledger import WAKE_CAPACITY, WAKE_RELEASED, Hold
 from .ops import need_connection as _need
 from .ops import text
 from .policy import MAX_CAPACITY, FetchPolicy, positive_int, whole_seconds
-from .views import Argument, BadArgument, Digits, Metric, Reply, Setting, Values, View
+from .views import Argument, BadArgument, Cell, Digits, Metric, Panel, Reply, Setting, Values, View
 
 __all__ = ['WAKE_CAPACITY', 'WAKE_RELEASED', 'QueueSlot', 'queue_name']
 
@@ -367,7 +367,7 @@ class QueueSlot(FetchPolicy):
         ),)
 
     @classmethod
-    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
+    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[Panel]:
         """The dashboard's holds panel: per queue with a cap or a hold, the cap, the holds in use and each hold
         (holder, the job its worker runs, seconds to expiry). A hold past its expiry still in the ledger is
         *expired*: its holder stopped refreshing (killed, or stalled longer than the ttl); it no longer counts
@@ -391,23 +391,21 @@ class QueueSlot(FetchPolicy):
             in_use = entry['holds_in_use']
             queues.append([name, entry['capacity'], in_use, len(lapsed)])
             for token, score in lapsed:
-                holds.append([name, token, None, {'text': 'expired (no longer counts)', 'at': score - now,
-                                                  'expired': True}])
+                holds.append([name, token, None, Cell('expired (no longer counts)', at=score - now, expired=True)])
             for hold in entry['holds']:
-                holds.append([name, hold['holder'], None, {'text': '', 'at': hold['expires_in']}])
+                holds.append([name, hold['holder'], None, Cell(at=hold['expires_in'])])
             shown += in_use + len(lapsed)
         holds = holds[:limit]
         jobs = _running_jobs(connection, [row[1] for row in holds])
         for row in holds:
             job_id = jobs.get(row[1].rsplit(':', 2)[0])
-            row[2] = {'text': job_id, 'job': job_id} if job_id else None
+            row[2] = Cell(job_id, job=job_id) if job_id else None
         if not queues:
             return []
-        out = [{'title': 'Queue caps (QueueSlot)', 'columns': ['queue', 'cap', 'in use', 'expired holds (not counted)'],
-                'rows': queues}]
+        out = [Panel('Queue caps (QueueSlot)', ['queue', 'cap', 'in use', 'expired holds (not counted)'], queues)]
         if holds:
-            out.append({'title': 'Holds (QueueSlot)', 'columns': ['queue', 'holder', 'job', 'expires'],
-                        'rows': holds, 'note': f'{len(holds)} of {shown} holds listed' if shown > len(holds) else ''})
+            out.append(Panel('Holds (QueueSlot)', ['queue', 'holder', 'job', 'expires'], holds,
+                             f'{len(holds)} of {shown} holds listed' if shown > len(holds) else ''))
         return out
 
     # -- tokens ---------------------------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ from .policy import (
     superseded_entry,
     whole_seconds,
 )
+from .views import Cell, Panel
 
 logger = logging.getLogger('rq_policies')
 
@@ -296,7 +297,7 @@ class Throttle(AdmissionPolicy):
         return pending_lines(family, block, lambda row: f'job {row["job_id"]}', digests, width)
 
     @classmethod
-    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
+    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[Panel]:
         """The dashboard's throttle windows (the job that won each live window, and when the window ends) and
         pending trailing jobs (the job that runs when its window ends)."""
         from . import state
@@ -307,16 +308,14 @@ class Throttle(AdmissionPolicy):
         rows = [[row['queue'], identity_cell(row), _window_cell(row), _job_cell(row['job_id']),
                  _at(row['expires_in'])] for row in windows['rows']]
         if rows:
-            out.append({'title': 'Throttle windows (Throttle)', 'rows': rows,
-                        'columns': ['queue', 'identity', 'window', 'job', 'ends'],
-                        'note': state.sample_note(windows, 'windows')})
+            out.append(Panel('Throttle windows (Throttle)', ['queue', 'identity', 'window', 'job', 'ends'], rows,
+                             state.sample_note(windows, 'windows')))
         trailing = state.sample_family(connection, keys.TRAILING_KEYS, limit, search)
         rows = [[row['queue'], identity_cell(row), _job_cell(row['job_id']), row['job_status'] or 'gone',
                  _at(row['expires_in'])] for row in trailing['rows']]
         if rows:
-            out.append({'title': 'Pending trailing jobs (Throttle)', 'rows': rows,
-                        'columns': ['queue', 'identity', 'job', 'job status', 'runs'],
-                        'note': state.sample_note(trailing, 'pending jobs')})
+            out.append(Panel('Pending trailing jobs (Throttle)', ['queue', 'identity', 'job', 'job status', 'runs'],
+                             rows, state.sample_note(trailing, 'pending jobs')))
         return out
 
     @classmethod
@@ -326,25 +325,25 @@ class Throttle(AdmissionPolicy):
         return {'width': declared.slot if isinstance(declared, Throttle) else 0}
 
 
-def _at(seconds: float | None) -> dict[str, Any] | None:
+def _at(seconds: float | None) -> Cell | None:
     """A page cell of the moment ``seconds`` from now (local time, ``in 5 s``), or None."""
-    return None if seconds is None else {'text': '', 'at': seconds}
+    return None if seconds is None else Cell(at=seconds)
 
 
-def _window_cell(row: dict[str, Any]) -> dict[str, Any]:
+def _window_cell(row: dict[str, Any]) -> Cell:
     """A page cell of a throttle window: its start and end in local time, the window number on hover."""
     from .readable import local_iso
 
     if row.get('window_start') is None:
-        return {'text': f'window {row.get("slot")}', 'title': 'the window number (epoch seconds // width)'}
+        return Cell(f'window {row.get("slot")}', title='the window number (epoch seconds // width)')
     start, end = local_iso(row['window_start']), local_iso(row['window_end'])
-    return {'text': f'{start} to {end[11:19] if start[:10] == end[:10] else end}',
-            'title': f'window {row["slot"]} of {row["window_end"] - row["window_start"]} s'}
+    return Cell(f'{start} to {end[11:19] if start[:10] == end[:10] else end}',
+                title=f'window {row["slot"]} of {row["window_end"] - row["window_start"]} s')
 
 
-def _job_cell(job_id: str | None) -> dict[str, str] | None:
+def _job_cell(job_id: str | None) -> Cell | None:
     """A dashboard cell linking to ``job_id``'s page, or None."""
-    return {'text': job_id, 'job': job_id} if job_id else None
+    return Cell(job_id, job=job_id) if job_id else None
 
 
 def _declared_spec(job: Job) -> PolicySet | None:

@@ -258,3 +258,59 @@ class Metric:
     def add(self, labels: Sequence[str], value: float) -> None:
         """Add a sample with these label values."""
         self.samples.append((tuple(labels), value))
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A dashboard cell that says more than its text (a plain str, int, float or None is a cell of its text).
+
+    Attributes:
+        text: what it shows.
+        job: a job id the cell links to.
+        at: a moment, in seconds from now (negative: past), shown after the text and a ``;`` as local ISO time and
+            ``in 5 s`` / ``12 s ago`` (:func:`rq_policies.readable.in_seconds`), with ``note`` before it.
+        note: the words before ``at``'s moment (``'until'``).
+        warn: highlighted (a key over its limit, a back-off).
+        expired: greyed: a hold or marker past its time that no longer counts.
+        title: shown on hover.
+        sub: a second, small line (an identity's whole digest, to copy into a reset).
+    """
+
+    text: str = ''
+    job: str | None = None
+    at: float | None = None
+    note: str = ''
+    warn: bool = False
+    expired: bool = False
+    title: str = ''
+    sub: str = ''
+
+
+#: What a panel's row holds per column.
+CellValue = Union[Cell, str, int, float, None]
+
+
+@dataclass
+class Panel:
+    """One table a policy shows on the dashboard (:meth:`rq_policies.policy.Policy.panels`), rendered by
+    :mod:`rq_policies.dashboard.data`.
+
+    Its fields read as the keys of the dict a panel was before it was typed (``panel['rows']``), so code that read
+    those reads these.
+
+    Attributes:
+        title: its heading.
+        columns: its column names.
+        rows: its rows, a value per column.
+        note: a line under it (``'20 of 130 keys listed'``), '' for none.
+    """
+
+    title: str
+    columns: list[str]
+    rows: list[list[CellValue]]
+    note: str = ''
+
+    def __getitem__(self, name: str) -> object:
+        if name not in ('title', 'columns', 'rows', 'note'):
+            raise KeyError(name)
+        return getattr(self, name)

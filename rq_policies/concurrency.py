@@ -58,6 +58,7 @@ from .views import (
     CellValue,
     Command,
     Digits,
+    Explanation,
     Heading,
     Metric,
     Option,
@@ -581,7 +582,7 @@ class Concurrency(KeyedPolicy):
         return out
 
     @classmethod
-    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[dict[str, Any]]:
+    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[Explanation]:
         raw = job.get(cls.field)
         if not raw:
             return []
@@ -597,21 +598,21 @@ class Concurrency(KeyedPolicy):
             pipe.get(keys.KEY_BLOCK_PREFIX + channel)
             in_use, override, position, blocked = pipe.execute()
         limit = int(override) if override is not None else int(declared)
-        entry: dict[str, Any] = {'policy': cls.name, 'scope': scope, 'key': key, 'limit': limit,
+        entry: dict[str, Any] = {'scope': scope, 'key': key, 'limit': limit,
                                  'in_use': int(in_use), 'overridden': override is not None}
         words = f'key {key!r} (scope {scope}) at {int(in_use)}/{limit}'
         if position is not None:
             entry['parked_position'] = int(position)
             words += f' (parked, position {int(position) + 1})'
-            entry['change'] = ('it goes back to the front of its queue when a hold of its key is released or expires '
-                               '(or raise the key\'s limit: rq-policies override)')
+            change = ('it goes back to the front of its queue when a hold of its key is released or expires '
+                      '(or raise the key\'s limit: rq-policies override)')
         else:
-            entry['change'] = ''
+            change = ''
         if blocked is not None and float(blocked) > now:
             entry['backoff_until'] = float(blocked)
             words += f', backed off for {float(blocked) - now:.1f} s more'
-        entry['verdict'] = words
-        return [entry]
+        verdict = words
+        return [Explanation(cls.name, verdict, change, entry)]
 
     @classmethod
     def commands(cls) -> tuple[View, ...]:

@@ -38,7 +38,7 @@ from rq.registry import ScheduledJobRegistry
 from . import compat, keys
 from .exceptions import PolicyConfigurationError
 from .policy import AdmissionPolicy, Policy, pending_lines, replaced_in_place, superseded_entry, whole_seconds
-from .views import Cell, Panel
+from .views import Cell, Explanation, Panel
 
 logger = logging.getLogger('rq_policies')
 
@@ -90,7 +90,7 @@ class Debounce(AdmissionPolicy):
         return [DEBOUNCE_FIELD, keys.debounce(queue, digest)]
 
     @classmethod
-    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[dict[str, Any]]:
+    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[Explanation]:
         state = job.get(DEBOUNCE_FIELD)
         if not state:
             return []
@@ -99,23 +99,23 @@ class Debounce(AdmissionPolicy):
             pipe.zscore(ScheduledJobRegistry.key_template.format(job.get('origin', '')), job['id'])
             pending, run_at = pipe.execute()
         pending = pending.decode() if isinstance(pending, bytes) else pending
-        entry: dict[str, Any] = {'policy': cls.name, 'pending': pending, 'run_at': run_at}
+        entry: dict[str, Any] = {'pending': pending, 'run_at': run_at}
         when = datetime.fromtimestamp(run_at, timezone.utc).isoformat() if run_at is not None else None
         if pending == job['id'] and run_at is not None and run_at > now:
-            entry['verdict'] = f'pending debounced job, runs at {when} (in {run_at - now:.1f} s)'
-            entry['change'] = ('an identical enqueue before then rewrites it in place (its payload and run time; '
-                               'same id)')
+            verdict = f'pending debounced job, runs at {when} (in {run_at - now:.1f} s)'
+            change = ('an identical enqueue before then rewrites it in place (its payload and run time; '
+                      'same id)')
         elif run_at is not None:
-            entry['verdict'] = (f'its quiet period is over: the next fetch of a PolicyWorker of its queue moves it to '
-                                f'the queue (due {when})')
-            entry['change'] = 'run a PolicyWorker on its queue (or stock workers with --with-scheduler)'
+            verdict = (f'its quiet period is over: the next fetch of a PolicyWorker of its queue moves it to '
+                       f'the queue (due {when})')
+            change = 'run a PolicyWorker on its queue (or stock workers with --with-scheduler)'
         else:
-            entry['verdict'] = 'its debounce period is over'
-            entry['change'] = ''
-        return [entry]
+            verdict = 'its debounce period is over'
+            change = ''
+        return [Explanation(cls.name, verdict, change, entry)]
 
     @classmethod
-    def explain_gone(cls, connection: Any, job_id: str, records: dict[str, Any], now: float) -> list[dict[str, Any]]:
+    def explain_gone(cls, connection: Any, job_id: str, records: dict[str, Any], now: float) -> list[Explanation]:
         return superseded_entry(cls.name, connection, records,
                                 'a later enqueue of its identity replaced this pending debounced job',
                                 'nothing: job {by} runs in its place, with the latest payload')

@@ -67,7 +67,21 @@ from .exceptions import PolicyError
 from .ops import Call, text
 from .ops import need_connection as _need
 from .policy import FetchPolicy, positive_int
-from .views import Argument, BadArgument, Cell, Command, Group, Heading, Option, Panel, Reply, Setting, Values, View
+from .views import (
+    Argument,
+    BadArgument,
+    Cell,
+    Command,
+    Explanation,
+    Group,
+    Heading,
+    Option,
+    Panel,
+    Reply,
+    Setting,
+    Values,
+    View,
+)
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -447,7 +461,7 @@ class Fair(FetchPolicy):
                 return sorted(found)
 
     @classmethod
-    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[dict[str, Any]]:
+    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[Explanation]:
         raw = job.get(FIELD)
         if not raw:
             return []
@@ -462,14 +476,15 @@ class Fair(FetchPolicy):
             pipe.zcard(WAIT_PREFIX + f'{queue}:{channel}')
             rank, active, paused, stored, waiting = pipe.execute()
         weight_now = int(stored) if stored is not None else int(weight)
-        entry: dict[str, Any] = {'policy': cls.name, 'scope': scope, 'key': key, 'queue': queue,
+        entry: dict[str, Any] = {'scope': scope, 'key': key, 'queue': queue,
                                  'weight': weight_now, 'priority': int(priority), 'active_keys': int(active),
-                                 'paused': bool(paused), 'waiting': int(waiting), 'change': ''}
+                                 'paused': bool(paused), 'waiting': int(waiting)}
+        change = ''
         if rank is not None:
             entry['position'] = int(rank)
             words = f'{_ordinal(int(rank) + 1)} in line for key {key!r} (scope {scope})'
-            entry['change'] = (f'it starts when key {key!r} has its turn and the jobs before it in the line have '
-                               'started; Fair.pause/resume, Fair.set change the key\'s turns')
+            change = (f'it starts when key {key!r} has its turn and the jobs before it in the line have '
+                      'started; Fair.pause/resume, Fair.set change the key\'s turns')
         else:
             words = f'key {key!r} (scope {scope}): not waiting in its line'
         words += f', {int(active)} key(s) taking turns on queue {queue!r}, weight {weight_now}'
@@ -479,9 +494,9 @@ class Fair(FetchPolicy):
             words += f', priority {int(priority)}'
         if paused:
             words += f', {key} paused'
-            entry['change'] = f'the key is paused: Fair.resume({scope!r}, {key!r}) lets its jobs start'
-        entry['verdict'] = words
-        return [entry]
+            change = f'the key is paused: Fair.resume({scope!r}, {key!r}) lets its jobs start'
+        verdict = words
+        return [Explanation(cls.name, verdict, change, entry)]
 
     @classmethod
     def cluster_state(cls, connection: Any, now: float, limit: int | None) -> dict[str, Any]:

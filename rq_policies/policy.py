@@ -19,7 +19,7 @@ from .identity import UniqueContext
 if TYPE_CHECKING:
     from redis import Redis
 
-    from .views import Metric, Panel, View
+    from .views import Explanation, Metric, Panel, View
 
 F = TypeVar('F', bound=Callable[..., Any])
 
@@ -177,7 +177,7 @@ class Policy:
         return []
 
     @classmethod
-    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[dict[str, Any]]:
+    def explain(cls, connection: Redis, job: dict[str, str], now: float) -> list[Explanation]:
         """This policy's part of ``rq-policies explain`` for one job (:func:`rq_policies.explainer.explain`).
 
         ``job`` is the job hash without its payload (str -> str, the policies' own ``policies_*`` fields included,
@@ -207,7 +207,7 @@ class Policy:
         return []
 
     @classmethod
-    def explain_gone(cls, connection: Any, job_id: str, records: dict[str, Any], now: float) -> list[dict[str, Any]]:
+    def explain_gone(cls, connection: Redis, job_id: str, records: dict[str, Any], now: float) -> list[Explanation]:
         """This policy's part of ``explain`` for a job id Redis has no job hash for (a superseded pending job, a
         dropped enqueue), from what the admission left about that id.
 
@@ -241,7 +241,7 @@ def replaced_in_place(job: Any, verdict: Any) -> None:
 
 
 def superseded_entry(policy: str, connection: Any, records: dict[str, Any], pending: str,
-                     change: str) -> list[dict[str, Any]]:
+                     change: str) -> list[Explanation]:
     """The ``explain_gone`` entry of a pending job that a later enqueue of ``policy`` replaced (its tombstone in
     ``records['superseded']``), or [] when no tombstone of ``policy`` names one. ``pending`` says what the job was (a
     debounced, a trailing job) and when its replacement runs; ``change`` is the advice, ``{by}`` the job that runs.
@@ -251,6 +251,7 @@ def superseded_entry(policy: str, connection: Any, records: dict[str, Any], pend
     id whose enqueue was merged into the pending job in place (its tombstone says ``merged``: that call's job was
     never written) names the pending job its payload went into."""
     from .explainer import follow
+    from .views import Explanation
 
     superseded = records['superseded']
     if not superseded or superseded['policy'] != policy:
@@ -267,10 +268,9 @@ def superseded_entry(policy: str, connection: Any, records: dict[str, Any], pend
         if final != by:
             verdict = (f'superseded by job {by}, itself replaced: the job that runs is {final} '
                        f'({status or "gone"} now){via}: {pending}, which was deleted')
-    return [{
-        'policy': policy, 'superseded_by': by, 'runs_as': final, 'chain': chain, 'queue': queue,
-        'merged': bool(superseded.get('merged')), 'verdict': verdict, 'change': change.format(by=final),
-    }]
+    return [Explanation(policy, verdict, change.format(by=final), {
+        'superseded_by': by, 'runs_as': final, 'chain': chain, 'queue': queue, 'merged': bool(superseded.get('merged')),
+    })]
 
 
 def registered(kind: str | None = None) -> list[type[Policy]]:

@@ -31,7 +31,7 @@ from .ledger import WAKE_CAPACITY, WAKE_RELEASED, Hold
 from .ops import need_connection as _need
 from .ops import text
 from .policy import MAX_CAPACITY, FetchPolicy, positive_int, whole_seconds
-from .views import Argument, BadArgument, Cell, Digits, Metric, Panel, Reply, Setting, Values, View
+from .views import Argument, BadArgument, Cell, Digits, Explanation, Metric, Panel, Reply, Setting, Values, View
 
 __all__ = ['WAKE_CAPACITY', 'WAKE_RELEASED', 'QueueSlot', 'queue_name']
 
@@ -300,7 +300,7 @@ class QueueSlot(FetchPolicy):
         return out
 
     @classmethod
-    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[dict[str, Any]]:
+    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[Explanation]:
         queue = job.get('origin')
         if not queue:
             return []
@@ -312,17 +312,17 @@ class QueueSlot(FetchPolicy):
             return []
         cap = int(cap)
         holders = [(text(member), round(score - now, 1)) for member, score in rows]
-        entry: dict[str, Any] = {'policy': cls.name, 'capacity': cap, 'in_use': len(holders),
+        entry: dict[str, Any] = {'capacity': cap, 'in_use': len(holders),
                                  'holders': [{'token': t, 'expires_in': e} for t, e in holders]}
         listed = ', '.join(f'{t} (expires in {e} s)' for t, e in holders[:5]) + (' ...' if len(holders) > 5 else '')
         if job.get('status') == 'queued' and len(holders) >= cap:
-            entry['verdict'] = f'queue at cap {len(holders)}/{cap}, holders: {listed}'
-            entry['change'] = 'a hold is released when its job ends (a dead worker\'s expires by itself), or raise ' \
+            verdict = f'queue at cap {len(holders)}/{cap}, holders: {listed}'
+            change = 'a hold is released when its job ends (a dead worker\'s expires by itself), or raise ' \
                               'the cap (rq-policies cap)'
         else:
-            entry['verdict'] = f'queue cap {cap}, {len(holders)} in use' + (f': {listed}' if holders else '')
-            entry['change'] = ''
-        return [entry]
+            verdict = f'queue cap {cap}, {len(holders)} in use' + (f': {listed}' if holders else '')
+            change = ''
+        return [Explanation(cls.name, verdict, change, entry)]
 
     @classmethod
     def summary(cls, entry: dict[str, Any]) -> str:

@@ -47,7 +47,7 @@ from .policy import (
     superseded_entry,
     whole_seconds,
 )
-from .views import Cell, Panel
+from .views import Cell, Explanation, Panel
 
 logger = logging.getLogger('rq_policies')
 
@@ -176,7 +176,7 @@ class Throttle(AdmissionPolicy):
         return fields
 
     @classmethod
-    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[dict[str, Any]]:
+    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[Explanation]:
         prefix, width = job.get(THROTTLE_FIELD), job.get(WIDTH_FIELD)
         if not prefix or not width or not width.isdigit():
             return []
@@ -191,23 +191,23 @@ class Throttle(AdmissionPolicy):
             owner, pending, run_at = pipe.execute()
         owner = owner.decode() if isinstance(owner, bytes) else owner
         pending = pending.decode() if isinstance(pending, bytes) else pending
-        entry: dict[str, Any] = {'policy': cls.name, 'slot': width_s, 'window_ends_at': ends, 'owner': owner}
+        entry: dict[str, Any] = {'slot': width_s, 'window_ends_at': ends, 'owner': owner}
         if trailing and pending == jid and job.get('status') == 'scheduled' and run_at is not None:
-            entry['verdict'] = f'pending trailing job of the window ending at {_when(run_at)} (in {run_at - now:.1f} s)'
-            entry['change'] = ('runs at that time; a later extra of the window rewrites it in place (its payload; '
-                               'same id)')
+            verdict = f'pending trailing job of the window ending at {_when(run_at)} (in {run_at - now:.1f} s)'
+            change = ('runs at that time; a later extra of the window rewrites it in place (its payload; '
+                      'same id)')
         elif owner == jid:
-            entry['verdict'] = f'owns the current {width_s} s slot, which ends at {_when(ends)} (in {ends - now:.1f} s)'
-            entry['change'] = 'an identical enqueue before then is dropped' + (
+            verdict = f'owns the current {width_s} s slot, which ends at {_when(ends)} (in {ends - now:.1f} s)'
+            change = 'an identical enqueue before then is dropped' + (
                 ' (or kept as the trailing job)' if trailing else '')
         else:
-            entry['verdict'] = 'admitted in an earlier slot; the current one ' + (
+            verdict = 'admitted in an earlier slot; the current one ' + (
                 f'is held by job {owner}' if owner else 'is free') + f', ends at {_when(ends)}'
-            entry['change'] = ''
-        return [entry]
+            change = ''
+        return [Explanation(cls.name, verdict, change, entry)]
 
     @classmethod
-    def explain_gone(cls, connection: Any, job_id: str, records: dict[str, Any], now: float) -> list[dict[str, Any]]:
+    def explain_gone(cls, connection: Any, job_id: str, records: dict[str, Any], now: float) -> list[Explanation]:
         dropped = records['dropped']
         superseded = superseded_entry(cls.name, connection, records,
                                       'a later extra of its window replaced this pending trailing job',
@@ -216,13 +216,13 @@ class Throttle(AdmissionPolicy):
             return superseded
         if dropped and dropped.get('policy') == cls.name:
             holder, ends = str(dropped.get('holder', '')), float(dropped.get('n', 0))
-            return [{
-                'policy': cls.name, 'holder': holder, 'queue': dropped.get('queue', ''), 'window_ends_at': ends,
-                'dropped_at': dropped.get('at'),
-                'verdict': f'dropped at enqueue: held by job {holder}, which owned the slot ending at {_when(ends)}',
-                'change': 'an identical enqueue after ' + (
+            return [Explanation(
+                cls.name, f'dropped at enqueue: held by job {holder}, which owned the slot ending at {_when(ends)}',
+                'an identical enqueue after ' + (
                     'that is admitted' if ends > now else f'{_when(ends)} is admitted (that time has passed)'),
-            }]
+                {'holder': holder, 'queue': dropped.get('queue', ''), 'window_ends_at': ends,
+                 'dropped_at': dropped.get('at')},
+            )]
         return []
 
     def validate(self, job: Any, mode: str, force: bool) -> None:

@@ -314,3 +314,26 @@ class Panel:
         if name not in ('title', 'columns', 'rows', 'note'):
             raise KeyError(name)
         return getattr(self, name)
+
+
+@dataclass
+class Explanation:
+    """A policy's verdict on one job, its part of ``rq-policies explain`` (:meth:`rq_policies.policy.Policy.explain`),
+    rendered by :mod:`rq_policies.explainer` (the text lines, ``--json``, the dashboard's job page).
+
+    Attributes:
+        policy: the policy's name.
+        verdict: what it says of the job now, in words.
+        change: what would change that ('' for nothing to do).
+        details: its own fields (``--json`` shows them beside ``policy``, ``verdict`` and ``change``; the page lists
+            them in this order).
+    """
+
+    policy: str
+    verdict: str
+    change: str = ''
+    details: dict[str, object] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, object]:
+        """The entry ``explain``'s answer lists: ``{'policy', ...details, 'verdict', 'change'}``."""
+        return {'policy': self.policy, **self.details, 'verdict': self.verdict, 'change': self.change}

@@ -155,6 +155,18 @@ def _more(count: int, listed: list[Any], indent: str = '    ') -> None:
         click.echo(f'{indent}... and {count - len(listed)} more (--limit 0 lists all)')
 
 
+def _echo_rows(rows: list[Any]) -> None:
+    """``info``'s rows of state (:class:`~rq_policies.views.Row`: the label in a column of 9, the entries indented
+    under it) and lines (a :class:`~rq_policies.views.Heading` bold)."""
+    for row in rows:
+        if isinstance(row, views.Row):
+            click.echo(f'  {row.label:<9} {row.text}')
+            for item in row.items:
+                click.echo(f'    {item}')
+        else:
+            click.echo(_styled(row))
+
+
 def _print_info(snap: dict[str, Any], digests: bool = False, width: int = 40) -> None:
     from . import readable
 
@@ -168,20 +180,18 @@ def _print_info(snap: dict[str, Any], digests: bool = False, width: int = 40) ->
         click.echo(f'{head}  ({", ".join(words)})' if words else head)
         q = {**q, 'server_time': now}
         for cls in fetch_policies:
-            for line in cls.describe_queue(q):
-                click.echo(line)
+            _echo_rows(cls.describe_queue(q))
         for family in state.families():
             block = q.get(family.name)
             if block and block['count']:
                 block = {**block, 'server_time': now}
-                for line in by_name(family.policy).describe(family, block, digests=digests, width=width):
-                    click.echo(line)
+                _echo_rows(by_name(family.policy).describe(family, block, digests=digests, width=width))
                 _more(block['count'], block['entries'])
         if q['drops']:
-            click.echo('  dropped   ' + ', '.join(f'{policy} {count}' for policy, count in sorted(q['drops'].items())))
+            _echo_rows([views.Row('dropped', ', '.join(f'{policy} {count}'
+                                                       for policy, count in sorted(q['drops'].items())))])
     for name, found in snap.get('policies', {}).items():
-        for line in by_name(name).describe_cluster(found):
-            click.echo(_styled(line))
+        _echo_rows(by_name(name).describe_cluster(found))
     workers = snap['limited_capacity_workers']
     if workers:
         click.echo(click.style('limited-capacity workers', bold=True))

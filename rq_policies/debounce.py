@@ -38,7 +38,7 @@ from rq.registry import ScheduledJobRegistry
 from . import compat, keys
 from .exceptions import PolicyConfigurationError
 from .policy import AdmissionPolicy, Policy, pending_lines, replaced_in_place, superseded_entry, whole_seconds
-from .views import Cell, Explanation, Panel
+from .views import Cell, Explanation, Panel, Row
 
 logger = logging.getLogger('rq_policies')
 
@@ -153,7 +153,7 @@ class Debounce(AdmissionPolicy):
 
     @classmethod
     def describe(cls, family: keys.Family, block: dict[str, Any], digests: bool = False,
-                 width: int = 40) -> list[str]:
+                 width: int = 40) -> list[Row | str]:
         from .readable import relative
 
         def detail(row: dict[str, Any]) -> str:

@@ -21,7 +21,7 @@ from . import compat, keys
 from .exceptions import DuplicateJob
 from .ops import Call, text
 from .policy import MAX_SECONDS, AdmissionPolicy, Policy, job_status
-from .views import Cell, Explanation, Panel
+from .views import Cell, Explanation, Panel, Row
 
 logger = logging.getLogger('rq_policies')
 
@@ -258,16 +258,15 @@ class Loner(AdmissionPolicy):
 
     @classmethod
     def describe(cls, family: keys.Family, block: dict[str, Any], digests: bool = False,
-                 width: int = 40) -> list[str]:
+                 width: int = 40) -> list[Row | str]:
         from .readable import identity
 
         stale = block['count'] - block['waiting']
-        lines = [f'  loner     {block["waiting"]} waiting' + (f', {stale} stale' if stale else '')]
+        items = []
         for row in block['entries']:
             holds = '' if row.get('waiting') else ', stale: no longer holds'
-            lines.append(f'    {identity(row, width, digests)}  job {row["job_id"]} ({row["job_status"] or "gone"}'
-                         f'{holds})')
-        return lines
+            items.append(f'{identity(row, width, digests)}  job {row["job_id"]} ({row["job_status"] or "gone"}{holds})')
+        return [Row('loner', f'{block["waiting"]} waiting' + (f', {stale} stale' if stale else ''), tuple(items))]
 
     @classmethod
     def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[Panel]:

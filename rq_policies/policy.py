@@ -19,7 +19,7 @@ from .identity import UniqueContext
 if TYPE_CHECKING:
     from redis import Redis
 
-    from .views import Explanation, Metric, Panel, View
+    from .views import Explanation, Metric, Panel, Row, View
 
 F = TypeVar('F', bound=Callable[..., Any])
 
@@ -289,18 +289,19 @@ def by_name(name: str) -> type[Policy]:
 
 
 def pending_lines(family: Any, block: dict[str, Any], detail: Callable[[dict[str, Any]], str],
-                  digests: bool = False, width: int = 40) -> list[str]:
+                  digests: bool = False, width: int = 40) -> list[Row]:
     """``info``'s lines for a family of pending jobs (a trailing Throttle's, a Debounce's): a count, then one line per
     identity (its job's description, :func:`rq_policies.readable.identity`) with ``detail(row)`` and when it runs
     (the key expires at the job's run time)."""
     from .readable import identity, in_seconds
+    from .views import Row
 
-    lines = [f'  {family.name:<9} {block["count"]} pending']
+    items = []
     for row in block['entries']:
         runs = f'  runs {in_seconds(row["expires_in"])}' if row['expires_in'] is not None else ''
         extra = detail(row)
-        lines.append(f'    {identity(row, width, digests)}{"  " + extra if extra else ""}{runs}')
-    return lines
+        items.append(f'{identity(row, width, digests)}{"  " + extra if extra else ""}{runs}')
+    return [Row(family.name, f'{block["count"]} pending', tuple(items))]
 
 
 class AdmissionPolicy(Policy):
@@ -358,15 +359,15 @@ class AdmissionPolicy(Policy):
 
     @classmethod
     def describe(cls, family: Any, block: dict[str, Any], digests: bool = False,
-                 width: int = 40) -> list[str]:
-        """The lines ``rq-policies info`` prints for one of this policy's key families on one queue (``block`` is
+                 width: int = 40) -> list[Row | str]:
+        """The rows ``rq-policies info`` prints for one of this policy's key families on one queue (``block`` is
         what ``info --json`` shows for it: ``count`` and the listed ``entries``); an identity is shown as its job's
         description (:func:`rq_policies.readable.identity`), with the whole digest when ``digests``."""
         from .readable import identity
+        from .views import Row
 
-        lines = [f'  {family.name:<9} {block["count"]} key(s)']
-        lines += [f'    {identity(row, width, digests)}' for row in block['entries']]
-        return lines
+        return [Row(family.name, f'{block["count"]} key(s)',
+                    tuple(identity(row, width, digests) for row in block['entries']))]
 
     @classmethod
     def reset_part(cls, call: Any, queue: str, digest: str, declared: AdmissionPolicy | None) -> dict[str, Any]:
@@ -424,8 +425,9 @@ class FetchPolicy(Policy):
         return ''
 
     @classmethod
-    def describe_queue(cls, entry: dict[str, Any]) -> list[str]:
-        """The lines ``rq-policies info`` prints for this policy under a queue's headline."""
+    def describe_queue(cls, entry: dict[str, Any]) -> list[Row | str]:
+        """The rows (:class:`rq_policies.views.Row`) and lines ``rq-policies info`` prints for this policy under a
+        queue's headline."""
         return []
 
     # -- the contract suite (tests/contract): settings, as a policy whose settings live in Redis takes them -------

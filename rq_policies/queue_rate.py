@@ -38,7 +38,21 @@ from .ops import server_now as _server_now
 from .ops import text
 from .policy import MAX_CAPACITY, MAX_SECONDS, FetchPolicy, positive_int, whole_seconds
 from .queue_slot import queue_name
-from .views import Argument, BadArgument, Cell, Digits, Metric, Option, Panel, Reply, Setting, UsageError, Values, View
+from .views import (
+    Argument,
+    BadArgument,
+    Cell,
+    Digits,
+    Metric,
+    Option,
+    Panel,
+    Reply,
+    Row,
+    Setting,
+    UsageError,
+    Values,
+    View,
+)
 
 __all__ = ['BACKOFFS_META', 'SNOOZES_META', 'BackOff', 'QueueRate', 'RateStatus', 'Snooze', 'SnoozeLimitReached']
 
@@ -284,19 +298,19 @@ class QueueRate(FetchPolicy, GcraRate):
         return ', '.join(words)
 
     @classmethod
-    def describe_queue(cls, entry: dict[str, Any]) -> list[str]:
+    def describe_queue(cls, entry: dict[str, Any]) -> list[Row | str]:
         """``info``'s lines: the starts available and when the next is allowed, and a back-off's end (local time and
         how far from now; ``entry['server_time']`` is the server time the state was read at)."""
         from .readable import at
 
-        lines = []
+        lines: list[Row | str] = []
         now = entry.get('server_time')
         if entry.get('rate'):
             when = 'now' if now is None or entry['rate_next_at'] <= now else at(entry['rate_next_at'], now)
-            lines.append(f'  rate      {entry["rate_available"]} start(s) available, next start {when}')
+            lines.append(Row('rate', f'{entry["rate_available"]} start(s) available, next start {when}'))
         if entry.get('backoff_until'):
             until = at(entry['backoff_until'], now) if now is not None else f'in {entry["backoff_seconds_left"]:.1f} s'
-            lines.append(f'  backoff   no start until {until}')
+            lines.append(Row('backoff', f'no start until {until}'))
         return lines
 
     @classmethod

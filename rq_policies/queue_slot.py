@@ -31,7 +31,7 @@ from .ledger import WAKE_CAPACITY, WAKE_RELEASED, Hold
 from .ops import need_connection as _need
 from .ops import text
 from .policy import MAX_CAPACITY, FetchPolicy, positive_int, whole_seconds
-from .views import Argument, BadArgument, Cell, Digits, Explanation, Metric, Panel, Reply, Setting, Values, View
+from .views import Argument, BadArgument, Cell, Digits, Explanation, Metric, Panel, Reply, Row, Setting, Values, View
 
 __all__ = ['WAKE_CAPACITY', 'WAKE_RELEASED', 'QueueSlot', 'queue_name']
 
@@ -331,11 +331,11 @@ class QueueSlot(FetchPolicy):
         return f'cap {cap}, {in_use} in use' if cap is not None else f'uncapped, {in_use} holds'
 
     @classmethod
-    def describe_queue(cls, entry: dict[str, Any]) -> list[str]:
+    def describe_queue(cls, entry: dict[str, Any]) -> list[Row | str]:
         from .readable import in_seconds
 
-        lines = [f'  hold      {hold["holder"]:<36} expires {in_seconds(hold["expires_in"])}'
-                 for hold in entry['holds']]
+        lines: list[Row | str] = [Row('hold', f'{hold["holder"]:<36} expires {in_seconds(hold["expires_in"])}')
+                                  for hold in entry['holds']]
         if entry['holds_in_use'] > len(entry['holds']):
             lines.append(f'  ... and {entry["holds_in_use"] - len(entry["holds"])} more (--limit 0 lists all)')
         return lines

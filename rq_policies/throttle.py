@@ -47,7 +47,7 @@ from .policy import (
     superseded_entry,
     whole_seconds,
 )
-from .views import Cell, Explanation, Panel
+from .views import Cell, Explanation, Panel, Row
 
 logger = logging.getLogger('rq_policies')
 
@@ -286,14 +286,13 @@ class Throttle(AdmissionPolicy):
 
     @classmethod
     def describe(cls, family: keys.Family, block: dict[str, Any], digests: bool = False,
-                 width: int = 40) -> list[str]:
+                 width: int = 40) -> list[Row | str]:
         from .readable import identity
 
         if family.windowed:
-            lines = [f'  throttle  {block["count"]} live window(s)']
-            for row in block['entries']:
-                lines.append(f'    {identity(row, width, digests)}  job {row["job_id"]}  {window_words(row)}')
-            return lines
+            return [Row('throttle', f'{block["count"]} live window(s)',
+                        tuple(f'{identity(row, width, digests)}  job {row["job_id"]}  {window_words(row)}'
+                              for row in block['entries']))]
         return pending_lines(family, block, lambda row: f'job {row["job_id"]}', digests, width)
 
     @classmethod

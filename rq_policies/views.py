@@ -13,7 +13,8 @@ checks every policy module's imports, function-local ones included). Instead its
   argument: exit 2) or a :class:`UsageError` (exit 2), raised before anything is written.
 * :meth:`~rq_policies.policy.Policy.metrics`: its Prometheus families, as :class:`Metric` (name, help, kind, labels,
   samples).
-* the lines ``info`` prints: plain strings, a :class:`Heading` where the renderer puts a bold head.
+* what ``info`` prints: :class:`Row` (a label, its text, the entries under it) under a queue, plain strings, and a
+  :class:`Heading` where the renderer puts a bold head.
 
 The renderers own the presentation (click's parameter types and styles, prometheus_client's families); the
 descriptions own the words, so an output stays what it was when its renderer changes.
@@ -223,6 +224,16 @@ class Group:
 
 #: What :meth:`rq_policies.policy.Policy.commands` returns items of.
 View = Union[Command, Setting, Group]
+
+
+@dataclass(frozen=True)
+class Row:
+    """A row of state ``info`` shows under a queue: a label (``'hold'``, ``'loner'``), its text, and the entries
+    listed under it (one line each); the renderer lays them out (the label in a column, the entries indented)."""
+
+    label: str
+    text: str
+    items: tuple[str, ...] = ()
 
 
 class Heading(str):

@@ -11,7 +11,6 @@ Every error is one line on stderr and a non-zero exit (2 for bad usage, 1 for an
 from __future__ import annotations
 
 import json
-import re
 import signal
 import sys
 import threading
@@ -22,7 +21,7 @@ from redis.exceptions import RedisError
 from rq.cli.helpers import pass_cli_config
 from rq.utils import import_attribute
 
-from . import __version__, compat, health, identity, keys, state
+from . import __version__, compat, health, identity, keys, state, views
 from .exceptions import PolicyConfigurationError
 from .policy import FETCH, by_name, declared, registered
 
@@ -69,28 +68,9 @@ def _require_known(conn: Any, queue: str, force: bool = False, command: str = 'c
     )
 
 
-#: An integer argument as an operator types it: ASCII digits 0-9 and nothing else (``int()`` would also take
-#: ``' 3'``, ``'3\n'``, ``'1_000'`` and other scripts' digits such as ``'٣'``).
-_DIGITS = re.compile(r'[0-9]+')
-
-
-def _why_not_digits(text: str) -> str:
-    """What makes ``text`` more than plain digits, in words."""
-    if not text:
-        return 'it is empty'
-    if text != text.strip():
-        return 'it has leading or trailing whitespace'
-    if '_' in text:
-        return 'digit-group underscores are not accepted'
-    if any(not ch.isascii() for ch in text):
-        return 'only ASCII digits 0-9 are accepted'
-    if text[0] in '+-':
-        return 'no sign is accepted'
-    return 'only decimal digits 0-9 are accepted'
-
-
 class Digits(click.ParamType):
-    """Every integer argument of the command: plain ASCII decimal digits in ``[minimum, maximum]``.
+    """Every integer argument of the command: plain ASCII decimal digits in ``[minimum, maximum]``
+    (:class:`rq_policies.views.Digits` as a click type).
 
     A refusal names the argument (click's ``Invalid value for 'N'``), the value as typed and what is wrong with it,
     and comes before the command connects, so nothing in Redis changes.
@@ -104,43 +84,13 @@ class Digits(click.ParamType):
     name = 'integer'
 
     def __init__(self, what: str, minimum: int = 0, maximum: int | None = None) -> None:
-        self.what, self.minimum, self.maximum = what, minimum, maximum
+        self.spec = views.Digits(what, minimum, maximum)
 
     def convert(self, value: Any, param: Any, ctx: Any) -> int:
-        if isinstance(value, int) and not isinstance(value, bool):  # a default, already an int
-            return value
-        text = value if isinstance(value, str) else str(value)
-        if not _DIGITS.fullmatch(text):
-            self.fail(f'must be {self.what}, got {text!r}: {_why_not_digits(text)}', param, ctx)
-        number = int(text)
-        if number < self.minimum or (self.maximum is not None and number > self.maximum):
-            self.fail(f'must be {self.what}, got {text!r}', param, ctx)
-        return number
-
-
-class Kit:
-    """What a policy's own subcommands (:meth:`rq_policies.policy.Policy.cli_commands`) use of this module."""
-
-    pass_cli_config = staticmethod(pass_cli_config)
-    connect = staticmethod(lambda cli_config: _connect(cli_config))
-    require_known = staticmethod(
-        lambda conn, queue, force=False, command='cap': _require_known(conn, queue, force, command))
-    Digits = Digits
-    error = CommandError
-
-    @staticmethod
-    def echo_json(value: Any) -> None:
-        """Print ``value`` as the read commands' ``--json`` does (indented, keys sorted)."""
-        click.echo(json.dumps(value, indent=2, sort_keys=True))
-
-    @staticmethod
-    def integer(name: str, raw: Any, maximum: int, minimum: int = 1) -> int:
-        """A value the command line gave as text, read as :class:`Digits` reads an argument (for an option whose
-        meaning depends on another, checked in the command's body)."""
         try:
-            return Digits(f'a positive integer up to {maximum}', minimum, maximum).convert(raw, None, None)
-        except click.BadParameter as exc:
-            raise click.BadParameter(exc.message, param_hint=name) from None
+            return self.spec.parse(value)
+        except views.BadArgument as exc:
+            self.fail(exc.message, param, ctx)
 
 
 def _parse_value(text: str) -> Any:
@@ -205,6 +155,18 @@ def _more(count: int, listed: list[Any], indent: str = '    ') -> None:
         click.echo(f'{indent}... and {count - len(listed)} more (--limit 0 lists all)')
 
 
+def _echo_rows(rows: list[Any]) -> None:
+    """``info``'s rows of state (:class:`~rq_policies.views.Row`: the label in a column of 9, the entries indented
+    under it) and lines (a :class:`~rq_policies.views.Heading` bold)."""
+    for row in rows:
+        if isinstance(row, views.Row):
+            click.echo(f'  {row.label:<9} {row.text}')
+            for item in row.items:
+                click.echo(f'    {item}')
+        else:
+            click.echo(_styled(row))
+
+
 def _print_info(snap: dict[str, Any], digests: bool = False, width: int = 40) -> None:
     from . import readable
 
@@ -218,20 +180,18 @@ def _print_info(snap: dict[str, Any], digests: bool = False, width: int = 40) ->
         click.echo(f'{head}  ({", ".join(words)})' if words else head)
         q = {**q, 'server_time': now}
         for cls in fetch_policies:
-            for line in cls.describe_queue(q):
-                click.echo(line)
+            _echo_rows(cls.describe_queue(q))
         for family in state.families():
             block = q.get(family.name)
             if block and block['count']:
                 block = {**block, 'server_time': now}
-                for line in by_name(family.policy).describe(family, block, digests=digests, width=width):
-                    click.echo(line)
+                _echo_rows(by_name(family.policy).describe(family, block, digests=digests, width=width))
                 _more(block['count'], block['entries'])
         if q['drops']:
-            click.echo('  dropped   ' + ', '.join(f'{policy} {count}' for policy, count in sorted(q['drops'].items())))
+            _echo_rows([views.Row('dropped', ', '.join(f'{policy} {count}'
+                                                       for policy, count in sorted(q['drops'].items())))])
     for name, found in snap.get('policies', {}).items():
-        for line in by_name(name).describe_cluster(found):
-            click.echo(line)
+        _echo_rows(by_name(name).describe_cluster(found))
     workers = snap['limited_capacity_workers']
     if workers:
         click.echo(click.style('limited-capacity workers', bold=True))
@@ -381,9 +341,125 @@ def dashboard(cli_config: Any, port: int, host: str, allow_actions: bool, refres
 # -- entry point ----------------------------------------------------------------------------------------------------
 
 
+# -- the policies' own commands, rendered from what each describes (rq_policies.views) ------------------------------
+
+
+def _click_type(kind: Any) -> Any:
+    return Digits(kind.what, kind.minimum, kind.maximum) if isinstance(kind, views.Digits) else kind
+
+
+def _echo(reply: views.Reply) -> None:
+    if reply.data is not None:
+        click.echo(json.dumps(reply.data, indent=2, sort_keys=True))
+        return
+    for line in reply.lines:
+        click.echo(_styled(line))
+
+
+def _styled(line: str) -> str:
+    """A line of a policy's, with its :class:`~rq_policies.views.Heading` bold."""
+    if isinstance(line, views.Heading):
+        return click.style(line.head, bold=True) + line[len(line.head):]
+    return line
+
+
+def _refusals(body: Any) -> Any:
+    """``body`` with a description's refusals turned into click's (exit 2, the argument named)."""
+
+    def run(*args: Any) -> Any:
+        try:
+            return body(*args)
+        except views.UsageError as exc:
+            raise click.UsageError(str(exc)) from None
+        except views.BadArgument as exc:
+            raise click.BadParameter(exc.message, param_hint=exc.hint) from None
+
+    return run
+
+
+def _parameters(callback: Any, arguments: tuple[views.Argument, ...], options: tuple[views.Option, ...]) -> Any:
+    """``callback`` with rq's connection options, then ``arguments`` and ``options`` in the order ``--help`` lists
+    them (click's decorators apply innermost first)."""
+    callback = pass_cli_config(callback)
+    for option in reversed(options):
+        extra = {'is_flag': True} if option.is_flag else {'default': option.default}
+        if option.kind is not None:
+            extra['type'] = _click_type(option.kind)
+        callback = click.option(option.flag, option.dest, help=option.help, **extra)(callback)
+    for argument in reversed(arguments):
+        extra = {'metavar': argument.metavar} if argument.metavar else {}
+        if argument.kind is not str:
+            extra['type'] = _click_type(argument.kind)
+        callback = click.argument(argument.name, required=argument.required, **extra)(callback)
+    return callback
+
+
+def _command(view: views.Command) -> click.Command:
+    def body(cli_config: Any, values: dict[str, Any]) -> None:
+        if view.prepare is not None:
+            values = dict(view.prepare(values))
+        _echo(view.run(_connect(cli_config), values))
+
+    def callback(cli_config: Any, **values: Any) -> None:
+        _refusals(body)(cli_config, values)
+
+    callback.__doc__ = view.help
+    return click.command(view.name)(_parameters(callback, view.arguments, view.options))
+
+
+def _setting(view: views.Setting) -> click.Command:
+    def body(cli_config: Any, values: dict[str, Any]) -> None:
+        value, clear = values[view.value.name], values.get('clear', False)
+        if clear and value is not None:
+            raise views.UsageError(f'give either {view.value.label} or --clear, not both')
+        mode = 'clear' if clear else 'status' if value is None else 'set'
+        if view.prepare is not None:
+            values = dict(view.prepare(values, mode))
+        conn = _connect(cli_config)
+        if mode == 'status':
+            _echo(view.status(conn, values))
+            return
+        if view.force_help is not None:
+            _require_known(conn, values[view.targets[0].name], values.get('force') or clear, command=view.name)
+        _echo((view.clear if clear else view.set)(conn, values))
+
+    def callback(cli_config: Any, **values: Any) -> None:
+        values.setdefault('as_json', False)
+        _refusals(body)(cli_config, values)
+
+    options = list(view.options) + [views.Option('--clear', 'clear', view.clear_help, is_flag=True)]
+    if view.force_help is not None:
+        options.append(views.Option('--force', 'force', view.force_help, is_flag=True))
+    if view.json_help is not None:
+        options.append(views.Option('--json', 'as_json', view.json_help, is_flag=True))
+    arguments = view.targets + (views.Argument(view.value.name, False, view.value.kind, view.value.metavar),)
+    callback.__doc__ = view.help
+    return click.command(view.name)(_parameters(callback, arguments, tuple(options)))
+
+
+def _group(view: views.Group) -> click.Group:
+    def callback() -> None:
+        pass
+
+    callback.__doc__ = view.help
+    group = click.group(view.name)(callback)
+    for item in view.commands:
+        group.add_command(_view(item))
+    return group
+
+
+def _view(view: views.View) -> click.Command:
+    """A policy's command description as a click command."""
+    if isinstance(view, views.Setting):
+        return _setting(view)
+    if isinstance(view, views.Group):
+        return _group(view)
+    return _command(view)
+
+
 for _cls in registered():
-    for _command in _cls.cli_commands(Kit):
-        main.add_command(_command)
+    for _description in _cls.commands():
+        main.add_command(_view(_description))
 
 
 def cli(argv: list[str] | None = None) -> None:

@@ -38,7 +38,7 @@ workers do not check keys; a parked job counts in rq's deferred registry, not in
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rq.job import Job
 from rq.queue import Queue
@@ -51,6 +51,26 @@ from .ops import Call, text
 from .ops import need_connection as _need
 from .ops import server_now as _server_now
 from .policy import MAX_CAPACITY, FetchPolicy, positive_int
+from .views import (
+    Argument,
+    BadArgument,
+    Cell,
+    CellValue,
+    Command,
+    Digits,
+    Explanation,
+    Heading,
+    Metric,
+    Option,
+    Panel,
+    Reply,
+    Setting,
+    Values,
+    View,
+)
+
+if TYPE_CHECKING:
+    from redis import Redis
 
 __all__ = ['Concurrency', 'KeyFunction', 'KeyedPolicy']
 
@@ -269,12 +289,10 @@ class KeyedPolicy(FetchPolicy):
 
     @classmethod
     def describe_cluster(cls, state: dict[str, Any]) -> list[str]:
-        import click
-
-        lines = []
+        lines: list[str] = []
         for scope, entry in state['scopes'].items():
-            head = click.style(f'{cls.__name__} per key, scope {scope}', bold=True)
-            lines.append(f'{head}  ({entry["keys"]} key(s), {entry["in_use"]} in use, {entry["parked"]} parked)')
+            lines.append(Heading(f'{cls.__name__} per key, scope {scope}',
+                                 f'  ({entry["keys"]} key(s), {entry["in_use"]} in use, {entry["parked"]} parked)'))
             lines += ['  ' + line for line in cls.key_lines(entry['busiest'], state['now'])]
             if entry['keys'] > len(entry['busiest']):
                 lines.append(f'  ... and {entry["keys"] - len(entry["busiest"])} more (rq-policies keys {scope})')
@@ -510,22 +528,20 @@ class Concurrency(KeyedPolicy):
         return rows[:limit] if limit else rows
 
     @classmethod
-    def metric_families(cls, connection: Any, now: float) -> list[Any]:
+    def metrics(cls, connection: Redis, now: float) -> list[Metric]:
         """Two gauges of the due index, O(log n) whatever the number of keys (no SCAN in a scrape): how many keys
         (of Concurrency and Rate) have parked jobs, and how late the most overdue one is being served (seconds past
         its due time; it stays near 0 while PolicyWorkers fetch)."""
-        from prometheus_client.core import GaugeMetricFamily
-
         with connection.pipeline(transaction=False) as pipe:
             pipe.zcard(keys.KEY_DUE)
             pipe.zrange(keys.KEY_DUE, 0, 0, withscores=True)
             count, head = pipe.execute()
-        parked = GaugeMetricFamily('rq_policies_keys_with_parked_jobs',
-                                   'Keys of the per-key policies (Concurrency, Rate) with parked jobs.')
-        parked.add_metric([], int(count))
-        late = GaugeMetricFamily('rq_policies_keys_due_overdue_seconds',
-                                 'Seconds the most overdue key with parked jobs is past its due time (0: none).')
-        late.add_metric([], round(max(now - head[0][1], 0.0), 3) if head else 0.0)
+        parked = Metric('rq_policies_keys_with_parked_jobs',
+                        'Keys of the per-key policies (Concurrency, Rate) with parked jobs.')
+        parked.add([], int(count))
+        late = Metric('rq_policies_keys_due_overdue_seconds',
+                      'Seconds the most overdue key with parked jobs is past its due time (0: none).')
+        late.add([], round(max(now - head[0][1], 0.0), 3) if head else 0.0)
         return [parked, late]
 
     @classmethod
@@ -541,7 +557,7 @@ class Concurrency(KeyedPolicy):
         return out
 
     @classmethod
-    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
+    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[Panel]:
         """The busiest keys of each scope, from one bounded SCAN walk (:func:`sample_keys`): at most
         ``PANEL_BUDGET`` keys examined and ``PANEL_KEYS`` keys read per scope, with a note when the walk stopped
         early (``rq-policies keys SCOPE --limit 0`` reads them all)."""
@@ -552,22 +568,21 @@ class Concurrency(KeyedPolicy):
             rows = cls.key_rows(connection, scope, limit, search, now, names=names)
             if not rows:
                 continue
-            out.append({
-                'note': note,
-                'title': f'Concurrency per key: {scope}',
-                'columns': ['key', 'in use', 'limit', 'parked', 'waiting for'],
-                'rows': [[
+            out.append(Panel(
+                f'Concurrency per key: {scope}', ['key', 'in use', 'limit', 'parked', 'waiting for'],
+                [[
                     row['key'],
-                    {'text': str(row['in_use']), 'warn': True}
+                    Cell(str(row['in_use']), warn=True)
                     if row['limit'] is not None and row['in_use'] > row['limit'] else row['in_use'],
                     row['limit'], row['parked'],
                     _waiting_cell(row, now),
                 ] for row in rows],
-            })
+                note,
+            ))
         return out
 
     @classmethod
-    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[dict[str, Any]]:
+    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[Explanation]:
         raw = job.get(cls.field)
         if not raw:
             return []
@@ -583,104 +598,111 @@ class Concurrency(KeyedPolicy):
             pipe.get(keys.KEY_BLOCK_PREFIX + channel)
             in_use, override, position, blocked = pipe.execute()
         limit = int(override) if override is not None else int(declared)
-        entry: dict[str, Any] = {'policy': cls.name, 'scope': scope, 'key': key, 'limit': limit,
+        entry: dict[str, Any] = {'scope': scope, 'key': key, 'limit': limit,
                                  'in_use': int(in_use), 'overridden': override is not None}
         words = f'key {key!r} (scope {scope}) at {int(in_use)}/{limit}'
         if position is not None:
             entry['parked_position'] = int(position)
             words += f' (parked, position {int(position) + 1})'
-            entry['change'] = ('it goes back to the front of its queue when a hold of its key is released or expires '
-                               '(or raise the key\'s limit: rq-policies override)')
+            change = ('it goes back to the front of its queue when a hold of its key is released or expires '
+                      '(or raise the key\'s limit: rq-policies override)')
         else:
-            entry['change'] = ''
+            change = ''
         if blocked is not None and float(blocked) > now:
             entry['backoff_until'] = float(blocked)
             words += f', backed off for {float(blocked) - now:.1f} s more'
-        entry['verdict'] = words
-        return [entry]
+        verdict = words
+        return [Explanation(cls.name, verdict, change, entry)]
 
     @classmethod
-    def cli_commands(cls, kit: Any) -> list[Any]:
-        import click
+    def commands(cls) -> tuple[View, ...]:
+        """``rq-policies keys`` (every per-key policy's keys of a scope) and ``rq-policies override``."""
+        return (
+            Command(
+                'keys', 'The keys of SCOPE with running or parked jobs (Concurrency, Rate): in use / limit, parked, '
+                        'and what\nthe parked jobs wait for (a release, a back-off, a rate), with local times.',
+                arguments=(Argument('scope'),),
+                options=(Option('--limit', 'limit', 'List at most this many keys (0: all; 20).', default='20'),
+                         Option('--search', 'search', 'Only keys containing this text.'),
+                         Option('--json', 'as_json', 'Print the keys as JSON (server-clock times).', is_flag=True)),
+                prepare=_keys_prepare, run=_keys_run,
+            ),
+            Setting(
+                'override', 'Set the Concurrency limit of KEY in SCOPE to N at run time, remove that override with '
+                            '--clear, or\nshow the key\'s limit and state (no N).',
+                targets=(Argument('scope'), Argument('key')),
+                value=Argument('n', kind=Digits(f'a positive integer up to {MAX_CAPACITY}', 1, MAX_CAPACITY)),
+                clear_help='Remove the override: the declared limit applies again.',
+                json_help='Print the key\'s state as JSON.',
+                prepare=_override_prepare, status=_override_status, set=_override_set, clear=_override_clear,
+            ),
+        )
 
-        @click.command('keys')
-        @click.argument('scope')
-        @click.option('--limit', default='20', help='List at most this many keys (0: all; 20).')
-        @click.option('--search', default=None, help='Only keys containing this text.')
-        @click.option('--json', 'as_json', is_flag=True, help='Print the keys as JSON (server-clock times).')
-        @kit.pass_cli_config
-        def keys_command(cli_config: Any, scope: str, limit: str, search: str | None, as_json: bool,
-                         **options: Any) -> None:
-            """The keys of SCOPE with running or parked jobs (Concurrency, Rate): in use / limit, parked, and what
-            the parked jobs wait for (a release, a back-off, a rate), with local times."""
-            count = kit.integer('--limit', limit, 10**9, minimum=0)
-            try:
-                check_scope(scope)
-            except ValueError as exc:
-                raise click.BadParameter(str(exc), param_hint='SCOPE') from None
-            conn = kit.connect(cli_config)
-            now = _server_now(conn)
-            if as_json:
-                kit.echo_json({'scope': scope, 'server_time': now,
-                               'policies': {policy.name: policy.key_rows(conn, scope, count, search, now)
-                                            for policy in _keyed_classes()}})
-                return
-            shown = 0
-            for policy in _keyed_classes():
-                for line in policy.key_lines(policy.key_rows(conn, scope, count, search, now), now):
-                    click.echo(line)
-                    shown += 1
-            if not shown:
-                click.echo(f'No key of scope {scope!r} has running or parked jobs.')
 
-        @click.command()
-        @click.argument('scope')
-        @click.argument('key')
-        @click.argument('n', required=False, type=kit.Digits(f'a positive integer up to {MAX_CAPACITY}', 1,
-                                                              MAX_CAPACITY))
-        @click.option('--clear', is_flag=True, help='Remove the override: the declared limit applies again.')
-        @click.option('--json', 'as_json', is_flag=True, help='Print the key\'s state as JSON.')
-        @kit.pass_cli_config
-        def override(cli_config: Any, scope: str, key: str, n: int | None, clear: bool, as_json: bool,
-                     **options: Any) -> None:
-            """Set the Concurrency limit of KEY in SCOPE to N at run time, remove that override with --clear, or
-            show the key's limit and state (no N)."""
-            if clear and n is not None:
-                raise click.UsageError('give either N or --clear, not both')
-            try:
-                check_scope(scope)
-                key_text(key)
-            except (TypeError, ValueError) as exc:
-                raise click.BadParameter(str(exc), param_hint='SCOPE' if 'scope' in str(exc) else 'KEY') from None
-            conn = kit.connect(cli_config)
-            if not clear and n is None:
-                status = cls.status(scope, key, connection=conn)
-                if as_json:
-                    kit.echo_json({'scope': scope, 'key': key, 'limit': status.limit, 'overridden': status.overridden,
-                                   'in_use': status.in_use, 'parked': list(status.parked),
-                                   'backoff_until': status.backoff_until})
-                    return
-                limit = 'no known limit' if status.limit is None else (
-                    f'limit {status.limit} ({"override" if status.overridden else "declared"})')
-                click.echo(f'Key {key!r} of scope {scope!r}: {limit}, {status.in_use} in use, '
-                           f'{len(status.parked)} parked.')
-                return
-            before = cls.get(scope, key, connection=conn)
-            was = f'was {before.limit}' if before is not None else 'had no override'
-            if clear:
-                cls.clear(scope, key, connection=conn)
-                message = f'Key {key!r} of scope {scope!r} has its declared limit again ({was}).'
-            else:
-                cls.set(scope, key, n, connection=conn)  # type: ignore[arg-type]
-                message = f'Key {key!r} of scope {scope!r} is limited to {n} running at once ({was}).'
-            if as_json:
-                found = cls.get(scope, key, connection=conn)
-                kit.echo_json({'scope': scope, 'key': key, 'override': found.limit if found else None,
-                               'was': before.limit if before else None})
-            else:
-                click.echo(message)
+def _keys_prepare(values: Values) -> Values:
+    count = Digits('a positive integer up to 1000000000', 0, 10**9).parse(values['limit'], '--limit')
+    try:
+        check_scope(values['scope'])
+    except ValueError as exc:
+        raise BadArgument(str(exc), 'SCOPE') from None
+    return {**values, 'limit': count}
 
-        return [keys_command, override]
+
+def _keys_run(conn: Redis, values: Values) -> Reply:
+    scope, count, search = str(values['scope']), int(values['limit']), values['search']  # type: ignore[call-overload]
+    now = _server_now(conn)
+    if values['as_json']:
+        return Reply(data={'scope': scope, 'server_time': now,
+                           'policies': {policy.name: policy.key_rows(conn, scope, count, search, now)
+                                        for policy in _keyed_classes()}})
+    lines = []
+    for policy in _keyed_classes():
+        lines += policy.key_lines(policy.key_rows(conn, scope, count, search, now), now)
+    return Reply(tuple(lines or [f'No key of scope {scope!r} has running or parked jobs.']))
+
+
+def _override_prepare(values: Values, mode: str) -> Values:
+    try:
+        check_scope(values['scope'])
+        key_text(values['key'])
+    except (TypeError, ValueError) as exc:
+        raise BadArgument(str(exc), 'SCOPE' if 'scope' in str(exc) else 'KEY') from None
+    return values
+
+
+def _override_status(conn: Redis, values: Values) -> Reply:
+    scope, key = str(values['scope']), str(values['key'])
+    status = Concurrency.status(scope, key, connection=conn)
+    if values['as_json']:
+        return Reply(data={'scope': scope, 'key': key, 'limit': status.limit, 'overridden': status.overridden,
+                           'in_use': status.in_use, 'parked': list(status.parked),
+                           'backoff_until': status.backoff_until})
+    limit = 'no known limit' if status.limit is None else (
+        f'limit {status.limit} ({"override" if status.overridden else "declared"})')
+    return Reply((f'Key {key!r} of scope {scope!r}: {limit}, {status.in_use} in use, {len(status.parked)} parked.',))
+
+
+def _override_set(conn: Redis, values: Values) -> Reply:
+    scope, key, n = str(values['scope']), str(values['key']), values['n']
+    before = Concurrency.get(scope, key, connection=conn)
+    Concurrency.set(scope, key, n, connection=conn)  # type: ignore[arg-type]
+    return _override_changed(conn, values, before, f'Key {key!r} of scope {scope!r} is limited to {n} running at once')
+
+
+def _override_clear(conn: Redis, values: Values) -> Reply:
+    scope, key = str(values['scope']), str(values['key'])
+    before = Concurrency.get(scope, key, connection=conn)
+    Concurrency.clear(scope, key, connection=conn)
+    return _override_changed(conn, values, before, f'Key {key!r} of scope {scope!r} has its declared limit again')
+
+
+def _override_changed(conn: Redis, values: Values, before: KeyLimit | None, words: str) -> Reply:
+    if values['as_json']:
+        found = Concurrency.get(str(values['scope']), str(values['key']), connection=conn)
+        return Reply(data={'scope': values['scope'], 'key': values['key'], 'override': found.limit if found else None,
+                           'was': before.limit if before else None})
+    was = f'was {before.limit}' if before is not None else 'had no override'
+    return Reply((f'{words} ({was}).',))
 
 
 def _first_argument(args: tuple, kwargs: dict) -> Any:
@@ -865,17 +887,16 @@ def _glob(value: str) -> str:
 
 
 
-def _waiting_cell(row: dict[str, Any], now: float) -> Any:
+def _waiting_cell(row: dict[str, Any], now: float) -> CellValue:
     """The page's "waiting for" cell of a key: what its parked jobs wait for, with the moment as a live time."""
     kind = row.get('waiting_for')
     if kind == 'backoff':
-        return {'text': 'its back-off to end', 'at': row['backoff_until'] - now}
+        return Cell('its back-off to end', at=row['backoff_until'] - now)
     if kind == 'release':
-        cell: dict[str, Any] = {'text': 'a release (a running job ends)'}
         if row.get('next_due') is not None:
-            cell['note'] = 'a dead worker\'s hold expires'
-            cell['at'] = row['next_due'] - now
-        return cell
+            return Cell('a release (a running job ends)', note='a dead worker\'s hold expires',
+                        at=row['next_due'] - now)
+        return Cell('a release (a running job ends)')
     if kind == 'fetch':
         return 'the next fetch (a unit is free)'
     return None

@@ -38,6 +38,7 @@ from rq.registry import ScheduledJobRegistry
 from . import compat, keys
 from .exceptions import PolicyConfigurationError
 from .policy import AdmissionPolicy, Policy, pending_lines, replaced_in_place, superseded_entry, whole_seconds
+from .views import Cell, Explanation, Panel, Row
 
 logger = logging.getLogger('rq_policies')
 
@@ -89,7 +90,7 @@ class Debounce(AdmissionPolicy):
         return [DEBOUNCE_FIELD, keys.debounce(queue, digest)]
 
     @classmethod
-    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[dict[str, Any]]:
+    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[Explanation]:
         state = job.get(DEBOUNCE_FIELD)
         if not state:
             return []
@@ -98,23 +99,23 @@ class Debounce(AdmissionPolicy):
             pipe.zscore(ScheduledJobRegistry.key_template.format(job.get('origin', '')), job['id'])
             pending, run_at = pipe.execute()
         pending = pending.decode() if isinstance(pending, bytes) else pending
-        entry: dict[str, Any] = {'policy': cls.name, 'pending': pending, 'run_at': run_at}
+        entry: dict[str, Any] = {'pending': pending, 'run_at': run_at}
         when = datetime.fromtimestamp(run_at, timezone.utc).isoformat() if run_at is not None else None
         if pending == job['id'] and run_at is not None and run_at > now:
-            entry['verdict'] = f'pending debounced job, runs at {when} (in {run_at - now:.1f} s)'
-            entry['change'] = ('an identical enqueue before then rewrites it in place (its payload and run time; '
-                               'same id)')
+            verdict = f'pending debounced job, runs at {when} (in {run_at - now:.1f} s)'
+            change = ('an identical enqueue before then rewrites it in place (its payload and run time; '
+                      'same id)')
         elif run_at is not None:
-            entry['verdict'] = (f'its quiet period is over: the next fetch of a PolicyWorker of its queue moves it to '
-                                f'the queue (due {when})')
-            entry['change'] = 'run a PolicyWorker on its queue (or stock workers with --with-scheduler)'
+            verdict = (f'its quiet period is over: the next fetch of a PolicyWorker of its queue moves it to '
+                       f'the queue (due {when})')
+            change = 'run a PolicyWorker on its queue (or stock workers with --with-scheduler)'
         else:
-            entry['verdict'] = 'its debounce period is over'
-            entry['change'] = ''
-        return [entry]
+            verdict = 'its debounce period is over'
+            change = ''
+        return [Explanation(cls.name, verdict, change, entry)]
 
     @classmethod
-    def explain_gone(cls, connection: Any, job_id: str, records: dict[str, Any], now: float) -> list[dict[str, Any]]:
+    def explain_gone(cls, connection: Any, job_id: str, records: dict[str, Any], now: float) -> list[Explanation]:
         return superseded_entry(cls.name, connection, records,
                                 'a later enqueue of its identity replaced this pending debounced job',
                                 'nothing: job {by} runs in its place, with the latest payload')
@@ -152,7 +153,7 @@ class Debounce(AdmissionPolicy):
 
     @classmethod
     def describe(cls, family: keys.Family, block: dict[str, Any], digests: bool = False,
-                 width: int = 40) -> list[str]:
+                 width: int = 40) -> list[Row | str]:
         from .readable import relative
 
         def detail(row: dict[str, Any]) -> str:
@@ -165,7 +166,7 @@ class Debounce(AdmissionPolicy):
         return pending_lines(family, block, detail, digests, width)
 
     @classmethod
-    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
+    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[Panel]:
         """The dashboard's pending debounced jobs: the job that runs once its identity is quiet, when the pending
         period started, and when the job runs."""
         from . import state
@@ -176,14 +177,13 @@ class Debounce(AdmissionPolicy):
         for row in sample['rows']:
             job_id = row['fields'].get('job')
             first = row['fields'].get('first')
-            rows.append([row['queue'], identity_cell(row), {'text': job_id, 'job': job_id} if job_id else None,
-                         {'text': '', 'at': float(first) - now} if first else None,
-                         None if row['expires_in'] is None else {'text': '', 'at': row['expires_in']}])
+            rows.append([row['queue'], identity_cell(row), Cell(job_id, job=job_id) if job_id else None,
+                         Cell(at=float(first) - now) if first else None,
+                         None if row['expires_in'] is None else Cell(at=row['expires_in'])])
         if not rows:
             return []
-        return [{'title': 'Pending debounced jobs (Debounce)', 'rows': rows,
-                 'columns': ['queue', 'identity', 'job', 'pending since', 'runs'],
-                 'note': state.sample_note(sample, 'pending jobs')}]
+        return [Panel('Pending debounced jobs (Debounce)', ['queue', 'identity', 'job', 'pending since', 'runs'],
+                      rows, state.sample_note(sample, 'pending jobs'))]
 
     @classmethod
     def reset_part(cls, call: Any, queue: str, digest: str, declared: AdmissionPolicy | None) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from typing import Any
 from rq.job import Job
 from rq.queue import Queue
 
-from . import keys
+from . import keys, views
 from .exceptions import PolicyError
 from .ops import text
 from .policy import registered
@@ -105,9 +105,15 @@ def explain(job_id: str, connection: Any, job_prefix: str = Job.redis_job_namesp
     now = float(job['now'])
     parts: list[dict[str, Any]] = []
     for cls in registered():
-        parts += cls.explain(connection, job, now)
+        parts += [_entry(part) for part in cls.explain(connection, job, now)]
     return {'job': job_id, 'exists': True, 'status': job.get('status', ''), 'queue': queue, 'position': position,
             'worker': job.get('worker_name') or None, 'policies': parts}
+
+
+def _entry(part: views.Explanation | dict[str, Any]) -> dict[str, Any]:
+    """A policy's :class:`~rq_policies.views.Explanation` as the answer's entry (a dict, from a policy written before
+    the type, as it is)."""
+    return part.as_dict() if isinstance(part, views.Explanation) else part
 
 
 def _drop_record(raw: str, now: float, left_ms: int) -> dict[str, Any]:
@@ -183,7 +189,7 @@ def _gone(connection: Any, job_id: str, job_prefix: str) -> dict[str, Any]:
     }
     parts: list[dict[str, Any]] = []
     for cls in registered():
-        parts += cls.explain_gone(connection, job_id, records, now)
+        parts += [_entry(part) for part in cls.explain_gone(connection, job_id, records, now)]
     if not parts:
         raise UnknownJob(job_id)
     queue = next((part['queue'] for part in parts if part.get('queue')), '')

@@ -55,7 +55,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rq.job import Job, JobStatus
 from rq.registry import DeferredJobRegistry
@@ -67,6 +67,24 @@ from .exceptions import PolicyError
 from .ops import Call, text
 from .ops import need_connection as _need
 from .policy import FetchPolicy, positive_int
+from .views import (
+    Argument,
+    BadArgument,
+    Cell,
+    Command,
+    Explanation,
+    Group,
+    Heading,
+    Option,
+    Panel,
+    Reply,
+    Setting,
+    Values,
+    View,
+)
+
+if TYPE_CHECKING:
+    from redis import Redis
 
 __all__ = ['BacklogFull', 'Fair', 'FairStatus', 'FairWeight']
 
@@ -443,7 +461,7 @@ class Fair(FetchPolicy):
                 return sorted(found)
 
     @classmethod
-    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[dict[str, Any]]:
+    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[Explanation]:
         raw = job.get(FIELD)
         if not raw:
             return []
@@ -458,14 +476,15 @@ class Fair(FetchPolicy):
             pipe.zcard(WAIT_PREFIX + f'{queue}:{channel}')
             rank, active, paused, stored, waiting = pipe.execute()
         weight_now = int(stored) if stored is not None else int(weight)
-        entry: dict[str, Any] = {'policy': cls.name, 'scope': scope, 'key': key, 'queue': queue,
+        entry: dict[str, Any] = {'scope': scope, 'key': key, 'queue': queue,
                                  'weight': weight_now, 'priority': int(priority), 'active_keys': int(active),
-                                 'paused': bool(paused), 'waiting': int(waiting), 'change': ''}
+                                 'paused': bool(paused), 'waiting': int(waiting)}
+        change = ''
         if rank is not None:
             entry['position'] = int(rank)
             words = f'{_ordinal(int(rank) + 1)} in line for key {key!r} (scope {scope})'
-            entry['change'] = (f'it starts when key {key!r} has its turn and the jobs before it in the line have '
-                               'started; Fair.pause/resume, Fair.set change the key\'s turns')
+            change = (f'it starts when key {key!r} has its turn and the jobs before it in the line have '
+                      'started; Fair.pause/resume, Fair.set change the key\'s turns')
         else:
             words = f'key {key!r} (scope {scope}): not waiting in its line'
         words += f', {int(active)} key(s) taking turns on queue {queue!r}, weight {weight_now}'
@@ -475,9 +494,9 @@ class Fair(FetchPolicy):
             words += f', priority {int(priority)}'
         if paused:
             words += f', {key} paused'
-            entry['change'] = f'the key is paused: Fair.resume({scope!r}, {key!r}) lets its jobs start'
-        entry['verdict'] = words
-        return [entry]
+            change = f'the key is paused: Fair.resume({scope!r}, {key!r}) lets its jobs start'
+        verdict = words
+        return [Explanation(cls.name, verdict, change, entry)]
 
     @classmethod
     def cluster_state(cls, connection: Any, now: float, limit: int | None) -> dict[str, Any]:
@@ -493,102 +512,96 @@ class Fair(FetchPolicy):
 
     @classmethod
     def describe_cluster(cls, state: dict[str, Any]) -> list[str]:
-        import click
-
-        lines = []
+        lines: list[str] = []
         for queue, entry in state['queues'].items():
-            lines.append(click.style(f'Fair on queue {queue}', bold=True) + f'  ({entry["keys"]} key(s) taking turns)')
+            lines.append(Heading(f'Fair on queue {queue}', f'  ({entry["keys"]} key(s) taking turns)'))
             lines += ['  ' + _row_line(row) for row in entry['rows']]
         if state['paused']:
             lines.append(f'Fair: paused key(s): {", ".join(state["paused"])}')
         return lines
 
     @classmethod
-    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
+    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[Panel]:
         out = []
         for queue in cls.queues(connection):
             rows = [r for r in cls.key_rows(connection, queue, limit) if search is None or search in r['key']
                     or search == queue]
             if rows:
                 count = int(connection.zcard(ACTIVE_PREFIX + queue))
-                out.append({
-                    'title': f'Fair share: {queue}',
-                    'note': None if count <= limit else f'the next {limit} of {count} keys taking turns; shares '
-                                                        'among those listed',
-                    'columns': ['key', 'waiting', 'weight', 'share', 'state'],
-                    'rows': [[r['key'], r['waiting'], r['weight'] if not r['set_at_run_time'] else
-                              f'{r["weight"]} (set at run time)', f'{r["share"]:.0%}',
-                              {'text': 'paused', 'warn': True} if r['paused'] else 'taking turns'] for r in rows],
-                })
+                out.append(Panel(
+                    f'Fair share: {queue}', ['key', 'waiting', 'weight', 'share', 'state'],
+                    [[r['key'], r['waiting'], r['weight'] if not r['set_at_run_time'] else
+                      f'{r["weight"]} (set at run time)', f'{r["share"]:.0%}',
+                      Cell('paused', warn=True) if r['paused'] else 'taking turns'] for r in rows],
+                    '' if count <= limit else f'the next {limit} of {count} keys taking turns; shares among those '
+                                              'listed',
+                ))
         return out
 
     @classmethod
-    def cli_commands(cls, kit: Any) -> list[Any]:
-        import click
+    def commands(cls) -> tuple[View, ...]:
+        """``rq-policies fair pause|resume|weight|keys``."""
+        scope_key = (Argument('scope'), Argument('key'))
+        return (Group('fair', 'Fair share between keys: pause, resume, weights, and each key\'s line and share.', (
+            Command('pause', 'Pause KEY of SCOPE on every queue until resumed (its jobs wait; others flow).',
+                    arguments=scope_key, run=_pause_run),
+            Command('resume', 'Resume a paused KEY of SCOPE: it takes turns again.', arguments=scope_key,
+                    run=_resume_run),
+            Setting('weight', 'Show, set (WEIGHT) or --clear the run-time weight of KEY of SCOPE.', targets=scope_key,
+                    value=Argument('weight', kind=int),
+                    clear_help='Remove the run-time weight: the declared one applies again.',
+                    status=_weight_status, set=_weight_set, clear=_weight_clear),
+            Command('keys', 'The keys taking turns on QUEUE, next turn first: waiting jobs, weight, share; then paused '
+                            'keys.', arguments=(Argument('queue'),),
+                    options=(Option('--limit', 'limit', 'List at most this many keys (0: all; 20).', default=20,
+                                    kind=int),),
+                    run=_keys_run),
+        )),)
 
-        @click.group('fair')
-        def fair_group() -> None:
-            """Fair share between keys: pause, resume, weights, and each key's line and share."""
 
-        def _run(cli_config: Any, action: Callable[[Any], Any]) -> Any:
-            try:
-                return action(kit.connect(cli_config))
-            except ValueError as exc:
-                raise click.BadParameter(str(exc)) from None
+def _refused(action: Callable[[], Any]) -> Any:
+    """``action()``, its ValueError (a bad scope, key or weight) a refusal of the command line."""
+    try:
+        return action()
+    except ValueError as exc:
+        raise BadArgument(str(exc)) from None
 
-        @fair_group.command('pause')
-        @click.argument('scope')
-        @click.argument('key')
-        @kit.pass_cli_config
-        def pause_command(cli_config: Any, scope: str, key: str, **options: Any) -> None:
-            """Pause KEY of SCOPE on every queue until resumed (its jobs wait; others flow)."""
-            changed = _run(cli_config, lambda conn: cls.pause(scope, key, connection=conn))
-            click.echo(f'{scope}:{key} paused' + ('' if changed else ' (it was already)'))
 
-        @fair_group.command('resume')
-        @click.argument('scope')
-        @click.argument('key')
-        @kit.pass_cli_config
-        def resume_command(cli_config: Any, scope: str, key: str, **options: Any) -> None:
-            """Resume a paused KEY of SCOPE: it takes turns again."""
-            changed = _run(cli_config, lambda conn: cls.resume(scope, key, connection=conn))
-            click.echo(f'{scope}:{key} resumed' + ('' if changed else ' (it was not paused)'))
+def _pause_run(conn: Redis, values: Values) -> Reply:
+    scope, key = str(values['scope']), str(values['key'])
+    changed = _refused(lambda: Fair.pause(scope, key, connection=conn))
+    return Reply((f'{scope}:{key} paused' + ('' if changed else ' (it was already)'),))
 
-        @fair_group.command('weight')
-        @click.argument('scope')
-        @click.argument('key')
-        @click.argument('weight', required=False, type=int)
-        @click.option('--clear', is_flag=True, help='Remove the run-time weight: the declared one applies again.')
-        @kit.pass_cli_config
-        def weight_command(cli_config: Any, scope: str, key: str, weight: int | None, clear: bool,
-                           **options: Any) -> None:
-            """Show, set (WEIGHT) or --clear the run-time weight of KEY of SCOPE."""
-            if clear and weight is not None:
-                raise click.UsageError('give either WEIGHT or --clear, not both')
-            if clear:
-                _run(cli_config, lambda conn: cls.clear(scope, key, connection=conn))
-                click.echo(f'{scope}:{key}: run-time weight cleared')
-            elif weight is not None:
-                _run(cli_config, lambda conn: cls.set(scope, key, weight, connection=conn))
-                click.echo(f'{scope}:{key}: weight {weight}')
-            else:
-                got = _run(cli_config, lambda conn: cls.get(scope, key, connection=conn))
-                click.echo(f'{scope}:{key}: ' + (f'weight {got.weight} (set at run time)' if got else
-                                                 'no run-time weight (its jobs\' declared weight applies)'))
 
-        @fair_group.command('keys')
-        @click.argument('queue')
-        @click.option('--limit', default=20, type=int, help='List at most this many keys (0: all; 20).')
-        @kit.pass_cli_config
-        def keys_command(cli_config: Any, queue: str, limit: int, **options: Any) -> None:
-            """The keys taking turns on QUEUE, next turn first: waiting jobs, weight, share; then paused keys."""
-            rows = _run(cli_config, lambda conn: cls.key_rows(conn, queue, limit))
-            for row in rows:
-                click.echo(_row_line(row))
-            if not rows:
-                click.echo(f'No key takes turns on queue {queue!r}.')
+def _resume_run(conn: Redis, values: Values) -> Reply:
+    scope, key = str(values['scope']), str(values['key'])
+    changed = _refused(lambda: Fair.resume(scope, key, connection=conn))
+    return Reply((f'{scope}:{key} resumed' + ('' if changed else ' (it was not paused)'),))
 
-        return [fair_group]
+
+def _weight_clear(conn: Redis, values: Values) -> Reply:
+    scope, key = str(values['scope']), str(values['key'])
+    _refused(lambda: Fair.clear(scope, key, connection=conn))
+    return Reply((f'{scope}:{key}: run-time weight cleared',))
+
+
+def _weight_set(conn: Redis, values: Values) -> Reply:
+    scope, key, weight = str(values['scope']), str(values['key']), values['weight']
+    _refused(lambda: Fair.set(scope, key, weight, connection=conn))
+    return Reply((f'{scope}:{key}: weight {weight}',))
+
+
+def _weight_status(conn: Redis, values: Values) -> Reply:
+    scope, key = str(values['scope']), str(values['key'])
+    got = _refused(lambda: Fair.get(scope, key, connection=conn))
+    return Reply((f'{scope}:{key}: ' + (f'weight {got.weight} (set at run time)' if got else
+                                        'no run-time weight (its jobs\' declared weight applies)'),))
+
+
+def _keys_run(conn: Redis, values: Values) -> Reply:
+    queue = str(values['queue'])
+    rows = _refused(lambda: Fair.key_rows(conn, queue, values['limit']))
+    return Reply(tuple(_row_line(row) for row in rows) or (f'No key takes turns on queue {queue!r}.',))
 
 
 def _row_line(row: dict[str, Any]) -> str:

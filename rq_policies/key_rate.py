@@ -28,6 +28,7 @@ from .ops import need_connection as _need
 from .ops import text
 from .policy import MAX_CAPACITY, MAX_SECONDS
 from .queue_rate import GcraRate, RateStatus, _status, check
+from .views import Cell, Explanation, Panel
 
 __all__ = ['Rate']
 
@@ -195,7 +196,7 @@ class Rate(KeyedPolicy, GcraRate):
         return [text(j) for j in _need(connection).lrange(f'{keys.KEY_PARKED_PREFIX}{cls.name}:{channel}', 0, -1)]
 
     @classmethod
-    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[dict[str, Any]]:
+    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[Explanation]:
         raw = job.get(cls.field)
         if not raw:
             return []
@@ -215,9 +216,10 @@ class Rate(KeyedPolicy, GcraRate):
             rate = cls(stored_rate.limit, stored_rate.per, stored_rate.burst)
         status = _status(rate, tat, blocked, now)
         assert status is not None
-        entry: dict[str, Any] = {'policy': cls.name, 'scope': scope, 'key': key, 'limit': rate.limit,
+        entry: dict[str, Any] = {'scope': scope, 'key': key, 'limit': rate.limit,
                                  'per': rate.per, 'burst': rate.burst, 'available': status.available,
-                                 'next_at': status.next_at, 'change': ''}
+                                 'next_at': status.next_at}
+        change = ''
         entry['set_at_run_time'] = stored_rate is not None
         mark = ' (set at run time)' if stored_rate is not None else ''
         words = f'key {key!r} (scope {scope}) rate {rate.limit}/{rate.per}s burst {rate.burst}{mark}: '
@@ -228,12 +230,12 @@ class Rate(KeyedPolicy, GcraRate):
         if position is not None:
             entry['parked_position'] = int(position)
             words += f' (parked, position {int(position) + 1})'
-            entry['change'] = 'it goes back to the front of its queue when its key\'s rate allows a start'
+            change = 'it goes back to the front of its queue when its key\'s rate allows a start'
         if status.backoff_until is not None:
             entry['backoff_until'] = status.backoff_until
             words += f', backed off for {status.backoff_until - now:.1f} s more'
-        entry['verdict'] = words
-        return [entry]
+        verdict = words
+        return [Explanation(cls.name, verdict, change, entry)]
 
     @classmethod
     def key_rows(cls, connection: Any, scope: str, limit: int = 20, search: str | None = None,
@@ -283,7 +285,7 @@ class Rate(KeyedPolicy, GcraRate):
         return out
 
     @classmethod
-    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
+    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[Panel]:
         from .concurrency import panel_names, sample_keys
 
         found, complete = sample_keys(connection, cls.name, holds=cls.holds)
@@ -292,17 +294,16 @@ class Rate(KeyedPolicy, GcraRate):
             names, note = panel_names(found[scope], search, complete)
             rows = cls.key_rows(connection, scope, limit, search, now, names=names)
             if rows:
-                out.append({
-                    'note': note,
-                    'title': f'Rate per key: {scope}',
-                    'columns': ['key', 'parked', 'waiting for', 'rate'],
-                    'rows': [[row['key'], row['parked'],
-                              None if row['next_due'] is None else
-                              {'text': 'its rate', 'note': 'next start', 'at': max(row['next_due'] - now, 0.0)},
-                              None if row['rate'] is None else '{}/{}s burst {}'.format(*row['rate'])
-                              + (' (set at run time)' if row.get('set_at_run_time') else '')]
-                             for row in rows],
-                })
+                out.append(Panel(
+                    f'Rate per key: {scope}', ['key', 'parked', 'waiting for', 'rate'],
+                    [[row['key'], row['parked'],
+                      None if row['next_due'] is None else
+                      Cell('its rate', note='next start', at=max(row['next_due'] - now, 0.0)),
+                      None if row['rate'] is None else '{}/{}s burst {}'.format(*row['rate'])
+                      + (' (set at run time)' if row.get('set_at_run_time') else '')]
+                     for row in rows],
+                    note,
+                ))
         return out
 
 

@@ -69,7 +69,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "rq_policies.metrics needs prometheus-client: pip install 'rq-policies[metrics]'"
     ) from exc
 
-from . import health, keys, state
+from . import health, keys, state, views
 from .policy import registered
 
 logger = logging.getLogger('rq_policies')
@@ -140,7 +140,7 @@ class PolicyCollector(Collector):
             dropped.add_metric([row['policy'], row['queue']], row['count'])
         families = [running, maximum, remaining, queued]
         for cls in registered():
-            families.extend(cls.metric_families(conn, now))
+            families.extend(family(metric) for metric in cls.metrics(conn, now))
         eviction = GaugeMetricFamily(
             'rq_policies_eviction_unsafe',
             "1 when Redis's maxmemory-policy may evict the policies' keys (caps, ledgers, markers), 0 if noeviction.",
@@ -172,6 +172,15 @@ class PolicyCollector(Collector):
             if kind == 'queue':
                 lapses.add_metric([queue], int(value))
         return families + [dropped, eviction, evicted, rose, lapses]
+
+
+def family(metric: views.Metric) -> Metric:
+    """A policy's :class:`rq_policies.views.Metric` as a prometheus_client family."""
+    kind = CounterMetricFamily if metric.kind == 'counter' else GaugeMetricFamily
+    out = kind(metric.name, metric.help, labels=list(metric.labels))
+    for labels, value in metric.samples:
+        out.add_metric(list(labels), value)
+    return out
 
 
 def registry_for(connection: Redis) -> CollectorRegistry:

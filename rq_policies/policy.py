@@ -11,10 +11,15 @@ import functools
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from .exceptions import PolicyConfigurationError
 from .identity import UniqueContext
+
+if TYPE_CHECKING:
+    from redis import Redis
+
+    from .views import Explanation, Metric, Panel, Row, View
 
 F = TypeVar('F', bound=Callable[..., Any])
 
@@ -121,14 +126,17 @@ class Policy:
     invalid: ClassVar[tuple[tuple[dict[str, Any], str], ...]] = ()
 
     @classmethod
-    def metric_families(cls, connection: Any, now: float) -> list[Any]:
-        """Prometheus metric families (prometheus_client is installed when this is called)."""
+    def metrics(cls, connection: Redis, now: float) -> list[Metric]:
+        """This policy's Prometheus metric families, read from Redis at scrape time (``now``: the server clock), as
+        :class:`rq_policies.views.Metric` descriptions; :mod:`rq_policies.metrics` renders them."""
         return []
 
     @classmethod
-    def cli_commands(cls, kit: Any) -> list[Any]:
-        """click commands this policy adds to ``rq-policies`` (``kit``: rq_policies.cli's helpers, see there)."""
-        return []
+    def commands(cls) -> tuple[View, ...]:
+        """The subcommands this policy adds to ``rq-policies``, as :mod:`rq_policies.views` descriptions
+        (:class:`~rq_policies.views.Setting`, :class:`~rq_policies.views.Command`, :class:`~rq_policies.views.Group`);
+        :mod:`rq_policies.cli` renders them."""
+        return ()
 
     @classmethod
     def identity_families(cls) -> tuple[Any, ...]:
@@ -169,7 +177,7 @@ class Policy:
         return []
 
     @classmethod
-    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[dict[str, Any]]:
+    def explain(cls, connection: Redis, job: dict[str, str], now: float) -> list[Explanation]:
         """This policy's part of ``rq-policies explain`` for one job (:func:`rq_policies.explainer.explain`).
 
         ``job`` is the job hash without its payload (str -> str, the policies' own ``policies_*`` fields included,
@@ -180,7 +188,7 @@ class Policy:
         return []
 
     @classmethod
-    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
+    def panels(cls, connection: Redis, now: float, limit: int, search: str | None = None) -> list[Panel]:
         """This policy's panels on the dashboard (:mod:`rq_policies.dashboard`), read from Redis in a bounded
         number of commands (SCAN with COUNT and a budget, never KEYS): the page must answer fast on a server with
         100,000 identities, so list at most ``limit`` rows per panel and say in ``note`` when there are more.
@@ -192,14 +200,14 @@ class Policy:
             search: only rows about this text (a queue name, a key, an identity digest or a job id); None for all.
 
         Returns:
-            A list of ``{'title': str, 'columns': [str, ...], 'rows': [[cell, ...], ...]}`` with an optional
-            ``'note'`` (str): a cell is a str, int, float or None, ``{'text': str, 'job': job_id}`` (a link to the
-            job's page) or ``{'text': str, 'warn': True}`` (shown as a warning). The page escapes every cell.
+            A list of :class:`rq_policies.views.Panel` (title, columns, rows, note): a cell is a str, int, float or
+            None, or a :class:`rq_policies.views.Cell` (a link to a job, a live time, a warning, ...). The page
+            escapes every cell.
         """
         return []
 
     @classmethod
-    def explain_gone(cls, connection: Any, job_id: str, records: dict[str, Any], now: float) -> list[dict[str, Any]]:
+    def explain_gone(cls, connection: Redis, job_id: str, records: dict[str, Any], now: float) -> list[Explanation]:
         """This policy's part of ``explain`` for a job id Redis has no job hash for (a superseded pending job, a
         dropped enqueue), from what the admission left about that id.
 
@@ -233,7 +241,7 @@ def replaced_in_place(job: Any, verdict: Any) -> None:
 
 
 def superseded_entry(policy: str, connection: Any, records: dict[str, Any], pending: str,
-                     change: str) -> list[dict[str, Any]]:
+                     change: str) -> list[Explanation]:
     """The ``explain_gone`` entry of a pending job that a later enqueue of ``policy`` replaced (its tombstone in
     ``records['superseded']``), or [] when no tombstone of ``policy`` names one. ``pending`` says what the job was (a
     debounced, a trailing job) and when its replacement runs; ``change`` is the advice, ``{by}`` the job that runs.
@@ -243,6 +251,7 @@ def superseded_entry(policy: str, connection: Any, records: dict[str, Any], pend
     id whose enqueue was merged into the pending job in place (its tombstone says ``merged``: that call's job was
     never written) names the pending job its payload went into."""
     from .explainer import follow
+    from .views import Explanation
 
     superseded = records['superseded']
     if not superseded or superseded['policy'] != policy:
@@ -259,10 +268,9 @@ def superseded_entry(policy: str, connection: Any, records: dict[str, Any], pend
         if final != by:
             verdict = (f'superseded by job {by}, itself replaced: the job that runs is {final} '
                        f'({status or "gone"} now){via}: {pending}, which was deleted')
-    return [{
-        'policy': policy, 'superseded_by': by, 'runs_as': final, 'chain': chain, 'queue': queue,
-        'merged': bool(superseded.get('merged')), 'verdict': verdict, 'change': change.format(by=final),
-    }]
+    return [Explanation(policy, verdict, change.format(by=final), {
+        'superseded_by': by, 'runs_as': final, 'chain': chain, 'queue': queue, 'merged': bool(superseded.get('merged')),
+    })]
 
 
 def registered(kind: str | None = None) -> list[type[Policy]]:
@@ -281,18 +289,19 @@ def by_name(name: str) -> type[Policy]:
 
 
 def pending_lines(family: Any, block: dict[str, Any], detail: Callable[[dict[str, Any]], str],
-                  digests: bool = False, width: int = 40) -> list[str]:
+                  digests: bool = False, width: int = 40) -> list[Row]:
     """``info``'s lines for a family of pending jobs (a trailing Throttle's, a Debounce's): a count, then one line per
     identity (its job's description, :func:`rq_policies.readable.identity`) with ``detail(row)`` and when it runs
     (the key expires at the job's run time)."""
     from .readable import identity, in_seconds
+    from .views import Row
 
-    lines = [f'  {family.name:<9} {block["count"]} pending']
+    items = []
     for row in block['entries']:
         runs = f'  runs {in_seconds(row["expires_in"])}' if row['expires_in'] is not None else ''
         extra = detail(row)
-        lines.append(f'    {identity(row, width, digests)}{"  " + extra if extra else ""}{runs}')
-    return lines
+        items.append(f'{identity(row, width, digests)}{"  " + extra if extra else ""}{runs}')
+    return [Row(family.name, f'{block["count"]} pending', tuple(items))]
 
 
 class AdmissionPolicy(Policy):
@@ -350,15 +359,15 @@ class AdmissionPolicy(Policy):
 
     @classmethod
     def describe(cls, family: Any, block: dict[str, Any], digests: bool = False,
-                 width: int = 40) -> list[str]:
-        """The lines ``rq-policies info`` prints for one of this policy's key families on one queue (``block`` is
+                 width: int = 40) -> list[Row | str]:
+        """The rows ``rq-policies info`` prints for one of this policy's key families on one queue (``block`` is
         what ``info --json`` shows for it: ``count`` and the listed ``entries``); an identity is shown as its job's
         description (:func:`rq_policies.readable.identity`), with the whole digest when ``digests``."""
         from .readable import identity
+        from .views import Row
 
-        lines = [f'  {family.name:<9} {block["count"]} key(s)']
-        lines += [f'    {identity(row, width, digests)}' for row in block['entries']]
-        return lines
+        return [Row(family.name, f'{block["count"]} key(s)',
+                    tuple(identity(row, width, digests) for row in block['entries']))]
 
     @classmethod
     def reset_part(cls, call: Any, queue: str, digest: str, declared: AdmissionPolicy | None) -> dict[str, Any]:
@@ -416,8 +425,9 @@ class FetchPolicy(Policy):
         return ''
 
     @classmethod
-    def describe_queue(cls, entry: dict[str, Any]) -> list[str]:
-        """The lines ``rq-policies info`` prints for this policy under a queue's headline."""
+    def describe_queue(cls, entry: dict[str, Any]) -> list[Row | str]:
+        """The rows (:class:`rq_policies.views.Row`) and lines ``rq-policies info`` prints for this policy under a
+        queue's headline."""
         return []
 
     # -- the contract suite (tests/contract): settings, as a policy whose settings live in Redis takes them -------

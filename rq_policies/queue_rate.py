@@ -38,6 +38,21 @@ from .ops import server_now as _server_now
 from .ops import text
 from .policy import MAX_CAPACITY, MAX_SECONDS, FetchPolicy, positive_int, whole_seconds
 from .queue_slot import queue_name
+from .views import (
+    Argument,
+    BadArgument,
+    Cell,
+    Digits,
+    Metric,
+    Option,
+    Panel,
+    Reply,
+    Row,
+    Setting,
+    UsageError,
+    Values,
+    View,
+)
 
 __all__ = ['BACKOFFS_META', 'SNOOZES_META', 'BackOff', 'QueueRate', 'RateStatus', 'Snooze', 'SnoozeLimitReached']
 
@@ -283,23 +298,23 @@ class QueueRate(FetchPolicy, GcraRate):
         return ', '.join(words)
 
     @classmethod
-    def describe_queue(cls, entry: dict[str, Any]) -> list[str]:
+    def describe_queue(cls, entry: dict[str, Any]) -> list[Row | str]:
         """``info``'s lines: the starts available and when the next is allowed, and a back-off's end (local time and
         how far from now; ``entry['server_time']`` is the server time the state was read at)."""
         from .readable import at
 
-        lines = []
+        lines: list[Row | str] = []
         now = entry.get('server_time')
         if entry.get('rate'):
             when = 'now' if now is None or entry['rate_next_at'] <= now else at(entry['rate_next_at'], now)
-            lines.append(f'  rate      {entry["rate_available"]} start(s) available, next start {when}')
+            lines.append(Row('rate', f'{entry["rate_available"]} start(s) available, next start {when}'))
         if entry.get('backoff_until'):
             until = at(entry['backoff_until'], now) if now is not None else f'in {entry["backoff_seconds_left"]:.1f} s'
-            lines.append(f'  backoff   no start until {until}')
+            lines.append(Row('backoff', f'no start until {until}'))
         return lines
 
     @classmethod
-    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
+    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[Panel]:
         """The dashboard's rates panel: per queue with a rate or a back-off, the rate, the starts allowed now, when
         the next start is allowed and when a back-off ends (local time and how far from now)."""
         names = sorted(cls.configured_queues(connection)
@@ -313,115 +328,119 @@ class QueueRate(FetchPolicy, GcraRate):
                 name,
                 f'{rate["limit"]}/{rate["per"]}s burst {rate["burst"]}' if rate else None,
                 entry['rate_available'],
-                ('now' if entry['rate_next_at'] <= now else {'text': '', 'at': entry['rate_next_at'] - now})
+                ('now' if entry['rate_next_at'] <= now else Cell(at=entry['rate_next_at'] - now))
                 if rate else None,
-                {'text': '', 'note': 'until', 'at': left, 'warn': True} if left else None,
+                Cell(note='until', at=left, warn=True) if left else None,
             ])
         if not rows:
             return []
-        return [{'title': 'Queue rates (QueueRate)', 'rows': rows,
-                 'columns': ['queue', 'rate', 'starts available', 'next start', 'backed off'],
-                 'note': f'{len(rows)} of {len(names)} queues listed' if len(names) > len(rows) else ''}]
+        return [Panel('Queue rates (QueueRate)', ['queue', 'rate', 'starts available', 'next start', 'backed off'],
+                      rows, f'{len(rows)} of {len(names)} queues listed' if len(names) > len(rows) else '')]
 
     @classmethod
-    def metric_families(cls, connection: Any, now: float) -> list[Any]:
-        from prometheus_client.core import GaugeMetricFamily
-
-        limit = GaugeMetricFamily('rq_policies_queue_rate_per_second',
-                                  'QueueRate of a queue: job starts allowed per second.', labels=['queue'])
-        available = GaugeMetricFamily('rq_policies_queue_rate_available',
-                                      'QueueRate starts a queue allows at once now.', labels=['queue'])
-        backoff = GaugeMetricFamily('rq_policies_queue_backoff_seconds',
-                                    'Seconds left of a BackOff blocking a queue.', labels=['queue'])
+    def metrics(cls, connection: Redis, now: float) -> list[Metric]:
+        limit = Metric('rq_policies_queue_rate_per_second', 'QueueRate of a queue: job starts allowed per second.',
+                       ('queue',))
+        available = Metric('rq_policies_queue_rate_available', 'QueueRate starts a queue allows at once now.',
+                           ('queue',))
+        backoff = Metric('rq_policies_queue_backoff_seconds', 'Seconds left of a BackOff blocking a queue.',
+                         ('queue',))
         names = sorted(cls.configured_queues(connection)
                        | {text(m) for m in connection.zrangebyscore(keys.BACKOFF, f'({now:.6f}', '+inf')})
         for name, entry in cls.queue_state(connection, names, now, None).items():
             if entry['rate']:
-                limit.add_metric([name], entry['rate']['limit'] / entry['rate']['per'])
-                available.add_metric([name], entry['rate_available'])
+                limit.add([name], entry['rate']['limit'] / entry['rate']['per'])
+                available.add([name], entry['rate_available'])
             if entry['backoff_seconds_left']:
-                backoff.add_metric([name], entry['backoff_seconds_left'])
+                backoff.add([name], entry['backoff_seconds_left'])
         return [limit, available, backoff]
 
     @classmethod
-    def cli_commands(cls, kit: Any) -> list[Any]:
-        import click
-
-        @click.command()
-        @click.argument('queue')
-        @click.argument('rate', required=False, metavar='LIMIT/PER')
-        @click.option('--burst', default=None, help='Starts allowed at once after a quiet spell (1 to LIMIT; 1).')
-        @click.option('--clear', is_flag=True, help='Remove the rate.')
-        @click.option('--force', is_flag=True, help='Limit a queue rq does not know yet.')
-        @click.option('--json', 'as_json', is_flag=True, help='Print the rate and the starts available as JSON.')
-        @kit.pass_cli_config
-        def rate(cli_config: Any, queue: str, rate: str | None, burst: str | None, clear: bool, force: bool,
-                 as_json: bool, **options: Any) -> None:
-            """Limit QUEUE to LIMIT job starts every PER across the cluster (100/60s, 5/1m, 10/1h, 3/1), remove
-            the limit with --clear, or show it (no LIMIT/PER)."""
-            if clear and rate is not None:
-                raise click.UsageError('give either LIMIT/PER or --clear, not both')
-            if rate is None and burst is not None:
-                raise click.UsageError('--burst goes with LIMIT/PER')
-            if not clear and rate is None:
-                conn = kit.connect(cli_config)
-                _show_rate(kit, conn, queue, as_json)
-                return
-            if not clear:
-                limit, per = parse_rate(rate)  # type: ignore[arg-type]
-                size = kit.integer('--burst', burst, MAX_CAPACITY) if burst is not None else 1
-                try:
-                    new = cls(limit, per, size)
-                except ValueError as exc:
-                    hint = '--burst' if 'burst' in str(exc) else 'LIMIT/PER'
-                    raise click.BadParameter(str(exc), param_hint=hint) from None
-            conn = kit.connect(cli_config)
-            kit.require_known(conn, queue, force or clear, command='rate')
-            before = cls.get(queue, connection=conn)
-            was = f'was {before.limit}/{before.per}s burst {before.burst}' if before else 'was unlimited'
-            if clear:
-                cls.clear(queue, connection=conn)
-                message = f'Queue {queue!r} has no rate ({was}).'
-            else:
-                with warnings.catch_warnings():  # refused above unless --force: the operator meant it
-                    warnings.simplefilter('ignore', UnknownQueueWarning)
-                    cls.set(queue, new.limit, new.per, new.burst, connection=conn)
-                message = (f'Queue {queue!r} is limited to {new.limit} starts every {new.per}s, burst {new.burst} '
-                           f'({was}).')
-            if as_json:
-                _show_rate(kit, conn, queue, True)
-            else:
-                click.echo(message)
-
-        return [rate]
+    def commands(cls) -> tuple[View, ...]:
+        """``rq-policies rate``."""
+        return (Setting(
+            'rate', 'Limit QUEUE to LIMIT job starts every PER across the cluster (100/60s, 5/1m, 10/1h, 3/1), '
+                    'remove\nthe limit with --clear, or show it (no LIMIT/PER).',
+            targets=(Argument('queue'),),
+            value=Argument('rate', metavar='LIMIT/PER'),
+            options=(Option('--burst', 'burst', 'Starts allowed at once after a quiet spell (1 to LIMIT; 1).'),),
+            clear_help='Remove the rate.',
+            force_help='Limit a queue rq does not know yet.',
+            json_help='Print the rate and the starts available as JSON.',
+            prepare=_rate_prepare, status=_rate_status, set=_rate_set, clear=_rate_clear,
+        ),)
 
 
-def _show_rate(kit: Any, conn: Any, queue: str, as_json: bool) -> None:
+def _rate_prepare(values: Values, mode: str) -> Values:
+    """The rate given (``new``), read before the command connects."""
+    if values['rate'] is None and values['burst'] is not None:
+        raise UsageError('--burst goes with LIMIT/PER')
+    if mode != 'set':
+        return values
+    limit, per = parse_rate(str(values['rate']))
+    burst = values['burst']
+    size = Digits(f'a positive integer up to {MAX_CAPACITY}', 1, MAX_CAPACITY).parse(burst, '--burst') \
+        if burst is not None else 1
+    try:
+        new = QueueRate(limit, per, size)
+    except ValueError as exc:
+        raise BadArgument(str(exc), '--burst' if 'burst' in str(exc) else 'LIMIT/PER') from None
+    return {**values, 'new': new}
+
+
+def _rate_set(conn: Redis, values: Values) -> Reply:
+    queue, new = str(values['queue']), values['new']
+    assert isinstance(new, QueueRate)
+    was = _was(conn, queue)
+    with warnings.catch_warnings():  # refused unless --force: the operator meant it
+        warnings.simplefilter('ignore', UnknownQueueWarning)
+        QueueRate.set(queue, new.limit, new.per, new.burst, connection=conn)
+    return _rate_changed(conn, values, f'Queue {queue!r} is limited to {new.limit} starts every {new.per}s, burst '
+                                       f'{new.burst} ({was}).')
+
+
+def _rate_clear(conn: Redis, values: Values) -> Reply:
+    queue = str(values['queue'])
+    was = _was(conn, queue)
+    QueueRate.clear(queue, connection=conn)
+    return _rate_changed(conn, values, f'Queue {queue!r} has no rate ({was}).')
+
+
+def _was(conn: Redis, queue: str) -> str:
+    before = QueueRate.get(queue, connection=conn)
+    return f'was {before.limit}/{before.per}s burst {before.burst}' if before else 'was unlimited'
+
+
+def _rate_changed(conn: Redis, values: Values, message: str) -> Reply:
+    return _rate_status(conn, values) if values['as_json'] else Reply((message,))
+
+
+def _rate_status(conn: Redis, values: Values) -> Reply:
     """``rq-policies rate QUEUE``: the rate, the starts available now and the next one (local time), a back-off."""
-    import click
-
     from .readable import at
 
+    queue = str(values['queue'])
     rate, status, now = QueueRate.get(queue, connection=conn), QueueRate.status(queue, connection=conn), \
         _server_now(conn)
-    if as_json:
-        kit.echo_json({
+    if values['as_json']:
+        return Reply(data={
             'queue': queue, 'rate': None if rate is None else {'limit': rate.limit, 'per': rate.per,
                                                                  'burst': rate.burst},
             'available': None if status is None else status.available,
             'next_at': None if status is None else status.next_at,
             'backoff_until': None if status is None else status.backoff_until, 'server_time': now,
         })
-        return
+    lines = []
     if rate is None:
-        click.echo(f'Queue {queue!r} has no rate.')
+        lines.append(f'Queue {queue!r} has no rate.')
     else:
         assert status is not None
         when = 'now' if status.next_at <= now else at(status.next_at, now)
-        click.echo(f'Queue {queue!r} is limited to {rate.limit} starts every {rate.per}s, burst {rate.burst}: '
-                   f'{status.available} available, next start {when}.')
+        lines.append(f'Queue {queue!r} is limited to {rate.limit} starts every {rate.per}s, burst {rate.burst}: '
+                     f'{status.available} available, next start {when}.')
     if status is not None and status.backoff_until is not None:
-        click.echo(f'Backed off: no start until {at(status.backoff_until, now)}.')
+        lines.append(f'Backed off: no start until {at(status.backoff_until, now)}.')
+    return Reply(tuple(lines))
 
 
 _UNITS = {'': 1, 's': 1, 'm': 60, 'h': 3600, 'd': 86400}
@@ -431,21 +450,18 @@ def parse_rate(raw: str) -> tuple[int, int]:
     """``'100/60s'`` as ``(100, 60)``: LIMIT/PER with PER in whole seconds, minutes, hours or days (``s`` by default).
 
     Raises:
-        click.BadParameter naming LIMIT/PER and the value.
+        rq_policies.views.BadArgument naming LIMIT/PER and the value (a ValueError).
     """
-    import click
-
     head, sep, tail = raw.partition('/')
     unit = tail[-1:] if tail[-1:] in _UNITS else ''
     number = tail[: len(tail) - len(unit)]
     if not sep or not head.isascii() or not head.isdigit() or not number.isascii() or not number.isdigit():
-        raise click.BadParameter(f'expected LIMIT/PER such as 100/60s, 5/1m or 3/1, got {raw!r}',
-                                 param_hint='LIMIT/PER')
+        raise BadArgument(f'expected LIMIT/PER such as 100/60s, 5/1m or 3/1, got {raw!r}', 'LIMIT/PER')
     limit, per = int(head), int(number) * _UNITS[unit]
     try:
         check(limit, per, 1)
     except ValueError as exc:
-        raise click.BadParameter(f'{exc} (in {raw!r})', param_hint='LIMIT/PER') from None
+        raise BadArgument(f'{exc} (in {raw!r})', 'LIMIT/PER') from None
     return limit, per
 
 

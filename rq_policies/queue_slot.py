@@ -31,6 +31,7 @@ from .ledger import WAKE_CAPACITY, WAKE_RELEASED, Hold
 from .ops import need_connection as _need
 from .ops import text
 from .policy import MAX_CAPACITY, FetchPolicy, positive_int, whole_seconds
+from .views import Argument, BadArgument, Cell, Digits, Explanation, Metric, Panel, Reply, Row, Setting, Values, View
 
 __all__ = ['WAKE_CAPACITY', 'WAKE_RELEASED', 'QueueSlot', 'queue_name']
 
@@ -299,7 +300,7 @@ class QueueSlot(FetchPolicy):
         return out
 
     @classmethod
-    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[dict[str, Any]]:
+    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[Explanation]:
         queue = job.get('origin')
         if not queue:
             return []
@@ -311,17 +312,17 @@ class QueueSlot(FetchPolicy):
             return []
         cap = int(cap)
         holders = [(text(member), round(score - now, 1)) for member, score in rows]
-        entry: dict[str, Any] = {'policy': cls.name, 'capacity': cap, 'in_use': len(holders),
+        entry: dict[str, Any] = {'capacity': cap, 'in_use': len(holders),
                                  'holders': [{'token': t, 'expires_in': e} for t, e in holders]}
         listed = ', '.join(f'{t} (expires in {e} s)' for t, e in holders[:5]) + (' ...' if len(holders) > 5 else '')
         if job.get('status') == 'queued' and len(holders) >= cap:
-            entry['verdict'] = f'queue at cap {len(holders)}/{cap}, holders: {listed}'
-            entry['change'] = 'a hold is released when its job ends (a dead worker\'s expires by itself), or raise ' \
+            verdict = f'queue at cap {len(holders)}/{cap}, holders: {listed}'
+            change = 'a hold is released when its job ends (a dead worker\'s expires by itself), or raise ' \
                               'the cap (rq-policies cap)'
         else:
-            entry['verdict'] = f'queue cap {cap}, {len(holders)} in use' + (f': {listed}' if holders else '')
-            entry['change'] = ''
-        return [entry]
+            verdict = f'queue cap {cap}, {len(holders)} in use' + (f': {listed}' if holders else '')
+            change = ''
+        return [Explanation(cls.name, verdict, change, entry)]
 
     @classmethod
     def summary(cls, entry: dict[str, Any]) -> str:
@@ -330,88 +331,43 @@ class QueueSlot(FetchPolicy):
         return f'cap {cap}, {in_use} in use' if cap is not None else f'uncapped, {in_use} holds'
 
     @classmethod
-    def describe_queue(cls, entry: dict[str, Any]) -> list[str]:
+    def describe_queue(cls, entry: dict[str, Any]) -> list[Row | str]:
         from .readable import in_seconds
 
-        lines = [f'  hold      {hold["holder"]:<36} expires {in_seconds(hold["expires_in"])}'
-                 for hold in entry['holds']]
+        lines: list[Row | str] = [Row('hold', f'{hold["holder"]:<36} expires {in_seconds(hold["expires_in"])}')
+                                  for hold in entry['holds']]
         if entry['holds_in_use'] > len(entry['holds']):
             lines.append(f'  ... and {entry["holds_in_use"] - len(entry["holds"])} more (--limit 0 lists all)')
         return lines
 
     @classmethod
-    def metric_families(cls, connection: Any, now: float) -> list[Any]:
-        from prometheus_client.core import GaugeMetricFamily
-
+    def metrics(cls, connection: Redis, now: float) -> list[Metric]:
         from . import state
 
-        in_use = GaugeMetricFamily(
-            'rq_policies_queue_slots_in_use', 'Live QueueSlot holds of a queue (jobs running under its cap).',
-            labels=['queue'],
-        )
-        capacity = GaugeMetricFamily(
-            'rq_policies_queue_slots_capacity', 'Cluster-wide QueueSlot cap of a queue.', labels=['queue']
-        )
+        in_use = Metric('rq_policies_queue_slots_in_use',
+                        'Live QueueSlot holds of a queue (jobs running under its cap).', ('queue',))
+        capacity = Metric('rq_policies_queue_slots_capacity', 'Cluster-wide QueueSlot cap of a queue.', ('queue',))
         for row in cls.gauges(connection, state.queue_names(connection), now):
-            in_use.add_metric([row['queue']], row['in_use'])
+            in_use.add([row['queue']], row['in_use'])
             if row['capacity'] is not None:
-                capacity.add_metric([row['queue']], row['capacity'])
+                capacity.add([row['queue']], row['capacity'])
         return [in_use, capacity]
 
     @classmethod
-    def cli_commands(cls, kit: Any) -> list[Any]:
-        import click
-
-        @click.command()
-        @click.argument('queue')
-        @click.argument(
-            'n', required=False, type=kit.Digits(f'a positive integer up to {MAX_CAPACITY}', 1, MAX_CAPACITY)
-        )
-        @click.option('--clear', is_flag=True, help='Remove the cap (live holds stay until released or expired).')
-        @click.option('--force', is_flag=True, help='Cap a queue rq does not know yet.')
-        @click.option('--json', 'as_json', is_flag=True, help='Print the cap and the holds in use as JSON.')
-        @kit.pass_cli_config
-        def cap(cli_config: Any, queue: str, n: int | None, clear: bool, force: bool, as_json: bool,
-                **options: Any) -> None:
-            """Cap QUEUE at N jobs running across the cluster, remove its cap with --clear, or show it (no N)."""
-            if clear and n is not None:
-                raise click.UsageError('give either N or --clear, not both')
-            try:
-                queue_name(queue)
-            except ValueError as exc:
-                raise click.BadParameter(str(exc), param_hint='QUEUE') from None
-            conn = kit.connect(cli_config)
-            if not clear and n is None:
-                status = cls.status(queue, connection=conn)
-                if as_json:
-                    kit.echo_json({'queue': queue, 'capacity': status.capacity, 'in_use': status.in_use})
-                elif status.capacity is None:
-                    click.echo(f'Queue {queue!r} is uncapped ({status.in_use} hold(s) in use).')
-                else:
-                    click.echo(f'Queue {queue!r} is capped at {status.capacity}, {status.in_use} in use.')
-                return
-            kit.require_known(conn, queue, force or clear)
-            before = cls.get(queue, connection=conn)
-            was = f'was {before.capacity}' if before is not None else 'was uncapped'
-            if clear:
-                cls.clear(queue, connection=conn)
-                message = f'Queue {queue!r} is uncapped ({was}).'
-            else:
-                with warnings.catch_warnings():  # refused above unless --force: the operator meant it
-                    warnings.simplefilter('ignore', UnknownQueueWarning)
-                    cls.set(queue, n, connection=conn)  # type: ignore[arg-type]
-                message = f'Queue {queue!r} is capped at {n} ({was}).'
-            if as_json:
-                now = cls.get(queue, connection=conn)
-                kit.echo_json({'queue': queue, 'capacity': now.capacity if now else None,
-                               'was': before.capacity if before else None})
-            else:
-                click.echo(message)
-
-        return [cap]
+    def commands(cls) -> tuple[View, ...]:
+        """``rq-policies cap``."""
+        return (Setting(
+            'cap', 'Cap QUEUE at N jobs running across the cluster, remove its cap with --clear, or show it (no N).',
+            targets=(Argument('queue'),),
+            value=Argument('n', kind=Digits(f'a positive integer up to {MAX_CAPACITY}', 1, MAX_CAPACITY)),
+            clear_help='Remove the cap (live holds stay until released or expired).',
+            force_help='Cap a queue rq does not know yet.',
+            json_help='Print the cap and the holds in use as JSON.',
+            prepare=_cap_prepare, status=_cap_status, set=_cap_set, clear=_cap_clear,
+        ),)
 
     @classmethod
-    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
+    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[Panel]:
         """The dashboard's holds panel: per queue with a cap or a hold, the cap, the holds in use and each hold
         (holder, the job its worker runs, seconds to expiry). A hold past its expiry still in the ledger is
         *expired*: its holder stopped refreshing (killed, or stalled longer than the ttl); it no longer counts
@@ -436,23 +392,21 @@ class QueueSlot(FetchPolicy):
             in_use = entry['holds_in_use']
             queues.append([name, entry['capacity'], in_use, len(lapsed)])
             for token, score in lapsed:
-                holds.append([name, token, None, {'text': 'expired (no longer counts)', 'at': score - now,
-                                                  'expired': True}])
+                holds.append([name, token, None, Cell('expired (no longer counts)', at=score - now, expired=True)])
             for hold in entry['holds']:
-                holds.append([name, hold['holder'], None, {'text': '', 'at': hold['expires_in']}])
+                holds.append([name, hold['holder'], None, Cell(at=hold['expires_in'])])
             shown += in_use + len(lapsed)
         holds = holds[:limit]
         jobs = _running_jobs(connection, [row[1] for row in holds])
         for row in holds:
             job_id = jobs.get(row[1].rsplit(':', 2)[0])
-            row[2] = {'text': job_id, 'job': job_id} if job_id else None
+            row[2] = Cell(job_id, job=job_id) if job_id else None
         if not queues:
             return []
-        out = [{'title': 'Queue caps (QueueSlot)', 'columns': ['queue', 'cap', 'in use', 'expired holds (not counted)'],
-                'rows': queues}]
+        out = [Panel('Queue caps (QueueSlot)', ['queue', 'cap', 'in use', 'expired holds (not counted)'], queues)]
         if holds:
-            out.append({'title': 'Holds (QueueSlot)', 'columns': ['queue', 'holder', 'job', 'expires'],
-                        'rows': holds, 'note': f'{len(holds)} of {shown} holds listed' if shown > len(holds) else ''})
+            out.append(Panel('Holds (QueueSlot)', ['queue', 'holder', 'job', 'expires'], holds,
+                             f'{len(holds)} of {shown} holds listed' if shown > len(holds) else ''))
         return out
 
     # -- tokens ---------------------------------------------------------------------------------------------------
@@ -467,6 +421,49 @@ class QueueSlot(FetchPolicy):
         """A token naming one claim, ``<host>:<pid>:<tid>:<n>``: a stale release of an earlier claim frees nothing."""
         return ledger.claim_token()
 
+
+
+def _cap_prepare(values: Values, mode: str) -> Values:
+    try:
+        queue_name(values['queue'])
+    except ValueError as exc:
+        raise BadArgument(str(exc), 'QUEUE') from None
+    return values
+
+
+def _cap_status(conn: Redis, values: Values) -> Reply:
+    queue = str(values['queue'])
+    status = QueueSlot.status(queue, connection=conn)
+    if values['as_json']:
+        return Reply(data={'queue': queue, 'capacity': status.capacity, 'in_use': status.in_use})
+    if status.capacity is None:
+        return Reply((f'Queue {queue!r} is uncapped ({status.in_use} hold(s) in use).',))
+    return Reply((f'Queue {queue!r} is capped at {status.capacity}, {status.in_use} in use.',))
+
+
+def _cap_set(conn: Redis, values: Values) -> Reply:
+    queue, n = str(values['queue']), values['n']
+    before = QueueSlot.get(queue, connection=conn)
+    with warnings.catch_warnings():  # refused unless --force: the operator meant it
+        warnings.simplefilter('ignore', UnknownQueueWarning)
+        QueueSlot.set(queue, n, connection=conn)
+    return _cap_changed(conn, values, before, f'Queue {queue!r} is capped at {n}')
+
+
+def _cap_clear(conn: Redis, values: Values) -> Reply:
+    queue = str(values['queue'])
+    before = QueueSlot.get(queue, connection=conn)
+    QueueSlot.clear(queue, connection=conn)
+    return _cap_changed(conn, values, before, f'Queue {queue!r} is uncapped')
+
+
+def _cap_changed(conn: Redis, values: Values, before: Cap | None, words: str) -> Reply:
+    if values['as_json']:
+        now = QueueSlot.get(str(values['queue']), connection=conn)
+        return Reply(data={'queue': values['queue'], 'capacity': now.capacity if now else None,
+                           'was': before.capacity if before else None})
+    was = f'was {before.capacity}' if before is not None else 'was uncapped'
+    return Reply((f'{words} ({was}).',))
 
 
 def _running_jobs(connection: Any, tokens: list[str]) -> dict[str, str]:

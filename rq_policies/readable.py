@@ -13,6 +13,8 @@ import time
 from datetime import datetime
 from typing import Any
 
+from .views import Cell
+
 __all__ = ['at', 'cut', 'identity', 'in_seconds', 'local_iso', 'relative', 'span']
 
 #: How wide an identity (a job's description) is shown by default.
@@ -72,7 +74,7 @@ def identity(row: dict[str, Any], width: int = WIDTH, digests: bool = False) -> 
     return f'{shown}  [{row["digest"]}]' if digests else shown
 
 
-def identity_cell(row: dict[str, Any], width: int = WIDTH) -> dict[str, Any]:
-    """A page cell (``rq_policies.dashboard.data.cell``) of an identity: its job's description, and the whole digest
-    under it in small type (selectable, for a reset)."""
-    return {'text': identity(row, width), 'sub': row['digest'], 'title': row.get('job_description') or ''}
+def identity_cell(row: dict[str, Any], width: int = WIDTH) -> Cell:
+    """A page cell of an identity: its job's description, and the whole digest under it in small type (selectable,
+    for a reset)."""
+    return Cell(identity(row, width), sub=row['digest'], title=row.get('job_description') or '')

@@ -47,6 +47,7 @@ from .policy import (
     superseded_entry,
     whole_seconds,
 )
+from .views import Cell, Explanation, Panel, Row
 
 logger = logging.getLogger('rq_policies')
 
@@ -175,7 +176,7 @@ class Throttle(AdmissionPolicy):
         return fields
 
     @classmethod
-    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[dict[str, Any]]:
+    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[Explanation]:
         prefix, width = job.get(THROTTLE_FIELD), job.get(WIDTH_FIELD)
         if not prefix or not width or not width.isdigit():
             return []
@@ -190,23 +191,23 @@ class Throttle(AdmissionPolicy):
             owner, pending, run_at = pipe.execute()
         owner = owner.decode() if isinstance(owner, bytes) else owner
         pending = pending.decode() if isinstance(pending, bytes) else pending
-        entry: dict[str, Any] = {'policy': cls.name, 'slot': width_s, 'window_ends_at': ends, 'owner': owner}
+        entry: dict[str, Any] = {'slot': width_s, 'window_ends_at': ends, 'owner': owner}
         if trailing and pending == jid and job.get('status') == 'scheduled' and run_at is not None:
-            entry['verdict'] = f'pending trailing job of the window ending at {_when(run_at)} (in {run_at - now:.1f} s)'
-            entry['change'] = ('runs at that time; a later extra of the window rewrites it in place (its payload; '
-                               'same id)')
+            verdict = f'pending trailing job of the window ending at {_when(run_at)} (in {run_at - now:.1f} s)'
+            change = ('runs at that time; a later extra of the window rewrites it in place (its payload; '
+                      'same id)')
         elif owner == jid:
-            entry['verdict'] = f'owns the current {width_s} s slot, which ends at {_when(ends)} (in {ends - now:.1f} s)'
-            entry['change'] = 'an identical enqueue before then is dropped' + (
+            verdict = f'owns the current {width_s} s slot, which ends at {_when(ends)} (in {ends - now:.1f} s)'
+            change = 'an identical enqueue before then is dropped' + (
                 ' (or kept as the trailing job)' if trailing else '')
         else:
-            entry['verdict'] = 'admitted in an earlier slot; the current one ' + (
+            verdict = 'admitted in an earlier slot; the current one ' + (
                 f'is held by job {owner}' if owner else 'is free') + f', ends at {_when(ends)}'
-            entry['change'] = ''
-        return [entry]
+            change = ''
+        return [Explanation(cls.name, verdict, change, entry)]
 
     @classmethod
-    def explain_gone(cls, connection: Any, job_id: str, records: dict[str, Any], now: float) -> list[dict[str, Any]]:
+    def explain_gone(cls, connection: Any, job_id: str, records: dict[str, Any], now: float) -> list[Explanation]:
         dropped = records['dropped']
         superseded = superseded_entry(cls.name, connection, records,
                                       'a later extra of its window replaced this pending trailing job',
@@ -215,13 +216,13 @@ class Throttle(AdmissionPolicy):
             return superseded
         if dropped and dropped.get('policy') == cls.name:
             holder, ends = str(dropped.get('holder', '')), float(dropped.get('n', 0))
-            return [{
-                'policy': cls.name, 'holder': holder, 'queue': dropped.get('queue', ''), 'window_ends_at': ends,
-                'dropped_at': dropped.get('at'),
-                'verdict': f'dropped at enqueue: held by job {holder}, which owned the slot ending at {_when(ends)}',
-                'change': 'an identical enqueue after ' + (
+            return [Explanation(
+                cls.name, f'dropped at enqueue: held by job {holder}, which owned the slot ending at {_when(ends)}',
+                'an identical enqueue after ' + (
                     'that is admitted' if ends > now else f'{_when(ends)} is admitted (that time has passed)'),
-            }]
+                {'holder': holder, 'queue': dropped.get('queue', ''), 'window_ends_at': ends,
+                 'dropped_at': dropped.get('at')},
+            )]
         return []
 
     def validate(self, job: Any, mode: str, force: bool) -> None:
@@ -285,18 +286,17 @@ class Throttle(AdmissionPolicy):
 
     @classmethod
     def describe(cls, family: keys.Family, block: dict[str, Any], digests: bool = False,
-                 width: int = 40) -> list[str]:
+                 width: int = 40) -> list[Row | str]:
         from .readable import identity
 
         if family.windowed:
-            lines = [f'  throttle  {block["count"]} live window(s)']
-            for row in block['entries']:
-                lines.append(f'    {identity(row, width, digests)}  job {row["job_id"]}  {window_words(row)}')
-            return lines
+            return [Row('throttle', f'{block["count"]} live window(s)',
+                        tuple(f'{identity(row, width, digests)}  job {row["job_id"]}  {window_words(row)}'
+                              for row in block['entries']))]
         return pending_lines(family, block, lambda row: f'job {row["job_id"]}', digests, width)
 
     @classmethod
-    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[dict[str, Any]]:
+    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[Panel]:
         """The dashboard's throttle windows (the job that won each live window, and when the window ends) and
         pending trailing jobs (the job that runs when its window ends)."""
         from . import state
@@ -307,16 +307,14 @@ class Throttle(AdmissionPolicy):
         rows = [[row['queue'], identity_cell(row), _window_cell(row), _job_cell(row['job_id']),
                  _at(row['expires_in'])] for row in windows['rows']]
         if rows:
-            out.append({'title': 'Throttle windows (Throttle)', 'rows': rows,
-                        'columns': ['queue', 'identity', 'window', 'job', 'ends'],
-                        'note': state.sample_note(windows, 'windows')})
+            out.append(Panel('Throttle windows (Throttle)', ['queue', 'identity', 'window', 'job', 'ends'], rows,
+                             state.sample_note(windows, 'windows')))
         trailing = state.sample_family(connection, keys.TRAILING_KEYS, limit, search)
         rows = [[row['queue'], identity_cell(row), _job_cell(row['job_id']), row['job_status'] or 'gone',
                  _at(row['expires_in'])] for row in trailing['rows']]
         if rows:
-            out.append({'title': 'Pending trailing jobs (Throttle)', 'rows': rows,
-                        'columns': ['queue', 'identity', 'job', 'job status', 'runs'],
-                        'note': state.sample_note(trailing, 'pending jobs')})
+            out.append(Panel('Pending trailing jobs (Throttle)', ['queue', 'identity', 'job', 'job status', 'runs'],
+                             rows, state.sample_note(trailing, 'pending jobs')))
         return out
 
     @classmethod
@@ -326,25 +324,25 @@ class Throttle(AdmissionPolicy):
         return {'width': declared.slot if isinstance(declared, Throttle) else 0}
 
 
-def _at(seconds: float | None) -> dict[str, Any] | None:
+def _at(seconds: float | None) -> Cell | None:
     """A page cell of the moment ``seconds`` from now (local time, ``in 5 s``), or None."""
-    return None if seconds is None else {'text': '', 'at': seconds}
+    return None if seconds is None else Cell(at=seconds)
 
 
-def _window_cell(row: dict[str, Any]) -> dict[str, Any]:
+def _window_cell(row: dict[str, Any]) -> Cell:
     """A page cell of a throttle window: its start and end in local time, the window number on hover."""
     from .readable import local_iso
 
     if row.get('window_start') is None:
-        return {'text': f'window {row.get("slot")}', 'title': 'the window number (epoch seconds // width)'}
+        return Cell(f'window {row.get("slot")}', title='the window number (epoch seconds // width)')
     start, end = local_iso(row['window_start']), local_iso(row['window_end'])
-    return {'text': f'{start} to {end[11:19] if start[:10] == end[:10] else end}',
-            'title': f'window {row["slot"]} of {row["window_end"] - row["window_start"]} s'}
+    return Cell(f'{start} to {end[11:19] if start[:10] == end[:10] else end}',
+                title=f'window {row["slot"]} of {row["window_end"] - row["window_start"]} s')
 
 
-def _job_cell(job_id: str | None) -> dict[str, str] | None:
+def _job_cell(job_id: str | None) -> Cell | None:
     """A dashboard cell linking to ``job_id``'s page, or None."""
-    return {'text': job_id, 'job': job_id} if job_id else None
+    return Cell(job_id, job=job_id) if job_id else None
 
 
 def _declared_spec(job: Job) -> PolicySet | None:

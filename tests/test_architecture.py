@@ -129,3 +129,55 @@ def test_the_engine_s_protocols_are_narrow_typed_and_met():
         if cls.per_job:
             for example in cls.examples():
                 assert isinstance(example, Declared), example
+
+
+
+#: What a view is rendered with: a policy module names none of these (issue 21, rules and views apart).
+VIEW_LIBRARIES = ('click', 'flask', 'werkzeug', 'jinja2', 'prometheus_client')
+
+
+def _imported_roots(source: str) -> list[tuple[int, str]]:
+    """Every absolute import in ``source`` (top level, function-local and under ``TYPE_CHECKING`` alike, and
+    ``importlib.import_module('x')``/``__import__('x')`` with a literal name), as (line, top-level package name)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name.partition('.')[0]) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.append((node.lineno, node.module.partition('.')[0]))
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str) \
+                and getattr(node.func, 'id', getattr(node.func, 'attr', None)) in ('import_module', '__import__'):
+            found.append((node.lineno, node.args[0].value.partition('.')[0]))
+    return found
+
+
+def test_the_import_reader_sees_lazy_imports():
+    """The reader the next test relies on finds an import inside a function, as the policies' view hooks made them
+    before issue 21 (``import click`` in ``cli_commands``, ``from prometheus_client.core import ...`` in
+    ``metric_families``)."""
+    source = ('import json\n'
+              'def commands(cls):\n'
+              '    import click\n'
+              '    from prometheus_client.core import GaugeMetricFamily\n'
+              '    from . import state\n'
+              '    return importlib.import_module("flask.app")\n')
+    assert [root for _, root in _imported_roots(source)] == ['json', 'click', 'prometheus_client', 'flask']
+
+
+def test_no_policy_module_imports_a_view_library():
+    """A policy module holds its rules; what the CLI and the metrics show of it it describes
+    (:mod:`rq_policies.views`), and the renderers (cli.py, metrics.py, dashboard/) alone import click,
+    prometheus_client and Flask. Every module that defines a registered policy is read, imports inside functions
+    included."""
+    import sys
+
+    modules = {cls.__module__ for cls in registered()}
+    assert {'rq_policies.loner', 'rq_policies.queue_slot', 'rq_policies.concurrency', 'rq_policies.fair'} <= modules
+    found = []
+    described = {'rq_policies.views', 'rq_policies.policy', 'rq_policies.protocols'}  # what policies use to say it
+    for module in sorted(modules | {name for name in described if name in sys.modules}):
+        path = Path(sys.modules[module].__file__)
+        found += [f'{path.name}:{line} imports {root}' for line, root in _imported_roots(path.read_text('utf-8'))
+                  if root in VIEW_LIBRARIES]
+    assert found == [], found

@@ -13,6 +13,7 @@ come from a SCAN with a budget (:func:`rq_policies.state.sample_family`), never 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from datetime import datetime, timezone
@@ -20,7 +21,7 @@ from typing import Any
 
 from rq.queue import Queue
 
-from .. import health, state
+from .. import health, state, views
 from ..policy import FETCH, registered
 from ..readable import local_iso, relative
 
@@ -44,8 +45,11 @@ def cell(value: Any) -> dict[str, Any]:
     (local ISO time and ``in 5 s`` / ``12 s ago``) after the text and a ``;``, with the ``note`` words before it.
 
     A policy's panel is its own code; whatever it puts in a cell becomes text here (the template escapes it), so a
-    malformed cell shows as what it is instead of breaking the page.
+    malformed cell shows as what it is instead of breaking the page. A :class:`rq_policies.views.Cell` reads as the
+    dict of its fields.
     """
+    if isinstance(value, views.Cell):
+        value = dataclasses.asdict(value)
     if isinstance(value, dict):
         job = value.get('job')
         text = '' if value.get('text') is None else str(value.get('text'))
@@ -73,6 +77,8 @@ def cell(value: Any) -> dict[str, Any]:
 
 
 def _panel(policy: str, panel: Any) -> dict[str, Any]:
+    if isinstance(panel, views.Panel):
+        panel = {'title': panel.title, 'columns': panel.columns, 'rows': panel.rows, 'note': panel.note}
     if not isinstance(panel, dict):
         return {
             'policy': policy,

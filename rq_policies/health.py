@@ -29,6 +29,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from . import keys
+from .ops import on_next_execute
 
 #: The one setting under which no key of the policies is ever evicted.
 SAFE_POLICY = 'noeviction'
@@ -203,18 +204,15 @@ class EvictionWatch:
         self._next = at_time + self.interval
         at = len(pipeline.command_stack)
         pipeline.info('stats')
-        execute = pipeline.execute
 
-        def execute_and_read(*args: Any, **kwargs: Any) -> Any:
-            replies = execute(*args, **kwargs)
+        def read(replies: list[Any]) -> None:
             try:
                 self.observe(_evicted_in(replies[at]))
             except Exception:  # an answer of another shape is not worth failing a heartbeat for, nor hiding
                 self.log.debug('rq-policies: could not read evicted_keys from the heartbeat (reply %r)',
                                replies[at] if at < len(replies) else None, exc_info=True)
-            return replies
 
-        pipeline.execute = execute_and_read
+        on_next_execute(pipeline, read)
 
     def observe(self, count: int | None) -> bool:
         """Take one reading; True when it is the rise that logged the warning."""

@@ -52,6 +52,26 @@ def server_now(connection: Any) -> float:
     return seconds + micros / 1e6
 
 
+def on_next_execute(pipeline: Any, read: Any) -> None:
+    """Hand the replies of ``pipeline``'s next ``execute()`` to ``read`` (after they come back; its own errors are
+    the caller's to handle), once.
+
+    The reader is taken off before the call runs: a pipeline that rq resets and executes again (a retry after a
+    WatchError, a connection error, or a second batch on the same object) runs without it, so a reader never reads
+    a later batch's replies by an index that belonged to an earlier one. Readers stack: each one restores what it
+    wrapped.
+    """
+    execute = pipeline.execute
+
+    def execute_and_read(*args: Any, **kwargs: Any) -> Any:
+        pipeline.execute = execute
+        replies = execute(*args, **kwargs)
+        read(replies)
+        return replies
+
+    pipeline.execute = execute_and_read
+
+
 def pack(value: Any) -> bytes:
     """``value`` (dicts, lists, str, bytes, int, float, bool, None) as the msgpack a script decodes."""
     return _packb(value)

@@ -21,6 +21,7 @@ from . import admission, health, keys, ledger, otel, scripts
 from .compat import LEGACY_FAILURE, adopt_cluster
 from .exceptions import PolicyError
 from .fetch import Claim, current_fetcher, release_claim
+from .ops import on_next_execute
 from .policy import positive_int, registered
 from .queue import PolicyQueue
 from .wake import WakeFetcher
@@ -188,7 +189,7 @@ class PolicyWorkerMixin:
         prefix, job_id = job.redis_job_namespace_prefix, job.id
 
         def execute_last(*args: Any, **kwargs: Any) -> Any:
-            del pipeline.execute  # once: a pipeline retried after a WatchError comes back through here
+            pipeline.execute = execute  # once: a pipeline retried after a WatchError comes back through here
             admission.ended(pipeline, prefix, job_id)
             return execute(*args, **kwargs)
 
@@ -290,10 +291,8 @@ class PolicyWorkerMixin:
     def _watch_refresh(self, pipeline: Any, at: int, sent: list[ledger.Hold]) -> None:
         """Read the refresh's answer (command ``at`` of ``pipeline``) when rq executes its heartbeat pipeline: a hold
         found lapsed (re-added by the script) is logged, never passed over in silence."""
-        execute = pipeline.execute
 
-        def execute_and_read(*args: Any, **kwargs: Any) -> Any:
-            replies = execute(*args, **kwargs)
+        def read(replies: list[Any]) -> None:
             try:
                 positions = replies[at]
                 ledger.log_lapses(self.log, [sent[int(i) - 1] for i in positions])  # type: ignore[attr-defined]
@@ -301,9 +300,8 @@ class PolicyWorkerMixin:
                 self.log.warning(  # type: ignore[attr-defined]
                     'rq-policies: could not read which holds the heartbeat found lapsed (reply %r)',
                     replies[at] if at < len(replies) else None, exc_info=True)
-            return replies
 
-        pipeline.execute = execute_and_read
+        on_next_execute(pipeline, read)
 
     def _release_later(self, claim: Claim | None) -> None:
         if claim is not None and claim.holds:

@@ -5,6 +5,7 @@ End-to-end runs with forking workers in subprocesses are in test_worker_cap.py.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import threading
@@ -632,6 +633,23 @@ def test_worker_heartbeat_pipeline_carries_the_refresh(connection):
     with connection.pipeline() as pipe:
         worker.heartbeat(worker.job_monitoring_interval + 60, pipeline=pipe)
         pipe.execute()
+    assert members(connection, 'q')['w'] > server_now(connection) + worker.hold_ttl - 2
+
+
+def test_a_heartbeat_pipeline_used_again_runs_without_the_refresh_reader(connection, caplog):
+    """rq may execute a pipeline again after its heartbeat batch (a retry, a second batch on the same object): the
+    refresh's reader reads once, so the second batch's replies are not read by the first one's index (before, this
+    logged 'could not read which holds the heartbeat found lapsed (reply None)' with an IndexError)."""
+    caplog.set_level(logging.DEBUG)
+    worker = PolicyWorker(['q'], connection=connection)
+    assert QueueSlot.acquire('q', capacity=1, ttl=5, token='w', connection=connection)
+    with connection.pipeline() as pipe:
+        worker.heartbeat(worker.job_monitoring_interval + 60, pipeline=pipe)
+        pipe.execute()
+        pipe.ping()
+        assert pipe.execute() == [True]
+        assert pipe.execute() == []
+    assert 'could not read' not in caplog.text
     assert members(connection, 'q')['w'] > server_now(connection) + worker.hold_ttl - 2
 
 

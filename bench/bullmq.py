@@ -26,6 +26,13 @@ them (Node's hrtime, Python's perf_counter). Round trips per call: ours as the c
 the server), BullMQ's its EVALSHA calls. Reported per door: medians over the rounds and their range, and the ratio
 ours / BullMQ, median of the per-round ratios with their range.
 
+Script time, median: each script call's own duration as the server's SLOWLOG records it (``slowlog-log-slower-than
+0`` for the run), the median of a round's calls (an EVALSHA and its EVAL fallback), then the median of the rounds.
+INFO commandstats gives a mean, which counts a call that the machine's other load preempted by its whole length (on a
+loaded machine the same script read 69 to 90 us from one run to the next); the median is what a call costs when it
+runs. Both sides of every door are one script per call (ours and BullMQ's; the fetch's row compares our fetch script
+with ``moveToActive``; stock rq's fetch has no script, so its row has none).
+
 ``--smoke`` (CI): 30 calls, one round, the npm install included; it must finish well inside 60 s.
 """
 
@@ -63,7 +70,9 @@ DOORS = (
 #: Commands BullMQ's scripts cannot run: their time is BullMQ's top-level time.
 TOP_LEVEL = ('evalsha', 'eval', 'evalsha_ro', 'eval_ro', 'multi', 'exec')
 BENCH_OWN = ('config|resetstat', 'info', 'flushdb', 'flushall', 'config|set', 'config|get', 'client|setname',
-             'client|setinfo', 'hello', 'ping', 'select')
+             'client|setinfo', 'hello', 'ping', 'select', 'slowlog|reset', 'slowlog|get')
+#: SLOWLOG entries kept (set for the run): enough for the most commands a door's timed calls send.
+SLOWLOG_LEN = 20000
 
 
 def bullmq_dir() -> Path:
@@ -132,16 +141,26 @@ class Driver:
             self.proc.wait(10)
 
 
+def script_durations(conn: Counting, n: int) -> tuple[float | None, float]:
+    """The median SLOWLOG duration (us) of the scripts run since the last SLOWLOG RESET, and scripts per call."""
+    found = [entry['duration'] for entry in conn.slowlog_get(SLOWLOG_LEN)
+             if entry['command'].split(b' ', 1)[0].upper() in (b'EVALSHA', b'EVAL')]
+    return (statistics.median(found) if found else None), len(found) / n
+
+
 def bullmq_side(conn: Counting, driver: Driver, op: str, n: int, r: int) -> dict:
     driver.ask(op=op, n=n, round=r)
     conn.config_resetstat()
+    conn.slowlog_reset()
     walls = driver.ask(go=True)['walls_us']
+    script, per_call = script_durations(conn, n)
     stats = {key.replace('cmdstat_', ''): value for key, value in conn.info('commandstats').items()}
     usec = sum(float(stats[name]['usec']) for name in TOP_LEVEL if name in stats)
     scripts = sum(int(stats[name]['calls']) for name in ('evalsha', 'eval') if name in stats)
     others = {name: int(v['calls']) for name, v in stats.items()
               if name not in TOP_LEVEL and name not in BENCH_OWN and not _script_inner(name)}
-    return {'usec': usec / n, 'wall': statistics.median(walls), 'trips': scripts / n, 'others': others}
+    return {'usec': usec / n, 'wall': statistics.median(walls), 'trips': scripts / n, 'others': others,
+            'script': script, 'scripts': per_call}
 
 
 def _script_inner(name: str) -> bool:
@@ -151,6 +170,7 @@ def _script_inner(name: str) -> bool:
 
 def ours_side(conn: Counting, setup, call, n: int) -> dict:
     state = setup()
+    conn.slowlog_reset()
     conn.reset_counts()
     walls = []
     for i in range(n):
@@ -158,8 +178,10 @@ def ours_side(conn: Counting, setup, call, n: int) -> dict:
         call(state, i)
         walls.append((time.perf_counter() - start) * 1e6)
     trips = conn.round_trips[0]  # before server_cost's own INFO
-    cost = server_cost(conn, skip=('client|setname', 'client|list', 'client|setinfo'))
-    return {'usec': cost['usec'] / n, 'wall': statistics.median(walls), 'trips': trips / n}
+    cost = server_cost(conn, skip=('client|setname', 'client|list', 'client|setinfo', 'slowlog|reset'))
+    script, per_call = script_durations(conn, n)
+    return {'usec': cost['usec'] / n, 'wall': statistics.median(walls), 'trips': trips / n, 'script': script,
+            'scripts': per_call}
 
 
 def our_variants(conn: Counting, op: str, n: int, r: int) -> dict:
@@ -231,6 +253,8 @@ def main() -> int:
     print(how)
     with server_url() as url:
         conn = Counting.from_url(url)
+        conn.config_set('slowlog-log-slower-than', 0)
+        conn.config_set('slowlog-max-len', SLOWLOG_LEN)
         info = conn.info('server')
         print(f'server {info.get("valkey_version") or info.get("redis_version")}; {opts.ops} calls per door and side, '
               f'{opts.rounds} rounds, pairs interleaved (the side that goes first alternates)\n')
@@ -256,6 +280,10 @@ def main() -> int:
         for side, samples in results[label].items():
             print(f'{label:44} {side:24} {spread([s["usec"] for s in samples]):>26} '
                   f'{spread([s["wall"] for s in samples]):>26} {statistics.median(s["trips"] for s in samples):10.2f}')
+            scripts = [s['script'] for s in samples if s['script'] is not None]
+            if scripts:
+                print(f'{"":44} {"":24} script time, median of a call: {spread(scripts)} us, '
+                      f'{statistics.median(s["scripts"] for s in samples):.2f} script(s) a call')
             others = {k: v for s in samples for k, v in s.get('others', {}).items()}
             if others:
                 print(f'{"":44} BullMQ commands outside scripts: {others}')
@@ -267,8 +295,12 @@ def main() -> int:
                 continue
             server = sorted(s['usec'] / b['usec'] for s, b in zip(samples, base))
             wall = sorted(s['wall'] / b['wall'] for s, b in zip(samples, base))
+            script = sorted(s['script'] / b['script'] for s, b in zip(samples, base)
+                            if s['script'] is not None and b['script'])
+            by_script = (f'  script median x{statistics.median(script):.2f} ({script[0]:.2f}..{script[-1]:.2f})'
+                         if script else '')
             print(f'  {label:44} {side:24} server x{statistics.median(server):.2f} ({server[0]:.2f}..{server[-1]:.2f})'
-                  f'  wall x{statistics.median(wall):.2f} ({wall[0]:.2f}..{wall[-1]:.2f})')
+                  f'  wall x{statistics.median(wall):.2f} ({wall[0]:.2f}..{wall[-1]:.2f}){by_script}')
     return 0
 
 

@@ -168,6 +168,7 @@ class AsyncPolicyQueue:
         if default_timeout is not None:
             options['default_timeout'] = default_timeout
         self._queue = _Builder(name, **options)
+        self._version_lock: asyncio.Lock | None = None
 
     def __repr__(self) -> str:
         return f'AsyncPolicyQueue({self.name!r})'
@@ -275,9 +276,15 @@ class AsyncPolicyQueue:
         """The builder, with the server's version rq stamps on each job read once (asynchronously)."""
         queue = self._queue
         if not queue.redis_server_version:
-            info = await self.connection.info('server')
-            parts = [int(part) for part in str(info['redis_version']).split('.')[:3]]
-            queue.redis_server_version = tuple(parts + [0] * (3 - len(parts)))
+            # One read for every task that awaits the first enqueues at once (1000 concurrent first calls sent
+            # 1000 INFOs, and an asyncio cluster client refuses sends past its max_connections per node).
+            if self._version_lock is None:
+                self._version_lock = asyncio.Lock()
+            async with self._version_lock:
+                if not queue.redis_server_version:
+                    info = await self.connection.info('server')
+                    parts = [int(part) for part in str(info['redis_version']).split('.')[:3]]
+                    queue.redis_server_version = tuple(parts + [0] * (3 - len(parts)))
         return queue
 
     # -- asking, reset --------------------------------------------------------------------------------------------

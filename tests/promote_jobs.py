@@ -46,3 +46,26 @@ def backs_off(tag, customer):
     if conn.incr(f'test:backoff-runs:{job.id}') == 1:
         raise BackOff(3, key=True)
     _record(tag, 'backoff')
+
+
+# The persistence outage test's jobs (tests/test_outage.py::_outage): the same records, due 6 s out instead of 3, so a
+# loaded machine has the time to finish the leading runs before the timers come due (CI once took longer than 3 s,
+# and the test never saw only timers pending).
+@policy(Debounce(6), unique_context=lambda args, kwargs: args[1])
+def debounced_later(tag, doc, version):
+    _record(tag, f'debounce:{version}')
+
+
+@policy(Throttle(6, trailing=True), unique_context=lambda args, kwargs: args[1])
+def trailing_later(tag, task, value):
+    _record(tag, f'trailing:{value}')
+
+
+@policy(Concurrency(1, key=lambda args, kwargs: args[1], scope='promote-later'))
+def backs_off_later(tag, customer):
+    """Raise BackOff(6, key=True) on its first run, then record the run."""
+    conn = connect(os.environ['REDIS_URL'])
+    job = get_current_job()
+    if conn.incr(f'test:backoff-runs:{job.id}') == 1:
+        raise BackOff(6, key=True)
+    _record(tag, 'backoff')

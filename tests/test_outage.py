@@ -39,18 +39,26 @@ def _env(url: str) -> dict:
     return env
 
 
-def _pending(connection: Redis) -> float:
-    """Debounce, trailing Throttle, a key BackOff and a Loner's enqueue_in, all due 3 s from now (server clock);
-    returns the latest due time."""
+def _pending(connection: Redis, later: bool = False) -> float:
+    """Debounce, trailing Throttle, a key BackOff and a Loner's enqueue_in, all due 3 s from now (server clock), or 6 s
+    with ``later``; returns the latest due time.
+
+    With ``later``, the enqueues wait for the start of a 6 s throttle window (epoch-aligned), so the trailing job is
+    due about 6 s out too, not at whatever end the current window had."""
     q = PolicyQueue('outage', connection=connection)
+    delay, suffix = (6, '_later') if later else (3, '')
+    if later:
+        left = delay - server_now(connection) % delay
+        if left < delay - 0.5:
+            time.sleep(left + 0.05)
     start = server_now(connection)
-    q.enqueue('promote_jobs.backs_off', 'outage', 'acme')  # runs now, backs its key off for 3 s
-    q.enqueue('promote_jobs.trailing', 'outage', 'task', 1)  # the leading run, now
-    q.enqueue('promote_jobs.trailing', 'outage', 'task', 2)  # trailing: due at the window's end (start + 3)
+    q.enqueue(f'promote_jobs.backs_off{suffix}', 'outage', 'acme')  # runs now, backs its key off for `delay` s
+    q.enqueue(f'promote_jobs.trailing{suffix}', 'outage', 'task', 1)  # the leading run, now
+    q.enqueue(f'promote_jobs.trailing{suffix}', 'outage', 'task', 2)  # trailing: due at the window's end
     for version in range(3):
-        q.enqueue('promote_jobs.debounced', 'outage', 'doc', version)  # due at start + 3
-    assert q.enqueue_in(timedelta(seconds=3), 'promote_jobs.lone', 'outage', 'lone') is not None
-    return start + 3.5
+        q.enqueue(f'promote_jobs.debounced{suffix}', 'outage', 'doc', version)  # due at start + delay
+    assert q.enqueue_in(timedelta(seconds=delay), 'promote_jobs.lone', 'outage', 'lone') is not None
+    return start + delay + 0.5
 
 
 def _kill(server: RedisServer) -> None:
@@ -77,10 +85,15 @@ def _outage(server: RedisServer, seconds: float) -> None:
     workers = [start_worker(server.url, ['outage'], _env(server.url)) for _ in range(2)]
     try:
         wait_idle(connection, 2)
-        due = _pending(connection)
-        assert wait_for(lambda: _all_pending(connection), 20)  # a loaded machine starts workers slowly
+        due = _pending(connection, later=True)
+        assert wait_for(lambda: _all_pending(connection), 20), ran(connection, 'outage')  # a loaded machine is slow
+        # The backed-off key is due `delay` s after its first run, which a loaded machine starts late: the outage
+        # lasts until every job is due, and at least `seconds`.
+        due = max([due] + [score + 0.5 for _, score in connection.zrange(f'{RQ}:policies:keydue', 0, -1,
+                                                                            withscores=True)])
+        away = max(seconds, due - server_now(connection))
         _kill(server)  # SIGKILL: appendfsync always kept every write
-        time.sleep(seconds)
+        time.sleep(away)
         server.start()
         connection = server.client()
         back = server_now(connection)

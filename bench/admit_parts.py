@@ -1,0 +1,150 @@
+"""Where the admission script's server time goes: ``lua/admit.lua`` and cuts of it, timed on the server.
+
+    python bench/admit_parts.py [--calls 300] [--rounds 9] [--smoke]
+
+A Lua profile by timing variants, as ``bench/fetch_parts.py`` does for the fetch: the real call of a Loner enqueue
+(its KEYS and ARGV as ``PolicyQueue.enqueue(f, x, policy=Loner())`` builds them, captured once), sent again with a
+fresh job id, creation time, job key and marker key on every call (so every call is a first admission, never a
+replay), against scripts built from admit.lua's own expanded source, cut after one of its steps, loaded with SCRIPT
+LOAD and sent by EVALSHA. Server time is each call's duration as SLOWLOG records it, the median of a round's calls,
+rounds interleaved; the medians of the rounds and their range. Variants:
+
+* ``return 0``: an EVALSHA that does nothing, with the same KEYS and ARGV (the command itself);
+* ``includes``: the script's shared functions defined (lib/*.lua included above the decode), then stop;
+* ``decode``: ... and ARGV[1] decoded (cmsgpack), then stop;
+* ``cmsgpack alone``: only the decode, nothing defined;
+* ``parts and ctx``: ... and the policy parts' loaders, the clock loop (which loads each declared part) and the
+  call's context built, then stop: the fixed cost every admission pays before a policy decides;
+* ``admit, no policy``: the real script with the call's policy list emptied (PolicyQueue's plain enqueue);
+* ``admit, Loner``: the real script, a first admission.
+
+It answers what a cheaper admission would cut first (issue 23's target: a Loner admission's script at most
+BullMQ's deduplicated add, ``bench/bullmq.py``). ``--smoke`` runs each variant a few times (CI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import msgpack  # noqa: E402
+from bench_jobs import work  # noqa: E402
+from common import add_smoke, run_main, server_url, smoke_defaults  # noqa: E402
+from redis import Redis  # noqa: E402
+
+from rq_policies import Loner, PolicyQueue, keys, scripts  # noqa: E402
+
+_pack = msgpack.Packer(use_bin_type=False, autoreset=True).pack
+
+
+def captured_call(conn: Redis) -> tuple[list[str], dict]:
+    """The KEYS and the decoded ARGV[1] of one real Loner admission."""
+    seen: list[tuple[str, list, list]] = []
+    real = scripts.run
+
+    def spy(name, client, call_keys, argv):
+        seen.append((name, list(call_keys), list(argv)))
+        return real(name, client, call_keys, argv)
+
+    scripts.run = spy
+    try:
+        PolicyQueue('parts', connection=conn).enqueue(work, 'captured', policy=Loner())
+    finally:
+        scripts.run = real
+    name, call_keys, argv = next(entry for entry in seen if entry[0] == 'admit')
+    return call_keys, msgpack.unpackb(argv[0], raw=True, strict_map_key=False)
+
+
+def fresh(call_keys: list[str], args: dict, plain: bool) -> tuple[list[str], bytes]:
+    """The captured call as a first admission: a new job id, creation time, job key and marker key."""
+    a = copy.deepcopy(args)
+    jid = str(uuid.uuid4()).encode()
+    created = f'{time.time_ns()}'.encode() + jid[:8]
+    a[b'jid'], a[b'created'] = jid, created
+    fields = list(a[b'fields'])
+    fields[fields.index(b'created_at') + 1] = created
+    a[b'fields'] = fields
+    k = list(call_keys)
+    index = {name.decode(): i - 1 for name, i in a[b'k'].items()}
+    k[index['job']] = k[index['job']].rsplit(':', 1)[0] + ':' + jid.decode()
+    k[index['loner.marker']] = keys.PREFIX + 'bench-marker:' + jid.decode()
+    if plain:
+        a[b'order'] = []
+    return k, _pack(a)
+
+
+def variants(source: str) -> dict[str, tuple[str, bool]]:
+    """label -> (script source, plain call)."""
+    decode = source.index('local a = decode_args(ARGV[1])')
+    ctx_done = source.index('local order = a.order')
+    return {
+        'return 0': ('return 0', False),
+        'includes': (source[:decode] + 'return 0\n', False),
+        'cmsgpack alone': ('local a = cmsgpack.unpack(ARGV[1])\nreturn 0\n', False),
+        'decode': (source[:decode] + 'local a = decode_args(ARGV[1])\nreturn 0\n', False),
+        'parts and ctx': (source[:ctx_done] + 'return 0\n', False),
+        'admit, no policy': (source, True),
+        'admit, Loner': (source, False),
+    }
+
+
+def timed(conn: Redis, sha: str, call_keys: list[str], args: dict, plain: bool, calls: int) -> float:
+    conn.slowlog_reset()
+    for _ in range(calls):
+        k, packed = fresh(call_keys, args, plain)
+        conn.evalsha(sha, len(k), *k, packed)
+    found = [entry['duration'] for entry in conn.slowlog_get(calls + 100)
+             if entry['command'].split(b' ', 1)[0].upper() == b'EVALSHA']
+    return statistics.median(found)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--calls', type=int, default=300)
+    parser.add_argument('--rounds', type=int, default=9)
+    add_smoke(parser)
+    opts = parser.parse_args()
+    smoke_defaults(opts, calls=20, rounds=1)
+    with server_url() as url:
+        conn = Redis.from_url(url)
+        try:
+            info = conn.info('server')
+            call_keys, args = captured_call(conn)
+            source = scripts.script('admit').script
+            source = source.decode() if isinstance(source, bytes) else source
+            texts = variants(source)
+            shas = {label: conn.script_load(body) for label, (body, _) in texts.items()}
+            kept = {name: conn.config_get(name)[name] for name in ('slowlog-log-slower-than', 'slowlog-max-len')}
+            conn.config_set('slowlog-log-slower-than', 0)
+            conn.config_set('slowlog-max-len', opts.calls + 100)
+            samples: dict[str, list[float]] = {label: [] for label in texts}
+            try:
+                for _ in range(opts.rounds):
+                    for label, (_, plain) in texts.items():
+                        samples[label].append(timed(conn, shas[label], call_keys, args, plain, opts.calls))
+                    conn.flushdb()
+            finally:
+                for name, value in kept.items():
+                    conn.config_set(name, value)
+        finally:
+            conn.close()
+    print(f'server {info.get("valkey_version") or info.get("redis_version")}; {opts.calls} calls a variant, '
+          f'{opts.rounds} rounds interleaved; SLOWLOG median of a round, then median of the rounds (range)\n')
+    whole = statistics.median(samples['admit, Loner'])
+    for label, values in samples.items():
+        median = statistics.median(values)
+        print(f'{label:22} {median:7.1f} us  ({min(values):.1f}..{max(values):.1f})  {median / whole:6.0%} of a Loner '
+              f'admission')
+    return 0
+
+
+if __name__ == '__main__':
+    run_main(main)

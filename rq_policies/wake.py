@@ -5,6 +5,29 @@ Its wake-ups are published on each queue's ``rq:policies:wake:<queue>`` channel 
 workers it wakes, only the first to claim it looks again), ``capacity`` (a cap changed) and ``scheduled <epoch s>``
 (a job is due then: the wait ends at that time, with no look before). The subscription lives only while the worker
 is idle.
+
+Sharded pub/sub, on every server. The wake-ups go out with SPUBLISH (in the doors' scripts, ``lua/lib/save_job.lua``
+and the others, and from Python through :func:`rq_policies.ledger.wake_up`) and the idle wait takes them with
+SSUBSCRIBE, on a single server as on a cluster: one code path, the one the whole suite runs. Why sharded: on a Redis
+or Valkey Cluster a classic PUBLISH is broadcast over the cluster bus to every node, so each wake-up costs every
+primary and replica of the cluster something, and more nodes cost more; SPUBLISH stays on the shard that owns the
+channel's slot (its primary and that primary's replicas), which with a hash-tagged prefix (``RQ_KEY_PREFIX='{rq}'``)
+is the slot every key of rq and of ours is in already (docs/scaling.md has the figures). Why everywhere rather than
+on a cluster only: every server rq-policies supports has it (Redis 7.0 and later, every Valkey), a single server
+treats SPUBLISH/SSUBSCRIBE as a channel namespace of its own at the cost of PUBLISH/SUBSCRIBE, redis-py has it from 5.0
+(``redis>=5``) and fakeredis from 2.18 (``fakeredis[lua]>=2.26`` is supported for users' tests, scripts included);
+and a switch would put a second path into every script that publishes. The price: a process of this version and one
+of an older version (PUBLISH/SUBSCRIBE) do not hear each other's wake-ups, during a rolling upgrade say; nothing is
+lost, an idle worker then finds a job by its once-a-second probe instead (:meth:`Fetcher.idle`).
+
+On a cluster redis-py's ``ClusterPubSub`` opens the subscription on the primary that owns the channels' slot
+(all of a worker's channels are in the prefix's slot: one node), and the wait reads that node's messages only
+(``get_sharded_message(target_node=...)``). The subscription is taken anew, with one more look first, when it is
+lost: the client's slot map names another owner (a failover or a slot migration the client has noticed since), the
+server ended it (a slot migration sends SUNSUBSCRIBE-like ``sunsubscribe`` messages to its shard subscribers), or
+redis-py dropped the node's subscription; a connection error on the subscription (its node died) closes it and is
+raised to rq's worker loop, which backs off and fetches again, as with any connection error, and the next idle wait
+subscribes on the owner of then. No worker restart is needed either way.
 """
 
 from __future__ import annotations
@@ -24,8 +47,18 @@ logger = logging.getLogger('rq_policies')
 _SUBSCRIBE_CONFIRM_SECONDS = 1.0
 
 
+#: The message types of a wake-up (SPUBLISH delivers ``smessage``), of a subscription's confirmation, and of its end.
+_WAKE_UP = 'smessage'
+_SUBSCRIBED = 'ssubscribe'
+_UNSUBSCRIBED = 'sunsubscribe'
+
+
+class _Lost(Exception):
+    """The subscription is gone (see :class:`WakeFetcher`): take it anew after one more look."""
+
+
 class WakeFetcher(Fetcher):
-    """A worker's fetch state, with a pub/sub wake-up for the idle wait.
+    """A worker's fetch state, with a sharded pub/sub wake-up for the idle wait (see the module's docstring).
 
     The subscription lives only while the worker is idle: it is dropped when a job is claimed, so a busy worker's
     connection does not pile up wake-ups for the length of a long job. Taking it again before the next wait costs
@@ -37,6 +70,7 @@ class WakeFetcher(Fetcher):
         self.hold_ttl = hold_ttl
         self._pubsub: Any = None
         self._channels: dict[str, str] = {}  # subscribed channel -> queue name
+        self._node: Any = None  # on a cluster: the node (redis-py's ClusterNode) the subscription is on
 
     def listen(self, connection: Any, queue_names: list[str]) -> bool:
         wanted = {keys.wake(name): name for name in queue_names}
@@ -46,18 +80,20 @@ class WakeFetcher(Fetcher):
             if self._pubsub is None:
                 self._pubsub = connection.pubsub()
             elif self._channels:
-                self._pubsub.unsubscribe(*self._channels)
-            self._pubsub.subscribe(*wanted)
+                self._pubsub.sunsubscribe(*self._channels)
+            self._pubsub.ssubscribe(*wanted)
             self._channels = wanted
-            # Wait for the server's confirmations: a wake-up is only delivered once SUBSCRIBE has run.
+            # On a cluster every channel of ours is in the prefix's slot: ClusterPubSub subscribed on its owner.
+            self._node = connection.get_node_from_key(next(iter(wanted))) if keys.is_cluster(connection) else None
+            # Wait for the server's confirmations: a wake-up is only delivered once SSUBSCRIBE has run.
             confirmed: set[str] = set()
             deadline = time.monotonic() + _SUBSCRIBE_CONFIRM_SECONDS
             while len(confirmed) < len(wanted):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                message = self._pubsub.get_message(timeout=left)
-                if message is not None and message['type'] == 'subscribe':
+                message = self._read(left)
+                if message is not None and message['type'] == _SUBSCRIBED:
                     confirmed.add(text(message['channel']))
         except Exception:
             self.close()
@@ -69,24 +105,56 @@ class WakeFetcher(Fetcher):
             self.listen(connection, queue_names)
         deadline = time.monotonic() + min(seconds, IDLE_POLL_SECONDS)
         try:
+            self._check_owner(connection)
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                message = self._pubsub.get_message(timeout=left)
+                message = self._read(left)
+                if message is not None and self._ended(message):
+                    raise _Lost(f'the server ended the subscription to {text(message["channel"])}')
                 if message is not None and self._scheduled(connection, message):
                     deadline = min(deadline, time.monotonic() + max(self.due_at - self.server_now(connection), 0.0))
                     continue
                 if message is not None and self._news(message, full) and self._first(connection, message):
                     return True
+        except _Lost as lost:
+            # Looked at again at once: a wake-up published since the subscription ended was not heard.
+            logger.info('rq-policies: the idle wake-up subscription was lost (%s); subscribing anew', lost)
+            self.close()
+            return True
         except Exception:
             self.close()
             raise
 
+    def _read(self, timeout: float) -> dict | None:
+        """The next message of the subscription, waiting up to ``timeout`` seconds (None when none came)."""
+        if self._node is None:
+            return self._pubsub.get_message(timeout=timeout)
+        # A ClusterPubSub keeps one subscription per node: read the node ours is on, waiting there (without a target
+        # it polls each node's once, and redis-py 5.0 waits on none of them).
+        if self._node.name not in self._pubsub.node_pubsub_mapping:
+            raise _Lost(f'redis-py dropped the subscription on {self._node.name}')
+        return self._pubsub.get_sharded_message(timeout=timeout, target_node=self._node)
+
+    def _check_owner(self, connection: Any) -> None:
+        """On a cluster: does the node the subscription is on still own the channels' slot, as far as the client
+        knows (its slot map follows a failover or a slot migration at the first command that meets it)?"""
+        if self._node is None or not self._channels:
+            return
+        owner = connection.get_node_from_key(next(iter(self._channels)))
+        if owner.name != self._node.name:
+            raise _Lost(f'the channels moved from {self._node.name} to {owner.name}')
+
+    def _ended(self, message: dict) -> bool:
+        """Did the server end the subscription to one of our channels? (A slot migration does: the old owner sends
+        ``sunsubscribe`` to its shard subscribers. Ours, on a claim, are read at the next listen().)"""
+        return message['type'] == _UNSUBSCRIBED and text(message['channel']) in self._channels
+
     def _scheduled(self, connection: Any, message: dict) -> bool:
         """A ``scheduled <time>`` wake-up (PolicyQueue scheduled a job of one of these queues): noted, so the wait
         ends at its due time (server clock); nothing to look at before."""
-        if message['type'] != 'message' or text(message['channel']) not in self._channels:
+        if message['type'] != _WAKE_UP or text(message['channel']) not in self._channels:
             return False
         head, _, at = text(message['data']).partition(' ')
         if head != WAKE_SCHEDULED:
@@ -99,7 +167,7 @@ class WakeFetcher(Fetcher):
 
     def _news(self, message: dict, full: frozenset[str]) -> bool:
         """Could this message make the next look succeed? A push to a queue that is full cannot."""
-        if message['type'] != 'message':
+        if message['type'] != _WAKE_UP:
             return False
         queue = self._channels.get(text(message['channel']))
         if queue is None:
@@ -120,7 +188,7 @@ class WakeFetcher(Fetcher):
         super().on_claim(claim)
         if self._pubsub is not None and self._channels:
             try:
-                self._pubsub.unsubscribe()  # the confirmations are read, and skipped, at the next listen()
+                self._pubsub.sunsubscribe()  # the confirmations are read, and skipped, at the next listen()
             except Exception:  # the subscription is dropped whole instead; the next idle wait subscribes anew
                 logger.warning(
                     'rq-policies: could not unsubscribe the idle wake-up; closing its connection', exc_info=True)
@@ -134,3 +202,4 @@ class WakeFetcher(Fetcher):
             finally:
                 self._pubsub = None
                 self._channels = {}
+                self._node = None

@@ -36,6 +36,8 @@ import logging
 import time
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from . import keys, ledger
 from .fetch import IDLE_POLL_SECONDS, Claim, Fetcher
 from .ledger import WAKE_CAPACITY, WAKE_RELEASED, WAKE_SCHEDULED
@@ -57,6 +59,10 @@ class _Lost(Exception):
     """The subscription is gone (see :class:`WakeFetcher`): take it anew after one more look."""
 
 
+class _Refused(Exception):
+    """The server answered the subscription with an error (see :meth:`WakeFetcher._refused`)."""
+
+
 class WakeFetcher(Fetcher):
     """A worker's fetch state, with a sharded pub/sub wake-up for the idle wait (see the module's docstring).
 
@@ -71,11 +77,14 @@ class WakeFetcher(Fetcher):
         self._pubsub: Any = None
         self._channels: dict[str, str] = {}  # subscribed channel -> queue name
         self._node: Any = None  # on a cluster: the node (redis-py's ClusterNode) the subscription is on
+        self._refused_until = 0.0  # after a refused subscription: polled until then (monotonic seconds)
 
     def listen(self, connection: Any, queue_names: list[str]) -> bool:
         wanted = {keys.wake(name): name for name in queue_names}
         if self._pubsub is not None and wanted == self._channels:
             return False
+        if self._pubsub is None and time.monotonic() < self._refused_until:
+            return False  # the wait polls a moment (see _refused)
         try:
             if self._pubsub is None:
                 self._pubsub = connection.pubsub()
@@ -95,6 +104,8 @@ class WakeFetcher(Fetcher):
                 message = self._read(left)
                 if message is not None and message['type'] == _SUBSCRIBED:
                     confirmed.add(text(message['channel']))
+        except _Refused as refused:
+            self._refused(refused)
         except Exception:
             self.close()
             raise
@@ -103,6 +114,8 @@ class WakeFetcher(Fetcher):
     def wait(self, connection: Any, queue_names: list[str], seconds: float, full: frozenset[str] = frozenset()) -> bool:
         if self._pubsub is None:
             self.listen(connection, queue_names)
+            if self._pubsub is None:  # refused a moment ago: poll
+                return super().wait(connection, queue_names, seconds, full)
         deadline = time.monotonic() + min(seconds, IDLE_POLL_SECONDS)
         try:
             self._check_owner(connection)
@@ -123,26 +136,45 @@ class WakeFetcher(Fetcher):
             logger.info('rq-policies: the idle wake-up subscription was lost (%s); subscribing anew', lost)
             self.close()
             return True
+        except _Refused as refused:
+            self._refused(refused)
+            return True
         except Exception:
             self.close()
             raise
 
+    def _refused(self, error: Exception) -> None:
+        """The server answered the subscription with an error: on a cluster, MOVED from a node that no longer owns
+        the slot (the client's map is older than a slot migration). The caller looks again, which meets the same
+        MOVED and refreshes the client's map; the idle wait polls until IDLE_POLL_SECONDS from now, then subscribes
+        anew (at most one refused subscription a second, never a worker stopped for it)."""
+        logger.warning('rq-policies: the idle wake-up subscription was refused (%s); polling for %s s, then '
+                       'subscribing anew', error, IDLE_POLL_SECONDS)
+        self.close()
+        self._refused_until = time.monotonic() + IDLE_POLL_SECONDS
+
     def _read(self, timeout: float) -> dict | None:
         """The next message of the subscription, waiting up to ``timeout`` seconds (None when none came)."""
-        if self._node is None:
-            return self._pubsub.get_message(timeout=timeout)
-        # A ClusterPubSub keeps one subscription per node: read the node ours is on, waiting there (without a target
-        # it polls each node's once, and redis-py 5.0 waits on none of them).
-        if self._node.name not in self._pubsub.node_pubsub_mapping:
-            raise _Lost(f'redis-py dropped the subscription on {self._node.name}')
-        return self._pubsub.get_sharded_message(timeout=timeout, target_node=self._node)
+        try:
+            if self._node is None:
+                return self._pubsub.get_message(timeout=timeout)
+            # A ClusterPubSub keeps one subscription per node: read the node ours is on, waiting there (without a
+            # target it polls each node's once, and redis-py 5.0 waits on none of them).
+            if self._node.name not in self._pubsub.node_pubsub_mapping:
+                raise _Lost(f'redis-py dropped the subscription on {self._node.name}')
+            return self._pubsub.get_sharded_message(timeout=timeout, target_node=self._node)
+        except ResponseError as error:  # an error reply read from the subscription's connection
+            raise _Refused(str(error)) from error
 
     def _check_owner(self, connection: Any) -> None:
         """On a cluster: does the node the subscription is on still own the channels' slot, as far as the client
         knows (its slot map follows a failover or a slot migration at the first command that meets it)?"""
         if self._node is None or not self._channels:
             return
-        owner = connection.get_node_from_key(next(iter(self._channels)))
+        try:
+            owner = connection.get_node_from_key(next(iter(self._channels)))
+        except Exception as error:  # the slot uncovered in the client's map, mid-failover: the look tells
+            raise _Lost(f'no owner of the channels is known ({error})') from error
         if owner.name != self._node.name:
             raise _Lost(f'the channels moved from {self._node.name} to {owner.name}')
 

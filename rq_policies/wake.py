@@ -12,13 +12,15 @@ SSUBSCRIBE, on a single server as on a cluster: one code path, the one the whole
 or Valkey Cluster a classic PUBLISH is broadcast over the cluster bus to every node, so each wake-up costs every
 primary and replica of the cluster something, and more nodes cost more; SPUBLISH stays on the shard that owns the
 channel's slot (its primary and that primary's replicas), which with a hash-tagged prefix (``RQ_KEY_PREFIX='{rq}'``)
-is the slot every key of rq and of ours is in already (docs/scaling.md has the figures). Why everywhere rather than
-on a cluster only: every server rq-policies supports has it (Redis 7.0 and later, every Valkey), a single server
-treats SPUBLISH/SSUBSCRIBE as a channel namespace of its own at the cost of PUBLISH/SUBSCRIBE, redis-py has it from 5.0
-(``redis>=5``) and fakeredis from 2.18 (``fakeredis[lua]>=2.26`` is supported for users' tests, scripts included);
-and a switch would put a second path into every script that publishes. The price: a process of this version and one
-of an older version (PUBLISH/SUBSCRIBE) do not hear each other's wake-ups, during a rolling upgrade say; nothing is
-lost, an idle worker then finds a job by its once-a-second probe instead (:meth:`Fetcher.idle`).
+is the slot every key of rq and of ours is in already (docs/scaling.md has the figures: on a 3+3 cluster a wake-up
+cost the cluster about 19 µs of CPU over its 6 nodes with PUBLISH, 5 µs with SPUBLISH, and the other primaries
+nothing). Why everywhere rather than on a cluster only: every server rq-policies supports has it (Redis 7.0 and
+later, every Valkey); on a single server SPUBLISH and SSUBSCRIBE are a channel namespace of their own that costs what
+PUBLISH and SUBSCRIBE do; redis-py has them from 5.0 (``redis>=5``) and fakeredis from 2.18 (``fakeredis[lua]>=2.26``
+is supported for users' tests, scripts included); and a switch would put a second path into every script that
+publishes. The price: a process of this version and one of an older version (PUBLISH/SUBSCRIBE) do not hear each
+other's wake-ups, during a rolling upgrade say; nothing is lost, an idle worker then finds a pushed job by its
+once-a-second probe instead, and a freed hold at its next look (:meth:`Fetcher.idle`).
 
 On a cluster redis-py's ``ClusterPubSub`` opens the subscription on the primary that owns the channels' slot
 (all of a worker's channels are in the prefix's slot: one node), and the wait reads that node's messages only

@@ -1,6 +1,6 @@
 """The idle wait of a PolicyWorker: a fetcher that sleeps on pub/sub until a wake-up could make a look succeed.
 
-Its wake-ups are published on each queue's ``rq:policies:wake:<queue>`` channel (a pub/sub channel; see
+Its wake-ups are published on each queue's ``rq:policies:wake:<queue>`` channel (a shard channel; see
 :func:`rq_policies.keys.wake`): a pushed job's id, ``released <ledger> <token>`` (a hold went back; of the idle
 workers it wakes, only the first to claim it looks again), ``capacity`` (a cap changed) and ``scheduled <epoch s>``
 (a job is due then: the wait ends at that time, with no look before). The subscription lives only while the worker
@@ -20,7 +20,7 @@ PUBLISH and SUBSCRIBE do; redis-py has them from 5.0 (``redis>=5``) and fakeredi
 is supported for users' tests, scripts included); and a switch would put a second path into every script that
 publishes. The price: a process of this version and one of an older version (PUBLISH/SUBSCRIBE) do not hear each
 other's wake-ups, during a rolling upgrade say; nothing is lost, an idle worker then finds a pushed job by its
-once-a-second probe instead, and a freed hold at its next look (:meth:`Fetcher.idle`).
+once-a-second probe instead, and a freed hold at its next look (:meth:`Fetcher.idle`, :meth:`Fetcher.relook_seconds`).
 
 On a cluster redis-py's ``ClusterPubSub`` opens the subscription on the primary that owns the channels' slot
 (all of a worker's channels are in the prefix's slot: one node), and the wait reads that node's messages only
@@ -29,7 +29,10 @@ lost: the client's slot map names another owner (a failover or a slot migration 
 server ended it (a slot migration sends SUNSUBSCRIBE-like ``sunsubscribe`` messages to its shard subscribers), or
 redis-py dropped the node's subscription; a connection error on the subscription (its node died) closes it and is
 raised to rq's worker loop, which backs off and fetches again, as with any connection error, and the next idle wait
-subscribes on the owner of then. No worker restart is needed either way.
+subscribes on the owner of then. An SSUBSCRIBE the server answers with an error (``MOVED`` from a node the slot has
+left before the client's map knew, ``NOPERM`` under an ACL without the channels) is not raised: the worker looks
+again (which refreshes a cluster client's map), polls for IDLE_POLL_SECONDS, then subscribes anew. No worker restart
+is needed in any of these.
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ def main() -> int:
                 role[node.port] = "owner's replica" if int(info['master_port']) == owner.port else 'other replica'
         pub = clients[owner.port]
         subscriber = cluster.node_client(owner.port)
-        classic, sharded = subscriber.pubsub(), cluster.node_client(owner.port).pubsub()
+        classic, sharded = subscriber.pubsub(), subscriber.pubsub()
         classic.subscribe(CHANNEL)
         sharded.ssubscribe(CHANNEL)
         try:

@@ -191,7 +191,7 @@ def release_to_start(conn: Redis, url: str, handovers: int) -> list[float]:
     conn.flushdb()
     releases: list[float] = []
     listener = Redis.from_url(url).pubsub(ignore_subscribe_messages=True)
-    listener.subscribe(keys.wake('handover'))
+    listener.ssubscribe(keys.wake('handover'))  # the wake-ups are SPUBLISHed
     done = threading.Event()
 
     def listen() -> None:

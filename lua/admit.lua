@@ -40,7 +40,7 @@
     ttl         seconds the job hash (and what names it) lives; -1 for no expiry
     queue_key   rq:queue:<q>, added to rq:queues
     job_prefix  rq:job:
-    wake        rq:policies:wake:<q>, published on a push so idle PolicyWorkers wake
+    wake        rq:policies:wake:<q>, SPUBLISHed on a push so idle PolicyWorkers wake
     fields      the job hash as a flat field/value list
     order       policy names, in the order their checks run (empty for a job without a policy:
                 PolicyQueue's plain enqueue, written as rq writes it, once)

@@ -13,7 +13,7 @@
     pause      true: pause; false: resume
     waits      rq:policies:fair:wait: (the prefix of the lines, '<queue>:<scope>:<key>' appended)
     actives    rq:policies:fair:active: (the prefix of the active sets, '<queue>' appended)
-    wake       rq:policies:wake: (the prefix of the queues' wake-up channels)
+    wake       rq:policies:wake: (the prefix of the queues' wake-up channels, SPUBLISHed on a resume)
 
   Safe to run twice: a pause sets what is set; a resume finds the key active already (ZADD NX)
   or the noted queues gone. Returns 1 when the key's state changed, else 0.
@@ -33,7 +33,7 @@ for _, queue in ipairs(rcall('SMEMBERS', pausedin)) do
     local active = a.actives .. queue
     local first = rcall('ZRANGE', active, 0, 0, 'WITHSCORES')
     rcall('ZADD', active, 'NX', tonumber(first[2]) or 0, a.channel)
-    rcall('PUBLISH', a.wake .. queue, 'released')
+    rcall('SPUBLISH', a.wake .. queue, 'released')
   end
 end
 rcall('DEL', pausedin)

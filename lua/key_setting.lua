@@ -32,7 +32,7 @@ if head then
   rcall('ZADD', KEYS[a.k.keydue], server_now(), a.policy .. ':' .. a.channel)
   local origin = rcall('HGET', a.job_prefix .. head, 'origin')
   if origin then
-    rcall('PUBLISH', a.wake .. origin, 'capacity')
+    rcall('SPUBLISH', a.wake .. origin, 'capacity')
   end
 end
 return had

@@ -21,7 +21,7 @@
         scheduled registry for mode S), record (rq:policies:pushed:<id>)
   ARGV[1]  one msgpack map (lib/codec.lua): jid, token (12 characters), mode (R: push to the
            tail, L: to the head, S: add to the scheduled registry at score), score (mode S), wake (the
-           queue's wake-up channel, published on a list push; nil: none), record_ttl
+           queue's wake-up channel, SPUBLISHed on a list push; nil: none), record_ttl
 
   Returns 1 when it pushed, 0 for a replay.
 ]]
@@ -55,12 +55,12 @@ local dest = KEYS[a.k.dest]
 if a.mode == 'S' then
   rcall('ZADD', dest, a.score, a.jid)
   if a.wake then
-    rcall('PUBLISH', a.wake, 'scheduled ' .. a.score) -- idle PolicyWorkers wake at its due time
+    rcall('SPUBLISH', a.wake, 'scheduled ' .. a.score) -- idle PolicyWorkers wake at its due time
   end
   return 1
 end
 rcall(a.mode == 'L' and 'LPUSH' or 'RPUSH', dest, a.jid)
 if a.wake then
-  rcall('PUBLISH', a.wake, a.jid)
+  rcall('SPUBLISH', a.wake, a.jid)
 end
 return 1

@@ -461,8 +461,8 @@ def _hold(policy: Any, flag: Any, queue_name: str, token: str, ttl: int, job_id:
 
 def release_claim(claim: Claim, connection: Any) -> None:
     """Give back every hold of ``claim`` (on a pipeline: with it), waking idle workers of its queue. A redis-py
-    ``RedisCluster`` is adopted first (:func:`compat.adopt_cluster`: the release publishes its wake-up on a pipeline,
-    which redis-py's cluster pipeline refuses by name)."""
+    ``RedisCluster`` is adopted first (:func:`compat.adopt_cluster`: a per-key release runs its script on a pipeline,
+    and redis-py's cluster pipeline refuses EVALSHA by name)."""
     connection = compat.adopt_cluster(connection)
     for hold in claim.holds:
         if hold.policy:

@@ -106,7 +106,8 @@ key                                                    type     meaning
                                                                 minute ``<minute>`` (server clock, epoch s // 60);
                                                                 expires an hour after the minute ends, so at most
                                                                 61 are live (the dashboard's last-hour chart)
-``rq:policies:wake:<queue>``                           channel  pub/sub: a job was admitted or a hold freed
+``rq:policies:wake:<queue>``                           channel  sharded pub/sub (SPUBLISH, SSUBSCRIBE): a job was
+                                                                admitted or a hold freed (:mod:`rq_policies.wake`)
 ``rq:policies:lcw``                                    ZSET     LimitedCapacityWorker classes seen: member = class
                                                                 import path, score = epoch second last seen;
                                                                 members older than a day are trimmed on write
@@ -284,7 +285,8 @@ def loner_lapse_field(queue: str) -> str:
 
 
 def wake(queue: str) -> str:
-    """The pub/sub channel idle PolicyWorkers listen on for one queue."""
+    """The shard channel idle PolicyWorkers listen on for one queue (SSUBSCRIBE; wake-ups are SPUBLISHed: in the
+    prefix's slot, on a cluster the shard of every other key of ours)."""
     return f'{PREFIX}wake:{queue}'
 
 

@@ -71,10 +71,16 @@ def release_message(hold: Hold) -> str:
     return f'{WAKE_RELEASED} {hold.ledger} {hold.token}'
 
 
+def wake_up(connection: Any, channel: str, message: str) -> Any:
+    """Publish ``message`` on the wake-up ``channel`` (:func:`keys.wake`) for idle PolicyWorkers, on ``connection``
+    or a pipeline of it: SPUBLISH, sharded pub/sub, as the scripts do (see :mod:`rq_policies.wake` for why)."""
+    return connection.spublish(channel, message)
+
+
 def woken(connection: Any, message: str) -> bool:
     """Is this idle worker the first to answer the release ``message`` names? (One SET NX, expiring.)
 
-    A bare :data:`WAKE_RELEASED` (published by an older release) names no hold: every worker answers it.
+    A bare :data:`WAKE_RELEASED` (a per-key unpark, a Fair resume) names no hold: every worker answers it.
     """
     _, _, what = message.partition(' ')
     if not what:
@@ -235,16 +241,16 @@ class Ledger:
         if _is_pipeline(connection):
             connection.zrem(hold.ledger, hold.token)
             if wake is not None:
-                connection.publish(wake, release_message(hold))
+                wake_up(connection, wake, release_message(hold))
             self.discard(hold.token)
             return True
         from .compat import adopt_cluster
 
-        # a RedisCluster's own pipeline refuses PUBLISH by name; the adopted one routes it by its channel
+        # a RedisCluster is adopted (compat.adopt_cluster) as at every door; SPUBLISH is routed by its channel
         with adopt_cluster(connection).pipeline(transaction=False) as pipe:
             pipe.zrem(hold.ledger, hold.token)
             if wake is not None:
-                pipe.publish(wake, release_message(hold))
+                wake_up(pipe, wake, release_message(hold))
             removed = pipe.execute()[0]
         self.discard(hold.token)
         return removed == 1

@@ -36,8 +36,8 @@ def need_connection(connection: Any) -> Any:
     """``connection``, or a ValueError saying one is required (the policies' classmethods take ``connection=``).
 
     A redis-py ``RedisCluster`` is checked (a hash-tagged prefix, :func:`keys.check_connection`) and adopted
-    (:func:`compat.adopt_cluster`: its pipelines send PUBLISH and EVALSHA, which a setting's write and its wake-up
-    use), as ``PolicyQueue`` and the workers do."""
+    (:func:`compat.adopt_cluster`: its pipelines send EVALSHA, which the policies' scripts need, and are transactions
+    by default, as rq expects), as ``PolicyQueue`` and the workers do."""
     if connection is None:
         raise ValueError('connection is required: pass connection=Redis(...)')
     from . import compat, keys

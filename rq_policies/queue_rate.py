@@ -32,7 +32,7 @@ from redis import Redis
 from . import compat, keys
 from .admin import refusing, warn_unknown_queue
 from .exceptions import BackOff, Snooze, SnoozeLimitReached, UnknownQueueWarning
-from .ledger import WAKE_CAPACITY
+from .ledger import WAKE_CAPACITY, wake_up
 from .ops import need_connection as _need
 from .ops import server_now as _server_now
 from .ops import text
@@ -147,7 +147,7 @@ class QueueRate(FetchPolicy, GcraRate):
         warn_unknown_queue(conn, name, 'QueueRate.set')
         with conn.pipeline(transaction=False) as pipe:
             pipe.hset(keys.RATE, name, f'{rate.limit} {rate.per} {rate.burst}')
-            pipe.publish(keys.wake(name), WAKE_CAPACITY)
+            wake_up(pipe, keys.wake(name), WAKE_CAPACITY)
             pipe.execute()
         return rate
 
@@ -168,7 +168,7 @@ class QueueRate(FetchPolicy, GcraRate):
         with conn.pipeline(transaction=False) as pipe:
             pipe.hdel(keys.RATE, name)
             pipe.delete(keys.rate_tat(name))
-            pipe.publish(keys.wake(name), WAKE_CAPACITY)
+            wake_up(pipe, keys.wake(name), WAKE_CAPACITY)
             removed, _, _ = pipe.execute()
         return bool(removed)
 

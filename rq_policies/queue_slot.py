@@ -27,7 +27,7 @@ from redis import Redis
 from . import keys, ledger
 from .admin import Cap, SlotStatus, deprecated, refusing, warn_unknown_queue
 from .exceptions import UnknownQueueWarning
-from .ledger import WAKE_CAPACITY, WAKE_RELEASED, Hold
+from .ledger import WAKE_CAPACITY, WAKE_RELEASED, Hold, wake_up
 from .ops import need_connection as _need
 from .ops import text
 from .policy import MAX_CAPACITY, FetchPolicy, positive_int, whole_seconds
@@ -95,7 +95,7 @@ class QueueSlot(FetchPolicy):
         warn_unknown_queue(conn, name, 'QueueSlot.set')
         with conn.pipeline(transaction=False) as pipe:
             pipe.hset(keys.CAPACITY, name, capacity)
-            pipe.publish(keys.wake(name), WAKE_CAPACITY)
+            wake_up(pipe, keys.wake(name), WAKE_CAPACITY)
             pipe.execute()
         return Cap(capacity)
 
@@ -120,7 +120,7 @@ class QueueSlot(FetchPolicy):
             conn = _need(connection)
         with conn.pipeline(transaction=False) as pipe:
             pipe.hdel(keys.CAPACITY, name)
-            pipe.publish(keys.wake(name), WAKE_CAPACITY)
+            wake_up(pipe, keys.wake(name), WAKE_CAPACITY)
             removed, _ = pipe.execute()
         return bool(removed)
 

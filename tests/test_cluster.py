@@ -218,8 +218,9 @@ def test_forking_workers_keep_a_cap_on_a_cluster(cluster, valkey_cluster, cluste
 
 @pytest.mark.long
 def test_an_idle_worker_wakes_on_an_enqueue_on_a_cluster(cluster, cluster_env, tmp_path):
-    """The idle wait's pub/sub works on a cluster: the door's PUBLISH (in its script) reaches the idle worker's
-    SUBSCRIBE on another node, so a job starts well before the idle poll would look again."""
+    """The idle wait's pub/sub works on a cluster: the door's SPUBLISH (in its script) reaches the idle worker's
+    SSUBSCRIBE on the slot's primary, so a job starts well before the idle poll would look again
+    (tests/test_sharded_wake.py checks the rest)."""
     from rq_policies.fetch import IDLE_POLL_SECONDS
 
     q = PolicyQueue('idle', connection=cluster)

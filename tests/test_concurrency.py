@@ -273,7 +273,7 @@ def test_an_override_raises_a_keys_limit_and_gives_its_parked_jobs_back(connecti
     for i in range(3):
         fetch(connection, f'h:11:0:{i}')
     pubsub = connection.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(keys.wake('keys'))
+    pubsub.ssubscribe(keys.wake('keys'))
     assert Concurrency.get(CUSTOMER_SCOPE, 'a', connection=connection) is None
     assert Concurrency.set(CUSTOMER_SCOPE, 'a', 4, connection=connection) == KeyLimit(4)
     assert Concurrency.get(CUSTOMER_SCOPE, 'a', connection=connection) == KeyLimit(4)

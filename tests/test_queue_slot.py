@@ -197,7 +197,7 @@ def _race_dequeue(url: str, start, name: str) -> None:
 
 def test_capacity_is_stored_in_redis_and_changes_wake_idle_workers(connection):
     pubsub = connection.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(keys.wake('reports'))
+    pubsub.ssubscribe(keys.wake('reports'))
     assert QueueSlot.get('reports', connection=connection) is None
     QueueSlot.set('reports', 3, connection=connection)
     assert QueueSlot.get(PolicyQueue('reports', connection=connection), connection=connection) == Cap(3)
@@ -302,7 +302,7 @@ def test_replayed_acquire_is_not_counted_twice(connection):
 
 def test_release_and_refresh_ride_a_pipeline(connection):
     pubsub = connection.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(keys.wake('reports'))
+    pubsub.ssubscribe(keys.wake('reports'))
     assert QueueSlot.acquire('reports', capacity=3, ttl=5, token='x', connection=connection)
     assert QueueSlot.HELD.snapshot() == {'x': keys.holds('reports')}
     with connection.pipeline() as pipe:
@@ -393,7 +393,7 @@ def _hammer(url: str, start) -> None:
 
 def test_every_push_through_a_policy_queue_publishes_a_wake_up(connection):
     pubsub = connection.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(keys.wake('pushes'))
+    pubsub.ssubscribe(keys.wake('pushes'))
     q = PolicyQueue('pushes', connection=connection)
     plain = q.enqueue(jobs.plain, 1)  # no policy: rq's own enqueue path
     loner = q.enqueue(jobs.sweep_cache, 1)  # through the admission script
@@ -470,7 +470,7 @@ def test_an_idle_worker_ignores_pushes_to_a_full_queue_but_not_releases():
     fetcher._channels = {keys.wake('full'): 'full', keys.wake('open'): 'open'}
     full = frozenset({'full'})
 
-    def message(queue: str, data: str, kind: str = 'message') -> dict:
+    def message(queue: str, data: str, kind: str = 'smessage') -> dict:
         return {'type': kind, 'channel': keys.wake(queue).encode(), 'data': data.encode()}
 
     assert fetcher._news(message('full', 'some-job-id'), full) is False
@@ -478,7 +478,7 @@ def test_an_idle_worker_ignores_pushes_to_a_full_queue_but_not_releases():
     assert fetcher._news(message('full', 'capacity'), full) is True
     assert fetcher._news(message('open', 'some-job-id'), full) is True
     assert fetcher._news(message('other', 'released'), full) is False
-    assert fetcher._news(message('open', '1', kind='subscribe'), full) is False
+    assert fetcher._news(message('open', '1', kind='ssubscribe'), full) is False
 
 
 def test_a_waiting_fetch_wakes_on_a_release(connection, redis_url):
@@ -544,7 +544,7 @@ def test_a_release_makes_one_idle_worker_look_again_a_capacity_change_all(connec
     assert results == [True, True]
 
     results, threads = waits()
-    connection.publish(keys.wake('herd'), 'released')  # an older release: no hold named
+    connection.spublish(keys.wake('herd'), 'released')  # a bare release (a key unparked): no hold named
     for thread in threads:
         thread.join(5)
     assert results == [True, True]

@@ -49,7 +49,7 @@ local function key_unpark(kp, parked, n, field, each, fits)
     redis.call('LPUSH', kp.queue .. origin, jid)
     if not woken[origin] then
       woken[origin] = true
-      redis.call('PUBLISH', kp.wake .. origin, 'released')
+      redis.call('SPUBLISH', kp.wake .. origin, 'released')
     end
   end
   return #moved

@@ -3,8 +3,8 @@
 -- flat field/value list from Job.to_dict(); `mode` is "R" (push to the tail), "L" (push to the
 -- head), "S" (add to the scheduled registry at `score`), or "D" (hash only: the caller completes
 -- a deferred enqueue through rq). `ttl` > 0 expires the hash like Job.cleanup(ttl) does. `wake`
--- is the queue's wake-up channel, published on a push, or 'scheduled <score>' on a schedule (nil:
--- no wake-up).
+-- is the queue's wake-up channel (a shard channel: SPUBLISH, in the slot of every key here), given
+-- the job id on a push, or 'scheduled <score>' on a schedule (nil: no wake-up).
 local function save_job(job_key, dest_key, queues_key, queue_key, jid, mode, score, ttl, fields, wake)
   redis.call('HSET', job_key, unpack(fields))
   if ttl > 0 then
@@ -19,8 +19,8 @@ local function save_job(job_key, dest_key, queues_key, queue_key, jid, mode, sco
   end
   redis.call('SADD', queues_key, queue_key)
   if wake and (mode == 'R' or mode == 'L') then
-    redis.call('PUBLISH', wake, jid)
+    redis.call('SPUBLISH', wake, jid)
   elseif wake and mode == 'S' then
-    redis.call('PUBLISH', wake, 'scheduled ' .. score) -- idle PolicyWorkers wake at its due time
+    redis.call('SPUBLISH', wake, 'scheduled ' .. score) -- idle PolicyWorkers wake at its due time
   end
 end

@@ -89,7 +89,7 @@ function P.fair.written(ctx, p)
       redis.call('ZADD', active, fair_floor(active), p.channel)
     end
   end
-  redis.call('PUBLISH', p.wake, ctx.jid)
+  redis.call('SPUBLISH', p.wake, ctx.jid)
 end
 
 function P.fair.source(ctx, i)

@@ -13,7 +13,6 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-import key_jobs
 import pytest
 from rq.queue import Queue
 
@@ -34,6 +33,7 @@ from rq_policies import (
     ledger,
 )
 from rq_policies.fetch import Claim, Look, fetch_call, read_reply
+from tests.helpers import key_jobs
 
 
 @dataclass(frozen=True)
@@ -212,7 +212,7 @@ def test_the_02_names_warn_and_still_work(connection, seen):
 
 def test_a_per_key_rate_set_at_run_time_wins_over_the_declared_one_at_fetch(connection):
     """Rate.set reaches the fetch script: a key parked under its declared 5/1s burst 2 gets a larger burst."""
-    scope = 'key_jobs.per_shop'
+    scope = 'tests.helpers.key_jobs.per_shop'
     q = PolicyQueue('rate', connection=connection)
     made = [q.enqueue(key_jobs.per_shop, 't', shop='a') for _ in range(6)]
     queues = [Queue('rate', connection=connection)]
@@ -242,7 +242,7 @@ def test_concurrency_status_reads_the_limit_in_force(connection):
     q = PolicyQueue('keys', connection=connection)
     for _ in range(3):
         q.enqueue(key_jobs.one_per_customer, 't', 0, customer='c')
-    scope = 'key_jobs.one_per_customer'
+    scope = 'tests.helpers.key_jobs.one_per_customer'
     queues = [Queue('keys', connection=connection)]
     try:
         for i in range(3):

@@ -11,12 +11,9 @@ import subprocess
 import sys
 import time
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from urllib.parse import urlparse
 
-import jobs
 import pytest
-from cluster import ON_CLUSTER, aconnect, not_on_cluster
 from redis.asyncio import BlockingConnectionPool
 from redis.asyncio import Redis as AsyncRedis
 from redis.asyncio.retry import Retry as AsyncRetry
@@ -27,6 +24,8 @@ from rq.registry import ScheduledJobRegistry
 from rq_policies import Concurrency, Loner, PolicyQueue
 from rq_policies.aio import AsyncDoorError, AsyncPolicyQueue
 from rq_policies.compat import KEY_PREFIX as RQ
+from tests.helpers import jobs, with_root
+from tests.helpers.cluster import ON_CLUSTER, aconnect, not_on_cluster
 
 
 def _run(coro):
@@ -54,7 +53,8 @@ def test_enqueue_admits_then_drops_like_the_sync_door(connection, redis_url):
     assert holder == first.id and waiting is True and other is False
     # an ordinary rq job, and the sync door sees the same identity held
     fetched = Job.fetch(first.id, connection=connection)
-    assert fetched.func_name == 'jobs.record' and fetched.args == ('a',) and fetched.get_status() == 'queued'
+    assert fetched.func_name == 'tests.helpers.jobs.record' and fetched.args == ('a',) \
+        and fetched.get_status() == 'queued'
     sync = PolicyQueue('aio', connection=connection)
     assert sync.job_ids == [first.id]
     assert sync.enqueue(jobs.record, 'a') is None
@@ -179,7 +179,7 @@ def test_per_key_concurrency_on_the_async_door(connection, redis_url):
 
 _SLOW_PROXY = """
 import sys, time
-from faultproxy import FaultProxy
+from tests.helpers.faultproxy import FaultProxy
 proxy = FaultProxy('127.0.0.1', int(sys.argv[1]), lifetime=120, record=False).start()
 proxy.delay_reply(float(sys.argv[2]), match=b'EVALSHA', times=10**6)
 print(proxy.port, flush=True)
@@ -192,7 +192,7 @@ def _slow_proxy(redis_url, delay):
     """A fault proxy in a process of its own (its threads must not take this process's GIL from the loop being
     measured) holding every EVALSHA reply ``delay`` seconds; yields its URL."""
     port = urlparse(redis_url).port
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get('PYTHONPATH', '')]))
+    env = with_root(dict(os.environ))
     proc = subprocess.Popen([sys.executable, '-c', _SLOW_PROXY, str(port), str(delay)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, env=env, text=True)
     try:
@@ -373,7 +373,8 @@ def test_sentinel_client_follows_a_failover(connection):
     failover (SENTINEL FAILOVER) the same client's doors reach the new master; the identity held before is still
     held there (replicated), and ``explain`` reads through ``sync_connection=``."""
     from redis.asyncio.sentinel import Sentinel as AsyncSentinel
-    from sentinel_cluster import SentinelCluster
+
+    from tests.helpers.sentinel_cluster import SentinelCluster
 
     cluster = SentinelCluster().start()
     try:

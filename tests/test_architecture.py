@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 from rq_policies.policy import registered
+from tests.helpers import PACKAGE
 
-PACKAGE = Path(__file__).resolve().parent.parent / 'rq_policies'
 GLUE = ('queue.py', 'worker.py', 'worker_mixin.py', 'wake.py', 'guard.py', 'state.py', 'cli.py', 'metrics.py',
         'fetch.py', 'admission.py')
 

@@ -10,13 +10,13 @@ import math
 import re
 from datetime import timedelta
 
-import bad_input_jobs as jobs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rq_policies import Concurrency, InvalidArgument, InvalidSetting, PolicyError, PolicyQueue, QueueSlot, identity
 from rq_policies.identity import MAX_DEPTH, digest
+from tests.helpers import bad_input_jobs as jobs
 
 # derandomize: the same cases on every run, whatever ran before (deterministic and order-independent).
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True,
@@ -115,10 +115,10 @@ def test_deep_nesting_from_a_deep_stack_is_named():
 
 def test_a_lone_surrogate_in_a_per_key_key_is_named(q):
     error = refused(q, lambda q: q.enqueue(jobs.per_customer, '\ud800', 'x'), 'Concurrency(2, key=',
-                    'bad_input_jobs.per_customer')
+                    'tests.helpers.bad_input_jobs.per_customer')
     assert 'args[0]' in error.argument and 'lone surrogate' in str(error)
     error = refused(q, lambda q: q.enqueue(jobs.per_shop, 1, shop='ok\udfff'), 'Rate(',
-                    'bad_input_jobs.per_shop')
+                    'tests.helpers.bad_input_jobs.per_shop')
     assert "kwargs['shop']" in error.argument and "at index 2" in str(error)
     # The same check guards the keys given by hand (no function then), as the admin API's one error for bad input.
     with pytest.raises(InvalidSetting, match='key'):
@@ -138,13 +138,14 @@ def test_a_lone_surrogate_in_a_keyword_name_is_named(q):
 
 
 def test_numbers_and_dates_that_cannot_be_written_out_are_named(q):
-    refused(q, lambda q: q.enqueue(jobs.unique, 'a', 10 ** 5000), 'args[1]', 'bad_input_jobs.unique')
+    refused(q, lambda q: q.enqueue(jobs.unique, 'a', 10 ** 5000), 'args[1]', 'tests.helpers.bad_input_jobs.unique')
     late = dt.datetime(9999, 12, 31, 23, 0, tzinfo=dt.timezone(dt.timedelta(hours=-5)))
-    error = refused(q, lambda q: q.enqueue(jobs.throttled, when=late), "kwargs['when']", 'bad_input_jobs.throttled')
+    error = refused(q, lambda q: q.enqueue(jobs.throttled, when=late), "kwargs['when']",
+                    'tests.helpers.bad_input_jobs.throttled')
     assert 'out of range in UTC' in str(error)
     import decimal
     error = refused(q, lambda q: q.enqueue(jobs.debounced, amount=decimal.Decimal('1e999999999999')),
-                    "kwargs['amount']", 'bad_input_jobs.debounced')  # was a raw decimal.Overflow
+                    "kwargs['amount']", 'tests.helpers.bad_input_jobs.debounced')  # was a raw decimal.Overflow
     assert 'cannot be normalized' in str(error)
 
 
@@ -198,7 +199,7 @@ def test_a_per_key_key_is_admitted_or_refused_by_name(connection, key):
     if valid:
         assert q.enqueue(jobs.per_customer, key, 'x') is not None
         return
-    with pytest.raises(InvalidArgument, match=re.escape('args[0]') + '.*bad_input_jobs.per_customer'):
+    with pytest.raises(InvalidArgument, match=re.escape('args[0]') + '.*tests.helpers.bad_input_jobs.per_customer'):
         q.enqueue(jobs.per_customer, key, 'x')
     assert snapshot(connection) == before
 

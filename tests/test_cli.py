@@ -5,24 +5,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 
-import jobs
 import pytest
-from cluster import CLUSTER_CLASS, ON_CLUSTER
 from rq.job import Job
 
 from rq_policies import Cap, PolicyQueue, QueueSlot, Throttle, identity, keys
 from rq_policies.compat import KEY_PREFIX as RQ
-
-
-def run(*args, env=None, url=None):
-    """Run ``rq-policies ARGS`` (as ``python -m rq_policies.cli``, so it needs no console script on the PATH)."""
-    full = [sys.executable, '-m', 'rq_policies.cli', *args]
-    if url is not None:
-        full += ['--url', url, *(CLUSTER_CLASS if ON_CLUSTER else [])]
-    return subprocess.run(full, env=env, capture_output=True, text=True, timeout=60)
+from tests.helpers import jobs
+from tests.helpers.cli import assert_one_line_error, run
 
 
 @pytest.fixture
@@ -31,16 +21,6 @@ def env(worker_env):
     # own, as rq 3 reads it: see conftest.py).
     clean = {k: v for k, v in worker_env.items() if not k.startswith('RQ_') or k == 'RQ_KEY_PREFIX'}
     return clean
-
-
-def assert_one_line_error(result, *needles):
-    assert result.returncode != 0
-    assert 'Traceback' not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith('Error: ')
-    for needle in needles:
-        assert needle in lines[0]
 
 
 def test_cap_set_show_and_clear(connection, env, redis_url):
@@ -78,12 +58,13 @@ def test_bad_input_is_one_line_and_non_zero(connection, env, redis_url):
     assert_one_line_error(run('cap', 'imports', '0', env=env, url=redis_url), "got '0'")
     assert_one_line_error(run('cap', 'imports', '3', '--clear', env=env, url=redis_url), 'either N or --clear')
     assert_one_line_error(run('info', 'nosuch', env=env, url=redis_url), "unknown queue 'nosuch'", 'check the name')
-    assert_one_line_error(run('reset', 'nosuch', 'jobs.plain', '1', env=env, url=redis_url), "unknown queue")
+    assert_one_line_error(run('reset', 'nosuch', 'tests.helpers.jobs.plain', '1', env=env, url=redis_url),
+                          "unknown queue")
     assert_one_line_error(run('reset', 'imports', 'plain', env=env, url=redis_url), 'import path')
     assert_one_line_error(run('frobnicate', env=env), 'No such command')
     assert QueueSlot.get('imports', connection=connection) is None  # nothing was written
     unreachable = 'redis://127.0.0.1:1/0'
-    for args in (('info',), ('cap', 'imports', '3'), ('reset', 'imports', 'jobs.plain'), ('exporter',)):
+    for args in (('info',), ('cap', 'imports', '3'), ('reset', 'imports', 'tests.helpers.jobs.plain'), ('exporter',)):
         assert_one_line_error(run(*args, env=env, url=unreachable), 'cannot reach Redis', '127.0.0.1:1')
     # --force caps a queue nobody uses yet (a new deployment).
     assert run('cap', 'fresh', '2', '--force', env=env, url=redis_url).returncode == 0
@@ -95,12 +76,12 @@ def test_info_text_and_json(connection, env, redis_url, monkeypatch):
     assert q.enqueue(jobs.sweep_cache, 1) is None  # one drop
     QueueSlot.set('imports', 3, connection=connection)
     assert QueueSlot.acquire('imports', 3, ttl=40, token='web-1:4242:7:1', connection=connection)
-    digest = identity.digest('jobs.sweep_cache', 'imports', (2,), {})
+    digest = identity.digest('tests.helpers.jobs.sweep_cache', 'imports', (2,), {})
     connection.set(keys.throttle_prefix('imports', digest) + '1234', 'job-t', ex=30)
     connection.set(keys.trailing('imports', digest), 'job-tr', ex=30)
     connection.hset(keys.debounce('imports', digest), mapping={'job_id': 'job-d'})
     monkeypatch.setenv('REDIS_URL', redis_url)
-    import lcw_jobs
+    from tests.helpers import lcw_jobs
 
     connection.rpush('test:backlog:backlog', 'x', 'x', 'x')
     lcw_jobs.Backlog.perform_with_capacity(connection=connection)
@@ -113,7 +94,7 @@ def test_info_text_and_json(connection, env, redis_url, monkeypatch):
     assert 'queue imports  (cap 3, 1 in use)' in out
     assert re.search(r'web-1:4242:7:1 +expires \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d \(in [0-9.]+ s\)', out), out
     # an identity reads as its holder job's description; its job, its status
-    assert f'jobs.sweep_cache(1)  job {held.id} (queued)' in out
+    assert f'tests.helpers.jobs.sweep_cache(1)  job {held.id} (queued)' in out
     assert 'window 1234 (ends in ' in out and 'job job-t' in out  # a window whose winner is gone: its number
     # a live window: its start and end in local time (the winner job carries the width)
     assert re.search(r'jobs\.plain\(5\)  job ' + window.id + r'  window \S+T\d\d:\d\d:00\S* to \d\d:\d\d:00 \(ends in ',
@@ -122,7 +103,7 @@ def test_info_text_and_json(connection, env, redis_url, monkeypatch):
     assert digest in run('info', '--digests', env=env, url=redis_url).stdout
     assert 'trailing  1 pending' in out and 'debounce  1 pending' in out
     assert 'dropped   loner 1' in out
-    assert 'lcw_jobs.Backlog  queue lcw  running 0/2  queued 2  remaining 3' in out
+    assert 'tests.helpers.lcw_jobs.Backlog  queue lcw  running 0/2  queued 2  remaining 3' in out
 
     data = json.loads(run('info', 'imports', '--json', env=env, url=redis_url).stdout)
     imports = data['queues']['imports']
@@ -138,12 +119,13 @@ def test_info_text_and_json(connection, env, redis_url, monkeypatch):
     lives = [row for row in imports['throttle']['entries'] if row['job_id'] == window.id]
     assert len(lives) == 1, imports['throttle']
     live = lives[0]
-    assert live['job_description'] == 'jobs.plain(5)' and live['window_end'] - live['window_start'] == 3600
+    assert live['job_description'] == 'tests.helpers.jobs.plain(5)' \
+        and live['window_end'] - live['window_start'] == 3600
     assert imports['debounce']['entries'][0]['fields'] == {'job_id': 'job-d'}
     assert imports['drops'] == {'loner': 1}
     assert data['limited_capacity_workers'] == []  # info QUEUE shows only that queue's (Backlog serves 'lcw')
     (lcw,) = json.loads(run('info', '--json', env=env, url=redis_url).stdout)['limited_capacity_workers']
-    assert lcw['class'] == 'lcw_jobs.Backlog' and lcw['queued_jobs'] == 2 and lcw['max_running_jobs'] == 2
+    assert lcw['class'] == 'tests.helpers.lcw_jobs.Backlog' and lcw['queued_jobs'] == 2 and lcw['max_running_jobs'] == 2
 
 
 def test_reset_clears_one_identity_only(connection, env, redis_url):
@@ -151,13 +133,14 @@ def test_reset_clears_one_identity_only(connection, env, redis_url):
     first = q.enqueue(jobs.sync_account, 7, 'signup')
     other = q.enqueue(jobs.sync_account, 8, 'signup')
     assert q.enqueue(jobs.sync_account, 7, 'other reason') is None  # unique_context: args[0] only
-    digest = identity.digest('jobs.sync_account', 'imports', (7,), {}, jobs.sync_account.__rq_policies__.unique_context)
+    digest = identity.digest('tests.helpers.jobs.sync_account', 'imports', (7,), {},
+                             jobs.sync_account.__rq_policies__.unique_context)
     for slot in ('100', '101'):
         connection.set(keys.throttle_prefix('imports', digest) + slot, first.id, ex=60)
     connection.set(keys.trailing('imports', digest), 'job-tr', ex=60)
     connection.hset(keys.debounce('imports', digest), 'job_id', 'job-d')
 
-    result = run('reset', 'imports', 'jobs.sync_account', '7', 'any reason', env=env, url=redis_url)
+    result = run('reset', 'imports', 'tests.helpers.jobs.sync_account', '7', 'any reason', env=env, url=redis_url)
     assert result.returncode == 0, result.stderr
     assert 'removed 5 key(s)' in result.stdout  # the loner marker, two slots, the trailing and debounce keys
     assert 'queued jobs are left alone' in result.stdout
@@ -166,7 +149,7 @@ def test_reset_clears_one_identity_only(connection, env, redis_url):
     assert q.enqueue(jobs.sync_account, 7, 'again') is not None  # the identity is free
     assert q.enqueue(jobs.sync_account, 8, 'again') is None  # the other one is untouched
     assert q.holder(jobs.sync_account, 8) == other.id
-    again = run('reset', 'imports', 'jobs.sync_account', '1234', env=env, url=redis_url)
+    again = run('reset', 'imports', 'tests.helpers.jobs.sync_account', '1234', env=env, url=redis_url)
     assert again.returncode == 0 and 'nothing to clear' in again.stdout
 
 
@@ -175,11 +158,11 @@ def test_reset_args_are_json_literals_or_strings(connection, env, redis_url):
     q.enqueue(jobs.record, 'tag', 3, [1, 'a'], None, flag=True)
     q.enqueue(jobs.record, 'tag', '3')
     result = run(
-        'reset', 'imports', 'jobs.record', 'tag', '3', '[1, "a"]', 'null', '--kwarg', 'flag=true',
+        'reset', 'imports', 'tests.helpers.jobs.record', 'tag', '3', '[1, "a"]', 'null', '--kwarg', 'flag=true',
         env=env, url=redis_url,
     )
     assert 'removed 1 key(s)' in result.stdout, result.stdout + result.stderr
-    result = run('reset', 'imports', 'jobs.record', 'tag', '"3"', env=env, url=redis_url)
+    result = run('reset', 'imports', 'tests.helpers.jobs.record', 'tag', '"3"', env=env, url=redis_url)
     assert 'removed 1 key(s)' in result.stdout, result.stdout + result.stderr
     assert connection.keys(f'{RQ}:policies:loner:*') == []
 

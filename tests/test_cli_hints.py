@@ -11,14 +11,13 @@ from __future__ import annotations
 import json
 import re
 
-import jobs
-import key_jobs
 import pytest
 from click.testing import CliRunner
 
 from rq_policies import Concurrency, PolicyQueue, QueueRate, QueueSlot, Throttle
 from rq_policies.cli import main
 from rq_policies.compat import KEY_PREFIX as RQ
+from tests.helpers import jobs, key_jobs
 
 UNREACHABLE = 'redis://127.0.0.1:1/0'
 
@@ -26,7 +25,8 @@ UNREACHABLE = 'redis://127.0.0.1:1/0'
 #: new command comes with its own.
 ERROR_PATHS: dict[str, list[list[str]]] = {
     'info': [['nosuch'], ['--limit', 'x'], ['--width', '-1']],
-    'reset': [['nosuch', 'jobs.plain'], ['known', 'plain'], ['known', 'jobs.plain', '--kwarg', 'novalue'], []],
+    'reset': [['nosuch', 'tests.helpers.jobs.plain'], ['known', 'plain'],
+              ['known', 'tests.helpers.jobs.plain', '--kwarg', 'novalue'], []],
     'explain': [['no-such-job'], []],
     'exporter': [['--port', '0'], ['--port', '70000']],
     'dashboard': [['--port', 'x'], ['--refresh', '-1']],
@@ -41,7 +41,7 @@ ERROR_PATHS: dict[str, list[list[str]]] = {
 
 #: Valid arguments, for the walk's run against an unreachable server.
 UNREACHABLE_ARGS: dict[str, list[str]] = {
-    'info': [], 'reset': ['known', 'jobs.plain'], 'explain': ['some-job'], 'cap': ['known', '3'],
+    'info': [], 'reset': ['known', 'tests.helpers.jobs.plain'], 'explain': ['some-job'], 'cap': ['known', '3'],
     'rate': ['known', '5/1'], 'keys': ['scope'], 'override': ['scope', 'k', '3'],
 }
 
@@ -50,8 +50,8 @@ READS: dict[str, list[list[str]]] = {
     'info': [[], ['known'], ['--limit', '1'], ['known', '--limit', '1', '--digests']],
     'cap': [['known']],
     'rate': [['known']],
-    'keys': [['key_jobs.per_customer'], ['key_jobs.per_customer', '--limit', '1']],
-    'override': [['key_jobs.per_customer', 'c1']],
+    'keys': [['tests.helpers.key_jobs.per_customer'], ['tests.helpers.key_jobs.per_customer', '--limit', '1']],
+    'override': [['tests.helpers.key_jobs.per_customer', 'c1']],
     'explain': [],
 }
 
@@ -91,10 +91,11 @@ def state(connection):
     keyed = PolicyQueue('keyed', connection=connection)
     for customer in ('c1', 'c2', 'c3'):
         keyed.enqueue(key_jobs.per_customer, 't', 0, customer=customer)
-    Concurrency.set('key_jobs.per_customer', 'c1', 1, connection=connection)
+    Concurrency.set('tests.helpers.key_jobs.per_customer', 'c1', 1, connection=connection)
     for n in range(3):  # holds on three keys, so `keys --limit 1` has more to list
         assert QueueSlot.acquire('known', 10, ttl=60, token=f'h:{n}:0:0', connection=connection)
-        connection.zadd(f'{RQ}:policies:keyholds:key_jobs.per_customer:c{n + 1}', {f'h:{n}:0:0': 4_000_000_000})
+        connection.zadd(f'{RQ}:policies:keyholds:tests.helpers.key_jobs.per_customer:c{n + 1}',
+                        {f'h:{n}:0:0': 4_000_000_000})
 
 
 def invoke(args: list[str], url: str):
@@ -131,7 +132,8 @@ def test_every_option_an_error_names_exists_on_that_command(connection, redis_ur
 
 def test_unknown_queue_hints_follow_the_command(connection, redis_url, state):
     """The 0.2 bug: info and reset on an unknown queue suggested --force, which neither has."""
-    cases = ((['info', 'nosuch'], 'check the name'), (['reset', 'nosuch', 'jobs.plain'], 'check the name'),
+    cases = ((['info', 'nosuch'], 'check the name'),
+             (['reset', 'nosuch', 'tests.helpers.jobs.plain'], 'check the name'),
              (['cap', 'nosuch', '3'], '--force to cap it'), (['rate', 'nosuch', '5/1'], '--force to limit it'))
     for args, hint in cases:
         output = invoke(args, redis_url).output
@@ -150,8 +152,8 @@ def test_every_option_a_read_command_mentions_exists(connection, redis_url, stat
 
 def test_every_read_command_takes_json_and_it_parses(connection, redis_url, state):
     reads = {
-        'info': ['known'], 'cap': ['known'], 'rate': ['known'], 'keys': ['key_jobs.per_customer'],
-        'override': ['key_jobs.per_customer', 'c1'],
+        'info': ['known'], 'cap': ['known'], 'rate': ['known'], 'keys': ['tests.helpers.key_jobs.per_customer'],
+        'override': ['tests.helpers.key_jobs.per_customer', 'c1'],
     }
     job_id = connection.lindex(f'{RQ}:queue:known', 0).decode()
     reads['explain'] = [job_id]
@@ -164,7 +166,7 @@ def test_every_read_command_takes_json_and_it_parses(connection, redis_url, stat
         'queue': 'known', 'capacity': 2, 'in_use': 3}
     rate = json.loads(invoke(['rate', 'known', '--json'], redis_url).output)
     assert rate['rate'] == {'limit': 5, 'per': 60, 'burst': 1} and rate['available'] == 1
-    key = json.loads(invoke(['override', 'key_jobs.per_customer', 'c1', '--json'], redis_url).output)
+    key = json.loads(invoke(['override', 'tests.helpers.key_jobs.per_customer', 'c1', '--json'], redis_url).output)
     assert key['limit'] == 1 and key['overridden'] is True and key['in_use'] == 1
 
 
@@ -174,8 +176,8 @@ def test_cap_rate_and_override_without_a_value_show_it(connection, redis_url, st
     out = invoke(['rate', 'known'], redis_url).output
     assert out.startswith("Queue 'known' is limited to 5 starts every 60s, burst 1: 1 available, next start now")
     assert invoke(['rate', 'keyed'], redis_url).output == "Queue 'keyed' has no rate.\n"
-    out = invoke(['override', 'key_jobs.per_customer', 'c1'], redis_url).output
-    assert out == "Key 'c1' of scope 'key_jobs.per_customer': limit 1 (override), 1 in use, 0 parked.\n"
+    out = invoke(['override', 'tests.helpers.key_jobs.per_customer', 'c1'], redis_url).output
+    assert out == "Key 'c1' of scope 'tests.helpers.key_jobs.per_customer': limit 1 (override), 1 in use, 0 parked.\n"
     assert QueueSlot.get('known', connection=connection).capacity == 2  # showing wrote nothing
 
 
@@ -189,7 +191,7 @@ def test_info_queue_shows_only_that_queue(connection, redis_url, state):
     assert list(data['queues']) == ['known'] and data['policies'] == {}
     # readable: times as local ISO with how far from now, identities as job descriptions, no raw window numbers
     assert re.search(r'expires \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d \(in [0-9.]+ s\)', out), out
-    assert 'jobs.sweep_cache(0)' in out and 'jobs.plain(0)' in out
+    assert 'tests.helpers.jobs.sweep_cache(0)' in out and 'tests.helpers.jobs.plain(0)' in out
     # no epoch numbers, no window numbers like 359239479; a job id's last group can be all digits by chance
     # (one CI run drew ...-666154173639), so the ids go first
     without_ids = re.sub(r'\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b', 'JOB', out)

@@ -16,12 +16,8 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-import jobs
-import key_jobs
 import pytest
-from cluster import ValkeyCluster
 from rq import Queue
 from rq.job import Job
 
@@ -36,8 +32,8 @@ from rq_policies import (
     keys,
 )
 from rq_policies.compat import RQ3
-
-HERE = Path(__file__).parent
+from tests.helpers import jobs, key_jobs
+from tests.helpers.cluster import ValkeyCluster
 
 pytestmark = [
     pytest.mark.cluster,
@@ -203,7 +199,7 @@ def test_forking_workers_keep_a_cap_on_a_cluster(cluster, valkey_cluster, cluste
     # distinct identities: 0.3 s and a thousandth more each
     enqueued = [q.enqueue(jobs.span_to_file, str(spans), 0.3 + i / 1000, policy=Loner(), job_id=f'f{i}')
                 for i in range(8)]
-    workers = [subprocess.Popen([sys.executable, str(HERE / 'cluster_worker.py'), 'PolicyWorker', '--burst',
+    workers = [subprocess.Popen([sys.executable, '-m', 'tests.helpers.cluster_worker', 'PolicyWorker', '--burst',
                                  'forking'], env=cluster_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True) for _ in range(2)]
     outputs = [w.communicate(timeout=90)[0] for w in workers]
@@ -224,7 +220,7 @@ def test_an_idle_worker_wakes_on_an_enqueue_on_a_cluster(cluster, cluster_env, t
 
     q = PolicyQueue('idle', connection=cluster)
     spans = tmp_path / 'spans'
-    worker = subprocess.Popen([sys.executable, str(HERE / 'cluster_worker.py'), 'PolicyWorker', 'idle'],
+    worker = subprocess.Popen([sys.executable, '-m', 'tests.helpers.cluster_worker', 'PolicyWorker', 'idle'],
                               env=cluster_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 30
@@ -335,7 +331,7 @@ def test_failover_of_the_prefix_slot_primary_during_capped_loner_jobs(cluster, v
     logs = [open(tmp_path / f'worker{i}.log', 'w') for i in range(2)]  # noqa: SIM115 - closed below
     # redis-py's default retries: 10 retries backing off to 1 s apart changed none of the figures (docs/cluster.md)
     env = dict(cluster_env, CLUSTER_RETRIES='0')
-    workers = [subprocess.Popen([sys.executable, str(HERE / 'cluster_worker.py'), 'PolicyWorker', 'failover'],
+    workers = [subprocess.Popen([sys.executable, '-m', 'tests.helpers.cluster_worker', 'PolicyWorker', 'failover'],
                                 env=env, stdout=log, stderr=subprocess.STDOUT) for log in logs]
     acked: dict[str, float] = {}  # job id -> when its enqueue was acknowledged
     errors: list[float] = []

@@ -15,8 +15,6 @@ import subprocess
 import sys
 import time
 
-import jobs
-import key_jobs
 import pytest
 from redis import Redis
 from redis.backoff import ExponentialBackoff
@@ -25,19 +23,20 @@ from redis.retry import Retry
 from rq.job import Job
 from rq.queue import Queue
 from rq.registry import DeferredJobRegistry
-from workers import output, start_worker, stop, wait_for
 
 from rq_policies import Concurrency, KeyLimit, PolicyQueue, explain, keys
 from rq_policies.concurrency import keyed_args
 from rq_policies.fetch import Claim, Look, fetch_call, read_reply, release_claim
 from rq_policies.worker import HOLD_TTL_ENV
+from tests.helpers import fetches, jobs, key_jobs
+from tests.helpers.workers import descendants as _descendants
+from tests.helpers.workers import output, run_pool, start_worker, stop, wait_for
 
-CUSTOMER_SCOPE = 'key_jobs.per_customer'
+CUSTOMER_SCOPE = 'tests.helpers.key_jobs.per_customer'
 
 
 def fetch(conn, token, names=('keys',)):
-    queues = [Queue(name, connection=conn) for name in names]
-    return read_reply(fetch_call(queues, token, 90).run(conn), queues, token, 90)
+    return fetches.fetch(conn, token, names)
 
 
 def customer(q, customer, seconds=0.0, tag='t', **kwargs):
@@ -85,7 +84,7 @@ def test_bad_arguments_name_the_argument():
 # -- the fetch: parking, no head-of-line blocking, FIFO per key ---------------------------------------------------
 
 
-def test_a_full_key_parks_its_jobs_and_the_other_keys_run_in_order(connection, forget_holds):
+def test_a_full_key_parks_its_jobs_and_the_other_keys_run_in_order(connection):
     q = PolicyQueue('keys', connection=connection)
     a = [customer(q, 'a') for _ in range(4)]
     b = customer(q, 'b')
@@ -112,7 +111,7 @@ def test_a_full_key_parks_its_jobs_and_the_other_keys_run_in_order(connection, f
     assert Concurrency.parked(CUSTOMER_SCOPE, 'a', connection=connection) == [later.id]
 
 
-def test_fifo_within_a_key_across_releases(connection, forget_holds):
+def test_fifo_within_a_key_across_releases(connection):
     q = PolicyQueue('keys', connection=connection)
     made = [customer(q, 'a') for _ in range(8)]
     order = []
@@ -130,7 +129,7 @@ def test_fifo_within_a_key_across_releases(connection, forget_holds):
     assert order == [job.id for job in made]
 
 
-def test_a_job_without_a_per_key_policy_is_untouched(connection, forget_holds):
+def test_a_job_without_a_per_key_policy_is_untouched(connection):
     q = PolicyQueue('keys', connection=connection)
     job = q.enqueue(jobs.plain, 1)
     claim = fetch(connection, 'h:3:0:1')
@@ -138,7 +137,7 @@ def test_a_job_without_a_per_key_policy_is_untouched(connection, forget_holds):
     assert connection.exists(keys.KEY_DUE) == 0
 
 
-def test_a_parked_job_deleted_or_cancelled_is_skipped_when_its_key_frees(connection, forget_holds):
+def test_a_parked_job_deleted_or_cancelled_is_skipped_when_its_key_frees(connection):
     q = PolicyQueue('keys', connection=connection)
     running = [customer(q, 'a') for _ in range(2)]
     gone, cancelled, waiting = customer(q, 'a'), customer(q, 'a'), customer(q, 'a')
@@ -152,7 +151,7 @@ def test_a_parked_job_deleted_or_cancelled_is_skipped_when_its_key_frees(connect
     assert Concurrency.parked(CUSTOMER_SCOPE, 'a', connection=connection) == []
 
 
-def test_a_scope_is_one_budget_across_functions(connection, forget_holds):
+def test_a_scope_is_one_budget_across_functions(connection):
     q = PolicyQueue('keys', connection=connection)
     first = [q.enqueue(key_jobs.billing_a, 't', 0, customer=1), q.enqueue(key_jobs.billing_b, 't', 0, customer=1)]
     third = q.enqueue(key_jobs.billing_b, 't', 0, customer=1)
@@ -162,7 +161,7 @@ def test_a_scope_is_one_budget_across_functions(connection, forget_holds):
     assert Concurrency.parked('billing', 1, connection=connection) == [third.id]
 
 
-def test_the_starvation_bound_one_fetch_parks_at_most_100_and_looks_again(connection, forget_holds):
+def test_the_starvation_bound_one_fetch_parks_at_most_100_and_looks_again(connection):
     q = PolicyQueue('keys', connection=connection)
     q.enqueue_many([PolicyQueue.prepare_data(key_jobs.per_customer, ('t', 0), {'customer': 'big'})
                     for _ in range(1000)])
@@ -199,7 +198,7 @@ def snapshot(conn):
     return out
 
 
-def test_a_replayed_fetch_and_a_replayed_release_move_nothing_twice(connection, forget_holds):
+def test_a_replayed_fetch_and_a_replayed_release_move_nothing_twice(connection):
     q = PolicyQueue('keys', connection=connection)
     made = [customer(q, 'a') for _ in range(5)]
     queues = [Queue('keys', connection=connection)]
@@ -216,7 +215,7 @@ def test_a_replayed_fetch_and_a_replayed_release_move_nothing_twice(connection, 
     assert snapshot(connection) == once
 
 
-def test_a_release_through_the_fault_proxy_that_loses_its_reply_moves_one_job(connection, fault_proxy, forget_holds):
+def test_a_release_through_the_fault_proxy_that_loses_its_reply_moves_one_job(connection, fault_proxy):
     q = PolicyQueue('keys', connection=connection)
     made = [customer(q, 'a') for _ in range(5)]
     claims = [fetch(connection, f'h:9:0:{i}') for i in range(2)]
@@ -245,7 +244,7 @@ def _race_fetch(url: str, barrier, results, n: int) -> None:
     results.put(got.job_id if isinstance(got, Claim) else None)
 
 
-def test_sixteen_processes_racing_for_one_free_unit_start_exactly_one(connection, redis_url, forget_holds):
+def test_sixteen_processes_racing_for_one_free_unit_start_exactly_one(connection, redis_url):
     q = PolicyQueue('race', connection=connection)
     for _ in range(40):
         customer(q, 'a')
@@ -267,7 +266,7 @@ def test_sixteen_processes_racing_for_one_free_unit_start_exactly_one(connection
 # -- overrides ------------------------------------------------------------------------------------------------------
 
 
-def test_an_override_raises_a_keys_limit_and_gives_its_parked_jobs_back(connection, forget_holds):
+def test_an_override_raises_a_keys_limit_and_gives_its_parked_jobs_back(connection):
     q = PolicyQueue('keys', connection=connection)
     made = [customer(q, 'a') for _ in range(6)]
     for i in range(3):
@@ -292,7 +291,7 @@ def test_an_override_raises_a_keys_limit_and_gives_its_parked_jobs_back(connecti
         Concurrency.set('s', 1.5, 3, connection=connection)
 
 
-def test_an_override_lowered_below_the_holds_in_use_stops_new_starts_only(connection, forget_holds):
+def test_an_override_lowered_below_the_holds_in_use_stops_new_starts_only(connection):
     q = PolicyQueue('keys', connection=connection)
     made = [customer(q, 'a') for _ in range(3)]
     claims = [fetch(connection, f'h:12:0:{i}') for i in range(2)]
@@ -307,7 +306,7 @@ def test_an_override_lowered_below_the_holds_in_use_stops_new_starts_only(connec
 # -- what operators see ---------------------------------------------------------------------------------------------
 
 
-def test_explain_and_key_rows_and_panels_show_a_parked_job(connection, forget_holds):
+def test_explain_and_key_rows_and_panels_show_a_parked_job(connection):
     q = PolicyQueue('keys', connection=connection)
     made = [customer(q, 'acme') for _ in range(4)]
     for i in range(3):
@@ -331,7 +330,7 @@ def cli(*args, env):
     return subprocess.run(full, env=env, capture_output=True, text=True, timeout=60)
 
 
-def test_the_keys_and_override_commands(connection, worker_env, forget_holds):
+def test_the_keys_and_override_commands(connection, worker_env):
     q = PolicyQueue('keys', connection=connection)
     for _ in range(3):
         customer(q, 'acme')
@@ -442,7 +441,7 @@ def test_a_sigkilled_holder_s_key_frees_within_hold_ttl_and_its_parked_job_runs(
         assert wait_for(lambda: parked.get_status() == 'deferred', 20), output(survivor)
         time.sleep(4)  # past the 3 s hold ttl: the heartbeat refreshes the running job's key hold
         assert parked.get_status() == 'deferred'
-        assert Concurrency.status('key_jobs.one_per_customer', 'p', connection=connection).in_use == 1
+        assert Concurrency.status('tests.helpers.key_jobs.one_per_customer', 'p', connection=connection).in_use == 1
         # The whole worker dies, its horse too (rq gives the horse a process group of its own): no release is sent.
         for pid in {victim.pid} | _descendants(victim.pid):
             os.kill(pid, signal.SIGKILL)
@@ -479,7 +478,8 @@ def test_the_horse_of_a_worker_sigkilled_alone_keeps_its_key_hold_until_the_job_
         assert wait_for(lambda: parked.get_status() == 'deferred', 20), output(second)
         time.sleep(max(0.0, 6 - (time.monotonic() - killed_at)))  # twice the ttl the dead worker cannot refresh
         assert [what for _, what, _ in key_jobs.spans(connection, 'orphan')['o']] == ['start']  # the orphan runs...
-        assert Concurrency.status('key_jobs.one_per_customer', 'o', connection=connection).in_use == 1  # ...and holds
+        assert Concurrency.status('tests.helpers.key_jobs.one_per_customer', 'o',
+                                  connection=connection).in_use == 1  # ...and holds
         assert parked.get_status() == 'deferred'
         assert wait_for(lambda: len(key_jobs.spans(connection, 'orphan')['o']) == 4, 20), output(second)
         events = key_jobs.spans(connection, 'orphan')['o']
@@ -492,20 +492,6 @@ def test_the_horse_of_a_worker_sigkilled_alone_keeps_its_key_hold_until_the_job_
         stop(first)
         if second is not None:
             stop(second)
-
-
-def _descendants(worker_pid: int) -> set[int]:
-    """The worker's children (its work horse heads a process group of its own) and theirs."""
-    found: set[int] = set()
-    todo = [worker_pid]
-    while todo:
-        pid = todo.pop()
-        listed = subprocess.run(['pgrep', '-P', str(pid)], capture_output=True, text=True).stdout.split()
-        for child in map(int, listed):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
 
 
 @pytest.mark.long
@@ -572,7 +558,7 @@ def test_a_burst_policy_simple_worker_waits_for_parked_jobs_and_runs_them_all(co
     assert DeferredJobRegistry('keys', connection=connection).count == 0
 
 
-def test_with_a_loner_a_parked_job_keeps_its_identity_and_the_duplicate_is_dropped(connection, forget_holds):
+def test_with_a_loner_a_parked_job_keeps_its_identity_and_the_duplicate_is_dropped(connection):
     from rq_policies import Loner
 
     q = PolicyQueue('keys', connection=connection)
@@ -621,7 +607,7 @@ def test_loner_with_concurrency_one_keeps_one_waiting_and_never_two_running(conn
         assert starts[0] >= ends[0], events  # the duplicate started once the first had ended
 
 
-def test_a_job_given_back_then_blocked_drops_its_reserved_unit_and_keeps_its_place(connection, forget_holds):
+def test_a_job_given_back_then_blocked_drops_its_reserved_unit_and_keeps_its_place(connection):
     q = PolicyQueue('keys', connection=connection)
     running, first, second = (q.enqueue(key_jobs.one_per_customer, 't', 0, customer='k') for _ in range(3))
     claim = fetch(connection, 'h:16:0:1')
@@ -629,7 +615,7 @@ def test_a_job_given_back_then_blocked_drops_its_reserved_unit_and_keeps_its_pla
     fetch(connection, 'h:16:0:2')  # parks first and second
     release_claim(claim, connection)  # first goes back with the unit reserved for it
     assert q.job_ids == [first.id]
-    scope = 'key_jobs.one_per_customer'
+    scope = 'tests.helpers.key_jobs.one_per_customer'
     assert Concurrency.status(scope, 'k', connection=connection).in_use == 1
     until = Concurrency.backoff(scope, 'k', 1, connection=connection)
     assert until > 0 and Concurrency.blocked_until(scope, 'k', connection=connection) == until
@@ -647,17 +633,7 @@ def test_a_burst_worker_pool_keeps_the_per_key_limit_and_runs_every_job(connecti
     q = PolicyQueue('keys', connection=connection)
     for n in range(12):
         customer(q, f'c{n % 2}', 0.2, tag='pool')
-    pool = subprocess.Popen(
-        [sys.executable, '-m', 'rq.cli', 'worker-pool', '-w', 'rq_policies.PolicyWorker', '--url', redis_url,
-         '-n', '3', '--burst', '--logging-level', 'WARNING', 'keys'],
-        env=worker_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    try:
-        out, _ = pool.communicate(timeout=90)
-    finally:
-        if pool.poll() is None:
-            os.killpg(pool.pid, signal.SIGKILL)
-            pool.wait()
+    pool, out = run_pool(redis_url, 'keys', worker_env, 'rq_policies.PolicyWorker', timeout=90)
     assert pool.returncode == 0, out.decode(errors='replace')[-3000:]
     found = key_jobs.spans(connection, 'pool')
     assert sorted(found) == ['c0', 'c1'] and all(len(v) == 12 for v in found.values())
@@ -665,7 +641,7 @@ def test_a_burst_worker_pool_keeps_the_per_key_limit_and_runs_every_job(connecti
     assert connection.exists(keys.KEY_DUE) == 0
 
 
-def test_the_due_index_is_exported_as_two_gauges(connection, forget_holds):
+def test_the_due_index_is_exported_as_two_gauges(connection):
     prometheus_client = pytest.importorskip('prometheus_client')
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -703,14 +679,14 @@ def test_backoff_of_its_key_from_a_job_without_a_per_key_policy_fails_it_with_a_
 # -- cost (Concurrency(cost=)): a job takes `cost` units of its key's limit -----------------------------------------
 
 
-PAGES_SCOPE = 'key_jobs.by_pages'
+PAGES_SCOPE = 'tests.helpers.key_jobs.by_pages'
 
 
 def pages(q, customer, n, seconds=0.0, tag='t'):
     return q.enqueue(key_jobs.by_pages, tag, seconds, customer=customer, pages=n)
 
 
-def test_costed_jobs_fill_their_key_s_limit_by_cost_and_are_given_back_by_cost(connection, forget_holds):
+def test_costed_jobs_fill_their_key_s_limit_by_cost_and_are_given_back_by_cost(connection):
     q = PolicyQueue('keys', connection=connection)
     a = [pages(q, 'a', n) for n in (4, 4, 4, 2)]
     b = pages(q, 'b', 10)

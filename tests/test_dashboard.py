@@ -8,18 +8,16 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 from typing import Any, ClassVar
 
-import jobs
-import key_jobs
 import pytest
-from workers import output, start_worker, stop, wait_for
+
+from tests.helpers import jobs, key_jobs
+from tests.helpers.workers import output, start_worker, stop, wait_for
 
 flask = pytest.importorskip('flask', reason="the dashboard needs Flask: pip install 'rq-policies[dashboard]'")
 
 from rq.job import Job  # noqa: E402
-from rq.queue import Queue  # noqa: E402
 
 from rq_policies import (  # noqa: E402
     Cap,
@@ -38,11 +36,11 @@ from rq_policies import (  # noqa: E402
 from rq_policies.concurrency import PANEL_BUDGET  # noqa: E402
 from rq_policies.dashboard import create_app, data  # noqa: E402
 from rq_policies.dashboard.web import CSRF_COOKIE  # noqa: E402
-from rq_policies.fetch import Claim, Look, fetch_call, read_reply  # noqa: E402
+from rq_policies.fetch import Claim, Look  # noqa: E402
 from rq_policies.policy import _REGISTRY, ADMISSION, AdmissionPolicy, registered  # noqa: E402
+from tests.helpers import PACKAGE, fetches  # noqa: E402
 
 XSS = '<script>alert(1)</script>'
-PACKAGE = Path(__file__).resolve().parent.parent / 'rq_policies'
 
 
 def client(connection, allow_actions=False):
@@ -343,14 +341,13 @@ def test_override_action_calls_the_policy_through_the_registry(connection, probe
 
 # -- per-key limits (Concurrency, Rate), with real parked jobs -------------------------------------------------------
 
-CUSTOMERS = 'key_jobs.per_customer'  # Concurrency(2) per customer: the scope is the function's path
-SHOPS = 'key_jobs.per_shop'  # Rate(5, per=1, burst=2) per shop
+CUSTOMERS = 'tests.helpers.key_jobs.per_customer'  # Concurrency(2) per customer: the scope is the function's path
+SHOPS = 'tests.helpers.key_jobs.per_shop'  # Rate(5, per=1, burst=2) per shop
 
 
 def fetch(connection, token: str, name: str = 'keys') -> Claim | Look:
     """One fetch by the real fetch script, as a PolicyWorker's (the claim's hold lives 90 s)."""
-    queues = [Queue(name, connection=connection)]
-    return read_reply(fetch_call(queues, token, 90).run(connection), queues, token, 90)
+    return fetches.fetch(connection, token, [name])
 
 
 def _cells(panel: dict[str, Any]) -> list[list[str]]:
@@ -358,7 +355,7 @@ def _cells(panel: dict[str, Any]) -> list[list[str]]:
 
 
 def test_per_key_panels_show_in_use_limit_parked_and_next_due_and_the_queue_counts_parked_as_deferred(
-    connection, forget_holds
+    connection
 ):
     q = PolicyQueue('keys', connection=connection)
     acme = [q.enqueue(key_jobs.per_customer, 't', 0, customer='acme') for _ in range(4)]
@@ -403,8 +400,7 @@ def test_per_key_panels_show_in_use_limit_parked_and_next_due_and_the_queue_coun
     assert 'globex' in shown and 'acme' not in shown
 
 
-def test_a_key_with_only_a_running_job_shows_the_limit_that_job_declares(connection, redis_url, worker_env,
-                                                                       forget_holds):
+def test_a_key_with_only_a_running_job_shows_the_limit_that_job_declares(connection, redis_url, worker_env):
     """No parked job names the key's limit: the job a real forking worker runs under the key's hold does (found
     through rq's worker registry); a hold whose holder runs no job leaves it blank rather than guessed."""
     other = PolicyQueue('other', connection=connection)
@@ -423,7 +419,7 @@ def test_a_key_with_only_a_running_job_shows_the_limit_that_job_declares(connect
         stop(proc)
 
 
-def test_override_action_sets_and_clears_a_real_concurrency_limit(connection, forget_holds):
+def test_override_action_sets_and_clears_a_real_concurrency_limit(connection):
     q = PolicyQueue('keys', connection=connection)
     made = [q.enqueue(key_jobs.per_customer, 't', 0, customer='acme') for _ in range(3)]
     for i in range(3):

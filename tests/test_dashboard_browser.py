@@ -17,20 +17,18 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 
-import jobs
-import key_jobs
 import pytest
-from workers import output, start_worker, stop, wait_for
+
+from tests.helpers import DOCS, jobs, key_jobs
+from tests.helpers.workers import output, start_worker, stop, wait_for
 
 CHROMIUM = '/usr/bin/chromium'
 CHROMEDRIVER = '/usr/bin/chromedriver'
 REQUIRED = bool(os.environ.get('RQ_POLICIES_REQUIRE_BROWSER'))
-DOCS = Path(__file__).resolve().parent.parent / 'docs'
 XSS = '<script>alert(1)</script>'
 #: The per-key panel of key_jobs.one_per_customer (Concurrency(1) per customer; the scope is the function's path).
-PER_KEY = 'Concurrency per key: key_jobs.one_per_customer'
+PER_KEY = 'Concurrency per key: tests.helpers.key_jobs.one_per_customer'
 
 
 def _missing() -> str | None:

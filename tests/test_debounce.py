@@ -8,14 +8,10 @@ import time
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
-import jobs
 import pytest
-import throttle_jobs as tj
 from rq import Queue
 from rq.job import Job, JobStatus
 from rq.registry import ScheduledJobRegistry
-from throttle_helpers import WorkerProcess, ran, server_now, wait_for_phase, wait_for_runs
-from workers import output, race, start_worker
 
 from rq_policies import (
     Debounce,
@@ -29,6 +25,10 @@ from rq_policies import (
 )
 from rq_policies.admission import JobWrite, Verdict, admit_call
 from rq_policies.compat import KEY_PREFIX as RQ
+from tests.helpers import jobs
+from tests.helpers import throttle_jobs as tj
+from tests.helpers.throttle_helpers import WorkerProcess, ran, server_now, wait_for_phase, wait_for_runs
+from tests.helpers.workers import output, race, start_worker
 
 
 def pending(conn, q) -> list[tuple[str, float]]:
@@ -36,7 +36,8 @@ def pending(conn, q) -> list[tuple[str, float]]:
 
 
 def state_key(queue: str, doc_id) -> str:
-    return keys.debounce(queue, identity.digest('throttle_jobs.reindex_slow', queue, (), {}, lambda a, k: doc_id))
+    return keys.debounce(queue, identity.digest('tests.helpers.throttle_jobs.reindex_slow', queue, (), {},
+                                                lambda a, k: doc_id))
 
 
 @pytest.mark.parametrize('bad', [0, -5, 1.5, '5', True, None])
@@ -162,7 +163,7 @@ def test_every_door(connection):
     assert [m.get_status(refresh=False) for m in many] == [JobStatus.SCHEDULED] * 2
     assert [m.id for m in many] == [a.id, a.id] and [m for m, _ in pending(connection, q)] == [a.id]
     assert Job.fetch(a.id, connection=connection).args == (1, 'e')
-    assert q.enqueue('throttle_jobs.reindex_slow', 1, 'f') is not None
+    assert q.enqueue('tests.helpers.throttle_jobs.reindex_slow', 1, 'f') is not None
     assert len(pending(connection, q)) == 1
 
 

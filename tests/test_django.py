@@ -1,4 +1,4 @@
-"""Django-RQ: PolicyQueue and PolicyWorker chosen through django-rq's settings (tests/django_settings.py)."""
+"""Django-RQ: PolicyQueue and PolicyWorker chosen through django-rq's settings (tests/helpers/django_settings.py)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,11 @@ django = pytest.importorskip('django')
 if importlib.util.find_spec('django_rq') is None:  # importing it needs configured settings: only look for it
     pytest.skip('django-rq is not installed', allow_module_level=True)
 
-import jobs  # noqa: E402
-
 from rq_policies import PolicyQueue, PolicyWorker, QueueSlot  # noqa: E402
 from rq_policies.compat import KEY_PREFIX as RQ  # noqa: E402
+from tests.helpers import jobs  # noqa: E402
 
-SETTINGS = 'django_settings'
+SETTINGS = 'tests.helpers.django_settings'
 
 
 @pytest.fixture(scope='module')

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
 
 import rq_policies
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / 'README.md'
 DOCS = ROOT / 'docs'
 
@@ -102,7 +101,7 @@ def test_every_docs_page_is_in_the_nav():
 
 
 def test_the_documented_acl_is_the_tested_one():
-    from test_security import ACL_RULES
+    from tests.helpers.acl import ACL_RULES
 
     text = (DOCS / 'acl.md').read_text(encoding='utf-8')
     match = re.search(r'^    ACL SETUSER rq (.*?)\n\n', text, flags=re.S | re.M)

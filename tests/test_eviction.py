@@ -13,14 +13,13 @@ import time
 
 import pytest
 from click.testing import CliRunner
-from eviction_jobs import evict
 from redis import Redis
 
 from rq_policies import PolicyQueue, health
 from rq_policies.cli import main
 from rq_policies.testing import RedisServer
-
-HERE = os.path.dirname(__file__)
+from tests.helpers import with_root
+from tests.helpers.eviction_jobs import evict
 
 
 @pytest.fixture(scope='module')
@@ -182,14 +181,13 @@ def test_a_forking_worker_logs_evictions_once_while_it_runs(conn, server):
     for 3 s; the warning comes from the worker's heartbeat during that job (job_monitoring_interval 1, its monitor
     pipeline); the second job evicts more, and nothing more is logged. The work horse never reads."""
     q = PolicyQueue('evicting', connection=conn)
-    first = q.enqueue('eviction_jobs.evict_in_job', 3.0)
-    q.enqueue('eviction_jobs.evict_in_job')
-    env = dict(os.environ)
-    env['PYTHONPATH'] = os.pathsep.join([HERE, os.path.dirname(HERE), env.get('PYTHONPATH', '')])
+    first = q.enqueue('tests.helpers.eviction_jobs.evict_in_job', 3.0)
+    q.enqueue('tests.helpers.eviction_jobs.evict_in_job')
+    env = with_root(dict(os.environ))
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, '-m', 'rq.cli', 'worker', '-w', 'eviction_jobs.QuickWatchWorker', '--url', server.url,
-         '--burst', '--logging_level', 'INFO', 'evicting'],
+        [sys.executable, '-m', 'rq.cli', 'worker', '-w', 'tests.helpers.eviction_jobs.QuickWatchWorker',
+         '--url', server.url, '--burst', '--logging_level', 'INFO', 'evicting'],
         env=env, capture_output=True, text=True, timeout=120,
     )
     log = proc.stdout + proc.stderr

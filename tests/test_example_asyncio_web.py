@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -13,14 +12,12 @@ pytest.importorskip('starlette')
 pytest.importorskip('httpx')
 
 from starlette.testclient import TestClient  # noqa: E402
-from workers import output, start_worker  # noqa: E402
 
 from rq_policies import PolicyQueue  # noqa: E402
+from tests.helpers import EXAMPLES, load_example, with_root  # noqa: E402
+from tests.helpers.workers import output, start_worker  # noqa: E402
 
-EXAMPLES = Path(__file__).resolve().parent.parent / 'examples'
-sys.path.insert(0, str(EXAMPLES))
-
-import asyncio_web  # noqa: E402
+asyncio_web = load_example('asyncio_web')  # the example puts examples/ on its own sys.path for its jobs module
 
 
 def test_app_enqueues_through_the_async_doors(connection, redis_url, worker_env):
@@ -38,7 +35,7 @@ def test_app_enqueues_through_the_async_doors(connection, redis_url, worker_env)
     assert missing.status_code == 404
     assert PolicyQueue('mail', connection=connection).job_ids == [first.json()['job'], other.json()['job']]
     # a real PolicyWorker runs them: ordinary rq jobs
-    env = dict(worker_env, PYTHONPATH=f'{EXAMPLES}:{worker_env["PYTHONPATH"]}')
+    env = with_root(worker_env, EXAMPLES)
     worker = start_worker(redis_url, ['mail', 'reports'], env, burst=True)
     assert worker.wait(timeout=60) == 0, output(worker)
     from rq.job import Job

@@ -11,17 +11,15 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from rq.job import Job
 from rq.registry import FinishedJobRegistry
 
 from rq_policies.compat import KEY_PREFIX as RQ
+from tests.helpers import EXAMPLES, ROOT, TESTS
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / 'examples'
-#: Examples run by a test elsewhere, and the test that runs it.
+#: Examples run by a test elsewhere, and the test that runs it (its path under tests/).
 ELSEWHERE = {
     'limited_capacity_cron.py': ('test_limited_capacity.py', 'test_cron_example_refills_through_rq_cron'),
     'asyncio_web.py': ('test_example_asyncio_web.py', 'test_example_main_runs'),
@@ -47,7 +45,7 @@ def test_every_runnable_example_has_a_test():
     tested = {'quickstart.py', 'capped_queue.py', 'throttle_and_debounce.py'}
     assert runnable_examples() == tested | set(ELSEWHERE), 'a new example needs a test in tests/test_examples.py'
     for module, test in ELSEWHERE.values():
-        assert f'def {test}(' in (Path(__file__).parent / module).read_text()
+        assert f'def {test}(' in (TESTS / module).read_text()
 
 
 def test_quickstart(connection, worker_env):

@@ -8,11 +8,8 @@ import subprocess
 import sys
 import time
 
-import jobs
-import lock_jobs
 import pytest
 from rq import Queue
-from workers import start_worker, stop, wait_for
 
 from rq_policies import (
     Debounce,
@@ -28,6 +25,8 @@ from rq_policies import (
 )
 from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.explainer import lines
+from tests.helpers import jobs, lock_jobs
+from tests.helpers.workers import start_worker, stop, wait_for
 
 
 def verdicts(answer):
@@ -266,7 +265,7 @@ def test_an_enqueue_dropped_under_a_chosen_id_says_who_held_it(connection):
 def test_a_dropped_enqueue_whose_reply_is_lost_records_the_same_drop(connection, fault_proxy):
     """The drop record rides the admission's drop path: a replayed (lost-reply) drop writes the same record again
     and nothing else (no job hash, no queue entry)."""
-    from test_faults import ADMIT_WRITE, load, lose_reply, producer
+    from tests.helpers.faults import ADMIT_WRITE, load, lose_reply, producer
 
     load(connection, 'admit')
     holder = PolicyQueue('ex-drop', connection=connection).enqueue(jobs.plain, 5, policy=Loner())

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import fakeredis
-import jobs
 import pytest
 
 from rq_policies import PolicyQueue, PolicySimpleWorker, QueueSlot
+from tests.helpers import jobs
 
 
 @pytest.fixture

@@ -12,78 +12,25 @@ import threading
 import time
 from datetime import datetime, timedelta, timezone
 
-import jobs
-import lcw_jobs
 import pytest
-import throttle_jobs as tj
 from redis import Redis
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import ConnectionError, TimeoutError
+from redis.exceptions import ConnectionError
 from redis.retry import Retry
 from rq import Queue
 from rq.job import Job
 from rq.job import Retry as JobRetry
 from rq.registry import ScheduledJobRegistry
-from throttle_helpers import ran, wait_for_phase
-from workers import assert_given_up, output, start_worker, stop, wait_for
 
-from rq_policies import Loner, PolicyQueue, PolicySimpleWorker, PolicyWorker, QueueSlot, keys, ledger, ops, scripts
+from rq_policies import Loner, PolicyQueue, PolicySimpleWorker, PolicyWorker, QueueSlot, keys, ledger, ops
 from rq_policies.compat import KEY_PREFIX as RQ
+from tests.helpers import jobs, lcw_jobs
+from tests.helpers import throttle_jobs as tj
+from tests.helpers.faults import ADMIT_WRITE, FAULTS, burst, load, lose_reply, producer, queued, ran_ids
+from tests.helpers.throttle_helpers import ran, wait_for_phase
+from tests.helpers.workers import assert_given_up, output, start_worker, stop, wait_for
 
-#: What only the admission call that writes a job carries: EVALSHA (or EVAL) with the msgpack key ``created``.
-ADMIT_WRITE = (b'EVAL', ops.pack('created'))
-
-FAULTS = ['delay', 'drop', 'stall']
-
-
-@pytest.fixture(autouse=True)
-def _jobs_env(monkeypatch, redis_url):
-    monkeypatch.setenv('REDIS_URL', redis_url)  # tests/jobs.py and friends record what ran through it
-
-
-def producer(proxy, timeout: float = 0.2) -> Redis:
-    """A producer connection through the proxy, retrying as production clients do.
-
-    redis-py >= 6 retries ConnectionError and TimeoutError by default (a Retry with 3 or more attempts and a
-    backoff); older versions only when told. The retry is given explicitly, so every version behaves the same: a
-    reply that does not come within ``socket_timeout`` (or a connection that closes) sends the same command again.
-    """
-    conn = Redis.from_url(
-        proxy.url, socket_timeout=timeout, socket_connect_timeout=1,
-        retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 3), retry_on_error=[ConnectionError, TimeoutError],
-    )
-    conn.ping()  # connected: a stall hits the next command, not the connection's handshake
-    return conn
-
-
-def lose_reply(proxy, fault: str, match) -> None:
-    """The next matching command's reply comes 0.4 s late (past the 0.2 s timeout), or not at all; or the network
-    stalls 0.4 s both ways, so the client's retry and its first attempt reach the server together, in either order."""
-    if fault == 'delay':
-        proxy.delay_reply(0.4, match=match)
-    elif fault == 'drop':
-        proxy.drop_reply(match=match)
-    else:
-        proxy.stall(0.4, match=match)
-
-
-def load(connection: Redis, *names: str) -> None:
-    """Have the server know these scripts, so the first attempt runs the script (not a NOSCRIPT answer)."""
-    for name in names:
-        connection.script_load(scripts.script(name).script)
-
-
-def queued(connection: Redis, name: str) -> list[str]:
-    return [raw.decode() for raw in connection.lrange(f'{RQ}:queue:{name}', 0, -1)]
-
-
-def ran_ids(connection: Redis, tag: str) -> list[str]:
-    return [raw.decode() for raw in connection.lrange(f'test:ran:{tag}', 0, -1)]
-
-
-def burst(connection: Redis, name: str, scheduler: bool = False) -> None:
-    PolicySimpleWorker([PolicyQueue(name, connection=connection)], connection=connection).work(
-        burst=True, with_scheduler=scheduler)
+pytestmark = pytest.mark.usefixtures('jobs_env')  # tests.helpers.jobs and friends record through it
 
 
 # -- the proxy itself ------------------------------------------------------------------------------------------------
@@ -239,9 +186,9 @@ def test_limited_capacity_refill_with_a_lost_reply_pushes_each_job_once(connecti
     conn = producer(fault_proxy)
     connection.set('test:lcw:max', 10)
     connection.rpush('test:backlog:backlog', 'a', 'b', 'c')
-    lose_reply(fault_proxy, fault, (b'EVAL', b'lcw_jobs.Backlog'))
+    lose_reply(fault_proxy, fault, (b'EVAL', b'tests.helpers.lcw_jobs.Backlog'))
     enqueued = lcw_jobs.Backlog.perform_with_capacity(connection=conn)
-    assert fault_proxy.seen((b'EVAL', b'lcw_jobs.Backlog')) >= 2
+    assert fault_proxy.seen((b'EVAL', b'tests.helpers.lcw_jobs.Backlog')) >= 2
     assert len(enqueued) == 3  # the replay answers with the jobs the first attempt wrote
     assert queued(connection, 'lcw') == enqueued
     assert lcw_jobs.Backlog.queued_jobs_count(connection) == 3
@@ -317,7 +264,7 @@ def test_limited_capacity_finish_with_a_lost_reply_never_runs_its_successor_twic
     fault_proxy.before_request(before_finish, match=LCW_FINISH, times=2)
     fault_proxy.drop_reply(match=LCW_FINISH)
     worker = start_worker(fault_proxy.url, ['lcw'], worker_env,
-                          extra=['--connection-class', 'faultproxy.RetryingRedis'])
+                          extra=['--connection-class', 'tests.helpers.faultproxy.RetryingRedis'])
     try:
         assert wait_for(sent.is_set, timeout=30), output(worker)
         assert wait_for(lambda: len(queued(connection, 'lcw')) == 1, timeout=5)

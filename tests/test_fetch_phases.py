@@ -7,14 +7,14 @@ import itertools
 import pickle
 import re
 
-import jobs
 import pytest
 from rq.queue import Queue
-from workers import fetch_as_a_worker
 
 from rq_policies import PolicyQueue, QueueSlot, keys, scripts
 from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.fetch import PHASES, FetchReply, fetch_call, read_reply
+from tests.helpers import jobs
+from tests.helpers.workers import fetch_as_a_worker
 
 PREFIX = f'{RQ}:job:'
 _tokens = itertools.count()

@@ -9,7 +9,6 @@ import subprocess
 import sys
 from datetime import timedelta
 
-import jobs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -17,6 +16,7 @@ from hypothesis import strategies as st
 from rq_policies import Debounce, PolicyConfigurationError, PolicyQueue, QueueSlot, Throttle, keys
 from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.policy import MAX_CAPACITY, MAX_SECONDS
+from tests.helpers import jobs
 
 CASES: dict[str, int] = {}
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -183,7 +183,7 @@ CLI_CASES = [
     ('cap', 'seed', 'three'), ('cap', 'seed', '-1'), ('cap', 'seed', '0'), ('cap', 'seed', '1.5'),
     ('cap', 'seed', '2', '--clear'),
     ('cap', 'no-such-queue', '2'), ('cap', '', '2'), ('reset', 'seed', 'not a path'), ('reset', 'seed', '.x'),
-    ('reset', 'seed', 'jobs.sweep_cache', '--kwarg', 'novalue'), ('info', '--json', 'no-such-queue'),
+    ('reset', 'seed', 'tests.helpers.jobs.sweep_cache', '--kwarg', 'novalue'), ('info', '--json', 'no-such-queue'),
     ('exporter', '--port', '0'), ('exporter', '--port', 'http'), ('cap', 'seed', '\u2603'), ('info', '--limit', 'x'),
     ('cap', 'seed', '99999999999999999999999'), ('nosuchcommand',),
 ]
@@ -203,7 +203,7 @@ def test_cli_rejects_bad_input_cleanly(connection, redis_url, worker_env, argv):
 
 def test_cli_unreachable_redis(worker_env):
     env = dict(worker_env, RQ_REDIS_URL='redis://127.0.0.1:1/0')
-    for argv in (('info',), ('cap', 'q', '2'), ('reset', 'q', 'jobs.sweep_cache', '1')):
+    for argv in (('info',), ('cap', 'q', '2'), ('reset', 'q', 'tests.helpers.jobs.sweep_cache', '1')):
         result = _cli(*argv, env=env)
         assert result.returncode != 0 and 'Traceback' not in result.stderr
         assert len(result.stderr.strip().splitlines()) <= 2, result.stderr

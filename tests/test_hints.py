@@ -6,11 +6,11 @@ gives (the probe never decides alone).
 
 from __future__ import annotations
 
-import jobs
 import pytest
 
 from rq_policies import Loner, PolicyQueue, admission, keys
 from rq_policies.hints import DropRates
+from tests.helpers import jobs
 
 
 @pytest.fixture

@@ -9,15 +9,14 @@ from __future__ import annotations
 import os
 import signal
 
-import fault_jobs
-import jobs
 import pytest
-from test_worker_cap import spans
-from workers import output, start_worker, stop, wait_for
 
 from rq_policies import PolicyQueue, QueueSlot, keys
 from rq_policies.testing import RedisServer
 from rq_policies.worker import HOLD_TTL_ENV
+from tests.helpers import fault_jobs, jobs
+from tests.helpers.records import spans
+from tests.helpers.workers import output, start_worker, stop, wait_for
 
 FAST = ['--job-monitoring-interval', '1']
 

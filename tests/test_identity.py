@@ -159,16 +159,15 @@ def test_policy_value_objects():
 def test_failing_unique_context_is_wrapped_naming_hook_function_and_policy(connection):
     """A unique_context that raises is reported as a failing key function is: the hook, the job function, the
     policies and the cause (chained), a TypeError; nothing is written."""
-    import jobs
-
     from rq_policies import PolicyQueue
+    from tests.helpers import jobs
 
     q = PolicyQueue('q', connection=connection)
     before = connection.dbsize()
     with pytest.raises(TypeError) as raised:
         q.enqueue(jobs.by_account, 1)
     message = str(raised.value)
-    assert 'unique_context jobs.account_of of jobs.by_account' in message
+    assert 'unique_context tests.helpers.jobs.account_of of tests.helpers.jobs.by_account' in message
     assert '@policy(Loner(), unique_context=...)' in message
     assert "KeyError('account')" in message
     assert isinstance(raised.value.__cause__, KeyError)

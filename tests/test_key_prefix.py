@@ -10,14 +10,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from redis import Redis
 
 from rq_policies.compat import RQ3
-
-HERE = Path(__file__).parent
 
 
 def _env(worker_env: dict, prefix: str) -> dict:
@@ -75,7 +72,7 @@ def test_a_run_under_a_prefix_writes_no_key_outside_it(worker_env, redis_url):
     conn = Redis.from_url(redis_url)
     try:
         conn.flushdb()
-        out = subprocess.run([sys.executable, str(HERE / 'prefix_run.py')], env=_env(worker_env, '{app}'),
+        out = subprocess.run([sys.executable, '-m', 'tests.helpers.prefix_run'], env=_env(worker_env, '{app}'),
                              capture_output=True, text=True, timeout=180)
         assert out.returncode == 0, out.stderr[-4000:]
         found = json.loads(out.stdout)

@@ -8,20 +8,18 @@ from __future__ import annotations
 
 import time
 
-import key_jobs
 import pytest
-from rq.queue import Queue
-from workers import output, start_worker, stop, wait_for
 
 from rq_policies import Concurrency, PolicyQueue, Rate, explain, keys
-from rq_policies.fetch import Claim, Look, fetch_call, read_reply, release_claim
+from rq_policies.fetch import Claim, Look, release_claim
+from tests.helpers import fetches, key_jobs
+from tests.helpers.workers import output, start_worker, stop, wait_for
 
-SHOP_SCOPE = 'key_jobs.per_shop'
+SHOP_SCOPE = 'tests.helpers.key_jobs.per_shop'
 
 
 def fetch(conn, token, names=('rate',)):
-    queues = [Queue(name, connection=conn) for name in names]
-    return read_reply(fetch_call(queues, token, 90).run(conn), queues, token, 90)
+    return fetches.fetch(conn, token, names)
 
 
 def test_the_rate_and_key_are_stored_on_the_job(connection):
@@ -43,7 +41,7 @@ def test_bad_arguments_name_the_argument(connection):
     assert connection.dbsize() == 0
 
 
-def test_a_key_over_its_rate_parks_its_jobs_and_gives_them_back_when_the_rate_allows(connection, forget_holds):
+def test_a_key_over_its_rate_parks_its_jobs_and_gives_them_back_when_the_rate_allows(connection):
     q = PolicyQueue('rate', connection=connection)
     made = [q.enqueue(key_jobs.per_shop, 't', shop='a') for _ in range(5)]
     other = q.enqueue(key_jobs.per_shop, 't', shop='b')
@@ -71,7 +69,7 @@ def test_a_key_over_its_rate_parks_its_jobs_and_gives_them_back_when_the_rate_al
     assert connection.hget(made[2].key, 'policies_key_rate_paid') is None  # the paid mark goes with the start
 
 
-def test_a_refusal_by_one_per_key_policy_consumes_nothing_of_another(connection, forget_holds):
+def test_a_refusal_by_one_per_key_policy_consumes_nothing_of_another(connection):
     q = PolicyQueue('rate', connection=connection)
     first = q.enqueue(key_jobs.both_limits, 't', customer='c1', shop='s1')
     same_customer = q.enqueue(key_jobs.both_limits, 't', customer='c1', shop='s2')
@@ -93,7 +91,7 @@ def test_a_refusal_by_one_per_key_policy_consumes_nothing_of_another(connection,
     assert again.job_id == same_customer.id
 
 
-def test_explain_says_when_the_next_start_is_allowed(connection, forget_holds):
+def test_explain_says_when_the_next_start_is_allowed(connection):
     q = PolicyQueue('rate', connection=connection)
     made = [q.enqueue(key_jobs.per_shop, 't', shop='acme') for _ in range(3)]
     fetch(connection, 'h:3:0:1')
@@ -112,7 +110,7 @@ def test_every_window_of_every_key_stays_within_the_rate_with_real_workers(conne
     shops = ['s0', 's1', 's2']
     for n in range(30):
         q.enqueue(key_jobs.per_shop, 'win', shop=shops[n % 3])
-    workers = [start_worker(redis_url, ['rate'], worker_env, worker_class='key_jobs.FetchTimesWorker')
+    workers = [start_worker(redis_url, ['rate'], worker_env, worker_class='tests.helpers.key_jobs.FetchTimesWorker')
                for _ in range(4)]
     try:
         assert wait_for(lambda: sum(len(v) for v in key_jobs.spans(connection, 'win').values()) == 60, 60), \
@@ -144,7 +142,7 @@ def _shop(args, kwargs):
     return kwargs['shop']
 
 
-def test_a_costed_job_moves_its_key_s_rate_on_by_its_cost_and_parked_ones_pay_theirs(connection, forget_holds):
+def test_a_costed_job_moves_its_key_s_rate_on_by_its_cost_and_parked_ones_pay_theirs(connection):
     costed = Rate(10, per=1, burst=10, key=_shop, scope='costed', cost=4)
     q = PolicyQueue('rate', connection=connection)
     made = [q.enqueue(key_jobs.per_shop, 't', shop='a', policy=costed) for _ in range(5)]

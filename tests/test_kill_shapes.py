@@ -25,17 +25,16 @@ import signal
 import time
 from pathlib import Path
 
-import jobs
-import key_jobs
 import pytest
 from rq.job import Job
 from rq.worker import Worker
-from test_worker_cap import spans
-from workers import output, start_worker, stop, wait_for
 
 from rq_policies import Concurrency, PolicyQueue, QueueSlot, keys
 from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.worker import HOLD_TTL_ENV
+from tests.helpers import jobs, key_jobs
+from tests.helpers.records import server_now, spans
+from tests.helpers.workers import output, start_worker, stop, wait_for
 
 FAST = ['--job-monitoring-interval', '1']
 TTL = 3
@@ -43,7 +42,7 @@ TTL = 3
 LONG = 10
 #: Slack for a loaded machine on each timing bound below (seconds).
 SLACK = 1.5
-SCOPE = 'key_jobs.held_everywhere'
+SCOPE = 'tests.helpers.key_jobs.held_everywhere'
 
 
 def children(pid: int) -> list[int]:
@@ -51,11 +50,6 @@ def children(pid: int) -> list[int]:
         return [int(p) for p in Path(f'/proc/{pid}/task/{pid}/children').read_text().split()]
     except OSError:
         return []
-
-
-def server_now(connection) -> float:
-    seconds, micros = connection.time()
-    return seconds + micros / 1e6
 
 
 def started_at(pid: int) -> str | None:

@@ -14,18 +14,16 @@ import signal
 import threading
 import time
 
-import jobs
 import pytest
 from redis import BlockingConnectionPool, ConnectionPool, Redis
-from test_faults import ADMIT_WRITE, FAULTS, burst, load, lose_reply, producer, queued, ran_ids
 
 from rq_policies import PolicyQueue, scripts
 from rq_policies.compat import KEY_PREFIX as RQ
+from tests.helpers import jobs
+from tests.helpers.faults import ADMIT_WRITE, FAULTS, burst, load, lose_reply, producer, queued, ran_ids
 
-
-@pytest.fixture(autouse=True)
-def _jobs_env(monkeypatch, redis_url, connection):
-    monkeypatch.setenv('REDIS_URL', redis_url)  # and ``connection`` flushes the database before and after each test
+# ``connection`` flushes the database before and after each test
+pytestmark = pytest.mark.usefixtures('jobs_env', 'connection')
 
 
 def in_use(client: Redis) -> int:

@@ -5,24 +5,11 @@ from __future__ import annotations
 import time
 
 import pytest
-from redis import Redis
 
 from rq_policies import keys
 from rq_policies.ledger import Hold, Keeper, Ledger, acquire_call
-
-
-def server_now(conn: Redis) -> float:
-    seconds, micros = conn.time()
-    return seconds + micros / 1e6
-
-
-def wait_for(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
+from tests.helpers.records import server_now
+from tests.helpers.workers import wait_for
 
 
 def test_ledger_acquires_refreshes_and_re_adds_what_lapsed_under_its_job(connection):

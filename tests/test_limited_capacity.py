@@ -10,24 +10,23 @@ import sys
 import threading
 import time
 
-import lcw_jobs
 import pytest
-from cluster import CLUSTER_CLASS, ON_CLUSTER, not_on_cluster
 from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry
 
 from rq_policies import LimitedCapacityWorker, PolicyQueue, PolicySimpleWorker, keys
 from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.ledger import Hold, acquire_call
+from tests.helpers import EXAMPLES, lcw_jobs
+from tests.helpers.cluster import CLUSTER_CLASS, ON_CLUSTER, not_on_cluster
+from tests.helpers.workers import stop, wait_for
 
-RUNNING = keys.lcw_running('lcw_jobs.Backlog')
-QUEUED = keys.lcw_queued('lcw_jobs.Backlog')
+RUNNING = keys.lcw_running('tests.helpers.lcw_jobs.Backlog')
+QUEUED = keys.lcw_queued('tests.helpers.lcw_jobs.Backlog')
 
 
-@pytest.fixture(autouse=True)
-def _backlog_env(monkeypatch, redis_url):
-    # The job classes reach their backlog through REDIS_URL, in this process as in the workers.
-    monkeypatch.setenv('REDIS_URL', redis_url)
+# The job classes reach their backlog through REDIS_URL, in this process as in the workers.
+pytestmark = pytest.mark.usefixtures('jobs_env')
 
 
 def fill(connection, items, name='backlog'):
@@ -68,27 +67,6 @@ def start_workers(n, worker_env, url, worker_class='rq_policies.PolicyWorker', l
     return procs
 
 
-def stop_workers(procs):
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def wait_for(predicate, timeout, interval=0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
-
-
 # -- the refill -------------------------------------------------------------------------------------------------
 
 
@@ -100,7 +78,7 @@ def test_refill_counts_queued_and_running_jobs(connection):
     q = PolicyQueue('lcw', connection=connection)
     assert sorted(q.job_ids) == sorted(first)
     job = Job.fetch(first[0], connection=connection)
-    assert job.func_name == 'lcw_jobs.Backlog.perform'
+    assert job.func_name == 'tests.helpers.lcw_jobs.Backlog.perform'
     assert job.retries_left is None  # retries are off
     assert lcw_jobs.Backlog.queued_jobs_count(connection) == 2
 
@@ -125,10 +103,10 @@ def test_refill_bounded_by_remaining_work_and_zero_pauses(connection):
     fill(connection, ['x'] * 9)
     connection.set('test:lcw:max', 0)
     assert lcw_jobs.Backlog.perform_with_capacity(connection=connection) == []
-    state = connection.hgetall(keys.lcw_state('lcw_jobs.Backlog'))
+    state = connection.hgetall(keys.lcw_state('tests.helpers.lcw_jobs.Backlog'))
     assert state[b'max'] == b'0' and state[b'remaining'] == b'9' and state[b'queue'] == b'lcw'
-    assert connection.zscore(keys.LCW_INDEX, 'lcw_jobs.Backlog') is not None
-    assert 0 < connection.ttl(keys.lcw_state('lcw_jobs.Backlog')) <= 24 * 3600
+    assert connection.zscore(keys.LCW_INDEX, 'tests.helpers.lcw_jobs.Backlog') is not None
+    assert 0 < connection.ttl(keys.lcw_state('tests.helpers.lcw_jobs.Backlog')) <= 24 * 3600
 
 
 def test_concurrent_refills_never_overshoot(connection, redis_url):
@@ -138,7 +116,7 @@ def test_concurrent_refills_never_overshoot(connection, redis_url):
     results = []
 
     def refill():
-        from cluster import connect
+        from tests.helpers.cluster import connect
 
         conn = connect(redis_url)
         barrier.wait()
@@ -200,7 +178,7 @@ def test_simple_worker_drains_the_backlog_by_re_enqueueing(connection):
     # 2 started by the refill, each later one enqueued by a finishing job while work remained. The pool winds down
     # as GitLab's does: a job enqueued while one unit was left may find it taken (at most max - 1 such jobs).
     assert q.finished_job_registry.count == 8
-    assert connection.hget(keys.lcw_state('lcw_jobs.Backlog'), 'remaining') == b'0'
+    assert connection.hget(keys.lcw_state('tests.helpers.lcw_jobs.Backlog'), 'remaining') == b'0'
 
 
 def test_args_reach_perform_work(connection):
@@ -235,7 +213,7 @@ def test_failure_is_logged_released_and_not_re_enqueued(connection, caplog):
     q = PolicyQueue('lcw', connection=connection)
     with caplog.at_level(logging.ERROR, logger='rq_policies'):
         PolicySimpleWorker([q], connection=connection).work(burst=True)
-    assert f'lcw_jobs.Backlog job {job_id} failed; not re-enqueued' in caplog.text
+    assert f'tests.helpers.lcw_jobs.Backlog job {job_id} failed; not re-enqueued' in caplog.text
     assert job_id in FailedJobRegistry(queue=q)
     assert q.count == 0
     assert connection.zcard(RUNNING) == 0
@@ -265,7 +243,7 @@ def test_real_workers_never_exceed_max_and_drain(connection, worker_env, redis_u
 
         assert wait_for(drained, 40), (tmp_path / 'worker0.log').read_text()[-3000:]
     finally:
-        stop_workers(procs)
+        stop(*procs)
     assert max(seen) <= 2
     assert max_overlap(connection, 'backlog') == 2  # never more, and the capacity was used
     assert connection.llen('test:backlog:backlog') == 0
@@ -283,7 +261,7 @@ def test_real_workers_failing_unit_does_not_stop_the_others(connection, worker_e
         q = PolicyQueue('lcw', connection=connection)
         assert wait_for(lambda: q.failed_job_registry.count == 1, 10)
     finally:
-        stop_workers(procs)
+        stop(*procs)
     assert connection.llen('test:backlog:backlog') == 0
     assert connection.zcard(RUNNING) == 0
     logs = ''.join(p.read_text() for p in tmp_path.iterdir())
@@ -292,7 +270,7 @@ def test_real_workers_failing_unit_does_not_stop_the_others(connection, worker_e
 
 
 def test_killed_job_unit_comes_back_by_itself(connection, worker_env, redis_url, tmp_path):
-    running = keys.lcw_running('lcw_jobs.ShortHold')
+    running = keys.lcw_running('tests.helpers.lcw_jobs.ShortHold')
     fill(connection, ['pid', 'x', 'x'], name='short')
     connection.set('test:lcw:max', 1)
     procs = start_workers(1, worker_env, redis_url, log_dir=str(tmp_path))
@@ -313,15 +291,14 @@ def test_killed_job_unit_comes_back_by_itself(connection, worker_env, redis_url,
         assert wait_for(lambda: connection.llen('test:backlog:short') == 0, 20)
         assert wait_for(lambda: connection.llen('test:done:short') == 2, 10)
     finally:
-        stop_workers(procs)
+        stop(*procs)
 
 
 @not_on_cluster('the example builds a redis.Redis of its own for one server (examples/limited_capacity_cron.py)')
 def test_cron_example_refills_through_rq_cron(connection, worker_env, redis_url):
     """examples/limited_capacity_cron.py: rq's own cron enqueues the refill; one unit fails, the refill replaces it."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     result = subprocess.run(
-        [sys.executable, os.path.join(root, 'examples', 'limited_capacity_cron.py')],
+        [sys.executable, str(EXAMPLES / 'limited_capacity_cron.py')],
         env=worker_env, capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]

@@ -5,16 +5,16 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta, timezone
 
-import jobs
 import pytest
 from rq import Queue
 from rq.decorators import job as job_decorator
 from rq.job import Job, JobStatus
 from rq.registry import ScheduledJobRegistry
-from workers import race
 
 from rq_policies import Loner, PipelineNotSupported, PolicyJob, PolicyQueue, PolicySimpleWorker, keys
 from rq_policies.compat import KEY_PREFIX as RQ
+from tests.helpers import jobs
+from tests.helpers.workers import race
 
 
 def test_duplicate_dropped_and_enqueued_answers(connection, caplog):
@@ -84,8 +84,8 @@ def test_every_door(connection):
     assert many[0] is None and many[2] is None
     assert isinstance(many[1], Job) and isinstance(many[3], Job)
     # a string import path reads the declared policy of the imported function
-    assert q.enqueue('jobs.sweep_cache', 4) is None
-    assert q.enqueue('jobs.sweep_cache', 9) is not None
+    assert q.enqueue('tests.helpers.jobs.sweep_cache', 4) is None
+    assert q.enqueue('tests.helpers.jobs.sweep_cache', 9) is not None
 
 
 def test_job_decorator_delay(connection):
@@ -210,7 +210,7 @@ def test_sixteen_processes_one_waiting_job_at_every_door(connection, redis_url, 
     # Exactly one job hash of sweep_cache was written: a loser leaves nothing behind.
     written = [key for key in connection.scan_iter(f'{RQ}:job:*') if b':' not in key[len(f'{RQ}:job:'):]]
     funcs = [Job.fetch(key.decode()[len(f'{RQ}:job:'):], connection=connection).func_name for key in written]
-    assert funcs.count('jobs.sweep_cache') == 1
+    assert funcs.count('tests.helpers.jobs.sweep_cache') == 1
 
 
 def test_stock_worker_with_policy_queue_class_fetches_as_stock(connection):
@@ -339,8 +339,9 @@ def test_an_unimportable_path_warns_once_that_it_gets_no_policy(connection, capl
     from rq_policies import queue as queue_module
 
     q = PolicyQueue('q', connection=connection)
-    path = 'jobs.sweep_cahce'  # sic
-    queue_module._UNIMPORTABLE_WARNED.difference_update({path, 'jobs.no_such_module_either.f'})  # once per process
+    path = 'tests.helpers.jobs.sweep_cahce'  # sic
+    queue_module._UNIMPORTABLE_WARNED.difference_update(
+        {path, 'tests.helpers.jobs.no_such_module_either.f'})  # once per process
     with caplog.at_level(logging.DEBUG, logger='rq_policies'):
         assert q.enqueue(path, 1) is not None
         assert q.enqueue(path, 1) is not None  # no policy could be read: not a loner
@@ -349,7 +350,7 @@ def test_an_unimportable_path_warns_once_that_it_gets_no_policy(connection, capl
     assert 'no policy' in warnings[0].getMessage()
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger='rq_policies'):
-        assert q.enqueue('jobs.no_such_module_either.f', 1) is not None
+        assert q.enqueue('tests.helpers.jobs.no_such_module_either.f', 1) is not None
     assert [r.levelno for r in caplog.records] == [logging.WARNING]
-    assert q.enqueue('jobs.sweep_cache', 1) is not None
-    assert q.enqueue('jobs.sweep_cache', 1) is None  # the right path still reads the declared Loner
+    assert q.enqueue('tests.helpers.jobs.sweep_cache', 1) is not None
+    assert q.enqueue('tests.helpers.jobs.sweep_cache', 1) is None  # the right path still reads the declared Loner

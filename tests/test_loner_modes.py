@@ -6,12 +6,10 @@ import os
 import signal
 import time
 
-import lock_jobs
 import pytest
 from rq import Retry
 from rq.command import send_stop_job_command
 from rq.job import Job, JobStatus
-from workers import output, race, start_worker, stop, wait_for
 
 from rq_policies import (
     DuplicateJob,
@@ -28,6 +26,8 @@ from rq_policies import (
     state,
 )
 from rq_policies.compat import KEY_PREFIX as RQ
+from tests.helpers import lock_jobs
+from tests.helpers.workers import output, race, start_worker, stop, wait_for
 
 
 def marker(conn, queue, job):
@@ -263,7 +263,8 @@ def test_replace_never_rewrites_a_job_popped_but_not_yet_started(connection, red
     mark (until='finished') is what keeps a replace off it. The worker dies in exactly that window here."""
     q = PolicyQueue('replace-popped', connection=connection)
     first = q.enqueue(lock_jobs.replaced_held, 'acme', 'first', check='first')
-    worker = start_worker(redis_url, ['replace-popped'], worker_env, worker_class='workers.DiesAfterPop', burst=True)
+    worker = start_worker(redis_url, ['replace-popped'], worker_env, worker_class='tests.helpers.workers.DiesAfterPop',
+                          burst=True)
     worker.wait(30)
     assert connection.lrange(q.intermediate_queue_key, 0, -1) == [first.id.encode()]
     assert Job.fetch(first.id, connection=connection).get_status() == JobStatus.QUEUED

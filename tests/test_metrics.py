@@ -8,15 +8,14 @@ import time
 import urllib.error
 import urllib.request
 
-import jobs
-import lcw_jobs
 import pytest
-from cluster import CLUSTER_CLASS, ON_CLUSTER
 from redis import Redis
 
 from rq_policies import PolicyQueue, QueueSlot
 from rq_policies.ledger import Hold, acquire_call
 from rq_policies.testing import free_port
+from tests.helpers import jobs, lcw_jobs
+from tests.helpers.cluster import CLUSTER_CLASS, ON_CLUSTER
 
 prometheus_client = pytest.importorskip('prometheus_client')
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -55,14 +54,14 @@ def test_collector_reads_the_state_when_scraped(connection, lcw_env, redis_url):
     connection.set('test:lcw:max', 3)
     connection.rpush('test:backlog:backlog', *['x'] * 5)
     assert len(lcw_jobs.Backlog.perform_with_capacity(connection=connection)) == 3
-    acquire_call(Hold(f'{RQ}:policies:lcw-running:lcw_jobs.Backlog', 'busy', 60), 3).run(connection)
+    acquire_call(Hold(f'{RQ}:policies:lcw-running:tests.helpers.lcw_jobs.Backlog', 'busy', 60), 3).run(connection)
     q = PolicyQueue('imports', connection=connection)
     q.enqueue(jobs.sweep_cache, 1)
     for _ in range(4):
         assert q.enqueue(jobs.sweep_cache, 1) is None
 
     found = samples(prometheus_client.generate_latest(registry).decode())
-    worker = 'lcw_jobs.Backlog'
+    worker = 'tests.helpers.lcw_jobs.Backlog'
     assert value(found, 'limited_capacity_worker_running_jobs', worker=worker) == 1
     assert value(found, 'limited_capacity_worker_max_running_jobs', worker=worker) == 3
     assert value(found, 'limited_capacity_worker_remaining_work_count', worker=worker) == 5
@@ -75,9 +74,10 @@ def test_collector_reads_the_state_when_scraped(connection, lcw_env, redis_url):
 def test_drops_count_from_every_producer_process(connection, worker_env, redis_url):
     PolicyQueue('imports', connection=connection).enqueue(jobs.sweep_cache, 9)
     code = (
-        'import os, jobs; from cluster import connect; from rq_policies import PolicyQueue\n'
+        'import os; import tests.helpers.jobs; from tests.helpers.cluster import connect\n'
+        'from rq_policies import PolicyQueue\n'
         'q = PolicyQueue("imports", connection=connect(os.environ["REDIS_URL"]))\n'
-        'assert all(q.enqueue(jobs.sweep_cache, 9) is None for _ in range(5))\n'
+        'assert all(q.enqueue(tests.helpers.jobs.sweep_cache, 9) is None for _ in range(5))\n'
     )
     procs = [subprocess.Popen([sys.executable, '-c', code], env=worker_env) for _ in range(3)]
     assert [p.wait(60) for p in procs] == [0, 0, 0]

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import multiprocessing
 
-import jobs
 from redis import Redis
 
 from rq_policies import PolicyQueue, scripts
+from tests.helpers import jobs
 
 
 def _produce(url: str, n: int, results) -> None:

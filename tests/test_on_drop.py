@@ -4,18 +4,11 @@ from __future__ import annotations
 
 import logging
 
-import jobs
 import pytest
-import throttle_jobs as tj
 
 from rq_policies import DroppedCall, DuplicateJob, Loner, PolicyQueue, PolicySet, Throttle, admission, policy
-
-
-@pytest.fixture(autouse=True)
-def _clear():
-    jobs.DROPS_SEEN.clear()
-    yield
-    jobs.DROPS_SEEN.clear()
+from tests.helpers import jobs
+from tests.helpers import throttle_jobs as tj
 
 
 def test_called_with_the_dropped_call_and_the_holder_not_on_admit(connection, monkeypatch):
@@ -30,8 +23,8 @@ def test_called_with_the_dropped_call_and_the_holder_not_on_admit(connection, mo
     assert q.enqueue(jobs.watched, 'a', flag=1, job_timeout=30) is None
     assert q.enqueue(jobs.watched, 'a', flag=1, job_timeout=30) is None
     assert q.enqueue_call(jobs.watched, args=('a',), kwargs={'flag': 1}, result_ttl=5) is None
-    assert quick == ['jobs.watched']  # one of them went the fast path
-    expected = DroppedCall('jobs.watched', ('a',), {'flag': 1}, 'watched', 'loner')
+    assert quick == ['tests.helpers.jobs.watched']  # one of them went the fast path
+    expected = DroppedCall('tests.helpers.jobs.watched', ('a',), {'flag': 1}, 'watched', 'loner')
     assert jobs.DROPS_SEEN == [(expected, holder.id)] * 3
     with pytest.raises(AttributeError):
         expected.queue = 'other'  # frozen

@@ -14,18 +14,18 @@ import pytest
 
 pytest.importorskip('opentelemetry.sdk')
 
-import jobs  # noqa: E402
 from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 from redis.asyncio import Redis as AsyncRedis  # noqa: E402
-from workers import output, start_worker  # noqa: E402
 
 import rq_policies.otel as otel  # noqa: E402
 from rq_policies import Concurrency, DuplicateJob, Loner, PolicyQueue  # noqa: E402
 from rq_policies.aio import AsyncPolicyQueue  # noqa: E402
+from tests.helpers import jobs  # noqa: E402
+from tests.helpers.workers import output, start_worker  # noqa: E402
 
 
 @pytest.fixture
@@ -148,7 +148,7 @@ def test_not_installed_imports_nothing(redis_url, worker_env):
         import asyncio
         from redis import Redis
         from redis.asyncio import Redis as AsyncRedis
-        import jobs, rq_policies, rq_policies.aio, rq_policies.otel, rq_policies.worker
+        from tests.helpers import jobs; import rq_policies, rq_policies.aio, rq_policies.otel, rq_policies.worker
         url = sys.argv[1]
         assert rq_policies.PolicyQueue('noot', connection=Redis.from_url(url)).enqueue(jobs.record, 'n') is not None
         async def main():
@@ -175,7 +175,7 @@ def test_forking_worker_job_span_is_a_child_of_the_producer(connection, redis_ur
     one per-key Concurrency(1) key and two workers take them, so a fetch that finds the key busy may park a job for
     a release to promote: such a job keeps its producer's context too (and the test just below checks that
     case step by step)."""
-    import otel_jobs
+    from tests.helpers import otel_jobs
 
     exporter, reader, tracer = traced
     q = PolicyQueue('otelw', connection=connection)
@@ -189,7 +189,7 @@ def test_forking_worker_job_span_is_a_child_of_the_producer(connection, redis_ur
                  if s.name == 'send otelw'}
     span_file = tmp_path / 'spans.jsonl'
     env = dict(worker_env, RQ_POLICIES_SPAN_FILE=str(span_file))
-    workers = [start_worker(redis_url, ['otelw'], env, worker_class='otel_jobs.TracedWorker', burst=True)
+    workers = [start_worker(redis_url, ['otelw'], env, worker_class='tests.helpers.otel_jobs.TracedWorker', burst=True)
                for _ in range(2)]  # two workers: one of them finds the key busy and parks a job
     try:
         for worker in workers:
@@ -230,11 +230,11 @@ def _fetch_all(connection, names=('keys',)):
     return taken
 
 
-def test_a_parked_then_promoted_job_keeps_its_producer_context(connection, traced, forget_holds):
-    import key_jobs
+def test_a_parked_then_promoted_job_keeps_its_producer_context(connection, traced):
     from rq.job import Job
 
     from rq_policies.fetch import release_claim
+    from tests.helpers import key_jobs
 
     exporter, reader, tracer = traced
     q = PolicyQueue('keys', connection=connection)
@@ -253,10 +253,9 @@ def test_a_parked_then_promoted_job_keeps_its_producer_context(connection, trace
     assert int(carried[2].split('-')[2], 16) == decisions[2].context.span_id
 
 
-def test_redis_gauges_bound_the_keys_to_a_top_n(connection, forget_holds):
-    import key_jobs
-
+def test_redis_gauges_bound_the_keys_to_a_top_n(connection):
     from rq_policies import QueueSlot
+    from tests.helpers import key_jobs
 
     reader = InMemoryMetricReader()
     otel.instrument(tracer_provider=TracerProvider(), meter_provider=MeterProvider(metric_readers=[reader]),
@@ -276,7 +275,7 @@ def test_redis_gauges_bound_the_keys_to_a_top_n(connection, forget_holds):
         dropped = _points(reader, 'rq_policies.dropped_enqueues.cluster')
     finally:
         otel.uninstrument()
-    scope = 'key_jobs.per_customer'
+    scope = 'tests.helpers.key_jobs.per_customer'
 
     def row(key):
         return (('key', key), ('policy', 'concurrency'), ('scope', scope))

@@ -11,12 +11,13 @@ from datetime import timedelta
 import pytest
 from redis import Redis
 from rq.job import Job
-from test_promotion import ran, server_now, stop, wait_for, wait_idle
-from workers import output, start_worker
 
 from rq_policies import PolicyQueue
 from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.testing import RedisServer
+from tests.helpers import with_root
+from tests.helpers.records import ran, server_now
+from tests.helpers.workers import output, start_worker, stop, wait_for, wait_idle
 
 pytestmark = pytest.mark.long
 
@@ -33,10 +34,7 @@ def server():
 
 
 def _env(url: str) -> dict:
-    here = os.path.dirname(__file__)
-    env = dict(os.environ, REDIS_URL=url)
-    env['PYTHONPATH'] = os.pathsep.join([here, os.path.dirname(here), env.get('PYTHONPATH', '')])
-    return env
+    return with_root(dict(os.environ, REDIS_URL=url))
 
 
 def _pending(connection: Redis) -> float:
@@ -44,12 +42,13 @@ def _pending(connection: Redis) -> float:
     returns the latest due time."""
     q = PolicyQueue('outage', connection=connection)
     start = server_now(connection)
-    q.enqueue('promote_jobs.backs_off', 'outage', 'acme')  # runs now, backs its key off for 3 s
-    q.enqueue('promote_jobs.trailing', 'outage', 'task', 1)  # the leading run, now
-    q.enqueue('promote_jobs.trailing', 'outage', 'task', 2)  # trailing: due at the window's end (start + 3)
+    q.enqueue('tests.helpers.promote_jobs.backs_off', 'outage', 'acme')  # runs now, backs its key off for 3 s
+    q.enqueue('tests.helpers.promote_jobs.trailing', 'outage', 'task', 1)  # the leading run, now
+    q.enqueue('tests.helpers.promote_jobs.trailing', 'outage', 'task', 2)  # trailing: due at the window's end
+    # (start + 3)
     for version in range(3):
-        q.enqueue('promote_jobs.debounced', 'outage', 'doc', version)  # due at start + 3
-    assert q.enqueue_in(timedelta(seconds=3), 'promote_jobs.lone', 'outage', 'lone') is not None
+        q.enqueue('tests.helpers.promote_jobs.debounced', 'outage', 'doc', version)  # due at start + 3
+    assert q.enqueue_in(timedelta(seconds=3), 'tests.helpers.promote_jobs.lone', 'outage', 'lone') is not None
     return start + 3.5
 
 
@@ -142,7 +141,8 @@ def test_a_worker_watching_its_running_job_rides_through_an_outage(server):
     connection = server.client()
     worker = start_worker(server.url, ['outage'], _env(server.url), extra=['--job-monitoring-interval', '1'])
     try:
-        job = PolicyQueue('outage', connection=connection).enqueue('jobs.sleep_and_record', 'outage-beat', 6)
+        job = PolicyQueue('outage', connection=connection).enqueue('tests.helpers.jobs.sleep_and_record',
+                                                                   'outage-beat', 6)
         assert wait_for(lambda: connection.llen('test:span:outage-beat') == 1, 20), output(worker)  # in its horse
         _kill(server)
         time.sleep(3)  # three monitoring ticks without a server

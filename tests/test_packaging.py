@@ -9,11 +9,10 @@ import sys
 import textwrap
 import venv
 import zipfile
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
 
 
 @pytest.fixture(scope='module')

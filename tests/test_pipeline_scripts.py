@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import pytest
 from redis import Redis
-from workers import output, start_worker, stop, wait_for
 
 from rq_policies import Loner, PolicyQueue, QueueSlot, keys, scripts
 from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.loner import holder, release_markers
+from tests.helpers.workers import output, start_worker, stop, wait_for
 
 PREFIX = f'{RQ}:job:'
 
 
-@pytest.fixture(autouse=True)
-def _jobs_env(monkeypatch, redis_url):
-    monkeypatch.setenv('REDIS_URL', redis_url)
+pytestmark = pytest.mark.usefixtures('jobs_env')
 
 
 def calls(connection: Redis) -> dict[str, int]:
@@ -99,9 +97,9 @@ def _enqueue_mix(connection: Redis, tag: str, n: int) -> None:
     capped = PolicyQueue('cost-capped', connection=connection)
     QueueSlot.set('cost-capped', 2, connection=connection)
     for i in range(n):
-        loners.enqueue('cost_jobs.held_until_finished', tag, i)
-        loners.enqueue('cost_jobs.plain_record', tag, i)
-        capped.enqueue('cost_jobs.plain_record', tag, i)
+        loners.enqueue('tests.helpers.cost_jobs.held_until_finished', tag, i)
+        loners.enqueue('tests.helpers.cost_jobs.plain_record', tag, i)
+        capped.enqueue('tests.helpers.cost_jobs.plain_record', tag, i)
 
 
 def test_a_workers_run_sends_no_eval(connection, redis_url, worker_env):
@@ -132,8 +130,8 @@ def test_a_script_flush_just_before_a_jobs_end_of_run_pipeline(connection, fault
     server, SCRIPT FLUSH: its release answers NOSCRIPT inside EXEC, is resent alone with its source, and the job
     ends finished with its identity freed (a new enqueue of the same call is admitted)."""
     q = PolicyQueue('cost', connection=connection)
-    first = q.enqueue('cost_jobs.held_until_finished', 'flush', 1)
-    second = q.enqueue('cost_jobs.held_until_finished', 'flush', 2)
+    first = q.enqueue('tests.helpers.cost_jobs.held_until_finished', 'flush', 1)
+    second = q.enqueue('tests.helpers.cost_jobs.held_until_finished', 'flush', 2)
     flushed = []
     fault_proxy.before_request(lambda: flushed.append(Redis.from_url(worker_env['REDIS_URL']).script_flush()),
                                match=_end_of_run(second.id))
@@ -148,17 +146,17 @@ def test_a_script_flush_just_before_a_jobs_end_of_run_pipeline(connection, fault
         job.refresh()
         assert job.get_status() == 'finished', output(worker)
     assert not connection.keys(keys.loner('cost', '*'))  # both identities freed by their end-of-run release
-    assert q.enqueue('cost_jobs.held_until_finished', 'flush', 2) is not None
+    assert q.enqueue('tests.helpers.cost_jobs.held_until_finished', 'flush', 2) is not None
 
 
 def test_a_lost_reply_of_a_jobs_end_of_run_pipeline(connection, fault_proxy, worker_env):
     """The end-of-run transaction's reply is lost (the server ran it, the connection closed): rq and redis-py send
     it again, EVALSHA included, and the job runs once, ends finished, its identity freed once."""
     q = PolicyQueue('cost', connection=connection)
-    job = q.enqueue('cost_jobs.held_until_finished', 'lost', 1)
+    job = q.enqueue('tests.helpers.cost_jobs.held_until_finished', 'lost', 1)
     fault_proxy.drop_reply(match=_end_of_run(job.id))
     worker = start_worker(fault_proxy.url, ['cost'], worker_env, burst=True,
-                          extra=['--connection-class', 'faultproxy.RetryingRedis'])
+                          extra=['--connection-class', 'tests.helpers.faultproxy.RetryingRedis'])
     try:
         assert wait_for(lambda: job.get_status(refresh=True) == 'finished', timeout=30), output(worker)
         worker.wait(timeout=30)
@@ -167,4 +165,4 @@ def test_a_lost_reply_of_a_jobs_end_of_run_pipeline(connection, fault_proxy, wor
     assert fault_proxy.seen(_end_of_run(job.id)) >= 2, output(worker)
     assert connection.lrange('test:ran:lost', 0, -1) == [job.id.encode()]
     assert not connection.keys(keys.loner('cost', '*'))
-    assert q.enqueue('cost_jobs.held_until_finished', 'lost', 1) is not None
+    assert q.enqueue('tests.helpers.cost_jobs.held_until_finished', 'lost', 1) is not None

@@ -3,7 +3,6 @@ by the server's clock, once per job even beside rq's scheduler, and an idle work
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -13,62 +12,20 @@ import pytest
 from rq import Queue
 from rq.job import Job
 from rq.scheduler import RQScheduler
-from test_faults import FAULTS, load, lose_reply, producer
-from workers import output, start_worker
 
 from rq_policies import PolicyQueue, QueueSlot, compat, ops
 from rq_policies.compat import KEY_PREFIX as RQ
-from rq_policies.fetch import PROMOTE_BATCH, PROMOTE_OWNER, Claim, Look, fetch_call, read_reply
+from rq_policies.fetch import PROMOTE_BATCH, PROMOTE_OWNER, Claim, Look
+from tests.helpers import fetches
+from tests.helpers.faults import FAULTS, load, lose_reply, producer
+from tests.helpers.records import ran, server_now
+from tests.helpers.workers import output, start_worker, stop, wait_for, wait_idle
 
-HERE = os.path.dirname(__file__)
 PAST = datetime(2020, 1, 1, tzinfo=timezone.utc)
 
 
 def fetch(connection, names, token='t1'):
-    queues = [Queue(name, connection=connection) for name in names]
-    call = fetch_call(queues, token, 60, burst=False)
-    return read_reply(call.run(connection), queues, token, 60)
-
-
-def server_now(connection) -> float:
-    seconds, micros = connection.time()
-    return seconds + micros / 1e6
-
-
-def ran(connection, tag):
-    """[(job id, value, server time)] of the jobs that recorded themselves under ``tag``."""
-    rows = []
-    for raw in connection.lrange(f'test:ran:{tag}', 0, -1):
-        jid, value, at = raw.decode().split(' ')
-        rows.append((jid, value, float(at)))
-    return rows
-
-
-def wait_for(predicate, timeout, proc=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
-
-def wait_idle(connection, count=1):
-    """Wait until ``count`` workers have registered (and so are past their start-up)."""
-    assert wait_for(lambda: connection.scard(f'{RQ}:workers') >= count, 30)
-    time.sleep(0.3)
-
-
-def stop(*procs):
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    return fetches.fetch(connection, token, names, ttl=60, burst=False)
 
 
 def _schedule_set(q: Queue):
@@ -179,13 +136,14 @@ def test_a_worker_runs_due_jobs_without_a_scheduler(connection, worker_env):
         wait_idle(connection)
         start = server_now(connection)
         for version in range(3):
-            q.enqueue('promote_jobs.debounced', 'e2e', 'doc', version)
-        q.enqueue('promote_jobs.trailing', 'e2e', 'task', 1)
-        q.enqueue('promote_jobs.trailing', 'e2e', 'task', 2)
-        lone = q.enqueue_in(timedelta(seconds=2), 'promote_jobs.lone', 'e2e', 'lone')
+            q.enqueue('tests.helpers.promote_jobs.debounced', 'e2e', 'doc', version)
+        q.enqueue('tests.helpers.promote_jobs.trailing', 'e2e', 'task', 1)
+        q.enqueue('tests.helpers.promote_jobs.trailing', 'e2e', 'task', 2)
+        lone = q.enqueue_in(timedelta(seconds=2), 'tests.helpers.promote_jobs.lone', 'e2e', 'lone')
         assert lone is not None
-        assert q.enqueue_in(timedelta(seconds=2), 'promote_jobs.lone', 'e2e', 'lone') is None  # held while scheduled
-        stock.enqueue_in(timedelta(seconds=2), 'promote_jobs.stamp', 'e2e', 'stock')
+        # held while scheduled
+        assert q.enqueue_in(timedelta(seconds=2), 'tests.helpers.promote_jobs.lone', 'e2e', 'lone') is None
+        stock.enqueue_in(timedelta(seconds=2), 'tests.helpers.promote_jobs.stamp', 'e2e', 'stock')
         assert wait_for(lambda: len(ran(connection, 'e2e')) >= 5, 10), output(worker)
         time.sleep(1.0)
         rows = ran(connection, 'e2e')
@@ -204,7 +162,7 @@ def test_a_worker_runs_due_jobs_without_a_scheduler(connection, worker_env):
 @pytest.mark.parametrize('skew', [3600, -3600])
 def test_a_worker_with_a_moved_clock_promotes_by_the_servers(connection, worker_env, skew):
     env = dict(worker_env, RQ_POLICIES_TEST_SKEW=str(skew))
-    args = [sys.executable, os.path.join(HERE, 'skewed_worker.py'), 'worker', '-w', 'rq_policies.PolicyWorker',
+    args = [sys.executable, '-m', 'tests.helpers.skewed_worker', 'worker', '-w', 'rq_policies.PolicyWorker',
             '--url', worker_env['REDIS_URL'], '--logging_level', 'WARNING', 'skew']
     worker = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
@@ -212,7 +170,7 @@ def test_a_worker_with_a_moved_clock_promotes_by_the_servers(connection, worker_
         q = Queue('skew', connection=connection)
         wait_idle(connection)
         due = server_now(connection) + 3
-        q.enqueue_at(datetime.fromtimestamp(due, timezone.utc), 'promote_jobs.stamp', 'skew', 'x')
+        q.enqueue_at(datetime.fromtimestamp(due, timezone.utc), 'tests.helpers.promote_jobs.stamp', 'skew', 'x')
         assert wait_for(lambda: ran(connection, 'skew'), 8)
         (_, _, at), = ran(connection, 'skew')
         assert due - 1 <= at <= due + 1.5  # never early (whole-second scores), never late by the host's clock
@@ -228,7 +186,7 @@ def test_rq_scheduler_and_four_workers_promote_1000_due_jobs_once(connection, wo
     due = datetime.fromtimestamp(server_now(connection) + 4, timezone.utc)
     with connection.pipeline() as pipe:
         for i in range(1000):
-            q.enqueue_at(due, 'promote_jobs.stamp', 'race', i, pipeline=pipe)
+            q.enqueue_at(due, 'tests.helpers.promote_jobs.stamp', 'race', i, pipeline=pipe)
         pipe.execute()
     code = ('import sys; from redis import Redis; from rq.scheduler import RQScheduler; '
             's = RQScheduler(["race"], connection=Redis.from_url(sys.argv[1])); s.acquire_locks(); s.work()')

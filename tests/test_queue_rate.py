@@ -13,15 +13,12 @@ import signal
 import time
 from pathlib import Path
 
-import key_jobs
 import pytest
-from cluster import ON_CLUSTER, not_on_cluster
 from redis import Redis
 from rq import Callback, get_current_job
 from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.registry import FailedJobRegistry
-from workers import output, start_worker, stop, wait_for
 
 from rq_policies import (
     BackOff,
@@ -37,6 +34,10 @@ from rq_policies import (
 from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.fetch import Claim, Fetcher, FetchReply, Look, dequeue, fetch_call, read_reply
 from rq_policies.queue_rate import BACKOFFS_META, SNOOZES_META
+from tests.helpers import key_jobs
+from tests.helpers.cluster import ON_CLUSTER, not_on_cluster
+from tests.helpers.records import server_now
+from tests.helpers.workers import output, run_pool, start_worker, stop, wait_for
 
 # -- job functions (run by the workers) -----------------------------------------------------------------------------
 
@@ -89,11 +90,6 @@ def note_failure(job, connection, *exc_info) -> None:
 
 def starts(conn: Redis, key: str) -> list[float]:
     return sorted(float(v) for v in conn.lrange(key, 0, -1))
-
-
-def server_now(conn: Redis) -> float:
-    seconds, micros = conn.time()
-    return seconds + micros / 1e6
 
 
 _tokens = itertools.count(1)
@@ -500,7 +496,7 @@ def cli_env(worker_env):
 
 
 def test_cli_rate_set_info_and_clear(connection, cli_env, redis_url):
-    from test_cli import run
+    from tests.helpers.cli import run
 
     PolicyQueue('emails', connection=connection).enqueue(record_start, 'x')
     result = run('rate', 'emails', '100/60s', '--burst', '10', env=cli_env, url=redis_url)
@@ -542,7 +538,7 @@ def test_cli_rate_set_info_and_clear(connection, cli_env, redis_url):
     (['--burst', '2'], '--burst goes with LIMIT/PER'),
 ])
 def test_cli_bad_input_is_one_clear_line_and_writes_nothing(connection, cli_env, redis_url, args, needle):
-    from test_cli import assert_one_line_error, run
+    from tests.helpers.cli import assert_one_line_error, run
 
     PolicyQueue('emails', connection=connection).enqueue(record_start, 'x')
     QueueRate.set('emails', 7, per=3, connection=connection)
@@ -553,7 +549,7 @@ def test_cli_bad_input_is_one_clear_line_and_writes_nothing(connection, cli_env,
 
 
 def test_cli_refuses_an_unknown_queue_unless_forced(connection, cli_env, redis_url):
-    from test_cli import assert_one_line_error, run
+    from tests.helpers.cli import assert_one_line_error, run
 
     assert_one_line_error(run('rate', 'nowhere', '5/1', env=cli_env, url=redis_url), "unknown queue 'nowhere'")
     assert connection.dbsize() == 0
@@ -579,23 +575,11 @@ def test_metrics_show_the_rate_tokens_and_backoff(connection):
 
 @not_on_cluster("rq's worker-pool builds its workers' connections from connection_pool (docs/cluster.md)")
 def test_worker_pool_holds_the_rate(connection, redis_url, worker_env):
-    import subprocess
-    import sys
 
     QueueRate.set('pooled', 10, per=1, burst=2, connection=connection)
     q = PolicyQueue('pooled', connection=connection)
     q.enqueue_many([Queue.prepare_data(record_start, ('pooled:starts',)) for _ in range(20)])
-    pool = subprocess.Popen(
-        [sys.executable, '-m', 'rq.cli', 'worker-pool', '-w', 'key_jobs.FetchTimesWorker', '--url', redis_url,
-         '-n', '3', '--burst', '--logging-level', 'WARNING', 'pooled'],
-        env=worker_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    try:
-        out, _ = pool.communicate(timeout=60)
-    finally:
-        if pool.poll() is None:
-            os.killpg(pool.pid, signal.SIGKILL)
-            pool.wait()
+    pool, out = run_pool(redis_url, 'pooled', worker_env, 'tests.helpers.key_jobs.FetchTimesWorker', timeout=60)
     assert pool.returncode == 0, out.decode(errors='replace')[-3000:]
     assert len(starts(connection, 'pooled:starts')) == 20
     # The rate decides on the fetch script's clock, which lies within each fetch's (before, after) interval (a time

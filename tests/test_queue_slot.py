@@ -10,25 +10,21 @@ import os
 import threading
 import time
 
-import jobs
 import pytest
 from redis import Redis
 from rq.defaults import DEFAULT_JOB_MONITORING_INTERVAL
 from rq.exceptions import DequeueTimeout
 from rq.job import Job, JobStatus, Retry
 from rq.queue import Queue
-from workers import fetch_as_a_worker
 
 from rq_policies import Cap, PolicyQueue, PolicySimpleWorker, PolicyWorker, QueueSlot, keys, ops
 from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.fetch import Fetcher, FetchReply, current_fetcher, fetch_call
 from rq_policies.ledger import Hold, Ledger, acquire_call
 from rq_policies.worker import HOLD_TTL_ENV, _WorkerFetcher
-
-
-def server_now(conn: Redis) -> float:
-    seconds, micros = conn.time()
-    return seconds + micros / 1e6
+from tests.helpers import jobs
+from tests.helpers.records import server_now
+from tests.helpers.workers import fetch_as_a_worker
 
 
 def members(conn: Redis, queue: str) -> dict[str, float]:

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-import jobs
-import key_jobs
 import pytest
 from rq import SimpleWorker, Worker
 from rq.decorators import job as job_decorator
@@ -30,7 +28,8 @@ from rq.queue import Queue
 from rq.registry import DeferredJobRegistry, ScheduledJobRegistry, clean_registries
 
 from rq_policies import Loner, PolicyJob, PolicyQueue, compat
-from rq_policies.fetch import Look, fetch_call, read_reply, release_claim
+from rq_policies.fetch import Look, release_claim
+from tests.helpers import fetches, jobs, key_jobs
 
 ALL_STATUSES = [status.value for status in JobStatus]
 
@@ -130,7 +129,7 @@ def test_the_end_of_run_release_frees_a_loner_identity_only_once_its_job_has_end
 def test_limited_capacity_counts_a_queued_job_by_its_status(connection, redis_url, monkeypatch, status):
     """LimitedCapacityWorker's room counts a job of its queued set while it waits or runs, and prunes it once ended
     (lua/lib/lcw_room.lua): a job in rq 3's ready_to_enqueue was pruned, and a third job admitted over the cap."""
-    import lcw_jobs
+    from tests.helpers import lcw_jobs
 
     monkeypatch.setenv('REDIS_URL', redis_url)  # the job class reaches its backlog through it
     connection.rpush('test:backlog:backlog', *['x'] * 5)
@@ -311,11 +310,10 @@ def test_a_stock_job_of_another_class_is_left_as_it_is(connection):
 
 
 def fetch(conn, token, names=('keys',)):
-    queues = [Queue(name, connection=conn) for name in names]
-    return read_reply(fetch_call(queues, token, 90).run(conn), queues, token, 90)
+    return fetches.fetch(conn, token, names)
 
 
-def test_clean_registries_leaves_a_parked_job_parked_and_intact(connection, forget_holds):
+def test_clean_registries_leaves_a_parked_job_parked_and_intact(connection):
     q = PolicyQueue('keys', connection=connection)
     made = [q.enqueue(key_jobs.one_per_customer, 't', 0, customer='a') for _ in range(2)]
     taken = fetch(connection, 'h:1:1:1')

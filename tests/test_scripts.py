@@ -210,7 +210,7 @@ def test_push_sent_twice_pushes_once_and_a_later_push_pushes_again(connection):
     worker took it) pushes; a replay of the first call arriving after up to three later pushes still pushes nothing;
     the record in the job's hash stays bounded whatever the number of pushes."""
     q = PolicyQueue('q', connection=connection)
-    job = _on_rqs_pipeline(q, 'jobs.plain', 1)
+    job = _on_rqs_pipeline(q, 'tests.helpers.jobs.plain', 1)
     assert connection.lrange(q.key, 0, -1) == [job.id.encode()]
     connection.delete(q.key)
     first, pushed = _push(q, job.id)
@@ -240,7 +240,7 @@ def test_the_push_record_survives_rqs_own_saves_and_reads(connection):
     from rq.job import Job
 
     q = PolicyQueue('q', connection=connection)
-    job = _on_rqs_pipeline(q, 'jobs.plain', 7)
+    job = _on_rqs_pipeline(q, 'tests.helpers.jobs.plain', 7)
     record = connection.hget(job.key, 'policies_push')
     assert record and len(record) == 13  # one token and its separator
     fetched = Job.fetch(job.id, connection=connection)
@@ -259,7 +259,7 @@ def test_a_replayed_push_of_a_job_deleted_since_deletes_the_hash_its_resend_wrot
     from rq.job import Job
 
     q = PolicyQueue('q', connection=connection)
-    job = _on_rqs_pipeline(q, 'jobs.plain', 1, result_ttl=0)
+    job = _on_rqs_pipeline(q, 'tests.helpers.jobs.plain', 1, result_ttl=0)
     assert connection.ttl(keys.pushed(job.id)) > 0  # a short-lived job: its tokens are kept beside it
     connection.delete(q.key)
     call, pushed = _push(q, job.id)
@@ -269,7 +269,7 @@ def test_a_replayed_push_of_a_job_deleted_since_deletes_the_hash_its_resend_wrot
     job.save()  # the resent transaction writes the hash again, then its push arrives
     assert call.run(connection) == 0
     assert connection.lrange(q.key, 0, -1) == [] and not connection.exists(job.key)
-    kept = q.enqueue('jobs.plain', 2)  # a job kept after it runs needs no record beside it
+    kept = q.enqueue('tests.helpers.jobs.plain', 2)  # a job kept after it runs needs no record beside it
     assert not connection.exists(keys.pushed(kept.id))
 
 
@@ -277,7 +277,7 @@ def _plain_call(queue: PolicyQueue, *args, **kwargs):
     """A plain door's write of a new job (``admission.plain_call``), built as ``PolicyQueue.enqueue`` builds it."""
     from rq_policies.admission import plain_call
 
-    job = queue.create_job('jobs.plain', args=args, **kwargs)
+    job = queue.create_job('tests.helpers.jobs.plain', args=args, **kwargs)
     return job, plain_call(queue, queue._plain_write(job, False, None))
 
 

@@ -8,26 +8,19 @@ import string
 import subprocess
 from pathlib import Path
 
-import jobs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis import Redis
 from redis.exceptions import NoPermissionError
-from workers import output, start_worker
 
 from rq_policies import PolicyQueue, PolicySimpleWorker, QueueSlot, keys
 from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.identity import digest
 from rq_policies.testing import RedisServer, free_port
-
-#: The ACL docs/acl.md documents; keep the two the same (tests/test_docs.py checks it).
-ACL_RULES = [
-    'on', '>s3cret', 'resetkeys', '~rq:*', 'resetchannels', '&rq:*', '-@all',
-    '+@read', '+@write', '+@scripting', '+@pubsub', '+@connection', '+@transaction',
-    '-@dangerous', '+info', '+time', '+client|setname', '+client|getname', '+client|list', '+client|id',
-]
-
+from tests.helpers import jobs
+from tests.helpers.acl import ACL_RULES
+from tests.helpers.workers import output, start_worker
 
 
 def prefixed(rules: list[str]) -> list[str]:
@@ -58,7 +51,7 @@ def test_queue_names_cannot_reach_other_keys(q1, q2, d1, d2):
 
 
 def test_digest_is_the_only_argument_part_of_a_key():
-    d = digest('jobs.sweep_cache', 'q', ['../../etc', '*', '\n'])
+    d = digest('tests.helpers.jobs.sweep_cache', 'q', ['../../etc', '*', '\n'])
     assert keys.loner('q', d) == f'{RQ}:policies:loner:q:{d}' and all(c in '0123456789abcdef' for c in d)
 
 

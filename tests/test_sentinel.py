@@ -13,13 +13,13 @@ import signal
 import sys
 import time
 
-import jobs
 import pytest
-from sentinel_cluster import SentinelCluster
-from workers import output, start_worker, wait_for
 
 from rq_policies import PolicyQueue, QueueSlot
 from rq_policies.compat import KEY_PREFIX as RQ
+from tests.helpers import jobs
+from tests.helpers.sentinel_cluster import SentinelCluster
+from tests.helpers.workers import output, start_worker, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -15,12 +15,12 @@ import signal
 import time
 
 import pytest
-from keeper_jobs import record_process
-from workers import output, start_worker, stop, wait_for
 
 from rq_policies import PolicyQueue, QueueSlot, keys
 from rq_policies.ledger import Hold, WorkerKeeper, acquire_call
 from rq_policies.worker import HOLD_TTL_ENV
+from tests.helpers.keeper_jobs import record_process
+from tests.helpers.workers import output, start_worker, stop, wait_for
 
 SIMPLE = 'rq_policies.PolicySimpleWorker'
 
@@ -172,7 +172,7 @@ def test_a_keeper_that_died_is_replaced_at_the_next_job(connection, caplog):
 def test_a_per_key_hold_is_kept_through_a_job_longer_than_hold_ttl(connection, redis_url, worker_env):
     # Concurrency(1) on a key: the simple worker's keeper refreshes the per-key hold too (hold_ttl 2 s, a 6 s job),
     # so a second worker cannot start the key's next job beside it.
-    import key_jobs
+    from tests.helpers import key_jobs
 
     env = dict(worker_env, **{HOLD_TTL_ENV: '2'})
     q = PolicyQueue('keyed', connection=connection)

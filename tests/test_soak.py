@@ -10,13 +10,12 @@ import os
 import sys
 from pathlib import Path
 
-import jobs
 import pytest
-import soak
-from workers import fetch_as_a_worker
 
 from rq_policies import PolicyQueue, QueueSlot, keys
 from rq_policies.compat import KEY_PREFIX as RQ
+from tests.helpers import jobs, soak
+from tests.helpers.workers import fetch_as_a_worker
 
 
 @pytest.mark.slow

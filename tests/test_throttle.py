@@ -7,15 +7,11 @@ import multiprocessing
 import time
 from datetime import datetime, timedelta, timezone
 
-import jobs
 import pytest
-import throttle_jobs as tj
 from rq import Queue
 from rq.decorators import job as job_decorator
 from rq.job import Job, JobStatus
 from rq.registry import ScheduledJobRegistry
-from throttle_helpers import WorkerProcess, ran, server_now, wait_for_phase, wait_for_runs
-from workers import race
 
 from rq_policies import (
     Debounce,
@@ -33,6 +29,10 @@ from rq_policies import (
     policy,
 )
 from rq_policies.compat import KEY_PREFIX as RQ
+from tests.helpers import jobs
+from tests.helpers import throttle_jobs as tj
+from tests.helpers.throttle_helpers import WorkerProcess, ran, server_now, wait_for_phase, wait_for_runs
+from tests.helpers.workers import race
 
 
 def slot_keys(conn) -> list[str]:
@@ -130,7 +130,7 @@ def test_admit_warns_once_when_the_job_s_function_cannot_be_imported(connection,
     """Throttle.admit reads the declared unique_context; an unimportable path used to be swallowed in silence."""
     from rq_policies import queue as queue_module
 
-    path = 'throttle_jobs.poll_minuet'  # sic
+    path = 'tests.helpers.throttle_jobs.poll_minuet'  # sic
     queue_module._UNIMPORTABLE_WARNED.discard(path)
     job = PolicyQueue('accounts', connection=connection).create_job(path, args=(7,))
     with caplog.at_level(logging.WARNING, logger='rq_policies'):
@@ -305,7 +305,8 @@ def test_every_door(connection):
     delayed = job_decorator(q, connection=connection)(tj.poll_minute)
     assert delayed.delay(5) is not None
     assert delayed.delay(5) is None
-    assert q.enqueue('throttle_jobs.poll_minute', 5) is None  # by import path: the declared policy applies
+    # by import path: the declared policy applies
+    assert q.enqueue('tests.helpers.throttle_jobs.poll_minute', 5) is None
     assert q.enqueue(jobs.plain, 9, policy=Throttle(60)) is not None
     assert q.enqueue(jobs.plain, 9, policy=Throttle(60)) is None
     assert q.enqueue(tj.poll_minute, 5, policy=None) is not None  # switched off
@@ -416,7 +417,7 @@ def test_processes_racing_as_extras_leave_one_pending_trailing_job(connection, r
 
 
 def digest_of_context(task_id) -> str:
-    return identity.digest('throttle_jobs.publish_minute', 'progress', (), {}, lambda a, k: task_id)
+    return identity.digest('tests.helpers.throttle_jobs.publish_minute', 'progress', (), {}, lambda a, k: task_id)
 
 
 def test_trailing_with_loner(connection):

@@ -11,10 +11,10 @@ import redis
 from redis import Redis
 from rq import Queue
 from rq.job import Job, get_current_job
-from workers import output, start_worker, stop
 
 from rq_policies import PolicyQueue, PolicyWorker, scripts
 from rq_policies.worker import _resolve_driver_info_once
+from tests.helpers.workers import output, start_worker, stop
 
 
 def test_bootstrap_reads_every_script_before_the_first_fork(redis_url):

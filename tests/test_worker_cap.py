@@ -10,33 +10,23 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 
-import jobs
 import pytest
-from cluster import ON_CLUSTER, ValkeyCluster, connect, not_on_cluster
 from redis import Redis
 from rq.command import send_stop_job_command
 from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job, JobStatus, Retry
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 from rq.worker import Worker
-from workers import assert_given_up, output, start_worker, stop, wait_for
 
 from rq_policies import PolicyQueue, PolicyWorker, QueueSlot, compat, keys
 from rq_policies.testing import RedisServer
 from rq_policies.worker import HOLD_TTL_ENV
-
-
-def spans(conn: Redis, tag: str) -> dict[str, list]:
-    """job id -> [start, end, worker] from the records the jobs wrote (end None while running)."""
-    found: dict[str, list] = {}
-    for raw in conn.lrange(f'test:span:{tag}', 0, -1):
-        job_id, kind, at, *rest = raw.decode().split()
-        entry = found.setdefault(job_id, [None, None, rest[0] if rest else None])
-        entry[0 if kind == 'start' else 1] = float(at)
-    return found
+from tests.helpers import jobs
+from tests.helpers.cluster import ON_CLUSTER, ValkeyCluster, connect, not_on_cluster
+from tests.helpers.records import spans
+from tests.helpers.workers import assert_given_up, output, run_pool, start_worker, stop, wait_for
 
 
 def concurrency(records: dict[str, list]) -> list[tuple[float, int]]:
@@ -194,7 +184,7 @@ def test_a_sigkilled_worker_holds_until_its_short_ttl_runs_out(connection, redis
     q = PolicyQueue('crash', connection=connection)
     env = dict(worker_env, **{HOLD_TTL_ENV: '3'})
     # BeatsBareMidJob also sends rq's bare heartbeat on every tick: those must not carry the release either.
-    worker = start_worker(redis_url, ['crash'], env, worker_class='workers.BeatsBareMidJob',
+    worker = start_worker(redis_url, ['crash'], env, worker_class='tests.helpers.workers.BeatsBareMidJob',
                           extra=['--job-monitoring-interval', '1'])
     try:
         q.enqueue(jobs.pid_and_sleep, 'crash', 60)
@@ -331,7 +321,8 @@ def test_a_stop_between_the_fetch_and_the_start_gives_the_holds_back_and_names_t
     QueueSlot.set('stopped', 1, connection=connection)
     q = PolicyQueue('stopped', connection=connection)
     job = q.enqueue(jobs.plain, 0)
-    worker = start_worker(redis_url, ['stopped'], worker_env, extra=['--queue-class', 'workers.StopAfterFetchQueue'])
+    worker = start_worker(redis_url, ['stopped'], worker_env,
+                          extra=['--queue-class', 'tests.helpers.workers.StopAfterFetchQueue'])
     try:
         assert worker.wait(30) == 0, output(worker)
     finally:
@@ -371,7 +362,7 @@ def test_a_worker_dying_between_pop_and_start_loses_no_job(connection, redis_url
     q = PolicyQueue('lost', connection=connection)
     job = q.enqueue(jobs.plain, 7, retry=Retry(max=1))
     env = dict(worker_env, **{HOLD_TTL_ENV: '2'})
-    dying = start_worker(redis_url, queues, env, worker_class='workers.DiesAfterPop',
+    dying = start_worker(redis_url, queues, env, worker_class='tests.helpers.workers.DiesAfterPop',
                          extra=['--job-monitoring-interval', '1'])
     assert dying.wait(30) == -signal.SIGKILL, output(dying)
     # Popped and held, never started: the id waits on the intermediate list, not in the started registry.
@@ -403,17 +394,7 @@ def test_worker_pool_runs_policy_workers_under_the_cap(connection, redis_url, wo
     q = PolicyQueue('pooled', connection=connection)
     for _ in range(6):
         q.enqueue(jobs.sleep_and_record, 'pooled', 0.2)
-    pool = subprocess.Popen(
-        [sys.executable, '-m', 'rq.cli', 'worker-pool', '-w', 'rq_policies.PolicyWorker', '--url', redis_url,
-         '-n', '3', '--burst', '--logging-level', 'WARNING', 'pooled'],
-        env=worker_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    try:
-        out, _ = pool.communicate(timeout=60)
-    finally:
-        if pool.poll() is None:
-            os.killpg(pool.pid, signal.SIGKILL)
-            pool.wait()
+    pool, out = run_pool(redis_url, 'pooled', worker_env, 'rq_policies.PolicyWorker', timeout=60)
     assert pool.returncode == 0, out.decode(errors='replace')[-3000:]
     records = spans(connection, 'pooled')
     assert len(records) == 6 and all(end for _, end, _ in records.values())

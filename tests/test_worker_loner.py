@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import jobs
 import pytest
-from cluster import not_on_cluster
 from rq import Queue
 from rq.job import Callback, Dependency, Job, JobStatus
-from workers import output, start_worker, stop, wait_for
 
 from rq_policies import PolicyQueue, keys
 from rq_policies.compat import KEY_PREFIX as RQ
+from tests.helpers import jobs
+from tests.helpers.cluster import not_on_cluster
+from tests.helpers.workers import output, start_worker, stop, wait_for
 
 
 def test_forking_worker_runs_loners_and_clears_markers(connection, redis_url, worker_env):

@@ -139,7 +139,7 @@ class Kind:
 
 def kinds() -> dict[str, Kind]:
     """The kinds the producers pick from, by name. A new kind adds its entry here, and its invariant as a function in
-    ``soak.KIND_CHECKS`` named in ``checks``."""
+    ``tests.helpers.soak.KIND_CHECKS`` named in ``checks``."""
     return {
         'plain': Kind(soak_plain),
         'loner': Kind(soak_loner, checks=('loner',)),

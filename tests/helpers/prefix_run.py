@@ -1,7 +1,8 @@
 """A representative run of rq-policies under rq's key prefix, for tests/test_key_prefix.py.
 
-Run as a script with ``RQ_KEY_PREFIX`` and ``REDIS_URL`` in the environment (rq 3 reads the prefix once, at import,
-so a process of its own is the honest way to set it): every door (enqueue, enqueue_call, enqueue_in, enqueue_at,
+Run as ``python -m tests.helpers.prefix_run`` (the repository's root on ``PYTHONPATH``) with ``RQ_KEY_PREFIX``
+and ``REDIS_URL`` in the environment (rq 3 reads the prefix once, at import, so a process of its own is the honest
+way to set it): every door (enqueue, enqueue_call, enqueue_in, enqueue_at,
 enqueue_many), Loner, Throttle, Debounce, Concurrency, QueueSlot's cap and QueueRate's rate, a forking PolicyWorker
 that runs them all (burst), ``rq-policies info`` and the dashboard's page data. Prints one JSON line: what ran, and
 what the CLI and the page saw. The caller scans the server.
@@ -22,12 +23,7 @@ from rq.job import Job
 
 from rq_policies import Debounce, Loner, PolicyQueue, QueueRate, QueueSlot, Throttle, keys
 from rq_policies.dashboard import data
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import jobs  # noqa: E402
-import key_jobs  # noqa: E402
+from tests.helpers import jobs, key_jobs
 
 
 def main() -> None:

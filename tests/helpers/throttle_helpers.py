@@ -12,10 +12,8 @@ from typing import Any
 
 from redis import Redis
 
-
-def server_now(conn: Redis) -> float:
-    seconds, micros = conn.time()
-    return seconds + micros / 1e6
+from tests.helpers import with_root
+from tests.helpers.records import ran, server_now  # noqa: F401  (re-exported)
 
 
 def wait_for_phase(conn: Redis, width: int, low: float, high: float, later_than: float | None = None) -> float:
@@ -30,15 +28,6 @@ def wait_for_phase(conn: Redis, width: int, low: float, high: float, later_than:
         if fresh and low <= phase <= high:
             return now
         time.sleep((low - phase) if fresh and phase < low else (width - phase + low))
-
-
-def ran(conn: Redis, tag: str) -> list[tuple[str, str, float]]:
-    """What throttle_jobs._record wrote for ``tag``: (job id, value, server time), in run order."""
-    rows = []
-    for raw in conn.lrange(f'test:ran:{tag}', 0, -1):
-        job_id, value, at = raw.decode().split(' ')
-        rows.append((job_id, value, float(at)))
-    return rows
 
 
 def wait_for_runs(conn: Redis, tag: str, count: int, timeout: float) -> list[tuple[str, str, float]]:
@@ -59,7 +48,8 @@ class WorkerProcess:
         cmd = [sys.executable, '-m', 'rq.cli', 'worker', '-w', 'rq_policies.PolicyWorker', '--url', url,
                '--logging_level', 'INFO', *(['--with-scheduler'] if scheduler else []), *queues]
         # Its own session, so the scheduler process it forks can be stopped with it.
-        self.process = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.process = subprocess.Popen(cmd, env=with_root(env), stdout=self.log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
 
     def output(self) -> str:
         with open(self.log.name, errors='replace') as f:

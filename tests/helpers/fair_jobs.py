@@ -1,5 +1,5 @@
-"""Job functions the Fair tests enqueue; importable by worker subprocesses as ``fair.fair_jobs`` (tests/ is on their
-PYTHONPATH)."""
+"""Job functions the Fair tests enqueue; importable by worker subprocesses as ``tests.helpers.fair_jobs`` (the
+repository's root is on their PYTHONPATH)."""
 
 from __future__ import annotations
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 
-from cluster import connect
 from rq import get_current_job
 
 from rq_policies import Loner, policy
+from tests.helpers.cluster import connect
 
 
 @policy(Loner(until='finished'))

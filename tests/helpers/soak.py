@@ -1,11 +1,12 @@
 """Soak: the policies together under kills, shutdowns, lost replies and Redis restarts, checked from records the jobs
 write.
 
-    python tests/soak.py --seconds 600 --seed 7   # a long run; prints the figures and exits non-zero on a violation
+    python -m tests.helpers.soak --seconds 600 --seed 7   # a long run, from the repository's root; prints the
+                                                          # figures and exits non-zero on a violation
 
 Against a real server with AOF on, it runs producer processes enqueuing a mix of policy kinds (``soak_jobs.kinds()``)
 into a capped and an uncapped queue, and forking PolicyWorker processes. Producers and workers reach the server
-through a fault-injecting proxy (tests/faultproxy.py) with retrying clients, as production clients retry: producers
+through a fault-injecting proxy (helpers/faultproxy.py) with retrying clients, as production clients retry: producers
 with a 1 s socket timeout, so a reply held 1.5 s or a dropped connection makes redis-py send the call again; workers
 with rq's own timeout (rq raises a worker's to its dequeue timeout plus 10 s), so a dropped connection makes them
 resend. Throughout the run a chaos loop SIGKILLs work horses and whole workers, sends warm and cold shutdowns, starts
@@ -60,12 +61,6 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-
-import soak_jobs  # noqa: E402
-from faultproxy import FaultProxy, retrying  # noqa: E402
 from redis import Redis  # noqa: E402
 from redis.exceptions import ConnectionError as RedisConnectionError  # noqa: E402
 from rq import Queue  # noqa: E402
@@ -81,6 +76,8 @@ from rq_policies import PolicyQueue, QueueSlot, keys, ops  # noqa: E402
 from rq_policies.compat import KEY_PREFIX as RQ  # noqa: E402
 from rq_policies.fetch import unpack_strings  # noqa: E402
 from rq_policies.testing import RedisServer  # noqa: E402
+from tests.helpers import soak_jobs, with_root  # noqa: E402
+from tests.helpers.faultproxy import FaultProxy, retrying  # noqa: E402
 
 CAP = 2
 QUEUES = ('soak_capped', 'soak_open')
@@ -158,8 +155,8 @@ def cold_shutdowns(log_dir: Path) -> int:
 
 
 def start_worker(url: str, env: dict, log_dir: Path, n: int, scheduler: bool) -> subprocess.Popen:
-    args = [sys.executable, '-m', 'rq.cli', 'worker', '-w', 'soak_jobs.SoakWorker', '--url', url,
-            '--connection-class', 'faultproxy.RetryingRedis',  # a dropped connection resends the call
+    args = [sys.executable, '-m', 'rq.cli', 'worker', '-w', 'tests.helpers.soak_jobs.SoakWorker', '--url', url,
+            '--connection-class', 'tests.helpers.faultproxy.RetryingRedis',  # a dropped connection resends the call
             '--logging_level', 'WARNING', *(['--with-scheduler'] if scheduler else []),
             # rq retries a dead scheduler's lock and cleans its registries only in maintenance (every 10 minutes by
             # default); the soak kills workers every few seconds, so it asks for maintenance every 5 s.
@@ -752,8 +749,7 @@ def run(seconds: float, producers: int = 3, workers: int = 4, seed: int = 1, res
     server = RedisServer(appendonly=True, extra_args=['--appendfsync', 'always']).start()
     run_dir = server.dir / 'records'
     run_dir.mkdir()
-    env = dict(os.environ, SOAK_RUN_DIR=str(run_dir),
-               PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent), os.environ.get('PYTHONPATH', '')]))
+    env = with_root(dict(os.environ, SOAK_RUN_DIR=str(run_dir)))
     os.environ['SOAK_RUN_DIR'] = str(run_dir)
     conn = Redis.from_url(server.url)
     QueueSlot.set('soak_capped', CAP, connection=conn)

@@ -6,10 +6,10 @@ import json
 import os
 import time
 
-from cluster import connect
 from rq import get_current_job
 
 from rq_policies import QueueSlot
+from tests.helpers.cluster import connect
 
 
 def children_of(pid: int) -> list[int]:

@@ -1,15 +1,16 @@
-"""Job functions the tests enqueue; importable by worker subprocesses (tests/ is on their PYTHONPATH)."""
+"""Job functions the tests enqueue; importable by worker subprocesses as ``tests.helpers.jobs`` (the repository's
+root is on their PYTHONPATH)."""
 
 from __future__ import annotations
 
 import os
 import time
 
-from cluster import connect
 from redis import Redis
 from rq import get_current_job
 
 from rq_policies import Loner, policy
+from tests.helpers.cluster import connect
 
 
 def _conn() -> Redis:

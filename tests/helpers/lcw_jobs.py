@@ -1,4 +1,5 @@
-"""LimitedCapacityWorker classes the tests run; importable by worker subprocesses (tests/ is on their PYTHONPATH).
+"""LimitedCapacityWorker classes the tests run; importable by worker subprocesses as ``tests.helpers.lcw_jobs`` (the
+repository's root is on their PYTHONPATH).
 
 Each consumes a backlog kept in a Redis list (``test:backlog:<name>``), as a real one would consume a table, and
 records every unit's start and end on the server's clock so a test can compute how many ran at once.
@@ -9,11 +10,11 @@ from __future__ import annotations
 import os
 import time
 
-from cluster import connect
 from redis import Redis
 from rq import get_current_job
 
 from rq_policies import LimitedCapacityWorker
+from tests.helpers.cluster import connect
 
 
 def _conn() -> Redis:

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import os
 
-from cluster import connect
 from rq import get_current_job
 
 from rq_policies import BackOff, Concurrency, Debounce, Loner, Throttle, policy
+from tests.helpers.cluster import connect
 
 
 def _record(tag: str, value) -> None:

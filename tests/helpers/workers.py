@@ -11,16 +11,20 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from cluster import CLUSTER_CLASS, ON_CLUSTER, connect
-
 from rq_policies import PolicyQueue, PolicyWorker
+from rq_policies.compat import KEY_PREFIX
 from rq_policies.fetch import current_fetcher
 from rq_policies.worker import _WorkerFetcher
+from tests.helpers import with_root
+from tests.helpers.cluster import CLUSTER_CLASS, ON_CLUSTER, connect
 
 
 def start_worker(url: str, queues: list[str], env: dict, worker_class: str = 'rq_policies.PolicyWorker',
                  burst: bool = False, extra: list[str] | None = None) -> subprocess.Popen:
-    """``rq worker -w <worker_class> --url <url> QUEUES`` as a subprocess (its own process group, killable)."""
+    """``rq worker -w <worker_class> --url <url> QUEUES`` as a subprocess (its own process group, killable), with the
+    repository's root on its ``PYTHONPATH`` whatever ``env`` says (job and worker classes are named
+    ``tests.helpers...``)."""
+    env = with_root(env)
     args = [sys.executable, '-m', 'rq.cli', 'worker', '-w', worker_class, '--url', url, '--logging_level', 'WARNING']
     if ON_CLUSTER:  # the session's cluster (tests/conftest.py): rq's own option
         args += CLUSTER_CLASS
@@ -31,6 +35,25 @@ def start_worker(url: str, queues: list[str], env: dict, worker_class: str = 'rq
         proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     proc.log_path = log.name  # type: ignore[attr-defined]
     return proc
+
+
+def run_pool(url: str, queue: str, env: dict, worker_class: str = 'rq_policies.PolicyWorker',
+             timeout: float = 60) -> tuple[subprocess.Popen, bytes]:
+    """``rq worker-pool -w <worker_class> -n 3 --burst QUEUE`` (rq's own pool of forking workers) run to its end, its
+    process group SIGKILLed past ``timeout``; returns the finished process and what it printed."""
+    pool = subprocess.Popen(
+        [sys.executable, '-m', 'rq.cli', 'worker-pool', '-w', worker_class, '--url', url,
+         '-n', '3', '--burst', '--logging-level', 'WARNING', queue],
+        env=with_root(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    out = b''
+    try:
+        out, _ = pool.communicate(timeout=timeout)
+    finally:
+        if pool.poll() is None:
+            os.killpg(pool.pid, signal.SIGKILL)
+            pool.wait()
+    return pool, out
 
 
 def output(proc: subprocess.Popen) -> str:
@@ -73,14 +96,37 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 20.0, interval: flo
     return predicate()
 
 
-def stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:
-    if proc.poll() is None:
-        proc.terminate()
+def stop(*procs: subprocess.Popen, timeout: float = 15.0) -> None:
+    """SIGTERM (a warm shutdown) to each of ``procs`` still running, then wait for each, SIGKILL past ``timeout``."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def wait_idle(connection, count=1):
+    """Wait until ``count`` workers have registered (and so are past their start-up)."""
+    assert wait_for(lambda: connection.scard(f'{KEY_PREFIX}:workers') >= count, 30)
+    time.sleep(0.3)
+
+
+def descendants(pid: int) -> set[int]:
+    """The process's children (a worker's work horse heads a process group of its own) and theirs."""
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        listed = subprocess.run(['pgrep', '-P', str(parent)], capture_output=True, text=True).stdout.split()
+        for child in map(int, listed):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
 
 
 class DiesAfterPop(PolicyWorker):
@@ -115,7 +161,7 @@ def fetch_as_a_worker(queue, connection, hold_ttl: int = 30):
 class StopAfterFetchQueue(PolicyQueue):
     """A PolicyQueue whose worker is sent SIGTERM the moment its fetch has taken a job: rq's handler raises
     StopRequested there (the worker is not busy yet), between the fetch and the job's start, the window a warm
-    shutdown can hit by chance (``--queue-class workers.StopAfterFetchQueue``)."""
+    shutdown can hit by chance (``--queue-class tests.helpers.workers.StopAfterFetchQueue``)."""
 
     @classmethod
     def dequeue_any(cls, *args, **kwargs):  # type: ignore[no-untyped-def]

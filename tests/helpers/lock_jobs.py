@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import time
 
-from cluster import connect
 from redis import Redis
 from rq import get_current_job
 
 from rq_policies import Loner, policy
+from tests.helpers.cluster import connect
 
 
 def _conn() -> Redis:

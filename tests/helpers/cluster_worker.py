@@ -1,9 +1,10 @@
 """A PolicyWorker (or PolicySimpleWorker) on a Redis Cluster, as a subprocess.
 
-``python cluster_worker.py CLASS [--burst] QUEUE...`` with ``CLUSTER_URL`` (any node) and ``RQ_KEY_PREFIX`` in the
-environment; ``CLUSTER_NODES`` (``host:port,...``) to start from any of several, ``CLUSTER_RETRIES`` for retries of
-a command (backing off up to 1 s apart). The same as ``rq worker -w rq_policies.PolicyWorker --connection-class
-redis.cluster.RedisCluster --url ...``, with a client built here (several start nodes, retries)."""
+``python -m tests.helpers.cluster_worker CLASS [--burst] QUEUE...`` with ``CLUSTER_URL`` (any node) and
+``RQ_KEY_PREFIX`` in the environment; ``CLUSTER_NODES`` (``host:port,...``) to start from any of several,
+``CLUSTER_RETRIES`` for retries of a command (backing off up to 1 s apart). The same as ``rq worker -w
+rq_policies.PolicyWorker --connection-class redis.cluster.RedisCluster --url ...``, with a client built here
+(several start nodes, retries)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,6 @@ import sys
 from redis.backoff import ExponentialBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 
 
 def main(argv: list[str]) -> None:

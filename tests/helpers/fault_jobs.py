@@ -1,4 +1,5 @@
-"""Job functions for tests/test_hold_faults.py; importable by worker subprocesses (tests/ is on their PYTHONPATH)."""
+"""Job functions for the hold fault tests; importable by worker subprocesses as ``tests.helpers.fault_jobs`` (the
+repository's root is on their PYTHONPATH)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,16 @@
 """Job functions the per-key tests enqueue (tests/test_concurrency.py, tests/test_key_rate.py, bench/keys.py);
-importable by worker subprocesses (tests/ is on their PYTHONPATH)."""
+importable by worker subprocesses as ``tests.helpers.key_jobs`` (the repository's root is on their PYTHONPATH)."""
 
 from __future__ import annotations
 
 import os
 import time
 
-from cluster import connect
 from redis import Redis
 from rq import get_current_job
 
 from rq_policies import BackOff, Concurrency, Loner, PolicyWorker, Rate, policy
+from tests.helpers.cluster import connect
 
 
 def _conn() -> Redis:

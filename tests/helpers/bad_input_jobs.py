@@ -1,4 +1,4 @@
-"""Job functions for tests/test_bad_input.py: one per policy whose enqueue encodes the call's arguments."""
+"""Job functions for tests/admission/test_bad_input.py: one per policy whose enqueue encodes the call's arguments."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Job functions of tests/test_pipeline_scripts.py (importable by worker subprocesses)."""
+"""Job functions of tests/engine/test_pipeline_scripts.py (importable by worker subprocesses)."""
 
 from __future__ import annotations
 

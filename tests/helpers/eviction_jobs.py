@@ -1,4 +1,4 @@
-"""Real evictions on a real server, for the eviction tests (tests/test_eviction.py) and the jobs they enqueue."""
+"""Real evictions on a real server, for the eviction tests (tests/faults/test_eviction.py) and the jobs they enqueue."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Job functions the per-key tests enqueue (tests/test_concurrency.py, tests/test_key_rate.py, bench/keys.py);
-importable by worker subprocesses as ``tests.helpers.key_jobs`` (the repository's root is on their PYTHONPATH)."""
+"""Job functions the per-key tests enqueue (tests/concurrency/test_concurrency.py, tests/concurrency/test_key_rate.py,
+bench/keys.py); importable by worker subprocesses as ``tests.helpers.key_jobs`` (the repository's root is on their
+PYTHONPATH)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def one_in_all(tag, seconds, payload):
 @policy(Loner(until='finished'), Concurrency(1, key=lambda args, kwargs: kwargs['payload']))
 def held_everywhere(tag, seconds, payload):
     """A loner until it finishes, one at a time per payload on any queue; records its work horse's pid first
-    (tests/test_kill_shapes.py signals it)."""
+    (tests/worker/test_kill_shapes.py signals it)."""
     _conn().rpush(f'test:pid:{tag}', os.getpid())
     _span(tag, payload, seconds)
 
@@ -146,5 +147,6 @@ def max_overlap(events: list[tuple[str, str, float]]) -> int:
 
 @policy(Concurrency(10, key=lambda args, kwargs: kwargs['customer'], cost=lambda args, kwargs: kwargs['pages']))
 def by_pages(tag, seconds, customer, pages):
-    """Concurrency(10) per customer, each job taking ``pages`` units (tests/test_concurrency.py's cost tests)."""
+    """Concurrency(10) per customer, each job taking ``pages`` units (tests/concurrency/test_concurrency.py's cost
+    tests)."""
     _span(tag, customer, seconds)

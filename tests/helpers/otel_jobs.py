@@ -1,5 +1,6 @@
-"""Jobs and a worker class for tests/test_otel.py: ``TracedWorker`` switches OpenTelemetry on in the worker's process
-(the SDK with an exporter that appends each ended span to the JSON-lines file named by ``RQ_POLICIES_SPAN_FILE``)."""
+"""Jobs and a worker class for tests/surfaces/test_otel.py: ``TracedWorker`` switches OpenTelemetry on in the worker's
+process (the SDK with an exporter that appends each ended span to the JSON-lines file named by
+``RQ_POLICIES_SPAN_FILE``)."""
 
 from __future__ import annotations
 

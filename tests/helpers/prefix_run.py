@@ -1,4 +1,4 @@
-"""A representative run of rq-policies under rq's key prefix, for tests/test_key_prefix.py.
+"""A representative run of rq-policies under rq's key prefix, for tests/engine/test_key_prefix.py.
 
 Run as ``python -m tests.helpers.prefix_run`` (the repository's root on ``PYTHONPATH``) with ``RQ_KEY_PREFIX``
 and ``REDIS_URL`` in the environment (rq 3 reads the prefix once, at import, so a process of its own is the honest

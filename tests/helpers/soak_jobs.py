@@ -1,4 +1,4 @@
-"""Job functions and the worker class of the soak (tests/soak.py); importable by its worker processes."""
+"""Job functions and the worker class of the soak (tests/helpers/soak.py); importable by its worker processes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The soak (tests/soak.py) as a test: a bounded run; RQ_POLICIES_SOAK_SECONDS sets its length (default 30).
+"""The soak (tests/helpers/soak.py) as a test: a bounded run; RQ_POLICIES_SOAK_SECONDS sets its length (default 30).
 
 It restarts Redis twice (with and without its data) and loses replies through the fault proxy; every invariant,
 double runs and stranded jobs included, must hold."""

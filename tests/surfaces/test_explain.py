@@ -207,7 +207,7 @@ def test_a_pending_job_enqueued_again_under_its_own_id_is_not_superseded_by_itse
     """A debounced enqueue reusing the pending job's id rewrites it in place. It used to leave a tombstone on its own
     id, so the fetch dropped the job as a superseded one: it never ran. Its rewrite guard (lib/rewrite_guard.lua)
     does not drop it."""
-    monkeypatch.setenv('REDIS_URL', redis_url)  # tests/jobs.py records what ran through it
+    monkeypatch.setenv('REDIS_URL', redis_url)  # tests/helpers/jobs.py records what ran through it
     q = PolicyQueue('ex-self', connection=connection)
     q.enqueue(jobs.record, 'ex-self', policy=Debounce(1), job_id='ex-self-job')
     again = q.enqueue(jobs.record, 'ex-self', policy=Debounce(1), job_id='ex-self-job')  # the same identity
@@ -223,7 +223,7 @@ def test_a_pending_job_enqueued_again_under_its_own_id_is_not_superseded_by_itse
 def test_a_merged_id_chosen_again_runs(connection, redis_url, monkeypatch):
     """A pending job x, an enqueue given id y merged into it (y's merge record), then x chosen again: one job, x, runs
     once with the last payload."""
-    monkeypatch.setenv('REDIS_URL', redis_url)  # tests/jobs.py records what ran through it
+    monkeypatch.setenv('REDIS_URL', redis_url)  # tests/helpers/jobs.py records what ran through it
     q = PolicyQueue('ex-again', connection=connection)
     q.enqueue(jobs.record, 'ex-again', policy=Debounce(1), job_id='ex-again-x')
     assert q.enqueue(jobs.record, 'ex-again', policy=Debounce(1), job_id='ex-again-y').id == 'ex-again-x'

@@ -153,7 +153,8 @@ def test_a_workers_fetch_builds_the_job_from_the_reply_and_keeps_no_job_data_in_
     assert job.id == enqueued.id and job.args == enqueued.args and job.origin == 'q'
     assert commands(connection)['hgetall'] == 1  # the script's read; the worker does not read the hash again
     assert fetcher.claim.raw is None and len(fetcher.claim.holds) == 1
-    assert len(pickle.dumps(fetcher.claim)) < 1000  # what the hold guard's slot carries (tests/test_kill_shapes.py)
+    # what the hold guard's slot carries (tests/worker/test_kill_shapes.py)
+    assert len(pickle.dumps(fetcher.claim)) < 1000
 
 
 def test_a_worker_builds_its_fetch_call_once_per_queue_list(connection):

@@ -1,4 +1,4 @@
-"""Real faults between the client and the server: late and lost replies (through tests/faultproxy.py), scripts
+"""Real faults between the client and the server: late and lost replies (through tests/helpers/faultproxy.py), scripts
 flushed from the server's cache while producers and workers run.
 
 A lost reply is the case a retrying client makes dangerous: the server ran the command, the client did not hear

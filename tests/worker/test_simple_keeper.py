@@ -3,7 +3,7 @@
 Real workers in subprocesses and real signals for the worker's life (one keeper for many jobs, gone with the worker
 whether it stops or is SIGKILLed, the hold then lapsing within hold_ttl); the keeper itself driven directly for the
 ordering of a refresh and a release, and for a keeper that died between jobs. A job holding the GIL is
-tests/test_hold_faults.py's test_a_job_holding_the_gil_keeps_its_hold[simple-worker].
+tests/faults/test_hold_faults.py's test_a_job_holding_the_gil_keeps_its_hold[simple-worker].
 """
 
 from __future__ import annotations

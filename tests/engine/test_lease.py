@@ -3,7 +3,7 @@ scripts, from its second door call on a pool, given back when the thread ends; n
 run out; never shared with a forked child; never left with a reply unread.
 
 Each test counts the pool's connections in use (``_in_use_connections``, the set redis-py's pool keeps) or watches
-the replies a door gets, with a real server and, for faults, the loopback proxy of tests/faultproxy.py.
+the replies a door gets, with a real server and, for faults, the loopback proxy of tests/helpers/faultproxy.py.
 """
 
 from __future__ import annotations

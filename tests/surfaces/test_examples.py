@@ -2,7 +2,7 @@
 
 Each runs in a subprocess with ``REDIS_URL`` set to the session's server (so it starts no embedded one), with its own
 real workers, and must exit 0 with the output it promises; what it claims about Redis is checked in Redis.
-``examples/limited_capacity_cron.py`` runs in ``tests/test_limited_capacity.py``
+``examples/limited_capacity_cron.py`` runs in ``tests/limited_capacity/test_limited_capacity.py``
 (``test_cron_example_refills_through_rq_cron``).
 """
 
@@ -21,8 +21,9 @@ from tests.helpers import EXAMPLES, ROOT, TESTS
 
 #: Examples run by a test elsewhere, and the test that runs it (its path under tests/).
 ELSEWHERE = {
-    'limited_capacity_cron.py': ('test_limited_capacity.py', 'test_cron_example_refills_through_rq_cron'),
-    'asyncio_web.py': ('test_example_asyncio_web.py', 'test_example_main_runs'),
+    'limited_capacity_cron.py': ('limited_capacity/test_limited_capacity.py',
+                                 'test_cron_example_refills_through_rq_cron'),
+    'asyncio_web.py': ('surfaces/test_example_asyncio_web.py', 'test_example_main_runs'),
 }
 
 
@@ -43,7 +44,8 @@ def runnable_examples() -> set[str]:
 
 def test_every_runnable_example_has_a_test():
     tested = {'quickstart.py', 'capped_queue.py', 'throttle_and_debounce.py'}
-    assert runnable_examples() == tested | set(ELSEWHERE), 'a new example needs a test in tests/test_examples.py'
+    assert runnable_examples() == tested | set(ELSEWHERE), \
+        'a new example needs a test in tests/surfaces/test_examples.py'
     for module, test in ELSEWHERE.values():
         assert f'def {test}(' in (TESTS / module).read_text()
 

@@ -1,9 +1,9 @@
-"""rq-policies on a real Redis Cluster: 3 primaries and 3 replicas of the session's server (tests/cluster.py).
+"""rq-policies on a real Redis Cluster: 3 primaries and 3 replicas of the session's server (tests/helpers/cluster.py).
 
 These run in their own CI cell, on rq 3 with a hash-tagged prefix, which puts every key of rq and of ours in one
 slot (docs/cluster.md)::
 
-    RQ_KEY_PREFIX='{rq}' pytest -m cluster tests/test_cluster.py
+    RQ_KEY_PREFIX='{rq}' pytest -m cluster tests/faults/test_cluster.py
 
 Elsewhere (no hash tag in the prefix, or rq 2.12, which has no prefix setting) they are skipped.
 """

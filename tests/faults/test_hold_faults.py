@@ -44,8 +44,8 @@ def own_server(worker_env):
 
 
 # A worker SIGSTOPped alone no longer lets its hold lapse: its hold guard keeps the running horse's holds on its own
-# clock (tests/test_kill_shapes.py, [stop-worker]); a stop of the whole tree does lapse, and is recorded and logged
-# within a second of SIGCONT ([stop-tree]). The stall of the issue, the fault proxy holding a worker's bytes (the
+# clock (tests/worker/test_kill_shapes.py, [stop-worker]); a stop of the whole tree does lapse, and is recorded and
+# logged within a second of SIGCONT ([stop-tree]). The stall of the issue, the fault proxy holding a worker's bytes (the
 # guard's too), is the last test of this file.
 
 

@@ -1,8 +1,8 @@
 """Concurrency per key: the fetch script's parking and unparking, and real forking PolicyWorkers in subprocesses
 (``rq worker -w rq_policies.PolicyWorker``) killed with real signals.
 
-The end-to-end jobs record their start and end under the server's clock, per key (tests/key_jobs.py), so the tests
-check what actually ran at once, not what the ledger claims.
+The end-to-end jobs record their start and end under the server's clock, per key (tests/helpers/key_jobs.py), so the
+tests check what actually ran at once, not what the ledger claims.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Rate per key: the fetch script's GCRA per key, its parking and unparking, and real forking PolicyWorkers.
 
-The end-to-end jobs record their start under the server's clock, per key (tests/key_jobs.py), so the window bound
-is checked on what actually started.
+The end-to-end jobs record their start under the server's clock, per key (tests/helpers/key_jobs.py), so the window
+bound is checked on what actually started.
 """
 
 from __future__ import annotations

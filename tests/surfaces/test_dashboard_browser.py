@@ -221,8 +221,8 @@ def test_live_holds_rates_and_drops_standalone_and_inside_rq_dashboard(
             lambda d: [r for r in _rows(d, PER_KEY) if r[1:3] == ['1', '1'] and int(r[3]) >= 1][:1],
             message='no key with a hold and parked jobs appeared',
         )
-        # (its next due time is asserted in tests/test_dashboard.py: here a row's cells, read by one pipeline that is
-        # not a snapshot, may show the last parked job with no due time as it is given back)
+        # (its next due time is asserted in tests/surfaces/test_dashboard.py: here a row's cells, read by one pipeline
+        # that is not a snapshot, may show the last parked job with no due time as it is given back)
         assert busy[0] in ('a', 'b')
         shot = tmp_path / 'dashboard.png'
         assert browser.save_screenshot(str(shot)) and shot.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'

@@ -61,23 +61,23 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from redis import Redis  # noqa: E402
-from redis.exceptions import ConnectionError as RedisConnectionError  # noqa: E402
-from rq import Queue  # noqa: E402
-from rq.job import Job  # noqa: E402
-from rq.registry import (  # noqa: E402
+from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from rq import Queue
+from rq.job import Job
+from rq.registry import (
     DeferredJobRegistry,
     FailedJobRegistry,
     ScheduledJobRegistry,
     StartedJobRegistry,
 )
 
-from rq_policies import PolicyQueue, QueueSlot, keys, ops  # noqa: E402
-from rq_policies.compat import KEY_PREFIX as RQ  # noqa: E402
-from rq_policies.fetch import unpack_strings  # noqa: E402
-from rq_policies.testing import RedisServer  # noqa: E402
-from tests.helpers import soak_jobs, with_root  # noqa: E402
-from tests.helpers.faultproxy import FaultProxy, retrying  # noqa: E402
+from rq_policies import PolicyQueue, QueueSlot, keys, ops
+from rq_policies.compat import KEY_PREFIX as RQ
+from rq_policies.fetch import unpack_strings
+from rq_policies.testing import RedisServer
+from tests.helpers import soak_jobs, with_root
+from tests.helpers.faultproxy import FaultProxy, retrying
 
 CAP = 2
 QUEUES = ('soak_capped', 'soak_open')

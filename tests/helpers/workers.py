@@ -1,4 +1,5 @@
-"""Starting real rq workers in subprocesses, the way users run them."""
+"""Starting real rq workers in subprocesses, the way users run them (one worker, rq's worker-pool, a fork race),
+stopping them, and waiting for what they do (``wait_for``, ``wait_idle``)."""
 
 from __future__ import annotations
 

@@ -30,10 +30,10 @@ def fetch(connection, names, token='t1'):
 
 def _schedule_set(q: Queue):
     """Three due jobs as rq's users schedule them: one with a ttl, one at_front, one plain; and a queued job ahead."""
-    head = q.enqueue('tests.jobs.plain', 'head')
-    p1 = q.enqueue_at(PAST, 'tests.jobs.plain', 1, ttl=500, result_ttl=77)
-    f1 = q.enqueue_at(PAST + timedelta(seconds=1), 'tests.jobs.plain', 2, at_front=True)
-    p2 = q.enqueue_at(PAST + timedelta(seconds=2), 'tests.jobs.plain', 3, job_timeout=42)
+    head = q.enqueue('tests.helpers.jobs.plain', 'head')
+    p1 = q.enqueue_at(PAST, 'tests.helpers.jobs.plain', 1, ttl=500, result_ttl=77)
+    f1 = q.enqueue_at(PAST + timedelta(seconds=1), 'tests.helpers.jobs.plain', 2, at_front=True)
+    p2 = q.enqueue_at(PAST + timedelta(seconds=2), 'tests.helpers.jobs.plain', 3, job_timeout=42)
     return [head, p1, f1, p2]
 
 
@@ -76,7 +76,7 @@ def test_promotion_leaves_the_state_rq_scheduler_leaves(connection):
 def test_a_fetch_promotes_a_bounded_batch_oldest_first(connection):
     q = Queue('batch', connection=connection)
     with connection.pipeline() as pipe:
-        jobs = [q.enqueue_at(PAST + timedelta(seconds=i), 'tests.jobs.plain', i, pipeline=pipe)
+        jobs = [q.enqueue_at(PAST + timedelta(seconds=i), 'tests.helpers.jobs.plain', i, pipeline=pipe)
                 for i in range(PROMOTE_BATCH * 2 + 50)]
         pipe.execute()
     first = fetch(connection, ['batch'])
@@ -96,7 +96,7 @@ def test_a_fetch_promotes_a_bounded_batch_oldest_first(connection):
 
 def test_a_live_schedulers_queue_is_left_to_it_and_a_stale_lock_taken_over(connection):
     q = Queue('shared', connection=connection)
-    job = q.enqueue_at(PAST, 'tests.jobs.plain', 1)
+    job = q.enqueue_at(PAST, 'tests.helpers.jobs.plain', 1)
     scheduler = RQScheduler(['shared'], connection=connection)
     assert scheduler.acquire_locks() == {'shared'}
     look = fetch(connection, ['shared'])
@@ -109,7 +109,7 @@ def test_a_live_schedulers_queue_is_left_to_it_and_a_stale_lock_taken_over(conne
     assert isinstance(claim, Claim) and claim.job_id == job.id
     assert connection.get(RQScheduler.get_locking_key('shared')).decode() == PROMOTE_OWNER
     # its heartbeat, which comes before its next enqueue pass, finds the queue taken
-    q.enqueue_at(PAST, 'tests.jobs.plain', 2)
+    q.enqueue_at(PAST, 'tests.helpers.jobs.plain', 2)
     scheduler.heartbeat()
     assert scheduler.acquired_locks == set()
     scheduler.enqueue_scheduled_jobs()
@@ -120,8 +120,8 @@ def test_an_idle_look_reports_the_earliest_due_time(connection):
     q = Queue('later', connection=connection)
     other = Queue('later2', connection=connection)
     now = server_now(connection)
-    q.enqueue_at(datetime.fromtimestamp(now + 100, timezone.utc), 'tests.jobs.plain', 1)
-    other.enqueue_at(datetime.fromtimestamp(now + 40, timezone.utc), 'tests.jobs.plain', 2)
+    q.enqueue_at(datetime.fromtimestamp(now + 100, timezone.utc), 'tests.helpers.jobs.plain', 1)
+    other.enqueue_at(datetime.fromtimestamp(now + 40, timezone.utc), 'tests.helpers.jobs.plain', 2)
     look = fetch(connection, ['later', 'later2'])
     assert isinstance(look, Look) and int(now + 40) <= look.until <= now + 41
 
@@ -221,7 +221,7 @@ def _everywhere(connection, name):
 def test_a_promoting_fetch_replayed_after_a_lost_reply_promotes_once(connection, fault_proxy, fault):
     load(connection, 'fetch')
     q = Queue('replayed', connection=connection)
-    jobs = [q.enqueue_at(PAST + timedelta(seconds=i), 'tests.jobs.plain', i) for i in range(3)]
+    jobs = [q.enqueue_at(PAST + timedelta(seconds=i), 'tests.helpers.jobs.plain', i) for i in range(3)]
     client = producer(fault_proxy)
     lose_reply(fault_proxy, fault, PROMOTING_FETCH)
     claim = fetch(client, ['replayed'])
@@ -239,7 +239,7 @@ def test_a_look_that_only_promotes_replayed_after_a_lost_reply_promotes_once(con
     QueueSlot.set('capped', 1, connection=connection)
     assert QueueSlot.acquire('capped', 1, ttl=30, token='held', connection=connection)
     q = Queue('capped', connection=connection)
-    jobs = [q.enqueue_at(PAST + timedelta(seconds=i), 'tests.jobs.plain', i) for i in range(3)]
+    jobs = [q.enqueue_at(PAST + timedelta(seconds=i), 'tests.helpers.jobs.plain', i) for i in range(3)]
     client = producer(fault_proxy)
     lose_reply(fault_proxy, fault, PROMOTING_FETCH)
     look = fetch(client, ['capped'])
@@ -256,8 +256,8 @@ def test_a_due_rate_limited_job_is_left_for_rqs_scheduler(connection):
     from rq.rate_limit import RateLimit
 
     q = Queue('limited', connection=connection)
-    limited = q.enqueue_at(PAST, 'tests.jobs.plain', 0, rate_limit=RateLimit('acct', 1))
-    plain = [q.enqueue_at(PAST + timedelta(seconds=1 + i), 'tests.jobs.plain', i) for i in range(2)]
+    limited = q.enqueue_at(PAST, 'tests.helpers.jobs.plain', 0, rate_limit=RateLimit('acct', 1))
+    plain = [q.enqueue_at(PAST + timedelta(seconds=1 + i), 'tests.helpers.jobs.plain', i) for i in range(2)]
     claim = fetch(connection, ['limited'])
     assert isinstance(claim, Claim) and claim.job_id == plain[0].id
     assert [raw.decode() for raw in connection.lrange(f'{RQ}:queue:limited', 0, -1)] == [plain[1].id]

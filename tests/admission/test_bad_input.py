@@ -71,7 +71,7 @@ def refused(q, call, argument, function):
 @pytest.mark.parametrize('func', POLICY_FUNCTIONS, ids=lambda f: f.__name__)
 @pytest.mark.parametrize('depth', [MAX_DEPTH + 1, 5000], ids=['past-identity-limit', 'past-recursion-limit'])
 def test_deep_arguments_are_named(q, func, depth):
-    name = f'bad_input_jobs.{func.__name__}'
+    name = f'tests.helpers.bad_input_jobs.{func.__name__}'
     too_deep = nested(depth)
     # A plain job takes what rq takes, and unique_by_first's identity is its first argument only: only rq's own
     # limit (its description, repr() of every argument) applies to the rest.
@@ -87,9 +87,9 @@ def test_deep_arguments_are_named(q, func, depth):
 def test_an_argument_that_contains_itself_is_named(q, func):
     if func is jobs.unique_by_first:  # its identity is args[0] only: the cycle elsewhere is rq's to pickle
         refused(q, lambda q: q.enqueue(func, cyclic()), 'the value unique_context returned',
-                f'bad_input_jobs.{func.__name__}')
+                f'tests.helpers.bad_input_jobs.{func.__name__}')
         return
-    refused(q, lambda q: q.enqueue(func, 'c1', 2, cyclic()), 'args[2]', f'bad_input_jobs.{func.__name__}')
+    refused(q, lambda q: q.enqueue(func, 'c1', 2, cyclic()), 'args[2]', f'tests.helpers.bad_input_jobs.{func.__name__}')
 
 
 def test_the_depth_limit_is_the_same_for_positional_and_keyword_arguments():
@@ -133,7 +133,7 @@ def test_a_lone_surrogate_in_a_per_key_key_is_named(q):
 def test_a_lone_surrogate_in_a_keyword_name_is_named(q):
     for func in (jobs.plain, jobs.unique, jobs.throttled):
         error = refused(q, lambda q, func=func: q.enqueue(func, 1, **{'bad\ud800': 2}), 'the name of keyword argument',
-                        f'bad_input_jobs.{func.__name__}')
+                        f'tests.helpers.bad_input_jobs.{func.__name__}')
         assert "'bad\\ud800'" in error.argument
 
 
@@ -212,7 +212,8 @@ def test_asking_and_resetting_name_a_deep_argument_too(q):
     before = snapshot(q.connection)
     for ask in (lambda: q.holder(jobs.unique, nested(5000)), lambda: q.enqueued(jobs.unique, 'a', nested(150)),
                 lambda: q.reset(jobs.throttled, x=nested(5000))):
-        with pytest.raises(InvalidArgument, match=r'(args\[\d\]|kwargs\[.x.\]) in a call of bad_input_jobs\.'):
+        with pytest.raises(InvalidArgument,
+                           match=r'(args\[\d\]|kwargs\[.x.\]) in a call of tests\.helpers\.bad_input_jobs\.'):
             ask()
     assert snapshot(q.connection) == before
     assert q.holder(jobs.unique, 'seed') is not None  # the probe still finds the holder of an identity

@@ -164,3 +164,9 @@ def watched(item, flag=None):
 @policy(Loner(), on_drop=failing_drop_hook)
 def watched_badly(item):
     return item
+
+
+def announced() -> list[str]:
+    """Run in a work horse: the lib-name and lib-ver the horse's own connection sent with CLIENT SETINFO."""
+    info = get_current_job().connection.client_info()
+    return [info.get('lib-name', ''), info.get('lib-ver', '')]

@@ -10,7 +10,7 @@ import pytest
 import redis
 from redis import Redis
 from rq import Queue
-from rq.job import Job, get_current_job
+from rq.job import Job
 
 from rq_policies import PolicyQueue, PolicyWorker, scripts
 from rq_policies.worker import _resolve_driver_info_once
@@ -47,15 +47,9 @@ def _takes_setinfo(conn: Redis) -> bool:
     return 'lib-name' in conn.client_info()
 
 
-def announced() -> list[str]:
-    """Run in a work horse: the lib-name and lib-ver the horse's own connection sent with CLIENT SETINFO."""
-    info = get_current_job().connection.client_info()
-    return [info.get('lib-name', ''), info.get('lib-ver', '')]
-
-
 def _run_in_horse(connection: Redis, redis_url: str, worker_env: dict, worker_class: str, queue: str) -> list[str]:
     job = (PolicyQueue if 'rq_policies' in worker_class else Queue)(queue, connection=connection).enqueue(
-        'test_worker_bootstrap.announced', result_ttl=600)
+        'tests.helpers.jobs.announced', result_ttl=600)
     proc = start_worker(redis_url, [queue], worker_env, worker_class=worker_class, burst=True)
     try:
         proc.wait(60)

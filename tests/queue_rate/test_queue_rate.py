@@ -24,7 +24,6 @@ from rq_policies import (
     BackOff,
     PolicyQueue,
     PolicySimpleWorker,
-    PolicyWorker,
     QueueRate,
     QueueSlot,
     RateStatus,
@@ -72,16 +71,6 @@ def snooze_times(key: str, times: int, seconds: float, max_snoozes: int = 100) -
     if job.meta.get(SNOOZES_META, 0) < times:
         raise Snooze(seconds, max_snoozes=max_snoozes)
     record_start(key)
-
-
-class RecordingWorker(PolicyWorker):
-    """A PolicyWorker that records, in the worker, the server time it took each job at (``taken:<queue>``): the
-    start the rate governs, a few milliseconds after the fetch, before the fork that delays the job's own record."""
-
-    def execute_job(self, job, queue):
-        seconds, micros = self.connection.time()
-        self.connection.rpush(f'taken:{queue.name}', f'{seconds + micros / 1e6:.6f}')
-        return super().execute_job(job, queue)
 
 
 def note_failure(job, connection, *exc_info) -> None:
@@ -352,7 +341,7 @@ def test_six_workers_hold_the_rate_in_every_window_and_reach_it(connection, redi
     QueueRate.set('emails', limit, per=per, burst=burst, connection=connection)
     q = PolicyQueue('emails', connection=connection)
     q.enqueue_many([Queue.prepare_data(record_start, ('emails:starts',)) for _ in range(count)])
-    procs = [start_worker(redis_url, ['emails'], worker_env, 'test_queue_rate.RecordingWorker') for _ in range(6)]
+    procs = [start_worker(redis_url, ['emails'], worker_env, 'tests.helpers.workers.RecordingWorker') for _ in range(6)]
     try:
         assert wait_for(lambda: connection.llen('emails:starts') >= count, timeout=60), output(procs[0])
     finally:

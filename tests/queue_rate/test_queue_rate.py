@@ -1,6 +1,8 @@
 """QueueRate, Snooze and BackOff: the API, the GCRA gate in the fetch script, the idle wait, and real forking workers.
 
-The job functions the workers run are defined here (tests/ is on the workers' path), so the file is self-contained.
+The job functions the workers run are defined here (they import as ``tests.queue_rate.test_queue_rate``: the
+repository's root is on the workers' path), so the file is self-contained but for its worker class
+(``tests.helpers.workers.RecordingWorker``).
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ from tests.helpers.cli import assert_one_line_error, run
 
 @pytest.fixture
 def env(worker_env):
-    # tests/ on the path (for -P-less imports of jobs), and no inherited rq settings but the key prefix (the suite's
-    # own, as rq 3 reads it: see conftest.py).
+    # the repository's root on the path (for -P-less imports of tests.helpers.jobs), and no inherited rq settings but
+    # the key prefix (the suite's own, as rq 3 reads it: see conftest.py).
     clean = {k: v for k, v in worker_env.items() if not k.startswith('RQ_') or k == 'RQ_KEY_PREFIX'}
     return clean
 

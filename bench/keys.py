@@ -28,7 +28,7 @@ starts its own server with rq_policies.testing.RedisServer.
 
 * Starvation: Concurrency(2) per key, 4 PolicyWorkers, ``--backlog`` (10,000) jobs of one key queued ahead of
   another key's single job: how long after the backlog's first start the lone job starts (the issue asks < 1 s;
-  tests/test_concurrency.py asserts it as a liveness bound).
+  tests/concurrency/test_concurrency.py asserts it as a liveness bound).
 
 ``--smoke`` runs every part briefly (1,000 keys, small rounds): CI's proof that the bench still works, not a
 measurement.

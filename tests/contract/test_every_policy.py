@@ -30,14 +30,14 @@ from __future__ import annotations
 
 import time
 
-import jobs
 import pytest
 from rq.queue import Queue
 
-from rq_policies import PolicyQueue, keys, ledger, ops, state
+from rq_policies import PolicyQueue, keys, ops, state
 from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.fetch import Claim, Look, fetch_call, read_reply
 from rq_policies.policy import ADMISSION, FETCH, registered
+from tests.helpers import jobs
 
 CASES = [
     pytest.param(example, id=repr(example)) for cls in registered(ADMISSION) for example in cls.examples()
@@ -229,12 +229,6 @@ FETCH_INVALID = [
 ]
 
 
-@pytest.fixture
-def forget_holds():
-    yield
-    for token in ledger.PROCESS.snapshot():  # holds the contract's fetches took are not this process's to refresh
-        ledger.PROCESS.discard(token)
-
 
 def test_every_fetch_policy_gives_setting_examples_and_invalid_settings():
     assert QUEUE_FETCH, 'no fetch policy registered'
@@ -250,7 +244,7 @@ def fetch(conn, token):
 
 
 @pytest.mark.parametrize('cls, settings', FETCH_CASES)
-def test_a_setting_allows_one_start_then_refuses_without_a_pop(connection, forget_holds, cls, settings):
+def test_a_setting_allows_one_start_then_refuses_without_a_pop(connection, cls, settings):
     q = PolicyQueue('contract', connection=connection)
     q.enqueue(jobs.plain, 1)
     second = q.enqueue(jobs.plain, 2)
@@ -266,7 +260,7 @@ def test_a_setting_allows_one_start_then_refuses_without_a_pop(connection, forge
 
 
 @pytest.mark.parametrize('cls, settings', FETCH_CASES)
-def test_a_setting_is_listed_and_clearing_it_lets_the_job_start(connection, forget_holds, cls, settings):
+def test_a_setting_is_listed_and_clearing_it_lets_the_job_start(connection, cls, settings):
     q = PolicyQueue('contract', connection=connection)
     q.enqueue(jobs.plain, 1)
     q.enqueue(jobs.plain, 2)
@@ -287,7 +281,7 @@ def test_a_setting_is_listed_and_clearing_it_lets_the_job_start(connection, forg
 
 
 @pytest.mark.parametrize('cls, settings', FETCH_CASES)
-def test_what_a_fetch_writes_is_its_own_and_expires(connection, forget_holds, cls, settings):
+def test_what_a_fetch_writes_is_its_own_and_expires(connection, cls, settings):
     q = PolicyQueue('contract', connection=connection)
     q.enqueue(jobs.plain, 1)
     q.enqueue(jobs.plain, 2)
@@ -369,7 +363,7 @@ def wait_for_start(conn, job_id, first_token):
 
 
 @pytest.mark.parametrize('example', PER_JOB_CASES)
-def test_a_key_at_its_limit_parks_its_job_and_serves_the_next(connection, forget_holds, example):
+def test_a_key_at_its_limit_parks_its_job_and_serves_the_next(connection, example):
     q, taken, second, call = start_then_park(connection, example)
     before = shape(connection)
     call.run(connection)  # the fetch replayed (its reply lost): it answers the same job, moves nothing
@@ -385,7 +379,7 @@ def test_a_key_at_its_limit_parks_its_job_and_serves_the_next(connection, forget
 
 
 @pytest.mark.parametrize('example', PER_JOB_CASES)
-def test_what_a_per_job_fetch_writes_is_its_own_and_expires_or_is_freed(connection, forget_holds, example):
+def test_what_a_per_job_fetch_writes_is_its_own_and_expires_or_is_freed(connection, example):
     q, taken, second, _ = start_then_park(connection, example)
     from rq_policies.fetch import release_claim
 

@@ -6,39 +6,29 @@ from __future__ import annotations
 
 import multiprocessing
 
-import jobs
 import pytest
 from redis import Redis
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, TimeoutError
 from redis.retry import Retry
 from rq.job import Job
-from rq.queue import Queue
 from rq.registry import DeferredJobRegistry
 
-from fair import fair_jobs
-from rq_policies import Concurrency, Fair, InvalidSetting, PolicyQueue, explain, ledger
+from rq_policies import Concurrency, Fair, InvalidSetting, PolicyQueue, explain
 from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.fair import BacklogFull, FairWeight
-from rq_policies.fetch import Claim, Look, fetch_call, read_reply
+from rq_policies.fetch import Claim, Look
+from tests.helpers import fair_jobs, fetches, jobs
 
 SCOPE = fair_jobs.SCOPE
 
-
-@pytest.fixture
-def forget_holds():
-    yield
-    for token in ledger.PROCESS.snapshot():
-        ledger.PROCESS.discard(token)
 
 
 _tokens = iter(range(10**9))
 
 
 def fetch(conn, names=('fair',)):
-    queues = [Queue(name, connection=conn) for name in names]
-    token = f'h:fair:{next(_tokens)}'
-    return read_reply(fetch_call(queues, token, 90).run(conn), queues, token, 90)
+    return fetches.fetch(conn, f'h:fair:{next(_tokens)}', names)
 
 
 def work(q, tenant, plan='free', **kwargs):
@@ -297,7 +287,7 @@ def test_explain_key_rows_info_and_panels_show_each_key_s_line_and_share(connect
     assert any('beta' in line and 'share 25%' in line for line in lines), lines
 
 
-def test_a_key_at_its_concurrency_limit_never_stalls_the_other_keys(connection, forget_holds):
+def test_a_key_at_its_concurrency_limit_never_stalls_the_other_keys(connection):
     fair = Fair(key=lambda a, k: a[0], scope='shared')
     limited = [fair, Concurrency(1, key=lambda a, k: a[0], scope='shared')]
     q = PolicyQueue('fair', connection=connection)

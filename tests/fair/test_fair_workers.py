@@ -1,5 +1,5 @@
 """Fair with real forking PolicyWorkers (``rq worker -w rq_policies.PolicyWorker``) in subprocesses, killed with real
-signals. Each job records its start ordinal (one INCR on the server as it starts, tests/fair/fair_jobs.py), so the
+signals. Each job records its start ordinal (one INCR on the server as it starts, tests/helpers/fair_jobs.py), so the
 tests read the order jobs actually started in. Two workers can record two starts in the other order than their
 fetches took them (each INCRs from its own horse): the bounds below allow that one swap per worker and no more."""
 
@@ -8,14 +8,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import time
 
 import pytest
-from workers import output, start_worker, stop, wait_for
 
-from fair import fair_jobs
 from rq_policies import Fair, PolicyQueue
+from tests.helpers import fair_jobs
+from tests.helpers.workers import descendants as _descendants
+from tests.helpers.workers import output, start_worker, stop, wait_for
 
 SCOPE = fair_jobs.SCOPE
 
@@ -32,19 +32,6 @@ def _stop_all(procs):
 def _bulk(q, n, tag, tenant, seconds=0.0, plan='free'):
     data = PolicyQueue.prepare_data(fair_jobs.work, (tag, seconds), {'tenant': tenant, 'plan': plan})
     q.enqueue_many([data] * n)
-
-
-def _descendants(pid: int) -> set[int]:
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        parent = todo.pop()
-        listed = subprocess.run(['pgrep', '-P', str(parent)], capture_output=True, text=True).stdout.split()
-        for child in map(int, listed):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
 
 
 @pytest.mark.long

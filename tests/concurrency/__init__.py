@@ -1,0 +1,1 @@
+"""Per-key Concurrency and Rate: parking, unparking, overrides and real workers."""

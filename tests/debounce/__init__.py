@@ -1,0 +1,1 @@
+"""Debounce: the last payload of a burst runs once the burst goes quiet."""

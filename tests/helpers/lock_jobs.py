@@ -1,0 +1,63 @@
+"""Job functions of the lock-mode tests (Loner until= and on_conflict=); importable by worker subprocesses."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from redis import Redis
+from rq import get_current_job
+
+from rq_policies import Loner, policy
+from tests.helpers.cluster import connect
+
+
+def _conn() -> Redis:
+    return connect(os.environ['REDIS_URL'])
+
+
+@policy(Loner(until='finished'))
+def held(tag, seconds=0.0, fail=False):
+    """Record this job's id and horse pid, sleep, then return or fail: a run that holds its identity to the end."""
+    conn = _conn()
+    conn.rpush(f'test:ran:{tag}', get_current_job().id)
+    conn.rpush(f'test:pid:{tag}', os.getpid())
+    time.sleep(seconds)
+    if fail:
+        raise RuntimeError(f'failing on purpose: {tag}')
+    return tag
+
+
+@policy(Loner(on_conflict='replace'), unique_context=lambda args, kwargs: args[0])
+def replaced(account, reason, check=None):
+    """Record (job id, reason, check): a complete payload has reason == check."""
+    _conn().rpush(f'test:ran:{account}', f'{get_current_job().id} {reason} {check}')
+    return reason
+
+
+@policy(Loner(on_conflict='replace'), unique_context=lambda args, kwargs: args[0])
+def replaced_slow(account, reason, check=None, seconds=0.0):
+    _conn().rpush(f'test:ran:{account}', f'{get_current_job().id} {reason} {check}')
+    time.sleep(seconds)
+    return reason
+
+
+@policy(Loner(until='finished', on_conflict='replace'), unique_context=lambda args, kwargs: args[0])
+def replaced_held(account, reason, check=None, seconds=0.0):
+    _conn().rpush(f'test:ran:{account}', f'{get_current_job().id} {reason} {check}')
+    time.sleep(seconds)
+    return reason
+
+
+@policy(Loner(on_conflict='raise'))
+def raising(x):
+    return x
+
+
+@policy(Loner(until='finished', ttl=4))
+def held_capped(tag, seconds=0.0):
+    """Like ``held``, with the identity held at most 4 s (Loner(ttl=4)) whatever the run does."""
+    conn = _conn()
+    conn.rpush(f'test:ran:{tag}', get_current_job().id)
+    time.sleep(seconds)
+    return tag

@@ -1,0 +1,1 @@
+"""LimitedCapacityWorker: refill, self re-enqueue, the running ledger."""

@@ -1,0 +1,1 @@
+"""Loner: unique jobs, their lock modes and conflict strategies."""

@@ -1,0 +1,1 @@
+"""QueueRate, Snooze and BackOff: a queue's start rate."""

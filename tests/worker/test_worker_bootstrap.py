@@ -1,0 +1,101 @@
+"""What a PolicyWorker does once at bootstrap so its work horses need not do it per job: every Lua script read into
+the process's caches (rq_policies.scripts.preload), and redis-py's client name and version resolved on the pool
+(rq_policies.worker._resolve_driver_info_once): the connections its work horses open announce exactly what a stock
+worker's do, and a pool given its own name, version or driver info is left as it was.
+"""
+
+from __future__ import annotations
+
+import pytest
+import redis
+from redis import Redis
+from rq import Queue
+from rq.job import Job
+
+from rq_policies import PolicyQueue, PolicyWorker, scripts
+from rq_policies.worker import _resolve_driver_info_once
+from tests.helpers.workers import output, start_worker, stop
+
+
+def test_bootstrap_reads_every_script_before_the_first_fork(redis_url):
+    scripts.source.cache_clear()
+    scripts._lean.cache_clear()
+    scripts._cache.clear()
+    conn = Redis.from_url(redis_url)
+    worker = PolicyWorker(['preload'], connection=conn)
+    worker.bootstrap()
+    try:
+        names = sorted(item.name[:-len('.lua')] for item in scripts._lua_root().iterdir() if item.name.endswith('.lua'))
+        assert 'release_markers' in names and 'fetch' in names
+        assert sorted(scripts._cache) == names  # a work horse inherits them: it reads no script file per job
+        # The lean form too: it is the one a pipeline's EVAL carries, as the horse's end-of-run pipeline does on every
+        # job (before, each horse read and expanded that script's files again).
+        assert scripts._lean.cache_info().currsize == len(names)
+        assert scripts.source.cache_info().currsize == 2 * len(names)
+    finally:
+        worker.teardown()
+        conn.close()
+
+
+def _driver_info() -> object:
+    return pytest.importorskip('redis.driver_info', reason='redis-py < 7 reads its version once, at import')
+
+
+def _takes_setinfo(conn: Redis) -> bool:
+    """Does the server record a client's CLIENT SETINFO (Redis 7.2+, Valkey)? Debian's Redis 7.0 has no such
+    command: redis-py sends it and ignores the error, and CLIENT INFO shows no lib-name at all."""
+    return 'lib-name' in conn.client_info()
+
+
+def _run_in_horse(connection: Redis, redis_url: str, worker_env: dict, worker_class: str, queue: str) -> list[str]:
+    job = (PolicyQueue if 'rq_policies' in worker_class else Queue)(queue, connection=connection).enqueue(
+        'tests.helpers.jobs.announced', result_ttl=600)
+    proc = start_worker(redis_url, [queue], worker_env, worker_class=worker_class, burst=True)
+    try:
+        proc.wait(60)
+    finally:
+        stop(proc)
+    fetched = Job.fetch(job.id, connection=connection)
+    assert fetched.get_status() == 'finished', output(proc)
+    return [str(item) for item in fetched.return_value()]
+
+
+def test_a_work_horse_announces_the_same_name_and_version_as_a_stock_one(connection, redis_url, worker_env):
+    policy = _run_in_horse(connection, redis_url, worker_env, 'rq_policies.PolicyWorker', 'announce-policy')
+    stock = _run_in_horse(connection, redis_url, worker_env, 'rq.Worker', 'announce-stock')
+    assert policy == stock
+    assert policy == (['redis-py', redis.__version__] if _takes_setinfo(connection) else ['', ''])
+
+
+def test_the_pool_carries_the_resolved_driver_info_from_bootstrap(redis_url):
+    driver_info = _driver_info()
+    conn = Redis.from_url(redis_url)
+    worker = PolicyWorker(['announce'], connection=conn)
+    worker.bootstrap()
+    try:
+        resolved = conn.connection_pool.connection_kwargs['driver_info']
+        assert isinstance(resolved, driver_info.DriverInfo)
+        assert (resolved.formatted_name, resolved.lib_version) == ('redis-py', redis.__version__)
+        fresh = conn.connection_pool.make_connection()  # what a work horse's reset pool opens
+        fresh.connect()
+        try:
+            fresh.send_command('CLIENT', 'INFO')
+            line = fresh.read_response().decode()
+        finally:
+            fresh.disconnect()
+        if _takes_setinfo(conn):
+            assert 'lib-name=redis-py' in line and f'lib-ver={redis.__version__}' in line
+    finally:
+        worker.teardown()
+        conn.close()
+
+
+@pytest.mark.parametrize('given', [{'lib_name': 'mine'}, {'lib_version': '1.0'},
+                                   {'driver_info': None}])
+def test_a_pool_with_its_own_name_version_or_driver_info_is_left_alone(redis_url, given):
+    _driver_info()
+    conn = Redis.from_url(redis_url, **given)
+    before = dict(conn.connection_pool.connection_kwargs)
+    _resolve_driver_info_once(conn)
+    assert conn.connection_pool.connection_kwargs == before
+    conn.close()

@@ -167,7 +167,7 @@ needs_cluster = pytest.mark.skipif(
 
 @pytest.fixture(scope='module')
 def own_cluster():
-    from cluster import ValkeyCluster
+    from tests.helpers.cluster import ValkeyCluster
 
     with ValkeyCluster(primaries=3, replicas=1, node_timeout_ms=1000) as found:
         yield found

@@ -130,16 +130,6 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
-class RecordingWorker(PolicyWorker):
-    """A PolicyWorker that records, in the worker, the server time it took each job at (``taken:<queue>``): the
-    start the rate governs, a few milliseconds after the fetch, before the fork that delays the job's own record."""
-
-    def execute_job(self, job, queue):
-        seconds, micros = self.connection.time()
-        self.connection.rpush(f'taken:{queue.name}', f'{seconds + micros / 1e6:.6f}')
-        return super().execute_job(job, queue)
-
-
 class DiesAfterPop(PolicyWorker):
     """A PolicyWorker SIGKILLed between its fetch and the job's start: the window rq's intermediate list covers."""
 

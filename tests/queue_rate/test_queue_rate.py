@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from redis import Redis
-from rq import Callback, get_current_job
+from rq import Callback
 from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.registry import FailedJobRegistry
@@ -37,46 +37,9 @@ from rq_policies.fetch import Claim, Fetcher, FetchReply, Look, dequeue, fetch_c
 from rq_policies.queue_rate import BACKOFFS_META, SNOOZES_META
 from tests.helpers import key_jobs
 from tests.helpers.cluster import ON_CLUSTER, not_on_cluster
+from tests.helpers.rate_jobs import back_off_once, note_failure, record_and_sleep, record_start, snooze_times
 from tests.helpers.records import server_now
 from tests.helpers.workers import output, run_pool, start_worker, stop, wait_for
-
-# -- job functions (run by the workers) -----------------------------------------------------------------------------
-
-
-def _job_conn() -> Redis:
-    return get_current_job().connection
-
-
-def record_start(key: str) -> None:
-    """Push the server time this job started at (epoch s) onto list ``key``."""
-    conn = _job_conn()
-    seconds, micros = conn.time()
-    conn.rpush(key, f'{seconds + micros / 1e6:.6f}')
-
-
-def record_and_sleep(key: str, seconds: float) -> None:
-    record_start(key)
-    time.sleep(seconds)
-
-
-def back_off_once(key: str, seconds: float) -> None:
-    """The first run backs its queue off for ``seconds``; the next one records its start."""
-    if not get_current_job().meta.get(BACKOFFS_META):
-        raise BackOff(seconds)
-    record_start(key)
-
-
-def snooze_times(key: str, times: int, seconds: float, max_snoozes: int = 100) -> None:
-    """Snooze ``times`` times, then record the start."""
-    job = get_current_job()
-    _job_conn().rpush(key + ':runs', job.id)
-    if job.meta.get(SNOOZES_META, 0) < times:
-        raise Snooze(seconds, max_snoozes=max_snoozes)
-    record_start(key)
-
-
-def note_failure(job, connection, *exc_info) -> None:
-    connection.rpush('failure-callbacks', job.id)
 
 
 def starts(conn: Redis, key: str) -> list[float]:
@@ -343,7 +306,8 @@ def test_six_workers_hold_the_rate_in_every_window_and_reach_it(connection, redi
     QueueRate.set('emails', limit, per=per, burst=burst, connection=connection)
     q = PolicyQueue('emails', connection=connection)
     q.enqueue_many([Queue.prepare_data(record_start, ('emails:starts',)) for _ in range(count)])
-    procs = [start_worker(redis_url, ['emails'], worker_env, 'tests.helpers.workers.RecordingWorker') for _ in range(6)]
+    recording = 'tests.helpers.rate_jobs.RecordingWorker'
+    procs = [start_worker(redis_url, ['emails'], worker_env, recording) for _ in range(6)]
     try:
         assert wait_for(lambda: connection.llen('emails:starts') >= count, timeout=60), output(procs[0])
     finally:

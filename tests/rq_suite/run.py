@@ -119,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         prepare(root, workdir, server.port)
         junit = workdir / 'junit.xml'
-        path = [str(workdir / 'site'), str(HERE), os.environ.get('PYTHONPATH', '')]
+        # rq's own `tests` package (in workdir) first: a PYTHONPATH naming this repository's root would otherwise
+        # give rq's subprocess workers our `tests` package, and their jobs (`tests.test_worker...`) would not import
+        path = [str(workdir), str(workdir / 'site'), str(HERE), os.environ.get('PYTHONPATH', '')]
         env = dict(os.environ, RQ_SUITE_PORT=str(server.port), PYTHONPATH=os.pathsep.join(filter(None, path)),
                    PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get('PATH', '')]))  # rqworker
         env.pop('RQ_SUITE_STOCK', None)

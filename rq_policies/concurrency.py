@@ -713,7 +713,7 @@ def _first_argument(args: tuple, kwargs: dict) -> Any:
 def release_call(hold: Any) -> Call:
     """The ``lua/key_release.lua`` call giving back a per-key hold (and its unit to the key's oldest parked job)."""
     channel = hold.ledger[len(keys.KEY_HOLDS_PREFIX):]
-    call = Call('key_release', token=hold.token, channel=channel, ttl=hold.ttl, keyed=keyed_args())
+    call = Call('key_release', token=hold.token, key_id=channel, ttl=hold.ttl, keyed=keyed_args())
     call.key('ledger', hold.ledger).key('parked', f'{keys.KEY_PARKED_PREFIX}{Concurrency.name}:{channel}')
     return call.key('keydue', keys.KEY_DUE)
 
@@ -722,7 +722,7 @@ def _setting_call(policy: str, hash_key: str, scope: str, key: Any, value: str) 
     """The ``lua/key_setting.lua`` call storing ``value`` as one key's run-time setting in ``hash_key`` ('' clears
     it); checks the scope and the key first (ValueError or TypeError naming them)."""
     channel = keys.key_channel(check_scope(scope), key_text(key))
-    call = Call('key_setting', channel=channel, policy=policy, value=value,
+    call = Call('key_setting', key_id=channel, policy=policy, value=value,
                 job_prefix=Job.redis_job_namespace_prefix, wake=keys.wake(''))
     call.key('limits', hash_key)
     call.key('parked', f'{keys.KEY_PARKED_PREFIX}{policy}:{channel}')

@@ -304,7 +304,7 @@ class Fair(FetchPolicy):
         call.key('fair.paused', PAUSED)
         call.key('fair.pausedin', PAUSED_IN_PREFIX + channel)
         call.key('fair.deferred', DeferredJobRegistry.key_template.format(queue.name))
-        return {'channel': channel, 'priority': int(priority), 'max_waiting': self.max_waiting, 'queue': queue.name,
+        return {'key_id': channel, 'priority': int(priority), 'max_waiting': self.max_waiting, 'queue': queue.name,
                 'wake': keys.wake(queue.name)}
 
     def on_drop(self, func_name: str, queue: str, verdict: Any) -> None:
@@ -618,7 +618,7 @@ def _ordinal(n: int) -> str:
 def _pause_call(scope: str, key: Any, pause: bool) -> Call:
     with refusing():
         channel = _channel(scope, key)
-    call = Call('fair_pause', channel=channel, pause=pause, waits=WAIT_PREFIX, actives=ACTIVE_PREFIX,
+    call = Call('fair_pause', key_id=channel, pause=pause, waits=WAIT_PREFIX, actives=ACTIVE_PREFIX,
                 wake=keys.wake(''))
     call.key('paused', PAUSED)
     call.key('pausedin', PAUSED_IN_PREFIX + channel)

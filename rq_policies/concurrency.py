@@ -389,21 +389,6 @@ class Concurrency(KeyedPolicy):
     def setting(self) -> str:
         return str(self.limit)
 
-    @classmethod
-    def examples(cls) -> tuple[Concurrency, ...]:
-        return (cls(1), cls(1, key=_first_argument, scope='contract'))
-
-    invalid: ClassVar[tuple[tuple[dict[str, Any], str], ...]] = (
-        ({'limit': 0}, 'limit'),
-        ({'limit': True}, 'limit'),
-        ({'limit': '2'}, 'limit'),
-        ({'limit': MAX_CAPACITY + 1}, 'limit'),
-        ({'limit': 1, 'key': 'customer_id'}, 'key'),
-        ({'limit': 1, 'scope': 'a:b'}, 'scope'),
-        ({'limit': 1, 'scope': ''}, 'scope'),
-        ({'limit': 1, 'scope': 3}, 'scope'),
-    )
-
     # -- the hold -------------------------------------------------------------------------------------------------
 
     @classmethod
@@ -705,11 +690,6 @@ def _override_changed(conn: Redis, values: Values, before: KeyLimit | None, word
                            'was': before.limit if before else None})
     was = f'was {before.limit}' if before is not None else 'had no override'
     return Reply((f'{words} ({was}).',))
-
-
-def _first_argument(args: tuple, kwargs: dict) -> Any:
-    """The contract suite's key: the call's first argument."""
-    return args[0]
 
 
 def release_call(hold: Any) -> Call:

@@ -230,24 +230,6 @@ class Fair(FetchPolicy):
             words.append(f'priority={getattr(self.priority, "__name__", self.priority)}')
         return f'Fair({", ".join(words)})'
 
-    @classmethod
-    def examples(cls) -> tuple[Fair, ...]:
-        from .concurrency import _first_argument
-
-        return (cls(key=_first_argument), cls(key=_first_argument, weight=3, max_waiting=100, scope='contract'))
-
-    invalid: ClassVar[tuple[tuple[dict[str, Any], str], ...]] = (
-        ({'key': 'tenant'}, 'key'),
-        ({'key': len, 'weight': 0}, 'weight'),
-        ({'key': len, 'weight': 1.5}, 'weight'),
-        ({'key': len, 'weight': MAX_WEIGHT + 1}, 'weight'),
-        ({'key': len, 'max_waiting': 0}, 'max_waiting'),
-        ({'key': len, 'max_waiting': True}, 'max_waiting'),
-        ({'key': len, 'on_conflict': 'replace'}, 'on_conflict'),
-        ({'key': len, 'scope': 'a:b'}, 'scope'),
-        ({'key': len, 'priority': 5}, 'priority'),
-    )
-
     # -- the enqueue ----------------------------------------------------------------------------------------------
 
     def call_field_names(self) -> tuple[str, ...]:

@@ -26,7 +26,6 @@ from .concurrency import KeyedPolicy, KeyFunction, _setting_call, check_scope, k
 from .concurrency import _cost as _keyed_cost
 from .ops import need_connection as _need
 from .ops import text
-from .policy import MAX_CAPACITY, MAX_SECONDS
 from .queue_rate import GcraRate, RateStatus, _status, check
 from .views import Cell, Explanation, Panel
 
@@ -87,26 +86,6 @@ class Rate(KeyedPolicy, GcraRate):
 
     def setting(self) -> str:
         return f'{self.limit} {self.per} {self.burst}'
-
-    @classmethod
-    def examples(cls) -> tuple[Rate, ...]:
-        from .concurrency import _first_argument
-
-        return (cls(1, per=1), cls(2, per=1, burst=1, key=_first_argument, scope='contract'))
-
-    invalid: ClassVar[tuple[tuple[dict[str, Any], str], ...]] = (
-        ({'limit': 0}, 'limit'),
-        ({'limit': True}, 'limit'),
-        ({'limit': 1.5}, 'limit'),
-        ({'limit': MAX_CAPACITY + 1}, 'limit'),
-        ({'limit': 5, 'per': 0}, 'per'),
-        ({'limit': 5, 'per': 0.5}, 'per'),
-        ({'limit': 5, 'per': MAX_SECONDS + 1}, 'per'),
-        ({'limit': 5, 'burst': 0}, 'burst'),
-        ({'limit': 5, 'burst': 6}, 'burst'),
-        ({'limit': 5, 'key': 'shop'}, 'key'),
-        ({'limit': 5, 'scope': 'a:b'}, 'scope'),
-    )
 
     # -- run-time settings and gauges (the admin API: rq_policies.admin) -----------------------------------------
 

@@ -73,15 +73,15 @@ def _fill(conn: Redis, name: str, count: int, per_key: int) -> object:
     for start in range(0, count, batch):
         with conn.pipeline(transaction=False) as pipe:
             for n in range(start, min(count, start + batch)):
-                channel = f'bench:t{n}'
+                key_id = f'bench:t{n}'
                 line = {}
                 for i in range(per_key):
                     jid = f'{name}.j{n}.{i}'
-                    pipe.hset(f'rq:job:{jid}', mapping={'status': 'deferred', 'origin': name, FIELD: f'1 0 {channel}'})
+                    pipe.hset(f'rq:job:{jid}', mapping={'status': 'deferred', 'origin': name, FIELD: f'1 0 {key_id}'})
                     line[jid] = i + 1
-                pipe.zadd(f'{WAIT_PREFIX}{name}:{channel}', line)
+                pipe.zadd(f'{WAIT_PREFIX}{name}:{key_id}', line)
                 pipe.zadd(f'rq:deferred:{name}', dict.fromkeys(line, 0))
-                pipe.zadd(f'{ACTIVE_PREFIX}{name}', {channel: 0})
+                pipe.zadd(f'{ACTIVE_PREFIX}{name}', {key_id: 0})
             pipe.execute()
     return fetch_call([Queue(name, connection=conn)], 'bench:1:1:1', 90)
 

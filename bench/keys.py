@@ -98,13 +98,13 @@ def _state(conn: Redis, count: int, calls: int) -> object:
     for start in range(0, count, batch):
         with conn.pipeline(transaction=False) as pipe:
             for n in range(start, min(count, start + batch)):
-                channel = f'bench:busy{n}'
+                key_id = f'bench:busy{n}'
                 jid = f'parked{n}'
                 pipe.hset(f'rq:job:{jid}', mapping={'status': 'deferred', 'origin': name,
-                                                    'policies_concurrency': f'1 {channel}'})
-                pipe.rpush(f'{keys.KEY_PARKED_PREFIX}concurrency:{channel}', jid)
-                pipe.zadd(f'{keys.KEY_HOLDS_PREFIX}{channel}', {f'holder{n}': now + 3600})
-                pipe.zadd(keys.KEY_DUE, {f'concurrency:{channel}': now + 3600 + n % 100})
+                                                    'policies_concurrency': f'1 {key_id}'})
+                pipe.rpush(f'{keys.KEY_PARKED_PREFIX}concurrency:{key_id}', jid)
+                pipe.zadd(f'{keys.KEY_HOLDS_PREFIX}{key_id}', {f'holder{n}': now + 3600})
+                pipe.zadd(keys.KEY_DUE, {f'concurrency:{key_id}': now + 3600 + n % 100})
             pipe.execute()
     with conn.pipeline(transaction=False) as pipe:
         ids = [f'j{i}' for i in range(calls)]

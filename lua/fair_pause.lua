@@ -9,7 +9,7 @@
     paused     rq:policies:fair:paused                 HASH '<scope>:<key>' -> 1
     pausedin   rq:policies:fair:pausedin:<scope>:<key>  SET of queues the key left when paused
   ARGV[1]  one msgpack map (lib/codec.lua):
-    channel    '<scope>:<key>'
+    key_id     '<scope>:<key>' (the key id)
     pause      true: pause; false: resume
     waits      rq:policies:fair:wait: (the prefix of the lines, '<queue>:<scope>:<key>' appended)
     actives    rq:policies:fair:active: (the prefix of the active sets, '<queue>' appended)
@@ -25,14 +25,14 @@ local rcall = redis.call
 local a = decode_args(ARGV[1])
 local paused, pausedin = KEYS[a.k.paused], KEYS[a.k.pausedin]
 if a.pause then
-  return rcall('HSET', paused, a.channel, 1)
+  return rcall('HSET', paused, a.key_id, 1)
 end
-local changed = rcall('HDEL', paused, a.channel)
+local changed = rcall('HDEL', paused, a.key_id)
 for _, queue in ipairs(rcall('SMEMBERS', pausedin)) do
-  if rcall('EXISTS', a.waits .. queue .. ':' .. a.channel) == 1 then
+  if rcall('EXISTS', a.waits .. queue .. ':' .. a.key_id) == 1 then
     local active = a.actives .. queue
     local first = rcall('ZRANGE', active, 0, 0, 'WITHSCORES')
-    rcall('ZADD', active, 'NX', tonumber(first[2]) or 0, a.channel)
+    rcall('ZADD', active, 'NX', tonumber(first[2]) or 0, a.key_id)
     rcall('SPUBLISH', a.wake .. queue, 'released')
   end
 end

@@ -74,7 +74,7 @@
                                   left as the pop expects: Fair's turn of a key), or nil; asked
                                   when queue i's list has nothing left to pop, so a queue's plain
                                   jobs come first. The id is popped as if it came off the list.
-    due(ctx, channel)          -> the part's member '<part>:<channel>' of the due index came due:
+    due(ctx, key_id)           -> the part's member '<part>:<key id>' of the due index came due:
                                   give parked jobs back while the key allows; returns the next
                                   time to look, or nil (no parked job left)
   A refused job is *parked*: its id moves off the intermediate list to the key's parked list, its
@@ -337,9 +337,9 @@ if stateful then
   if due_key then
     local due = rcall('ZRANGEBYSCORE', due_key, '-inf', now_s, 'LIMIT', 0, 4)
     for _, member in ipairs(due) do
-      local name, channel = string.match(member, '^([^:]+):(.*)$')
+      local name, key_id = string.match(member, '^([^:]+):(.*)$')
       local p = name and part(name)
-      local next_at = p and p.due and p.due(ctx, channel)
+      local next_at = p and p.due and p.due(ctx, key_id)
       if trace then trace[#trace + 1] = 'due:' .. member end
       if next_at then
         rcall('ZADD', due_key, next_at, member)

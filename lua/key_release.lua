@@ -14,7 +14,7 @@
     keydue     rq:policies:keydue                   the due index of keys with parked jobs
   ARGV[1]  one msgpack map (lib/codec.lua):
     token      the claim token naming the hold
-    channel    '<scope>:<key>'
+    key_id     '<scope>:<key>' (the key id)
     ttl        seconds a reserved unit lives (the worker's hold ttl)
     keyed      the per-key prefixes (rq_policies.concurrency.keyed_args)
 
@@ -30,14 +30,14 @@ local P = {}
 -- @include "policies/concurrency.lua"
 
 local removed = rcall('ZREM', KEYS[a.k.ledger], a.token)
-rcall('ZREM', a.keyed.units .. a.channel, a.token) -- its cost, if above 1 (Concurrency(cost=))
+rcall('ZREM', a.keyed.units .. a.key_id, a.token) -- its cost, if above 1 (Concurrency(cost=))
 if removed == 1 then
-  local member = 'concurrency:' .. a.channel
+  local member = 'concurrency:' .. a.key_id
   -- The parked list itself is asked, not the due index: a release also finds parked jobs whose
   -- due-index entry was lost (a failover to a replica that missed it).
   if rcall('EXISTS', KEYS[a.k.parked]) == 1 then
     local ctx = {now = server_now(), ttl = a.ttl, kp = a.keyed}
-    local next_at = P.concurrency.due(ctx, a.channel)
+    local next_at = P.concurrency.due(ctx, a.key_id)
     if next_at then
       rcall('ZADD', KEYS[a.k.keydue], next_at, member)
     else

@@ -8,9 +8,9 @@
                HASH '<scope>:<key>' -> the setting
     parked     rq:policies:keyparked:<policy>:<scope>:<key>
     keydue     rq:policies:keydue
-  ARGV[1]  one msgpack map (lib/codec.lua): channel ('<scope>:<key>'), policy (concurrency or
-    key_rate), value (the setting as stored, or '' to clear it), job_prefix (rq:job:), wake
-    (rq:policies:wake:)
+  ARGV[1]  one msgpack map (lib/codec.lua): key_id ('<scope>:<key>', the key id), policy
+    (concurrency or key_rate), value (the setting as stored, or '' to clear it), job_prefix
+    (rq:job:), wake (rq:policies:wake:)
 
   Returns 1 when an override was there before, else 0.
 ]]
@@ -21,15 +21,15 @@ local rcall = redis.call
 
 local a = decode_args(ARGV[1])
 local limits = KEYS[a.k.limits]
-local had = rcall('HEXISTS', limits, a.channel)
+local had = rcall('HEXISTS', limits, a.key_id)
 if a.value ~= '' then
-  rcall('HSET', limits, a.channel, a.value)
+  rcall('HSET', limits, a.key_id, a.value)
 else
-  rcall('HDEL', limits, a.channel)
+  rcall('HDEL', limits, a.key_id)
 end
 local head = rcall('LINDEX', KEYS[a.k.parked], 0)
 if head then
-  rcall('ZADD', KEYS[a.k.keydue], server_now(), a.policy .. ':' .. a.channel)
+  rcall('ZADD', KEYS[a.k.keydue], server_now(), a.policy .. ':' .. a.key_id)
   local origin = rcall('HGET', a.job_prefix .. head, 'origin')
   if origin then
     rcall('SPUBLISH', a.wake .. origin, 'capacity')

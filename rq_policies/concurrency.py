@@ -82,7 +82,8 @@ MAX_KEY_LENGTH = 1000
 
 
 def keyed_args(job_prefix: str = Job.redis_job_namespace_prefix) -> dict[str, str]:
-    """The key prefixes the per-key Lua parts build their keys from (``ctx.kp``), ``<scope>:<key>`` appended."""
+    """The key prefixes the per-key Lua parts build their keys from (``ctx.kp``), the key id (``<scope>:<key>``)
+    appended."""
     return {
         'job': job_prefix, 'queue': Queue.redis_queue_namespace_prefix,
         'deferred': DeferredJobRegistry.key_template.format(''), 'wake': keys.wake(''),
@@ -211,7 +212,7 @@ class KeyedPolicy(FetchPolicy):
 
     def call_fields(self, job: Any, queue: str, digest: str) -> list[Any]:
         scope, key = self.key_of(job, digest)
-        return [self.field, f'{self.setting()} {keys.key_channel(scope, key)}']
+        return [self.field, f'{self.setting()} {keys.key_id(scope, key)}']
 
     def job_fields(self, queue: str, digest: str) -> list[str]:
         return []
@@ -242,15 +243,15 @@ class KeyedPolicy(FetchPolicy):
         if not isinstance(exc, BackOff) or not getattr(exc, 'key', False):
             return False
         classes = _keyed_classes()
-        channels = job_channels(classes, job.connection.hmget(job.key, [p.field for p in classes]))
-        if not channels:
+        key_ids = job_key_ids(classes, job.connection.hmget(job.key, [p.field for p in classes]))
+        if not key_ids:
             from .exceptions import PolicyError
 
             raise PolicyError(f'job {job.id} raised BackOff(key=True) but has no per-key policy: declare '
                               'Concurrency or Rate with a key, or raise BackOff() to block its queue') from exc
         job.meta['policies_backoffs'] = int(job.meta.get('policies_backoffs', 0)) + 1
         call = Call('key_backoff', seconds=exc.seconds)
-        call.key_list('blocks', [keys.KEY_BLOCK_PREFIX + channel for channel in channels])
+        call.key_list('blocks', [keys.KEY_BLOCK_PREFIX + key_id for key_id in key_ids])
         call.run(pipeline)
         compat.enqueue_now(queue, job, pipeline=pipeline, at_front=True)  # saves the job, meta included
         return True
@@ -272,7 +273,7 @@ class KeyedPolicy(FetchPolicy):
         does; a block that already ends later is kept. Returns the server time the block ends."""
         delay = BackOff(seconds, key=True).seconds
         call = Call('key_backoff', seconds=delay)
-        call.key_list('blocks', [keys.KEY_BLOCK_PREFIX + keys.key_channel(check_scope(scope), key_text(key))])
+        call.key_list('blocks', [keys.KEY_BLOCK_PREFIX + keys.key_id(check_scope(scope), key_text(key))])
         call.run(_need(connection))
         return float(cls.blocked_until(scope, key, connection) or 0.0)
 
@@ -301,7 +302,7 @@ class KeyedPolicy(FetchPolicy):
     @classmethod
     def blocked_until(cls, scope: str, key: Any, connection: Any) -> float | None:
         """The server time until which ``key`` of ``scope`` is backed off, or None."""
-        raw = _need(connection).get(keys.KEY_BLOCK_PREFIX + keys.key_channel(check_scope(scope), key_text(key)))
+        raw = _need(connection).get(keys.KEY_BLOCK_PREFIX + keys.key_id(check_scope(scope), key_text(key)))
         return float(raw) if raw is not None else None
 
 
@@ -311,15 +312,16 @@ def _keyed_classes() -> list[type[KeyedPolicy]]:
     return [cls for cls in registered(FETCH) if issubclass(cls, KeyedPolicy)]
 
 
-def job_channels(classes: list[type[KeyedPolicy]], values: list[Any]) -> list[str]:
-    """The distinct ``<scope>:<key>`` of a job's per-key fields (``values``: each class's field as read, or None)."""
+def job_key_ids(classes: list[type[KeyedPolicy]], values: list[Any]) -> list[str]:
+    """The distinct key ids (``<scope>:<key>``) of a job's per-key fields (``values``: each class's field as read,
+    or None)."""
     out: list[str] = []
     for cls, raw in zip(classes, values):
         if raw is None:
             continue
-        channel = text(raw).split(' ', cls.setting_words)[-1]
-        if channel not in out:
-            out.append(channel)
+        key_id = text(raw).split(' ', cls.setting_words)[-1]
+        if key_id not in out:
+            out.append(key_id)
     return out
 
 
@@ -371,8 +373,8 @@ class Concurrency(KeyedPolicy):
         cost = self.job_cost(job)
         if cost == 1:
             return [field, value]
-        limit, channel = value.split(' ', 1)  # a costed job: '<limit>*<cost> <scope>:<key>'
-        return [field, f'{limit}*{cost} {channel}']
+        limit, key_id = value.split(' ', 1)  # a costed job: '<limit>*<cost> <scope>:<key>'
+        return [field, f'{limit}*{cost} {key_id}']
 
     def __repr__(self) -> str:
         words = [str(self.limit)]
@@ -386,21 +388,6 @@ class Concurrency(KeyedPolicy):
 
     def setting(self) -> str:
         return str(self.limit)
-
-    @classmethod
-    def examples(cls) -> tuple[Concurrency, ...]:
-        return (cls(1), cls(1, key=_first_argument, scope='contract'))
-
-    invalid: ClassVar[tuple[tuple[dict[str, Any], str], ...]] = (
-        ({'limit': 0}, 'limit'),
-        ({'limit': True}, 'limit'),
-        ({'limit': '2'}, 'limit'),
-        ({'limit': MAX_CAPACITY + 1}, 'limit'),
-        ({'limit': 1, 'key': 'customer_id'}, 'key'),
-        ({'limit': 1, 'scope': 'a:b'}, 'scope'),
-        ({'limit': 1, 'scope': ''}, 'scope'),
-        ({'limit': 1, 'scope': 3}, 'scope'),
-    )
 
     # -- the hold -------------------------------------------------------------------------------------------------
 
@@ -444,9 +431,9 @@ class Concurrency(KeyedPolicy):
         """The limit set at run time for one key of ``scope``, or None (its jobs' declared limit applies; see
         :meth:`status` for the limit in force)."""
         with refusing():
-            channel = keys.key_channel(check_scope(scope), key_text(key))
+            key_id = keys.key_id(check_scope(scope), key_text(key))
             conn = _need(connection)
-        raw = conn.hget(keys.KEY_LIMITS, channel)
+        raw = conn.hget(keys.KEY_LIMITS, key_id)
         return KeyLimit(int(raw)) if raw is not None else None
 
     @classmethod
@@ -468,7 +455,7 @@ class Concurrency(KeyedPolicy):
         now = _server_now(conn)
         row = _key_rows(conn, cls.name, scope, [name], now)[0]
         parked = tuple(text(j) for j in conn.lrange(f'{keys.KEY_PARKED_PREFIX}{cls.name}:'
-                                                    f'{keys.key_channel(scope, name)}', 0, -1))
+                                                    f'{keys.key_id(scope, name)}', 0, -1))
         blocked = cls.blocked_until(scope, name, conn)
         return KeyStatus(row['limit'], row['overridden'], row['in_use'], parked,
                          blocked if blocked is not None and blocked > now else None)
@@ -496,14 +483,14 @@ class Concurrency(KeyedPolicy):
         """Deprecated: :meth:`status` ``.in_use``."""
         with refusing():
             conn = _need(connection)
-            channel = keys.key_channel(check_scope(scope), key_text(key))
-        return int(conn.zcount(keys.KEY_HOLDS_PREFIX + channel, f'({_server_now(conn):.6f}', '+inf'))
+            key_id = keys.key_id(check_scope(scope), key_text(key))
+        return int(conn.zcount(keys.KEY_HOLDS_PREFIX + key_id, f'({_server_now(conn):.6f}', '+inf'))
 
     @classmethod
     def parked(cls, scope: str, key: Any, connection: Any = None) -> list[str]:
         """The ids of one key's parked jobs, oldest first (the order they go back in)."""
-        channel = keys.key_channel(check_scope(scope), key_text(key))
-        return [text(j) for j in _need(connection).lrange(f'{keys.KEY_PARKED_PREFIX}{cls.name}:{channel}', 0, -1)]
+        key_id = keys.key_id(check_scope(scope), key_text(key))
+        return [text(j) for j in _need(connection).lrange(f'{keys.KEY_PARKED_PREFIX}{cls.name}:{key_id}', 0, -1)]
 
     @classmethod
     def key_rows(cls, connection: Any, scope: str, limit: int = 20, search: str | None = None,
@@ -586,16 +573,16 @@ class Concurrency(KeyedPolicy):
         raw = job.get(cls.field)
         if not raw:
             return []
-        declared, _, channel = raw.partition(' ')
+        declared, _, key_id = raw.partition(' ')
         declared = declared.partition('*')[0]  # a costed job's '<limit>*<cost>'
-        scope, _, key = channel.partition(':')
-        ledger_key = keys.KEY_HOLDS_PREFIX + channel
-        parked_key = f'{keys.KEY_PARKED_PREFIX}{cls.name}:{channel}'
+        scope, _, key = key_id.partition(':')
+        ledger_key = keys.KEY_HOLDS_PREFIX + key_id
+        parked_key = f'{keys.KEY_PARKED_PREFIX}{cls.name}:{key_id}'
         with connection.pipeline(transaction=False) as pipe:
             pipe.zcount(ledger_key, f'({now:.6f}', '+inf')
-            pipe.hget(keys.KEY_LIMITS, channel)
+            pipe.hget(keys.KEY_LIMITS, key_id)
             pipe.lpos(parked_key, job['id'])
-            pipe.get(keys.KEY_BLOCK_PREFIX + channel)
+            pipe.get(keys.KEY_BLOCK_PREFIX + key_id)
             in_use, override, position, blocked = pipe.execute()
         limit = int(override) if override is not None else int(declared)
         entry: dict[str, Any] = {'scope': scope, 'key': key, 'limit': limit,
@@ -705,27 +692,22 @@ def _override_changed(conn: Redis, values: Values, before: KeyLimit | None, word
     return Reply((f'{words} ({was}).',))
 
 
-def _first_argument(args: tuple, kwargs: dict) -> Any:
-    """The contract suite's key: the call's first argument."""
-    return args[0]
-
-
 def release_call(hold: Any) -> Call:
     """The ``lua/key_release.lua`` call giving back a per-key hold (and its unit to the key's oldest parked job)."""
-    channel = hold.ledger[len(keys.KEY_HOLDS_PREFIX):]
-    call = Call('key_release', token=hold.token, channel=channel, ttl=hold.ttl, keyed=keyed_args())
-    call.key('ledger', hold.ledger).key('parked', f'{keys.KEY_PARKED_PREFIX}{Concurrency.name}:{channel}')
+    key_id = hold.ledger[len(keys.KEY_HOLDS_PREFIX):]
+    call = Call('key_release', token=hold.token, key_id=key_id, ttl=hold.ttl, keyed=keyed_args())
+    call.key('ledger', hold.ledger).key('parked', f'{keys.KEY_PARKED_PREFIX}{Concurrency.name}:{key_id}')
     return call.key('keydue', keys.KEY_DUE)
 
 
 def _setting_call(policy: str, hash_key: str, scope: str, key: Any, value: str) -> Call:
     """The ``lua/key_setting.lua`` call storing ``value`` as one key's run-time setting in ``hash_key`` ('' clears
     it); checks the scope and the key first (ValueError or TypeError naming them)."""
-    channel = keys.key_channel(check_scope(scope), key_text(key))
-    call = Call('key_setting', channel=channel, policy=policy, value=value,
+    key_id = keys.key_id(check_scope(scope), key_text(key))
+    call = Call('key_setting', key_id=key_id, policy=policy, value=value,
                 job_prefix=Job.redis_job_namespace_prefix, wake=keys.wake(''))
     call.key('limits', hash_key)
-    call.key('parked', f'{keys.KEY_PARKED_PREFIX}{policy}:{channel}')
+    call.key('parked', f'{keys.KEY_PARKED_PREFIX}{policy}:{key_id}')
     return call.key('keydue', keys.KEY_DUE)
 
 
@@ -739,14 +721,14 @@ def _key_rows(conn: Any, policy: str, scope: str, names: list[str], now: float) 
     width = 7
     with conn.pipeline(transaction=False) as pipe:
         for key in names:
-            channel = keys.key_channel(scope, key)
-            pipe.zcount(keys.KEY_HOLDS_PREFIX + channel, f'({now:.6f}', '+inf')
-            pipe.hget(keys.KEY_LIMITS, channel)
-            pipe.llen(f'{keys.KEY_PARKED_PREFIX}{policy}:{channel}')
-            pipe.lindex(f'{keys.KEY_PARKED_PREFIX}{policy}:{channel}', 0)
-            pipe.zscore(keys.KEY_DUE, f'{policy}:{channel}')
-            pipe.zrangebyscore(keys.KEY_HOLDS_PREFIX + channel, f'({now:.6f}', '+inf', start=0, num=1)
-            pipe.get(keys.KEY_BLOCK_PREFIX + channel)
+            key_id = keys.key_id(scope, key)
+            pipe.zcount(keys.KEY_HOLDS_PREFIX + key_id, f'({now:.6f}', '+inf')
+            pipe.hget(keys.KEY_LIMITS, key_id)
+            pipe.llen(f'{keys.KEY_PARKED_PREFIX}{policy}:{key_id}')
+            pipe.lindex(f'{keys.KEY_PARKED_PREFIX}{policy}:{key_id}', 0)
+            pipe.zscore(keys.KEY_DUE, f'{policy}:{key_id}')
+            pipe.zrangebyscore(keys.KEY_HOLDS_PREFIX + key_id, f'({now:.6f}', '+inf', start=0, num=1)
+            pipe.get(keys.KEY_BLOCK_PREFIX + key_id)
         replies = pipe.execute()
     sources: dict[int, str] = {}  # row -> the job whose declared limit it shows
     holders: dict[int, str] = {}  # row -> the token of a live hold, when no parked job or reservation names a job
@@ -773,7 +755,7 @@ def _key_rows(conn: Any, policy: str, scope: str, names: list[str], now: float) 
     rows = []
     for i, key in enumerate(names):
         in_use, override, parked, _, due, _, blocked = replies[i * width:i * width + width]
-        limit = int(override) if override is not None else _declared_limit(fields.get(i), keys.key_channel(scope, key))
+        limit = int(override) if override is not None else _declared_limit(fields.get(i), keys.key_id(scope, key))
         until = float(blocked) if blocked is not None and float(blocked) > now else None
         row = {'key': key, 'in_use': int(in_use), 'limit': limit, 'overridden': override is not None,
                'parked': int(parked), 'next_due': float(due) if due is not None else None, 'backoff_until': until}
@@ -814,13 +796,13 @@ def waiting_words(row: dict[str, Any], now: float) -> str:
 
 
 
-def _declared_limit(raw: Any, channel: str) -> int | None:
-    """The limit in a job's ``'<limit> <scope>:<key>'`` field, when that field names ``channel``."""
+def _declared_limit(raw: Any, key_id: str) -> int | None:
+    """The limit in a job's ``'<limit> <scope>:<key>'`` field, when that field names ``key_id``."""
     if raw is None:
         return None
     head, _, named = text(raw).partition(' ')
     head = head.partition('*')[0]  # a costed job's '<limit>*<cost>'
-    return int(head) if head.isdigit() and named == channel else None
+    return int(head) if head.isdigit() and named == key_id else None
 
 
 def _cost(value: Any, limit: int, where: str = 'cost', never: str = 'could never start') -> int:

@@ -139,15 +139,6 @@ class Debounce(AdmissionPolicy):
             replaced_in_place(job, verdict)
 
     @classmethod
-    def examples(cls) -> tuple[AdmissionPolicy, ...]:
-        return (cls(30), cls(30, max_wait=120))
-
-    #: Constructor arguments this policy refuses, each with the argument its error names (the contract suite).
-    invalid: ClassVar[tuple[tuple[dict[str, Any], str], ...]] = (
-        ({'wait': 0}, 'wait'), ({'wait': 30, 'max_wait': 10}, 'max_wait'), ({'wait': 'x'}, 'wait'),
-    )
-
-    @classmethod
     def identity_families(cls) -> tuple[keys.Family, ...]:
         return (keys.DEBOUNCE_KEYS,)
 

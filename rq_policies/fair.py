@@ -169,8 +169,8 @@ def _priority(value: Any, where: str = 'priority') -> int:
     return value
 
 
-def _channel(scope: Any, key: Any) -> str:
-    return keys.key_channel(check_scope(scope), key_text(key))
+def _key_id(scope: Any, key: Any) -> str:
+    return keys.key_id(check_scope(scope), key_text(key))
 
 
 class Fair(FetchPolicy):
@@ -230,24 +230,6 @@ class Fair(FetchPolicy):
             words.append(f'priority={getattr(self.priority, "__name__", self.priority)}')
         return f'Fair({", ".join(words)})'
 
-    @classmethod
-    def examples(cls) -> tuple[Fair, ...]:
-        from .concurrency import _first_argument
-
-        return (cls(key=_first_argument), cls(key=_first_argument, weight=3, max_waiting=100, scope='contract'))
-
-    invalid: ClassVar[tuple[tuple[dict[str, Any], str], ...]] = (
-        ({'key': 'tenant'}, 'key'),
-        ({'key': len, 'weight': 0}, 'weight'),
-        ({'key': len, 'weight': 1.5}, 'weight'),
-        ({'key': len, 'weight': MAX_WEIGHT + 1}, 'weight'),
-        ({'key': len, 'max_waiting': 0}, 'max_waiting'),
-        ({'key': len, 'max_waiting': True}, 'max_waiting'),
-        ({'key': len, 'on_conflict': 'replace'}, 'on_conflict'),
-        ({'key': len, 'scope': 'a:b'}, 'scope'),
-        ({'key': len, 'priority': 5}, 'priority'),
-    )
-
     # -- the enqueue ----------------------------------------------------------------------------------------------
 
     def call_field_names(self) -> tuple[str, ...]:
@@ -273,7 +255,7 @@ class Fair(FetchPolicy):
                                  f'{self!r} priority (the value the priority function returned)')
         else:
             priority = 0
-        return [FIELD, f'{weight} {priority} {keys.key_channel(scope, key)}']
+        return [FIELD, f'{weight} {priority} {keys.key_id(scope, key)}']
 
     def job_fields(self, queue: str, digest: str) -> list[str]:
         return []
@@ -296,15 +278,15 @@ class Fair(FetchPolicy):
                 break
         if raw is None:  # a probe (no job built yet): nothing to check
             return {}
-        weight, priority, channel = raw.split(' ', 2)
-        line = f'{queue.name}:{channel}'
+        weight, priority, key_id = raw.split(' ', 2)
+        line = f'{queue.name}:{key_id}'
         call.key('fair.wait', WAIT_PREFIX + line)
         call.key('fair.seq', SEQ_PREFIX + line)
         call.key('fair.active', ACTIVE_PREFIX + queue.name)
         call.key('fair.paused', PAUSED)
-        call.key('fair.pausedin', PAUSED_IN_PREFIX + channel)
+        call.key('fair.pausedin', PAUSED_IN_PREFIX + key_id)
         call.key('fair.deferred', DeferredJobRegistry.key_template.format(queue.name))
-        return {'channel': channel, 'priority': int(priority), 'max_waiting': self.max_waiting, 'queue': queue.name,
+        return {'key_id': key_id, 'priority': int(priority), 'max_waiting': self.max_waiting, 'queue': queue.name,
                 'wake': keys.wake(queue.name)}
 
     def on_drop(self, func_name: str, queue: str, verdict: Any) -> None:
@@ -341,40 +323,40 @@ class Fair(FetchPolicy):
             InvalidSetting: (a ValueError) naming the argument and the value; nothing is written.
         """
         with refusing():
-            channel = _channel(scope, key)
+            key_id = _key_id(scope, key)
             _weight(weight)
             conn = _need(connection)
-        conn.hset(WEIGHTS, channel, weight)
+        conn.hset(WEIGHTS, key_id, weight)
         return FairWeight(weight)
 
     @classmethod
     def get(cls, scope: str, key: Any, connection: Any = None) -> FairWeight | None:
         """The weight set at run time for one key of ``scope``, or None (its jobs' declared weight applies)."""
         with refusing():
-            channel = _channel(scope, key)
+            key_id = _key_id(scope, key)
             conn = _need(connection)
-        raw = conn.hget(WEIGHTS, channel)
+        raw = conn.hget(WEIGHTS, key_id)
         return None if raw is None else FairWeight(int(raw))
 
     @classmethod
     def clear(cls, scope: str, key: Any, connection: Any = None) -> bool:
         """Remove the run-time weight of one key: its jobs' declared weight applies again. True when it had one."""
         with refusing():
-            channel = _channel(scope, key)
+            key_id = _key_id(scope, key)
             conn = _need(connection)
-        return conn.hdel(WEIGHTS, channel) == 1
+        return conn.hdel(WEIGHTS, key_id) == 1
 
     @classmethod
     def status(cls, scope: str, key: Any, queue: str = 'default', connection: Any = None) -> FairStatus:
         """One key's state on ``queue``: waiting jobs, active or paused, its run-time weight, the active keys."""
         with refusing():
-            channel = _channel(scope, key)
+            key_id = _key_id(scope, key)
             conn = _need(connection)
         with conn.pipeline(transaction=False) as pipe:
-            pipe.zcard(WAIT_PREFIX + f'{queue}:{channel}')
-            pipe.zscore(ACTIVE_PREFIX + queue, channel)
-            pipe.hexists(PAUSED, channel)
-            pipe.hget(WEIGHTS, channel)
+            pipe.zcard(WAIT_PREFIX + f'{queue}:{key_id}')
+            pipe.zscore(ACTIVE_PREFIX + queue, key_id)
+            pipe.hexists(PAUSED, key_id)
+            pipe.hget(WEIGHTS, key_id)
             pipe.zcard(ACTIVE_PREFIX + queue)
             waiting, score, paused, weight, count = pipe.execute()
         return FairStatus(int(waiting), score is not None and not paused, bool(paused),
@@ -398,9 +380,9 @@ class Fair(FetchPolicy):
     def waiting(cls, queue: str, scope: str, key: Any, connection: Any = None) -> list[str]:
         """The ids of one key's jobs waiting on ``queue``, in the order they start (priority, then FIFO)."""
         with refusing():
-            channel = _channel(scope, key)
+            key_id = _key_id(scope, key)
             conn = _need(connection)
-        return [text(j) for j in conn.zrange(WAIT_PREFIX + f'{queue}:{channel}', 0, -1)]
+        return [text(j) for j in conn.zrange(WAIT_PREFIX + f'{queue}:{key_id}', 0, -1)]
 
     # -- what explain, info and the page show ------------------------------------------------------------------
 
@@ -415,31 +397,31 @@ class Fair(FetchPolicy):
         active = [(text(m), float(s)) for m, s in conn.zrange(ACTIVE_PREFIX + queue, 0, end, withscores=True)]
         paused_all = {text(c) for c in conn.hkeys(PAUSED)}
         paused = sorted(paused_all)[:limit or None]
-        channels = [c for c, _ in active] + [c for c in paused if c not in dict(active)]
-        if not channels:
+        key_ids = [c for c, _ in active] + [c for c in paused if c not in dict(active)]
+        if not key_ids:
             return []
         with conn.pipeline(transaction=False) as pipe:
-            for channel in channels:
-                pipe.zcard(WAIT_PREFIX + f'{queue}:{channel}')
-                pipe.zrange(WAIT_PREFIX + f'{queue}:{channel}', 0, 0)
-            pipe.hmget(WEIGHTS, channels)
+            for key_id in key_ids:
+                pipe.zcard(WAIT_PREFIX + f'{queue}:{key_id}')
+                pipe.zrange(WAIT_PREFIX + f'{queue}:{key_id}', 0, 0)
+            pipe.hmget(WEIGHTS, key_ids)
             *replies, weights = pipe.execute()
-        heads = {i: text(replies[2 * i + 1][0]) for i in range(len(channels)) if replies[2 * i + 1]}
+        heads = {i: text(replies[2 * i + 1][0]) for i in range(len(key_ids)) if replies[2 * i + 1]}
         with conn.pipeline(transaction=False) as pipe:
             for job_id in heads.values():
                 pipe.hget(Job.redis_job_namespace_prefix + job_id, FIELD)
             declared = dict(zip(heads, pipe.execute()))
         scores = dict(active)
         rows = []
-        for i, channel in enumerate(channels):
+        for i, key_id in enumerate(key_ids):
             waiting = int(replies[2 * i])
-            if channel not in scores and not waiting:
+            if key_id not in scores and not waiting:
                 continue  # a paused key with nothing waiting on this queue
             weight = weights[i]
             if weight is None and declared.get(i) is not None:
                 weight = text(declared[i]).split(' ', 1)[0]
-            rows.append({'key': channel, 'waiting': waiting, 'weight': int(weight) if weight is not None else 1,
-                         'paused': channel in paused_all or channel not in scores, 'vtime': scores.get(channel),
+            rows.append({'key': key_id, 'waiting': waiting, 'weight': int(weight) if weight is not None else 1,
+                         'paused': key_id in paused_all or key_id not in scores, 'vtime': scores.get(key_id),
                          'set_at_run_time': weights[i] is not None})
         total = sum(r['weight'] for r in rows if not r['paused'])
         for row in rows:
@@ -465,15 +447,15 @@ class Fair(FetchPolicy):
         raw = job.get(FIELD)
         if not raw:
             return []
-        weight, priority, channel = raw.split(' ', 2)
+        weight, priority, key_id = raw.split(' ', 2)
         queue = job.get('origin', '')
-        scope, _, key = channel.partition(':')
+        scope, _, key = key_id.partition(':')
         with connection.pipeline(transaction=False) as pipe:
-            pipe.zrank(WAIT_PREFIX + f'{queue}:{channel}', job['id'])
+            pipe.zrank(WAIT_PREFIX + f'{queue}:{key_id}', job['id'])
             pipe.zcard(ACTIVE_PREFIX + queue)
-            pipe.hexists(PAUSED, channel)
-            pipe.hget(WEIGHTS, channel)
-            pipe.zcard(WAIT_PREFIX + f'{queue}:{channel}')
+            pipe.hexists(PAUSED, key_id)
+            pipe.hget(WEIGHTS, key_id)
+            pipe.zcard(WAIT_PREFIX + f'{queue}:{key_id}')
             rank, active, paused, stored, waiting = pipe.execute()
         weight_now = int(stored) if stored is not None else int(weight)
         entry: dict[str, Any] = {'scope': scope, 'key': key, 'queue': queue,
@@ -617,9 +599,9 @@ def _ordinal(n: int) -> str:
 
 def _pause_call(scope: str, key: Any, pause: bool) -> Call:
     with refusing():
-        channel = _channel(scope, key)
-    call = Call('fair_pause', channel=channel, pause=pause, waits=WAIT_PREFIX, actives=ACTIVE_PREFIX,
+        key_id = _key_id(scope, key)
+    call = Call('fair_pause', key_id=key_id, pause=pause, waits=WAIT_PREFIX, actives=ACTIVE_PREFIX,
                 wake=keys.wake(''))
     call.key('paused', PAUSED)
-    call.key('pausedin', PAUSED_IN_PREFIX + channel)
+    call.key('pausedin', PAUSED_IN_PREFIX + key_id)
     return call

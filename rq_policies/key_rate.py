@@ -26,7 +26,6 @@ from .concurrency import KeyedPolicy, KeyFunction, _setting_call, check_scope, k
 from .concurrency import _cost as _keyed_cost
 from .ops import need_connection as _need
 from .ops import text
-from .policy import MAX_CAPACITY, MAX_SECONDS
 from .queue_rate import GcraRate, RateStatus, _status, check
 from .views import Cell, Explanation, Panel
 
@@ -72,8 +71,8 @@ class Rate(KeyedPolicy, GcraRate):
         cost = self.job_cost(job)
         if cost == 1:
             return [field, value]
-        limit, per, burst, channel = value.split(' ', 3)  # a costed job: '<limit> <per> <burst>*<cost> <scope>:<key>'
-        return [field, f'{limit} {per} {burst}*{cost} {channel}']
+        limit, per, burst, key_id = value.split(' ', 3)  # a costed job: '<limit> <per> <burst>*<cost> <scope>:<key>'
+        return [field, f'{limit} {per} {burst}*{cost} {key_id}']
 
     def __repr__(self) -> str:
         words = [str(self.limit), f'per={self.per}', f'burst={self.burst}']
@@ -87,26 +86,6 @@ class Rate(KeyedPolicy, GcraRate):
 
     def setting(self) -> str:
         return f'{self.limit} {self.per} {self.burst}'
-
-    @classmethod
-    def examples(cls) -> tuple[Rate, ...]:
-        from .concurrency import _first_argument
-
-        return (cls(1, per=1), cls(2, per=1, burst=1, key=_first_argument, scope='contract'))
-
-    invalid: ClassVar[tuple[tuple[dict[str, Any], str], ...]] = (
-        ({'limit': 0}, 'limit'),
-        ({'limit': True}, 'limit'),
-        ({'limit': 1.5}, 'limit'),
-        ({'limit': MAX_CAPACITY + 1}, 'limit'),
-        ({'limit': 5, 'per': 0}, 'per'),
-        ({'limit': 5, 'per': 0.5}, 'per'),
-        ({'limit': 5, 'per': MAX_SECONDS + 1}, 'per'),
-        ({'limit': 5, 'burst': 0}, 'burst'),
-        ({'limit': 5, 'burst': 6}, 'burst'),
-        ({'limit': 5, 'key': 'shop'}, 'key'),
-        ({'limit': 5, 'scope': 'a:b'}, 'scope'),
-    )
 
     # -- run-time settings and gauges (the admin API: rq_policies.admin) -----------------------------------------
 
@@ -141,9 +120,9 @@ class Rate(KeyedPolicy, GcraRate):
     def get(cls, scope: str, key: Any, connection: Any = None) -> KeyRate | None:
         """The rate set at run time for one key of ``scope``, or None (its jobs' declared rate applies)."""
         with refusing():
-            channel = keys.key_channel(check_scope(scope), key_text(key))
+            key_id = keys.key_id(check_scope(scope), key_text(key))
             conn = _need(connection)
-        return _stored_rate(conn.hget(keys.KEY_RATES, channel))
+        return _stored_rate(conn.hget(keys.KEY_RATES, key_id))
 
     @classmethod
     def clear(cls, scope: str, key: Any, connection: Any = None) -> bool:
@@ -172,18 +151,18 @@ class Rate(KeyedPolicy, GcraRate):
                 check(*given)
             scope, name = check_scope(scope), key_text(key)
             conn = _need(connection)
-        channel = keys.key_channel(scope, name)
+        key_id = keys.key_id(scope, name)
         with conn.pipeline(transaction=False) as pipe:
             pipe.time()
-            pipe.get(keys.KEY_TAT_PREFIX + channel)
-            pipe.get(keys.KEY_BLOCK_PREFIX + channel)
-            pipe.hget(keys.KEY_RATES, channel)
-            pipe.lindex(f'{keys.KEY_PARKED_PREFIX}{cls.name}:{channel}', 0)
+            pipe.get(keys.KEY_TAT_PREFIX + key_id)
+            pipe.get(keys.KEY_BLOCK_PREFIX + key_id)
+            pipe.hget(keys.KEY_RATES, key_id)
+            pipe.lindex(f'{keys.KEY_PARKED_PREFIX}{cls.name}:{key_id}', 0)
             (seconds, micros), tat, blocked, stored, head = pipe.execute()
         now = seconds + micros / 1e6
         rate = given or _stored_rate(stored)
         if rate is None and head is not None:
-            rate = _declared_rate(conn.hget(Job.redis_job_namespace_prefix + text(head), cls.field), channel)
+            rate = _declared_rate(conn.hget(Job.redis_job_namespace_prefix + text(head), cls.field), key_id)
         if rate is None:
             return _status(None, tat, blocked, now)
         limit, per, burst = (rate.limit, rate.per, rate.burst) if isinstance(rate, KeyRate) else rate
@@ -192,22 +171,22 @@ class Rate(KeyedPolicy, GcraRate):
     @classmethod
     def parked(cls, scope: str, key: Any, connection: Any = None) -> list[str]:
         """The ids of one key's jobs parked by their rate, oldest first (the order they go back in)."""
-        channel = keys.key_channel(check_scope(scope), key_text(key))
-        return [text(j) for j in _need(connection).lrange(f'{keys.KEY_PARKED_PREFIX}{cls.name}:{channel}', 0, -1)]
+        key_id = keys.key_id(check_scope(scope), key_text(key))
+        return [text(j) for j in _need(connection).lrange(f'{keys.KEY_PARKED_PREFIX}{cls.name}:{key_id}', 0, -1)]
 
     @classmethod
     def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[Explanation]:
         raw = job.get(cls.field)
         if not raw:
             return []
-        limit, per, burst, channel = raw.split(' ', 3)
+        limit, per, burst, key_id = raw.split(' ', 3)
         burst = burst.partition('*')[0]  # a costed job's '<burst>*<cost>'
-        scope, _, key = channel.partition(':')
+        scope, _, key = key_id.partition(':')
         with connection.pipeline(transaction=False) as pipe:
-            pipe.get(keys.KEY_TAT_PREFIX + channel)
-            pipe.get(keys.KEY_BLOCK_PREFIX + channel)
-            pipe.lpos(f'{keys.KEY_PARKED_PREFIX}{cls.name}:{channel}', job['id'])
-            pipe.hget(keys.KEY_RATES, channel)
+            pipe.get(keys.KEY_TAT_PREFIX + key_id)
+            pipe.get(keys.KEY_BLOCK_PREFIX + key_id)
+            pipe.lpos(f'{keys.KEY_PARKED_PREFIX}{cls.name}:{key_id}', job['id'])
+            pipe.hget(keys.KEY_RATES, key_id)
             tat, blocked, position, stored = pipe.execute()
         stored_rate = _stored_rate(stored)
         if stored_rate is None:
@@ -257,7 +236,7 @@ class Rate(KeyedPolicy, GcraRate):
                 pipe.llen(prefix + key)
                 pipe.zscore(keys.KEY_DUE, f'{cls.name}:{scope}:{key}')
                 pipe.lindex(prefix + key, 0)
-            pipe.hmget(keys.KEY_RATES, [keys.key_channel(scope, key) for key in names] or ['-'])
+            pipe.hmget(keys.KEY_RATES, [keys.key_id(scope, key) for key in names] or ['-'])
             *replies, stored = pipe.execute()
         heads = {i: text(replies[3 * i + 2]) for i in range(len(names)) if replies[3 * i + 2] is not None}
         with conn.pipeline(transaction=False) as pipe:
@@ -307,14 +286,14 @@ class Rate(KeyedPolicy, GcraRate):
         return out
 
 
-def _declared_rate(raw: Any, channel: str) -> tuple[int, int, int] | None:
-    """``(limit, per, burst)`` of a job's ``'<limit> <per> <burst> <scope>:<key>'`` field, when it names ``channel``."""
+def _declared_rate(raw: Any, key_id: str) -> tuple[int, int, int] | None:
+    """``(limit, per, burst)`` of a job's ``'<limit> <per> <burst> <scope>:<key>'`` field, when it names ``key_id``."""
     if raw is None:
         return None
     words = text(raw).split(' ', 3)
     if len(words) == 4:
         words[2] = words[2].partition('*')[0]  # a costed job's '<burst>*<cost>'
-    if len(words) != 4 or words[3] != channel or not all(w.isdigit() for w in words[:3]):
+    if len(words) != 4 or words[3] != key_id or not all(w.isdigit() for w in words[:3]):
         return None
     return int(words[0]), int(words[1]), int(words[2])
 

@@ -240,7 +240,7 @@ def rate_tat(queue: str) -> str:
 
 
 #: The per-key policies' keys (Concurrency, Rate): a ``<scope>`` never holds a colon, so ``<scope>:<key>`` (the key
-#: value as text, colons allowed) names one key of one scope unambiguously.
+#: value as text, colons allowed), the key id (:func:`key_id`), names one key of one scope unambiguously.
 KEY_HOLDS_PREFIX = PREFIX + 'keyholds:'
 KEY_PARKED_PREFIX = PREFIX + 'keyparked:'
 KEY_BLOCK_PREFIX = PREFIX + 'keyblock:'
@@ -252,8 +252,9 @@ KEY_LIMITS = PREFIX + 'keylimits'
 KEY_RATES = PREFIX + 'keyrates'
 
 
-def key_channel(scope: str, key: str) -> str:
-    """``<scope>:<key>``: one key of one scope, as the per-key keys and the due index name it."""
+def key_id(scope: str, key: str) -> str:
+    """A key's **key id**, ``<scope>:<key>``: one key of one scope, as the per-key keys, the due index, the run-time
+    settings' hashes and the job field name it."""
     return f'{scope}:{key}'
 
 

@@ -180,18 +180,6 @@ class Loner(AdmissionPolicy):
         return HINT_SECONDS if verdict.code == 0 and verdict.policy == self.name else 0.0
 
     @classmethod
-    def examples(cls) -> tuple[AdmissionPolicy, ...]:
-        return (cls(), cls(until='finished'), cls(on_conflict='replace'), cls(until='finished', on_conflict='replace'),
-                cls(ttl=60), cls(until='finished', ttl=60))
-
-    #: Constructor arguments this policy refuses, each with the argument its error names (the contract suite).
-    invalid: ClassVar[tuple[tuple[dict[str, Any], str], ...]] = (
-        ({'until': 'x'}, 'until'), ({'until': None}, 'until'), ({'on_conflict': 'skip'}, 'on_conflict'),
-        ({'on_conflict': True}, 'on_conflict'), ({'ttl': 0}, 'ttl'), ({'ttl': -5}, 'ttl'), ({'ttl': '60'}, 'ttl'),
-        ({'ttl': True}, 'ttl'), ({'ttl': float('nan')}, 'ttl'), ({'ttl': float('inf')}, 'ttl'),
-    )
-
-    @classmethod
     def identity_families(cls) -> tuple[keys.Family, ...]:
         return (keys.LONER_KEYS,)
 

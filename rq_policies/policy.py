@@ -117,15 +117,6 @@ class Policy:
         return None
 
     @classmethod
-    def examples(cls) -> tuple[Policy, ...]:
-        """Instances covering this policy's distinct behaviours; the contract suite runs each one
-        (``tests/contract``), so a new policy gets those tests by registering."""
-        return ()
-
-    #: Constructor arguments the policy refuses, each with the argument its error must name (the contract suite).
-    invalid: ClassVar[tuple[tuple[dict[str, Any], str], ...]] = ()
-
-    @classmethod
     def metrics(cls, connection: Redis, now: float) -> list[Metric]:
         """This policy's Prometheus metric families, read from Redis at scrape time (``now``: the server clock), as
         :class:`rq_policies.views.Metric` descriptions; :mod:`rq_policies.metrics` renders them."""
@@ -384,7 +375,8 @@ class FetchPolicy(Policy):
 
     kind: ClassVar[str] = FETCH
     #: Declared on the job's function (``@policy(...)``, its setting stored on each job hash) rather than configured
-    #: per queue in Redis: the contract suite tests such a policy through ``examples()``, not ``configure()``.
+    #: per queue in Redis: the contract suite tests such a policy through its examples (its test folder's
+    #: ``examples.py``), not ``configure()``.
     per_job: ClassVar[bool] = False
     #: The keys of the fetch call (names :meth:`fetch_keys` gave ``call.key``, or ``call.key_list`` for one key per
     #: queue) whose absence means that the policy's gate passes every queue, its take does nothing, none of its keys

@@ -254,13 +254,6 @@ class QueueSlot(FetchPolicy):
     def setting_examples(cls) -> tuple[dict[str, Any], ...]:
         return ({'capacity': 1},)
 
-    invalid: ClassVar[tuple[tuple[dict[str, Any], str], ...]] = (
-        ({'capacity': 0}, 'capacity'),
-        ({'capacity': True}, 'capacity'),
-        ({'capacity': '3'}, 'capacity'),
-        ({'capacity': MAX_CAPACITY + 1}, 'capacity'),
-    )
-
     # -- state, metrics, the CLI -----------------------------------------------------------------------------------
 
     @classmethod

@@ -271,16 +271,6 @@ class Throttle(AdmissionPolicy):
             )
 
     @classmethod
-    def examples(cls) -> tuple[AdmissionPolicy, ...]:
-        return (cls(60), cls(60, trailing=True))
-
-    #: Constructor arguments this policy refuses, each with the argument its error names (the contract suite).
-    invalid: ClassVar[tuple[tuple[dict[str, Any], str], ...]] = (
-        ({'slot': 0}, 'slot'), ({'slot': 1.5}, 'slot'), ({'slot': True}, 'slot'),
-        ({'slot': 60, 'trailing': 1}, 'trailing'),
-    )
-
-    @classmethod
     def identity_families(cls) -> tuple[keys.Family, ...]:
         return (keys.THROTTLE_KEYS, keys.TRAILING_KEYS)
 

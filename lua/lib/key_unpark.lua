@@ -55,17 +55,18 @@ local function key_unpark(kp, parked, n, field, each, fits)
   return #moved
 end
 
--- The start of a per-key policy's `due(ctx, channel)`, shared by every such policy: key `channel`'s
--- parked list of `policy`, and its live head's `policies_<policy>` field. `stop` says the due
--- function answers `due` at once: the key is backed off (until `due`), or its list has no live head
--- (`due` is now while stale ids are left, for the next fetch to go on; nil when the list is empty).
-local function key_due_start(ctx, policy, channel)
-  local parked = ctx.kp.parked .. policy .. ':' .. channel
+-- The start of a per-key policy's `due(ctx, key_id)`, shared by every such policy: the parked
+-- list of `policy` of the key `key_id`, and its live head's `policies_<policy>` field. `stop` says
+-- the due function answers `due` at once: the key is backed off (until `due`), or its list has no
+-- live head (`due` is now while stale ids are left, for the next fetch to go on; nil when the list
+-- is empty).
+local function key_due_start(ctx, policy, key_id)
+  local parked = ctx.kp.parked .. policy .. ':' .. key_id
   local head, raw = key_parked_head(ctx.kp, parked, 'policies_' .. policy)
   if not head then
     return parked, nil, true, redis.call('LLEN', parked) > 0 and ctx.now or nil
   end
-  local blocked = key_blocked(ctx.kp, channel, ctx.now)
+  local blocked = key_blocked(ctx.kp, key_id, ctx.now)
   if blocked then
     return parked, raw, true, blocked
   end

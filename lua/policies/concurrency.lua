@@ -5,7 +5,8 @@
 
   The job hash carries the policy (field policies_concurrency = '<limit> <scope>:<key>', written
   at enqueue), so a worker needs no import of the job's function to enforce it. Keys are built
-  from the prefixes in ctx.kp (rq_policies.concurrency.keyed_args), '<scope>:<key>' appended:
+  from the prefixes in ctx.kp (rq_policies.concurrency.keyed_args), the key id '<scope>:<key>'
+  appended:
     holds   rq:policies:keyholds:<scope>:<key>   ZSET hold ledger (QueueSlot's model: member =
                                                   claim token, score = expiry, server clock);
                                                   a member 'unpark:<job id>' is the unit reserved
@@ -28,7 +29,7 @@
     take_job(ctx, jid, raw)  -> the ledger key the claim's hold was added to
     refused(ctx, jid, raw)   -> the job is parked (by this part or another): its reservation, if
       any, goes, and the key is due now (its next parked job may use the unit)
-    due(ctx, channel)        -> the key's entry in the due index came due: give parked jobs back
+    due(ctx, key_id)         -> the key's entry in the due index came due: give parked jobs back
       while units are free (each with a reservation), at most 10 per call; returns the next
       time to look (nil: no parked job left)
 ]]
@@ -40,15 +41,15 @@
 P.concurrency = {fields = {'policies_concurrency'}}
 
 local function cc_parse(raw)
-  local limit, cost, channel = string.match(raw, '^(%d+)%*?(%d*) (.+)$')
-  return tonumber(limit), channel, tonumber(cost) or 1
+  local limit, cost, key_id = string.match(raw, '^(%d+)%*?(%d*) (.+)$')
+  return tonumber(limit), key_id, tonumber(cost) or 1
 end
 
--- The units of key `channel` in use under the server's clock: its live holds, each counting its
+-- The units of the key `key_id` in use under the server's clock: its live holds, each counting its
 -- cost, member `except` (a job's own reservation) left out. A key without costed holds pays one
 -- EXISTS beside the ZCOUNT; one with costed holds reads its live holds (at most `limit` of them).
-local function cc_units(ctx, ledger, channel, except)
-  local units = ctx.kp.units .. channel
+local function cc_units(ctx, ledger, key_id, except)
+  local units = ctx.kp.units .. key_id
   if redis.call('EXISTS', units) == 0 then
     local n = ledger_live(ledger, ctx.now)
     if except and (tonumber(redis.call('ZSCORE', ledger, except)) or 0) > ctx.now then
@@ -75,8 +76,8 @@ local function cc_prune(ctx, ledger, units)
   end
 end
 
-local function cc_limit(ctx, channel, declared)
-  return tonumber(redis.call('HGET', ctx.kp.limits, channel)) or declared
+local function cc_limit(ctx, key_id, declared)
+  return tonumber(redis.call('HGET', ctx.kp.limits, key_id)) or declared
 end
 
 -- The time the earliest live hold of `ledger` expires (the key could free then), else now.
@@ -87,20 +88,20 @@ local function cc_first_expiry(ledger, now)
 end
 
 function P.concurrency.admit_job(ctx, jid, raw)
-  local limit, channel, cost = cc_parse(raw)
+  local limit, key_id, cost = cc_parse(raw)
   if not limit then
     return nil -- not written by Concurrency (which validates): ignored rather than blocking forever
   end
-  local parked = ctx.kp.parked .. 'concurrency:' .. channel
-  local member = 'concurrency:' .. channel
-  local blocked = key_blocked(ctx.kp, channel, ctx.now)
-  local ledger = ctx.kp.holds .. channel
+  local parked = ctx.kp.parked .. 'concurrency:' .. key_id
+  local member = 'concurrency:' .. key_id
+  local blocked = key_blocked(ctx.kp, key_id, ctx.now)
+  local ledger = ctx.kp.holds .. key_id
   local mine = redis.call('ZSCORE', ledger, 'unpark:' .. jid)
   if blocked then
     return {parked = parked, member = member, due = blocked, head = mine and true or false}
   end
-  limit = cc_limit(ctx, channel, limit)
-  local others = cc_units(ctx, ledger, channel, mine and ('unpark:' .. jid) or nil)
+  limit = cc_limit(ctx, key_id, limit)
+  local others = cc_units(ctx, ledger, key_id, mine and ('unpark:' .. jid) or nil)
   local fits = others + cost <= limit
   -- A job that was not given back by an unpark waits behind the key's parked jobs (FIFO per key).
   if fits and (mine or redis.call('LLEN', parked) == 0) then
@@ -111,12 +112,12 @@ function P.concurrency.admit_job(ctx, jid, raw)
 end
 
 function P.concurrency.take_job(ctx, jid, raw)
-  local _, channel, cost = cc_parse(raw)
-  local ledger = ctx.kp.holds .. channel
+  local _, key_id, cost = cc_parse(raw)
+  local ledger = ctx.kp.holds .. key_id
   redis.call('ZREM', ledger, 'unpark:' .. jid)
   redis.call('ZREMRANGEBYSCORE', ledger, '-inf', ctx.now)
   ledger_add(ledger, ctx.token, ctx.ttl, ctx.now)
-  local units = ctx.kp.units .. channel
+  local units = ctx.kp.units .. key_id
   if cost > 1 then
     redis.call('ZADD', units, cost, ctx.token)
   end
@@ -127,25 +128,25 @@ function P.concurrency.take_job(ctx, jid, raw)
 end
 
 function P.concurrency.refused(ctx, jid, raw)
-  local _, channel = cc_parse(raw)
-  if channel then
-    redis.call('ZREM', ctx.kp.units .. channel, 'unpark:' .. jid)
+  local _, key_id = cc_parse(raw)
+  if key_id then
+    redis.call('ZREM', ctx.kp.units .. key_id, 'unpark:' .. jid)
   end
-  if channel and redis.call('ZREM', ctx.kp.holds .. channel, 'unpark:' .. jid) == 1 then
+  if key_id and redis.call('ZREM', ctx.kp.holds .. key_id, 'unpark:' .. jid) == 1 then
     -- the unit reserved for this job is free again: the key's next parked job may use it
-    redis.call('ZADD', ctx.kp.due, ctx.now, 'concurrency:' .. channel)
+    redis.call('ZADD', ctx.kp.due, ctx.now, 'concurrency:' .. key_id)
   end
 end
 
-function P.concurrency.due(ctx, channel)
-  local parked, raw, stop, due = key_due_start(ctx, 'concurrency', channel)
+function P.concurrency.due(ctx, key_id)
+  local parked, raw, stop, due = key_due_start(ctx, 'concurrency', key_id)
   if stop then
     return due
   end
-  local ledger = ctx.kp.holds .. channel
+  local ledger = ctx.kp.holds .. key_id
   redis.call('ZREMRANGEBYSCORE', ledger, '-inf', ctx.now)
-  local room = cc_limit(ctx, channel, cc_parse(raw or '') or 1) - cc_units(ctx, ledger, channel, nil)
-  local units = ctx.kp.units .. channel
+  local room = cc_limit(ctx, key_id, cc_parse(raw or '') or 1) - cc_units(ctx, ledger, key_id, nil)
+  local units = ctx.kp.units .. key_id
   -- One job at a time while its cost fits (each with a reservation of its cost), at most 10.
   local full, moved = false, {}
   for _ = 1, 10 do

@@ -51,7 +51,7 @@ local function fair_floor(active)
 end
 
 function P.fair.check(ctx, p)
-  if not p.channel or (ctx.mode ~= 'R' and ctx.mode ~= 'L') or not p.max_waiting then
+  if not p.key_id or (ctx.mode ~= 'R' and ctx.mode ~= 'L') or not p.max_waiting then
     return nil
   end
   local wait = ctx.key('fair.wait')
@@ -64,7 +64,7 @@ function P.fair.check(ctx, p)
 end
 
 function P.fair.commit(ctx, p)
-  if p.channel and (ctx.mode == 'R' or ctx.mode == 'L') then
+  if p.key_id and (ctx.mode == 'R' or ctx.mode == 'L') then
     ctx.mode = 'D' -- the hash only: written() files the job in its key's line
     ctx.fair = true
   end
@@ -81,12 +81,12 @@ function P.fair.written(ctx, p)
   redis.call('ZADD', ctx.key('fair.deferred'), ctx.now, ctx.jid)
   local seq = redis.call('INCR', ctx.key('fair.seq'))
   redis.call('ZADD', ctx.key('fair.wait'), -p.priority * 1099511627776 + seq, ctx.jid)
-  if redis.call('HEXISTS', ctx.key('fair.paused'), p.channel) == 1 then
+  if redis.call('HEXISTS', ctx.key('fair.paused'), p.key_id) == 1 then
     redis.call('SADD', ctx.key('fair.pausedin'), p.queue)
   else
     local active = ctx.key('fair.active')
-    if not redis.call('ZSCORE', active, p.channel) then
-      redis.call('ZADD', active, fair_floor(active), p.channel)
+    if not redis.call('ZSCORE', active, p.key_id) then
+      redis.call('ZADD', active, fair_floor(active), p.key_id)
     end
   end
   redis.call('SPUBLISH', p.wake, ctx.jid)
@@ -97,16 +97,16 @@ function P.fair.source(ctx, i)
   local queue = ctx.names[i]
   for _ = 1, 10 do
     local top = redis.call('ZRANGE', active, 0, 0, 'WITHSCORES')
-    local channel, vt = top[1], tonumber(top[2])
-    if not channel then
+    local key_id, vt = top[1], tonumber(top[2])
+    if not key_id then
       return nil
     end
-    local line = queue .. ':' .. channel
+    local line = queue .. ':' .. key_id
     local wait = ctx.key('fair.waits') .. line
     local jid, left
-    if redis.call('HEXISTS', ctx.key('fair.paused'), channel) == 1 then
-      redis.call('ZREM', active, channel) -- paused: its jobs wait until a resume makes it active
-      redis.call('SADD', ctx.key('fair.pausedins') .. channel, queue)
+    if redis.call('HEXISTS', ctx.key('fair.paused'), key_id) == 1 then
+      redis.call('ZREM', active, key_id) -- paused: its jobs wait until a resume makes it active
+      redis.call('SADD', ctx.key('fair.pausedins') .. key_id, queue)
     else
       jid = redis.call('ZPOPMIN', wait)[1]
       left = redis.call('ZCARD', wait)
@@ -116,11 +116,11 @@ function P.fair.source(ctx, i)
       local job = redis.call('HMGET', job_key, 'status', 'origin', 'policies_fair')
       if job[1] == 'deferred' and job[2] == queue and job[3] then
         if left > 0 then
-          local weight = tonumber(redis.call('HGET', ctx.key('fair.weights'), channel))
+          local weight = tonumber(redis.call('HGET', ctx.key('fair.weights'), key_id))
             or tonumber(string.match(job[3], '^(%d+) ')) or 1
-          redis.call('ZADD', active, vt + 1 / weight, channel)
+          redis.call('ZADD', active, vt + 1 / weight, key_id)
         else
-          redis.call('ZREM', active, channel)
+          redis.call('ZREM', active, key_id)
           redis.call('DEL', ctx.key('fair.seqs') .. line)
         end
         redis.call('HSET', job_key, 'status', 'queued')
@@ -129,7 +129,7 @@ function P.fair.source(ctx, i)
       end
     end
     if left == 0 then
-      redis.call('ZREM', active, channel)
+      redis.call('ZREM', active, key_id)
       redis.call('DEL', ctx.key('fair.seqs') .. line)
     end
   end

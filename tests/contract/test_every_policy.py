@@ -1,6 +1,7 @@
 """The contract every registered policy keeps, parametrized over the registry.
 
-A new policy gets these tests by registering (defining its class) and giving ``examples()`` and ``invalid``:
+A new policy gets these tests by registering (defining its class) and giving its cases in its test folder's
+``examples.py`` (``EXAMPLES`` and ``INVALID`` under its registered name, found by tests/helpers/cases.py):
 
 * a replayed call (redis-py retries a command whose reply was lost, with the same arguments) writes nothing more;
 * ``reset`` clears everything the policy wrote for an identity;
@@ -9,7 +10,7 @@ A new policy gets these tests by registering (defining its class) and giving ``e
 * ``info --json`` shows its state, and a drop is counted under its name for the metrics;
 * bad arguments raise an error naming the argument.
 
-A per-job fetch policy (declared on the function, its setting on each job hash: ``examples()``, ``invalid``) gets:
+A per-job fetch policy (declared on the function, its setting on each job hash: ``EXAMPLES``, ``INVALID``) gets:
 
 * under each example one start of a key is taken and the next job of that key is parked, out of the way of the job
   of another key behind it, which is served; a replayed fetch and a replayed release move nothing twice;
@@ -17,7 +18,7 @@ A per-job fetch policy (declared on the function, its setting on each job hash: 
 * what the fetch writes is under ``rq:policies:`` and expires or is freed when the last parked job goes back;
 * bad arguments raise an error naming the argument.
 
-A fetch policy (its settings live in Redis: ``configure``, ``unconfigure``, ``setting_examples``, ``invalid``) gets:
+A fetch policy (its settings live in Redis: ``configure``, ``unconfigure``, ``setting_examples``, ``INVALID``) gets:
 
 * under each example setting one start is taken and the next refused without a pop, and a refused fetch replayed
   writes nothing;
@@ -37,14 +38,14 @@ from rq_policies import PolicyQueue, keys, ops, state
 from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.fetch import Claim, Look, fetch_call, read_reply
 from rq_policies.policy import ADMISSION, FETCH, registered
-from tests.helpers import jobs
+from tests.helpers import cases, jobs
 
 CASES = [
-    pytest.param(example, id=repr(example)) for cls in registered(ADMISSION) for example in cls.examples()
+    pytest.param(example, id=repr(example)) for cls in registered(ADMISSION) for example in cases.examples(cls)
 ]
 INVALID = [
     pytest.param(cls, kwargs, argument, id=f'{cls.name}-{argument}-{kwargs}')
-    for cls in registered(ADMISSION) for kwargs, argument in cls.invalid
+    for cls in registered(ADMISSION) for kwargs, argument in cases.invalid(cls)
 ]
 RQ_KEYS = (f'{RQ}:job:', f'{RQ}:queue:', f'{RQ}:scheduled:', f'{RQ}:queues')
 
@@ -52,7 +53,7 @@ RQ_KEYS = (f'{RQ}:job:', f'{RQ}:queue:', f'{RQ}:scheduled:', f'{RQ}:queues')
 def test_every_admission_policy_gives_examples():
     assert registered(ADMISSION), 'no admission policy registered'
     for cls in registered(ADMISSION):
-        assert cls.examples(), f'{cls.name}: examples() must give at least one instance for the contract suite'
+        assert cases.examples(cls), f'{cls.name}: EXAMPLES must give at least one instance for the contract suite'
 
 
 def shape(conn):
@@ -225,7 +226,7 @@ FETCH_CASES = [
 ]
 FETCH_INVALID = [
     pytest.param(cls, kwargs, argument, id=f'{cls.name}-{argument}-{kwargs}')
-    for cls in QUEUE_FETCH for kwargs, argument in cls.invalid
+    for cls in QUEUE_FETCH for kwargs, argument in cases.invalid(cls)
 ]
 
 
@@ -234,7 +235,7 @@ def test_every_fetch_policy_gives_setting_examples_and_invalid_settings():
     assert QUEUE_FETCH, 'no fetch policy registered'
     for cls in QUEUE_FETCH:
         assert cls.setting_examples(), f'{cls.name}: setting_examples() must give at least one setting'
-        assert cls.invalid, f'{cls.name}: invalid must list settings configure() refuses'
+        assert cases.invalid(cls), f'{cls.name}: INVALID must list settings configure() refuses'
 
 
 def fetch(conn, token):
@@ -311,18 +312,18 @@ def test_bad_settings_name_the_argument_and_change_nothing(connection, cls, kwar
 # -- per-job fetch policies (declared on the function) ---------------------------------------------------------------
 
 PER_JOB = [cls for cls in registered(FETCH) if cls.per_job]
-PER_JOB_CASES = [pytest.param(example, id=repr(example)) for cls in PER_JOB for example in cls.examples()]
+PER_JOB_CASES = [pytest.param(example, id=repr(example)) for cls in PER_JOB for example in cases.examples(cls)]
 PER_JOB_INVALID = [
     pytest.param(cls, kwargs, argument, id=f'{cls.name}-{argument}-{kwargs}')
-    for cls in PER_JOB for kwargs, argument in cls.invalid
+    for cls in PER_JOB for kwargs, argument in cases.invalid(cls)
 ]
 
 
 def test_every_per_job_fetch_policy_gives_examples_and_invalid_arguments():
     assert PER_JOB, 'no per-job fetch policy registered'
     for cls in PER_JOB:
-        assert cls.examples(), f'{cls.name}: examples() must give at least one instance for the contract suite'
-        assert cls.invalid, f'{cls.name}: invalid must list arguments it refuses'
+        assert cases.examples(cls), f'{cls.name}: EXAMPLES must give at least one instance for the contract suite'
+        assert cases.invalid(cls), f'{cls.name}: INVALID must list arguments it refuses'
 
 
 def per_job_fetch(conn, token):

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from rq_policies.policy import registered
-from tests.helpers import PACKAGE
+from tests.helpers import PACKAGE, cases
 
 GLUE = ('queue.py', 'worker.py', 'worker_mixin.py', 'wake.py', 'guard.py', 'state.py', 'cli.py', 'metrics.py',
         'fetch.py', 'admission.py')
@@ -122,12 +122,12 @@ def test_the_engine_s_protocols_are_narrow_typed_and_met():
         assert 'Any' not in annotations, (name, annotations)
         assert member.__doc__, f'{name} is not documented'
     for cls in registered(ADMISSION):
-        for example in cls.examples():
+        for example in cases.examples(cls):
             assert isinstance(example, AdmissionSide), example
     for cls in registered(FETCH):
         assert isinstance(cls, FetchSide), cls
         if cls.per_job:
-            for example in cls.examples():
+            for example in cases.examples(cls):
                 assert isinstance(example, Declared), example
 
 

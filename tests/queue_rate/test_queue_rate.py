@@ -35,7 +35,7 @@ from rq_policies import (
 from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.fetch import Claim, Fetcher, FetchReply, Look, dequeue, fetch_call, read_reply
 from rq_policies.queue_rate import BACKOFFS_META, SNOOZES_META
-from tests.helpers import key_jobs
+from tests.helpers import cases, key_jobs
 from tests.helpers.cluster import ON_CLUSTER, not_on_cluster
 from tests.helpers.rate_jobs import back_off_once, note_failure, record_and_sleep, record_start, snooze_times
 from tests.helpers.records import server_now
@@ -74,7 +74,7 @@ def test_set_get_status_clear(connection):
     assert connection.exists(keys.RATE) == 0
 
 
-@pytest.mark.parametrize('kwargs, argument', QueueRate.invalid)
+@pytest.mark.parametrize('kwargs, argument', cases.invalid(QueueRate))
 def test_bad_settings_name_the_argument_and_write_nothing(connection, kwargs, argument):
     QueueRate.set('emails', 7, per=3, connection=connection)
     before = connection.hgetall(keys.RATE)

@@ -1,0 +1,18 @@
+"""Loner's contract cases (tests/helpers/cases.py finds them by the policy's registered name)."""
+
+from rq_policies import Loner
+
+#: Instances covering Loner's distinct behaviours; the contract suite runs each one.
+EXAMPLES = {
+    'loner': (Loner(), Loner(until='finished'), Loner(on_conflict='replace'),
+              Loner(until='finished', on_conflict='replace'), Loner(ttl=60), Loner(until='finished', ttl=60)),
+}
+
+#: Constructor arguments Loner refuses, each with the argument its error names.
+INVALID = {
+    'loner': (
+        ({'until': 'x'}, 'until'), ({'until': None}, 'until'), ({'on_conflict': 'skip'}, 'on_conflict'),
+        ({'on_conflict': True}, 'on_conflict'), ({'ttl': 0}, 'ttl'), ({'ttl': -5}, 'ttl'), ({'ttl': '60'}, 'ttl'),
+        ({'ttl': True}, 'ttl'), ({'ttl': float('nan')}, 'ttl'), ({'ttl': float('inf')}, 'ttl'),
+    ),
+}

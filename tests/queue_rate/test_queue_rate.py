@@ -1,8 +1,7 @@
 """QueueRate, Snooze and BackOff: the API, the GCRA gate in the fetch script, the idle wait, and real forking workers.
 
-The job functions the workers run are defined here (they import as ``tests.queue_rate.test_queue_rate``: the
-repository's root is on the workers' path), so the file is self-contained but for its worker class
-(``tests.helpers.workers.RecordingWorker``).
+The job functions the workers run, and the recording worker class, are in ``tests.helpers.rate_jobs``: a worker loads
+that module once, so its horses do not import this test module (pytest and all) for every job.
 """
 
 from __future__ import annotations

@@ -464,7 +464,16 @@ def check_connection(connection: Any) -> None:
 def scanner(connection: Any) -> Any:
     """The client a cursor-by-cursor SCAN of our keys goes through: ``connection`` itself, or on a cluster the
     client of the node that holds the prefix's slot (every key of ours and rq's lives there: the prefix is
-    hash-tagged). A cluster client's own SCAN answers one cursor per node, which cannot be passed back as one."""
+    hash-tagged). A cluster client's own SCAN answers one cursor per node, which cannot be passed back as one.
+
+    A client that balances its reads over replicas (``load_balancing_strategy``: :mod:`rq_policies.replicas`) scans
+    the slot's first replica (the primary when it has none) through the node client it opened, which sent
+    ``READONLY``: always the same one, since a cursor means something only to the node that gave it."""
     if not is_cluster(connection):
         return connection
-    return connection.get_node_from_key(PREFIX).redis_connection
+    node = None
+    if getattr(connection, 'load_balancing_strategy', None) is not None:
+        node = connection.get_node_from_key(PREFIX, replica=True)
+    if node is None:
+        node = connection.get_node_from_key(PREFIX)
+    return connection.get_redis_connection(node)

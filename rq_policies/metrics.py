@@ -96,8 +96,9 @@ class PolicyCollector(Collector):
     def __init__(self, connection: Redis, *, read_from_replicas: bool = False) -> None:
         if connection is None:
             raise TypeError('PolicyCollector: connection is required, pass a Redis connection')
-        if read_from_replicas:
+        if read_from_replicas:  # refused here, not at the first scrape (nothing here reaches Redis)
             replicas.check(connection, 'PolicyCollector(read_from_replicas=True)')
+            keys.check_connection(connection)
         self.connection = connection
         self.read_from_replicas = read_from_replicas
         self._reader: Any = None  # the replica reader, built at the first scrape (registering must not reach Redis)

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 from flask import Blueprint, abort, current_app, g, jsonify, make_response, render_template, request
 
-from .. import explainer, replicas, state
+from .. import explainer, keys, replicas, state
 from ..policy import FETCH, FetchPolicy, registered
 from . import data
 
@@ -217,6 +217,7 @@ def create_blueprint(
     option = 'read_from_replicas=True'
     if read_from_replicas and connection is not None and hasattr(connection, 'execute_command'):
         replicas.check(connection, option)
+        keys.check_connection(connection)
     blueprint = Blueprint(
         name, __name__, template_folder='templates', static_folder='static', static_url_path='/static'
     )

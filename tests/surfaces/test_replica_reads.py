@@ -28,7 +28,7 @@ from rq_policies import Concurrency, Loner, PolicyQueue, QueueSlot, Throttle, ke
 from rq_policies.compat import RQ3
 from rq_policies.exceptions import PolicyConfigurationError
 from rq_policies.testing import free_port
-from tests.helpers import jobs, with_root
+from tests.helpers import fetches, jobs, key_jobs, with_root
 from tests.helpers.cli import assert_one_line_error
 from tests.helpers.cluster import CLUSTER_CLASS, ValkeyCluster
 
@@ -175,12 +175,20 @@ _MOVING = re.compile(r'([0-9-]+[T ])?[0-9]{2}:[0-9]{2}:[0-9]{2}(\+[0-9:]+| UTC)?
 
 
 def some_state(cluster) -> Any:
-    """Loner jobs waiting, a throttled one, a cap with a live hold: reads of hashes, sorted sets, strings and a SCAN."""
+    """Loner jobs waiting, a throttled one, a cap with a live hold, a Concurrency key at its limit with jobs parked:
+    reads of hashes, sorted sets, lists, strings, and the SCANs of the identity lists and the per-key rows."""
     q = PolicyQueue('emails', connection=cluster)
     held = [q.enqueue(jobs.plain, i, policy=Loner()) for i in range(4)]
     q.enqueue(jobs.plain, 'news', policy=Throttle(600))
     QueueSlot.set('emails', 2, connection=cluster)
     assert QueueSlot.acquire('emails', 2, token='web-1', connection=cluster)
+    keyed = PolicyQueue('keys', connection=cluster)
+    for _ in range(4):
+        keyed.enqueue(key_jobs.per_customer, 't', 0, customer='acme')  # Concurrency(2) per customer
+    for i in range(3):
+        fetches.fetch(cluster, f'h:13:0:{i}', ('keys',))  # 2 start, the third parks the other 2
+    assert [row[:4] for row in [[r['key'], r['in_use'], r['limit'], r['parked']]
+                                for r in Concurrency.key_rows(cluster, SCOPE)]] == [['acme', 2, 2, 2]]
     return held[0]
 
 
@@ -216,6 +224,7 @@ class TestOnACluster:
         assert reads_on(replica_cluster, primary).get('scan', 0) >= 1
         shown = json.loads(from_replica.stdout)
         assert shown['queues']['emails']['capacity'] == 2 and shown['queues']['emails']['loner']['waiting'] == 4
+        assert shown['policies']['concurrency']['scopes'][SCOPE]['parked'] == 2
         assert steady(shown) == steady(json.loads(from_primary.stdout))
 
         reset_stats(replica_cluster)
@@ -302,7 +311,10 @@ class TestOnACluster:
             assert on_replica.get('scan', 0) >= 1 and on_primary == {}, (on_replica, on_primary)
             plain = create_app(cluster).test_client().get('/state.json')
             assert steady(_without_clock(shown.get_json())) == steady(_without_clock(plain.get_json()))
-            assert [row['name'] for row in shown.get_json()['queues']['rows']] == ['emails']
+            assert [row['name'] for row in shown.get_json()['queues']['rows']] == ['emails', 'keys']
+            assert any([c['text'] for c in row[:4]] == ['acme', '2', '2', '2']
+                       for panel in shown.get_json()['panels'] if panel['policy'] == 'concurrency'
+                       for row in panel['rows'])  # the per-key panel, from the replica's SCAN
 
             # Actions use the connection given: the confirmation page reads the primary, and the setting is
             # written there (a cap: a pipeline; a key's limit: a script), readable on the primary at once.

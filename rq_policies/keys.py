@@ -140,6 +140,11 @@ key                                                    type     meaning
                                                                 ``lua/lib/holder_running.lua`` counts a started
                                                                 job as running while its worker's key or this key
                                                                 exists; expires ``hold_ttl`` after the last keep
+``rq:policies:replicated``                             STRING   written by :func:`rq_policies.replicas.
+                                                                wait_for_replicas` just before its ``WAIT``, on
+                                                                the same connection (WAIT counts the replicas that
+                                                                have this connection's last write, and so every
+                                                                write before it); expires after a minute
 =====================================================  =======  ===================================================
 
 A member of a hold ledger is a *hold* (see :mod:`rq_policies.ledger`); "slot" is a throttle's time window. The hold
@@ -177,6 +182,8 @@ RATE = PREFIX + 'rate'
 BACKOFF = PREFIX + 'backoff'
 DROPS = PREFIX + 'drops'
 LAPSES = PREFIX + 'lapses'
+#: The write :func:`rq_policies.replicas.wait_for_replicas` makes before its WAIT (STRING, expires after a minute).
+REPLICATED = PREFIX + 'replicated'
 #: The prefix of the per-minute drop counters (``<prefix><epoch minute>``, HASH, expire an hour after their minute).
 DROPS_MINUTE_PREFIX = PREFIX + 'drops-minute:'
 #: Minutes a per-minute drop counter outlives its minute (``lua/lib/count_drop.lua`` sets the expiry).

@@ -1,6 +1,7 @@
-"""Reads from a cluster's replicas, for the surfaces that only read: ``rq-policies info`` and ``explain``, the page
-and the metrics exporter (``--read-from-replicas``; ``read_from_replicas=True`` on
-:class:`rq_policies.metrics.PolicyCollector`, :func:`rq_policies.dashboard.create_app` and ``create_blueprint``).
+"""Replicas: reads from a cluster's replicas for the surfaces that only read (``rq-policies info`` and ``explain``,
+the page and the metrics exporter: ``--read-from-replicas``; ``read_from_replicas=True`` on
+:class:`rq_policies.metrics.PolicyCollector`, :func:`rq_policies.dashboard.create_app` and ``create_blueprint``),
+and :func:`wait_for_replicas`, an opt-in ``WAIT`` after an admin write.
 
 On a Redis or Valkey cluster every key of rq and of rq-policies is in the prefix's slot (``RQ_KEY_PREFIX='{rq}'``),
 so one primary serves every door, every fetch and every read. A page refreshed every 2 seconds by a few operators,
@@ -125,3 +126,50 @@ def replica_reader(connection: Any, option: str = 'read_from_replicas') -> Any:
 def owned(reader: Any, connection: Any) -> bool:
     """Was ``reader`` built by :func:`replica_reader` for ``connection`` (and so is the caller's to close)?"""
     return reader is not connection
+
+
+def wait_for_replicas(connection: Any, replicas: int = 1, timeout_ms: int = 1000) -> int:
+    """Block until ``replicas`` replicas of the server (on a cluster: of the prefix slot's primary) have every write
+    it took so far, or ``timeout_ms`` passed; return how many have them (``WAIT``'s answer, which may be fewer).
+
+    For an admin write that should outlive a failover: a cap lowered during an incident, a key's limit, a rate, an
+    identity reset. Asynchronous replication can lose the writes of the last moment before a primary dies (the
+    replication lag, docs/cluster.md *Failover*), and a setting lost so comes back as its old value with nothing to
+    say so: after ``QueueSlot.set(...)``, ``wait_for_replicas(connection)`` makes "set" mean "on a replica too", for
+    one more round trip and the lag's wait. It is not used by the doors or the fetches, where it would add that
+    round trip and wait to every job (the trade rq's own enqueue makes too). ``WAIT`` does not make replication
+    synchronous: a replica that has the write can still lose it if another replica is promoted, and a primary that
+    restarts empty can be copied over it.
+
+    ``WAIT`` counts the replicas that have the calling connection's last write, and a client's pool hands out any of
+    its connections: a bare ``connection.wait(1, 1000)`` after a write made on another connection of the pool
+    answers at once. So this writes one small key of its own (:data:`rq_policies.keys.REPLICATED`, expiring after a
+    minute) and sends ``WAIT`` in the same pipeline, on one connection to the primary (a cluster's: the node client
+    of the prefix's slot, where every key of ours is): the replication stream is in order, so a replica that has it
+    has every write before it, from any client.
+
+    Args:
+        connection: a ``redis.Redis`` (a Sentinel master's too) or a ``redis.cluster.RedisCluster``, whose socket
+            timeout (if any) is longer than ``timeout_ms``.
+        replicas: how many replicas to wait for, a positive integer.
+        timeout_ms: the most milliseconds to wait, a positive integer (``WAIT``'s 0, forever, is refused).
+
+    Raises:
+        ValueError: ``replicas`` or ``timeout_ms`` is not a positive integer (naming it and the value); nothing is
+            written.
+    """
+    for name, value in (('replicas', replicas), ('timeout_ms', timeout_ms)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f'{name} must be a positive integer, got {value!r}')
+    from redis.cluster import RedisCluster
+
+    client = connection
+    if isinstance(connection, RedisCluster):
+        client = connection.get_redis_connection(connection.get_node_from_key(keys.PREFIX))
+    elif keys.is_cluster(connection):
+        raise TypeError(f'wait_for_replicas takes a synchronous client, got {type(connection).__name__}')
+    with client.pipeline(transaction=False) as pipe:
+        pipe.set(keys.REPLICATED, '1', px=60_000)
+        pipe.execute_command('WAIT', replicas, timeout_ms)
+        _, acknowledged = pipe.execute()
+    return int(acknowledged)

@@ -6,7 +6,9 @@ with a hash-tagged prefix; skipped without one): ``rq-policies info`` and ``expl
 and the page read the replica of the prefix's slot, shown by the nodes' own counters (``INFO commandstats`` after
 ``CONFIG RESETSTAT``: the replica answers the reads, the primary answers none), and once ``WAIT`` says the replica
 has every write, what they show equals what the primary gives. Scripts, writes and the page's actions still reach
-the primary. On a single server the option is refused, in one line naming it.
+the primary. On a single server the option is refused, in one line naming it. And ``wait_for_replicas``, the opt-in
+``WAIT`` after an admin write: 1 once the replica has the write, 0 after its timeout when the replica is stopped or
+there is none.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -30,7 +33,7 @@ from rq_policies.exceptions import PolicyConfigurationError
 from rq_policies.testing import free_port
 from tests.helpers import fetches, jobs, key_jobs, with_root
 from tests.helpers.cli import assert_one_line_error
-from tests.helpers.cluster import CLUSTER_CLASS, ValkeyCluster
+from tests.helpers.cluster import CLUSTER_CLASS, ValkeyCluster, not_on_cluster
 
 CLUSTER_READY = RQ3 and keys.hash_tag(keys.PREFIX) is not None
 on_cluster = [
@@ -366,6 +369,28 @@ class TestOnACluster:
             reader.close()
 
 
+    def test_wait_for_replicas_after_an_admin_write(self, cluster, replica_cluster, nodes):
+        primary, replica = nodes
+        QueueSlot.set('waited', 4, connection=cluster)
+        assert replicas.wait_for_replicas(cluster, 1, 10_000) == 1
+        c = replica_cluster.node_client(replica.port)
+        try:
+            c.execute_command('READONLY')
+            assert c.hget(keys.CAPACITY, 'waited') == '4'  # on the replica itself
+        finally:
+            c.close()
+        # A replica that does not answer is not counted: WAIT waits its timeout and says 0.
+        os.kill(replica.process.pid, signal.SIGSTOP)
+        try:
+            QueueSlot.set('waited', 5, connection=cluster)
+            started = time.monotonic()
+            assert replicas.wait_for_replicas(cluster, 1, 300) == 0
+            assert time.monotonic() - started >= 0.25
+        finally:
+            os.kill(replica.process.pid, signal.SIGCONT)
+        assert replicas.wait_for_replicas(cluster, 1, 10_000) == 1
+
+
 def _without_clock(view: dict[str, Any]) -> dict[str, Any]:
     """The page's data less what names the moment it was read (its clock text)."""
     return {k: v for k, v in view.items() if k not in ('server_time', 'server_time_text', 'local_time_text')}
@@ -402,3 +427,18 @@ def test_replica_reads_are_refused_on_a_single_server_naming_the_option(redis_ur
         assert_one_line_error(result, '--read-from-replicas needs a Redis Cluster connection', 'got Redis',
                               '--connection-class redis.cluster.RedisCluster')
         assert result.returncode == 1, result.stderr
+
+
+@not_on_cluster('a single server with no replica: the session cluster\'s primaries have one each')
+def test_wait_for_replicas_on_a_server_without_replicas_waits_its_timeout_and_says_0(connection):
+    QueueSlot.set('waited', 2, connection=connection)
+    started = time.monotonic()
+    assert replicas.wait_for_replicas(connection, 1, 200) == 0
+    assert time.monotonic() - started >= 0.15
+    assert connection.pttl(keys.REPLICATED) > 0  # its own write, expiring
+    for bad, name in (({'replicas': 0}, 'replicas'), ({'replicas': True}, 'replicas'), ({'replicas': '1'}, 'replicas'),
+                      ({'timeout_ms': 0}, 'timeout_ms'), ({'timeout_ms': 1.5}, 'timeout_ms')):
+        connection.delete(keys.REPLICATED)
+        with pytest.raises(ValueError, match=f'{name} must be a positive integer, got {list(bad.values())[0]!r}'):
+            replicas.wait_for_replicas(connection, **bad)
+        assert not connection.exists(keys.REPLICATED)  # refused before anything is written

@@ -21,7 +21,7 @@ from redis.exceptions import RedisError
 from rq.cli.helpers import pass_cli_config
 from rq.utils import import_attribute
 
-from . import __version__, compat, health, identity, keys, state, views
+from . import __version__, compat, health, identity, keys, replicas, state, views
 from .exceptions import PolicyConfigurationError
 from .policy import FETCH, by_name, declared, registered
 
@@ -30,14 +30,32 @@ class CommandError(click.ClickException):
     """A one-line error the command reports (exit status 1)."""
 
 
-def _connect(cli_config: Any) -> Any:
+#: ``--read-from-replicas``, on the commands that only read (info, explain, exporter, dashboard).
+READ_FROM_REPLICAS = click.option(
+    '--read-from-replicas', 'read_from_replicas', is_flag=True,
+    help='On a cluster (--connection-class redis.cluster.RedisCluster), read from the replicas of the prefix\'s slot: '
+         'what is shown may be a moment behind the primary (the replication lag); writes and scripts still go to '
+         'the primary.')
+
+
+def _connect(cli_config: Any, read_from_replicas: bool = False, keep: bool = False) -> Any:
+    """The command's client; with ``read_from_replicas``, the replica reader of it (:mod:`rq_policies.replicas`),
+    refused in one line naming ``--read-from-replicas`` on anything but a cluster (before anything is read). ``keep``:
+    check the option but return the connection itself (the dashboard builds its reader for its pages only)."""
     try:
         conn = cli_config.connection
+        if read_from_replicas:
+            replicas.check(conn, '--read-from-replicas')
         # `--connection-class redis.cluster.RedisCluster` (rq's own option) reaches a cluster: refused without a
         # hash-tagged RQ_KEY_PREFIX, else adopted as PolicyQueue does (docs/cluster.md)
         keys.check_connection(conn)
         compat.adopt_cluster(conn)
         conn.ping()
+        if read_from_replicas and not keep:
+            reader = replicas.replica_reader(conn, '--read-from-replicas')
+            if replicas.owned(reader, conn):
+                conn.close()  # the command reads through the reader only
+            conn = reader
     except RedisError as exc:
         where = cli_config.url or cli_config.config or 'the REDIS_* settings'
         raise CommandError(f'cannot reach Redis ({where}): {exc}') from None
@@ -118,16 +136,17 @@ def main() -> None:
 @click.option('--digests', is_flag=True, help='Show each identity\'s whole digest beside its job (for reset).')
 @click.option('--width', type=Digits('an integer >= 0'), default=40, show_default=True,
               help='Cut job descriptions to this many characters (0: never).')
+@READ_FROM_REPLICAS
 @pass_cli_config
 def info(cli_config: Any, queues: tuple[str, ...], as_json: bool, limit: int, digests: bool, width: int,
-         **options: Any) -> None:
+         read_from_replicas: bool, **options: Any) -> None:
     """Show caps, live holds, loner markers, throttle windows, pending trailing and debounced jobs per queue,
     per-key state and limited-capacity workers with their gauges; with QUEUES, only those queues.
 
     Times are local ISO time with how far they are from now; an identity is shown as its holder job's description
     (the digest with --digests, and always in --json).
     """
-    conn = _connect(cli_config)
+    conn = _connect(cli_config, read_from_replicas)
     for name in queues:
         _require_known(conn, name, command='info')
     snap = state.snapshot(conn, list(queues) if queues else None, limit=limit or None)
@@ -262,12 +281,13 @@ def _resolve(function: str) -> tuple[str, Any, Any]:
 @main.command()
 @click.argument('job_id')
 @click.option('--json', 'as_json', is_flag=True, help='Print the answer as JSON (for tools).')
+@READ_FROM_REPLICAS
 @pass_cli_config
-def explain(cli_config: Any, job_id: str, as_json: bool, **options: Any) -> None:
+def explain(cli_config: Any, job_id: str, as_json: bool, read_from_replicas: bool, **options: Any) -> None:
     """Why is JOB_ID where it is: its status and queue, and each policy's verdict on it now (from Redis alone)."""
     from . import explainer as explaining
 
-    conn = _connect(cli_config)
+    conn = _connect(cli_config, read_from_replicas)
     try:
         answer = explaining.explain(job_id, connection=conn)
     except (explaining.UnknownJob, ValueError) as exc:
@@ -286,14 +306,15 @@ def explain(cli_config: Any, job_id: str, as_json: bool, **options: Any) -> None
 @click.option('--port', type=Digits('a port number from 1 to 65535', 1, 65535), default=9121, show_default=True,
               help='Port to serve on.')
 @click.option('--addr', default='0.0.0.0', show_default=True, help='Address to bind.')
+@READ_FROM_REPLICAS
 @pass_cli_config
-def exporter(cli_config: Any, port: int, addr: str, **options: Any) -> None:
+def exporter(cli_config: Any, port: int, addr: str, read_from_replicas: bool, **options: Any) -> None:
     """Serve Prometheus metrics of every policy at http://ADDR:PORT/metrics until stopped."""
     try:
         from .metrics import make_server
     except ImportError as exc:
         raise CommandError(str(exc)) from None
-    conn = _connect(cli_config)
+    conn = _connect(cli_config, read_from_replicas)  # the scrapes read through the replica reader
     try:
         server = make_server(conn, port, addr)
     except OSError as exc:
@@ -327,15 +348,20 @@ def exporter(cli_config: Any, port: int, addr: str, **options: Any) -> None:
                    'behind a confirmation. Off: the page is read-only.')
 @click.option('--refresh', type=Digits('a whole number of seconds >= 0'), default=2, show_default=True,
               help='Seconds between live refreshes of the page (0: never).')
+@READ_FROM_REPLICAS
 @pass_cli_config
-def dashboard(cli_config: Any, port: int, host: str, allow_actions: bool, refresh: int, **options: Any) -> None:
-    """Serve a web page of policy state at http://HOST:PORT/ until stopped (needs rq-policies[dashboard])."""
+def dashboard(cli_config: Any, port: int, host: str, allow_actions: bool, refresh: int, read_from_replicas: bool,
+              **options: Any) -> None:
+    """Serve a web page of policy state at http://HOST:PORT/ until stopped (needs rq-policies[dashboard]).
+
+    With --read-from-replicas the pages read a cluster's replicas; the actions (--allow-actions) still use the
+    primary."""
     try:
         from .dashboard.serve import serve
     except ImportError as exc:
         raise CommandError(str(exc)) from None
-    serve(_connect(cli_config), host, port, allow_actions=allow_actions, refresh_seconds=refresh,
-          error=CommandError)
+    serve(_connect(cli_config, read_from_replicas, keep=True), host, port, allow_actions=allow_actions,
+          refresh_seconds=refresh, read_from_replicas=read_from_replicas, error=CommandError)
 
 
 # -- entry point ----------------------------------------------------------------------------------------------------

@@ -507,7 +507,7 @@ class Concurrency(KeyedPolicy):
             found: set[str] = set()
             pattern = _glob(scope) + ':*'
             for prefix in (keys.KEY_HOLDS_PREFIX, f'{keys.KEY_PARKED_PREFIX}{cls.name}:'):
-                for raw in conn.scan_iter(match=prefix + pattern, count=1000):
+                for raw in keys.scanner(conn).scan_iter(match=prefix + pattern, count=1000):
                     found.add(text(raw)[len(prefix) + len(scope) + 1:])
             names = sorted(k for k in found if search is None or search in k)
         rows = _key_rows(conn, cls.name, scope, names, now)
@@ -820,7 +820,7 @@ def _scopes(conn: Any, policy: str, holds: bool = True) -> set[str]:
     found: set[str] = set()
     prefixes = [f'{keys.KEY_PARKED_PREFIX}{policy}:'] + ([keys.KEY_HOLDS_PREFIX] if holds else [])
     for prefix in prefixes:
-        for raw in conn.scan_iter(match=prefix + '*', count=1000):
+        for raw in keys.scanner(conn).scan_iter(match=prefix + '*', count=1000):
             found.add(text(raw)[len(prefix):].split(':', 1)[0])
     return found
 

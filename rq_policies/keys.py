@@ -140,6 +140,11 @@ key                                                    type     meaning
                                                                 ``lua/lib/holder_running.lua`` counts a started
                                                                 job as running while its worker's key or this key
                                                                 exists; expires ``hold_ttl`` after the last keep
+``rq:policies:replicated``                             STRING   written by :func:`rq_policies.replicas.
+                                                                wait_for_replicas` just before its ``WAIT``, on
+                                                                the same connection (WAIT counts the replicas that
+                                                                have this connection's last write, and so every
+                                                                write before it); expires after a minute
 =====================================================  =======  ===================================================
 
 A member of a hold ledger is a *hold* (see :mod:`rq_policies.ledger`); "slot" is a throttle's time window. The hold
@@ -177,6 +182,8 @@ RATE = PREFIX + 'rate'
 BACKOFF = PREFIX + 'backoff'
 DROPS = PREFIX + 'drops'
 LAPSES = PREFIX + 'lapses'
+#: The write :func:`rq_policies.replicas.wait_for_replicas` makes before its WAIT (STRING, expires after a minute).
+REPLICATED = PREFIX + 'replicated'
 #: The prefix of the per-minute drop counters (``<prefix><epoch minute>``, HASH, expire an hour after their minute).
 DROPS_MINUTE_PREFIX = PREFIX + 'drops-minute:'
 #: Minutes a per-minute drop counter outlives its minute (``lua/lib/count_drop.lua`` sets the expiry).
@@ -465,7 +472,16 @@ def check_connection(connection: Any) -> None:
 def scanner(connection: Any) -> Any:
     """The client a cursor-by-cursor SCAN of our keys goes through: ``connection`` itself, or on a cluster the
     client of the node that holds the prefix's slot (every key of ours and rq's lives there: the prefix is
-    hash-tagged). A cluster client's own SCAN answers one cursor per node, which cannot be passed back as one."""
+    hash-tagged). A cluster client's own SCAN answers one cursor per node, which cannot be passed back as one.
+
+    A client that balances its reads over replicas (``load_balancing_strategy``: :mod:`rq_policies.replicas`) scans
+    the slot's first replica (the primary when it has none) through the node client it opened, which sent
+    ``READONLY``: always the same one, since a cursor means something only to the node that gave it."""
     if not is_cluster(connection):
         return connection
-    return connection.get_node_from_key(PREFIX).redis_connection
+    node = None
+    if getattr(connection, 'load_balancing_strategy', None) is not None:
+        node = connection.get_node_from_key(PREFIX, replica=True)
+    if node is None:
+        node = connection.get_node_from_key(PREFIX)
+    return connection.get_redis_connection(node)

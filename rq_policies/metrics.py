@@ -49,11 +49,16 @@ Usage::
     from rq_policies.metrics import PolicyCollector
 
     REGISTRY.register(PolicyCollector(redis))
+
+On a cluster, ``PolicyCollector(cluster, read_from_replicas=True)`` (``rq-policies exporter --read-from-replicas``)
+reads the replicas of the prefix's slot instead of its primary: a scrape may then be a moment stale (the replication
+lag), and decides nothing (:mod:`rq_policies.replicas`).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -69,20 +74,52 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "rq_policies.metrics needs prometheus-client: pip install 'rq-policies[metrics]'"
     ) from exc
 
-from . import health, keys, state, views
+from . import health, keys, replicas, state, views
 from .policy import registered
 
 logger = logging.getLogger('rq_policies')
 
 
 class PolicyCollector(Collector):
-    """A custom collector that reads rq-policies' state from Redis on every scrape."""
+    """A custom collector that reads rq-policies' state from Redis on every scrape.
 
-    def __init__(self, connection: Redis) -> None:
+    Args:
+        connection: the Redis client to read (a ``redis.Redis``, a Sentinel's, a ``redis.cluster.RedisCluster``).
+        read_from_replicas: on a cluster, read through a client of the collector's own whose reads go to the
+            replicas of the prefix's slot (:mod:`rq_policies.replicas`), built at the first scrape and closed by
+            :meth:`close`; ``connection`` itself is not changed. A replica is behind its primary by the replication
+            lag, so a scrape may be a moment stale; it decides nothing (doors and fetches always use the primary).
+            Refused with a :class:`~rq_policies.exceptions.PolicyConfigurationError` naming the option when
+            ``connection`` is not a ``RedisCluster``.
+    """
+
+    def __init__(self, connection: Redis, *, read_from_replicas: bool = False) -> None:
         if connection is None:
             raise TypeError('PolicyCollector: connection is required, pass a Redis connection')
+        if read_from_replicas:  # refused here, not at the first scrape (nothing here reaches Redis)
+            replicas.check(connection, 'PolicyCollector(read_from_replicas=True)')
+            keys.check_connection(connection)
         self.connection = connection
+        self.read_from_replicas = read_from_replicas
+        self._reader: Any = None  # the replica reader, built at the first scrape (registering must not reach Redis)
+        self._reader_lock = threading.Lock()
         self._evicted_baseline: int | None = None  # evicted_keys at the first scrape (what "rose" compares with)
+
+    def reads(self) -> Any:
+        """The client a scrape reads through: ``connection``, or with ``read_from_replicas`` the replica reader."""
+        if not self.read_from_replicas:
+            return self.connection
+        with self._reader_lock:
+            if self._reader is None:
+                self._reader = replicas.replica_reader(self.connection, 'PolicyCollector(read_from_replicas=True)')
+            return self._reader
+
+    def close(self) -> None:
+        """Close the replica reader this collector built (nothing else: ``connection`` is the caller's)."""
+        with self._reader_lock:
+            reader, self._reader = self._reader, None
+        if reader is not None and replicas.owned(reader, self.connection):
+            reader.close()
 
     def describe(self) -> list[Metric]:
         # Registering must not reach Redis (prometheus_client calls collect() when describe() is missing).
@@ -103,7 +140,7 @@ class PolicyCollector(Collector):
         yield from families
 
     def _families(self) -> list[Metric]:
-        conn = self.connection
+        conn = self.reads()
         now = state.server_now(conn)
         lcw = state.lcw_gauges(conn, now)
         drops = state.drops(conn)
@@ -183,25 +220,37 @@ def family(metric: views.Metric) -> Metric:
     return out
 
 
-def registry_for(connection: Redis) -> CollectorRegistry:
-    """A fresh registry holding only a :class:`PolicyCollector` (what the exporter serves)."""
+def registry_for(connection: Redis, *, read_from_replicas: bool = False) -> CollectorRegistry:
+    """A fresh registry holding only a :class:`PolicyCollector` (what the exporter serves); ``read_from_replicas``
+    as the collector takes it."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(PolicyCollector(connection))
+    registry.register(PolicyCollector(connection, read_from_replicas=read_from_replicas))
     return registry
 
 
-def make_server(connection: Redis, port: int, addr: str = '0.0.0.0') -> Any:
-    """A WSGI server serving ``/metrics`` for ``connection``; call ``serve_forever()`` on it (the CLI does)."""
+def make_server(connection: Redis, port: int, addr: str = '0.0.0.0', *, read_from_replicas: bool = False) -> Any:
+    """A WSGI server serving ``/metrics`` for ``connection``; call ``serve_forever()`` on it (the CLI does).
+
+    ``read_from_replicas``: as :class:`PolicyCollector` takes it (a cluster's replicas serve the scrapes'
+    reads, a moment behind the primary); the server's ``server_close()`` closes the reader it built."""
     from socketserver import ThreadingMixIn
     from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
     from wsgiref.simple_server import make_server as _make_server
 
     from prometheus_client import make_wsgi_app
 
+    collector = PolicyCollector(connection, read_from_replicas=read_from_replicas)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+
     class _Server(ThreadingMixIn, WSGIServer):
         # A request is served on its own daemon thread, so one stalled client neither blocks other scrapes nor
         # keeps the exporter from stopping; the loop itself only accepts.
         daemon_threads = True
+
+        def server_close(self) -> None:
+            super().server_close()
+            collector.close()  # the replica reader it built, if any
 
     class _QuietHandler(WSGIRequestHandler):
         timeout = 30  # a client that never finishes its request is dropped instead of holding a thread forever
@@ -209,5 +258,4 @@ def make_server(connection: Redis, port: int, addr: str = '0.0.0.0') -> Any:
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's signature
             logger.debug('rq-policies exporter: ' + format, *args)
 
-    return _make_server(addr, port, make_wsgi_app(registry_for(connection)), server_class=_Server,
-                        handler_class=_QuietHandler)
+    return _make_server(addr, port, make_wsgi_app(registry), server_class=_Server, handler_class=_QuietHandler)

@@ -150,7 +150,7 @@ def _scan_identity_keys(
         else:
             patterns = [f'{keys.PREFIX}{family.name}:{_glob_escape(q)}:*' for q in queues]
         for pattern in patterns:
-            for raw in connection.scan_iter(match=pattern, count=1000):
+            for raw in keys.scanner(connection).scan_iter(match=pattern, count=1000):
                 key = text(raw)
                 parsed = family.parse(key)
                 if parsed is None:

@@ -40,11 +40,15 @@ def _home() -> str | None:
 
 
 def make_blueprint(
-    *, allow_actions: bool = False, refresh_seconds: float = 2.0, name: str = 'rq_policies'
+    *, allow_actions: bool = False, refresh_seconds: float = 2.0, name: str = 'rq_policies',
+    read_from_replicas: bool = False,
 ) -> Blueprint:
-    """A dashboard blueprint reading rq-dashboard's connection, with a link back to rq-dashboard's queues."""
+    """A dashboard blueprint reading rq-dashboard's connection, with a link back to rq-dashboard's queues
+    (``read_from_replicas``: when that connection is a ``RedisCluster``, the pages read its replicas, as
+    :func:`rq_policies.dashboard.create_blueprint` says)."""
     return create_blueprint(
-        _connection, allow_actions=allow_actions, refresh_seconds=refresh_seconds, name=name, home=_home
+        _connection, allow_actions=allow_actions, refresh_seconds=refresh_seconds, name=name, home=_home,
+        read_from_replicas=read_from_replicas,
     )
 
 

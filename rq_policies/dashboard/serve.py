@@ -19,14 +19,17 @@ def serve(
     *,
     allow_actions: bool = False,
     refresh_seconds: float = 2.0,
+    read_from_replicas: bool = False,
     error: type[Exception] = click.ClickException,
 ) -> None:
     """Serve the dashboard on ``host:port`` with Werkzeug's threaded server (one thread a request).
 
     The page is for a few operators at a time, so the threaded development server is enough and keeps the
     dependency list at Flask; behind a production WSGI server, serve :func:`rq_policies.dashboard.create_app`.
+    ``read_from_replicas``: the pages read a cluster's replicas (:func:`rq_policies.dashboard.create_blueprint`).
     """
-    app = create_app(connection, allow_actions=allow_actions, refresh_seconds=refresh_seconds)
+    app = create_app(connection, allow_actions=allow_actions, refresh_seconds=refresh_seconds,
+                     read_from_replicas=read_from_replicas)
     try:
         server = make_server(host, port, app, threaded=True)
     except OSError as exc:
@@ -44,3 +47,7 @@ def serve(
         server.serve_forever()
     finally:
         server.server_close()
+        for blueprint in app.blueprints.values():
+            readers = getattr(blueprint, 'replica_readers', None)
+            if readers is not None:
+                readers.close()

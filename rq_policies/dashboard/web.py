@@ -21,13 +21,14 @@ from __future__ import annotations
 import hmac
 import re
 import secrets
+import threading
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
 from flask import Blueprint, abort, current_app, g, jsonify, make_response, render_template, request
 
-from .. import explainer, state
+from .. import explainer, keys, replicas, state
 from ..policy import FETCH, FetchPolicy, registered
 from . import data
 
@@ -194,6 +195,7 @@ def create_blueprint(
     refresh_seconds: float = 2.0,
     name: str = 'rq_policies',
     home: Callable[[], str | None] | None = None,
+    read_from_replicas: bool = False,
 ) -> Blueprint:
     """The dashboard as a Flask blueprint.
 
@@ -204,16 +206,33 @@ def create_blueprint(
         refresh_seconds: how often the page reloads its state (0: never).
         name: the blueprint's name (its endpoints are ``<name>.index``, ...).
         home: returns the URL of the host app's own page for a link back (or None).
+        read_from_replicas: on a cluster, the pages (the state, its live refresh, ``state.json``, a job's
+            explanation) read through a client of the blueprint's own whose reads go to the replicas of the
+            prefix's slot (:mod:`rq_policies.replicas`), so they may be a moment stale (the replication lag); the
+            actions, their confirmation pages and the state shown after one still use ``connection``, on the
+            primary. The reader is built at the first page and closed by ``blueprint.replica_readers.close()``.
+            Refused with a :class:`~rq_policies.exceptions.PolicyConfigurationError` naming the option when
+            ``connection`` is not a ``redis.cluster.RedisCluster`` (when it is a callable: at the first page).
     """
+    option = 'read_from_replicas=True'
+    if read_from_replicas and connection is not None and hasattr(connection, 'execute_command'):
+        replicas.check(connection, option)
+        keys.check_connection(connection)
     blueprint = Blueprint(
         name, __name__, template_folder='templates', static_folder='static', static_url_path='/static'
     )
+    readers = _Readers(option)
+    blueprint.replica_readers = readers  # type: ignore[attr-defined]
 
     def redis() -> Any:
         conn = connection() if callable(connection) and not hasattr(connection, 'execute_command') else connection
         if conn is None:
             raise RuntimeError('rq-policies dashboard: no Redis connection (pass connection= to create_blueprint)')
         return conn
+
+    def reads() -> Any:
+        """The client the pages read through: the connection, or with ``read_from_replicas`` its replica reader."""
+        return readers.reader(redis()) if read_from_replicas else redis()
 
     def csrf_token() -> str:
         token = request.cookies.get(CSRF_COOKIE, '')
@@ -256,7 +275,7 @@ def create_blueprint(
 
     @blueprint.route('/')
     def index() -> Any:
-        view = data.overview(redis(), search(), limit())
+        view = data.overview(reads(), search(), limit())
         return render_template(
             'rq_policies/index.html',
             view=view,
@@ -268,18 +287,18 @@ def create_blueprint(
 
     @blueprint.route('/partial')
     def partial() -> Any:
-        view = data.overview(redis(), search(), limit())
+        view = data.overview(reads(), search(), limit())
         return render_template('rq_policies/_state.html', view=view, **context())
 
     @blueprint.route('/state.json')
     def state_json() -> Any:
-        return jsonify(data.overview(redis(), search(), limit()))
+        return jsonify(data.overview(reads(), search(), limit()))
 
     @blueprint.route('/job')
     def job() -> Any:
         job_id = (request.args.get('id') or '').strip()
         try:
-            answer = explainer.explain(job_id, connection=redis())
+            answer = explainer.explain(job_id, connection=reads())
         except explainer.UnknownJob as exc:
             return render_template('rq_policies/job.html', job_id=job_id, answer=None, error=str(exc), **context()), 404
         except ValueError as exc:
@@ -384,10 +403,44 @@ def create_blueprint(
     return blueprint
 
 
-def create_app(connection: Any, *, allow_actions: bool = False, refresh_seconds: float = 2.0) -> Any:
-    """A Flask app serving the dashboard at ``/`` (what ``rq-policies dashboard`` runs)."""
+def create_app(
+    connection: Any, *, allow_actions: bool = False, refresh_seconds: float = 2.0, read_from_replicas: bool = False
+) -> Any:
+    """A Flask app serving the dashboard at ``/`` (what ``rq-policies dashboard`` runs); the arguments as
+    :func:`create_blueprint` takes them (``app.blueprints['rq_policies'].replica_readers.close()`` closes the replica
+    reader ``read_from_replicas`` built)."""
     from flask import Flask
 
     app = Flask('rq_policies.dashboard')
-    app.register_blueprint(create_blueprint(connection, allow_actions=allow_actions, refresh_seconds=refresh_seconds))
+    app.register_blueprint(create_blueprint(connection, allow_actions=allow_actions, refresh_seconds=refresh_seconds,
+                                            read_from_replicas=read_from_replicas))
     return app
+
+
+class _Readers:
+    """The replica reader of the connection a blueprint's pages read, built at the first page and kept while the
+    connection is the same object (a host app's callable may hand out another: its reader then replaces the old)."""
+
+    def __init__(self, option: str) -> None:
+        self.option = option
+        self._lock = threading.Lock()
+        self._connection: Any = None
+        self._reader: Any = None
+
+    def reader(self, connection: Any) -> Any:
+        with self._lock:
+            if self._reader is None or self._connection is not connection:
+                self._close()
+                self._reader = replicas.replica_reader(connection, self.option)
+                self._connection = connection
+            return self._reader
+
+    def _close(self) -> None:
+        reader, connection, self._reader, self._connection = self._reader, self._connection, None, None
+        if reader is not None and replicas.owned(reader, connection):
+            reader.close()
+
+    def close(self) -> None:
+        """Close the reader built, if any (the connection is the caller's)."""
+        with self._lock:
+            self._close()

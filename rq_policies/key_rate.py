@@ -229,7 +229,8 @@ class Rate(KeyedPolicy, GcraRate):
         scope = check_scope(scope)
         prefix = f'{keys.KEY_PARKED_PREFIX}{cls.name}:{scope}:'
         if names is None:
-            names = sorted({text(raw)[len(prefix):] for raw in keys.scanner(conn).scan_iter(match=_glob(prefix) + '*', count=1000)})
+            found = keys.scanner(conn).scan_iter(match=_glob(prefix) + '*', count=1000)
+            names = sorted({text(raw)[len(prefix):] for raw in found})
             names = [k for k in names if search is None or search in k]
         with conn.pipeline(transaction=False) as pipe:
             for key in names:

@@ -336,7 +336,7 @@ class TestOnACluster:
             done = c.post('/action/override', data={**form, 'confirmed': 'yes'})
             assert done.status_code == 200 and 'id="action-done"' in done.get_data(as_text=True)
             assert scripts_on(replica_cluster, primary) >= 1 and reads_on(replica_cluster, replica) == {}
-            assert _on_node(replica_cluster, primary, 'hget', keys.KEY_LIMITS, keys.key_channel(SCOPE, 'acme')) == '3'
+            assert _on_node(replica_cluster, primary, 'hget', keys.KEY_LIMITS, keys.key_id(SCOPE, 'acme')) == '3'
         finally:
             app.blueprints['rq_policies'].replica_readers.close()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from redis import Redis
@@ -21,6 +22,7 @@ from rq.worker import Worker
 from . import compat, keys
 from .ops import text
 from .policy import ADMISSION, FETCH, registered
+from .views import Section
 
 _BATCH = 500
 
@@ -265,18 +267,72 @@ def sample_note(sample: dict[str, Any], what: str) -> str:
     return f'showing {shown} of {total} {what}; rq-policies info --limit 0 lists them all'
 
 
-def policies_state(connection: Redis, now: float, limit: int | None) -> dict[str, Any]:
-    """Each policy's state that belongs to no queue (:meth:`rq_policies.policy.Policy.cluster_state`), by name."""
+def policies_state(connection: Redis, now: float, limit: int | None) -> dict[str, Section]:
+    """Each policy's state that belongs to no queue (:meth:`rq_policies.policy.Policy.cluster_info`), by name."""
     out = {}
     for cls in registered():
-        found = cls.cluster_state(connection, now, limit)
-        if found:
+        found = cls.cluster_info(connection, now, limit)
+        if found is not None:
             out[cls.name] = found
     return out
 
 
-def snapshot(connection: Redis, queues: list[str] | None = None, limit: int | None = None) -> dict[str, Any]:
-    """Everything ``rq-policies info`` shows, as plain data (what ``--json`` prints).
+def queue_sections(connection: Redis, names: list[str], now: float, limit: int | None) -> dict[str, list[Section]]:
+    """Per queue name, every fetch policy's :class:`~rq_policies.views.Section` of it, in registry order (what
+    ``info`` and the dashboard show of the queue's settings: the headline's words, the rows, the ``--json`` fields)."""
+    out: dict[str, list[Section]] = {name: [] for name in names}
+    for cls in registered(FETCH):
+        for name, found in cls.queue_info(connection, names, now, limit).items():
+            if name in out:
+                out[name].append(found)
+    return out
+
+
+def headline(sections: list[Section]) -> list[str]:
+    """A queue's headline words: each section's that has some."""
+    return [words for found in sections if (words := found.headline())]
+
+
+@dataclass
+class QueueInfo:
+    """One queue in ``rq-policies info``: its fetch policies' sections, its admission policies' identity families
+    (family name -> ``{'count', 'entries', 'waiting'?}``) and its drops per policy."""
+
+    sections: list[Section]
+    families: dict[str, dict[str, Any]]
+    drops: dict[str, int]
+
+    def as_json(self) -> dict[str, Any]:
+        """The queue's ``info --json`` entry: every section's fields, then the families, then ``drops``."""
+        entry: dict[str, Any] = {}
+        for found in self.sections:
+            entry.update(found.as_json())
+        entry.update(self.families)
+        entry['drops'] = self.drops
+        return entry
+
+
+@dataclass
+class Survey:
+    """Everything ``rq-policies info`` shows, typed: its text is rendered from this object and its ``--json`` is
+    :meth:`as_json` of it (:func:`snapshot`)."""
+
+    server_time: float
+    queues: dict[str, QueueInfo]
+    limited_capacity_workers: list[dict[str, Any]]
+    policies: dict[str, Section]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            'server_time': self.server_time,
+            'queues': {name: found.as_json() for name, found in self.queues.items()},
+            'limited_capacity_workers': self.limited_capacity_workers,
+            'policies': {name: found.as_json() for name, found in self.policies.items()},
+        }
+
+
+def survey(connection: Redis, queues: list[str] | None = None, limit: int | None = None) -> Survey:
+    """Everything ``rq-policies info`` shows, as typed sections (:class:`Survey`; :func:`snapshot` is its data).
 
     Args:
         connection: the Redis connection.
@@ -287,42 +343,44 @@ def snapshot(connection: Redis, queues: list[str] | None = None, limit: int | No
     job_prefix = Job.redis_job_namespace_prefix
     kinds = families()
     identity = _scan_identity_keys(connection, queues, kinds)
-    fetch_policies = registered(FETCH)
     if queues is None:
         names = configured_queues(connection)
         for per_queue in identity.values():
             names.update(per_queue)
-        all_names = queue_names(connection)
-        for cls in fetch_policies:  # queues with live fetch state (a hold) but no setting any more
-            for name, fields in cls.queue_state(connection, all_names, now, 0).items():
-                if any(value for value in fields.values()):
-                    names.add(name)
+        # queues with live fetch state (a hold) but no setting any more
+        for name, sections in queue_sections(connection, queue_names(connection), now, 0).items():
+            if any(value for found in sections for value in found.as_json().values()):
+                names.add(name)
         names.update(row['queue'] for row in drops(connection))
         selected = sorted(names)
     else:
         selected = list(queues)
     drop_rows = drops(connection)
-    fetch_state = [cls.queue_state(connection, selected, now, limit) for cls in fetch_policies]
-    out_queues: dict[str, Any] = {}
+    sections = queue_sections(connection, selected, now, limit)
+    out_queues: dict[str, QueueInfo] = {}
     for name in selected:
-        entry: dict[str, Any] = {}
-        for per_queue in fetch_state:
-            entry.update(per_queue.get(name, {}))
+        blocks: dict[str, dict[str, Any]] = {}
         for family in kinds:
             family_rows = _identity_rows(connection, family, identity.get(family.name, {}).get(name, []), job_prefix)
             listed = family_rows[:limit] if limit else family_rows
             block: dict[str, Any] = {'count': len(family_rows), 'entries': listed}
             if family.while_waiting:
                 block['waiting'] = sum(1 for row in family_rows if row['waiting'])
-            entry[family.name] = block
-        entry['drops'] = {row['policy']: row['count'] for row in drop_rows if row['queue'] == name}
-        out_queues[name] = entry
-    return {
-        'server_time': now,
-        'queues': out_queues,
-        'limited_capacity_workers': lcw_gauges(connection, now),
-        'policies': policies_state(connection, now, limit),
-    }
+            blocks[family.name] = block
+        out_queues[name] = QueueInfo(sections[name], blocks,
+                                     {row['policy']: row['count'] for row in drop_rows if row['queue'] == name})
+    return Survey(now, out_queues, lcw_gauges(connection, now), policies_state(connection, now, limit))
+
+
+def snapshot(connection: Redis, queues: list[str] | None = None, limit: int | None = None) -> dict[str, Any]:
+    """Everything ``rq-policies info`` shows, as plain data (what ``--json`` prints): :func:`survey`'s data.
+
+    Args:
+        connection: the Redis connection.
+        queues: the queues to show; None for every queue that has a cap, a hold or a policy key.
+        limit: list at most this many entries per queue and family (the counts stay exact); None for all.
+    """
+    return survey(connection, queues, limit).as_json()
 
 
 # -- changing state -------------------------------------------------------------------------------------------------

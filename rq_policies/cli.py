@@ -23,7 +23,7 @@ from rq.utils import import_attribute
 
 from . import __version__, compat, health, identity, keys, state, views
 from .exceptions import PolicyConfigurationError
-from .policy import by_name, declared, registered
+from .policy import declared, registered
 
 
 class CommandError(click.ClickException):
@@ -133,8 +133,8 @@ def info(cli_config: Any, queues: tuple[str, ...], as_json: bool, limit: int, di
     found = state.survey(conn, list(queues) if queues else None, limit=limit or None)
     if queues:  # only these queues: no per-key scopes (they span queues), only their limited-capacity workers
         found.policies = {}
-        found.limited_capacity_workers = [row for row in found.limited_capacity_workers
-                                          if row.get('queue') in queues]
+        found.workers = state.WorkerGauges([row for row in found.workers.limited_capacity_workers
+                                            if row.get('queue') in queues])
     check = health.eviction_check(conn)
     if as_json:
         snap = found.as_json()
@@ -151,11 +151,6 @@ def _short(digest: str) -> str:
     return digest[:12]
 
 
-def _more(count: int, listed: list[Any], indent: str = '    ') -> None:
-    if count > len(listed):
-        click.echo(f'{indent}... and {count - len(listed)} more (--limit 0 lists all)')
-
-
 def _echo_rows(rows: list[Any]) -> None:
     """``info``'s rows of state (:class:`~rq_policies.views.Row`: the label in a column of 9, the entries indented
     under it) and lines (a :class:`~rq_policies.views.Heading` bold)."""
@@ -169,40 +164,20 @@ def _echo_rows(rows: list[Any]) -> None:
 
 
 def _print_info(found: state.Survey, digests: bool = False, width: int = 40) -> None:
-    """``info``'s text, rendered from the same :class:`~rq_policies.state.Survey` its ``--json`` is the data of."""
-    from . import readable
-
+    """``info``'s text, rendered from the same :class:`~rq_policies.state.Survey` its ``--json`` is the data of: per
+    queue a bold head with its sections' headline words, then every section's rows; then the sections that belong to
+    no queue."""
     if not found.queues:
         click.echo('No queue has a cap, a hold or policy state.')
-    now = found.server_time
-    shown = views.Shown(now, digests, width)
-    for name, q in found.queues.items():
+    shown = views.Shown(found.server_time, digests, width)
+    for name, sections in found.queues.items():
         head = click.style(f'queue {name}', bold=True)
-        words = state.headline(q.sections)
+        words = state.headline(sections)
         click.echo(f'{head}  ({", ".join(words)})' if words else head)
-        for section in q.sections:
+        for section in sections:
             _echo_rows(section.rows(shown))
-        for family in state.families():
-            block = q.families.get(family.name)
-            if block and block['count']:
-                block = {**block, 'server_time': now}
-                _echo_rows(by_name(family.policy).describe(family, block, digests=digests, width=width))
-                _more(block['count'], block['entries'])
-        if q.drops:
-            _echo_rows([views.Row('dropped', ', '.join(f'{policy} {count}'
-                                                       for policy, count in sorted(q.drops.items())))])
-    for section in found.policies.values():
+    for section in [*found.policies.values(), found.workers]:
         _echo_rows(section.rows(shown))
-    workers = found.limited_capacity_workers
-    if workers:
-        click.echo(click.style('limited-capacity workers', bold=True))
-        for row in workers:
-            click.echo(
-                f'  {row["class"]}  queue {row["queue"]}  running {row["running_jobs"]}/{row["max_running_jobs"]}'
-                f'  queued {row["queued_jobs"]}  remaining {row["remaining_work_count"]}'
-                + (f'  (reported {readable.in_seconds(-row["reported_seconds_ago"])})'
-                   if row['reported_seconds_ago'] is not None else '')
-            )
 
 
 # -- reset ----------------------------------------------------------------------------------------------------------

@@ -21,8 +21,8 @@ from rq.worker import Worker
 
 from . import compat, keys
 from .ops import text
-from .policy import ADMISSION, FETCH, registered
-from .views import Section
+from .policy import ADMISSION, FETCH, by_name, registered
+from .views import Heading, Row, Section, Shown
 
 _BATCH = 500
 
@@ -293,40 +293,99 @@ def headline(sections: list[Section]) -> list[str]:
     return [words for found in sections if (words := found.headline())]
 
 
-@dataclass
-class QueueInfo:
-    """One queue in ``rq-policies info``: its fetch policies' sections, its admission policies' identity families
-    (family name -> ``{'count', 'entries', 'waiting'?}``) and its drops per policy."""
+@dataclass(frozen=True)
+class IdentityFamily(Section):
+    """One per-identity key family of an admission policy on one queue (loner markers, throttle windows, pending
+    trailing and debounced jobs), read generically here: ``--json`` shows it under the family's name as ``count``,
+    the listed ``entries`` (at most ``--limit``) and, for a family that holds only while its job waits,
+    ``waiting``; its words are its policy's ``describe`` (:meth:`rq_policies.policy.AdmissionPolicy.describe`),
+    then how many more are not listed."""
 
-    sections: list[Section]
-    families: dict[str, dict[str, Any]]
+    family: keys.Family
+    count: int
+    entries: list[dict[str, Any]]
+    waiting: int = 0
+
+    def as_json(self) -> dict[str, object]:
+        block: dict[str, object] = {'count': self.count, 'entries': self.entries}
+        if self.family.while_waiting:
+            block['waiting'] = self.waiting
+        return {self.family.name: block}
+
+    def rows(self, shown: Shown) -> list[Row | str]:
+        if not self.count:
+            return []
+        block = {'count': self.count, 'entries': self.entries, 'server_time': shown.now}
+        if self.family.while_waiting:
+            block['waiting'] = self.waiting
+        rows: list[Row | str] = list(by_name(self.family.policy).describe(self.family, block, digests=shown.digests,
+                                                                          width=shown.width))
+        if self.count > len(self.entries):
+            rows.append(f'    ... and {self.count - len(self.entries)} more (--limit 0 lists all)')
+        return rows
+
+
+@dataclass(frozen=True)
+class Drops(Section):
+    """A queue's dropped enqueues per policy (``drops`` in ``--json``; a ``dropped`` row when there are some)."""
+
     drops: dict[str, int]
 
-    def as_json(self) -> dict[str, Any]:
-        """The queue's ``info --json`` entry: every section's fields, then the families, then ``drops``."""
-        entry: dict[str, Any] = {}
-        for found in self.sections:
-            entry.update(found.as_json())
-        entry.update(self.families)
-        entry['drops'] = self.drops
-        return entry
+    def rows(self, shown: Shown) -> list[Row | str]:
+        if not self.drops:
+            return []
+        return [Row('dropped', ', '.join(f'{policy} {count}' for policy, count in sorted(self.drops.items())))]
+
+
+@dataclass(frozen=True)
+class WorkerGauges(Section):
+    """The LimitedCapacityWorker classes seen in the last day and their gauges (:func:`lcw_gauges`'s rows;
+    ``limited_capacity_workers`` in ``--json``)."""
+
+    limited_capacity_workers: list[dict[str, Any]]
+
+    def rows(self, shown: Shown) -> list[Row | str]:
+        from .readable import in_seconds
+
+        if not self.limited_capacity_workers:
+            return []
+        lines: list[Row | str] = [Heading('limited-capacity workers')]
+        for row in self.limited_capacity_workers:
+            lines.append(
+                f'  {row["class"]}  queue {row["queue"]}  running {row["running_jobs"]}/{row["max_running_jobs"]}'
+                f'  queued {row["queued_jobs"]}  remaining {row["remaining_work_count"]}'
+                + (f'  (reported {in_seconds(-row["reported_seconds_ago"])})'
+                   if row['reported_seconds_ago'] is not None else '')
+            )
+        return lines
 
 
 @dataclass
 class Survey:
-    """Everything ``rq-policies info`` shows, typed: its text is rendered from this object and its ``--json`` is
-    :meth:`as_json` of it (:func:`snapshot`)."""
+    """Everything ``rq-policies info`` shows, typed: per queue its sections (each fetch policy's, each identity
+    family's, its drops), each policy's section that belongs to no queue, and the limited-capacity workers. Its text
+    is rendered from this object (:mod:`rq_policies.cli`) and its ``--json`` is :meth:`as_json` of it
+    (:func:`snapshot`).
+    """
 
     server_time: float
-    queues: dict[str, QueueInfo]
-    limited_capacity_workers: list[dict[str, Any]]
+    queues: dict[str, list[Section]]
     policies: dict[str, Section]
+    workers: WorkerGauges
 
     def as_json(self) -> dict[str, Any]:
+        """``info --json``'s document (without ``server``, which the command adds): a queue's entry is its sections'
+        fields merged, in order."""
+        queues: dict[str, Any] = {}
+        for name, sections in self.queues.items():
+            entry: dict[str, Any] = {}
+            for found in sections:
+                entry.update(found.as_json())
+            queues[name] = entry
         return {
             'server_time': self.server_time,
-            'queues': {name: found.as_json() for name, found in self.queues.items()},
-            'limited_capacity_workers': self.limited_capacity_workers,
+            'queues': queues,
+            'limited_capacity_workers': self.workers.limited_capacity_workers,
             'policies': {name: found.as_json() for name, found in self.policies.items()},
         }
 
@@ -357,19 +416,14 @@ def survey(connection: Redis, queues: list[str] | None = None, limit: int | None
         selected = list(queues)
     drop_rows = drops(connection)
     sections = queue_sections(connection, selected, now, limit)
-    out_queues: dict[str, QueueInfo] = {}
     for name in selected:
-        blocks: dict[str, dict[str, Any]] = {}
         for family in kinds:
             family_rows = _identity_rows(connection, family, identity.get(family.name, {}).get(name, []), job_prefix)
-            listed = family_rows[:limit] if limit else family_rows
-            block: dict[str, Any] = {'count': len(family_rows), 'entries': listed}
-            if family.while_waiting:
-                block['waiting'] = sum(1 for row in family_rows if row['waiting'])
-            blocks[family.name] = block
-        out_queues[name] = QueueInfo(sections[name], blocks,
-                                     {row['policy']: row['count'] for row in drop_rows if row['queue'] == name})
-    return Survey(now, out_queues, lcw_gauges(connection, now), policies_state(connection, now, limit))
+            sections[name].append(IdentityFamily(
+                family, len(family_rows), family_rows[:limit] if limit else family_rows,
+                sum(1 for row in family_rows if row.get('waiting')) if family.while_waiting else 0))
+        sections[name].append(Drops({row['policy']: row['count'] for row in drop_rows if row['queue'] == name}))
+    return Survey(now, sections, policies_state(connection, now, limit), WorkerGauges(lcw_gauges(connection, now)))
 
 
 def snapshot(connection: Redis, queues: list[str] | None = None, limit: int | None = None) -> dict[str, Any]:

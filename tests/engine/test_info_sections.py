@@ -90,9 +90,14 @@ def test_info_text_and_json_come_from_one_survey(connection, redis_url):
     entry = found.as_json()['queues']['sections']
     assert {'capacity': 4, 'holds_in_use': 0, 'holds': []}.items() <= entry.items()
     assert entry['rate'] == {'limit': 5, 'per': 60, 'burst': 1} and entry['rate_available'] == 1
-    assert state.headline(found.queues['sections'].sections) == ['rate 5/60s burst 1, 1 available', 'cap 4, 0 in use']
+    assert state.headline(found.queues['sections']) == ['rate 5/60s burst 1, 1 available', 'cap 4, 0 in use']
     out = info(redis_url, 'sections')
     assert out.splitlines()[0] == 'queue sections  (rate 5/60s burst 1, 1 available, cap 4, 0 in use)'
+    kinds = [type(found).__name__ for found in found.queues['sections']]
+    # the fetch policies' sections, then one per identity family (the engine's, worded by its policy), then drops
+    assert kinds[:2] == ['RateState', 'SlotState'] and kinds[-1] == 'Drops'
+    assert set(kinds[2:-1]) == {'IdentityFamily'} and len(kinds[2:-1]) == len(state.families())
+    assert set(entry) >= {'loner', 'throttle', 'trailing', 'debounce', 'drops'} and entry['drops'] == {}
     data = json.loads(info(redis_url, 'sections', '--json'))
     assert {k: v for k, v in data['queues']['sections'].items() if k not in ('rate_next_at',)} == \
         {k: v for k, v in entry.items() if k not in ('rate_next_at',)}

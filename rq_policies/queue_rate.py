@@ -298,6 +298,12 @@ class QueueRate(FetchPolicy, GcraRate):
 
     @classmethod
     def queue_info(cls, connection: Redis, names: list[str], now: float, limit: int | None) -> dict[str, Section]:
+        return dict(cls.rate_states(connection, names, now))
+
+    @classmethod
+    def rate_states(cls, connection: Redis, names: list[str], now: float) -> dict[str, RateState]:
+        """Per queue name, its rate, the starts it allows now and a back-off: what ``info``, the dashboard and the
+        metrics show."""
         rates = {text(k): parse(v) for k, v in connection.hgetall(keys.RATE).items()}
         blocks = {text(k): float(v) for k, v in connection.zrangebyscore(keys.BACKOFF, f'({now:.6f}', '+inf',
                                                                           withscores=True)}
@@ -305,7 +311,7 @@ class QueueRate(FetchPolicy, GcraRate):
             for name in names:
                 pipe.get(keys.rate_tat(name))
             tats = pipe.execute()
-        out: dict[str, Section] = {}
+        out: dict[str, RateState] = {}
         for name, tat in zip(names, tats):
             rate = rates.get(name)
             status = _status(rate, tat, blocks.get(name), now)
@@ -326,15 +332,15 @@ class QueueRate(FetchPolicy, GcraRate):
                        | {text(m) for m in connection.zrangebyscore(keys.BACKOFF, f'({now:.6f}', '+inf')})
         names = [name for name in names if not search or search in name]
         rows = []
-        for name, entry in cls.queue_state(connection, names[:limit], now, None).items():
-            rate = entry['rate']
-            left = entry['backoff_seconds_left']
+        for name, entry in cls.rate_states(connection, names[:limit], now).items():
+            rate = entry.rate
+            left = entry.backoff_seconds_left
             rows.append([
                 name,
-                f'{rate["limit"]}/{rate["per"]}s burst {rate["burst"]}' if rate else None,
-                entry['rate_available'],
-                ('now' if entry['rate_next_at'] <= now else Cell(at=entry['rate_next_at'] - now))
-                if rate else None,
+                f'{rate.limit}/{rate.per}s burst {rate.burst}' if rate else None,
+                entry.rate_available,
+                ('now' if entry.rate_next_at is not None and entry.rate_next_at <= now
+                 else Cell(at=(entry.rate_next_at or now) - now)) if rate else None,
                 Cell(note='until', at=left, warn=True) if left else None,
             ])
         if not rows:
@@ -352,12 +358,12 @@ class QueueRate(FetchPolicy, GcraRate):
                          ('queue',))
         names = sorted(cls.configured_queues(connection)
                        | {text(m) for m in connection.zrangebyscore(keys.BACKOFF, f'({now:.6f}', '+inf')})
-        for name, entry in cls.queue_state(connection, names, now, None).items():
-            if entry['rate']:
-                limit.add([name], entry['rate']['limit'] / entry['rate']['per'])
-                available.add([name], entry['rate_available'])
-            if entry['backoff_seconds_left']:
-                backoff.add([name], entry['backoff_seconds_left'])
+        for name, entry in cls.rate_states(connection, names, now).items():
+            if entry.rate:
+                limit.add([name], entry.rate.limit / entry.rate.per)
+                available.add([name], entry.rate_available or 0)
+            if entry.backoff_seconds_left:
+                backoff.add([name], entry.backoff_seconds_left)
         return [limit, available, backoff]
 
     @classmethod

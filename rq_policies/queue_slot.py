@@ -75,7 +75,7 @@ class SlotState(Section):
 
     capacity: int | None
     holds_in_use: int
-    holds: tuple[SlotHold, ...]
+    holds: list[SlotHold]
 
     def headline(self) -> str:
         if self.capacity is not None:
@@ -325,14 +325,21 @@ class QueueSlot(FetchPolicy):
 
     @classmethod
     def queue_info(cls, connection: Redis, names: list[str], now: float, limit: int | None) -> dict[str, Section]:
+        return dict(cls.slot_states(connection, names, now, limit))
+
+    @classmethod
+    def slot_states(cls, connection: Redis, names: list[str], now: float,
+                    limit: int | None) -> dict[str, SlotState]:
+        """Per queue name, its cap, live holds and the holds listed (at most ``limit``; None: all): what ``info``
+        and the dashboard show."""
         capacity = {text(k): int(v) for k, v in connection.hgetall(keys.CAPACITY).items()}
         with connection.pipeline(transaction=False) as pipe:
             for name in names:
                 pipe.zrangebyscore(keys.holds(name), f'({now:.6f}', '+inf', withscores=True)
             replies = pipe.execute()
-        out: dict[str, Section] = {}
+        out: dict[str, SlotState] = {}
         for name, rows in zip(names, replies):
-            holds = tuple(SlotHold(text(m), round(score - now, 3)) for m, score in rows)
+            holds = [SlotHold(text(m), round(score - now, 3)) for m, score in rows]
             out[name] = SlotState(capacity.get(name), len(holds), holds[:limit] if limit else holds)
         return out
 
@@ -399,7 +406,7 @@ class QueueSlot(FetchPolicy):
         from . import state
 
         names = [name for name in state.queue_names(connection) if not search or search in name]
-        live = cls.queue_state(connection, names, now, limit)
+        live = cls.slot_states(connection, names, now, limit)
         with connection.pipeline(transaction=False) as pipe:
             for name in names:
                 pipe.zrangebyscore(keys.holds(name), '-inf', f'{now:.6f}', start=0, num=limit, withscores=True)
@@ -408,14 +415,14 @@ class QueueSlot(FetchPolicy):
         for name in names:
             entry = live[name]
             lapsed = [(text(member), score) for member, score in lapsed_rows[name]]
-            if entry['capacity'] is None and not entry['holds_in_use'] and not lapsed:
+            if entry.capacity is None and not entry.holds_in_use and not lapsed:
                 continue
-            in_use = entry['holds_in_use']
-            queues.append([name, entry['capacity'], in_use, len(lapsed)])
+            in_use = entry.holds_in_use
+            queues.append([name, entry.capacity, in_use, len(lapsed)])
             for token, score in lapsed:
                 holds.append([name, token, None, Cell('expired (no longer counts)', at=score - now, expired=True)])
-            for hold in entry['holds']:
-                holds.append([name, hold['holder'], None, Cell(at=hold['expires_in'])])
+            for hold in entry.holds:
+                holds.append([name, hold.holder, None, Cell(at=hold.expires_in)])
             shown += in_use + len(lapsed)
         holds = holds[:limit]
         jobs = _running_jobs(connection, [row[1] for row in holds])

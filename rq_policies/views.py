@@ -275,12 +275,15 @@ def text_only(default: object = None) -> Any:
 
 
 def plain(value: object) -> object:
-    """``value`` as JSON data: a dataclass as the dict of its fields (without :func:`text_only` ones), a tuple or a
-    list as a list, a dict's values likewise; anything else as it is."""
+    """``value`` as JSON data: a dataclass as the dict of its fields (without :func:`text_only` ones), the items of a
+    list, a tuple or a dict's values likewise (each keeps its type: a list field is a list in ``snapshot()``'s data
+    and an array in ``--json``); anything else as it is."""
     if is_dataclass(value) and not isinstance(value, type):
         return {f.name: plain(getattr(value, f.name)) for f in fields(value) if f.metadata.get('json', True)}
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, list):
         return [plain(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(plain(item) for item in value)
     if isinstance(value, dict):
         return {key: plain(item) for key, item in value.items()}
     return value

@@ -64,13 +64,13 @@ def info(redis_url, *args):
 
 
 def test_a_section_s_json_is_its_fields_and_its_text_reads_the_same_fields():
-    found = SlotState(3, 2, (SlotHold('w:1:1:1', 12.5),))
+    found = SlotState(3, 2, [SlotHold('w:1:1:1', 12.5)])
     assert found.as_json() == {'capacity': 3, 'holds_in_use': 2, 'holds': [{'holder': 'w:1:1:1', 'expires_in': 12.5}]}
     assert found.headline() == 'cap 3, 2 in use'
     (hold, more) = found.rows(Shown(1000.0))
     assert hold.label == 'hold' and hold.text.startswith('w:1:1:1 ') and '(in 12 s)' in hold.text
     assert more == '  ... and 1 more (--limit 0 lists all)'
-    assert SlotState(None, 0, ()).headline() == 'uncapped, 0 holds'
+    assert SlotState(None, 0, []).headline() == 'uncapped, 0 holds'
 
 
 def test_a_text_only_field_stays_out_of_the_json():

@@ -23,7 +23,7 @@ from rq.utils import import_attribute
 
 from . import __version__, compat, health, identity, keys, replicas, state, views
 from .exceptions import PolicyConfigurationError
-from .policy import FETCH, by_name, declared, registered
+from .policy import declared, registered
 
 
 class CommandError(click.ClickException):
@@ -149,29 +149,25 @@ def info(cli_config: Any, queues: tuple[str, ...], as_json: bool, limit: int, di
     conn = _connect(cli_config, read_from_replicas)
     for name in queues:
         _require_known(conn, name, command='info')
-    snap = state.snapshot(conn, list(queues) if queues else None, limit=limit or None)
+    found = state.survey(conn, list(queues) if queues else None, limit=limit or None)
     if queues:  # only these queues: no per-key scopes (they span queues), only their limited-capacity workers
-        snap['policies'] = {}
-        snap['limited_capacity_workers'] = [row for row in snap['limited_capacity_workers']
-                                            if row.get('queue') in queues]
+        found.policies = {}
+        found.workers = state.WorkerGauges([row for row in found.workers.limited_capacity_workers
+                                            if row.get('queue') in queues])
     check = health.eviction_check(conn)
     if as_json:
+        snap = found.as_json()
         snap['server'] = {'maxmemory_policy': check.maxmemory_policy, 'eviction_unsafe': check.unsafe,
                           'evicted_keys': check.evicted_keys, 'warning': check.warning}
         click.echo(json.dumps(snap, indent=2, sort_keys=True))
         return
     if check.warning:
         click.echo(click.style('warning: ', fg='yellow', bold=True) + check.warning)
-    _print_info(snap, digests=digests, width=width)
+    _print_info(found, digests=digests, width=width)
 
 
 def _short(digest: str) -> str:
     return digest[:12]
-
-
-def _more(count: int, listed: list[Any], indent: str = '    ') -> None:
-    if count > len(listed):
-        click.echo(f'{indent}... and {count - len(listed)} more (--limit 0 lists all)')
 
 
 def _echo_rows(rows: list[Any]) -> None:
@@ -186,41 +182,21 @@ def _echo_rows(rows: list[Any]) -> None:
             click.echo(_styled(row))
 
 
-def _print_info(snap: dict[str, Any], digests: bool = False, width: int = 40) -> None:
-    from . import readable
-
-    if not snap['queues']:
+def _print_info(found: state.Survey, digests: bool = False, width: int = 40) -> None:
+    """``info``'s text, rendered from the same :class:`~rq_policies.state.Survey` its ``--json`` is the data of: per
+    queue a bold head with its sections' headline words, then every section's rows; then the sections that belong to
+    no queue."""
+    if not found.queues:
         click.echo('No queue has a cap, a hold or policy state.')
-    fetch_policies = registered(FETCH)
-    now = snap['server_time']
-    for name, q in snap['queues'].items():
+    shown = views.Shown(found.server_time, digests, width)
+    for name, sections in found.queues.items():
         head = click.style(f'queue {name}', bold=True)
-        words = [words for cls in fetch_policies if (words := cls.summary(q))]
+        words = state.headline(sections)
         click.echo(f'{head}  ({", ".join(words)})' if words else head)
-        q = {**q, 'server_time': now}
-        for cls in fetch_policies:
-            _echo_rows(cls.describe_queue(q))
-        for family in state.families():
-            block = q.get(family.name)
-            if block and block['count']:
-                block = {**block, 'server_time': now}
-                _echo_rows(by_name(family.policy).describe(family, block, digests=digests, width=width))
-                _more(block['count'], block['entries'])
-        if q['drops']:
-            _echo_rows([views.Row('dropped', ', '.join(f'{policy} {count}'
-                                                       for policy, count in sorted(q['drops'].items())))])
-    for name, found in snap.get('policies', {}).items():
-        _echo_rows(by_name(name).describe_cluster(found))
-    workers = snap['limited_capacity_workers']
-    if workers:
-        click.echo(click.style('limited-capacity workers', bold=True))
-        for row in workers:
-            click.echo(
-                f'  {row["class"]}  queue {row["queue"]}  running {row["running_jobs"]}/{row["max_running_jobs"]}'
-                f'  queued {row["queued_jobs"]}  remaining {row["remaining_work_count"]}'
-                + (f'  (reported {readable.in_seconds(-row["reported_seconds_ago"])})'
-                   if row['reported_seconds_ago'] is not None else '')
-            )
+        for section in sections:
+            _echo_rows(section.rows(shown))
+    for section in [*found.policies.values(), found.workers]:
+        _echo_rows(section.rows(shown))
 
 
 # -- reset ----------------------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ workers do not check keys; a parked job counts in rq's deferred registry, not in
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rq.job import Job
@@ -64,9 +65,13 @@ from .views import (
     Option,
     Panel,
     Reply,
+    Row,
+    Section,
     Setting,
+    Shown,
     Values,
     View,
+    text_only,
 )
 
 if TYPE_CHECKING:
@@ -278,32 +283,53 @@ class KeyedPolicy(FetchPolicy):
         return float(cls.blocked_until(scope, key, connection) or 0.0)
 
     @classmethod
-    def cluster_state(cls, connection: Any, now: float, limit: int | None) -> dict[str, Any]:
+    def cluster_info(cls, connection: Redis, now: float, limit: int | None) -> Section | None:
         """Per scope with state: how many keys, in use, parked, and the busiest keys (at most ``limit``)."""
         out = {}
         for scope in sorted(_scopes(connection, cls.name, holds=cls.holds)):
             rows = cls.key_rows(connection, scope, 0, None, now)
             if rows:
-                out[scope] = {'keys': len(rows), 'in_use': sum(r.get('in_use', 0) for r in rows),
-                              'parked': sum(r['parked'] for r in rows), 'busiest': rows[:limit] if limit else rows}
-        return {'scopes': out, 'now': now} if out else {}
-
-    @classmethod
-    def describe_cluster(cls, state: dict[str, Any]) -> list[str]:
-        lines: list[str] = []
-        for scope, entry in state['scopes'].items():
-            lines.append(Heading(f'{cls.__name__} per key, scope {scope}',
-                                 f'  ({entry["keys"]} key(s), {entry["in_use"]} in use, {entry["parked"]} parked)'))
-            lines += ['  ' + line for line in cls.key_lines(entry['busiest'], state['now'])]
-            if entry['keys'] > len(entry['busiest']):
-                lines.append(f'  ... and {entry["keys"] - len(entry["busiest"])} more (rq-policies keys {scope})')
-        return lines
+                out[scope] = KeyScope(len(rows), sum(r.get('in_use', 0) for r in rows), sum(r['parked'] for r in rows),
+                                      rows[:limit] if limit else rows)
+        return KeyedState(out, now, cls) if out else None
 
     @classmethod
     def blocked_until(cls, scope: str, key: Any, connection: Any) -> float | None:
         """The server time until which ``key`` of ``scope`` is backed off, or None."""
         raw = _need(connection).get(keys.KEY_BLOCK_PREFIX + keys.key_id(check_scope(scope), key_text(key)))
         return float(raw) if raw is not None else None
+
+
+@dataclass(frozen=True)
+class KeyScope:
+    """One scope of a per-key policy in ``rq-policies info``: its keys with state, the jobs of them in use and
+    parked, and the busiest keys (:meth:`KeyedPolicy.key_rows`'s rows, at most ``--limit``)."""
+
+    keys: int
+    in_use: int
+    parked: int
+    busiest: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class KeyedState(Section):
+    """A per-key policy's part of ``rq-policies info`` (``policies.<name>`` in ``--json``: ``scopes`` and ``now``,
+    the server time its rows were read at): a heading per scope, then its busiest keys' lines
+    (:meth:`KeyedPolicy.key_lines`)."""
+
+    scopes: dict[str, KeyScope]
+    now: float
+    policy: type[KeyedPolicy] = text_only()
+
+    def rows(self, shown: Shown) -> list[Row | str]:
+        lines: list[Row | str] = []
+        for scope, entry in self.scopes.items():
+            lines.append(Heading(f'{self.policy.__name__} per key, scope {scope}',
+                                 f'  ({entry.keys} key(s), {entry.in_use} in use, {entry.parked} parked)'))
+            lines += ['  ' + line for line in self.policy.key_lines(entry.busiest, self.now)]
+            if entry.keys > len(entry.busiest):
+                lines.append(f'  ... and {entry.keys - len(entry.busiest)} more (rq-policies keys {scope})')
+        return lines
 
 
 def _keyed_classes() -> list[type[KeyedPolicy]]:

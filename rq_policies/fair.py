@@ -78,7 +78,10 @@ from .views import (
     Option,
     Panel,
     Reply,
+    Row,
+    Section,
     Setting,
+    Shown,
     Values,
     View,
 )
@@ -481,26 +484,16 @@ class Fair(FetchPolicy):
         return [Explanation(cls.name, verdict, change, entry)]
 
     @classmethod
-    def cluster_state(cls, connection: Any, now: float, limit: int | None) -> dict[str, Any]:
+    def cluster_info(cls, connection: Redis, now: float, limit: int | None) -> Section | None:
         out = {}
         for queue in cls.queues(connection):
             rows = cls.key_rows(connection, queue, limit or 0)
             if rows:
-                out[queue] = {'keys': int(connection.zcard(ACTIVE_PREFIX + queue)), 'rows': rows}
+                out[queue] = FairQueue(int(connection.zcard(ACTIVE_PREFIX + queue)), rows)
         paused = sorted(text(c) for c in connection.hkeys(PAUSED))
         if not out and not paused:
-            return {}
-        return {'queues': out, 'paused': paused, 'now': now}
-
-    @classmethod
-    def describe_cluster(cls, state: dict[str, Any]) -> list[str]:
-        lines: list[str] = []
-        for queue, entry in state['queues'].items():
-            lines.append(Heading(f'Fair on queue {queue}', f'  ({entry["keys"]} key(s) taking turns)'))
-            lines += ['  ' + _row_line(row) for row in entry['rows']]
-        if state['paused']:
-            lines.append(f'Fair: paused key(s): {", ".join(state["paused"])}')
-        return lines
+            return None
+        return FairState(out, paused, now)
 
     @classmethod
     def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[Panel]:
@@ -584,6 +577,34 @@ def _keys_run(conn: Redis, values: Values) -> Reply:
     queue = str(values['queue'])
     rows = _refused(lambda: Fair.key_rows(conn, queue, values['limit']))
     return Reply(tuple(_row_line(row) for row in rows) or (f'No key takes turns on queue {queue!r}.',))
+
+
+@dataclass(frozen=True)
+class FairQueue:
+    """One queue's keys taking turns, in ``rq-policies info``: how many, and the next ones (:meth:`Fair.key_rows`'s
+    rows, at most ``--limit``)."""
+
+    keys: int
+    rows: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class FairState(Section):
+    """Fair's part of ``rq-policies info`` (``policies.fair`` in ``--json``: ``queues``, ``paused``, ``now``): a
+    heading per queue with its keys' lines, then the paused keys."""
+
+    queues: dict[str, FairQueue]
+    paused: list[str]
+    now: float
+
+    def rows(self, shown: Shown) -> list[Row | str]:
+        lines: list[Row | str] = []
+        for queue, entry in self.queues.items():
+            lines.append(Heading(f'Fair on queue {queue}', f'  ({entry.keys} key(s) taking turns)'))
+            lines += ['  ' + _row_line(row) for row in entry.rows]
+        if self.paused:
+            lines.append(f'Fair: paused key(s): {", ".join(self.paused)}')
+        return lines
 
 
 def _row_line(row: dict[str, Any]) -> str:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from .exceptions import PolicyConfigurationError
 from .identity import UniqueContext
+from .views import Section, Shown, text_only
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -157,15 +158,24 @@ class Policy:
         return []
 
     @classmethod
-    def cluster_state(cls, connection: Any, now: float, limit: int | None) -> dict[str, Any]:
-        """This policy's state that belongs to no queue (a per-key limit's keys), for ``rq-policies info`` and its
-        ``--json`` (``policies.<name>``); ``limit`` bounds the entries listed (None: all). Empty: nothing to show."""
-        return {}
+    def cluster_info(cls, connection: Redis, now: float, limit: int | None) -> Section | None:
+        """This policy's state that belongs to no queue (a per-key limit's keys), for ``rq-policies info``: a
+        :class:`rq_policies.views.Section` whose fields are ``info --json``'s ``policies.<name>`` and whose rows are
+        its text; ``limit`` bounds the entries listed (None: all). None: nothing to show.
+
+        A policy written before sections (one that defines ``cluster_state``, returning the dict, and
+        ``describe_cluster``, its lines) is shown as it was, through :class:`LegacyCluster`."""
+        if _overrides(cls, 'cluster_state', Policy):
+            found = cls.cluster_state(connection, now, limit)
+            return LegacyCluster(found, cls) if found else None
+        return None
 
     @classmethod
-    def describe_cluster(cls, state: dict[str, Any]) -> list[str]:
-        """The lines ``rq-policies info`` prints for :meth:`cluster_state`."""
-        return []
+    def cluster_state(cls, connection: Any, now: float, limit: int | None) -> dict[str, Any]:
+        """:meth:`cluster_info` as the plain data ``info --json`` shows (``{}``: nothing), for readers that want
+        the data alone (the OpenTelemetry gauges). A policy defines :meth:`cluster_info`, not this."""
+        found = cls.cluster_info(connection, now, limit)
+        return found.as_json() if found is not None else {}
 
     @classmethod
     def explain(cls, connection: Redis, job: dict[str, str], now: float) -> list[Explanation]:
@@ -407,20 +417,25 @@ class FetchPolicy(Policy):
         return set()
 
     @classmethod
-    def queue_state(cls, connection: Any, names: list[str], now: float, limit: int | None) -> dict[str, dict]:
-        """Per queue name, the fields this policy adds to that queue's ``info --json`` entry (empty: nothing)."""
+    def queue_info(cls, connection: Redis, names: list[str], now: float, limit: int | None) -> dict[str, Section]:
+        """Per queue name, this policy's part of that queue in ``rq-policies info``: a
+        :class:`rq_policies.views.Section` whose fields join the queue's ``info --json`` entry and whose
+        ``headline`` and ``rows`` are its text (``limit`` bounds the entries listed, None: all). A name left out: the
+        policy shows nothing for that queue.
+
+        A policy written before sections (one that defines ``queue_state``, returning the dicts, with ``summary``
+        and ``describe_queue`` reading them) is shown as it was, through :class:`LegacyQueue`."""
+        if _overrides(cls, 'queue_state', FetchPolicy):
+            return {name: LegacyQueue(fields, cls) for name, fields in cls.queue_state(connection, names, now,
+                                                                                        limit).items()}
         return {}
 
     @classmethod
-    def summary(cls, entry: dict[str, Any]) -> str:
-        """The words this policy adds to a queue's headline in ``rq-policies info`` (``'cap 3, 1 in use'``)."""
-        return ''
-
-    @classmethod
-    def describe_queue(cls, entry: dict[str, Any]) -> list[Row | str]:
-        """The rows (:class:`rq_policies.views.Row`) and lines ``rq-policies info`` prints for this policy under a
-        queue's headline."""
-        return []
+    def queue_state(cls, connection: Any, names: list[str], now: float, limit: int | None) -> dict[str, dict]:
+        """:meth:`queue_info` as the plain data ``info --json`` shows (per queue name, the fields this policy adds
+        to that queue's entry), for readers that want the data alone (the dashboard, metrics). A policy defines
+        :meth:`queue_info`, not this."""
+        return {name: found.as_json() for name, found in cls.queue_info(connection, names, now, limit).items()}
 
     # -- the contract suite (tests/contract): settings, as a policy whose settings live in Redis takes them -------
 
@@ -441,6 +456,48 @@ class FetchPolicy(Policy):
         (the contract suite runs each one)."""
         return ()
 
+
+
+def _overrides(cls: type, name: str, base: type) -> bool:
+    """Does ``cls`` define hook ``name`` itself, below ``base`` (a policy written before sections)?"""
+    return getattr(cls, name).__func__ is not getattr(base, name).__func__
+
+
+@dataclass(frozen=True)
+class LegacyQueue(Section):
+    """A queue section of a policy that still defines the hooks of before (``queue_state``'s dict, ``summary`` and
+    ``describe_queue`` reading it): its ``--json`` fields are the dict, its words the old hooks' (they get the dict
+    with ``server_time`` added, as before)."""
+
+    fields: dict[str, Any]
+    policy: type[Policy] = text_only()
+
+    def as_json(self) -> dict[str, object]:
+        return dict(self.fields)
+
+    def headline(self) -> str:
+        summary = getattr(self.policy, 'summary', None)
+        return summary(self.fields) if summary else ''
+
+    def rows(self, shown: Shown) -> list[Row | str]:
+        describe = getattr(self.policy, 'describe_queue', None)
+        return list(describe({**self.fields, 'server_time': shown.now})) if describe else []
+
+
+@dataclass(frozen=True)
+class LegacyCluster(Section):
+    """A cluster section of a policy that still defines ``cluster_state`` (its dict) and ``describe_cluster`` (its
+    lines from the dict)."""
+
+    fields: dict[str, Any]
+    policy: type[Policy] = text_only()
+
+    def as_json(self) -> dict[str, object]:
+        return dict(self.fields)
+
+    def rows(self, shown: Shown) -> list[Row | str]:
+        describe = getattr(self.policy, 'describe_cluster', None)
+        return list(describe(self.fields)) if describe else []
 
 
 @dataclass(frozen=True)

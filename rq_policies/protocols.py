@@ -10,7 +10,7 @@ else. Eleven methods in three ``typing.Protocol`` classes, each documented here 
   keys in the fetch call, and the hold its take took and how it goes back.
 
 What a policy shows (``info``, ``explain``, the dashboard, metrics, CLI commands) is not part of this interface: the
-views call their own hooks (``commands``, ``metrics``, ``panels``, ``explain``, ``queue_state``, ...) through the
+views call their own hooks (``commands``, ``metrics``, ``panels``, ``explain``, ``queue_info``, ...) through the
 registry, and those hooks return descriptions (:mod:`rq_policies.views`) that one renderer per view renders. The test
 ``tests/engine/test_architecture.py::test_the_engine_s_protocols_are_narrow_typed_and_met`` holds every registered
 policy to these protocols, their size to a dozen methods and their signatures free of ``Any``.

@@ -48,7 +48,9 @@ from .views import (
     Panel,
     Reply,
     Row,
+    Section,
     Setting,
+    Shown,
     UsageError,
     Values,
     View,
@@ -59,6 +61,50 @@ __all__ = ['BACKOFFS_META', 'SNOOZES_META', 'BackOff', 'QueueRate', 'RateStatus'
 #: The job's meta key counting how often it was snoozed, and how often it backed its queue off.
 SNOOZES_META = 'policies_snoozes'
 BACKOFFS_META = 'policies_backoffs'
+
+
+@dataclass(frozen=True)
+class RateSetting:
+    """A queue's rate as ``info --json`` shows it: ``{'limit', 'per', 'burst'}``."""
+
+    limit: int
+    per: int
+    burst: int
+
+
+@dataclass(frozen=True)
+class RateState(Section):
+    """QueueRate's part of a queue in ``rq-policies info``: its rate (None: none), the starts it allows now and
+    the server time of the next one (None without a rate), and a back-off's end and seconds left (None: none);
+    ``--json`` shows these fields as they are named."""
+
+    rate: RateSetting | None
+    rate_available: int | None
+    rate_next_at: float | None
+    backoff_until: float | None
+    backoff_seconds_left: float | None
+
+    def headline(self) -> str:
+        words = []
+        if self.rate:
+            words.append(f'rate {self.rate.limit}/{self.rate.per}s burst {self.rate.burst}, {self.rate_available} '
+                         'available')
+        if self.backoff_until:
+            words.append(f'backed off for {self.backoff_seconds_left:.0f} s more')
+        return ', '.join(words)
+
+    def rows(self, shown: Shown) -> list[Row | str]:
+        """The starts available and when the next is allowed, and a back-off's end (local time and how far from
+        now, measured on the server clock the state was read at)."""
+        from .readable import at
+
+        lines: list[Row | str] = []
+        if self.rate and self.rate_next_at is not None:
+            when = 'now' if self.rate_next_at <= shown.now else at(self.rate_next_at, shown.now)
+            lines.append(Row('rate', f'{self.rate_available} start(s) available, next start {when}'))
+        if self.backoff_until:
+            lines.append(Row('backoff', f'no start until {at(self.backoff_until, shown.now)}'))
+        return lines
 
 
 @dataclass(frozen=True)
@@ -251,7 +297,13 @@ class QueueRate(FetchPolicy, GcraRate):
         return {text(name) for name in connection.hkeys(keys.RATE)}
 
     @classmethod
-    def queue_state(cls, connection: Any, names: list[str], now: float, limit: int | None) -> dict[str, dict]:
+    def queue_info(cls, connection: Redis, names: list[str], now: float, limit: int | None) -> dict[str, Section]:
+        return dict(cls.rate_states(connection, names, now))
+
+    @classmethod
+    def rate_states(cls, connection: Redis, names: list[str], now: float) -> dict[str, RateState]:
+        """Per queue name, its rate, the starts it allows now and a back-off: what ``info``, the dashboard and the
+        metrics show."""
         rates = {text(k): parse(v) for k, v in connection.hgetall(keys.RATE).items()}
         blocks = {text(k): float(v) for k, v in connection.zrangebyscore(keys.BACKOFF, f'({now:.6f}', '+inf',
                                                                           withscores=True)}
@@ -259,45 +311,18 @@ class QueueRate(FetchPolicy, GcraRate):
             for name in names:
                 pipe.get(keys.rate_tat(name))
             tats = pipe.execute()
-        out: dict[str, dict] = {}
+        out: dict[str, RateState] = {}
         for name, tat in zip(names, tats):
             rate = rates.get(name)
             status = _status(rate, tat, blocks.get(name), now)
-            out[name] = {
-                'rate': None if rate is None else {'limit': rate.limit, 'per': rate.per, 'burst': rate.burst},
-                'rate_available': status.available if status and rate else None,
-                'rate_next_at': status.next_at if status and rate else None,
-                'backoff_until': blocks.get(name),
-                'backoff_seconds_left': round(blocks[name] - now, 3) if name in blocks else None,
-            }
+            out[name] = RateState(
+                rate=None if rate is None else RateSetting(rate.limit, rate.per, rate.burst),
+                rate_available=status.available if status and rate else None,
+                rate_next_at=status.next_at if status and rate else None,
+                backoff_until=blocks.get(name),
+                backoff_seconds_left=round(blocks[name] - now, 3) if name in blocks else None,
+            )
         return out
-
-    @classmethod
-    def summary(cls, entry: dict[str, Any]) -> str:
-        rate = entry.get('rate')
-        words = []
-        if rate:
-            words.append(f'rate {rate["limit"]}/{rate["per"]}s burst {rate["burst"]}, {entry["rate_available"]} '
-                         'available')
-        if entry.get('backoff_until'):
-            words.append(f'backed off for {entry["backoff_seconds_left"]:.0f} s more')
-        return ', '.join(words)
-
-    @classmethod
-    def describe_queue(cls, entry: dict[str, Any]) -> list[Row | str]:
-        """``info``'s lines: the starts available and when the next is allowed, and a back-off's end (local time and
-        how far from now; ``entry['server_time']`` is the server time the state was read at)."""
-        from .readable import at
-
-        lines: list[Row | str] = []
-        now = entry.get('server_time')
-        if entry.get('rate'):
-            when = 'now' if now is None or entry['rate_next_at'] <= now else at(entry['rate_next_at'], now)
-            lines.append(Row('rate', f'{entry["rate_available"]} start(s) available, next start {when}'))
-        if entry.get('backoff_until'):
-            until = at(entry['backoff_until'], now) if now is not None else f'in {entry["backoff_seconds_left"]:.1f} s'
-            lines.append(Row('backoff', f'no start until {until}'))
-        return lines
 
     @classmethod
     def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[Panel]:
@@ -307,15 +332,15 @@ class QueueRate(FetchPolicy, GcraRate):
                        | {text(m) for m in connection.zrangebyscore(keys.BACKOFF, f'({now:.6f}', '+inf')})
         names = [name for name in names if not search or search in name]
         rows = []
-        for name, entry in cls.queue_state(connection, names[:limit], now, None).items():
-            rate = entry['rate']
-            left = entry['backoff_seconds_left']
+        for name, entry in cls.rate_states(connection, names[:limit], now).items():
+            rate = entry.rate
+            left = entry.backoff_seconds_left
             rows.append([
                 name,
-                f'{rate["limit"]}/{rate["per"]}s burst {rate["burst"]}' if rate else None,
-                entry['rate_available'],
-                ('now' if entry['rate_next_at'] <= now else Cell(at=entry['rate_next_at'] - now))
-                if rate else None,
+                f'{rate.limit}/{rate.per}s burst {rate.burst}' if rate else None,
+                entry.rate_available,
+                ('now' if entry.rate_next_at is not None and entry.rate_next_at <= now
+                 else Cell(at=(entry.rate_next_at or now) - now)) if rate else None,
                 Cell(note='until', at=left, warn=True) if left else None,
             ])
         if not rows:
@@ -333,12 +358,12 @@ class QueueRate(FetchPolicy, GcraRate):
                          ('queue',))
         names = sorted(cls.configured_queues(connection)
                        | {text(m) for m in connection.zrangebyscore(keys.BACKOFF, f'({now:.6f}', '+inf')})
-        for name, entry in cls.queue_state(connection, names, now, None).items():
-            if entry['rate']:
-                limit.add([name], entry['rate']['limit'] / entry['rate']['per'])
-                available.add([name], entry['rate_available'])
-            if entry['backoff_seconds_left']:
-                backoff.add([name], entry['backoff_seconds_left'])
+        for name, entry in cls.rate_states(connection, names, now).items():
+            if entry.rate:
+                limit.add([name], entry.rate.limit / entry.rate.per)
+                available.add([name], entry.rate_available or 0)
+            if entry.backoff_seconds_left:
+                backoff.add([name], entry.backoff_seconds_left)
         return [limit, available, backoff]
 
     @classmethod

@@ -20,6 +20,7 @@ the cluster obeys the same number and an operator changes it without a deploy.
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from redis import Redis
@@ -31,7 +32,22 @@ from .ledger import WAKE_CAPACITY, WAKE_RELEASED, Hold, wake_up
 from .ops import need_connection as _need
 from .ops import text
 from .policy import MAX_CAPACITY, FetchPolicy, positive_int, whole_seconds
-from .views import Argument, BadArgument, Cell, Digits, Explanation, Metric, Panel, Reply, Row, Setting, Values, View
+from .views import (
+    Argument,
+    BadArgument,
+    Cell,
+    Digits,
+    Explanation,
+    Metric,
+    Panel,
+    Reply,
+    Row,
+    Section,
+    Setting,
+    Shown,
+    Values,
+    View,
+)
 
 __all__ = ['WAKE_CAPACITY', 'WAKE_RELEASED', 'QueueSlot', 'queue_name']
 
@@ -42,6 +58,38 @@ def queue_name(value: Any) -> str:
     if not isinstance(name, str) or not name:
         raise ValueError(f'queue must be a non-empty queue name or an rq Queue, got {value!r}')
     return name
+
+
+@dataclass(frozen=True)
+class SlotHold:
+    """A live hold of a queue's cap, as ``info`` shows it: its holder token and the seconds until it expires."""
+
+    holder: str
+    expires_in: float
+
+
+@dataclass(frozen=True)
+class SlotState(Section):
+    """QueueSlot's part of a queue in ``rq-policies info``: its cap (None: uncapped), how many holds are live, and
+    the holds listed (at most ``--limit``); ``--json`` shows these fields as they are named."""
+
+    capacity: int | None
+    holds_in_use: int
+    holds: list[SlotHold]
+
+    def headline(self) -> str:
+        if self.capacity is not None:
+            return f'cap {self.capacity}, {self.holds_in_use} in use'
+        return f'uncapped, {self.holds_in_use} holds'
+
+    def rows(self, shown: Shown) -> list[Row | str]:
+        from .readable import in_seconds
+
+        lines: list[Row | str] = [Row('hold', f'{hold.holder:<36} expires {in_seconds(hold.expires_in)}')
+                                  for hold in self.holds]
+        if self.holds_in_use > len(self.holds):
+            lines.append(f'  ... and {self.holds_in_use - len(self.holds)} more (--limit 0 lists all)')
+        return lines
 
 
 class QueueSlot(FetchPolicy):
@@ -276,20 +324,23 @@ class QueueSlot(FetchPolicy):
         ]
 
     @classmethod
-    def queue_state(cls, connection: Any, names: list[str], now: float, limit: int | None) -> dict[str, dict]:
+    def queue_info(cls, connection: Redis, names: list[str], now: float, limit: int | None) -> dict[str, Section]:
+        return dict(cls.slot_states(connection, names, now, limit))
+
+    @classmethod
+    def slot_states(cls, connection: Redis, names: list[str], now: float,
+                    limit: int | None) -> dict[str, SlotState]:
+        """Per queue name, its cap, live holds and the holds listed (at most ``limit``; None: all): what ``info``
+        and the dashboard show."""
         capacity = {text(k): int(v) for k, v in connection.hgetall(keys.CAPACITY).items()}
         with connection.pipeline(transaction=False) as pipe:
             for name in names:
                 pipe.zrangebyscore(keys.holds(name), f'({now:.6f}', '+inf', withscores=True)
             replies = pipe.execute()
-        out = {}
+        out: dict[str, SlotState] = {}
         for name, rows in zip(names, replies):
-            holds = [{'holder': text(m), 'expires_in': round(score - now, 3)} for m, score in rows]
-            if name not in capacity and not holds:
-                out[name] = {'capacity': None, 'holds_in_use': 0, 'holds': []}
-                continue
-            out[name] = {'capacity': capacity.get(name), 'holds_in_use': len(holds),
-                         'holds': holds[:limit] if limit else holds}
+            holds = [SlotHold(text(m), round(score - now, 3)) for m, score in rows]
+            out[name] = SlotState(capacity.get(name), len(holds), holds[:limit] if limit else holds)
         return out
 
     @classmethod
@@ -316,22 +367,6 @@ class QueueSlot(FetchPolicy):
             verdict = f'queue cap {cap}, {len(holders)} in use' + (f': {listed}' if holders else '')
             change = ''
         return [Explanation(cls.name, verdict, change, entry)]
-
-    @classmethod
-    def summary(cls, entry: dict[str, Any]) -> str:
-        in_use = entry.get('holds_in_use', 0)
-        cap = entry.get('capacity')
-        return f'cap {cap}, {in_use} in use' if cap is not None else f'uncapped, {in_use} holds'
-
-    @classmethod
-    def describe_queue(cls, entry: dict[str, Any]) -> list[Row | str]:
-        from .readable import in_seconds
-
-        lines: list[Row | str] = [Row('hold', f'{hold["holder"]:<36} expires {in_seconds(hold["expires_in"])}')
-                                  for hold in entry['holds']]
-        if entry['holds_in_use'] > len(entry['holds']):
-            lines.append(f'  ... and {entry["holds_in_use"] - len(entry["holds"])} more (--limit 0 lists all)')
-        return lines
 
     @classmethod
     def metrics(cls, connection: Redis, now: float) -> list[Metric]:
@@ -371,7 +406,7 @@ class QueueSlot(FetchPolicy):
         from . import state
 
         names = [name for name in state.queue_names(connection) if not search or search in name]
-        live = cls.queue_state(connection, names, now, limit)
+        live = cls.slot_states(connection, names, now, limit)
         with connection.pipeline(transaction=False) as pipe:
             for name in names:
                 pipe.zrangebyscore(keys.holds(name), '-inf', f'{now:.6f}', start=0, num=limit, withscores=True)
@@ -380,14 +415,14 @@ class QueueSlot(FetchPolicy):
         for name in names:
             entry = live[name]
             lapsed = [(text(member), score) for member, score in lapsed_rows[name]]
-            if entry['capacity'] is None and not entry['holds_in_use'] and not lapsed:
+            if entry.capacity is None and not entry.holds_in_use and not lapsed:
                 continue
-            in_use = entry['holds_in_use']
-            queues.append([name, entry['capacity'], in_use, len(lapsed)])
+            in_use = entry.holds_in_use
+            queues.append([name, entry.capacity, in_use, len(lapsed)])
             for token, score in lapsed:
                 holds.append([name, token, None, Cell('expired (no longer counts)', at=score - now, expired=True)])
-            for hold in entry['holds']:
-                holds.append([name, hold['holder'], None, Cell(at=hold['expires_in'])])
+            for hold in entry.holds:
+                holds.append([name, hold.holder, None, Cell(at=hold.expires_in)])
             shown += in_use + len(lapsed)
         holds = holds[:limit]
         jobs = _running_jobs(connection, [row[1] for row in holds])

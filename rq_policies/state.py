@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from redis import Redis
@@ -20,7 +21,8 @@ from rq.worker import Worker
 
 from . import compat, keys
 from .ops import text
-from .policy import ADMISSION, FETCH, registered
+from .policy import ADMISSION, FETCH, by_name, registered
+from .views import Heading, Row, Section, Shown
 
 _BATCH = 500
 
@@ -265,18 +267,131 @@ def sample_note(sample: dict[str, Any], what: str) -> str:
     return f'showing {shown} of {total} {what}; rq-policies info --limit 0 lists them all'
 
 
-def policies_state(connection: Redis, now: float, limit: int | None) -> dict[str, Any]:
-    """Each policy's state that belongs to no queue (:meth:`rq_policies.policy.Policy.cluster_state`), by name."""
+def policies_state(connection: Redis, now: float, limit: int | None) -> dict[str, Section]:
+    """Each policy's state that belongs to no queue (:meth:`rq_policies.policy.Policy.cluster_info`), by name."""
     out = {}
     for cls in registered():
-        found = cls.cluster_state(connection, now, limit)
-        if found:
+        found = cls.cluster_info(connection, now, limit)
+        if found is not None:
             out[cls.name] = found
     return out
 
 
-def snapshot(connection: Redis, queues: list[str] | None = None, limit: int | None = None) -> dict[str, Any]:
-    """Everything ``rq-policies info`` shows, as plain data (what ``--json`` prints).
+def queue_sections(connection: Redis, names: list[str], now: float, limit: int | None) -> dict[str, list[Section]]:
+    """Per queue name, every fetch policy's :class:`~rq_policies.views.Section` of it, in registry order (what
+    ``info`` and the dashboard show of the queue's settings: the headline's words, the rows, the ``--json`` fields)."""
+    out: dict[str, list[Section]] = {name: [] for name in names}
+    for cls in registered(FETCH):
+        for name, found in cls.queue_info(connection, names, now, limit).items():
+            if name in out:
+                out[name].append(found)
+    return out
+
+
+def headline(sections: list[Section]) -> list[str]:
+    """A queue's headline words: each section's that has some."""
+    return [words for found in sections if (words := found.headline())]
+
+
+@dataclass(frozen=True)
+class IdentityFamily(Section):
+    """One per-identity key family of an admission policy on one queue (loner markers, throttle windows, pending
+    trailing and debounced jobs), read generically here: ``--json`` shows it under the family's name as ``count``,
+    the listed ``entries`` (at most ``--limit``) and, for a family that holds only while its job waits,
+    ``waiting``; its words are its policy's ``describe`` (:meth:`rq_policies.policy.AdmissionPolicy.describe`),
+    then how many more are not listed."""
+
+    family: keys.Family
+    count: int
+    entries: list[dict[str, Any]]
+    waiting: int = 0
+
+    def as_json(self) -> dict[str, object]:
+        block: dict[str, object] = {'count': self.count, 'entries': self.entries}
+        if self.family.while_waiting:
+            block['waiting'] = self.waiting
+        return {self.family.name: block}
+
+    def rows(self, shown: Shown) -> list[Row | str]:
+        if not self.count:
+            return []
+        block = {'count': self.count, 'entries': self.entries, 'server_time': shown.now}
+        if self.family.while_waiting:
+            block['waiting'] = self.waiting
+        rows: list[Row | str] = list(by_name(self.family.policy).describe(self.family, block, digests=shown.digests,
+                                                                          width=shown.width))
+        if self.count > len(self.entries):
+            rows.append(f'    ... and {self.count - len(self.entries)} more (--limit 0 lists all)')
+        return rows
+
+
+@dataclass(frozen=True)
+class Drops(Section):
+    """A queue's dropped enqueues per policy (``drops`` in ``--json``; a ``dropped`` row when there are some)."""
+
+    drops: dict[str, int]
+
+    def rows(self, shown: Shown) -> list[Row | str]:
+        if not self.drops:
+            return []
+        return [Row('dropped', ', '.join(f'{policy} {count}' for policy, count in sorted(self.drops.items())))]
+
+
+@dataclass(frozen=True)
+class WorkerGauges(Section):
+    """The LimitedCapacityWorker classes seen in the last day and their gauges (:func:`lcw_gauges`'s rows;
+    ``limited_capacity_workers`` in ``--json``)."""
+
+    limited_capacity_workers: list[dict[str, Any]]
+
+    def rows(self, shown: Shown) -> list[Row | str]:
+        from .readable import in_seconds
+
+        if not self.limited_capacity_workers:
+            return []
+        lines: list[Row | str] = [Heading('limited-capacity workers')]
+        for row in self.limited_capacity_workers:
+            lines.append(
+                f'  {row["class"]}  queue {row["queue"]}  running {row["running_jobs"]}/{row["max_running_jobs"]}'
+                f'  queued {row["queued_jobs"]}  remaining {row["remaining_work_count"]}'
+                + (f'  (reported {in_seconds(-row["reported_seconds_ago"])})'
+                   if row['reported_seconds_ago'] is not None else '')
+            )
+        return lines
+
+
+@dataclass
+class Survey:
+    """Everything ``rq-policies info`` shows, typed: per queue its sections (each fetch policy's, each identity
+    family's, its drops), each policy's section that belongs to no queue, and the limited-capacity workers. Its text
+    is rendered from this object (:mod:`rq_policies.cli`) and its ``--json`` is :meth:`as_json` of it
+    (:func:`snapshot`).
+    """
+
+    server_time: float
+    queues: dict[str, list[Section]]
+    policies: dict[str, Section]
+    workers: WorkerGauges
+
+    def as_json(self) -> dict[str, Any]:
+        """``info --json``'s document (without ``server``, which the command adds): a queue's entry is its sections'
+        fields merged, in order."""
+        queues: dict[str, Any] = {}
+        for name, sections in self.queues.items():
+            entry: dict[str, Any] = {}
+            for found in sections:
+                entry.update(found.as_json())
+            queues[name] = entry
+        return {
+            'server_time': self.server_time,
+            'queues': queues,
+            'limited_capacity_workers': self.workers.limited_capacity_workers,
+            'policies': {name: found.as_json() for name, found in self.policies.items()},
+        }
+
+
+def survey(connection: Redis, queues: list[str] | None = None, limit: int | None = None) -> Survey:
+    """Everything ``rq-policies info`` shows, as typed sections (:class:`Survey`; :func:`snapshot` is its data).
 
     Args:
         connection: the Redis connection.
@@ -287,42 +402,39 @@ def snapshot(connection: Redis, queues: list[str] | None = None, limit: int | No
     job_prefix = Job.redis_job_namespace_prefix
     kinds = families()
     identity = _scan_identity_keys(connection, queues, kinds)
-    fetch_policies = registered(FETCH)
     if queues is None:
         names = configured_queues(connection)
         for per_queue in identity.values():
             names.update(per_queue)
-        all_names = queue_names(connection)
-        for cls in fetch_policies:  # queues with live fetch state (a hold) but no setting any more
-            for name, fields in cls.queue_state(connection, all_names, now, 0).items():
-                if any(value for value in fields.values()):
-                    names.add(name)
+        # queues with live fetch state (a hold) but no setting any more
+        for name, sections in queue_sections(connection, queue_names(connection), now, 0).items():
+            if any(value for found in sections for value in found.as_json().values()):
+                names.add(name)
         names.update(row['queue'] for row in drops(connection))
         selected = sorted(names)
     else:
         selected = list(queues)
     drop_rows = drops(connection)
-    fetch_state = [cls.queue_state(connection, selected, now, limit) for cls in fetch_policies]
-    out_queues: dict[str, Any] = {}
+    sections = queue_sections(connection, selected, now, limit)
     for name in selected:
-        entry: dict[str, Any] = {}
-        for per_queue in fetch_state:
-            entry.update(per_queue.get(name, {}))
         for family in kinds:
             family_rows = _identity_rows(connection, family, identity.get(family.name, {}).get(name, []), job_prefix)
-            listed = family_rows[:limit] if limit else family_rows
-            block: dict[str, Any] = {'count': len(family_rows), 'entries': listed}
-            if family.while_waiting:
-                block['waiting'] = sum(1 for row in family_rows if row['waiting'])
-            entry[family.name] = block
-        entry['drops'] = {row['policy']: row['count'] for row in drop_rows if row['queue'] == name}
-        out_queues[name] = entry
-    return {
-        'server_time': now,
-        'queues': out_queues,
-        'limited_capacity_workers': lcw_gauges(connection, now),
-        'policies': policies_state(connection, now, limit),
-    }
+            sections[name].append(IdentityFamily(
+                family, len(family_rows), family_rows[:limit] if limit else family_rows,
+                sum(1 for row in family_rows if row.get('waiting')) if family.while_waiting else 0))
+        sections[name].append(Drops({row['policy']: row['count'] for row in drop_rows if row['queue'] == name}))
+    return Survey(now, sections, policies_state(connection, now, limit), WorkerGauges(lcw_gauges(connection, now)))
+
+
+def snapshot(connection: Redis, queues: list[str] | None = None, limit: int | None = None) -> dict[str, Any]:
+    """Everything ``rq-policies info`` shows, as plain data (what ``--json`` prints): :func:`survey`'s data.
+
+    Args:
+        connection: the Redis connection.
+        queues: the queues to show; None for every queue that has a cap, a hold or a policy key.
+        limit: list at most this many entries per queue and family (the counts stay exact); None for all.
+    """
+    return survey(connection, queues, limit).as_json()
 
 
 # -- changing state -------------------------------------------------------------------------------------------------

@@ -14,8 +14,12 @@ hooks return these descriptions:
   argument: exit 2) or a :class:`UsageError` (exit 2), raised before anything is written.
 * :meth:`~rq_policies.policy.Policy.metrics`: its Prometheus families, as :class:`Metric` (name, help, kind, labels,
   samples).
-* what ``info`` prints: :class:`Row` (a label, its text, the entries under it) under a queue, plain strings, and a
-  :class:`Heading` where the renderer puts a bold head.
+* what ``info`` shows: a :class:`Section` per policy and queue (:meth:`~rq_policies.policy.FetchPolicy.queue_info`)
+  and per policy for its state that belongs to no queue (:meth:`~rq_policies.policy.Policy.cluster_info`): a
+  dataclass whose fields are the value ``info --json`` prints (:meth:`Section.as_json`) and whose methods say the
+  words of the text from those same fields (:meth:`Section.headline`, :meth:`Section.rows`: :class:`Row` (a label,
+  its text, the entries under it) under a queue, plain strings, and a :class:`Heading` where the renderer puts a bold
+  head), so a policy writes its state once and both outputs come from the one object.
 
 The renderers own the presentation (click's parameter types and styles, prometheus_client's families); the
 descriptions own the words, so an output stays what it was when its renderer changes.
@@ -25,8 +29,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Union
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import TYPE_CHECKING, Any, Literal, Union
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -247,6 +251,69 @@ class Heading(str):
         line = super().__new__(cls, head + rest)
         line.head = head
         return line
+
+
+@dataclass(frozen=True)
+class Shown:
+    """How ``info`` was asked to show its text: what a :meth:`Section.rows` may depend on besides its own fields.
+
+    Attributes:
+        now: the server time the state was read at (the clock every hold, window and rate is measured by).
+        digests: show each identity's whole digest (``--digests``).
+        width: cut job descriptions to this many characters (``--width``; 0: never).
+    """
+
+    now: float
+    digests: bool = False
+    width: int = 40
+
+
+def text_only(default: object = None) -> Any:
+    """A field of a :class:`Section` (or of a dataclass inside one) that its rows use but ``--json`` leaves out (a
+    policy class whose words they are): ``policy: type[...] = text_only()``."""
+    return field(default=default, compare=False, repr=False, metadata={'json': False})
+
+
+def plain(value: object) -> object:
+    """``value`` as JSON data: a dataclass as the dict of its fields (without :func:`text_only` ones), the items of a
+    list, a tuple or a dict's values likewise (each keeps its type: a list field is a list in ``snapshot()``'s data
+    and an array in ``--json``); anything else as it is."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in fields(value) if f.metadata.get('json', True)}
+    if isinstance(value, list):
+        return [plain(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(plain(item) for item in value)
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    return value
+
+
+class Section:
+    """One policy's part of ``rq-policies info``, typed: a subclass is a dataclass whose fields are the value
+    ``info --json`` shows for it (:meth:`as_json`, by field name), and which says its text from those same fields.
+
+    The renderer (:mod:`rq_policies.cli`) prints a queue's headline as the queue's name and every section's
+    :meth:`headline` words, then each section's :meth:`rows`; ``info --json`` merges each queue section's
+    :meth:`as_json` into the queue's entry (``queues.<name>``), and shows a cluster section's under
+    ``policies.<name>``. So the two outputs cannot drift apart: there is one object, not a dict and a text written
+    from it by hand.
+    """
+
+    def as_json(self) -> dict[str, object]:
+        """The fields ``info --json`` shows (nested dataclasses as dicts, tuples as lists)."""
+        found = plain(self)
+        if not isinstance(found, dict):
+            raise TypeError(f'{type(self).__name__}: a Section must be a dataclass')
+        return found
+
+    def headline(self) -> str:
+        """The words this section adds to its queue's headline (``'cap 3, 1 in use'``); '' for none."""
+        return ''
+
+    def rows(self, shown: Shown) -> list[Row | str]:
+        """The rows (:class:`Row`) and lines (a :class:`Heading`'s too) ``info`` prints for this section."""
+        return []
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """What the dashboard shows, as plain data: read from Redis in a bounded number of commands.
 
-The page is built from the registry, like ``rq-policies info``: per queue, each fetch policy's own fields and
-headline words (:meth:`~rq_policies.policy.FetchPolicy.queue_state`, ``summary``); then every registered policy's
+The page is built from the registry, like ``rq-policies info``: per queue, each fetch policy's headline words (its
+:meth:`~rq_policies.policy.FetchPolicy.queue_info` section's ``headline``); then every registered policy's
 panels (:meth:`~rq_policies.policy.Policy.panels`), rendered generically; the drop counters of the last hour; the
 LimitedCapacityWorker gauges; the server's eviction warning. Nothing here names a policy.
 
@@ -138,8 +138,7 @@ def queues(connection: Any, now: float, search: str | None, history: dict[str, A
     every parked job (the parked lists are per key, not per queue), so the page does not keep one."""
     names = [name for name in state.queue_names(connection) if not search or search in name]
     listed = names[:QUEUE_LIMIT]
-    fetch_policies = registered(FETCH)
-    fetch_state = [cls.queue_state(connection, listed, now, 0) for cls in fetch_policies]
+    sections = state.queue_sections(connection, listed, now, 0)
     with connection.pipeline(transaction=False) as pipe:
         for name in listed:
             queue_key, scheduled, deferred, started = _registry_keys(connection, name)
@@ -156,10 +155,7 @@ def queues(connection: Any, now: float, search: str | None, history: dict[str, A
         recent.setdefault(series['queue'], {})[series['policy']] = series['total']
     rows = []
     for i, name in enumerate(listed):
-        entry: dict[str, Any] = {}
-        for per_queue in fetch_state:
-            entry.update(per_queue.get(name, {}))
-        words = [w for cls in fetch_policies if (w := cls.summary(entry))]
+        words = state.headline(sections[name])
         rows.append(
             {
                 'name': name,

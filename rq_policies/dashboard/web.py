@@ -104,10 +104,7 @@ def _policy(name: str, choices: list[type]) -> Any:
 def _queue_words(connection: Any, queue: str) -> str:
     """The queue's headline now, as ``rq-policies info`` prints it (``cap 3, 1 in use, rate 5/1s ...``)."""
     now = state.server_now(connection)
-    entry: dict[str, Any] = {}
-    for cls in registered(FETCH):
-        entry.update(cls.queue_state(connection, [queue], now, 0).get(queue, {}))
-    return ', '.join(w for cls in registered(FETCH) if (w := cls.summary(entry))) or 'no setting'
+    return ', '.join(state.headline(state.queue_sections(connection, [queue], now, 0)[queue])) or 'no setting'
 
 
 def _override_words(connection: Any, cls: type, scope: str, key: str) -> str:

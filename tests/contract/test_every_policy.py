@@ -271,9 +271,10 @@ def test_a_setting_is_listed_and_clearing_it_lets_the_job_start(connection, cls,
     assert 'contract' in cls.configured_queues(connection)
     assert 'contract' in state.queue_names(connection)
     entry = state.snapshot(connection, None)['queues']['contract']
-    fields = cls.queue_state(connection, ['contract'], state.server_now(connection), None)['contract']
+    section = cls.queue_info(connection, ['contract'], state.server_now(connection), None)['contract']
+    fields = section.as_json()
     assert fields and set(fields) <= set(entry)  # info --json shows the policy's fields
-    assert cls.summary(entry), f'{cls.name}: the info headline says nothing of its setting'
+    assert section.headline(), f'{cls.name}: the info headline says nothing of its setting'
     fetch(connection, 'h:1:1:1')
     assert isinstance(fetch(connection, 'h:1:1:2')[1], Look)
     cls.unconfigure(connection, 'contract')

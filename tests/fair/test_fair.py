@@ -18,6 +18,7 @@ from rq_policies import Concurrency, Fair, InvalidSetting, PolicyQueue, explain
 from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.fair import BacklogFull, FairWeight
 from rq_policies.fetch import Claim, Look
+from rq_policies.views import Shown
 from tests.helpers import fair_jobs, fetches, jobs
 
 SCOPE = fair_jobs.SCOPE
@@ -282,8 +283,8 @@ def test_explain_key_rows_info_and_panels_show_each_key_s_line_and_share(connect
     panels = Fair.panels(connection, 0.0, 20)
     assert panels and panels[0]['title'] == 'Fair share: fair'
     assert [row[3] for row in panels[0]['rows'] if row[0] == f'{SCOPE}:acme'] == ['75%']
-    state = Fair.cluster_state(connection, 0.0, 20)
-    lines = Fair.describe_cluster(state)
+    state = Fair.cluster_info(connection, 0.0, 20)
+    lines = state.rows(Shown(0.0))
     assert any('beta' in line and 'share 25%' in line for line in lines), lines
 
 

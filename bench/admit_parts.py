@@ -40,27 +40,33 @@ from bench_jobs import work  # noqa: E402
 from common import add_smoke, run_main, server_url, smoke_defaults  # noqa: E402
 from redis import Redis  # noqa: E402
 
-from rq_policies import Loner, PolicyQueue, keys, scripts  # noqa: E402
+from rq_policies import Loner, PolicyQueue, admission, keys, scripts  # noqa: E402
 
 _pack = msgpack.Packer(use_bin_type=False, autoreset=True).pack
 
 
-def captured_call(conn: Redis) -> tuple[list[str], dict]:
-    """The KEYS and the decoded ARGV[1] of one real Loner admission."""
+def captured_call(conn: Redis, narrow: bool = False, plain: bool = False) -> tuple[str, list[str], object]:
+    """The script name, KEYS and arguments of one real Loner admission (``plain``: of one without a policy): the call
+    ``lua/admit.lua`` gets (its ARGV[1] decoded), or with ``narrow`` the one ``lua/admit_narrow.lua`` gets (its flat
+    ARGV)."""
     seen: list[tuple[str, list, list]] = []
-    real = scripts.run
+    real, leased, real_narrow = scripts.run, scripts.run_leased, admission.narrow_call
 
-    def spy(name, client, call_keys, argv):
+    def spy(name, client, call_keys, argv, *rest):
         seen.append((name, list(call_keys), list(argv)))
         return real(name, client, call_keys, argv)
 
-    scripts.run = spy
+    scripts.run = scripts.run_leased = spy
+    if not narrow:
+        admission.narrow_call = lambda *args, **kwargs: None
     try:
-        PolicyQueue('parts', connection=conn).enqueue(work, 'captured', policy=Loner())
+        PolicyQueue('parts', connection=conn).enqueue(work, 'captured', policy=None if plain else Loner())
     finally:
-        scripts.run = real
-    name, call_keys, argv = next(entry for entry in seen if entry[0] == 'admit')
-    return call_keys, msgpack.unpackb(argv[0], raw=True, strict_map_key=False)
+        scripts.run, scripts.run_leased, admission.narrow_call = real, leased, real_narrow
+    name, call_keys, argv = next(entry for entry in seen if entry[0].startswith('admit'))
+    if narrow:
+        return name, call_keys, argv
+    return name, call_keys, msgpack.unpackb(argv[0], raw=True, strict_map_key=False)
 
 
 def fresh(call_keys: list[str], args: dict, plain: bool) -> tuple[list[str], bytes]:
@@ -81,29 +87,55 @@ def fresh(call_keys: list[str], args: dict, plain: bool) -> tuple[list[str], byt
     return k, _pack(a)
 
 
-def variants(source: str) -> dict[str, tuple[str, bool]]:
-    """label -> (script source, plain call)."""
+def fresh_flat(call_keys: list[str], args: list) -> tuple[list[str], list]:
+    """A captured narrow call (flat ARGV) as a first admission: a new job id, creation time, job key (and marker)."""
+    a = [item.encode() if isinstance(item, str) else item for item in args]
+    jid = str(uuid.uuid4()).encode()
+    created = f'{time.time_ns()}'.encode() + jid[:8]
+    a[0], a[1] = jid, created
+    a[a.index(b'created_at') + 1] = created
+    k = list(call_keys)
+    k[0] = k[0].rsplit(':', 1)[0] + ':' + jid.decode()
+    if len(k) > 3:
+        k[3] = keys.PREFIX + 'bench-marker:' + jid.decode()
+    return k, a
+
+
+def variants(source: str, narrow: str) -> dict[str, tuple[str, str]]:
+    """label -> (script source, call: 'loner' or 'plain' (admit.lua's), 'flat' or 'flat plain' (the narrow one's))."""
     decode = source.index('local a = decode_args(ARGV[1])')
     ctx_done = source.index('local order = a.order')
     return {
-        'return 0': ('return 0', False),
-        'includes': (source[:decode] + 'return 0\n', False),
-        'cmsgpack alone': ('local a = cmsgpack.unpack(ARGV[1])\nreturn 0\n', False),
-        'decode': (source[:decode] + 'local a = decode_args(ARGV[1])\nreturn 0\n', False),
-        'parts and ctx': (source[:ctx_done] + 'return 0\n', False),
-        'admit, no policy': (source, True),
-        'admit, Loner': (source, False),
+        'return 0': ('return 0', 'loner'),
+        'includes': (source[:decode] + 'return 0\n', 'loner'),
+        'cmsgpack alone': ('local a = cmsgpack.unpack(ARGV[1])\nreturn 0\n', 'loner'),
+        'decode': (source[:decode] + 'local a = decode_args(ARGV[1])\nreturn 0\n', 'loner'),
+        'parts and ctx': (source[:ctx_done] + 'return 0\n', 'loner'),
+        'admit, no policy': (source, 'plain'),
+        'admit, Loner': (source, 'loner'),
+        'return 0, flat ARGV': ('return 0', 'flat'),
+        'narrow, no policy': (narrow, 'flat plain'),
+        'narrow, Loner': (narrow, 'flat'),
     }
 
 
-def timed(conn: Redis, sha: str, call_keys: list[str], args: dict, plain: bool, calls: int) -> float:
+def timed(conn: Redis, sha: str, captured: dict, kind: str, calls: int) -> float:
     conn.slowlog_reset()
     for _ in range(calls):
-        k, packed = fresh(call_keys, args, plain)
-        conn.evalsha(sha, len(k), *k, packed)
+        if kind.startswith('flat'):
+            k, argv = fresh_flat(*captured[kind])
+            conn.evalsha(sha, len(k), *k, *argv)
+        else:
+            k, packed = fresh(*captured['loner'], kind == 'plain')
+            conn.evalsha(sha, len(k), *k, packed)
     found = [entry['duration'] for entry in conn.slowlog_get(calls + 100)
              if entry['command'].split(b' ', 1)[0].upper() == b'EVALSHA']
     return statistics.median(found)
+
+
+def text(name: str) -> str:
+    source = scripts.script(name).script
+    return source.decode() if isinstance(source, bytes) else source
 
 
 def main() -> int:
@@ -117,10 +149,10 @@ def main() -> int:
         conn = Redis.from_url(url)
         try:
             info = conn.info('server')
-            call_keys, args = captured_call(conn)
-            source = scripts.script('admit').script
-            source = source.decode() if isinstance(source, bytes) else source
-            texts = variants(source)
+            _, call_keys, args = captured_call(conn)
+            captured = {'loner': (call_keys, args), 'flat': captured_call(conn, narrow=True)[1:],
+                        'flat plain': captured_call(conn, narrow=True, plain=True)[1:]}
+            texts = variants(text('admit'), text('admit_narrow'))
             shas = {label: conn.script_load(body) for label, (body, _) in texts.items()}
             kept = {name: conn.config_get(name)[name] for name in ('slowlog-log-slower-than', 'slowlog-max-len')}
             conn.config_set('slowlog-log-slower-than', 0)
@@ -128,8 +160,8 @@ def main() -> int:
             samples: dict[str, list[float]] = {label: [] for label in texts}
             try:
                 for _ in range(opts.rounds):
-                    for label, (_, plain) in texts.items():
-                        samples[label].append(timed(conn, shas[label], call_keys, args, plain, opts.calls))
+                    for label, (_, kind) in texts.items():
+                        samples[label].append(timed(conn, shas[label], captured, kind, opts.calls))
                     conn.flushdb()
             finally:
                 for name, value in kept.items():

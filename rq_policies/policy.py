@@ -329,6 +329,10 @@ class AdmissionPolicy(Policy):
         """See :meth:`rq_policies.protocols.Declared.job_fields` (documented there)."""
         return []
 
+    def narrow_part(self, queue: Any, digest: str) -> tuple[str, list[str]] | None:
+        """See :meth:`rq_policies.protocols.AdmissionSide.narrow_part` (documented there)."""
+        return None
+
     def leased_keys(self, queue: str, digest: str) -> list[str]:
         """Keys this policy writes with the job hash's lifetime (a deferred job's lease is dropped from them too)."""
         return []

@@ -363,22 +363,35 @@ def pack_command(connection: Any, args: tuple) -> list:
 
     redis-py's packer grows its buffer by one concatenation per argument, and takes a str subclass (rq's
     ``JobStatus``, in every job's fields) down its slow path: 48 us for a narrow admission's 57 arguments (the job's
-    fields travel as arguments there, ``lua/admit_narrow.lua``), where this takes 17. Each argument is encoded as
+    fields travel as arguments there, ``lua/admit_narrow.lua``), where this takes 8. Each argument is encoded as
     the connection's own encoder would (str with its encoding and error handler, a str enum by its text, bytes as
-    they are, an int in decimal) and joined once. Any other type (a float, a bool, a memoryview) takes redis-py's
-    packer, which also raises redis-py's own error for what it refuses.
+    they are, an int in decimal; a short str found packed in :data:`_PACKED`) and joined once. Any other type (a
+    float, a bool, a memoryview) takes redis-py's packer, which also raises redis-py's own error for what it refuses.
     """
     encoder = getattr(connection, 'encoder', None)
     if encoder is None:
         return connection.pack_command(*args)
     encoding, errors = encoder.encoding, encoder.encoding_errors
+    cache = _PACKED.get((encoding, errors))
+    if cache is None:
+        cache = _PACKED[(encoding, errors)] = {}
+    elif len(cache) >= _PACKED_MAX:
+        cache.clear()
+    get = cache.get
     pieces = [b'*%d\r\n' % len(args)]
     append = pieces.append
     for arg in args:
         kind = type(arg)
         if kind is str:
-            arg = arg.encode(encoding, errors)
-        elif kind is int:
+            found = get(arg)
+            if found is None:
+                raw = arg.encode(encoding, errors)
+                found = b'$%d\r\n%b\r\n' % (len(raw), raw)
+                if len(raw) <= _PACKED_LENGTH:
+                    cache[arg] = found
+            append(found)
+            continue
+        if kind is int:
             arg = b'%d' % arg
         elif kind is not bytes:
             if not isinstance(arg, str):
@@ -386,6 +399,14 @@ def pack_command(connection: Any, args: tuple) -> list:
             arg = arg.encode(encoding, errors)  # a str enum (rq's JobStatus): its text, as redis-py encodes it
         append(b'$%d\r\n%b\r\n' % (len(arg), arg))
     return [b''.join(pieces)]
+
+
+#: Per (encoding, error handler): short str arguments as :func:`pack_command` packed them. Most of a door's call is
+#: the same strings every time (key prefixes, the job's field names, empty values, the queue's keys): a lookup is a
+#: third of packing one. Emptied when it holds :data:`_PACKED_MAX` (the per-call ones, ids and times, churn it).
+_PACKED: dict[tuple[str, str], dict[str, bytes]] = {}
+_PACKED_MAX = 4096
+_PACKED_LENGTH = 100
 
 
 def _send(connection: Any, packed: Any) -> Any:

@@ -3,7 +3,8 @@
     python bench/admit_parts.py [--calls 300] [--rounds 9] [--smoke]
 
 A Lua profile by timing variants, as ``bench/fetch_parts.py`` does for the fetch: the real call of a Loner enqueue
-(its KEYS and ARGV as ``PolicyQueue.enqueue(f, x, policy=Loner())`` builds them, captured once), sent again with a
+(its KEYS and ARGV as ``PolicyQueue.enqueue(f, x, policy=Loner())`` builds them for ``lua/admit.lua``, and for the
+narrow script, captured once), sent again with a
 fresh job id, creation time, job key and marker key on every call (so every call is a first admission, never a
 replay), against scripts built from admit.lua's own expanded source, cut after one of its steps, loaded with SCRIPT
 LOAD and sent by EVALSHA. Server time is each call's duration as SLOWLOG records it, the median of a round's calls,
@@ -16,7 +17,12 @@ rounds interleaved; the medians of the rounds and their range. Variants:
 * ``parts and ctx``: ... and the policy parts' loaders, the clock loop (which loads each declared part) and the
   call's context built, then stop: the fixed cost every admission pays before a policy decides;
 * ``admit, no policy``: the real script with the call's policy list emptied (PolicyQueue's plain enqueue);
-* ``admit, Loner``: the real script, a first admission.
+* ``admit, Loner``: the real script, a first admission;
+* ``return 0, flat ARGV``: an EVALSHA that does nothing, with the narrow script's KEYS and flat ARGV;
+* ``narrow, no policy`` and ``narrow, Loner``: ``lua/admit_narrow.lua``, which the doors send these two calls to
+  (rq_policies.admission.narrow_call), with the real plain and Loner calls' flat ARGV, a first admission each.
+
+The admit.lua rows are what those calls cost before the narrow script (and what every other call still costs).
 
 It answers what a cheaper admission would cut first (issue 23's target: a Loner admission's script at most
 BullMQ's deduplicated add, ``bench/bullmq.py``). ``--smoke`` runs each variant a few times (CI).

@@ -181,6 +181,10 @@ def main() -> int:
         median = statistics.median(values)
         print(f'{label:22} {median:7.1f} us  ({min(values):.1f}..{max(values):.1f})  {median / whole:6.0%} of a Loner '
               f'admission')
+    print('\nper round, narrow / admit.lua (median, range):')
+    for narrow, full in (('narrow, Loner', 'admit, Loner'), ('narrow, no policy', 'admit, no policy')):
+        ratios = [a / b for a, b in zip(samples[narrow], samples[full])]
+        print(f'  {narrow:20} x{statistics.median(ratios):.2f} ({min(ratios):.2f}..{max(ratios):.2f})')
     return 0
 
 

@@ -7,7 +7,13 @@ each, see :class:`rq_policies.policy.AdmissionPolicy`), runs the script, and rea
 back: admitted, or dropped by a named policy with the id of the job that holds the identity. It names no policy:
 what a verdict means for the caller's log line or job status is the policy's own ``on_drop``/``on_admit``.
 
-The same script answers two more questions: ``probe`` (the fast path for an enqueue expected to be dropped: the
+The commonest calls (a job without a policy, or with a Loner alone that drops or raises, pushed or scheduled, not
+forced) go to a narrow twin instead, ``lua/admit_narrow.lua`` (:func:`narrow_call`): the same decision, writes and
+verdict in flat arguments, without admit.lua's fixed cost (its msgpack decode, its parts' loaders: about a third of
+a Loner admission's server time). Which policies it serves is each policy's to say
+(:meth:`rq_policies.policy.AdmissionPolicy.narrow_part`).
+
+admit.lua answers two more questions: ``probe`` (the fast path for an enqueue expected to be dropped: the
 checks only, before rq builds the job, see :mod:`rq_policies.hints`) and ``force`` (enqueue whatever the policies
 say). ``reset`` clears one identity's state of every registered admission policy through ``lua/reset.lua``.
 """
@@ -149,10 +155,11 @@ def _policy_call(queue: Queue, spec: PolicySet, digest: str, **args: Any) -> Cal
     return call
 
 
-def admit_call(queue: Queue, spec: PolicySet, digest: str, write: JobWrite, force: bool = False) -> Call | FlatCall:
+def admit_call(queue: Queue, spec: PolicySet, digest: str, write: JobWrite, force: bool = False,
+               narrow: bool = True) -> Call | FlatCall:
     """The call that writes ``write.job`` through ``spec`` (see :func:`admit`, which runs it): the narrow script's
-    when it serves the call (:func:`narrow_call`), else ``lua/admit.lua``'s."""
-    if not force:
+    when it serves the call (:func:`narrow_call`; ``narrow=False``: never), else ``lua/admit.lua``'s."""
+    if narrow and not force:
         narrow = narrow_call(queue, spec, digest, write)
         if narrow is not None:
             return narrow
@@ -232,15 +239,15 @@ def admit(queue: Queue, spec: PolicySet, digest: str, write: JobWrite, force: bo
     return settle(queue, spec, write, Verdict.read(call.run_door(queue.connection), digest), hint)
 
 
-def checked_call(queue: Queue, spec: PolicySet, digest: str, write: JobWrite, force: bool = False
-                 ) -> Call | FlatCall:
+def checked_call(queue: Queue, spec: PolicySet, digest: str, write: JobWrite, force: bool = False,
+                 narrow: bool = True) -> Call | FlatCall:
     """:func:`admit_call` after each policy validated the job (a bad option raises before anything is sent): the
     call every admission door runs, synchronous (:func:`admit`) or not (:mod:`rq_policies.aio`)."""
     for item in spec.policies:
         item.validate(write.job, write.mode, force)
     if force and write.mode == 'S':
         raise PolicyConfigurationError('force() enqueues now; it cannot be scheduled')
-    return admit_call(queue, spec, digest, write, force)
+    return admit_call(queue, spec, digest, write, force, narrow)
 
 
 def settle(queue: Queue, spec: PolicySet, write: JobWrite, verdict: Verdict, hint: tuple | None = None) -> Verdict:
@@ -308,7 +315,7 @@ def narrow_call(queue: Queue, spec: PolicySet | None, digest: str, write: JobWri
     return FlatCall('admit_narrow', call_keys, args)
 
 
-def plain_call(queue: Queue, write: JobWrite) -> Call | FlatCall:
+def plain_call(queue: Queue, write: JobWrite, narrow: bool = True) -> Call | FlatCall:
     """The call that writes a job without a policy: no check, no identity, the job written as rq's own enqueue
     writes it, once (a resend of the call finds its ``created`` and writes nothing): ``lua/admit_narrow.lua``'s for
     a job pushed or scheduled (:func:`narrow_call`), else ``lua/admit.lua``'s.
@@ -317,9 +324,9 @@ def plain_call(queue: Queue, write: JobWrite) -> Call | FlatCall:
     ``keys.pushed(id)`` for as long: a resend that arrives after the job ran and was deleted writes nothing either.
     An id the caller chose drops the tombstone a superseded pending job of that id left (the fetch would drop it).
     """
-    narrow = narrow_call(queue, None, '', write)
-    if narrow is not None:
-        return narrow
+    found = narrow_call(queue, None, '', write) if narrow else None
+    if found is not None:
+        return found
     job = write.job
     call = Call('admit', order=_NO_ORDER, p=_NO_PARTS, **_write_args(queue, write))
     _write_keys(call, queue, write)

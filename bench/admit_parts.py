@@ -20,7 +20,9 @@ rounds interleaved; the medians of the rounds and their range. Variants:
 * ``admit, Loner``: the real script, a first admission;
 * ``return 0, flat ARGV``: an EVALSHA that does nothing, with the narrow script's KEYS and flat ARGV;
 * ``narrow, no policy`` and ``narrow, Loner``: ``lua/admit_narrow.lua``, which the doors send these two calls to
-  (rq_policies.admission.narrow_call), with the real plain and Loner calls' flat ARGV, a first admission each.
+  (rq_policies.admission.narrow_call), with the real plain and Loner calls' flat ARGV, a first admission each;
+* ``admit, Loner probe`` and ``narrow, Loner probe``: the hinted drop's probe (checks only) of a held identity, as
+  ``lua/admit.lua`` took it and as the narrow script takes it now (rq_policies.admission.probe_call): a drop each.
 
 The admit.lua rows are what those calls cost before the narrow script (and what every other call still costs).
 
@@ -46,7 +48,8 @@ from bench_jobs import work  # noqa: E402
 from common import add_smoke, run_main, server_url, smoke_defaults  # noqa: E402
 from redis import Redis  # noqa: E402
 
-from rq_policies import Loner, PolicyQueue, admission, keys, scripts  # noqa: E402
+from rq_policies import Loner, PolicyQueue, admission, identity, keys, scripts  # noqa: E402
+from rq_policies.policy import make_set  # noqa: E402
 
 _pack = msgpack.Packer(use_bin_type=False, autoreset=True).pack
 
@@ -122,13 +125,18 @@ def variants(source: str, narrow: str) -> dict[str, tuple[str, str]]:
         'return 0, flat ARGV': ('return 0', 'flat'),
         'narrow, no policy': (narrow, 'flat plain'),
         'narrow, Loner': (narrow, 'flat'),
+        'admit, Loner probe': (source, 'probe'),
+        'narrow, Loner probe': (narrow, 'flat probe'),
     }
 
 
 def timed(conn: Redis, sha: str, captured: dict, kind: str, calls: int) -> float:
     conn.slowlog_reset()
     for _ in range(calls):
-        if kind.startswith('flat'):
+        if kind in ('probe', 'flat probe'):
+            k, argv = captured[kind]
+            conn.evalsha(sha, len(k), *k, *argv)
+        elif kind.startswith('flat'):
             k, argv = fresh_flat(*captured[kind])
             conn.evalsha(sha, len(k), *k, *argv)
         else:
@@ -137,6 +145,23 @@ def timed(conn: Redis, sha: str, captured: dict, kind: str, calls: int) -> float
     found = [entry['duration'] for entry in conn.slowlog_get(calls + 100)
              if entry['command'].split(b' ', 1)[0].upper() == b'EVALSHA']
     return statistics.median(found)
+
+
+def probe_calls(conn: Redis) -> dict[str, tuple[list[str], list]]:
+    """The hinted drop's probe of one identity (held by :func:`hold`): admit.lua's call and the narrow script's."""
+    q = PolicyQueue('parts', connection=conn)
+    spec = make_set(Loner())
+    job = q.create_job(work, args=('held',))
+    digest = identity.digest(identity.func_path(job), q.name, job.args, job.kwargs, spec.unique_context,
+                             spec.policies)
+    full = admission._policy_call(q, spec, digest, jid='', mode='N', score=0, ttl=-1, queue_key=q.key, probe=True)
+    narrow = admission.probe_call(q, spec, digest)
+    return {'probe': (full.keys, full.argv()), 'flat probe': (narrow.keys, narrow.args)}
+
+
+def hold(conn: Redis) -> None:
+    """The identity the probes find held (a queued job of it)."""
+    assert PolicyQueue('parts', connection=conn).enqueue(work, 'held', policy=Loner()) is not None
 
 
 def text(name: str) -> str:
@@ -157,7 +182,7 @@ def main() -> int:
             info = conn.info('server')
             _, call_keys, args = captured_call(conn)
             captured = {'loner': (call_keys, args), 'flat': captured_call(conn, narrow=True)[1:],
-                        'flat plain': captured_call(conn, narrow=True, plain=True)[1:]}
+                        'flat plain': captured_call(conn, narrow=True, plain=True)[1:], **probe_calls(conn)}
             texts = variants(text('admit'), text('admit_narrow'))
             shas = {label: conn.script_load(body) for label, (body, _) in texts.items()}
             kept = {name: conn.config_get(name)[name] for name in ('slowlog-log-slower-than', 'slowlog-max-len')}
@@ -166,6 +191,7 @@ def main() -> int:
             samples: dict[str, list[float]] = {label: [] for label in texts}
             try:
                 for _ in range(opts.rounds):
+                    hold(conn)
                     for label, (_, kind) in texts.items():
                         samples[label].append(timed(conn, shas[label], captured, kind, opts.calls))
                     conn.flushdb()
@@ -182,7 +208,8 @@ def main() -> int:
         print(f'{label:22} {median:7.1f} us  ({min(values):.1f}..{max(values):.1f})  {median / whole:6.0%} of a Loner '
               f'admission')
     print('\nper round, narrow / admit.lua (median, range):')
-    for narrow, full in (('narrow, Loner', 'admit, Loner'), ('narrow, no policy', 'admit, no policy')):
+    for narrow, full in (('narrow, Loner', 'admit, Loner'), ('narrow, no policy', 'admit, no policy'),
+                         ('narrow, Loner probe', 'admit, Loner probe')):
         ratios = [a / b for a, b in zip(samples[narrow], samples[full])]
         print(f'  {narrow:20} x{statistics.median(ratios):.2f} ({min(ratios):.2f}..{max(ratios):.2f})')
     return 0

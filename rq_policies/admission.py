@@ -292,13 +292,7 @@ def narrow_call(queue: Queue, spec: PolicySet | None, digest: str, write: JobWri
     if spec is None:
         options: list[Any] = []
     else:
-        ordered = spec.admission
-        if len(ordered) != 1 or len(spec.policies) != 1:
-            return None
-        item = ordered[0]
-        if item.kind != ADMISSION:  # a fetch policy that admits: admit.lua
-            return None
-        part = item.narrow_part(queue, digest)
+        part = _narrow_part(queue, spec, digest)
         if part is None:
             return None
         marker, options = part
@@ -313,6 +307,17 @@ def narrow_call(queue: Queue, spec: PolicySet | None, digest: str, write: JobWri
     args = [job_id, created if created is not None else '', mode, write.score, write.ttl, queue.key,
             keys.wake(queue.name), 9 + len(options), *options, *write.fields]
     return FlatCall('admit_narrow', call_keys, args)
+
+
+def _narrow_part(queue: Queue, spec: PolicySet, digest: str) -> tuple[str, list[Any]] | None:
+    """The narrow part (marker key, options) of a set of one admission policy that has one, else None."""
+    ordered = spec.admission
+    if len(ordered) != 1 or len(spec.policies) != 1:
+        return None
+    item = ordered[0]
+    if item.kind != ADMISSION:  # a fetch policy that admits: admit.lua
+        return None
+    return item.narrow_part(queue, digest)
 
 
 def plain_call(queue: Queue, write: JobWrite, narrow: bool = True) -> Call | FlatCall:
@@ -468,8 +473,20 @@ def _dropped(spec: PolicySet, func_name: str, queue: Queue, verdict: Verdict, ar
             return
 
 
-def probe_call(queue: Queue, spec: PolicySet, digest: str, job_id: str = '') -> Call:
-    """The probe's call for one identity (see :func:`probe`)."""
+def probe_call(queue: Queue, spec: PolicySet, digest: str, job_id: str = '') -> Call | FlatCall:
+    """The probe's call for one identity (see :func:`probe`): the narrow script's for a set it serves
+    (:func:`narrow_call`), else ``lua/admit.lua``'s."""
+    part = _narrow_part(queue, spec, digest)
+    if part is not None:
+        marker, options = part
+        prefix = queue.job_class.redis_job_namespace_prefix
+        call_keys = [prefix + job_id, queue.key, queue.redis_queues_keys, marker, keys.DROPS, keys.DROPS_MINUTE_PREFIX]
+        options = [*options, 'probe', '1']
+        if job_id:  # the caller's own job_id= (a probe knows no other): a drop leaves its record
+            call_keys.append(keys.dropped(job_id))
+            options += ['dropped', keys.DROPPED_SECONDS]
+        args = [job_id, '', 'N', 0, -1, queue.key, keys.wake(queue.name), 9 + len(options), *options]
+        return FlatCall('admit_narrow', call_keys, args, {'queue_key': queue.key, 'job_prefix': prefix})
     call = _policy_call(queue, spec, digest, jid=job_id, mode='N', score=0, ttl=-1, queue_key=queue.key, probe=True)
     if job_id:  # the caller's own job_id= (a probe knows no other)
         _record_drops(call, job_id)

@@ -163,12 +163,14 @@ class FlatCall:
         script: the script's name (``lua/<script>.lua``).
         keys: KEYS as sent.
         args: ARGV as sent.
+        view: what the builder says some of ``args`` are, by name (for reading only: :meth:`packed` hands it on as
+            :attr:`Packed.args`).
     """
 
-    __slots__ = ('script', 'keys', 'args')
+    __slots__ = ('script', 'keys', 'args', 'view')
 
-    def __init__(self, script: str, keys: list[str], args: list[Any]) -> None:
-        self.script, self.keys, self.args = script, keys, args
+    def __init__(self, script: str, keys: list[str], args: list[Any], view: dict[str, Any] | None = None) -> None:
+        self.script, self.keys, self.args, self.view = script, keys, args, view or {}
 
     def argv(self) -> list[Any]:
         """ARGV as sent."""
@@ -181,6 +183,10 @@ class FlatCall:
     def run_door(self, client: Any) -> Any:
         """Run the script as an enqueue door does (:meth:`Call.run_door`)."""
         return scripts.run_leased(self.script, client, self.keys, self.args)
+
+    def packed(self) -> Packed:
+        """This call, to be sent as it is any number of times (:meth:`Call.packed`)."""
+        return Packed(self.script, list(self.keys), self.view, list(self.args))
 
 
 class Packed:

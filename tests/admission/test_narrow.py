@@ -153,3 +153,39 @@ def test_the_doors_send_the_calls_the_narrow_script_serves_there_and_the_rest_to
     q.force(jobs.record_plain, 'b', policy=Loner())
     q.enqueue(jobs.record_plain, 'd', policy=Loner(), depends_on=q.enqueue(jobs.record_plain, 'e'))
     assert sent == ['admit', 'admit', 'admit_narrow', 'admit']
+
+
+PROBES = {
+    'free': (Loner(), '', None),
+    'held': (Loner(), '', lambda q: _holder(q, Loner())),
+    'held, chosen id': (Loner(), 'mine', lambda q: _holder(q, Loner())),
+    'held by this very id': (Loner(), 'mine', lambda q: _holder(q, Loner(), job_id='mine')),
+    'stale marker': (Loner(), '', lambda q: _holder(q, Loner(), 'started')),
+    'finished, holder running': (Loner(until='finished'), '', lambda q: _holder(q, Loner(), 'started', 'w1')),
+    'raise, held': (Loner(on_conflict='raise'), '', lambda q: _holder(q, Loner())),
+}
+
+
+@pytest.mark.parametrize('case', list(PROBES))
+def test_the_narrow_probe_decides_what_admit_lua_s_probe_does(connection, case):
+    """The probe (an enqueue expected to be dropped: the checks only) of a Loner alone goes to the narrow script too:
+    the same verdict and the same writes (a drop's counters and record, nothing else) as admit.lua's probe."""
+    policy, job_id, setup = PROBES[case]
+    q = PolicyQueue('narrow', connection=connection)
+    if setup is not None:
+        setup(q)
+    before = _dump(connection)
+    spec = make_set(policy)
+    digest = identity.digest('tests.helpers.jobs.record_plain', q.name, ('same',), {}, None, spec.policies)
+    narrow = admission.probe_call(q, spec, digest, job_id)
+    assert isinstance(narrow, FlatCall)
+    full = admission._policy_call(q, spec, digest, jid=job_id, mode='N', score=0, ttl=-1, queue_key=q.key, probe=True)
+    if job_id:
+        admission._record_drops(full, job_id)
+    outcomes = []
+    for call in (full, narrow):
+        _restore(connection, before)
+        replies = [admission.Verdict.read(call.run(connection)) for _ in range(2)]
+        outcomes.append((replies, _state(connection)))
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[1][0][0].code in (0, -1)

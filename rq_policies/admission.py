@@ -7,11 +7,11 @@ each, see :class:`rq_policies.policy.AdmissionPolicy`), runs the script, and rea
 back: admitted, or dropped by a named policy with the id of the job that holds the identity. It names no policy:
 what a verdict means for the caller's log line or job status is the policy's own ``on_drop``/``on_admit``.
 
-The commonest calls (a job without a policy, or with a Loner alone that drops or raises, pushed or scheduled, not
-forced) go to a narrow twin instead, ``lua/admit_narrow.lua`` (:func:`narrow_call`): the same decision, writes and
-verdict in flat arguments, without admit.lua's fixed cost (its msgpack decode, its parts' loaders: about a third of
-a Loner admission's server time). Which policies it serves is each policy's to say
-(:meth:`rq_policies.policy.AdmissionPolicy.narrow_part`).
+The commonest calls (a job without a policy, or with one policy that has a narrow part, pushed or scheduled, not
+forced, and that policy's probe) go to a narrow twin instead, ``lua/admit_narrow.lua`` (:func:`narrow_call`): the
+same decision, writes and verdict in flat arguments, without admit.lua's fixed cost (its msgpack decode, its parts'
+loaders: about a third of the commonest admission's server time). Which policies it serves is each policy's to say
+(:meth:`rq_policies.policy.AdmissionPolicy.narrow_part`; the script's header names them).
 
 admit.lua answers two more questions: ``probe`` (the fast path for an enqueue expected to be dropped: the
 checks only, before rq builds the job, see :mod:`rq_policies.hints`) and ``force`` (enqueue whatever the policies

@@ -7,7 +7,13 @@ each, see :class:`rq_policies.policy.AdmissionPolicy`), runs the script, and rea
 back: admitted, or dropped by a named policy with the id of the job that holds the identity. It names no policy:
 what a verdict means for the caller's log line or job status is the policy's own ``on_drop``/``on_admit``.
 
-The same script answers two more questions: ``probe`` (the fast path for an enqueue expected to be dropped: the
+The commonest calls (a job without a policy, or with one policy that has a narrow part, pushed or scheduled, not
+forced, and that policy's probe) go to a narrow twin instead, ``lua/admit_narrow.lua`` (:func:`narrow_call`): the
+same decision, writes and verdict in flat arguments, without admit.lua's fixed cost (its msgpack decode, its parts'
+loaders: about a third of the commonest admission's server time). Which policies it serves is each policy's to say
+(:meth:`rq_policies.policy.AdmissionPolicy.narrow_part`; the script's header names them).
+
+admit.lua answers two more questions: ``probe`` (the fast path for an enqueue expected to be dropped: the
 checks only, before rq builds the job, see :mod:`rq_policies.hints`) and ``force`` (enqueue whatever the policies
 say). ``reset`` clears one identity's state of every registered admission policy through ``lua/reset.lua``.
 """
@@ -23,7 +29,7 @@ from rq.registry import ScheduledJobRegistry
 from . import identity, keys, otel
 from .exceptions import PolicyConfigurationError
 from .hints import DropRates, Hints, call_identity, hint_key, plain, spec_token
-from .ops import Call, text
+from .ops import Call, FlatCall, text
 from .policy import ADMISSION, DroppedCall, PolicySet, registered
 
 if TYPE_CHECKING:
@@ -149,8 +155,14 @@ def _policy_call(queue: Queue, spec: PolicySet, digest: str, **args: Any) -> Cal
     return call
 
 
-def admit_call(queue: Queue, spec: PolicySet, digest: str, write: JobWrite, force: bool = False) -> Call:
-    """The ``lua/admit.lua`` call that writes ``write.job`` through ``spec`` (see :func:`admit`, which runs it)."""
+def admit_call(queue: Queue, spec: PolicySet, digest: str, write: JobWrite, force: bool = False,
+               narrow: bool = True) -> Call | FlatCall:
+    """The call that writes ``write.job`` through ``spec`` (see :func:`admit`, which runs it): the narrow script's
+    when it serves the call (:func:`narrow_call`; ``narrow=False``: never), else ``lua/admit.lua``'s."""
+    if narrow and not force:
+        narrow = narrow_call(queue, spec, digest, write)
+        if narrow is not None:
+            return narrow
     call = _policy_call(queue, spec, digest, force=force, **_write_args(queue, write))
     _write_keys(call, queue, write)
     if chose_id(write.job):
@@ -227,14 +239,15 @@ def admit(queue: Queue, spec: PolicySet, digest: str, write: JobWrite, force: bo
     return settle(queue, spec, write, Verdict.read(call.run_door(queue.connection), digest), hint)
 
 
-def checked_call(queue: Queue, spec: PolicySet, digest: str, write: JobWrite, force: bool = False) -> Call:
+def checked_call(queue: Queue, spec: PolicySet, digest: str, write: JobWrite, force: bool = False,
+                 narrow: bool = True) -> Call | FlatCall:
     """:func:`admit_call` after each policy validated the job (a bad option raises before anything is sent): the
     call every admission door runs, synchronous (:func:`admit`) or not (:mod:`rq_policies.aio`)."""
     for item in spec.policies:
         item.validate(write.job, write.mode, force)
     if force and write.mode == 'S':
         raise PolicyConfigurationError('force() enqueues now; it cannot be scheduled')
-    return admit_call(queue, spec, digest, write, force)
+    return admit_call(queue, spec, digest, write, force, narrow)
 
 
 def settle(queue: Queue, spec: PolicySet, write: JobWrite, verdict: Verdict, hint: tuple | None = None) -> Verdict:
@@ -257,14 +270,68 @@ def settle(queue: Queue, spec: PolicySet, write: JobWrite, verdict: Verdict, hin
     return verdict
 
 
-def plain_call(queue: Queue, write: JobWrite) -> Call:
-    """The ``lua/admit.lua`` call that writes a job without a policy: no check, no identity, the job written as rq's
-    own enqueue writes it, once (a resend of the call finds its ``created`` and writes nothing).
+#: The write modes ``lua/admit_narrow.lua`` serves: pushed to the queue's tail or head, or scheduled.
+_NARROW_MODES = frozenset('RLS')
+
+
+def narrow_call(queue: Queue, spec: PolicySet | None, digest: str, write: JobWrite) -> FlatCall | None:
+    """The ``lua/admit_narrow.lua`` call that writes ``write.job`` without a policy (``spec`` None) or through a set
+    of one admission policy that has a narrow part (:meth:`rq_policies.policy.AdmissionPolicy.narrow_part`),
+    pushed or scheduled (modes R, L, S); None when that script does not serve the call, which
+    then goes to ``lua/admit.lua``. The same decision, writes and verdict as admit.lua's, in flat arguments (the
+    script's header has the layout): no msgpack map for the server to decode, no parts to load.
+
+    Not for a forced call (:func:`admit_call` sends those to admit.lua)."""
+    mode = write.mode
+    if mode not in _NARROW_MODES:
+        return None
+    job = write.job
+    job_id = job.id
+    created = write.created if write.created is not None else _created_at(write.fields)
+    call_keys = [job.key, write.dest, queue.redis_queues_keys]
+    if spec is None:
+        options: list[Any] = []
+    else:
+        part = _narrow_part(queue, spec, digest)
+        if part is None:
+            return None
+        marker, options = part
+        call_keys += [marker, keys.DROPS, keys.DROPS_MINUTE_PREFIX]
+    result_ttl = job.result_ttl
+    if result_ttl is not None and 0 <= result_ttl < keys.PUSHED_SECONDS:  # as _keep_replay_record
+        call_keys.append(keys.pushed(job_id))
+        options = [*options, 'record', keys.PUSHED_SECONDS]
+    if chose_id(job):  # as _record_drops, and plain_call's tombstone
+        call_keys.append(keys.dropped(job_id))
+        options = [*options, 'dropped', keys.DROPPED_SECONDS, 'tombstone', keys.SUPERSEDED_PREFIX]
+    args = [job_id, created if created is not None else '', mode, write.score, write.ttl, queue.key,
+            keys.wake(queue.name), 9 + len(options), *options, *write.fields]
+    return FlatCall('admit_narrow', call_keys, args)
+
+
+def _narrow_part(queue: Queue, spec: PolicySet, digest: str) -> tuple[str, list[Any]] | None:
+    """The narrow part (marker key, options) of a set of one admission policy that has one, else None."""
+    ordered = spec.admission
+    if len(ordered) != 1 or len(spec.policies) != 1:
+        return None
+    item = ordered[0]
+    if item.kind != ADMISSION:  # a fetch policy that admits: admit.lua
+        return None
+    return item.narrow_part(queue, digest)
+
+
+def plain_call(queue: Queue, write: JobWrite, narrow: bool = True) -> Call | FlatCall:
+    """The call that writes a job without a policy: no check, no identity, the job written as rq's own enqueue
+    writes it, once (a resend of the call finds its ``created`` and writes nothing): ``lua/admit_narrow.lua``'s for
+    a job pushed or scheduled (:func:`narrow_call`), else ``lua/admit.lua``'s.
 
     A job rq deletes soon after it runs (``result_ttl`` under ``keys.PUSHED_SECONDS``) also keeps that value in
     ``keys.pushed(id)`` for as long: a resend that arrives after the job ran and was deleted writes nothing either.
     An id the caller chose drops the tombstone a superseded pending job of that id left (the fetch would drop it).
     """
+    found = narrow_call(queue, None, '', write) if narrow else None
+    if found is not None:
+        return found
     job = write.job
     call = Call('admit', order=_NO_ORDER, p=_NO_PARTS, **_write_args(queue, write))
     _write_keys(call, queue, write)
@@ -406,8 +473,20 @@ def _dropped(spec: PolicySet, func_name: str, queue: Queue, verdict: Verdict, ar
             return
 
 
-def probe_call(queue: Queue, spec: PolicySet, digest: str, job_id: str = '') -> Call:
-    """The probe's call for one identity (see :func:`probe`)."""
+def probe_call(queue: Queue, spec: PolicySet, digest: str, job_id: str = '') -> Call | FlatCall:
+    """The probe's call for one identity (see :func:`probe`): the narrow script's for a set it serves
+    (:func:`narrow_call`), else ``lua/admit.lua``'s."""
+    part = _narrow_part(queue, spec, digest)
+    if part is not None:
+        marker, options = part
+        prefix = queue.job_class.redis_job_namespace_prefix
+        call_keys = [prefix + job_id, queue.key, queue.redis_queues_keys, marker, keys.DROPS, keys.DROPS_MINUTE_PREFIX]
+        options = [*options, 'probe', '1']
+        if job_id:  # the caller's own job_id= (a probe knows no other): a drop leaves its record
+            call_keys.append(keys.dropped(job_id))
+            options += ['dropped', keys.DROPPED_SECONDS]
+        args = [job_id, '', 'N', 0, -1, queue.key, keys.wake(queue.name), 9 + len(options), *options]
+        return FlatCall('admit_narrow', call_keys, args, {'queue_key': queue.key, 'job_prefix': prefix})
     call = _policy_call(queue, spec, digest, jid=job_id, mode='N', score=0, ttl=-1, queue_key=queue.key, probe=True)
     if job_id:  # the caller's own job_id= (a probe knows no other)
         _record_drops(call, job_id)

@@ -137,6 +137,19 @@ class Loner(AdmissionPolicy):
             part['ttl_ms'] = math.ceil(self.ttl * 1000)
         return part
 
+    def narrow_part(self, queue: Any, digest: str) -> tuple[str, list[str]] | None:
+        # lua/admit_narrow.lua decides a drop or a raise as loner's part of admit.lua does; a replace goes there.
+        if self.on_conflict == 'replace':
+            return None
+        options = ['loner', keys.drop_field(self.name, queue.name),
+                   'job_prefix', queue.job_class.redis_job_namespace_prefix,
+                   'worker', Worker.redis_worker_namespace_prefix, 'alive', keys.ALIVE_PREFIX]
+        if self.until == 'finished':
+            options += ['finished', '1']
+        if self.ttl is not None:
+            options += ['ttl_ms', str(math.ceil(self.ttl * 1000))]
+        return keys.loner(queue.name, digest), options
+
     def job_fields(self, queue: str, digest: str) -> list[str]:
         fields = [keys.LONER_FIELD, keys.loner(queue, digest)]
         if self.until == 'finished':

@@ -330,6 +330,10 @@ class AdmissionPolicy(Policy):
         """See :meth:`rq_policies.protocols.Declared.job_fields` (documented there)."""
         return []
 
+    def narrow_part(self, queue: Any, digest: str) -> tuple[str, list[str]] | None:
+        """See :meth:`rq_policies.protocols.AdmissionSide.narrow_part` (documented there)."""
+        return None
+
     def leased_keys(self, queue: str, digest: str) -> list[str]:
         """Keys this policy writes with the job hash's lifetime (a deferred job's lease is dropped from them too)."""
         return []
@@ -585,6 +589,8 @@ def check_combination(policies: tuple[Policy, ...]) -> None:
 #: make_set's sets of one policy, by the policy's id (bounded: a caller building a new policy per call only refills it).
 _SINGLE_SETS: dict[int, tuple[Policy, PolicySet]] = {}
 _SINGLE_SETS_MAX = 1024
+#: The set made for a policy, by its value (:func:`make_set`): an equal policy made later gets the same set.
+_EQUAL_SETS: dict[Policy, PolicySet] = {}
 
 
 def make_set(value: Policy | Iterable[Policy] | PolicySet | None, unique_context: UniqueContext | None = None):
@@ -601,7 +607,22 @@ def make_set(value: Policy | Iterable[Policy] | PolicySet | None, unique_context
         found = _SINGLE_SETS.get(id(value))
         if found is not None and found[0] is value:
             return found[1]
-        made = PolicySet((value,))
+        # A new but equal policy (``policy=Loner()`` written in the call, a new object every enqueue) gets the set
+        # an equal one made: a new set would rebuild, per enqueue, everything a set computes once (its admission
+        # order, its constant call arguments, its hint token: about 14 us). Policies are values (their settings,
+        # fixed in __init__, are their equality and hash); one whose settings do not hash gets a set of its own.
+        try:
+            made = _EQUAL_SETS.get(value)
+        except TypeError:
+            made = None
+        if made is None:
+            made = PolicySet((value,))
+            try:
+                if len(_EQUAL_SETS) >= _SINGLE_SETS_MAX:
+                    _EQUAL_SETS.clear()
+                _EQUAL_SETS[value] = made
+            except TypeError:
+                pass
         if len(_SINGLE_SETS) >= _SINGLE_SETS_MAX:
             _SINGLE_SETS.clear()
         _SINGLE_SETS[id(value)] = (value, made)

@@ -68,6 +68,12 @@ class AdmissionSide(Declared, Protocol):
         its arguments for its Lua part (``a.p[name]``). Every key the part touches arrives so, in KEYS."""
         ...
 
+    def narrow_part(self, queue: Queue, digest: str) -> tuple[str, list[str]] | None:
+        """This policy's part of the narrow admission (``lua/admit_narrow.lua``: a call with this policy alone, not
+        forced): its marker key and its options there, as that script's header names them; None (the default):
+        the call goes to ``lua/admit.lua``."""
+        ...
+
     def on_drop(self, func_name: str, queue: str, verdict: Verdict) -> None:
         """This policy dropped an enqueue (the script counted it): log it, or raise (Loner's
         ``on_conflict='raise'``)."""

@@ -5,8 +5,9 @@
 -- a deferred enqueue through rq). `ttl` > 0 expires the hash like Job.cleanup(ttl) does. `wake`
 -- is the queue's wake-up channel (a shard channel: SPUBLISH, in the slot of every key here), given
 -- the job id on a push, or 'scheduled <score>' on a schedule (nil: no wake-up).
-local function save_job(job_key, dest_key, queues_key, queue_key, jid, mode, score, ttl, fields, wake)
-  redis.call('HSET', job_key, unpack(fields))
+-- place_job is the same write after the hash (its HSET made by the caller: lua/admit_narrow.lua
+-- sends the fields as its ARGV tail and writes them without copying them into a table).
+local function place_job(job_key, dest_key, queues_key, queue_key, jid, mode, score, ttl, wake)
   if ttl > 0 then
     redis.call('EXPIRE', job_key, ttl)
   end
@@ -23,4 +24,9 @@ local function save_job(job_key, dest_key, queues_key, queue_key, jid, mode, sco
   elseif wake and mode == 'S' then
     redis.call('SPUBLISH', wake, 'scheduled ' .. score) -- idle PolicyWorkers wake at its due time
   end
+end
+
+local function save_job(job_key, dest_key, queues_key, queue_key, jid, mode, score, ttl, fields, wake)
+  redis.call('HSET', job_key, unpack(fields))
+  place_job(job_key, dest_key, queues_key, queue_key, jid, mode, score, ttl, wake)
 end

@@ -35,28 +35,10 @@
   policies_loner_ttl: it keeps expiring then). The job hash names its
   marker (field policies_loner); it is deleted only while it still names this job.
 ]]
--- @include "lib/holder_waiting.lua"
--- @include "lib/holder_running.lua"
+-- @include "lib/loner_held.lua"
 -- @include "lib/take_marker.lua"
 -- clock = false: never reads ctx.now (a loner-only admission skips TIME); fields: what taken() reads
 P.loner = {clock = false, fields = {'policies_loner', 'policies_loner_until', 'policies_loner_ttl'}}
-
--- 'waiting' (replaceable), 'running' (holds, never replaced) or nil (free).
-local function loner_held(job_prefix, p, holder)
-  if holder_waiting(job_prefix, holder) then
-    if p.finished and rcall('HEXISTS', job_prefix .. holder, 'policies_loner_taken') == 1 then
-      return 'running'
-    end
-    return 'waiting'
-  end
-  -- A running holder counts when either side asks for until='finished': this call, or the holder
-  -- itself (its hash says so), so mixed declarations of one function agree on who holds.
-  if (p.finished or rcall('HGET', job_prefix .. holder, 'policies_loner_until') == 'finished')
-      and holder_running(job_prefix, p.worker_prefix, holder, p.alive_prefix) then
-    return 'running'
-  end
-  return nil
-end
 
 function P.loner.check(ctx, p)
   local holder = rcall('GET', ctx.key('loner.marker'))

@@ -217,3 +217,24 @@ def test_a_pipeline_and_a_single_connection_client_take_redis_pys_own_path(redis
     with single.pipeline() as pipe:
         assert scripts._lease(pipe) is None
     single.close()
+
+
+def test_a_door_call_is_packed_as_redis_py_packs_it(redis_url):
+    """``scripts.pack_command`` (the doors' one-pass packer) sends the bytes redis-py's packer would, for every type a
+    door's call carries (rq's JobStatus is a str enum), and leaves any other type to redis-py (its error included)."""
+    from redis.exceptions import DataError
+    from rq.job import JobStatus
+
+    client = Redis.from_url(redis_url, encoding='latin-1')
+    connection = client.connection_pool.get_connection()
+    try:
+        args = ('EVALSHA', 'a' * 40, 3, 'rq:job:x', b'\x00\xffpickled', '', 'caf\xe9', JobStatus.QUEUED, -1, 2 ** 70,
+                1.5, memoryview(b'mv'))
+        for end in range(1, len(args) + 1):
+            assert b''.join(scripts.pack_command(connection, args[:end])) == b''.join(
+                connection.pack_command(*args[:end])), args[end - 1]
+        with pytest.raises(DataError):
+            scripts.pack_command(connection, ('EVALSHA', True))
+    finally:
+        client.connection_pool.release(connection)
+        client.close()

@@ -8,11 +8,13 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, TimeoutError
 from redis.retry import Retry
 
-from rq_policies import PolicyQueue, PolicySimpleWorker, ops, scripts
+from rq_policies import PolicyQueue, PolicySimpleWorker, scripts
 from rq_policies.compat import KEY_PREFIX as RQ
 
-#: What only the admission call that writes a job carries: EVALSHA (or EVAL) with the msgpack key ``created``.
-ADMIT_WRITE = (b'EVAL', ops.pack('created'))
+#: What only an admission call that writes a job carries: EVALSHA (or EVAL) with the job's fields, ``created_at``
+#: among them (lua/admit.lua's inside its msgpack argument, lua/admit_narrow.lua's as its ARGV tail; a probe or a
+#: claim carries no fields).
+ADMIT_WRITE = (b'EVAL', b'created_at')
 
 FAULTS = ['delay', 'drop', 'stall']
 
@@ -44,9 +46,11 @@ def lose_reply(proxy, fault: str, match) -> None:
 
 
 def load(connection: Redis, *names: str) -> None:
-    """Have the server know these scripts, so the first attempt runs the script (not a NOSCRIPT answer)."""
+    """Have the server know these scripts, so the first attempt runs the script (not a NOSCRIPT answer). ``admit``
+    loads both admission scripts: lua/admit.lua and the narrow one its commonest calls go to (admit_narrow)."""
     for name in names:
-        connection.script_load(scripts.script(name).script)
+        for each in (name, 'admit_narrow') if name == 'admit' else (name,):
+            connection.script_load(scripts.script(each).script)
 
 
 def queued(connection: Redis, name: str) -> list[str]:

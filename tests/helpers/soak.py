@@ -72,7 +72,7 @@ from rq.registry import (
     StartedJobRegistry,
 )
 
-from rq_policies import PolicyQueue, QueueSlot, keys, ops
+from rq_policies import PolicyQueue, QueueSlot, keys
 from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.fetch import unpack_strings
 from rq_policies.testing import RedisServer
@@ -94,9 +94,9 @@ LONG_ACROSS_SECONDS = 8.0
 #: The producers' socket timeout (seconds): a reply later than this is given up and the call sent again.
 PRODUCER_TIMEOUT = 1.0
 
-#: What only an admission that writes a job carries (the msgpack key ``created``), and only a fetch (its claim
-#: record's key, KEYS[1] of lua/fetch.lua).
-ADMIT_WRITE = (b'EVAL', ops.pack('created'))
+#: What only an admission that writes a job carries (its fields, ``created_at`` among them: tests.helpers.faults),
+#: and only a fetch (its claim record's key, KEYS[1] of lua/fetch.lua).
+ADMIT_WRITE = (b'EVAL', b'created_at')
 FETCH = (b'EVAL', keys.claim('').encode())
 
 

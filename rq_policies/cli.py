@@ -321,7 +321,7 @@ def exporter(cli_config: Any, port: int, addr: str, read_from_replicas: bool, **
               help='Address to bind (the page shows job ids and queue names: keep it local unless behind auth).')
 @click.option('--allow-actions', is_flag=True,
               help='Offer actions (set or clear a cap or a rate, reset an identity, override a key limit, pause or '
-                   'resume a Fair key), each '
+                   'resume a key), each '
                    'behind a confirmation. Off: the page is read-only.')
 @click.option('--refresh', type=Digits('a whole number of seconds >= 0'), default=2, show_default=True,
               help='Seconds between live refreshes of the page (0: never).')

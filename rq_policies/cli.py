@@ -320,7 +320,8 @@ def exporter(cli_config: Any, port: int, addr: str, read_from_replicas: bool, **
 @click.option('--host', default='127.0.0.1', show_default=True,
               help='Address to bind (the page shows job ids and queue names: keep it local unless behind auth).')
 @click.option('--allow-actions', is_flag=True,
-              help='Offer actions (set or clear a cap or a rate, reset an identity, override a key limit), each '
+              help='Offer actions (set or clear a cap or a rate, reset an identity, override a key limit, pause or '
+                   'resume a key), each '
                    'behind a confirmation. Off: the page is read-only.')
 @click.option('--refresh', type=Digits('a whole number of seconds >= 0'), default=2, show_default=True,
               help='Seconds between live refreshes of the page (0: never).')

@@ -162,6 +162,19 @@ class FairStatus:
     active_keys: int
 
 
+@dataclass(frozen=True)
+class FairPause:
+    """One key's pause and backlog (:meth:`Fair.pause_status`): what a pause or a resume would change.
+
+    Attributes:
+        paused: is the key paused (on every queue)?
+        waiting: the key's waiting jobs per queue (only queues where it has some).
+    """
+
+    paused: bool
+    waiting: dict[str, int]
+
+
 def _weight(value: Any, where: str = 'weight') -> int:
     return positive_int(where, value, MAX_WEIGHT)
 
@@ -198,6 +211,9 @@ class Fair(FetchPolicy):
     fetch_state: ClassVar[tuple[str, ...] | None] = ('fair.active',)
     #: The admission never schedules a Fair job, and its check alone decides a backlog drop.
     schedules: ClassVar[bool] = False
+    #: The run-time switch is pausing one key of a scope (:meth:`pause`, :meth:`resume`, :meth:`pause_status`):
+    #: the dashboard's pause and resume forms offer it.
+    key_pause_setting: ClassVar[bool] = True
     probes: ClassVar[bool] = True
     #: For the shared key function handling (KeyedPolicy.key_of).
     _key_of = KeyedPolicy.key_of
@@ -378,6 +394,27 @@ class Fair(FetchPolicy):
         """Resume a paused key: it takes turns again on every queue where it has waiting jobs, from that queue's
         current virtual time (a paused key earns no credit). Returns True when it was paused."""
         return _pause_call(scope, key, False).run(_need(connection)) == 1
+
+    @classmethod
+    def pause_status(cls, scope: str, key: Any, connection: Any = None) -> FairPause:
+        """Is one key of ``scope`` paused, and how many of its jobs wait on each queue (the queues with keys taking
+        turns, one bounded SCAN as :meth:`queues`, and those the key left when paused): what the dashboard's
+        confirmation of a pause or a resume shows.
+
+        Raises:
+            InvalidSetting: (a ValueError) naming the argument and the value; nothing is read or written.
+        """
+        with refusing():
+            key_id = _key_id(scope, key)
+            conn = _need(connection)
+        left = {text(q) for q in conn.smembers(PAUSED_IN_PREFIX + key_id)}
+        names = sorted(set(cls.queues(conn)) | left)
+        with conn.pipeline(transaction=False) as pipe:
+            pipe.hexists(PAUSED, key_id)
+            for queue in names:
+                pipe.zcard(WAIT_PREFIX + f'{queue}:{key_id}')
+            paused, *counts = pipe.execute()
+        return FairPause(bool(paused), {q: int(n) for q, n in zip(names, counts) if int(n)})
 
     @classmethod
     def waiting(cls, queue: str, scope: str, key: Any, connection: Any = None) -> list[str]:

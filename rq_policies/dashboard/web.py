@@ -12,8 +12,11 @@ rate), :func:`rq_policies.state.reset_digest` (what ``rq-policies reset`` runs),
 connection=)`` on any registered policy that offers it (a per-key limit). An empty limit clears the override: through
 the policy's ``clear(scope, key, connection=)`` when it has one (what ``rq-policies override --clear`` runs), else
 ``override`` with ``limit=None``. The confirmation page shows the key's override now when the policy offers
-``overridden(scope, key, connection=)``, whose own checks also refuse a malformed scope or key before anything is
-asked.
+``get(scope, key, connection=)``, whose own checks also refuse a malformed scope or key before anything is asked.
+A registered policy whose run-time switch is pausing one key (``key_pause_setting``) is offered a pause and a resume:
+its ``pause(scope, key, connection=)``/``resume(...)`` (what ``rq-policies <policy> pause|resume`` runs), the
+confirmation showing its ``pause_status(scope, key, connection=)`` now (paused or not, its waiting jobs per queue),
+whose checks refuse a malformed scope or key first.
 """
 
 from __future__ import annotations
@@ -81,6 +84,12 @@ def overridable() -> list[type]:
     return [cls for cls in registered() if getattr(cls, 'key_limit_setting', False)]
 
 
+def pausable() -> list[type]:
+    """Registered policies whose run-time switch is pausing one key of a scope (``pause``/``resume(scope, key,
+    connection=)``, and ``pause_status(scope, key, connection=)`` with ``paused`` and ``waiting`` per queue)."""
+    return [cls for cls in registered() if getattr(cls, 'key_pause_setting', False)]
+
+
 def _field(form: Any, name: str, required: bool = True) -> str:
     value = form.get(name, '')
     if required and not value:
@@ -119,6 +128,21 @@ def _override_words(connection: Any, cls: type, scope: str, key: str) -> str:
     except (TypeError, ValueError) as exc:
         raise ActionError(str(exc)) from None
     return 'no override' if value is None else f'override {value}'
+
+
+def _pause_words(connection: Any, cls: type, scope: str, key: str) -> str:
+    """A key's pause state now (``paused, 3 waiting job(s) ('default': 2, 'mail': 1)``).
+
+    Raises:
+        ActionError: the policy's own check refused the scope or the key (nothing is written).
+    """
+    try:
+        found = cls.pause_status(scope, key, connection=connection)
+    except (TypeError, ValueError) as exc:
+        raise ActionError(str(exc)) from None
+    where = ', '.join(f'{queue!r}: {n}' for queue, n in sorted(found.waiting.items()))
+    return (f'{"paused" if found.paused else "not paused"}, {sum(found.waiting.values())} waiting job(s)'
+            + (f' ({where})' if where else ''))
 
 
 def plan(connection: Any, action: str, form: Any) -> tuple[str, str, Callable[[], str]]:
@@ -182,6 +206,24 @@ def plan(connection: Any, action: str, form: Any) -> tuple[str, str, Callable[[]
             return f'Cleared the override of {change}.'
 
         return what, now, override
+    if action in ('pause', 'resume'):
+        cls = _policy(_field(form, 'policy'), pausable())
+        scope, key = _field(form, 'scope'), _field(form, 'key')
+        target = f'{cls.name} key {key!r} of scope {scope!r}'
+        now = _pause_words(connection, cls, scope, key)
+        if action == 'pause':
+            what = (f'Pause {target} on every queue: its jobs keep waiting and none starts until it is resumed; '
+                    'other keys are not touched.')
+        else:
+            what = f'Resume {target}: it takes turns again on every queue where it has waiting jobs.'
+
+        def switch() -> str:
+            changed = getattr(cls, action)(scope, key, connection=connection)
+            if action == 'pause':
+                return f'Paused {target}.' + ('' if changed else ' (It was paused already.)')
+            return f'Resumed {target}.' + ('' if changed else ' (It was not paused.)')
+
+        return what, now, switch
     raise ActionError(f'no action named {action!r}')
 
 
@@ -279,6 +321,7 @@ def create_blueprint(
             settings=configurable(),
             setting_fields={cls.name: _setting_fields(cls) for cls in configurable()},
             overrides=overridable(),
+            pauses=pausable(),
             **context(),
         )
 
@@ -394,6 +437,8 @@ def create_blueprint(
         """What the confirmation page showed as the state now, read again after the action ran."""
         if action == 'override':
             return _override_words(conn, _policy(fields['policy'], overridable()), fields['scope'], fields['key'])
+        if action in ('pause', 'resume'):
+            return _pause_words(conn, _policy(fields['policy'], pausable()), fields['scope'], fields['key'])
         queue = fields.get('queue')
         return _queue_words(conn, queue) if queue else ''
 

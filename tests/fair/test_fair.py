@@ -16,7 +16,7 @@ from rq.registry import DeferredJobRegistry
 
 from rq_policies import Concurrency, Fair, InvalidSetting, PolicyQueue, explain
 from rq_policies.compat import KEY_PREFIX as RQ
-from rq_policies.fair import BacklogFull, FairWeight
+from rq_policies.fair import BacklogFull, FairPause, FairWeight
 from rq_policies.fetch import Claim, Look
 from rq_policies.views import Shown
 from tests.helpers import fair_jobs, fetches, jobs
@@ -161,6 +161,24 @@ def test_pause_keeps_a_key_s_jobs_waiting_others_flow_and_resume_brings_it_back(
     assert Fair.resume(SCOPE, 'a', connection=connection) is True
     assert Fair.resume(SCOPE, 'a', connection=connection) is False
     assert take(connection, 5) == [a[0].id, a[1].id, a[2].id, later.id, None]
+
+
+def test_pause_status_counts_a_key_s_waiting_jobs_on_every_queue_even_once_it_left_the_active_sets(connection):
+    one, two = PolicyQueue('fair', connection=connection), PolicyQueue('fair2', connection=connection)
+    made = [work(one, 'a'), work(one, 'a'), work(two, 'a'), work(one, 'b')]
+    assert Fair.pause_status(SCOPE, 'a', connection=connection) == FairPause(False, {'fair': 2, 'fair2': 1})
+    assert Fair.pause_status(SCOPE, 'nobody', connection=connection) == FairPause(False, {})
+    Fair.pause(SCOPE, 'a', connection=connection)
+    # the fetches meet the paused key and take it out of both queues' active sets (it is noted in its pausedin set)
+    assert take(connection, 2) == [made[3].id, None] and take(connection, 1, ('fair2',)) == [None]
+    assert not connection.zscore('rq:policies:fair:active:fair2', f'{SCOPE}:a')
+    assert Fair.pause_status(SCOPE, 'a', connection=connection) == FairPause(True, {'fair': 2, 'fair2': 1})
+    before = {k: connection.dump(k) for k in connection.keys('*')}
+    with pytest.raises(InvalidSetting, match='scope must be'):
+        Fair.pause_status('a:b', 'a', connection=connection)
+    with pytest.raises(InvalidSetting, match='key must be'):
+        Fair.pause_status(SCOPE, 'x' * 1001, connection=connection)
+    assert {k: connection.dump(k) for k in connection.keys('*')} == before
 
 
 def test_a_resumed_key_joins_at_the_queue_s_virtual_time_without_credit(connection):

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from tests.helpers import jobs, key_jobs
+from tests.helpers import fair_jobs, jobs, key_jobs
 from tests.helpers.workers import output, start_worker, stop, wait_for
 
 flask = pytest.importorskip('flask', reason="the dashboard needs Flask: pip install 'rq-policies[dashboard]'")
@@ -23,6 +23,7 @@ from rq_policies import (  # noqa: E402
     Cap,
     Concurrency,
     Debounce,
+    Fair,
     KeyLimit,
     Loner,
     PolicyQueue,
@@ -455,6 +456,118 @@ def test_override_action_sets_and_clears_a_real_concurrency_limit(connection):
     for bad, message in (({'scope': 'a:b'}, 'scope must be'), ({'limit': '0', 'confirmed': 'yes'}, 'limit must be')):
         response = c.post('/action/override', data={**form, **bad})
         assert response.status_code == 400 and message in response.get_data(as_text=True), bad
+    assert {k: connection.dump(k) for k in connection.keys('*')} == before
+
+
+# -- pausing a Fair key ---------------------------------------------------------------------------------------------
+
+TENANTS = fair_jobs.SCOPE  # Fair per tenant, scope 'tenants'
+
+
+def _fair_jobs(connection) -> tuple[list[Job], list[Job]]:
+    q = PolicyQueue('fairq', connection=connection)
+    return (
+        [q.enqueue(fair_jobs.work, 'dash', tenant='acme') for _ in range(2)],
+        [q.enqueue(fair_jobs.work, 'dash', tenant='bob') for _ in range(2)],
+    )
+
+
+def _starts(connection, n: int) -> list[str | None]:
+    """The job ids the next ``n`` fetches (the real fetch script, no worker) start, None where one starts nothing."""
+    got = [fetch(connection, f'h:fp:0:{next(_fetch_tokens)}', 'fairq') for _ in range(n)]
+    return [g.job_id if isinstance(g, Claim) else None for g in got]
+
+
+_fetch_tokens = iter(range(10**9))
+
+
+def test_read_only_page_offers_no_pause_and_refuses_its_post(connection):
+    _fair_jobs(connection)
+    c = client(connection)
+    html = page(c)
+    assert 'data-action="pause-fair"' not in html and 'data-action="resume-fair"' not in html
+    for action in ('pause', 'resume'):
+        response = c.post(f'/action/{action}', data={'policy': 'fair', 'scope': TENANTS, 'key': 'acme',
+                                                      'confirmed': 'yes'})
+        assert response.status_code == 403 and '--allow-actions' in response.get_data(as_text=True)
+    assert not Fair.pause_status(TENANTS, 'acme', connection=connection).paused
+
+
+def test_pause_and_resume_a_fair_key_after_a_confirmation_and_the_fetch_obeys(connection):
+    acme, bob = _fair_jobs(connection)
+    c = client(connection, allow_actions=True)
+    token = csrf(c)
+    html = page(c)
+    assert 'data-action="pause-fair"' in html and 'data-action="resume-fair"' in html
+    form = {'csrf': token, 'policy': 'fair', 'scope': TENANTS, 'key': 'acme'}
+
+    confirm = c.post('/action/pause', data=form)
+    body = text_of(confirm.get_data(as_text=True)).replace('&#39;', "'")
+    assert confirm.status_code == 200 and 'Yes, do it' in body
+    assert f"Pause fair key 'acme' of scope '{TENANTS}' on every queue" in body
+    assert "now: not paused, 2 waiting job(s) ('fairq': 2)" in body
+    assert not Fair.status(TENANTS, 'acme', 'fairq', connection=connection).paused  # asking wrote nothing
+
+    done = text_of(c.post('/action/pause', data={**form, 'confirmed': 'yes'}).get_data(as_text=True))
+    done = done.replace('&#39;', "'")
+    assert f"Paused fair key 'acme' of scope '{TENANTS}'." in done and 'now: paused, 2 waiting job(s)' in done
+    status = Fair.status(TENANTS, 'acme', 'fairq', connection=connection)
+    assert status.paused and status.waiting == 2
+    # the state the fetch script reads changed: only bob's jobs start, acme's stay deferred
+    assert _starts(connection, 3) == [bob[0].id, bob[1].id, None]
+    assert all(Job.fetch(j.id, connection=connection).get_status() == 'deferred' for j in acme)
+    again = c.post('/action/pause', data={**form, 'confirmed': 'yes'}).get_data(as_text=True)
+    assert 'It was paused already.' in again
+
+    confirm = text_of(c.post('/action/resume', data=form).get_data(as_text=True)).replace('&#39;', "'")
+    assert "Resume fair key 'acme'" in confirm and "now: paused, 2 waiting job(s) ('fairq': 2)" in confirm
+    assert Fair.status(TENANTS, 'acme', 'fairq', connection=connection).paused
+    done = text_of(c.post('/action/resume', data={**form, 'confirmed': 'yes'}).get_data(as_text=True))
+    assert 'Resumed fair key' in done and 'now: not paused, 2 waiting job(s)' in done
+    assert not Fair.status(TENANTS, 'acme', 'fairq', connection=connection).paused
+    assert _starts(connection, 3) == [acme[0].id, acme[1].id, None]
+
+
+def test_a_pause_s_pages_escape_the_key(connection):
+    c = client(connection, allow_actions=True)
+    form = {'csrf': csrf(c), 'policy': 'fair', 'scope': TENANTS, 'key': XSS}
+    for extra in ({}, {'confirmed': 'yes'}):
+        body = c.post('/action/pause', data={**form, **extra}).get_data(as_text=True)
+        assert '&lt;script&gt;alert(1)&lt;/script&gt;' in body and XSS not in body, extra
+    assert Fair.pause_status(TENANTS, XSS, connection=connection).paused
+
+
+def test_a_pause_without_the_csrf_token_is_refused(connection):
+    _fair_jobs(connection)
+    c = client(connection, allow_actions=True)
+    token = csrf(c)
+    form = {'policy': 'fair', 'scope': TENANTS, 'key': 'acme', 'confirmed': 'yes'}
+    assert c.post('/action/pause', data=form).status_code == 403
+    assert c.post('/action/pause', data={**form, 'csrf': '0' * 64}).status_code == 403
+    assert not Fair.pause_status(TENANTS, 'acme', connection=connection).paused
+    assert c.post('/action/pause', data={**form, 'csrf': token}).status_code == 200
+    assert Fair.pause_status(TENANTS, 'acme', connection=connection).paused
+
+
+def test_a_bad_scope_or_key_for_a_pause_names_the_field_and_writes_nothing(connection):
+    _fair_jobs(connection)
+    Fair.pause(TENANTS, 'bob', connection=connection)
+    c = client(connection, allow_actions=True)
+    token = csrf(c)
+    before = {k: connection.dump(k) for k in connection.keys('*')}
+    cases = [
+        ('pause', {'scope': 'a:b', 'key': 'acme'}, 'scope must be'),
+        ('pause', {'scope': 'a:b', 'key': 'acme', 'confirmed': 'yes'}, 'scope must be'),
+        ('resume', {'scope': 'a:b', 'key': 'bob', 'confirmed': 'yes'}, 'scope must be'),
+        ('pause', {'scope': TENANTS, 'key': '', 'confirmed': 'yes'}, 'key is required'),
+        ('pause', {'scope': TENANTS, 'key': 'x' * 1001, 'confirmed': 'yes'}, 'key must be'),
+        ('pause', {'policy': 'concurrency', 'scope': TENANTS, 'key': 'acme', 'confirmed': 'yes'},
+         'policy must be one of'),
+    ]
+    for action, fields, message in cases:
+        response = c.post(f'/action/{action}', data={'csrf': token, 'policy': 'fair', **fields})
+        body = response.get_data(as_text=True)
+        assert response.status_code == 400 and message in body and 'id="confirm"' not in body, (action, fields)
     assert {k: connection.dump(k) for k in connection.keys('*')} == before
 
 

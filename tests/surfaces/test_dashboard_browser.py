@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from tests.helpers import DOCS, jobs, key_jobs
+from tests.helpers import DOCS, fair_jobs, jobs, key_jobs
 from tests.helpers.workers import output, start_worker, stop, wait_for
 
 CHROMIUM = '/usr/bin/chromium'
@@ -55,7 +55,7 @@ if not _why:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from rq_policies import Cap, Loner, PolicyQueue, QueueRate, QueueSlot
+    from rq_policies import Cap, Fair, Loner, PolicyQueue, QueueRate, QueueSlot
     from rq_policies.dashboard import create_app
 
 
@@ -295,6 +295,32 @@ def test_a_script_queue_name_is_text_and_an_action_asks_before_it_writes(browser
         browser.find_element(By.CSS_SELECTOR, '#confirm button').click()
         _until(browser, lambda d: d.find_elements(By.ID, 'action-done'), message='the action did not complete')
         assert QueueSlot.get('ops', connection=connection) == Cap(4)
+    finally:
+        served.close()
+
+
+def test_a_fair_key_is_paused_and_resumed_from_the_page_after_a_confirmation(browser, connection):
+    q = PolicyQueue('fairq', connection=connection)
+    for _ in range(2):
+        q.enqueue(fair_jobs.work, 'browser', tenant=XSS)
+    served = _Thread(create_app(connection, allow_actions=True, refresh_seconds=0))
+    try:
+        for action, paused_before in (('pause', False), ('resume', True)):
+            browser.get(served.url + '/')
+            form = browser.find_element(By.CSS_SELECTOR, f'form[data-action="{action}-fair"]')
+            form.find_element(By.NAME, 'scope').send_keys(fair_jobs.SCOPE)
+            form.find_element(By.NAME, 'key').send_keys(XSS)
+            form.find_element(By.TAG_NAME, 'button').click()
+            _until(browser, lambda d: d.find_elements(By.ID, 'action-what'), message='no confirmation page')
+            assert f'fair key {XSS!r} of scope {fair_jobs.SCOPE!r}' in browser.find_element(By.ID, 'action-what').text
+            now = browser.find_element(By.ID, 'action-now').text
+            assert now == f"now: {'paused' if paused_before else 'not paused'}, 2 waiting job(s) ('fairq': 2)", now
+            _no_alert(browser)
+            assert Fair.pause_status(fair_jobs.SCOPE, XSS, connection=connection).paused is paused_before
+            browser.find_element(By.CSS_SELECTOR, '#confirm button').click()
+            _until(browser, lambda d: d.find_elements(By.ID, 'action-done'), message='the action did not complete')
+            _no_alert(browser)
+            assert Fair.pause_status(fair_jobs.SCOPE, XSS, connection=connection).paused is not paused_before
     finally:
         served.close()
 

@@ -758,6 +758,7 @@ def run(seconds: float, producers: int = 3, workers: int = 4, seed: int = 1, res
     url = proxy.url if proxy is not None else server.url  # producers and workers; the checks go straight
     started_at = time.time()
     deadline = started_at + seconds
+    passed = False  # until every check says so: a failed or interrupted run keeps its records
     ctx = multiprocessing.get_context('spawn')
     stop_watch = ctx.Event()
     watcher = ctx.Process(target=watch_horses, args=(run_dir, stop_watch))
@@ -819,6 +820,7 @@ def run(seconds: float, producers: int = 3, workers: int = 4, seed: int = 1, res
         # A worker that dies at start (a bad setting) would make a soak that proves nothing: respawns are chaos only.
         # (rq's own work loop also quits on a Redis error in the middle of a job, so the restarts account for some.)
         results['run']['workers_died_unasked'] = chaos.died_unasked
+        passed = results['ok']
         return results
     finally:
         stop_watch.set()
@@ -828,8 +830,8 @@ def run(seconds: float, producers: int = 3, workers: int = 4, seed: int = 1, res
         chaos.stop_all()
         if proxy is not None:
             proxy.close()
-        if keep:
-            print(f'records kept in {run_dir}', file=sys.stderr)
+        if keep or not passed:  # a failed run keeps what its workers and jobs wrote, to find out why
+            print(f'records kept in {run_dir}' + ('' if passed else ' (a check failed)'), file=sys.stderr)
             server.stop()
         else:
             server.close()
@@ -841,7 +843,8 @@ def main() -> None:
     parser.add_argument('--producers', type=int, default=3)
     parser.add_argument('--workers', type=int, default=4)
     parser.add_argument('--seed', type=int, default=1)
-    parser.add_argument('--keep', action='store_true', help='keep the records folder')
+    parser.add_argument('--keep', action='store_true',
+                        help='keep the records folder (a run whose checks fail keeps it anyway)')
     parser.add_argument('--no-lost-replies', action='store_true', help='connect straight to the server, no proxy')
     opts = parser.parse_args()
     results = run(opts.seconds, opts.producers, opts.workers, opts.seed, lost_replies=not opts.no_lost_replies,

@@ -481,7 +481,7 @@ def identity_keys(connection: Redis, queue: str, digest: str) -> list[str]:
     found = []
     for family in families():
         pattern = _glob_escape(family.prefix(queue, digest)) + ('*' if family.windowed else '')
-        found += sorted(text(k) for k in connection.scan_iter(match=pattern, count=1000))
+        found += sorted(text(k) for k in keys.scanner(connection).scan_iter(match=pattern, count=1000))
     return found
 
 
@@ -497,5 +497,5 @@ def reset_digest(connection: Redis, queue: str, digest: str, spec: Any = None) -
     for family in keys.FAMILIES:
         if family.needs_setting and family.policy not in declared_names:
             pattern = _glob_escape(family.prefix(queue, digest)) + '*'
-            scanned += sorted(text(k) for k in connection.scan_iter(match=pattern, count=1000))
+            scanned += sorted(text(k) for k in keys.scanner(connection).scan_iter(match=pattern, count=1000))
     return admission.reset(Queue(queue, connection=connection), spec, digest, scanned)

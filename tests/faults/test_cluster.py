@@ -513,3 +513,33 @@ def test_producers_follow_a_slot_migration(cluster, valkey_cluster, capsys):
     assert missing == [], (len(missing), failed[:5])
     assert len(set(acked)) == len(acked)
     assert PolicyQueue('moving', connection=cluster).count == len(acked)
+
+
+def test_an_identity_s_keys_are_scanned_on_the_prefix_slot_s_node_only(cluster, valkey_cluster):
+    """``state.identity_keys`` and ``state.reset_digest`` (``explain``'s identity rows, the CLI's and the page's
+    reset) walk the prefix's slot with one node's cursor (``keys.scanner``), as the other readers do, not every
+    primary of the cluster with a cluster client's SCAN."""
+    from rq_policies import identity, state
+
+    q = PolicyQueue('ids', connection=cluster)
+    job = q.enqueue(jobs.plain, 3, policy=Loner())
+    digest = identity.digest(identity.func_path(job), 'ids', job.args, job.kwargs)
+    owner, _ = valkey_cluster.owner_of(keys.PREFIX)
+    others = [node.port for node in valkey_cluster.nodes if node.port != owner.port]
+    for port in valkey_cluster.ports:
+        node = valkey_cluster.node_client(port)
+        try:
+            node.config_resetstat()
+        finally:
+            node.close()
+    found = state.identity_keys(cluster, 'ids', digest)
+    assert any(key.startswith(keys.PREFIX + 'loner:') for key in found), found
+    assert state.reset_digest(cluster, 'ids', digest) >= 1
+    assert state.identity_keys(cluster, 'ids', digest) == []
+    assert q.enqueue(jobs.plain, 3, policy=Loner()) is not None  # the identity is free again
+    for port in others:
+        node = valkey_cluster.node_client(port)
+        try:
+            assert 'cmdstat_scan' not in node.info('commandstats'), port
+        finally:
+            node.close()

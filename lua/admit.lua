@@ -89,15 +89,14 @@ local rcall = redis.call
 -- @include "lib/drop_record.lua"
 
 local a = decode_args(ARGV[1])
--- Each part is defined when the call first asks for it (`-- @policies lazy`: PARTS[name] loads
--- P[name]), so a call pays for the parts it declares only.
-local P, PARTS = {}, {}
+-- Each part is defined when the call first asks for it (`-- @policies lazy`: load_part(name)
+-- defines P[name]), so a call pays for the parts it declares only.
+local P, loaded = {}, {}
 -- @policies lazy
 setmetatable(P, {__index = function(t, name)
-  local load = PARTS[name]
-  if load then
-    PARTS[name] = nil
-    load()
+  if not loaded[name] then
+    loaded[name] = true
+    load_part(name)
   end
   return rawget(t, name)
 end})

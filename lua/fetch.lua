@@ -277,27 +277,18 @@ if found == 0 and not (claimed or tombs or stateful) then
   end
 end
 
--- Does part `name` define hook `hook`? (part_hooks(): without loading the part.)
-local hooks
-local function has_hook(name, hook)
-  hooks = hooks or part_hooks()
-  local found = hooks[name]
-  return found ~= nil and found[hook] == true
-end
-local P, PARTS
-local function define_parts()
+-- has_hook(name, hook): does part `name` define hook `hook`? (defined by `-- @policies fields`
+-- above: without loading the part.) load_part(name) defines P[name] (`-- @policies lazy`).
+local P, loaded
 -- @policies lazy
-end
 local a, ctx
 local function part(name)
-  if not PARTS then
-    P, PARTS = {}, {}
-    define_parts()
+  if not P then
+    P, loaded = {}, {}
   end
-  local load = PARTS[name]
-  if load then
-    PARTS[name] = false
-    load()
+  if not loaded[name] then
+    loaded[name] = true
+    load_part(name)
   end
   return P[name]
 end

@@ -50,14 +50,15 @@ from .keys import is_cluster
 _INCLUDE = re.compile(r'^--\s*@include\s+"([^"]+)"\s*$', re.MULTILINE)
 #: ``-- @policies`` in a framework script (admit.lua, fetch.lua) includes every policy's part, ``lua/policies/*.lua``,
 #: so a new policy adds its file and no framework script changes.
-#: ``-- @policies lazy`` includes each part inside a loader, ``PARTS[name] = function() ... end``, which the script
-#: runs when it first reads ``P[name]`` (admit.lua): a call then defines the functions of the parts it uses only,
-#: where defining every part's (about 80 closures) cost a Loner admission a third of its script time.
+#: ``-- @policies lazy`` defines one loader, ``local function load_part(name)``, a branch per part holding its source,
+#: which the script runs when it first reads ``P[name]``: a call then defines the functions of the parts it uses only,
+#: where defining every part's (about 80 closures) cost a Loner admission a third of its script time (and a loader
+#: per part, a closure and a table entry each, cost a capped fetch about 3 us).
 #: ``-- @policies fields`` defines, without defining any part, what the parts' declarations say of the job hash
 #: (:func:`part_fields`): ``JOB_FIELDS``, the fields of a popped job the fetch reads (``status`` first, then each
-#: part's ``fields`` in part order), ``JOB_FIELD_AT`` (field -> its index there), ``part_hooks()`` (a function
-#: answering ``{<part> = {<hook> = true, ...}, ...}``, every hook a part defines, so a script can tell which parts to
-#: load: a table built only by a call that asks), and
+#: part's ``fields`` in part order), ``JOB_FIELD_AT`` (field -> its index there), ``has_hook(name, hook)`` (does
+#: part ``name`` define ``hook``: from every hook the parts define, so a script can tell which parts to load, answered
+#: by string compares with no table built), and
 #: ``JOB_PARTS``, ``{name, index of its first field, count}`` per part that
 #: declares any (fetch.lua: a job carrying none of them runs no part).
 _POLICIES = re.compile(r'^--\s*@policies(\s+lazy|\s+fields)?\s*$', re.MULTILINE)
@@ -117,13 +118,13 @@ def source(name: str, lean: bool = False) -> str:
             return read(target, seen + (rel,))
 
         def lazy(part: str) -> str:
-            # Inside its loader a part sees what was included before it, and its own includes are its own.
+            # Inside its branch a part sees what was included before it, and its own includes are its own.
             scope.append(set(scope[-1]))
             try:
                 body = read(f'policies/{part}', seen + (rel,))
             finally:
                 scope.pop()
-            return f'PARTS[{part[:-4]!r}] = function()\n{body}\nend'
+            return f'name == {part[:-4]!r} then\n{body}\n'
 
         def policies(match: re.Match) -> str:
             parts = sorted(item.name for item in root.joinpath('policies').iterdir() if item.name.endswith('.lua'))
@@ -133,11 +134,20 @@ def source(name: str, lean: bool = False) -> str:
                 by_part: dict[str, list[str]] = {}
                 for name, hook in found:
                     by_part.setdefault(name, []).append(hook)
-                table = ', '.join(f"{name} = {{{', '.join(f'{hook} = true' for hook in hooks)}}}"
-                                  for name, hooks in by_part.items())
-                return _fields_source(part_fields(root)) + f"\nlocal function part_hooks() return {{{table}}} end"
+                # Compares of interned strings, no table: a call asks a few times, and building a table of every
+                # part's hooks cost a capped fetch about 7 us of server time.
+                chain = '\n'.join(
+                    f"  {'if' if n == 0 else 'elseif'} name == '{name}' then\n"
+                    f"    return {' or '.join(f'hook == {hook!r}' for hook in hooks)}"
+                    for n, (name, hooks) in enumerate(by_part.items()))
+                return (_fields_source(part_fields(root)) + "\nlocal function has_hook(name, hook)\n"
+                        + (chain + '\n  end\n' if chain else '') + "  return false\nend")
             if match.group(1):
-                return '\n'.join(lazy(part) for part in parts)
+                # One loader, a branch per part: no table and no closure per part made on each call that loads any.
+                if not parts:
+                    return 'local function load_part(name) end'
+                return ('local function load_part(name)\n  if '
+                        + '  elseif '.join(lazy(part) for part in parts) + '  end\nend')
             return '\n'.join(read(f'policies/{part}', seen + (rel,)) for part in parts)
 
         text = _INCLUDE.sub(include, text)

@@ -21,7 +21,9 @@ as it did in INFO commandstats' mean), rounds interleaved, the medians of the ro
 * ``floor: the 4 commands alone``: a script that runs only the uncapped fetch's EXISTS, LMOVE, HGETALL and SET and
   answers the same reply, no other Lua: what any script doing that work costs on this server;
 * with ``--baseline PATH`` (a checkout of another revision, e.g. ``git worktree add /tmp/base main``), that
-  checkout's fetch script and call, uncapped and capped, timed in the same rounds: the before and after of a change.
+  checkout's fetch script and call, uncapped and capped, timed in the same rounds: the before and after of a change;
+  and then both scripts call by call in turn on one queue, each call's CPU read inside the script (``os.clock``):
+  the per-pair differences show a change of a few us on a machine whose rounds move by tens.
 
 Then the commands the real fetch runs per call (INFO commandstats' inner calls), and stock rq's fetch for scale: LMOVE
 onto the intermediate list and the job's HGETALL, as its worker sends them (our fetch reads the job hash inside the
@@ -179,6 +181,49 @@ def cpu_per_call(conn: Redis, label: str, calls: int, send) -> float:
         conn.config_set('slowlog-log-slower-than', 0)
 
 
+#: The script's own CPU time, read with ``os.clock`` (the server process's CPU clock, which Lua scripts may read) at its
+#: first line and where it builds a taken job's reply, sent back as the reply's last field: :func:`paired`.
+_CLOCK_START = 'local rcall = redis.call\n'
+_CLOCK_REPLIES = ("local reply = {'queue', i, 'job', jid, 'holds', {}, 'hash', hash}",
+                  "local reply = {'queue', i, 'job', jid, 'holds', holds, 'hash', hash}")
+
+
+def clocked(source: str) -> str:
+    """``source`` answering, after a taken job's fields, ``'cpu'`` and the CPU seconds its call took so far."""
+    if _CLOCK_START not in source or not any(reply in source for reply in _CLOCK_REPLIES):
+        raise RuntimeError('fetch.lua changed shape: the paired comparison could not place its clock')
+    source = source.replace(_CLOCK_START, 'local __clock = os.clock()\n' + _CLOCK_START, 1)
+    for reply in _CLOCK_REPLIES:
+        source = source.replace(reply, reply[:-1] + ", 'cpu', tostring(os.clock() - __clock)}")
+    return source
+
+
+def paired(conn: Redis, opts: argparse.Namespace, base_source: str) -> list[tuple[str, float, float, list[float]]]:
+    """This fetch against the baseline's, call by call: one queue of twice ``--calls`` jobs popped by the two scripts
+    in turn (this one, then the baseline's, each with a fresh claim token), each call's CPU read inside the script by
+    ``os.clock``. The machine's slow drifts (another process, the host's other tenants) hit both halves of a pair
+    alike, so the per-pair differences show a change of a few us that interleaved rounds of SLOWLOG medians cannot.
+    Returns (variant, this us, baseline us, the per-pair differences) for the uncapped, capped and Loner-job fetch."""
+    ours_sha, base_sha = conn.script_load(clocked(scripts.source('fetch'))), conn.script_load(clocked(base_source))
+    rows = []
+    for label in ('fetch', 'fetch, capped', 'fetch, Loner job'):
+        this, base, diffs = [], [], []
+        for r in range(opts.rounds):
+            ours = our_calls(2 * opts.calls, 1000 + r)
+            theirs = baseline_calls(opts.baseline, 2 * opts.calls, 1000 + r)[1]
+            prepare(conn, label, 2 * opts.calls)
+            for i in range(opts.calls):
+                spent = []
+                for sha, (keys_, argv) in ((ours_sha, ours[2 * i]), (base_sha, theirs[2 * i + 1])):
+                    reply = conn.evalsha(sha, len(keys_), *keys_, *argv)
+                    spent.append(float(reply[reply.index(b'cpu') + 1]) * 1e6)
+                this.append(spent[0])
+                base.append(spent[1])
+                diffs.append(spent[1] - spent[0])
+        rows.append((label, statistics.median(this), statistics.median(base), diffs))
+    return rows
+
+
 def durations(conn: Redis, calls: int) -> dict[bytes, list[int]]:
     """The SLOWLOG's durations (us) since its reset, by command name."""
     found: dict[bytes, list[int]] = {}
@@ -251,6 +296,7 @@ def main() -> int:
                         for keys_, argv in calls[:opts.calls]:
                             conn.evalsha(sha, len(keys_), *keys_, *argv)
                     cpu[label].append(cpu_per_call(conn, label, opts.calls, send))
+        paired_rows = paired(conn, opts, base_source) if base_source is not None else []
         for name, value in kept.items():
             conn.config_set(name, value)
         conn.slowlog_reset()
@@ -268,6 +314,12 @@ def main() -> int:
             pairs = [b / a for a, b in zip(samples[label], samples[f'baseline: {label}'])]
             print(f'{label}: baseline / this, per round: median x{statistics.median(pairs):.2f} '
                   f'({min(pairs):.2f}..{max(pairs):.2f})')
+    if paired_rows:
+        print(f'\nthis fetch against the baseline\'s, call by call (the script\'s own CPU by os.clock, {opts.calls} '
+              f'pairs a round, {opts.rounds} rounds; us, 1 us steps)')
+        print(f'{"variant":34} {"this":>8} {"baseline":>9} {"baseline - this, median (mean)":>32}')
+        for label, this, base, diffs in paired_rows:
+            print(f'{label:34} {this:8.1f} {base:9.1f} {statistics.median(diffs):22.1f} ({statistics.mean(diffs):.1f})')
     print(f'\nthe server process\'s CPU per fetched job (INFO cpu: the commands, the script and each round trip\'s '
           f'reading, parsing and replying; SLOWLOG off), {opts.calls} calls a round')
     print(f'{"variant":34} {"CPU us/fetch":>15} {"range":>17} {"x stock, per round (range)":>27}  target')

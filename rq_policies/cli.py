@@ -202,14 +202,44 @@ def _print_info(found: state.Survey, digests: bool = False, width: int = 40) -> 
 # -- reset ----------------------------------------------------------------------------------------------------------
 
 
+#: Every command that writes a setting (or resets an identity) can wait for replicas to have the write
+#: (:func:`rq_policies.replicas.wait_for_replicas`): "set" then means "on N replicas too", so a failover right after
+#: does not bring the old value back.
+_WAIT_OPTIONS = (
+    views.Option('--wait-replicas', 'wait_replicas',
+                 "After the write, wait until N replicas have it (WAIT, on a cluster the prefix slot's primary's); "
+                 'fewer within --wait-timeout: exit 1, naming how many did (the write stays).',
+                 kind=views.Digits('a positive integer', 1)),
+    views.Option('--wait-timeout', 'wait_timeout', 'The most milliseconds --wait-replicas waits (default 1000).',
+                 default=1000, kind=views.Digits('a positive integer of milliseconds', 1, 2**31 - 1)),
+)
+
+
+def _wait_replicas(conn: Any, values: dict[str, Any]) -> None:
+    """After a write: ``--wait-replicas`` (when given) waits, and says on stderr how many replicas have it."""
+    wanted = values.get('wait_replicas')
+    if wanted is None:
+        return
+    timeout = values.get('wait_timeout') or 1000
+    got = replicas.wait_for_replicas(conn, wanted, timeout)
+    if got < wanted:
+        raise CommandError(f'written, but {got} of {wanted} replica(s) had it within {timeout} ms '
+                           '(--wait-replicas): a failover now could bring the old value back')
+    click.echo(f'On {got} replica(s).', err=True)
+
+
 @main.command()
 @click.argument('queue')
 @click.argument('function')
 @click.argument('args', nargs=-1)
 @click.option('--kwarg', 'kwargs', multiple=True, metavar='KEY=VALUE', help='A keyword argument (parsed as ARGS).')
+@click.option(_WAIT_OPTIONS[0].flag, _WAIT_OPTIONS[0].dest, help=_WAIT_OPTIONS[0].help,
+              type=Digits('a positive integer', 1))
+@click.option(_WAIT_OPTIONS[1].flag, _WAIT_OPTIONS[1].dest, help=_WAIT_OPTIONS[1].help, default=1000,
+              type=Digits('a positive integer of milliseconds', 1, 2**31 - 1))
 @pass_cli_config
 def reset(cli_config: Any, queue: str, function: str, args: tuple[str, ...], kwargs: tuple[str, ...],
-          **options: Any) -> None:
+          wait_replicas: int | None, wait_timeout: int, **options: Any) -> None:
     """Clear one identity's state on QUEUE: loner marker, throttle slots, pending trailing and debounce state.
 
     FUNCTION is the job function's import path; ARGS are its positional arguments, each read as a JSON literal
@@ -234,6 +264,7 @@ def reset(cli_config: Any, queue: str, function: str, args: tuple[str, ...], kwa
     click.echo(f'Identity {_short(result["digest"])} of {func_name} on {queue!r}: '
                + (f'removed {removed} key(s)' if removed else 'nothing to clear')
                + ' (loner marker, throttle slots, pending trailing and debounced jobs; queued jobs are left alone).')
+    _wait_replicas(conn, {'wait_replicas': wait_replicas, 'wait_timeout': wait_timeout})
 
 
 def _resolve(function: str) -> tuple[str, Any, Any]:
@@ -418,6 +449,8 @@ def _setting(view: views.Setting) -> click.Command:
         mode = 'clear' if clear else 'status' if value is None else 'set'
         if view.prepare is not None:
             values = dict(view.prepare(values, mode))
+        if mode == 'status' and values.get('wait_replicas') is not None:
+            raise views.UsageError('--wait-replicas waits for a write; reading the setting writes nothing')
         conn = _connect(cli_config)
         if mode == 'status':
             _echo(view.status(conn, values))
@@ -425,12 +458,14 @@ def _setting(view: views.Setting) -> click.Command:
         if view.force_help is not None:
             _require_known(conn, values[view.targets[0].name], values.get('force') or clear, command=view.name)
         _echo((view.clear if clear else view.set)(conn, values))
+        _wait_replicas(conn, values)
 
     def callback(cli_config: Any, **values: Any) -> None:
         values.setdefault('as_json', False)
         _refusals(body)(cli_config, values)
 
     options = list(view.options) + [views.Option('--clear', 'clear', view.clear_help, is_flag=True)]
+    options += _WAIT_OPTIONS
     if view.force_help is not None:
         options.append(views.Option('--force', 'force', view.force_help, is_flag=True))
     if view.json_help is not None:

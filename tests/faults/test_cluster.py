@@ -264,8 +264,9 @@ def test_the_cli_and_rq_s_worker_command_take_rq_s_connection_class_option(clust
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout)['queues']['cli']
     assert info['capacity'] == 2 and info['loner']['waiting'] == 1
-    out = run('cap', 'cli', '3')
+    out = run('cap', 'cli', '3', '--wait-replicas', '1', '--wait-timeout', '5000')
     assert out.returncode == 0 and 'capped at 3 (was 2)' in out.stdout, out.stderr
+    assert 'On 1 replica(s).' in out.stderr  # the slot's primary has one replica, which has the write
     assert QueueSlot.get('cli', connection=cluster).capacity == 3
     out = run('explain', job.id)
     assert out.returncode == 0 and 'queue_slot queue cap 3' in out.stdout, out.stderr

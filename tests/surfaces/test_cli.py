@@ -36,6 +36,23 @@ def test_cap_set_show_and_clear(connection, env, redis_url):
     assert QueueSlot.get('imports', connection=connection) is None
 
 
+def test_wait_replicas_after_a_write_names_how_many_had_it(connection, env, redis_url):
+    # The session's server has no replica: the write is made, then the command says that none had it (exit 1).
+    PolicyQueue('imports', connection=connection).enqueue(jobs.plain, 1)
+    result = run('cap', 'imports', '3', '--wait-replicas', '1', '--wait-timeout', '50', env=env, url=redis_url)
+    assert result.returncode == 1 and 'capped at 3' in result.stdout, (result.stdout, result.stderr)
+    assert_one_line_error(result, '0 of 1 replica(s)')
+    assert QueueSlot.get('imports', connection=connection) == Cap(3)  # the write stays
+    result = run('reset', 'imports', 'tests.helpers.jobs.plain', '1', '--wait-replicas', '1', '--wait-timeout', '50',
+                 env=env, url=redis_url)
+    assert result.returncode == 1 and 'Identity ' in result.stdout, (result.stdout, result.stderr)
+    assert_one_line_error(result, '0 of 1 replica(s)')
+    # Reading a setting writes nothing to wait for: refused before anything is read.
+    result = run('cap', 'imports', '--wait-replicas', '1', env=env, url=redis_url)
+    assert result.returncode == 2
+    assert_one_line_error(result, '--wait-replicas')
+
+
 def test_connection_from_rq_env_vars_and_config_module(connection, env, redis_url, tmp_path):
     PolicyQueue('imports', connection=connection).enqueue(jobs.plain, 1)
     with_env = dict(env, RQ_REDIS_URL=redis_url)

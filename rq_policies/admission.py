@@ -543,8 +543,29 @@ def release(connection: Any, job_prefix: str, job_ids: list[str]) -> None:
         cls.release(connection, job_prefix, job_ids)
 
 
-def ended(pipeline: Any, job_prefix: str, job_id: str) -> None:
+def ended(pipeline: Any, job_prefix: str, job_id: str, ending: tuple[str, ...] | None = None) -> None:
     """A job ended for good (finished, failed with no retry left, stopped): every admission policy frees what it held
-    while it ran, on ``pipeline``, the one that records the ending (the worker's ``cleanup_execution``)."""
+    while it ran, on ``pipeline``, the one that records the ending (the worker's ``cleanup_execution``).
+
+    ``ending``: the policies that may have something to free for this job (:func:`ending`, from the hash its fetch
+    read); None (unknown): every one."""
     for cls in registered(ADMISSION):
-        cls.ended(pipeline, job_prefix, job_id)
+        if ending is None or cls.name in ending:
+            cls.ended(pipeline, job_prefix, job_id)
+
+
+def ending(raw: Any) -> tuple[str, ...]:
+    """The admission policies whose ``ended`` may have something to free for the job whose hash (as its fetch read
+    it: field -> value, bytes, or str from a client that decodes replies) is ``raw``: those without ``ended_when``,
+    and those whose ``(field, value)`` the hash holds. The only ones its end-of-run pipeline runs: a job under none
+    ends with no script of ours in that pipeline."""
+    found = []
+    for cls in registered(ADMISSION):
+        when = cls.ended_when
+        if when is not None:
+            field, value = when
+            held = raw.get(field.encode(), raw.get(field))
+            if held != value.encode() and held != value:
+                continue
+        found.append(cls.name)
+    return tuple(found)

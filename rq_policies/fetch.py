@@ -27,6 +27,7 @@ from rq.registry import DeferredJobRegistry, ScheduledJobRegistry
 from rq.scheduler import RQScheduler
 
 from . import compat, keys, ledger
+from .admission import ending as admission_ending
 from .compat import SCHEDULER_RATE_LIMITS
 from .ledger import Hold
 from .ops import Call, pack, text
@@ -82,6 +83,9 @@ class Claim:
     #: The job hash as the fetch read it (HGETALL), for building the job without reading it again; None when the
     #: reply carried none (a replay).
     raw: dict[Any, Any] | None = field(default=None, repr=False, compare=False)
+    #: The admission policies whose end-of-run release may have work for this job (``admission.ending``, read from
+    #: ``raw``); None when unknown (a replay): the end of its run then runs every one.
+    ending: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
 
     @property
     def token(self) -> str | None:
@@ -506,6 +510,8 @@ def dequeue(
             queue = queues[names.index(found.queue_name)]
             try:
                 job = _job(job_class, found, connection, serializer)
+                if found.raw:
+                    found.ending = admission_ending(found.raw)
                 found.raw = None  # read: the claim travels on (to the hold guard's slot) without the job's data
             except _UNREACHABLE:
                 raise  # the claim stands: the next fetch replays it (resume_token) and reads the job again

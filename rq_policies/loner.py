@@ -158,6 +158,10 @@ class Loner(AdmissionPolicy):
             fields += [TTL_FIELD, repr(self.ttl)]
         return fields
 
+    #: Only a job held until it ends has a marker to free then: until='started' freed it in the fetch that took the
+    #: job (lua/policies/loner.lua's taken), and a job without the field holds none.
+    ended_when = (UNTIL_FIELD, 'finished')
+
     @classmethod
     def ended(cls, pipeline: Any, job_prefix: str, job_id: str) -> None:
         _release_call(job_prefix, [job_id]).arg('ended', True).run(pipeline)

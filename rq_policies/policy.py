@@ -316,6 +316,11 @@ class AdmissionPolicy(Policy):
     kind: ClassVar[str] = ADMISSION
     #: The job is written as a scheduled one even without a time (the policy's part sets the time).
     schedules: ClassVar[bool] = False
+    #: ``(field, value)``: :meth:`ended` has something to free only for a job whose hash, as the fetch that took it
+    #: read it, holds ``field`` set to ``value``; the worker's end-of-run pipeline leaves the policy out for any other
+    #: job (``admission.ending``). None (the default): :meth:`ended` runs at the end of every job's run. A replayed
+    #: fetch, which reads no hash, runs every policy's.
+    ended_when: ClassVar[tuple[str, str] | None] = None
 
     @property
     def probes(self) -> bool:

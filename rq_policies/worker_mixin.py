@@ -105,6 +105,9 @@ class PolicyWorkerMixin:
         self._policy_fetcher = WakeFetcher(self.hold_ttl)
         self._pending_releases: list[Claim] = []  # finished claims whose hold is not released yet
         self._running_claim: Claim | None = None  # the claim of the job executing now
+        #: The job executing now and the admission policies its end-of-run release runs (``Claim.ending``): None when
+        #: unknown (every one runs).
+        self._running_ending: tuple[str, tuple[str, ...] | None] | None = None
         # evicted_keys, read on heartbeats: a rise while the worker runs is logged once
         self._evictions = health.EvictionWatch(self.log, self.eviction_watch_seconds)  # type: ignore[attr-defined]
 
@@ -187,10 +190,14 @@ class PolicyWorkerMixin:
         super().cleanup_execution(job, pipeline, *args, **kwargs)  # type: ignore[misc]
         execute = pipeline.execute
         prefix, job_id = job.redis_job_namespace_prefix, job.id
+        # Only the policies that may hold something of this job until its end (read from its hash at the fetch): a
+        # job under none ends with no script of ours. Unknown (a replayed fetch, another job's claim): all of them.
+        running = self._running_ending
+        ending = running[1] if running is not None and running[0] == job_id else None
 
         def execute_last(*args: Any, **kwargs: Any) -> Any:
             pipeline.execute = execute  # once: a pipeline retried after a WatchError comes back through here
-            admission.ended(pipeline, prefix, job_id)
+            admission.ended(pipeline, prefix, job_id, ending)
             return execute(*args, **kwargs)
 
         pipeline.execute = execute_last
@@ -198,6 +205,8 @@ class PolicyWorkerMixin:
     # -- the hold's life ------------------------------------------------------------------------------------------
 
     def execute_job(self, job: Any, queue: Any) -> Any:
+        fetched = self._policy_fetcher.claim
+        self._running_ending = (job.id, fetched.ending if fetched is not None and fetched.job_id == job.id else None)
         claim = self._take_claim(job)
         self._running_claim = claim  # a forked work horse inherits it (see PolicyWorker.main_work_horse)
         try:
@@ -219,6 +228,7 @@ class PolicyWorkerMixin:
             raise
         finally:
             self._running_claim = None
+            self._running_ending = None
         # Every other path (success, failure, retry, timeout, stop-job command, killed work horse, warm shutdown)
         # returns here after the job has ended. The release waits for the next heartbeat without a pipeline, which
         # the work loop sends right after this; rq's own heartbeats *during* the job never carry it.

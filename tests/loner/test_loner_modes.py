@@ -18,6 +18,7 @@ from rq_policies import (
     PolicyJob,
     PolicyQueue,
     PolicySet,
+    PolicySimpleWorker,
     Throttle,
     explain,
     keys,
@@ -26,7 +27,7 @@ from rq_policies import (
     state,
 )
 from rq_policies.compat import KEY_PREFIX as RQ
-from tests.helpers import lock_jobs
+from tests.helpers import jobs, lock_jobs
 from tests.helpers.workers import output, race, start_worker, stop, wait_for
 
 
@@ -399,3 +400,29 @@ def test_replace_rewrites_the_per_key_policy_key_derived_from_the_call(connectio
     again = q.enqueue(lock_jobs.replaced, 'acme', 'tenant-2', policy=spec)
     assert again.id == first.id and Job.fetch(first.id, connection=connection).args == ('acme', 'tenant-2')
     assert connection.hget(first.key, field).decode().endswith(':tenant-2')
+
+
+def test_the_end_of_a_run_releases_only_what_the_job_could_hold_until_then(connection, monkeypatch):
+    """The end-of-run pipeline asks an admission policy to free what the job held only when the hash the fetch read
+    says it may hold something until then: a job with no policy, or held until it started, ends with no script of
+    ours; one held until it finished frees its identity in that pipeline (the forking tests above, on every ending)."""
+    released = []
+    real = Loner.ended.__func__
+
+    def spy(cls, pipeline, job_prefix, job_id):
+        released.append(job_id)
+        return real(cls, pipeline, job_prefix, job_id)
+
+    monkeypatch.setattr(Loner, 'ended', classmethod(spy))
+    q = PolicyQueue('ends', connection=connection)
+    plain = q.enqueue(jobs.plain, 0)
+    started = q.enqueue(jobs.plain, 1, policy=Loner())
+    finished = q.enqueue(jobs.plain, 2, policy=Loner(until='finished'))
+    connection.config_resetstat()
+    PolicySimpleWorker([q], connection=connection).work(burst=True)
+    assert [Job.fetch(job.id, connection=connection).get_status() for job in (plain, started, finished)] == \
+        [JobStatus.FINISHED] * 3
+    assert released == [finished.id]
+    assert connection.info('commandstats')['cmdstat_hmget']['calls'] == 1  # release_markers' read of that job only
+    assert q.enqueue(jobs.plain, 1, policy=Loner()) is not None  # both identities are free again
+    assert q.enqueue(jobs.plain, 2, policy=Loner(until='finished')) is not None

@@ -527,12 +527,7 @@ def test_an_identity_s_keys_are_scanned_on_the_prefix_slot_s_node_only(cluster, 
     digest = identity.digest(identity.func_path(job), 'ids', job.args, job.kwargs)
     owner, _ = valkey_cluster.owner_of(keys.PREFIX)
     others = [node.port for node in valkey_cluster.nodes if node.port != owner.port]
-    for port in valkey_cluster.ports:
-        node = valkey_cluster.node_client(port)
-        try:
-            node.config_resetstat()
-        finally:
-            node.close()
+    valkey_cluster.reset_stats()
     found = state.identity_keys(cluster, 'ids', digest)
     assert any(key.startswith(keys.PREFIX + 'loner:') for key in found), found
     assert state.reset_digest(cluster, 'ids', digest) >= 1

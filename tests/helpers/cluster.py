@@ -108,6 +108,15 @@ class ValkeyCluster:
     def node_client(self, port: int) -> Redis:
         return Redis(host='127.0.0.1', port=port, socket_timeout=5, decode_responses=True)
 
+    def reset_stats(self) -> None:
+        """CONFIG RESETSTAT on every node: each node's command counters start from zero."""
+        for port in self.ports:
+            client = self.node_client(port)
+            try:
+                client.config_resetstat()
+            finally:
+                client.close()
+
     def start(self, timeout: float = 30.0) -> ValkeyCluster:
         try:
             self._start(timeout)

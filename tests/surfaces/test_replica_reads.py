@@ -118,15 +118,6 @@ def replicated(replica_cluster, primary) -> None:
         c.close()
 
 
-def reset_stats(replica_cluster) -> None:
-    for port in replica_cluster.ports:
-        c = replica_cluster.node_client(port)
-        try:
-            c.config_resetstat()
-        finally:
-            c.close()
-
-
 def reads_on(replica_cluster, node) -> dict[str, int]:
     """Calls of each keyed read command on ``node`` since the last reset."""
     c = replica_cluster.node_client(node.port)
@@ -212,7 +203,7 @@ class TestOnACluster:
         replicated(replica_cluster, primary)
         url = replica_cluster.url
 
-        reset_stats(replica_cluster)
+        replica_cluster.reset_stats()
         from_replica = cli(env, 'info', '--json', '--read-from-replicas', url=url)
         assert from_replica.returncode == 0, from_replica.stderr
         on_replica, on_primary = reads_on(replica_cluster, replica), reads_on(replica_cluster, primary)
@@ -220,7 +211,7 @@ class TestOnACluster:
             on_replica
         assert on_primary == {}, f'reads reached the primary: {on_primary}'
 
-        reset_stats(replica_cluster)
+        replica_cluster.reset_stats()
         from_primary = cli(env, 'info', '--json', url=url)
         assert from_primary.returncode == 0, from_primary.stderr
         assert reads_on(replica_cluster, replica) == {}  # without the option every read is the primary's
@@ -230,7 +221,7 @@ class TestOnACluster:
         assert shown['policies']['concurrency']['scopes'][SCOPE]['parked'] == 2
         assert steady(shown) == steady(json.loads(from_primary.stdout))
 
-        reset_stats(replica_cluster)
+        replica_cluster.reset_stats()
         explained = cli(env, 'explain', job.id, '--json', '--read-from-replicas', url=url)
         assert explained.returncode == 0, explained.stderr
         assert reads_on(replica_cluster, replica).get('hmget', 0) >= 1
@@ -256,7 +247,7 @@ class TestOnACluster:
             return {(s.name, tuple(sorted(s.labels.items()))): s.value
                     for family in text_string_to_metric_families(text) for s in family.samples}
 
-        reset_stats(replica_cluster)
+        replica_cluster.reset_stats()
         reading = PolicyCollector(cluster, read_from_replicas=True)
         try:
             from_replica = samples(reading)
@@ -280,7 +271,7 @@ class TestOnACluster:
             deadline = time.monotonic() + 30
             while body is None:
                 try:
-                    reset_stats(replica_cluster)
+                    replica_cluster.reset_stats()
                     with urllib.request.urlopen(f'http://127.0.0.1:{port}/metrics', timeout=5) as response:
                         body = response.read().decode()
                 except OSError:
@@ -306,7 +297,7 @@ class TestOnACluster:
         app = create_app(cluster, allow_actions=True, read_from_replicas=True)
         try:
             c = app.test_client()
-            reset_stats(replica_cluster)
+            replica_cluster.reset_stats()
             shown = c.get('/state.json')
             assert shown.status_code == 200
             assert c.get(f'/job?id={job.id}').status_code == 200
@@ -324,7 +315,7 @@ class TestOnACluster:
             c.get('/')
             token = c.get_cookie(CSRF_COOKIE).value
             form = {'csrf': token, 'queue': 'emails', 'policy': 'queue_slot', 'capacity': '5'}
-            reset_stats(replica_cluster)
+            replica_cluster.reset_stats()
             confirm = c.post('/action/configure', data=form)
             assert confirm.status_code == 200 and 'id="confirm"' in confirm.get_data(as_text=True)
             assert reads_on(replica_cluster, replica) == {} and reads_on(replica_cluster, primary) != {}
@@ -332,7 +323,7 @@ class TestOnACluster:
             assert done.status_code == 200 and 'id="action-done"' in done.get_data(as_text=True)
             assert _on_node(replica_cluster, primary, 'hget', keys.CAPACITY, 'emails') == '5'
             form = {'csrf': token, 'policy': 'concurrency', 'scope': SCOPE, 'key': 'acme', 'limit': '3'}
-            reset_stats(replica_cluster)
+            replica_cluster.reset_stats()
             done = c.post('/action/override', data={**form, 'confirmed': 'yes'})
             assert done.status_code == 200 and 'id="action-done"' in done.get_data(as_text=True)
             assert scripts_on(replica_cluster, primary) >= 1 and reads_on(replica_cluster, replica) == {}
@@ -346,7 +337,7 @@ class TestOnACluster:
         try:
             assert replicas.owned(reader, cluster) and replicas.is_replica_reader(reader)
             assert replicas.replica_reader(reader) is reader  # already reading replicas: used as it is
-            reset_stats(replica_cluster)
+            replica_cluster.reset_stats()
             Concurrency.set(SCOPE, 'acme', 3, connection=reader)  # a script
             QueueSlot.set('scripted', 3, connection=reader)  # a pipeline
             reader.set(keys.PREFIX + 'test:written', 'yes')  # a plain write
@@ -354,7 +345,7 @@ class TestOnACluster:
             assert scripts_on(replica_cluster, replica) == 0  # (a script's writes reach a replica as its effects)
             assert _on_node(replica_cluster, primary, 'get', keys.PREFIX + 'test:written') == 'yes'
             replicated(replica_cluster, primary)
-            reset_stats(replica_cluster)
+            replica_cluster.reset_stats()
             assert reader.get(keys.PREFIX + 'test:written') == b'yes'
             assert QueueSlot.get('scripted', connection=reader).capacity == 3
             assert Concurrency.get(SCOPE, 'acme', connection=reader).limit == 3

@@ -387,6 +387,20 @@ def read_records(run_dir: Path):
     return produced, started, ended, popped
 
 
+def last_pops(run_dir: Path) -> dict[str, int]:
+    """Job id -> the pid of the worker that took it last: the pops records a worker writes as it begins a job it
+    fetched (``pops-<pid>.log``, ``['pop', job id, the moment before its fetch]``). The chaos's reading of the claim
+    records, once a tick, misses a claim its worker deleted with its next pipeline in between."""
+    found: dict[str, tuple[float, int]] = {}
+    for path in run_dir.glob('pops-*.log'):
+        pid = int(path.name[len('pops-'):-len('.log')])
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            if rec[1] not in found or rec[2] > found[rec[1]][0]:
+                found[rec[1]] = (rec[2], pid)
+    return {job_id: pid for job_id, (_, pid) in found.items()}
+
+
 class Run:
     """What a check reads: the records, the server, what the chaos did, and the restarts.
 
@@ -402,7 +416,8 @@ class Run:
         self.conn, self.run_dir, self.restarts = conn, run_dir, restarts
         self.produced, self.started, self.ended, self.popped = read_records(run_dir)
         self.horses = json.loads((run_dir / 'horses.json').read_text())  # 'pid-start' -> last seen alive
-        self.takers = chaos.takers if chaos is not None else {}
+        # Who took each job: the claim records the chaos read, and the workers' own pops records (the later word).
+        self.takers = {**(chaos.takers if chaos is not None else {}), **last_pops(run_dir)}
         self.timeline = chaos.timeline if chaos is not None else []  # [epoch s, action, pid]
         self.died = chaos.died if chaos is not None else set()
         self.policy_keys_left = policy_keys_left or []

@@ -202,6 +202,10 @@ def _print_info(found: state.Survey, digests: bool = False, width: int = 40) -> 
 # -- reset ----------------------------------------------------------------------------------------------------------
 
 
+def _click_type(kind: Any) -> Any:
+    return Digits(kind.what, kind.minimum, kind.maximum) if isinstance(kind, views.Digits) else kind
+
+
 #: Every command that writes a setting (or resets an identity) can wait for replicas to have the write
 #: (:func:`rq_policies.replicas.wait_for_replicas`): "set" then means "on N replicas too", so a failover right after
 #: does not bring the old value back.
@@ -220,7 +224,7 @@ def _wait_replicas(conn: Any, values: dict[str, Any]) -> None:
     wanted = values.get('wait_replicas')
     if wanted is None:
         return
-    timeout = values.get('wait_timeout') or 1000
+    timeout = values.get('wait_timeout') or _WAIT_OPTIONS[1].default
     got = replicas.wait_for_replicas(conn, wanted, timeout)
     if got < wanted:
         raise CommandError(f'written, but {got} of {wanted} replica(s) had it within {timeout} ms '
@@ -234,9 +238,9 @@ def _wait_replicas(conn: Any, values: dict[str, Any]) -> None:
 @click.argument('args', nargs=-1)
 @click.option('--kwarg', 'kwargs', multiple=True, metavar='KEY=VALUE', help='A keyword argument (parsed as ARGS).')
 @click.option(_WAIT_OPTIONS[0].flag, _WAIT_OPTIONS[0].dest, help=_WAIT_OPTIONS[0].help,
-              type=Digits('a positive integer', 1))
-@click.option(_WAIT_OPTIONS[1].flag, _WAIT_OPTIONS[1].dest, help=_WAIT_OPTIONS[1].help, default=1000,
-              type=Digits('a positive integer of milliseconds', 1, 2**31 - 1))
+              type=_click_type(_WAIT_OPTIONS[0].kind))
+@click.option(_WAIT_OPTIONS[1].flag, _WAIT_OPTIONS[1].dest, help=_WAIT_OPTIONS[1].help,
+              default=_WAIT_OPTIONS[1].default, type=_click_type(_WAIT_OPTIONS[1].kind))
 @pass_cli_config
 def reset(cli_config: Any, queue: str, function: str, args: tuple[str, ...], kwargs: tuple[str, ...],
           wait_replicas: int | None, wait_timeout: int, **options: Any) -> None:
@@ -376,10 +380,6 @@ def dashboard(cli_config: Any, port: int, host: str, allow_actions: bool, refres
 
 
 # -- the policies' own commands, rendered from what each describes (rq_policies.views) ------------------------------
-
-
-def _click_type(kind: Any) -> Any:
-    return Digits(kind.what, kind.minimum, kind.maximum) if isinstance(kind, views.Digits) else kind
 
 
 def _echo(reply: views.Reply) -> None:

@@ -54,7 +54,9 @@ class Snooze(PolicyError):  # noqa: N818 - raised by a job as a request, not an 
 
     A PolicyWorker serving its queue moves the job back to its queue (its fetch promotes due scheduled jobs; with
     stock workers only, rq's scheduler, ``--with-scheduler``, does)
-    when it is due. The job's meta counts it (``policies_snoozes``); past ``max_snoozes`` the job fails instead.
+    when it is due. It is due at the first whole second of the server's clock at least ``seconds`` from the snooze
+    (rq's scheduled registry scores whole seconds), so a snooze lasts from ``seconds`` to ``seconds`` + 1, never less.
+    The job's meta counts it (``policies_snoozes``); past ``max_snoozes`` the job fails instead.
 
     Attributes:
         seconds: the delay, in seconds (a positive number).

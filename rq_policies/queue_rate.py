@@ -265,8 +265,10 @@ class QueueRate(FetchPolicy, GcraRate):
                     f'{exc.max_snoozes} reached, so it fails'
                 ) from exc
             job.meta[SNOOZES_META] = count
-            # the server's clock, as the fetch that promotes the job reads it: no host clock decides when it is due
-            when = datetime.fromtimestamp(_server_now(queue.connection) + exc.seconds, timezone.utc)
+            # the server's clock, as the fetch that promotes the job reads it: no host clock decides when it is due.
+            # rq's scheduled registry keeps whole seconds (it truncates), so round up: never due before `seconds`.
+            due = math.ceil(_server_now(queue.connection) + exc.seconds)
+            when = datetime.fromtimestamp(due, timezone.utc)
             queue.schedule_job(job, when, pipeline=pipeline)  # saves the job, meta included
             return True
         if isinstance(exc, BackOff) and not exc.key:  # BackOff(key=True) is the per-key policies'

@@ -38,10 +38,11 @@ def back_off_once(key: str, seconds: float) -> None:
 
 
 def snooze_times(key: str, times: int, seconds: float, max_snoozes: int = 100) -> None:
-    """Snooze ``times`` times, then record the start."""
+    """Snooze ``times`` times (each snooze's server time onto ``<key>:snoozed``), then record the start."""
     job = get_current_job()
     _job_conn().rpush(key + ':runs', job.id)
     if job.meta.get(SNOOZES_META, 0) < times:
+        record_start(key + ':snoozed')
         raise Snooze(seconds, max_snoozes=max_snoozes)
     record_start(key)
 

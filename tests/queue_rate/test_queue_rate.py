@@ -271,6 +271,11 @@ def test_snooze_in_a_simple_worker_comes_back_through_the_scheduler(connection):
     # rq's scheduler is not supported on a cluster (docs/cluster.md): there the fetch of a later run promotes the job
     worker.work(burst=True, with_scheduler=not ON_CLUSTER)
     assert job.get_status() == JobStatus.SCHEDULED and job.id in q.scheduled_job_registry
+    # due 2 s after the snooze by the server's clock, never earlier: rq's registry keeps whole seconds, and a score
+    # truncated to them made a snooze up to a second short
+    snoozed_at = starts(connection, 'naps:starts:snoozed')[0]
+    due = connection.zscore(q.scheduled_job_registry.key, job.id)
+    assert snoozed_at + 2 <= due < snoozed_at + 3 + 0.5, (snoozed_at, due)
     assert wait_for(lambda: (worker.work(burst=True, with_scheduler=not ON_CLUSTER), job.get_status())[1]
                     == JobStatus.FINISHED, timeout=10, interval=0.3)
     job.refresh()

@@ -206,6 +206,14 @@ def _click_type(kind: Any) -> Any:
     return Digits(kind.what, kind.minimum, kind.maximum) if isinstance(kind, views.Digits) else kind
 
 
+def _click_option(option: views.Option) -> Any:
+    """A described option (:class:`rq_policies.views.Option`) as click's decorator."""
+    extra = {'is_flag': True} if option.is_flag else {'default': option.default}
+    if option.kind is not None:
+        extra['type'] = _click_type(option.kind)
+    return click.option(option.flag, option.dest, help=option.help, **extra)
+
+
 #: Every command that writes a setting (or resets an identity) can wait for replicas to have the write
 #: (:func:`rq_policies.replicas.wait_for_replicas`): "set" then means "on N replicas too", so a failover right after
 #: does not bring the old value back.
@@ -237,10 +245,8 @@ def _wait_replicas(conn: Any, values: dict[str, Any]) -> None:
 @click.argument('function')
 @click.argument('args', nargs=-1)
 @click.option('--kwarg', 'kwargs', multiple=True, metavar='KEY=VALUE', help='A keyword argument (parsed as ARGS).')
-@click.option(_WAIT_OPTIONS[0].flag, _WAIT_OPTIONS[0].dest, help=_WAIT_OPTIONS[0].help,
-              type=_click_type(_WAIT_OPTIONS[0].kind))
-@click.option(_WAIT_OPTIONS[1].flag, _WAIT_OPTIONS[1].dest, help=_WAIT_OPTIONS[1].help,
-              default=_WAIT_OPTIONS[1].default, type=_click_type(_WAIT_OPTIONS[1].kind))
+@_click_option(_WAIT_OPTIONS[0])
+@_click_option(_WAIT_OPTIONS[1])
 @pass_cli_config
 def reset(cli_config: Any, queue: str, function: str, args: tuple[str, ...], kwargs: tuple[str, ...],
           wait_replicas: int | None, wait_timeout: int, **options: Any) -> None:
@@ -416,10 +422,7 @@ def _parameters(callback: Any, arguments: tuple[views.Argument, ...], options: t
     them (click's decorators apply innermost first)."""
     callback = pass_cli_config(callback)
     for option in reversed(options):
-        extra = {'is_flag': True} if option.is_flag else {'default': option.default}
-        if option.kind is not None:
-            extra['type'] = _click_type(option.kind)
-        callback = click.option(option.flag, option.dest, help=option.help, **extra)(callback)
+        callback = _click_option(option)(callback)
     for argument in reversed(arguments):
         extra = {'metavar': argument.metavar} if argument.metavar else {}
         if argument.kind is not str:

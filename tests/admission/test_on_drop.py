@@ -9,6 +9,7 @@ import pytest
 from rq_policies import DroppedCall, DuplicateJob, Loner, PolicyQueue, PolicySet, Throttle, admission, policy
 from tests.helpers import jobs
 from tests.helpers import throttle_jobs as tj
+from tests.helpers.throttle_helpers import clear_of_a_slot_edge
 
 
 def test_called_with_the_dropped_call_and_the_holder_not_on_admit(connection, monkeypatch):
@@ -49,6 +50,7 @@ def test_a_throttle_drop_and_a_raising_loner_call_it_too(connection):
     hooked = policy(Throttle(3600), on_drop=lambda call, holder: seen.append((call.policy, holder)))(tj.poll_minute)
     try:
         q = PolicyQueue('watched', connection=connection)
+        clear_of_a_slot_edge(connection, 3600)  # the winner and its drop in one slot
         winner = q.enqueue(hooked, 7)
         assert q.enqueue(hooked, 7) is None
         assert seen == [('throttle', winner.id)]

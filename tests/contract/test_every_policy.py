@@ -39,6 +39,7 @@ from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.fetch import Claim, Look, fetch_call, read_reply
 from rq_policies.policy import ADMISSION, FETCH, registered
 from tests.helpers import cases, jobs
+from tests.helpers.throttle_helpers import clear_of_a_slot_edge as clear_of_the_edge
 
 CASES = [
     pytest.param(example, id=repr(example)) for cls in registered(ADMISSION) for example in cases.examples(cls)
@@ -105,16 +106,12 @@ def test_a_replayed_admission_writes_nothing_more(connection, monkeypatch, examp
 
 
 def clear_of_a_slot_edge(conn, example, margin=3.0):
-    """Wait, when ``example`` counts in epoch-aligned slots (``slot`` seconds: Throttle), until the current slot
-    has ``margin`` seconds left: a test that compares two runs' keys must not see the slot (named in its keys) turn
+    """When ``example`` counts in epoch-aligned slots (``slot`` seconds: Throttle), wait until the current slot has
+    ``margin`` seconds left: a test that compares two runs' keys must not see the slot (named in its keys) turn
     between them (Throttle(60) failed so once a minute boundary fell between the two runs)."""
     slot = getattr(example, 'slot', None)
-    if not slot:
-        return
-    seconds, micros = conn.time()
-    left = slot - (seconds + micros / 1e6) % slot
-    if left < margin:
-        time.sleep(left + 0.05)
+    if slot:
+        clear_of_the_edge(conn, slot, margin)
 
 
 def lost_reply_once(monkeypatch):
@@ -350,8 +347,6 @@ def start_then_park(conn, example):
 
 def wait_for_start(conn, job_id, first_token):
     """Fetch (as an idle worker does, each fetch serving the due keys) until ``job_id`` starts; its claim."""
-    import time
-
     deadline = time.monotonic() + 5
     n = 0
     while time.monotonic() < deadline:

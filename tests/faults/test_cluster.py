@@ -34,6 +34,7 @@ from rq_policies import (
 from rq_policies.compat import RQ3
 from tests.helpers import jobs, key_jobs
 from tests.helpers.cluster import ValkeyCluster
+from tests.helpers.throttle_helpers import clear_of_a_slot_edge
 
 pytestmark = [
     pytest.mark.cluster,
@@ -118,6 +119,7 @@ def test_every_door_on_a_cluster(cluster, valkey_cluster):
     assert len(q.enqueue_many([Queue.prepare_data(jobs.plain, (5,)), Queue.prepare_data(jobs.plain, (6,))])) == 2
     held = q.enqueue(jobs.plain, 7, policy=Loner())
     assert held is not None and q.enqueue(jobs.plain, 7, policy=Loner()) is None
+    clear_of_a_slot_edge(cluster, 60)  # the two Throttle(60) enqueues below in one slot
     assert q.enqueue(jobs.plain, 8, policy=Throttle(60)) is not None
     assert q.enqueue(jobs.plain, 8, policy=Throttle(60)) is None
     pending = q.enqueue(jobs.plain, 9, policy=Debounce(30))

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import pytest
 
 from tests.helpers import fair_jobs, jobs, key_jobs
+from tests.helpers.throttle_helpers import clear_of_a_slot_edge
 from tests.helpers.workers import output, start_worker, stop, wait_for
 
 flask = pytest.importorskip('flask', reason="the dashboard needs Flask: pip install 'rq-policies[dashboard]'")
@@ -138,6 +139,7 @@ def test_rates_and_backoff(connection):
 def test_identity_panels_link_to_their_jobs(connection):
     q = PolicyQueue('ids', connection=connection)
     marker = q.enqueue(jobs.sweep_cache, 1, policy=Loner())
+    clear_of_a_slot_edge(connection, 60)  # the window and its trailing job in one slot
     window = q.enqueue(jobs.plain, 2, policy=Throttle(60, trailing=True))
     trailing = q.enqueue(jobs.plain, 2, policy=Throttle(60, trailing=True))
     debounced = q.enqueue(jobs.sync_account, 3, policy=Debounce(30))

@@ -31,8 +31,21 @@ from rq_policies import (
 from rq_policies.compat import KEY_PREFIX as RQ
 from tests.helpers import jobs
 from tests.helpers import throttle_jobs as tj
-from tests.helpers.throttle_helpers import WorkerProcess, ran, server_now, wait_for_phase, wait_for_runs
+from tests.helpers.throttle_helpers import (
+    WorkerProcess,
+    clear_of_a_slot_edge,
+    ran,
+    server_now,
+    wait_for_phase,
+    wait_for_runs,
+)
 from tests.helpers.workers import race
+
+
+@pytest.fixture
+def clear_of_a_minute_edge(connection):
+    """The tests of ``tj.poll_minute`` (Throttle(60)) expect one slot from their first enqueue to their last."""
+    clear_of_a_slot_edge(connection, 60)
 
 
 def slot_keys(conn) -> list[str]:
@@ -126,6 +139,7 @@ def test_check_and_reset_scripts_direct(connection):
     assert removed == 3 and all(keys.is_drop_counter(k.decode()) for k in connection.keys('*'))
 
 
+@pytest.mark.usefixtures('clear_of_a_minute_edge')
 def test_admit_warns_once_when_the_job_s_function_cannot_be_imported(connection, caplog):
     """Throttle.admit reads the declared unique_context; an unimportable path used to be swallowed in silence."""
     from rq_policies import queue as queue_module
@@ -139,6 +153,7 @@ def test_admit_warns_once_when_the_job_s_function_cannot_be_imported(connection,
     assert [r.levelno for r in caplog.records if path in r.getMessage()] == [logging.WARNING]
 
 
+@pytest.mark.usefixtures('clear_of_a_minute_edge')
 def test_admit_outcome_and_replay(connection):
     q = PolicyQueue('accounts', connection=connection)
     first = q.create_job(tj.poll_minute, args=(7,))
@@ -175,6 +190,7 @@ def test_admit_bad_arguments_write_nothing(connection):
 # -- the leading edge through the queue ------------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures('clear_of_a_minute_edge')
 def test_extra_dropped_logged_and_counted(connection, caplog):
     q = PolicyQueue('accounts', connection=connection)
     first = q.enqueue(tj.poll_minute, 7)
@@ -192,6 +208,7 @@ def test_extra_dropped_logged_and_counted(connection, caplog):
     assert Queue('accounts', connection=connection).job_ids == q.job_ids  # ordinary rq jobs
 
 
+@pytest.mark.usefixtures('clear_of_a_minute_edge')
 def test_replay_with_same_job_id_is_admitted(connection):
     q = PolicyQueue('accounts', connection=connection)
     first = q.enqueue(tj.poll_minute, 7, job_id='poll-7')
@@ -208,6 +225,7 @@ def _reset_elsewhere(url):
     PolicyQueue('accounts', connection=Redis.from_url(url)).reset(tj.poll_minute, 7)
 
 
+@pytest.mark.usefixtures('clear_of_a_minute_edge')
 def test_fast_path_never_decides_on_memory_alone(connection, redis_url):
     q = PolicyQueue('accounts', connection=connection)
     assert q.enqueue(tj.poll_minute, 7) is not None
@@ -272,6 +290,7 @@ def test_no_throttle_key_left_after_a_burst(connection):
     assert connection.info('keyspace').get('db0', {}).get('expires', 0) == 0  # gone from memory, not just hidden
 
 
+@pytest.mark.usefixtures('clear_of_a_minute_edge')
 def test_processes_racing_on_one_slot_make_one_winner(connection, redis_url):
     outcomes = race(redis_url, 'race', lambda q: q.enqueue(tj.poll_minute, 42))
     winners = [o for o in outcomes if o]
@@ -280,6 +299,7 @@ def test_processes_racing_on_one_slot_make_one_winner(connection, redis_url):
     assert connection.hget(keys.DROPS, 'throttle:race') == b'15'
 
 
+@pytest.mark.usefixtures('clear_of_a_minute_edge')
 def test_every_door(connection):
     q = PolicyQueue('doors', connection=connection)
     assert q.enqueue_call(tj.poll_minute, args=(1,)) is not None
@@ -312,6 +332,7 @@ def test_every_door(connection):
     assert q.enqueue(tj.poll_minute, 5, policy=None) is not None  # switched off
 
 
+@pytest.mark.usefixtures('clear_of_a_minute_edge')
 def test_depends_on_winner_is_deferred(connection):
     q = PolicyQueue('deps', connection=connection)
     parent = q.enqueue(jobs.plain, 1)
@@ -323,6 +344,7 @@ def test_depends_on_winner_is_deferred(connection):
     assert Job.fetch(child.id, connection=connection).get_status() == JobStatus.FINISHED
 
 
+@pytest.mark.usefixtures('clear_of_a_minute_edge')
 def test_pipeline_and_bad_calls_write_nothing(connection):
     q = PolicyQueue('q', connection=connection)
     with connection.pipeline() as pipe:
@@ -337,6 +359,7 @@ def test_pipeline_and_bad_calls_write_nothing(connection):
     assert connection.dbsize() == 0
 
 
+@pytest.mark.usefixtures('clear_of_a_minute_edge')
 def test_sync_queue_runs_at_once(connection):
     q = PolicyQueue('sync', connection=connection, is_async=False)
     assert q.enqueue(tj.poll_minute, 1).return_value() == 1
@@ -473,6 +496,7 @@ def test_trailing_latest_wins_run_by_a_scheduler_worker(connection, redis_url, w
 # -- force and reset -------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures('clear_of_a_minute_edge')
 def test_force_takes_the_slot(connection):
     q = PolicyQueue('accounts', connection=connection)
     first = q.enqueue(tj.poll_minute, 7)
@@ -515,6 +539,7 @@ def test_force_with_loner_takes_a_free_marker_only(connection):
     assert forced.id != again.id
 
 
+@pytest.mark.usefixtures('clear_of_a_minute_edge')
 def test_reset_clears_every_policy_state(connection):
     q = PolicyQueue('accounts', connection=connection)
     assert q.reset(tj.poll_minute, 7) == 0

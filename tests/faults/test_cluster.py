@@ -35,6 +35,7 @@ from rq_policies.compat import RQ3
 from tests.helpers import jobs, key_jobs
 from tests.helpers.cluster import ValkeyCluster
 from tests.helpers.throttle_helpers import clear_of_a_slot_edge
+from tests.helpers.wake import WOKEN_WITHIN, cluster_worker, wake_delays
 
 pytestmark = [
     pytest.mark.cluster,
@@ -215,36 +216,21 @@ def test_forking_workers_keep_a_cap_on_a_cluster(cluster, valkey_cluster, cluste
 
 
 @pytest.mark.long
-def test_an_idle_worker_wakes_on_an_enqueue_on_a_cluster(cluster, cluster_env, tmp_path):
+def test_an_idle_worker_wakes_on_an_enqueue_on_a_cluster(cluster, cluster_env, valkey_cluster, tmp_path):
     """The idle wait's pub/sub works on a cluster: the door's SPUBLISH (in its script) reaches the idle worker's
-    SSUBSCRIBE on the slot's primary, so a job starts well before the idle poll would look again
-    (tests/test_sharded_wake.py checks the rest)."""
-    from rq_policies.fetch import IDLE_POLL_SECONDS
-
+    SSUBSCRIBE on the slot's primary, so a job pushed as soon as the worker is subscribed starts well before the idle
+    poll would look again (tests/faults/test_sharded_wake.py checks the rest, with the same timing)."""
     q = PolicyQueue('idle', connection=cluster)
-    spans = tmp_path / 'spans'
-    worker = subprocess.Popen([sys.executable, '-m', 'tests.helpers.cluster_worker', 'PolicyWorker', 'idle'],
-                              env=cluster_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    primary, _ = valkey_cluster.owner_of(keys.PREFIX)
+    owner = valkey_cluster.node_client(primary.port)
+    worker = cluster_worker(cluster_env, 'idle', tmp_path / 'worker.log')
     try:
-        deadline = time.monotonic() + 30
-        while not cluster.scard(f'{keys.KEY_PREFIX}:workers') and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(1.5)  # idle: past its first looks, waiting on the wake-up channel
-        delays = []
-        for i in range(3):
-            sent = time.time()
-            q.enqueue(jobs.span_to_file, str(spans), 0, job_id=f'idle{i}')
-            while time.monotonic() < deadline + 30 and not (spans.exists() and f'idle{i} start' in spans.read_text()):
-                time.sleep(0.01)
-            started = next(float(line.split()[2]) for line in spans.read_text().splitlines()
-                           if line.startswith(f'idle{i} start'))
-            delays.append(started - sent)
-            time.sleep(1.5)
-        assert max(delays) < IDLE_POLL_SECONDS / 2, delays
+        delays = wake_delays(q, owner, tmp_path / 'spans', 'idle', worker)
     finally:
         worker.terminate()
-        out = worker.communicate(timeout=30)[0]
-    assert worker.returncode is not None, out
+        worker.wait(timeout=30)
+        owner.close()
+    assert max(delays) < WOKEN_WITHIN, delays
 
 
 

@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -29,46 +26,8 @@ from rq_policies.compat import RQ3
 from rq_policies.fetch import IDLE_POLL_SECONDS
 from tests.helpers import jobs
 from tests.helpers.cluster import not_on_cluster
+from tests.helpers.wake import ROUNDS, WOKEN_WITHIN, cluster_worker, numsub, wake_delays
 from tests.helpers.workers import output, start_worker, stop, wait_for
-
-#: How many pushes each wake-up test times (each after the worker's subscription is back and it waits again).
-ROUNDS = 3
-#: A push as soon as the worker's subscription is seen, which its once-a-second probe found, starts about 0.85 s or
-#: more after it (the wait began a poll of wait_for before): a start sooner than this was woken. (Half the probe's
-#: period, with the push 0.3 s into the wait, left a probe-found start 0.2 s above the bound and a wake-up 0.2 s for
-#: a loaded machine's fork and start: one that took 0.56 s failed.)
-WOKEN_WITHIN = 0.7 * IDLE_POLL_SECONDS
-
-
-def _numsub(client, channel: str) -> tuple[int, int]:
-    """(shard subscribers, classic subscribers) of ``channel`` on one node."""
-    return client.pubsub_shardnumsub(channel)[0][1], client.pubsub_numsub(channel)[0][1]
-
-
-def _started(spans: Path, job_id: str) -> float | None:
-    if not spans.exists():
-        return None
-    for line in spans.read_text().splitlines():
-        name, kind, at = line.split()
-        if name == job_id and kind == 'start':
-            return float(at)
-    return None
-
-
-def _wake_delays(queue: PolicyQueue, node, spans: Path, tag: str, proc: subprocess.Popen) -> list[float]:
-    """Push ROUNDS jobs, each as soon as the worker is subscribed again (SHARDNUMSUB 1 on ``node``), so that its
-    once-a-second probe would find the job about 0.85-1 s later; each push's delay to its start."""
-    channel = keys.wake(queue.name)
-    delays = []
-    for i in range(ROUNDS):
-        assert wait_for(lambda: _numsub(node, channel)[0] == 1, 30), output(proc)
-        job_id = f'{tag}{i}'
-        sent = time.time()
-        queue.enqueue(jobs.span_to_file, str(spans), 0, job_id=job_id)
-        assert wait_for(lambda: _started(spans, job_id) is not None, 30), output(proc)  # noqa: B023
-        delays.append(_started(spans, job_id) - sent)
-        time.sleep(0.1)  # its subscription was dropped with the claim; the next round waits for it to be back
-    return delays
 
 
 def _cluster_info(client) -> dict[str, int]:
@@ -96,10 +55,10 @@ def test_an_idle_worker_is_woken_by_sharded_pub_sub(connection, redis_url, worke
     spans = tmp_path / 'spans'
     proc = start_worker(redis_url, ['sharded'], worker_env)
     try:
-        assert wait_for(lambda: _numsub(node, channel) == (1, 0), 30), output(proc)
+        assert wait_for(lambda: numsub(node, channel) == (1, 0), 30), output(proc)
         before = {port: _cluster_info(c) for port, c in (others or {}).items()}
         stats = node.info('commandstats')
-        delays = _wake_delays(q, node, spans, 'w', proc)
+        delays = wake_delays(q, node, spans, 'w', proc)
         after_stats = node.info('commandstats')
         after = {port: _cluster_info(c) for port, c in (others or {}).items()}
     finally:
@@ -190,14 +149,6 @@ def on_own_cluster(own_cluster, worker_env):
         own_cluster.flush()
 
 
-def _cluster_worker(env: dict, queue: str, log: Path) -> subprocess.Popen:
-    with open(log, 'w') as out:
-        proc = subprocess.Popen([sys.executable, '-m', 'tests.helpers.cluster_worker', 'PolicyWorker', queue], env=env,
-                                stdout=out, stderr=subprocess.STDOUT)
-    proc.log_path = str(log)  # type: ignore[attr-defined]
-    return proc
-
-
 def _role(valkey_cluster, port: int) -> str:
     client = valkey_cluster.node_client(port)
     try:
@@ -226,13 +177,13 @@ def test_an_idle_worker_is_woken_on_the_new_owner_of_the_slot(own_cluster, on_ow
     while replica is None and time.monotonic() < deadline:  # a node restarted by an earlier test still syncing
         time.sleep(0.1)
         primary, replica = own_cluster.owner_of(keys.PREFIX)
-    proc = _cluster_worker(env, 'moving', tmp_path / 'worker.log')
+    proc = cluster_worker(env, 'moving', tmp_path / 'worker.log')
     old = own_cluster.node_client(primary.port)
     new = None
     try:
-        assert wait_for(lambda: _numsub(old, channel) == (1, 0), 30), output(proc)
-        assert max(_wake_delays(q, old, spans, 'before', proc)) < WOKEN_WITHIN
-        assert wait_for(lambda: _numsub(old, channel)[0] == 1, 30), output(proc)
+        assert wait_for(lambda: numsub(old, channel) == (1, 0), 30), output(proc)
+        assert max(wake_delays(q, old, spans, 'before', proc)) < WOKEN_WITHIN
+        assert wait_for(lambda: numsub(old, channel)[0] == 1, 30), output(proc)
         time.sleep(0.5)  # idle, waiting on the old owner
         moved_at = time.monotonic()
         if how == 'failover':
@@ -247,9 +198,9 @@ def test_an_idle_worker_is_woken_on_the_new_owner_of_the_slot(own_cluster, on_ow
             _migrate_slot(own_cluster, primary, target)
         promoted = time.monotonic() - moved_at
         new = own_cluster.node_client(target.port)
-        assert wait_for(lambda: _numsub(new, channel) == (1, 0), 60), output(proc)
+        assert wait_for(lambda: numsub(new, channel) == (1, 0), 60), output(proc)
         resubscribed = time.monotonic() - moved_at
-        delays = _wake_delays(q, new, spans, 'after', proc)
+        delays = wake_delays(q, new, spans, 'after', proc)
         alive = proc.poll() is None
     finally:
         stop(proc)

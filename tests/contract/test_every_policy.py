@@ -39,7 +39,7 @@ from rq_policies.compat import KEY_PREFIX as RQ
 from rq_policies.fetch import Claim, Look, fetch_call, read_reply
 from rq_policies.policy import ADMISSION, FETCH, registered
 from tests.helpers import cases, jobs
-from tests.helpers.throttle_helpers import clear_of_a_slot_edge as clear_of_the_edge
+from tests.helpers.throttle_helpers import clear_of_a_slot_edge
 
 CASES = [
     pytest.param(example, id=repr(example)) for cls in registered(ADMISSION) for example in cases.examples(cls)
@@ -105,15 +105,6 @@ def test_a_replayed_admission_writes_nothing_more(connection, monkeypatch, examp
     assert shape(connection) == once
 
 
-def clear_of_a_slot_edge(conn, example, margin=3.0):
-    """When ``example`` counts in epoch-aligned slots (``slot`` seconds: Throttle), wait until the current slot has
-    ``margin`` seconds left: a test that compares two runs' keys must not see the slot (named in its keys) turn
-    between them (Throttle(60) failed so once a minute boundary fell between the two runs)."""
-    slot = getattr(example, 'slot', None)
-    if slot:
-        clear_of_the_edge(conn, slot, margin)
-
-
 def lost_reply_once(monkeypatch):
     real_run = ops.Call.run
 
@@ -127,7 +118,7 @@ def lost_reply_once(monkeypatch):
 @pytest.mark.parametrize('example', CASES)
 def test_a_replayed_force_writes_nothing_more(connection, monkeypatch, example):
     q = PolicyQueue('contract', connection=connection)
-    clear_of_a_slot_edge(connection, example)
+    clear_of_a_slot_edge(connection, getattr(example, 'slot', None))  # the two runs in one slot (Throttle)
     assert q.force(jobs.plain, 1, policy=example, job_id='contract-f') is not None
     once = shape(connection)
     connection.flushdb()
@@ -141,7 +132,7 @@ def test_a_replayed_force_writes_nothing_more(connection, monkeypatch, example):
 @pytest.mark.parametrize('example', CASES)
 def test_a_replayed_trailing_or_replacing_call_writes_nothing_more(connection, monkeypatch, example):
     q = PolicyQueue('contract', connection=connection)
-    clear_of_a_slot_edge(connection, example)
+    clear_of_a_slot_edge(connection, getattr(example, 'slot', None))  # the two runs in one slot (Throttle)
     q.enqueue(jobs.plain, 1, policy=example, job_id='contract-0')
     second = q.enqueue(jobs.plain, 1, policy=example, job_id='contract-2')
     once = shape(connection)

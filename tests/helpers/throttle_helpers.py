@@ -16,10 +16,13 @@ from tests.helpers import with_root
 from tests.helpers.records import ran, server_now  # noqa: F401  (re-exported)
 
 
-def clear_of_a_slot_edge(conn: Redis, slot: int, margin: float = 3.0) -> None:
+def clear_of_a_slot_edge(conn: Redis, slot: int | None, margin: float = 3.0) -> None:
     """Wait, if the current epoch-aligned ``slot``-second slot has less than ``margin`` seconds left, until the next
     one starts: a test that enqueues twice and expects the same slot (a winner, then a drop) must not see a boundary
-    fall between the two (a Throttle(60) test failed so, its winner admitted 4 ms before the minute turned)."""
+    fall between the two (a Throttle(60) test failed so, its winner admitted 4 ms before the minute turned). No
+    ``slot`` (a policy that counts in no slots): no wait."""
+    if not slot:
+        return
     left = slot - server_now(conn) % slot
     if left < margin:
         time.sleep(left + 0.05)

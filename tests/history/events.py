@@ -62,7 +62,7 @@ The types, with their own fields (a field not listed is ignored by the checker; 
 
 What each property reads (``tests/history/check.py``):
 
-1. no loss: ``ok`` admitted/replaced/parked/scheduled -> an ``end`` without ``retry``, or ``final`` queued/scheduled/...;
+1. no loss: ``ok`` admitted/replaced/parked/scheduled -> an ``end`` without ``retry``, or a waiting place in ``final``;
 2. no double run: ``start``/``end`` per ``job`` and ``run``, with ``nemesis`` kills and stops and ``exit``;
 3. no phantom: every ``start``'s ``job`` named by an ``ok`` or ``info``;
 4. Loner: ``invoke``/``ok`` with a ``loner`` policy, ``start``/``end`` of the holders;
@@ -86,7 +86,8 @@ OUTCOMES = ('ok', 'failed', 'snoozed', 'backoff', 'stopped', 'timeout')
 
 #: The fields of one resolved policy in ``invoke``/``start`` (``kind`` names it; the rest is per kind).
 POLICY_FIELDS = {
-    'loner': ('identity', 'until', 'on_conflict', 'ttl'),  # until: started | finished; on_conflict: drop | raise | replace
+    # until: started | finished; on_conflict: drop | raise | replace
+    'loner': ('identity', 'until', 'on_conflict', 'ttl'),
     'throttle': ('identity', 'slot', 'trailing'),  # slot: seconds (epoch-aligned)
     'debounce': ('identity', 'wait', 'max_wait'),
     'concurrency': ('key', 'limit', 'cost'),  # limit as declared; ``setting`` key_limit overrides it

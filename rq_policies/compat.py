@@ -150,6 +150,24 @@ def resolve_driver_info_once(connection: Any) -> None:
     kwargs['driver_info'] = DriverInfo()
 
 
+#: Seconds the worker's command-channel thread (rq's ``subscribe``) waits for a message before it looks at its stop
+#: flag. rq starts it with 60: since redis-py 8.2 ``PubSubWorkerThread.stop()`` joins the thread, and rq's
+#: ``unsubscribe`` calls it without a timeout, so a worker's shutdown waited up to 60 s (a burst worker's exit too).
+PUBSUB_WAIT_SECONDS = 1.0
+
+
+def subscribe(worker: Any) -> None:
+    """rq's ``Worker.subscribe`` (the command channel: stop-job, shutdown, kill-horse), with its thread waking every
+    :data:`PUBSUB_WAIT_SECONDS` instead of 60, so ``unsubscribe`` ends within about a second. The exception handler
+    is rq's own (private in rq 2.12 and 3.x)."""
+    worker.log.info('Worker %s: subscribing to channel %s', worker.name, worker.pubsub_channel_name)
+    worker.pubsub = worker.connection.pubsub()
+    worker.pubsub.subscribe(**{worker.pubsub_channel_name: worker.handle_payload})
+    worker.pubsub_thread = worker.pubsub.run_in_thread(
+        sleep_time=PUBSUB_WAIT_SECONDS, daemon=True, exception_handler=worker._pubsub_exception_handler
+    )
+
+
 def adopt_job(job: Any, job_class: type) -> Any:
     """``job`` as an instance of ``job_class`` when it is a plain instance of one of its bases (a stock rq ``Job``
     from ``Job.fetch``, a registry, rq-dashboard or django-rq's admin handed to a PolicyQueue); anything else as it is.

@@ -17,7 +17,7 @@ import redis
 from rq.job import JobStatus
 from rq.queue import Queue
 
-from . import admission, health, keys, ledger, otel, scripts
+from . import admission, compat, health, keys, ledger, otel, scripts
 from .compat import LEGACY_FAILURE, adopt_cluster
 from .exceptions import PolicyError
 from .fetch import Claim, current_fetcher, release_claim
@@ -149,6 +149,11 @@ class PolicyWorkerMixin:
                                      self.max_connection_wait_time)
                     warned = True
                 time.sleep(self.max_connection_wait_time)
+
+    def subscribe(self) -> None:
+        # rq's own, with a thread that looks at its stop flag every second (compat.PUBSUB_WAIT_SECONDS): with
+        # redis-py 8.2, rq's 60 s wait held every shutdown up to a minute.
+        compat.subscribe(self)
 
     def _check_hold_ttl(self, ttl: int, interval: int) -> None:
         if ttl <= interval:

@@ -99,3 +99,23 @@ def test_a_pool_with_its_own_name_version_or_driver_info_is_left_alone(redis_url
     _resolve_driver_info_once(conn)
     assert conn.connection_pool.connection_kwargs == before
     conn.close()
+
+
+@pytest.mark.parametrize('worker_class', ['rq_policies.PolicyWorker', 'rq_policies.PolicySimpleWorker'])
+def test_a_burst_worker_exits_soon_after_its_queue_runs_dry(connection, redis_url, worker_env, worker_class):
+    """rq starts the worker's command-channel thread waiting 60 s per look, and since redis-py 8.2 its shutdown joins
+    that thread: a burst worker with nothing to do took a minute to exit (stock rq too). A PolicyWorker's thread looks
+    every second. The bound leaves room for a loaded machine's start-up (the process alone takes about 1 s); the
+    wait it guards against is 60 s."""
+    import time
+
+    PolicyQueue('dry', connection=connection).enqueue('tests.helpers.jobs.announced')
+    for _ in range(2):
+        began = time.monotonic()
+        proc = start_worker(redis_url, ['dry'], worker_env, worker_class=worker_class, burst=True)
+        try:
+            proc.wait(60)
+        finally:
+            stop(proc)
+        assert proc.returncode == 0, output(proc)
+        assert time.monotonic() - began < 20, output(proc)

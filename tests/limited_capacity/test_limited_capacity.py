@@ -226,7 +226,7 @@ def test_failure_is_logged_released_and_not_re_enqueued(connection, caplog):
 
 @pytest.mark.parametrize('worker_class', [
     'rq_policies.PolicyWorker',
-    pytest.param('rq.worker.Worker', marks=not_on_cluster(
+    pytest.param('tests.helpers.workers.StockWorker', marks=not_on_cluster(
         "rq 3's own Worker does not start on a cluster (it reads connection.connection_pool)")),
 ])
 def test_real_workers_never_exceed_max_and_drain(connection, worker_env, redis_url, worker_class, tmp_path):

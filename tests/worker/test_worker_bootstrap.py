@@ -62,7 +62,7 @@ def _run_in_horse(connection: Redis, redis_url: str, worker_env: dict, worker_cl
 
 def test_a_work_horse_announces_the_same_name_and_version_as_a_stock_one(connection, redis_url, worker_env):
     policy = _run_in_horse(connection, redis_url, worker_env, 'rq_policies.PolicyWorker', 'announce-policy')
-    stock = _run_in_horse(connection, redis_url, worker_env, 'rq.Worker', 'announce-stock')
+    stock = _run_in_horse(connection, redis_url, worker_env, 'tests.helpers.workers.StockWorker', 'announce-stock')
     assert policy == stock
     assert policy == (['redis-py', redis.__version__] if _takes_setinfo(connection) else ['', ''])
 

@@ -49,7 +49,8 @@ def test_identity_is_free_while_the_job_runs(connection, redis_url, worker_env):
 def test_stock_worker_reads_our_jobs_and_the_marker_heals(connection, redis_url, worker_env):
     q = PolicyQueue('stock', connection=connection)
     job = q.enqueue(jobs.record, 'stock', 1)
-    worker = start_worker(redis_url, ['stock'], worker_env, worker_class='rq.Worker', burst=True)
+    worker = start_worker(redis_url, ['stock'], worker_env, worker_class='tests.helpers.workers.StockWorker',
+                          burst=True)
     assert worker.wait(60) == 0, output(worker)
     assert Job.fetch(job.id, connection=connection).get_status() == JobStatus.FINISHED
     # A stock worker does not clear the marker, but its holder no longer waits: the identity is free.

@@ -212,7 +212,9 @@ class Loner(AdmissionPolicy):
             pipe.get(marker)
             pipe.ttl(marker)
             pipe.exists(Worker.redis_worker_namespace_prefix + worker)
-            holder, ttl, worker_alive = pipe.execute()
+            pipe.exists(keys.alive(jid))  # the horse outliving its worker (lua/lib/holder_running.lua reads it too)
+            holder, ttl, worker_alive, horse_alive = pipe.execute()
+        worker_alive = worker_alive or horse_alive
         holder = text(holder) if holder is not None else None
         entry: dict[str, Any] = {'identity': digest, 'until': until, 'marker': marker,
                                  'holder': holder, 'expires_in': ttl if ttl and ttl > 0 else None}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import gc
 import heapq
 import json
 import math
@@ -579,7 +580,7 @@ def build(ix: Index) -> None:
                     break
             if i + 1 < len(worker.runs):
                 bounds_after.append(worker.runs[i + 1].hi)
-            for dead_lo, dead_hi, _ in worker.deaths:
+            for _, dead_hi, _ in worker.deaths:
                 if dead_hi >= run.lo:
                     bounds_after.append(dead_hi + lease)
                     break
@@ -615,3 +616,1233 @@ class Result:
 
 def fmt(t: float | None) -> str:
     return 'never' if t is None or t == INF else f'{t:.3f}'
+
+
+#: At most this many findings of each kind are kept per property (the rest are counted).
+KEEP = 200
+
+
+def add(found: list[Finding], result: Result, what: str, events: list[dict], size: float | None = None) -> None:
+    if len(found) < KEEP:
+        found.append(Finding(what, sorted(events, key=lambda e: e['t']), size))
+    else:
+        result.figures['findings_not_kept'] = result.figures.get('findings_not_kept', 0) + 1
+
+
+def violation(result: Result, what: str, events: list[dict], size: float | None = None) -> None:
+    add(result.violations, result, what, events, size)
+
+
+def lapse(result: Result, what: str, events: list[dict], size: float | None = None) -> None:
+    add(result.lapses, result, what, events, size)
+
+
+def payload_text(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def admitting_ops(ix: Index) -> list[Op]:
+    """The acknowledged admissions, in the order of their invokes."""
+    return [op for op in ix.ops.values() if op.kind == 'ok' and op.verdict in ADMITTING]
+
+
+# -- 1. no loss ------------------------------------------------------------------------------------------------------
+
+def no_loss(ix: Index) -> Result:
+    """Every acknowledged admission (an ``ok`` admitted, replaced, parked or scheduled) reaches an end without a
+    retry, or the ``final`` drain shows its job waiting (queued, scheduled, deferred, parked); a job whose last run
+    has no end record (its process was killed) and that ``final`` shows ended counts as ended. A job a later call
+    deleted by design (its ``ok``'s ``dropped_jobs``: a force's dropped pending job) is not lost. A loss whose
+    admission fell in a SIGKILL failover's lost window is a lapse (docs/guarantees.md)."""
+    result = Result(1, 'no loss')
+    if ix.final is None:
+        result.notes.append('not checked: the history has no final event (the run did not drain)')
+        return result
+    deleted: dict[str, Op] = {}
+    for op in ix.ops.values():
+        if op.kind == 'ok':
+            for job in op.done.get('dropped_jobs') or ():
+                deleted.setdefault(job, op)
+    seen = set()
+    for op in admitting_ops(ix):
+        job = op.job
+        if job in seen:
+            continue
+        seen.add(job)
+        runs = ix.jobs_runs.get(job, [])
+        status = ix.final_status(job)
+        if any(run.end is not None and not run.retry for run in runs) or status in WAITING:
+            continue
+        if runs and runs[-1].end is None and status in ENDED:
+            continue
+        if job in deleted and deleted[job].lo >= op.lo:
+            continue
+        said = (f'its last run {runs[-1].id} ' + ('ended with a retry' if runs[-1].end is not None else 'has no end')
+                if runs else 'it never started')
+        what = f'job {job}: admitted ({op.verdict}) at {fmt(op.hi)}; {said}; final says {status or "nothing"}'
+        evidence = op.events + [e for run in runs[-2:] for e in run.events] + [ix.final]
+        fault = ix.in_failover_window(op.lo, op.hi)
+        if fault is not None:
+            lapse(result, what + f'; admitted in the lost window of {fault.action} at {fmt(fault.lo)}',
+                  evidence + fault.events, 1)
+        else:
+            violation(result, what, evidence)
+    result.figures['acknowledged'] = len(seen)
+    return result
+
+
+# -- 2. no double run ------------------------------------------------------------------------------------------------
+
+def surely_overlap(x: Run, y: Run) -> bool:
+    """Were both runs surely running at one instant, wherever their events fall inside their intervals?"""
+    if x.b is not None and y.b is not None:
+        return max(x.a, y.a) < min(x.b, y.b)
+    for p, q in ((x, y), (y, x)):  # one known only by its start: it started while the other surely ran
+        if p.b is not None and p.a <= lo(q.start) and hi(q.start) <= p.b:
+            return True
+    return False
+
+
+def moved_on(ix: Index, worker: Worker, first: Run, before: float) -> bool:
+    """Had the worker surely finished with ``first`` before ``before`` (a release of it, or a later fetch)?"""
+    done = first.end_hi if first.end is not None else first.a
+    for release in ix.releases.get(first.job, ()):
+        if release['t'] >= first.start['t'] and hi(release) < before:
+            return True
+    return any(run is not first and run.lo > done and run.hi < before for run in worker.runs)
+
+
+def justified(ix: Index, first: Run, second: Run) -> list[dict] | None:
+    """The events that allow ``second`` after ``first`` (a retry, a stop, a death of first's worker), or None."""
+    if first.retry:
+        return first.events
+    if first.end is not None and first.end.get('outcome') == 'stopped':
+        return first.events
+    worker = ix.workers.get(first.worker)
+    if worker is None:
+        return None
+    marks = [(d_lo, d_hi, events) for d_lo, d_hi, events in worker.deaths]
+    marks += [(f.lo, hi(f.begin), f.events) for f in worker.faults]
+    for m_lo, m_hi, events in sorted(marks, key=lambda m: m[0]):
+        if m_lo <= second.hi and m_hi >= first.lo and not moved_on(ix, worker, first, m_lo):
+            return events
+    return None
+
+
+def no_double_run(ix: Index) -> Result:
+    """A job's runs never overlap (both surely running at one instant), and each run after the first follows a
+    first run that ended with ``retry``, or was stopped, or a recorded kill, stop or exit of its worker after it
+    started and before the second run's fetch (while the worker had not yet surely moved on to other work)."""
+    result = Result(2, 'no double run')
+    twice = 0
+    for job, runs in ix.jobs_runs.items():
+        if len(runs) < 2:
+            continue
+        twice += 1
+        for i in range(1, len(runs)):
+            second = runs[i]
+            both = next((first for first in runs[:i] if surely_overlap(first, second)), None)
+            if both is not None:
+                violation(result, f'job {job} ran twice at once: run {both.id} on {both.worker} '
+                                  f'({fmt(both.a)}..{fmt(both.b)}) and run {second.id} on {second.worker} '
+                                  f'from {fmt(second.a)}', both.events + second.events)
+                continue
+            first = runs[i - 1]
+            if justified(ix, first, second) is None:
+                violation(result, f'job {job} ran again: run {second.id} on {second.worker} at '
+                                  f'{fmt(second.start["t"])} after run {first.id} on {first.worker} (started '
+                                  f'{fmt(first.start["t"])}, ' + (f'ended {first.end.get("outcome")} without a retry'
+                                                                   if first.end is not None else 'no end') +
+                                  f'), with no death or stop of {first.worker} between',
+                          first.events + second.events)
+    result.figures['jobs_run_more_than_once'] = twice
+    return result
+
+
+# -- 3. no phantom ---------------------------------------------------------------------------------------------------
+
+def no_phantom(ix: Index) -> Result:
+    """Every run's job was named by a call that admitted it (an ``ok`` with an admitting verdict naming it) or may
+    have (an ``info``: unknown outcome), and no run started before the first such call was invoked."""
+    result = Result(3, 'no phantom')
+    for job, runs in ix.jobs_runs.items():
+        ops = ix.jobs_ops.get(job, [])
+        naming = [op for op in ops if (op.kind == 'ok' and op.verdict in ADMITTING and op.job == job)
+                  or (op.kind == 'info' and op.invoke.get('job') == job)]
+        first = runs[0]
+        if not naming:
+            said = ', '.join(f'{op.kind} {op.verdict or ""}'.strip() for op in ops) or 'no call'
+            violation(result, f'job {job} ran (run {first.id} on {first.worker}) but no call admitted it ({said})',
+                      first.events + [e for op in ops for e in op.events])
+            continue
+        earliest = min(naming, key=lambda op: lo(op.invoke))
+        if first.hi < lo(earliest.invoke):
+            violation(result, f'job {job} started at {fmt(first.start["t"])} before the call that admitted it was '
+                              f'invoked ({fmt(earliest.invoke["t"])})', first.events + earliest.events)
+    result.figures['jobs_that_ran'] = len(ix.jobs_runs)
+    return result
+
+
+# -- 4. Loner --------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Holder:
+    """A job holding a Loner identity: admitted between ``lo`` and ``hi`` (``hi`` INF: only maybe, an info)."""
+
+    job: str
+    ops: list[Op]
+    lo: float = INF
+    hi: float = INF
+    sure_end: float = -INF
+    poss_end: float = INF
+
+
+def death_after(ix: Index, worker_name: str | None, t: float) -> tuple[float, float, list[dict]] | None:
+    worker = ix.workers.get(worker_name)
+    if worker is None:
+        return None
+    return next((d for d in worker.deaths if d[1] >= t), None)
+
+
+def loner_ends(ix: Index, holder: Holder, until: str, ttl: float | None) -> None:
+    """Until when a holder surely held its identity, and until when it may have (docs/loner.md's table)."""
+    runs = ix.jobs_runs.get(holder.job, [])
+    status = ix.final_status(holder.job)
+    if not runs:
+        sure = ix.end if status in WAITING else holder.hi
+        poss = ix.end
+    elif until == 'finished':
+        last = runs[-1]
+        if last.end is not None:
+            sure = ix.end if last.retry and status in WAITING else lo(last.end)
+            poss = last.after
+        else:
+            sure = last.a
+            death = death_after(ix, last.worker, last.lo)
+            poss = death[1] + max(ix.bounds['worker_ttl'], ix.bounds['lease']) if death else ix.end
+    else:
+        sure, poss = runs[0].lo, runs[0].hi
+    if ttl:
+        sure, poss = min(sure, holder.lo + ttl), min(poss, holder.hi + ttl)
+    holder.sure_end, holder.poss_end = sure, poss
+
+
+def check_payloads(ix: Index, result: Result, job: str, applied: list[Op], maybe: list[Op], what: str) -> None:
+    """The job's first run carries the payload of the last call merged into it: ``applied`` are the ``ok`` calls
+    surely merged into it (its admission, the replacing calls), ``maybe`` the calls of its identity whose outcome is
+    unknown. A call is the last unless another surely took effect after it."""
+    runs = ix.jobs_runs.get(job)
+    if not runs or not applied:
+        return
+    run = runs[0]
+    for op in applied:
+        if op.verdict == 'replaced' and op.lo > run.hi:
+            violation(result, f'{what}: job {job} was replaced by call {op.id} after it had started '
+                              f'({fmt(run.start["t"])})', op.events + [run.start])
+    before = [op for op in applied if op.lo <= run.hi]
+    if not before:
+        return
+    latest = max(op.lo for op in before)
+    last = [op for op in before if op.hi >= latest]
+    last += [op for op in maybe if lo(op.invoke) <= run.hi]
+    if payload_text(run.start.get('payload')) not in {payload_text(op.payload) for op in last}:
+        shown = ', '.join(f'{payload_text(op.payload)} (call {op.id})' for op in last[:3])
+        violation(result, f'{what}: job {job} ran payload {payload_text(run.start.get("payload"))}, not the last '
+                          f'one merged into it: {shown}', [e for op in before[-4:] for e in op.events] + [run.start])
+
+
+def loner(ix: Index) -> Result:
+    """Per identity and queue: never two holders alive at once (a holder holds from its admission to its fetch with
+    ``until='started'``, to its last run's end with ``until='finished'``; both surely alive at one instant); every
+    drop or raise by the Loner had a holder that may have been alive at some instant of the call's window (the one
+    it names, when it names one); a ``replace`` never loses the last payload. A second holder admitted after the
+    first's worker froze or died for longer than the lease, or in a SIGKILL failover's lost window, is a lapse."""
+    result = Result(4, 'Loner')
+    groups: dict[tuple, list[Op]] = defaultdict(list)
+    for op in ix.ops.values():
+        policy = op.policy('loner')
+        if policy is not None:
+            groups[(op.queue, policy.get('identity'))].append(op)
+    for (queue, identity), ops in groups.items():
+        policy = ops[0].policy('loner')
+        until, ttl = policy.get('until') or 'started', policy.get('ttl')
+        holders: dict[str, Holder] = {}
+        for op in ops:
+            if op.kind == 'ok' and op.verdict in ('admitted', 'scheduled', 'parked'):
+                holder = holders.setdefault(op.job, Holder(op.job, []))
+                holder.hi = min(holder.hi, op.hi)
+            elif op.kind == 'info' and op.invoke.get('job'):
+                holder = holders.setdefault(op.invoke['job'], Holder(op.invoke['job'], []))
+            else:
+                continue
+            holder.ops.append(op)
+            holder.lo = min(holder.lo, op.lo)
+        for holder in holders.values():
+            loner_ends(ix, holder, until, ttl)
+        # Two holders alive at once: sure intervals [admitted, sure end] that intersect.
+        best: Holder | None = None
+        for holder in sorted((h for h in holders.values() if h.hi < INF), key=lambda h: h.hi):
+            if best is not None and holder.hi < best.sure_end:
+                what = (f'identity {identity} on {queue} ({until}): job {holder.job} admitted at {fmt(holder.hi)} '
+                        f'while job {best.job} held it (admitted {fmt(best.hi)}, held until {fmt(best.sure_end)})')
+                evidence = [e for op in best.ops[:2] + holder.ops[:2] for e in op.events]
+                runs = ix.jobs_runs.get(best.job, [])
+                evidence += [e for run in runs[-1:] for e in run.events]
+                fault = ix.lapse_from(runs[-1], holder.lo) if runs and until == 'finished' else None
+                if fault is not None and holder.lo < fault.lo + max(ix.bounds['worker_ttl'], fault.lease(
+                        ix.bounds['lease'])) * (1 - ix.bounds['refresh_fraction']):
+                    fault = None  # the worker's key holds the identity too (docs/loner.md)
+                fault = fault or ix.in_failover_window(best.lo, best.hi)
+                if fault is not None:
+                    lapse(result, what + f'; after {fault.action} at {fmt(fault.lo)}', evidence + fault.events, 1)
+                else:
+                    violation(result, what, evidence)
+            if best is None or holder.sure_end > best.sure_end:
+                best = holder
+        # Every drop or raise had a live holder.
+        for op in ops:
+            if op.kind != 'ok' or op.verdict not in REFUSING:
+                continue
+            decider = op.done.get('policy')
+            others = {p.get('kind') for p in op.invoke.get('policies') or ()} & {'throttle', 'fair'}
+            if decider not in (None, 'loner') or (decider is None and others):
+                continue
+            named = op.done.get('holder')
+            candidates = [holders[named]] if named in holders else ([] if named else list(holders.values()))
+            if not any(h.lo <= op.hi and h.poss_end >= op.lo for h in candidates):
+                said = f'its holder {named}' if named else 'any holder'
+                if named and named not in holders:
+                    said += ' (never admitted with this identity)'
+                shown = candidates[0] if candidates else None
+                evidence = op.events + ([e for o in shown.ops[:2] for e in o.events] if shown else [])
+                evidence += [e for run in ix.jobs_runs.get(named, [])[:1] for e in run.events]
+                violation(result, f'identity {identity} on {queue}: call {op.id} was {op.verdict} between '
+                                  f'{fmt(op.lo)} and {fmt(op.hi)}, when {said} could not have held it', evidence)
+        # replace never loses the last payload.
+        if policy.get('on_conflict') == 'replace':
+            maybe = [op for op in ops if op.kind == 'info']
+            merged: dict[str, list[Op]] = defaultdict(list)
+            for op in ops:
+                if op.kind == 'ok' and op.verdict in ('admitted', 'scheduled', 'parked', 'replaced'):
+                    merged[op.job].append(op)
+            for job, applied in merged.items():
+                check_payloads(ix, result, job, applied, maybe, f'identity {identity} on {queue}')
+    result.figures['identities'] = len(groups)
+    return result
+
+
+# -- 5. QueueSlot and Concurrency ------------------------------------------------------------------------------------
+
+def limit_over(timeline: Timeline, t0: float, t1: float, declared: Any) -> float | None:
+    """The largest limit possibly in force over ``[t0, t1]`` (None: possibly no limit)."""
+    values = timeline.possible(t0, t1, declared)
+    if any(v is None for v in values):
+        return None
+    return max(values)
+
+
+def sweep_limit(ix: Index, result: Result, label: str, runs: list[Run], cost_of: Any, timeline: Timeline,
+                declared_of: Any) -> int:
+    """Sweep the runs' sure intervals [start's latest instant, own end's earliest): at each start, the costs of the
+    runs surely running plus its own must not exceed the largest limit possibly in force at the fetch of whichever of
+    them was fetched last (so over [the earliest of their fetches, this start]). When the runs whose holds may have
+    lapsed by then (their worker frozen or dead for a lease, or taken in a failover's lost window) account for the
+    excess, it is a lapse. Returns the peak."""
+    points = []
+    for n, run in enumerate(runs):
+        points.append((run.a, 1, n))
+        if run.b is not None:
+            points.append((run.b, 0, n))
+    points.sort()
+    open_runs: dict[int, Run] = {}
+    used = peak = 0
+    for t, kind, n in points:
+        run = runs[n]
+        if kind == 0:
+            if open_runs.pop(n, None) is not None:
+                used -= cost_of(run)
+            continue
+        cost = cost_of(run)
+        total = used + cost
+        peak = max(peak, total)
+        if run.b is not None:
+            open_runs[n] = run
+            used += cost
+        quick = limit_over(timeline, run.lo, t, declared_of([run]))
+        if quick is None or total <= quick:
+            continue
+        members = [m for m in open_runs.values() if m is not run] + [run]
+        limit = limit_over(timeline, min(m.lo for m in members), t, declared_of(members))
+        if limit is None or total <= limit:
+            continue
+        shown = sorted(members, key=lambda m: m.a)[-12:]
+        what = (f'{label}: {total} running at {fmt(t)} over a limit of {limit:g} (runs '
+                + ', '.join(f'{m.job} on {m.worker} from {fmt(m.a)}' for m in shown) + ')')
+        evidence = [m.start for m in shown] + [m.end for m in shown if m.end is not None]
+        lapsed, faults = [], []
+        for m in members:
+            fault = None if m is run else (ix.lapse_from(m, t) or ix.in_failover_window(m.lo, m.hi))
+            if fault is not None:
+                lapsed.append(m)
+                faults.append(fault)
+        if lapsed and total - sum(cost_of(m) for m in lapsed) <= limit:
+            lapse(result, what + '; lapsed: ' + ', '.join(f'{m.job} ({f.action} at {fmt(f.lo)})'
+                                                          for m, f in zip(lapsed, faults)),
+                  evidence + [e for f in faults[:3] for e in f.events], total - limit)
+        else:
+            violation(result, what, evidence, total - limit)
+    return peak
+
+
+def caps(ix: Index) -> Result:
+    """QueueSlot per queue (every run of the queue counts 1; the cap from ``setting`` cap events, else the
+    ``queue_slot`` cap the jobs declare) and Concurrency per key (a run counts its ``cost``; the limit from
+    ``setting`` key_limit events, else the declared one): see :func:`sweep_limit`."""
+    result = Result(5, 'QueueSlot and Concurrency')
+    by_queue: dict[str, list[Run]] = defaultdict(list)
+    by_key: dict[tuple, list[Run]] = defaultdict(list)
+    for run in ix.runs:
+        by_queue[run.queue].append(run)
+        policy = run.policy('concurrency')
+        if policy is not None:
+            by_key[key_id(policy)].append(run)
+    peaks = {}
+    for queue, runs in by_queue.items():
+        declared = [p.get('cap') for p in (r.policy('queue_slot') for r in runs) if p and p.get('cap') is not None]
+        timeline = ix.timeline('cap', queue, default=max(declared) if declared else None)
+        if not timeline.changes and not declared:
+            continue
+        peaks[f'queue {queue}'] = sweep_limit(ix, result, f'queue {queue}', runs, lambda r: 1, timeline,
+                                              lambda members: None)
+    for (scope, key), runs in by_key.items():
+        timeline = ix.timeline('key_limit', scope, key)
+
+        def declared(members: list[Run]) -> Any:
+            return max(m.policy('concurrency').get('limit') for m in members if m.policy('concurrency'))
+
+        peaks[f'key {scope}:{key}'] = sweep_limit(ix, result, f'key {scope}:{key}', runs,
+                                                  lambda r: r.policy('concurrency').get('cost') or 1, timeline,
+                                                  declared)
+    result.figures['peaks'] = dict(sorted(peaks.items())[:50])
+    return result
+
+
+# -- 6. QueueRate, Rate, Throttle, Debounce --------------------------------------------------------------------------
+
+def rate_steps(timeline: Timeline, begin: float) -> tuple[list[float], list[float], float]:
+    """The largest rate (starts per second; INF: unlimited) possibly in force from each step time on, and the
+    largest burst possibly in force at any time."""
+    def rate(value: Any) -> float:
+        return INF if value is None else float(value[0]) / float(value[1])
+
+    current = timeline.default
+    times, rates = [begin], [rate(current)]
+    bursts = [current[2] if current else 0]
+    for c_lo, c_hi, value, _ in timeline.changes:
+        value = timeline.default if value is None else value
+        times += [c_lo, c_hi]
+        rates += [max(rate(current), rate(value)), rate(value)]
+        bursts.append(value[2] if value else 0)
+        current = value
+    order = sorted(range(len(times)), key=lambda k: times[k])
+    return [times[k] for k in order], [rates[k] for k in order], float(max(bursts))
+
+
+def check_rate(ix: Index, result: Result, label: str, runs: list[Run], cost_of: Any, timeline: Timeline) -> None:
+    """In every window [x, y], the starts decided inside it (their fetch windows inside it) cost at most
+    ``rate x (y - x) + burst`` (+ the largest cost - 1: a costed start may overshoot by one job). With C the prefix
+    sums of costs in order of the fetches' latest instants and A the integral of the largest possible rate, a window
+    from start i to start j breaks it when ``(C(j) - A(hi_j)) - (C(i-1) - A(lo_i)) > allowance``: one pass keeps the
+    smallest ``C(i-1) - A(lo_i)`` so far (a two-pointer sweep reduced to its minimum), every window in O(n). ``lo_i``
+    is the earliest fetch instant of any start from i on, so widths that differ never flag a window wrongly. Windows
+    touching a span with no limit (or a SIGKILL failover: at most ``burst`` more, docs/guarantees.md) are not
+    violations."""
+    times, rates, burst = rate_steps(timeline, ix.begin - 1)
+    # Split into spans with a limit; a start whose fetch window meets an unlimited span is outside every window.
+    spans, span_start = [], None
+    for k, (t, r) in enumerate(zip(times, rates)):
+        end = times[k + 1] if k + 1 < len(times) else INF
+        if r < INF and span_start is None:
+            span_start = t
+        if r == INF and span_start is not None:
+            spans.append((span_start, t))
+            span_start = None
+        if end == INF and span_start is not None:
+            spans.append((span_start, INF))
+    allowance = burst + max((cost_of(run) for run in runs), default=1) - 1
+    for s0, s1 in spans:
+        items = sorted(((run.hi, run.lo, cost_of(run), run) for run in runs if run.lo >= s0 and run.hi <= s1),
+                       key=lambda item: (item[0], item[1]))
+        if len(items) <= allowance:
+            continue
+        # A(t) over the span, from s0: cumulative allowance of the largest rate.
+        k0 = bisect.bisect_right(times, s0) - 1
+        ts, rs, cs = [s0], [rates[k0]], [0.0]
+        for k in range(k0 + 1, len(times)):
+            if times[k] >= s1:
+                break
+            cs.append(cs[-1] + rs[-1] * (times[k] - ts[-1]))
+            ts.append(times[k])
+            rs.append(rates[k])
+
+        def allowed(t: float, ts: list = ts, rs: list = rs, cs: list = cs) -> float:
+            k = bisect.bisect_right(ts, t) - 1
+            return cs[k] + rs[k] * (t - ts[k])
+
+        suffix = [0.0] * len(items)
+        m = INF
+        for k in range(len(items) - 1, -1, -1):
+            m = min(m, items[k][1])
+            suffix[k] = m
+        best, best_i, cum = INF, 0, 0.0
+        for j, (j_hi, _, cost, _run) in enumerate(items):
+            here = cum - allowed(max(suffix[j], s0))
+            if here < best:
+                best, best_i = here, j
+            cum += cost
+            excess = cum - allowed(j_hi) - best - allowance
+            if excess <= 1e-9:
+                continue
+            window = items[best_i:j + 1]
+            x, y = suffix[best_i], j_hi
+            what = (f'{label}: {sum(w[2] for w in window):g} start(s) decided within {fmt(x)}..{fmt(y)} '
+                    f'({y - x:.3f} s), over rate x window + burst = {allowed(y) - allowed(x) + allowance:.2f}')
+            evidence = [w[3].start for w in window[:6]] + [w[3].start for w in window[6:][-6:]]
+            fault = ix.in_failover_window(x, y)
+            if fault is not None and excess <= burst:
+                lapse(result, what + f'; across {fault.action} at {fmt(fault.lo)}', evidence + fault.events, excess)
+            else:
+                violation(result, what, evidence, excess)
+            best, cum = INF, 0.0  # the next finding is a window after this one
+            best_i = j + 1
+
+
+def throttle(ix: Index, result: Result) -> int:
+    """At most one job per Throttle slot and identity: a leading job (``ok`` admitted) belongs to the slot its
+    admission fell in, a trailing job (``ok`` scheduled: the slot's pending job) to the next slot (docs/throttle-
+    debounce.md: it counts as the next slot's run); slots are ``[i x slot, (i + 1) x slot)`` of the server's clock.
+    An admission window that crosses a slot edge could belong to either slot: the jobs must have distinct slots in
+    some placement (a greedy matching over the candidate slots decides it exactly). A collision in a slot a SIGKILL
+    failover touched is a lapse. Replacing calls into a pending trailing job keep its last payload."""
+    groups: dict[tuple, list[Op]] = defaultdict(list)
+    for op in ix.ops.values():
+        policy = op.policy('throttle')
+        if policy is not None:
+            groups[(op.queue, policy.get('identity'))].append(op)
+    for (queue, identity), ops in groups.items():
+        slot = float(ops[0].policy('throttle').get('slot'))
+        jobs: dict[str, dict] = {}
+        for op in ops:
+            if op.kind == 'ok' and op.verdict in ('admitted', 'scheduled', 'parked'):
+                job, lead = op.job, op.verdict != 'scheduled'
+            elif op.kind == 'info' and op.invoke.get('job') in ix.jobs_runs:
+                job, lead = op.invoke['job'], None
+            else:
+                continue
+            entry = jobs.setdefault(job, {'lo': INF, 'hi': INF, 'lead': set(), 'ops': []})
+            entry['lo'] = min(entry['lo'], op.lo)
+            if op.kind == 'ok':
+                entry['hi'] = min(entry['hi'], op.hi)
+            entry['lead'].add(lead)
+            entry['ops'].append(op)
+        ranges = []
+        for job, entry in jobs.items():
+            if entry['hi'] == INF:
+                runs = ix.jobs_runs.get(job)
+                entry['hi'] = runs[0].hi if runs else INF
+            if entry['hi'] == INF:
+                continue
+            w0, w1 = math.floor(entry['lo'] / slot), math.floor(entry['hi'] / slot)
+            if entry['lead'] == {False}:
+                w0, w1 = w0 + 1, w1 + 1
+            elif entry['lead'] != {True}:
+                w1 += 1
+            ranges.append((w1, w0, job))
+        owner: dict[int, str] = {}
+        for w1, w0, job in sorted(ranges):
+            free = next((w for w in range(w0, w1 + 1) if w not in owner), None)
+            if free is not None:
+                owner[free] = job
+                continue
+            rivals = [owner[w] for w in range(w0, w1 + 1)]
+            what = (f'identity {identity} on {queue}: job {job} and job(s) {", ".join(rivals)} in Throttle({slot:g}) '
+                    f'slot(s) {w0}..{w1} ({fmt(w0 * slot)}..{fmt((w1 + 1) * slot)}): one per slot')
+            evidence = [e for j in [job] + rivals for op in jobs[j]['ops'][:2] for e in op.events]
+            fault = ix.in_failover_window(w0 * slot, (w1 + 1) * slot)
+            if fault is not None:
+                lapse(result, what + f'; {fault.action} at {fmt(fault.lo)}', evidence + fault.events, 1)
+            else:
+                violation(result, what, evidence)
+        maybe = [op for op in ops if op.kind == 'info']
+        merged: dict[str, list[Op]] = defaultdict(list)
+        for op in ops:
+            if op.kind == 'ok' and op.verdict in ('scheduled', 'replaced'):
+                merged[op.job].append(op)
+        for job, applied in merged.items():
+            if any(op.verdict == 'replaced' for op in applied):
+                check_payloads(ix, result, job, applied, maybe, f'trailing identity {identity} on {queue}')
+    return len(groups)
+
+
+def debounce(ix: Index, result: Result, live: Availability) -> int:
+    """Per identity, the pending job runs the last payload merged into it (:func:`check_payloads`), its run time
+    (``ok``'s ``due``) is no later than ``max_wait`` after the call that started its pending period (rounded up to
+    the whole second, or the time asked for if later), and it starts no later than that plus the liveness delay
+    while a worker of its queue fetches (:meth:`Availability.late`; a server fault in the way is a lapse)."""
+    groups: dict[tuple, list[Op]] = defaultdict(list)
+    for op in ix.ops.values():
+        policy = op.policy('debounce')
+        if policy is not None:
+            groups[(op.queue, policy.get('identity'))].append(op)
+    delay = ix.bounds['due_delay']
+    for (queue, identity), ops in groups.items():
+        max_wait = ops[0].policy('debounce').get('max_wait')
+        maybe = [op for op in ops if op.kind == 'info']
+        pending: dict[str, list[Op]] = defaultdict(list)
+        for op in ops:
+            if op.kind == 'ok' and op.verdict in ('scheduled', 'admitted', 'replaced'):
+                pending[op.job].append(op)
+        for job, applied in pending.items():
+            label = f'debounce identity {identity} on {queue}'
+            check_payloads(ix, result, job, applied, maybe, label)
+            first = [op for op in applied if op.verdict != 'replaced']
+            if not max_wait or not first:
+                continue
+            asked = max((op.invoke.get('due') or 0 for op in applied), default=0)
+            bound = max(math.ceil(min(op.hi for op in first) + max_wait), asked)
+            for op in applied:
+                due = op.done.get('due')
+                if due is not None and due > bound + 1e-6:
+                    violation(result, f'{label}: job {job} set to run at {fmt(due)}, later than max_wait '
+                                      f'({max_wait}) after its first call: {fmt(bound)}', first[0].events + op.events)
+            runs = ix.jobs_runs.get(job)
+            if not runs:
+                continue
+            piece, excused = live.late(runs[0].start, bound, runs[0].lo)
+            evidence = first[0].events + applied[-1].events + [runs[0].start]
+            if piece is not None and piece[1] - piece[0] > delay:
+                violation(result, f'{label}: job {job} due by {fmt(bound)} (max_wait) started at '
+                                  f'{fmt(runs[0].start["t"])}; a worker of {queue} was idle {fmt(piece[0])}..'
+                                  f'{fmt(piece[1])} ({piece[1] - piece[0]:.2f} s > {delay:g} s)', evidence,
+                          piece[1] - piece[0])
+            elif excused is not None:
+                lapse(result, f'{label}: job {job} due by {fmt(bound)} started at {fmt(runs[0].start["t"])}, late '
+                              f'across a server fault ({excused[1] - excused[0]:.2f} s idle)', evidence,
+                      excused[1] - excused[0])
+    return len(groups)
+
+
+def rates(ix: Index, live: Availability) -> Result:
+    """QueueRate per queue (every start of the queue), Rate per key (its jobs' starts, each its ``cost``): see
+    :func:`check_rate`; then :func:`throttle` and :func:`debounce`."""
+    result = Result(6, 'QueueRate, Rate, Throttle, Debounce')
+    by_queue: dict[str, list[Run]] = defaultdict(list)
+    by_key: dict[tuple, list[Run]] = defaultdict(list)
+    for run in ix.runs:
+        by_queue[run.queue].append(run)
+        policy = run.policy('rate')
+        if policy is not None:
+            by_key[key_id(policy)].append(run)
+    for queue, runs in by_queue.items():
+        declared = [(p['limit'], p['per'], p.get('burst') or 1)
+                    for p in (r.policy('queue_rate') for r in runs) if p and p.get('limit')]
+        timeline = ix.timeline('rate', queue, default=max(declared, key=lambda d: d[0] / d[1]) if declared else None)
+        if timeline.changes or declared:
+            check_rate(ix, result, f'queue {queue}', runs, lambda r: 1, timeline)
+    for (scope, key), runs in by_key.items():
+        p = runs[0].policy('rate')
+        timeline = ix.timeline('key_rate', scope, key, default=(p['limit'], p['per'], p.get('burst') or 1))
+        check_rate(ix, result, f'key {scope}:{key}', runs, lambda r: r.policy('rate').get('cost') or 1, timeline)
+    result.figures['throttle_identities'] = throttle(ix, result)
+    result.figures['debounce_identities'] = debounce(ix, result, live)
+    return result
+
+
+# -- what may hold a ready job back (liveness, Debounce) -------------------------------------------------------------
+
+def steps(intervals: list[tuple[float, float, float]]) -> tuple[list[float], list[float]]:
+    """A step function from weighted intervals: breakpoints and the sum in force from each one on."""
+    points = sorted([(a, w) for a, b, w in intervals if b > a] + [(b, -w) for a, b, w in intervals if b > a])
+    times, values, total = [], [], 0.0
+    for t, w in points:
+        total += w
+        if times and times[-1] == t:
+            values[-1] = total
+        else:
+            times.append(t)
+            values.append(total)
+    return times, values
+
+
+def pieces_where(step: tuple[list[float], list[float]], t0: float, t1: float, test: Any) -> list[tuple[float, float]]:
+    """The parts of ``[t0, t1]`` where ``test(value, a, b)`` holds for the step function's value on ``[a, b]``."""
+    times, values = step
+    out = []
+    k = bisect.bisect_right(times, t0) - 1
+    a = t0
+    while a < t1:
+        b = times[k + 1] if k + 1 < len(times) else INF
+        b = min(b, t1)
+        value = values[k] if k >= 0 else 0.0
+        if b > a and test(value, a, b):
+            out.append((a, b))
+        a, k = b, k + 1
+    return merge(out)
+
+
+class Availability:
+    """When a ready job of a queue should have been taken: a worker of the queue surely idle (alive, not frozen,
+    not between a fetch that took a job and that job's end), the queue under its cap and the job's key under its
+    limit (counting every hold possibly still held: from a run's fetch to its release, its worker's next fetch, or
+    its worker's death plus the lease), its Fair key not possibly paused, its queue not possibly backed off; and,
+    counted apart, no server fault (restart, outage, lost reply, failover, migration) in the way."""
+
+    def __init__(self, ix: Index):
+        self.ix = ix
+        idle: dict[str, list] = defaultdict(list)
+        for worker in ix.workers.values():
+            if worker.hello is None or not worker.queues:
+                continue
+            alive = [(hi(worker.hello), worker.deaths[0][0] if worker.deaths else ix.end)]
+            busy = []
+            for i, run in enumerate(worker.runs):
+                if run.end is not None:
+                    stop = run.end_hi
+                else:
+                    stop = min([worker.runs[i + 1].lo] if i + 1 < len(worker.runs) else [ix.end])
+                    death = death_after(ix, worker.name, run.lo)
+                    stop = min(stop, death[0]) if death else stop
+                busy.append((run.lo, max(stop, run.hi)))
+            free = subtract(alive, merge(busy + [(a, b) for a, b, _ in worker.freezes]))
+            for queue in worker.queues:
+                idle[queue] += free
+        self.idle = {queue: merge(found) for queue, found in idle.items()}
+        self.faults = merge([(f.lo, f.hi if f.end is not None else ix.end) for f in ix.server_faults()])
+        by_queue: dict[str, list[Run]] = defaultdict(list)
+        by_key: dict[tuple, list[Run]] = defaultdict(list)
+        for run in ix.runs:
+            by_queue[run.queue].append(run)
+            policy = run.policy('concurrency')
+            if policy is not None:
+                by_key[key_id(policy)].append(run)
+        self.cap_blocked: dict[str, list] = {}
+        for queue, runs in by_queue.items():
+            declared = [p.get('cap') for p in (r.policy('queue_slot') for r in runs) if p and p.get('cap') is not None]
+            timeline = ix.timeline('cap', queue, default=min(declared) if declared else None)
+            if not timeline.changes and not declared:
+                continue
+            step = steps([(run.lo, run.after, 1.0) for run in runs])
+
+            def full(value: float, a: float, b: float, timeline: Timeline = timeline) -> bool:
+                caps_ = [c for c in timeline.possible(a, b) if c is not None]
+                return bool(caps_) and value >= min(caps_)
+
+            self.cap_blocked[queue] = pieces_where(step, ix.begin, ix.end, full) if step[0] else []
+        self.key_steps = {key: steps([(r.lo, r.after, float(r.policy('concurrency').get('cost') or 1)) for r in runs])
+                          for key, runs in by_key.items()}
+        paused: dict[tuple, list] = defaultdict(list)
+        for (what, scope, key), changes in ix.settings.items():
+            if what == 'fair_pause':
+                resumes = sorted(c[1] for c in ix.settings.get(('fair_resume', scope, key), []))
+                for c_lo, _, _, _ in changes:
+                    after = [r for r in resumes if r >= c_lo]
+                    paused[(scope, key)].append((c_lo, after[0] if after else ix.end))
+        self.paused = {key: merge(found) for key, found in paused.items()}
+        backoff: dict[str, list] = defaultdict(list)
+        for queue, runs in by_queue.items():
+            for run in runs:
+                if run.end is not None and run.end.get('outcome') == 'backoff':
+                    due = run.end.get('due')
+                    until = due + ix.bounds['due_rounding'] if due is not None else ix.end
+                    backoff[queue].append((lo(run.end), until))
+        self.backoff = {queue: merge(found) for queue, found in backoff.items()}
+        self.rated = {scope for (what, scope, _) in ix.settings if what == 'rate'}
+
+    def limited_by_rate(self, event: dict) -> bool:
+        """Is the job rate-limited (its starts wait for the rate by design; property 6 bounds them)?"""
+        return bool(policy_of(event, 'rate') or policy_of(event, 'queue_rate') or event.get('queue') in self.rated)
+
+    def late(self, event: dict, t0: float, t1: float) -> tuple[tuple | None, tuple | None]:
+        """The longest stretch of ``[t0, t1]`` in which the job (its ``start`` or ``invoke`` event names its queue
+        and policies) should have been taken: (with no server fault in it, or None; only across a server fault, or
+        None)."""
+        delay = self.ix.bounds['due_delay']
+        if t1 - t0 <= delay or self.limited_by_rate(event):
+            return None, None
+        queue = event.get('queue')
+        ready = clip(self.idle.get(queue, []), t0, t1)
+        ready = subtract(ready, clip(self.cap_blocked.get(queue, []), t0, t1))
+        ready = subtract(ready, clip(self.backoff.get(queue, []), t0, t1))
+        policy = policy_of(event, 'concurrency')
+        if ready and policy is not None:
+            key = key_id(policy)
+            cost = float(policy.get('cost') or 1)
+            timeline = self.ix.timeline('key_limit', *key)
+
+            def full(value: float, a: float, b: float) -> bool:
+                limits = [v for v in timeline.possible(a, b, policy.get('limit')) if v is not None]
+                return bool(limits) and value + cost > min(limits)
+
+            step = self.key_steps.get(key)
+            if step and step[0]:
+                ready = subtract(ready, pieces_where(step, t0, t1, full))
+        fair = policy_of(event, 'fair')
+        if ready and fair is not None:
+            ready = subtract(ready, clip(self.paused.get(key_id(fair), []), t0, t1))
+        clean = subtract(ready, clip(self.faults, t0, t1))
+        strict, loose = longest(clean), longest(ready)
+        if strict is not None and strict[1] - strict[0] > delay:
+            return strict, None
+        if loose is not None and loose[1] - loose[0] > delay:
+            return None, loose
+        return None, None
+
+
+# -- 7. Fair ---------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Turn:
+    """A Fair turn: the first run of a job of a key (not scheduled), its fetch window's centre and half-width, and
+    its share of the key's turns (1 / weight: the smallest and the largest the weight possibly in force allows)."""
+
+    c: float
+    h: float
+    share_min: float
+    share_max: float
+    run: Run
+
+
+def fair_jobs(ix: Index) -> tuple[dict, dict, set]:
+    """Fair's jobs per (queue, scope, key): admitted calls (ok, not scheduled), and the turns (first runs of any
+    call's job, not scheduled); and the keys whose jobs have a per-key limit (their turns park jobs whose starts come
+    later: Fair shares turns, not starts, there)."""
+    admitted: dict[tuple, list[Op]] = defaultdict(list)
+    named: dict[str, tuple] = {}
+    limited = set()
+    for op in ix.ops.values():
+        policy = op.policy('fair')
+        if policy is None or op.invoke.get('due') is not None:
+            continue
+        group = (op.queue,) + key_id(policy)
+        if op.policy('concurrency') or op.policy('rate'):
+            limited.add(group)
+        if op.kind == 'ok' and op.verdict in ('admitted', 'parked'):
+            admitted[group].append(op)
+            named[op.job] = group
+        elif op.kind == 'info' and op.invoke.get('job'):
+            named.setdefault(op.invoke['job'], group)
+    turns: dict[tuple, list[Turn]] = defaultdict(list)
+    for job, group in named.items():
+        runs = ix.jobs_runs.get(job)
+        if not runs:
+            continue
+        run = runs[0]
+        policy = run.policy('fair') or {}
+        weights = ix.timeline('fair_weight', group[1], group[2]).possible(run.lo, run.hi, policy.get('weight') or 1)
+        weights = [float(w) for w in weights if w]
+        turns[group].append(Turn((run.lo + run.hi) / 2, (run.hi - run.lo) / 2, 1 / max(weights), 1 / min(weights),
+                                 run))
+    for found in turns.values():
+        found.sort(key=lambda turn: turn.c)
+    return admitted, turns, limited
+
+
+def intersect(x: list[tuple[float, float]], y: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out, i, j = [], 0, 0
+    while i < len(x) and j < len(y):
+        a, b = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
+        if a < b:
+            out.append((a, b))
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+class KeyTurns:
+    """One key's turns in order of their centres, with prefix sums of their shares (smallest and largest)."""
+
+    def __init__(self, turns: list[Turn]):
+        self.turns = turns
+        self.c = [t.c for t in turns]
+        self.small, self.large = [0.0], [0.0]
+        for turn in turns:
+            self.small.append(self.small[-1] + turn.share_min)
+            self.large.append(self.large[-1] + turn.share_max)
+        self.widest = max((t.h for t in turns), default=0.0)
+
+    def near(self, t0: float, t1: float) -> list[Turn]:
+        """The turns whose fetch window may meet ``[t0, t1]``."""
+        return self.turns[bisect.bisect_left(self.c, t0 - self.widest):bisect.bisect_right(self.c, t1 + self.widest)]
+
+
+def fair_excess(a: KeyTurns, b: KeyTurns, period: tuple[float, float], width: float) -> tuple | None:
+    """The largest ``A_sure(I) - B_possible(I)`` over windows I inside ``period``: a's turns surely inside I (each
+    its smallest share), less b's turns possibly inside I (each its largest share). Every fetch window is widened to
+    ``width`` around its centre, so that "surely inside [c_i - w/2, c_j + w/2]" is "centre in [c_i, c_j]" and b's
+    possible turns are its centres in [c_i - w, c_j + w]: prefix sums and one pass, O(turns). Returns (excess, first
+    and last of a's turns, b's turns counted) or None."""
+    half = width / 2
+    i0 = bisect.bisect_left(a.c, period[0] + half)
+    i1 = bisect.bisect_right(a.c, period[1] - half)
+    best_pref, best_i, top = -INF, i0, None
+    for j in range(i0, i1):
+        c = a.c[j]
+        pref = b.large[bisect.bisect_left(b.c, c - width)] - a.small[j]
+        if pref > best_pref:
+            best_pref, best_i = pref, j
+        value = a.small[j + 1] - b.large[bisect.bisect_right(b.c, c + width)] + best_pref
+        if top is None or value > top[0]:
+            top = (value, best_i, j)
+    if top is None:
+        return None
+    value, i, j = top
+    counted = b.turns[bisect.bisect_left(b.c, a.c[i] - width):bisect.bisect_right(b.c, a.c[j] + width)]
+    return value, a.turns[i], a.turns[j], counted
+
+
+def fair(ix: Index) -> Result:
+    """Over every stretch where two keys of a queue surely stay backlogged (each has an admitted job not yet
+    possibly fetched, and is not possibly paused), their turns per weight differ by at most ``fair_lag x (1/w_a +
+    1/w_b)`` (start-time fair queueing's bound, docs/fair.md's "within one job"), counting one key's turns surely
+    inside a window against the other's possibly inside it (:func:`fair_excess`, both ways). Keys with a per-key
+    limit and scheduled Fair jobs are left out (their turns are not starts; docs/fair.md). Figures: Jain's index of
+    the keys' turns per weight per second backlogged, per queue, and the longest a backlogged key waited for a
+    turn."""
+    result = Result(7, 'Fair')
+    admitted, turns, limited = fair_jobs(ix)
+    paused: dict[tuple, list] = defaultdict(list)
+    for (what, scope, key), changes in ix.settings.items():
+        if what == 'fair_pause':
+            resumes = sorted(c[1] for c in ix.settings.get(('fair_resume', scope, key), []))
+            for c_lo, _, _, _ in changes:
+                after = [r for r in resumes if r >= c_lo]
+                paused[(scope, key)].append((c_lo, after[0] if after else ix.end))
+    backlog: dict[tuple, list] = {}
+    for group, ops in admitted.items():
+        if group in limited:
+            continue
+        points = []
+        for op in ops:
+            points.append((op.hi, 1))
+            runs = ix.jobs_runs.get(op.job)
+            if runs:
+                points.append((runs[0].lo, -1))
+        points.sort(key=lambda p: (p[0], p[1]))
+        periods, waiting, since = [], 0, None
+        for t, step in points:
+            waiting += step
+            if waiting >= 1 and since is None:
+                since = t
+            elif waiting < 1 and since is not None:
+                periods.append((since, t))
+                since = None
+        if since is not None:
+            periods.append((since, ix.end))
+        backlog[group] = subtract(merge(periods), merge(paused.get(group[1:], [])))
+    lag = ix.bounds['fair_lag']
+    by_queue: dict[str, list[tuple]] = defaultdict(list)
+    for group in backlog:
+        by_queue[group[0]].append(group)
+    jain, worst = {}, (0.0, None, None)
+    keyed = {group: KeyTurns(turns.get(group, [])) for group in backlog}
+    for queue, groups in by_queue.items():
+        groups.sort()
+        for x in range(len(groups)):
+            for y in range(x + 1, len(groups)):
+                ga, gb = groups[x], groups[y]
+                ta, tb = keyed[ga], keyed[gb]
+                bound = lag * (max((t.share_max for t in ta.turns), default=1) +
+                               max((t.share_max for t in tb.turns), default=1))
+                for period in intersect(backlog[ga], backlog[gb]):
+                    near = ta.near(*period) + tb.near(*period)
+                    if not near:
+                        continue
+                    width = 2 * max(t.h for t in near)
+                    for one, other, g1, g2 in ((ta, tb, ga, gb), (tb, ta, gb, ga)):
+                        top = fair_excess(one, other, period, width)
+                        if top is None or top[0] <= bound + 1e-9:
+                            continue
+                        value, first, last, counted = top
+                        theirs = sum(t.share_max for t in counted)
+                        what = (f'queue {queue}: key {g1[1]}:{g1[2]} had {value + theirs:.2f} turns per weight '
+                                f'between {fmt(first.c)} and {fmt(last.c)} against {theirs:.2f} for key '
+                                f'{g2[1]}:{g2[2]}, both backlogged '
+                                f'{fmt(period[0])}..{fmt(period[1])}: {value:.2f} over, bound {bound:.2f}')
+                        evidence = [first.run.start, last.run.start] + [t.run.start for t in counted[:4]]
+                        violation(result, what, evidence, value - bound)
+                        break
+        # Jain's index over the keys' turns per weight per second backlogged; the worst wait for a turn.
+        rates_ = []
+        for group in groups:
+            periods, mine = backlog[group], keyed[group]
+            span = sum(b - a for a, b in periods)
+            got = 0.0
+            for a, b in periods:
+                i, j = bisect.bisect_left(mine.c, a), bisect.bisect_right(mine.c, b)
+                got += mine.large[j] - mine.large[i]
+                marks = [a] + mine.c[i:j] + [b]
+                gap = max(q - p for p, q in zip(marks, marks[1:]))
+                if b < ix.end and gap > worst[0]:
+                    worst = (gap, queue, f'{group[1]}:{group[2]}')
+            if span > 0:
+                rates_.append(got / span)
+        if len(rates_) >= 2 and sum(v * v for v in rates_) > 0:
+            jain[queue] = round(sum(rates_) ** 2 / (len(rates_) * sum(v * v for v in rates_)), 4)
+    result.figures['jain_index'] = jain
+    result.figures['worst_wait'] = {'seconds': round(worst[0], 3), 'queue': worst[1], 'key': worst[2]}
+    result.figures['keys'] = len(backlog)
+    if limited:
+        result.notes.append(f'{len(limited)} key(s) with a per-key limit left out (their turns park jobs)')
+    return result
+
+
+# -- 8. priority and pause -------------------------------------------------------------------------------------------
+
+def priority_and_pause(ix: Index) -> Result:
+    """Within a Fair key: no job starts (its fetch) while a job of higher priority of the same key surely waited
+    (admitted surely before the fetch began, fetched surely after it ended): the key's line pops the highest first.
+    Keys with a per-key limit are left out ("a slot is free": a limit parks jobs between their turn and their
+    start). And no turn of a key starts surely between a pause's return and the next resume's call."""
+    result = Result(8, 'priority and pause')
+    admitted, turns, limited = fair_jobs(ix)
+    for group, ops in admitted.items():
+        if group in limited:
+            continue
+        jobs = []
+        for op in ops:
+            runs = ix.jobs_runs.get(op.job)
+            if not runs and ix.final_status(op.job) not in WAITING:
+                continue  # never started and not waiting: not ready (property 1 says why)
+            policy = op.policy('fair') or {}
+            prio = op.invoke.get('priority')
+            prio = policy.get('priority', 0) if prio is None else prio
+            jobs.append((op.hi, prio or 0, runs[0] if runs else None, op))
+        # Ls in order of their fetch's end; Hs added once admitted by then, dropped once possibly fetched by then.
+        order = sorted((j for j in jobs if j[2] is not None), key=lambda j: j[2].hi)
+        waiting = sorted(jobs, key=lambda j: j[0])
+        heap: list[tuple] = []
+        k = 0
+        for _, prio, run, op in order:
+            while k < len(waiting) and waiting[k][0] < run.hi:
+                w = waiting[k]
+                heapq.heappush(heap, (-w[1], w[0], k, w))
+                k += 1
+            stash, found = [], None
+            while heap:
+                top = heap[0][3]
+                if top[2] is not None and top[2].lo <= run.hi:
+                    heapq.heappop(heap)  # possibly fetched by now: gone for every later L too
+                    continue
+                if top[0] >= run.lo:
+                    stash.append(heapq.heappop(heap))  # not surely admitted before this fetch; maybe for later ones
+                    continue
+                found = top
+                break
+            for item in stash:
+                heapq.heappush(heap, item)
+            if found is not None and found[1] > prio:
+                h_run = found[2]
+                violation(result, f'queue {group[0]} key {group[1]}:{group[2]}: job {run.job} (priority {prio}) '
+                                  f'started at {fmt(run.start["t"])} while job {found[3].job} (priority {found[1]}, '
+                                  f'admitted {fmt(found[0])}) waited' + (f', started {fmt(h_run.start["t"])}'
+                                                                        if h_run else ', never started'),
+                          found[3].events + op.events + [run.start] + ([h_run.start] if h_run else []))
+    # Pause: sure-paused spans (the pause returned, the resume not yet called).
+    spans: dict[tuple, list] = defaultdict(list)
+    for (what, scope, key), changes in ix.settings.items():
+        if what != 'fair_pause':
+            continue
+        resumes = sorted(ix.settings.get(('fair_resume', scope, key), []), key=lambda c: c[0])
+        for c_lo, c_hi, _, event in changes:
+            after = [r for r in resumes if r[0] >= c_lo]
+            spans[(scope, key)].append((c_hi, after[0][0] if after else INF, event, after[0][3] if after else None))
+    checked = 0
+    for group, found in turns.items():
+        for span_lo, span_hi, pause, resume in spans.get(group[1:], []):
+            for turn in found:
+                checked += 1
+                run = turn.run
+                if span_lo < run.lo and run.hi < span_hi:
+                    violation(result, f'key {group[1]}:{group[2]} paused at {fmt(pause["t"])}' +
+                              (f' until {fmt(resume["t"])}' if resume else '') +
+                              f': job {run.job} started at {fmt(run.start["t"])}',
+                              [pause, run.start] + ([resume] if resume else []))
+    result.figures['paused_keys'] = len(spans)
+    return result
+
+
+# -- 9. liveness -----------------------------------------------------------------------------------------------------
+
+def due_jobs(ix: Index) -> list[tuple[str, float, dict, list[dict], int]]:
+    """Each due job: (job, due time, the event naming its queue and policies, the events that set the due time, the
+    index of the run that must follow it). Due: an admission with a ``due`` (enqueue_in/at), a pending job (``ok``
+    scheduled: a Debounce's or a trailing Throttle's, its ``due`` or the slot's end; the latest of the calls merged
+    into it), and a run that ended with a retry and a ``due`` (Snooze, a retry's interval, a BackOff)."""
+    found: dict[str, list] = {}
+    for op in admitting_ops(ix):
+        due = op.done.get('due')
+        if due is None:
+            due = op.invoke.get('due')
+        if due is None and op.verdict == 'scheduled':
+            policy = op.policy('throttle')
+            if policy is not None and policy.get('slot'):
+                due = (math.floor(op.hi / float(policy['slot'])) + 1) * float(policy['slot'])
+        if due is None:
+            continue
+        entry = found.get(op.job)
+        if entry is None:
+            found[op.job] = [op.job, due, op.invoke, op.events, 0]
+        else:
+            entry[1] = max(entry[1], due)
+            entry[3] = entry[3] + op.events
+    out = [tuple(entry) for entry in found.values()]
+    for job, runs in ix.jobs_runs.items():
+        for i, run in enumerate(runs):
+            if run.retry and run.end.get('due') is not None:
+                out.append((job, float(run.end['due']), run.start, [run.end], i + 1))
+    return out
+
+
+def liveness(ix: Index, live: Availability) -> Result:
+    """Each due job starts within ``due_delay`` of its due time (+ ``due_rounding``) while a worker of its queue
+    fetches: it is late when, after that, some stretch longer than ``due_delay`` passed before its fetch with a worker
+    of its queue surely idle and nothing holding it back (:class:`Availability`). A stretch that only a server fault
+    (restart, outage, lost reply, failover, migration) interrupts is a lapse: after the fault ends, the job again has
+    ``due_delay`` (README: "within about 2 s of the server answering"). A due job never started that ``final`` shows
+    waiting is checked up to the final event. Rate-limited jobs are left out (their rate decides)."""
+    result = Result(9, 'liveness')
+    delay, rounding = ix.bounds['due_delay'], ix.bounds['due_rounding']
+    delays, skipped = [], 0
+    final_t = lo(ix.final) if ix.final is not None else None
+    for job, due, event, evidence, k in due_jobs(ix):
+        runs = ix.jobs_runs.get(job, [])
+        if k < len(runs):
+            run = runs[k]
+            delays.append(run.start['t'] - due)
+            until, shown = run.lo, [run.start]
+        elif final_t is not None and ix.final_status(job) in WAITING:
+            until, shown = final_t, [ix.final]
+        else:
+            continue
+        if live.limited_by_rate(event):
+            skipped += 1
+            continue
+        piece, excused = live.late(event, due + rounding, until)
+        what = f'job {job} due at {fmt(due)} ' + (f'started at {fmt(runs[k].start["t"])}' if k < len(runs)
+                                                   else 'never started')
+        if piece is not None:
+            violation(result, what + f'; a worker of {event.get("queue")} was idle {fmt(piece[0])}..{fmt(piece[1])} '
+                                     f'({piece[1] - piece[0]:.2f} s > {delay:g} s)', evidence + shown,
+                      piece[1] - piece[0])
+        elif excused is not None:
+            faults = [f for f in ix.server_faults() if f.lo <= excused[1] and f.hi >= excused[0]]
+            lapse(result, what + f'; idle {excused[1] - excused[0]:.2f} s across ' +
+                  ', '.join(f'{f.action} at {fmt(f.lo)}' for f in faults[:3]),
+                  evidence + shown + [e for f in faults[:2] for e in f.events], excused[1] - excused[0])
+    result.figures['delays'] = {'count': len(delays), 'p50': quantile(delays, 0.5), 'p99': quantile(delays, 0.99),
+                                'max': max(delays, default=None)}
+    if skipped:
+        result.notes.append(f'{skipped} rate-limited due job(s) left out (their rate decides when they start)')
+    return result
+
+
+# -- the report ------------------------------------------------------------------------------------------------------
+
+#: The properties, in issue 31's order.
+PROPERTIES = (no_loss, no_double_run, no_phantom, loner, caps, rates, fair, priority_and_pause, liveness)
+
+
+def check(ix: Index) -> list[Result]:
+    """Run every property over the index."""
+    live = Availability(ix)
+    out = []
+    for prop in PROPERTIES:
+        if prop in (rates, liveness):
+            out.append(prop(ix, live))
+        else:
+            out.append(prop(ix))
+    return out
+
+
+def figures(ix: Index) -> dict[str, Any]:
+    jobs = set(ix.jobs_runs) | {job for job in ix.jobs_ops}
+    actions: dict[str, int] = defaultdict(int)
+    for fault in ix.faults:
+        actions[fault.action] += 1
+    return {'events': len(ix.events), 'files': len(ix.files), 'torn_lines': ix.torn, 'ops': len(ix.ops),
+            'jobs': len(jobs), 'runs': len(ix.runs), 'workers': len(ix.workers),
+            'nemeses': dict(sorted(actions.items())), 'span_seconds': round(ix.end - ix.begin, 3)}
+
+
+def excerpt(ix: Index, events: list[dict]) -> list[str]:
+    """The events' own lines, as ``file:line-offset: line`` (read back from the files)."""
+    out = []
+    for event in events:
+        path = ix.files[event['_f']]
+        with path.open('rb') as handle:
+            handle.seek(event['_o'])
+            line = handle.readline().decode('utf-8', 'replace').rstrip('\n')
+        out.append(f'{path.name}@{event["_o"]}: {line}')
+    return out
+
+
+def as_json(ix: Index, results: list[Result]) -> dict[str, Any]:
+    def finding(f: Finding) -> dict:
+        return {'what': f.what, 'size': f.size, 'lines': excerpt(ix, f.events)}
+
+    return {
+        'history': str(ix.folder), 'ok': all(r.ok for r in results), 'figures': figures(ix),
+        'bounds': ix.bounds,
+        'properties': [{
+            'number': r.number, 'name': r.name, 'ok': r.ok, 'violations': [finding(f) for f in r.violations],
+            'lapses': {'count': len(r.lapses), 'largest': max((f.size or 0 for f in r.lapses), default=None),
+                       'items': [finding(f) for f in r.lapses]},
+            'figures': r.figures, 'notes': r.notes,
+        } for r in results],
+    }
+
+
+def as_text(ix: Index, results: list[Result], shown: int = 10) -> str:
+    fig = figures(ix)
+    lines = [f'history {ix.folder}: {fig["events"]} events in {fig["files"]} files ({fig["torn_lines"]} torn), '
+             f'{fig["ops"]} calls, {fig["jobs"]} jobs, {fig["runs"]} runs, {fig["workers"]} workers, '
+             f'nemeses {fig["nemeses"] or "none"}, over {fig["span_seconds"]} s']
+    for r in results:
+        head = f'{r.number}. {r.name}: ' + ('ok' if r.ok else f'VIOLATED ({len(r.violations)})')
+        if r.lapses:
+            head += f'; {len(r.lapses)} documented lapse(s), largest {max(f.size or 0 for f in r.lapses):g}'
+        lines.append(head)
+        for note in r.notes:
+            lines.append(f'   note: {note}')
+        if r.figures:
+            lines.append('   ' + json.dumps(r.figures, sort_keys=True, default=str))
+        for kind, found in (('violation', r.violations), ('lapse', r.lapses)):
+            for f in found[:shown]:
+                lines.append(f'   {kind}: {f.what}')
+                lines += [f'      {line}' for line in excerpt(ix, f.events)]
+            if len(found) > shown:
+                lines.append(f'   ... {len(found) - shown} more {kind}(s) (--json lists them)')
+    lines.append('ok' if all(r.ok for r in results) else 'VIOLATIONS FOUND')
+    return '\n'.join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog='python -m tests.history.check', description=__doc__.split('\n\n')[0])
+    parser.add_argument('history', help='the history folder (one *.jsonl file per recording process)')
+    parser.add_argument('--json', action='store_true', help='print the report as JSON')
+    parser.add_argument('--bounds', metavar='FILE', help='a JSON object of bound name -> value, over the defaults')
+    opts = parser.parse_args(argv)
+    gc.disable()  # millions of small dicts and no cycles among them: the collector would only rescan them
+    ix = read_history(opts.history, load_bounds(opts.bounds))
+    results = check(ix)
+    if opts.json:
+        print(json.dumps(as_json(ix, results), indent=1, default=str))
+    else:
+        print(as_text(ix, results))
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -721,7 +721,9 @@ def justified(ix: Index, first: Run, second: Run) -> list[dict] | None:
     worker = ix.workers.get(first.worker)
     if worker is None:
         return None
-    marks = [(d_lo, d_hi, events) for d_lo, d_hi, events in worker.deaths]
+    # A clean exit (code 0) came after the worker finished its jobs: it explains no second run.
+    marks = [(d_lo, d_hi, events) for d_lo, d_hi, events in worker.deaths
+             if not (events[0].get('e') == 'exit' and events[0].get('code') == 0)]
     marks += [(f.lo, hi(f.begin), f.events) for f in worker.faults]
     for m_lo, m_hi, events in sorted(marks, key=lambda m: m[0]):
         if m_lo <= second.hi and m_hi >= first.lo and not moved_on(ix, worker, first, m_lo):
@@ -1073,7 +1075,7 @@ def check_rate(ix: Index, result: Result, label: str, runs: list[Run], cost_of: 
     for s0, s1 in spans:
         items = sorted(((run.hi, run.lo, cost_of(run), run) for run in runs if run.lo >= s0 and run.hi <= s1),
                        key=lambda item: (item[0], item[1]))
-        if len(items) <= allowance:
+        if sum(item[2] for item in items) <= allowance:
             continue
         # A(t) over the span, from s0: cumulative allowance of the largest rate.
         k0 = bisect.bisect_right(times, s0) - 1
@@ -1097,7 +1099,7 @@ def check_rate(ix: Index, result: Result, label: str, runs: list[Run], cost_of: 
         best, best_i, cum = INF, 0, 0.0
         for j, (j_hi, _, cost, _run) in enumerate(items):
             here = cum - allowed(max(suffix[j], s0))
-            if here < best:
+            if here <= best + 1e-9:  # on a tie the later start: the shortest window shows it
                 best, best_i = here, j
             cum += cost
             excess = cum - allowed(j_hi) - best - allowance
@@ -1187,8 +1189,9 @@ def throttle(ix: Index, result: Result) -> int:
 def debounce(ix: Index, result: Result, live: Availability) -> int:
     """Per identity, the pending job runs the last payload merged into it (:func:`check_payloads`), its run time
     (``ok``'s ``due``) is no later than ``max_wait`` after the call that started its pending period (rounded up to
-    the whole second, or the time asked for if later), and it starts no later than that plus the liveness delay
-    while a worker of its queue fetches (:meth:`Availability.late`; a server fault in the way is a lapse)."""
+    the whole second, or the time asked for if later); when the calls report no run time, it starts no later than
+    that bound plus the liveness delay while a worker of its queue fetches (:meth:`Availability.late`; a server
+    fault in the way is a lapse). When they do, liveness (9) checks the start against the run time."""
     groups: dict[tuple, list[Op]] = defaultdict(list)
     for op in ix.ops.values():
         policy = op.policy('debounce')
@@ -1216,11 +1219,11 @@ def debounce(ix: Index, result: Result, live: Availability) -> int:
                     violation(result, f'{label}: job {job} set to run at {fmt(due)}, later than max_wait '
                                       f'({max_wait}) after its first call: {fmt(bound)}', first[0].events + op.events)
             runs = ix.jobs_runs.get(job)
-            if not runs:
-                continue
+            if not runs or any(op.done.get('due') is not None for op in applied):
+                continue  # with the door's run time, liveness (9) checks the start against it
             piece, excused = live.late(runs[0].start, bound, runs[0].lo)
             evidence = first[0].events + applied[-1].events + [runs[0].start]
-            if piece is not None and piece[1] - piece[0] > delay:
+            if piece is not None:
                 violation(result, f'{label}: job {job} due by {fmt(bound)} (max_wait) started at '
                                   f'{fmt(runs[0].start["t"])}; a worker of {queue} was idle {fmt(piece[0])}..'
                                   f'{fmt(piece[1])} ({piece[1] - piece[0]:.2f} s > {delay:g} s)', evidence,
@@ -1525,10 +1528,11 @@ def fair(ix: Index) -> Result:
             continue
         points = []
         for op in ops:
-            points.append((op.hi, 1))
             runs = ix.jobs_runs.get(op.job)
             if runs:
-                points.append((runs[0].lo, -1))
+                points += [(op.hi, 1), (runs[0].lo, -1)]
+            elif ix.final is None or ix.final_status(op.job) in WAITING:
+                points.append((op.hi, 1))  # a job never started but still waiting; a lost one is property 1's
         points.sort(key=lambda p: (p[0], p[1]))
         periods, waiting, since = [], 0, None
         for t, step in points:

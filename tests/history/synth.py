@@ -52,15 +52,19 @@ class History:
     def call(self, p: str, t0: float, t1: float, *, job: str | None = None, queue: str = 'q', door: str = 'enqueue',
              payload: Any = None, policies: list[dict] | None = None, due: float | None = None,
              priority: int | None = None, result: str = 'ok', verdict: str = 'admitted', op: str | None = None,
-             **done: Any) -> str:
+             into: str | None = None, runs_at: float | None = None, **done: Any) -> str:
         """A door call: ``invoke`` at ``t0`` and its completion (``result``: ok, fail or info; None: none) at
-        ``t1``; ``done`` adds fields to the completion (``now``, ``holder``, ``due``, ``policy``, ``job``)."""
+        ``t1``; ``due`` is the time the caller asked for (enqueue_in/at), ``runs_at`` the run time the door answered
+        (the ``ok``'s ``due``); the ``ok`` names ``into`` (the job the call merged into) or ``job``; ``done`` adds
+        fields to the completion (``now``, ``holder``, ``policy``)."""
         op = op or f'{p}:{next(self.ops)}'
         job = job or f'job-{op}'
         self.emit(p, t0, 'invoke', op=op, door=door, queue=queue, job=job, func='tasks.f', payload=payload,
                   due=due, priority=priority, policies=list(policies or ()))
         if result == 'ok':
-            done.setdefault('job', job)
+            done['job'] = into or job
+            if runs_at is not None:
+                done['due'] = runs_at
             self.emit(p, t1, 'ok', op=op, verdict=verdict, **done)
         elif result is not None:
             self.emit(p, t1, result, op=op, error='TimeoutError' if result == 'info' else 'ValueError', **done)

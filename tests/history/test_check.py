@@ -588,3 +588,11 @@ def test_a_simulated_history_of_every_policy_passes_every_property(tmp_path):
     assert found[2].figures['jobs_run_more_than_once'] > 0  # killed horses, retried
     assert found[5].figures['peaks']['queue capped'] == 2
     assert found[7].figures['keys'] == 4 and found[9].figures['delays']['count'] > 100
+
+
+def test_docs_list_every_bound():
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / 'docs' / 'history.md').read_text()
+    missing = [name for name in check.BOUNDS if f'| `{name}` |' not in page]
+    assert not missing, f'docs/history.md does not list the bound(s) {missing}'

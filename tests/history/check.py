@@ -350,6 +350,8 @@ class Worker:
     faults: list[Fault] = field(default_factory=list)
     #: Times of the worker process's own events (what it did, in order).
     own: list[float] = field(default_factory=list)
+    #: Its runs' start stamps, in order (for bisecting ``runs``).
+    starts: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -572,6 +574,7 @@ def build(ix: Index) -> None:
     lease = ix.bounds['lease']
     for worker in ix.workers.values():
         worker.runs.sort(key=lambda r: r.start['t'])
+        worker.starts = [r.start['t'] for r in worker.runs]
         for i, run in enumerate(worker.runs):
             bounds_after = []
             for release in ix.releases.get(run.job, ()):
@@ -709,7 +712,9 @@ def moved_on(ix: Index, worker: Worker, first: Run, before: float) -> bool:
     for release in ix.releases.get(first.job, ()):
         if release['t'] >= first.start['t'] and hi(release) < before:
             return True
-    return any(run is not first and run.lo > done and run.hi < before for run in worker.runs)
+    # Its next runs after ``done`` (the first few: later ones only end later).
+    k = bisect.bisect_right(worker.starts, done)
+    return any(run is not first and run.lo > done and run.hi < before for run in worker.runs[k:k + 3])
 
 
 def justified(ix: Index, first: Run, second: Run) -> list[dict] | None:
@@ -1507,8 +1512,10 @@ def fair_excess(a: KeyTurns, b: KeyTurns, period: tuple[float, float], width: fl
 
 def fair(ix: Index) -> Result:
     """Over every stretch where two keys of a queue surely stay backlogged (each has an admitted job not yet
-    possibly fetched, and is not possibly paused), their turns per weight differ by at most ``fair_lag x (1/w_a +
-    1/w_b)`` (start-time fair queueing's bound, docs/fair.md's "within one job"), counting one key's turns surely
+    possibly fetched, and is not possibly paused), their turns per weight differ by at most ``fair_lag x 2 / w``,
+    ``w`` the lightest weight among the queue's keys (start-time fair queueing's bound: every active key's virtual
+    time stays within one turn of the lightest key of the lowest, since a key joins at the lowest; docs/fair.md's
+    "within one job", which for equal weights is ``1/w_a + 1/w_b``), counting one key's turns surely
     inside a window against the other's possibly inside it (:func:`fair_excess`, both ways). Keys with a per-key
     limit and scheduled Fair jobs are left out (their turns are not starts; docs/fair.md). Figures: Jain's index of
     the keys' turns per weight per second backlogged, per queue, and the longest a backlogged key waited for a
@@ -1546,6 +1553,15 @@ def fair(ix: Index) -> Result:
             periods.append((since, ix.end))
         backlog[group] = subtract(merge(periods), merge(paused.get(group[1:], [])))
     lag = ix.bounds['fair_lag']
+    # The lightest key's turn per queue (largest 1 / weight of any of its keys, limited ones included: they take
+    # turns too). A key that becomes active joins at the lowest virtual time of all active keys, so every active key
+    # stays within one such turn of the lowest, and two keys' turns per weight over a stretch differ by at most two.
+    lightest: dict[str, float] = defaultdict(float)
+    for group, found in turns.items():
+        lightest[group[0]] = max([lightest[group[0]]] + [t.share_max for t in found])
+    for group, ops in admitted.items():
+        weights = [(op.policy('fair') or {}).get('weight') or 1 for op in ops]
+        lightest[group[0]] = max(lightest[group[0]], 1 / min(weights))
     by_queue: dict[str, list[tuple]] = defaultdict(list)
     for group in backlog:
         by_queue[group[0]].append(group)
@@ -1557,8 +1573,7 @@ def fair(ix: Index) -> Result:
             for y in range(x + 1, len(groups)):
                 ga, gb = groups[x], groups[y]
                 ta, tb = keyed[ga], keyed[gb]
-                bound = lag * (max((t.share_max for t in ta.turns), default=1) +
-                               max((t.share_max for t in tb.turns), default=1))
+                bound = lag * 2 * lightest[queue]
                 for period in intersect(backlog[ga], backlog[gb]):
                     near = ta.near(*period) + tb.near(*period)
                     if not near:

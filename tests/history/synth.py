@@ -3,10 +3,11 @@
 that its history must pass every property (the checker's no-false-alarm test, and bench/history_check.py's input).
 
 The simulation is one event loop on one clock (the server's): producers call doors (Loner, Throttle, enqueue_in,
-Fair keys with weights and priorities, per-key Concurrency), the door decides at the server instant it reports as
-``now``, workers each serving one queue fetch by the queue's rule (FIFO; a cap of 2; a start rate; Fair's virtual
-time; a per-key limit), run the job, end it and release; now and then a horse is killed (the job is retried after a
-second) or a reply is lost (the call ends ``info``, the job admitted all the same).
+Debounce, Fair keys with weights and priorities, per-key Concurrency), the door decides at the server instant it
+reports as ``now``, workers each serving one queue fetch by the queue's rule (FIFO; a cap of 2; a start rate; the
+queue's list, then Fair's virtual time; a per-key limit), run the job, end it and release; now and then a horse is
+killed (the job is retried after a second) or a reply is lost (the call ends ``info``, the job admitted all the
+same). ``broken=`` breaks one promise as a faulty build would (:data:`BREAKS`), for the checker to catch.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import json
+import math
 import random
 from collections import defaultdict, deque
 from pathlib import Path
@@ -129,15 +131,24 @@ class History:
 # -- the simulation --------------------------------------------------------------------------------------------------
 
 #: The queues the simulation serves, each with its workers and how it is fetched.
-QUEUES = {'default': 3, 'capped': 3, 'rated': 2, 'fair': 2, 'keyed': 3}
+QUEUES = {'default': 3, 'capped': 3, 'rated': 2, 'fair': 1, 'keyed': 3}
 CAP = 2
 RATE = (20, 1, 5)  # limit, per, burst
 KEY_LIMIT = 2
 FAIR_WEIGHTS = {'k0': 1, 'k1': 1, 'k2': 2, 'k3': 3}
 
 
-def simulate(events: int, seed: int = 1, dt: float = 0.002) -> History:
-    """A history of about ``events`` events that keeps every promise the checker checks."""
+#: What ``simulate(broken=...)`` can break, as a faulty build would: the cap check removed, the Loner check removed,
+#: a lost reply's replay that writes the job twice, Fair's turns by name instead of virtual time, a Debounce that
+#: runs the first payload of its burst.
+BREAKS = ('cap', 'loner', 'replay', 'fair', 'debounce')
+
+
+def simulate(events: int, seed: int = 1, dt: float = 0.002, broken: str | None = None) -> History:
+    """A history of about ``events`` events that keeps every promise the checker checks, but the one ``broken``
+    names (:data:`BREAKS`)."""
+    if broken not in (None,) + BREAKS:
+        raise ValueError(f'broken must be one of {BREAKS}, got {broken!r}')
     rng = random.Random(seed)
     h = History(dt=dt)
     clock = [T0]
@@ -163,6 +174,7 @@ def simulate(events: int, seed: int = 1, dt: float = 0.002) -> History:
     tat = [0.0]
     held: dict[str, str] = {}  # loner identity -> job waiting
     windows: dict[tuple, str] = {}  # (identity, slot index) -> job
+    pending: dict[str, str] = {}  # debounce identity -> its pending job
     jobs: dict[str, dict] = {}
     status: dict[str, str] = {}
     producers = [f'producer-{n}' for n in range(3)]
@@ -172,9 +184,9 @@ def simulate(events: int, seed: int = 1, dt: float = 0.002) -> History:
             idle[queue].discard(name)
             at(t + 0.001, 'fetch', name)
 
-    def admit(t: float, job: str, queue: str) -> None:
+    def admit(t: float, job: str, queue: str, again: bool = False) -> None:
         info = jobs[job]
-        if queue == 'fair':
+        if queue == 'fair' and not again:  # a retry joins the queue's list, not the key's line (docs/fair.md)
             key = info['key']
             if not fair_lines[key]:
                 active = [fair_vt[k] for k, line in fair_lines.items() if line]
@@ -187,7 +199,7 @@ def simulate(events: int, seed: int = 1, dt: float = 0.002) -> History:
 
     def pick(queue: str, t: float) -> tuple[str | None, float | None]:
         """The job a fetch at ``t`` takes, or None and when to look again (None: at the next news)."""
-        if queue == 'capped' and running['capped'] >= CAP:
+        if queue == 'capped' and running['capped'] >= CAP and broken != 'cap':
             return None, None
         if queue == 'rated':
             interval = RATE[1] / RATE[0]
@@ -195,11 +207,11 @@ def simulate(events: int, seed: int = 1, dt: float = 0.002) -> History:
                 return None, max(tat[0], t) - (RATE[2] - 1) * interval + 1e-4
             if ready[queue]:
                 tat[0] = max(tat[0], t) + interval
-        if queue == 'fair':
+        if queue == 'fair' and not ready[queue]:  # the list first, then the turns
             active = [k for k, line in fair_lines.items() if line]
             if not active:
                 return None, None
-            key = min(active, key=lambda k: (fair_vt[k], k))
+            key = min(active, key=lambda k: (fair_vt[k], k)) if broken != 'fair' else min(active)
             fair_vt[key] += 1 / FAIR_WEIGHTS[key]
             return heapq.heappop(fair_lines[key])[2], None
         if queue == 'keyed':
@@ -214,8 +226,10 @@ def simulate(events: int, seed: int = 1, dt: float = 0.002) -> History:
         p = rng.choice(producers)
         kind = rng.random()
         queue, policies, due, priority, payload = 'default', [], None, None, rng.randrange(1000)
+        # The door decides at t, the instant this event is handled (so decisions and their `now` keep one order);
+        # the call was invoked a little before and returns a little after.
         latency = rng.uniform(0.001, 0.004)
-        now = t + latency / 2
+        now, t = t, t - latency / 2
         job = f'j{next(seq)}'
         op = f'{p}:{next(h.ops)}'
         verdict, holder = 'admitted', None
@@ -225,7 +239,7 @@ def simulate(events: int, seed: int = 1, dt: float = 0.002) -> History:
         elif kind < 0.35:
             ident = f'L{rng.randrange(8)}'
             policies.append({'kind': 'loner', 'identity': ident, 'until': 'started', 'on_conflict': 'drop'})
-            if ident in held:
+            if ident in held and broken != 'loner':
                 verdict, holder = 'dropped', held[ident]
             else:
                 held[ident] = job
@@ -238,9 +252,30 @@ def simulate(events: int, seed: int = 1, dt: float = 0.002) -> History:
                 verdict, holder = 'dropped', windows[window]
             else:
                 windows[window] = job
-        elif kind < 0.5:
+        elif kind < 0.46:
             due = round(now + rng.uniform(0.5, 3.0), 6)
             info['due'] = due
+        elif kind < 0.5:
+            ident = f'D{rng.randrange(4)}'
+            policies.append({'kind': 'debounce', 'identity': ident, 'wait': 1, 'max_wait': 3})
+            held_job = pending.get(ident)
+            if held_job is not None and jobs[held_job]['due'] > now:
+                first = jobs[held_job]['first']
+                runs_at = math.ceil(min(now + 1, first + 3))
+                jobs[held_job]['due'] = runs_at
+                if broken != 'debounce':
+                    jobs[held_job]['payload'] = payload
+                h.call(p, t, t + latency, job=job, queue=queue, payload=payload, policies=policies, op=op,
+                       verdict='replaced', into=held_job, now=round(now, 6), runs_at=runs_at)
+                return
+            runs_at = math.ceil(now + 1)
+            pending[ident] = job
+            jobs[job] = dict(info, due=runs_at, first=now, debounce=ident)
+            h.call(p, t, t + latency, job=job, queue=queue, payload=payload, policies=policies, op=op,
+                   verdict='scheduled', now=round(now, 6), runs_at=runs_at)
+            status[job] = 'scheduled'
+            at(runs_at, 'due', job)
+            return
         elif kind < 0.62:
             queue = 'capped'
         elif kind < 0.72:
@@ -270,6 +305,18 @@ def simulate(events: int, seed: int = 1, dt: float = 0.002) -> History:
             at(due, 'due', job)
         else:
             admit(now, job, queue)
+            if lost and broken == 'replay':
+                admit(now + 0.5, job, queue)  # the resend wrote it again
+
+    def promote(t: float, job: str) -> None:
+        info = jobs[job]
+        if info.get('debounce'):
+            if info['due'] > t + 1e-9:  # moved later by a replacing call
+                at(info['due'], 'due', job)
+                return
+            if pending.get(info['debounce']) == job:
+                del pending[info['debounce']]
+        admit(t, job, info['queue'], again=info.get('attempt', 0) > 0)
 
     def fetch(t: float, name: str) -> None:
         queue = workers[name]['queue']
@@ -288,7 +335,9 @@ def simulate(events: int, seed: int = 1, dt: float = 0.002) -> History:
         if queue == 'keyed':
             running[info['key']] += 1
         start = t + 0.003
-        duration = rng.uniform(0.01, 0.2) if queue != 'capped' else rng.uniform(0.05, 0.3)
+        # Capped and Fair jobs run longer: their queues back up now and then, so caps bind and keys take turns.
+        duration = rng.uniform(0.05, 0.3) if queue == 'capped' else rng.uniform(0.1, 0.3) if queue == 'fair' \
+            else rng.uniform(0.01, 0.2)
         killed = rng.random() < 0.003
         attempt = info.get('attempt', 0)
         status[job] = 'started'
@@ -333,7 +382,7 @@ def simulate(events: int, seed: int = 1, dt: float = 0.002) -> History:
         elif what == 'done':
             done(t, *args)
         elif what == 'due':
-            admit(t, args[0], jobs[args[0]]['queue'])
+            promote(t, args[0])
     # Drain: no more calls; let the workers finish.
     heap = [item for item in heap if item[2] != 'call']
     heapq.heapify(heap)
@@ -345,6 +394,6 @@ def simulate(events: int, seed: int = 1, dt: float = 0.002) -> History:
         elif what == 'done':
             done(t, *args)
         elif what == 'due':
-            admit(t, args[0], jobs[args[0]]['queue'])
+            promote(t, args[0])
     h.final(clock[0] + 1.0, {job: status.get(job, 'missing') for job in jobs})
     return h

@@ -587,7 +587,18 @@ def test_a_simulated_history_of_every_policy_passes_every_property(tmp_path):
     clean(found)
     assert found[2].figures['jobs_run_more_than_once'] > 0  # killed horses, retried
     assert found[5].figures['peaks']['queue capped'] == 2
+    assert found[6].figures['debounce_identities'] == 4 and found[6].figures['throttle_identities'] == 6
     assert found[7].figures['keys'] == 4 and found[9].figures['delays']['count'] > 100
+
+
+@pytest.mark.parametrize(('broken', 'number'), [('cap', 5), ('loner', 4), ('replay', 2), ('fair', 7),
+                                                ('debounce', 6)])
+def test_a_simulated_broken_build_is_flagged(tmp_path, broken, number):
+    """The same simulation with one promise broken as a faulty build would break it (the cap check removed, the
+    Loner check removed, a lost reply's resend writing the job again, Fair's turns by key name, a Debounce keeping
+    its first payload): the property it breaks is flagged."""
+    found = results(simulate(15_000, seed=3, broken=broken), tmp_path)
+    assert found[number].violations, f'{broken}: property {number} not flagged'
 
 
 def test_docs_list_every_bound():

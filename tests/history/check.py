@@ -50,7 +50,8 @@ BOUNDS: dict[str, tuple[float, str]] = {
     'worker_ttl': (90.0, "docs/loner.md: a started Loner(until='finished') holder counts while rq's worker key lives "
                          '(job_monitoring_interval + 60 s, 90 s by default) or its liveness key'),
     'fair_lag': (1.0, 'docs/fair.md: two keys that stay backlogged start in the ratio of their weights, within one '
-                      'job, over any stretch (a pair may differ by fair_lag x (1/w_a + 1/w_b) starts per weight)'),
+                      'job, over any stretch (a pair may differ by fair_lag turns of the queue\'s lightest key at '
+                      'each end of a stretch: fair_lag x 2 / w_min starts per weight)'),
     'failover_loss_window': (1.0, 'docs/guarantees.md: a failover loses what the replica missed (asynchronous '
                                   'replication); the window before a SIGKILL failover whose writes may be lost '
                                   '(not measured yet: issue 31 item 4 measures it per topology)'),

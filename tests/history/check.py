@@ -987,6 +987,10 @@ def sweep_limit(ix: Index, result: Result, label: str, runs: list[Run], cost_of:
         what = (f'{label}: {total} running at {fmt(t)} over a limit of {limit:g} (runs '
                 + ', '.join(f'{m.job} on {m.worker} from {fmt(m.a)}' for m in shown) + ')')
         evidence = [m.start for m in shown] + [m.end for m in shown if m.end is not None]
+        evidence += [c[3] for c in timeline.changes if c[0] <= t][-1:]  # the limit in force
+        for m in shown:  # faults of their workers since they started: why they are, or are not, lapses
+            worker = ix.workers.get(m.worker)
+            evidence += [e for f in (worker.faults if worker else []) if m.lo <= f.lo <= t for e in f.events][:2]
         lapsed, faults = [], []
         for m in members:
             fault = None if m is run else (ix.lapse_from(m, t) or ix.in_failover_window(m.lo, m.hi))
@@ -996,7 +1000,7 @@ def sweep_limit(ix: Index, result: Result, label: str, runs: list[Run], cost_of:
         if lapsed and total - sum(cost_of(m) for m in lapsed) <= limit:
             lapse(result, what + '; lapsed: ' + ', '.join(f'{m.job} ({f.action} at {fmt(f.lo)})'
                                                           for m, f in zip(lapsed, faults)),
-                  evidence + [e for f in faults[:3] for e in f.events], total - limit)
+                  evidence + [e for f in faults[:3] for e in f.events if e not in evidence], total - limit)
         else:
             violation(result, what, evidence, total - limit)
     return peak
@@ -1796,6 +1800,10 @@ def figures(ix: Index) -> dict[str, Any]:
             'nemeses': dict(sorted(actions.items())), 'span_seconds': round(ix.end - ix.begin, 3)}
 
 
+#: An excerpt's line is cut after this many characters.
+EXCERPT_CHARS = 1000
+
+
 def excerpt(ix: Index, events: list[dict]) -> list[str]:
     """The events' own lines, as ``file:line-offset: line`` (read back from the files)."""
     out = []
@@ -1804,6 +1812,8 @@ def excerpt(ix: Index, events: list[dict]) -> list[str]:
         with path.open('rb') as handle:
             handle.seek(event['_o'])
             line = handle.readline().decode('utf-8', 'replace').rstrip('\n')
+        if len(line) > EXCERPT_CHARS:  # a final event names every job
+            line = f'{line[:EXCERPT_CHARS]}... ({len(line) - EXCERPT_CHARS} more characters)'
         out.append(f'{path.name}@{event["_o"]}: {line}')
     return out
 

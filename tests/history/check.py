@@ -498,22 +498,21 @@ def build(ix: Index) -> None:
     runs: dict[str, Run] = {}
     open_faults: dict[Any, list[Fault]] = defaultdict(list)
     worker_process: dict[str, str] = {}
+    # Completions and ends are paired once every invoke and start is known: two processes' stamps (a horse's start,
+    # the worker's end for it) or one process's across a recalibration may sort an ending before its beginning.
+    completions, ends = [], []
     for event in events:
         kind = event.get('e')
         if kind == 'invoke':
-            ix.ops[event['op']] = Op(event['op'], event)
+            ix.ops.setdefault(event['op'], Op(event['op'], event))
         elif kind in ('ok', 'fail', 'info'):
-            op = ix.ops.get(event.get('op'))
-            if op is not None and op.done is None:
-                op.done = event
+            completions.append(event)
         elif kind == 'start':
             rid = event.get('run') or f'{event.get("job")}@{event["t"]}'
             if rid not in runs:
                 runs[rid] = Run(rid, event)
         elif kind == 'end':
-            run = runs.get(event.get('run'))
-            if run is not None and run.end is None:
-                run.end = event
+            ends.append(event)
         elif kind == 'hello':
             name = event.get('worker')
             if event.get('role') == 'worker' and name:
@@ -548,6 +547,14 @@ def build(ix: Index) -> None:
         name = worker_process.get(event.get('p'))
         if name is not None:
             ix.workers[name].own.append(event['t'])
+    for event in completions:
+        op = ix.ops.get(event.get('op'))
+        if op is not None and op.done is None:
+            op.done = event
+    for event in ends:
+        run = runs.get(event.get('run'))
+        if run is not None and run.end is None:
+            run.end = event
     # Ops by the job they name.
     for op in ix.ops.values():
         for job in {op.job, op.invoke.get('job')} - {None}:
@@ -588,10 +595,8 @@ def build(ix: Index) -> None:
         if run.worker:
             worker = ix.workers.setdefault(run.worker, Worker(run.worker))
             worker.runs.append(run)
-            if not worker.hello:
-                worker.queues.add(run.queue)
-            elif not worker.hello.get('queues'):
-                worker.queues.add(run.queue)
+            if not (worker.hello or {}).get('queues'):
+                worker.queues.add(run.queue)  # no queues said: those its runs came from
     ix.runs.sort(key=lambda r: r.lo)
     for runs_of in ix.jobs_runs.values():
         runs_of.sort(key=lambda r: r.start['t'])

@@ -574,6 +574,18 @@ def test_bounds_from_a_file_override_the_table_and_a_bad_one_is_refused(tmp_path
         check.main([str(folder), '--bounds', str(tmp_path / 'bad.json')])
 
 
+def test_an_ending_stamped_before_its_beginning_is_still_paired(tmp_path):
+    # Two processes' offsets (or one process's across a recalibration) may put an ok before its invoke, or a
+    # worker's end for a killed horse before the horse's start: they still belong together.
+    h = base()
+    h.call(P, T + 1, T + 0.999, job='j1')
+    run(h, 'w1', 'j1', T + 2, T + 1.999, end_by='worker', outcome='failed')
+    h.final(T + 10, {'j1': 'failed'})
+    found = results(h, tmp_path)
+    clean(found)
+    assert found[1].figures['acknowledged'] == 1
+
+
 def test_a_torn_last_line_is_counted_and_skipped(tmp_path):
     folder = capped((T + 3.5, T + 4)).write(tmp_path / 'h')
     with (folder / 'horse-w1.jsonl').open('a') as handle:

@@ -1170,7 +1170,9 @@ def throttle(ix: Index, result: Result) -> int:
         if policy is not None:
             groups[(op.queue, policy.get('identity'))].append(op)
     for (queue, identity), ops in groups.items():
-        slot = float(ops[0].policy('throttle').get('slot'))
+        slot = float(ops[0].policy('throttle').get('slot') or 0)
+        if slot <= 0:
+            continue  # no slot recorded: nothing to check against
         jobs: dict[str, dict] = {}
         for op in ops:
             if op.kind == 'ok' and op.verdict in ('admitted', 'scheduled', 'parked'):
@@ -1193,9 +1195,10 @@ def throttle(ix: Index, result: Result) -> int:
             if entry['hi'] == INF:
                 continue
             w0, w1 = math.floor(entry['lo'] / slot), math.floor(entry['hi'] / slot)
-            if entry['lead'] == {False}:
+            lead = entry['lead'] - {None} or {None}  # an info call says nothing when an ok said which
+            if lead == {False}:
                 w0, w1 = w0 + 1, w1 + 1
-            elif entry['lead'] != {True}:
+            elif lead != {True}:
                 w1 += 1
             ranges.append((w1, w0, job))
         owner: dict[int, str] = {}
@@ -1823,9 +1826,16 @@ def figures(ix: Index) -> dict[str, Any]:
     actions: dict[str, int] = defaultdict(int)
     for fault in ix.faults:
         actions[fault.action] += 1
+    # How much of the optional precision the recorder gave (each missing field widens an interval: docs/history.md).
+    hellos = [e for e in ix.events if e.get('e') == 'hello']
+    precision = {'starts_without_fetched': sum(1 for run in ix.runs if not run.start.get('fetched')),
+                 'oks_without_now': sum(1 for op in ix.ops.values() if op.kind == 'ok' and op.done.get('now') is None),
+                 'processes_without_dt': sum(1 for e in hellos if e.get('dt') is None),
+                 'largest_dt': max((e.get('dt') or 0 for e in hellos), default=None)}
     return {'events': len(ix.events), 'files': len(ix.files), 'torn_lines': ix.torn, 'ops': len(ix.ops),
             'jobs': len(jobs), 'runs': len(ix.runs), 'workers': len(ix.workers),
-            'nemeses': dict(sorted(actions.items())), 'span_seconds': round(ix.end - ix.begin, 3)}
+            'nemeses': dict(sorted(actions.items())), 'span_seconds': round(ix.end - ix.begin, 3),
+            'precision': precision}
 
 
 #: An excerpt's line is cut after this many characters.
@@ -1866,7 +1876,8 @@ def as_text(ix: Index, results: list[Result], shown: int = 10) -> str:
     fig = figures(ix)
     lines = [f'history {ix.folder}: {fig["events"]} events in {fig["files"]} files ({fig["torn_lines"]} torn), '
              f'{fig["ops"]} calls, {fig["jobs"]} jobs, {fig["runs"]} runs, {fig["workers"]} workers, '
-             f'nemeses {fig["nemeses"] or "none"}, over {fig["span_seconds"]} s']
+             f'nemeses {fig["nemeses"] or "none"}, over {fig["span_seconds"]} s',
+             f'precision: {json.dumps(fig["precision"], sort_keys=True)}']
     for r in results:
         head = f'{r.number}. {r.name}: ' + ('ok' if r.ok else f'VIOLATED ({len(r.violations)})')
         if r.lapses:

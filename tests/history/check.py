@@ -690,6 +690,9 @@ def no_loss(ix: Index) -> Result:
     if ix.final is None:
         result.notes.append('not checked: the history has no final event (the run did not drain)')
         return result
+    if ix.final.get('drained') is False:
+        result.notes.append('the final drain timed out: jobs still running or waiting then are judged as final '
+                            'shows them')
     deleted: dict[str, Op] = {}
     for op in ix.ops.values():
         if op.kind == 'ok':
@@ -748,8 +751,8 @@ def moved_on(ix: Index, worker: Worker, first: Run, before: float) -> bool:
 
 def justified(ix: Index, first: Run, second: Run) -> list[dict] | None:
     """The events that allow ``second`` after ``first`` (a retry, a stop, a death of first's worker), or None."""
-    if first.retry:
-        return first.events
+    if first.retry or (first.end is not None and 'retry' in first.end and first.end['retry'] is None):
+        return first.events  # retried, or the worker could not read whether rq would run it again
     if first.end is not None and first.end.get('outcome') == 'stopped':
         return first.events
     worker = ix.workers.get(first.worker)
@@ -1755,8 +1758,13 @@ def due_jobs(ix: Index) -> list[tuple[str, float, dict, list[dict], int]]:
     out = [tuple(entry) for entry in found.values()]
     for job, runs in ix.jobs_runs.items():
         for i, run in enumerate(runs):
-            if run.retry and run.end.get('due') is not None:
-                out.append((job, float(run.end['due']), run.start, [run.end], i + 1))
+            if not run.retry:
+                continue
+            due = run.end.get('due')
+            if due is None and run.end.get('delay') is not None:
+                due = run.end['t'] + float(run.end['delay'])  # the delay rq waits, from the end
+            if due is not None:
+                out.append((job, float(due), run.start, [run.end], i + 1))
     return out
 
 

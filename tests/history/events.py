@@ -78,7 +78,8 @@ assumes without them; nothing above was removed or changed in meaning):
     paid the rate, took the Fair turn) is known to a round trip; without it the checker allows ``start_lag`` (1 s).
 
 ``end``: ``due`` (with ``retry``: the server time from which the job may run again: a Snooze's or a retry's scheduled
-    time, a BackOff's end).
+    time, a BackOff's end); else ``delay`` (seconds from the end); ``retry`` None: the worker could not read whether
+    rq will run it again (the checker then allows a second run).
 
 ``setting``: ``t0`` (the stamp just before the call; ``t`` is then the stamp after it returned, and the change took
     effect in between).

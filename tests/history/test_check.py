@@ -120,6 +120,10 @@ def test_no_double_run_flags_a_second_run_after_an_ok_end(tmp_path):
 
 def test_no_double_run_passes_a_second_run_after_a_retry(tmp_path):
     clean(results(twice(retry=True), tmp_path))
+    # The worker could not read whether rq would run it again (retry None): not a violation either.
+    h = twice()
+    h.files['horse-w1'][-1]['retry'] = None
+    clean(results(h, tmp_path / 'unknown'))
 
 
 def test_a_run_killed_by_a_nemesis_may_run_again_but_not_without_one(tmp_path):
@@ -539,10 +543,13 @@ def test_liveness_counts_only_time_when_a_worker_of_the_queue_fetched(tmp_path):
     clean(results(h, tmp_path))
 
 
-def test_liveness_checks_a_retry_against_its_due_time(tmp_path):
+@pytest.mark.parametrize('said', ['due', 'delay'])
+def test_liveness_checks_a_retry_against_its_due_time(tmp_path, said):
     h = base(workers=('w1',))
     admit(h, 'j1', T)
-    run(h, 'w1', 'j1', T + 1, T + 2, outcome='snoozed', retry=True, due=T + 3)
+    run(h, 'w1', 'j1', T + 1, T + 2, outcome='snoozed', retry=True, due=T + 3 if said == 'due' else None)
+    if said == 'delay':
+        h.files['horse-w1'][-1]['delay'] = 1  # rq waits 1 s from the end: due T + 3
     run(h, 'w1', 'j1', T + 9, T + 10)
     h.final(T + 60, {'j1': 'finished'})
     [finding] = only(results(h, tmp_path), 9)

@@ -55,6 +55,9 @@ BOUNDS: dict[str, tuple[float, str]] = {
     'failover_loss_window': (1.0, 'docs/guarantees.md: a failover loses what the replica missed (asynchronous '
                                   'replication); the window before a SIGKILL failover whose writes may be lost '
                                   '(not measured yet: issue 31 item 4 measures it per topology)'),
+    'given_back_lag': (1.0, 'docs/per-key.md: a rate-parked job "comes back with its start already paid": its start '
+                            'was decided when it was given back, before its fetch (not measured: how long before '
+                            'is up to the workers; a window this explains is a lapse)'),
     'start_lag': (1.0, 'the checker\'s allowance: a start event without `fetched` was decided by a fetch at most this '
                        'long before it (the fork and the job\'s first line)'),
     'default_dt': (0.05, "the checker's allowance: the round trip assumed for a process whose hello gives no dt"),
@@ -1091,15 +1094,15 @@ def rate_steps(timeline: Timeline, begin: float) -> tuple[list[float], list[floa
     return [times[k] for k in order], [rates[k] for k in order], float(max(bursts))
 
 
-def check_rate(ix: Index, result: Result, label: str, runs: list[Run], cost_of: Any, timeline: Timeline) -> None:
-    """In every window [x, y], the starts decided inside it (their fetch windows inside it) cost at most
-    ``rate x (y - x) + burst`` (+ the largest cost - 1: a costed start may overshoot by one job). With C the prefix
-    sums of costs in order of the fetches' latest instants and A the integral of the largest possible rate, a window
-    from start i to start j breaks it when ``(C(j) - A(hi_j)) - (C(i-1) - A(lo_i)) > allowance``: one pass keeps the
-    smallest ``C(i-1) - A(lo_i)`` so far (a two-pointer sweep reduced to its minimum), every window in O(n). ``lo_i``
-    is the earliest fetch instant of any start from i on, so widths that differ never flag a window wrongly. Windows
-    touching a span with no limit (or a SIGKILL failover: at most ``burst`` more, docs/guarantees.md) are not
-    violations."""
+def rate_windows(ix: Index, runs: list[Run], cost_of: Any, timeline: Timeline, early: float = 0.0) -> list[tuple]:
+    """The windows [x, y] in which the starts decided inside them (their fetch windows, each allowed to begin
+    ``early`` sooner, inside it) cost more than ``rate x (y - x) + burst`` (+ the largest cost - 1: a costed start may
+    overshoot by one job): (x, y, excess, the starts). With C the prefix sums of costs in order of the fetches'
+    latest instants and A the integral of the largest possible rate, a window from start i to start j breaks the
+    bound when ``(C(j) - A(hi_j)) - (C(i-1) - A(lo_i)) > allowance``: one pass keeps the smallest ``C(i-1) - A(lo_i)``
+    so far (a two-pointer sweep reduced to its minimum), every window in O(n). ``lo_i`` is the earliest fetch instant
+    of any start from i on, so widths that differ never flag a window wrongly. Windows touching a span with no limit
+    are not checked; after a window is found, the next one begins after it."""
     times, rates, burst = rate_steps(timeline, ix.begin - 1)
     # Split into spans with a limit; a start whose fetch window meets an unlimited span is outside every window.
     spans, span_start = [], None
@@ -1113,9 +1116,10 @@ def check_rate(ix: Index, result: Result, label: str, runs: list[Run], cost_of: 
         if end == INF and span_start is not None:
             spans.append((span_start, INF))
     allowance = burst + max((cost_of(run) for run in runs), default=1) - 1
+    found = []
     for s0, s1 in spans:
-        items = sorted(((run.hi, run.lo, cost_of(run), run) for run in runs if run.lo >= s0 and run.hi <= s1),
-                       key=lambda item: (item[0], item[1]))
+        items = sorted(((run.hi, run.lo - early, cost_of(run), run) for run in runs
+                        if run.lo - early >= s0 and run.hi <= s1), key=lambda item: (item[0], item[1]))
         if sum(item[2] for item in items) <= allowance:
             continue
         # A(t) over the span, from s0: cumulative allowance of the largest rate.
@@ -1146,18 +1150,33 @@ def check_rate(ix: Index, result: Result, label: str, runs: list[Run], cost_of: 
             excess = cum - allowed(j_hi) - best - allowance
             if excess <= 1e-9:
                 continue
-            window = items[best_i:j + 1]
             x, y = suffix[best_i], j_hi
-            what = (f'{label}: {sum(w[2] for w in window):g} start(s) decided within {fmt(x)}..{fmt(y)} '
-                    f'({y - x:.3f} s), over rate x window + burst = {allowed(y) - allowed(x) + allowance:.2f}')
-            evidence = [w[3].start for w in window[:6]] + [w[3].start for w in window[6:][-6:]]
-            fault = ix.in_failover_window(x, y)
-            if fault is not None and excess <= burst:
-                lapse(result, what + f'; across {fault.action} at {fmt(fault.lo)}', evidence + fault.events, excess)
-            else:
-                violation(result, what, evidence, excess)
+            found.append((x, y, excess, allowed(y) - allowed(x) + allowance, [w[3] for w in items[best_i:j + 1]]))
             best, cum = INF, 0.0  # the next finding is a window after this one
             best_i = j + 1
+    return found
+
+
+def check_rate(ix: Index, result: Result, label: str, runs: list[Run], cost_of: Any, timeline: Timeline,
+               paid_before: float = 0.0) -> None:
+    """Report :func:`rate_windows`: a window over by at most ``burst`` across a SIGKILL failover is a lapse
+    (docs/guarantees.md), and so, for a Rate key (``paid_before``), is one that holds once each start may have been
+    paid up to ``given_back_lag`` before its fetch (a parked job's start is paid when it is given back); any other is
+    a violation."""
+    burst = rate_steps(timeline, ix.begin - 1)[2]
+    loose = rate_windows(ix, runs, cost_of, timeline, paid_before) if paid_before else None
+    for x, y, excess, allowed, window in rate_windows(ix, runs, cost_of, timeline):
+        what = (f'{label}: {sum(cost_of(r) for r in window):g} start(s) decided within {fmt(x)}..{fmt(y)} '
+                f'({y - x:.3f} s), over rate x window + burst = {allowed:.2f}')
+        evidence = [r.start for r in window[:6]] + [r.start for r in window[6:][-6:]]
+        fault = ix.in_failover_window(x, y)
+        if fault is not None and excess <= burst:
+            lapse(result, what + f'; across {fault.action} at {fmt(fault.lo)}', evidence + fault.events, excess)
+        elif loose is not None and not any(a <= y and x - paid_before <= b for a, b, *_ in loose):
+            lapse(result, what + f'; within what starts paid up to {paid_before:g} s before their fetch allow (a '
+                                 f'parked job is paid when it is given back)', evidence, excess)
+        else:
+            violation(result, what, evidence, excess)
 
 
 def throttle(ix: Index, result: Result) -> int:
@@ -1299,7 +1318,8 @@ def rates(ix: Index, live: Availability) -> Result:
     for (scope, key), runs in by_key.items():
         p = runs[0].policy('rate')
         timeline = ix.timeline('key_rate', scope, key, default=(p['limit'], p['per'], p.get('burst') or 1))
-        check_rate(ix, result, f'key {scope}:{key}', runs, lambda r: r.policy('rate').get('cost') or 1, timeline)
+        check_rate(ix, result, f'key {scope}:{key}', runs, lambda r: r.policy('rate').get('cost') or 1, timeline,
+                   ix.bounds['given_back_lag'])
     result.figures['throttle_identities'] = throttle(ix, result)
     result.figures['debounce_identities'] = debounce(ix, result, live)
     return result
@@ -1801,9 +1821,11 @@ def liveness(ix: Index, live: Availability) -> Result:
                       piece[1] - piece[0])
         elif excused is not None:
             faults = [f for f in ix.server_faults() if f.lo <= excused[1] and f.hi >= excused[0]]
-            lapse(result, what + f'; idle {excused[1] - excused[0]:.2f} s across ' +
-                  ', '.join(f'{f.action} at {fmt(f.lo)}' for f in faults[:3]),
-                  evidence + shown + [e for f in faults[:2] for e in f.events], excused[1] - excused[0])
+            healed = max((f.hi for f in faults if f.hi < INF), default=None)
+            lapse(result, what + f', {until - due:.2f} s late across ' +
+                  ', '.join(f'{f.action} {fmt(f.lo)}..{fmt(f.hi)}' for f in faults[:3]) +
+                  (f'; fetched {until - healed:.2f} s after it ended' if healed is not None else ''),
+                  evidence + shown + [e for f in faults[:2] for e in f.events], until - due)
     result.figures['delays'] = {'count': len(delays), 'p50': quantile(delays, 0.5), 'p99': quantile(delays, 0.99),
                                 'max': max(delays, default=None)}
     if skipped:

@@ -60,6 +60,37 @@ The types, with their own fields (a field not listed is ignored by the checker; 
     ``jobs``: {job id: where rq shows it (queued | scheduled | deferred | started | finished | failed | stopped |
     canceled | parked | waiting | missing)} for every job id any ``ok``/``info``/``start`` event named.
 
+Fields added for the checker (optional: the checker reads them when present and says in docs/history.md what it
+assumes without them; nothing above was removed or changed in meaning):
+
+``hello``: ``queues`` (workers: the queue names the worker serves; without it, the queues its runs came from).
+
+``ok``: ``now`` (the server's clock when the door's script decided, ``Verdict.server_now``: the exact instant of the
+    call, which else lies anywhere between its ``invoke`` and its ``ok``); ``due`` (the run time the door answered
+    for a pending job, ``Verdict.number``: a Debounce's or a trailing job's); ``policy`` (for dropped and raised: the
+    policy that decided, ``Verdict.policy``); ``dropped_jobs`` (ids of pending jobs the call deleted by design: a
+    ``force`` dropping a trailing or debounced job, ``Verdict.dropped``). The verdict ``scheduled`` means admitted as
+    a pending job (``Verdict.code`` 2: a trailing Throttle job, a Debounce's pending job); an ``enqueue_in``/``at``
+    that admits an ordinary job is ``admitted``, its ``invoke`` carrying ``due``.
+
+``start``: ``fetched``, ``[t0, t1]``: the worker's stamps (its own process's clock and offset) just before it sent the
+    fetch that took the job and just after its reply, so the instant the server decided the start (took the hold,
+    paid the rate, took the Fair turn) is known to a round trip; without it the checker allows ``start_lag`` (1 s).
+
+``end``: ``due`` (with ``retry``: the server time from which the job may run again: a Snooze's or a retry's scheduled
+    time, a BackOff's end); else ``delay`` (seconds from the end); ``retry`` None: the worker could not read whether
+    rq will run it again (the checker then allows a second run).
+
+``setting``: ``t0`` (the stamp just before the call; ``t`` is then the stamp after it returned, and the change took
+    effect in between).
+
+``nemesis``: ``id`` (the same on a begin and its end; without it, begins and ends pair by action and target, first in
+    first out).
+
+Policy fields: ``scope`` for ``concurrency``, ``rate`` and ``fair`` (the key's scope, as ``setting`` events name it:
+``key`` alone then names the key within it), ``cost`` for ``rate``, ``priority`` for ``fair`` (the resolved priority
+when the enqueue gave none).
+
 What each property reads (``tests/history/check.py``):
 
 1. no loss: ``ok`` admitted/replaced/parked/scheduled -> an ``end`` without ``retry``, or a waiting place in ``final``;
@@ -90,9 +121,9 @@ POLICY_FIELDS = {
     'loner': ('identity', 'until', 'on_conflict', 'ttl'),
     'throttle': ('identity', 'slot', 'trailing'),  # slot: seconds (epoch-aligned)
     'debounce': ('identity', 'wait', 'max_wait'),
-    'concurrency': ('key', 'limit', 'cost'),  # limit as declared; ``setting`` key_limit overrides it
-    'rate': ('key', 'limit', 'per', 'burst'),
-    'fair': ('key', 'weight'),
+    'concurrency': ('scope', 'key', 'limit', 'cost'),  # limit as declared; ``setting`` key_limit overrides it
+    'rate': ('scope', 'key', 'limit', 'per', 'burst', 'cost'),
+    'fair': ('scope', 'key', 'weight', 'priority'),
     'queue_slot': ('cap',),  # the queue's cap as the producer knew it; ``setting`` events are authoritative
     'queue_rate': ('limit', 'per', 'burst'),
 }

@@ -1,4 +1,4 @@
-"""What makes an enqueue take the probe first (rq_policies.hints): identity hints and the drop-rate predictor.
+"""What makes an enqueue take the probe first (rq_policies.engine.hints): identity hints and the drop-rate predictor.
 
 Either only chooses which script runs first; every test here also checks that the outcome is the one the full path
 gives (the probe never decides alone).
@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from rq_policies import Loner, PolicyQueue, admission, keys
-from rq_policies.hints import DropRates
+from rq_policies import Loner, PolicyQueue
+from rq_policies.engine import admission, keys
+from rq_policies.engine.hints import DropRates
 from tests.helpers import jobs
 
 

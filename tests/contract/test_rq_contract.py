@@ -27,8 +27,9 @@ from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.registry import DeferredJobRegistry, ScheduledJobRegistry, clean_registries
 
-from rq_policies import Loner, PolicyJob, PolicyQueue, compat
-from rq_policies.fetch import Look, release_claim
+from rq_policies import Loner, PolicyJob, PolicyQueue
+from rq_policies.engine import compat
+from rq_policies.engine.fetch import Look, release_claim
 from tests.helpers import fetches, jobs, key_jobs
 
 ALL_STATUSES = [status.value for status in JobStatus]
@@ -113,7 +114,7 @@ def test_a_released_dependent_left_ready_to_enqueue_still_holds_its_identity(con
 def test_the_end_of_run_release_frees_a_loner_identity_only_once_its_job_has_ended(connection, status):
     """What PolicyWorker queues on the end-of-run pipeline (lua/release_markers.lua, ``ended``): a job retried or
     repeated (waiting again) keeps its identity; one that ended frees it."""
-    from rq_policies import admission
+    from rq_policies.engine import admission
 
     q = PolicyQueue('contract', connection=connection)
     holder = q.enqueue(jobs.plain, 1, policy=Loner(until='finished'))

@@ -21,17 +21,9 @@ import pytest
 from rq import Queue
 from rq.job import Job
 
-from rq_policies import (
-    Debounce,
-    Loner,
-    PolicyQueue,
-    PolicySimpleWorker,
-    QueueRate,
-    QueueSlot,
-    Throttle,
-    keys,
-)
-from rq_policies.compat import RQ3
+from rq_policies import Debounce, Loner, PolicyQueue, PolicySimpleWorker, QueueRate, QueueSlot, Throttle
+from rq_policies.engine import keys
+from rq_policies.engine.compat import RQ3
 from tests.helpers import jobs, key_jobs
 from tests.helpers.cluster import ValkeyCluster
 from tests.helpers.throttle_helpers import clear_of_a_slot_edge
@@ -82,7 +74,7 @@ def test_a_prefix_without_hash_tag_is_refused_at_the_first_door_and_worker_start
 import json, os
 from redis.cluster import RedisCluster
 from rq_policies import PolicyQueue, PolicySimpleWorker, PolicyWorker
-from rq_policies.exceptions import PolicyConfigurationError
+from rq_policies.engine.exceptions import PolicyConfigurationError
 conn = RedisCluster.from_url(os.environ['CLUSTER_URL'])
 said = []
 for make in (lambda: PolicyQueue('q', connection=conn), lambda: PolicyWorker(['q'], connection=conn),
@@ -100,7 +92,7 @@ print(json.dumps(said))
     out = subprocess.run([sys.executable, '-c', probe], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     said = json.loads(out.stdout)
-    cli = subprocess.run([sys.executable, '-m', 'rq_policies.cli', 'info', *CLUSTER_CLASS, '--url',
+    cli = subprocess.run([sys.executable, '-m', 'rq_policies', 'info', *CLUSTER_CLASS, '--url',
                           valkey_cluster.url], env=env, capture_output=True, text=True, timeout=60)
     assert cli.returncode == 1 and 'Traceback' not in cli.stderr, cli.stderr
     said.append(cli.stderr)
@@ -147,8 +139,8 @@ def test_a_cluster_client_no_door_adopted_takes_settings_releases_and_the_async_
     from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
     from redis.cluster import RedisCluster
 
-    from rq_policies.aio import AsyncPolicyQueue
-    from rq_policies.fetch import Claim, release_claim
+    from rq_policies.engine.fetch import Claim, release_claim
+    from rq_policies.surfaces.aio import AsyncPolicyQueue
 
     assert QueueSlot.acquire('plain', capacity=1, token='plain:1', ttl=60, connection=cluster)
     for step in ('rate', 'release'):
@@ -245,7 +237,7 @@ def test_the_cli_and_rq_s_worker_command_take_rq_s_connection_class_option(clust
     QueueSlot.set('cli', 2, connection=cluster)
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, '-m', 'rq_policies.cli', *args, *CLUSTER_CLASS, '--url',
+        return subprocess.run([sys.executable, '-m', 'rq_policies', *args, *CLUSTER_CLASS, '--url',
                                valkey_cluster.url], env=cluster_env, capture_output=True, text=True, timeout=60)
 
     out = run('info', '--json')
@@ -270,7 +262,7 @@ def test_the_page_reads_the_slots_primary(cluster, valkey_cluster):
     reads a cluster's state as a single server's (it does not follow a failover)."""
     from redis import Redis
 
-    from rq_policies.dashboard import data
+    from rq_policies.surfaces.dashboard import data
 
     q = PolicyQueue('readers', connection=cluster)
     q.enqueue(jobs.plain, 1, policy=Loner())
@@ -508,7 +500,8 @@ def test_an_identity_s_keys_are_scanned_on_the_prefix_slot_s_node_only(cluster, 
     """``state.identity_keys`` and ``state.reset_digest`` (``explain``'s identity rows, the CLI's and the page's
     reset) walk the prefix's slot with one node's cursor (``keys.scanner``), as the other readers do, not every
     primary of the cluster with a cluster client's SCAN."""
-    from rq_policies import identity, state
+    from rq_policies.engine import identity
+    from rq_policies.surfaces import state
 
     q = PolicyQueue('ids', connection=cluster)
     job = q.enqueue(jobs.plain, 3, policy=Loner())

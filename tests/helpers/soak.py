@@ -72,10 +72,11 @@ from rq.registry import (
     StartedJobRegistry,
 )
 
-from rq_policies import PolicyQueue, QueueSlot, keys
-from rq_policies.compat import KEY_PREFIX as RQ
-from rq_policies.fetch import unpack_strings
-from rq_policies.testing import RedisServer
+from rq_policies import PolicyQueue, QueueSlot
+from rq_policies.engine import keys
+from rq_policies.engine.compat import KEY_PREFIX as RQ
+from rq_policies.engine.fetch import unpack_strings
+from rq_policies.surfaces.testing import RedisServer
 from tests.helpers import soak_jobs, with_root
 from tests.helpers.faultproxy import FaultProxy, retrying
 

@@ -14,10 +14,11 @@ from collections.abc import Callable
 
 from rq import Worker
 
-from rq_policies import PolicyQueue, PolicyWorker, compat
-from rq_policies.compat import KEY_PREFIX
-from rq_policies.fetch import current_fetcher
-from rq_policies.worker import _WorkerFetcher
+from rq_policies import PolicyQueue, PolicyWorker
+from rq_policies.engine import compat
+from rq_policies.engine.compat import KEY_PREFIX
+from rq_policies.engine.fetch import current_fetcher
+from rq_policies.engine.worker import _WorkerFetcher
 from tests.helpers import with_root
 from tests.helpers.cluster import CLUSTER_CLASS, ON_CLUSTER, connect
 

@@ -14,9 +14,10 @@ import pytest
 from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry
 
-from rq_policies import LimitedCapacityWorker, PolicyQueue, PolicySimpleWorker, keys
-from rq_policies.compat import KEY_PREFIX as RQ
-from rq_policies.ledger import Hold, acquire_call
+from rq_policies import LimitedCapacityWorker, PolicyQueue, PolicySimpleWorker
+from rq_policies.engine import keys
+from rq_policies.engine.compat import KEY_PREFIX as RQ
+from rq_policies.engine.ledger import Hold, acquire_call
 from tests.helpers import EXAMPLES, lcw_jobs
 from tests.helpers.cluster import CLUSTER_CLASS, ON_CLUSTER, not_on_cluster
 from tests.helpers.workers import stop, wait_for

@@ -1,4 +1,4 @@
-"""The admin API (rq_policies.admin): every run-time setting family has set/get/clear/status with one shape.
+"""The admin API (rq_policies.engine.admin): every run-time setting family has set/get/clear/status with one shape.
 
 One parametrized test per promise, over every family: the types returned, the argument order (what, then the values,
 then connection=), the errors on bad input (InvalidSetting naming the argument and the value, and nothing in Redis
@@ -30,9 +30,9 @@ from rq_policies import (
     RateStatus,
     SlotStatus,
     UnknownQueueWarning,
-    ledger,
 )
-from rq_policies.fetch import Claim, Look, fetch_call, read_reply
+from rq_policies.engine import ledger
+from rq_policies.engine.fetch import Claim, Look, fetch_call, read_reply
 from tests.helpers import key_jobs
 
 

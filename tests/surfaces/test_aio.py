@@ -1,4 +1,4 @@
-"""The asyncio doors (rq_policies.aio.AsyncPolicyQueue) against the real server: the same verdicts as the
+"""The asyncio doors (rq_policies.surfaces.aio.AsyncPolicyQueue) against the real server: the same verdicts as the
 synchronous doors, one job per identity under 1,000 concurrent tasks, a free event loop, whole-or-nothing under
 cancellation, and one job after lost replies. Loops run with asyncio.run in plain tests (no pytest-asyncio)."""
 
@@ -22,8 +22,8 @@ from rq.job import Job
 from rq.registry import ScheduledJobRegistry
 
 from rq_policies import Concurrency, Loner, PolicyQueue
-from rq_policies.aio import AsyncDoorError, AsyncPolicyQueue
-from rq_policies.compat import KEY_PREFIX as RQ
+from rq_policies.engine.compat import KEY_PREFIX as RQ
+from rq_policies.surfaces.aio import AsyncDoorError, AsyncPolicyQueue
 from tests.helpers import jobs, with_root
 from tests.helpers.cluster import ON_CLUSTER, aconnect, not_on_cluster
 

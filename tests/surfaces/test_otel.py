@@ -1,5 +1,6 @@
-"""OpenTelemetry (rq_policies.otel): one span per door decision with its attributes, the producer's context carried
-on the job to a real forking PolicyWorker's span, metrics, and nothing of OpenTelemetry imported or done while off."""
+"""OpenTelemetry (rq_policies.surfaces.otel): one span per door decision with its attributes, the producer's context
+carried on the job to a real forking PolicyWorker's span, metrics, and nothing of OpenTelemetry imported or done while
+off."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 from redis.asyncio import Redis as AsyncRedis  # noqa: E402
 
-import rq_policies.otel as otel  # noqa: E402
+import rq_policies.surfaces.otel as otel  # noqa: E402
 from rq_policies import Concurrency, DuplicateJob, Loner, PolicyQueue  # noqa: E402
-from rq_policies.aio import AsyncPolicyQueue  # noqa: E402
+from rq_policies.surfaces.aio import AsyncPolicyQueue  # noqa: E402
 from tests.helpers import jobs  # noqa: E402
 from tests.helpers.workers import output, start_worker  # noqa: E402
 
@@ -148,18 +149,19 @@ def test_not_installed_imports_nothing(redis_url, worker_env):
         import asyncio
         from redis import Redis
         from redis.asyncio import Redis as AsyncRedis
-        from tests.helpers import jobs; import rq_policies, rq_policies.aio, rq_policies.otel, rq_policies.worker
+        from tests.helpers import jobs; import rq_policies, rq_policies.surfaces.aio, rq_policies.surfaces.otel
+        import rq_policies.engine.worker
         url = sys.argv[1]
         assert rq_policies.PolicyQueue('noot', connection=Redis.from_url(url)).enqueue(jobs.record, 'n') is not None
         async def main():
             client = AsyncRedis.from_url(url)
-            job = await rq_policies.aio.AsyncPolicyQueue('noot', connection=client).enqueue(jobs.record, 'm')
+            job = await rq_policies.surfaces.aio.AsyncPolicyQueue('noot', connection=client).enqueue(jobs.record, 'm')
             await client.aclose()
             return job
         assert asyncio.run(main()) is not None
         assert not [m for m in sys.modules if m.startswith('opentelemetry')]
         try:
-            rq_policies.otel.instrument()
+            rq_policies.surfaces.otel.instrument()
         except ImportError as exc:
             assert "rq-policies[otel]" in str(exc), exc
             print('ok')
@@ -217,7 +219,7 @@ def _fetch_all(connection, names=('keys',)):
     """Fetch (as a PolicyWorker's fetch script does) until nothing can be taken: full keys park their jobs."""
     from rq.queue import Queue
 
-    from rq_policies.fetch import Look, fetch_call, read_reply
+    from rq_policies.engine.fetch import Look, fetch_call, read_reply
 
     taken = []
     for i in range(50):
@@ -233,7 +235,7 @@ def _fetch_all(connection, names=('keys',)):
 def test_a_parked_then_promoted_job_keeps_its_producer_context(connection, traced):
     from rq.job import Job
 
-    from rq_policies.fetch import release_claim
+    from rq_policies.engine.fetch import release_claim
     from tests.helpers import key_jobs
 
     exporter, reader, tracer = traced

@@ -1,7 +1,7 @@
 """What a PolicyWorker does once at bootstrap so its work horses need not do it per job: every Lua script read into
-the process's caches (rq_policies.scripts.preload), and redis-py's client name and version resolved on the pool
-(rq_policies.worker._resolve_driver_info_once): the connections its work horses open announce exactly what a stock
-worker's do, and a pool given its own name, version or driver info is left as it was.
+the process's caches (rq_policies.engine.scripts.preload), and redis-py's client name and version resolved on the pool
+(rq_policies.engine.worker._resolve_driver_info_once): the connections its work horses open announce exactly what a
+stock worker's do, and a pool given its own name, version or driver info is left as it was.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from redis import Redis
 from rq import Queue
 from rq.job import Job
 
-from rq_policies import PolicyQueue, PolicyWorker, scripts
-from rq_policies.worker import _resolve_driver_info_once
+from rq_policies import PolicyQueue, PolicyWorker
+from rq_policies.engine import scripts
+from rq_policies.engine.worker import _resolve_driver_info_once
 from tests.helpers.workers import output, start_worker, stop
 
 

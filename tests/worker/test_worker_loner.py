@@ -6,8 +6,9 @@ import pytest
 from rq import Queue
 from rq.job import Callback, Dependency, Job, JobStatus
 
-from rq_policies import PolicyQueue, keys
-from rq_policies.compat import KEY_PREFIX as RQ
+from rq_policies import PolicyQueue
+from rq_policies.engine import keys
+from rq_policies.engine.compat import KEY_PREFIX as RQ
 from tests.helpers import jobs
 from tests.helpers.cluster import not_on_cluster
 from tests.helpers.workers import output, start_worker, stop, wait_for

@@ -12,6 +12,11 @@ stays on rq's own pipeline).
 Retries, the release of dependents and requeues reach ``enqueue_job``/``schedule_job`` from inside rq rather than
 through a door, so they are the same job and are not checked again. ``enqueue_job`` called directly is likewise
 unchecked: it is rq's internal re-enqueue path.
+
+A door builds its job through rq's own code and plans its round trip with the door core
+(:func:`rq_policies.engine.admission.plan`); this queue is that core's synchronous driver (:meth:`PolicyQueue._send`).
+Inside :func:`planning` the same doors hand their plans back unsent, which is how the asyncio doors
+(:mod:`rq_policies.surfaces.aio`) build theirs.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from rq.queue import Queue
 from rq.utils import import_attribute, now
 
 from . import admission, compat, identity, keys
-from .admission import JobWrite
+from .admission import JobWrite, Plan
 from .exceptions import InvalidArgument, PipelineNotSupported, PolicyConfigurationError
 from .fetch import current_fetcher, dequeue
 from .job import PolicyJob, rq_class_name
@@ -43,7 +48,7 @@ logger = logging.getLogger('rq_policies')
 #: The ``policy=`` default of every door: apply the policies declared on the function.
 DECLARED: Any = object()
 
-#: Function paths ``_declared_for`` could not import and has warned about (once per path and process).
+#: Function paths :func:`declared_for` could not import and has warned about (once per path and process).
 _UNIMPORTABLE_WARNED: set[str] = set()
 
 #: Seconds a deferred (depends_on) job's hash and marker live before rq has finished setting up its dependencies;
@@ -58,7 +63,7 @@ class _Door:
     override: Any
     used: bool = False
     force: bool = False
-    hint: Any = None  # what the call's quick_drop saw, for admit to remember (rq_policies.engine.admission.Seen)
+    hint: Any = None  # what the call's hint probe saw, for its verdict to feed (rq_policies.engine.admission.Seen)
     options: Any = None  # the enqueue options the call's policies took (Policy.call_options), or None
 
 
@@ -91,8 +96,62 @@ def take_options(spec: PolicySet | None, kwargs: dict[str, Any]) -> dict[str, An
     return found or None
 
 
+#: The plans the doors called inside :func:`planning` handed back (None outside: the doors send theirs).
+_planning: ContextVar[list[Plan] | None] = ContextVar('rq_policies_planning', default=None)
 
 
+@contextlib.contextmanager
+def planning() -> Iterator[list[Plan]]:
+    """Inside, every door of a PolicyQueue builds its job exactly as it does outside (rq's own build, the policies,
+    the door core's plan) and appends its plan to the list yielded, sending nothing: no admission, no hint probe (an
+    asyncio door, :mod:`rq_policies.surfaces.aio`, sends the plans itself). A door that would take rq's own
+    synchronous path instead meets the queue's connection, which for such a builder refuses it."""
+    plans: list[Plan] = []
+    token = _planning.set(plans)
+    try:
+        yield plans
+    finally:
+        _planning.reset(token)
+
+
+def declared_for(func_or_job: Any) -> PolicySet | None:
+    """The policies declared on a job's function, or on a function given itself or by its import path; None when
+    there are none, or when the path cannot be imported here (warned once per path: a producer may enqueue by path
+    without having the code, but a typo in the path must not switch a policy off in silence)."""
+    try:
+        if isinstance(func_or_job, Job):
+            target = func_or_job.func
+        elif isinstance(func_or_job, str):
+            target = import_attribute(func_or_job)
+        else:
+            target = func_or_job
+    except (ImportError, AttributeError, ValueError) as error:
+        path = func_or_job.func_name if isinstance(func_or_job, Job) else str(func_or_job)
+        if path in _UNIMPORTABLE_WARNED:
+            logger.debug('rq-policies: cannot import %r to read its declared policies', path)
+        else:
+            _UNIMPORTABLE_WARNED.add(path)
+            logger.warning(
+                'rq-policies: cannot import %r to read its declared policies (%s: %s); jobs enqueued by this path '
+                'get no policy here (a typo, or code this producer does not have?)',
+                path, type(error).__name__, error,
+            )
+        return None
+    return declared(target)
+
+
+def door_spec(policy: Any, func: Any) -> PolicySet | None:
+    """The PolicySet a door applies to ``func``: the declared one (``policy=DECLARED``), or the caller's ``policy=``."""
+    return declared_for(func) if policy is DECLARED else make_set(policy)
+
+
+def call_digest(queue: Queue, func: Any, args: tuple, kwargs: dict[str, Any], spec: PolicySet | None) -> str:
+    """The identity of a call of ``func`` on ``queue`` under ``spec``, as its door computes it (``holder``,
+    ``reset``), from a job never written: no description (rq's repr of every argument, which would raise
+    RecursionError on an argument nested too deep before the identity could name it)."""
+    probe = queue.job_class.create(func, args=args, kwargs=kwargs, connection=queue.connection, description='-')
+    return identity.digest(identity.func_path(probe), queue.name, args, kwargs, spec.unique_context if spec else None,
+                           spec.policies if spec else None)
 
 
 #: What ``_take_door`` answers for a new job of a public door that no policy applies to.
@@ -218,9 +277,9 @@ class PolicyQueue(Queue):
         policy = kwargs.pop('policy', DECLARED)
         if _door.get() is not None:  # an inner door of the same call: the outer one rules
             return super().enqueue(f, *args, **kwargs)
-        spec = self._spec(policy, f)
+        spec = door_spec(policy, f)
         options = take_options(spec, kwargs)
-        dropped, hint = admission.quick_drop(self, spec, f, args, kwargs)
+        dropped, hint = self._quick_drop(spec, f, args, kwargs)
         if dropped:
             return None
         # The door is set by hand rather than through ``_door()``: this is the hottest door, and a generator-based
@@ -239,7 +298,7 @@ class PolicyQueue(Queue):
         if not args:  # the @job decorator's .delay() arrives here
             call = {name: kwargs[name] for name in ('args', 'kwargs', 'job_id', 'pipeline', 'unique', 'rate_limit')
                     if kwargs.get(name) is not None}
-            dropped, hint = self._quick_drop(policy, func, (), call)
+            dropped, hint = self._quick_drop(door_spec(policy, func), func, (), call)
             if dropped:
                 return None
         with self._door(policy, hint=hint):
@@ -248,13 +307,13 @@ class PolicyQueue(Queue):
     def enqueue_at(self, datetime: datetime, f: Any, *args: Any, **kwargs: Any) -> Job | None:  # type: ignore[override]
         """rq's ``enqueue_at``, plus ``policy=``. A scheduled job holds its loner identity until a worker takes it."""
         policy = kwargs.pop('policy', DECLARED)
-        with self._door(policy, options=take_options(self._spec(policy, f), kwargs)):
+        with self._door(policy, options=take_options(door_spec(policy, f), kwargs)):
             return super().enqueue_at(datetime, f, *args, **kwargs)
 
     def enqueue_in(self, time_delta: timedelta, func: Any, *args: Any, **kwargs: Any) -> Job | None:  # type: ignore[override]
         """rq's ``enqueue_in``, plus ``policy=``."""
         policy = kwargs.pop('policy', DECLARED)
-        with self._door(policy, options=take_options(self._spec(policy, func), kwargs)):
+        with self._door(policy, options=take_options(door_spec(policy, func), kwargs)):
             return super().enqueue_in(time_delta, func, *args, **kwargs)
 
     def enqueue_many(self, job_datas: Iterable[Any], pipeline: Any = None, group_id: str | None = None) -> list:  # type: ignore[override]
@@ -267,8 +326,8 @@ class PolicyQueue(Queue):
             PipelineNotSupported: ``pipeline=`` was given and some job has a policy.
         """
         datas = list(job_datas)
-        specs = [self._declared_for(data.func) for data in datas]
-        if not any(specs):
+        specs = [declared_for(data.func) for data in datas]
+        if not any(specs) and _planning.get() is None:  # a builder (planning) writes each job with the admission's
             return super().enqueue_many(datas, pipeline=pipeline, group_id=group_id)
         if pipeline is not None:
             first = next(data for data, spec in zip(datas, specs) if spec)
@@ -356,8 +415,7 @@ class PolicyQueue(Queue):
         spec = self._take_door(job)
         if spec is _PLAIN:
             if self._writes_plain(job, pipeline, kwargs) and self.is_async and not compat.has_dependencies(job):
-                admission.write_plain(self, self._plain_write(job, at_front, None))
-                return job
+                return self._send(admission.plan(self, None, '', self._plain_write(job, at_front, None)))
             spec = None
         if spec is None:
             return super().enqueue_job(job, pipeline=pipeline, at_front=at_front, **kwargs)
@@ -368,8 +426,7 @@ class PolicyQueue(Queue):
         spec = self._take_door(job)
         if spec is _PLAIN:
             if self._writes_plain(job, pipeline, kwargs):
-                admission.write_plain(self, self._plain_write(job, False, datetime))
-                return job
+                return self._send(admission.plan(self, None, '', self._plain_write(job, False, datetime)))
             spec = None
         if spec is None:
             if kwargs.get('unique') or compat.has_rate_limit(job):  # rq's own script, or rq 3's rate-limit checks
@@ -394,12 +451,12 @@ class PolicyQueue(Queue):
         if door is None or door.used:
             return None
         door.used = True
-        spec = self._declared_for(job) if door.override is DECLARED else door.override
+        spec = declared_for(job) if door.override is DECLARED else door.override
         return _PLAIN if spec is None else spec
 
     @staticmethod
     def _writes_plain(job: Job, pipeline: Any, kwargs: dict[str, Any]) -> bool:
-        """Can the admission script write this new job without a policy (``admission.write_plain``)? Not what rq's
+        """Can the admission script write this new job without a policy (the door core's plain write)? Not what rq's
         own path does more than write the job and push it: a caller's pipeline (the write must ride it), a
         ``unique=True`` enqueue (rq's own script), rq 3's rate-limited jobs (their registry), ``ttl=0`` (rq deletes
         the job at once), or an option this code does not know; the callers add a synchronous queue and
@@ -421,38 +478,18 @@ class PolicyQueue(Queue):
         ttl = job.ttl if job.ttl and job.ttl > 0 else -1
         return JobWrite(job, mode, score, dest, ttl, _flatten(mapping), created=mapping.get('created_at'))
 
-    def _quick_drop(self, policy: Any, f: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
-        """Drop an expected duplicate before its job is built (see rq_policies.engine.hints); (dropped, what it saw)."""
-        return admission.quick_drop(self, self._spec(policy, f), f, args, kwargs)
+    def _quick_drop(self, spec: PolicySet | None, f: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
+        """Drop an expected duplicate before its job is built, with a probe (the door core's
+        :func:`~rq_policies.engine.admission.probe_plan`); (dropped, what the full path is to remember)."""
+        if _planning.get() is not None:  # a builder sends no probe
+            return False, None
+        plan, hint = admission.probe_plan(self, spec, f, args, kwargs)
+        if plan is None:
+            return False, hint
+        return admission.probed(plan, admission.read(plan, self._reply(plan))), plan.hint
 
-    def _spec(self, policy: Any, func: Any) -> PolicySet | None:
-        """The PolicySet a door applies: the declared one, or the caller's ``policy=``."""
-        return self._declared_for(func) if policy is DECLARED else make_set(policy)
-
-    @staticmethod
-    def _declared_for(func_or_job: Any) -> PolicySet | None:
-        try:
-            if isinstance(func_or_job, Job):
-                target = func_or_job.func
-            elif isinstance(func_or_job, str):
-                target = import_attribute(func_or_job)
-            else:
-                target = func_or_job
-        except (ImportError, AttributeError, ValueError) as error:
-            # A producer may enqueue by path without having the code; then nothing is declared here. But a typo in
-            # the path would silently switch a policy off, so the first miss of each path is a warning.
-            path = func_or_job.func_name if isinstance(func_or_job, Job) else str(func_or_job)
-            if path in _UNIMPORTABLE_WARNED:
-                logger.debug('rq-policies: cannot import %r to read its declared policies', path)
-            else:
-                _UNIMPORTABLE_WARNED.add(path)
-                logger.warning(
-                    'rq-policies: cannot import %r to read its declared policies (%s: %s); jobs enqueued by this path '
-                    'get no policy here (a typo, or code this producer does not have?)',
-                    path, type(error).__name__, error,
-                )
-            return None
-        return declared(target)
+    #: :func:`declared_for`, kept for the code that calls it on the class.
+    _declared_for = staticmethod(declared_for)
 
     # -- admission ------------------------------------------------------------------------------------------------
 
@@ -476,22 +513,32 @@ class PolicyQueue(Queue):
         door = _door.get()
         force = door is not None and door.force
         write = self.job_write(job, spec, digest, at_front, when, schedule=not force)
-        return self._decide(spec, digest, write, force, door.hint if door is not None else None, at_front)
+        return self._send(admission.plan(self, spec, digest, write, force, door.hint if door is not None else None),
+                          at_front)
 
-    def _decide(
-        self, spec: PolicySet, digest: str, write: JobWrite, force: bool, hint: Any, at_front: bool
-    ) -> Job | None:
-        """The admission's round trip and what follows it (the asyncio doors' builder sends it themselves,
-        :mod:`rq_policies.surfaces.aio`)."""
-        job = write.job
-        verdict = admission.admit(self, spec, digest, write, force=force, hint=hint)
-        if not verdict.written:
-            return None
-        if verdict.replaced:  # the waiting holder or pending job took this payload in place: it is the job
-            return job
-        if write.mode == 'D':
-            return self._finish_deferred(job, spec, digest, at_front)
+    # -- the synchronous driver of the door core ------------------------------------------------------------------
+
+    def _send(self, plan: Plan, at_front: bool = False) -> Job | None:
+        """Send ``plan`` (:func:`rq_policies.engine.admission.plan`) and return what the door returns: the job, or
+        None when a policy dropped it; a deferred job admitted is handed to rq's dependency handling. Inside
+        :func:`planning`, the plan is handed back instead and nothing is sent."""
+        kept = _planning.get()
+        if kept is not None:
+            kept.append(plan)
+            return plan.write.job
+        job = admission.settle(plan, admission.read(plan, self._reply(plan)))
+        if job is not None and admission.hands_over(plan):
+            return self._finish_deferred(job, plan.spec, plan.digest, at_front)
         return job
+
+    def _reply(self, plan: Plan) -> Any:
+        """The reply to ``plan``'s call, sent on this thread's leased connection (``scripts.run_leased``); an error
+        is the plan's observers' to hear of too."""
+        try:
+            return plan.call.run_door(self.connection)
+        except BaseException as exc:
+            admission.failed(plan, exc)
+            raise
 
     def _prepare(
         self, job: Job, when: datetime | None, at_front: bool, schedule: bool = False
@@ -560,16 +607,8 @@ class PolicyQueue(Queue):
 
     def holder(self, func: Any, *args: Any, **kwargs: Any) -> str | None:
         """The id of the waiting job holding this call's loner identity on this queue, or None."""
-        probe = self._probe(func, args, kwargs)
-        spec = self._declared_for(func)
-        digest = identity.digest(identity.func_path(probe), self.name, args, kwargs,
-                                 spec.unique_context if spec else None, spec.policies if spec else None)
+        digest = call_digest(self, func, args, kwargs, declared_for(func))
         return by_name('loner').holder(self.connection, self.name, digest, self.job_class.redis_job_namespace_prefix)
-
-    def _probe(self, func: Any, args: tuple, kwargs: dict[str, Any]) -> Job:
-        """A job never written, only for its function's name: no description (rq's repr of every argument, which
-        would raise RecursionError on an argument nested too deep before the identity could name it)."""
-        return self.job_class.create(func, args=args, kwargs=kwargs, connection=self.connection, description='-')
 
     def enqueued(self, func: Any, *args: Any, **kwargs: Any) -> bool:
         """resque-loner's ``enqueued?``: is a job of this call waiting on this queue (queued, scheduled, deferred)?"""
@@ -603,13 +642,8 @@ class PolicyQueue(Queue):
         Returns:
             How many keys were removed (policy keys and the hashes of dropped pending jobs).
         """
-        policy = kwargs.pop('policy', DECLARED)
-        spec = self._spec(policy, func)
-        probe = self._probe(func, args, kwargs)
-        context = spec.unique_context if spec else None
-        digest = identity.digest(identity.func_path(probe), self.name, args, kwargs, context,
-                                 spec.policies if spec else None)
-        return admission.reset(self, spec, digest)
+        spec = door_spec(kwargs.pop('policy', DECLARED), func)
+        return admission.reset(self, spec, call_digest(self, func, args, kwargs, spec))
 
     # -- removal paths free the identity ----------------------------------------------------------------------
 

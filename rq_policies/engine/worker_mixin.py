@@ -17,9 +17,7 @@ import redis
 from rq.job import JobStatus
 from rq.queue import Queue
 
-from rq_policies.surfaces import otel
-
-from . import admission, compat, health, keys, ledger, scripts
+from . import admission, compat, events, health, keys, ledger, scripts
 from .compat import LEGACY_FAILURE, adopt_cluster
 from .exceptions import PolicyError
 from .fetch import Claim, current_fetcher, release_claim
@@ -445,8 +443,8 @@ class PolicyWorkerMixin:
         return super().handle_job_failure(job, queue, *args, **kwargs)  # type: ignore[misc]
 
     def perform_job(self, job: Any, queue: Any, *args: Any) -> Any:  # rq 3 passes the execution too
-        if otel.TRACER is not None:  # the job's span (rq_policies.surfaces.otel), only once it is enabled
-            return otel.perform(job, queue, super().perform_job, *args)  # type: ignore[misc]
+        if events.RUNS:  # a surface watches the job's run (tracing: rq_policies.surfaces.otel)
+            return events.perform(super().perform_job, job, queue, *args)  # type: ignore[misc]
         return super().perform_job(job, queue, *args)  # type: ignore[misc]
 
     def teardown(self) -> None:

@@ -327,7 +327,7 @@ class PolicyQueue(Queue):
         """
         datas = list(job_datas)
         specs = [declared_for(data.func) for data in datas]
-        if not any(specs) and _planning.get() is None:  # a builder (planning) writes each job with the admission's
+        if not any(specs) and _planning.get() is None:  # planning: each job is planned as the plain write
             return super().enqueue_many(datas, pipeline=pipeline, group_id=group_id)
         if pipeline is not None:
             first = next(data for data, spec in zip(datas, specs) if spec)

@@ -11,38 +11,14 @@
     await q.enqueued(send_welcome, user_id)               # and holder, force, reset, enqueue_at/in, enqueue_many
     why = await q.explain(job.id)
 
-How it works: each door calls the synchronous door itself inside
-:func:`rq_policies.engine.queue.planning`, on a :class:`rq_policies.PolicyQueue` whose connection refuses any use: rq
-builds the job, the door's policies give their parts, and the door core (:mod:`rq_policies.engine.admission`) plans
-the one script call, the narrow script's or ``lua/admit.lua``'s, all CPU-only and run on the event loop (no thread
-pool). This module is the core's asyncio driver: it sends that call with an async ``EVALSHA`` (``EVAL`` with the source
-when the server answers NOSCRIPT, which means the script did not run) and hands the reply to the same core. So the
-verdicts, the drops (None and the policy's INFO line), the errors (a Loner's ``on_conflict='raise'``, a bad option)
-and the replay safety (a resend after a lost reply writes nothing twice: the connection's retry resends the same
-bytes) are the synchronous door's. A job an async door wrote is an ordinary rq job, run by ``PolicyWorker`` as any
-other.
-
-Where it differs from the synchronous door (each named in the error it raises or below):
-
-- No hint probe. The synchronous ``enqueue`` may first send a checks-only probe for a call it expects to be dropped
-  (:func:`rq_policies.engine.admission.probe_plan`), which saves building the job. The async door always sends the
-  full call, which decides the same way in one round trip; building the job costs CPU only.
-- What rq does on its own synchronous path is refused with :class:`AsyncDoorError`: ``depends_on=`` (rq's dependency
-  handling WATCHes and retries), ``pipeline=``, ``unique=True``, rq 3's ``rate_limit=``, ``ttl=0``, and a queue with
-  ``is_async=False``. Use :class:`rq_policies.PolicyQueue` for those.
-- ``explain`` reads through the synchronous explainer in a thread (it is a diagnostic of several round trips, not a
-  door), on a synchronous client made from the async client's connection settings (or ``sync_connection=``).
-
-Cancellation: the admission script is atomic, so a task cancelled while it awaits a door leaves either the whole job
-(with its policy state) or nothing, never half of it. What the caller cannot know is which: the command may have
-reached the server before the cancellation. redis-py's asyncio connection closes itself when a send or a read is
-interrupted (any ``BaseException``, cancellation included), so an unread reply is never read as another command's.
-To learn the outcome, ask: ``await q.enqueued(f, *args)`` / ``await q.holder(f, *args)`` for a policy with an
-identity, or ``await q.explain(job_id)`` for a job id you chose (``job_id=``). Sending the same door call again is
-safe too: the policy decides again (a Loner drops the second one while the first holds the identity).
-
-Connections: anything ``redis.asyncio.Redis`` accepts (its pools, ``BlockingConnectionPool``, Sentinel through
-``redis.asyncio.sentinel.Sentinel.master_for``). A client with ``decode_responses=True`` works for the doors.
+This module is the door core's asyncio driver: each door runs the synchronous door itself inside
+:func:`rq_policies.engine.queue.planning` (rq's job build, the policies, the core's plan of the one script call, the
+narrow script's or ``lua/admit.lua``'s: CPU only, on the event loop), on a PolicyQueue whose connection refuses any
+use (:class:`AsyncDoorError`), then awaits that call and hands the reply to the same core. So its verdicts, errors and
+replay safety are the synchronous door's. What differs (no hint probe; rq's own synchronous paths refused:
+``depends_on=``, ``pipeline=``, ``unique=True``, ``rate_limit=``, ``ttl=0``, ``is_async=False``; ``explain`` in a
+thread), cancellation (whole job or nothing, and how to learn which) and the connections it takes:
+docs/asyncio.md.
 """
 
 from __future__ import annotations

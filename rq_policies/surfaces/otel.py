@@ -6,63 +6,16 @@ Off until you switch it on, and free while off::
     rq_policies.surfaces.otel.instrument()                      # the global tracer and meter providers
     rq_policies.surfaces.otel.instrument(connection=redis)      # plus gauges read from Redis (parked jobs per key, ...)
 
-Importing this module imports nothing of OpenTelemetry, and the engine never imports it: :func:`instrument` registers
-an observer of the doors and the workers (:mod:`rq_policies.engine.events`), which the doors and workers test with one
-check (``if OBSERVERS:``) while none is registered; only :func:`instrument` imports the ``opentelemetry`` API (an
-ImportError naming the extra when it is missing).
+A span of kind PRODUCER named ``send <queue>`` per door decision (admitted, pending, replaced, dropped, raised), its
+context carried to the worker in the job's ``meta`` (``traceparent``), a ``process <queue>`` span per job a
+PolicyWorker runs, and counters, a histogram and gauges. Every attribute and instrument, and why a span rather than
+an event: docs/opentelemetry.md.
 
-**A span per decision, not an event on the caller's span.** Each door decision (a job written by its policies, or
-without a policy; dropped; a pending job's payload replaced; raised) is a span of kind PRODUCER named ``send
-<queue>``, a child of the caller's current span when there is one. A span rather than a span event because: the
-messaging semantic conventions model an enqueue as a producer span, and that span's context is what the job carries
-to its worker (its ``process`` span is the span's child), so the trace runs request -> enqueue -> job even when the
-caller has no span of its own (a cron script, a shell); a span also measures the round trip (the answer to "why was
-the request slow"), and sampling applies to it as to any span. What it costs when on is in ``bench/aio.py``.
-
-Attributes (messaging semantic conventions where they fit):
-
-==================================  ==============================================================================
-``messaging.system``                ``rq``
-``messaging.destination.name``      the queue
-``messaging.operation.type``        ``send``
-``messaging.operation.name``        ``enqueue``, ``schedule`` (a scheduled or debounced write) or ``force``
-``messaging.message.id``            the job's id, when one was written (or, ``replaced``, the holder it went to)
-``rq.job.function``                 the job's function path
-``rq_policies.decision``            ``admitted``, ``pending`` (a trailing job), ``replaced``, ``dropped``, ``raised``
-``rq_policies.policies``            the policies the job was admitted under, in check order ([] for a plain job)
-``rq_policies.engine.policy``              the policy that decided a drop (or replaced), else absent
-``rq_policies.holder.id``           on a drop: the id of the job that holds the identity
-``rq_policies.engine.identity``            the identity's digest (a policy with an identity)
-``rq_policies.scope``, ``.key``     a per-key policy's (Concurrency, Rate) scope and key
-==================================  ==============================================================================
-
-A raise (a Loner's ``on_conflict='raise'``, a refused option, a Redis error) records the exception and sets the
-span's status to ERROR. A drop decided by the hint probe (the synchronous door's fast path) is a span as well, timed
-around the probe's round trip.
-
-**Context on the job.** The span's context is written into the job's ``meta`` as W3C ``traceparent`` (and
-``tracestate`` when set) before the admission script writes the hash, so it rides the one round trip and stays on
-the job wherever it goes: scheduled, parked by a per-key policy and promoted, retried. With :func:`instrument` called
-in the worker's process too, ``PolicyWorker`` runs each job inside a ``process <queue>`` span (kind CONSUMER) that is a
-child of the producer's span and carries ``messaging.message.id`` and the outcome. rq's forked work horse exits with
-``os._exit``, so the horse flushes the tracer provider after the job (``force_flush``).
-
-**Metrics** (the OTel metrics API; names mirror :mod:`rq_policies.surfaces.metrics`):
-
-========================================  ==============  ========================================================
-``rq_policies.admissions``                counter         ``policy``, ``queue``: jobs admitted by this process
-``rq_policies.dropped_enqueues``          counter         ``policy``, ``queue``: enqueues this process's doors dropped
-``rq_policies.decision.duration``         histogram (s)   ``queue``, ``decision``: a door's round trip
-``rq_policies.keys.parked``               gauge           ``policy``, ``scope``, ``key``: parked jobs of the
-                                                          ``top_keys`` busiest keys, the rest as ``key='(other)'``
-``rq_policies.keys.in_use``               gauge           the same labels: holds in use (Concurrency)
-``rq_policies.dropped_enqueues.cluster``  gauge           ``policy``, ``queue``: the cluster-wide count in Redis
-``rq_policies.queue_slots.in_use``        gauge           ``queue``: live QueueSlot holds (jobs running under a cap)
-``rq_policies.queue_slots.capacity``      gauge           ``queue``: the cap of a capped queue
-========================================  ==============  ========================================================
-
-The counters are per process (each producer exports its own, as OTel's SDKs expect); the gauges read Redis when the
-SDK collects and exist only with ``instrument(connection=...)``.
+How it is built: the engine never imports this module. :func:`instrument` registers two observers
+(:mod:`rq_policies.engine.events`): :func:`observe`, which the door core calls with each plan, verdict and error
+(the span's attributes are the plan's and the verdict's), and :func:`perform`, around each job a worker runs.
+Importing this module imports nothing of OpenTelemetry; only :func:`instrument` imports its API (an ImportError
+naming the extra when it is missing).
 """
 
 from __future__ import annotations

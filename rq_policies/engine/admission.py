@@ -1,24 +1,16 @@
-"""The admission framework and the door core: one script call admits a job through every policy it is declared under,
-whichever they are, planned and read by pure functions that every door drives.
+"""The admission framework and the door core: one script call admits a job through every policy it is declared
+under, planned and read by pure functions that every door drives (docs/architecture.md, "One door core")::
 
-The core never touches a connection (docs/architecture.md, "One door core")::
+    plan = admission.plan(queue, spec, digest, write)          # which script, its KEYS and ARGV; nothing sent
+    reply = <the driver sends plan.call>                       # PolicyQueue's, or AsyncPolicyQueue's await
+    job = admission.settle(plan, admission.read(plan, reply))   # the Verdict, then each policy's on_drop / on_admit
 
-    plan = admission.plan(queue, spec, digest, write)         # which script, its KEYS and ARGV, how to read its reply
-    reply = send(plan.call)                                   # the driver's one round trip
-    job = admission.settle(plan, admission.read(plan, reply))  # the verdict, then each policy's on_drop / on_admit
-
-The drivers differ only in ``send``: the synchronous door (:class:`rq_policies.engine.queue.PolicyQueue`, on its
-leased connection) and the asyncio door (:class:`rq_policies.surfaces.aio.AsyncPolicyQueue`, awaited). A plan is a job
-written through its policies (``lua/admit.lua``, or its narrow twin ``lua/admit_narrow.lua`` for the commonest calls,
-:func:`narrow_call`), a job written without a policy (the same scripts with no policy), or a probe (:func:`probe_plan`:
-the checks only, for an enqueue expected to be dropped, before rq builds its job). Observers
-(:mod:`rq_policies.engine.events`: tracing) are told of each plan, each verdict and each error here, in the core, so no
-driver repeats them.
-
-It names no policy: each declared admission policy gives its part of the call (its keys, by name, and its arguments,
-see :class:`rq_policies.engine.policy.AdmissionPolicy`), and what a verdict means for the caller's log line or job is
-the policy's own ``on_drop``/``on_admit``. ``reset`` clears one identity's state of every registered admission policy
-through ``lua/reset.lua``; ``release`` and ``ended`` free what waiting and running jobs hold.
+The commonest calls go to ``lua/admit_narrow.lua`` (:func:`narrow_call`), the rest to ``lua/admit.lua``; an enqueue
+expected to be dropped sends a probe first (:func:`probe_plan`). Door observers (:mod:`rq_policies.engine.events`)
+are told of each plan, verdict and error here, so no driver repeats them. It names no policy: each gives its part of
+the call (:class:`rq_policies.engine.policy.AdmissionPolicy`) and says what a verdict means (``on_drop``,
+``on_admit``). ``reset``, ``release`` and ``ended`` clear or free an identity's state through every registered
+admission policy.
 """
 
 from __future__ import annotations
@@ -70,11 +62,8 @@ class JobWrite:
 
 
 class Verdict(NamedTuple):
-    """What the admission script decided: the one typed answer a door reads back (a named tuple: built on every
-    enqueue, it costs a third of a frozen dataclass).
-
-    The script answers with named fields (``lua/admit.lua``'s header), which :meth:`read`, the one place that
-    decodes them, turns into this.
+    """What the admission script decided (a named tuple: built on every enqueue, it costs a third of a frozen
+    dataclass), from its named fields (``lua/admit.lua``'s header) by :meth:`read`, the one place that decodes them.
 
     Attributes:
         code: 1 admitted, 2 admitted as a pending job (a trailing job), 3 the waiting holder's payload replaced in
@@ -113,14 +102,11 @@ class Verdict(NamedTuple):
         """The verdict in ``lua/admit.lua``'s reply: named fields, a flat name/value list (bytes or, on a client
         that decodes responses, str); a field left out has its default."""
         named = dict(zip(reply[::2], reply[1::2]))
-        if b'code' in named:
-            get = named.get
-            code, policy, job_id = named[b'code'], get(b'policy', b''), get(b'job', b'')
-            number, now, superseded, flat = get(b'n', 0), get(b'now', 0), get(b'superseded', b''), get(b'dropped')
-        else:
-            get = named.get
-            code, policy, job_id = named['code'], get('policy', ''), get('job', '')
-            number, now, superseded, flat = get('n', 0), get('now', 0), get('superseded', ''), get('dropped')
+        if b'code' not in named:  # a client that decodes replies
+            named = {name.encode(): value for name, value in named.items()}
+        get = named.get
+        code, policy, job_id = named[b'code'], get(b'policy', b''), get(b'job', b'')
+        number, now, superseded, flat = get(b'n', 0), get(b'now', 0), get(b'superseded', b''), get(b'dropped')
         dropped = tuple((text(flat[i]), text(flat[i + 1])) for i in range(0, len(flat) - 1, 2)) if flat else ()
         # float() reads the reply's bytes as they are; text() only where a str is kept.
         return cls(int(code), text(policy), text(job_id), float(number), float(now), text(superseded), dropped,
@@ -133,21 +119,18 @@ ADMIT, PLAIN, PROBE = 'admit', 'plain', 'probe'
 
 
 class Plan:
-    """One door's round trip, planned by the core (:func:`plan`, :func:`probe_plan`): the call a driver sends, and
-    what the core needs to read its reply and act on it. Built once per door call (slots: the door's hottest path).
+    """One door's round trip (:func:`plan`, :func:`probe_plan`): the call a driver sends (``call.script``,
+    ``call.keys``, ``call.argv()``; a ``Call``, ``FlatCall`` or a probe's ``Packed``), and what the core needs to read
+    and act on its reply. One per door call (slots: the hottest path). A step every driver must take with the call
+    (a ``WAIT`` for replicas after it, say) is one more attribute here.
 
     Attributes:
         kind: :data:`ADMIT`, :data:`PLAIN` or :data:`PROBE`.
-        call: the script call to send (``call.script``, ``call.keys``, ``call.argv()``, or ``call.run_door`` on a
-            connection): a :class:`rq_policies.engine.ops.Call`, a ``FlatCall``, or a probe's ``Packed`` call.
-        queue: the queue of the door.
-        spec: the policies (None for a job without a policy).
-        digest: the identity ('' without a policy).
-        write: how the job is written (None for a probe).
-        force: a forced write (``force()``: whatever the policies say).
+        queue, spec, digest, write, force: what it was planned from (``spec`` None and ``digest`` '' for a job
+            without a policy; ``write`` None for a probe).
         hint: what the hint fast path saw (:class:`Seen`), for the verdict to feed; or None.
-        verdict: the verdict :func:`read` read from the reply (None before, and for a plain write).
-        observed: ``(observer, state)`` of each door observer told of it (:mod:`rq_policies.engine.events`), or None.
+        verdict: what :func:`read` read (None before, and for a plain write).
+        observed: ``(observer, state)`` of each door observer told of it, or None.
         caller: a probe's ``(function name, function, args, kwargs)``, for the set's ``on_drop`` hook.
     """
 
@@ -165,25 +148,19 @@ class Plan:
 
 def plan(queue: Queue, spec: PolicySet | None, digest: str, write: JobWrite, force: bool = False,
          hint: Seen | None = None) -> Plan:
-    """Plan the one round trip that writes ``write.job`` (pure: no connection, nothing sent): through ``spec``, each
-    of whose policies validates the job first (a bad option raises here, before anything is sent), with the narrow
-    script when it serves the call (:func:`narrow_call`), else ``lua/admit.lua``; or, ``spec`` None, the plain write
-    (:func:`plain_call`). ``force``: write whatever the policies say. ``hint``: what the hint fast path saw, for the
-    verdict to feed.
-
-    Observers are told before the call is built, so what they add to the job (a trace context in its meta) rides it.
-    """
+    """Plan the one round trip that writes ``write.job`` (pure: nothing sent) through ``spec``, each of whose
+    policies validates the job first (a bad option raises here), or, ``spec`` None, without a policy; the call is
+    :func:`admit_call`'s. ``force``: whatever the policies say. ``hint``: what the hint fast path saw. Observers are
+    told before the call is built, so what they add to the job (a trace context in its meta) rides it."""
     made = Plan(ADMIT if spec is not None else PLAIN, queue, spec, digest, write, force, hint)
     if DOORS:
         _observe(made)
     try:
-        if spec is None:
-            made.call = plain_call(queue, write)
-            return made
-        for item in spec.policies:
-            item.validate(write.job, write.mode, force)
-        if force and write.mode == 'S':
-            raise PolicyConfigurationError('force() enqueues now; it cannot be scheduled')
+        if spec is not None:
+            for item in spec.policies:
+                item.validate(write.job, write.mode, force)
+            if force and write.mode == 'S':
+                raise PolicyConfigurationError('force() enqueues now; it cannot be scheduled')
         made.call = admit_call(queue, spec, digest, write, force)
     except BaseException as exc:
         failed(made, exc)
@@ -296,18 +273,34 @@ def _policy_call(queue: Queue, spec: PolicySet, digest: str, **args: Any) -> Cal
     return call
 
 
-def admit_call(queue: Queue, spec: PolicySet, digest: str, write: JobWrite, force: bool = False) -> Call | FlatCall:
-    """The call that writes ``write.job`` through ``spec`` (:func:`plan` plans it, after each policy validated the
-    job): the narrow script's when it serves the call (:func:`narrow_call`), else ``lua/admit.lua``'s."""
+def admit_call(queue: Queue, spec: PolicySet | None, digest: str, write: JobWrite,
+               force: bool = False) -> Call | FlatCall:
+    """The call that writes ``write.job`` through ``spec`` (validated: :func:`plan`), or without a policy (``spec``
+    None: no check, no identity), once: a resend finds its ``created`` in the job's hash, or in the replay record of a
+    job rq deletes soon after it runs, and writes nothing. The narrow script's when it serves the call
+    (:func:`narrow_call`), else ``lua/admit.lua``'s."""
     if not force:
         narrow = narrow_call(queue, spec, digest, write)
         if narrow is not None:
             return narrow
-    call = _policy_call(queue, spec, digest, force=force, **_write_args(queue, write))
+    if spec is None:
+        call = Call('admit', order=_NO_ORDER, p=_NO_PARTS, **_write_args(queue, write))
+    else:
+        call = _policy_call(queue, spec, digest, force=force, **_write_args(queue, write))
     _write_keys(call, queue, write)
     if chose_id(write.job):
         _record_drops(call, write.job.id)
     return call
+
+
+def plain_call(queue: Queue, write: JobWrite) -> Call | FlatCall:
+    """:func:`admit_call` of a job without a policy (the plain write)."""
+    return admit_call(queue, None, '', write)
+
+
+#: The empty policy order and parts of a plain call, shared: msgpack packs them as they are.
+_NO_ORDER: list[str] = []
+_NO_PARTS: dict[str, Any] = {}
 
 
 def _write_args(queue: Queue, write: JobWrite) -> dict[str, Any]:
@@ -351,10 +344,12 @@ def chose_id(job: Job) -> bool:
 
 
 def _record_drops(call: Call, job_id: str) -> None:
-    """Have a drop of ``job_id`` leave its record (``keys.dropped``). Only for an id the caller chose: nobody can ask
+    """Have a drop of ``job_id`` leave its record (``keys.dropped``), and its admission clear the tombstone a
+    superseded pending job of that id left (the fetch would drop it). Only for an id the caller chose: nobody can ask
     about an id rq drew for a job that was never written, so the common path writes nothing more."""
     call.key('dropped', keys.dropped(job_id))
     call.arg('dropped_ttl', keys.DROPPED_SECONDS)
+    call.arg('tombstone', keys.SUPERSEDED_PREFIX)
 
 
 def _created_at(fields: list[Any]) -> Any:
@@ -396,7 +391,7 @@ def narrow_call(queue: Queue, spec: PolicySet | None, digest: str, write: JobWri
     if result_ttl is not None and 0 <= result_ttl < keys.PUSHED_SECONDS:  # as _keep_replay_record
         call_keys.append(keys.pushed(job_id))
         options = [*options, 'record', keys.PUSHED_SECONDS]
-    if chose_id(job):  # as _record_drops, and plain_call's tombstone
+    if chose_id(job):  # as _record_drops
         call_keys.append(keys.dropped(job_id))
         options = [*options, 'dropped', keys.DROPPED_SECONDS, 'tombstone', keys.SUPERSEDED_PREFIX]
     args = [job_id, created if created is not None else '', mode, write.score, write.ttl, queue.key,
@@ -413,32 +408,6 @@ def _narrow_part(queue: Queue, spec: PolicySet, digest: str) -> tuple[str, list[
     if item.kind != ADMISSION:  # a fetch policy that admits: admit.lua
         return None
     return item.narrow_part(queue, digest)
-
-
-def plain_call(queue: Queue, write: JobWrite) -> Call | FlatCall:
-    """The call that writes a job without a policy: no check, no identity, the job written as rq's own enqueue
-    writes it, once (a resend of the call finds its ``created`` and writes nothing): ``lua/admit_narrow.lua``'s for
-    a job pushed or scheduled (:func:`narrow_call`), else ``lua/admit.lua``'s.
-
-    A job rq deletes soon after it runs (``result_ttl`` under ``keys.PUSHED_SECONDS``) also keeps that value in
-    ``keys.pushed(id)`` for as long: a resend that arrives after the job ran and was deleted writes nothing either.
-    An id the caller chose drops the tombstone a superseded pending job of that id left (the fetch would drop it).
-    """
-    found = narrow_call(queue, None, '', write)
-    if found is not None:
-        return found
-    job = write.job
-    call = Call('admit', order=_NO_ORDER, p=_NO_PARTS, **_write_args(queue, write))
-    _write_keys(call, queue, write)
-    if chose_id(job):
-        call.key('dropped', keys.dropped(job.id))
-        call.arg('tombstone', keys.SUPERSEDED_PREFIX)
-    return call
-
-
-#: The empty policy order and parts of a plain call (:func:`plain_call`), shared: msgpack packs them as they are.
-_NO_ORDER: list[str] = []
-_NO_PARTS: dict[str, Any] = {}
 
 
 def claim(queue: Queue, spec: PolicySet, digest: str, job: Job) -> Verdict:

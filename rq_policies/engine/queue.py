@@ -481,7 +481,7 @@ class PolicyQueue(Queue):
     def _quick_drop(self, spec: PolicySet | None, f: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
         """Drop an expected duplicate before its job is built, with a probe (the door core's
         :func:`~rq_policies.engine.admission.probe_plan`); (dropped, what the full path is to remember)."""
-        if _planning.get() is not None:  # a builder sends no probe
+        if spec is None or _planning.get() is not None:  # nothing to drop; a builder sends no probe
             return False, None
         plan, hint = admission.probe_plan(self, spec, f, args, kwargs)
         if plan is None:

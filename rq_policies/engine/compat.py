@@ -216,22 +216,17 @@ def _cluster_classes() -> tuple[type, type] | None:
         return None
 
     class PolicyClusterPipeline(ClusterPipeline):
-        """redis-py's cluster pipeline, with the commands it refuses by name (it lists PUBLISH and EVALSHA as commands
-        a pipeline cannot route, and its ``eval`` takes no script) sent as any other: each is routed by its first key
-        (EVAL, EVALSHA) or its channel (PUBLISH), which a hash-tagged prefix puts in the one slot every other command
-        of the pipeline uses."""
-
-        def publish(self, channel: Any, message: Any, **kwargs: Any) -> Any:
-            return self.execute_command('PUBLISH', channel, message, **kwargs)
+        """redis-py's cluster pipeline, with EVAL and EVALSHA sent as any other command (redis-py lists EVALSHA as a
+        command a pipeline cannot route, and its ``eval`` takes no script): each is routed by its first key, which a
+        hash-tagged prefix puts in the one slot every other command of the pipeline uses. Keyless commands (TIME,
+        INFO, PUBLISH, WAIT...) stay refused: none of ours or rq's rides a cluster pipeline (the server's clock is
+        read by :func:`rq_policies.ops.time_in`, the eviction watch's INFO goes to the slot's primary on its own)."""
 
         def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
             return self.execute_command('EVALSHA', sha, numkeys, *keys_and_args)
 
         def eval(self, script: Any, numkeys: int, *keys_and_args: Any) -> Any:  # type: ignore[override]
             return self.execute_command('EVAL', script, numkeys, *keys_and_args)
-
-        def time(self, **kwargs: Any) -> Any:  # keyless: in a transaction it goes where the other commands go
-            return self.execute_command('TIME', **kwargs)
 
         # What rq reads of a redis.client.Pipeline (rq 3: queue.move_dependents_to_ready, worker, job): the same
         # state, kept by the transaction strategy of redis-py's cluster pipeline.
@@ -272,8 +267,8 @@ def adopt_cluster(connection: Any) -> Any:
     job WATCHes a key in ``connection.pipeline()``, which a cluster pipeline allows only in a transaction (redis.Redis's
     pipelines are transactions by default, RedisCluster's are not). The client is re-classed in place to a subclass
     that adds no state: ``connection_pool`` (the nodes' shared connection settings, :class:`_NodesPool`) and
-    ``pipeline()`` defaulting to a transaction, whose ``publish``, ``eval`` and ``evalsha`` are sent like any other
-    command (redis-py's cluster pipeline refuses them by name). In place, as :func:`adopt_job` does, so that the
+    ``pipeline()`` defaulting to a transaction, whose ``eval`` and ``evalsha`` are sent like any other command
+    (redis-py's cluster pipeline refuses them by name). In place, as :func:`adopt_job` does, so that the
     caller's object, rq's worker and our classes share one client. rq's own scheduler (``--with-scheduler``) and
     worker pool build a connection of their own from ``connection_pool`` and are not supported on a cluster: a
     PolicyWorker's fetch promotes due scheduled jobs itself.

@@ -270,7 +270,7 @@ class PolicyWorkerMixin:
         if pipeline is not None:
             super().heartbeat(timeout, pipeline=pipeline)  # type: ignore[misc]
             self._forget_records(pipeline)
-            self._evictions.ride(pipeline)
+            self._evictions.ride(pipeline, self.connection)  # type: ignore[attr-defined]
             if not self._refresh_on_heartbeat:
                 return
             at = len(pipeline.command_stack)
@@ -289,7 +289,7 @@ class PolicyWorkerMixin:
             with self.connection.pipeline(transaction=False) as pipe:  # type: ignore[attr-defined]
                 super().heartbeat(timeout, pipeline=pipe)  # type: ignore[misc]
                 self._forget_records(pipe)
-                self._evictions.ride(pipe)
+                self._evictions.ride(pipe, self.connection)  # type: ignore[attr-defined]
                 for claim in pending:
                     release_claim(claim, pipe)
                 pipe.execute()
@@ -373,7 +373,8 @@ class PolicyWorkerMixin:
     def bootstrap(self, *args: Any, **kwargs: Any) -> None:
         super().bootstrap(*args, **kwargs)  # type: ignore[misc]
         check = health.warn_if_evicting(self.connection, self.log)  # type: ignore[attr-defined]  # maxmemory-policy
-        self._evictions.start(check)  # evicted_keys at start: a rise while it runs is logged once
+        # evicted_keys at start (a cluster's: the prefix slot primary's): a rise while it runs is logged once
+        self._evictions.start(check, self.connection)  # type: ignore[attr-defined]
         # Before the first fork: no work horse reads a script's files again, nor loads one on the server (its
         # end-of-run pipeline's EVALSHA finds the scripts this pool loaded here).
         scripts.preload(self.connection)  # type: ignore[attr-defined]

@@ -172,6 +172,53 @@ def test_a_cluster_client_no_door_adopted_takes_settings_releases_and_the_async_
     assert Job.fetch(job.id, connection=cluster).get_status() == 'queued'
 
 
+def test_no_keyless_command_rides_a_cluster_pipeline(cluster, valkey_cluster):
+    """redis-py's cluster pipeline refuses a keyless command (INFO, ECHO, and TIME in a transaction) or sends it to
+    any node (TIME outside one): the readers that pipelined TIME (a cap's, a rate's and a key rate's status, explain
+    of a job and of a dropped one) or an ECHO placeholder (an identity list whose key expired since the SCAN) read the
+    clock with a keyed EVAL_RO on the prefix slot's primary instead, and skip the placeholder. Before, TIME could
+    reach another node, the identity list raised, and the adopted pipeline sent TIME and PUBLISH; now it refuses
+    them as redis-py's does."""
+    from redis.exceptions import RedisClusterException
+
+    from rq_policies import Rate, explain, state
+
+    q = PolicyQueue('readers', connection=cluster)
+    job = q.enqueue(jobs.plain, 1, policy=Loner())
+    assert q.enqueue(jobs.plain, 1, policy=Loner(), job_id='dropped-one') is None  # leaves a drop record
+    QueueSlot.set('readers', 2, connection=cluster)
+    QueueRate.set('readers', 5, per=1, connection=cluster)
+    Rate.set('shop', 'acme', 5, per=1, connection=cluster)
+    owner, _ = valkey_cluster.owner_of(keys.PREFIX)
+    valkey_cluster.reset_stats()
+    assert QueueSlot.status('readers', connection=cluster).capacity == 2
+    assert QueueRate.status('readers', connection=cluster) is not None
+    assert Rate.status('shop', 'acme', connection=cluster) is not None
+    assert explain(job.id, cluster)['status'] == 'queued'
+    assert explain('dropped-one', cluster)['policies'][0]['holder'] == job.id
+    rows = state._identity_rows(cluster, keys.LONER_KEYS, [keys.loner('readers', 'gone')],
+                                Job.redis_job_namespace_prefix)
+    assert [row['job_id'] for row in rows] == [None]
+    for node in valkey_cluster.nodes:
+        if node.process is None or node.process.poll() is not None:
+            continue
+        client = valkey_cluster.node_client(node.port)
+        try:
+            stats = client.info('commandstats')
+        finally:
+            client.close()
+        assert 'cmdstat_echo' not in stats, (node.port, sorted(stats))
+        if node is owner:  # its TIME calls are the scripts' own (commandstats counts a script's commands)
+            assert int(stats['cmdstat_eval_ro']['calls']) >= 5, sorted(stats)
+        else:
+            assert 'cmdstat_time' not in stats, (node.port, sorted(stats))
+    for transaction in (True, False):
+        with cluster.pipeline(transaction=transaction) as pipe:
+            for name, args in (('time', ()), ('info', ('stats',)), ('publish', ('c', 'm'))):
+                with pytest.raises(RedisClusterException):
+                    getattr(pipe, name)(*args)
+
+
 def test_a_simple_worker_runs_capped_loner_jobs_on_a_cluster(cluster, valkey_cluster):
     q = PolicyQueue('simple', connection=cluster)
     QueueSlot.set('simple', 1, connection=cluster)
@@ -205,6 +252,42 @@ def test_forking_workers_keep_a_cap_on_a_cluster(cluster, valkey_cluster, cluste
     assert jobs.max_overlap(lines) == 2  # the cap is used, never exceeded
     assert cluster.zcard(keys.holds('forking')) == 0
     one_slot(valkey_cluster)
+
+
+@pytest.mark.long
+def test_a_forking_worker_outlives_its_eviction_watch_and_warns_on_a_cluster(cluster, valkey_cluster, cluster_env,
+                                                                              tmp_path):
+    """The worker's eviction watch appended ``INFO stats`` to its bare heartbeat's pipeline, which redis-py's cluster
+    pipeline refuses: every PolicyWorker on a cluster quit, with exit code 0, at its first heartbeat after the watch's
+    interval (60 s; issue 31). A forking worker that reads the count on every heartbeat (``QuickWatchWorker``: an
+    interval of 0, a heartbeat a second while a job runs) runs jobs for several seconds, one of which makes the
+    prefix slot's primary evict keys: afterwards the worker is alive, has run every job, and logged the rise once."""
+    q = PolicyQueue('watched', connection=cluster)
+    spans = tmp_path / 'spans'
+    every = [q.enqueue(jobs.span_to_file, str(spans), 0.2, job_id=f'b{i}') for i in range(5)]
+    every.append(q.enqueue('tests.helpers.eviction_jobs.evict_in_job', 2.0, job_id='evicting'))
+    every += [q.enqueue(jobs.span_to_file, str(spans), 0.2, job_id=f'a{i}') for i in range(5)]
+    log = tmp_path / 'worker.log'
+    with open(log, 'w') as out:
+        worker = subprocess.Popen([sys.executable, '-m', 'tests.helpers.cluster_worker',
+                                   'tests.helpers.eviction_jobs.QuickWatchWorker', 'watched'],
+                                  env=cluster_env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and worker.poll() is None:
+            if set(_statuses(cluster, [job.id for job in every]).values()) == {'finished'}:
+                break
+            time.sleep(0.2)
+        time.sleep(1.0)  # the heartbeat after the last job, read too
+        alive = worker.poll() is None
+    finally:
+        worker.terminate()
+        worker.wait(30)
+    text = log.read_text()
+    assert alive, text[-3000:]
+    assert set(_statuses(cluster, [job.id for job in every]).values()) == {'finished'}, text[-3000:]
+    warnings = [line for line in text.splitlines() if 'since this worker started' in line]
+    assert len(warnings) == 1, text[-3000:]
 
 
 @pytest.mark.long

@@ -20,7 +20,7 @@ from rq.queue import Queue
 from rq_policies.surfaces import otel
 
 from . import admission, compat, health, keys, ledger, scripts
-from .compat import LEGACY_FAILURE, adopt_cluster
+from .compat import LEGACY_FAILURE, adopt_cluster, slot_moving
 from .exceptions import PolicyError
 from .fetch import Claim, current_fetcher, release_claim
 from .ops import on_next_execute
@@ -36,10 +36,17 @@ HOLD_TTL_ENV = 'RQ_POLICIES_HOLD_TTL'
 #: the worker key while a job runs (``job_monitoring_interval + 60``).
 HOLD_TTL_MARGIN = 60
 
-#: Errors that mean "Redis is not reachable right now" (a restart, or a failover in progress).
+#: Errors that mean "Redis is not reachable right now" (a restart, or a failover in progress; on a cluster, also the
+#: prefix's slot in migration for longer than the client waits: ``SlotMigrating``, a ``ConnectionError``).
 UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.ReadOnlyError)
 
 _mixed: dict[type, type] = {}
+
+
+def away(error: BaseException) -> bool:
+    """Is ``error`` the server gone for now, with nothing of the call run or its outcome unknown (an outage, a
+    failover; on a cluster, the prefix's slot in migration: :func:`rq_policies.compat.slot_moving`)?"""
+    return isinstance(error, UNREACHABLE) or slot_moving(error)
 
 
 def policy_queue_class(queue_class: type[Queue]) -> type[PolicyQueue]:
@@ -138,13 +145,14 @@ class PolicyWorkerMixin:
 
     def _through_outage(self, call: Any, *args: Any, **kwargs: Any) -> Any:
         """``call(*args, **kwargs)``, retried every ``max_connection_wait_time`` while Redis is unreachable (one
-        warning), unless the worker was asked to stop."""
+        warning), unless the worker was asked to stop. On a cluster, a slot migration that outlasts the client's own
+        wait (``SlotMigrating``) is waited out the same way."""
         warned = False
         while True:
             try:
                 return call(*args, **kwargs)
-            except UNREACHABLE as exc:
-                if getattr(self, '_stop_requested', False):
+            except Exception as exc:
+                if not away(exc) or getattr(self, '_stop_requested', False):
                     raise
                 if not warned:
                     self.log.warning('rq-policies: Redis unreachable (%s); retrying every %s s', exc,  # type: ignore[attr-defined]
@@ -156,6 +164,11 @@ class PolicyWorkerMixin:
         # rq's own, with a thread that looks at its stop flag every second (compat.PUBSUB_WAIT_SECONDS): with
         # redis-py 8.2, rq's 60 s wait held every shutdown up to a minute.
         compat.subscribe(self)
+
+    def run_maintenance_tasks(self, *args: Any, **kwargs: Any) -> Any:
+        # rq's registry cleanup, in its work loop, which quits on any error: an outage (or a slot migration) that
+        # began just then would end the worker.
+        return self._through_outage(super().run_maintenance_tasks, *args, **kwargs)  # type: ignore[misc]
 
     def _check_hold_ttl(self, ttl: int, interval: int) -> None:
         if ttl <= interval:
@@ -293,7 +306,9 @@ class PolicyWorkerMixin:
                 for claim in pending:
                     release_claim(claim, pipe)
                 pipe.execute()
-        except UNREACHABLE as exc:
+        except Exception as exc:
+            if not away(exc):
+                raise
             self.log.warning('rq-policies: heartbeat failed, Redis unreachable (%s); retrying', exc)  # type: ignore[attr-defined]
             return
         del self._pending_releases[: len(pending)]

@@ -54,7 +54,7 @@ from redis.exceptions import NoScriptError
 from rq.job import Job, JobStatus
 from rq.queue import Queue
 
-from rq_policies.engine import admission, compat, identity, scripts
+from rq_policies.engine import admission, compat, identity, keys, scripts
 from rq_policies.engine.admission import JobWrite, Verdict
 from rq_policies.engine.exceptions import PipelineNotSupported, PolicyError
 from rq_policies.engine.keys import is_cluster
@@ -122,13 +122,27 @@ class _Builder(PolicyQueue):
 async def run_call(call: Call, client: Any) -> Any:
     """Send one script call on an asyncio client: EVALSHA, then EVAL with the source when the server answers
     NOSCRIPT (the script did not run, so sending it again is safe). redis-py's asyncio retry resends a call whose
-    reply was lost; every script that writes is safe to run twice."""
+    reply was lost; every script that writes is safe to run twice. On a Redis Cluster a call refused while the
+    prefix's slot migrates is sent again until it settles (:data:`rq_policies.engine.compat.SLOT_WAIT_SECONDS`)."""
     found = scripts.script(call.script)
     argv = call.argv()
-    try:
-        return await client.evalsha(found.sha, len(call.keys), *call.keys, *argv)
-    except NoScriptError:
-        return await client.eval(found.script, len(call.keys), *call.keys, *argv)
+    call_keys = call.keys
+    wait = None
+    if is_cluster(client):  # as scripts.run: never run while the slot migrates (keys.SLOT_GUARD) ...
+        call_keys = [*call_keys, keys.SLOT_GUARD]
+    while True:
+        try:
+            try:
+                return await client.evalsha(found.sha, len(call_keys), *call_keys, *argv)
+            except NoScriptError:
+                return await client.eval(found.script, len(call_keys), *call_keys, *argv)
+        except Exception as exc:
+            # ... and ride the migration out as the synchronous adopted client does (compat.adopt_cluster): a call
+            # the server refused ran nowhere; SlotMigrating past slot_wait_seconds.
+            if not compat.slot_moving(exc):
+                raise
+            wait = wait or compat.SlotWait(float(getattr(client, 'slot_wait_seconds', compat.SLOT_WAIT_SECONDS)))
+            await asyncio.sleep(wait.pause(exc))
 
 
 def _settle(queue: PolicyQueue, plan: _Planned, reply: Any) -> Job | None:

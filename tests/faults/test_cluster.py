@@ -579,6 +579,224 @@ def test_producers_follow_a_slot_migration(cluster, valkey_cluster, capsys):
     assert PolicyQueue('moving', connection=cluster).count == len(acked)
 
 
+def migrate_prefix_slot(valkey_cluster, batch: int = 20, pause: float = 0.01, first: tuple[str, ...] = (),
+                        hold: float = 0.0) -> tuple[int, float]:
+    """Move the prefix's slot to another primary with the server's own commands, as ``redis-cli --cluster reshard``
+    does: SETSLOT IMPORTING on the target, MIGRATING on the source, MIGRATE ``batch`` keys at a time (``pause``
+    between batches, so that clients meet a slot split between two nodes), SETSLOT NODE on both. ``first``: keys
+    moved before the others, then ``hold`` seconds with the slot split so. Returns the keys moved and how long the
+    slot was migrating (seconds)."""
+    from redis.crc import key_slot
+
+    slot = key_slot(keys.PREFIX.encode())
+    source, _ = valkey_cluster.owner_of(keys.PREFIX)
+    target = next(node for node in valkey_cluster.nodes[:valkey_cluster.primaries] if node is not source
+                  and _node_role(valkey_cluster, node.port) == 'master')
+    src, dst = valkey_cluster.node_client(source.port), valkey_cluster.node_client(target.port)
+    try:
+        src_id, dst_id = src.execute_command('CLUSTER MYID'), dst.execute_command('CLUSTER MYID')
+        started = time.monotonic()
+        dst.execute_command('CLUSTER SETSLOT', slot, 'IMPORTING', src_id)
+        src.execute_command('CLUSTER SETSLOT', slot, 'MIGRATING', dst_id)
+        moved = 0
+        if first:
+            src.execute_command('MIGRATE', '127.0.0.1', target.port, '', 0, 5000, 'KEYS', *first)
+            moved += len(first)
+            time.sleep(hold)
+        while True:
+            found = src.execute_command('CLUSTER GETKEYSINSLOT', slot, batch)
+            if not found:
+                break
+            src.execute_command('MIGRATE', '127.0.0.1', target.port, '', 0, 5000, 'KEYS', *found)
+            moved += len(found)
+            time.sleep(pause)
+        for client in (dst, src):
+            client.execute_command('CLUSTER SETSLOT', slot, 'NODE', dst_id)
+        took = time.monotonic() - started
+    finally:
+        src.close()
+        dst.close()
+    assert valkey_cluster.owner_of(keys.PREFIX)[0] is target
+    return moved, took
+
+
+def _alive(procs) -> list[bool]:
+    return [proc.poll() is None for proc in procs]
+
+
+def test_workers_and_producers_ride_out_a_slot_migration(cluster, valkey_cluster, cluster_env, tmp_path, capsys):
+    """The prefix's slot moves to another primary while two forking PolicyWorkers and a PolicySimpleWorker run jobs
+    and producers enqueue through every door (plain, Loner, enqueue_call, enqueue_many, enqueue_at now, and the
+    asyncio door). During the move no script can run (its keys split between two nodes: TRYAGAIN; every script of
+    ours names a key that exists nowhere, so none runs on a half-moved slot), nor a transaction over keys on both
+    nodes: the adopted client sends each again until the slot settles. Asserted: every worker is the same process
+    afterwards, no producer call raised, and every acknowledged job ran exactly once.
+
+    Before (issue 31), the workers died in rq's suspension check (TRYAGAIN) or their fetch (ClusterError: TTL
+    exhausted), stranding the jobs, and producers got TTL exhausted."""
+    import asyncio
+    import threading
+
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
+    from rq_policies.aio import AsyncPolicyQueue
+
+    spans = tmp_path / 'spans'
+    q = PolicyQueue('moving-work', connection=cluster)
+    for i in range(120):  # keys to move, and work for the workers while the slot moves (about 4 s for three)
+        q.enqueue(jobs.span_to_file, str(spans), 0.1, job_id=f'pre{i:03d}')
+    logs = [open(tmp_path / f'worker{i}.log', 'w') for i in range(3)]  # noqa: SIM115 - closed below
+    workers = [subprocess.Popen([sys.executable, '-m', 'tests.helpers.cluster_worker', kind, 'moving-work'],
+                                env=cluster_env, stdout=log, stderr=subprocess.STDOUT)
+               for kind, log in zip(('PolicyWorker', 'PolicyWorker', 'PolicySimpleWorker'), logs)]
+    acked: list[str] = []
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def produce() -> None:
+        producer = valkey_cluster.client()
+        pq = PolicyQueue('moving-work', connection=producer)
+        n = 0
+        try:
+            while not stop.is_set():
+                n += 1
+                try:
+                    door = n % 5
+                    if door == 0:
+                        acked.append(pq.enqueue(jobs.span_to_file, str(spans), 0.01, job_id=f'p{n:05d}').id)
+                    elif door == 1:  # distinct identities: the duration differs
+                        acked.append(pq.enqueue(jobs.span_to_file, str(spans), 0.01 + n / 1e7, policy=Loner(),
+                                                job_id=f'l{n:05d}').id)
+                    elif door == 2:
+                        acked.append(pq.enqueue_call(jobs.span_to_file, args=(str(spans), 0.01),
+                                                     job_id=f'c{n:05d}').id)
+                    elif door == 3:
+                        acked.extend(job.id for job in pq.enqueue_many([
+                            Queue.prepare_data(jobs.span_to_file, (str(spans), 0.01), job_id=f'm{n:05d}a'),
+                            Queue.prepare_data(jobs.span_to_file, (str(spans), 0.01), job_id=f'm{n:05d}b')]))
+                    else:
+                        acked.append(pq.enqueue_at(datetime.datetime.now(datetime.timezone.utc), jobs.span_to_file,
+                                                   str(spans), 0.01, job_id=f'a{n:05d}').id)
+                except Exception as exc:
+                    errors.append(repr(exc))
+                time.sleep(0.01)
+        finally:
+            producer.close()
+
+    def produce_async() -> None:
+        async def main() -> None:
+            client = AsyncRedisCluster.from_url(valkey_cluster.url)
+            aq = AsyncPolicyQueue('moving-work', connection=client)
+            n = 0
+            try:
+                while not stop.is_set():
+                    n += 1
+                    try:
+                        job = await aq.enqueue(jobs.span_to_file, str(spans), 0.02 + n / 1e7, policy=Loner(),
+                                               job_id=f'x{n:05d}')
+                        acked.append(job.id)
+                    except Exception as exc:
+                        errors.append(repr(exc))
+                    await asyncio.sleep(0.02)
+            finally:
+                await client.aclose()
+
+        asyncio.run(main())
+
+    threads = [threading.Thread(target=produce), threading.Thread(target=produce_async)]
+    moved = took = 0
+    try:
+        deadline = time.monotonic() + 60
+        while cluster.scard(f'{keys.KEY_PREFIX}:workers') < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for thread in threads:
+            thread.start()
+        while len(acked) < 50 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        before = len(acked)
+        moved, took = migrate_prefix_slot(valkey_cluster, batch=10, pause=0.25)  # about 6 s of a half-moved slot
+        during = len(acked) - before
+        time.sleep(2)  # producers and workers on the new primary
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+        every = [f'pre{i:03d}' for i in range(120)] + acked
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            statuses = _statuses(cluster, every)
+            if set(statuses.values()) == {'finished'}:
+                break
+            time.sleep(0.2)
+        alive = _alive(workers)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+        for w in workers:
+            w.terminate()
+        for w in workers:
+            try:
+                w.wait(30)
+            except subprocess.TimeoutExpired:
+                w.kill()
+                w.wait()
+        for log in logs:
+            log.close()
+    output = '\n'.join((tmp_path / f'worker{i}.log').read_text()[-3000:] for i in range(3))
+    starts: dict[str, int] = {}
+    for line in spans.read_text().splitlines():
+        job_id, kind, _ = line.split()
+        if kind == 'start':
+            starts[job_id] = starts.get(job_id, 0) + 1
+    with capsys.disabled():
+        print(f'\nslot migration under load: {moved} keys moved in {took:.2f} s, {len(acked)} enqueues acknowledged '
+              f'({during} while the slot moved), {len(errors)} errors')
+    assert alive == [True, True, True], output
+    assert errors == [], errors[:5]
+    not_once = {job_id: starts.get(job_id, 0) for job_id in every if starts.get(job_id, 0) != 1}
+    assert not_once == {}, (not_once, {k: v for k, v in statuses.items() if v != 'finished'}, output)
+    assert moved > 200 and len(set(acked)) == len(acked)
+
+
+def test_a_suspended_worker_rides_out_a_slot_migration(cluster, valkey_cluster, cluster_env, tmp_path):
+    """``rq suspend`` (rq's suspension key) and the prefix's slot moves: a suspended forking PolicyWorker, which asks
+    rq's ``is_suspended`` once a second (a transaction with its heartbeat, over a key that does not exist), is the
+    same process afterwards and runs a job once resumed. It died of TRYAGAIN before (issue 31)."""
+    from rq.suspension import resume, suspend
+
+    spans = tmp_path / 'spans'
+    q = PolicyQueue('suspended', connection=cluster)
+    for i in range(50):
+        q.enqueue(jobs.plain, i)  # keys to move
+    suspend(cluster)
+    log = open(tmp_path / 'worker.log', 'w')  # noqa: SIM115 - closed below
+    worker = subprocess.Popen([sys.executable, '-m', 'tests.helpers.cluster_worker', 'PolicyWorker', 'suspended'],
+                              env=cluster_env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while cluster.scard(f'{keys.KEY_PREFIX}:workers') < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.5)  # in rq's suspension loop
+        # the suspension key moved first, the worker's keys not yet: 2.5 s of rq's is_suspended refused (TRYAGAIN)
+        migrate_prefix_slot(valkey_cluster, first=(f'{keys.KEY_PREFIX}:suspended',), hold=2.5)
+        time.sleep(1.5)
+        alive = worker.poll() is None
+        resume(cluster)
+        job = q.enqueue(jobs.span_to_file, str(spans), 0)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _statuses(cluster, [job.id])[job.id] != 'finished':
+            time.sleep(0.1)
+        ran = _statuses(cluster, [job.id])[job.id]
+    finally:
+        resume(cluster)
+        worker.terminate()
+        worker.wait(30)
+        log.close()
+    output = (tmp_path / 'worker.log').read_text()[-3000:]
+    assert alive, output
+    assert ran == 'finished', output
+
+
 def test_an_identity_s_keys_are_scanned_on_the_prefix_slot_s_node_only(cluster, valkey_cluster):
     """``state.identity_keys`` and ``state.reset_digest`` (``explain``'s identity rows, the CLI's and the page's
     reset) walk the prefix's slot with one node's cursor (``keys.scanner``), as the other readers do, not every

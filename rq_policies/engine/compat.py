@@ -119,6 +119,23 @@ def given_id(job: Job) -> str | None:
     return job._id
 
 
+def started_executions(worker: Any, job: Job) -> list[Any]:
+    """rq's Execution objects ``worker`` made for ``job`` (``prepare_execution``), taken off the worker: rq 3 keeps
+    them in ``worker.executions`` (id -> Execution), rq 2.12 the last one as ``worker.execution``. Each is added to the
+    worker before the pipeline that writes it runs, so one whose write failed is there too."""
+    executions = getattr(worker, 'executions', None)
+    if isinstance(executions, dict):
+        found = [execution for execution in executions.values() if getattr(execution, 'job_id', None) == job.id]
+        for execution in found:
+            executions.pop(execution.id, None)
+        return found
+    execution = getattr(worker, 'execution', None)
+    if execution is not None and getattr(execution, 'job_id', None) == job.id:
+        worker.execution = None
+        return [execution]
+    return []
+
+
 # -- redis-py ----------------------------------------------------------------------------------------------------------
 
 

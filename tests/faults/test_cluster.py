@@ -505,6 +505,62 @@ def test_failover_of_the_prefix_slot_primary_during_capped_loner_jobs(cluster, v
     assert figures['max_overlap_from_1s_after_promotion'] <= cap, figures
 
 
+@pytest.mark.slow
+def test_a_start_caught_by_a_failover_runs_the_job_once(cluster, valkey_cluster, cluster_env, tmp_path):
+    """A forking PolicyWorker has fetched a job (the fetch is on the replica: WAIT) and its work horse is about to
+    record the job's start when the primary serving the prefix's slot is SIGKILLed: the start meets no primary until
+    the replica is promoted. The job runs once, on the same worker, after the promotion. Before (issue 31), rq's
+    failure path took the error for the job's and moved it to the failed registry without running it."""
+    from rq_policies.replicas import wait_for_replicas
+
+    spans, gate = tmp_path / 'spans', tmp_path / 'gate'
+    q = PolicyQueue('gated', connection=cluster)
+    job = q.enqueue(jobs.span_to_file, str(spans), 0, job_id='gated-1')
+    primary, replica = valkey_cluster.owner_of(keys.PREFIX)
+    deadline = time.monotonic() + 60
+    while replica is None and time.monotonic() < deadline:  # a node restarted by an earlier test still syncing
+        time.sleep(0.1)
+        primary, replica = valkey_cluster.owner_of(keys.PREFIX)
+    assert replica is not None
+    log = open(tmp_path / 'worker.log', 'w')  # noqa: SIM115 - closed below
+    worker = subprocess.Popen([sys.executable, '-m', 'tests.helpers.cluster_worker',
+                               'tests.helpers.start_jobs.GatedStart', 'gated'],
+                              # one retry 0.1 s later: the promotion (1.3-1.9 s here) outlasts the client's own
+                              # retries, as a slower one (3-4 s in issue 31) outlasts redis-py's default ones (10,
+                              # 0.01 s doubling to at most 1 s apart)
+                              env=dict(cluster_env, START_GATE=str(gate), CLUSTER_RETRIES='1'), stdout=log,
+                              stderr=subprocess.STDOUT)
+    try:
+        while not (tmp_path / 'gate.waiting').exists() and time.monotonic() < deadline and worker.poll() is None:
+            time.sleep(0.02)
+        assert (tmp_path / 'gate.waiting').exists()
+        assert wait_for_replicas(cluster, 1, 5000) == 1  # the fetch (the pop, the claim record) is on the replica
+        primary.process.kill()
+        primary.process.wait()
+        gate.touch()  # the start goes out now, to a primary that is gone
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and _statuses(cluster, [job.id])[job.id] not in ('finished', 'failed'):
+            time.sleep(0.1)
+        status = _statuses(cluster, [job.id])[job.id]
+        alive = worker.poll() is None
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+        log.close()
+        if primary.process is not None and primary.process.poll() is not None:
+            primary.start()  # back as a replica of the promoted one (its nodes.conf says so)
+    output = (tmp_path / 'worker.log').read_text()[-4000:]
+    starts = [line.split()[0] for line in spans.read_text().splitlines() if ' start ' in line] if spans.exists() else []
+    assert status == 'finished', output
+    assert starts == [job.id], output
+    assert alive, output
+    assert 'could not record the start of job gated-1' in output
+
+
 def test_producers_follow_a_slot_migration(cluster, valkey_cluster, capsys):
     """The prefix's slot moves to another primary (SETSLOT IMPORTING/MIGRATING, MIGRATE key by key, SETSLOT NODE)
     while a producer enqueues Loner jobs: the client follows the ASK and MOVED redirections (retrying on TRYAGAIN

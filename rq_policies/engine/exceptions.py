@@ -161,3 +161,32 @@ class SlotMigrating(PolicyError, RedisConnectionError):
             f'call with {type(last).__name__ if last is not None else "a redirection"}: {last}); nothing of the call '
             'ran. Try again once the slot has settled on its new node'
         )
+
+
+class NotReplicated(PolicyError):
+    """A door that waits for replicas (``wait_replicas=``) admitted the job, and fewer replicas than asked had it when
+    ``WAIT`` answered, after ``timeout_ms``: **the job is admitted** (it is on the primary, and runs as any other),
+    it is not known to be on that many replicas yet, so a failover in the next moments could still lose it.
+
+    Do not enqueue the same call again to make up for it (without a policy that is a second job): the replicas
+    usually catch up; :func:`rq_policies.replicas.wait_for_replicas` waits again, and ``explain(job.id)`` (on the
+    primary) says where the job is.
+
+    Attributes:
+        job: the admitted job (``enqueue_many``: its list of results, None where a policy dropped one).
+        acknowledged: how many replicas had it.
+        replicas: how many were asked for.
+        timeout_ms: how long ``WAIT`` waited, in milliseconds.
+    """
+
+    def __init__(self, job: object, acknowledged: int, replicas: int, timeout_ms: int) -> None:
+        self.job = job
+        self.acknowledged = acknowledged
+        self.replicas = replicas
+        self.timeout_ms = timeout_ms
+        what = f'job {job.id}' if hasattr(job, 'id') else 'the jobs'
+        super().__init__(
+            f'{what} is admitted, and {acknowledged} of {replicas} replica(s) had it after {timeout_ms} ms: it is on '
+            'the primary and runs, but a failover now could still lose it. Do not enqueue it again; '
+            'rq_policies.replicas.wait_for_replicas waits for the replicas again'
+        )

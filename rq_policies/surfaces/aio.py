@@ -95,6 +95,14 @@ class _SyncOnly:
         return True
 
 
+def _no_replicas(queue: str, kwargs: dict[str, Any]) -> None:
+    """The synchronous doors' ``wait_replicas=`` (a WAIT after the admission) is not in the asyncio doors: refused,
+    rather than handed to the job's function as its own argument."""
+    for name in ('wait_replicas', 'wait_timeout_ms'):
+        if name in kwargs:
+            raise AsyncDoorError(queue, f'{name}= (waiting for replicas after the admission)')
+
+
 class _Planned(Exception):  # noqa: N818 - control flow inside one door, never seen by a caller
     """The builder's door reached its round trip: here is the call to send, and how to read its reply."""
 
@@ -178,6 +186,7 @@ class AsyncPolicyQueue:
             raise TypeError(f'AsyncPolicyQueue: connection must be a redis.asyncio client, got {connection!r}')
         if kwargs.get('is_async') is False:
             raise AsyncDoorError(name, 'is_async=False (the job runs in the caller)')
+        _no_replicas(name, kwargs)
         self.connection = connection
         self.sync_connection = sync_connection
         options: dict[str, Any] = {'connection': _SyncOnly(name), **kwargs}
@@ -209,6 +218,7 @@ class AsyncPolicyQueue:
 
     async def enqueue(self, f: Any, *args: Any, **kwargs: Any) -> Job | None:
         """rq's ``enqueue`` with ``policy=``, awaited: the Job, or None when a policy dropped it."""
+        _no_replicas(self.name, kwargs)
         policy = kwargs.pop('policy', DECLARED)
         queue = await self._ready()
         try:
@@ -220,6 +230,7 @@ class AsyncPolicyQueue:
 
     async def enqueue_call(self, func: Any, *args: Any, policy: Any = DECLARED, **kwargs: Any) -> Job | None:
         """rq's ``enqueue_call`` with ``policy=``, awaited."""
+        _no_replicas(self.name, kwargs)
         queue = await self._ready()
         try:
             with queue._door(policy):
@@ -230,6 +241,7 @@ class AsyncPolicyQueue:
 
     async def enqueue_at(self, datetime: datetime, f: Any, *args: Any, **kwargs: Any) -> Job | None:
         """rq's ``enqueue_at`` with ``policy=``, awaited (the job waits in the scheduled registry)."""
+        _no_replicas(self.name, kwargs)
         queue = await self._ready()
         try:
             queue.enqueue_at(datetime, f, *args, **kwargs)
@@ -239,6 +251,7 @@ class AsyncPolicyQueue:
 
     async def enqueue_in(self, time_delta: timedelta, f: Any, *args: Any, **kwargs: Any) -> Job | None:
         """rq's ``enqueue_in`` with ``policy=``, awaited."""
+        _no_replicas(self.name, kwargs)
         queue = await self._ready()
         try:
             queue.enqueue_in(time_delta, f, *args, **kwargs)
@@ -248,6 +261,7 @@ class AsyncPolicyQueue:
 
     async def force(self, f: Any, *args: Any, **kwargs: Any) -> Job:
         """:meth:`rq_policies.PolicyQueue.force`, awaited: enqueue now whatever the policies say."""
+        _no_replicas(self.name, kwargs)
         queue = await self._ready()
         try:
             queue.force(f, *args, **kwargs)

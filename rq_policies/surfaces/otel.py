@@ -305,14 +305,14 @@ def _raised(span: Any, queue: Any, exc: BaseException, verdict: Any, started: fl
 
 def admit(queue: Any, spec: Any, digest: str, write: Any, force: bool, hint: Any) -> Any:
     """:func:`rq_policies.engine.admission.admit`, traced."""
-    from rq_policies.engine.admission import Verdict, checked_call, settle
+    from rq_policies.engine.admission import Verdict, checked_call, send, settle
 
     started = time.perf_counter()
     span = _start(queue, write, spec, force, digest)
     verdict = None
     try:
         call = checked_call(queue, spec, digest, write, force)
-        verdict = Verdict.read(call.run_door(queue.connection), digest)
+        verdict = Verdict.read(send(call, queue, write), digest)
         settle(queue, spec, write, verdict, hint)
     except BaseException as exc:
         _raised(span, queue, exc, verdict, started)
@@ -323,12 +323,12 @@ def admit(queue: Any, spec: Any, digest: str, write: Any, force: bool, hint: Any
 
 def write_plain(queue: Any, write: Any) -> None:
     """:func:`rq_policies.engine.admission.write_plain`, traced."""
-    from rq_policies.engine.admission import plain_call
+    from rq_policies.engine.admission import plain_call, send
 
     started = time.perf_counter()
     span = _start(queue, write, None, False)
     try:
-        plain_call(queue, write).run_door(queue.connection)
+        send(plain_call(queue, write), queue, write)
     except BaseException as exc:
         _raised(span, queue, exc, None, started)
         raise

@@ -511,7 +511,7 @@ def test_a_start_caught_by_a_failover_runs_the_job_once(cluster, valkey_cluster,
     record the job's start when the primary serving the prefix's slot is SIGKILLed: the start meets no primary until
     the replica is promoted. The job runs once, on the same worker, after the promotion. Before (issue 31), rq's
     failure path took the error for the job's and moved it to the failed registry without running it."""
-    from rq_policies.replicas import wait_for_replicas
+    from rq_policies.surfaces.replicas import wait_for_replicas
 
     spans, gate = tmp_path / 'spans', tmp_path / 'gate'
     q = PolicyQueue('gated', connection=cluster)
@@ -695,7 +695,7 @@ def test_workers_and_producers_ride_out_a_slot_migration(cluster, valkey_cluster
 
     from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
-    from rq_policies.aio import AsyncPolicyQueue
+    from rq_policies.surfaces.aio import AsyncPolicyQueue
 
     spans = tmp_path / 'spans'
     q = PolicyQueue('moving-work', connection=cluster)

@@ -16,14 +16,18 @@ apart, and looked for as well. A door that raised anything else acknowledged not
 
 The killed node is restarted after each round (it rejoins as a replica) and the next round waits until it has synced.
 The loss a plain door can show is the writes in the replication lag at the kill: on loopback the replica is
-microseconds to milliseconds behind, more under load. ``--smoke`` runs one short round of each mode (CI: the bench
-still works).
+microseconds to milliseconds behind, more under load. ``--starve S`` makes the lag real: the replica is SIGSTOPped S
+seconds before the kill and SIGCONTed right after it (a replica starved of CPU, a paused VM): what the primary
+acknowledged meanwhile and had not sent (or the replica had not read from its socket) is gone with it, and the
+replica is promoted all the same (the test cluster's ``cluster-replica-validity-factor 0``). ``--smoke`` runs one
+short round of each mode (CI: the bench still works).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -62,7 +66,10 @@ def synced(cluster: ValkeyCluster, timeout: float = 60.0) -> tuple:
     """The prefix slot's primary and a replica that is linked to it and caught up."""
     deadline = time.monotonic() + timeout
     while True:
-        primary, replica = cluster.owner_of(keys.PREFIX)
+        try:
+            primary, replica = cluster.owner_of(keys.PREFIX)
+        except RuntimeError:  # the nodes still settling after the last round's failover and restart
+            primary = replica = None
         if replica is not None:
             client = cluster.node_client(replica.port)
             try:
@@ -121,10 +128,15 @@ def one_round(cluster: ValkeyCluster, number: int, durable: bool, opts, env: dic
             time.sleep(0.05)
         for thread in threads:
             thread.start()
-        time.sleep(opts.before)
+        time.sleep(max(opts.before - opts.starve, 0.0))
+        if opts.starve:  # the replica stops reading the stream: the primary's writes pile up in its output buffer
+            os.kill(replica.process.pid, signal.SIGSTOP)
+            time.sleep(opts.starve)
         killed_at = time.time()
         primary.process.kill()
         primary.process.wait()
+        if opts.starve:
+            os.kill(replica.process.pid, signal.SIGCONT)
         while role(cluster, replica.port) != 'master' and time.time() < killed_at + 30:
             time.sleep(0.02)
         promoted_at = time.time()
@@ -164,17 +176,29 @@ def one_round(cluster: ValkeyCluster, number: int, durable: bool, opts, env: dic
 
     lost = {job_id: at - killed_at for job_id, at in acked.items() if not found(job_id)}
     lost_unconfirmed = [job_id for job_id in unconfirmed if not found(job_id)]
-    twice = 0
+    twice: dict[str, list[float]] = {}
     if spans.exists():
-        starts = [line.split()[0] for line in spans.read_text().splitlines() if ' start ' in line]
-        twice = sum(1 for job_id in set(starts) if starts.count(job_id) > 1 and job_id.startswith(queue_name + '-'))
+        seen: dict[str, list[float]] = {}
+        for line in spans.read_text().splitlines():
+            job_id, kind, at = line.split()
+            if kind == 'start' and job_id.startswith(queue_name + '-'):
+                seen.setdefault(job_id, []).append(float(at) - killed_at)
+        twice = {job_id: at for job_id, at in seen.items() if len(at) > 1}
     watcher.close()
     before_kill = sum(1 for at in acked.values() if at < killed_at)
     return {
         'round': number, 'mode': 'durable' if durable else 'plain', 'acked': len(acked), 'acked_before_kill':
         before_kill, 'unconfirmed': len(unconfirmed), 'errors': len(errors), 'lost': len(lost),
-        'lost_ack_ms_from_kill': sorted(round(offset * 1000, 1) for offset in lost.values()),
-        'lost_unconfirmed': len(lost_unconfirmed), 'ran_twice': twice,
+        # the acknowledgement times of the lost admissions, ms from the kill (negative: before it): first and last
+        'lost_ack_ms_from_kill': [round(min(lost.values()) * 1000, 1), round(max(lost.values()) * 1000, 1)]
+        if lost else [],
+        'lost_unconfirmed': len(lost_unconfirmed), 'ran_twice': len(twice),
+        # the jobs run twice (a fetch lost with the primary): the first and the last of their first starts and of their
+        # second starts, ms from the kill
+        'twice_starts_ms': [[round(min(sorted(starts)[0] for starts in twice.values()) * 1000),
+                             round(max(sorted(starts)[0] for starts in twice.values()) * 1000)],
+                            [round(min(sorted(starts)[1] for starts in twice.values()) * 1000),
+                             round(max(sorted(starts)[1] for starts in twice.values()) * 1000)]] if twice else [],
         'promotion_s': round(promoted_at - killed_at, 2), 'ran': len(ran & set(every)),
     }
 
@@ -185,6 +209,9 @@ def main() -> None:
     parser.add_argument('--producers', type=int, default=4)
     parser.add_argument('--before', type=float, default=1.5, help='seconds of load before the kill')
     parser.add_argument('--after', type=float, default=2.0, help='seconds of load after the promotion')
+    parser.add_argument('--starve', type=float, default=0.0,
+                        help='SIGSTOP the replica this many seconds before the kill (SIGCONT right after it): a '
+                             'replica starved of CPU, or a VM paused, as the primary dies')
     add_smoke(parser)
     opts = parser.parse_args()
     smoke_defaults(opts, rounds=1, producers=2)

@@ -4,8 +4,8 @@ does not, on a primary with one replica, measured in one run.
     python bench/durable.py [--rounds 15] [--calls 200] [--smoke]
 
 The door sends ``WAIT 1 <timeout>`` (and a one-key ``SET`` that makes the count right after a resend) in the same
-round trip as its admission script, on the same connection (``rq_policies.engine.admission.run_replicated``), and returns once
-the replica has acknowledged. Variants: a job without a policy, and a Loner admitted, each with and without
+round trip as its admission script, on the same connection (``rq_policies.engine.admission.run_replicated``), and
+returns once the replica has acknowledged. Variants: a job without a policy, and a Loner admitted, each with and without
 ``wait_replicas=1``. Rounds interleave the variants (the order reversed every other round); each variant's figures are
 the median per-call wall time (printed as enqueues per second), its p25 / p75, and the server CPU per enqueue of the
 primary and of the replica (``INFO cpu``: ``used_cpu_user`` + ``used_cpu_sys``, read before and after each variant's

@@ -46,7 +46,8 @@ from common import add_smoke, run_main, smoke_defaults  # noqa: E402
 from redis.cluster import ClusterNode, RedisCluster  # noqa: E402
 from rq.job import Job  # noqa: E402
 
-from rq_policies import PolicyQueue, keys  # noqa: E402
+from rq_policies import PolicyQueue  # noqa: E402
+from rq_policies.engine import keys  # noqa: E402
 from rq_policies.engine.exceptions import NotReplicated  # noqa: E402
 from tests.helpers import jobs  # noqa: E402
 from tests.helpers.cluster import ValkeyCluster  # noqa: E402

@@ -598,9 +598,9 @@ def ending(raw: Any) -> tuple[str, ...]:
 def run_replicated(name: str, connection: Any, call_keys: list[str], args: list[Any], replicas: int,
                    timeout_ms: int) -> tuple[Any, int]:
     """Run script ``name`` (a door's admission) and wait for ``replicas`` replicas to have it, in one round trip on
-    one connection: ``EVALSHA``, then ``SET`` of :data:`rq_policies.engine.keys.REPLICATED` and ``WAIT replicas timeout_ms``,
-    pipelined (not a transaction). Returns the script's reply and how many replicas acknowledged (``WAIT``'s answer,
-    fewer than asked after the timeout).
+    one connection: ``EVALSHA``, then ``SET`` of :data:`rq_policies.engine.keys.REPLICATED` and ``WAIT replicas
+    timeout_ms``, pipelined (not a transaction). Returns the script's reply and how many replicas acknowledged
+    (``WAIT``'s answer, fewer than asked after the timeout).
 
     The ``SET`` makes the count right whatever the script wrote: ``WAIT`` counts the replicas that have the
     connection's last write, and a script that wrote nothing this time (a lost reply resent: it recognises its own
@@ -608,11 +608,11 @@ def run_replicated(name: str, connection: Any, call_keys: list[str], args: list[
     replica that has the ``SET`` has the admission before it, made on any connection. A ``NOSCRIPT`` (the server's
     script cache emptied: a restart, a failover) sends the three again with ``EVAL`` and the source: the script did
     not run. On a Redis Cluster the three go to the primary serving the prefix's slot through its node's own client
-    (redis-py's cluster pipeline refuses ``WAIT``, a keyless command), with :data:`rq_policies.engine.keys.SLOT_GUARD` in
-    KEYS as every script there: a redirection or ``TRYAGAIN`` (the slot moving) is sent again after the slot map is
-    read anew, as the adopted client does (:data:`rq_policies.engine.compat.SLOT_WAIT_SECONDS`), and a connection error
-    (the primary gone) as the client's own ``retry`` says, after reading the slot map anew. Every admission script is
-    safe to run twice.
+    (redis-py's cluster pipeline refuses ``WAIT``, a keyless command), with
+    :data:`rq_policies.engine.keys.SLOT_GUARD` in KEYS as every script there: a redirection or ``TRYAGAIN`` (the slot
+    moving) is sent again after the slot map is read anew, as the adopted client does
+    (:data:`rq_policies.engine.compat.SLOT_WAIT_SECONDS`), and a connection error (the primary gone) as the client's own
+    ``retry`` says, after reading the slot map anew. Every admission script is safe to run twice.
     """
     from redis.cluster import RedisCluster
 

@@ -229,11 +229,11 @@ class _NodesPool:
 #: How long a call on an adopted Redis Cluster client (:func:`adopt_cluster`) keeps trying while the prefix's slot is
 #: being migrated to another node, in seconds. A script (every door, every fetch) or a transaction over keys of the
 #: slot cannot run until the slot has settled on its new node (the server answers ``TRYAGAIN`` while the keys are
-#: split, and every script of ours names :data:`rq_policies.keys.SLOT_GUARD`, which exists nowhere), so the call is
-#: sent again, first after 10 ms and then at most every 250 ms (redis-py's own attempts take about 0.4 s each), up to
-#: this long; then :class:`rq_policies.exceptions.SlotMigrating` is raised (a ``ConnectionError``: nothing of the call
-#: ran). A client's own ``slot_wait_seconds`` attribute wins. A PolicyWorker rides out a longer migration as it rides
-#: out an outage.
+#: split, and every script of ours names :data:`rq_policies.engine.keys.SLOT_GUARD`, which exists nowhere), so the call
+#: is sent again, first after 10 ms and then at most every 250 ms (redis-py's own attempts take about 0.4 s each), up to
+#: this long; then :class:`rq_policies.engine.exceptions.SlotMigrating` is raised (a ``ConnectionError``: nothing of the
+#: call ran). A client's own ``slot_wait_seconds`` attribute wins. A PolicyWorker rides out a longer migration as it
+#: rides out an outage.
 SLOT_WAIT_SECONDS = 10.0
 
 
@@ -252,8 +252,8 @@ def slot_moving(error: BaseException) -> bool:
 
 class SlotWait:
     """The pauses of one call while its slot is being migrated: :meth:`pause` says how long to sleep before the next
-    attempt, or raises :class:`~rq_policies.exceptions.SlotMigrating` once ``seconds`` have passed since the first
-    refusal."""
+    attempt, or raises :class:`~rq_policies.engine.exceptions.SlotMigrating` once ``seconds`` have passed since the
+    first refusal."""
 
     __slots__ = ('seconds', 'since', 'delay')
 
@@ -295,7 +295,8 @@ def _cluster_classes() -> tuple[type, type] | None:
         command a pipeline cannot route, and its ``eval`` takes no script): each is routed by its first key, which a
         hash-tagged prefix puts in the one slot every other command of the pipeline uses. Keyless commands (TIME,
         INFO, PUBLISH, WAIT...) stay refused: none of ours or rq's rides a cluster pipeline (the server's clock is
-        read by :func:`rq_policies.ops.time_in`, the eviction watch's INFO goes to the slot's primary on its own).
+        read by :func:`rq_policies.engine.ops.time_in`, the eviction watch's INFO goes to the slot's primary on its
+        own).
 
         ``execute()`` rides out a migration of the slot (:func:`slot_moving`, up to :data:`SLOT_WAIT_SECONDS`): a
         transaction the server refused ran none of its commands and is sent again whole; one that WATCHes a key

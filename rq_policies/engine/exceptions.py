@@ -143,8 +143,8 @@ class UnknownQueueWarning(UserWarning):
 
 class SlotMigrating(PolicyError, RedisConnectionError):
     """The prefix's hash slot was being migrated to another node of a Redis Cluster for longer than the client waits
-    (its ``slot_wait_seconds``, :data:`rq_policies.compat.SLOT_WAIT_SECONDS` by default): the command, the script or
-    the transaction did not run (the server refused it with ``TRYAGAIN``, ``ASK`` or ``MOVED`` every time).
+    (its ``slot_wait_seconds``, :data:`rq_policies.engine.compat.SLOT_WAIT_SECONDS` by default): the command, the script
+    or the transaction did not run (the server refused it with ``TRYAGAIN``, ``ASK`` or ``MOVED`` every time).
 
     A redis-py ``ConnectionError`` too, so that what rides out a Redis outage rides this out as well: a PolicyWorker
     waits and tries again, and a producer that retries on ``ConnectionError`` retries it (safe: nothing of the call
@@ -169,8 +169,8 @@ class NotReplicated(PolicyError):
     it is not known to be on that many replicas yet, so a failover in the next moments could still lose it.
 
     Do not enqueue the same call again to make up for it (without a policy that is a second job): the replicas
-    usually catch up; :func:`rq_policies.replicas.wait_for_replicas` waits again, and ``explain(job.id)`` (on the
-    primary) says where the job is.
+    usually catch up; :func:`rq_policies.surfaces.replicas.wait_for_replicas` waits again, and ``explain(job.id)`` (on
+    the primary) says where the job is.
 
     Attributes:
         job: the admitted job (``enqueue_many``: its list of results, None where a policy dropped one).
@@ -188,5 +188,5 @@ class NotReplicated(PolicyError):
         super().__init__(
             f'{what} is admitted, and {acknowledged} of {replicas} replica(s) had it after {timeout_ms} ms: it is on '
             'the primary and runs, but a failover now could still lose it. Do not enqueue it again; '
-            'rq_policies.replicas.wait_for_replicas waits for the replicas again'
+            'rq_policies.surfaces.replicas.wait_for_replicas waits for the replicas again'
         )

@@ -190,9 +190,9 @@ LAPSES = PREFIX + 'lapses'
 #: minute).
 REPLICATED = PREFIX + 'replicated'
 #: A key that never exists, passed as the last of KEYS of every script a Redis Cluster runs
-#: (:func:`rq_policies.scripts.run`). While the prefix's slot is being migrated to another node, the server refuses a
-#: script with a key it does not have (``TRYAGAIN``, or ``ASK`` and then ``TRYAGAIN`` on the importing node), so no
-#: script runs on a slot whose keys are split between two nodes: its reads of keys it is not given (a popped job's
+#: (:func:`rq_policies.engine.scripts.run`). While the prefix's slot is being migrated to another node, the server
+#: refuses a script with a key it does not have (``TRYAGAIN``, or ``ASK`` and then ``TRYAGAIN`` on the importing node),
+#: so no script runs on a slot whose keys are split between two nodes: its reads of keys it is not given (a popped job's
 #: hash, a marker a job hash names) would fail midway there, after its first writes, or read a key not moved yet as
 #: missing. Nothing reads or writes it.
 SLOT_GUARD = PREFIX + 'slot-guard'

@@ -270,7 +270,7 @@ class PolicyQueue(Queue):
 
         Raises:
             NotReplicated: fewer than N replicas had the job after ``wait_timeout_ms``: the job *is* admitted (see
-                :class:`~rq_policies.exceptions.NotReplicated`).
+                :class:`~rq_policies.engine.exceptions.NotReplicated`).
             InvalidArgument: a bad ``wait_replicas`` or ``wait_timeout_ms``, named (nothing is written).
         """
         policy = kwargs.pop('policy', DECLARED)

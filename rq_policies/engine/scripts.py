@@ -233,12 +233,13 @@ def run(name: str, client: Any, keys: list[str] | tuple = (), args: list[Any] | 
     On a connection: EVALSHA, then EVAL with the source once if the server answered NOSCRIPT (two attempts at
     most). On a pipeline: EVALSHA, queued (the reply arrives with ``execute()``; the script is loaded once per pool
     and a NOSCRIPT is recovered inside ``execute()``: see the module's docstring). On a Redis Cluster the call names
-    :data:`rq_policies.keys.SLOT_GUARD` last in KEYS, so that it never runs while the prefix's slot is being
-    migrated (the adopted client sends it again until the slot settles: :func:`rq_policies.compat.adopt_cluster`).
+    :data:`rq_policies.engine.keys.SLOT_GUARD` last in KEYS, so that it never runs while the prefix's slot is being
+    migrated (the adopted client sends it again until the slot settles:
+    :func:`rq_policies.engine.compat.adopt_cluster`).
     """
     found = script(name)
     keys = list(keys)
-    if is_cluster(client):  # no script runs while the slot migrates (rq_policies.keys.SLOT_GUARD)
+    if is_cluster(client):  # no script runs while the slot migrates (rq_policies.engine.keys.SLOT_GUARD)
         keys.append(SLOT_GUARD)
     argv = [*keys, *args]
     if _is_pipeline(client):

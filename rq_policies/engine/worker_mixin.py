@@ -51,7 +51,7 @@ _CLUSTER_AWAY = (redis.exceptions.ClusterDownError, redis.exceptions.SlotNotCove
 def away(error: BaseException) -> bool:
     """Is ``error`` the server gone for now, with nothing of the call run or its outcome unknown (an outage, a
     failover; on a cluster, a slot without a primary, or the prefix's slot in migration:
-    :func:`rq_policies.compat.slot_moving`)?"""
+    :func:`rq_policies.engine.compat.slot_moving`)?"""
     return isinstance(error, (*UNREACHABLE, *_CLUSTER_AWAY)) or slot_moving(error)
 
 
@@ -230,8 +230,8 @@ class PolicyWorkerMixin:
         naming this worker as the one that started it (the lost reply of a start that was written) say so, read every
         ``max_connection_wait_time``. If neither does, the fetch was lost with the primary (asynchronous replication:
         the job is on its queue again, for any worker) or the outage outlasted the record
-        (:data:`rq_policies.keys.CLAIM_TTL`, the id then stays on the intermediate list for rq's cleanup): the job is
-        not run here, nor failed, and the warning names it. A job this worker did not fetch itself is left to rq.
+        (:data:`rq_policies.engine.keys.CLAIM_TTL`, the id then stays on the intermediate list for rq's cleanup): the
+        job is not run here, nor failed, and the warning names it. A job this worker did not fetch itself is left to rq.
         """
         warned = False
         while True:

@@ -137,9 +137,9 @@ def wait_for_replicas(connection: Any, replicas: int = 1, timeout_ms: int = 1000
     replication lag, docs/cluster.md *Failover*), and a setting lost so comes back as its old value with nothing to
     say so: after ``QueueSlot.set(...)``, ``wait_for_replicas(connection)`` makes "set" mean "on a replica too", for
     one more round trip and the lag's wait. The doors do the same in their own round trip when asked
-    (``wait_replicas=``: :func:`rq_policies.engine.admission.run_replicated`); the fetches never wait. ``WAIT`` does not make replication
-    synchronous: a replica that has the write can still lose it if another replica is promoted, and a primary that
-    restarts empty can be copied over it.
+    (``wait_replicas=``: :func:`rq_policies.engine.admission.run_replicated`); the fetches never wait. ``WAIT`` does
+    not make replication synchronous: a replica that has the write can still lose it if another replica is promoted, and
+    a primary that restarts empty can be copied over it.
 
     ``WAIT`` counts the replicas that have the calling connection's last write, and a client's pool hands out any of its
     connections: a bare ``connection.wait(1, 1000)`` after a write made on another connection of the pool answers at

@@ -181,7 +181,8 @@ def test_no_keyless_command_rides_a_cluster_pipeline(cluster, valkey_cluster):
     them as redis-py's does."""
     from redis.exceptions import RedisClusterException
 
-    from rq_policies import Rate, explain, state
+    from rq_policies import Rate, explain
+    from rq_policies.surfaces import state
 
     q = PolicyQueue('readers', connection=cluster)
     job = q.enqueue(jobs.plain, 1, policy=Loner())

@@ -7,7 +7,8 @@ import time
 from redis import Redis
 from rq import get_current_job
 
-from rq_policies import PolicyWorker, keys
+from rq_policies import PolicyWorker
+from rq_policies.engine import keys
 
 FILLER = b'x' * 20_000
 

@@ -17,9 +17,10 @@ import pytest
 from rq import Queue
 from rq.job import Job
 
-from rq_policies import Loner, PolicyQueue, keys
-from rq_policies.surfaces.aio import AsyncDoorError, AsyncPolicyQueue
+from rq_policies import Loner, PolicyQueue
+from rq_policies.engine import keys
 from rq_policies.engine.exceptions import InvalidArgument, NotReplicated
+from rq_policies.surfaces.aio import AsyncDoorError, AsyncPolicyQueue
 from rq_policies.surfaces.testing import RedisServer
 from tests.helpers import jobs
 from tests.helpers.cluster import ON_CLUSTER, not_on_cluster

@@ -50,6 +50,10 @@ class JobWrite:
         fields: the job hash as a flat field/value list (each policy's extra fields included).
         created: the job's ``created_at`` as ``fields`` write it (what makes a replay of this very call
             recognisable); None to find it in ``fields``.
+        replicas: ``(replicas, timeout_ms)``: the door waits for that many replicas to have the job before it
+            returns (the queue's or the call's ``wait_replicas=``; the synchronous driver sends ``WAIT`` with the
+            plan's call, :func:`run_replicated`); None: it does not wait.
+        acknowledged: how many replicas had the admission when the door's ``WAIT`` answered (-1: no ``WAIT`` sent).
     """
 
     job: Job
@@ -59,6 +63,8 @@ class JobWrite:
     ttl: int
     fields: list[Any]
     created: Any = None
+    replicas: tuple[int, int] | None = None
+    acknowledged: int = -1
 
 
 class Verdict(NamedTuple):
@@ -121,8 +127,8 @@ ADMIT, PLAIN, PROBE = 'admit', 'plain', 'probe'
 class Plan:
     """One door's round trip (:func:`plan`, :func:`probe_plan`): the call a driver sends (``call.script``,
     ``call.keys``, ``call.argv()``; a ``Call``, ``FlatCall`` or a probe's ``Packed``), and what the core needs to read
-    and act on its reply. One per door call (slots: the hottest path). A step every driver must take with the call
-    (a ``WAIT`` for replicas after it, say) is one more attribute here.
+    and act on its reply. One per door call (slots: the hottest path). What a driver sends with the call beside it
+    rides the plan too: the durable admission's ``WAIT`` (``write.replicas``, its answer in ``write.acknowledged``).
 
     Attributes:
         kind: :data:`ADMIT`, :data:`PLAIN` or :data:`PROBE`.
@@ -782,3 +788,98 @@ def ending(raw: Any) -> tuple[str, ...]:
                 continue
         found.append(cls.name)
     return tuple(found)
+
+
+# -- durable admission: WAIT in the door's own round trip -----------------------------------------------------------
+
+def run_replicated(name: str, connection: Any, call_keys: list[str], args: list[Any], replicas: int,
+                   timeout_ms: int) -> tuple[Any, int]:
+    """Run script ``name`` (a door's admission) and wait for ``replicas`` replicas to have it, in one round trip on
+    one connection: ``EVALSHA``, then ``SET`` of :data:`rq_policies.engine.keys.REPLICATED` and ``WAIT replicas
+    timeout_ms``, pipelined (not a transaction). Returns the script's reply and how many replicas acknowledged
+    (``WAIT``'s answer, fewer than asked after the timeout).
+
+    The ``SET`` makes the count right whatever the script wrote: ``WAIT`` counts the replicas that have the
+    connection's last write, and a script that wrote nothing this time (a lost reply resent: it recognises its own
+    write and answers as before) would leave that to an older write or none; the replication stream is in order, so a
+    replica that has the ``SET`` has the admission before it, made on any connection. A ``NOSCRIPT`` (the server's
+    script cache emptied: a restart, a failover) sends the three again with ``EVAL`` and the source: the script did
+    not run. On a Redis Cluster the three go to the primary serving the prefix's slot through its node's own client
+    (redis-py's cluster pipeline refuses ``WAIT``, a keyless command), with
+    :data:`rq_policies.engine.keys.SLOT_GUARD` in KEYS as every script there: a redirection or ``TRYAGAIN`` (the slot
+    moving) is sent again after the slot map is read anew, as the adopted client does
+    (:data:`rq_policies.engine.compat.SLOT_WAIT_SECONDS`), and a connection error (the primary gone) as the client's own
+    ``retry`` says, after reading the slot map anew. Every admission script is safe to run twice.
+    """
+    from redis.cluster import RedisCluster
+
+    from . import compat
+
+    if not isinstance(connection, RedisCluster):
+        if keys.is_cluster(connection):
+            raise TypeError(f'run_replicated takes a synchronous client, got {type(connection).__name__}')
+        return _replicated(connection, name, call_keys, args, replicas, timeout_ms)
+    guarded = [*call_keys, keys.SLOT_GUARD]
+
+    def attempt() -> tuple[Any, int]:
+        node = connection.get_redis_connection(connection.get_node_from_key(keys.PREFIX))
+        return _replicated(node, name, guarded, args, replicas, timeout_ms)
+
+    def read_slots_anew(_error: BaseException) -> None:
+        try:
+            connection.nodes_manager.initialize()
+        except Exception:  # no node answers yet (a failover in progress): the next attempt reads it again
+            pass
+
+    wait = None
+    while True:
+        try:
+            return connection.retry.call_with_retry(attempt, read_slots_anew)
+        except Exception as exc:
+            if not compat.slot_moving(exc):
+                raise
+            wait = wait or compat.SlotWait(float(getattr(connection, 'slot_wait_seconds', compat.SLOT_WAIT_SECONDS)))
+            pause = wait.pause(exc)  # SlotMigrating past the bound
+            read_slots_anew(exc)
+            time.sleep(pause)
+
+
+def _replicated(client: Any, name: str, call_keys: list[str], args: list[Any], replicas: int,
+                timeout_ms: int) -> tuple[Any, int]:
+    from redis.exceptions import NoScriptError
+
+    from . import scripts
+
+    found = scripts.script(name)
+    for command, first in (('EVALSHA', found.sha), ('EVAL', found.script)):
+        with client.pipeline(transaction=False) as pipe:
+            pipe.execute_command(command, first, len(call_keys), *call_keys, *args)
+            pipe.set(keys.REPLICATED, '1', px=60_000)
+            pipe.execute_command('WAIT', replicas, timeout_ms)
+            replies = pipe.execute(raise_on_error=False)
+        if not isinstance(replies[0], NoScriptError):
+            break  # NOSCRIPT: the script did not run; with its source now
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies[0], int(replies[2])
+
+
+def replicated(connection: Any, replicas: int, timeout_ms: int) -> int:
+    """Write :data:`rq_policies.engine.keys.REPLICATED` and ``WAIT replicas timeout_ms`` in one pipeline, on one
+    connection to the primary (on a cluster the prefix slot's primary, through its node's own client: a cluster
+    pipeline takes no ``WAIT``); how many replicas acknowledged. The replication stream is in order, so a replica
+    that has that write has every write before it, from any connection (what
+    :func:`rq_policies.surfaces.replicas.wait_for_replicas` and a door on rq's own pipeline wait for)."""
+    from redis.cluster import RedisCluster
+
+    client = connection
+    if isinstance(connection, RedisCluster):
+        client = connection.get_redis_connection(connection.get_node_from_key(keys.PREFIX))
+    elif keys.is_cluster(connection):
+        raise TypeError(f'wait_for_replicas takes a synchronous client, got {type(connection).__name__}')
+    with client.pipeline(transaction=False) as pipe:
+        pipe.set(keys.REPLICATED, '1', px=60_000)
+        pipe.execute_command('WAIT', replicas, timeout_ms)
+        _, acknowledged = pipe.execute()
+    return int(acknowledged)

@@ -31,7 +31,7 @@ from typing import Any
 from redis.exceptions import NoScriptError
 from rq.job import Job
 
-from rq_policies.engine import admission, compat, scripts
+from rq_policies.engine import admission, compat, keys, scripts
 from rq_policies.engine.admission import Plan
 from rq_policies.engine.exceptions import PipelineNotSupported, PolicyError
 from rq_policies.engine.keys import is_cluster
@@ -69,6 +69,14 @@ class _SyncOnly:
         return True
 
 
+def _no_replicas(queue: str, kwargs: dict[str, Any]) -> None:
+    """The synchronous doors' ``wait_replicas=`` (a WAIT after the admission) is not in the asyncio doors: refused,
+    rather than handed to the job's function as its own argument."""
+    for name in ('wait_replicas', 'wait_timeout_ms'):
+        if name in kwargs:
+            raise AsyncDoorError(queue, f'{name}= (waiting for replicas after the admission)')
+
+
 async def run_call(call: Call, client: Any) -> Any:
     """Send one script call on an asyncio client: EVALSHA, then EVAL with the source when the server answers
     NOSCRIPT (the script did not run, so sending it again is safe). A reply lost on the way is resent by the
@@ -77,24 +85,37 @@ async def run_call(call: Call, client: Any) -> Any:
     On a client with a connection pool the command is packed in one pass (``scripts.pack_command``, as the
     synchronous doors pack theirs: redis-py's packer costs about 0.85 us an argument, and the narrow admission's
     flat arguments, the job's fields, would cost it 40 us more a call) and sent on a connection of the pool, with
-    that connection's retry, as redis-py's own command path does; a cluster client (a pool per node) and a
-    single-connection client take redis-py's path."""
+    that connection's retry, as redis-py's own command path does. A single-connection client and a cluster client (a
+    pool per node) take redis-py's path; on a Redis Cluster a call refused while the prefix's slot migrates is sent
+    again until it settles (:data:`rq_policies.engine.compat.SLOT_WAIT_SECONDS`)."""
     found = scripts.script(call.script)
-    keys, argv = call.keys, call.argv()
+    call_keys, argv = call.keys, call.argv()
     pool = getattr(client, 'connection_pool', None)
-    if pool is None or getattr(client, 'single_connection_client', False):
+    if pool is not None and not getattr(client, 'single_connection_client', False):
+        connection = await pool.get_connection()
         try:
-            return await client.evalsha(found.sha, len(keys), *keys, *argv)
-        except NoScriptError:
-            return await client.eval(found.script, len(keys), *keys, *argv)
-    connection = await pool.get_connection()
-    try:
+            try:
+                return await _sent(connection, ('EVALSHA', found.sha, len(call_keys), *call_keys, *argv))
+            except NoScriptError:
+                return await _sent(connection, ('EVAL', found.script, len(call_keys), *call_keys, *argv))
+        finally:
+            await pool.release(connection)
+    wait = None
+    if is_cluster(client):  # as scripts.run: never run while the slot migrates (keys.SLOT_GUARD) ...
+        call_keys = [*call_keys, keys.SLOT_GUARD]
+    while True:
         try:
-            return await _sent(connection, ('EVALSHA', found.sha, len(keys), *keys, *argv))
-        except NoScriptError:
-            return await _sent(connection, ('EVAL', found.script, len(keys), *keys, *argv))
-    finally:
-        await pool.release(connection)
+            try:
+                return await client.evalsha(found.sha, len(call_keys), *call_keys, *argv)
+            except NoScriptError:
+                return await client.eval(found.script, len(call_keys), *call_keys, *argv)
+        except Exception as exc:
+            # ... and ride the migration out as the synchronous adopted client does (compat.adopt_cluster): a call
+            # the server refused ran nowhere; SlotMigrating past slot_wait_seconds.
+            if not compat.slot_moving(exc):
+                raise
+            wait = wait or compat.SlotWait(float(getattr(client, 'slot_wait_seconds', compat.SLOT_WAIT_SECONDS)))
+            await asyncio.sleep(wait.pause(exc))
 
 
 async def _sent(connection: Any, command: tuple) -> Any:
@@ -132,6 +153,7 @@ class AsyncPolicyQueue:
             raise TypeError(f'AsyncPolicyQueue: connection must be a redis.asyncio client, got {connection!r}')
         if kwargs.get('is_async') is False:
             raise AsyncDoorError(name, 'is_async=False (the job runs in the caller)')
+        _no_replicas(name, kwargs)
         self.connection = connection
         self.sync_connection = sync_connection
         options: dict[str, Any] = {'connection': _SyncOnly(name), **kwargs}
@@ -198,6 +220,7 @@ class AsyncPolicyQueue:
     async def _through(self, door: Any, *args: Any, **kwargs: Any) -> Job | None:
         """The synchronous ``door`` run up to its round trip (:func:`rq_policies.engine.queue.planning`), that round
         trip awaited."""
+        _no_replicas(self.name, kwargs)
         await self._ready()
         with planning() as plans:
             door(*args, **kwargs)

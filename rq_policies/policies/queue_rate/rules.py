@@ -35,7 +35,7 @@ from rq_policies.engine.exceptions import BackOff, Snooze, SnoozeLimitReached, U
 from rq_policies.engine.ledger import WAKE_CAPACITY, wake_up
 from rq_policies.engine.ops import need_connection as _need
 from rq_policies.engine.ops import server_now as _server_now
-from rq_policies.engine.ops import text
+from rq_policies.engine.ops import text, time_in
 from rq_policies.engine.policy import MAX_CAPACITY, FetchPolicy, positive_int, whole_seconds
 from rq_policies.engine.views import (
     Argument,
@@ -226,7 +226,7 @@ class QueueRate(FetchPolicy, GcraRate):
             name = queue_name(queue)
             conn = _need(connection)
         with conn.pipeline(transaction=False) as pipe:
-            pipe.time()
+            time_in(pipe)
             pipe.hget(keys.RATE, name)
             pipe.get(keys.rate_tat(name))
             pipe.zscore(keys.BACKOFF, name)

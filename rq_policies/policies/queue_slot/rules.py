@@ -30,7 +30,7 @@ from rq_policies.engine.admin import Cap, SlotStatus, deprecated, refusing, warn
 from rq_policies.engine.exceptions import UnknownQueueWarning
 from rq_policies.engine.ledger import WAKE_CAPACITY, WAKE_RELEASED, Hold, wake_up
 from rq_policies.engine.ops import need_connection as _need
-from rq_policies.engine.ops import text
+from rq_policies.engine.ops import text, time_in
 from rq_policies.engine.policy import MAX_CAPACITY, FetchPolicy, positive_int, whole_seconds
 from rq_policies.engine.views import (
     Argument,
@@ -179,7 +179,7 @@ class QueueSlot(FetchPolicy):
             name = queue_name(queue)
             conn = _need(connection)
         with conn.pipeline(transaction=False) as pipe:
-            pipe.time()
+            time_in(pipe)
             pipe.hget(keys.CAPACITY, name)
             (seconds, micros), raw = pipe.execute()
         now = seconds + micros / 1e6

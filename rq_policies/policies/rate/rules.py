@@ -23,7 +23,7 @@ from rq.job import Job
 from rq_policies.engine import keys
 from rq_policies.engine.admin import KeyRate, refusing
 from rq_policies.engine.ops import need_connection as _need
-from rq_policies.engine.ops import text
+from rq_policies.engine.ops import text, time_in
 from rq_policies.engine.views import Cell, Explanation, Panel
 from rq_policies.policies.concurrency.rules import KeyedPolicy, KeyFunction, _setting_call, check_scope, key_text
 from rq_policies.policies.concurrency.rules import _cost as _keyed_cost
@@ -154,7 +154,7 @@ class Rate(KeyedPolicy, GcraRate):
             conn = _need(connection)
         key_id = keys.key_id(scope, name)
         with conn.pipeline(transaction=False) as pipe:
-            pipe.time()
+            time_in(pipe)
             pipe.get(keys.KEY_TAT_PREFIX + key_id)
             pipe.get(keys.KEY_BLOCK_PREFIX + key_id)
             pipe.hget(keys.KEY_RATES, key_id)

@@ -338,7 +338,7 @@ def _keep_replay_record(call: Call, job: Job) -> None:
     result_ttl = job.result_ttl
     if result_ttl is not None and 0 <= result_ttl < keys.PUSHED_SECONDS:
         call.key('record', keys.pushed(job.id))
-        call.arg('record_ttl', keys.PUSHED_SECONDS)
+        call.args['record_ttl'] = keys.PUSHED_SECONDS
 
 
 #: The attribute :func:`mark_chosen_id` sets on a Job object (never saved: rq writes only its own fields).
@@ -360,8 +360,8 @@ def _record_drops(call: Call, job_id: str) -> None:
     superseded pending job of that id left (the fetch would drop it). Only for an id the caller chose: nobody can ask
     about an id rq drew for a job that was never written, so the common path writes nothing more."""
     call.key('dropped', keys.dropped(job_id))
-    call.arg('dropped_ttl', keys.DROPPED_SECONDS)
-    call.arg('tombstone', keys.SUPERSEDED_PREFIX)
+    call.args['dropped_ttl'] = keys.DROPPED_SECONDS
+    call.args['tombstone'] = keys.SUPERSEDED_PREFIX
 
 
 def _created_at(fields: list[Any]) -> Any:

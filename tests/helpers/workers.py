@@ -12,7 +12,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from rq import Worker
+from rq import SimpleWorker, Worker
 
 from rq_policies import PolicyQueue, PolicyWorker
 from rq_policies.engine import compat
@@ -28,6 +28,13 @@ class StockWorker(Worker):
     PolicyWorker's does (``compat.subscribe``). rq starts that thread with a 60 s wait, and since redis-py 8.2 its
     shutdown joins it, so a stock burst worker could take a minute to exit (rq's own behaviour, which a test of ours
     waiting on a stock worker's exit would time out on). Its fetch, run and ending are rq's."""
+
+    def subscribe(self) -> None:
+        compat.subscribe(self)
+
+
+class StockSimpleWorker(SimpleWorker):
+    """rq's own ``SimpleWorker`` with the same 1 s command-channel wait as :class:`StockWorker`, for the same reason."""
 
     def subscribe(self) -> None:
         compat.subscribe(self)

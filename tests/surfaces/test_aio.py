@@ -431,3 +431,39 @@ def test_sentinel_client_follows_a_failover(connection):
     dropped, other = outcomes
     assert dropped is None and other is not None  # the held identity, read on the new master
     assert why['status'] == 'queued'
+
+
+@not_on_cluster('a server of its own, restarted and told to close idle connections')
+@pytest.mark.parametrize('how', ['idle-timeout', 'restart'])
+@pytest.mark.parametrize('door', ['enqueue', 'enqueue_in', 'fair'])
+def test_the_first_async_door_call_after_the_server_closed_its_connection_succeeds(door, how):
+    """The synchronous doors' lease had to learn to find a connection the server closed while idle
+    (tests/engine/test_lease.py); the async door takes redis-py's asyncio pool, whose checkout finds it: held here,
+    with a ``from_url`` client (no Retry), after the server's ``timeout`` closed the connection and after a restart."""
+    from rq_policies.testing import RedisServer
+    from tests.helpers import fair_jobs
+    from tests.helpers.idle import close_idle_connections
+
+    async def call(q, tag):
+        if door == 'enqueue':
+            return await q.enqueue(jobs.record, tag)
+        if door == 'enqueue_in':
+            return await q.enqueue_in(timedelta(seconds=60), jobs.record, tag)
+        return await q.enqueue(fair_jobs.work, tag, tenant='acme')
+
+    with RedisServer() as server:
+        async def main():
+            client = AsyncRedis.from_url(server.url)
+            q = AsyncPolicyQueue('idle', connection=client)
+            assert await call(q, 'warm-1') is not None
+            assert await call(q, 'warm-2') is not None
+            await asyncio.get_running_loop().run_in_executor(None, close_idle_connections, server, how)
+            job = await call(q, 'after-close')
+            await client.aclose()
+            return job
+
+        job = _run(main())
+        assert job is not None
+        admin = server.client()
+        assert admin.hget(f'{RQ}:job:{job.id}', 'created_at') is not None
+        admin.close()

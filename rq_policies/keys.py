@@ -41,6 +41,14 @@ key                                                    type     meaning
                                                                 worker's next pipeline (its heartbeat) once the
                                                                 reply arrived, and expires after
                                                                 :data:`CLAIM_TTL` seconds anyway
+``rq:policies:answer:<request id>``                    STRING   the answer of one admin call whose answer depends
+                                                                on what it changed (a ``clear``: was there a
+                                                                setting; Fair's ``pause``/``resume``; a ``reset``'s
+                                                                count; ``QueueSlot.release``), so a replay of that
+                                                                call (redis-py resending it after a lost reply)
+                                                                answers the same and writes nothing
+                                                                (lua/lib/answer.lua); expires after
+                                                                :data:`ANSWER_TTL` seconds
 ``rq:policies:capacity``                               HASH     queue name -> cluster-wide cap (QueueSlot)
 ``rq:policies:superseded:<job id>``                   STRING   tombstone of a pending job a force (or, before
                                                                 0.3, a later enqueue) deleted: ``<policy> <id of
@@ -272,6 +280,25 @@ CLAIM_TTL = 60
 def claim(token: str) -> str:
     """The record of what the fetch under claim ``token`` took (a replay of that fetch answers it)."""
     return f'{PREFIX}claim:{token}'
+
+
+#: Seconds an admin call's answer is kept under its request id (:func:`answer`): a replay comes within it.
+ANSWER_TTL = CLAIM_TTL
+
+
+def answer(request_id: str | None = None) -> str:
+    """Where an admin call keeps its answer (``rq:policies:answer:<request id>``, lua/lib/answer.lua), so that a
+    replay of the call answers what its first run did; a fresh request id when none is given."""
+    if request_id is None:
+        import uuid
+
+        request_id = uuid.uuid4().hex
+    return f'{PREFIX}answer:{request_id}'
+
+
+def is_answer(key: str) -> bool:
+    """Is ``key`` an admin call's kept answer (:func:`answer`: it expires after :data:`ANSWER_TTL` seconds)?"""
+    return key.startswith(f'{PREFIX}answer:')
 
 
 #: The prefix of the liveness keys of running ``Loner(until='finished')`` jobs (:func:`alive`). The Lua side

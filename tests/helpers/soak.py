@@ -709,9 +709,9 @@ def drain(conn: Redis, timeout: float) -> tuple[bool, float, dict, int]:
 
 def policy_keys(conn: Redis) -> list[str]:
     """Policy keys left that would not go away: configuration and counters are allowed, and so are the fetches'
-    claim records, the tombstones of superseded pending jobs, the records of dropped enqueues and the push records of
-    short-lived jobs while they expire by themselves (``keys.CLAIM_TTL``, ``keys.SUPERSEDED_SECONDS``,
-    ``keys.DROPPED_SECONDS``, ``keys.PUSHED_SECONDS``)."""
+    claim records, the tombstones of superseded pending jobs, the records of dropped enqueues, the push records of
+    short-lived jobs and the admin calls' kept answers while they expire by themselves (``keys.CLAIM_TTL``,
+    ``keys.SUPERSEDED_SECONDS``, ``keys.DROPPED_SECONDS``, ``keys.PUSHED_SECONDS``, ``keys.ANSWER_TTL``)."""
     allowed = {keys.CAPACITY, keys.DROPS, keys.LAPSES}
     left = []
     for raw in conn.scan_iter(f'{RQ}:policies:*', count=1000):
@@ -729,6 +729,8 @@ def policy_keys(conn: Redis) -> list[str]:
             continue  # the record of a dropped enqueue (the producers choose their job ids) on its way out
         if key.startswith(keys.pushed('')) and 0 <= ttl <= keys.PUSHED_SECONDS:
             continue  # the push record of a job with a short result_ttl on its way out
+        if keys.is_answer(key) and 0 <= ttl <= keys.ANSWER_TTL:
+            continue  # an admin call's kept answer (the soak clears nothing today) on its way out
         left.append(f'{key} (ttl {ttl})')
     return sorted(left)
 

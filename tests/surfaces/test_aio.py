@@ -370,6 +370,29 @@ def test_lost_replies_on_the_async_path_leave_one_job(connection, fault_proxy):
     assert ids.count(loner.id) == 1 and ids.count(plain.id) == 1 and len(ids) == 3
 
 
+def test_an_async_reset_whose_reply_is_lost_answers_the_first_runs_count(connection, fault_proxy):
+    """``AsyncPolicyQueue.reset`` runs the same script as the synchronous one: its replay answers the first run's
+    count (it answered 0 before: the first attempt had removed the marker)."""
+    from rq_policies import scripts
+
+    connection.script_load(scripts.script('reset').script)  # a NOSCRIPT answer ran nothing: no replay to test
+
+    async def main():
+        client = AsyncRedis.from_url(fault_proxy.url, retry=AsyncRetry(NoBackoff(), 3))
+        q = AsyncPolicyQueue('aio', connection=client)
+        await q.enqueue(jobs.record, 'reset-lost')
+        fault_proxy.drop_reply(match=b'EVALSHA')
+        first = await q.reset(jobs.record, 'reset-lost')
+        second = await q.reset(jobs.record, 'reset-lost')
+        await client.aclose()
+        return first, second
+
+    first, second = _run(main())
+    assert fault_proxy.seen(b'EVALSHA') >= 4  # the admission, the reset and its replay, the second reset
+    assert (first, second) == (1, 0)
+    assert PolicyQueue('aio', connection=connection).enqueue(jobs.record, 'reset-lost') is not None  # free again
+
+
 def test_noscript_falls_back_to_eval(connection, redis_url):
     async def main():
         client = _client(redis_url)

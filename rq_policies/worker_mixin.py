@@ -16,11 +16,12 @@ from typing import Any
 import redis
 from rq.job import JobStatus
 from rq.queue import Queue
+from rq.worker import WorkerStatus
 
 from . import admission, health, keys, ledger, otel, scripts
 from .compat import LEGACY_FAILURE, adopt_cluster
 from .exceptions import PolicyError
-from .fetch import Claim, current_fetcher, release_claim
+from .fetch import Claim, current_fetcher, hand_back, release_claim
 from .ops import on_next_execute
 from .policy import positive_int, registered
 from .queue import PolicyQueue
@@ -38,6 +39,14 @@ HOLD_TTL_MARGIN = 60
 UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.ReadOnlyError)
 
 _mixed: dict[type, type] = {}
+
+
+class TakeLost(Exception):  # noqa: N818 - control flow between prepare_execution and execute_job, never a caller's
+    """The job this worker fetched was handed back to its queue before the worker wrote its execution."""
+
+    def __init__(self, job_id: str, queue_name: str) -> None:
+        super().__init__(job_id, queue_name)
+        self.job_id, self.queue_name = job_id, queue_name
 
 
 def policy_queue_class(queue_class: type[Queue]) -> type[PolicyQueue]:
@@ -178,8 +187,63 @@ class PolicyWorkerMixin:
 
     def prepare_job_execution(self, job: Any, remove_from_intermediate_queue: bool = False) -> None:
         # Our fetch always moves the id to the intermediate list, multi-queue workers included, so it always has to
-        # come off it when the job starts (stock rq only removes it for single-queue workers).
-        super().prepare_job_execution(job, remove_from_intermediate_queue=True)  # type: ignore[misc]
+        # come off it when the job starts (stock rq only removes it for single-queue workers). rq's heartbeat on this
+        # pipeline also takes the fetch's take off (_forget_records): the job starts.
+        self._starting_job = job.id
+        try:
+            super().prepare_job_execution(job, remove_from_intermediate_queue=True)  # type: ignore[misc]
+        finally:
+            self._starting_job = None
+
+    # -- is the take still this worker's? -------------------------------------------------------------------------
+
+    #: The job whose start (rq's ``prepare_job_execution``) is being written now.
+    _starting_job: str | None = None
+
+    def set_state(self, state: Any, pipeline: Any = None) -> None:
+        super().set_state(state, pipeline=pipeline)  # type: ignore[misc]
+        # rq's prepare_execution writes the job's execution and the worker's busy state on one pipeline, before the
+        # work horse is forked: the question whether the take is still ours rides it (no round trip of its own).
+        claim = self._policy_fetcher.starting
+        if pipeline is not None and state == WorkerStatus.BUSY and claim is not None and \
+                self._policy_fetcher.start_state is None:
+            self._ask_take(pipeline, claim)
+
+    def _ask_take(self, pipeline: Any, claim: Claim) -> None:
+        """Queue on ``pipeline`` the question ``lua/claim_start.lua`` answers: is the take of ``claim`` still this
+        worker's? Its answer is read when the pipeline executes (``Fetcher.start_state``)."""
+        fetcher = self._policy_fetcher
+        at = len(pipeline.command_stack)
+        scripts.run('claim_start', pipeline, [keys.taken(claim.queue_name)], [claim.job_id, claim.fetch_token])
+
+        def read(replies: list[Any]) -> None:
+            if fetcher.starting is claim and at < len(replies) and not isinstance(replies[at], Exception):
+                fetcher.start_state = replies[at] == 1
+
+        on_next_execute(pipeline, read)
+
+    def prepare_execution(self, job: Any) -> Any:
+        execution = super().prepare_execution(job)  # type: ignore[misc]
+        fetcher = self._policy_fetcher
+        claim = fetcher.starting
+        if claim is None or claim.job_id != job.id:
+            return execution
+        if fetcher.start_state is None:  # rq wrote the execution on a pipeline the question did not ride: ask now
+            fetcher.start_state = scripts.run('claim_start', self.connection,  # type: ignore[attr-defined]
+                                              [keys.taken(claim.queue_name)], [claim.job_id, claim.fetch_token]) == 1
+        if fetcher.start_state:
+            return execution
+        # The job was handed back to its queue while this worker was stopped (or starved) between its fetch and
+        # here, longer than hold_ttl: another worker runs it. Its execution goes, and the job is not started here.
+        fetcher.starting = None
+        with self.connection.pipeline() as pipe:  # type: ignore[attr-defined]
+            execution.delete(job=job, pipeline=pipe)
+            super().set_state(WorkerStatus.IDLE, pipeline=pipe)  # type: ignore[misc]
+            pipe.execute()
+        executions = getattr(self, 'executions', None)
+        if isinstance(executions, dict):  # rq 3 keeps the worker's executions by id (rq 2.12: one, ``execution``)
+            executions.pop(execution.id, None)
+        raise TakeLost(job.id, claim.queue_name)
 
     def cleanup_execution(self, job: Any, pipeline: Any, *args: Any, **kwargs: Any) -> None:
         # The narrowest rq hook every ending of a run passes (success, failure, stop-job, timeout, a killed horse),
@@ -212,6 +276,14 @@ class PolicyWorkerMixin:
         try:
             with self._keeping():
                 result = super().execute_job(job, queue)  # type: ignore[misc]
+        except TakeLost as lost:
+            self.log.warning(  # type: ignore[attr-defined]
+                'rq-policies: job %s was handed back to %r while this worker was stopped between its fetch and the '
+                'start (its claim lapsed after hold_ttl, %s s); another worker runs it, this one does not',
+                lost.job_id, lost.queue_name, self.hold_ttl)
+            self._release_later(claim)
+            self._release_now()
+            return None
         except BaseException as exc:
             # Cold shutdown and other escapes skip the work loop's heartbeat: release now, but only once the job's
             # process has ended (rq's cold shutdown waits for the killed horse before it raises). An error in the
@@ -292,11 +364,20 @@ class PolicyWorkerMixin:
         del self._pending_releases[: len(pending)]
 
     def _forget_records(self, pipeline: Any) -> None:
-        """Delete, on ``pipeline``, the claim records of fetches whose reply has arrived (no replay can come now)."""
-        records = self._policy_fetcher.records
-        if records:
-            pipeline.delete(*records)
-            records.clear()
+        """Delete, on ``pipeline``, the claim records of fetches whose reply has arrived (no replay can come now),
+        but the one of the job fetched and not started yet: its take lives as long as it (:func:`fetch.hand_back`).
+        On the pipeline that starts that job (rq's ``prepare_job_execution``, in the work horse), its take and its
+        record go, with the job's status and its id's removal from the intermediate list."""
+        fetcher = self._policy_fetcher
+        records, starting = fetcher.records, fetcher.starting
+        if starting is not None and self._starting_job == starting.job_id:
+            pipeline.hdel(keys.taken(starting.queue_name), starting.job_id)
+            fetcher.starting = starting = None
+        kept = [starting.record] if starting is not None and starting.record in records else []
+        gone = [record for record in records if record not in kept]
+        if gone:
+            pipeline.delete(*gone)
+        records[:] = kept
 
     def _watch_refresh(self, pipeline: Any, at: int, sent: list[ledger.Hold]) -> None:
         """Read the refresh's answer (command ``at`` of ``pipeline``) when rq executes its heartbeat pipeline: a hold
@@ -318,21 +399,28 @@ class PolicyWorkerMixin:
             self._pending_releases.append(claim)
 
     def _drop_claim(self, why: BaseException | str = 'the worker stopped') -> None:
-        """Give back the holds of a job this worker's fetch took and never started (a stop request, warm or cold,
+        """Give back a job this worker's fetch took and never started, and its holds (a stop request, warm or cold,
         can land between the fetch and the job's start: rq raises it wherever the worker is until it marks itself
-        busy). The job's id stays on the queue's intermediate list, as with stock rq, whose cleanup fails it after
-        a minute, unrun: logged, naming the job, so that it is never a silent loss."""
+        busy). The job goes back to the head of its queue at once (:func:`rq_policies.fetch.hand_back`, as the
+        worker's own take); if the server cannot be reached now, its take lapses after ``hold_ttl`` and another
+        PolicyWorker hands it back then. Logged, naming the job."""
         fetcher = self._policy_fetcher
         claim, fetcher.claim = fetcher.claim, None
         if claim is None and fetcher.resume_token is not None:
             # The stop landed while a fetch's reply was on its way: its claim record says what it took, if anything.
             claim = fetcher.lost_claim(self.connection)  # type: ignore[attr-defined]
             fetcher.resume_token = None
+        fetcher.starting, fetcher.start_state = None, None
         if claim is not None:
+            handed: list[Any] = []
+            with contextlib.suppress(*UNREACHABLE):
+                handed = hand_back(self.connection, self.queues, own=claim)  # type: ignore[attr-defined]
             self.log.warning(  # type: ignore[attr-defined]
-                'rq-policies: job %s was taken from %r but not started (%s); its holds are given back, and rq\'s '
-                'cleanup of the intermediate list fails it within minutes: requeue it from the failed registry',
+                'rq-policies: job %s was taken from %r but not started (%s); its holds are given back, and %s',
                 claim.job_id, claim.queue_name, why if isinstance(why, str) else type(why).__name__,
+                'it is back on its queue' if handed else
+                f'its take lapses within hold_ttl ({self.hold_ttl} s), when another PolicyWorker hands it back to '
+                'its queue',
             )
         self._release_later(claim)
         self._release_now()

@@ -1,7 +1,8 @@
 """What a PolicyWorker does once at bootstrap so its work horses need not do it per job: every Lua script read into
 the process's caches (rq_policies.scripts.preload), and redis-py's client name and version resolved on the pool
 (rq_policies.worker._resolve_driver_info_once): the connections its work horses open announce exactly what a stock
-worker's do, and a pool given its own name, version or driver info is left as it was.
+worker's do, and a pool given its own name, version or driver info is left as it was. And at teardown, its pubsub
+thread is stopped before rq unsubscribes, so the teardown never waits rq's 60 s pubsub sleep.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from redis import Redis
 from rq import Queue
 from rq.job import Job
 
-from rq_policies import PolicyQueue, PolicyWorker, scripts
+from rq_policies import PolicyQueue, PolicySimpleWorker, PolicyWorker, scripts
 from rq_policies.worker import _resolve_driver_info_once
 from tests.helpers.workers import output, start_worker, stop
 
@@ -98,4 +99,33 @@ def test_a_pool_with_its_own_name_version_or_driver_info_is_left_alone(redis_url
     before = dict(conn.connection_pool.connection_kwargs)
     _resolve_driver_info_once(conn)
     assert conn.connection_pool.connection_kwargs == before
+    conn.close()
+
+
+@pytest.mark.parametrize('worker_class', [PolicyWorker, PolicySimpleWorker], ids=lambda c: c.__name__)
+def test_a_teardown_never_waits_for_the_pubsub_threads_sleep(redis_url, worker_class):
+    """rq's unsubscribe sends UNSUBSCRIBE, then stops redis-py's pubsub thread; a thread that read the unsubscription
+    first (the main thread descheduled between the two, as on a loaded host: forced here by a pause after the send)
+    waited rq's 60 s sleep_time for a new subscription before it saw the stop, and the teardown with it (redis-py
+    8's stop() joins without a timeout): a warm shutdown or a burst worker's end 60 s late, seen as flaky worker tests.
+    It took 60.0 s before the fix."""
+    import time
+
+    conn = Redis.from_url(redis_url)
+    worker = worker_class([PolicyQueue('teardown', connection=conn)], connection=conn)
+    worker.subscribe()
+    time.sleep(0.3)  # the thread reads the subscription
+    send = worker.pubsub.unsubscribe
+
+    def unsubscribe_then_pause(*args, **kwargs):
+        sent = send(*args, **kwargs)
+        time.sleep(0.3)  # the thread reads the unsubscription before the stop
+        return sent
+
+    worker.pubsub.unsubscribe = unsubscribe_then_pause
+    started = time.monotonic()
+    worker.unsubscribe()
+    took = time.monotonic() - started
+    assert took < 5, took
+    assert not worker.pubsub_thread.is_alive()
     conn.close()

@@ -8,14 +8,17 @@
 
   KEYS
     1  rq:policies:taken:<queue>   HASH job id -> '<claim token> <enqueued_at>' (lua/fetch.lua)
+    2  rq:policies:claim:<token>   the fetch's claim record
   ARGV
     1  the job id
     2  the claim token
 
-  Returns 1 when the take is still this worker's, else 0.
+  Returns 1 when the take is still this worker's, else 0. A take found gone with its claim record
+  still there was not handed back (a hand-back needs the record gone): the takes' hash expired
+  (no take on the queue for an hour), and the job is still this worker's.
 ]]
 local entry = redis.call('HGET', KEYS[1], ARGV[1])
-if entry and string.sub(entry, 1, #ARGV[2] + 1) == ARGV[2] .. ' ' then
-  return 1
+if entry then
+  return string.sub(entry, 1, #ARGV[2] + 1) == ARGV[2] .. ' ' and 1 or 0
 end
-return 0
+return redis.call('EXISTS', KEYS[2])

@@ -37,8 +37,9 @@
     take      (state only) each fetch policy's take, registry order: the holds of the gates
     take_job  each per-job policy that allowed the job: its hold
     record    the claim record (SET EX ARGV[3]): a replay of this call answers the same job; and
-              the take (HSET rq:policies:taken:<q> <job id> '<token> <enqueued_at>'), which the
-              worker removes when the job starts (lua/claim_start.lua). While the claim record
+              the take (HSET rq:policies:taken:<q> <job id> '<token> <enqueued_at>', the hash
+              expiring max(3600, 2 x ARGV[2]) s after the queue's last take), which the work horse
+              removes when the job starts. While the claim record
               lives (the worker's hold ttl), the take is live; a take whose record is gone (the
               worker died or stopped between this fetch and the job's start) is handed back to
               its queue by another PolicyWorker (lua/hand_back.lua), not left for rq's cleanup to
@@ -236,7 +237,11 @@ local function note_taken(i, jid, hash)
       break
     end
   end
-  rcall('HSET', KEYS[1 + 2 * N + i], jid, ARGV[1] .. ' ' .. enqueued_at)
+  local taken = KEYS[1 + 2 * N + i]
+  rcall('HSET', taken, jid, ARGV[1] .. ' ' .. enqueued_at)
+  -- the queue's takes outlive every live one (each lives about its worker's hold ttl, then it is
+  -- started or handed back), and go with a queue no worker fetches from any more
+  rcall('EXPIRE', taken, math.max(3600, 2 * tonumber(ARGV[2])))
 end
 
 -- state: some fetch policy has state (a cap, a rate, a key with parked jobs) somewhere (the probe

@@ -79,8 +79,9 @@ class Claim:
     holds: tuple[Hold, ...] = ()
     #: Wall-clock time just before the fetch that took the job: the job stopped waiting after this instant.
     fetched_after: float = 0.0
-    #: The fetch's claim record (``rq:policies:claim:<token>``): needed only until the reply arrived, so the worker
-    #: deletes it with its next pipeline, and it expires by itself anyway.
+    #: The fetch's claim record (``rq:policies:claim:<token>``): needed until the reply arrived (a replay answers it)
+    #: and, while it lives, the fetch's take is live (:func:`hand_back`), so the worker deletes it with the pipeline
+    #: that starts the job; it expires by itself (the worker's ``hold_ttl``) anyway.
     record: str = ''
     #: The job hash as the fetch read it (HGETALL), for building the job without reading it again; None when the
     #: reply carried none (a replay).
@@ -89,7 +90,7 @@ class Claim:
     #: ``raw``); None when unknown (a replay): the end of its run then runs every one.
     ending: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
     #: The claim token of the fetch that took the job (its holds carry it too, when it took any): it names the take
-    #: the fetch noted (``rq:policies:taken:<queue>``), which the worker confirms before it starts the job.
+    #: the fetch noted (``rq:policies:taken:<queue>``), which the worker asks about before it starts the job.
     fetch_token: str = field(default='', repr=False, compare=False)
 
     @property
@@ -262,8 +263,6 @@ class Fetcher:
         now = time.monotonic()
         end = now + seconds
         relook = now + self.relook_seconds() if look.full else end
-        if self.hand_back_at > now:  # a taker that died leaves nothing that wakes anyone: look when it is time
-            end = min(end, self.hand_back_at)
         self.due_at = None
         registries = [ScheduledJobRegistry.key_template.format(name) for name in names] if self.promote else []
         schedule_every = self.schedule_probe_seconds(len(registries))
@@ -276,6 +275,10 @@ class Fetcher:
             if left <= 0:
                 return
             if self.wait(connection, names, left, look.full):
+                return
+            # A taker that died leaves nothing that wakes anyone: its takes are looked at here, and only a job
+            # handed back ends the wait (an idle worker's hand-back costs a read of its queues' takes).
+            if self.hand_back(connection, queues):
                 return
             now = time.monotonic()
             if probe and now < min(end, relook) and connection.exists(*probe):

@@ -54,7 +54,9 @@ key                                                    type     meaning
                                                                 (``lua/claim_start.lua``), or by the hand-back
                                                                 (``lua/hand_back.lua``) of any PolicyWorker of the
                                                                 queue, which puts the job of a lapsed take back on
-                                                                its queue (:func:`taken`)
+                                                                its queue (:func:`taken`); the hash expires an
+                                                                hour (twice the hold ttl, if longer) after the
+                                                                queue's last take
 ``rq:policies:answer:<request id>``                    STRING   the answer of one admin call whose answer depends
                                                                 on what it changed (a ``clear``: was there a
                                                                 setting; Fair's ``pause``/``resume``; a ``reset``'s

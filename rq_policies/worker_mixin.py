@@ -215,7 +215,8 @@ class PolicyWorkerMixin:
         worker's? Its answer is read when the pipeline executes (``Fetcher.start_state``)."""
         fetcher = self._policy_fetcher
         at = len(pipeline.command_stack)
-        scripts.run('claim_start', pipeline, [keys.taken(claim.queue_name)], [claim.job_id, claim.fetch_token])
+        scripts.run('claim_start', pipeline, [keys.taken(claim.queue_name), claim.record],
+                    [claim.job_id, claim.fetch_token])
 
         def read(replies: list[Any]) -> None:
             if fetcher.starting is claim and at < len(replies) and not isinstance(replies[at], Exception):
@@ -231,7 +232,8 @@ class PolicyWorkerMixin:
             return execution
         if fetcher.start_state is None:  # rq wrote the execution on a pipeline the question did not ride: ask now
             fetcher.start_state = scripts.run('claim_start', self.connection,  # type: ignore[attr-defined]
-                                              [keys.taken(claim.queue_name)], [claim.job_id, claim.fetch_token]) == 1
+                                              [keys.taken(claim.queue_name), claim.record],
+                                              [claim.job_id, claim.fetch_token]) == 1
         if fetcher.start_state:
             return execution
         # The job was handed back to its queue while this worker was stopped (or starved) between its fetch and

@@ -44,7 +44,7 @@ def commands(conn) -> dict[str, int]:
             if name not in ('cmdstat_evalsha', 'cmdstat_info', 'cmdstat_config|resetstat')}
 
 
-def test_a_plain_queue_without_policy_state_runs_no_part_and_five_commands(connection):
+def test_a_plain_queue_without_policy_state_runs_no_part_and_six_commands(connection):
     connection.rpush(f'{RQ}:queue:q', 'j1')
     connection.hset(PREFIX + 'j1', mapping={'status': 'queued', 'origin': 'q'})
     fetch_call([Queue('q', connection=connection)], 'warm', 90, PREFIX).run(connection)  # loads the script
@@ -54,8 +54,10 @@ def test_a_plain_queue_without_policy_state_runs_no_part_and_five_commands(conne
     found, _ = traced(connection)
     assert (found.queue, found.job, found.holds) == (1, 'j2', ())
     assert found.trace == ('pop', 'record')  # no state, no part, no clock
-    # no tombstone: no GET; the take noted (HSET rq:policies:taken:q), which the worker removes when the job starts
-    assert commands(connection) == {'exists': 1, 'lmove': 1, 'hgetall': 1, 'set': 1, 'hset': 1}
+    # no tombstone: no GET; the take noted (HSET rq:policies:taken:q, and its hash's expiry), which the work horse
+    # removes when the job starts
+    assert commands(connection) == {'exists': 1, 'lmove': 1, 'hgetall': 1, 'set': 1, 'hset': 1, 'expire': 1}
+    assert 3590 < connection.ttl(keys.taken('q')) <= 3600
     assert [connection.hget(keys.taken('q'), 'j2').startswith(b'phases:')] == [True]  # the claim token, enqueued_at
     assert dict(zip(found.hash[::2], found.hash[1::2])) == {b'status': b'queued', b'origin': b'q'}  # the worker's read
 

@@ -153,10 +153,14 @@ def test_the_start_check_answers_whether_the_take_is_still_the_workers(connectio
     claim = take_one(connection)
 
     def check(token):
-        return scripts.run('claim_start', connection, [keys.taken('hb')], [claim.job_id, token])
+        return scripts.run('claim_start', connection, [keys.taken('hb'), keys.claim(token)], [claim.job_id, token])
 
     assert check('taker:1') == 1 and check('taker:1') == 1  # reads only: the same answer twice
     assert check('someone-else') == 0
+    connection.delete(keys.taken('hb'))  # the takes' hash expired (no take on the queue for an hour)
+    assert check('taker:1') == 1  # its claim record lives: never handed back (a hand-back needs it gone)
+    enqueued_at = connection.hget(Job.key_for(claim.job_id), 'enqueued_at').decode()
+    connection.hset(keys.taken('hb'), claim.job_id, f'taker:1 {enqueued_at}')  # noted again, as it was
     lapse(connection, claim)
     hand_back(connection, [q])
     assert check('taker:1') == 0  # handed back: this worker must not start it

@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 HERE = Path(__file__).parent
 #: lua/ and each folder under it, shipped as rq_policies.lua.* package data.
@@ -20,12 +20,12 @@ setup(
     license='BSD-2-Clause',
     python_requires='>=3.9',
     # The top-level lua/ folder ships inside the wheel as rq_policies/lua/.
-    packages=['rq_policies', 'rq_policies.contrib', 'rq_policies.dashboard', *LUA_PACKAGES],
+    packages=[*find_packages(include=['rq_policies', 'rq_policies.*']), *LUA_PACKAGES],
     package_dir={package: package.replace('rq_policies.lua', 'lua', 1).replace('.', '/') for package in LUA_PACKAGES},
     package_data={
         'rq_policies': ['py.typed'],
         # the dashboard's pages, script and stylesheet ship in the wheel: nothing is fetched or built at run time
-        'rq_policies.dashboard': ['templates/rq_policies/*.html', 'static/rq_policies/*.js',
+        'rq_policies.surfaces.dashboard': ['templates/rq_policies/*.html', 'static/rq_policies/*.js',
                                   'static/rq_policies/*.css'],
         **{package: ['*.lua'] for package in LUA_PACKAGES},
     },
@@ -70,7 +70,7 @@ setup(
             'psutil',
         ],
     },
-    entry_points={'console_scripts': ['rq-policies = rq_policies.cli:cli']},
+    entry_points={'console_scripts': ['rq-policies = rq_policies.surfaces.cli:cli']},
     classifiers=[
         'Programming Language :: Python :: 3',
         'Topic :: System :: Distributed Computing',

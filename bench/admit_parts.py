@@ -20,9 +20,10 @@ rounds interleaved; the medians of the rounds and their range. Variants:
 * ``admit, Loner``: the real script, a first admission;
 * ``return 0, flat ARGV``: an EVALSHA that does nothing, with the narrow script's KEYS and flat ARGV;
 * ``narrow, no policy`` and ``narrow, Loner``: ``lua/admit_narrow.lua``, which the doors send these two calls to
-  (rq_policies.admission.narrow_call), with the real plain and Loner calls' flat ARGV, a first admission each;
+  (rq_policies.engine.admission.narrow_call), with the real plain and Loner calls' flat ARGV, a first admission each;
 * ``admit, Loner probe`` and ``narrow, Loner probe``: the hinted drop's probe (checks only) of a held identity, as
-  ``lua/admit.lua`` took it and as the narrow script takes it now (rq_policies.admission.probe_call): a drop each.
+  ``lua/admit.lua`` took it and as the narrow script takes it now (rq_policies.engine.admission.probe_call): a drop
+  each.
 
 The admit.lua rows are what those calls cost before the narrow script (and what every other call still costs).
 
@@ -48,8 +49,9 @@ from bench_jobs import work  # noqa: E402
 from common import add_smoke, run_main, server_url, smoke_defaults  # noqa: E402
 from redis import Redis  # noqa: E402
 
-from rq_policies import Loner, PolicyQueue, admission, identity, keys, scripts  # noqa: E402
-from rq_policies.policy import make_set  # noqa: E402
+from rq_policies import Loner, PolicyQueue  # noqa: E402
+from rq_policies.engine import admission, identity, keys, scripts  # noqa: E402
+from rq_policies.engine.policy import make_set  # noqa: E402
 
 _pack = msgpack.Packer(use_bin_type=False, autoreset=True).pack
 

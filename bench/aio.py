@@ -54,7 +54,7 @@ def _async_batch(url: str, n: int, tasks: int, drop: bool, tag: str) -> tuple[fl
     from redis.asyncio import BlockingConnectionPool, Redis
 
     from rq_policies import Loner
-    from rq_policies.aio import AsyncPolicyQueue
+    from rq_policies.surfaces.aio import AsyncPolicyQueue
 
     loner = Loner()
 
@@ -160,7 +160,7 @@ def door_costs(url: str, calls: int, tag: str) -> dict[str, list[float]]:
     from redis.asyncio import Redis as AsyncRedis
 
     from rq_policies import Loner, PolicyQueue
-    from rq_policies.aio import AsyncPolicyQueue
+    from rq_policies.surfaces.aio import AsyncPolicyQueue
 
     loner = Loner()
     q = PolicyQueue('bench_aio_otel', connection=connect(url))
@@ -203,7 +203,7 @@ _ENABLE = """
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-import rq_policies.otel
+import rq_policies.surfaces.otel
 
 class Drop(SpanExporter):
     def export(self, spans):
@@ -211,7 +211,7 @@ class Drop(SpanExporter):
 
 provider = TracerProvider()
 provider.add_span_processor(BatchSpanProcessor(Drop()))
-rq_policies.otel.instrument(tracer_provider=provider, meter_provider=MeterProvider())
+rq_policies.surfaces.otel.instrument(tracer_provider=provider, meter_provider=MeterProvider())
 """
 
 #: What each mode's process runs before the doors: opentelemetry refused, imported but off, or on.

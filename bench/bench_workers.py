@@ -6,7 +6,7 @@ from typing import Any
 
 from rq.worker import Worker
 
-from rq_policies.worker import _resolve_driver_info_once
+from rq_policies.engine.worker import _resolve_driver_info_once
 
 
 class DriverInfoWorker(Worker):

@@ -19,11 +19,10 @@ every name only the top-level share of its calls, and of its usec pro rata, is c
 (EVALSHA, EVAL, MULTI, a handshake, pub/sub) is counted from the server's own figure, less the calls the client queued
 inside a transaction: a command the counting client does not see still counts.
 
-The client counts every send: redis-py's commands and pipelines, and the enqueue doors' sends on their leased
-connection (``rq_policies.scripts._send``, which bypasses redis-py's command path; before this was counted the doors
-read 0.00 round trips and almost no server time). Each measurement checks the client's count of EVALSHA and EVAL
-against the server's and stops the bench if they differ: a door that finds another way to the server cannot go
-uncounted again.
+The client counts every send: redis-py's commands and pipelines, and the enqueue doors' sends on their leased connection
+(``rq_policies.engine.scripts._send``, which bypasses redis-py's command path; before this was counted the doors read
+0.00 round trips and almost no server time). Each measurement checks the client's count of EVALSHA and EVAL against the
+server's and stops the bench if they differ: a door that finds another way to the server cannot go uncounted again.
 """
 
 from __future__ import annotations
@@ -45,16 +44,8 @@ from redis import Redis  # noqa: E402
 from redis.client import Pipeline  # noqa: E402
 from rq import Queue, SimpleWorker  # noqa: E402
 
-from rq_policies import (  # noqa: E402
-    Debounce,
-    Loner,
-    PolicyQueue,
-    PolicySimpleWorker,
-    QueueSlot,
-    Throttle,
-    UnknownQueueWarning,
-    scripts,
-)
+from rq_policies import Debounce, Loner, PolicyQueue, PolicySimpleWorker, QueueSlot, Throttle, UnknownQueueWarning  # noqa: E402
+from rq_policies.engine import scripts  # noqa: E402
 
 # A bench caps and limits fresh queues before their first job, on purpose.
 warnings.simplefilter('ignore', UnknownQueueWarning)

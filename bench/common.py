@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 from redis import Redis
 
-from rq_policies.testing import RedisServer
+from rq_policies.surfaces.testing import RedisServer
 
 #: bench/, put on worker subprocesses' path beside the project so they import the benches' job modules.
 HERE = os.path.dirname(os.path.abspath(__file__))

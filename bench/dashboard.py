@@ -32,8 +32,9 @@ sys.path.insert(0, str(HERE))
 from common import add_smoke, interleaved, run_main, smoke_defaults  # noqa: E402
 from redis import Redis  # noqa: E402
 
-from rq_policies import PolicyQueue, QueueRate, QueueSlot, Throttle, UnknownQueueWarning, keys  # noqa: E402
-from rq_policies.dashboard import create_app  # noqa: E402
+from rq_policies import PolicyQueue, QueueRate, QueueSlot, Throttle, UnknownQueueWarning  # noqa: E402
+from rq_policies.engine import keys  # noqa: E402
+from rq_policies.surfaces.dashboard import create_app  # noqa: E402
 
 # A bench caps and limits fresh queues before their first job, on purpose.
 warnings.simplefilter('ignore', UnknownQueueWarning)
@@ -123,7 +124,7 @@ def main() -> int:
     if url:
         run(url, args.rounds, args.identities)
         return 0
-    from rq_policies.testing import RedisServer
+    from rq_policies.surfaces.testing import RedisServer
 
     with RedisServer() as server:
         run(server.url, args.rounds, args.identities)

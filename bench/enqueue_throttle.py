@@ -8,7 +8,8 @@ arguments. Targets (issue 9; issue 3's were 1.0 and 0.5): throttle win <= 0.7, t
 
 "throttle drop, cold" is a drop in a process that has not seen the slot taken: each call is a fresh identity whose
 slot was claimed beforehand (untimed) with ``Throttle.admit``, which leaves this process no identity hint (the
-drop-rate predictor of rq_policies/hints.py, having seen most cold enqueues there dropped, sends it to the probe).
+drop-rate predictor of rq_policies/engine/admission.py, having seen most cold enqueues there dropped, sends it to the
+probe).
 Each case also prints its spread (p25 / p75 of wall time) and its median client CPU per call against stock's.
 
 Then the memory check: a burst of distinct identities claims their slots with ``Throttle.admit`` (a few threads, so
@@ -18,8 +19,8 @@ started, with no reaper.
 ``--smoke`` runs every case a few times with a 2-second slot (CI: the bench still works; timing targets do not fail
 it, a key left behind or a wrong drop does).
 
-Starts a throwaway server (rq_policies.testing.RedisServer) unless REDIS_URL is set; a REDIS_URL database must be
-empty, because the bench flushes it between rounds.
+Starts a throwaway server (rq_policies.surfaces.testing.RedisServer) unless REDIS_URL is set; a REDIS_URL database must
+be empty, because the bench flushes it between rounds.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from rq import Queue  # noqa: E402
 from throttle_bench_jobs import SLOT, burst, debounced, throttled, trailing  # noqa: E402
 
 from rq_policies import PolicyQueue, Throttle  # noqa: E402
-from rq_policies.testing import RedisServer  # noqa: E402
+from rq_policies.surfaces.testing import RedisServer  # noqa: E402
 
 #: Issue 9's targets (issue 3's were 1.0 and 0.5); a cold drop is issue 9's "<= 0.5x cold".
 TARGETS = {'throttle win': 0.7, 'throttle drop': 0.35, 'throttle drop, cold': 0.5}

@@ -5,7 +5,7 @@ throughput of Fair over 1,000 active keys against the same PolicyWorker without 
                          [--throughput-rounds 5] [--parts fetch,throughput] [--smoke]
 
 Uses REDIS_URL when it is set (the database is flushed between parts: point it at a scratch database), otherwise
-starts its own server with rq_policies.testing.RedisServer.
+starts its own server with rq_policies.surfaces.testing.RedisServer.
 
 * Fetch cost: ``lua/fetch.lua`` run in this process on a queue whose list is empty, each call taking the next Fair
   job by the turns (lua/policies/fair.lua's ``source``: the active key with the lowest virtual time, its line's
@@ -47,9 +47,10 @@ from rq.registry import FinishedJobRegistry  # noqa: E402
 from rq.utils import now as rq_now  # noqa: E402
 from rq.worker import Worker  # noqa: E402
 
-from rq_policies import PolicyQueue, keys  # noqa: E402
-from rq_policies.fair import ACTIVE_PREFIX, FIELD, WAIT_PREFIX  # noqa: E402
-from rq_policies.fetch import FetchReply, fetch_call  # noqa: E402
+from rq_policies import PolicyQueue  # noqa: E402
+from rq_policies.engine import keys  # noqa: E402
+from rq_policies.engine.fetch import FetchReply, fetch_call  # noqa: E402
+from rq_policies.policies.fair.rules import ACTIVE_PREFIX, FIELD, WAIT_PREFIX  # noqa: E402
 
 
 def spread(values: list[float]) -> str:

@@ -59,8 +59,8 @@ from common import add_smoke, run_main, server_url, smoke_defaults  # noqa: E402
 from redis import Redis  # noqa: E402
 from rq import Queue  # noqa: E402
 
-from rq_policies import keys, scripts  # noqa: E402
-from rq_policies.fetch import fetch_call  # noqa: E402
+from rq_policies.engine import keys, scripts  # noqa: E402
+from rq_policies.engine.fetch import fetch_call  # noqa: E402
 
 QUEUE = 'parts'
 STOCK = 'stock rq: LMOVE + HGETALL'
@@ -136,8 +136,8 @@ _DUMP = '''
 import base64, json, sys
 from redis import Redis
 from rq import Queue
-from rq_policies import keys, scripts
-from rq_policies.fetch import fetch_call
+from rq_policies.engine import keys, scripts
+from rq_policies.engine.fetch import fetch_call
 calls, round_ = int(sys.argv[1]), int(sys.argv[2])
 out = []
 for i in range(calls + 1):

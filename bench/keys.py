@@ -5,7 +5,7 @@ throughput of limits that do not bind against the same PolicyWorker without them
                          [--handovers 40] [--backlog 10000] [--starvation-rounds 3] [--parts ...] [--smoke]
 
 Uses REDIS_URL when it is set (the database is flushed between parts: point it at a scratch database), otherwise
-starts its own server with rq_policies.testing.RedisServer.
+starts its own server with rq_policies.surfaces.testing.RedisServer.
 
 * Fetch cost: ``lua/fetch.lua`` run in this process, the server's own time per call (INFO commandstats,
   usec_per_call of EVALSHA), each call taking a job of a free key (a new key each time: its check, its hold). Two
@@ -69,8 +69,9 @@ from rq.registry import FinishedJobRegistry  # noqa: E402
 from rq.utils import now as rq_now  # noqa: E402
 from rq.worker import Worker  # noqa: E402
 
-from rq_policies import PolicyQueue, QueueSlot, UnknownQueueWarning, keys  # noqa: E402
-from rq_policies.fetch import fetch_call  # noqa: E402
+from rq_policies import PolicyQueue, QueueSlot, UnknownQueueWarning  # noqa: E402
+from rq_policies.engine import keys  # noqa: E402
+from rq_policies.engine.fetch import fetch_call  # noqa: E402
 
 # A bench caps and limits fresh queues before their first job, on purpose.
 warnings.simplefilter('ignore', UnknownQueueWarning)

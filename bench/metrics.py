@@ -32,9 +32,11 @@ from prometheus_client import generate_latest  # noqa: E402
 from redis import Redis  # noqa: E402
 from rq import Queue  # noqa: E402
 
-from rq_policies import Loner, PolicyQueue, QueueSlot, UnknownQueueWarning, keys, state  # noqa: E402
-from rq_policies.ledger import Hold, acquire_call  # noqa: E402
-from rq_policies.metrics import registry_for  # noqa: E402
+from rq_policies import Loner, PolicyQueue, QueueSlot, UnknownQueueWarning  # noqa: E402
+from rq_policies.engine import keys  # noqa: E402
+from rq_policies.engine.ledger import Hold, acquire_call  # noqa: E402
+from rq_policies.surfaces import state  # noqa: E402
+from rq_policies.surfaces.metrics import registry_for  # noqa: E402
 
 # A bench caps and limits fresh queues before their first job, on purpose.
 warnings.simplefilter('ignore', UnknownQueueWarning)
@@ -115,7 +117,7 @@ def main() -> int:
     if url:
         run(Redis.from_url(url), args.rounds)
         return 0
-    from rq_policies.testing import RedisServer
+    from rq_policies.surfaces.testing import RedisServer
 
     with RedisServer() as server:
         run(server.client(), args.rounds)

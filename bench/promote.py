@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import add_smoke, connect, interleaved, report, run_main, server_url, smoke_defaults, stop_workers  # noqa: E402
 from rq import Queue  # noqa: E402
 
-from rq_policies import keys  # noqa: E402
-from rq_policies.fetch import FetchReply, fetch_call  # noqa: E402
-from rq_policies.testing import RedisServer  # noqa: E402
+from rq_policies.engine import keys  # noqa: E402
+from rq_policies.engine.fetch import FetchReply, fetch_call  # noqa: E402
+from rq_policies.surfaces.testing import RedisServer  # noqa: E402
 
 
 def fill(conn, queues: list[Queue], jobs: int) -> None:

@@ -27,7 +27,8 @@ from bench_jobs import noop  # noqa: E402
 from common import add_smoke, connect, interleaved, report, run_main, server_url, smoke_defaults  # noqa: E402
 from rq import Queue  # noqa: E402
 
-from rq_policies import PolicyQueue, keys  # noqa: E402
+from rq_policies import PolicyQueue  # noqa: E402
+from rq_policies.engine import keys  # noqa: E402
 
 
 class RqPipelineQueue(PolicyQueue):

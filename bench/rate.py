@@ -4,7 +4,7 @@ eligible to started on a sleeping worker, and what an idle worker on a limited q
     python bench/rate.py [--rounds 7] [--calls 2000] [--seconds 60] [--gaps 40] [--idle-seconds 5] [--smoke]
 
 Uses REDIS_URL when it is set (the database is flushed between parts: point it at a scratch database), otherwise
-starts its own server with rq_policies.testing.RedisServer.
+starts its own server with rq_policies.surfaces.testing.RedisServer.
 
 * Fetch cost: ``lua/fetch.lua`` run in this process on a queue of ready job ids, the server's own time per call
   (INFO commandstats, usec_per_call of EVALSHA), each call with a fresh claim token (as each worker fetch has; one
@@ -46,9 +46,10 @@ from common import add_smoke, run_main, server_url, smoke_defaults, start_worker
 from rq import Queue  # noqa: E402
 from rq.worker import Worker  # noqa: E402
 
-from rq_policies import PolicyQueue, PolicyWorker, QueueRate, UnknownQueueWarning, keys  # noqa: E402
-from rq_policies.fetch import fetch_call  # noqa: E402
-from rq_policies.policy import FETCH, registered  # noqa: E402
+from rq_policies import PolicyQueue, PolicyWorker, QueueRate, UnknownQueueWarning  # noqa: E402
+from rq_policies.engine import keys  # noqa: E402
+from rq_policies.engine.fetch import fetch_call  # noqa: E402
+from rq_policies.engine.policy import FETCH, registered  # noqa: E402
 
 # A bench caps and limits fresh queues before their first job, on purpose.
 warnings.simplefilter('ignore', UnknownQueueWarning)

@@ -30,8 +30,8 @@ from common import add_smoke, run_main, smoke_defaults  # noqa: E402
 from redis import Redis  # noqa: E402
 
 from rq_policies import Loner, PolicyQueue, QueueSlot, Throttle, UnknownQueueWarning  # noqa: E402
-from rq_policies.fetch import Fetcher, current_fetcher  # noqa: E402
-from rq_policies.testing import RedisServer  # noqa: E402
+from rq_policies.engine.fetch import Fetcher, current_fetcher  # noqa: E402
+from rq_policies.surfaces.testing import RedisServer  # noqa: E402
 
 # A bench caps and limits fresh queues before their first job, on purpose.
 warnings.simplefilter('ignore', UnknownQueueWarning)
@@ -113,7 +113,7 @@ def wide_look(opts: argparse.Namespace) -> None:
             try:
                 got = PolicyQueue.dequeue_any(queues, None, connection=conn) if refill else None
                 if not refill:
-                    from rq_policies.fetch import fetch_call
+                    from rq_policies.engine.fetch import fetch_call
 
                     fetch_call(queues, 'look', 60, burst=False).run(conn)
             finally:

@@ -3,7 +3,7 @@
     python bench/simple_worker.py [--jobs 300] [--workers 2] [--rounds 7] [--headroom 4] [--baseline PATH] [--smoke]
 
 Uses REDIS_URL when it is set (the database is flushed first: point it at a scratch database), otherwise starts its
-own server with rq_policies.testing.RedisServer.
+own server with rq_policies.surfaces.testing.RedisServer.
 
 Three variants, each with ``--workers`` in-process workers (``rq worker -w ...``) up on a queue of its own for the
 whole run: stock ``rq.SimpleWorker`` fed by ``rq.Queue``; ``PolicySimpleWorker`` on an uncapped queue; and

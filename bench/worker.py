@@ -3,7 +3,7 @@
     python bench/worker.py [--jobs 300] [--workers 2] [--rounds 9] [--handovers 120] [--idle-seconds 5] [--smoke]
 
 Uses REDIS_URL when it is set (the database is flushed between rounds: point it at a scratch database), otherwise
-starts its own server with rq_policies.testing.RedisServer.
+starts its own server with rq_policies.surfaces.testing.RedisServer.
 
 * Throughput: the same trivial jobs run by ``--workers`` forking workers, as stock ``rq.Worker`` (fed by
   ``rq.Queue``), as stock with the one connection-pool change PolicyWorker makes (``bench_workers.DriverInfoWorker``:
@@ -67,8 +67,9 @@ from common import (  # noqa: E402
     wait_until,
 )
 
-from rq_policies import PolicyQueue, QueueSlot, UnknownQueueWarning, keys, scripts  # noqa: E402
-from rq_policies.testing import RedisServer  # noqa: E402
+from rq_policies import PolicyQueue, QueueSlot, UnknownQueueWarning  # noqa: E402
+from rq_policies.engine import keys, scripts  # noqa: E402
+from rq_policies.surfaces.testing import RedisServer  # noqa: E402
 
 # A bench caps and limits fresh queues before their first job, on purpose.
 warnings.simplefilter('ignore', UnknownQueueWarning)

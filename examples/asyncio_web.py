@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # so a worker imports 
 
 from asyncio_web_jobs import build_report, send_welcome  # noqa: E402
 
-from rq_policies.aio import AsyncPolicyQueue  # noqa: E402
-from rq_policies.explainer import UnknownJob  # noqa: E402
+from rq_policies.surfaces.aio import AsyncPolicyQueue  # noqa: E402
+from rq_policies.surfaces.explainer import UnknownJob  # noqa: E402
 
 
 async def welcome(request: Request) -> JSONResponse:
@@ -103,7 +103,7 @@ if __name__ == '__main__':
     if os.environ.get('REDIS_URL'):
         main(os.environ['REDIS_URL'])
     else:
-        from rq_policies.testing import RedisServer
+        from rq_policies.surfaces.testing import RedisServer
 
         server = RedisServer().start()
         try:

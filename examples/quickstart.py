@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # so the worker can im
 from quickstart_jobs import sweep_cache  # noqa: E402
 
 from rq_policies import PolicyQueue  # noqa: E402
-from rq_policies.testing import RedisServer  # noqa: E402
+from rq_policies.surfaces.testing import RedisServer  # noqa: E402
 
 
 def main(url: str) -> None:

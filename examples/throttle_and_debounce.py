@@ -25,7 +25,7 @@ sys.path.insert(0, str(HERE))  # so this script and the worker import the job fu
 from throttle_and_debounce_jobs import poll_account, publish_progress, reindex  # noqa: E402
 
 from rq_policies import PolicyQueue, Throttle  # noqa: E402
-from rq_policies.testing import RedisServer  # noqa: E402
+from rq_policies.surfaces.testing import RedisServer  # noqa: E402
 
 
 def wait_until_done(jobs, timeout: float = 30.0) -> None:

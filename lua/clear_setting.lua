@@ -7,7 +7,7 @@
   removed the setting: the answer is kept under the call's request id (lib/answer.lua), and a
   replay answers what the first run did and writes nothing.
 
-  KEYS  by name (rq_policies/ops.py):
+  KEYS  by name (rq_policies/engine/ops.py, built by rq_policies.engine.admin.clear_setting):
     settings   the hash holding the setting (rq:policies:capacity, rq:policies:rate,
                rq:policies:fair:weights)
     answer     rq:policies:answer:<request id>

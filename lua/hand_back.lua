@@ -26,7 +26,7 @@
   no longer applies (the job started, ended, was enqueued again or left the list) is removed. The
   work horse's start (rq's prepare_job_execution) removes its own take.
 
-  KEYS  by name (rq_policies/ops.py, built by rq_policies.fetch.hand_back_call):
+  KEYS  by name (rq_policies/engine/ops.py, built by rq_policies.engine.fetch.hand_back_call):
     key lists `taken` (rq:policies:taken:<q>), `queues` (rq:queue:<q>), `intermediate`
     (rq:queue:<q>:intermediate), one per queue; and per item, by index: its job hash
     (rq:job:<id>), its executions registry (rq:executions:<id>), its claim record

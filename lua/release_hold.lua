@@ -5,7 +5,7 @@
   says 0 although the first attempt removed it, so the answer is kept under the call's request id
   (lib/answer.lua), and a replay answers what the first run did and writes nothing.
 
-  KEYS  by name (rq_policies/ops.py, built by rq_policies.ledger.Ledger.release):
+  KEYS  by name (rq_policies/engine/ops.py, built by rq_policies.engine.ledger.Ledger.release):
     ledger     the hold ledger (rq:policies:slots:<q>, ZSET member = hold token)
     answer     rq:policies:answer:<request id>
   ARGV[1]  one msgpack map (lib/codec.lua): token (the hold's token), wake (the queue's wake-up

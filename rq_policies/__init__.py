@@ -2,30 +2,31 @@
 
 from __future__ import annotations
 
-from .admin import Cap, KeyLimit, KeyRate, KeyStatus, SlotStatus
-from .concurrency import Concurrency
-from .debounce import Debounce
-from .exceptions import (
+from .engine.admin import Cap, KeyLimit, KeyRate, KeyStatus, SlotStatus
+from .engine.exceptions import (
     DuplicateJob,
     InvalidArgument,
     InvalidSetting,
+    NotReplicated,
     PipelineNotSupported,
     PolicyConfigurationError,
     PolicyError,
     UnknownQueueWarning,
 )
-from .explainer import UnknownJob, explain
-from .fair import Fair
-from .job import PolicyJob
-from .key_rate import Rate
-from .limited_capacity import LimitedCapacityWorker
-from .loner import Loner
-from .policy import AdmissionPolicy, DroppedCall, FetchPolicy, Policy, PolicySet, policy
-from .queue import PolicyQueue
-from .queue_rate import BackOff, QueueRate, RateStatus, Snooze, SnoozeLimitReached
-from .queue_slot import QueueSlot
-from .throttle import Outcome, Throttle
-from .worker import PolicySimpleWorker, PolicyWorker
+from .engine.job import PolicyJob
+from .engine.policy import AdmissionPolicy, DroppedCall, FetchPolicy, Policy, PolicySet, policy
+from .engine.queue import PolicyQueue
+from .engine.worker import PolicySimpleWorker, PolicyWorker
+from .policies.concurrency.rules import Concurrency
+from .policies.debounce.rules import Debounce
+from .policies.fair.rules import Fair
+from .policies.limited_capacity.rules import LimitedCapacityWorker
+from .policies.loner.rules import Loner
+from .policies.queue_rate.rules import BackOff, QueueRate, RateStatus, Snooze, SnoozeLimitReached
+from .policies.queue_slot.rules import QueueSlot
+from .policies.rate.rules import Rate
+from .policies.throttle.rules import Outcome, Throttle
+from .surfaces.explainer import UnknownJob, explain
 
 __version__ = '0.1.0'
 
@@ -46,6 +47,7 @@ __all__ = [
     'KeyStatus',
     'LimitedCapacityWorker',
     'Loner',
+    'NotReplicated',
     'Outcome',
     'PipelineNotSupported',
     'Policy',

@@ -27,7 +27,7 @@ import pytest
 
 pytest.register_assert_rewrite('tests.helpers')  # the helpers' asserts say what they saw, as a test's do
 
-from rq_policies.testing import RedisServer  # noqa: E402
+from rq_policies.surfaces.testing import RedisServer  # noqa: E402
 from tests.helpers import with_root  # noqa: E402
 from tests.helpers.cluster import ON_CLUSTER, not_on_cluster_reason  # noqa: E402
 
@@ -49,7 +49,7 @@ def redis_url(session_cluster):
     if session_cluster is not None:
         # A primary that does not serve the prefix's slot: a client that is not a cluster client (a test or a
         # command missing the switch) gets MOVED there at its first key of ours, instead of passing by luck.
-        from rq_policies import keys
+        from rq_policies.engine import keys
 
         owner, _ = session_cluster.owner_of(keys.PREFIX)
         port = next(node.port for node in session_cluster.nodes[:session_cluster.primaries] if node is not owner)
@@ -67,8 +67,8 @@ def redis_url(session_cluster):
 
 
 def outside_prefix(conn) -> list[str]:
-    """Keys on the server that are not under rq's key prefix (:data:`rq_policies.compat.KEY_PREFIX`), sorted."""
-    from rq_policies.compat import KEY_PREFIX
+    """Keys on the server that are not under rq's key prefix (:data:`rq_policies.engine.compat.KEY_PREFIX`), sorted."""
+    from rq_policies.engine.compat import KEY_PREFIX
 
     head = KEY_PREFIX + ':'
     return sorted(key for key in (k.decode() for k in conn.scan_iter(count=1000)) if not key.startswith(head))
@@ -104,7 +104,7 @@ def reset_process_state():
     * before and after it, the drops the ``on_drop`` callbacks of :mod:`tests.helpers.jobs` saw
       (``jobs.DROPS_SEEN``) are forgotten.
     """
-    from rq_policies import ledger
+    from rq_policies.engine import ledger
     from tests.helpers import jobs
 
     jobs.DROPS_SEEN.clear()
@@ -147,8 +147,8 @@ def worker_env(redis_url):
 
 def pytest_configure(config):
     if ON_CLUSTER:
-        from rq_policies import keys
-        from rq_policies.compat import RQ3
+        from rq_policies.engine import keys
+        from rq_policies.engine.compat import RQ3
 
         if not RQ3 or keys.hash_tag(keys.PREFIX) is None:
             raise pytest.UsageError("RQ_POLICIES_CLUSTER=1 needs rq 3 and a hash-tagged prefix: "

@@ -1,1 +1,5 @@
-"""Integrations with frameworks around rq; each module imports its framework only when it is imported itself."""
+"""Moved to :mod:`rq_policies.surfaces.contrib` (this alias warns once)."""
+
+from rq_policies._moved import alias
+
+alias(__name__, 'rq_policies.surfaces.contrib')

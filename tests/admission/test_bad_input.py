@@ -14,8 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rq_policies import Concurrency, InvalidArgument, InvalidSetting, PolicyError, PolicyQueue, QueueSlot, identity
-from rq_policies.identity import MAX_DEPTH, digest
+from rq_policies import Concurrency, InvalidArgument, InvalidSetting, PolicyError, PolicyQueue, QueueSlot
+from rq_policies.engine import identity
+from rq_policies.engine.identity import MAX_DEPTH, digest
 from tests.helpers import bad_input_jobs as jobs
 
 # derandomize: the same cases on every run, whatever ran before (deterministic and order-independent).

@@ -13,9 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rq_policies import Debounce, PolicyConfigurationError, PolicyQueue, QueueSlot, Throttle, keys
-from rq_policies.compat import KEY_PREFIX as RQ
-from rq_policies.policy import MAX_CAPACITY, MAX_SECONDS
+from rq_policies import Debounce, PolicyConfigurationError, PolicyQueue, QueueSlot, Throttle
+from rq_policies.engine import keys
+from rq_policies.engine.compat import KEY_PREFIX as RQ
+from rq_policies.engine.policy import MAX_CAPACITY, MAX_SECONDS
 from tests.helpers import jobs
 
 CASES: dict[str, int] = {}
@@ -175,7 +176,7 @@ def test_huge_payloads(connection):
 
 
 def _cli(*args, env):
-    return subprocess.run([sys.executable, '-m', 'rq_policies.cli', *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, '-m', 'rq_policies', *args], capture_output=True, text=True,
                           env=env, timeout=60)
 
 

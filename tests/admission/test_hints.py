@@ -1,4 +1,5 @@
-"""What makes an enqueue take the probe first (rq_policies.hints): identity hints and the drop-rate predictor.
+"""What makes an enqueue take the probe first (rq_policies.engine.admission.probe_plan): identity hints and the
+drop-rate predictor.
 
 Either only chooses which script runs first; every test here also checks that the outcome is the one the full path
 gives (the probe never decides alone).
@@ -8,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from rq_policies import Loner, PolicyQueue, admission, keys
-from rq_policies.hints import DropRates
+from rq_policies import Loner, PolicyQueue
+from rq_policies.engine import admission, keys
+from rq_policies.engine.admission import DropRates
 from tests.helpers import jobs
 
 
@@ -17,9 +19,8 @@ from tests.helpers import jobs
 def probes(monkeypatch):
     """The identities every admission probe of the test ran for, in order."""
     seen: list[str] = []
-    real = admission.probe
-    monkeypatch.setattr(admission, 'probe', lambda q, spec, digest, *a, **k: seen.append(digest) or real(
-        q, spec, digest, *a, **k))
+    real = admission.probed
+    monkeypatch.setattr(admission, 'probed', lambda plan, verdict: seen.append(plan.digest) or real(plan, verdict))
     return seen
 
 

@@ -7,7 +7,8 @@ import multiprocessing
 
 from redis import Redis
 
-from rq_policies import PolicyQueue, scripts
+from rq_policies import PolicyQueue
+from rq_policies.engine import scripts
 from tests.helpers import jobs
 
 

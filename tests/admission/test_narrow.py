@@ -13,10 +13,11 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from rq.job import Job
 
-from rq_policies import Loner, PolicyQueue, admission, identity, keys, scripts
-from rq_policies.compat import KEY_PREFIX as RQ
-from rq_policies.ops import FlatCall
-from rq_policies.policy import make_set
+from rq_policies import Loner, PolicyQueue
+from rq_policies.engine import admission, identity, keys, scripts
+from rq_policies.engine.compat import KEY_PREFIX as RQ
+from rq_policies.engine.ops import FlatCall
+from rq_policies.engine.policy import make_set
 from tests.helpers import jobs
 
 

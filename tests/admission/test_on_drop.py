@@ -6,7 +6,8 @@ import logging
 
 import pytest
 
-from rq_policies import DroppedCall, DuplicateJob, Loner, PolicyQueue, PolicySet, Throttle, admission, policy
+from rq_policies import DroppedCall, DuplicateJob, Loner, PolicyQueue, PolicySet, Throttle, policy
+from rq_policies.engine import admission
 from tests.helpers import jobs
 from tests.helpers import throttle_jobs as tj
 from tests.helpers.throttle_helpers import clear_of_a_slot_edge
@@ -20,7 +21,7 @@ def test_called_with_the_dropped_call_and_the_holder_not_on_admit(connection, mo
     holder = q.enqueue(jobs.watched, 'a', flag=1)
     assert holder is not None and jobs.DROPS_SEEN == []  # an admitted enqueue calls nothing
     # the first drop of a call takes the full path; the same call again the hinted fast path (no job built, see
-    # rq_policies.hints): both tell the hook the function's own arguments, rq's options taken out
+    # rq_policies.engine.admission.probe_plan): both tell the hook the function's own arguments, rq's options taken out
     assert q.enqueue(jobs.watched, 'a', flag=1, job_timeout=30) is None
     assert q.enqueue(jobs.watched, 'a', flag=1, job_timeout=30) is None
     assert q.enqueue_call(jobs.watched, args=('a',), kwargs={'flag': 1}, result_ttl=5) is None

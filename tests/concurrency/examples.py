@@ -1,7 +1,7 @@
 """Concurrency's and Rate's contract cases (tests/helpers/cases.py finds them by the policies' registered names)."""
 
 from rq_policies import Concurrency, Rate
-from rq_policies.policy import MAX_CAPACITY, MAX_SECONDS
+from rq_policies.engine.policy import MAX_CAPACITY, MAX_SECONDS
 from tests.helpers.cases import _first_argument
 
 #: Instances covering each per-key policy's distinct behaviours; the contract suite runs each one.

@@ -24,10 +24,11 @@ from rq.job import Job
 from rq.queue import Queue
 from rq.registry import DeferredJobRegistry
 
-from rq_policies import Concurrency, KeyLimit, PolicyQueue, explain, keys
-from rq_policies.concurrency import keyed_args
-from rq_policies.fetch import Claim, Look, fetch_call, read_reply, release_claim
-from rq_policies.worker import HOLD_TTL_ENV
+from rq_policies import Concurrency, KeyLimit, PolicyQueue, explain
+from rq_policies.engine import keys
+from rq_policies.engine.fetch import Claim, Look, fetch_call, read_reply, release_claim
+from rq_policies.engine.worker import HOLD_TTL_ENV
+from rq_policies.policies.concurrency.rules import keyed_args
 from tests.helpers import fetches, jobs, key_jobs
 from tests.helpers.workers import descendants as _descendants
 from tests.helpers.workers import output, run_pool, start_worker, stop, wait_for
@@ -326,7 +327,7 @@ def test_explain_and_key_rows_and_panels_show_a_parked_job(connection):
 
 
 def cli(*args, env):
-    full = [sys.executable, '-m', 'rq_policies.cli', *args, '--url', env['REDIS_URL']]
+    full = [sys.executable, '-m', 'rq_policies', *args, '--url', env['REDIS_URL']]
     return subprocess.run(full, env=env, capture_output=True, text=True, timeout=60)
 
 
@@ -645,7 +646,7 @@ def test_the_due_index_is_exported_as_two_gauges(connection):
     prometheus_client = pytest.importorskip('prometheus_client')
     from prometheus_client.parser import text_string_to_metric_families
 
-    from rq_policies.metrics import registry_for
+    from rq_policies.surfaces.metrics import registry_for
 
     def gauges():
         text = prometheus_client.generate_latest(registry_for(connection)).decode()

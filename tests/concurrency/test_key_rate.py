@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from rq_policies import Concurrency, PolicyQueue, Rate, explain, keys
-from rq_policies.fetch import Claim, Look, release_claim
+from rq_policies import Concurrency, PolicyQueue, Rate, explain
+from rq_policies.engine import keys
+from rq_policies.engine.fetch import Claim, Look, release_claim
 from tests.helpers import fetches, key_jobs
 from tests.helpers.workers import output, start_worker, stop, wait_for
 

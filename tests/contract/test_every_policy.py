@@ -34,10 +34,12 @@ import time
 import pytest
 from rq.queue import Queue
 
-from rq_policies import PolicyQueue, keys, ops, state
-from rq_policies.compat import KEY_PREFIX as RQ
-from rq_policies.fetch import Claim, Look, fetch_call, read_reply
-from rq_policies.policy import ADMISSION, FETCH, registered
+from rq_policies import PolicyQueue
+from rq_policies.engine import keys, ops
+from rq_policies.engine.compat import KEY_PREFIX as RQ
+from rq_policies.engine.fetch import Claim, Look, fetch_call, read_reply
+from rq_policies.engine.policy import ADMISSION, FETCH, registered
+from rq_policies.surfaces import state
 from tests.helpers import cases, jobs
 from tests.helpers.throttle_helpers import clear_of_a_slot_edge
 
@@ -359,7 +361,7 @@ def test_a_key_at_its_limit_parks_its_job_and_serves_the_next(connection, exampl
     before = shape(connection)
     call.run(connection)  # the fetch replayed (its reply lost): it answers the same job, moves nothing
     assert shape(connection) == before
-    from rq_policies.fetch import release_claim
+    from rq_policies.engine.fetch import release_claim
 
     release_claim(taken, connection)
     after = shape(connection)
@@ -372,7 +374,7 @@ def test_a_key_at_its_limit_parks_its_job_and_serves_the_next(connection, exampl
 @pytest.mark.parametrize('example', PER_JOB_CASES)
 def test_what_a_per_job_fetch_writes_is_its_own_and_expires_or_is_freed(connection, example):
     q, taken, second, _ = start_then_park(connection, example)
-    from rq_policies.fetch import release_claim
+    from rq_policies.engine.fetch import release_claim
 
     release_claim(taken, connection)
     wait_for_start(connection, second.id, 'h:1:3')

@@ -27,8 +27,9 @@ from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.registry import DeferredJobRegistry, ScheduledJobRegistry, clean_registries
 
-from rq_policies import Loner, PolicyJob, PolicyQueue, compat
-from rq_policies.fetch import Look, release_claim
+from rq_policies import Loner, PolicyJob, PolicyQueue
+from rq_policies.engine import compat
+from rq_policies.engine.fetch import Look, release_claim
 from tests.helpers import fetches, jobs, key_jobs
 
 ALL_STATUSES = [status.value for status in JobStatus]
@@ -113,7 +114,7 @@ def test_a_released_dependent_left_ready_to_enqueue_still_holds_its_identity(con
 def test_the_end_of_run_release_frees_a_loner_identity_only_once_its_job_has_ended(connection, status):
     """What PolicyWorker queues on the end-of-run pipeline (lua/release_markers.lua, ``ended``): a job retried or
     repeated (waiting again) keeps its identity; one that ended frees it."""
-    from rq_policies import admission
+    from rq_policies.engine import admission
 
     q = PolicyQueue('contract', connection=connection)
     holder = q.enqueue(jobs.plain, 1, policy=Loner(until='finished'))
@@ -334,3 +335,21 @@ def test_clean_registries_leaves_a_parked_job_parked_and_intact(connection):
     release_claim(taken, connection)
     assert q.job_ids == [parked.id] and parked.get_status() == JobStatus.QUEUED
     assert fetch(connection, 'h:1:2:1').job_id == parked.id
+
+
+# -- a start recorded again (worker_mixin._record_start) ---------------------------------------------------------------
+
+
+def test_prepare_execution_keeps_the_execution_on_the_worker_before_its_pipeline_runs(connection):
+    """``compat.started_executions`` finds the Execution ``prepare_execution`` made for a job on the worker (rq 3's
+    ``worker.executions``, rq 2.12's ``worker.execution``), set before the pipeline that writes it: a worker whose
+    first attempt failed deletes it before recording the start again. Taken off the worker once found."""
+    q = Queue('executions', connection=connection)
+    job = q.enqueue(jobs.plain, 1)
+    worker = SimpleWorker([q], connection=connection)
+    execution = worker.prepare_execution(job)
+    assert compat.started_executions(worker, job) == [execution]
+    assert compat.started_executions(worker, job) == []
+    other = q.enqueue(jobs.plain, 2)
+    worker.prepare_execution(other)
+    assert compat.started_executions(worker, job) == []

@@ -13,18 +13,10 @@ from rq import Queue
 from rq.job import Job, JobStatus
 from rq.registry import ScheduledJobRegistry
 
-from rq_policies import (
-    Debounce,
-    PolicyConfigurationError,
-    PolicyQueue,
-    PolicySet,
-    PolicySimpleWorker,
-    Throttle,
-    identity,
-    keys,
-)
-from rq_policies.admission import JobWrite, Verdict, admit_call
-from rq_policies.compat import KEY_PREFIX as RQ
+from rq_policies import Debounce, PolicyConfigurationError, PolicyQueue, PolicySet, PolicySimpleWorker, Throttle
+from rq_policies.engine import identity, keys
+from rq_policies.engine.admission import JobWrite, Verdict, admit_call
+from rq_policies.engine.compat import KEY_PREFIX as RQ
 from tests.helpers import jobs
 from tests.helpers import throttle_jobs as tj
 from tests.helpers.throttle_helpers import WorkerProcess, ran, server_now, wait_for_phase, wait_for_runs

@@ -1,5 +1,5 @@
-"""lua/fetch.lua's phases: the order its parts' hooks run in (rq_policies.fetch.PHASES), what a fetch of a queue
-without any policy state runs, and its named reply (rq_policies.fetch.FetchReply)."""
+"""lua/fetch.lua's phases: the order its parts' hooks run in (rq_policies.engine.fetch.PHASES), what a fetch of a queue
+without any policy state runs, and its named reply (rq_policies.engine.fetch.FetchReply)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import re
 import pytest
 from rq.queue import Queue
 
-from rq_policies import PolicyQueue, QueueSlot, keys, scripts
-from rq_policies.compat import KEY_PREFIX as RQ
-from rq_policies.fetch import PHASES, FetchReply, fetch_call, read_reply
+from rq_policies import PolicyQueue, QueueSlot
+from rq_policies.engine import keys, scripts
+from rq_policies.engine.compat import KEY_PREFIX as RQ
+from rq_policies.engine.fetch import PHASES, FetchReply, fetch_call, read_reply
 from tests.helpers import jobs
 from tests.helpers.workers import fetch_as_a_worker
 
@@ -156,7 +157,7 @@ def test_a_workers_fetch_builds_the_job_from_the_reply_and_keeps_no_job_data_in_
     job, fetcher = fetch_as_a_worker(q, connection)
     assert job.id == enqueued.id and job.args == enqueued.args and job.origin == 'q'
     # the script's read of the job (the worker does not read the hash again), and the worker's first hand-back
-    # reading its queue's takes (rq_policies.fetch.hand_back)
+    # reading its queue's takes (rq_policies.engine.fetch.hand_back)
     assert commands(connection)['hgetall'] == 2
     assert fetcher.claim.raw is None and len(fetcher.claim.holds) == 1
     # what the hold guard's slot carries (tests/worker/test_kill_shapes.py)
@@ -164,7 +165,7 @@ def test_a_workers_fetch_builds_the_job_from_the_reply_and_keeps_no_job_data_in_
 
 
 def test_a_worker_builds_its_fetch_call_once_per_queue_list(connection):
-    from rq_policies.fetch import Fetcher, _worker_call
+    from rq_policies.engine.fetch import Fetcher, _worker_call
 
     fetcher = Fetcher()
     queues = [Queue('a', connection=connection), Queue('b', connection=connection)]

@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rq_policies import Loner, PolicySet, policy
-from rq_policies.exceptions import PolicyConfigurationError
-from rq_policies.identity import digest
+from rq_policies.engine.exceptions import PolicyConfigurationError
+from rq_policies.engine.identity import digest
 
 scalars = st.one_of(
     st.none(),
@@ -102,7 +102,7 @@ def test_stable_across_processes_and_hash_seeds():
         "__import__('datetime').date(2024, 2, 29), __import__('uuid').UUID(int=7), "
         "__import__('decimal').Decimal('3.10')]"
     )
-    code = f'from rq_policies.identity import digest; print(digest("m.f", "q", {sample}, {{"z": 1, "a": [1]}}))'
+    code = f'from rq_policies.engine.identity import digest; print(digest("m.f", "q", {sample}, {{"z": 1, "a": [1]}}))'
     here = digest(
         'm.f', 'q', eval(sample), {'a': [1], 'z': 1}  # noqa: S307 - our own literal
     )

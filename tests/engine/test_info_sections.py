@@ -10,11 +10,12 @@ from dataclasses import dataclass
 import pytest
 from click.testing import CliRunner
 
-from rq_policies import PolicyQueue, QueueRate, QueueSlot, state
-from rq_policies.cli import main
-from rq_policies.policy import _REGISTRY, FETCH, FetchPolicy
-from rq_policies.queue_slot import SlotHold, SlotState
-from rq_policies.views import Heading, Row, Section, Shown, text_only
+from rq_policies import PolicyQueue, QueueRate, QueueSlot
+from rq_policies.engine.policy import _REGISTRY, FETCH, FetchPolicy
+from rq_policies.engine.views import Heading, Row, Section, Shown, text_only
+from rq_policies.policies.queue_slot.rules import SlotHold, SlotState
+from rq_policies.surfaces import state
+from rq_policies.surfaces.cli import main
 from tests.helpers import jobs
 
 

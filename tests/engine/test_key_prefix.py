@@ -14,7 +14,7 @@ import sys
 import pytest
 from redis import Redis
 
-from rq_policies.compat import RQ3
+from rq_policies.engine.compat import RQ3
 
 
 def _env(worker_env: dict, prefix: str) -> dict:
@@ -30,11 +30,11 @@ import json
 from rq.job import Job
 from rq.queue import Queue
 from rq.worker import Worker
-from rq_policies import keys
-from rq_policies.compat import KEY_PREFIX
-from rq_policies.concurrency import keyed_args
-from rq_policies.loner import Loner
-from rq_policies.ops import Call
+from rq_policies.engine import keys
+from rq_policies.engine.compat import KEY_PREFIX
+from rq_policies.policies.concurrency.rules import keyed_args
+from rq_policies.policies.loner.rules import Loner
+from rq_policies.engine.ops import Call
 built = [keys.CAPACITY, keys.RATE, keys.BACKOFF, keys.DROPS, keys.LAPSES, keys.DROPS_MINUTE_PREFIX, keys.KEY_DUE,
          keys.KEY_LIMITS, keys.KEY_RATES, keys.LCW_INDEX, keys.superseded('j'), keys.dropped('j'), keys.loner('q', 'd'),
          keys.throttle_prefix('q', 'd'), keys.trailing('q', 'd'), keys.debounce('q', 'd'), keys.holds('q'),

@@ -1,5 +1,5 @@
-"""The doors' leased connection (rq_policies.scripts.Lease): one connection of the pool a thread keeps for its door
-scripts, from its second door call on a pool, given back when the thread ends; never taken from a pool that could
+"""The doors' leased connection (rq_policies.engine.scripts.Lease): one connection of the pool a thread keeps for its
+door scripts, from its second door call on a pool, given back when the thread ends; never taken from a pool that could
 run out; never shared with a forked child; never left with a reply unread.
 
 Each test counts the pool's connections in use (``_in_use_connections``, the set redis-py's pool keeps) or watches
@@ -17,9 +17,10 @@ import time
 import pytest
 from redis import BlockingConnectionPool, ConnectionPool, Redis
 
-from rq_policies import PolicyQueue, scripts
-from rq_policies.compat import KEY_PREFIX as RQ
-from rq_policies.testing import RedisServer
+from rq_policies import PolicyQueue
+from rq_policies.engine import scripts
+from rq_policies.engine.compat import KEY_PREFIX as RQ
+from rq_policies.surfaces.testing import RedisServer
 from tests.helpers import jobs
 from tests.helpers.cluster import not_on_cluster
 from tests.helpers.faults import ADMIT_WRITE, FAULTS, burst, load, lose_reply, producer, queued, ran_ids

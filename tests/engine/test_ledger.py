@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from rq_policies import keys
-from rq_policies.ledger import Hold, Keeper, Ledger, acquire_call
+from rq_policies.engine import keys
+from rq_policies.engine.ledger import Hold, Keeper, Ledger, acquire_call
 from tests.helpers.records import server_now
 from tests.helpers.workers import wait_for
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 from redis import Redis
 
-from rq_policies import Loner, PolicyQueue, QueueSlot, keys, scripts
-from rq_policies.compat import KEY_PREFIX as RQ
-from rq_policies.loner import holder, release_markers
+from rq_policies import Loner, PolicyQueue, QueueSlot
+from rq_policies.engine import keys, scripts
+from rq_policies.engine.compat import KEY_PREFIX as RQ
+from rq_policies.policies.loner.rules import holder, release_markers
 from tests.helpers.workers import output, start_worker, stop, wait_for
 
 PREFIX = f'{RQ}:job:'

@@ -8,11 +8,12 @@ from types import SimpleNamespace
 
 from rq.queue import Queue
 
-from rq_policies import Loner, PolicyQueue, PolicySet, keys
-from rq_policies.admission import JobWrite, Verdict, admit_call
-from rq_policies.compat import KEY_PREFIX as RQ
-from rq_policies.fetch import FetchReply, fetch_call
-from rq_policies.loner import holder, release_markers
+from rq_policies import Loner, PolicyQueue, PolicySet
+from rq_policies.engine import keys
+from rq_policies.engine.admission import JobWrite, Verdict, admit_call
+from rq_policies.engine.compat import KEY_PREFIX as RQ
+from rq_policies.engine.fetch import FetchReply, fetch_call
+from rq_policies.policies.loner.rules import holder, release_markers
 
 PREFIX = f'{RQ}:job:'
 
@@ -119,7 +120,7 @@ _tokens = itertools.count()
 
 def fetch(conn):
     """lua/fetch.lua on queue q ('rq:queue:q', 'rq:queue:q:intermediate'), a new claim token each, holds of 90 s: its
-    reply decoded (rq_policies.fetch.FetchReply)."""
+    reply decoded (rq_policies.engine.fetch.FetchReply)."""
     return FetchReply.decode(fetch_call([Queue('q', connection=conn)], f'tok{next(_tokens)}', 90, PREFIX).run(conn))
 
 
@@ -157,7 +158,7 @@ def test_the_pure_lua_msgpack_decoder_agrees_with_cmsgpack(connection):
     ops.py sends: both must give the same value, floats of both widths included."""
     import msgpack
 
-    from rq_policies import scripts
+    from rq_policies.engine import scripts
 
     codec = scripts._lua_root().joinpath('lib/codec.lua').read_text(encoding='utf-8')
     probe = codec + '\nreturn cjson.encode({decode_msgpack(ARGV[1]), cmsgpack.unpack(ARGV[1])})'
@@ -180,7 +181,7 @@ def test_every_lean_source_compiles_and_fakeredis_gets_the_full_one(connection):
     whose own decoder it needs."""
     import fakeredis
 
-    from rq_policies import scripts
+    from rq_policies.engine import scripts
 
     names = sorted(item.name[:-4] for item in scripts._lua_root().iterdir() if item.name.endswith('.lua'))
     assert 'push' in names and 'admit' in names
@@ -275,7 +276,7 @@ def test_a_replayed_push_of_a_job_deleted_since_deletes_the_hash_its_resend_wrot
 
 def _plain_call(queue: PolicyQueue, *args, **kwargs):
     """A plain door's write of a new job (``admission.plain_call``), built as ``PolicyQueue.enqueue`` builds it."""
-    from rq_policies.admission import plain_call
+    from rq_policies.engine.admission import plain_call
 
     job = queue.create_job('tests.helpers.jobs.plain', args=args, **kwargs)
     return job, plain_call(queue, queue._plain_write(job, False, None))
@@ -317,8 +318,8 @@ def test_an_admin_script_sent_twice_with_one_request_id_answers_the_first_runs_a
     """lua/lib/answer.lua, in each admin script whose answer depends on what it changed: the second run of one call
     (its request id) answers the first run's answer, even once another call changed the state since (it writes
     nothing: a replay must not undo that change), and a call without an answer key keeps nothing."""
-    from rq_policies.fair import _pause_call
-    from rq_policies.ops import Call
+    from rq_policies.engine.ops import Call
+    from rq_policies.policies.fair.rules import _pause_call
 
     def clear_call():
         return Call('clear_setting', field='q', wake=None, message='').key('settings', keys.CAPACITY) \

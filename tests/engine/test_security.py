@@ -14,10 +14,11 @@ from hypothesis import strategies as st
 from redis import Redis
 from redis.exceptions import NoPermissionError
 
-from rq_policies import PolicyQueue, PolicySimpleWorker, QueueSlot, keys
-from rq_policies.compat import KEY_PREFIX as RQ
-from rq_policies.identity import digest
-from rq_policies.testing import RedisServer, free_port
+from rq_policies import PolicyQueue, PolicySimpleWorker, QueueSlot
+from rq_policies.engine import keys
+from rq_policies.engine.compat import KEY_PREFIX as RQ
+from rq_policies.engine.identity import digest
+from rq_policies.surfaces.testing import RedisServer, free_port
 from tests.helpers import jobs
 from tests.helpers.acl import ACL_RULES
 from tests.helpers.workers import output, start_worker

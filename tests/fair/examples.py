@@ -1,7 +1,7 @@
 """Fair's contract cases (tests/helpers/cases.py finds them by the policy's registered name)."""
 
 from rq_policies import Fair
-from rq_policies.fair import MAX_WEIGHT
+from rq_policies.policies.fair.rules import MAX_WEIGHT
 from tests.helpers.cases import _first_argument
 
 #: Instances covering Fair's distinct behaviours; the contract suite runs each one.

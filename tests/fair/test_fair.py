@@ -15,10 +15,10 @@ from rq.job import Job
 from rq.registry import DeferredJobRegistry
 
 from rq_policies import Concurrency, Fair, InvalidSetting, PolicyQueue, explain
-from rq_policies.compat import KEY_PREFIX as RQ
-from rq_policies.fair import BacklogFull, FairPause, FairWeight
-from rq_policies.fetch import Claim, Look
-from rq_policies.views import Shown
+from rq_policies.engine.compat import KEY_PREFIX as RQ
+from rq_policies.engine.fetch import Claim, Look
+from rq_policies.engine.views import Shown
+from rq_policies.policies.fair.rules import BacklogFull, FairPause, FairWeight
 from tests.helpers import fair_jobs, fetches, jobs
 
 SCOPE = fair_jobs.SCOPE
@@ -322,7 +322,7 @@ def test_a_key_at_its_concurrency_limit_never_stalls_the_other_keys(connection):
 
 
 def _proxied(fault_proxy):
-    from rq_policies import scripts
+    from rq_policies.engine import scripts
 
     server = Redis(*fault_proxy.target)  # past the proxy: loading counts as no request of the test's
     for name in ('fair_pause', 'clear_setting'):  # a NOSCRIPT answer ran nothing: its lost reply tests no replay
@@ -414,7 +414,7 @@ def _cli(*args, env):
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, '-m', 'rq_policies.cli', *args], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, '-m', 'rq_policies', *args], env=env, capture_output=True, text=True,
                           timeout=60)
 
 
@@ -443,7 +443,7 @@ def test_the_asyncio_door_takes_priority_out_of_the_call_too(connection, redis_u
 
     from redis.asyncio import Redis as AsyncRedis
 
-    from rq_policies.aio import AsyncPolicyQueue
+    from rq_policies.surfaces.aio import AsyncPolicyQueue
 
     async def main():
         client = AsyncRedis.from_url(redis_url)

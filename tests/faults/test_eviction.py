@@ -15,9 +15,10 @@ import pytest
 from click.testing import CliRunner
 from redis import Redis
 
-from rq_policies import PolicyQueue, health
-from rq_policies.cli import main
-from rq_policies.testing import RedisServer
+from rq_policies import PolicyQueue
+from rq_policies.engine import health
+from rq_policies.surfaces.cli import main
+from rq_policies.surfaces.testing import RedisServer
 from tests.helpers import with_root
 from tests.helpers.eviction_jobs import evict
 
@@ -85,7 +86,7 @@ def test_info_shows_the_keys_evicted(conn, server):
 
 def test_the_page_shows_the_keys_evicted(conn):
     pytest.importorskip('flask')
-    from rq_policies.dashboard import create_app
+    from rq_policies.surfaces.dashboard import create_app
 
     client = create_app(conn).test_client()
     state = client.get('/state.json').get_json()
@@ -102,7 +103,7 @@ def test_the_metrics_count_the_keys_evicted_and_say_whether_they_rose(conn):
     prometheus_client = pytest.importorskip('prometheus_client')
     from prometheus_client.parser import text_string_to_metric_families
 
-    from rq_policies.metrics import registry_for
+    from rq_policies.surfaces.metrics import registry_for
 
     registry = registry_for(conn)  # one collector: its first scrape is the baseline
 

@@ -22,8 +22,9 @@ from rq.job import Job
 from rq.job import Retry as JobRetry
 from rq.registry import ScheduledJobRegistry
 
-from rq_policies import Loner, PolicyQueue, PolicySimpleWorker, PolicyWorker, QueueSlot, keys, ledger, ops
-from rq_policies.compat import KEY_PREFIX as RQ
+from rq_policies import Loner, PolicyQueue, PolicySimpleWorker, PolicyWorker, QueueSlot
+from rq_policies.engine import keys, ledger, ops
+from rq_policies.engine.compat import KEY_PREFIX as RQ
 from tests.helpers import jobs, lcw_jobs
 from tests.helpers import throttle_jobs as tj
 from tests.helpers.faults import ADMIT_WRITE, FAULTS, burst, load, lose_reply, producer, queued, ran_ids
@@ -500,9 +501,9 @@ def test_a_plain_job_is_written_exactly_as_stock_rq_writes_it(connection, monkey
     import rq.job
     import rq.queue
 
-    import rq_policies.queue
+    import rq_policies.engine.queue
 
-    for module in (rq.job, rq.queue, rq_policies.queue):
+    for module in (rq.job, rq.queue, rq_policies.engine.queue):
         monkeypatch.setattr(module, 'now', lambda: FROZEN)
     monkeypatch.setattr(rq.job, 'uuid4', lambda: 'drawn-id')  # the same id for a job whose id rq draws
     PLAIN_DOORS[door](Queue('same', connection=connection))
@@ -686,8 +687,8 @@ def test_a_job_whose_fetch_reply_was_lost_is_taken_by_the_next_fetch_not_strande
     lost: the connection dropped, no retry left (redis-py's retries spent, the server restarting). The worker's next
     fetch sends the same claim token, so the claim record answers that job with its hold: the job runs, nothing is
     left on the intermediate list for rq's cleanup to fail unrun a minute later, and no second job is popped."""
-    from rq_policies.fetch import current_fetcher
-    from rq_policies.worker import _WorkerFetcher
+    from rq_policies.engine.fetch import current_fetcher
+    from rq_policies.engine.worker import _WorkerFetcher
 
     QueueSlot.set('lostread', 1, connection=connection)
     first = PolicyQueue('lostread', connection=connection).enqueue(jobs.plain, 1)

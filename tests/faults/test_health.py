@@ -10,8 +10,9 @@ import sys
 import pytest
 from redis import Redis
 
-from rq_policies import PolicyQueue, PolicySimpleWorker, health
-from rq_policies.compat import KEY_PREFIX as RQ
+from rq_policies import PolicyQueue, PolicySimpleWorker
+from rq_policies.engine import health
+from rq_policies.engine.compat import KEY_PREFIX as RQ
 
 
 @pytest.fixture
@@ -67,7 +68,7 @@ def test_a_worker_warns_at_start_under_an_evicting_policy(connection, policy_of,
 
 def test_info_reports_the_policy_and_its_warning(connection, policy_of, worker_env, redis_url):
     def info(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, '-m', 'rq_policies.cli', 'info', *args, '--url', redis_url],
+        return subprocess.run([sys.executable, '-m', 'rq_policies', 'info', *args, '--url', redis_url],
                               env=worker_env, capture_output=True, text=True, timeout=60)
 
     data = json.loads(info('--json').stdout)
@@ -86,7 +87,7 @@ def test_the_metric_is_1_under_an_evicting_policy(connection, policy_of):
     prometheus_client = pytest.importorskip('prometheus_client')
     from prometheus_client.parser import text_string_to_metric_families
 
-    from rq_policies.metrics import registry_for
+    from rq_policies.surfaces.metrics import registry_for
 
     def gauge() -> dict:
         text = prometheus_client.generate_latest(registry_for(connection)).decode()

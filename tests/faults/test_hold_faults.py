@@ -11,9 +11,10 @@ import signal
 
 import pytest
 
-from rq_policies import PolicyQueue, QueueSlot, keys
-from rq_policies.testing import RedisServer
-from rq_policies.worker import HOLD_TTL_ENV
+from rq_policies import PolicyQueue, QueueSlot
+from rq_policies.engine import keys
+from rq_policies.engine.worker import HOLD_TTL_ENV
+from rq_policies.surfaces.testing import RedisServer
 from tests.helpers import fault_jobs, jobs
 from tests.helpers.records import spans
 from tests.helpers.workers import output, start_worker, stop, wait_for

@@ -13,8 +13,8 @@ from redis import Redis
 from rq.job import Job
 
 from rq_policies import PolicyQueue
-from rq_policies.compat import KEY_PREFIX as RQ
-from rq_policies.testing import RedisServer
+from rq_policies.engine.compat import KEY_PREFIX as RQ
+from rq_policies.surfaces.testing import RedisServer
 from tests.helpers import with_root
 from tests.helpers.records import ran, server_now
 from tests.helpers.workers import output, start_worker, stop, wait_for, wait_idle

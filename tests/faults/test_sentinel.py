@@ -16,7 +16,7 @@ import time
 import pytest
 
 from rq_policies import PolicyQueue, QueueSlot
-from rq_policies.compat import KEY_PREFIX as RQ
+from rq_policies.engine.compat import KEY_PREFIX as RQ
 from tests.helpers import jobs
 from tests.helpers.sentinel_cluster import SentinelCluster
 from tests.helpers.workers import output, start_worker, wait_for

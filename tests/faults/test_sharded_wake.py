@@ -21,9 +21,10 @@ import time
 
 import pytest
 
-from rq_policies import PolicyQueue, keys
-from rq_policies.compat import RQ3
-from rq_policies.fetch import IDLE_POLL_SECONDS
+from rq_policies import PolicyQueue
+from rq_policies.engine import keys
+from rq_policies.engine.compat import RQ3
+from rq_policies.engine.fetch import IDLE_POLL_SECONDS
 from tests.helpers import jobs
 from tests.helpers.cluster import not_on_cluster
 from tests.helpers.wake import ROUNDS, WOKEN_WITHIN, cluster_worker, numsub, wake_delays
@@ -98,7 +99,7 @@ def test_a_refused_subscription_leaves_the_idle_wait_polling(connection, redis_u
     IDLE_POLL_SECONDS and then subscribes again."""
     from redis import Redis
 
-    from rq_policies.wake import WakeFetcher
+    from rq_policies.engine.wake import WakeFetcher
 
     connection.execute_command('ACL', 'SETUSER', 'nochannels', 'on', '>pw', '~*', 'resetchannels', '+@all')
     restricted = Redis.from_url(redis_url, username='nochannels', password='pw')
@@ -246,7 +247,7 @@ def test_the_idle_wait_wakes_on_fakeredis():
     waiting fetcher, and a capacity change does."""
     fakeredis = pytest.importorskip('fakeredis')
     from rq_policies import QueueSlot
-    from rq_policies.wake import WakeFetcher
+    from rq_policies.engine.wake import WakeFetcher
 
     fake = fakeredis.FakeRedis(server=fakeredis.FakeServer())
     fetcher = WakeFetcher(hold_ttl=30)

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from rq_policies import PolicyQueue, QueueSlot, keys
-from rq_policies.compat import KEY_PREFIX as RQ
+from rq_policies import PolicyQueue, QueueSlot
+from rq_policies.engine import keys
+from rq_policies.engine.compat import KEY_PREFIX as RQ
 from tests.helpers import jobs, soak
 from tests.helpers.workers import fetch_as_a_worker
 

@@ -21,7 +21,7 @@ import functools
 import importlib
 from typing import Any
 
-from rq_policies.policy import Policy, by_name
+from rq_policies.engine.policy import Policy, by_name
 from tests.helpers import TESTS
 
 

@@ -9,8 +9,8 @@ from tests.helpers.cluster import CLUSTER_CLASS, ON_CLUSTER
 
 
 def run(*args, env=None, url=None):
-    """Run ``rq-policies ARGS`` (as ``python -m rq_policies.cli``, so it needs no console script on the PATH)."""
-    full = [sys.executable, '-m', 'rq_policies.cli', *args]
+    """Run ``rq-policies ARGS`` (as ``python -m rq_policies``, so it needs no console script on the PATH)."""
+    full = [sys.executable, '-m', 'rq_policies', *args]
     if url is not None:
         full += ['--url', url, *(CLUSTER_CLASS if ON_CLUSTER else [])]
     return subprocess.run(full, env=env, capture_output=True, text=True, timeout=60)

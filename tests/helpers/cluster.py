@@ -15,7 +15,7 @@ import time
 from redis import Redis
 from redis.cluster import ClusterNode, RedisCluster
 
-from rq_policies.testing import RedisServer, free_port
+from rq_policies.surfaces.testing import RedisServer, free_port
 
 SLOTS = 16384
 

@@ -8,8 +8,9 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, TimeoutError
 from redis.retry import Retry
 
-from rq_policies import PolicyQueue, PolicySimpleWorker, scripts
-from rq_policies.compat import KEY_PREFIX as RQ
+from rq_policies import PolicyQueue, PolicySimpleWorker
+from rq_policies.engine import scripts
+from rq_policies.engine.compat import KEY_PREFIX as RQ
 
 #: What only an admission call that writes a job carries: EVALSHA (or EVAL) with the job's fields, ``created_at``
 #: among them (lua/admit.lua's inside its msgpack argument, lua/admit_narrow.lua's as its ARGV tail; a probe or a

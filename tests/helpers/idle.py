@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from rq_policies.testing import RedisServer
+from rq_policies.surfaces.testing import RedisServer
 
 #: The ways :func:`close_idle_connections` closes them.
 HOW = ('idle-timeout', 'restart')

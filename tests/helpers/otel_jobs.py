@@ -11,7 +11,7 @@ from typing import Any
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 
-import rq_policies.otel
+import rq_policies.surfaces.otel
 from rq_policies import PolicyWorker
 
 
@@ -40,7 +40,7 @@ class TracedWorker(PolicyWorker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(FileExporter(os.environ['RQ_POLICIES_SPAN_FILE'])))
-        rq_policies.otel.instrument(tracer_provider=provider)
+        rq_policies.surfaces.otel.instrument(tracer_provider=provider)
         super().__init__(*args, **kwargs)
 
 

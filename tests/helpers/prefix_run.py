@@ -21,8 +21,9 @@ from redis import Redis
 from rq import Queue
 from rq.job import Job
 
-from rq_policies import Debounce, Loner, PolicyQueue, QueueRate, QueueSlot, Throttle, keys
-from rq_policies.dashboard import data
+from rq_policies import Debounce, Loner, PolicyQueue, QueueRate, QueueSlot, Throttle
+from rq_policies.engine import keys
+from rq_policies.surfaces.dashboard import data
 from tests.helpers import jobs, key_jobs
 
 
@@ -65,7 +66,7 @@ def run(conn: Redis, url: str) -> None:
     QueueSlot.set('pfx-capped', 1, connection=conn)
     QueueRate.set('pfx-rated', 50, per=1, burst=5, connection=conn)
     # the CLI and the page, while jobs wait
-    cli = subprocess.run([sys.executable, '-m', 'rq_policies.cli', 'info', '--json', '--url', url],
+    cli = subprocess.run([sys.executable, '-m', 'rq_policies', 'info', '--json', '--url', url],
                          capture_output=True, text=True, timeout=60)
     page = data.overview(conn)
     time.sleep(1.2)  # the debounced and enqueue_in jobs fall due; the worker's fetch promotes them

@@ -11,7 +11,7 @@ from redis import Redis
 from rq import get_current_job
 
 from rq_policies import BackOff, PolicyWorker, Snooze
-from rq_policies.queue_rate import BACKOFFS_META, SNOOZES_META
+from rq_policies.policies.queue_rate.rules import BACKOFFS_META, SNOOZES_META
 
 
 def _job_conn() -> Redis:

@@ -7,7 +7,7 @@ import time
 from redis import Redis
 from redis.sentinel import Sentinel
 
-from rq_policies.testing import RedisServer, free_port
+from rq_policies.surfaces.testing import RedisServer, free_port
 
 
 class SentinelCluster:

@@ -72,10 +72,11 @@ from rq.registry import (
     StartedJobRegistry,
 )
 
-from rq_policies import PolicyQueue, QueueSlot, keys
-from rq_policies.compat import KEY_PREFIX as RQ
-from rq_policies.fetch import unpack_strings
-from rq_policies.testing import RedisServer
+from rq_policies import PolicyQueue, QueueSlot
+from rq_policies.engine import keys
+from rq_policies.engine.compat import KEY_PREFIX as RQ
+from rq_policies.engine.fetch import unpack_strings
+from rq_policies.surfaces.testing import RedisServer
 from tests.helpers import soak_jobs, with_root
 from tests.helpers.faultproxy import FaultProxy, retrying
 
@@ -667,7 +668,7 @@ def backlog(conn: Redis) -> dict:
         out[name] = {'queued': q.count, 'scheduled': ScheduledJobRegistry(queue=q).count,
                      'parked': DeferredJobRegistry(queue=q).count}  # per-key parked jobs must run too
         # A job popped by a worker that died before starting it sits in the intermediate list until a PolicyWorker
-        # hands it back to its queue (its take lapses hold_ttl after the fetch: rq_policies.fetch.hand_back), or,
+        # hands it back to its queue (its take lapses hold_ttl after the fetch: rq_policies.engine.fetch.hand_back), or,
         # its take lost with the data, rq's maintenance fails it: recoverable, not backlog.
         out[name + ':intermediate'] = {'awaiting_rq_recovery': conn.llen(q.intermediate_queue_key)}
     return out

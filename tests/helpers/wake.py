@@ -9,8 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-from rq_policies import PolicyQueue, keys
-from rq_policies.fetch import IDLE_POLL_SECONDS
+from rq_policies import PolicyQueue
+from rq_policies.engine import keys
+from rq_policies.engine.fetch import IDLE_POLL_SECONDS
 from tests.helpers import jobs
 from tests.helpers.workers import output, wait_for
 

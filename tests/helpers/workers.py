@@ -12,12 +12,25 @@ import tempfile
 import time
 from collections.abc import Callable
 
+from rq import Worker
+
 from rq_policies import PolicyQueue, PolicyWorker
-from rq_policies.compat import KEY_PREFIX
-from rq_policies.fetch import current_fetcher
-from rq_policies.worker import _WorkerFetcher
+from rq_policies.engine import compat
+from rq_policies.engine.compat import KEY_PREFIX
+from rq_policies.engine.fetch import current_fetcher
+from rq_policies.engine.worker import _WorkerFetcher
 from tests.helpers import with_root
 from tests.helpers.cluster import CLUSTER_CLASS, ON_CLUSTER, connect
+
+
+class StockWorker(Worker):
+    """rq's own ``Worker`` but for one thing: its command-channel thread looks at its stop flag every second, as a
+    PolicyWorker's does (``compat.subscribe``). rq starts that thread with a 60 s wait, and since redis-py 8.2 its
+    shutdown joins it, so a stock burst worker could take a minute to exit (rq's own behaviour, which a test of ours
+    waiting on a stock worker's exit would time out on). Its fetch, run and ending are rq's."""
+
+    def subscribe(self) -> None:
+        compat.subscribe(self)
 
 
 def start_worker(url: str, queues: list[str], env: dict, worker_class: str = 'rq_policies.PolicyWorker',
@@ -185,8 +198,9 @@ class StopAfterFetchQueue(PolicyQueue):
 def assert_given_up(connection, worker: subprocess.Popen, queue, job) -> None:
     """``worker`` quit with ``job`` taken and not started: its log names the job, the queue's holds are back (the
     queue is capped at 1 in these tests), and the job is back at the head of its queue (its worker handed its own
-    take back: rq_policies.fetch.hand_back), not left on the intermediate list for rq's cleanup to fail unrun."""
-    from rq_policies import QueueSlot, keys
+    take back: rq_policies.engine.fetch.hand_back), not left on the intermediate list for rq's cleanup to fail unrun."""
+    from rq_policies import QueueSlot
+    from rq_policies.engine import keys
 
     assert f"job {job.id} was taken from '{queue.name}' but not started (StopRequested); its holds are given " \
            'back, and it is back on its queue' in output(worker)

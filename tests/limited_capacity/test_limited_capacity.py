@@ -14,9 +14,10 @@ import pytest
 from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry
 
-from rq_policies import LimitedCapacityWorker, PolicyQueue, PolicySimpleWorker, keys
-from rq_policies.compat import KEY_PREFIX as RQ
-from rq_policies.ledger import Hold, acquire_call
+from rq_policies import LimitedCapacityWorker, PolicyQueue, PolicySimpleWorker
+from rq_policies.engine import keys
+from rq_policies.engine.compat import KEY_PREFIX as RQ
+from rq_policies.engine.ledger import Hold, acquire_call
 from tests.helpers import EXAMPLES, lcw_jobs
 from tests.helpers.cluster import CLUSTER_CLASS, ON_CLUSTER, not_on_cluster
 from tests.helpers.workers import stop, wait_for
@@ -226,7 +227,7 @@ def test_failure_is_logged_released_and_not_re_enqueued(connection, caplog):
 
 @pytest.mark.parametrize('worker_class', [
     'rq_policies.PolicyWorker',
-    pytest.param('rq.worker.Worker', marks=not_on_cluster(
+    pytest.param('tests.helpers.workers.StockWorker', marks=not_on_cluster(
         "rq 3's own Worker does not start on a cluster (it reads connection.connection_pool)")),
 ])
 def test_real_workers_never_exceed_max_and_drain(connection, worker_env, redis_url, worker_class, tmp_path):

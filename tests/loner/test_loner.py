@@ -11,8 +11,9 @@ from rq.decorators import job as job_decorator
 from rq.job import Job, JobStatus
 from rq.registry import ScheduledJobRegistry
 
-from rq_policies import Loner, PipelineNotSupported, PolicyJob, PolicyQueue, PolicySimpleWorker, keys
-from rq_policies.compat import KEY_PREFIX as RQ
+from rq_policies import Loner, PipelineNotSupported, PolicyJob, PolicyQueue, PolicySimpleWorker
+from rq_policies.engine import keys
+from rq_policies.engine.compat import KEY_PREFIX as RQ
 from tests.helpers import jobs
 from tests.helpers.workers import race
 
@@ -336,7 +337,7 @@ def test_worker_keeps_a_custom_queue_class_visible(connection):
 
 def test_an_unimportable_path_warns_once_that_it_gets_no_policy(connection, caplog):
     """A typo in an enqueue path must not silently switch a Loner off."""
-    from rq_policies import queue as queue_module
+    from rq_policies.engine import queue as queue_module
 
     q = PolicyQueue('q', connection=connection)
     path = 'tests.helpers.jobs.sweep_cahce'  # sic

@@ -21,12 +21,11 @@ from rq_policies import (
     PolicySimpleWorker,
     Throttle,
     explain,
-    keys,
-    ops,
     policy,
-    state,
 )
-from rq_policies.compat import KEY_PREFIX as RQ
+from rq_policies.engine import keys, ops
+from rq_policies.engine.compat import KEY_PREFIX as RQ
+from rq_policies.surfaces import state
 from tests.helpers import jobs, lock_jobs
 from tests.helpers.workers import output, race, start_worker, stop, wait_for
 
@@ -292,13 +291,13 @@ def test_the_end_of_run_release_adds_no_round_trip(connection, redis_url, worker
 @pytest.mark.parametrize('mode', [Loner(), Loner(until='finished'), Loner(on_conflict='raise'),
                                   Loner(until='finished', on_conflict='raise')], ids=repr)
 def test_every_dropping_mode_takes_the_hinted_fast_path_and_counts(connection, monkeypatch, mode):
-    from rq_policies import admission
+    from rq_policies.engine import admission
 
     q = PolicyQueue('hinted', connection=connection)
     first = q.enqueue(lock_jobs.raising, 7, policy=mode)
     probes = []
-    real_probe = admission.probe
-    monkeypatch.setattr(admission, 'probe', lambda *a, **k: probes.append(1) or real_probe(*a, **k))
+    real_probe = admission.probed
+    monkeypatch.setattr(admission, 'probed', lambda *a, **k: probes.append(1) or real_probe(*a, **k))
     for _ in range(3):
         try:
             assert q.enqueue(lock_jobs.raising, 7, policy=mode) is None

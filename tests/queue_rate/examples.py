@@ -1,7 +1,7 @@
 """QueueRate's contract cases (tests/helpers/cases.py finds them by the policy's registered name). Its example
 settings are ``QueueRate.setting_examples()``, which the dashboard uses too."""
 
-from rq_policies.policy import MAX_CAPACITY, MAX_SECONDS
+from rq_policies.engine.policy import MAX_CAPACITY, MAX_SECONDS
 
 #: Settings ``QueueRate.configure`` (and ``QueueRate.set``) refuses, each with the argument its error names.
 INVALID = {

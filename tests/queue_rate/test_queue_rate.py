@@ -21,19 +21,11 @@ from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.registry import FailedJobRegistry
 
-from rq_policies import (
-    BackOff,
-    PolicyQueue,
-    PolicySimpleWorker,
-    QueueRate,
-    QueueSlot,
-    RateStatus,
-    Snooze,
-    keys,
-)
-from rq_policies.compat import KEY_PREFIX as RQ
-from rq_policies.fetch import Claim, Fetcher, FetchReply, Look, dequeue, fetch_call, read_reply
-from rq_policies.queue_rate import BACKOFFS_META, SNOOZES_META
+from rq_policies import BackOff, PolicyQueue, PolicySimpleWorker, QueueRate, QueueSlot, RateStatus, Snooze
+from rq_policies.engine import keys
+from rq_policies.engine.compat import KEY_PREFIX as RQ
+from rq_policies.engine.fetch import Claim, Fetcher, FetchReply, Look, dequeue, fetch_call, read_reply
+from rq_policies.policies.queue_rate.rules import BACKOFFS_META, SNOOZES_META
 from tests.helpers import cases, key_jobs
 from tests.helpers.cluster import ON_CLUSTER, not_on_cluster
 from tests.helpers.rate_jobs import back_off_once, note_failure, record_and_sleep, record_start, snooze_times
@@ -518,7 +510,7 @@ def test_cli_refuses_an_unknown_queue_unless_forced(connection, cli_env, redis_u
 
 def test_metrics_show_the_rate_tokens_and_backoff(connection):
     prometheus_client = pytest.importorskip('prometheus_client')
-    from rq_policies.metrics import PolicyCollector
+    from rq_policies.surfaces.metrics import PolicyCollector
 
     registry = prometheus_client.CollectorRegistry()
     registry.register(PolicyCollector(connection))

@@ -1,7 +1,7 @@
 """QueueSlot's contract cases (tests/helpers/cases.py finds them by the policy's registered name). Its example
 settings are ``QueueSlot.setting_examples()``, which the dashboard uses too."""
 
-from rq_policies.policy import MAX_CAPACITY
+from rq_policies.engine.policy import MAX_CAPACITY
 
 #: Settings ``QueueSlot.configure`` refuses, each with the argument its error names.
 INVALID = {

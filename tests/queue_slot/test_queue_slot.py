@@ -18,11 +18,12 @@ from rq.exceptions import DequeueTimeout
 from rq.job import Job, JobStatus, Retry
 from rq.queue import Queue
 
-from rq_policies import Cap, PolicyQueue, PolicySimpleWorker, PolicyWorker, QueueSlot, keys, ops
-from rq_policies.compat import KEY_PREFIX as RQ
-from rq_policies.fetch import Fetcher, FetchReply, current_fetcher, fetch_call
-from rq_policies.ledger import Hold, Ledger, acquire_call
-from rq_policies.worker import HOLD_TTL_ENV, _WorkerFetcher
+from rq_policies import Cap, PolicyQueue, PolicySimpleWorker, PolicyWorker, QueueSlot
+from rq_policies.engine import keys, ops
+from rq_policies.engine.compat import KEY_PREFIX as RQ
+from rq_policies.engine.fetch import Fetcher, FetchReply, current_fetcher, fetch_call
+from rq_policies.engine.ledger import Hold, Ledger, acquire_call
+from rq_policies.engine.worker import HOLD_TTL_ENV, _WorkerFetcher
 from tests.helpers import jobs
 from tests.helpers.records import server_now
 from tests.helpers.workers import fetch_as_a_worker
@@ -91,8 +92,8 @@ def test_refresh_script_extends_live_holds_and_re_adds_and_counts_lapsed_ones(co
 
 
 def _dequeue_script(conn: Redis, queues: list[Queue], token: str, ttl: int = 30) -> list:
-    """The fetch reply (decoded by rq_policies.fetch.FetchReply) as ``[queue index, job id, QueueSlot's hold: 1 or 0]``,
-    or ``[0, waiting, index of each skipped queue...]`` when it took nothing."""
+    """The fetch reply (decoded by rq_policies.engine.fetch.FetchReply) as ``[queue index, job id, QueueSlot's hold: 1
+    or 0]``, or ``[0, waiting, index of each skipped queue...]`` when it took nothing."""
     found = FetchReply.decode(fetch_call(queues, token, ttl, Job.redis_job_namespace_prefix).run(conn))
     if found.job is not None:
         return [found.queue, found.job, int(dict(found.holds).get(QueueSlot.name) == '1')]

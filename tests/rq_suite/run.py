@@ -9,7 +9,7 @@ The drop-in check: rq-policies' classes should pass the tests rq's own classes p
 
 It downloads the sdist of the installed rq version with pip (cached in ``$RQ_SUITE_CACHE``, by default
 ``~/.cache/rq-policies/rq-suite``), copies its ``tests/`` to a temporary directory, starts a throwaway server
-(:class:`rq_policies.testing.RedisServer`) on a free port, points rq's tests at it (they hard-code
+(:class:`rq_policies.surfaces.testing.RedisServer`) on a free port, points rq's tests at it (they hard-code
 ``localhost:6379``), and runs pytest with the plugin ``rq_suite_substitute.py`` next to this file. The stock run
 passes in full (bar a timing-sensitive worker-pool test on a loaded machine). It needs
 ``psutil`` (one of rq's test dependencies). It prints the failing tests and the counts; the exit status is pytest's.
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         import psutil  # noqa: F401
     except ImportError:
         parser.error("rq's tests need psutil: pip install psutil")
-    from rq_policies.testing import RedisServer
+    from rq_policies.surfaces.testing import RedisServer
 
     rq_version = version('rq')
     root = sdist_tests(rq_version, args.cache)

@@ -1,4 +1,4 @@
-"""The admin API (rq_policies.admin): every run-time setting family has set/get/clear/status with one shape.
+"""The admin API (rq_policies.engine.admin): every run-time setting family has set/get/clear/status with one shape.
 
 One parametrized test per promise, over every family: the types returned, the argument order (what, then the values,
 then connection=), the errors on bad input (InvalidSetting naming the argument and the value, and nothing in Redis
@@ -30,9 +30,9 @@ from rq_policies import (
     RateStatus,
     SlotStatus,
     UnknownQueueWarning,
-    ledger,
 )
-from rq_policies.fetch import Claim, Look, fetch_call, read_reply
+from rq_policies.engine import ledger
+from rq_policies.engine.fetch import Claim, Look, fetch_call, read_reply
 from tests.helpers import key_jobs
 
 
@@ -110,7 +110,7 @@ def snapshot(conn) -> dict[bytes, Any]:
 def answers(conn) -> dict[bytes, bytes]:
     """The answers admin calls keep (``rq:policies:answer:<request id>``, lua/lib/answer.lua), each checked to expire
     within a minute."""
-    from rq_policies import keys
+    from rq_policies.engine import keys
 
     found = {}
     for key in conn.scan_iter(match=keys.answer('*'), count=1000):
@@ -334,7 +334,7 @@ def _proxied(fault_proxy):
 def _loaded(connection, *names):
     """The server knows these scripts: the first attempt runs the script (a NOSCRIPT answer ran nothing, and its lost
     reply would test no replay)."""
-    from rq_policies import scripts
+    from rq_policies.engine import scripts
 
     for name in names:
         connection.script_load(scripts.script(name).script)
@@ -343,7 +343,8 @@ def _loaded(connection, *names):
 def test_a_reset_whose_reply_is_lost_answers_the_first_runs_count(connection, fault_proxy):
     """``PolicyQueue.reset`` (``rq-policies reset``, the dashboard's reset) counts the keys it removed: its replay
     after a lost reply removed nothing more and answered 0; it answers the first run's count now."""
-    from rq_policies import Loner, Throttle, keys
+    from rq_policies import Loner, Throttle
+    from rq_policies.engine import keys
 
     PolicyQueue('admin-q', connection=connection).enqueue(key_jobs.per_shop, 't', shop='x',
                                                           policy=[Loner(), Throttle(3600)])

@@ -1,4 +1,4 @@
-"""The asyncio doors (rq_policies.aio.AsyncPolicyQueue) against the real server: the same verdicts as the
+"""The asyncio doors (rq_policies.surfaces.aio.AsyncPolicyQueue) against the real server: the same verdicts as the
 synchronous doors, one job per identity under 1,000 concurrent tasks, a free event loop, whole-or-nothing under
 cancellation, and one job after lost replies. Loops run with asyncio.run in plain tests (no pytest-asyncio)."""
 
@@ -22,8 +22,8 @@ from rq.job import Job
 from rq.registry import ScheduledJobRegistry
 
 from rq_policies import Concurrency, Loner, PolicyQueue
-from rq_policies.aio import AsyncDoorError, AsyncPolicyQueue
-from rq_policies.compat import KEY_PREFIX as RQ
+from rq_policies.engine.compat import KEY_PREFIX as RQ
+from rq_policies.surfaces.aio import AsyncDoorError, AsyncPolicyQueue
 from tests.helpers import jobs, with_root
 from tests.helpers.cluster import ON_CLUSTER, aconnect, not_on_cluster
 
@@ -108,6 +108,45 @@ def test_enqueue_at_in_force_reset_many_and_explain(connection, redis_url):
     assert many[0] is not None and many[1] is None and many[2].id == 'chosen'
     assert removed >= 1 and after_reset is False
     assert why['status'] == 'queued' and why['queue'] == 'aio'
+
+
+def test_the_async_door_sends_the_narrow_script_where_the_sync_door_does(connection, redis_url, monkeypatch):
+    """The same script for the same call as the synchronous door: ``lua/admit_narrow.lua`` for a job without a policy
+    and a Loner alone that drops or raises, ``lua/admit.lua`` for the rest (a Loner that replaces, a force)."""
+    from rq_policies.engine import scripts
+    from rq_policies.surfaces import aio
+
+    sent: list[str] = []
+    real_async, real_sync = aio.run_call, scripts.run_leased
+
+    async def spy(call, client):
+        sent.append(call.script)
+        return await real_async(call, client)
+
+    monkeypatch.setattr(aio, 'run_call', spy)
+    monkeypatch.setattr(scripts, 'run_leased', lambda name, *a, **k: sent.append(name) or real_sync(name, *a, **k))
+
+    def calls(q):
+        return [(q.enqueue, (jobs.record_plain, 'a')), (q.enqueue, (jobs.record_plain, 'b'), {'policy': Loner()}),
+                (q.enqueue, (jobs.record_plain, 'c'), {'policy': Loner(on_conflict='raise')}),
+                (q.enqueue, (jobs.record_plain, 'd'), {'policy': Loner(on_conflict='replace')}),
+                (q.force, (jobs.record_plain, 'b'), {'policy': Loner()})]
+
+    async def main():
+        client = _client(redis_url)
+        q = AsyncPolicyQueue('aio-narrow', connection=client)
+        for door, args, *kwargs in calls(q):
+            assert await door(*args, **(kwargs[0] if kwargs else {})) is not None
+        await client.aclose()
+
+    _run(main())
+    async_sent = list(sent)
+    sent.clear()
+    connection.flushdb()
+    q = PolicyQueue('aio-narrow', connection=connection)
+    for door, args, *kwargs in calls(q):
+        assert door(*args, **(kwargs[0] if kwargs else {})) is not None
+    assert async_sent == sent == ['admit_narrow'] * 3 + ['admit'] * 2
 
 
 def test_refused_options_name_the_sync_path(connection, redis_url):
@@ -373,7 +412,7 @@ def test_lost_replies_on_the_async_path_leave_one_job(connection, fault_proxy):
 def test_an_async_reset_whose_reply_is_lost_answers_the_first_runs_count(connection, fault_proxy):
     """``AsyncPolicyQueue.reset`` runs the same script as the synchronous one: its replay answers the first run's
     count (it answered 0 before: the first attempt had removed the marker)."""
-    from rq_policies import scripts
+    from rq_policies.engine import scripts
 
     connection.script_load(scripts.script('reset').script)  # a NOSCRIPT answer ran nothing: no replay to test
 
@@ -463,7 +502,7 @@ def test_the_first_async_door_call_after_the_server_closed_its_connection_succee
     """The synchronous doors' lease had to learn to find a connection the server closed while idle
     (tests/engine/test_lease.py); the async door takes redis-py's asyncio pool, whose checkout finds it: held here,
     with a ``from_url`` client (no Retry), after the server's ``timeout`` closed the connection and after a restart."""
-    from rq_policies.testing import RedisServer
+    from rq_policies.surfaces.testing import RedisServer
     from tests.helpers import fair_jobs
     from tests.helpers.idle import close_idle_connections
 

@@ -9,8 +9,9 @@ import re
 import pytest
 from rq.job import Job
 
-from rq_policies import Cap, PolicyQueue, QueueSlot, Throttle, identity, keys
-from rq_policies.compat import KEY_PREFIX as RQ
+from rq_policies import Cap, PolicyQueue, QueueSlot, Throttle
+from rq_policies.engine import identity, keys
+from rq_policies.engine.compat import KEY_PREFIX as RQ
 from tests.helpers import jobs
 from tests.helpers.cli import assert_one_line_error, run
 

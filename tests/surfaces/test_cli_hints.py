@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from rq_policies import Concurrency, PolicyQueue, QueueRate, QueueSlot, Throttle
-from rq_policies.cli import main
-from rq_policies.compat import KEY_PREFIX as RQ
+from rq_policies.engine.compat import KEY_PREFIX as RQ
+from rq_policies.surfaces.cli import main
 from tests.helpers import jobs, key_jobs
 
 UNREACHABLE = 'redis://127.0.0.1:1/0'

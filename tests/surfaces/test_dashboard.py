@@ -32,14 +32,14 @@ from rq_policies import (  # noqa: E402
     QueueSlot,
     Rate,
     Throttle,
-    keys,
-    state,
 )
-from rq_policies.concurrency import PANEL_BUDGET  # noqa: E402
-from rq_policies.dashboard import create_app, data  # noqa: E402
-from rq_policies.dashboard.web import CSRF_COOKIE  # noqa: E402
-from rq_policies.fetch import Claim, Look  # noqa: E402
-from rq_policies.policy import _REGISTRY, ADMISSION, AdmissionPolicy, registered  # noqa: E402
+from rq_policies.engine import keys  # noqa: E402
+from rq_policies.engine.fetch import Claim, Look  # noqa: E402
+from rq_policies.engine.policy import _REGISTRY, ADMISSION, AdmissionPolicy, registered  # noqa: E402
+from rq_policies.policies.concurrency.rules import PANEL_BUDGET  # noqa: E402
+from rq_policies.surfaces import state  # noqa: E402
+from rq_policies.surfaces.dashboard import create_app, data  # noqa: E402
+from rq_policies.surfaces.dashboard.web import CSRF_COOKIE  # noqa: E402
 from tests.helpers import PACKAGE, fetches  # noqa: E402
 
 XSS = '<script>alert(1)</script>'
@@ -747,9 +747,9 @@ def test_every_page_asset_is_package_data_of_the_wheel():
     globs = next(
         ast.literal_eval(v)
         for k, v in zip(package_data.keys, package_data.values)
-        if k is not None and ast.literal_eval(k) == 'rq_policies.dashboard'
+        if k is not None and ast.literal_eval(k) == 'rq_policies.surfaces.dashboard'
     )
-    root = PACKAGE / 'dashboard'
+    root = PACKAGE / 'surfaces' / 'dashboard'
     assets = {p.relative_to(root) for p in root.rglob('*') if p.is_file() and p.suffix in ('.html', '.js', '.css')}
     assert assets and all(any(asset.match(g) for g in globs) for asset in assets), (assets, globs)
 
@@ -763,7 +763,7 @@ def _free_port() -> int:
 def test_the_command_serves_on_localhost_read_only_and_stops_on_sigterm(connection, redis_url):
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, '-m', 'rq_policies.cli', 'dashboard', '--port', str(port), '--url', redis_url],
+        [sys.executable, '-m', 'rq_policies', 'dashboard', '--port', str(port), '--url', redis_url],
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -780,7 +780,7 @@ def test_the_command_serves_on_localhost_read_only_and_stops_on_sigterm(connecti
 
 def test_bad_port_is_refused_before_connecting():
     result = subprocess.run(
-        [sys.executable, '-m', 'rq_policies.cli', 'dashboard', '--port', '70000'], capture_output=True, text=True
+        [sys.executable, '-m', 'rq_policies', 'dashboard', '--port', '70000'], capture_output=True, text=True
     )
     assert result.returncode == 2 and "Invalid value for '--port'" in result.stderr
 
@@ -789,7 +789,7 @@ def test_mounted_under_rq_dashboard(connection, redis_url):
     rq_dashboard_cli = pytest.importorskip('rq_dashboard.cli', reason='rq-dashboard is not installed')
     from rq_dashboard.web import setup_rq_connection
 
-    from rq_policies.contrib.rq_dashboard import blueprint
+    from rq_policies.surfaces.contrib.rq_dashboard import blueprint
 
     PolicyQueue(XSS, connection=connection).enqueue(jobs.plain, 1, policy=Loner())
     app = rq_dashboard_cli.make_flask_app(None, None, None, '/rq')

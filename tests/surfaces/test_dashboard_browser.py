@@ -56,7 +56,7 @@ if not _why:
     from selenium.webdriver.support.ui import WebDriverWait
 
     from rq_policies import Cap, Fair, Loner, PolicyQueue, QueueRate, QueueSlot
-    from rq_policies.dashboard import create_app
+    from rq_policies.surfaces.dashboard import create_app
 
 
 @pytest.fixture(scope='module')
@@ -160,7 +160,7 @@ def test_live_holds_rates_and_drops_standalone_and_inside_rq_dashboard(
     rq_dashboard_cli = pytest.importorskip('rq_dashboard.cli', reason='rq-dashboard is not installed')
     from rq_dashboard.web import setup_rq_connection
 
-    from rq_policies.contrib.rq_dashboard import blueprint
+    from rq_policies.surfaces.contrib.rq_dashboard import blueprint
 
     QueueSlot.set('capped', 1, connection=connection)
     QueueRate.set('rated', 1, 2, connection=connection)
@@ -169,7 +169,7 @@ def test_live_holds_rates_and_drops_standalone_and_inside_rq_dashboard(
         [
             sys.executable,
             '-m',
-            'rq_policies.cli',
+            'rq_policies',
             'dashboard',
             '--port',
             str(port),

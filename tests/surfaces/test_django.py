@@ -14,7 +14,7 @@ if importlib.util.find_spec('django_rq') is None:  # importing it needs configur
     pytest.skip('django-rq is not installed', allow_module_level=True)
 
 from rq_policies import PolicyQueue, PolicyWorker, QueueSlot  # noqa: E402
-from rq_policies.compat import KEY_PREFIX as RQ  # noqa: E402
+from rq_policies.engine.compat import KEY_PREFIX as RQ  # noqa: E402
 from tests.helpers import jobs  # noqa: E402
 
 SETTINGS = 'tests.helpers.django_settings'
@@ -40,7 +40,7 @@ def policy_django_queue_settings():
     from django.conf import settings
     from django.test import override_settings
 
-    return override_settings(RQ=dict(settings.RQ, QUEUE_CLASS='rq_policies.contrib.django.PolicyDjangoQueue'))
+    return override_settings(RQ=dict(settings.RQ, QUEUE_CLASS='rq_policies.surfaces.contrib.django.PolicyDjangoQueue'))
 
 
 def test_settings_select_policy_queue_and_worker(django_rq, connection):
@@ -90,7 +90,7 @@ def test_rqworker_command_runs_policy_worker_under_a_cap(django_rq, connection, 
 def test_policy_django_queue_defers_to_commit_and_admits_then(django_rq, connection):
     from django.db import transaction
 
-    from rq_policies.contrib.django import PolicyDjangoQueue
+    from rq_policies.surfaces.contrib.django import PolicyDjangoQueue
 
     with policy_django_queue_settings():
         queue = django_rq.get_queue('default')
@@ -162,7 +162,7 @@ def test_a_call_held_for_the_request_end_is_recorded_as_django_rq_records_it(dja
     from django_rq import thread_queue
     from django_rq.queues import DjangoRQ
 
-    from rq_policies.contrib.django import PolicyDjangoQueue
+    from rq_policies.surfaces.contrib.django import PolicyDjangoQueue
 
     def recorded(queue):
         thread_queue.clear()

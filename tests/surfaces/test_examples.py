@@ -16,7 +16,7 @@ import pytest
 from rq.job import Job
 from rq.registry import FinishedJobRegistry
 
-from rq_policies.compat import KEY_PREFIX as RQ
+from rq_policies.engine.compat import KEY_PREFIX as RQ
 from tests.helpers import EXAMPLES, ROOT, TESTS
 
 #: Examples run by a test elsewhere, and the test that runs it (its path under tests/).

@@ -21,10 +21,10 @@ from rq_policies import (
     Throttle,
     UnknownJob,
     explain,
-    keys,
 )
-from rq_policies.compat import KEY_PREFIX as RQ
-from rq_policies.explainer import lines
+from rq_policies.engine import keys
+from rq_policies.engine.compat import KEY_PREFIX as RQ
+from rq_policies.surfaces.explainer import lines
 from tests.helpers import jobs, lock_jobs
 from tests.helpers.workers import start_worker, stop, wait_for
 
@@ -102,7 +102,7 @@ def test_a_queue_at_its_cap_names_its_holders(connection):
 
 def test_the_command_prints_lines_or_json_and_one_line_errors(connection, redis_url, worker_env):
     job = PolicyQueue('ex-cli', connection=connection).enqueue(jobs.sweep_cache, 1)
-    base = [sys.executable, '-m', 'rq_policies.cli', 'explain']
+    base = [sys.executable, '-m', 'rq_policies', 'explain']
     out = subprocess.run(base + [job.id, '--url', redis_url], env=worker_env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[0] == f"job {job.id}: queued, queue 'ex-cli', position 0"

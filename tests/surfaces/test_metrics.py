@@ -12,16 +12,16 @@ import pytest
 from redis import Redis
 
 from rq_policies import PolicyQueue, QueueSlot
-from rq_policies.ledger import Hold, acquire_call
-from rq_policies.testing import free_port
+from rq_policies.engine.ledger import Hold, acquire_call
+from rq_policies.surfaces.testing import free_port
 from tests.helpers import jobs, lcw_jobs
 from tests.helpers.cluster import CLUSTER_CLASS, ON_CLUSTER
 
 prometheus_client = pytest.importorskip('prometheus_client')
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from rq_policies.compat import KEY_PREFIX as RQ  # noqa: E402
-from rq_policies.metrics import PolicyCollector, registry_for  # noqa: E402
+from rq_policies.engine.compat import KEY_PREFIX as RQ  # noqa: E402
+from rq_policies.surfaces.metrics import PolicyCollector, registry_for  # noqa: E402
 
 
 def samples(text):
@@ -86,8 +86,8 @@ def test_drops_count_from_every_producer_process(connection, worker_env, redis_u
 
 
 def test_hold_lapses_are_exported_per_queue(connection):
-    from rq_policies import keys
-    from rq_policies.ledger import Hold, Ledger
+    from rq_policies.engine import keys
+    from rq_policies.engine.ledger import Hold, Ledger
 
     hold = Hold(keys.holds('lapsing:q'), 'gone', 30)
     Ledger([hold]).refresh(connection)  # found absent under its (running) job: re-added and counted
@@ -119,7 +119,7 @@ def start_exporter(worker_env, redis_url):
     """An exporter subprocess on a free port, once it answers; returns (proc, port, first body)."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, '-m', 'rq_policies.cli', 'exporter', '--port', str(port), '--addr', '127.0.0.1',
+        [sys.executable, '-m', 'rq_policies', 'exporter', '--port', str(port), '--addr', '127.0.0.1',
          '--url', redis_url, *(CLUSTER_CLASS if ON_CLUSTER else [])],
         env=worker_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
@@ -202,7 +202,7 @@ def test_exporter_port_in_use_is_one_line(worker_env, redis_url):
         taken.listen(1)
         port = taken.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, '-m', 'rq_policies.cli', 'exporter', '--port', str(port), '--addr', '127.0.0.1',
+            [sys.executable, '-m', 'rq_policies', 'exporter', '--port', str(port), '--addr', '127.0.0.1',
              '--url', redis_url],
             env=worker_env, capture_output=True, text=True, timeout=30,
         )
@@ -215,8 +215,8 @@ def test_importing_rq_policies_does_not_need_prometheus_client(worker_env):
     # Block the module and import the package: the extra stays optional.
     code = (
         'import sys; sys.modules["prometheus_client"] = None\n'
-        'import rq_policies, rq_policies.cli, rq_policies.state\n'
-        'try:\n    import rq_policies.metrics\nexcept ImportError as exc:\n    print(exc)\n'
+        'import rq_policies, rq_policies.surfaces.cli, rq_policies.surfaces.state\n'
+        'try:\n    import rq_policies.surfaces.metrics\nexcept ImportError as exc:\n    print(exc)\n'
     )
     result = subprocess.run([sys.executable, '-c', code], env=worker_env, capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr

@@ -1,5 +1,6 @@
-"""OpenTelemetry (rq_policies.otel): one span per door decision with its attributes, the producer's context carried
-on the job to a real forking PolicyWorker's span, metrics, and nothing of OpenTelemetry imported or done while off."""
+"""OpenTelemetry (rq_policies.surfaces.otel): one span per door decision with its attributes, the producer's context
+carried on the job to a real forking PolicyWorker's span, metrics, and nothing of OpenTelemetry imported or done while
+off."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 from redis.asyncio import Redis as AsyncRedis  # noqa: E402
 
-import rq_policies.otel as otel  # noqa: E402
+import rq_policies.surfaces.otel as otel  # noqa: E402
 from rq_policies import Concurrency, DuplicateJob, Loner, PolicyQueue  # noqa: E402
-from rq_policies.aio import AsyncPolicyQueue  # noqa: E402
+from rq_policies.surfaces.aio import AsyncPolicyQueue  # noqa: E402
 from tests.helpers import jobs  # noqa: E402
 from tests.helpers.workers import output, start_worker  # noqa: E402
 
@@ -135,6 +136,27 @@ def test_off_means_nothing(connection):
     assert 'traceparent' not in Job.fetch(job.id, connection=connection).meta
 
 
+def test_instrument_registers_its_observers_once_and_uninstrument_removes_them(connection):
+    """Tracing watches from above: instrument() adds its door and run observers to the engine's lists (once, however
+    often it is called), uninstrument() takes them out, and the doors are left with nothing to call."""
+    from rq_policies.engine import events
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    try:
+        for _ in range(2):
+            otel.instrument(tracer_provider=provider, meter_provider=MeterProvider())
+        assert events.DOORS == [otel.observe] and events.RUNS == [otel.perform]
+        PolicyQueue('otel', connection=connection).enqueue(jobs.record, 'twice')
+        assert [span.name for span in exporter.get_finished_spans()] == ['send otel']  # one span, not two
+    finally:
+        otel.uninstrument()
+    assert events.DOORS == [] and events.RUNS == [] and otel.TRACER is None
+    PolicyQueue('otel', connection=connection).enqueue(jobs.record, 'after')
+    assert len(exporter.get_finished_spans()) == 1
+
+
 def test_not_installed_imports_nothing(redis_url, worker_env):
     """With opentelemetry unimportable (a meta-path hook refuses it), every module loads and the doors work; nothing
     imported it; ``instrument()`` says which extra to install."""
@@ -148,18 +170,19 @@ def test_not_installed_imports_nothing(redis_url, worker_env):
         import asyncio
         from redis import Redis
         from redis.asyncio import Redis as AsyncRedis
-        from tests.helpers import jobs; import rq_policies, rq_policies.aio, rq_policies.otel, rq_policies.worker
+        from tests.helpers import jobs; import rq_policies, rq_policies.surfaces.aio, rq_policies.surfaces.otel
+        import rq_policies.engine.worker
         url = sys.argv[1]
         assert rq_policies.PolicyQueue('noot', connection=Redis.from_url(url)).enqueue(jobs.record, 'n') is not None
         async def main():
             client = AsyncRedis.from_url(url)
-            job = await rq_policies.aio.AsyncPolicyQueue('noot', connection=client).enqueue(jobs.record, 'm')
+            job = await rq_policies.surfaces.aio.AsyncPolicyQueue('noot', connection=client).enqueue(jobs.record, 'm')
             await client.aclose()
             return job
         assert asyncio.run(main()) is not None
         assert not [m for m in sys.modules if m.startswith('opentelemetry')]
         try:
-            rq_policies.otel.instrument()
+            rq_policies.surfaces.otel.instrument()
         except ImportError as exc:
             assert "rq-policies[otel]" in str(exc), exc
             print('ok')
@@ -217,7 +240,7 @@ def _fetch_all(connection, names=('keys',)):
     """Fetch (as a PolicyWorker's fetch script does) until nothing can be taken: full keys park their jobs."""
     from rq.queue import Queue
 
-    from rq_policies.fetch import Look, fetch_call, read_reply
+    from rq_policies.engine.fetch import Look, fetch_call, read_reply
 
     taken = []
     for i in range(50):
@@ -233,7 +256,7 @@ def _fetch_all(connection, names=('keys',)):
 def test_a_parked_then_promoted_job_keeps_its_producer_context(connection, traced):
     from rq.job import Job
 
-    from rq_policies.fetch import release_claim
+    from rq_policies.engine.fetch import release_claim
     from tests.helpers import key_jobs
 
     exporter, reader, tracer = traced

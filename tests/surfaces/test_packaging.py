@@ -46,7 +46,7 @@ def test_wheel_runs_from_a_fresh_venv(wheel, tmp_path, redis_url):
     subprocess.run([str(python), '-m', 'pip', 'install', '-q', str(wheel)], check=True, env=env)
     script = textwrap.dedent(
         f"""
-        import rq_policies, rq_policies.scripts as s
+        import rq_policies, rq_policies.engine.scripts as s
         from redis import Redis
         from rq_policies import PolicyQueue, Loner
         assert 'site-packages' in str(s._lua_root()), s._lua_root()

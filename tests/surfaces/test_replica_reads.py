@@ -27,10 +27,12 @@ import pytest
 from redis import Redis
 from redis.commands import READ_COMMANDS
 
-from rq_policies import Concurrency, Loner, PolicyQueue, QueueSlot, Throttle, keys, replicas
-from rq_policies.compat import RQ3
-from rq_policies.exceptions import PolicyConfigurationError
-from rq_policies.testing import free_port
+from rq_policies import Concurrency, Loner, PolicyQueue, QueueSlot, Throttle
+from rq_policies.engine import keys
+from rq_policies.engine.compat import RQ3
+from rq_policies.engine.exceptions import PolicyConfigurationError
+from rq_policies.surfaces import replicas
+from rq_policies.surfaces.testing import free_port
 from tests.helpers import fetches, jobs, key_jobs, with_root
 from tests.helpers.cli import assert_one_line_error
 from tests.helpers.cluster import CLUSTER_CLASS, ValkeyCluster, not_on_cluster
@@ -187,7 +189,7 @@ def some_state(cluster) -> Any:
 
 
 def cli(env, *args: str, url: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, '-m', 'rq_policies.cli', *args, *CLUSTER_CLASS, '--url', url], env=env,
+    return subprocess.run([sys.executable, '-m', 'rq_policies', *args, *CLUSTER_CLASS, '--url', url], env=env,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -234,7 +236,7 @@ class TestOnACluster:
         prometheus_client = pytest.importorskip('prometheus_client')
         from prometheus_client.parser import text_string_to_metric_families
 
-        from rq_policies.metrics import PolicyCollector
+        from rq_policies.surfaces.metrics import PolicyCollector
 
         primary, replica = nodes
         some_state(cluster)
@@ -263,7 +265,7 @@ class TestOnACluster:
 
         port = free_port()
         proc = subprocess.Popen(
-            [sys.executable, '-m', 'rq_policies.cli', 'exporter', '--port', str(port), '--addr', '127.0.0.1',
+            [sys.executable, '-m', 'rq_policies', 'exporter', '--port', str(port), '--addr', '127.0.0.1',
              '--read-from-replicas', *CLUSTER_CLASS, '--url', replica_cluster.url],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
@@ -288,8 +290,8 @@ class TestOnACluster:
 
     def test_the_page_reads_the_replica_and_its_actions_write_the_primary(self, cluster, replica_cluster, nodes):
         pytest.importorskip('flask')
-        from rq_policies.dashboard import create_app
-        from rq_policies.dashboard.web import CSRF_COOKIE
+        from rq_policies.surfaces.dashboard import create_app
+        from rq_policies.surfaces.dashboard.web import CSRF_COOKIE
 
         primary, replica = nodes
         job = some_state(cluster)
@@ -393,8 +395,8 @@ def _without_clock(view: dict[str, Any]) -> dict[str, Any]:
 def test_replica_reads_are_refused_on_a_single_server_naming_the_option(redis_url, worker_env):
     pytest.importorskip('prometheus_client')
     pytest.importorskip('flask')
-    from rq_policies.dashboard import create_app
-    from rq_policies.metrics import PolicyCollector, make_server
+    from rq_policies.surfaces.dashboard import create_app
+    from rq_policies.surfaces.metrics import PolicyCollector, make_server
 
     plain = Redis.from_url(redis_url)
     try:
@@ -413,7 +415,7 @@ def test_replica_reads_are_refused_on_a_single_server_naming_the_option(redis_ur
     # The commands refuse it before reading anything: one line, exit 1, the option and the way to a cluster named.
     for command in (['info'], ['explain', 'some-job'], ['exporter', '--port', str(free_port())],
                     ['dashboard', '--port', str(free_port())]):
-        result = subprocess.run([sys.executable, '-m', 'rq_policies.cli', *command, '--read-from-replicas',
+        result = subprocess.run([sys.executable, '-m', 'rq_policies', *command, '--read-from-replicas',
                                  '--url', redis_url], env=worker_env, capture_output=True, text=True, timeout=60)
         assert_one_line_error(result, '--read-from-replicas needs a Redis Cluster connection', 'got Redis',
                               '--connection-class redis.cluster.RedisCluster')

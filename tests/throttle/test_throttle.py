@@ -23,12 +23,10 @@ from rq_policies import (
     PolicySet,
     PolicySimpleWorker,
     Throttle,
-    admission,
-    identity,
-    keys,
     policy,
 )
-from rq_policies.compat import KEY_PREFIX as RQ
+from rq_policies.engine import admission, identity, keys
+from rq_policies.engine.compat import KEY_PREFIX as RQ
 from tests.helpers import jobs
 from tests.helpers import throttle_jobs as tj
 from tests.helpers.throttle_helpers import (
@@ -122,7 +120,7 @@ def test_check_and_reset_scripts_direct(connection):
     spec = PolicySet((Throttle(3600),))
 
     def check(jid):
-        return admission.probe(q, spec, digest, jid)
+        return admission.Verdict.read(admission.probe_call(q, spec, digest, jid).run(connection), digest)
 
     verdict = check('')
     assert (verdict.code, verdict.job_id) == (-1, '')  # a free slot decides nothing and counts nothing
@@ -145,7 +143,7 @@ def test_check_and_reset_scripts_direct(connection):
 @pytest.mark.usefixtures('clear_of_a_minute_edge')
 def test_admit_warns_once_when_the_job_s_function_cannot_be_imported(connection, caplog):
     """Throttle.admit reads the declared unique_context; an unimportable path used to be swallowed in silence."""
-    from rq_policies import queue as queue_module
+    from rq_policies.engine import queue as queue_module
 
     path = 'tests.helpers.throttle_jobs.poll_minuet'  # sic
     queue_module._UNIMPORTABLE_WARNED.discard(path)

@@ -30,10 +30,11 @@ from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.registry import FailedJobRegistry
 
-from rq_policies import Loner, PolicyQueue, keys, scripts
-from rq_policies.compat import KEY_PREFIX as RQ
-from rq_policies.fetch import Claim, hand_back
-from rq_policies.worker import HOLD_TTL_ENV
+from rq_policies import Loner, PolicyQueue
+from rq_policies.engine import keys, scripts
+from rq_policies.engine.compat import KEY_PREFIX as RQ
+from rq_policies.engine.fetch import Claim, hand_back
+from rq_policies.engine.worker import HOLD_TTL_ENV
 from tests.helpers import jobs
 from tests.helpers.fetches import fetch
 from tests.helpers.records import server_now, spans

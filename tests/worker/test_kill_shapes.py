@@ -29,9 +29,10 @@ import pytest
 from rq.job import Job
 from rq.worker import Worker
 
-from rq_policies import Concurrency, PolicyQueue, QueueSlot, keys
-from rq_policies.compat import KEY_PREFIX as RQ
-from rq_policies.worker import HOLD_TTL_ENV
+from rq_policies import Concurrency, PolicyQueue, QueueSlot
+from rq_policies.engine import keys
+from rq_policies.engine.compat import KEY_PREFIX as RQ
+from rq_policies.engine.worker import HOLD_TTL_ENV
 from tests.helpers import jobs, key_jobs
 from tests.helpers.records import server_now, spans
 from tests.helpers.workers import output, start_worker, stop, wait_for
@@ -216,8 +217,8 @@ def test_the_guards_keep_and_recount_are_safe_to_run_twice(connection, fault_pro
     from redis.exceptions import ConnectionError, TimeoutError
     from redis.retry import Retry
 
-    from rq_policies.fetch import Claim
-    from rq_policies.worker import keep_call
+    from rq_policies.engine.fetch import Claim
+    from rq_policies.engine.worker import keep_call
 
     proxied = Redis.from_url(fault_proxy.url, socket_timeout=1, retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 3),
                              retry_on_error=[ConnectionError, TimeoutError])

@@ -13,9 +13,10 @@ from rq import Queue
 from rq.job import Job
 from rq.scheduler import RQScheduler
 
-from rq_policies import PolicyQueue, QueueSlot, compat, ops
-from rq_policies.compat import KEY_PREFIX as RQ
-from rq_policies.fetch import PROMOTE_BATCH, PROMOTE_OWNER, Claim, Look
+from rq_policies import PolicyQueue, QueueSlot
+from rq_policies.engine import compat, ops
+from rq_policies.engine.compat import KEY_PREFIX as RQ
+from rq_policies.engine.fetch import PROMOTE_BATCH, PROMOTE_OWNER, Claim, Look
 from tests.helpers import fetches
 from tests.helpers.faults import FAULTS, load, lose_reply, producer
 from tests.helpers.records import ran, server_now

@@ -1,4 +1,4 @@
-"""PolicySimpleWorker's one long-lived hold keeper (rq_policies.ledger.WorkerKeeper).
+"""PolicySimpleWorker's one long-lived hold keeper (rq_policies.engine.ledger.WorkerKeeper).
 
 Real workers in subprocesses and real signals for the worker's life (one keeper for many jobs, gone with the worker
 whether it stops or is SIGKILLed, the hold then lapsing within hold_ttl); the keeper itself driven directly for the
@@ -16,9 +16,10 @@ import time
 
 import pytest
 
-from rq_policies import PolicyQueue, QueueSlot, keys
-from rq_policies.ledger import Hold, WorkerKeeper, acquire_call
-from rq_policies.worker import HOLD_TTL_ENV
+from rq_policies import PolicyQueue, QueueSlot
+from rq_policies.engine import keys
+from rq_policies.engine.ledger import Hold, WorkerKeeper, acquire_call
+from rq_policies.engine.worker import HOLD_TTL_ENV
 from tests.helpers.keeper_jobs import record_process
 from tests.helpers.workers import output, start_worker, stop, wait_for
 

@@ -20,9 +20,10 @@ from rq.job import Job, JobStatus, Retry
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 from rq.worker import Worker
 
-from rq_policies import PolicyQueue, PolicyWorker, QueueSlot, compat, keys
-from rq_policies.testing import RedisServer
-from rq_policies.worker import HOLD_TTL_ENV
+from rq_policies import PolicyQueue, PolicyWorker, QueueSlot
+from rq_policies.engine import compat, keys
+from rq_policies.engine.worker import HOLD_TTL_ENV
+from rq_policies.surfaces.testing import RedisServer
 from tests.helpers import jobs
 from tests.helpers.cluster import ON_CLUSTER, ValkeyCluster, connect, not_on_cluster
 from tests.helpers.records import spans
@@ -248,8 +249,8 @@ def test_the_hold_guard_waits_for_a_horse_forked_just_before_its_worker_died(con
     # horse has ended. (A real guard, a real forked "worker" SIGKILLed, a real horse; only the job is a sleep.)
     import logging
 
-    from rq_policies.fetch import Claim
-    from rq_policies.worker import _HorseGuard
+    from rq_policies.engine.fetch import Claim
+    from rq_policies.engine.worker import _HorseGuard
 
     assert QueueSlot.acquire('guarded', capacity=1, token='guard-test:1', ttl=2, connection=connection)
     claim = Claim('guarded-job', 'guarded', (QueueSlot.fetch_hold('guarded', 'guard-test:1', 2),))
@@ -295,7 +296,7 @@ def test_rolling_restart_never_runs_the_queue_over_its_cap(connection, redis_url
             assert worker.wait(30) == 0, output(worker)
 
         # Every job ends: SIGTERM reaching an idle worker right after its fetch raises rq's StopRequested before the
-        # job starts, and the worker hands its take back to the queue (rq_policies.fetch.hand_back), where a new
+        # job starts, and the worker hands its take back to the queue (rq_policies.engine.fetch.hand_back), where a new
         # worker runs it; nothing is left on the intermediate list for rq's cleanup to fail unrun.
         def settled():
             ended = sum(1 for r in spans(connection, 'rolling').values() if r[1] is not None)

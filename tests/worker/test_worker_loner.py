@@ -6,8 +6,9 @@ import pytest
 from rq import Queue
 from rq.job import Callback, Dependency, Job, JobStatus
 
-from rq_policies import PolicyQueue, keys
-from rq_policies.compat import KEY_PREFIX as RQ
+from rq_policies import PolicyQueue
+from rq_policies.engine import keys
+from rq_policies.engine.compat import KEY_PREFIX as RQ
 from tests.helpers import jobs
 from tests.helpers.cluster import not_on_cluster
 from tests.helpers.workers import output, start_worker, stop, wait_for
@@ -49,7 +50,8 @@ def test_identity_is_free_while_the_job_runs(connection, redis_url, worker_env):
 def test_stock_worker_reads_our_jobs_and_the_marker_heals(connection, redis_url, worker_env):
     q = PolicyQueue('stock', connection=connection)
     job = q.enqueue(jobs.record, 'stock', 1)
-    worker = start_worker(redis_url, ['stock'], worker_env, worker_class='rq.Worker', burst=True)
+    worker = start_worker(redis_url, ['stock'], worker_env, worker_class='tests.helpers.workers.StockWorker',
+                          burst=True)
     assert worker.wait(60) == 0, output(worker)
     assert Job.fetch(job.id, connection=connection).get_status() == JobStatus.FINISHED
     # A stock worker does not clear the marker, but its holder no longer waits: the identity is free.

@@ -1,0 +1,462 @@
+"""Every difference between the rq versions rq-policies supports (2.12 and 3.x), and every private rq name
+rq-policies uses, in one place; and the one redis-py internal it works around (its driver info, read per
+connection).
+
+rq-policies subclasses rq's Queue, Job and Worker, and overrides some of their methods (private ones too, where rq or
+django-rq calls them: ``Worker._finalize_failure``, ``Queue._enqueue_job``); those overrides stay in their classes.
+Any other use of rq's private state or methods (``job._status``, ``queue._persist_job``, ...) goes through a small
+function here, so that a change of rq's internals is fixed in this one file, and ``tests/contract/test_rq_contract.py``
+pins what each of them assumes on rq 2.12 and 3.x (``tests/engine/test_architecture.py`` keeps the names out of other
+modules).
+"""
+
+from __future__ import annotations
+
+import inspect
+from importlib import import_module
+from typing import Any
+
+import rq
+from rq.job import Job, JobStatus
+from rq.queue import Queue
+from rq.worker import Worker
+
+RQ_VERSION: tuple[int, ...] = tuple(int(part) for part in rq.__version__.split('.')[:2] if part.isdigit())
+RQ3 = RQ_VERSION >= (3, 0)
+
+_CREATE_JOB_PARAMS = frozenset(inspect.signature(Queue.create_job).parameters) - {'self'}
+
+
+def create_job_kwargs(data: dict[str, Any]) -> dict[str, Any]:
+    """Keep the fields of an ``EnqueueData`` that this rq's ``Queue.create_job`` accepts."""
+    return {key: value for key, value in data.items() if key in _CREATE_JOB_PARAMS}
+
+
+def has_rate_limit(job: Any) -> bool:
+    """rq 3 added ``RateLimit`` (``job.has_rate_limit``); rq 2.12 jobs never have one."""
+    return bool(getattr(job, 'has_rate_limit', False))
+
+
+#: rq 3 ends a job that raised in ``Worker._finalize_failure`` (failure callback, exception handlers, failure
+#: handling); rq 2.12 has no such method and does the same steps inline in ``perform_job``.
+LEGACY_FAILURE = not hasattr(Worker, '_finalize_failure')
+
+
+#: rq 3's scheduler enqueues a due job under a ``RateLimit`` through rq's rate-limit registry
+#: (``Queue._enqueue_rate_limited_job``); rq 2.12 has no rate limits. The fetch's promotion leaves such a job for rq's
+#: scheduler (lua/lib/promote.lua).
+SCHEDULER_RATE_LIMITS = RQ3
+
+#: rq's key prefix: rq 3 reads the ``RQ_KEY_PREFIX`` environment variable once, when ``rq.defaults`` is imported
+#: (default ``rq``), and builds every key of its own from it (``<prefix>:queue:<q>``, ``<prefix>:job:<id>``, its
+#: classes' ``redis_*_namespace_prefix`` and registries' ``key_template`` are set at import time too). rq 2.12 has
+#: no such setting: its keys always start ``rq:``, whatever the environment says, and so do ours there.
+#: rq-policies follows rq: its keys are ``<prefix>:policies:...`` (:mod:`rq_policies.engine.keys`), read once at import.
+KEY_PREFIX: str = getattr(import_module('rq.defaults'), 'RQ_KEY_PREFIX', 'rq') if RQ3 else 'rq'
+
+# -- job statuses ------------------------------------------------------------------------------------------------
+
+#: What each job status of rq 2.12 and 3.x means for a policy identity its job holds (a loner marker,
+#: LimitedCapacityWorker's queued set): ``waiting`` (the job will run some day: it holds), ``running`` (it holds under
+#: ``until='finished'`` while a live worker runs it) or ``ended`` (nothing will run it: the identity is free).
+#: ``created`` is a hash saved without an enqueue (nothing pushes it); rq 3's ``ready_to_enqueue`` is a released
+#: dependent between its deferred registry and its queue (rq's ``ReadyJobRegistry`` pushes it, at once or at its next
+#: cleanup) and ``rate_limited`` a job waiting for a slot of its ``RateLimit``. The Lua side spells the same sets
+#: (``lua/lib/holder_waiting.lua``, ``lua/lib/lcw_room.lua``, ``lua/release_markers.lua``);
+#: tests/contract/test_rq_contract.py checks this table covers the installed rq's ``JobStatus`` and that the
+#: scripts read each status by it.
+STATUS_ROLE: dict[str, str] = {
+    'created': 'ended',
+    'queued': 'waiting',
+    'scheduled': 'waiting',
+    'deferred': 'waiting',  # while each parent can still release it (lua/lib/holder_waiting.lua)
+    'ready_to_enqueue': 'waiting',  # rq 3
+    'rate_limited': 'waiting',  # rq 3
+    'started': 'running',
+    'finished': 'ended',
+    'failed': 'ended',
+    'stopped': 'ended',
+    'canceled': 'ended',
+}
+
+#: The statuses in which a job still waits to run (see STATUS_ROLE).
+WAITING_STATUSES = frozenset(status for status, role in STATUS_ROLE.items() if role == 'waiting')
+
+
+# -- rq's private state and methods, each behind one function ----------------------------------------------------------
+
+
+def set_local_status(job: Job, status: JobStatus) -> None:
+    """Set ``job``'s status on the object only, as rq's own enqueue does before it writes the hash (``job._status``;
+    ``Job.set_status`` would also write it)."""
+    job._status = status
+
+
+def has_dependencies(job: Job) -> bool:
+    """Does ``job`` wait for other jobs (``depends_on=``)? Read from the object (``job._dependency_ids``; the public
+    ``Job.dependency_ids`` reads Redis, where a job being enqueued is not yet)."""
+    return bool(job._dependency_ids)
+
+
+def default_timeout(queue: Queue) -> Any:
+    """The ``default_timeout`` the queue was built with (``queue._default_timeout``: rq has no public name for it)."""
+    return queue._default_timeout
+
+
+def enqueue_now(queue: Queue, job: Job, pipeline: Any = None, at_front: bool = False) -> Job:
+    """rq's enqueue of ``job`` without looking at its dependencies (``Queue._enqueue_job``): status queued, the hash
+    saved (meta included), the id pushed through ``queue.push_job_id``, all on ``pipeline`` when given."""
+    return queue._enqueue_job(job, pipeline=pipeline, at_front=at_front)
+
+
+def persist_job(queue: Queue, job: Job, pipeline: Any, status: JobStatus) -> None:
+    """rq's write of a job's hash with ``status`` on ``pipeline`` (``Queue._persist_job``: status, save, TTLs)."""
+    queue._persist_job(job, pipeline, status=status)
+
+
+def given_id(job: Job) -> str | None:
+    """``job``'s id if it has one yet, without generating one as ``job.id`` does (``job._id``, for a repr)."""
+    return job._id
+
+
+def started_executions(worker: Any, job: Job) -> list[Any]:
+    """rq's Execution objects ``worker`` made for ``job`` (``prepare_execution``), taken off the worker: rq 3 keeps
+    them in ``worker.executions`` (id -> Execution), rq 2.12 the last one as ``worker.execution``. Each is added to the
+    worker before the pipeline that writes it runs, so one whose write failed is there too."""
+    executions = getattr(worker, 'executions', None)
+    if isinstance(executions, dict):
+        found = [execution for execution in executions.values() if getattr(execution, 'job_id', None) == job.id]
+        for execution in found:
+            executions.pop(execution.id, None)
+        return found
+    execution = getattr(worker, 'execution', None)
+    if execution is not None and getattr(execution, 'job_id', None) == job.id:
+        worker.execution = None
+        return [execution]
+    return []
+
+
+# -- redis-py ----------------------------------------------------------------------------------------------------------
+
+
+def resolve_driver_info_once(connection: Any) -> None:
+    """Resolve redis-py's client name and version once, for every connection ``connection``'s pool opens from now on.
+
+    redis-py 7 and later look their own version up (``importlib.metadata``: the package's METADATA file read and
+    parsed) in every new ``Connection``, to send it with CLIENT SETINFO. A forking worker's work horse opens a new
+    connection for every job (the pool is reset after a fork), so that lookup cost each job about 2 ms of CPU, more
+    than anything the policies add. The pool now carries the resolved ``DriverInfo``, the value each connection would
+    have built for itself: the server sees the same name and version. A pool given a name, a version or its own
+    driver info, one whose connections are not redis-py's, fakeredis (its server lives in this process) and a redis-py
+    without ``DriverInfo`` are left alone.
+    """
+    try:
+        from redis.connection import AbstractConnection
+        from redis.driver_info import DriverInfo
+    except ImportError:  # redis-py < 7: the version is read once, at import
+        return
+    pool = getattr(connection, 'connection_pool', None)
+    kwargs = getattr(pool, 'connection_kwargs', None)
+    connection_class = getattr(pool, 'connection_class', None)
+    if not isinstance(kwargs, dict) or not isinstance(connection_class, type):
+        return
+    if not issubclass(connection_class, AbstractConnection) or type(connection).__module__.startswith('fakeredis'):
+        return
+    if kwargs.keys() & {'driver_info', 'lib_name', 'lib_version'}:
+        return
+    kwargs['driver_info'] = DriverInfo()
+
+
+#: Seconds the worker's command-channel thread (rq's ``subscribe``) waits for a message before it looks at its stop
+#: flag. rq starts it with 60: since redis-py 8.2 ``PubSubWorkerThread.stop()`` joins the thread, and rq's
+#: ``unsubscribe`` calls it without a timeout, so a worker's shutdown waited up to 60 s (a burst worker's exit too).
+PUBSUB_WAIT_SECONDS = 1.0
+
+
+def subscribe(worker: Any) -> None:
+    """rq's ``Worker.subscribe`` (the command channel: stop-job, shutdown, kill-horse), with its thread waking every
+    :data:`PUBSUB_WAIT_SECONDS` instead of 60, so ``unsubscribe`` ends within about a second. The exception handler
+    is rq's own (private in rq 2.12 and 3.x)."""
+    worker.log.info('Worker %s: subscribing to channel %s', worker.name, worker.pubsub_channel_name)
+    worker.pubsub = worker.connection.pubsub()
+    worker.pubsub.subscribe(**{worker.pubsub_channel_name: worker.handle_payload})
+    worker.pubsub_thread = worker.pubsub.run_in_thread(
+        sleep_time=PUBSUB_WAIT_SECONDS, daemon=True, exception_handler=worker._pubsub_exception_handler
+    )
+
+
+def adopt_job(job: Any, job_class: type) -> Any:
+    """``job`` as an instance of ``job_class`` when it is a plain instance of one of its bases (a stock rq ``Job``
+    from ``Job.fetch``, a registry, rq-dashboard or django-rq's admin handed to a PolicyQueue); anything else as it is.
+
+    rq's Queue and registries turn a job into its id only when it is an instance of their ``job_class``
+    (``isinstance(job, self.job_class)``), so a stock ``Job`` reached Redis as an object (``DataError: Invalid input of
+    type: 'Job'``), as in ``PolicyQueue(...)._enqueue_job(Job.fetch(id))``. The object is re-classed in place, which is
+    sound only for a class that adds no state of its own: rq-policies' classes (``PolicyJob``), never a user's subclass
+    (a queue with a ``job_class`` of your own takes jobs of that class, as rq's does). In place, so the caller's object
+    sees what the enqueue sets on it (status, origin, enqueued_at), as with stock rq; and, being a ``PolicyJob`` now,
+    its ``delete()``/``cancel()`` free its loner identity.
+    """
+    if type(job) is job_class or not isinstance(job, Job) or isinstance(job, job_class):
+        return job
+    if not issubclass(job_class, type(job)):
+        return job
+    for klass in job_class.__mro__:
+        if klass is type(job):
+            break
+        if not klass.__module__.startswith('rq_policies') or '__slots__' in vars(klass):
+            return job
+    job.__class__ = job_class
+    return job
+
+
+# -- Redis Cluster: what rq 3's classes assume of a connection that redis-py's RedisCluster does not give ------------
+
+
+class _NodesPool:
+    """What rq reads of ``connection.connection_pool`` (``Worker._set_connection`` raises the socket timeout in its
+    ``connection_kwargs``; the worker checks its ``connection_class`` for TLS): a cluster's are its nodes' shared
+    ones, which every connection the client opens from then on is made with."""
+
+    def __init__(self, cluster: Any) -> None:
+        self.connection_kwargs = cluster.nodes_manager.connection_kwargs
+        from redis.connection import Connection, SSLConnection
+
+        self.connection_class = self.connection_kwargs.get(
+            'connection_class', SSLConnection if self.connection_kwargs.get('ssl') else Connection)
+
+
+#: How long a call on an adopted Redis Cluster client (:func:`adopt_cluster`) keeps trying while the prefix's slot is
+#: being migrated to another node, in seconds. A script (every door, every fetch) or a transaction over keys of the
+#: slot cannot run until the slot has settled on its new node (the server answers ``TRYAGAIN`` while the keys are
+#: split, and every script of ours names :data:`rq_policies.engine.keys.SLOT_GUARD`, which exists nowhere), so the call
+#: is sent again, first after 10 ms and then at most every 250 ms (redis-py's own attempts take about 0.4 s each), up to
+#: this long; then :class:`rq_policies.engine.exceptions.SlotMigrating` is raised (a ``ConnectionError``: nothing of the
+#: call ran). A client's own ``slot_wait_seconds`` attribute wins. A PolicyWorker rides out a longer migration as it
+#: rides out an outage.
+SLOT_WAIT_SECONDS = 10.0
+
+
+def slot_moving(error: BaseException) -> bool:
+    """Did a Redis Cluster refuse a call because its slot is being migrated (or moved), without running any of it?
+
+    ``TRYAGAIN`` (a multi-key command or a script whose keys are split between the two nodes, or missing on one),
+    ``ASK`` and ``MOVED`` (a transaction or a pipeline cannot follow them) and redis-py's ``ClusterError: TTL
+    exhausted`` (it followed such answers 16 times and gave up): the server refused each before running anything."""
+    from redis.exceptions import AskError, ClusterError, TryAgainError
+
+    if isinstance(error, (TryAgainError, AskError)):  # MovedError is an AskError
+        return True
+    return isinstance(error, ClusterError) and 'TTL exhausted' in str(error)
+
+
+class SlotWait:
+    """The pauses of one call while its slot is being migrated: :meth:`pause` says how long to sleep before the next
+    attempt, or raises :class:`~rq_policies.engine.exceptions.SlotMigrating` once ``seconds`` have passed since the
+    first refusal."""
+
+    __slots__ = ('seconds', 'since', 'delay')
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.since: float | None = None
+        self.delay = 0.01
+
+    def pause(self, error: BaseException) -> float:
+        import time
+
+        from .exceptions import SlotMigrating
+
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+        waited = now - self.since
+        if waited >= self.seconds:
+            raise SlotMigrating(waited, error) from error
+        delay, self.delay = self.delay, min(self.delay * 2, 0.25)
+        return min(delay, self.seconds - waited)
+
+
+def _cluster_classes() -> tuple[type, type] | None:
+    try:
+        from redis.cluster import ClusterPipeline, RedisCluster
+        from redis.exceptions import WatchError
+    except ImportError:  # pragma: no cover - redis-py always has it since 4.1
+        return None
+    import threading
+    import time
+
+    #: Set while redis-py splits a multi-key command by slot (DEL, EXISTS, MGET...) through ``self.pipeline()``: its
+    #: own pipelines are not transactions (and one that is cannot follow ASK during a migration).
+    splitting = threading.local()
+
+    class PolicyClusterPipeline(ClusterPipeline):
+        """redis-py's cluster pipeline, with EVAL and EVALSHA sent as any other command (redis-py lists EVALSHA as a
+        command a pipeline cannot route, and its ``eval`` takes no script): each is routed by its first key, which a
+        hash-tagged prefix puts in the one slot every other command of the pipeline uses. Keyless commands (TIME,
+        INFO, PUBLISH, WAIT...) stay refused: none of ours or rq's rides a cluster pipeline (the server's clock is
+        read by :func:`rq_policies.engine.ops.time_in`, the eviction watch's INFO goes to the slot's primary on its
+        own).
+
+        ``execute()`` rides out a migration of the slot (:func:`slot_moving`, up to :data:`SLOT_WAIT_SECONDS`): a
+        transaction the server refused ran none of its commands and is sent again whole; one that WATCHes a key
+        raises ``WatchError`` after the pause instead, so the caller's own loop (rq's) watches and reads again; in a
+        pipeline that is not a transaction, only the commands refused are sent again."""
+
+        slot_wait_seconds = SLOT_WAIT_SECONDS
+        _slot_since: float | None = None  # a watched transaction's first refusal, across the caller's retries
+
+        def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
+            return self.execute_command('EVALSHA', sha, numkeys, *keys_and_args)
+
+        def eval(self, script: Any, numkeys: int, *keys_and_args: Any) -> Any:  # type: ignore[override]
+            return self.execute_command('EVAL', script, numkeys, *keys_and_args)
+
+        # What rq reads of a redis.client.Pipeline (rq 3: queue.move_dependents_to_ready, worker, job): the same
+        # state, kept by the transaction strategy of redis-py's cluster pipeline.
+        @property
+        def watching(self) -> bool:
+            return bool(getattr(self._execution_strategy, '_watching', False))
+
+        @property
+        def explicit_transaction(self) -> bool:
+            return bool(getattr(self._execution_strategy, '_explicit_transaction', False))
+
+        def watch(self, *names: Any) -> Any:
+            # WATCH goes out at once; refused (ASK for a key not on the source node any more, which a transaction
+            # cannot follow), it watches nothing, and is sent again until the slot settles (rq WATCHes every job's
+            # dependents key, which rarely exists, as it finishes the job).
+            wait = SlotWait(self.slot_wait_seconds)
+            while True:
+                try:
+                    return super().watch(*names)
+                except Exception as exc:
+                    if not slot_moving(exc):
+                        raise
+                    pause = wait.pause(exc)
+                    self.reset()
+                    time.sleep(pause)
+
+        def execute(self, raise_on_error: bool = True) -> list[Any]:
+            strategy = self._execution_strategy
+            queued = [(command.args, dict(command.options)) for command in strategy.command_queue]
+            if not hasattr(strategy, '_watching'):  # not a transaction
+                return self._execute_settling(queued, raise_on_error)
+            watching = self.watching
+            wait = SlotWait(self.slot_wait_seconds)
+            if watching and self._slot_since is not None:
+                wait.since = self._slot_since
+            while True:
+                try:
+                    replies = super().execute(raise_on_error)
+                except Exception as exc:
+                    if not slot_moving(exc):
+                        raise
+                    try:
+                        pause = wait.pause(exc)
+                    finally:
+                        self._slot_since = wait.since if watching else None
+                    time.sleep(pause)
+                    if watching:  # the WATCH went with the refused EXEC: the caller watches and reads again
+                        raise WatchError(f'the slot is being migrated ({exc}); watch again') from exc
+                    for args, options in queued:  # none of it ran: the same transaction again
+                        self.execute_command(*args, **options)
+                    continue
+                self._slot_since = None
+                return replies
+
+        def _execute_settling(self, queued: list[tuple[Any, dict]], raise_on_error: bool) -> list[Any]:
+            replies = list(super().execute(raise_on_error=False))
+            wait = SlotWait(self.slot_wait_seconds)
+            while True:
+                refused = [i for i, reply in enumerate(replies) if isinstance(reply, Exception) and slot_moving(reply)]
+                if not refused:
+                    break
+                try:
+                    pause = wait.pause(replies[refused[0]])
+                except Exception as exc:  # SlotMigrating, in place of each refusal
+                    for i in refused:
+                        replies[i] = exc
+                    break
+                time.sleep(pause)
+                for i in refused:  # each ran nowhere: sent again alone
+                    args, options = queued[i]
+                    self.execute_command(*args, **options)
+                for i, reply in zip(refused, super().execute(raise_on_error=False)):
+                    replies[i] = reply
+            if raise_on_error:
+                for reply in replies:
+                    if isinstance(reply, Exception):
+                        raise reply
+            return replies
+
+    class PolicyCluster(RedisCluster):
+        """redis-py's RedisCluster as rq 3's classes use a connection (see :func:`adopt_cluster`)."""
+
+        #: See :data:`SLOT_WAIT_SECONDS`; set it on a client to wait longer or shorter for a migrating slot.
+        slot_wait_seconds = SLOT_WAIT_SECONDS
+
+        @property
+        def connection_pool(self) -> _NodesPool:
+            return _NodesPool(self)
+
+        def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
+            # redis.Redis's pipelines are transactions unless asked otherwise, and rq relies on it: finishing a job
+            # WATCHes its dependents key, which redis-py's cluster pipeline refuses outside a transaction. On a
+            # cluster a transaction must stay in one slot: every key of rq and of ours is in the prefix's.
+            if transaction is None:
+                transaction = not getattr(splitting, 'active', False)
+            pipe = super().pipeline(transaction=transaction, shard_hint=shard_hint)
+            pipe.__class__ = PolicyClusterPipeline
+            pipe.slot_wait_seconds = self.slot_wait_seconds
+            return pipe
+
+        def _execute_pipeline_by_slot(self, *args: Any, **kwargs: Any) -> Any:
+            splitting.active = True
+            try:
+                return super()._execute_pipeline_by_slot(*args, **kwargs)  # type: ignore[misc]
+            finally:
+                splitting.active = False
+
+        def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+            # A command refused while the slot migrates ran nowhere (slot_moving): sent again until it settles, or
+            # SlotMigrating (a ConnectionError) past slot_wait_seconds.
+            wait = None
+            while True:
+                try:
+                    return super().execute_command(*args, **kwargs)
+                except Exception as exc:
+                    if not slot_moving(exc):
+                        raise
+                    wait = wait or SlotWait(self.slot_wait_seconds)
+                    time.sleep(wait.pause(exc))
+
+    return PolicyCluster, PolicyClusterPipeline
+
+
+_CLUSTER_CLASSES = _cluster_classes()
+
+
+def adopt_cluster(connection: Any) -> Any:
+    """A redis-py ``RedisCluster`` made usable by rq 3's Queue and Worker, in place; any other connection as it is.
+
+    rq 3 runs on a cluster for its Queue, but its Worker does not: ``Worker._set_connection`` reads
+    ``connection.connection_pool`` (a cluster client has one pool per node, and no such attribute), and finishing a
+    job WATCHes a key in ``connection.pipeline()``, which a cluster pipeline allows only in a transaction (redis.Redis's
+    pipelines are transactions by default, RedisCluster's are not). The client is re-classed in place to a subclass
+    that adds no state: ``connection_pool`` (the nodes' shared connection settings, :class:`_NodesPool`) and
+    ``pipeline()`` defaulting to a transaction, whose ``eval`` and ``evalsha`` are sent like any other command
+    (redis-py's cluster pipeline refuses them by name). Its commands and pipelines also ride out a migration of the
+    prefix's slot to another node, up to :data:`SLOT_WAIT_SECONDS` (see :func:`slot_moving`). In place, as
+    :func:`adopt_job` does, so that the caller's object, rq's worker and our classes share one client. rq's own
+    scheduler (``--with-scheduler``) and worker pool build a connection of their own from ``connection_pool`` and
+    are not supported on a cluster: a PolicyWorker's fetch promotes due scheduled jobs itself.
+    """
+    if _CLUSTER_CLASSES is None:
+        return connection
+    cluster_class, _ = _CLUSTER_CLASSES
+    from redis.cluster import RedisCluster
+
+    if type(connection) is RedisCluster:
+        connection.__class__ = cluster_class
+    return connection

@@ -1,0 +1,5 @@
+"""Debounce: its rules (``rules``)."""
+
+from .rules import Debounce
+
+__all__ = ['Debounce']

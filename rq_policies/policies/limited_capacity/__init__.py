@@ -1,0 +1,5 @@
+"""LimitedCapacityWorker: its rules (``rules``)."""
+
+from .rules import LimitedCapacityWorker
+
+__all__ = ['LimitedCapacityWorker']

@@ -1,0 +1,5 @@
+"""Loner: its rules (``rules``)."""
+
+from .rules import Loner
+
+__all__ = ['Loner']

@@ -1,0 +1,336 @@
+"""Loner: one job per identity per queue while it waits (resque-loner's unique jobs), or until it ends.
+
+The marker ``rq:policies:loner:<queue>:<digest>`` names the job holding the identity; it is taken in the admission
+script (``lua/admit.lua`` with this policy's part, ``lua/policies/loner.lua``). With ``until='started'`` it is freed
+in the same script that takes the job off the queue; with ``until='finished'`` in the pipeline that records the job's
+ending (the worker's ``cleanup_execution``: success, failure with no retry left, stop-job, timeout, a killed work
+horse). Either way it is freed when the job is deleted, cancelled or removed (``lua/release_markers.lua``). A marker
+whose job no longer holds (no longer waits, or for ``until='finished'`` no longer runs on a live worker) is free, so no
+reaper is needed and no marker blocks forever.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, ClassVar
+
+from rq.worker import Worker
+
+from rq_policies.engine import compat, keys
+from rq_policies.engine.exceptions import DuplicateJob
+from rq_policies.engine.ops import Call, text
+from rq_policies.engine.policy import MAX_SECONDS, AdmissionPolicy, Policy, job_status
+from rq_policies.engine.views import Cell, Explanation, Panel, Row
+
+logger = logging.getLogger('rq_policies')
+
+#: The job hash field that says the job holds its identity until it ends (``until='finished'``).
+UNTIL_FIELD = 'policies_loner_until'
+#: The job hash field of a job admitted under ``Loner(ttl=N)``: N (seconds), so the fetch keeps the marker's cap.
+TTL_FIELD = 'policies_loner_ttl'
+#: When the identity is let go: when a worker takes the job, or when the job ends.
+UNTIL = ('started', 'finished')
+#: What a duplicate enqueue does: return None, raise DuplicateJob, or replace the waiting holder's payload.
+ON_CONFLICT = ('drop', 'raise', 'replace')
+
+#: Seconds a "seen held" hint is trusted to pick the probe first (a marker can be freed at any moment, when a worker
+#: takes the job, so a loner hint is kept only briefly; a stale one costs one extra round trip before the full path).
+HINT_SECONDS = 5.0
+
+
+def _lock_ttl(value: Any) -> float | int | None:
+    """``Loner(ttl=...)`` checked: None, or a finite number of seconds > 0 and at most ten years."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f'ttl must be a number of seconds > 0 (int or float), or None, got {value!r}')
+    if value > MAX_SECONDS:
+        raise ValueError(f'ttl must be at most {MAX_SECONDS} seconds (ten years), got {value!r}')
+    if value * 1000 < 1:
+        raise ValueError(f'ttl must be at least 0.001 seconds (the marker is kept to the millisecond), got {value!r}')
+    return value
+
+
+class Loner(AdmissionPolicy):
+    """One job per identity per queue (resque-loner's and sidekiq-unique-jobs' unique jobs).
+
+    Example::
+
+        @policy(Loner())                          # held while the job waits (until='started', the default)
+        @policy(Loner(until='finished'))          # held from the enqueue until the job ends, whatever the ending
+        @policy(Loner(on_conflict='raise'))       # a duplicate raises DuplicateJob(holder=, queue=, identity=)
+        @policy(Loner(on_conflict='replace'), unique_context=lambda a, k: a[0])
+        def sync_account(account_id, reason): ...  # a duplicate rewrites the waiting job's payload in place
+
+    ``until='started'``: the identity is held from the enqueue until a PolicyWorker takes the job (or it is deleted,
+    cancelled or removed from its queue). Once the job runs, the same payload can be enqueued again: this prevents
+    duplicate *waiting* work, not concurrent runs.
+
+    ``until='finished'``: held from the enqueue until the job ends: success, failure with no retry left (a retry
+    keeps it), stop-job, timeout, cancel, delete, its work horse killed (the worker records the failure), ttl expiry
+    while it waits. The marker is deleted in the pipeline that records the ending. If the worker itself dies
+    (SIGKILL of the worker and its horse, a lost machine), the job stays ``started`` in rq, but it only counts while
+    its worker's key ``rq:worker:<name>`` lives: that is at most ``job_monitoring_interval + 60`` seconds (rq's
+    heartbeat TTL, 90 s by default) after the worker's last heartbeat, so the identity is free again within that
+    bound, without a reaper, even before rq's maintenance marks the job failed.
+
+    ``on_conflict``: ``'drop'`` returns None (logged, counted); ``'raise'`` raises :class:`DuplicateJob` (counted as
+    a drop; nothing written); ``'replace'`` rewrites the waiting holder's payload (args, kwargs, meta, description)
+    in place, in the admission script: same id, same place in its queue, and returns it (the returned Job carries
+    the holder's id and the new payload). A holder already running is never replaced: with ``until='started'`` the
+    new job is then admitted as usual (a running job holds nothing), with ``until='finished'`` it is dropped.
+
+    ``ttl``: the identity is held at most ``ttl`` seconds from the enqueue that took it, whatever the holder does
+    (sidekiq-unique-jobs' ``lock_ttl``, BullMQ's deduplication ``ttl``): after that an identical enqueue is admitted
+    even if the holder still waits or runs (both then exist; the holder is not touched). It works with either
+    ``until``: the marker (``rq:policies:loner:<queue>:<digest>``) simply expires, in Redis, so no process has to be
+    alive to free it. Without ``ttl`` the identity is held for as long as ``until`` says (bounded only by the job's
+    own ``ttl`` and, while running, by its worker's heartbeat).
+
+    Args:
+        until: ``'started'`` or ``'finished'``.
+        on_conflict: ``'drop'``, ``'raise'`` or ``'replace'``.
+        ttl: optional cap in seconds on how long the identity is held, a number > 0 (int or float; kept to the
+            millisecond), at most ten years.
+    """
+
+    name: ClassVar[str] = 'loner'
+    rank: ClassVar[int] = 50
+
+    def __init__(self, until: str = 'started', on_conflict: str = 'drop', ttl: float | None = None) -> None:
+        if until not in UNTIL:
+            raise ValueError(f"until must be 'started' or 'finished', got {until!r}")
+        if on_conflict not in ON_CONFLICT:
+            raise ValueError(f"on_conflict must be 'drop', 'raise' or 'replace', got {on_conflict!r}")
+        self.until = until
+        self.on_conflict = on_conflict
+        self.ttl = _lock_ttl(ttl)
+
+    def __repr__(self) -> str:
+        words = [f'until={self.until!r}'] if self.until != 'started' else []
+        words += [f'on_conflict={self.on_conflict!r}'] if self.on_conflict != 'drop' else []
+        words += [f'ttl={self.ttl!r}'] if self.ttl is not None else []
+        return f'Loner({", ".join(words)})'
+
+    def conflicts(self, others: tuple[Policy, ...]) -> str | None:
+        if self.on_conflict == 'replace' and any(other.name == 'throttle' for other in others):
+            return (
+                "Throttle and Loner(on_conflict='replace') cannot be combined: the throttle already decides what an "
+                'extra in a held slot does (it is dropped, or with trailing=True kept as the trailing job); a '
+                "replacing Loner would rewrite the slot winner's payload after the slot was decided."
+            )
+        return None
+
+    def admit_part(self, call: Call, queue: Any, digest: str) -> dict[str, Any]:
+        call.key('loner.marker', keys.loner(queue.name, digest))
+        # The worker and liveness prefixes go with every part: the holder's own hash may ask for until='finished'
+        # whatever this call declares, and the Lua side cannot know rq's key prefix (RQ_KEY_PREFIX) by itself.
+        part: dict[str, Any] = {
+            'worker_prefix': Worker.redis_worker_namespace_prefix, 'alive_prefix': keys.ALIVE_PREFIX,
+        }
+        if self.until == 'finished':
+            part['finished'] = True
+        if self.on_conflict != 'drop':
+            part['conflict'] = self.on_conflict
+        if self.ttl is not None:
+            part['ttl_ms'] = math.ceil(self.ttl * 1000)
+        return part
+
+    def narrow_part(self, queue: Any, digest: str) -> tuple[str, list[str]] | None:
+        # lua/admit_narrow.lua decides a drop or a raise as loner's part of admit.lua does; a replace goes there.
+        if self.on_conflict == 'replace':
+            return None
+        options = ['loner', keys.drop_field(self.name, queue.name),
+                   'job_prefix', queue.job_class.redis_job_namespace_prefix,
+                   'worker', Worker.redis_worker_namespace_prefix, 'alive', keys.ALIVE_PREFIX]
+        if self.until == 'finished':
+            options += ['finished', '1']
+        if self.ttl is not None:
+            options += ['ttl_ms', str(math.ceil(self.ttl * 1000))]
+        return keys.loner(queue.name, digest), options
+
+    def job_fields(self, queue: str, digest: str) -> list[str]:
+        fields = [keys.LONER_FIELD, keys.loner(queue, digest)]
+        if self.until == 'finished':
+            fields += [UNTIL_FIELD, 'finished']
+        if self.ttl is not None:
+            fields += [TTL_FIELD, repr(self.ttl)]
+        return fields
+
+    #: Only a job held until it ends has a marker to free then: until='started' freed it in the fetch that took the
+    #: job (lua/policies/loner.lua's taken), and a job without the field holds none.
+    ended_when = (UNTIL_FIELD, 'finished')
+
+    @classmethod
+    def ended(cls, pipeline: Any, job_prefix: str, job_id: str) -> None:
+        _release_call(job_prefix, [job_id]).arg('ended', True).run(pipeline)
+
+    def on_drop(self, func_name: str, queue: str, verdict: Any) -> None:
+        if self.on_conflict == 'raise':
+            raise DuplicateJob(holder=verdict.job_id, queue=queue, identity=verdict.digest)
+        super().on_drop(func_name, queue, verdict)
+
+    def on_admit(self, job: Any, queue: str, verdict: Any) -> None:
+        if verdict.code == 3 and verdict.policy == self.name:
+            if logger.isEnabledFor(logging.INFO):
+                logger.info('rq-policies: %s on queue %r (loner): replaced the payload of waiting job %s',
+                            job.func_name, queue, verdict.job_id)
+            job.id = verdict.job_id
+
+    def leased_keys(self, queue: str, digest: str) -> list[str]:
+        # A capped marker keeps its cap (lua/lib/take_marker.lua gave a deferred job's marker the cap, not the lease).
+        return [keys.loner(queue, digest)] if self.ttl is None else []
+
+    @classmethod
+    def release(cls, connection: Any, job_prefix: str, job_ids: list[str]) -> None:
+        release_markers(connection, job_prefix, job_ids)
+
+    @classmethod
+    def holder(cls, connection: Any, queue: str, digest: str, job_prefix: str) -> str | None:
+        """The id of the waiting job holding ``digest``'s marker on ``queue``, or None."""
+        return holder(connection, queue, digest, job_prefix)
+
+    def hint_seconds(self, verdict: Any) -> float:
+        # Every mode: a drop, a raise (a drop too) and a running holder under until='finished' (which a 'replace'
+        # cannot replace) are decided by the checks alone, so the probe serves them.
+        return HINT_SECONDS if verdict.code == 0 and verdict.policy == self.name else 0.0
+
+    @classmethod
+    def identity_families(cls) -> tuple[keys.Family, ...]:
+        return (keys.LONER_KEYS,)
+
+    @classmethod
+    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[Explanation]:
+        marker = job.get(keys.LONER_FIELD)
+        parsed = keys.LONER_KEYS.parse(marker) if marker else None
+        if parsed is None:
+            return []
+        digest, until, status, jid = parsed[1], job.get(UNTIL_FIELD, 'started'), job.get('status', ''), job['id']
+        worker = job.get('worker_name') or ''
+        with connection.pipeline(transaction=False) as pipe:
+            pipe.get(marker)
+            pipe.ttl(marker)
+            pipe.exists(Worker.redis_worker_namespace_prefix + worker)
+            pipe.exists(keys.alive(jid))  # the horse outliving its worker (lua/lib/holder_running.lua reads it too)
+            holder, ttl, worker_alive, horse_alive = pipe.execute()
+        worker_alive = worker_alive or horse_alive
+        holder = text(holder) if holder is not None else None
+        entry: dict[str, Any] = {'identity': digest, 'until': until, 'marker': marker,
+                                 'holder': holder, 'expires_in': ttl if ttl and ttl > 0 else None}
+        short = digest[:12]
+        waiting = status in compat.WAITING_STATUSES
+        running = status == 'started' and until == 'finished'
+        if holder == jid and (waiting or (running and worker_alive)):
+            entry['holds'] = True
+            verdict = f'holds identity {short} (Loner until {until})' + (
+                f', marker expires in {ttl} s with the job' if ttl and ttl > 0 else '')
+            change = ('freed when a worker takes the job, or it is deleted, cancelled or removed'
+                      if until == 'started' else
+                      'freed when the job ends: success, failure with no retry left, stop, timeout, cancel, '
+                      'delete')
+        elif holder == jid and running:
+            entry['holds'] = False
+            verdict = (f'identity {short} is free: its worker {worker} is gone (no heartbeat), so the '
+                       'marker no longer blocks')
+            change = "rq's maintenance marks the job failed (abandoned)"
+        elif holder:
+            entry['holds'] = False
+            verdict = f'identity {short} is held by job {holder}, not this one'
+            change = f'an identical enqueue is handled as a duplicate of {holder} while it holds'
+        else:
+            entry['holds'] = False
+            why = 'a worker took it' if status == 'started' else f'it is {status or "gone"}'
+            verdict = f'holds nothing: identity {short} is free ({why})'
+            change = 'the next identical enqueue is admitted'
+        if job.get('policies_replaced_by'):
+            entry['replaced_by'] = job['policies_replaced_by']
+            verdict += f'; its payload was replaced in place by the enqueue of job {entry["replaced_by"]}'
+        return [Explanation(cls.name, verdict, change, entry)]
+
+    @classmethod
+    def explain_gone(cls, connection: Any, job_id: str, records: dict[str, Any], now: float) -> list[Explanation]:
+        dropped = records['dropped']
+        if not dropped or dropped.get('policy') != cls.name:
+            return []
+        holder = str(dropped.get('holder', ''))
+        status, _ = job_status(connection, records['job_prefix'], holder)
+        at = dropped.get('at')
+        ago = f' ({max(now - at, 0.0):.0f} s ago)' if at is not None else ''
+        return [Explanation(
+            cls.name, f'dropped at enqueue{ago}: held by job {holder} ({status or "gone"} now)',
+            'an identical enqueue is admitted once no job holds the identity; force() enqueues it anyway',
+            {'holder': holder, 'queue': dropped.get('queue', ''), 'dropped_at': at},
+        )]
+
+    @classmethod
+    def describe(cls, family: keys.Family, block: dict[str, Any], digests: bool = False,
+                 width: int = 40) -> list[Row | str]:
+        from rq_policies.engine.readable import identity
+
+        stale = block['count'] - block['waiting']
+        items = []
+        for row in block['entries']:
+            holds = '' if row.get('waiting') else ', stale: no longer holds'
+            items.append(f'{identity(row, width, digests)}  job {row["job_id"]} ({row["job_status"] or "gone"}{holds})')
+        return [Row('loner', f'{block["waiting"]} waiting' + (f', {stale} stale' if stale else ''), tuple(items))]
+
+    @classmethod
+    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[Panel]:
+        """The dashboard's unique identities: each marker's queue, identity, holder job and whether it still holds
+        (a marker whose job no longer waits, and is not running under ``until='finished'``, is stale: the next
+        enqueue of the identity replaces it)."""
+        from rq_policies.engine.readable import identity_cell
+        from rq_policies.surfaces import state
+
+        sample = state.sample_family(connection, keys.LONER_KEYS, limit, search)
+        rows = []
+        for row in sample['rows']:
+            job_id = row['job_id']
+            holds = 'yes' if row['waiting'] else Cell('no (stale: the next enqueue replaces it)', expired=True)
+            rows.append([row['queue'], identity_cell(row), Cell(job_id, job=job_id) if job_id else None,
+                         row['job_status'] or 'gone', holds,
+                         None if row['expires_in'] is None else Cell(at=row['expires_in'])])
+        if not rows:
+            return []
+        return [Panel('Unique identities (Loner)', ['queue', 'identity', 'job', 'job status', 'holds', 'expires'],
+                      rows, state.sample_note(sample, 'markers'))]
+
+    @classmethod
+    def reset_part(cls, call: Call, queue: str, digest: str, declared: AdmissionPolicy | None) -> dict[str, Any]:
+        call.key('loner.marker', keys.loner(queue, digest))
+        return {}
+
+
+def holder(connection: Any, queue: str, digest: str, job_prefix: str) -> str | None:
+    """The id of the job holding ``digest``'s marker on ``queue`` (waiting; or running, for a job admitted with
+    ``until='finished'``), or None."""
+    found = holder_call(queue, digest, job_prefix).run(connection)
+    if isinstance(found, bytes):
+        return found.decode()
+    return found if isinstance(found, str) else None  # on a pipeline the answer arrives with its execute()
+
+
+def holder_call(queue: str, digest: str, job_prefix: str) -> Call:
+    """The ``lua/loner_holder.lua`` call of :func:`holder` (the asyncio doors send it themselves)."""
+    call = Call('loner_holder', job_prefix=job_prefix, worker_prefix=Worker.redis_worker_namespace_prefix,
+                alive_prefix=keys.ALIVE_PREFIX)
+    return call.key('marker', keys.loner(queue, digest))
+
+
+def release_markers(connection: Any, job_prefix: str, job_ids: list[str]) -> int:
+    """Delete the loner markers that still name these jobs. Returns how many were deleted.
+
+    On a pipeline the release rides it (the count arrives with its ``execute()``, and 0 is returned here).
+    """
+    if not job_ids:
+        return 0
+    result = _release_call(job_prefix, job_ids).run(connection)
+    return result if isinstance(result, int) else 0
+
+
+def _release_call(job_prefix: str, job_ids: list[str]) -> Call:
+    # The job hashes go in KEYS too (the script reads them by prefix and id): a Redis Cluster routes a script by its
+    # keys, and a script with none would go to any node.
+    return Call('release_markers', job_prefix=job_prefix, jobs=list(job_ids)).key_list(
+        'jobs', [job_prefix + job_id for job_id in job_ids])

@@ -1,0 +1,5 @@
+"""Rate: its rules (``rules``)."""
+
+from .rules import Rate
+
+__all__ = ['Rate']

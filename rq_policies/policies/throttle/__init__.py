@@ -1,0 +1,5 @@
+"""Outcome: its rules (``rules``)."""
+
+from .rules import Outcome
+
+__all__ = ['Outcome']

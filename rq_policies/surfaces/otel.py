@@ -1,0 +1,327 @@
+"""OpenTelemetry traces and metrics for every policy decision (``pip install 'rq-policies[otel]'``).
+
+Off until you switch it on, and free while off::
+
+    import rq_policies.surfaces.otel
+    rq_policies.surfaces.otel.instrument()                      # the global tracer and meter providers
+    rq_policies.surfaces.otel.instrument(connection=redis)      # plus gauges read from Redis (parked jobs per key, ...)
+
+A span of kind PRODUCER named ``send <queue>`` per door decision (admitted, pending, replaced, dropped, raised), its
+context carried to the worker in the job's ``meta`` (``traceparent``), a ``process <queue>`` span per job a
+PolicyWorker runs, and counters, a histogram and gauges. Every attribute and instrument, and why a span rather than
+an event: docs/opentelemetry.md.
+
+How it is built: the engine never imports this module. :func:`instrument` registers two observers
+(:mod:`rq_policies.engine.events`): :func:`observe`, which the door core calls with each plan, verdict and error
+(the span's attributes are the plan's and the verdict's), and :func:`perform`, around each job a worker runs.
+Importing this module imports nothing of OpenTelemetry; only :func:`instrument` imports its API (an ImportError
+naming the extra when it is missing).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rq_policies.engine import events
+from rq_policies.engine.policy import by_name, registered
+
+from . import state
+
+#: The tracer the doors' observer uses, or None (off). Set by :func:`instrument` only.
+TRACER: Any = None
+#: The instruments, set with :data:`TRACER` (a dict of name -> instrument).
+INSTRUMENTS: dict[str, Any] = {}
+
+#: The job ``meta`` keys that carry the producer's trace context (W3C Trace Context).
+TRACEPARENT = 'traceparent'
+TRACESTATE = 'tracestate'
+
+_api: Any = None  # the opentelemetry modules this module uses, imported by instrument()
+_PROVIDER: Any = None  # the tracer provider instrument() was given (the global one when None)
+
+
+class _Api:
+    def __init__(self) -> None:
+        try:
+            from opentelemetry import context, metrics, trace
+            from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+        except ImportError as exc:
+            raise ImportError("rq_policies.otel needs OpenTelemetry: pip install 'rq-policies[otel]'") from exc
+        self.trace, self.metrics, self.context = trace, metrics, context
+        self.propagator = TraceContextTextMapPropagator()
+        self.producer, self.consumer = trace.SpanKind.PRODUCER, trace.SpanKind.CONSUMER
+        self.error = trace.Status(trace.StatusCode.ERROR)
+
+
+def instrument(tracer_provider: Any = None, meter_provider: Any = None, connection: Any = None,
+               top_keys: int = 10) -> None:
+    """Switch tracing and metrics on for every door and PolicyWorker of this process.
+
+    Args:
+        tracer_provider: the tracer provider to use (the global one when None).
+        meter_provider: the meter provider to use (the global one when None).
+        connection: a synchronous ``redis.Redis``: adds the gauges read from Redis at each collection.
+        top_keys: per scope, how many of the busiest keys get a ``key`` label of their own (the cardinality bound);
+            the others are summed under ``key='(other)'``.
+    """
+    global TRACER, _api, _PROVIDER
+    if isinstance(top_keys, bool) or not isinstance(top_keys, int) or top_keys < 0:
+        raise ValueError(f'top_keys must be an int >= 0, got {top_keys!r}')
+    api = _Api()
+    from rq_policies import __version__ as version
+
+    tracer = api.trace.get_tracer('rq_policies', version, tracer_provider=tracer_provider)
+    meter = api.metrics.get_meter('rq_policies', version, meter_provider=meter_provider)
+    instruments = {
+        'admissions': meter.create_counter('rq_policies.admissions', unit='{job}',
+                                           description='Jobs the policies admitted through this process\'s doors.'),
+        'drops': meter.create_counter('rq_policies.dropped_enqueues', unit='{enqueue}',
+                                      description='Enqueues a policy dropped at this process\'s doors.'),
+        'duration': meter.create_histogram('rq_policies.decision.duration', unit='s',
+                                           description='A door decision\'s round trip.'),
+    }
+    if connection is not None:
+        instruments['gauges'] = _RedisGauges(meter, connection, top_keys)
+    INSTRUMENTS.clear()
+    INSTRUMENTS.update(instruments)
+    _api, _PROVIDER = api, tracer_provider
+    TRACER = tracer
+    events.observe(door=observe, run=perform)
+
+
+def uninstrument() -> None:
+    """Switch it off again (the doors and workers go back to their one check)."""
+    global TRACER
+    events.unobserve(door=observe, run=perform)
+    TRACER = None
+    INSTRUMENTS.clear()
+
+
+class _RedisGauges:
+    """The gauges read from Redis at each collection (the state :mod:`rq_policies.surfaces.metrics` exports)."""
+
+    def __init__(self, meter: Any, connection: Any, top_keys: int) -> None:
+        self.connection, self.top = connection, top_keys
+        self._rows: list[tuple] | None = None
+        meter.create_observable_gauge('rq_policies.keys.parked', [self._parked], unit='{job}',
+                                      description='Parked jobs per key of the per-key policies (top keys).')
+        meter.create_observable_gauge('rq_policies.keys.in_use', [self._in_use], unit='{job}',
+                                      description='Holds in use per key of the per-key policies (top keys).')
+        meter.create_observable_gauge('rq_policies.dropped_enqueues.cluster', [self._drops], unit='{enqueue}',
+                                      description='Enqueues dropped, counted in Redis by every producer.')
+        meter.create_observable_gauge('rq_policies.queue_slots.in_use', [self._slots], unit='{job}',
+                                      description='Live QueueSlot holds of a queue (jobs running under its cap).')
+        meter.create_observable_gauge('rq_policies.queue_slots.capacity', [self._capacity], unit='{job}',
+                                      description='Cluster-wide QueueSlot cap of a queue.')
+
+    def key_rows(self) -> list[tuple[str, str, str, int, int]]:
+        """(policy, scope, key, parked, in_use), the busiest ``top_keys`` keys per scope and an ``(other)`` row."""
+        now = state.server_now(self.connection)
+        rows = []
+        for cls in registered():
+            found = cls.cluster_state(self.connection, now, None)
+            for scope, entry in (found or {}).get('scopes', {}).items() if isinstance(found, dict) else ():
+                busiest = entry.get('busiest') or []
+                for row in busiest[:self.top]:
+                    rows.append((cls.name, scope, row['key'], int(row.get('parked', 0)), int(row.get('in_use', 0))))
+                rest = busiest[self.top:]
+                if rest:
+                    rows.append((cls.name, scope, '(other)', sum(int(r.get('parked', 0)) for r in rest),
+                                 sum(int(r.get('in_use', 0)) for r in rest)))
+        return rows
+
+    def _observe(self, column: int) -> list[Any]:
+        from opentelemetry.metrics import Observation
+
+        return [Observation(row[column], {'policy': row[0], 'scope': row[1], 'key': row[2]})
+                for row in self.key_rows()]
+
+    def _parked(self, options: Any) -> list[Any]:
+        return self._observe(3)
+
+    def _in_use(self, options: Any) -> list[Any]:
+        return self._observe(4)
+
+    def _slot_rows(self) -> list[dict[str, Any]]:
+        now = state.server_now(self.connection)
+        return by_name('queue_slot').gauges(self.connection, state.queue_names(self.connection), now)
+
+    def _slots(self, options: Any) -> list[Any]:
+        from opentelemetry.metrics import Observation
+
+        return [Observation(row['in_use'], {'queue': row['queue']}) for row in self._slot_rows()]
+
+    def _capacity(self, options: Any) -> list[Any]:
+        from opentelemetry.metrics import Observation
+
+        return [Observation(row['capacity'], {'queue': row['queue']}) for row in self._slot_rows()
+                if row['capacity'] is not None]
+
+    def _drops(self, options: Any) -> list[Any]:
+        from opentelemetry.metrics import Observation
+
+        return [Observation(row['count'], {'policy': row['policy'], 'queue': row['queue']})
+                for row in state.drops(self.connection)]
+
+
+# -- the producer's side ---------------------------------------------------------------------------------------------
+
+_DECISIONS = {1: 'admitted', 2: 'pending', 3: 'replaced', 0: 'dropped'}
+
+
+def observe(event: str, plan: Any, detail: Any, state: Any) -> Any:
+    """The door observer :func:`instrument` registers (:mod:`rq_policies.engine.events`): a span per door decision,
+    from the plan and the verdict the door core already has."""
+    if plan.kind == 'probe':  # a span only for a drop, timed around the probe's round trip; a miss is no decision
+        if event == 'planned':
+            return time.time_ns(), time.perf_counter()
+        if event == 'decided' and detail.code == 0:
+            _probe_span(plan, detail, *state)
+        return None
+    if event == 'planned':
+        span = _start(plan)
+        carry(plan.write.job, span, plan.write)  # before the call is built: the context rides the one round trip
+        return span, time.perf_counter()
+    span, started = state
+    if event == 'decided':
+        _end(span, plan, detail, started)
+    else:
+        _end(span, plan, plan.verdict, started, detail)
+    return None
+
+
+def _messaging(queue: Any, operation: str, spec: Any) -> dict[str, Any]:
+    return {
+        'messaging.system': 'rq', 'messaging.destination.name': queue.name, 'messaging.operation.type': 'send',
+        'messaging.operation.name': operation,
+        'rq_policies.policies': [item.name for item in spec.policies] if spec is not None else [],
+    }
+
+
+def _start(plan: Any) -> Any:
+    """Start the decision's span of ``plan`` (an admission or a plain write)."""
+    queue, write, spec, digest = plan.queue, plan.write, plan.spec, plan.digest
+    job = write.job
+    attributes = _messaging(queue, 'force' if plan.force else ('schedule' if write.mode == 'S' else 'enqueue'), spec)
+    attributes['rq.job.function'] = job.func_name
+    if digest:
+        attributes['rq_policies.identity'] = digest
+    if spec is not None:
+        for item in spec.policies:
+            key_of = getattr(item, 'key_of', None)
+            if key_of is not None:
+                scope, key = key_of(job, digest)
+                attributes['rq_policies.scope'], attributes['rq_policies.key'] = str(scope), str(key)
+    return TRACER.start_span(f'send {queue.name}', kind=_api.producer, attributes=attributes)
+
+
+def _probe_span(plan: Any, verdict: Any, started_ns: int, started: float) -> None:
+    """A drop the hint probe decided: one span, timed around the probe's round trip."""
+    queue = plan.queue
+    attributes = _messaging(queue, 'enqueue', plan.spec)
+    attributes.update({'rq_policies.identity': plan.digest, 'rq_policies.decision': 'dropped',
+                       'rq_policies.policy': verdict.policy, 'rq_policies.probe': True})
+    if verdict.job_id:
+        attributes['rq_policies.holder.id'] = verdict.job_id
+    span = TRACER.start_span(f'send {queue.name}', kind=_api.producer, attributes=attributes, start_time=started_ns)
+    _count(queue, verdict, 'dropped', started)
+    span.end()
+
+
+def carry(job: Any, span: Any, write: Any = None) -> None:
+    """Write ``span``'s context into ``job.meta`` (and, given the job's prepared ``write``, into the hash fields it
+    is about to write)."""
+    carrier: dict[str, str] = {}
+    _api.propagator.inject(carrier, context=_api.trace.set_span_in_context(span))
+    if not carrier:
+        return
+    job.meta = dict(job.meta or {})
+    job.meta.update(carrier)
+    if write is None:
+        return
+    fields = write.fields
+    packed = job.serializer.dumps(job.meta)
+    for i in range(0, len(fields) - 1, 2):
+        if fields[i] == 'meta':
+            fields[i + 1] = packed
+            return
+    fields += ['meta', packed]
+
+
+def _end(span: Any, plan: Any, verdict: Any, started: float, exc: BaseException | None = None) -> None:
+    """End the decision's span: the decision, its policy, the holder (a drop) or the job written, and the metrics;
+    ``exc``: the door raised it (a refused option, a Redis error, a policy's raise)."""
+    if exc is not None:
+        decision = 'raised'
+        span.record_exception(exc)
+        span.set_status(_api.error)
+    else:
+        decision = _DECISIONS.get(verdict.code, 'admitted') if verdict is not None else 'admitted'
+    span.set_attribute('rq_policies.decision', decision)
+    if verdict is not None and verdict.policy:
+        span.set_attribute('rq_policies.policy', verdict.policy)
+    if verdict is not None and verdict.code == 0:
+        if verdict.job_id:
+            span.set_attribute('rq_policies.holder.id', verdict.job_id)
+    elif decision == 'replaced':
+        span.set_attribute('messaging.message.id', verdict.job_id)
+    elif decision != 'raised':
+        span.set_attribute('messaging.message.id', plan.write.job.id)
+    _count(plan.queue, verdict, decision, started, plan.spec)
+    span.end()
+
+
+def _count(queue: Any, verdict: Any, decision: str, started: float, spec: Any = None) -> None:
+    instruments = INSTRUMENTS
+    if verdict is not None and verdict.code == 0:  # dropped (or raised by the dropping policy)
+        instruments['drops'].add(1, {'policy': verdict.policy, 'queue': queue.name})
+    elif decision in ('admitted', 'pending'):  # a job written: admitted by each of its policies ('none': no policy)
+        for item in spec.policies if spec is not None else ():
+            instruments['admissions'].add(1, {'policy': item.name, 'queue': queue.name})
+        if spec is None or not spec.policies:
+            instruments['admissions'].add(1, {'policy': 'none', 'queue': queue.name})
+    instruments['duration'].record(time.perf_counter() - started, {'queue': queue.name, 'decision': decision})
+
+
+# -- the worker's side -----------------------------------------------------------------------------------------------
+
+
+def context_of(job: Any) -> Any:
+    """The producer's context carried in ``job.meta`` (None when it carries none)."""
+    meta = job.meta or {}
+    if TRACEPARENT not in meta:
+        return None
+    carrier = {TRACEPARENT: str(meta[TRACEPARENT])}
+    if TRACESTATE in meta:
+        carrier[TRACESTATE] = str(meta[TRACESTATE])
+    return _api.propagator.extract(carrier)
+
+
+def perform(run: Any, job: Any, queue: Any, *args: Any) -> Any:
+    """The run observer :func:`instrument` registers: ``run(job, queue, *args)`` (rq's ``perform_job``, in the work
+    horse) inside the job's ``process`` span, a child of the producer's span carried on the job; then the provider
+    flushed (a horse ends with ``os._exit``)."""
+    attributes = {
+        'messaging.system': 'rq', 'messaging.destination.name': queue.name, 'messaging.operation.type': 'process',
+        'messaging.operation.name': 'perform', 'messaging.message.id': job.id, 'rq.job.function': job.func_name,
+    }
+    span = TRACER.start_span(f'process {queue.name}', context=context_of(job), kind=_api.consumer,
+                             attributes=attributes)
+    token = _api.context.attach(_api.trace.set_span_in_context(span))
+    try:
+        ok = run(job, queue, *args)
+        span.set_attribute('rq.job.status', 'finished' if ok else 'failed')
+        if not ok:
+            span.set_status(_api.error)
+        return ok
+    except BaseException as exc:
+        span.record_exception(exc)
+        span.set_status(_api.error)
+        raise
+    finally:
+        _api.context.detach(token)
+        span.end()
+        flush = getattr(_PROVIDER or _api.trace.get_tracer_provider(), 'force_flush', None)
+        if flush is not None:
+            flush()

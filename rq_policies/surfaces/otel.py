@@ -1,10 +1,14 @@
 """OpenTelemetry traces and metrics for every policy decision (``pip install 'rq-policies[otel]'``).
 
-Off until you switch it on, and free while off::
+Off until you switch it on, and free while off. Zero-code, as OpenTelemetry's own instrumentations: the
+:class:`RQPoliciesInstrumentor` is registered under the ``opentelemetry_instrumentor`` entry point (as
+``rq_policies``), so ``opentelemetry-instrument rq worker -w rq_policies.PolicyWorker QUEUE`` and
+``opentelemetry-instrument python app.py`` switch it on with the SDK the distro configures. In code::
 
     import rq_policies.surfaces.otel
     rq_policies.surfaces.otel.instrument()                      # the global tracer and meter providers
     rq_policies.surfaces.otel.instrument(connection=redis)      # plus gauges read from Redis (parked jobs per key, ...)
+    rq_policies.surfaces.otel.RQPoliciesInstrumentor().instrument()   # the same, the BaseInstrumentor way
 
 A span of kind PRODUCER named ``send <queue>`` per door decision (admitted, pending, replaced, dropped, raised), its
 context carried to the worker in the job's ``meta`` (``traceparent``), a ``process <queue>`` span per job a
@@ -15,12 +19,14 @@ How it is built: the engine never imports this module. :func:`instrument` regist
 (:mod:`rq_policies.engine.events`): :func:`observe`, which the door core calls with each plan, verdict and error
 (the span's attributes are the plan's and the verdict's), and :func:`perform`, around each job a worker runs.
 Importing this module imports nothing of OpenTelemetry; only :func:`instrument` imports its API (an ImportError
-naming the extra when it is missing).
+naming the extra when it is missing), and :class:`RQPoliciesInstrumentor` is built at its first lookup (the module's
+``__getattr__``), which imports ``opentelemetry-instrumentation``'s ``BaseInstrumentor``.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from typing import Any
 
 from rq_policies.engine import events
@@ -96,6 +102,57 @@ def uninstrument() -> None:
     events.unobserve(door=observe, run=perform)
     TRACER = None
     INSTRUMENTS.clear()
+
+
+#: What the instrumentor instruments, as OpenTelemetry's instrumentations name it (``instrumentation_dependencies``).
+INSTRUMENTS_RQ: tuple[str, ...] = ('rq >= 2.12, < 4',)
+
+_INSTRUMENTOR: Any = None  # the RQPoliciesInstrumentor class, built at its first lookup
+
+
+def _instrumentor_class() -> Any:
+    """Build :class:`RQPoliciesInstrumentor` (once): a ``BaseInstrumentor`` whose ``instrument()`` is
+    :func:`instrument` and ``uninstrument()`` :func:`uninstrument`."""
+    global _INSTRUMENTOR
+    if _INSTRUMENTOR is not None:
+        return _INSTRUMENTOR
+    try:
+        from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+    except ImportError as exc:
+        raise ImportError("rq_policies' instrumentor needs opentelemetry-instrumentation: "
+                          "pip install 'rq-policies[otel]'") from exc
+
+    class RQPoliciesInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+        """rq-policies' OpenTelemetry instrumentor: a ``send <queue>`` span per door decision, its context carried
+        on the job, a ``process <queue>`` span per job a PolicyWorker runs, and the metrics (docs/opentelemetry.md).
+
+        ``opentelemetry-instrument`` finds it under the ``opentelemetry_instrumentor`` entry point ``rq_policies``
+        (``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=rq_policies`` leaves it out). In code,
+        ``RQPoliciesInstrumentor().instrument(tracer_provider=..., meter_provider=..., connection=..., top_keys=...)``
+        takes :func:`instrument`'s arguments; ``uninstrument()`` switches it off.
+        """
+
+        def instrumentation_dependencies(self) -> Collection[str]:
+            return INSTRUMENTS_RQ
+
+        def _instrument(self, **kwargs: Any) -> None:
+            instrument(tracer_provider=kwargs.get('tracer_provider'), meter_provider=kwargs.get('meter_provider'),
+                       connection=kwargs.get('connection'), top_keys=kwargs.get('top_keys', 10))
+
+        def _uninstrument(self, **kwargs: Any) -> None:
+            uninstrument()
+
+    RQPoliciesInstrumentor.__qualname__ = 'RQPoliciesInstrumentor'
+    _INSTRUMENTOR = RQPoliciesInstrumentor
+    return RQPoliciesInstrumentor
+
+
+def __getattr__(name: str) -> Any:
+    """``RQPoliciesInstrumentor``, built at its first lookup (importing this module imports nothing of
+    OpenTelemetry)."""
+    if name == 'RQPoliciesInstrumentor':
+        return _instrumentor_class()
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
 
 class _RedisGauges:

@@ -1,8 +1,11 @@
 """The rq-policies command takes its connection options where a user puts them (before the subcommand or after it),
-says which setting chose a server it cannot reach, and refuses a negative number by the argument it was given for.
-Run as a subprocess against the session's server, as a user does."""
+says which setting chose a server it cannot reach, refuses a negative number by the argument it was given for, and
+docs/cli.md lists every command. Run as a subprocess against the session's server, as a user does."""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import pytest
 from rq.cli.helpers import CliConfig
@@ -14,6 +17,7 @@ from tests.helpers.cli import assert_one_line_error, run
 from tests.helpers.cluster import CLUSTER_CLASS, ON_CLUSTER
 
 UNREACHABLE = 'redis://127.0.0.1:1/0'
+DOCS = Path(__file__).resolve().parents[2] / 'docs' / 'cli.md'
 
 
 @pytest.fixture
@@ -103,3 +107,16 @@ def test_an_unknown_option_is_still_one(env, redis_url, known):
     assert_one_line_error(run('cap', known, '--bogus', env=env, url=redis_url), "No such option '--bogus'")
     assert_one_line_error(run('cap', known, '-x', env=env, url=redis_url), "No such option '-x'")
 
+
+def _names(group, prefix=()):
+    for name, command in sorted(group.commands.items()):
+        yield (*prefix, name)
+        if hasattr(command, 'commands'):
+            yield from _names(command, (*prefix, name))
+
+
+def test_docs_list_every_command():
+    text = DOCS.read_text()
+    missing = [' '.join(name) for name in _names(cli.main)
+               if not re.search(r'rq-policies (\[[^\]]*\] )?' + re.escape(' '.join(name)) + r'\b', text)]
+    assert not missing, f'docs/cli.md does not show: {missing}'

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection
+from datetime import datetime, timezone
 from typing import Any
 
 from rq_policies.engine import events
@@ -355,6 +356,41 @@ def context_of(job: Any) -> Any:
     return _api.propagator.extract(carrier)
 
 
+def _time_in_queue(job: Any) -> float | None:
+    """Seconds from the job's ``enqueued_at`` to now (its run's start), or None when rq recorded none."""
+    enqueued = getattr(job, 'enqueued_at', None)
+    if enqueued is None:
+        return None
+    if enqueued.tzinfo is None:  # rq 2.12 stores naive UTC
+        enqueued = enqueued.replace(tzinfo=timezone.utc)
+    return max(0.0, (datetime.now(timezone.utc) - enqueued).total_seconds())
+
+
+def _catch(run: Any, job: Any) -> tuple[list[Any], Any]:
+    """A list that the worker's exception handlers fill with ``job``'s exception, and the function that takes the
+    handler out again (a no-op when ``run`` is not a worker's bound ``perform_job``).
+
+    rq catches a job's exception inside ``perform_job`` and hands it to the worker's exception handlers (after
+    rq-policies' own outcome: a back-off or a lost start is no failure and reaches none); this handler, put first,
+    records it and lets the others run."""
+    handlers = getattr(getattr(run, '__self__', None), '_exc_handlers', None)
+    if not isinstance(handlers, list):
+        return [], lambda: None
+    seen: list[Any] = []
+
+    def catch(failed: Any, *exc_info: Any) -> bool:
+        if getattr(failed, 'id', None) == job.id and len(exc_info) > 1 and exc_info[1] is not None:
+            seen.append(exc_info[1])
+        return True  # fall through to the next handler
+
+    def remove() -> None:
+        if catch in handlers:
+            handlers.remove(catch)
+
+    handlers.insert(0, catch)
+    return seen, remove
+
+
 def perform(run: Any, job: Any, queue: Any, *args: Any) -> Any:
     """The run observer :func:`instrument` registers: ``run(job, queue, *args)`` (rq's ``perform_job``, in the work
     horse) inside the job's ``process`` span, a child of the producer's span carried on the job; then the provider
@@ -363,13 +399,23 @@ def perform(run: Any, job: Any, queue: Any, *args: Any) -> Any:
         'messaging.system': 'rq', 'messaging.destination.name': queue.name, 'messaging.operation.type': 'process',
         'messaging.operation.name': 'perform', 'messaging.message.id': job.id, 'rq.job.function': job.func_name,
     }
+    for name in ('retries_left', 'number_of_retries'):  # rq's own counts, when the job has them
+        value = getattr(job, name, None)
+        if isinstance(value, int):
+            attributes[f'rq.job.{name}'] = value
+    waited = _time_in_queue(job)
+    if waited is not None:
+        attributes['rq.job.time_in_queue'] = waited
     span = TRACER.start_span(f'process {queue.name}', context=context_of(job), kind=_api.consumer,
                              attributes=attributes)
     token = _api.context.attach(_api.trace.set_span_in_context(span))
+    seen, uncatch = _catch(run, job)
     try:
         ok = run(job, queue, *args)
         span.set_attribute('rq.job.status', 'finished' if ok else 'failed')
         if not ok:
+            if seen:
+                span.record_exception(seen[-1])
             span.set_status(_api.error)
         return ok
     except BaseException as exc:
@@ -377,6 +423,7 @@ def perform(run: Any, job: Any, queue: Any, *args: Any) -> Any:
         span.set_status(_api.error)
         raise
     finally:
+        uncatch()
         _api.context.detach(token)
         span.end()
         flush = getattr(_PROVIDER or _api.trace.get_tracer_provider(), 'force_flush', None)

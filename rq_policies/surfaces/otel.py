@@ -26,6 +26,7 @@ naming the extra when it is missing), and :class:`RQPoliciesInstrumentor` is bui
 from __future__ import annotations
 
 import time
+import traceback
 from collections.abc import Collection
 from datetime import datetime, timezone
 from typing import Any
@@ -414,8 +415,10 @@ def perform(run: Any, job: Any, queue: Any, *args: Any) -> Any:
         ok = run(job, queue, *args)
         span.set_attribute('rq.job.status', 'finished' if ok else 'failed')
         if not ok:
-            if seen:
-                span.record_exception(seen[-1])
+            if seen:  # with its own traceback (an older SDK formats the exception being handled: none by now)
+                exc = seen[-1]
+                stack = ''.join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+                span.record_exception(exc, attributes={'exception.stacktrace': stack})
             span.set_status(_api.error)
         return ok
     except BaseException as exc:

@@ -14,6 +14,7 @@ and the value, not taken for an unknown option.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -152,19 +153,23 @@ class Command(click.Command):
     -3``. Any other unknown option is still refused by click."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if _only_negatives_unknown(self, ctx, args):
+        negative, unknown, names = _scan(self, ctx, args)
+        if negative and unknown is not None:  # click would name the number: name the option instead
+            raise click.NoSuchOption(unknown, possibilities=difflib.get_close_matches(unknown, names), ctx=ctx)
+        if negative:
             ctx.ignore_unknown_options = True
         return super().parse_args(ctx, args)
 
 
-def _only_negatives_unknown(command: click.Command, ctx: click.Context, args: list[str]) -> bool:
-    """True when ``args`` hold a negative number and no other token click would take for an unknown option."""
+def _scan(command: click.Command, ctx: click.Context, args: list[str]) -> tuple[bool, str | None, list[str]]:
+    """Whether ``args`` hold a negative number, the first other token click would take for an unknown option (None
+    if none), and the command's option names."""
     takes_value, flags = set(), set()
     for param in command.get_params(ctx):
         if isinstance(param, click.Option):
             names = [*param.opts, *param.secondary_opts]
             (flags if param.is_flag or param.count else takes_value).update(names)
-    negative, skip = False, False
+    negative, unknown, skip = False, None, False
     for token in args:
         if skip:
             skip = False
@@ -175,10 +180,10 @@ def _only_negatives_unknown(command: click.Command, ctx: click.Context, args: li
             skip = True
         elif _NEGATIVE.match(token):
             negative = True
-        elif token.startswith('-') and len(token) > 1 and token not in flags and token.split('=', 1)[0] not in \
-                takes_value:
-            return False
-    return negative
+        elif (unknown is None and token.startswith('-') and len(token) > 1 and token not in flags
+              and token.split('=', 1)[0] not in takes_value):
+            unknown = token
+    return negative, unknown, sorted(takes_value | flags)
 
 
 #: What a refusal of an unknown queue suggests, per command: only options the command has (a test walks them).

@@ -106,6 +106,9 @@ def test_a_negative_number_is_refused_by_its_argument(connection, env, redis_url
 def test_an_unknown_option_is_still_one(env, redis_url, known):
     assert_one_line_error(run('cap', known, '--bogus', env=env, url=redis_url), "No such option '--bogus'")
     assert_one_line_error(run('cap', known, '-x', env=env, url=redis_url), "No such option '-x'")
+    # beside a negative number, the unknown option is the one named (not the number)
+    assert_one_line_error(run('cap', known, '-3', '--froce', env=env, url=redis_url), "No such option '--froce'",
+                          '--force')
 
 
 def _names(group, prefix=()):

@@ -3,22 +3,31 @@
 It takes the same connection options and environment variables as ``rq`` (``--url``/``RQ_REDIS_URL``,
 ``--config``/``RQ_CONFIG`` with ``REDIS_URL``, ``REDIS_HOST``... or a ``SENTINEL`` dict, and the ``REDIS_*``
 variables when neither is given), because it reuses rq's own option set and connection helper
-(``rq.cli.helpers.pass_cli_config``).
+(``rq.cli.helpers.shared_options`` and ``CliConfig``). They are taken before the subcommand
+(``rq-policies --url URL info``) as well as after it (``rq-policies info --url URL``, as ``rq`` takes them); given in
+both places, the one after the subcommand wins.
 
-Every error is one line on stderr and a non-zero exit (2 for bad usage, 1 for anything else), never a traceback.
+Every error is one line on stderr and a non-zero exit (2 for bad usage, 1 for anything else), never a traceback. A
+negative number where a number is expected (``cap billing -3``) is refused by the argument's type, naming the argument
+and the value, not taken for an unknown option.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
+import os
+import re
 import signal
 import sys
 import threading
+from functools import update_wrapper
 from typing import Any
 
 import click
+from click.core import ParameterSource
 from redis.exceptions import RedisError
-from rq.cli.helpers import pass_cli_config
+from rq.cli.helpers import CliConfig, shared_options
 from rq.utils import import_attribute
 
 from rq_policies import __version__
@@ -61,13 +70,120 @@ def _connect(cli_config: Any, read_from_replicas: bool = False, keep: bool = Fal
                 conn.close()  # the command reads through the reader only
             conn = reader
     except RedisError as exc:
-        where = cli_config.url or cli_config.config or 'the REDIS_* settings'
-        raise CommandError(f'cannot reach Redis ({where}): {exc}') from None
+        at = _address(cli_config)
+        raise CommandError(f'cannot reach Redis{" at " + at if at else ""} '
+                           f'({getattr(cli_config, "source", None) or _source(cli_config)}): {exc}') from None
     except PolicyConfigurationError as exc:
         raise CommandError(str(exc)) from None
     except (ImportError, ValueError) as exc:  # a bad --config module, a malformed URL
         raise CommandError(f'cannot connect to Redis: {exc}') from None
     return conn
+
+
+def _address(cli_config: Any) -> str | None:
+    """Where the client connects (``host:port/db`` or a socket path), without a password; None when unknown (a
+    cluster, a Sentinel)."""
+    connection = getattr(cli_config, '_connection', None)
+    pool = getattr(connection, 'connection_pool', None)
+    found = getattr(pool, 'connection_kwargs', None) or {}
+    if found.get('path'):
+        return str(found['path'])
+    if found.get('host'):
+        return f'{found["host"]}:{found.get("port", 6379)}/{found.get("db", 0)}'
+    return None
+
+
+def _source(cli_config: Any, url_from: str = '--url') -> str:
+    """Which setting chose the server, as the error of an unreachable one names it (rq's order: ``--url``, then
+    ``--config``, then the ``REDIS_*`` variables of the environment)."""
+    if cli_config.url:
+        return f'from {url_from}'
+    if cli_config.config:
+        return f'from --config {cli_config.config}'
+    if os.environ.get('REDIS_URL') is not None:
+        return 'from REDIS_URL; --url or RQ_REDIS_URL chooses another'
+    if any(os.environ.get(name) for name in ('REDIS_HOST', 'REDIS_PORT', 'REDIS_DB')):
+        return 'from the REDIS_HOST/REDIS_PORT/REDIS_DB variables; --url or RQ_REDIS_URL chooses another'
+    return 'no --url, RQ_REDIS_URL, --config or REDIS_URL given: pass --url redis://HOST:PORT/DB'
+
+
+def _shared_names() -> tuple[str, ...]:
+    def probe() -> None:
+        pass
+
+    for option in shared_options:
+        option(probe)
+    return tuple(param.name for param in probe.__click_params__)  # type: ignore[attr-defined]
+
+
+#: rq's connection options' parameter names (url, config, path, ...), which the group takes too.
+_SHARED = _shared_names()
+
+
+def pass_cli_config(func: Any) -> Any:
+    """rq's ``pass_cli_config`` (its connection options on the command, a ``CliConfig`` passed first), with the
+    options given before the subcommand (kept by :func:`main`) used where the command's own were not given."""
+    for option in shared_options:
+        func = option(func)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        ctx = click.get_current_context()
+        before = ctx.find_root().meta.get('rq_policies.connection', {})
+        url_from = '--url'
+        for name, value in before.items():
+            if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.PROMPT):
+                continue  # after the subcommand wins
+            kwargs[name] = value
+        if ctx.get_parameter_source('url') is ParameterSource.ENVIRONMENT and 'url' not in before:
+            url_from = 'RQ_REDIS_URL'
+        cli_config = CliConfig(**kwargs)
+        cli_config.source = _source(cli_config, url_from)
+        return ctx.invoke(func, cli_config, *args[1:], **kwargs)
+
+    return update_wrapper(wrapper, func)
+
+
+#: A token that is a negative number (``-3``, ``-0.5``, ``-3/60s``), never an option of ours.
+_NEGATIVE = re.compile(r'-\.?[0-9]')
+
+
+class Command(click.Command):
+    """Every command of ``rq-policies``: a negative number (``cap billing -3``) reaches the argument or option it is
+    the value of, so that its type refuses it naming the argument and the value, instead of click's ``No such option:
+    -3``. Any other unknown option is still refused by click."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        negative, unknown, names = _scan(self, ctx, args)
+        if negative and unknown is not None:  # click would name the number: name the option instead
+            raise click.NoSuchOption(unknown, possibilities=difflib.get_close_matches(unknown, names), ctx=ctx)
+        if negative:
+            ctx.ignore_unknown_options = True
+        return super().parse_args(ctx, args)
+
+
+def _scan(command: click.Command, ctx: click.Context, args: list[str]) -> tuple[bool, str | None, list[str]]:
+    """Whether ``args`` hold a negative number, the first other token click would take for an unknown option (None
+    if none), and the command's option names."""
+    takes_value, flags = set(), set()
+    for param in command.get_params(ctx):
+        if isinstance(param, click.Option):
+            names = [*param.opts, *param.secondary_opts]
+            (flags if param.is_flag or param.count else takes_value).update(names)
+    negative, unknown, skip = False, None, False
+    for token in args:
+        if skip:
+            skip = False
+            continue
+        if token == '--':
+            break
+        if token in takes_value:
+            skip = True
+        elif _NEGATIVE.match(token):
+            negative = True
+        elif (unknown is None and token.startswith('-') and len(token) > 1 and token not in flags
+              and token.split('=', 1)[0] not in takes_value):
+            unknown = token
+    return negative, unknown, sorted(takes_value | flags)
 
 
 #: What a refusal of an unknown queue suggests, per command: only options the command has (a test walks them).
@@ -123,16 +239,31 @@ def _parse_value(text: str) -> Any:
         return text
 
 
+def _group_options(func: Any) -> Any:
+    for option in shared_options:
+        func = option(func)
+    return func
+
+
 @click.group()
 @click.version_option(__version__, prog_name='rq-policies')
-def main() -> None:
-    """Inspect and change rq-policies state: caps, holds, identities, limited-capacity workers, metrics."""
+@_group_options
+@click.pass_context
+def main(ctx: click.Context, **options: Any) -> None:
+    """Inspect and change rq-policies state: caps, holds, identities, limited-capacity workers, metrics.
+
+    rq's connection options (--url, --config, ...) go before the COMMAND or after it; after it, they win.
+    """
+    ctx.meta['rq_policies.connection'] = {
+        name: value for name, value in options.items()
+        if name in _SHARED and ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE
+    }
 
 
 # -- info -----------------------------------------------------------------------------------------------------------
 
 
-@main.command()
+@main.command(cls=Command)
 @click.argument('queues', nargs=-1)
 @click.option('--json', 'as_json', is_flag=True, help='Print the state as JSON (for scripts).')
 @click.option('--limit', type=Digits('an integer >= 0'), default=20, show_default=True,
@@ -244,7 +375,7 @@ def _wait_replicas(conn: Any, values: dict[str, Any]) -> None:
     click.echo(f'On {got} replica(s).', err=True)
 
 
-@main.command()
+@main.command(cls=Command)
 @click.argument('queue')
 @click.argument('function')
 @click.argument('args', nargs=-1)
@@ -299,7 +430,7 @@ def _resolve(function: str) -> tuple[str, Any, Any]:
 # -- explain --------------------------------------------------------------------------------------------------------
 
 
-@main.command()
+@main.command(cls=Command)
 @click.argument('job_id')
 @click.option('--json', 'as_json', is_flag=True, help='Print the answer as JSON (for tools).')
 @READ_FROM_REPLICAS
@@ -323,7 +454,7 @@ def explain(cli_config: Any, job_id: str, as_json: bool, read_from_replicas: boo
 # -- exporter -------------------------------------------------------------------------------------------------------
 
 
-@main.command()
+@main.command(cls=Command)
 @click.option('--port', type=Digits('a port number from 1 to 65535', 1, 65535), default=9121, show_default=True,
               help='Port to serve on.')
 @click.option('--addr', default='0.0.0.0', show_default=True, help='Address to bind.')
@@ -359,7 +490,7 @@ def exporter(cli_config: Any, port: int, addr: str, read_from_replicas: bool, **
 # -- dashboard ------------------------------------------------------------------------------------------------------
 
 
-@main.command()
+@main.command(cls=Command)
 @click.option('--port', type=Digits('a port number from 1 to 65535', 1, 65535), default=9181, show_default=True,
               help='Port to serve on.')
 @click.option('--host', default='127.0.0.1', show_default=True,
@@ -446,7 +577,7 @@ def _command(view: views.Command) -> click.Command:
         _refusals(body)(cli_config, values)
 
     callback.__doc__ = view.help
-    return click.command(view.name)(_parameters(callback, view.arguments, view.options))
+    return click.command(view.name, cls=Command)(_parameters(callback, view.arguments, view.options))
 
 
 def _setting(view: views.Setting) -> click.Command:
@@ -480,7 +611,7 @@ def _setting(view: views.Setting) -> click.Command:
         options.append(views.Option('--json', 'as_json', view.json_help, is_flag=True))
     arguments = view.targets + (views.Argument(view.value.name, False, view.value.kind, view.value.metavar),)
     callback.__doc__ = view.help
-    return click.command(view.name)(_parameters(callback, arguments, tuple(options)))
+    return click.command(view.name, cls=Command)(_parameters(callback, arguments, tuple(options)))
 
 
 def _group(view: views.Group) -> click.Group:

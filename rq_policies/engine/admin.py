@@ -44,6 +44,7 @@ they are removed in 0.4.
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -51,8 +52,12 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .exceptions import InvalidSetting, UnknownQueueWarning
+from .ops import text
+from .policy import MAX_CAPACITY, positive_int, whole_seconds
+from .reading import known_queue
 
-__all__ = ['Cap', 'KeyLimit', 'KeyRate', 'KeyStatus', 'SlotStatus', 'deprecated', 'refusing', 'warn_unknown_queue']
+__all__ = ['Cap', 'GcraRate', 'KeyLimit', 'KeyRate', 'KeyStatus', 'RateStatus', 'SlotStatus', 'check_rate',
+           'deprecated', 'queue_name', 'rate_status', 'refusing', 'warn_unknown_queue']
 
 #: The release the deprecated 0.2 names are removed in.
 REMOVED_IN = '0.4'
@@ -107,8 +112,30 @@ class KeyStatus:
     backoff_until: float | None = None
 
 
+def queue_name(value: Any) -> str:
+    """Accept a queue name or an rq Queue; refuse anything else."""
+    name = getattr(value, 'name', value)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f'queue must be a non-empty queue name or an rq Queue, got {value!r}')
+    return name
+
+
+class GcraRate:
+    """What a GCRA rate (``limit`` starts every ``per`` seconds, up to ``burst`` at once) derives from its numbers;
+    shared by QueueRate, the per-key Rate and :class:`KeyRate`."""
+
+    limit: int
+    per: int
+    burst: int
+
+    @property
+    def interval(self) -> float:
+        """Seconds between two starts at the sustained rate (the GCRA's emission interval)."""
+        return self.per / self.limit
+
+
 @dataclass(frozen=True)
-class KeyRate:
+class KeyRate(GcraRate):
     """One key's Rate set at run time: ``limit`` starts every ``per`` seconds, up to ``burst`` at once; it wins over
     the rate its jobs declare."""
 
@@ -116,10 +143,57 @@ class KeyRate:
     per: int = 1
     burst: int = 1
 
-    @property
-    def interval(self) -> float:
-        """Seconds between two starts at the sustained rate."""
-        return self.per / self.limit
+
+@dataclass(frozen=True)
+class RateStatus:
+    """A limited queue's (or key's) rate right now (server clock).
+
+    Attributes:
+        available: starts allowed at once now (0 to ``burst``; 0 also while a back-off blocks the queue).
+        next_at: the server time (epoch s) the next start is allowed (now, when one is available).
+        backoff_until: the server time a BackOff blocks the queue until, or None.
+    """
+
+    available: int
+    next_at: float
+    backoff_until: float | None = None
+
+
+def check_rate(limit: Any, per: Any, burst: Any) -> None:
+    """Refuse a bad rate with a ValueError naming the argument and the value."""
+    positive_int('limit', limit, MAX_CAPACITY)
+    whole_seconds('per', per)
+    positive_int('burst', burst, MAX_CAPACITY)
+    if burst > limit:
+        raise ValueError(f'burst must be at most limit ({limit}), got {burst!r}')
+
+
+def read_tat(raw: Any, interval: float, now: float) -> float:
+    """A stored arrival time (``'<tat> <interval>'``) under ``interval``, as ``lua/lib/rate_tat.lua`` reads it: the
+    starts still owed keep their count at a changed rate."""
+    if raw is None:
+        return now
+    parts = text(raw).split()
+    tat = float(parts[0])
+    if tat <= now:
+        return now
+    was = float(parts[1]) if len(parts) > 1 else interval
+    return now + (tat - now) / was * interval if was > 0 and was != interval else tat
+
+
+def rate_status(rate: GcraRate | None, raw_tat: Any, blocked: Any, now: float) -> RateStatus | None:
+    """The :class:`RateStatus` of a rate whose stored arrival time is ``raw_tat`` and back-off end ``blocked`` (None:
+    none), at server time ``now``; None without a rate and a back-off."""
+    until = float(blocked) if blocked is not None and float(blocked) > now else None
+    if rate is None:
+        return None if until is None else RateStatus(0, until, until)
+    tat = read_tat(raw_tat, rate.interval, now)
+    tolerance = (rate.burst - 1) * rate.interval
+    next_at = max(now, tat - tolerance)
+    available = min(rate.burst, max(0, math.floor((now + tolerance - tat) / rate.interval + 1e-9) + 1))
+    if until is not None:
+        return RateStatus(0, max(next_at, until), until)
+    return RateStatus(available, next_at, None)
 
 
 @contextmanager
@@ -155,8 +229,6 @@ def deprecated(new: str) -> Callable[[F], F]:
 def warn_unknown_queue(connection: Any, name: str, what: str) -> None:
     """Warn (:class:`UnknownQueueWarning`) when ``name`` is a queue nothing has seen: not in rq's queue set, not
     configured by any policy, listened to by no live worker. ``what`` is the call (``QueueSlot.set``)."""
-    from rq_policies.surfaces.state import known_queue
-
     if not known_queue(connection, name):
         warnings.warn(f'{what}: queue {name!r} is unknown (rq has no such queue, no policy setting names it and no '
                       'worker listens to it); the setting is stored anyway. A typo?', UnknownQueueWarning,

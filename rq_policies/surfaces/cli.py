@@ -22,9 +22,9 @@ from rq.cli.helpers import pass_cli_config
 from rq.utils import import_attribute
 
 from rq_policies import __version__
-from rq_policies.engine import compat, health, identity, keys, views
+from rq_policies.engine import compat, health, identity, keys, reading, views
 from rq_policies.engine.exceptions import PolicyConfigurationError
-from rq_policies.engine.policy import declared, registered
+from rq_policies.engine.policy import declared
 
 from . import replicas, state
 
@@ -81,7 +81,7 @@ _UNKNOWN_QUEUE_HINTS = {
 
 def _require_known(conn: Any, queue: str, force: bool = False, command: str = 'cap') -> None:
     """Refuse a queue nothing has seen (rq, a policy setting, a live worker), with a hint the command can follow."""
-    if force or state.known_queue(conn, queue):
+    if force or reading.known_queue(conn, queue):
         return
     hint = _UNKNOWN_QUEUE_HINTS.get(command)
     raise CommandError(
@@ -198,9 +198,22 @@ def _print_info(found: state.Survey, digests: bool = False, width: int = 40) -> 
         words = state.headline(sections)
         click.echo(f'{head}  ({", ".join(words)})' if words else head)
         for section in sections:
-            _echo_rows(section.rows(shown))
+            _echo_rows(_family_rows(section, shown) if isinstance(section, state.IdentityFamily)
+                       else section.rows(shown))
     for section in [*found.policies.values(), found.workers]:
         _echo_rows(section.rows(shown))
+
+
+def _family_rows(found: state.IdentityFamily, shown: views.Shown) -> list[Any]:
+    """An identity family's rows: its policy's words (its views' ``describe``), then how many more are not listed."""
+    if not found.count:
+        return []
+    block = {**found.as_json()[found.family.name], 'server_time': shown.now}
+    rows = list(views.views_of(found.family.policy).describe(found.family, block, digests=shown.digests,
+                                                                width=shown.width))
+    if found.count > len(found.entries):
+        rows.append(f'    ... and {found.count - len(found.entries)} more (--limit 0 lists all)')
+    return rows
 
 
 # -- reset ----------------------------------------------------------------------------------------------------------
@@ -503,8 +516,8 @@ def _view(view: views.View) -> click.Command:
     return _command(view)
 
 
-for _cls in registered():
-    for _description in _cls.commands():
+for _views in views.shown():
+    for _description in _views.commands():
         main.add_command(_view(_description))
 
 

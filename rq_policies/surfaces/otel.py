@@ -68,6 +68,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rq_policies.engine.keyed import KeyedPolicy
+
 #: The tracer the doors use, or None (off: the doors' one check). Set by :func:`instrument` only.
 TRACER: Any = None
 #: The instruments, set with :data:`TRACER` (a dict of name -> instrument).
@@ -155,21 +157,19 @@ class _RedisGauges:
 
     def key_rows(self) -> list[tuple[str, str, str, int, int]]:
         """(policy, scope, key, parked, in_use), the busiest ``top_keys`` keys per scope and an ``(other)`` row."""
-        from rq_policies.engine.policy import registered
-
         from . import state
 
         now = state.server_now(self.connection)
         rows = []
-        for cls in registered():
-            found = cls.cluster_state(self.connection, now, None)
-            for scope, entry in (found or {}).get('scopes', {}).items() if isinstance(found, dict) else ():
+        for name, section in state.policies_state(self.connection, now, None).items():
+            found = section.as_json()
+            for scope, entry in found.get('scopes', {}).items():
                 busiest = entry.get('busiest') or []
                 for row in busiest[:self.top]:
-                    rows.append((cls.name, scope, row['key'], int(row.get('parked', 0)), int(row.get('in_use', 0))))
+                    rows.append((name, scope, row['key'], int(row.get('parked', 0)), int(row.get('in_use', 0))))
                 rest = busiest[self.top:]
                 if rest:
-                    rows.append((cls.name, scope, '(other)', sum(int(r.get('parked', 0)) for r in rest),
+                    rows.append((name, scope, '(other)', sum(int(r.get('parked', 0)) for r in rest),
                                  sum(int(r.get('in_use', 0)) for r in rest)))
         return rows
 
@@ -231,9 +231,8 @@ def _start(queue: Any, write: Any, spec: Any, force: bool, digest: str = '') -> 
         attributes['rq_policies.identity'] = digest
     if spec is not None:
         for item in spec.policies:
-            key_of = getattr(item, 'key_of', None)
-            if key_of is not None:
-                scope, key = key_of(job, digest)
+            if isinstance(item, KeyedPolicy):
+                scope, key = item.key_of(job, digest)
                 attributes['rq_policies.scope'], attributes['rq_policies.key'] = str(scope), str(key)
     span = TRACER.start_span(f'send {queue.name}', kind=_api.producer, attributes=attributes)
     carry(job, span, write)

@@ -169,18 +169,22 @@ def test_the_import_reader_sees_lazy_imports():
 
 
 def test_no_policy_module_imports_a_view_library():
-    """A policy module holds its rules; what the CLI and the metrics show of it it describes
+    """A policy module holds its rules; what the CLI and the metrics show of it its views module describes
     (:mod:`rq_policies.engine.views`), and the renderers (cli.py, metrics.py, dashboard/) alone import click,
-    prometheus_client and Flask. Every module that defines a registered policy is read, imports inside functions
-    included."""
+    prometheus_client and Flask. Every module that defines a registered policy or its views is read, imports inside
+    functions included."""
     import sys
 
-    modules = {cls.__module__ for cls in registered()}
+    from rq_policies.engine.views import shown
+
+    modules = {cls.__module__ for cls in registered()} | {found.__module__ for found in shown()}
     assert {'rq_policies.policies.loner.rules', 'rq_policies.policies.queue_slot.rules',
-            'rq_policies.policies.concurrency.rules', 'rq_policies.policies.fair.rules'} <= modules
+            'rq_policies.policies.concurrency.rules', 'rq_policies.policies.fair.rules',
+            'rq_policies.policies.loner.views', 'rq_policies.policies.fair.views'} <= modules
     found = []
     # what policies use to say it
-    described = {'rq_policies.engine.views', 'rq_policies.engine.policy', 'rq_policies.engine.protocols'}
+    described = {'rq_policies.engine.views', 'rq_policies.engine.policy', 'rq_policies.engine.protocols',
+                 'rq_policies.engine.reading', 'rq_policies.engine.keyed'}
     for module in sorted(modules | {name for name in described if name in sys.modules}):
         path = Path(sys.modules[module].__file__)
         found += [f'{path.name}:{line} imports {root}' for line, root in _imported_roots(path.read_text('utf-8'))

@@ -38,16 +38,7 @@ from rq.registry import ScheduledJobRegistry
 
 from rq_policies.engine import admission, compat, identity, keys
 from rq_policies.engine.exceptions import PolicyConfigurationError
-from rq_policies.engine.policy import (
-    AdmissionPolicy,
-    Policy,
-    PolicySet,
-    pending_lines,
-    replaced_in_place,
-    superseded_entry,
-    whole_seconds,
-)
-from rq_policies.engine.views import Cell, Explanation, Panel, Row
+from rq_policies.engine.policy import AdmissionPolicy, PolicySet, replaced_in_place, whole_seconds
 
 logger = logging.getLogger('rq_policies')
 
@@ -104,6 +95,11 @@ class Throttle(AdmissionPolicy):
 
     name: ClassVar[str] = 'throttle'
     rank: ClassVar[int] = 20
+    identity_families: ClassVar[tuple[keys.Family, ...]] = (keys.THROTTLE_KEYS, keys.TRAILING_KEYS)
+    excludes: ClassVar[dict[str, str]] = {'debounce': (
+        'Throttle and Debounce cannot be combined: a throttle keeps the first job of each slot and a debounce the last '
+        'of each burst. Pick one; Throttle(slot, trailing=True) keeps the last of each slot as well.'
+    )}
 
     def __init__(self, slot: int, trailing: bool = False) -> None:
         self.slot = whole_seconds('slot', slot)
@@ -113,14 +109,6 @@ class Throttle(AdmissionPolicy):
 
     def __repr__(self) -> str:
         return f'Throttle({self.slot}{", trailing=True" if self.trailing else ""})'
-
-    def conflicts(self, others: tuple[Policy, ...]) -> str | None:
-        if any(other.name == 'debounce' for other in others):
-            return (
-                'Throttle and Debounce cannot be combined: a throttle keeps the first job of each slot and a debounce '
-                'the last of each burst. Pick one; Throttle(slot, trailing=True) keeps the last of each slot as well.'
-            )
-        return None
 
     @classmethod
     def admit(cls, job: Job, slot: int, connection: Any = None) -> Outcome:
@@ -168,62 +156,12 @@ class Throttle(AdmissionPolicy):
             call.key('registry', ScheduledJobRegistry(queue=queue).key)
         return {'width': self.slot, 'trailing': self.trailing}
 
-    def job_fields(self, queue: str, digest: str) -> list[str]:
+    def job_fields(self, job: Any, queue: str, digest: str) -> list[str]:
         # What `rq-policies explain` reads back: the window keys' prefix and width (and the trailing pointer).
         fields = [THROTTLE_FIELD, keys.throttle_prefix(queue, digest), WIDTH_FIELD, str(self.slot)]
         if self.trailing:
             fields += [TRAILING_FIELD, keys.trailing(queue, digest)]
         return fields
-
-    @classmethod
-    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[Explanation]:
-        prefix, width = job.get(THROTTLE_FIELD), job.get(WIDTH_FIELD)
-        if not prefix or not width or not width.isdigit():
-            return []
-        width_s, jid, queue = int(width), job['id'], job.get('origin', '')
-        index = int(now // width_s)
-        ends = (index + 1) * width_s
-        trailing = job.get(TRAILING_FIELD)
-        with connection.pipeline(transaction=False) as pipe:
-            pipe.get(f'{prefix}{index}')
-            pipe.get(trailing or prefix)
-            pipe.zscore(ScheduledJobRegistry.key_template.format(queue), jid)
-            owner, pending, run_at = pipe.execute()
-        owner = owner.decode() if isinstance(owner, bytes) else owner
-        pending = pending.decode() if isinstance(pending, bytes) else pending
-        entry: dict[str, Any] = {'slot': width_s, 'window_ends_at': ends, 'owner': owner}
-        if trailing and pending == jid and job.get('status') == 'scheduled' and run_at is not None:
-            verdict = f'pending trailing job of the window ending at {_when(run_at)} (in {run_at - now:.1f} s)'
-            change = ('runs at that time; a later extra of the window rewrites it in place (its payload; '
-                      'same id)')
-        elif owner == jid:
-            verdict = f'owns the current {width_s} s slot, which ends at {_when(ends)} (in {ends - now:.1f} s)'
-            change = 'an identical enqueue before then is dropped' + (
-                ' (or kept as the trailing job)' if trailing else '')
-        else:
-            verdict = 'admitted in an earlier slot; the current one ' + (
-                f'is held by job {owner}' if owner else 'is free') + f', ends at {_when(ends)}'
-            change = ''
-        return [Explanation(cls.name, verdict, change, entry)]
-
-    @classmethod
-    def explain_gone(cls, connection: Any, job_id: str, records: dict[str, Any], now: float) -> list[Explanation]:
-        dropped = records['dropped']
-        superseded = superseded_entry(cls.name, connection, records,
-                                      'a later extra of its window replaced this pending trailing job',
-                                      'nothing: job {by} runs in its place, at the end of the window')
-        if superseded:
-            return superseded
-        if dropped and dropped.get('policy') == cls.name:
-            holder, ends = str(dropped.get('holder', '')), float(dropped.get('n', 0))
-            return [Explanation(
-                cls.name, f'dropped at enqueue: held by job {holder}, which owned the slot ending at {_when(ends)}',
-                'an identical enqueue after ' + (
-                    'that is admitted' if ends > now else f'{_when(ends)} is admitted (that time has passed)'),
-                {'holder': holder, 'queue': dropped.get('queue', ''), 'window_ends_at': ends,
-                 'dropped_at': dropped.get('at')},
-            )]
-        return []
 
     def validate(self, job: Any, mode: str, force: bool) -> None:
         if self.trailing and mode == 'D' and not force:
@@ -271,68 +209,10 @@ class Throttle(AdmissionPolicy):
             )
 
     @classmethod
-    def identity_families(cls) -> tuple[keys.Family, ...]:
-        return (keys.THROTTLE_KEYS, keys.TRAILING_KEYS)
-
-    @classmethod
-    def describe(cls, family: keys.Family, block: dict[str, Any], digests: bool = False,
-                 width: int = 40) -> list[Row | str]:
-        from rq_policies.engine.readable import identity
-
-        if family.windowed:
-            return [Row('throttle', f'{block["count"]} live window(s)',
-                        tuple(f'{identity(row, width, digests)}  job {row["job_id"]}  {window_words(row)}'
-                              for row in block['entries']))]
-        return pending_lines(family, block, lambda row: f'job {row["job_id"]}', digests, width)
-
-    @classmethod
-    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[Panel]:
-        """The dashboard's throttle windows (the job that won each live window, and when the window ends) and
-        pending trailing jobs (the job that runs when its window ends)."""
-        from rq_policies.engine.readable import identity_cell
-        from rq_policies.surfaces import state
-
-        out = []
-        windows = state.sample_family(connection, keys.THROTTLE_KEYS, limit, search)
-        rows = [[row['queue'], identity_cell(row), _window_cell(row), _job_cell(row['job_id']),
-                 _at(row['expires_in'])] for row in windows['rows']]
-        if rows:
-            out.append(Panel('Throttle windows (Throttle)', ['queue', 'identity', 'window', 'job', 'ends'], rows,
-                             state.sample_note(windows, 'windows')))
-        trailing = state.sample_family(connection, keys.TRAILING_KEYS, limit, search)
-        rows = [[row['queue'], identity_cell(row), _job_cell(row['job_id']), row['job_status'] or 'gone',
-                 _at(row['expires_in'])] for row in trailing['rows']]
-        if rows:
-            out.append(Panel('Pending trailing jobs (Throttle)', ['queue', 'identity', 'job', 'job status', 'runs'],
-                             rows, state.sample_note(trailing, 'pending jobs')))
-        return out
-
-    @classmethod
     def reset_part(cls, call: Any, queue: str, digest: str, declared: AdmissionPolicy | None) -> dict[str, Any]:
         call.key('throttle.prefix', keys.throttle_prefix(queue, digest))
         call.key('throttle.trailing', keys.trailing(queue, digest))
         return {'width': declared.slot if isinstance(declared, Throttle) else 0}
-
-
-def _at(seconds: float | None) -> Cell | None:
-    """A page cell of the moment ``seconds`` from now (local time, ``in 5 s``), or None."""
-    return None if seconds is None else Cell(at=seconds)
-
-
-def _window_cell(row: dict[str, Any]) -> Cell:
-    """A page cell of a throttle window: its start and end in local time, the window number on hover."""
-    from rq_policies.engine.readable import local_iso
-
-    if row.get('window_start') is None:
-        return Cell(f'window {row.get("slot")}', title='the window number (epoch seconds // width)')
-    start, end = local_iso(row['window_start']), local_iso(row['window_end'])
-    return Cell(f'{start} to {end[11:19] if start[:10] == end[:10] else end}',
-                title=f'window {row["slot"]} of {row["window_end"] - row["window_start"]} s')
-
-
-def _job_cell(job_id: str | None) -> Cell | None:
-    """A dashboard cell linking to ``job_id``'s page, or None."""
-    return Cell(job_id, job=job_id) if job_id else None
 
 
 def _declared_spec(job: Job) -> PolicySet | None:
@@ -342,17 +222,3 @@ def _declared_spec(job: Job) -> PolicySet | None:
     from rq_policies.engine.queue import PolicyQueue  # the glue imports the policies: at call time only
 
     return PolicyQueue._declared_for(job)
-
-
-def window_words(row: dict[str, Any]) -> str:
-    """A throttle window as a person reads it: ``window 13:45:00 to 13:46:00 (ends in 12 s)`` in local time, from
-    the row's ``window_start``/``window_end`` (its winner job's width); the ends alone when the width is unknown."""
-    from rq_policies.engine.readable import local_iso, relative
-
-    left = row.get('expires_in')
-    ends = f'ends {relative(left)}' if left is not None else 'no expiry'
-    if row.get('window_start') is None:
-        return f'window {row.get("slot")} ({ends})'
-    start, end = local_iso(row['window_start']), local_iso(row['window_end'])
-    same_day = start[:10] == end[:10]
-    return f'window {start} to {end[11:19] if same_day else end} ({ends})'

@@ -1,44 +1,25 @@
-"""One shape for every run-time setting: what the admin calls of the fetch policies share.
+"""One shape for every run-time setting: what the admin calls of the fetch policies share (docs/admin.md).
 
-Every setting an operator changes at run time (no deploy: it lives in Redis and every PolicyWorker obeys it from its
-next fetch) is reached through the same four classmethods, with the same argument order (*what* the setting is for,
-then the values, then ``connection=``), the same return types and the same errors:
-
-=======================  ===========================================  ============================
-call                     returns                                      what
-=======================  ===========================================  ============================
-``X.set(what, values)``  the setting now stored, a frozen dataclass   write (wakes idle workers)
-``X.get(what)``          that dataclass, or None when nothing is set  read the setting
-``X.clear(what)``        True when there was a setting to remove      remove it
-``X.status(what)``       a frozen dataclass of the state *now*        read the live state (gauges)
-=======================  ===========================================  ============================
+Every setting an operator changes at run time (it lives in Redis; every PolicyWorker obeys it from its next fetch) is
+reached through four classmethods with the same argument order (*what* the setting is for, then the values, then
+``connection=``): ``set`` (returns the setting now stored, a frozen dataclass, and wakes idle workers), ``get`` (that
+dataclass, or None when nothing is set: a per-key policy's declared limit is not a setting), ``clear`` (True when there
+was one) and ``status`` (a frozen dataclass of the state *now*, named ``status`` everywhere):
 
 ===========  ==========  ========================================  ================================
 policy       what        setting (``set``/``get``)                 state (``status``)
 ===========  ==========  ========================================  ================================
 QueueSlot    queue       :class:`Cap` ``(capacity)``               :class:`SlotStatus`
-QueueRate    queue       ``QueueRate(limit, per, burst)``          :class:`~rq_policies.RateStatus`
+QueueRate    queue       ``QueueRate(limit, per, burst)``          :class:`RateStatus`
 Concurrency  scope, key  :class:`KeyLimit` ``(limit)``             :class:`KeyStatus`
-Rate         scope, key  :class:`KeyRate` ``(limit, per, burst)``  :class:`~rq_policies.RateStatus`
+Rate         scope, key  :class:`KeyRate` ``(limit, per, burst)``  :class:`RateStatus`
+Fair         scope, key  :class:`FairWeight` ``(weight)``          :class:`FairStatus` (and a queue)
 ===========  ==========  ========================================  ================================
 
-``get`` answers only what was *set*: a per-key policy's declared limit (on the function) is not a run-time setting
-and is not returned by ``get``; ``status`` shows the limit in force, whichever it is. A state reading is named
-``status`` everywhere: a setting and its live count are different things, read by different calls.
-
-Back-offs (``QueueRate.backoff``, ``Concurrency.backoff``/``Rate.backoff``) are not settings: a back-off is an event
-with an end time, not a value that stays, so it keeps its verb and shows in ``status`` (``backoff_until``).
-
-Every ``set`` and ``clear`` is safe to send twice (redis-py resends a call whose reply was lost): the state left is
-what one call leaves. Only ``clear``'s answer can differ then: the resent call finds nothing left and says False.
-
-Bad input raises :class:`~rq_policies.engine.exceptions.InvalidSetting` (a ValueError) naming the argument and the
-value, before anything is written. Setting a cap or a rate on a queue nothing has seen yet warns
-(:class:`~rq_policies.engine.exceptions.UnknownQueueWarning`) and stores it all the same.
-
-The 0.2 names (``QueueSlot.set_capacity``/``clear_capacity``/``capacity``/``in_use``, ``Concurrency.override``/
-``overridden``/``in_use``, ``Rate.status(scope, key, limit, per, burst)``) still work and raise a DeprecationWarning;
-they are removed in 0.4.
+Every ``set`` and ``clear`` is safe to send twice; bad input raises :class:`InvalidSetting` (a ValueError) naming the
+argument and the value before anything is written; a cap or a rate on a queue nothing has seen warns
+(:class:`UnknownQueueWarning`) and is stored all the same. Back-offs are events, not settings: they keep their verb
+(``backoff``) and show in ``status``. The 0.2 names still work with a DeprecationWarning, until 0.4.
 """
 
 from __future__ import annotations
@@ -51,13 +32,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from . import keys
 from .exceptions import InvalidSetting, UnknownQueueWarning
-from .ops import text
+from .ledger import WAKE_CAPACITY, wake_up
+from .ops import need_connection, text
 from .policy import MAX_CAPACITY, positive_int, whole_seconds
 from .reading import known_queue
 
-__all__ = ['Cap', 'GcraRate', 'KeyLimit', 'KeyRate', 'KeyStatus', 'RateStatus', 'SlotStatus', 'check_rate',
-           'deprecated', 'queue_name', 'rate_status', 'refusing', 'warn_unknown_queue']
+__all__ = ['Cap', 'FairPause', 'FairStatus', 'FairWeight', 'GcraRate', 'KeyLimit', 'KeyRate', 'KeyStatus', 'RateStatus',
+           'SlotStatus', 'check_rate',
+           'deprecated', 'queue_name', 'queue_target', 'rate_status', 'refusing', 'warn_unknown_queue',
+           'write_queue_setting']
 
 #: The release the deprecated 0.2 names are removed in.
 REMOVED_IN = '0.4'
@@ -112,12 +97,73 @@ class KeyStatus:
     backoff_until: float | None = None
 
 
+@dataclass(frozen=True)
+class FairWeight:
+    """A key's weight set at run time (``Fair.set``)."""
+
+    weight: int
+
+
+@dataclass(frozen=True)
+class FairStatus:
+    """One key's Fair state on one queue (``Fair.status``).
+
+    Attributes:
+        waiting: jobs of the key waiting in its line on the queue.
+        active: is the key taking turns on the queue now (it has waiting jobs and is not paused)?
+        paused: is the key paused (on every queue)?
+        weight: the run-time weight (``Fair.set``), or None (its jobs' declared weight applies).
+        active_keys: how many keys take turns on the queue.
+    """
+
+    waiting: int
+    active: bool
+    paused: bool
+    weight: int | None
+    active_keys: int
+
+
+@dataclass(frozen=True)
+class FairPause:
+    """One key's pause and backlog (``Fair.pause_status``): what a pause or a resume would change.
+
+    Attributes:
+        paused: is the key paused (on every queue)?
+        waiting: the key's waiting jobs per queue (only queues where it has some).
+    """
+
+    paused: bool
+    waiting: dict[str, int]
+
+
 def queue_name(value: Any) -> str:
     """Accept a queue name or an rq Queue; refuse anything else."""
     name = getattr(value, 'name', value)
     if not isinstance(name, str) or not name:
         raise ValueError(f'queue must be a non-empty queue name or an rq Queue, got {value!r}')
     return name
+
+
+def queue_target(queue: Any, connection: Any) -> tuple[str, Any]:
+    """``queue`` (a name or a Queue) as its name, and ``connection``, checked as every queue setting's call takes
+    them: :class:`InvalidSetting` naming a bad one."""
+    with refusing():
+        return queue_name(queue), need_connection(connection)
+
+
+def write_queue_setting(connection: Any, settings: str, queue: str, value: str | int | None,
+                        also: tuple[str, ...] = ()) -> bool:
+    """Store ``value`` as ``queue``'s setting in the hash ``settings`` (None: remove it, and the keys ``also``), and
+    wake the queue's idle PolicyWorkers, in one round trip. True when a setting was there to remove."""
+    with connection.pipeline(transaction=False) as pipe:
+        if value is None:
+            pipe.hdel(settings, queue)
+            for key in also:
+                pipe.delete(key)
+        else:
+            pipe.hset(settings, queue, value)
+        wake_up(pipe, keys.wake(queue), WAKE_CAPACITY)
+        return bool(pipe.execute()[0])
 
 
 class GcraRate:

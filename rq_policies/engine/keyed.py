@@ -116,6 +116,10 @@ class KeyedPolicy(FetchPolicy):
     holds: ClassVar[bool] = False
     #: The hash of the keys' run-time settings (key id -> setting), which win over the ones their jobs declare.
     key_settings: ClassVar[str] = ''
+    #: The settings its repr names after the limit (``Rate(10, per=1, burst=5)``).
+    repr_settings: ClassVar[tuple[str, ...]] = ()
+    limit: int
+    cost: int | KeyFunction
 
     def __init__(self, key: KeyFunction | None, scope: str | None) -> None:
         if key is not None and not callable(key):
@@ -147,7 +151,7 @@ class KeyedPolicy(FetchPolicy):
     def job_cost(self, job: Any) -> int:
         """How many units of its key's limit ``job`` uses: the policy's ``cost`` (an int, or ``(args, kwargs) ->
         int`` called on the job's arguments), checked against ``limit`` as :func:`cost` does."""
-        found = getattr(self, 'cost', 1)
+        found = self.cost
         if not callable(found):
             return found
         try:
@@ -158,7 +162,19 @@ class KeyedPolicy(FetchPolicy):
 
     def job_fields(self, job: Any, queue: str, digest: str) -> list[str]:
         scope, key = self.key_of(job, digest)
-        return [self.field, f'{self.setting()} {keys.key_id(scope, key)}']
+        units = self.job_cost(job)
+        setting = self.setting() if units == 1 else f'{self.setting()}*{units}'  # a costed job: '<setting>*<cost>'
+        return [self.field, f'{setting} {keys.key_id(scope, key)}']
+
+    def __repr__(self) -> str:
+        words = [str(self.limit), *(f'{name}={getattr(self, name)}' for name in self.repr_settings)]
+        if self.key is not None:
+            words.append(f'key={getattr(self.key, "__name__", self.key)}')
+        if self.scope is not None:
+            words.append(f'scope={self.scope!r}')
+        if self.cost != 1:
+            words.append(f'cost={getattr(self.cost, "__name__", self.cost)}')
+        return f'{type(self).__name__}({", ".join(words)})'
 
     # -- the fetch, and a job raising BackOff(key=True) ------------------------------------------------------------
 
@@ -186,13 +202,33 @@ class KeyedPolicy(FetchPolicy):
     # -- run-time settings and state shared by both (the admin API: rq_policies.engine.admin) ----------------------
 
     @classmethod
-    def clear(cls, scope: str, key: Any, connection: Any = None) -> bool:
-        """Remove the run-time setting of one key (:meth:`set`): its jobs' declared one applies again. Returns True
-        when it had one."""
+    def read_setting(cls, scope: str, key: Any, connection: Any = None) -> Any:
+        """One key's run-time setting as stored (None: none), the scope, the key and the connection checked first
+        (:class:`~rq_policies.engine.exceptions.InvalidSetting` naming a bad one)."""
         with refusing():
-            call = setting_call(cls.name, cls.key_settings, scope, key, '')
+            key_id = keys.key_id(check_scope(scope), key_text(key))
             conn = need_connection(connection)
-        return call.run(conn) == 1
+        return conn.hget(cls.key_settings, key_id)
+
+    @classmethod
+    def write_setting(cls, scope: str, key: Any, value: str, connection: Any = None) -> Any:
+        """Store ``value`` as one key's run-time setting ('' removes it) with ``lua/key_setting.lua``, which looks at
+        the key's parked jobs again at once; the scope, the key and the connection checked first. The script's
+        answer (1: a setting was there)."""
+        with refusing():
+            key_id = keys.key_id(check_scope(scope), key_text(key))
+            conn = need_connection(connection)
+        call = Call('key_setting', key_id=key_id, policy=cls.name, value=value,
+                    job_prefix=Job.redis_job_namespace_prefix, wake=keys.wake(''))
+        call.key('limits', cls.key_settings)
+        call.key('parked', f'{keys.KEY_PARKED_PREFIX}{cls.name}:{key_id}')
+        return call.key('keydue', keys.KEY_DUE).run(conn)
+
+    @classmethod
+    def clear(cls, scope: str, key: Any, connection: Any = None) -> bool:
+        """Remove the run-time setting of one key (``set``): its jobs' declared one applies again. Returns True
+        when it had one."""
+        return cls.write_setting(scope, key, '', connection) == 1
 
     @classmethod
     def parked(cls, scope: str, key: Any, connection: Any = None) -> list[str]:
@@ -234,14 +270,3 @@ def job_key_ids(classes: list[type[KeyedPolicy]], values: list[Any]) -> list[str
         if key_id not in out:
             out.append(key_id)
     return out
-
-
-def setting_call(policy: str, hash_key: str, scope: str, key: Any, value: str) -> Call:
-    """The ``lua/key_setting.lua`` call storing ``value`` as one key's run-time setting in ``hash_key`` ('' clears
-    it); checks the scope and the key first (ValueError or TypeError naming them)."""
-    key_id = keys.key_id(check_scope(scope), key_text(key))
-    call = Call('key_setting', key_id=key_id, policy=policy, value=value,
-                job_prefix=Job.redis_job_namespace_prefix, wake=keys.wake(''))
-    call.key('limits', hash_key)
-    call.key('parked', f'{keys.KEY_PARKED_PREFIX}{policy}:{key_id}')
-    return call.key('keydue', keys.KEY_DUE)

@@ -167,14 +167,20 @@ class Policy:
         return False
 
 
-def replaced_in_place(job: Any, verdict: Any) -> None:
-    """The admission rewrote pending job ``verdict.job_id`` in place with ``job``'s payload (Debounce, a trailing
-    Throttle): make ``job`` that job, the handle the caller gets (its id, scheduled, not enqueued; the payload is
-    already ``job``'s own)."""
+def replaced_in_place(job: Any, queue: str, verdict: Any, policy: str, pending: str) -> None:
+    """The admission rewrote ``pending`` job ``verdict.job_id`` in place with ``job``'s payload (Debounce, a trailing
+    Throttle), to run at ``verdict.number``: log it, and make ``job`` that job, the handle the caller gets (its id,
+    scheduled, not enqueued; the payload is already ``job``'s own)."""
+    from datetime import datetime, timezone
+
     from rq.job import JobStatus
 
     from . import compat
 
+    if logger.isEnabledFor(logging.INFO):
+        logger.info('rq-policies: %s on queue %r (%s): replaced the payload of %s %s in place (this call was job %s), '
+                    'runs at %s', job.func_name, queue, policy, pending, verdict.job_id, job.id,
+                    datetime.fromtimestamp(verdict.number, timezone.utc).isoformat())
     job.id = verdict.job_id
     compat.set_local_status(job, JobStatus.SCHEDULED)
     job.enqueued_at = None

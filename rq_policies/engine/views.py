@@ -1,30 +1,14 @@
-"""What a policy shows, apart from its rules: its views (:class:`PolicyViews`), and the descriptions they return,
-which one generic renderer per surface renders (``rq_policies.surfaces.cli`` for commands and ``info``'s lines,
-``rq_policies.surfaces.metrics`` for Prometheus, ``rq_policies.surfaces.dashboard`` for the page,
-``rq_policies.surfaces.explainer`` for ``explain``).
+"""What a policy shows, apart from its rules: its views (:class:`PolicyViews`, a subclass in the policy's
+``views.py`` naming the policy) and the descriptions they return, which one generic renderer per surface renders:
+``rq_policies.surfaces.cli`` (commands: :class:`Setting`, :class:`Command`, :class:`Group`, with :class:`Argument`,
+:class:`Option`, :class:`Digits`, a :class:`Reply`, refusals :class:`BadArgument`/:class:`UsageError`; and ``info``'s
+:class:`Section` per queue or per policy, whose fields are its ``--json`` and whose :meth:`~Section.headline` and
+:meth:`~Section.rows` its text), ``rq_policies.surfaces.metrics`` (:class:`Metric`), ``rq_policies.surfaces.dashboard``
+(:class:`Panel` of :class:`Cell`) and ``rq_policies.surfaces.explainer`` (:class:`Explanation`).
 
-A policy's folder holds ``rules.py`` and ``views.py``: a :class:`PolicyViews` subclass naming the policy, registered
-by the policy's name when it is defined. It never imports click, Flask or prometheus_client
-(``tests/engine/test_architecture.py`` checks every policy module's imports, function-local ones included); its
-methods return these descriptions:
-
-* :meth:`PolicyViews.commands`: the ``rq-policies`` subcommands it adds, as :class:`Setting` (show, set or
-  ``--clear`` one run-time setting: ``cap``, ``rate``, ``override``, ``fair weight``), :class:`Command` (any other:
-  ``keys``, ``fair pause``) and :class:`Group` (``fair ...``). Their arguments and options are :class:`Argument` and
-  :class:`Option`, integer ones checked by :class:`Digits`; what a command prints is a :class:`Reply` (lines, or the
-  value its ``--json`` prints). A refusal is a :class:`BadArgument` (naming the argument: exit 2) or a
-  :class:`UsageError` (exit 2), raised before anything is written.
-* :meth:`PolicyViews.metrics`: its Prometheus families, as :class:`Metric` (name, help, kind, labels, samples).
-* what ``info`` shows: a :class:`Section` per queue (:meth:`PolicyViews.queue_info`) and one for its state that
-  belongs to no queue (:meth:`PolicyViews.cluster_info`): a dataclass whose fields are the value ``info --json``
-  prints (:meth:`Section.as_json`) and whose methods say the words of the text from those same fields
-  (:meth:`Section.headline`, :meth:`Section.rows`: :class:`Row` under a queue, plain strings, and a :class:`Heading`
-  where the renderer puts a bold head), so a policy writes its state once and both outputs come from the one object.
-* the dashboard's :class:`Panel` of :class:`Cell` (:meth:`PolicyViews.panels`) and ``explain``'s
-  :class:`Explanation` (:meth:`PolicyViews.explain`, :meth:`PolicyViews.explain_gone`).
-
-The renderers own the presentation (click's parameter types and styles, prometheus_client's families); the
-descriptions own the words, so an output stays what it was when its renderer changes.
+A policy's modules never import click, Flask or prometheus_client (``tests/engine/test_architecture.py``): the
+renderers own the presentation, the descriptions the words, so an output stays what it was when its renderer changes.
+docs/architecture.md, "Rules and views apart".
 """
 
 from __future__ import annotations

@@ -353,20 +353,27 @@ def exporter(cli_config: Any, port: int, addr: str, read_from_replicas: bool, **
         server = make_server(conn, port, addr)
     except OSError as exc:
         raise CommandError(f'cannot serve on {addr}:{port}: {exc.strerror or exc}') from None
+    _serve(server, 'exporter', f'Serving rq-policies metrics on http://{addr}:{port}/metrics')
+
+
+def _serve(server: Any, name: str, banner: str, close: Any = None) -> None:
+    """Serve until SIGTERM or SIGINT, then close the server (and ``close()`` what it leaves)."""
 
     def stop(signum: int, frame: Any) -> None:
         # Raising here would be wrong: the signal can land while wsgiref is inside a request, and its handler
         # catches everything (KeyboardInterrupt included), prints it, and serves on. shutdown() must come from
         # another thread than serve_forever's; the loop then ends within its 0.5 s poll.
-        threading.Thread(target=server.shutdown, name='exporter-stop', daemon=True).start()
+        threading.Thread(target=server.shutdown, name=f'{name}-stop', daemon=True).start()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    click.echo(f'Serving rq-policies metrics on http://{addr}:{port}/metrics', err=True)
+    click.echo(banner, err=True)
     try:
         server.serve_forever()
     finally:
         server.server_close()
+        if close is not None:
+            close()
 
 
 # -- dashboard ------------------------------------------------------------------------------------------------------
@@ -392,11 +399,18 @@ def dashboard(cli_config: Any, port: int, host: str, allow_actions: bool, refres
     With --read-from-replicas the pages read a cluster's replicas; the actions (--allow-actions) still use the
     primary."""
     try:
-        from .dashboard.serve import serve
+        from .dashboard.serve import server
     except ImportError as exc:
         raise CommandError(str(exc)) from None
-    serve(_connect(cli_config, read_from_replicas, keep=True), host, port, allow_actions=allow_actions,
-          refresh_seconds=refresh, read_from_replicas=read_from_replicas, error=CommandError)
+    conn = _connect(cli_config, read_from_replicas, keep=True)
+    try:
+        served, close = server(conn, host, port, allow_actions=allow_actions, refresh_seconds=refresh,
+                               read_from_replicas=read_from_replicas)
+    except OSError as exc:
+        raise CommandError(f'cannot serve on {host}:{port}: {exc.strerror or exc}') from None
+    mode = 'actions on' if allow_actions else 'read-only'
+    _serve(served, 'dashboard', f'Serving the rq-policies dashboard ({mode}) on http://{host}:{served.server_port}/',
+           close)
 
 
 # -- entry point ----------------------------------------------------------------------------------------------------

@@ -1,38 +1,12 @@
 """Concurrency: at most N jobs of one *key* running at once across the cluster (per customer, per shop, per payload).
 
-A per-job fetch policy: declared on the job's function (``@policy(Concurrency(2, key=...))``) rather than configured
-per queue like QueueSlot. The design, and why:
-
-* **The key travels on the job.** At enqueue the key function runs on ``(args, kwargs)`` (it must return a str or an
-  int, else TypeError and nothing is written); the key, the scope (the function's import path unless given, so
-  functions sharing a ``scope`` share one budget) and the limit are stored on the job hash
-  (``policies_concurrency = '<limit> <scope>:<key>'``). A worker needs no import of the function to enforce it.
-  ``Concurrency(1)`` with no key keys on the job's identity digest (the one every policy keys on, queue and
-  ``unique_context`` included): two runs of one payload never overlap.
-* **Checked at fetch, after the pop** (``lua/fetch.lua``, this policy's part ``lua/policies/concurrency.lua``): the
-  popped job's fields are read with one HMGET (a job without per-key policies pays only that); every per-job part
-  checks before any takes, so a refusal by one consumes nothing of another.
-* **No head-of-line blocking: a refused job is parked.** Its id moves off the intermediate list to the key's parked
-  list (``rq:policies:keyparked:concurrency:<scope>:<key>``), its status becomes ``deferred`` and it joins rq's
-  deferred registry of its queue (rq 2.12's and 3.x's maintenance leaves that registry alone; ``rq info``,
-  rq-dashboard and ``Job.fetch`` read the job sanely), and the pop goes on to the jobs behind it. Each refused job is
-  parked once per refusal and never rescanned; one fetch parks at most 100 jobs, then reports "look again now".
-* **Holds are QueueSlot's ledger**, one per key (``rq:policies:keyholds:<scope>:<key>``): claim tokens with expiry,
-  refreshed on the heartbeat, released on every exit path, so a SIGKILLed worker's hold ages out within
-  ``hold_ttl`` with no reaper.
-* **Unparking.** Releasing a hold (``lua/key_release.lua``, riding the worker's pipeline) gives the freed unit to the
-  key's oldest parked job: it goes back to the *front* of its queue (FIFO per key), status queued, with the unit
-  reserved for it (a ledger member ``unpark:<job id>`` living ``hold_ttl``, which the take turns into the claim's
-  hold), and the queue's idle workers are woken. A job that was not given back waits behind the key's parked jobs.
-  An expiry emits no event, so keys with parked jobs are also in a due index (``rq:policies:keydue``, member ->
-  earliest time the key could free: its oldest hold's expiry, its back-off's end); every fetch reads the index's
-  head (one ZRANGEBYSCORE LIMIT, O(log n)) and gives back what due keys allow, and an idle worker wakes for the
-  head's time. Nothing a fetch does grows with the number of keys or parked jobs.
-* **Run-time limits** (``Concurrency.set``/``get``/``clear``, :mod:`rq_policies.engine.admin`) live in
-  ``rq:policies:keylimits`` and win over the declared limit.
-
-What is not covered: jobs enqueued through a stock ``rq.Queue`` carry no key (nothing limits them), and stock rq
-workers do not check keys; a parked job counts in rq's deferred registry, not in its queue's length.
+A per-job fetch policy (:class:`rq_policies.engine.keyed.KeyedPolicy`): the key, computed at enqueue, travels on the
+job hash (``policies_concurrency = '<limit> <scope>:<key>'``); the fetch checks it after the pop
+(``lua/policies/concurrency.lua``), and a job whose key is at its limit is parked on the key, out of the way of the
+jobs behind it, until a hold of its key is released or expires. Holds are a ledger per key
+(``rq:policies:keyholds:<scope>:<key>``), as QueueSlot's per queue. The design (why the key travels on the job, no
+head-of-line blocking, unparking, the due index) is docs/architecture.md's "Per-job fetch policies"; how to use it,
+docs/per-key.md.
 """
 
 from __future__ import annotations
@@ -43,7 +17,7 @@ from rq.job import Job
 
 from rq_policies.engine import keyed, keys, ledger, reading
 from rq_policies.engine.admin import KeyLimit, KeyStatus, deprecated, refusing
-from rq_policies.engine.keyed import KeyedPolicy, KeyFunction, check_scope, key_text, keyed_args, setting_call
+from rq_policies.engine.keyed import KeyedPolicy, KeyFunction, check_scope, key_text, keyed_args
 from rq_policies.engine.ops import Call, text
 from rq_policies.engine.ops import need_connection as _need
 from rq_policies.engine.ops import server_now as _server_now
@@ -95,24 +69,6 @@ class Concurrency(KeyedPolicy):
         self.cost = cost
         super().__init__(key, scope)
 
-    def job_fields(self, job: Any, queue: str, digest: str) -> list[str]:
-        field, value = super().job_fields(job, queue, digest)
-        cost = self.job_cost(job)
-        if cost == 1:
-            return [field, value]
-        limit, key_id = value.split(' ', 1)  # a costed job: '<limit>*<cost> <scope>:<key>'
-        return [field, f'{limit}*{cost} {key_id}']
-
-    def __repr__(self) -> str:
-        words = [str(self.limit)]
-        if self.key is not None:
-            words.append(f'key={getattr(self.key, "__name__", self.key)}')
-        if self.scope is not None:
-            words.append(f'scope={self.scope!r}')
-        if self.cost != 1:
-            words.append(f'cost={getattr(self.cost, "__name__", self.cost)}')
-        return f'Concurrency({", ".join(words)})'
-
     def setting(self) -> str:
         return str(self.limit)
 
@@ -129,38 +85,19 @@ class Concurrency(KeyedPolicy):
 
     @classmethod
     def set(cls, scope: str, key: Any, limit: int, connection: Any = None) -> KeyLimit:
-        """Set the limit of one key of ``scope`` to ``limit`` at run time; it wins over the limit its jobs declare.
-
-        Every worker obeys it from its next fetch; a raised limit gives the key's parked jobs back at once. The
-        admin API's shape (:mod:`rq_policies.engine.admin`).
-
-        Args:
-            scope: the key's scope (the function's import path unless the policy names one).
-            key: the key value, a str or an int (``12`` and ``'12'`` are one key).
-            limit: jobs of the key running at once, a positive integer.
-            connection: the Redis connection.
-
-        Returns:
-            The limit now set.
-
-        Raises:
-            InvalidSetting: (a ValueError) naming the argument and the value; nothing is written.
-        """
+        """Set the limit of one key of ``scope`` (a str or an int: ``12`` and ``'12'`` are one key) to ``limit`` at
+        run time; it wins over the limit its jobs declare, from every worker's next fetch, and a raised limit gives
+        the key's parked jobs back at once. The admin API's shape and errors (:mod:`rq_policies.engine.admin`)."""
         with refusing():
-            call = setting_call(cls.name, keys.KEY_LIMITS, scope, key,
-                                 str(positive_int('limit', limit, MAX_CAPACITY)))
-            conn = _need(connection)
-        call.run(conn)
+            positive_int('limit', limit, MAX_CAPACITY)
+        cls.write_setting(scope, key, str(limit), connection)
         return KeyLimit(limit)
 
     @classmethod
     def get(cls, scope: str, key: Any, connection: Any = None) -> KeyLimit | None:
         """The limit set at run time for one key of ``scope``, or None (its jobs' declared limit applies; see
         :meth:`status` for the limit in force)."""
-        with refusing():
-            key_id = keys.key_id(check_scope(scope), key_text(key))
-            conn = _need(connection)
-        raw = conn.hget(keys.KEY_LIMITS, key_id)
+        raw = cls.read_setting(scope, key, connection)
         return KeyLimit(int(raw)) if raw is not None else None
 
     @classmethod

@@ -7,7 +7,7 @@ from typing import Any
 
 from redis import Redis
 
-from rq_policies.engine import keys, reading
+from rq_policies.engine import keys, reading, views
 from rq_policies.engine.admin import KeyLimit
 from rq_policies.engine.keyed import check_scope, key_text
 from rq_policies.engine.ops import need_connection as _need
@@ -15,28 +15,11 @@ from rq_policies.engine.ops import server_now as _server_now
 from rq_policies.engine.ops import text
 from rq_policies.engine.policy import MAX_CAPACITY
 from rq_policies.engine.readable import at, relative
-from rq_policies.engine.views import (
-    Argument,
-    BadArgument,
-    Cell,
-    CellValue,
-    Command,
-    Digits,
-    Explanation,
-    KeyedViews,
-    Metric,
-    Option,
-    Reply,
-    Setting,
-    Values,
-    View,
-    keyed_views,
-)
 
 from .rules import Concurrency, _key_rows
 
 
-class ConcurrencyViews(KeyedViews):
+class ConcurrencyViews(views.KeyedViews):
     policy = Concurrency
     columns = ('key', 'in use', 'limit', 'parked', 'waiting for')
     key_limit_setting = True
@@ -64,7 +47,7 @@ class ConcurrencyViews(KeyedViews):
         return rows[:limit] if limit else rows
 
     @classmethod
-    def metrics(cls, connection: Redis, now: float) -> list[Metric]:
+    def metrics(cls, connection: Redis, now: float) -> list[views.Metric]:
         """Two gauges of the due index, O(log n) whatever the number of keys (no SCAN in a scrape): how many keys
         (of Concurrency and Rate) have parked jobs, and how late the most overdue one is being served (seconds past
         its due time; it stays near 0 while PolicyWorkers fetch)."""
@@ -72,11 +55,11 @@ class ConcurrencyViews(KeyedViews):
             pipe.zcard(keys.KEY_DUE)
             pipe.zrange(keys.KEY_DUE, 0, 0, withscores=True)
             count, head = pipe.execute()
-        parked = Metric('rq_policies_keys_with_parked_jobs',
-                        'Keys of the per-key policies (Concurrency, Rate) with parked jobs.')
+        parked = views.Metric('rq_policies_keys_with_parked_jobs',
+                              'Keys of the per-key policies (Concurrency, Rate) with parked jobs.')
         parked.add([], int(count))
-        late = Metric('rq_policies_keys_due_overdue_seconds',
-                      'Seconds the most overdue key with parked jobs is past its due time (0: none).')
+        late = views.Metric('rq_policies_keys_due_overdue_seconds',
+                            'Seconds the most overdue key with parked jobs is past its due time (0: none).')
         late.add([], round(max(now - head[0][1], 0.0), 3) if head else 0.0)
         return [parked, late]
 
@@ -93,13 +76,13 @@ class ConcurrencyViews(KeyedViews):
         return out
 
     @classmethod
-    def panel_row(cls, row: dict[str, Any], now: float) -> list[CellValue]:
-        return [row['key'], Cell(str(row['in_use']), warn=True) if row['limit'] is not None
+    def panel_row(cls, row: dict[str, Any], now: float) -> list[views.CellValue]:
+        return [row['key'], views.Cell(str(row['in_use']), warn=True) if row['limit'] is not None
                 and row['in_use'] > row['limit'] else row['in_use'], row['limit'], row['parked'],
                 _waiting_cell(row, now)]
 
     @classmethod
-    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[Explanation]:
+    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[views.Explanation]:
         raw = job.get(cls.policy.field)
         if not raw:
             return []
@@ -129,26 +112,28 @@ class ConcurrencyViews(KeyedViews):
             entry['backoff_until'] = float(blocked)
             words += f', backed off for {float(blocked) - now:.1f} s more'
         verdict = words
-        return [Explanation(cls.name, verdict, change, entry)]
+        return [views.Explanation(cls.name, verdict, change, entry)]
 
     @classmethod
-    def commands(cls) -> tuple[View, ...]:
+    def commands(cls) -> tuple[views.View, ...]:
         """``rq-policies keys`` (every per-key policy's keys of a scope) and ``rq-policies override``."""
         return (
-            Command(
+            views.Command(
                 'keys', 'The keys of SCOPE with running or parked jobs (Concurrency, Rate): in use / limit, parked, '
                         'and what\nthe parked jobs wait for (a release, a back-off, a rate), with local times.',
-                arguments=(Argument('scope'),),
-                options=(Option('--limit', 'limit', 'List at most this many keys (0: all; 20).', default='20'),
-                         Option('--search', 'search', 'Only keys containing this text.'),
-                         Option('--json', 'as_json', 'Print the keys as JSON (server-clock times).', is_flag=True)),
+                arguments=(views.Argument('scope'),),
+                options=(views.Option('--limit', 'limit', 'List at most this many keys (0: all; 20).', default='20'),
+                         views.Option('--search', 'search', 'Only keys containing this text.'),
+                         views.Option('--json', 'as_json', 'Print the keys as JSON (server-clock times).',
+                                      is_flag=True)),
                 prepare=_keys_prepare, run=_keys_run,
             ),
-            Setting(
+            views.Setting(
                 'override', 'Set the Concurrency limit of KEY in SCOPE to N at run time, remove that override with '
                             '--clear, or\nshow the key\'s limit and state (no N).',
-                targets=(Argument('scope'), Argument('key')),
-                value=Argument('n', kind=Digits(f'a positive integer up to {MAX_CAPACITY}', 1, MAX_CAPACITY)),
+                targets=(views.Argument('scope'), views.Argument('key')),
+                value=views.Argument('n', kind=views.Digits(f'a positive integer up to {MAX_CAPACITY}', 1,
+                                                            MAX_CAPACITY)),
                 clear_help='Remove the override: the declared limit applies again.',
                 json_help='Print the key\'s state as JSON.',
                 prepare=_override_prepare, status=_override_status, set=_override_set, clear=_override_clear,
@@ -156,70 +141,71 @@ class ConcurrencyViews(KeyedViews):
         )
 
 
-def _keys_prepare(values: Values) -> Values:
-    count = Digits('a positive integer up to 1000000000', 0, 10**9).parse(values['limit'], '--limit')
+def _keys_prepare(values: views.Values) -> views.Values:
+    count = views.Digits('a positive integer up to 1000000000', 0, 10**9).parse(values['limit'], '--limit')
     try:
         check_scope(values['scope'])
     except ValueError as exc:
-        raise BadArgument(str(exc), 'SCOPE') from None
+        raise views.BadArgument(str(exc), 'SCOPE') from None
     return {**values, 'limit': count}
 
 
-def _keys_run(conn: Redis, values: Values) -> Reply:
+def _keys_run(conn: Redis, values: views.Values) -> views.Reply:
     scope, count, search = str(values['scope']), int(values['limit']), values['search']  # type: ignore[call-overload]
     now = _server_now(conn)
     if values['as_json']:
-        return Reply(data={'scope': scope, 'server_time': now,
-                           'policies': {policy.name: policy.key_rows(conn, scope, count, search, now)
-                                        for policy in keyed_views()}})
+        return views.Reply(data={'scope': scope, 'server_time': now,
+                                 'policies': {policy.name: policy.key_rows(conn, scope, count, search, now)
+                                              for policy in views.keyed_views()}})
     lines = []
-    for policy in keyed_views():
+    for policy in views.keyed_views():
         lines += policy.key_lines(policy.key_rows(conn, scope, count, search, now), now)
-    return Reply(tuple(lines or [f'No key of scope {scope!r} has running or parked jobs.']))
+    return views.Reply(tuple(lines or [f'No key of scope {scope!r} has running or parked jobs.']))
 
 
-def _override_prepare(values: Values, mode: str) -> Values:
+def _override_prepare(values: views.Values, mode: str) -> views.Values:
     try:
         check_scope(values['scope'])
         key_text(values['key'])
     except (TypeError, ValueError) as exc:
-        raise BadArgument(str(exc), 'SCOPE' if 'scope' in str(exc) else 'KEY') from None
+        raise views.BadArgument(str(exc), 'SCOPE' if 'scope' in str(exc) else 'KEY') from None
     return values
 
 
-def _override_status(conn: Redis, values: Values) -> Reply:
+def _override_status(conn: Redis, values: views.Values) -> views.Reply:
     scope, key = str(values['scope']), str(values['key'])
     status = Concurrency.status(scope, key, connection=conn)
     if values['as_json']:
-        return Reply(data={'scope': scope, 'key': key, 'limit': status.limit, 'overridden': status.overridden,
-                           'in_use': status.in_use, 'parked': list(status.parked),
-                           'backoff_until': status.backoff_until})
+        return views.Reply(data={'scope': scope, 'key': key, 'limit': status.limit, 'overridden': status.overridden,
+                                 'in_use': status.in_use, 'parked': list(status.parked),
+                                 'backoff_until': status.backoff_until})
     limit = 'no known limit' if status.limit is None else (
         f'limit {status.limit} ({"override" if status.overridden else "declared"})')
-    return Reply((f'Key {key!r} of scope {scope!r}: {limit}, {status.in_use} in use, {len(status.parked)} parked.',))
+    return views.Reply((f'Key {key!r} of scope {scope!r}: {limit}, {status.in_use} in use, '
+                        f'{len(status.parked)} parked.',))
 
 
-def _override_set(conn: Redis, values: Values) -> Reply:
+def _override_set(conn: Redis, values: views.Values) -> views.Reply:
     scope, key, n = str(values['scope']), str(values['key']), values['n']
     before = Concurrency.get(scope, key, connection=conn)
     Concurrency.set(scope, key, n, connection=conn)  # type: ignore[arg-type]
     return _override_changed(conn, values, before, f'Key {key!r} of scope {scope!r} is limited to {n} running at once')
 
 
-def _override_clear(conn: Redis, values: Values) -> Reply:
+def _override_clear(conn: Redis, values: views.Values) -> views.Reply:
     scope, key = str(values['scope']), str(values['key'])
     before = Concurrency.get(scope, key, connection=conn)
     Concurrency.clear(scope, key, connection=conn)
     return _override_changed(conn, values, before, f'Key {key!r} of scope {scope!r} has its declared limit again')
 
 
-def _override_changed(conn: Redis, values: Values, before: KeyLimit | None, words: str) -> Reply:
+def _override_changed(conn: Redis, values: views.Values, before: KeyLimit | None, words: str) -> views.Reply:
     if values['as_json']:
         found = Concurrency.get(str(values['scope']), str(values['key']), connection=conn)
-        return Reply(data={'scope': values['scope'], 'key': values['key'], 'override': found.limit if found else None,
-                           'was': before.limit if before else None})
+        return views.Reply(data={'scope': values['scope'], 'key': values['key'],
+                                 'override': found.limit if found else None, 'was': before.limit if before else None})
     was = f'was {before.limit}' if before is not None else 'had no override'
-    return Reply((f'{words} ({was}).',))
+    return views.Reply((f'{words} ({was}).',))
 
 
 def waiting_words(row: dict[str, Any], now: float) -> str:
@@ -237,16 +223,16 @@ def waiting_words(row: dict[str, Any], now: float) -> str:
     return ''
 
 
-def _waiting_cell(row: dict[str, Any], now: float) -> CellValue:
+def _waiting_cell(row: dict[str, Any], now: float) -> views.CellValue:
     """The page's "waiting for" cell of a key: what its parked jobs wait for, with the moment as a live time."""
     kind = row.get('waiting_for')
     if kind == 'backoff':
-        return Cell('its back-off to end', at=row['backoff_until'] - now)
+        return views.Cell('its back-off to end', at=row['backoff_until'] - now)
     if kind == 'release':
         if row.get('next_due') is not None:
-            return Cell('a release (a running job ends)', note='a dead worker\'s hold expires',
-                        at=row['next_due'] - now)
-        return Cell('a release (a running job ends)')
+            return views.Cell('a release (a running job ends)', note='a dead worker\'s hold expires',
+                              at=row['next_due'] - now)
+        return views.Cell('a release (a running job ends)')
     if kind == 'fetch':
         return 'the next fetch (a unit is free)'
     return None

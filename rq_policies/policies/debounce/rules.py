@@ -1,36 +1,16 @@
 """Debounce: run a job once a burst of enqueues of its identity has gone quiet, with the last payload.
 
-Each enqueue schedules the job ``wait`` seconds from now in rq's scheduled-job registry, from which the fetch of a
-PolicyWorker serving its queue promotes it when due (by the server's clock; rq's scheduler, ``--with-scheduler``,
-does it for stock workers). If a job of the same identity is still pending there, that job is rewritten in place,
-in the admission script: it keeps its id and takes the new payload (args and kwargs, description, meta, and a per-key
-policy's key) and the new run time, now + ``wait``; the enqueue returns that job (its id, the new payload). So every
-handle the app kept (the first enqueue's Job, any later one's) reads the one job that will run: ``get_status()``
-says ``scheduled`` with the latest payload until it runs, then its real state. What the first enqueue set otherwise
-stays (``created_at``, ``timeout``, ``result_ttl`` and the other enqueue options), as with Loner's
-``on_conflict='replace'``, BullMQ's deduplication ``replace`` and Sidekiq-unique-jobs' ``replace`` strategy.
-``max_wait`` caps the delay since the enqueue that started the pending period, so a stream that never pauses still runs
-at least every ``max_wait`` seconds.
-
-A resend of a replacing call (redis-py retries a command whose reply was lost) is a replay: the call's own id keeps a
-merge record naming the pending job, so the resend answers that job and writes nothing, even when another enqueue
-rewrote the job in between. ``explain`` on that id (given as ``job_id=``) names the pending job; on an id superseded
-before 0.3 (when a replacement deleted the pending job and wrote a new one) it follows the chain of replacements to
-the job that will run.
-
-Times come from the Redis server's clock. Run times are whole seconds (as rq's scheduler reads them); an idle
-PolicyWorker wakes at the due time, so a debounced job runs within a moment of its quiet period's end (up to about two
-seconds with rq's scheduler instead): use ``wait`` in seconds, not milliseconds.
-
-A pending job whose run time has been reached is never replaced, because it may be being moved (promoted) to the
-queue at that moment: it runs, and the next enqueue starts a new pending period. ``enqueue_at``/``enqueue_in`` are
-debounced too; the job runs at the debounce time or the time asked for, whichever is later.
+Each enqueue schedules the job ``wait`` seconds from now (server clock); a pending job of the same identity is
+rewritten in place instead (same id, the new payload and run time), so every handle the app kept reads the one job that
+will run. ``max_wait`` caps the delay since the enqueue that started the pending period. A resend of a replacing call
+is a replay (a merge record under its own id names the pending job). A pending job whose run time has been reached is
+never replaced (it may be being promoted): it runs, and the next enqueue starts a new period.
+docs/throttle-debounce.md.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
 from typing import Any, ClassVar
 
 from rq.registry import ScheduledJobRegistry
@@ -103,13 +83,7 @@ class Debounce(AdmissionPolicy):
     def on_admit(self, job: Any, queue: str, verdict: Any) -> None:
         if verdict.code == 3 and verdict.policy == self.name:
             # The pending job took this call's payload and run time in place: the Job returned is that job.
-            if logger.isEnabledFor(logging.INFO):
-                logger.info(
-                    'rq-policies: %s on queue %r (debounce): replaced the payload of pending job %s in place (this '
-                    'call was job %s), runs at %s', job.func_name, queue, verdict.job_id, job.id,
-                    datetime.fromtimestamp(verdict.number, timezone.utc).isoformat(),
-                )
-            replaced_in_place(job, verdict)
+            replaced_in_place(job, queue, verdict, self.name, 'pending job')
 
     @classmethod
     def reset_part(cls, call: Any, queue: str, digest: str, declared: AdmissionPolicy | None) -> dict[str, Any]:

@@ -7,27 +7,17 @@ from typing import Any
 
 from rq.registry import ScheduledJobRegistry
 
-from rq_policies.engine import keys, reading
+from rq_policies.engine import keys, reading, views
 from rq_policies.engine.readable import relative
-from rq_policies.engine.views import (
-    Cell,
-    Explanation,
-    Panel,
-    PolicyViews,
-    Row,
-    identity_cell,
-    pending_lines,
-    superseded_entry,
-)
 
 from .rules import DEBOUNCE_FIELD, Debounce
 
 
-class DebounceViews(PolicyViews):
+class DebounceViews(views.PolicyViews):
     policy = Debounce
 
     @classmethod
-    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[Explanation]:
+    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[views.Explanation]:
         state = job.get(DEBOUNCE_FIELD)
         if not state:
             return []
@@ -49,18 +39,18 @@ class DebounceViews(PolicyViews):
         else:
             verdict = 'its debounce period is over'
             change = ''
-        return [Explanation(cls.name, verdict, change, entry)]
+        return [views.Explanation(cls.name, verdict, change, entry)]
 
     @classmethod
-    def explain_gone(cls, connection: Any, job_id: str, records: dict[str, Any], now: float) -> list[Explanation]:
-        return superseded_entry(cls.name, connection, records,
-                                'a later enqueue of its identity replaced this pending debounced job',
-                                'nothing: job {by} runs in its place, with the latest payload')
+    def explain_gone(cls, connection: Any, job_id: str, records: dict[str, Any], now: float) -> list[views.Explanation]:
+        return views.superseded_entry(cls.name, connection, records,
+                                      'a later enqueue of its identity replaced this pending debounced job',
+                                      'nothing: job {by} runs in its place, with the latest payload')
 
 
     @classmethod
     def describe(cls, family: keys.Family, block: dict[str, Any], digests: bool = False,
-                 width: int = 40) -> list[Row | str]:
+                 width: int = 40) -> list[views.Row | str]:
         def detail(row: dict[str, Any]) -> str:
             job, first = row['fields'].get('job'), row['fields'].get('first')
             since = ''
@@ -68,10 +58,10 @@ class DebounceViews(PolicyViews):
                 since = f', pending since {relative(float(first) - block["server_time"])}'
             return f'job {job}{since}' if job else ''
 
-        return pending_lines(family, block, detail, digests, width)
+        return views.pending_lines(family, block, detail, digests, width)
 
     @classmethod
-    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[Panel]:
+    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[views.Panel]:
         """The dashboard's pending debounced jobs: the job that runs once its identity is quiet, when the pending
         period started, and when the job runs."""
         sample = reading.sample_family(connection, keys.DEBOUNCE_KEYS, limit, search)
@@ -79,10 +69,10 @@ class DebounceViews(PolicyViews):
         for row in sample['rows']:
             job_id = row['fields'].get('job')
             first = row['fields'].get('first')
-            rows.append([row['queue'], identity_cell(row), Cell(job_id, job=job_id) if job_id else None,
-                         Cell(at=float(first) - now) if first else None,
-                         None if row['expires_in'] is None else Cell(at=row['expires_in'])])
+            rows.append([row['queue'], views.identity_cell(row), views.Cell(job_id, job=job_id) if job_id else None,
+                         views.Cell(at=float(first) - now) if first else None,
+                         None if row['expires_in'] is None else views.Cell(at=row['expires_in'])])
         if not rows:
             return []
-        return [Panel('Pending debounced jobs (Debounce)', ['queue', 'identity', 'job', 'pending since', 'runs'],
-                      rows, reading.sample_note(sample, 'pending jobs'))]
+        return [views.Panel('Pending debounced jobs (Debounce)', ['queue', 'identity', 'job', 'pending since', 'runs'],
+                            rows, reading.sample_note(sample, 'pending jobs'))]

@@ -1,67 +1,29 @@
 """Fair: a queue's starts shared fairly among the keys (tenants) with waiting jobs, weighted; priority within a key;
-per-key pause and backlog cap.
-
-Per-key ``Concurrency`` and ``Rate`` stop one tenant from using more than its limit; they do not share the queue when
-no limit binds: a tenant that enqueues 100,000 jobs puts every other tenant's next job behind all of them. ``Fair``
-is the noisy-neighbour answer (BullMQ Pro's groups, Temporal's fairness keys, Oban Pro's weights)::
+per-key pause and backlog cap (``max_waiting``)::
 
     @policy(Fair(key=lambda args, kwargs: kwargs['tenant']))
     def sync(tenant, item): ...
 
-    @policy(Fair(key=lambda a, k: k['tenant'], weight=lambda a, k: 3 if k.get('plan') == 'pro' else 1))
-    def render(tenant, doc, plan='free'): ...
-
     q.enqueue(sync, tenant='acme', item=7, priority=10)   # higher first within acme's line; FIFO among equals
 
-The design, and why:
-
-* **Virtual time, not a rotating pointer.** Each key of a queue with waiting jobs (an *active* key) has a virtual
-  time; a start of one of its jobs moves it on by ``1 / weight``; the key with the lowest virtual time starts next
-  (start-time fair queueing, as WFQ/SFQ schedulers do; deficit round-robin with a quantum of one job gives the same
-  order). Over any stretch where two keys stay backlogged their starts are in the ratio of their weights, within
-  one job. A key that becomes active (its first waiting job, or a resume) joins at the lowest virtual time of the
-  queue's active keys: an idle key earns no credit, and a newcomer's first job starts within one round (one start
-  per active key). The choice is one ``ZRANGE 0 0`` of the queue's active keys, a ``ZPOPMIN`` of the key's line and
-  a ``ZADD``: O(log keys) per start, whatever the number of keys or waiting jobs, and idle keys cost nothing.
-* **A waiting job is an ordinary rq job.** Admission writes the job's hash as rq does, with status ``deferred`` and
-  its id in rq's deferred registry of its queue (as a parked per-key job), and files the id in its key's line
-  (``rq:policies:fair:wait:<queue>:<scope>:<key>``, priority then FIFO) instead of on the queue's list. ``rq info``,
-  rq-dashboard and ``Job.fetch`` read it sanely; a fetch that finds the queue's list empty takes the next job by
-  the turns above (lua/policies/fair.lua's ``source``), and the job is popped from there on as any other (so
-  ``Concurrency``/``Rate`` of its key, ``QueueSlot``, ``QueueRate`` and ``Loner`` apply to it as to a plain job).
-* **Plain jobs of the same queue come first** (as BullMQ Pro's groups: "non-grouped jobs get precedence"): a fetch
-  takes from the queue's list, then from the Fair lines. Give Fair jobs their own queue to share it among keys only.
-* **Priority within a key**: ``priority=`` on enqueue (an int from -1000 to 1000; higher first), or
-  ``Fair(priority=fn)`` computing it from ``(args, kwargs)``; the enqueue's own wins. Keys still take turns.
-* **Pause per key** (:meth:`Fair.pause`/:meth:`Fair.resume`, ``rq-policies fair pause``): indefinite; the key's jobs
-  stay in its lines (status deferred), none starts until the resume, other keys flow. The pause lives in Redis, so
-  it survives worker restarts.
-* **Backlog cap per key**: ``max_waiting=N``: an enqueue that finds N jobs of its key waiting on its queue is dropped
-  (counted, logged, ``on_drop``), or with ``on_conflict='raise'`` raises :class:`BacklogFull`; checked in the
-  admission script, so 16 racing producers never leave more than N waiting.
-* **Weights**: ``weight=`` an int (1 to 1000) or a function of ``(args, kwargs)``; :meth:`Fair.set` sets a key's
-  weight at run time (it wins over the declared one from the key's next start).
-* **With a per-key limit**: a Fair job its key's ``Concurrency`` or ``Rate`` refuses is parked in that policy's line
-  (its turn was used: the turn goes to the key, which starts that job first when its limit frees), and the next
-  fetch serves the next key: a key at its limit never stalls the others.
-
-What is not covered: a Fair job scheduled (``enqueue_at``/``enqueue_in``) or waiting on dependencies joins its queue's
-list directly when rq releases it (its turn is not counted); ``at_front=`` is ignored for Fair jobs (use priority);
-stock rq workers do not take Fair jobs (they wait in the deferred registry, not on the list).
+A key's waiting jobs are ordinary rq jobs (status ``deferred``, in rq's deferred registry) filed in the key's line
+(``rq:policies:fair:wait:<queue>:<scope>:<key>``) instead of on the queue's list; a fetch that finds the list empty
+takes the next job of the key with the lowest virtual time (start-time fair queueing: a start moves it on by
+``1 / weight``), in O(log keys) whatever the number of keys or jobs. The design, its bounds and what is not covered:
+docs/fair.md.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rq.job import Job, JobStatus
 from rq.registry import DeferredJobRegistry
 
 from rq_policies.engine import compat, keys, reading
-from rq_policies.engine.admin import refusing
+from rq_policies.engine.admin import FairPause, FairStatus, FairWeight, refusing
 from rq_policies.engine.exceptions import PolicyError
 from rq_policies.engine.keyed import KeyedPolicy, check_scope, key_text, keyed_args
 from rq_policies.engine.ops import Call, text
@@ -113,45 +75,6 @@ class BacklogFull(PolicyError):
         self.scope, self.queue, self.waiting, self.first = scope, queue, waiting, first
         super().__init__(f'a key of scope {scope!r} already has {waiting} job(s) waiting on queue {queue!r} '
                          f'(max_waiting; its first is job {first})')
-
-
-@dataclass(frozen=True)
-class FairWeight:
-    """A key's weight set at run time (:meth:`Fair.set`)."""
-
-    weight: int
-
-
-@dataclass(frozen=True)
-class FairStatus:
-    """One key's Fair state on one queue (:meth:`Fair.status`).
-
-    Attributes:
-        waiting: jobs of the key waiting in its line on the queue.
-        active: is the key taking turns on the queue now (it has waiting jobs and is not paused)?
-        paused: is the key paused (on every queue)?
-        weight: the run-time weight (:meth:`Fair.set`), or None (its jobs' declared weight applies).
-        active_keys: how many keys take turns on the queue.
-    """
-
-    waiting: int
-    active: bool
-    paused: bool
-    weight: int | None
-    active_keys: int
-
-
-@dataclass(frozen=True)
-class FairPause:
-    """One key's pause and backlog (:meth:`Fair.pause_status`): what a pause or a resume would change.
-
-    Attributes:
-        paused: is the key paused (on every queue)?
-        waiting: the key's waiting jobs per queue (only queues where it has some).
-    """
-
-    paused: bool
-    waiting: dict[str, int]
 
 
 def _weight(value: Any, where: str = 'weight') -> int:

@@ -9,31 +9,13 @@ from typing import Any
 from redis import Redis
 from rq.job import Job
 
+from rq_policies.engine import views
 from rq_policies.engine.ops import text
-from rq_policies.engine.views import (
-    Argument,
-    BadArgument,
-    Cell,
-    Command,
-    Explanation,
-    Group,
-    Heading,
-    Option,
-    Panel,
-    PolicyViews,
-    Reply,
-    Row,
-    Section,
-    Setting,
-    Shown,
-    Values,
-    View,
-)
 
 from .rules import ACTIVE_PREFIX, FIELD, PAUSED, WAIT_PREFIX, WEIGHTS, Fair
 
 
-class FairViews(PolicyViews):
+class FairViews(views.PolicyViews):
     policy = Fair
     key_pause_setting = True
 
@@ -80,7 +62,7 @@ class FairViews(PolicyViews):
         return rows
 
     @classmethod
-    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[Explanation]:
+    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[views.Explanation]:
         raw = job.get(FIELD)
         if not raw:
             return []
@@ -115,10 +97,10 @@ class FairViews(PolicyViews):
             words += f', {key} paused'
             change = f'the key is paused: Fair.resume({scope!r}, {key!r}) lets its jobs start'
         verdict = words
-        return [Explanation(cls.name, verdict, change, entry)]
+        return [views.Explanation(cls.name, verdict, change, entry)]
 
     @classmethod
-    def cluster_info(cls, connection: Redis, now: float, limit: int | None) -> Section | None:
+    def cluster_info(cls, connection: Redis, now: float, limit: int | None) -> views.Section | None:
         out = {}
         for queue in Fair.queues(connection):
             rows = cls.key_rows(connection, queue, limit or 0)
@@ -130,41 +112,42 @@ class FairViews(PolicyViews):
         return FairState(out, paused, now)
 
     @classmethod
-    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[Panel]:
+    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[views.Panel]:
         out = []
         for queue in Fair.queues(connection):
             rows = [r for r in cls.key_rows(connection, queue, limit) if search is None or search in r['key']
                     or search == queue]
             if rows:
                 count = int(connection.zcard(ACTIVE_PREFIX + queue))
-                out.append(Panel(
+                out.append(views.Panel(
                     f'Fair share: {queue}', ['key', 'waiting', 'weight', 'share', 'state'],
                     [[r['key'], r['waiting'], r['weight'] if not r['set_at_run_time'] else
                       f'{r["weight"]} (set at run time)', f'{r["share"]:.0%}',
-                      Cell('paused', warn=True) if r['paused'] else 'taking turns'] for r in rows],
+                      views.Cell('paused', warn=True) if r['paused'] else 'taking turns'] for r in rows],
                     '' if count <= limit else f'the next {limit} of {count} keys taking turns; shares among those '
                                               'listed',
                 ))
         return out
 
     @classmethod
-    def commands(cls) -> tuple[View, ...]:
+    def commands(cls) -> tuple[views.View, ...]:
         """``rq-policies fair pause|resume|weight|keys``."""
-        scope_key = (Argument('scope'), Argument('key'))
-        return (Group('fair', 'Fair share between keys: pause, resume, weights, and each key\'s line and share.', (
-            Command('pause', 'Pause KEY of SCOPE on every queue until resumed (its jobs wait; others flow).',
-                    arguments=scope_key, run=_pause_run),
-            Command('resume', 'Resume a paused KEY of SCOPE: it takes turns again.', arguments=scope_key,
-                    run=_resume_run),
-            Setting('weight', 'Show, set (WEIGHT) or --clear the run-time weight of KEY of SCOPE.', targets=scope_key,
-                    value=Argument('weight', kind=int),
-                    clear_help='Remove the run-time weight: the declared one applies again.',
-                    status=_weight_status, set=_weight_set, clear=_weight_clear),
-            Command('keys', 'The keys taking turns on QUEUE, next turn first: waiting jobs, weight, share; then paused '
-                            'keys.', arguments=(Argument('queue'),),
-                    options=(Option('--limit', 'limit', 'List at most this many keys (0: all; 20).', default=20,
-                                    kind=int),),
-                    run=_keys_run),
+        scope_key = (views.Argument('scope'), views.Argument('key'))
+        about = 'Fair share between keys: pause, resume, weights, and each key\'s line and share.'
+        return (views.Group('fair', about, (
+            views.Command('pause', 'Pause KEY of SCOPE on every queue until resumed (its jobs wait; others flow).',
+                          arguments=scope_key, run=_pause_run),
+            views.Command('resume', 'Resume a paused KEY of SCOPE: it takes turns again.', arguments=scope_key,
+                          run=_resume_run),
+            views.Setting('weight', 'Show, set (WEIGHT) or --clear the run-time weight of KEY of SCOPE.',
+                          targets=scope_key, value=views.Argument('weight', kind=int),
+                          clear_help='Remove the run-time weight: the declared one applies again.',
+                          status=_weight_status, set=_weight_set, clear=_weight_clear),
+            views.Command('keys', 'The keys taking turns on QUEUE, next turn first: waiting jobs, weight, share; then '
+                                  'paused keys.', arguments=(views.Argument('queue'),),
+                          options=(views.Option('--limit', 'limit', 'List at most this many keys (0: all; 20).',
+                                                default=20, kind=int),),
+                          run=_keys_run),
         )),)
 
 
@@ -173,44 +156,44 @@ def _refused(action: Callable[[], Any]) -> Any:
     try:
         return action()
     except ValueError as exc:
-        raise BadArgument(str(exc)) from None
+        raise views.BadArgument(str(exc)) from None
 
 
-def _pause_run(conn: Redis, values: Values) -> Reply:
+def _pause_run(conn: Redis, values: views.Values) -> views.Reply:
     scope, key = str(values['scope']), str(values['key'])
     changed = _refused(lambda: Fair.pause(scope, key, connection=conn))
-    return Reply((f'{scope}:{key} paused' + ('' if changed else ' (it was already)'),))
+    return views.Reply((f'{scope}:{key} paused' + ('' if changed else ' (it was already)'),))
 
 
-def _resume_run(conn: Redis, values: Values) -> Reply:
+def _resume_run(conn: Redis, values: views.Values) -> views.Reply:
     scope, key = str(values['scope']), str(values['key'])
     changed = _refused(lambda: Fair.resume(scope, key, connection=conn))
-    return Reply((f'{scope}:{key} resumed' + ('' if changed else ' (it was not paused)'),))
+    return views.Reply((f'{scope}:{key} resumed' + ('' if changed else ' (it was not paused)'),))
 
 
-def _weight_clear(conn: Redis, values: Values) -> Reply:
+def _weight_clear(conn: Redis, values: views.Values) -> views.Reply:
     scope, key = str(values['scope']), str(values['key'])
     _refused(lambda: Fair.clear(scope, key, connection=conn))
-    return Reply((f'{scope}:{key}: run-time weight cleared',))
+    return views.Reply((f'{scope}:{key}: run-time weight cleared',))
 
 
-def _weight_set(conn: Redis, values: Values) -> Reply:
+def _weight_set(conn: Redis, values: views.Values) -> views.Reply:
     scope, key, weight = str(values['scope']), str(values['key']), values['weight']
     _refused(lambda: Fair.set(scope, key, weight, connection=conn))
-    return Reply((f'{scope}:{key}: weight {weight}',))
+    return views.Reply((f'{scope}:{key}: weight {weight}',))
 
 
-def _weight_status(conn: Redis, values: Values) -> Reply:
+def _weight_status(conn: Redis, values: views.Values) -> views.Reply:
     scope, key = str(values['scope']), str(values['key'])
     got = _refused(lambda: Fair.get(scope, key, connection=conn))
-    return Reply((f'{scope}:{key}: ' + (f'weight {got.weight} (set at run time)' if got else
-                                        'no run-time weight (its jobs\' declared weight applies)'),))
+    return views.Reply((f'{scope}:{key}: ' + (f'weight {got.weight} (set at run time)' if got else
+                                              'no run-time weight (its jobs\' declared weight applies)'),))
 
 
-def _keys_run(conn: Redis, values: Values) -> Reply:
+def _keys_run(conn: Redis, values: views.Values) -> views.Reply:
     queue = str(values['queue'])
     rows = _refused(lambda: FairViews.key_rows(conn, queue, values['limit']))
-    return Reply(tuple(_row_line(row) for row in rows) or (f'No key takes turns on queue {queue!r}.',))
+    return views.Reply(tuple(_row_line(row) for row in rows) or (f'No key takes turns on queue {queue!r}.',))
 
 
 @dataclass(frozen=True)
@@ -223,7 +206,7 @@ class FairQueue:
 
 
 @dataclass(frozen=True)
-class FairState(Section):
+class FairState(views.Section):
     """Fair's part of ``rq-policies info`` (``policies.fair`` in ``--json``: ``queues``, ``paused``, ``now``): a
     heading per queue with its keys' lines, then the paused keys."""
 
@@ -231,10 +214,10 @@ class FairState(Section):
     paused: list[str]
     now: float
 
-    def rows(self, shown: Shown) -> list[Row | str]:
-        lines: list[Row | str] = []
+    def rows(self, shown: views.Shown) -> list[views.Row | str]:
+        lines: list[views.Row | str] = []
         for queue, entry in self.queues.items():
-            lines.append(Heading(f'Fair on queue {queue}', f'  ({entry.keys} key(s) taking turns)'))
+            lines.append(views.Heading(f'Fair on queue {queue}', f'  ({entry.keys} key(s) taking turns)'))
             lines += ['  ' + _row_line(row) for row in entry.rows]
         if self.paused:
             lines.append(f'Fair: paused key(s): {", ".join(self.paused)}')

@@ -58,7 +58,7 @@ def _lock_ttl(value: Any) -> float | int | None:
 
 
 class Loner(AdmissionPolicy):
-    """One job per identity per queue (resque-loner's and sidekiq-unique-jobs' unique jobs).
+    """One job per identity per queue (resque-loner's and sidekiq-unique-jobs' unique jobs). docs/loner.md.
 
     Example::
 
@@ -68,36 +68,19 @@ class Loner(AdmissionPolicy):
         @policy(Loner(on_conflict='replace'), unique_context=lambda a, k: a[0])
         def sync_account(account_id, reason): ...  # a duplicate rewrites the waiting job's payload in place
 
-    ``until='started'``: the identity is held from the enqueue until a PolicyWorker takes the job (or it is deleted,
-    cancelled or removed from its queue). Once the job runs, the same payload can be enqueued again: this prevents
-    duplicate *waiting* work, not concurrent runs.
-
-    ``until='finished'``: held from the enqueue until the job ends: success, failure with no retry left (a retry
-    keeps it), stop-job, timeout, cancel, delete, its work horse killed (the worker records the failure), ttl expiry
-    while it waits. The marker is deleted in the pipeline that records the ending. If the worker itself dies
-    (SIGKILL of the worker and its horse, a lost machine), the job stays ``started`` in rq, but it only counts while
-    its worker's key ``rq:worker:<name>`` lives: that is at most ``job_monitoring_interval + 60`` seconds (rq's
-    heartbeat TTL, 90 s by default) after the worker's last heartbeat, so the identity is free again within that
-    bound, without a reaper, even before rq's maintenance marks the job failed.
-
-    ``on_conflict``: ``'drop'`` returns None (logged, counted); ``'raise'`` raises :class:`DuplicateJob` (counted as
-    a drop; nothing written); ``'replace'`` rewrites the waiting holder's payload (args, kwargs, meta, description)
-    in place, in the admission script: same id, same place in its queue, and returns it (the returned Job carries
-    the holder's id and the new payload). A holder already running is never replaced: with ``until='started'`` the
-    new job is then admitted as usual (a running job holds nothing), with ``until='finished'`` it is dropped.
-
-    ``ttl``: the identity is held at most ``ttl`` seconds from the enqueue that took it, whatever the holder does
-    (sidekiq-unique-jobs' ``lock_ttl``, BullMQ's deduplication ``ttl``): after that an identical enqueue is admitted
-    even if the holder still waits or runs (both then exist; the holder is not touched). It works with either
-    ``until``: the marker (``rq:policies:loner:<queue>:<digest>``) simply expires, in Redis, so no process has to be
-    alive to free it. Without ``ttl`` the identity is held for as long as ``until`` says (bounded only by the job's
-    own ``ttl`` and, while running, by its worker's heartbeat).
-
     Args:
-        until: ``'started'`` or ``'finished'``.
-        on_conflict: ``'drop'``, ``'raise'`` or ``'replace'``.
-        ttl: optional cap in seconds on how long the identity is held, a number > 0 (int or float; kept to the
-            millisecond), at most ten years.
+        until: ``'started'``: held from the enqueue until a PolicyWorker takes the job (or it is deleted, cancelled
+            or removed): no duplicate *waiting* work, not no concurrent runs. ``'finished'``: until the job ends
+            (success, failure with no retry left, stop, timeout, cancel, delete, its horse killed); a job whose worker
+            died holds only while its worker's key lives (``job_monitoring_interval + 60`` s after its last
+            heartbeat, 90 s by default), so no reaper is needed.
+        on_conflict: ``'drop'`` returns None (logged, counted); ``'raise'`` raises :class:`DuplicateJob` (counted as a
+            drop; nothing written); ``'replace'`` rewrites the waiting holder's payload (args, kwargs, meta,
+            description) in place, in the admission script, and returns it (same id, same place in its queue). A
+            holder already running is never replaced: with ``until='started'`` the new job is admitted (a running job
+            holds nothing), with ``until='finished'`` it is dropped.
+        ttl: optional cap in seconds on how long the identity is held whatever the holder does (sidekiq-unique-jobs'
+            ``lock_ttl``), a number > 0 kept to the millisecond, at most ten years: the marker expires in Redis.
     """
 
     name: ClassVar[str] = 'loner'

@@ -6,19 +6,18 @@ from typing import Any
 
 from rq.worker import Worker
 
-from rq_policies.engine import compat, keys, reading
+from rq_policies.engine import compat, keys, reading, views
 from rq_policies.engine.ops import text
 from rq_policies.engine.readable import identity
-from rq_policies.engine.views import Cell, Explanation, Panel, PolicyViews, Row, identity_cell
 
 from .rules import UNTIL_FIELD, Loner
 
 
-class LonerViews(PolicyViews):
+class LonerViews(views.PolicyViews):
     policy = Loner
 
     @classmethod
-    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[Explanation]:
+    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[views.Explanation]:
         marker = job.get(keys.LONER_FIELD)
         parsed = keys.LONER_KEYS.parse(marker) if marker else None
         if parsed is None:
@@ -63,10 +62,10 @@ class LonerViews(PolicyViews):
         if job.get('policies_replaced_by'):
             entry['replaced_by'] = job['policies_replaced_by']
             verdict += f'; its payload was replaced in place by the enqueue of job {entry["replaced_by"]}'
-        return [Explanation(cls.name, verdict, change, entry)]
+        return [views.Explanation(cls.name, verdict, change, entry)]
 
     @classmethod
-    def explain_gone(cls, connection: Any, job_id: str, records: dict[str, Any], now: float) -> list[Explanation]:
+    def explain_gone(cls, connection: Any, job_id: str, records: dict[str, Any], now: float) -> list[views.Explanation]:
         dropped = records['dropped']
         if not dropped or dropped.get('policy') != cls.name:
             return []
@@ -74,7 +73,7 @@ class LonerViews(PolicyViews):
         status, _ = reading.job_status(connection, records['job_prefix'], holder)
         at = dropped.get('at')
         ago = f' ({max(now - at, 0.0):.0f} s ago)' if at is not None else ''
-        return [Explanation(
+        return [views.Explanation(
             cls.name, f'dropped at enqueue{ago}: held by job {holder} ({status or "gone"} now)',
             'an identical enqueue is admitted once no job holds the identity; force() enqueues it anyway',
             {'holder': holder, 'queue': dropped.get('queue', ''), 'dropped_at': at},
@@ -82,16 +81,16 @@ class LonerViews(PolicyViews):
 
     @classmethod
     def describe(cls, family: keys.Family, block: dict[str, Any], digests: bool = False,
-                 width: int = 40) -> list[Row | str]:
+                 width: int = 40) -> list[views.Row | str]:
         stale = block['count'] - block['waiting']
         items = []
         for row in block['entries']:
             holds = '' if row.get('waiting') else ', stale: no longer holds'
             items.append(f'{identity(row, width, digests)}  job {row["job_id"]} ({row["job_status"] or "gone"}{holds})')
-        return [Row('loner', f'{block["waiting"]} waiting' + (f', {stale} stale' if stale else ''), tuple(items))]
+        return [views.Row('loner', f'{block["waiting"]} waiting' + (f', {stale} stale' if stale else ''), tuple(items))]
 
     @classmethod
-    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[Panel]:
+    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[views.Panel]:
         """The dashboard's unique identities: each marker's queue, identity, holder job and whether it still holds
         (a marker whose job no longer waits, and is not running under ``until='finished'``, is stale: the next
         enqueue of the identity replaces it)."""
@@ -99,11 +98,11 @@ class LonerViews(PolicyViews):
         rows = []
         for row in sample['rows']:
             job_id = row['job_id']
-            holds = 'yes' if row['waiting'] else Cell('no (stale: the next enqueue replaces it)', expired=True)
-            rows.append([row['queue'], identity_cell(row), Cell(job_id, job=job_id) if job_id else None,
+            holds = 'yes' if row['waiting'] else views.Cell('no (stale: the next enqueue replaces it)', expired=True)
+            rows.append([row['queue'], views.identity_cell(row), views.Cell(job_id, job=job_id) if job_id else None,
                          row['job_status'] or 'gone', holds,
-                         None if row['expires_in'] is None else Cell(at=row['expires_in'])])
+                         None if row['expires_in'] is None else views.Cell(at=row['expires_in'])])
         if not rows:
             return []
-        return [Panel('Unique identities (Loner)', ['queue', 'identity', 'job', 'job status', 'holds', 'expires'],
-                      rows, reading.sample_note(sample, 'markers'))]
+        return [views.Panel('Unique identities (Loner)', ['queue', 'identity', 'job', 'job status', 'holds', 'expires'],
+                            rows, reading.sample_note(sample, 'markers'))]

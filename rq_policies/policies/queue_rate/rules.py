@@ -1,22 +1,11 @@
 """QueueRate: at most ``limit`` job starts of a queue every ``per`` seconds across the whole cluster, checked at fetch.
 
-A GCRA on the server's clock (``lua/policies/queue_rate.lua``): one key per limited queue holds its theoretical
-arrival time (``rq:policies:tat:<queue>``); a start is allowed when that time, less the tolerance ``(burst - 1) *
-per / limit``, is not in the future, and moves it on by ``per / limit``. Exact, O(1), no per-start entries and no
-reaper: the key expires once its time is past, where it allows as much as no key at all.
-
-The check runs in the fetch script together with the pop and any QueueSlot hold (:mod:`rq_policies.engine.fetch`), so a
-start the rate does not allow never pops, and a start refused by a cap consumes no rate. A limited queue is skipped
-and the worker serves its other queues in rq's order; a worker whose queues are all limited sleeps until the
-earliest time one of them allows a start (the script tells it), or until a push, release or setting change wakes it.
-
-The settings live in Redis (``rq:policies:rate``), like QueueSlot's capacity, so every PolicyWorker obeys the same
-numbers and an operator changes them without a deploy. The same policy owns BackOff's block
-(``rq:policies:backoff``) and what happens to a job that raises :class:`~rq_policies.engine.exceptions.Snooze` or
-:class:`~rq_policies.engine.exceptions.BackOff`.
-
-The name is not ``RateLimit``: rq 3 exports ``rq.RateLimit(key, concurrency)``, a concurrency limit at enqueue.
-QueueSlot caps how many run, QueueRate how many start per unit of time.
+A GCRA on the server's clock (``lua/policies/queue_rate.lua``): one key per limited queue holds its theoretical arrival
+time (``rq:policies:tat:<queue>``), exact and O(1), no reaper. The check runs in the fetch script with the pop and any
+QueueSlot hold, so a refused start never pops and a start refused by a cap consumes no rate; a worker whose queues are
+all limited sleeps until the earliest allowed start. The settings live in Redis (``rq:policies:rate``). The policy also
+owns BackOff's block (``rq:policies:backoff``) and what happens to a job that raises Snooze or BackOff.
+docs/queue-rate.md. (Not ``RateLimit``: rq 3's is a concurrency limit at enqueue.)
 """
 
 from __future__ import annotations
@@ -34,12 +23,13 @@ from rq_policies.engine.admin import (
     RateStatus,
     check_rate,
     queue_name,
+    queue_target,
     rate_status,
     refusing,
     warn_unknown_queue,
+    write_queue_setting,
 )
 from rq_policies.engine.exceptions import BackOff, Snooze, SnoozeLimitReached
-from rq_policies.engine.ledger import WAKE_CAPACITY, wake_up
 from rq_policies.engine.ops import need_connection as _need
 from rq_policies.engine.ops import server_now as _server_now
 from rq_policies.engine.ops import text
@@ -91,40 +81,26 @@ class QueueRate(FetchPolicy, GcraRate):
             rate = cls(limit, per, burst)
             conn = _need(connection)
         warn_unknown_queue(conn, name, 'QueueRate.set')
-        with conn.pipeline(transaction=False) as pipe:
-            pipe.hset(keys.RATE, name, f'{rate.limit} {rate.per} {rate.burst}')
-            wake_up(pipe, keys.wake(name), WAKE_CAPACITY)
-            pipe.execute()
+        write_queue_setting(conn, keys.RATE, name, f'{rate.limit} {rate.per} {rate.burst}')
         return rate
 
     @classmethod
     def get(cls, queue: Any, connection: Redis | None = None) -> QueueRate | None:
         """The rate of ``queue``, or None when it is unlimited."""
-        with refusing():
-            name = queue_name(queue)
-            conn = _need(connection)
+        name, conn = queue_target(queue, connection)
         return parse(conn.hget(keys.RATE, name))
 
     @classmethod
     def clear(cls, queue: Any, connection: Redis | None = None) -> bool:
         """Remove the rate of ``queue`` (its arrival time expires by itself). Returns True when it had one."""
-        with refusing():
-            name = queue_name(queue)
-            conn = _need(connection)
-        with conn.pipeline(transaction=False) as pipe:
-            pipe.hdel(keys.RATE, name)
-            pipe.delete(keys.rate_tat(name))
-            wake_up(pipe, keys.wake(name), WAKE_CAPACITY)
-            removed, _, _ = pipe.execute()
-        return bool(removed)
+        name, conn = queue_target(queue, connection)
+        return write_queue_setting(conn, keys.RATE, name, None, also=(keys.rate_tat(name),))
 
     @classmethod
     def status(cls, queue: Any, connection: Redis | None = None) -> RateStatus | None:
         """How many starts ``queue`` allows now and when the next one is allowed; None when it has no rate and no
         back-off. The state reading of the admin API (:mod:`rq_policies.engine.admin`)."""
-        with refusing():
-            name = queue_name(queue)
-            conn = _need(connection)
+        name, conn = queue_target(queue, connection)
         with conn.pipeline(transaction=False) as pipe:
             pipe.time()
             pipe.hget(keys.RATE, name)

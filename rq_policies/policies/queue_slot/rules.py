@@ -1,20 +1,10 @@
 """QueueSlot: at most N jobs of a queue running across the whole cluster, crash-safe.
 
-The count is a hold ledger (:mod:`rq_policies.engine.ledger`: why a ledger and not a counter), one per queue
-(``rq:policies:slots:<queue>``, member = claim token, score = epoch second the hold expires). A PolicyWorker takes a
-hold in the same script that pops the job (``lua/fetch.lua``, this policy's part ``lua/policies/queue_slot.lua``):
-
-* a killed holder stops refreshing and its hold ages out within :attr:`QueueSlot.TTL_SECONDS`, with no operator
-  action;
-* a release names one hold, so a release arriving after its own hold expired frees nothing instead of a hold that has
-  since been handed to someone else;
-* a claim token (``<host>:<pid>:<tid>:<n>``) names one claim, so a stale release from an earlier job of the same
-  thread can never take the live job's hold.
-
-Holds are refreshed on the worker's heartbeat (:meth:`QueueSlot.refresh_in`) while their jobs run; a hold the refresh
-finds lapsed (a stall longer than its ttl, a restart without persistence) is re-added, counted and logged, so a
-running job is always counted again. The cap itself is stored in Redis (``rq:policies:capacity``), so every worker in
-the cluster obeys the same number and an operator changes it without a deploy.
+The count is a hold ledger per queue (``rq:policies:slots:<queue>``: claim token -> the epoch second its hold expires,
+:mod:`rq_policies.engine.ledger`), taken in the script that pops the job (``lua/policies/queue_slot.lua``), refreshed
+on the worker's heartbeat and released on every exit path; a killed holder's hold ages out within
+:attr:`QueueSlot.TTL_SECONDS`, with no reaper. The cap lives in Redis (``rq:policies:capacity``), so every worker obeys
+the same number and an operator changes it without a deploy. docs/queue-slot.md.
 """
 
 from __future__ import annotations
@@ -24,21 +14,22 @@ from typing import Any, ClassVar
 from redis import Redis
 
 from rq_policies.engine import keys, ledger
-from rq_policies.engine.admin import Cap, SlotStatus, deprecated, refusing, warn_unknown_queue
-from rq_policies.engine.ledger import WAKE_CAPACITY, WAKE_RELEASED, Hold, wake_up
+from rq_policies.engine.admin import (
+    Cap,
+    SlotStatus,
+    deprecated,
+    queue_name,
+    queue_target,
+    refusing,
+    warn_unknown_queue,
+    write_queue_setting,
+)
+from rq_policies.engine.ledger import WAKE_CAPACITY, WAKE_RELEASED, Hold
 from rq_policies.engine.ops import need_connection as _need
 from rq_policies.engine.ops import text
 from rq_policies.engine.policy import MAX_CAPACITY, FetchPolicy, positive_int, whole_seconds
 
 __all__ = ['WAKE_CAPACITY', 'WAKE_RELEASED', 'QueueSlot', 'queue_name']
-
-
-def queue_name(value: Any) -> str:
-    """Accept a queue name or an rq Queue; refuse anything else."""
-    name = getattr(value, 'name', value)
-    if not isinstance(name, str) or not name:
-        raise ValueError(f'queue must be a non-empty queue name or an rq Queue, got {value!r}')
-    return name
 
 
 class QueueSlot(FetchPolicy):
@@ -75,43 +66,27 @@ class QueueSlot(FetchPolicy):
             positive_int('capacity', capacity, MAX_CAPACITY)
             conn = _need(connection)
         warn_unknown_queue(conn, name, 'QueueSlot.set')
-        with conn.pipeline(transaction=False) as pipe:
-            pipe.hset(keys.CAPACITY, name, capacity)
-            wake_up(pipe, keys.wake(name), WAKE_CAPACITY)
-            pipe.execute()
+        write_queue_setting(conn, keys.CAPACITY, name, capacity)
         return Cap(capacity)
 
     @classmethod
     def get(cls, queue: Any, connection: Redis | None = None) -> Cap | None:
         """The cap of ``queue``, or None when it is uncapped."""
-        with refusing():
-            name = queue_name(queue)
-            conn = _need(connection)
+        name, conn = queue_target(queue, connection)
         raw = conn.hget(keys.CAPACITY, name)
         return Cap(int(raw)) if raw is not None else None
 
     @classmethod
     def clear(cls, queue: Any, connection: Redis | None = None) -> bool:
-        """Uncap ``queue``. Live holds stay until released or expired; they no longer limit anything.
-
-        Returns:
-            True when the queue had a cap.
-        """
-        with refusing():
-            name = queue_name(queue)
-            conn = _need(connection)
-        with conn.pipeline(transaction=False) as pipe:
-            pipe.hdel(keys.CAPACITY, name)
-            wake_up(pipe, keys.wake(name), WAKE_CAPACITY)
-            removed, _ = pipe.execute()
-        return bool(removed)
+        """Uncap ``queue``: True when it had a cap. Live holds stay until released or expired; they no longer limit
+        anything."""
+        name, conn = queue_target(queue, connection)
+        return write_queue_setting(conn, keys.CAPACITY, name, None)
 
     @classmethod
     def status(cls, queue: Any, connection: Redis | None = None) -> SlotStatus:
         """The cap of ``queue`` and its live holds now (server clock), read in one round trip."""
-        with refusing():
-            name = queue_name(queue)
-            conn = _need(connection)
+        name, conn = queue_target(queue, connection)
         with conn.pipeline(transaction=False) as pipe:
             pipe.time()
             pipe.hget(keys.CAPACITY, name)

@@ -9,29 +9,12 @@ from typing import Any
 
 from redis import Redis
 
-from rq_policies.engine import keys, reading
+from rq_policies.engine import keys, reading, views
 from rq_policies.engine.admin import Cap
 from rq_policies.engine.exceptions import UnknownQueueWarning
 from rq_policies.engine.ops import text
 from rq_policies.engine.policy import MAX_CAPACITY
 from rq_policies.engine.readable import in_seconds
-from rq_policies.engine.views import (
-    Argument,
-    BadArgument,
-    Cell,
-    Digits,
-    Explanation,
-    Metric,
-    Panel,
-    PolicyViews,
-    Reply,
-    Row,
-    Section,
-    Setting,
-    Shown,
-    Values,
-    View,
-)
 
 from .rules import QueueSlot, queue_name
 
@@ -45,7 +28,7 @@ class SlotHold:
 
 
 @dataclass(frozen=True)
-class SlotState(Section):
+class SlotState(views.Section):
     """QueueSlot's part of a queue in ``rq-policies info``: its cap (None: uncapped), how many holds are live, and
     the holds listed (at most ``--limit``); ``--json`` shows these fields as they are named."""
 
@@ -58,20 +41,20 @@ class SlotState(Section):
             return f'cap {self.capacity}, {self.holds_in_use} in use'
         return f'uncapped, {self.holds_in_use} holds'
 
-    def rows(self, shown: Shown) -> list[Row | str]:
-        lines: list[Row | str] = [Row('hold', f'{hold.holder:<36} expires {in_seconds(hold.expires_in)}')
-                                  for hold in self.holds]
+    def rows(self, shown: views.Shown) -> list[views.Row | str]:
+        lines: list[views.Row | str] = [views.Row('hold', f'{hold.holder:<36} expires {in_seconds(hold.expires_in)}')
+                                        for hold in self.holds]
         if self.holds_in_use > len(self.holds):
             lines.append(f'  ... and {self.holds_in_use - len(self.holds)} more (--limit 0 lists all)')
         return lines
 
 
-class QueueSlotViews(PolicyViews):
+class QueueSlotViews(views.PolicyViews):
     policy = QueueSlot
     queue_settings = ('capacity',)
 
     @classmethod
-    def queue_info(cls, connection: Redis, names: list[str], now: float, limit: int | None) -> dict[str, Section]:
+    def queue_info(cls, connection: Redis, names: list[str], now: float, limit: int | None) -> dict[str, views.Section]:
         return dict(cls.slot_states(connection, names, now, limit))
 
     @classmethod
@@ -91,7 +74,7 @@ class QueueSlotViews(PolicyViews):
         return out
 
     @classmethod
-    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[Explanation]:
+    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[views.Explanation]:
         queue = job.get('origin')
         if not queue:
             return []
@@ -113,13 +96,14 @@ class QueueSlotViews(PolicyViews):
         else:
             verdict = f'queue cap {cap}, {len(holders)} in use' + (f': {listed}' if holders else '')
             change = ''
-        return [Explanation(cls.name, verdict, change, entry)]
+        return [views.Explanation(cls.name, verdict, change, entry)]
 
     @classmethod
-    def metrics(cls, connection: Redis, now: float) -> list[Metric]:
-        in_use = Metric('rq_policies_queue_slots_in_use',
-                        'Live QueueSlot holds of a queue (jobs running under its cap).', ('queue',))
-        capacity = Metric('rq_policies_queue_slots_capacity', 'Cluster-wide QueueSlot cap of a queue.', ('queue',))
+    def metrics(cls, connection: Redis, now: float) -> list[views.Metric]:
+        in_use = views.Metric('rq_policies_queue_slots_in_use',
+                              'Live QueueSlot holds of a queue (jobs running under its cap).', ('queue',))
+        capacity = views.Metric('rq_policies_queue_slots_capacity', 'Cluster-wide QueueSlot cap of a queue.',
+                                ('queue',))
         for row in QueueSlot.gauges(connection, reading.queue_names(connection), now):
             in_use.add([row['queue']], row['in_use'])
             if row['capacity'] is not None:
@@ -127,12 +111,12 @@ class QueueSlotViews(PolicyViews):
         return [in_use, capacity]
 
     @classmethod
-    def commands(cls) -> tuple[View, ...]:
+    def commands(cls) -> tuple[views.View, ...]:
         """``rq-policies cap``."""
-        return (Setting(
+        return (views.Setting(
             'cap', 'Cap QUEUE at N jobs running across the cluster, remove its cap with --clear, or show it (no N).',
-            targets=(Argument('queue'),),
-            value=Argument('n', kind=Digits(f'a positive integer up to {MAX_CAPACITY}', 1, MAX_CAPACITY)),
+            targets=(views.Argument('queue'),),
+            value=views.Argument('n', kind=views.Digits(f'a positive integer up to {MAX_CAPACITY}', 1, MAX_CAPACITY)),
             clear_help='Remove the cap (live holds stay until released or expired).',
             force_help='Cap a queue rq does not know yet.',
             json_help='Print the cap and the holds in use as JSON.',
@@ -140,7 +124,7 @@ class QueueSlotViews(PolicyViews):
         ),)
 
     @classmethod
-    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[Panel]:
+    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[views.Panel]:
         """The dashboard's holds panel: per queue with a cap or a hold, the cap, the holds in use and each hold
         (holder, the job its worker runs, seconds to expiry). A hold past its expiry still in the ledger is
         *expired*: its holder stopped refreshing (killed, or stalled longer than the ttl); it no longer counts
@@ -163,43 +147,44 @@ class QueueSlotViews(PolicyViews):
             in_use = entry.holds_in_use
             queues.append([name, entry.capacity, in_use, len(lapsed)])
             for token, score in lapsed:
-                holds.append([name, token, None, Cell('expired (no longer counts)', at=score - now, expired=True)])
+                holds.append([name, token, None,
+                              views.Cell('expired (no longer counts)', at=score - now, expired=True)])
             for hold in entry.holds:
-                holds.append([name, hold.holder, None, Cell(at=hold.expires_in)])
+                holds.append([name, hold.holder, None, views.Cell(at=hold.expires_in)])
             shown += in_use + len(lapsed)
         holds = holds[:limit]
         jobs = reading.running_jobs(connection, [row[1] for row in holds])
         for row in holds:
             job_id = jobs.get(row[1].rsplit(':', 2)[0])
-            row[2] = Cell(job_id, job=job_id) if job_id else None
+            row[2] = views.Cell(job_id, job=job_id) if job_id else None
         if not queues:
             return []
-        out = [Panel('Queue caps (QueueSlot)', ['queue', 'cap', 'in use', 'expired holds (not counted)'], queues)]
+        out = [views.Panel('Queue caps (QueueSlot)', ['queue', 'cap', 'in use', 'expired holds (not counted)'], queues)]
         if holds:
-            out.append(Panel('Holds (QueueSlot)', ['queue', 'holder', 'job', 'expires'], holds,
-                             f'{len(holds)} of {shown} holds listed' if shown > len(holds) else ''))
+            out.append(views.Panel('Holds (QueueSlot)', ['queue', 'holder', 'job', 'expires'], holds,
+                                   f'{len(holds)} of {shown} holds listed' if shown > len(holds) else ''))
         return out
 
 
-def _cap_prepare(values: Values, mode: str) -> Values:
+def _cap_prepare(values: views.Values, mode: str) -> views.Values:
     try:
         queue_name(values['queue'])
     except ValueError as exc:
-        raise BadArgument(str(exc), 'QUEUE') from None
+        raise views.BadArgument(str(exc), 'QUEUE') from None
     return values
 
 
-def _cap_status(conn: Redis, values: Values) -> Reply:
+def _cap_status(conn: Redis, values: views.Values) -> views.Reply:
     queue = str(values['queue'])
     status = QueueSlot.status(queue, connection=conn)
     if values['as_json']:
-        return Reply(data={'queue': queue, 'capacity': status.capacity, 'in_use': status.in_use})
+        return views.Reply(data={'queue': queue, 'capacity': status.capacity, 'in_use': status.in_use})
     if status.capacity is None:
-        return Reply((f'Queue {queue!r} is uncapped ({status.in_use} hold(s) in use).',))
-    return Reply((f'Queue {queue!r} is capped at {status.capacity}, {status.in_use} in use.',))
+        return views.Reply((f'Queue {queue!r} is uncapped ({status.in_use} hold(s) in use).',))
+    return views.Reply((f'Queue {queue!r} is capped at {status.capacity}, {status.in_use} in use.',))
 
 
-def _cap_set(conn: Redis, values: Values) -> Reply:
+def _cap_set(conn: Redis, values: views.Values) -> views.Reply:
     queue, n = str(values['queue']), values['n']
     before = QueueSlot.get(queue, connection=conn)
     with warnings.catch_warnings():  # refused unless --force: the operator meant it
@@ -208,17 +193,17 @@ def _cap_set(conn: Redis, values: Values) -> Reply:
     return _cap_changed(conn, values, before, f'Queue {queue!r} is capped at {n}')
 
 
-def _cap_clear(conn: Redis, values: Values) -> Reply:
+def _cap_clear(conn: Redis, values: views.Values) -> views.Reply:
     queue = str(values['queue'])
     before = QueueSlot.get(queue, connection=conn)
     QueueSlot.clear(queue, connection=conn)
     return _cap_changed(conn, values, before, f'Queue {queue!r} is uncapped')
 
 
-def _cap_changed(conn: Redis, values: Values, before: Cap | None, words: str) -> Reply:
+def _cap_changed(conn: Redis, values: views.Values, before: Cap | None, words: str) -> views.Reply:
     if values['as_json']:
         now = QueueSlot.get(str(values['queue']), connection=conn)
-        return Reply(data={'queue': values['queue'], 'capacity': now.capacity if now else None,
-                           'was': before.capacity if before else None})
+        return views.Reply(data={'queue': values['queue'], 'capacity': now.capacity if now else None,
+                                 'was': before.capacity if before else None})
     was = f'was {before.capacity}' if before is not None else 'was uncapped'
-    return Reply((f'{words} ({was}).',))
+    return views.Reply((f'{words} ({was}).',))

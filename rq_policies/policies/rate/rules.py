@@ -22,7 +22,7 @@ from rq.job import Job
 
 from rq_policies.engine import keyed, keys
 from rq_policies.engine.admin import GcraRate, KeyRate, RateStatus, check_rate, rate_status, refusing
-from rq_policies.engine.keyed import KeyedPolicy, KeyFunction, check_scope, key_text, setting_call
+from rq_policies.engine.keyed import KeyedPolicy, KeyFunction, check_scope, key_text
 from rq_policies.engine.ops import need_connection as _need
 from rq_policies.engine.ops import text
 
@@ -54,6 +54,7 @@ class Rate(KeyedPolicy, GcraRate):
     field: ClassVar[str] = 'policies_key_rate'
     payload_fields: ClassVar[tuple[str, ...]] = (field,)
     key_settings: ClassVar[str] = keys.KEY_RATES
+    repr_settings: ClassVar[tuple[str, ...]] = ('per', 'burst')
     setting_words: ClassVar[int] = 3
 
     def __init__(self, limit: int, per: int = 1, burst: int = 1, key: KeyFunction | None = None,
@@ -65,24 +66,6 @@ class Rate(KeyedPolicy, GcraRate):
         self.cost = cost
         super().__init__(key, scope)
 
-    def job_fields(self, job: Any, queue: str, digest: str) -> list[str]:
-        field, value = super().job_fields(job, queue, digest)
-        cost = self.job_cost(job)
-        if cost == 1:
-            return [field, value]
-        limit, per, burst, key_id = value.split(' ', 3)  # a costed job: '<limit> <per> <burst>*<cost> <scope>:<key>'
-        return [field, f'{limit} {per} {burst}*{cost} {key_id}']
-
-    def __repr__(self) -> str:
-        words = [str(self.limit), f'per={self.per}', f'burst={self.burst}']
-        if self.key is not None:
-            words.append(f'key={getattr(self.key, "__name__", self.key)}')
-        if self.scope is not None:
-            words.append(f'scope={self.scope!r}')
-        if self.cost != 1:
-            words.append(f'cost={getattr(self.cost, "__name__", self.cost)}')
-        return f'Rate({", ".join(words)})'
-
     def setting(self) -> str:
         return f'{self.limit} {self.per} {self.burst}'
 
@@ -93,36 +76,17 @@ class Rate(KeyedPolicy, GcraRate):
     def set(cls, scope: str, key: Any, limit: int, per: int = 1, burst: int = 1, connection: Any = None) -> KeyRate:
         """Set the rate of one key of ``scope`` at run time: ``limit`` starts every ``per`` seconds, up to ``burst``
         at once. It wins over the rate the key's jobs declare, from every worker's next fetch; the key's parked jobs
-        are looked at again at once. The starts already owed keep their count and are paid at the new rate.
-
-        Args:
-            scope: the key's scope (the function's import path unless the policy names one).
-            key: the key value, a str or an int.
-            limit: starts per ``per`` seconds, a positive integer.
-            per: the period, whole seconds >= 1.
-            burst: starts allowed at once after a quiet spell, 1 to ``limit``.
-            connection: the Redis connection.
-
-        Returns:
-            The rate now set.
-
-        Raises:
-            InvalidSetting: (a ValueError) naming the argument and the value; nothing is written.
-        """
+        are looked at again at once. The starts already owed keep their count and are paid at the new rate. The
+        admin API's shape and errors (:mod:`rq_policies.engine.admin`)."""
         with refusing():
             check_rate(limit, per, burst)
-            call = setting_call(cls.name, keys.KEY_RATES, scope, key, f'{limit} {per} {burst}')
-            conn = _need(connection)
-        call.run(conn)
+        cls.write_setting(scope, key, f'{limit} {per} {burst}', connection)
         return KeyRate(limit, per, burst)
 
     @classmethod
     def get(cls, scope: str, key: Any, connection: Any = None) -> KeyRate | None:
         """The rate set at run time for one key of ``scope``, or None (its jobs' declared rate applies)."""
-        with refusing():
-            key_id = keys.key_id(check_scope(scope), key_text(key))
-            conn = _need(connection)
-        return _stored_rate(conn.hget(keys.KEY_RATES, key_id))
+        return _stored_rate(cls.read_setting(scope, key, connection))
 
     @classmethod
     def status(cls, scope: str, key: Any, *deprecated_rate: int, connection: Any = None,

@@ -6,23 +6,22 @@ from typing import Any
 
 from rq.job import Job
 
-from rq_policies.engine import keys, reading
+from rq_policies.engine import keys, reading, views
 from rq_policies.engine.admin import KeyRate, rate_status
 from rq_policies.engine.keyed import check_scope
 from rq_policies.engine.ops import need_connection as _need
 from rq_policies.engine.ops import text
 from rq_policies.engine.readable import at
-from rq_policies.engine.views import Cell, CellValue, Explanation, KeyedViews
 
 from .rules import Rate, _declared_rate, _stored_rate
 
 
-class RateViews(KeyedViews):
+class RateViews(views.KeyedViews):
     policy = Rate
     columns = ('key', 'parked', 'waiting for', 'rate')
 
     @classmethod
-    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[Explanation]:
+    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[views.Explanation]:
         raw = job.get(cls.policy.field)
         if not raw:
             return []
@@ -61,7 +60,7 @@ class RateViews(KeyedViews):
             entry['backoff_until'] = status.backoff_until
             words += f', backed off for {status.backoff_until - now:.1f} s more'
         verdict = words
-        return [Explanation(cls.name, verdict, change, entry)]
+        return [views.Explanation(cls.name, verdict, change, entry)]
 
     @classmethod
     def key_rows(cls, connection: Any, scope: str, limit: int = 20, search: str | None = None,
@@ -108,9 +107,9 @@ class RateViews(KeyedViews):
         return out
 
     @classmethod
-    def panel_row(cls, row: dict[str, Any], now: float) -> list[CellValue]:
+    def panel_row(cls, row: dict[str, Any], now: float) -> list[views.CellValue]:
         return [row['key'], row['parked'], None if row['next_due'] is None else
-                Cell('its rate', note='next start', at=max(row['next_due'] - now, 0.0)),
+                views.Cell('its rate', note='next start', at=max(row['next_due'] - now, 0.0)),
                 None if row['rate'] is None else '{}/{}s burst {}'.format(*row['rate'])
                 + (' (set at run time)' if row.get('set_at_run_time') else '')]
 

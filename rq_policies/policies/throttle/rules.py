@@ -1,28 +1,11 @@
-"""Throttle: at most one job per identity per epoch-aligned slot of wall-clock time.
+"""Throttle: at most one job per identity per epoch-aligned slot of wall-clock time (server clock).
 
-Three answers to "this was enqueued more often than it needs to run", each kept in its own module:
-
-* :class:`~rq_policies.Loner` rejects the duplicate and keeps the first, while it waits;
-* :class:`Throttle` drops the extra and keeps the first, once per slot (or, with ``trailing=True``, also keeps the
-  last extra of the slot and runs it when the slot ends);
-* :class:`~rq_policies.Debounce` replaces the pending job and keeps the last, firing after a quiet period.
-
-Slots are aligned to the Unix epoch and computed from the Redis server's clock: with ``Throttle(60)`` the boundaries
-are the calendar minutes, and every producer means the same minute by "this slot" whatever its own clock says. That
-is what separates a slot from a cooldown (a cooldown measured from first use is a rolling rate limit). One key per
-identity per slot holds only the winner's job id and expires by itself when the slot ends: no reaper, no growth.
-
-An admitted job is an ordinary rq job. A dropped enqueue returns ``None``, not the winner's job: a returned job is
-the caller's to poll, cancel or hang dependents off, and the winner's is not. The winner is named in the INFO log
-line and by :meth:`Throttle.admit`, the low-level door, which returns an :class:`Outcome`.
-
-The throttle spaces *submissions*, not executions: if jobs wait in the queue, two can start closer together than the
-slot. ``enqueue_at``/``enqueue_in`` are submissions too: they claim the slot current at the call, and a winner runs
-at the time it asked for.
-
-A *window* is the throttle's unit of time (the public argument keeps its 0.1 name, ``slot``); a *hold* is
-QueueSlot's unit of concurrency. The window's key is ``rq:policies:throttle:<queue>:<digest>:<window number>``.
-The Lua part is ``lua/policies/throttle.lua``.
+Loner rejects the duplicate and keeps the first while it waits; Throttle drops the extra and keeps the first, once per
+slot (with ``trailing=True`` also the last extra of the slot, run when the slot ends); Debounce keeps the last, after a
+quiet period. A slot is aligned to the Unix epoch (``Throttle(60)``: the calendar minutes), so every producer means
+the same slot; one key per identity per slot (``rq:policies:throttle:<queue>:<digest>:<window number>``) holds only
+the winner's job id and expires with the slot. It spaces submissions, not executions. docs/throttle-debounce.md.
+The public argument keeps its 0.1 name, ``slot``, for what the code calls a *window*.
 """
 
 from __future__ import annotations
@@ -185,13 +168,7 @@ class Throttle(AdmissionPolicy):
     def on_admit(self, job: Any, queue: str, verdict: Any) -> None:
         if verdict.code == 3 and verdict.policy == self.name:
             # The pending trailing job took this call's payload (and run time) in place: the Job returned is it.
-            if logger.isEnabledFor(logging.INFO):
-                logger.info(
-                    'rq-policies: %s on queue %r (throttle): replaced the payload of pending trailing job %s in place '
-                    '(this call was job %s), runs at %s', job.func_name, queue, verdict.job_id, job.id,
-                    _when(verdict.number),
-                )
-            replaced_in_place(job, verdict)
+            replaced_in_place(job, queue, verdict, self.name, 'pending trailing job')
             return
         if verdict.code != 2:
             return

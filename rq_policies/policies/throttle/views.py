@@ -6,27 +6,17 @@ from typing import Any
 
 from rq.registry import ScheduledJobRegistry
 
-from rq_policies.engine import keys, reading
+from rq_policies.engine import keys, reading, views
 from rq_policies.engine.readable import identity, local_iso, relative
-from rq_policies.engine.views import (
-    Cell,
-    Explanation,
-    Panel,
-    PolicyViews,
-    Row,
-    identity_cell,
-    pending_lines,
-    superseded_entry,
-)
 
 from .rules import THROTTLE_FIELD, TRAILING_FIELD, WIDTH_FIELD, Throttle, _when
 
 
-class ThrottleViews(PolicyViews):
+class ThrottleViews(views.PolicyViews):
     policy = Throttle
 
     @classmethod
-    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[Explanation]:
+    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[views.Explanation]:
         prefix, width = job.get(THROTTLE_FIELD), job.get(WIDTH_FIELD)
         if not prefix or not width or not width.isdigit():
             return []
@@ -54,19 +44,19 @@ class ThrottleViews(PolicyViews):
             verdict = 'admitted in an earlier slot; the current one ' + (
                 f'is held by job {owner}' if owner else 'is free') + f', ends at {_when(ends)}'
             change = ''
-        return [Explanation(cls.name, verdict, change, entry)]
+        return [views.Explanation(cls.name, verdict, change, entry)]
 
     @classmethod
-    def explain_gone(cls, connection: Any, job_id: str, records: dict[str, Any], now: float) -> list[Explanation]:
+    def explain_gone(cls, connection: Any, job_id: str, records: dict[str, Any], now: float) -> list[views.Explanation]:
         dropped = records['dropped']
-        superseded = superseded_entry(cls.name, connection, records,
-                                      'a later extra of its window replaced this pending trailing job',
-                                      'nothing: job {by} runs in its place, at the end of the window')
+        superseded = views.superseded_entry(cls.name, connection, records,
+                                            'a later extra of its window replaced this pending trailing job',
+                                            'nothing: job {by} runs in its place, at the end of the window')
         if superseded:
             return superseded
         if dropped and dropped.get('policy') == cls.name:
             holder, ends = str(dropped.get('holder', '')), float(dropped.get('n', 0))
-            return [Explanation(
+            return [views.Explanation(
                 cls.name, f'dropped at enqueue: held by job {holder}, which owned the slot ending at {_when(ends)}',
                 'an identical enqueue after ' + (
                     'that is admitted' if ends > now else f'{_when(ends)} is admitted (that time has passed)'),
@@ -78,50 +68,51 @@ class ThrottleViews(PolicyViews):
 
     @classmethod
     def describe(cls, family: keys.Family, block: dict[str, Any], digests: bool = False,
-                 width: int = 40) -> list[Row | str]:
+                 width: int = 40) -> list[views.Row | str]:
         if family.windowed:
-            return [Row('throttle', f'{block["count"]} live window(s)',
-                        tuple(f'{identity(row, width, digests)}  job {row["job_id"]}  {window_words(row)}'
-                              for row in block['entries']))]
-        return pending_lines(family, block, lambda row: f'job {row["job_id"]}', digests, width)
+            return [views.Row('throttle', f'{block["count"]} live window(s)',
+                              tuple(f'{identity(row, width, digests)}  job {row["job_id"]}  {window_words(row)}'
+                                    for row in block['entries']))]
+        return views.pending_lines(family, block, lambda row: f'job {row["job_id"]}', digests, width)
 
     @classmethod
-    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[Panel]:
+    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[views.Panel]:
         """The dashboard's throttle windows (the job that won each live window, and when the window ends) and
         pending trailing jobs (the job that runs when its window ends)."""
         out = []
         windows = reading.sample_family(connection, keys.THROTTLE_KEYS, limit, search)
-        rows = [[row['queue'], identity_cell(row), _window_cell(row), _job_cell(row['job_id']),
+        rows = [[row['queue'], views.identity_cell(row), _window_cell(row), _job_cell(row['job_id']),
                  _at(row['expires_in'])] for row in windows['rows']]
         if rows:
-            out.append(Panel('Throttle windows (Throttle)', ['queue', 'identity', 'window', 'job', 'ends'], rows,
-                             reading.sample_note(windows, 'windows')))
+            out.append(views.Panel('Throttle windows (Throttle)', ['queue', 'identity', 'window', 'job', 'ends'], rows,
+                                   reading.sample_note(windows, 'windows')))
         trailing = reading.sample_family(connection, keys.TRAILING_KEYS, limit, search)
-        rows = [[row['queue'], identity_cell(row), _job_cell(row['job_id']), row['job_status'] or 'gone',
+        rows = [[row['queue'], views.identity_cell(row), _job_cell(row['job_id']), row['job_status'] or 'gone',
                  _at(row['expires_in'])] for row in trailing['rows']]
         if rows:
-            out.append(Panel('Pending trailing jobs (Throttle)', ['queue', 'identity', 'job', 'job status', 'runs'],
-                             rows, reading.sample_note(trailing, 'pending jobs')))
+            out.append(views.Panel('Pending trailing jobs (Throttle)',
+                                   ['queue', 'identity', 'job', 'job status', 'runs'], rows,
+                                   reading.sample_note(trailing, 'pending jobs')))
         return out
 
 
-def _at(seconds: float | None) -> Cell | None:
+def _at(seconds: float | None) -> views.Cell | None:
     """A page cell of the moment ``seconds`` from now (local time, ``in 5 s``), or None."""
-    return None if seconds is None else Cell(at=seconds)
+    return None if seconds is None else views.Cell(at=seconds)
 
 
-def _window_cell(row: dict[str, Any]) -> Cell:
+def _window_cell(row: dict[str, Any]) -> views.Cell:
     """A page cell of a throttle window: its start and end in local time, the window number on hover."""
     if row.get('window_start') is None:
-        return Cell(f'window {row.get("slot")}', title='the window number (epoch seconds // width)')
+        return views.Cell(f'window {row.get("slot")}', title='the window number (epoch seconds // width)')
     start, end = local_iso(row['window_start']), local_iso(row['window_end'])
-    return Cell(f'{start} to {end[11:19] if start[:10] == end[:10] else end}',
-                title=f'window {row["slot"]} of {row["window_end"] - row["window_start"]} s')
+    return views.Cell(f'{start} to {end[11:19] if start[:10] == end[:10] else end}',
+                      title=f'window {row["slot"]} of {row["window_end"] - row["window_start"]} s')
 
 
-def _job_cell(job_id: str | None) -> Cell | None:
+def _job_cell(job_id: str | None) -> views.Cell | None:
     """A dashboard cell linking to ``job_id``'s page, or None."""
-    return Cell(job_id, job=job_id) if job_id else None
+    return views.Cell(job_id, job=job_id) if job_id else None
 
 
 

@@ -54,6 +54,40 @@ def test_no_import_cycle():
             visit(module, [module])
 
 
+def _imports_everywhere(path: Path) -> list[tuple[int, str]]:
+    """Every import of the package in ``path`` (top level and inside functions alike), as (line, module) with a
+    relative import made absolute."""
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix('').parts)
+    package = parts if path.name == '__init__.py' else parts[:-1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding='utf-8'))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names if alias.name.startswith('rq_policies')]
+        elif isinstance(node, ast.ImportFrom):
+            base = '.'.join(package[: len(package) - node.level + 1] + [node.module or '']) if node.level \
+                else node.module or ''
+            found += [(node.lineno, f'{base.rstrip(".")}.{alias.name}' if base.startswith('rq_policies') else base)
+                      for alias in node.names]
+    return [(line, name) for line, name in found if name.startswith('rq_policies')]
+
+
+def test_a_policy_imports_no_surface_and_no_other_policy_and_the_engine_no_policy():
+    """surfaces -> policies -> engine, never back (issue 32), imports inside functions counted: a base several
+    policies share is in the engine (KeyedPolicy, KeyedViews), and what their views read too (engine/reading.py)."""
+    found = []
+    for path in sorted(PACKAGE.rglob('*.py')):
+        wing = path.relative_to(PACKAGE).parts[0]
+        own = path.relative_to(PACKAGE).parts[1] if wing == 'policies' and len(path.parts) > 1 else None
+        for line, name in _imports_everywhere(path):
+            target = name.split('.')
+            if wing == 'policies' and (target[1:2] == ['surfaces'] or (
+                    target[1:2] == ['policies'] and len(target) > 2 and target[2] != own)):
+                found.append(f'{path.relative_to(PACKAGE)}:{line} imports {name}')
+            if wing == 'engine' and target[1:2] == ['policies']:
+                found.append(f'{path.relative_to(PACKAGE)}:{line} imports {name}')
+    assert found == [], found
+
+
 def test_the_glue_names_no_policy_class():
     names = [cls.__name__ for cls in registered()]
     assert {'Loner', 'Throttle', 'Debounce', 'QueueSlot'} <= set(names)

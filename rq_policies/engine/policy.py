@@ -21,7 +21,15 @@ from .exceptions import PolicyConfigurationError
 from .identity import UniqueContext
 
 if TYPE_CHECKING:
+    from redis import Redis
+    from redis.client import Pipeline
+    from rq.job import Job
+    from rq.queue import Queue
+
+    from .admission import Verdict
     from .keys import Family
+    from .ledger import Hold
+    from .ops import Call
 
 F = TypeVar('F', bound=Callable[..., Any])
 
@@ -147,22 +155,22 @@ class Policy:
 
     # -- the door's hooks of every declared policy (protocols.Declared), each a no-op here ---------------------------
 
-    def validate(self, job: Any, mode: str, force: bool) -> None:
+    def validate(self, job: Job, mode: str, force: bool) -> None:
         """See :meth:`rq_policies.engine.protocols.Declared.validate`."""
 
-    def job_fields(self, job: Any, queue: str, digest: str) -> list[str]:
+    def job_fields(self, job: Job, queue: str, digest: str) -> list[str]:
         """See :meth:`rq_policies.engine.protocols.Declared.job_fields`."""
         return []
 
-    def on_admit(self, job: Any, queue: str, verdict: Any) -> None:
+    def on_admit(self, job: Job, queue: str, verdict: Verdict) -> None:
         """See :meth:`rq_policies.engine.protocols.Declared.on_admit`."""
 
-    def hint_seconds(self, verdict: Any) -> float:
+    def hint_seconds(self, verdict: Verdict) -> float:
         """See :meth:`rq_policies.engine.protocols.Declared.hint_seconds`."""
         return 0.0
 
     @classmethod
-    def on_job_exception(cls, job: Any, queue: Any, exc: BaseException, pipeline: Any) -> bool:
+    def on_job_exception(cls, job: Job, queue: Queue, exc: BaseException, pipeline: Pipeline) -> bool:
         """See :meth:`rq_policies.engine.protocols.FetchSide.on_job_exception`."""
         return False
 
@@ -214,26 +222,26 @@ class AdmissionPolicy(Policy):
     ended_when: ClassVar[tuple[str, str] | None] = None
     identity_families: ClassVar[tuple[Family, ...]] = ()
 
-    def admit_part(self, call: Any, queue: Any, digest: str) -> dict[str, Any]:
+    def admit_part(self, call: Call, queue: Queue, digest: str) -> Mapping[str, object]:
         """See :meth:`rq_policies.engine.protocols.AdmissionSide.admit_part`."""
         return {}
 
-    def narrow_part(self, queue: Any, digest: str) -> tuple[str, list[str]] | None:
+    def narrow_part(self, queue: Queue, digest: str) -> tuple[str, list[str]] | None:
         """See :meth:`rq_policies.engine.protocols.AdmissionSide.narrow_part`."""
         return None
 
-    def on_drop(self, func_name: str, queue: str, verdict: Any) -> None:
+    def on_drop(self, func_name: str, queue: str, verdict: Verdict) -> None:
         """See :meth:`rq_policies.engine.protocols.AdmissionSide.on_drop`."""
         if logger.isEnabledFor(logging.INFO):
             logger.info('rq-policies: dropped %s on queue %r (%s): identity held by job %s', func_name, queue,
                         self.name, verdict.job_id)
 
     @classmethod
-    def release(cls, connection: Any, job_prefix: str, job_ids: list[str], ended: bool = False) -> None:
+    def release(cls, connection: Redis | Pipeline, job_prefix: str, job_ids: list[str], ended: bool = False) -> None:
         """See :meth:`rq_policies.engine.protocols.AdmissionSide.release`."""
 
     @classmethod
-    def reset_part(cls, call: Any, queue: str, digest: str, declared: AdmissionPolicy | None) -> dict[str, Any]:
+    def reset_part(cls, call: Call, queue: str, digest: str, declared: AdmissionPolicy | None) -> Mapping[str, object]:
         """See :meth:`rq_policies.engine.protocols.AdmissionSide.reset_part`."""
         return {}
 
@@ -252,11 +260,11 @@ class FetchPolicy(Policy):
     queue_settings: ClassVar[str | None] = None
 
     @classmethod
-    def fetch_keys(cls, call: Any, queue_names: list[str]) -> None:
+    def fetch_keys(cls, call: Call, queue_names: list[str]) -> None:
         """See :meth:`rq_policies.engine.protocols.FetchSide.fetch_keys`."""
 
     @classmethod
-    def release_hold(cls, connection: Any, hold: Any, wake: str) -> bool:
+    def release_hold(cls, connection: Redis | Pipeline, hold: Hold, wake: str) -> bool:
         """See :meth:`rq_policies.engine.protocols.FetchSide.release_hold`."""
         raise NotImplementedError(f'{cls.__name__}: its Lua take() named a ledger, so it must release the hold')
 

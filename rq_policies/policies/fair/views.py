@@ -198,7 +198,7 @@ def _keys_run(conn: Redis, values: views.Values) -> views.Reply:
 
 @dataclass(frozen=True)
 class FairQueue:
-    """One queue's keys taking turns, in ``rq-policies info``: how many, and the next ones (:meth:`Fair.key_rows`'s
+    """One queue's keys taking turns, in ``rq-policies info``: how many, and the next ones (:meth:`FairViews.key_rows`'s
     rows, at most ``--limit``)."""
 
     keys: int

@@ -6,10 +6,10 @@ Each variant enqueues the same function with the same kind of arguments; rounds 
 figure is the median per-call time, printed as a ratio to stock `Queue.enqueue`. Targets (issue 9; issue 2's were
 1.0 and 0.5): Loner admitted <= 0.65, Loner dropped (hinted: this process saw the identity dropped) <= 0.35, a cold
 drop (no identity hint: on a queue where this function's enqueues are mostly dropped, the drop-rate predictor of
-rq_policies/hints.py sends it to the probe first) <= 0.5, and the admitted ratio unchanged (within 1.1) with 100,000
-live markers of other identities. A second table gives each case's spread (p25 / p75 of wall time) and its median
-client CPU per call against stock's. The ratios depend on the machine's load: stock makes two round trips where a
-policy door makes one, so a loaded machine (each round trip slower) favours the policy doors.
+rq_policies/engine/admission.py sends it to the probe first) <= 0.5, and the admitted ratio unchanged (within 1.1) with
+100,000 live markers of other identities. A second table gives each case's spread (p25 / p75 of wall time) and its
+median client CPU per call against stock's. The ratios depend on the machine's load: stock makes two round trips where
+a policy door makes one, so a loaded machine (each round trip slower) favours the policy doors.
 Issue 13: each lock mode against today's Loner, printed as ratios:
 `until='finished'` admitted and `on_conflict='replace'` (admitted, and replacing a waiting holder) within 1.1x of
 Loner admitted; `on_conflict='raise'` (a DuplicateJob raised) as cheap as a drop (within 1.1x of Loner dropped).

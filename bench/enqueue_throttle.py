@@ -8,7 +8,8 @@ arguments. Targets (issue 9; issue 3's were 1.0 and 0.5): throttle win <= 0.7, t
 
 "throttle drop, cold" is a drop in a process that has not seen the slot taken: each call is a fresh identity whose
 slot was claimed beforehand (untimed) with ``Throttle.admit``, which leaves this process no identity hint (the
-drop-rate predictor of rq_policies/hints.py, having seen most cold enqueues there dropped, sends it to the probe).
+drop-rate predictor of rq_policies/engine/admission.py, having seen most cold enqueues there dropped, sends it to the
+probe).
 Each case also prints its spread (p25 / p75 of wall time) and its median client CPU per call against stock's.
 
 Then the memory check: a burst of distinct identities claims their slots with ``Throttle.admit`` (a few threads, so

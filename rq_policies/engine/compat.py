@@ -119,6 +119,23 @@ def given_id(job: Job) -> str | None:
     return job._id
 
 
+def started_executions(worker: Any, job: Job) -> list[Any]:
+    """rq's Execution objects ``worker`` made for ``job`` (``prepare_execution``), taken off the worker: rq 3 keeps
+    them in ``worker.executions`` (id -> Execution), rq 2.12 the last one as ``worker.execution``. Each is added to the
+    worker before the pipeline that writes it runs, so one whose write failed is there too."""
+    executions = getattr(worker, 'executions', None)
+    if isinstance(executions, dict):
+        found = [execution for execution in executions.values() if getattr(execution, 'job_id', None) == job.id]
+        for execution in found:
+            executions.pop(execution.id, None)
+        return found
+    execution = getattr(worker, 'execution', None)
+    if execution is not None and getattr(execution, 'job_id', None) == job.id:
+        worker.execution = None
+        return [execution]
+    return []
+
+
 # -- redis-py ----------------------------------------------------------------------------------------------------------
 
 
@@ -209,29 +226,91 @@ class _NodesPool:
             'connection_class', SSLConnection if self.connection_kwargs.get('ssl') else Connection)
 
 
+#: How long a call on an adopted Redis Cluster client (:func:`adopt_cluster`) keeps trying while the prefix's slot is
+#: being migrated to another node, in seconds. A script (every door, every fetch) or a transaction over keys of the
+#: slot cannot run until the slot has settled on its new node (the server answers ``TRYAGAIN`` while the keys are
+#: split, and every script of ours names :data:`rq_policies.engine.keys.SLOT_GUARD`, which exists nowhere), so the call
+#: is sent again, first after 10 ms and then at most every 250 ms (redis-py's own attempts take about 0.4 s each), up to
+#: this long; then :class:`rq_policies.engine.exceptions.SlotMigrating` is raised (a ``ConnectionError``: nothing of the
+#: call ran). A client's own ``slot_wait_seconds`` attribute wins. A PolicyWorker rides out a longer migration as it
+#: rides out an outage.
+SLOT_WAIT_SECONDS = 10.0
+
+
+def slot_moving(error: BaseException) -> bool:
+    """Did a Redis Cluster refuse a call because its slot is being migrated (or moved), without running any of it?
+
+    ``TRYAGAIN`` (a multi-key command or a script whose keys are split between the two nodes, or missing on one),
+    ``ASK`` and ``MOVED`` (a transaction or a pipeline cannot follow them) and redis-py's ``ClusterError: TTL
+    exhausted`` (it followed such answers 16 times and gave up): the server refused each before running anything."""
+    from redis.exceptions import AskError, ClusterError, TryAgainError
+
+    if isinstance(error, (TryAgainError, AskError)):  # MovedError is an AskError
+        return True
+    return isinstance(error, ClusterError) and 'TTL exhausted' in str(error)
+
+
+class SlotWait:
+    """The pauses of one call while its slot is being migrated: :meth:`pause` says how long to sleep before the next
+    attempt, or raises :class:`~rq_policies.engine.exceptions.SlotMigrating` once ``seconds`` have passed since the
+    first refusal."""
+
+    __slots__ = ('seconds', 'since', 'delay')
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.since: float | None = None
+        self.delay = 0.01
+
+    def pause(self, error: BaseException) -> float:
+        import time
+
+        from .exceptions import SlotMigrating
+
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+        waited = now - self.since
+        if waited >= self.seconds:
+            raise SlotMigrating(waited, error) from error
+        delay, self.delay = self.delay, min(self.delay * 2, 0.25)
+        return min(delay, self.seconds - waited)
+
+
 def _cluster_classes() -> tuple[type, type] | None:
     try:
         from redis.cluster import ClusterPipeline, RedisCluster
+        from redis.exceptions import WatchError
     except ImportError:  # pragma: no cover - redis-py always has it since 4.1
         return None
+    import threading
+    import time
+
+    #: Set while redis-py splits a multi-key command by slot (DEL, EXISTS, MGET...) through ``self.pipeline()``: its
+    #: own pipelines are not transactions (and one that is cannot follow ASK during a migration).
+    splitting = threading.local()
 
     class PolicyClusterPipeline(ClusterPipeline):
-        """redis-py's cluster pipeline, with the commands it refuses by name (it lists PUBLISH and EVALSHA as commands
-        a pipeline cannot route, and its ``eval`` takes no script) sent as any other: each is routed by its first key
-        (EVAL, EVALSHA) or its channel (PUBLISH), which a hash-tagged prefix puts in the one slot every other command
-        of the pipeline uses."""
+        """redis-py's cluster pipeline, with EVAL and EVALSHA sent as any other command (redis-py lists EVALSHA as a
+        command a pipeline cannot route, and its ``eval`` takes no script): each is routed by its first key, which a
+        hash-tagged prefix puts in the one slot every other command of the pipeline uses. Keyless commands (TIME,
+        INFO, PUBLISH, WAIT...) stay refused: none of ours or rq's rides a cluster pipeline (the server's clock is
+        read by :func:`rq_policies.engine.ops.time_in`, the eviction watch's INFO goes to the slot's primary on its
+        own).
 
-        def publish(self, channel: Any, message: Any, **kwargs: Any) -> Any:
-            return self.execute_command('PUBLISH', channel, message, **kwargs)
+        ``execute()`` rides out a migration of the slot (:func:`slot_moving`, up to :data:`SLOT_WAIT_SECONDS`): a
+        transaction the server refused ran none of its commands and is sent again whole; one that WATCHes a key
+        raises ``WatchError`` after the pause instead, so the caller's own loop (rq's) watches and reads again; in a
+        pipeline that is not a transaction, only the commands refused are sent again."""
+
+        slot_wait_seconds = SLOT_WAIT_SECONDS
+        _slot_since: float | None = None  # a watched transaction's first refusal, across the caller's retries
 
         def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
             return self.execute_command('EVALSHA', sha, numkeys, *keys_and_args)
 
         def eval(self, script: Any, numkeys: int, *keys_and_args: Any) -> Any:  # type: ignore[override]
             return self.execute_command('EVAL', script, numkeys, *keys_and_args)
-
-        def time(self, **kwargs: Any) -> Any:  # keyless: in a transaction it goes where the other commands go
-            return self.execute_command('TIME', **kwargs)
 
         # What rq reads of a redis.client.Pipeline (rq 3: queue.move_dependents_to_ready, worker, job): the same
         # state, kept by the transaction strategy of redis-py's cluster pipeline.
@@ -243,8 +322,79 @@ def _cluster_classes() -> tuple[type, type] | None:
         def explicit_transaction(self) -> bool:
             return bool(getattr(self._execution_strategy, '_explicit_transaction', False))
 
+        def watch(self, *names: Any) -> Any:
+            # WATCH goes out at once; refused (ASK for a key not on the source node any more, which a transaction
+            # cannot follow), it watches nothing, and is sent again until the slot settles (rq WATCHes every job's
+            # dependents key, which rarely exists, as it finishes the job).
+            wait = SlotWait(self.slot_wait_seconds)
+            while True:
+                try:
+                    return super().watch(*names)
+                except Exception as exc:
+                    if not slot_moving(exc):
+                        raise
+                    pause = wait.pause(exc)
+                    self.reset()
+                    time.sleep(pause)
+
+        def execute(self, raise_on_error: bool = True) -> list[Any]:
+            strategy = self._execution_strategy
+            queued = [(command.args, dict(command.options)) for command in strategy.command_queue]
+            if not hasattr(strategy, '_watching'):  # not a transaction
+                return self._execute_settling(queued, raise_on_error)
+            watching = self.watching
+            wait = SlotWait(self.slot_wait_seconds)
+            if watching and self._slot_since is not None:
+                wait.since = self._slot_since
+            while True:
+                try:
+                    replies = super().execute(raise_on_error)
+                except Exception as exc:
+                    if not slot_moving(exc):
+                        raise
+                    try:
+                        pause = wait.pause(exc)
+                    finally:
+                        self._slot_since = wait.since if watching else None
+                    time.sleep(pause)
+                    if watching:  # the WATCH went with the refused EXEC: the caller watches and reads again
+                        raise WatchError(f'the slot is being migrated ({exc}); watch again') from exc
+                    for args, options in queued:  # none of it ran: the same transaction again
+                        self.execute_command(*args, **options)
+                    continue
+                self._slot_since = None
+                return replies
+
+        def _execute_settling(self, queued: list[tuple[Any, dict]], raise_on_error: bool) -> list[Any]:
+            replies = list(super().execute(raise_on_error=False))
+            wait = SlotWait(self.slot_wait_seconds)
+            while True:
+                refused = [i for i, reply in enumerate(replies) if isinstance(reply, Exception) and slot_moving(reply)]
+                if not refused:
+                    break
+                try:
+                    pause = wait.pause(replies[refused[0]])
+                except Exception as exc:  # SlotMigrating, in place of each refusal
+                    for i in refused:
+                        replies[i] = exc
+                    break
+                time.sleep(pause)
+                for i in refused:  # each ran nowhere: sent again alone
+                    args, options = queued[i]
+                    self.execute_command(*args, **options)
+                for i, reply in zip(refused, super().execute(raise_on_error=False)):
+                    replies[i] = reply
+            if raise_on_error:
+                for reply in replies:
+                    if isinstance(reply, Exception):
+                        raise reply
+            return replies
+
     class PolicyCluster(RedisCluster):
         """redis-py's RedisCluster as rq 3's classes use a connection (see :func:`adopt_cluster`)."""
+
+        #: See :data:`SLOT_WAIT_SECONDS`; set it on a client to wait longer or shorter for a migrating slot.
+        slot_wait_seconds = SLOT_WAIT_SECONDS
 
         @property
         def connection_pool(self) -> _NodesPool:
@@ -254,9 +404,32 @@ def _cluster_classes() -> tuple[type, type] | None:
             # redis.Redis's pipelines are transactions unless asked otherwise, and rq relies on it: finishing a job
             # WATCHes its dependents key, which redis-py's cluster pipeline refuses outside a transaction. On a
             # cluster a transaction must stay in one slot: every key of rq and of ours is in the prefix's.
-            pipe = super().pipeline(transaction=True if transaction is None else transaction, shard_hint=shard_hint)
+            if transaction is None:
+                transaction = not getattr(splitting, 'active', False)
+            pipe = super().pipeline(transaction=transaction, shard_hint=shard_hint)
             pipe.__class__ = PolicyClusterPipeline
+            pipe.slot_wait_seconds = self.slot_wait_seconds
             return pipe
+
+        def _execute_pipeline_by_slot(self, *args: Any, **kwargs: Any) -> Any:
+            splitting.active = True
+            try:
+                return super()._execute_pipeline_by_slot(*args, **kwargs)  # type: ignore[misc]
+            finally:
+                splitting.active = False
+
+        def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+            # A command refused while the slot migrates ran nowhere (slot_moving): sent again until it settles, or
+            # SlotMigrating (a ConnectionError) past slot_wait_seconds.
+            wait = None
+            while True:
+                try:
+                    return super().execute_command(*args, **kwargs)
+                except Exception as exc:
+                    if not slot_moving(exc):
+                        raise
+                    wait = wait or SlotWait(self.slot_wait_seconds)
+                    time.sleep(wait.pause(exc))
 
     return PolicyCluster, PolicyClusterPipeline
 
@@ -272,11 +445,12 @@ def adopt_cluster(connection: Any) -> Any:
     job WATCHes a key in ``connection.pipeline()``, which a cluster pipeline allows only in a transaction (redis.Redis's
     pipelines are transactions by default, RedisCluster's are not). The client is re-classed in place to a subclass
     that adds no state: ``connection_pool`` (the nodes' shared connection settings, :class:`_NodesPool`) and
-    ``pipeline()`` defaulting to a transaction, whose ``publish``, ``eval`` and ``evalsha`` are sent like any other
-    command (redis-py's cluster pipeline refuses them by name). In place, as :func:`adopt_job` does, so that the
-    caller's object, rq's worker and our classes share one client. rq's own scheduler (``--with-scheduler``) and
-    worker pool build a connection of their own from ``connection_pool`` and are not supported on a cluster: a
-    PolicyWorker's fetch promotes due scheduled jobs itself.
+    ``pipeline()`` defaulting to a transaction, whose ``eval`` and ``evalsha`` are sent like any other command
+    (redis-py's cluster pipeline refuses them by name). Its commands and pipelines also ride out a migration of the
+    prefix's slot to another node, up to :data:`SLOT_WAIT_SECONDS` (see :func:`slot_moving`). In place, as
+    :func:`adopt_job` does, so that the caller's object, rq's worker and our classes share one client. rq's own
+    scheduler (``--with-scheduler``) and worker pool build a connection of their own from ``connection_pool`` and
+    are not supported on a cluster: a PolicyWorker's fetch promotes due scheduled jobs itself.
     """
     if _CLUSTER_CLASSES is None:
         return connection

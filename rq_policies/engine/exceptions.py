@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+
 
 class PolicyError(Exception):
     """Base class of every error rq-policies raises on purpose."""
@@ -137,3 +139,54 @@ class UnknownQueueWarning(UserWarning):
     """A cap or a rate was set on a queue no worker, producer or policy setting has seen yet (a typo?). The setting
     is stored all the same (the queue may simply not exist yet); ``rq-policies cap/rate`` refuse it without
     ``--force``."""
+
+
+class SlotMigrating(PolicyError, RedisConnectionError):
+    """The prefix's hash slot was being migrated to another node of a Redis Cluster for longer than the client waits
+    (its ``slot_wait_seconds``, :data:`rq_policies.engine.compat.SLOT_WAIT_SECONDS` by default): the command, the script
+    or the transaction did not run (the server refused it with ``TRYAGAIN``, ``ASK`` or ``MOVED`` every time).
+
+    A redis-py ``ConnectionError`` too, so that what rides out a Redis outage rides this out as well: a PolicyWorker
+    waits and tries again, and a producer that retries on ``ConnectionError`` retries it (safe: nothing of the call
+    ran). ``__cause__`` is the server's last refusal.
+
+    Attributes:
+        waited: seconds the client kept retrying.
+    """
+
+    def __init__(self, waited: float, last: BaseException | None = None) -> None:
+        self.waited = waited
+        super().__init__(
+            f'the Redis Cluster slot of the key prefix stayed in migration for {waited:.1f} s (the server refused the '
+            f'call with {type(last).__name__ if last is not None else "a redirection"}: {last}); nothing of the call '
+            'ran. Try again once the slot has settled on its new node'
+        )
+
+
+class NotReplicated(PolicyError):
+    """A door that waits for replicas (``wait_replicas=``) admitted the job, and fewer replicas than asked had it when
+    ``WAIT`` answered, after ``timeout_ms``: **the job is admitted** (it is on the primary, and runs as any other),
+    it is not known to be on that many replicas yet, so a failover in the next moments could still lose it.
+
+    Do not enqueue the same call again to make up for it (without a policy that is a second job): the replicas
+    usually catch up; :func:`rq_policies.surfaces.replicas.wait_for_replicas` waits again, and ``explain(job.id)`` (on
+    the primary) says where the job is.
+
+    Attributes:
+        job: the admitted job (``enqueue_many``: its list of results, None where a policy dropped one).
+        acknowledged: how many replicas had it.
+        replicas: how many were asked for.
+        timeout_ms: how long ``WAIT`` waited, in milliseconds.
+    """
+
+    def __init__(self, job: object, acknowledged: int, replicas: int, timeout_ms: int) -> None:
+        self.job = job
+        self.acknowledged = acknowledged
+        self.replicas = replicas
+        self.timeout_ms = timeout_ms
+        what = f'job {job.id}' if hasattr(job, 'id') else 'the jobs'
+        super().__init__(
+            f'{what} is admitted, and {acknowledged} of {replicas} replica(s) had it after {timeout_ms} ms: it is on '
+            'the primary and runs, but a failover now could still lose it. Do not enqueue it again; '
+            'rq_policies.surfaces.replicas.wait_for_replicas waits for the replicas again'
+        )

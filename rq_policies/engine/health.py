@@ -165,11 +165,13 @@ class EvictionWatch:
 
     The count is read at start (:meth:`start`, beside the ``maxmemory-policy`` check) and then by an ``INFO stats``
     appended to a heartbeat pipeline the worker sends anyway (:meth:`ride`), at most once per ``interval`` seconds:
-    no round trip of its own and nothing per job. A busy worker heartbeats after every job and every
-    ``job_monitoring_interval`` while one runs, so a rise is reported within ``interval`` plus that; an idle one
-    heartbeats every ``dequeue_timeout`` (rq's default: ``worker_ttl - 15``, 405 s). Only the process that started
-    the watch reads (never a forked work horse, which shares the object). The warning is logged once per worker: a
-    server evicting under pressure would otherwise repeat it every minute; the metrics count every rise.
+    no round trip of its own and nothing per job. On a cluster, whose pipelines take no keyless command, the
+    reading is a command of its own to the primary serving the prefix's slot, at most once per ``interval``. A busy
+    worker heartbeats after every job and every ``job_monitoring_interval`` while one runs, so a rise is reported
+    within ``interval`` plus that; an idle one heartbeats every ``dequeue_timeout`` (rq's default: ``worker_ttl -
+    15``, 405 s). Only the process that started the watch reads (never a forked work horse, which shares the
+    object). The warning is logged once per worker: a server evicting under pressure would otherwise repeat it every
+    minute; the metrics count every rise.
 
     A server that denies INFO (an ACL) turns the watch off at start. A count that falls (a restart, a
     ``CONFIG RESETSTAT``) becomes the new baseline.
@@ -184,24 +186,40 @@ class EvictionWatch:
         self._on = True
         self._pid = 0
         self._next = 0.0
+        self._node: str | None = None  # on a cluster: the node the last reading came from
 
-    def start(self, check: EvictionCheck | None) -> None:
+    def start(self, check: EvictionCheck | None, connection: Any = None) -> None:
         """Take the baseline from the worker's start check (:func:`warn_if_evicting`; None when Redis was
-        unreachable then, and the first heartbeat's reading becomes the baseline)."""
+        unreachable then, and the first heartbeat's reading becomes the baseline). On a cluster (``connection`` a
+        cluster client) the baseline is the count of the primary serving the prefix's slot, which the watch reads
+        from then on (the start check's count is every node's)."""
         self._pid = os.getpid()
         self._next = time.monotonic() + self.interval
         if check is not None:
             self.baseline = self.count = check.evicted_keys
             self._on = check.evicted_keys is not None  # INFO denied: nothing to watch
+        if self._on and keys.is_cluster(connection):
+            self.baseline = self.count = None
+            self._read_slot_primary(connection)
 
-    def ride(self, pipeline: Any) -> None:
-        """Append ``INFO stats`` to ``pipeline`` when a reading is due, and read its reply when it executes."""
+    def ride(self, pipeline: Any, connection: Any = None) -> None:
+        """Append ``INFO stats`` to ``pipeline`` when a reading is due, and read its reply when it executes.
+
+        A cluster's pipeline refuses INFO (a keyless command: redis-py cannot route it, and a transaction must stay
+        in one slot), so on a cluster the reading is one ``INFO stats`` of its own, sent now to the primary serving
+        the prefix's slot through ``connection`` (the pipeline's client when not given): at most one round trip per
+        ``interval``. Nothing keyless ever goes into a cluster pipeline, and no error of the reading fails the
+        heartbeat.
+        """
         if not self._on or not self._pid or self._pid != os.getpid():
             return
         at_time = time.monotonic()
         if at_time < self._next:
             return
         self._next = at_time + self.interval
+        if keys.is_cluster(pipeline) or keys.is_cluster(connection):
+            self._read_slot_primary(connection if connection is not None else pipeline)
+            return
         at = len(pipeline.command_stack)
         pipeline.info('stats')
 
@@ -213,6 +231,22 @@ class EvictionWatch:
                                replies[at] if at < len(replies) else None, exc_info=True)
 
         on_next_execute(pipeline, read)
+
+    def _read_slot_primary(self, cluster: Any) -> None:
+        """One reading of ``evicted_keys`` on the primary serving the prefix's slot (where every key of ours and
+        rq's is). A reading from another node than the last (a failover, a slot migration) is a new baseline: each
+        node counts its own evictions."""
+        try:
+            node = cluster.get_node_from_key(keys.PREFIX)
+            count = _evicted_in(cluster.get_redis_connection(node).info('stats'))
+        except Exception:  # unreachable, denied, mid-failover: the next reading tries again; never fails a heartbeat
+            self.log.debug('rq-policies: could not read evicted_keys on the cluster', exc_info=True)
+            return
+        if node.name != self._node:
+            self._node = node.name
+            self.baseline = self.count = count
+            return
+        self.observe(count)
 
     def observe(self, count: int | None) -> bool:
         """Take one reading; True when it is the rise that logged the warning."""

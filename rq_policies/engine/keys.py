@@ -106,6 +106,9 @@ key                                                    type     meaning
                                                                 minute ``<minute>`` (server clock, epoch s // 60);
                                                                 expires an hour after the minute ends, so at most
                                                                 61 are live (the dashboard's last-hour chart)
+``rq:policies:slot-guard``                             (none)   never exists: the last of KEYS of every script on a
+                                                                cluster, so none runs while the slot is migrated
+                                                                (:data:`SLOT_GUARD`)
 ``rq:policies:wake:<queue>``                           channel  sharded pub/sub (SPUBLISH, SSUBSCRIBE): a job was
                                                                 admitted or a hold freed
                                                                 (:mod:`rq_policies.engine.wake`)
@@ -186,6 +189,13 @@ LAPSES = PREFIX + 'lapses'
 #: The write :func:`rq_policies.surfaces.replicas.wait_for_replicas` makes before its WAIT (STRING, expires after a
 #: minute).
 REPLICATED = PREFIX + 'replicated'
+#: A key that never exists, passed as the last of KEYS of every script a Redis Cluster runs
+#: (:func:`rq_policies.engine.scripts.run`). While the prefix's slot is being migrated to another node, the server
+#: refuses a script with a key it does not have (``TRYAGAIN``, or ``ASK`` and then ``TRYAGAIN`` on the importing node),
+#: so no script runs on a slot whose keys are split between two nodes: its reads of keys it is not given (a popped job's
+#: hash, a marker a job hash names) would fail midway there, after its first writes, or read a key not moved yet as
+#: missing. Nothing reads or writes it.
+SLOT_GUARD = PREFIX + 'slot-guard'
 #: The prefix of the per-minute drop counters (``<prefix><epoch minute>``, HASH, expire an hour after their minute).
 DROPS_MINUTE_PREFIX = PREFIX + 'drops-minute:'
 #: Minutes a per-minute drop counter outlives its minute (``lua/lib/count_drop.lua`` sets the expiry).

@@ -52,6 +52,23 @@ def server_now(connection: Any) -> float:
     return seconds + micros / 1e6
 
 
+def time_in(pipeline: Any) -> None:
+    """Queue a read of the server's clock on ``pipeline``; its reply (with ``execute()``) is ``(seconds,
+    microseconds)``.
+
+    ``TIME`` on a single server's pipeline. A Redis Cluster's pipeline takes no keyless command (redis-py's refuses
+    TIME by name in a transaction, and outside one sends it to any node), so there the clock is read by
+    ``lua/server_time.lua``, sent as ``EVAL_RO`` with a key of the prefix's slot: it goes where the pipeline's
+    other reads go (the slot's primary, or its replica for a client that balances reads over replicas).
+    """
+    from . import keys
+
+    if keys.is_cluster(pipeline):
+        pipeline.execute_command('EVAL_RO', scripts.lean_source('server_time'), 1, keys.PREFIX)
+    else:
+        pipeline.time()
+
+
 def on_next_execute(pipeline: Any, read: Any) -> None:
     """Hand the replies of ``pipeline``'s next ``execute()`` to ``read`` (after they come back; its own errors are
     the caller's to handle), once.

@@ -20,13 +20,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from .exceptions import PolicyConfigurationError
 from .identity import UniqueContext
 
+# A hook's ``verdict`` is an admission.Verdict (protocols.py says so); not imported here, even for type checking:
+# admission imports this module, and the import would close a circle.
 if TYPE_CHECKING:
     from redis import Redis
     from redis.client import Pipeline
     from rq.job import Job
     from rq.queue import Queue
 
-    from .admission import Verdict
     from .keys import Family
     from .ledger import Hold
     from .ops import Call
@@ -162,10 +163,10 @@ class Policy:
         """See :meth:`rq_policies.engine.protocols.Declared.job_fields`."""
         return []
 
-    def on_admit(self, job: Job, queue: str, verdict: Verdict) -> None:
+    def on_admit(self, job: Job, queue: str, verdict: Any) -> None:
         """See :meth:`rq_policies.engine.protocols.Declared.on_admit`."""
 
-    def hint_seconds(self, verdict: Verdict) -> float:
+    def hint_seconds(self, verdict: Any) -> float:
         """See :meth:`rq_policies.engine.protocols.Declared.hint_seconds`."""
         return 0.0
 
@@ -230,7 +231,7 @@ class AdmissionPolicy(Policy):
         """See :meth:`rq_policies.engine.protocols.AdmissionSide.narrow_part`."""
         return None
 
-    def on_drop(self, func_name: str, queue: str, verdict: Verdict) -> None:
+    def on_drop(self, func_name: str, queue: str, verdict: Any) -> None:
         """See :meth:`rq_policies.engine.protocols.AdmissionSide.on_drop`."""
         if logger.isEnabledFor(logging.INFO):
             logger.info('rq-policies: dropped %s on queue %r (%s): identity held by job %s', func_name, queue,

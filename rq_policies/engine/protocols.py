@@ -77,7 +77,7 @@ class Declared(Protocol):
 
     def hint_seconds(self, verdict: Verdict) -> float:
         """How long this process may expect the next identical enqueue to be dropped after ``verdict`` (the identity
-        hint that sends it to the probe first, :mod:`rq_policies.engine.hints`); 0: no expectation."""
+        hint that sends it to the probe first, :func:`rq_policies.engine.admission.probe_plan`); 0: no expectation."""
         ...
 
 

@@ -12,6 +12,11 @@ stays on rq's own pipeline).
 Retries, the release of dependents and requeues reach ``enqueue_job``/``schedule_job`` from inside rq rather than
 through a door, so they are the same job and are not checked again. ``enqueue_job`` called directly is likewise
 unchecked: it is rq's internal re-enqueue path.
+
+A door builds its job through rq's own code and plans its round trip with the door core
+(:func:`rq_policies.engine.admission.plan`); this queue is that core's synchronous driver (:meth:`PolicyQueue._send`).
+Inside :func:`planning` the same doors hand their plans back unsent, which is how the asyncio doors
+(:mod:`rq_policies.surfaces.aio`) build theirs.
 """
 
 from __future__ import annotations
@@ -31,8 +36,8 @@ from rq.queue import Queue
 from rq.utils import import_attribute, now
 
 from . import admission, compat, identity, keys
-from .admission import JobWrite
-from .exceptions import InvalidArgument, PipelineNotSupported, PolicyConfigurationError
+from .admission import JobWrite, Plan
+from .exceptions import InvalidArgument, NotReplicated, PipelineNotSupported, PolicyConfigurationError
 from .fetch import current_fetcher, dequeue
 from .job import PolicyJob, rq_class_name
 from .ops import Call
@@ -43,7 +48,7 @@ logger = logging.getLogger('rq_policies')
 #: The ``policy=`` default of every door: apply the policies declared on the function.
 DECLARED: Any = object()
 
-#: Function paths ``_declared_for`` could not import and has warned about (once per path and process).
+#: Function paths :func:`declared_for` could not import and has warned about (once per path and process).
 _UNIMPORTABLE_WARNED: set[str] = set()
 
 #: Seconds a deferred (depends_on) job's hash and marker live before rq has finished setting up its dependencies;
@@ -58,8 +63,9 @@ class _Door:
     override: Any
     used: bool = False
     force: bool = False
-    hint: Any = None  # what the call's quick_drop saw, for admit to remember (rq_policies.engine.admission.Seen)
+    hint: Any = None  # what the call's hint probe saw, for its verdict to feed (rq_policies.engine.admission.Seen)
     options: Any = None  # the enqueue options the call's policies took (Policy.call_options), or None
+    replicated: tuple[int, int] | None = None  # (replicas, timeout_ms) the door waits for (wait_replicas=), or None
 
 
 _door: ContextVar[_Door | None] = ContextVar('rq_policies_door', default=None)
@@ -91,8 +97,78 @@ def take_options(spec: PolicySet | None, kwargs: dict[str, Any]) -> dict[str, An
     return found or None
 
 
+#: The plans the doors called inside :func:`planning` handed back (None outside: the doors send theirs).
+_planning: ContextVar[list[Plan] | None] = ContextVar('rq_policies_planning', default=None)
 
 
+@contextlib.contextmanager
+def planning() -> Iterator[list[Plan]]:
+    """Inside, every door of a PolicyQueue builds its job exactly as it does outside (rq's own build, the policies,
+    the door core's plan) and appends its plan to the list yielded, sending nothing: no admission, no hint probe (an
+    asyncio door, :mod:`rq_policies.surfaces.aio`, sends the plans itself). A door that would take rq's own
+    synchronous path instead meets the queue's connection, which for such a builder refuses it."""
+    plans: list[Plan] = []
+    token = _planning.set(plans)
+    try:
+        yield plans
+    finally:
+        _planning.reset(token)
+
+
+def declared_for(func_or_job: Any) -> PolicySet | None:
+    """The policies declared on a job's function, or on a function given itself or by its import path; None when
+    there are none, or when the path cannot be imported here (warned once per path: a producer may enqueue by path
+    without having the code, but a typo in the path must not switch a policy off in silence)."""
+    try:
+        if isinstance(func_or_job, Job):
+            target = func_or_job.func
+        elif isinstance(func_or_job, str):
+            target = import_attribute(func_or_job)
+        else:
+            target = func_or_job
+    except (ImportError, AttributeError, ValueError) as error:
+        path = func_or_job.func_name if isinstance(func_or_job, Job) else str(func_or_job)
+        if path in _UNIMPORTABLE_WARNED:
+            logger.debug('rq-policies: cannot import %r to read its declared policies', path)
+        else:
+            _UNIMPORTABLE_WARNED.add(path)
+            logger.warning(
+                'rq-policies: cannot import %r to read its declared policies (%s: %s); jobs enqueued by this path '
+                'get no policy here (a typo, or code this producer does not have?)',
+                path, type(error).__name__, error,
+            )
+        return None
+    return declared(target)
+
+
+def door_spec(policy: Any, func: Any) -> PolicySet | None:
+    """The PolicySet a door applies to ``func``: the declared one (``policy=DECLARED``), or the caller's ``policy=``."""
+    return declared_for(func) if policy is DECLARED else make_set(policy)
+
+
+def call_digest(queue: Queue, func: Any, args: tuple, kwargs: dict[str, Any], spec: PolicySet | None) -> str:
+    """The identity of a call of ``func`` on ``queue`` under ``spec``, as its door computes it (``holder``,
+    ``reset``), from a job never written: no description (rq's repr of every argument, which would raise
+    RecursionError on an argument nested too deep before the identity could name it)."""
+    probe = queue.job_class.create(func, args=args, kwargs=kwargs, connection=queue.connection, description='-')
+    return identity.digest(identity.func_path(probe), queue.name, args, kwargs, spec.unique_context if spec else None,
+                           spec.policies if spec else None)
+
+
+def replication(wait_replicas: Any, wait_timeout_ms: Any) -> tuple[int, int]:
+    """``(wait_replicas, wait_timeout_ms)`` checked: a whole number of replicas >= 0 (0: do not wait) and a positive
+    whole number of milliseconds.
+
+    Raises:
+        InvalidArgument: either is not, naming it and the value (nothing is written).
+    """
+    if isinstance(wait_replicas, bool) or not isinstance(wait_replicas, int) or wait_replicas < 0:
+        raise InvalidArgument('wait_replicas', f'must be a whole number of replicas, 0 or more (0: do not wait), got '
+                                               f'{wait_replicas!r}')
+    if isinstance(wait_timeout_ms, bool) or not isinstance(wait_timeout_ms, int) or wait_timeout_ms < 1:
+        raise InvalidArgument('wait_timeout_ms', f'must be a positive whole number of milliseconds (WAIT\'s 0, '
+                                                 f'forever, is refused), got {wait_timeout_ms!r}')
+    return wait_replicas, wait_timeout_ms
 
 
 #: What ``_take_door`` answers for a new job of a public door that no policy applies to.
@@ -184,10 +260,39 @@ class PolicyQueue(Queue):
 
     job_class = PolicyJob
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    #: Replicas every door of this queue waits for before it returns (``PolicyQueue(..., wait_replicas=1)``; 0, the
+    #: default: none), and the most milliseconds it waits (``wait_timeout_ms``); a door's own ``wait_replicas=`` and
+    #: ``wait_timeout_ms=`` win. See :meth:`enqueue` and docs/guarantees.md.
+    wait_replicas: int = 0
+    wait_timeout_ms: int = 1000
+
+    def __init__(self, *args: Any, wait_replicas: int = 0, wait_timeout_ms: int = 1000, **kwargs: Any) -> None:
+        self.wait_replicas, self.wait_timeout_ms = replication(wait_replicas, wait_timeout_ms)
         super().__init__(*args, **kwargs)
         keys.check_connection(self.connection)  # a cluster needs a hash-tagged RQ_KEY_PREFIX: said here, not CROSSSLOT
         compat.adopt_cluster(self.connection)
+
+    def _replicated(self, kwargs: dict[str, Any]) -> tuple[int, int] | None:
+        """Take a door's ``wait_replicas=`` and ``wait_timeout_ms=`` out of its ``kwargs`` (the job's function never
+        gets them), the queue's own where not given: ``(replicas, timeout_ms)`` to wait for, or None."""
+        wanted = kwargs.pop('wait_replicas', None)
+        timeout = kwargs.pop('wait_timeout_ms', None)
+        if wanted is None and timeout is None and not self.wait_replicas:
+            return None
+        replicas, timeout_ms = replication(self.wait_replicas if wanted is None else wanted,
+                                           self.wait_timeout_ms if timeout is None else timeout)
+        return (replicas, timeout_ms) if replicas else None
+
+    def _check_replicated(self, found: Any, acknowledged: int, replicated: tuple[int, int] | None) -> None:
+        """Raise :class:`~rq_policies.engine.exceptions.NotReplicated` when fewer replicas than asked had what the door
+        wrote (``acknowledged``, -1 for not asked yet: :func:`rq_policies.engine.admission.replicated` asks now)."""
+        if replicated is None:
+            return
+        replicas, timeout_ms = replicated
+        if acknowledged < 0:
+            acknowledged = admission.replicated(self.connection, replicas, timeout_ms)
+        if acknowledged < replicas:
+            raise NotReplicated(found, acknowledged, replicas, timeout_ms)
 
     def __repr__(self) -> str:
         return f'{rq_class_name(type(self))}({self.name!r})'
@@ -198,77 +303,113 @@ class PolicyQueue(Queue):
     # -- the doors ------------------------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _door(self, policy: Any, force: bool = False, hint: Any = None, options: Any = None) -> Iterator[None]:
+    def _door(self, policy: Any, force: bool = False, hint: Any = None, options: Any = None,
+              replicated: tuple[int, int] | None = None) -> Iterator[None]:
         if _door.get() is not None:  # an inner door of the same call (enqueue_at -> enqueue_call): the outer one rules
             yield
             return
         override = policy if policy is DECLARED else make_set(policy)
-        token = _door.set(_Door(override, force=force, hint=hint, options=options))
+        token = _door.set(_Door(override, force=force, hint=hint, options=options, replicated=replicated))
         try:
             yield
         finally:
             _door.reset(token)
 
     def enqueue(self, f: Any, *args: Any, **kwargs: Any) -> Job | None:  # type: ignore[override]
-        """rq's ``enqueue``, plus ``policy=`` (a Policy, a list of them, or None to switch the declared ones off).
+        """rq's ``enqueue``, plus ``policy=`` (a Policy, a list of them, or None to switch the declared ones off) and
+        ``wait_replicas=``, ``wait_timeout_ms=`` (as the queue's, for this call: 0 does not wait).
+
+        With ``wait_replicas=N`` (here or on the queue) the door sends ``WAIT N wait_timeout_ms`` right after its
+        admission, in the same round trip and on the same connection (on a cluster, the prefix slot's primary), and
+        returns once N replicas have the job: "acknowledged" then means "on N replicas too", which a failover of the
+        primary does not undo (docs/guarantees.md). A drop waits for nothing.
 
         Returns:
             The Job, or None when a policy dropped it.
+
+        Raises:
+            NotReplicated: fewer than N replicas had the job after ``wait_timeout_ms``: the job *is* admitted (see
+                :class:`~rq_policies.engine.exceptions.NotReplicated`).
+            InvalidArgument: a bad ``wait_replicas`` or ``wait_timeout_ms``, named (nothing is written).
         """
         policy = kwargs.pop('policy', DECLARED)
         if _door.get() is not None:  # an inner door of the same call: the outer one rules
             return super().enqueue(f, *args, **kwargs)
-        spec = self._spec(policy, f)
+        replicated = self._replicated(kwargs)
+        spec = door_spec(policy, f)
         options = take_options(spec, kwargs)
-        dropped, hint = admission.quick_drop(self, spec, f, args, kwargs)
+        dropped, hint = self._quick_drop(spec, f, args, kwargs)
         if dropped:
             return None
         # The door is set by hand rather than through ``_door()``: this is the hottest door, and a generator-based
         # context manager costs more than the rest of the door's own bookkeeping.
-        token = _door.set(_Door(spec, hint=hint, options=options))
+        token = _door.set(_Door(spec, hint=hint, options=options, replicated=replicated))
         try:
             return super().enqueue(f, *args, **kwargs)
         finally:
             _door.reset(token)
 
     def enqueue_call(self, func: Any, *args: Any, policy: Any = DECLARED, **kwargs: Any) -> Job | None:  # type: ignore[override]
-        """rq's ``enqueue_call``, plus ``policy=``. Returns None when a policy dropped the job."""
+        """rq's ``enqueue_call``, plus ``policy=``, ``wait_replicas=`` and ``wait_timeout_ms=`` (as :meth:`enqueue`).
+        Returns None when a policy dropped the job."""
         if _door.get() is not None:  # an inner door (enqueue arrives here): the outer one rules
             return super().enqueue_call(func, *args, **kwargs)
+        replicated = self._replicated(kwargs)
         hint = None
         if not args:  # the @job decorator's .delay() arrives here
             call = {name: kwargs[name] for name in ('args', 'kwargs', 'job_id', 'pipeline', 'unique', 'rate_limit')
                     if kwargs.get(name) is not None}
-            dropped, hint = self._quick_drop(policy, func, (), call)
+            dropped, hint = self._quick_drop(door_spec(policy, func), func, (), call)
             if dropped:
                 return None
-        with self._door(policy, hint=hint):
+        with self._door(policy, hint=hint, replicated=replicated):
             return super().enqueue_call(func, *args, **kwargs)
 
     def enqueue_at(self, datetime: datetime, f: Any, *args: Any, **kwargs: Any) -> Job | None:  # type: ignore[override]
-        """rq's ``enqueue_at``, plus ``policy=``. A scheduled job holds its loner identity until a worker takes it."""
+        """rq's ``enqueue_at``, plus ``policy=``, ``wait_replicas=`` and ``wait_timeout_ms=`` (as :meth:`enqueue`). A
+        scheduled job holds its loner identity until a worker takes it."""
         policy = kwargs.pop('policy', DECLARED)
-        with self._door(policy, options=take_options(self._spec(policy, f), kwargs)):
+        replicated = None if _door.get() is not None else self._replicated(kwargs)
+        with self._door(policy, options=take_options(door_spec(policy, f), kwargs), replicated=replicated):
             return super().enqueue_at(datetime, f, *args, **kwargs)
 
     def enqueue_in(self, time_delta: timedelta, func: Any, *args: Any, **kwargs: Any) -> Job | None:  # type: ignore[override]
-        """rq's ``enqueue_in``, plus ``policy=``."""
+        """rq's ``enqueue_in``, plus ``policy=``, ``wait_replicas=`` and ``wait_timeout_ms=`` (as :meth:`enqueue`)."""
         policy = kwargs.pop('policy', DECLARED)
-        with self._door(policy, options=take_options(self._spec(policy, func), kwargs)):
+        replicated = None if _door.get() is not None else self._replicated(kwargs)
+        with self._door(policy, options=take_options(door_spec(policy, func), kwargs), replicated=replicated):
             return super().enqueue_in(time_delta, func, *args, **kwargs)
 
-    def enqueue_many(self, job_datas: Iterable[Any], pipeline: Any = None, group_id: str | None = None) -> list:  # type: ignore[override]
-        """rq's ``enqueue_many`` with each job's declared policies applied.
+    def enqueue_many(self, job_datas: Iterable[Any], pipeline: Any = None, group_id: str | None = None,  # type: ignore[override]
+                     wait_replicas: int | None = None, wait_timeout_ms: int | None = None) -> list:
+        """rq's ``enqueue_many`` with each job's declared policies applied; with ``wait_replicas`` (or the queue's),
+        one ``WAIT`` once every job is written (not with a caller's ``pipeline=``, which is not sent yet).
 
         Returns:
             A list as long as ``job_datas``, with None where a policy dropped the job.
 
         Raises:
             PipelineNotSupported: ``pipeline=`` was given and some job has a policy.
+            NotReplicated: fewer replicas than asked had the jobs (they *are* admitted; its ``job`` is the list).
         """
+        options: dict[str, Any] = {}
+        if wait_replicas is not None:
+            options['wait_replicas'] = wait_replicas
+        if wait_timeout_ms is not None:
+            options['wait_timeout_ms'] = wait_timeout_ms
+        replicated = self._replicated(options)
+        if replicated is not None and pipeline is not None:
+            raise InvalidArgument('wait_replicas', 'cannot wait for replicas with pipeline=: the pipeline is the '
+                                                   "caller's to send; call replicas.wait_for_replicas after it")
+        results = self._enqueue_many(job_datas, pipeline, group_id)
+        if any(job is not None for job in results):
+            self._check_replicated(results, -1, replicated)
+        return results
+
+    def _enqueue_many(self, job_datas: Iterable[Any], pipeline: Any, group_id: str | None) -> list:
         datas = list(job_datas)
-        specs = [self._declared_for(data.func) for data in datas]
-        if not any(specs):
+        specs = [declared_for(data.func) for data in datas]
+        if not any(specs) and _planning.get() is None:  # planning: each job is planned as the plain write
             return super().enqueue_many(datas, pipeline=pipeline, group_id=group_id)
         if pipeline is not None:
             first = next(data for data, spec in zip(datas, specs) if spec)
@@ -353,28 +494,41 @@ class PolicyQueue(Queue):
 
     def enqueue_job(self, job: Job, pipeline: Any = None, at_front: bool = False, **kwargs: Any) -> Job | None:  # type: ignore[override]
         job = compat.adopt_job(job, self.job_class)  # a stock rq Job too (Job.fetch, registries, admin views)
+        door = _door.get()
         spec = self._take_door(job)
+        replicated = door.replicated if door is not None and spec is not None else None
         if spec is _PLAIN:
             if self._writes_plain(job, pipeline, kwargs) and self.is_async and not compat.has_dependencies(job):
-                admission.write_plain(self, self._plain_write(job, at_front, None))
-                return job
+                write = self._plain_write(job, at_front, None)
+                write.replicas = replicated
+                return self._send(admission.plan(self, None, '', write))
             spec = None
         if spec is None:
-            return super().enqueue_job(job, pipeline=pipeline, at_front=at_front, **kwargs)
+            found = super().enqueue_job(job, pipeline=pipeline, at_front=at_front, **kwargs)
+            if pipeline is None:  # rq's own path wrote it: one WAIT of its own (a caller's pipeline is not sent yet)
+                self._check_replicated(found, -1, replicated)
+            return found
         return self._admit(job, spec, pipeline, at_front=at_front, when=None, **kwargs)
 
     def schedule_job(self, job: Job, datetime: datetime, pipeline: Any = None, **kwargs: Any) -> Job | None:  # type: ignore[override]
         job = compat.adopt_job(job, self.job_class)
+        door = _door.get()
         spec = self._take_door(job)
+        replicated = door.replicated if door is not None and spec is not None else None
         if spec is _PLAIN:
             if self._writes_plain(job, pipeline, kwargs):
-                admission.write_plain(self, self._plain_write(job, False, datetime))
-                return job
+                write = self._plain_write(job, False, datetime)
+                write.replicas = replicated
+                return self._send(admission.plan(self, None, '', write))
             spec = None
         if spec is None:
             if kwargs.get('unique') or compat.has_rate_limit(job):  # rq's own script, or rq 3's rate-limit checks
-                return super().schedule_job(job, datetime, pipeline=pipeline, **kwargs)
-            return self._schedule_once(job, datetime, pipeline)
+                found = super().schedule_job(job, datetime, pipeline=pipeline, **kwargs)
+            else:
+                found = self._schedule_once(job, datetime, pipeline)
+            if pipeline is None and found is not None:
+                self._check_replicated(found, -1, replicated)
+            return found
         return self._admit(job, spec, pipeline, at_front=bool(job.enqueue_at_front), when=datetime, **kwargs)
 
     def _enqueue_job(self, job: Job, *args: Any, **kwargs: Any) -> Job:
@@ -394,12 +548,12 @@ class PolicyQueue(Queue):
         if door is None or door.used:
             return None
         door.used = True
-        spec = self._declared_for(job) if door.override is DECLARED else door.override
+        spec = declared_for(job) if door.override is DECLARED else door.override
         return _PLAIN if spec is None else spec
 
     @staticmethod
     def _writes_plain(job: Job, pipeline: Any, kwargs: dict[str, Any]) -> bool:
-        """Can the admission script write this new job without a policy (``admission.write_plain``)? Not what rq's
+        """Can the admission script write this new job without a policy (the door core's plain write)? Not what rq's
         own path does more than write the job and push it: a caller's pipeline (the write must ride it), a
         ``unique=True`` enqueue (rq's own script), rq 3's rate-limited jobs (their registry), ``ttl=0`` (rq deletes
         the job at once), or an option this code does not know; the callers add a synchronous queue and
@@ -421,38 +575,18 @@ class PolicyQueue(Queue):
         ttl = job.ttl if job.ttl and job.ttl > 0 else -1
         return JobWrite(job, mode, score, dest, ttl, _flatten(mapping), created=mapping.get('created_at'))
 
-    def _quick_drop(self, policy: Any, f: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
-        """Drop an expected duplicate before its job is built (see rq_policies.engine.hints); (dropped, what it saw)."""
-        return admission.quick_drop(self, self._spec(policy, f), f, args, kwargs)
+    def _quick_drop(self, spec: PolicySet | None, f: Any, args: tuple, kwargs: dict) -> tuple[bool, Any]:
+        """Drop an expected duplicate before its job is built, with a probe (the door core's
+        :func:`~rq_policies.engine.admission.probe_plan`); (dropped, what the full path is to remember)."""
+        if spec is None or _planning.get() is not None:  # nothing to drop; a builder sends no probe
+            return False, None
+        plan, hint = admission.probe_plan(self, spec, f, args, kwargs)
+        if plan is None:
+            return False, hint
+        return admission.probed(plan, admission.read(plan, self._reply(plan))), plan.hint
 
-    def _spec(self, policy: Any, func: Any) -> PolicySet | None:
-        """The PolicySet a door applies: the declared one, or the caller's ``policy=``."""
-        return self._declared_for(func) if policy is DECLARED else make_set(policy)
-
-    @staticmethod
-    def _declared_for(func_or_job: Any) -> PolicySet | None:
-        try:
-            if isinstance(func_or_job, Job):
-                target = func_or_job.func
-            elif isinstance(func_or_job, str):
-                target = import_attribute(func_or_job)
-            else:
-                target = func_or_job
-        except (ImportError, AttributeError, ValueError) as error:
-            # A producer may enqueue by path without having the code; then nothing is declared here. But a typo in
-            # the path would silently switch a policy off, so the first miss of each path is a warning.
-            path = func_or_job.func_name if isinstance(func_or_job, Job) else str(func_or_job)
-            if path in _UNIMPORTABLE_WARNED:
-                logger.debug('rq-policies: cannot import %r to read its declared policies', path)
-            else:
-                _UNIMPORTABLE_WARNED.add(path)
-                logger.warning(
-                    'rq-policies: cannot import %r to read its declared policies (%s: %s); jobs enqueued by this path '
-                    'get no policy here (a typo, or code this producer does not have?)',
-                    path, type(error).__name__, error,
-                )
-            return None
-        return declared(target)
+    #: :func:`declared_for`, kept for the code that calls it on the class.
+    _declared_for = staticmethod(declared_for)
 
     # -- admission ------------------------------------------------------------------------------------------------
 
@@ -476,22 +610,51 @@ class PolicyQueue(Queue):
         door = _door.get()
         force = door is not None and door.force
         write = self.job_write(job, spec, digest, at_front, when, schedule=not force)
-        return self._decide(spec, digest, write, force, door.hint if door is not None else None, at_front)
+        if door is not None:
+            write.replicas = door.replicated
+        return self._send(admission.plan(self, spec, digest, write, force, door.hint if door is not None else None),
+                          at_front)
 
-    def _decide(
-        self, spec: PolicySet, digest: str, write: JobWrite, force: bool, hint: Any, at_front: bool
-    ) -> Job | None:
-        """The admission's round trip and what follows it (the asyncio doors' builder sends it themselves,
-        :mod:`rq_policies.surfaces.aio`)."""
-        job = write.job
-        verdict = admission.admit(self, spec, digest, write, force=force, hint=hint)
-        if not verdict.written:
+    # -- the synchronous driver of the door core ------------------------------------------------------------------
+
+    def _send(self, plan: Plan, at_front: bool = False) -> Job | None:
+        """Send ``plan`` (:func:`rq_policies.engine.admission.plan`) and return what the door returns: the job, or
+        None when a policy dropped it; a deferred job admitted is handed to rq's dependency handling, and a door that
+        waits for replicas (``wait_replicas=``) has waited. Inside :func:`planning`, the plan is handed back instead
+        and nothing is sent."""
+        kept = _planning.get()
+        if kept is not None:
+            kept.append(plan)
+            return plan.write.job
+        write = plan.write
+        replicated = write.replicas
+        if replicated is not None and write.mode == 'D':  # rq's dependency handling writes after it: one WAIT then
+            write.replicas = None
+        job = admission.settle(plan, admission.read(plan, self._reply(plan)))
+        if job is None:
             return None
-        if verdict.replaced:  # the waiting holder or pending job took this payload in place: it is the job
-            return job
-        if write.mode == 'D':
-            return self._finish_deferred(job, spec, digest, at_front)
+        if write.mode == 'D' and admission.hands_over(plan):
+            job = self._finish_deferred(job, plan.spec, plan.digest, at_front)
+        if replicated is not None:
+            self._check_replicated(job, write.acknowledged, replicated)
         return job
+
+    def _reply(self, plan: Plan) -> Any:
+        """The reply to ``plan``'s call, sent on this thread's leased connection (``scripts.run_leased``), or, for a
+        door that waits for replicas (``write.replicas``), with ``WAIT`` right after it in the same round trip on the
+        same connection (:func:`rq_policies.engine.admission.run_replicated`; the count lands in
+        ``write.acknowledged``). An error is the plan's observers' to hear of too."""
+        write = plan.write
+        try:
+            if write is None or write.replicas is None:
+                return plan.call.run_door(self.connection)
+            call = plan.call
+            reply, write.acknowledged = admission.run_replicated(call.script, self.connection, list(call.keys),
+                                                                 list(call.argv()), *write.replicas)
+            return reply
+        except BaseException as exc:
+            admission.failed(plan, exc)
+            raise
 
     def _prepare(
         self, job: Job, when: datetime | None, at_front: bool, schedule: bool = False
@@ -559,16 +722,8 @@ class PolicyQueue(Queue):
 
     def holder(self, func: Any, *args: Any, **kwargs: Any) -> str | None:
         """The id of the waiting job holding this call's loner identity on this queue, or None."""
-        probe = self._probe(func, args, kwargs)
-        spec = self._declared_for(func)
-        digest = identity.digest(identity.func_path(probe), self.name, args, kwargs,
-                                 spec.unique_context if spec else None, spec.policies if spec else None)
+        digest = call_digest(self, func, args, kwargs, declared_for(func))
         return by_name('loner').holder(self.connection, self.name, digest, self.job_class.redis_job_namespace_prefix)
-
-    def _probe(self, func: Any, args: tuple, kwargs: dict[str, Any]) -> Job:
-        """A job never written, only for its function's name: no description (rq's repr of every argument, which
-        would raise RecursionError on an argument nested too deep before the identity could name it)."""
-        return self.job_class.create(func, args=args, kwargs=kwargs, connection=self.connection, description='-')
 
     def enqueued(self, func: Any, *args: Any, **kwargs: Any) -> bool:
         """resque-loner's ``enqueued?``: is a job of this call waiting on this queue (queued, scheduled, deferred)?"""
@@ -587,7 +742,7 @@ class PolicyQueue(Queue):
             The Job, always.
         """
         policy = kwargs.pop('policy', DECLARED)
-        with self._door(policy, force=True):
+        with self._door(policy, force=True, replicated=self._replicated(kwargs)):
             return super().enqueue(f, *args, **kwargs)
 
     def reset(self, func: Any, *args: Any, **kwargs: Any) -> int:
@@ -602,13 +757,8 @@ class PolicyQueue(Queue):
         Returns:
             How many keys were removed (policy keys and the hashes of dropped pending jobs).
         """
-        policy = kwargs.pop('policy', DECLARED)
-        spec = self._spec(policy, func)
-        probe = self._probe(func, args, kwargs)
-        context = spec.unique_context if spec else None
-        digest = identity.digest(identity.func_path(probe), self.name, args, kwargs, context,
-                                 spec.policies if spec else None)
-        return admission.reset(self, spec, digest)
+        spec = door_spec(kwargs.pop('policy', DECLARED), func)
+        return admission.reset(self, spec, call_digest(self, func, args, kwargs, spec))
 
     # -- removal paths free the identity ----------------------------------------------------------------------
 

@@ -130,15 +130,17 @@ def identity_rows(connection: Redis, family: keys.Family, key_list: list[str],
         holders = [replies[2 * i] for i in range(len(chunk))]
         if family.hash:  # a pending job's state: its job id is the ``job`` field
             holders = [(value or {}).get(b'job', (value or {}).get('job')) for value in holders]
-        statuses: list[Any] = []
-        with connection.pipeline(transaction=False) as pipe:
-            for holder in holders:
-                if holder:
-                    pipe.hmget(job_prefix + text(holder), 'status', family.held_until_field or 'status',
+        # One HMGET per key that names a job (a key that expired since the SCAN names none): nothing keyless in the
+        # pipeline, which a cluster's refuses (ECHO as a placeholder did).
+        asked = [i for i, holder in enumerate(holders) if holder]
+        statuses: list[Any] = [None] * len(chunk)
+        if asked:
+            with connection.pipeline(transaction=False) as pipe:
+                for i in asked:
+                    pipe.hmget(job_prefix + text(holders[i]), 'status', family.held_until_field or 'status',
                                'description', family.width_field or 'description')
-                else:
-                    pipe.echo('')
-            statuses = pipe.execute()
+                for i, found in zip(asked, pipe.execute()):
+                    statuses[i] = found
         for i, key in enumerate(chunk):
             value, pttl = replies[2 * i], replies[2 * i + 1]
             _, digest, window = family.parse(key) or ('', '', None)

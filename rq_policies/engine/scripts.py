@@ -45,7 +45,7 @@ from redis.commands.core import Script
 from redis.connection import BlockingConnectionPool, ConnectionPool
 from redis.exceptions import NoScriptError, ResponseError
 
-from .keys import is_cluster
+from .keys import SLOT_GUARD, is_cluster
 
 _INCLUDE = re.compile(r'^--\s*@include\s+"([^"]+)"\s*$', re.MULTILINE)
 #: ``-- @policies`` in a framework script (admit.lua, fetch.lua) includes every policy's part, ``lua/policies/*.lua``,
@@ -232,10 +232,15 @@ def run(name: str, client: Any, keys: list[str] | tuple = (), args: list[Any] | 
 
     On a connection: EVALSHA, then EVAL with the source once if the server answered NOSCRIPT (two attempts at
     most). On a pipeline: EVALSHA, queued (the reply arrives with ``execute()``; the script is loaded once per pool
-    and a NOSCRIPT is recovered inside ``execute()``: see the module's docstring).
+    and a NOSCRIPT is recovered inside ``execute()``: see the module's docstring). On a Redis Cluster the call names
+    :data:`rq_policies.engine.keys.SLOT_GUARD` last in KEYS, so that it never runs while the prefix's slot is being
+    migrated (the adopted client sends it again until the slot settles:
+    :func:`rq_policies.engine.compat.adopt_cluster`).
     """
     found = script(name)
     keys = list(keys)
+    if is_cluster(client):  # no script runs while the slot migrates (rq_policies.engine.keys.SLOT_GUARD)
+        keys.append(SLOT_GUARD)
     argv = [*keys, *args]
     if _is_pipeline(client):
         if not _sha_pipeline(client):

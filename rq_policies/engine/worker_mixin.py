@@ -17,13 +17,11 @@ import redis
 from rq.job import JobStatus
 from rq.queue import Queue
 
-from rq_policies.surfaces import otel
-
-from . import admission, compat, health, keys, ledger, scripts
-from .compat import LEGACY_FAILURE, adopt_cluster
+from . import admission, compat, events, health, keys, ledger, scripts
+from .compat import LEGACY_FAILURE, adopt_cluster, slot_moving
 from .exceptions import PolicyError
 from .fetch import Claim, current_fetcher, release_claim
-from .ops import on_next_execute
+from .ops import on_next_execute, text
 from .policy import positive_int, registered
 from .queue import PolicyQueue
 from .wake import WakeFetcher
@@ -36,10 +34,28 @@ HOLD_TTL_ENV = 'RQ_POLICIES_HOLD_TTL'
 #: the worker key while a job runs (``job_monitoring_interval + 60``).
 HOLD_TTL_MARGIN = 60
 
-#: Errors that mean "Redis is not reachable right now" (a restart, or a failover in progress).
+#: Errors that mean "Redis is not reachable right now" (a restart, or a failover in progress; on a cluster, also the
+#: prefix's slot in migration for longer than the client waits: ``SlotMigrating``, a ``ConnectionError``).
 UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.ReadOnlyError)
 
 _mixed: dict[type, type] = {}
+
+
+#: What a Redis Cluster client raises while a slot has no primary (a failover in progress) or no node answers.
+_CLUSTER_AWAY = (redis.exceptions.ClusterDownError, redis.exceptions.SlotNotCoveredError,
+                 redis.exceptions.RedisClusterUnreachableError)
+
+
+def away(error: BaseException) -> bool:
+    """Is ``error`` the server gone for now, with nothing of the call run or its outcome unknown (an outage, a
+    failover; on a cluster, a slot without a primary, or the prefix's slot in migration:
+    :func:`rq_policies.engine.compat.slot_moving`)?"""
+    return isinstance(error, (*UNREACHABLE, *_CLUSTER_AWAY)) or slot_moving(error)
+
+
+class _StartLost(PolicyError):
+    """Control flow inside a worker: the fetch that took this job did not outlive the server going away (a failover
+    promoted a replica that never had it), so the job is not this worker's to run. Never raised to a caller."""
 
 
 def policy_queue_class(queue_class: type[Queue]) -> type[PolicyQueue]:
@@ -138,13 +154,14 @@ class PolicyWorkerMixin:
 
     def _through_outage(self, call: Any, *args: Any, **kwargs: Any) -> Any:
         """``call(*args, **kwargs)``, retried every ``max_connection_wait_time`` while Redis is unreachable (one
-        warning), unless the worker was asked to stop."""
+        warning), unless the worker was asked to stop. On a cluster, a slot migration that outlasts the client's own
+        wait (``SlotMigrating``) is waited out the same way."""
         warned = False
         while True:
             try:
                 return call(*args, **kwargs)
-            except UNREACHABLE as exc:
-                if getattr(self, '_stop_requested', False):
+            except Exception as exc:
+                if not away(exc) or getattr(self, '_stop_requested', False):
                     raise
                 if not warned:
                     self.log.warning('rq-policies: Redis unreachable (%s); retrying every %s s', exc,  # type: ignore[attr-defined]
@@ -156,6 +173,11 @@ class PolicyWorkerMixin:
         # rq's own, with a thread that looks at its stop flag every second (compat.PUBSUB_WAIT_SECONDS): with
         # redis-py 8.2, rq's 60 s wait held every shutdown up to a minute.
         compat.subscribe(self)
+
+    def run_maintenance_tasks(self, *args: Any, **kwargs: Any) -> Any:
+        # rq's registry cleanup, in its work loop, which quits on any error: an outage (or a slot migration) that
+        # began just then would end the worker.
+        return self._through_outage(super().run_maintenance_tasks, *args, **kwargs)  # type: ignore[misc]
 
     def _check_hold_ttl(self, ttl: int, interval: int) -> None:
         if ttl <= interval:
@@ -183,10 +205,75 @@ class PolicyWorkerMixin:
         finally:
             current_fetcher.reset(token)
 
+    #: The claim record of the fetch that took the job being started (``''`` when unknown): see :meth:`_record_start`.
+    _running_record: str = ''
+
     def prepare_job_execution(self, job: Any, remove_from_intermediate_queue: bool = False) -> None:
         # Our fetch always moves the id to the intermediate list, multi-queue workers included, so it always has to
         # come off it when the job starts (stock rq only removes it for single-queue workers).
-        super().prepare_job_execution(job, remove_from_intermediate_queue=True)  # type: ignore[misc]
+        self._record_start(super().prepare_job_execution, job, remove_from_intermediate_queue=True)  # type: ignore[misc]
+
+    def prepare_execution(self, job: Any) -> Any:
+        # The worker's side of a start (rq's Execution, the worker busy), just before the fork: the same outage.
+        return self._record_start(super().prepare_execution, job, parent=True)  # type: ignore[misc]
+
+    def _record_start(self, record: Any, job: Any, *args: Any, parent: bool = False, **kwargs: Any) -> Any:
+        """``record(job, ...)``: rq's writes of a job's start (``prepare_execution`` in the worker,
+        ``prepare_job_execution`` where the job runs), riding out the server going away.
+
+        rq turns any error there into the job's failure (``perform_job`` fails the job that raised, and a forked work
+        horse that cannot even write that exits, which its worker records as a failure), so a job fetched as a
+        failover began was failed without ever running. Here the start is recorded again once the server answers, if
+        the fetch that took the job outlived it: its claim record (kept until the job has run) or the job's hash
+        naming this worker as the one that started it (the lost reply of a start that was written) say so, read every
+        ``max_connection_wait_time``. If neither does, the fetch was lost with the primary (asynchronous replication:
+        the job is on its queue again, for any worker) or the outage outlasted the record
+        (:data:`rq_policies.engine.keys.CLAIM_TTL`, the id then stays on the intermediate list for rq's cleanup): the
+        job is not run here, nor failed, and the warning names it. A job this worker did not fetch itself is left to rq.
+        """
+        warned = False
+        while True:
+            try:
+                return record(job, *args, **kwargs)
+            except Exception as exc:
+                if not away(exc) or not self._running_record:
+                    raise
+                if not warned:
+                    self.log.warning(  # type: ignore[attr-defined]
+                        'rq-policies: could not record the start of job %s (%s); it runs once Redis answers, if the '
+                        'fetch that took it still stands', job.id, exc)
+                    warned = True
+            while True:
+                time.sleep(self.max_connection_wait_time)
+                try:
+                    ours = self._fetch_stands(job, parent)
+                    break
+                except Exception as exc:
+                    if not away(exc):
+                        raise
+            if not ours:
+                self.log.warning(  # type: ignore[attr-defined]
+                    'rq-policies: job %s is not run by this worker: the fetch that took it did not outlive Redis '
+                    'going away (a failover lost it, and the job is on its queue again), or its claim record %s '
+                    'expired during a long outage (the id stays on the intermediate list, for rq\'s cleanup)',
+                    job.id, self._running_record)
+                raise _StartLost(job.id)
+
+    def _fetch_stands(self, job: Any, parent: bool) -> bool:
+        """Does the fetch that took ``job`` still stand (:meth:`_record_start`)? In the worker, rq's executions of the
+        job a failed attempt may have written are deleted first (each attempt makes one)."""
+        with self.connection.pipeline(transaction=False) as pipe:  # type: ignore[attr-defined]
+            if parent:
+                for execution in compat.started_executions(self, job):
+                    execution.delete(job=job, pipeline=pipe)
+            pipe.exists(self._running_record)
+            pipe.hmget(job.key, 'status', 'worker_name')
+            replies = pipe.execute()
+        status, worker = replies[-1]
+        if status is not None and text(status) == JobStatus.STARTED and worker is not None and (
+                text(worker) == self.name):  # type: ignore[attr-defined]
+            return True  # the start was written, its reply lost
+        return bool(replies[-2])
 
     def cleanup_execution(self, job: Any, pipeline: Any, *args: Any, **kwargs: Any) -> None:
         # The narrowest rq hook every ending of a run passes (success, failure, stop-job, timeout, a killed horse),
@@ -214,11 +301,18 @@ class PolicyWorkerMixin:
     def execute_job(self, job: Any, queue: Any) -> Any:
         fetched = self._policy_fetcher.claim
         self._running_ending = (job.id, fetched.ending if fetched is not None and fetched.job_id == job.id else None)
+        # The fetch's claim record stays until the job has run (_forget_records; it is deleted with the heartbeat
+        # after it, and expires by itself): it is what proves, after the server went away as the job's start was
+        # being recorded, that the fetch outlived it (_record_start).
+        self._running_record = fetched.record if fetched is not None and fetched.job_id == job.id else ''
         claim = self._take_claim(job)
         self._running_claim = claim  # a forked work horse inherits it (see PolicyWorker.main_work_horse)
         try:
             with self._keeping():
                 result = super().execute_job(job, queue)  # type: ignore[misc]
+        except _StartLost:
+            self._release_later(claim)  # nothing ran: the holds go back with the next heartbeat
+            return None
         except BaseException as exc:
             # Cold shutdown and other escapes skip the work loop's heartbeat: release now, but only once the job's
             # process has ended (rq's cold shutdown waits for the killed horse before it raises). An error in the
@@ -236,6 +330,7 @@ class PolicyWorkerMixin:
         finally:
             self._running_claim = None
             self._running_ending = None
+            self._running_record = ''
         # Every other path (success, failure, retry, timeout, stop-job command, killed work horse, warm shutdown)
         # returns here after the job has ended. The release waits for the next heartbeat without a pipeline, which
         # the work loop sends right after this; rq's own heartbeats *during* the job never carry it.
@@ -270,7 +365,7 @@ class PolicyWorkerMixin:
         if pipeline is not None:
             super().heartbeat(timeout, pipeline=pipeline)  # type: ignore[misc]
             self._forget_records(pipeline)
-            self._evictions.ride(pipeline)
+            self._evictions.ride(pipeline, self.connection)  # type: ignore[attr-defined]
             if not self._refresh_on_heartbeat:
                 return
             at = len(pipeline.command_stack)
@@ -289,21 +384,29 @@ class PolicyWorkerMixin:
             with self.connection.pipeline(transaction=False) as pipe:  # type: ignore[attr-defined]
                 super().heartbeat(timeout, pipeline=pipe)  # type: ignore[misc]
                 self._forget_records(pipe)
-                self._evictions.ride(pipe)
+                self._evictions.ride(pipe, self.connection)  # type: ignore[attr-defined]
                 for claim in pending:
                     release_claim(claim, pipe)
                 pipe.execute()
-        except UNREACHABLE as exc:
+        except Exception as exc:
+            if not away(exc):
+                raise
             self.log.warning('rq-policies: heartbeat failed, Redis unreachable (%s); retrying', exc)  # type: ignore[attr-defined]
             return
         del self._pending_releases[: len(pending)]
 
     def _forget_records(self, pipeline: Any) -> None:
-        """Delete, on ``pipeline``, the claim records of fetches whose reply has arrived (no replay can come now)."""
+        """Delete, on ``pipeline``, the claim records of fetches whose reply has arrived (no replay can come now),
+        but that of the job fetched and not started yet, or running: it proves the fetch stood if its start has to
+        be recorded again (:meth:`_record_start`), until the job has run."""
         records = self._policy_fetcher.records
         if records:
-            pipeline.delete(*records)
-            records.clear()
+            claim = self._policy_fetcher.claim
+            kept = {claim.record if claim is not None else '', self._running_record}
+            gone = [record for record in records if record not in kept]
+            if gone:
+                pipeline.delete(*gone)
+            records[:] = [record for record in records if record in kept]
 
     def _watch_refresh(self, pipeline: Any, at: int, sent: list[ledger.Hold]) -> None:
         """Read the refresh's answer (command ``at`` of ``pipeline``) when rq executes its heartbeat pipeline: a hold
@@ -373,7 +476,8 @@ class PolicyWorkerMixin:
     def bootstrap(self, *args: Any, **kwargs: Any) -> None:
         super().bootstrap(*args, **kwargs)  # type: ignore[misc]
         check = health.warn_if_evicting(self.connection, self.log)  # type: ignore[attr-defined]  # maxmemory-policy
-        self._evictions.start(check)  # evicted_keys at start: a rise while it runs is logged once
+        # evicted_keys at start (a cluster's: the prefix slot primary's): a rise while it runs is logged once
+        self._evictions.start(check, self.connection)  # type: ignore[attr-defined]
         # Before the first fork: no work horse reads a script's files again, nor loads one on the server (its
         # end-of-run pipeline's EVALSHA finds the scripts this pool loaded here).
         scripts.preload(self.connection)  # type: ignore[attr-defined]
@@ -387,6 +491,9 @@ class PolicyWorkerMixin:
         exc = exc_info[1]
         if exc is None:
             return exc_info
+        if isinstance(exc, _StartLost):  # not run, not this worker's: nothing to record but dropping its execution
+            self._drop_execution(job, execution)
+            return None
         for cls in registered():
             try:
                 with self.connection.pipeline() as pipe:  # type: ignore[attr-defined]
@@ -403,6 +510,18 @@ class PolicyWorkerMixin:
             return None
         return exc_info
 
+    def _drop_execution(self, job: Any, execution: Any) -> None:
+        """Delete rq's record of this worker's execution of ``job`` (it never started here: :class:`_StartLost`), so
+        that rq's cleanup of the started registry does not fail the job later."""
+        if execution is None:
+            return
+        try:
+            with self.connection.pipeline() as pipe:  # type: ignore[attr-defined]
+                execution.delete(job=job, pipeline=pipe)
+                pipe.execute()
+        except Exception as exc:  # its ttl ends it anyway; rq's cleanup then finds the job queued or run elsewhere
+            self.log.warning('rq-policies: could not delete the execution of job %s: %s', job.id, exc)  # type: ignore[attr-defined]
+
     def _finalize_failure(self, job: Any, queue: Any, execution: Any, exc_info: tuple) -> None:  # rq >= 3
         outcome = self._policy_outcome(job, queue, exc_info, execution)
         if outcome is not None:
@@ -414,9 +533,15 @@ class PolicyWorkerMixin:
     _policy_error: Any = None
 
     def handle_execution_ended(self, job: Any, queue: Any, heartbeat_ttl: int) -> None:
+        exc_info = sys.exc_info()
+        if LEGACY_FAILURE and isinstance(exc_info[1], _StartLost):  # never started here: nothing of it is written
+            self._policy_error = None
+            self._policy_taken = job.id
+            job.execute_failure_callback = lambda *args, **kwargs: None
+            self._drop_execution(job, getattr(self, 'execution', None))
+            return
         super().handle_execution_ended(job, queue, heartbeat_ttl)  # type: ignore[misc]
         self._policy_taken = self._policy_error = None
-        exc_info = sys.exc_info()
         if not LEGACY_FAILURE or exc_info[1] is None or job.get_status(refresh=False) != JobStatus.FAILED:
             return
         outcome = self._policy_outcome(job, queue, exc_info, getattr(self, 'execution', None))
@@ -445,8 +570,8 @@ class PolicyWorkerMixin:
         return super().handle_job_failure(job, queue, *args, **kwargs)  # type: ignore[misc]
 
     def perform_job(self, job: Any, queue: Any, *args: Any) -> Any:  # rq 3 passes the execution too
-        if otel.TRACER is not None:  # the job's span (rq_policies.surfaces.otel), only once it is enabled
-            return otel.perform(job, queue, super().perform_job, *args)  # type: ignore[misc]
+        if events.RUNS:  # a surface watches the job's run (tracing: rq_policies.surfaces.otel)
+            return events.perform(super().perform_job, job, queue, *args)  # type: ignore[misc]
         return super().perform_job(job, queue, *args)  # type: ignore[misc]
 
     def teardown(self) -> None:

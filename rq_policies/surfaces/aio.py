@@ -11,36 +11,14 @@
     await q.enqueued(send_welcome, user_id)               # and holder, force, reset, enqueue_at/in, enqueue_many
     why = await q.explain(job.id)
 
-How it works: each door builds its job exactly as the synchronous door does (rq's own ``create_job``, our ``job_write``,
-the same :func:`rq_policies.engine.admission.checked_call`, all CPU-only and run on the event loop: no thread pool),
-then sends that one script call (``lua/admit.lua``) with an async ``EVALSHA`` (``EVAL`` with the source when the server
-answers NOSCRIPT, which means the script did not run), and reads the reply with the same
-:class:`rq_policies.engine.admission.Verdict` and :func:`rq_policies.engine.admission.settle`. So the verdicts, the
-drops (None and the policy's INFO line), the errors (a Loner's ``on_conflict='raise'``, a bad option) and the replay
-safety (a resend after a lost reply writes nothing twice: redis-py's asyncio retry resends the same bytes) are the
-synchronous door's. A job an async door wrote is an ordinary rq job, run by ``PolicyWorker`` as any other.
-
-Where it differs from the synchronous door (each named in the error it raises or below):
-
-- No hint probe. The synchronous ``enqueue`` may first send a checks-only probe for a call it expects to be dropped
-  (:mod:`rq_policies.engine.hints`), which saves building the job. The async door always sends the full call, which
-  decides the same way in one round trip; building the job costs CPU only.
-- What rq does on its own synchronous path is refused with :class:`AsyncDoorError`: ``depends_on=`` (rq's dependency
-  handling WATCHes and retries), ``pipeline=``, ``unique=True``, rq 3's ``rate_limit=``, ``ttl=0``, and a queue with
-  ``is_async=False``. Use :class:`rq_policies.PolicyQueue` for those.
-- ``explain`` reads through the synchronous explainer in a thread (it is a diagnostic of several round trips, not a
-  door), on a synchronous client made from the async client's connection settings (or ``sync_connection=``).
-
-Cancellation: the admission script is atomic, so a task cancelled while it awaits a door leaves either the whole job
-(with its policy state) or nothing, never half of it. What the caller cannot know is which: the command may have
-reached the server before the cancellation. redis-py's asyncio connection closes itself when a send or a read is
-interrupted (any ``BaseException``, cancellation included), so an unread reply is never read as another command's.
-To learn the outcome, ask: ``await q.enqueued(f, *args)`` / ``await q.holder(f, *args)`` for a policy with an
-identity, or ``await q.explain(job_id)`` for a job id you chose (``job_id=``). Sending the same door call again is
-safe too: the policy decides again (a Loner drops the second one while the first holds the identity).
-
-Connections: anything ``redis.asyncio.Redis`` accepts (its pools, ``BlockingConnectionPool``, Sentinel through
-``redis.asyncio.sentinel.Sentinel.master_for``). A client with ``decode_responses=True`` works for the doors.
+This module is the door core's asyncio driver: each door runs the synchronous door itself inside
+:func:`rq_policies.engine.queue.planning` (rq's job build, the policies, the core's plan of the one script call, the
+narrow script's or ``lua/admit.lua``'s: CPU only, on the event loop), on a PolicyQueue whose connection refuses any
+use (:class:`AsyncDoorError`), then awaits that call and hands the reply to the same core. So its verdicts, errors and
+replay safety are the synchronous door's. What differs (no hint probe; rq's own synchronous paths refused:
+``depends_on=``, ``pipeline=``, ``unique=True``, ``rate_limit=``, ``ttl=0``, ``is_async=False``; ``explain`` in a
+thread), cancellation (whole job or nothing, and how to learn which) and the connections it takes:
+docs/asyncio.md.
 """
 
 from __future__ import annotations
@@ -51,19 +29,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from redis.exceptions import NoScriptError
-from rq.job import Job, JobStatus
-from rq.queue import Queue
+from rq.job import Job
 
-from rq_policies.engine import admission, compat, identity, scripts
-from rq_policies.engine.admission import JobWrite, Verdict
+from rq_policies.engine import admission, compat, keys, scripts
+from rq_policies.engine.admission import Plan
 from rq_policies.engine.exceptions import PipelineNotSupported, PolicyError
 from rq_policies.engine.keys import is_cluster
 from rq_policies.engine.ops import Call, text
-from rq_policies.engine.policy import PolicySet
-from rq_policies.engine.queue import DECLARED, PolicyQueue, take_options
+from rq_policies.engine.queue import DECLARED, PolicyQueue, call_digest, declared_for, door_spec, planning
 from rq_policies.policies.loner import rules as loner
-
-from . import otel
 
 __all__ = ['AsyncPolicyQueue', 'AsyncDoorError', 'run_call']
 
@@ -95,51 +69,66 @@ class _SyncOnly:
         return True
 
 
-class _Planned(Exception):  # noqa: N818 - control flow inside one door, never seen by a caller
-    """The builder's door reached its round trip: here is the call to send, and how to read its reply."""
-
-    def __init__(self, kind: str, call: Call, write: JobWrite, spec: PolicySet | None = None, digest: str = ''):
-        self.kind, self.call, self.write, self.spec, self.digest = kind, call, write, spec, digest
-
-
-class _Builder(PolicyQueue):
-    """The synchronous PolicyQueue with its round trips replaced by a :class:`_Planned` raise: everything before them
-    (rq's job build, the door's policy, our ``job_write``) is the synchronous door's own code."""
-
-    def _decide(self, spec: PolicySet, digest: str, write: JobWrite, force: bool, hint: Any, at_front: bool) -> Any:
-        if write.mode == 'D':
-            raise AsyncDoorError(self.name, 'depends_on= with a policy')
-        # admit.lua, not the narrow script: an asyncio client packs a call with redis-py's packer, about 0.85 us an
-        # argument, and the narrow call's flat arguments (the job's fields) would cost it 40 us more than the map.
-        raise _Planned('admit', admission.checked_call(self, spec, digest, write, force, narrow=False), write, spec,
-                       digest)
-
-    def _plain_write(self, job: Job, at_front: bool, when: datetime | None) -> JobWrite:
-        write = super()._plain_write(job, at_front, when)
-        raise _Planned('plain', admission.plain_call(self, write, narrow=False), write)
+def _no_replicas(queue: str, kwargs: dict[str, Any]) -> None:
+    """The synchronous doors' ``wait_replicas=`` (a WAIT after the admission) is not in the asyncio doors: refused,
+    rather than handed to the job's function as its own argument."""
+    for name in ('wait_replicas', 'wait_timeout_ms'):
+        if name in kwargs:
+            raise AsyncDoorError(queue, f'{name}= (waiting for replicas after the admission)')
 
 
 async def run_call(call: Call, client: Any) -> Any:
     """Send one script call on an asyncio client: EVALSHA, then EVAL with the source when the server answers
-    NOSCRIPT (the script did not run, so sending it again is safe). redis-py's asyncio retry resends a call whose
-    reply was lost; every script that writes is safe to run twice."""
+    NOSCRIPT (the script did not run, so sending it again is safe). A reply lost on the way is resent by the
+    connection's retry; every script that writes is safe to run twice.
+
+    On a client with a connection pool the command is packed in one pass (``scripts.pack_command``, as the
+    synchronous doors pack theirs: redis-py's packer costs about 0.85 us an argument, and the narrow admission's
+    flat arguments, the job's fields, would cost it 40 us more a call) and sent on a connection of the pool, with
+    that connection's retry, as redis-py's own command path does. A single-connection client and a cluster client (a
+    pool per node) take redis-py's path; on a Redis Cluster a call refused while the prefix's slot migrates is sent
+    again until it settles (:data:`rq_policies.engine.compat.SLOT_WAIT_SECONDS`)."""
     found = scripts.script(call.script)
-    argv = call.argv()
-    try:
-        return await client.evalsha(found.sha, len(call.keys), *call.keys, *argv)
-    except NoScriptError:
-        return await client.eval(found.script, len(call.keys), *call.keys, *argv)
+    call_keys, argv = call.keys, call.argv()
+    pool = getattr(client, 'connection_pool', None)
+    if pool is not None and not getattr(client, 'single_connection_client', False):
+        connection = await pool.get_connection()
+        try:
+            try:
+                return await _sent(connection, ('EVALSHA', found.sha, len(call_keys), *call_keys, *argv))
+            except NoScriptError:
+                return await _sent(connection, ('EVAL', found.script, len(call_keys), *call_keys, *argv))
+        finally:
+            await pool.release(connection)
+    wait = None
+    if is_cluster(client):  # as scripts.run: never run while the slot migrates (keys.SLOT_GUARD) ...
+        call_keys = [*call_keys, keys.SLOT_GUARD]
+    while True:
+        try:
+            try:
+                return await client.evalsha(found.sha, len(call_keys), *call_keys, *argv)
+            except NoScriptError:
+                return await client.eval(found.script, len(call_keys), *call_keys, *argv)
+        except Exception as exc:
+            # ... and ride the migration out as the synchronous adopted client does (compat.adopt_cluster): a call
+            # the server refused ran nowhere; SlotMigrating past slot_wait_seconds.
+            if not compat.slot_moving(exc):
+                raise
+            wait = wait or compat.SlotWait(float(getattr(client, 'slot_wait_seconds', compat.SLOT_WAIT_SECONDS)))
+            await asyncio.sleep(wait.pause(exc))
 
 
-def _settle(queue: PolicyQueue, plan: _Planned, reply: Any) -> Job | None:
-    """What the synchronous door returns for this reply (``PolicyQueue._decide``, or the plain write)."""
-    job = plan.write.job
-    if plan.kind == 'plain':
-        return job
-    verdict = Verdict.read(reply, plan.digest)
-    if not admission.settle(queue, plan.spec, plan.write, verdict).written:
-        return None
-    return job
+async def _sent(connection: Any, command: tuple) -> Any:
+    """``command``'s reply on ``connection``, through the connection's own retry (a connection error closes it, and
+    the command goes again on a new one). An interrupted send or read (a cancellation) closes the connection inside
+    redis-py, so an unread reply is never read as another command's."""
+    packed = scripts.pack_command(connection, command)
+
+    async def once() -> Any:
+        await connection.send_packed_command(packed)
+        return await connection.read_response()
+
+    return await connection.retry.call_with_retry(once, lambda error: connection.disconnect())
 
 
 class AsyncPolicyQueue:
@@ -164,6 +153,7 @@ class AsyncPolicyQueue:
             raise TypeError(f'AsyncPolicyQueue: connection must be a redis.asyncio client, got {connection!r}')
         if kwargs.get('is_async') is False:
             raise AsyncDoorError(name, 'is_async=False (the job runs in the caller)')
+        _no_replicas(name, kwargs)
         self.connection = connection
         self.sync_connection = sync_connection
         options: dict[str, Any] = {'connection': _SyncOnly(name), **kwargs}
@@ -173,7 +163,7 @@ class AsyncPolicyQueue:
             options['serializer'] = serializer
         if default_timeout is not None:
             options['default_timeout'] = default_timeout
-        self._queue = _Builder(name, **options)
+        self._queue = PolicyQueue(name, **options)
         self._version_lock: asyncio.Lock | None = None
 
     def __repr__(self) -> str:
@@ -195,88 +185,59 @@ class AsyncPolicyQueue:
 
     async def enqueue(self, f: Any, *args: Any, **kwargs: Any) -> Job | None:
         """rq's ``enqueue`` with ``policy=``, awaited: the Job, or None when a policy dropped it."""
-        policy = kwargs.pop('policy', DECLARED)
-        queue = await self._ready()
-        try:
-            with queue._door(policy, options=take_options(queue._spec(policy, f), kwargs)):
-                Queue.enqueue(queue, f, *args, **kwargs)  # rq's own build; PolicyQueue.enqueue's probe is skipped
-        except _Planned as plan:
-            return await self._send(plan)
-        raise AssertionError('unreachable: the builder plans every door')  # pragma: no cover
+        return await self._through(self._queue.enqueue, f, *args, **kwargs)
 
     async def enqueue_call(self, func: Any, *args: Any, policy: Any = DECLARED, **kwargs: Any) -> Job | None:
         """rq's ``enqueue_call`` with ``policy=``, awaited."""
-        queue = await self._ready()
-        try:
-            with queue._door(policy):
-                Queue.enqueue_call(queue, func, *args, **kwargs)
-        except _Planned as plan:
-            return await self._send(plan)
-        raise AssertionError('unreachable')  # pragma: no cover
+        return await self._through(self._queue.enqueue_call, func, *args, policy=policy, **kwargs)
 
     async def enqueue_at(self, datetime: datetime, f: Any, *args: Any, **kwargs: Any) -> Job | None:
         """rq's ``enqueue_at`` with ``policy=``, awaited (the job waits in the scheduled registry)."""
-        queue = await self._ready()
-        try:
-            queue.enqueue_at(datetime, f, *args, **kwargs)
-        except _Planned as plan:
-            return await self._send(plan)
-        raise AssertionError('unreachable')  # pragma: no cover
+        return await self._through(self._queue.enqueue_at, datetime, f, *args, **kwargs)
 
     async def enqueue_in(self, time_delta: timedelta, f: Any, *args: Any, **kwargs: Any) -> Job | None:
         """rq's ``enqueue_in`` with ``policy=``, awaited."""
-        queue = await self._ready()
-        try:
-            queue.enqueue_in(time_delta, f, *args, **kwargs)
-        except _Planned as plan:
-            return await self._send(plan)
-        raise AssertionError('unreachable')  # pragma: no cover
+        return await self._through(self._queue.enqueue_in, time_delta, f, *args, **kwargs)
 
     async def force(self, f: Any, *args: Any, **kwargs: Any) -> Job:
         """:meth:`rq_policies.PolicyQueue.force`, awaited: enqueue now whatever the policies say."""
-        queue = await self._ready()
-        try:
-            queue.force(f, *args, **kwargs)
-        except _Planned as plan:
-            return await self._send(plan)  # type: ignore[return-value]
-        raise AssertionError('unreachable')  # pragma: no cover
+        return await self._through(self._queue.force, f, *args, **kwargs)  # type: ignore[return-value]
 
     async def enqueue_many(self, job_datas: Iterable[Any], pipeline: Any = None,
                            group_id: str | None = None) -> list[Job | None]:
         """rq's ``enqueue_many`` with each job's declared policies: a list as long as ``job_datas``, None where a
-        policy dropped the job. One round trip per job, in order (the synchronous door's policy path; a batch of
-        jobs without a policy is not sent as one pipeline here). ``group_id`` is written on each job, as the
-        synchronous door does for jobs with a policy."""
-        queue = await self._ready()
-        datas = list(job_datas)
+        policy dropped the job. The synchronous ``enqueue_many`` builds and plans every job (a refused option raises
+        before anything is sent), then each goes out in one round trip, in order (a batch of jobs without a policy is
+        not sent as one pipeline here). ``group_id`` is written on each job, as the synchronous door does for jobs
+        with a policy."""
         if pipeline is not None:
             raise PipelineNotSupported(self.name, 'enqueue_many')
-        seen: set[str] = set()
-        for data in datas:
-            if data.job_id is not None:
-                if data.job_id in seen:
-                    raise ValueError(f"Job ID '{data.job_id}' appears more than once in enqueue_many()")
-                seen.add(data.job_id)
-        results: list[Job | None] = []
-        for data in datas:
-            fields = compat.create_job_kwargs(data._asdict())
-            fields['status'] = JobStatus.QUEUED
-            if group_id is not None:
-                fields['group_id'] = group_id
-            job = queue.create_job(**fields)
-            try:
-                with queue._door(DECLARED):
-                    queue.enqueue_job(job, at_front=bool(data.at_front))
-            except _Planned as plan:
-                results.append(await self._send(plan))
-                continue
-            raise AssertionError('unreachable')  # pragma: no cover
-        return results
+        queue = await self._ready()
+        with planning() as plans:
+            queue.enqueue_many(job_datas, group_id=group_id)
+        return [await self._send(plan) for plan in plans]
 
-    async def _send(self, plan: _Planned) -> Job | None:
-        if otel.TRACER is not None:  # traced (rq_policies.surfaces.otel), only once it is enabled
-            return await otel.send_async(self._queue, plan, self.connection)
-        return _settle(self._queue, plan, await run_call(plan.call, self.connection))
+    async def _through(self, door: Any, *args: Any, **kwargs: Any) -> Job | None:
+        """The synchronous ``door`` run up to its round trip (:func:`rq_policies.engine.queue.planning`), that round
+        trip awaited."""
+        _no_replicas(self.name, kwargs)
+        await self._ready()
+        with planning() as plans:
+            door(*args, **kwargs)
+        plan, = plans  # every door of the builder plans exactly one round trip, or is refused on its connection
+        return await self._send(plan)
+
+    async def _send(self, plan: Plan) -> Job | None:
+        """The door core's asyncio driver: ``plan``'s one call awaited, its reply read and acted on by the core, as
+        the synchronous door does (:meth:`rq_policies.PolicyQueue._send`)."""
+        try:
+            if plan.write.mode == 'D':
+                raise AsyncDoorError(self.name, 'depends_on= with a policy')
+            reply = await run_call(plan.call, self.connection)
+        except BaseException as exc:
+            admission.failed(plan, exc)
+            raise
+        return admission.settle(plan, admission.read(plan, reply))
 
     async def _ready(self) -> PolicyQueue:
         """The builder, with the server's version rq stamps on each job read once (asynchronously)."""
@@ -295,16 +256,10 @@ class AsyncPolicyQueue:
 
     # -- asking, reset --------------------------------------------------------------------------------------------
 
-    def _digest(self, func: Any, args: tuple, kwargs: dict, spec: PolicySet | None) -> str:
-        queue = self._queue
-        probe = queue.job_class.create(func, args=args, kwargs=kwargs, connection=queue.connection)
-        return identity.digest(identity.func_path(probe), queue.name, args, kwargs,
-                               spec.unique_context if spec else None)
-
     async def holder(self, func: Any, *args: Any, **kwargs: Any) -> str | None:
         """The id of the waiting job holding this call's loner identity on this queue, or None (one round trip)."""
         queue = self._queue
-        digest = self._digest(func, args, kwargs, queue._declared_for(func))
+        digest = call_digest(queue, func, args, kwargs, declared_for(func))
         found = await run_call(loner.holder_call(queue.name, digest, queue.job_class.redis_job_namespace_prefix),
                                self.connection)
         return text(found) if found else None
@@ -315,11 +270,10 @@ class AsyncPolicyQueue:
 
     async def reset(self, func: Any, *args: Any, **kwargs: Any) -> int:
         """:meth:`rq_policies.PolicyQueue.reset`, awaited: clear this call's policy state (one script)."""
-        policy = kwargs.pop('policy', DECLARED)
         queue = self._queue
-        spec = queue._spec(policy, func)
-        digest = self._digest(func, args, kwargs, spec)
-        return int(await run_call(admission.reset_call(queue, spec, digest), self.connection))
+        spec = door_spec(kwargs.pop('policy', DECLARED), func)
+        return int(await run_call(admission.reset_call(queue, spec, call_digest(queue, func, args, kwargs, spec)),
+                                  self.connection))
 
     async def explain(self, job_id: str) -> dict[str, Any]:
         """:func:`rq_policies.explain` for one job: its status, queue and each policy's verdict on it now.

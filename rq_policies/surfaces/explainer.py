@@ -26,7 +26,7 @@ from rq.queue import Queue
 
 from rq_policies.engine import keys, views
 from rq_policies.engine.exceptions import PolicyError
-from rq_policies.engine.ops import text
+from rq_policies.engine.ops import text, time_in
 from rq_policies.engine.reading import read_tombstone
 
 #: Job hash fields read (the payload itself, ``data``, is never read).
@@ -56,7 +56,7 @@ def job_state(connection: Any, job_id: str, job_prefix: str = Job.redis_job_name
     with connection.pipeline(transaction=False) as pipe:
         pipe.hkeys(key)
         pipe.hmget(key, _FIELDS)
-        pipe.time()
+        time_in(pipe)
         names, values, (seconds, micros) = pipe.execute()
     if not names:
         raise UnknownJob(job_id)
@@ -134,7 +134,7 @@ def _gone(connection: Any, job_id: str, job_prefix: str) -> dict[str, Any]:
         pipe.get(keys.superseded(job_id))
         pipe.get(keys.dropped(job_id))
         pipe.pttl(keys.dropped(job_id))
-        pipe.time()
+        time_in(pipe)
         tombstone, dropped, left_ms, (seconds, micros) = pipe.execute()
     if tombstone is None and dropped is None:
         raise UnknownJob(job_id)

@@ -6,61 +6,16 @@ Off until you switch it on, and free while off::
     rq_policies.surfaces.otel.instrument()                      # the global tracer and meter providers
     rq_policies.surfaces.otel.instrument(connection=redis)      # plus gauges read from Redis (parked jobs per key, ...)
 
-Importing this module imports nothing of OpenTelemetry: the doors test one module global, ``TRACER is None``, and
-only :func:`instrument` imports the ``opentelemetry`` API (an ImportError naming the extra when it is missing).
+A span of kind PRODUCER named ``send <queue>`` per door decision (admitted, pending, replaced, dropped, raised), its
+context carried to the worker in the job's ``meta`` (``traceparent``), a ``process <queue>`` span per job a
+PolicyWorker runs, and counters, a histogram and gauges. Every attribute and instrument, and why a span rather than
+an event: docs/opentelemetry.md.
 
-**A span per decision, not an event on the caller's span.** Each door decision (a job written by its policies, or
-without a policy; dropped; a pending job's payload replaced; raised) is a span of kind PRODUCER named ``send
-<queue>``, a child of the caller's current span when there is one. A span rather than a span event because: the
-messaging semantic conventions model an enqueue as a producer span, and that span's context is what the job carries
-to its worker (its ``process`` span is the span's child), so the trace runs request -> enqueue -> job even when the
-caller has no span of its own (a cron script, a shell); a span also measures the round trip (the answer to "why was
-the request slow"), and sampling applies to it as to any span. What it costs when on is in ``bench/aio.py``.
-
-Attributes (messaging semantic conventions where they fit):
-
-==================================  ==============================================================================
-``messaging.system``                ``rq``
-``messaging.destination.name``      the queue
-``messaging.operation.type``        ``send``
-``messaging.operation.name``        ``enqueue``, ``schedule`` (a scheduled or debounced write) or ``force``
-``messaging.message.id``            the job's id, when one was written (or, ``replaced``, the holder it went to)
-``rq.job.function``                 the job's function path
-``rq_policies.decision``            ``admitted``, ``pending`` (a trailing job), ``replaced``, ``dropped``, ``raised``
-``rq_policies.policies``            the policies the job was admitted under, in check order ([] for a plain job)
-``rq_policies.engine.policy``              the policy that decided a drop (or replaced), else absent
-``rq_policies.holder.id``           on a drop: the id of the job that holds the identity
-``rq_policies.engine.identity``            the identity's digest (a policy with an identity)
-``rq_policies.scope``, ``.key``     a per-key policy's (Concurrency, Rate) scope and key
-==================================  ==============================================================================
-
-A raise (a Loner's ``on_conflict='raise'``, a refused option, a Redis error) records the exception and sets the
-span's status to ERROR. A drop decided by the hint probe (the synchronous door's fast path) is a span as well, timed
-around the probe's round trip.
-
-**Context on the job.** The span's context is written into the job's ``meta`` as W3C ``traceparent`` (and
-``tracestate`` when set) before the admission script writes the hash, so it rides the one round trip and stays on
-the job wherever it goes: scheduled, parked by a per-key policy and promoted, retried. With :func:`instrument` called
-in the worker's process too, ``PolicyWorker`` runs each job inside a ``process <queue>`` span (kind CONSUMER) that is a
-child of the producer's span and carries ``messaging.message.id`` and the outcome. rq's forked work horse exits with
-``os._exit``, so the horse flushes the tracer provider after the job (``force_flush``).
-
-**Metrics** (the OTel metrics API; names mirror :mod:`rq_policies.surfaces.metrics`):
-
-========================================  ==============  ========================================================
-``rq_policies.admissions``                counter         ``policy``, ``queue``: jobs admitted by this process
-``rq_policies.dropped_enqueues``          counter         ``policy``, ``queue``: enqueues this process's doors dropped
-``rq_policies.decision.duration``         histogram (s)   ``queue``, ``decision``: a door's round trip
-``rq_policies.keys.parked``               gauge           ``policy``, ``scope``, ``key``: parked jobs of the
-                                                          ``top_keys`` busiest keys, the rest as ``key='(other)'``
-``rq_policies.keys.in_use``               gauge           the same labels: holds in use (Concurrency)
-``rq_policies.dropped_enqueues.cluster``  gauge           ``policy``, ``queue``: the cluster-wide count in Redis
-``rq_policies.queue_slots.in_use``        gauge           ``queue``: live QueueSlot holds (jobs running under a cap)
-``rq_policies.queue_slots.capacity``      gauge           ``queue``: the cap of a capped queue
-========================================  ==============  ========================================================
-
-The counters are per process (each producer exports its own, as OTel's SDKs expect); the gauges read Redis when the
-SDK collects and exist only with ``instrument(connection=...)``.
+How it is built: the engine never imports this module. :func:`instrument` registers two observers
+(:mod:`rq_policies.engine.events`): :func:`observe`, which the door core calls with each plan, verdict and error
+(the span's attributes are the plan's and the verdict's), and :func:`perform`, around each job a worker runs.
+Importing this module imports nothing of OpenTelemetry; only :func:`instrument` imports its API (an ImportError
+naming the extra when it is missing).
 """
 
 from __future__ import annotations
@@ -68,9 +23,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rq_policies.engine import events
 from rq_policies.engine.keyed import KeyedPolicy
+from rq_policies.engine.policy import by_name
 
-#: The tracer the doors use, or None (off: the doors' one check). Set by :func:`instrument` only.
+from . import state
+
+#: The tracer the doors' observer uses, or None (off). Set by :func:`instrument` only.
 TRACER: Any = None
 #: The instruments, set with :data:`TRACER` (a dict of name -> instrument).
 INSTRUMENTS: dict[str, Any] = {}
@@ -129,11 +88,13 @@ def instrument(tracer_provider: Any = None, meter_provider: Any = None, connecti
     INSTRUMENTS.update(instruments)
     _api, _PROVIDER = api, tracer_provider
     TRACER = tracer
+    events.observe(door=observe, run=perform)
 
 
 def uninstrument() -> None:
-    """Switch it off again (the doors go back to their one ``None`` check)."""
+    """Switch it off again (the doors and workers go back to their one check)."""
     global TRACER
+    events.unobserve(door=observe, run=perform)
     TRACER = None
     INSTRUMENTS.clear()
 
@@ -157,8 +118,6 @@ class _RedisGauges:
 
     def key_rows(self) -> list[tuple[str, str, str, int, int]]:
         """(policy, scope, key, parked, in_use), the busiest ``top_keys`` keys per scope and an ``(other)`` row."""
-        from . import state
-
         now = state.server_now(self.connection)
         rows = []
         for name, section in state.policies_state(self.connection, now, None).items():
@@ -186,10 +145,6 @@ class _RedisGauges:
         return self._observe(4)
 
     def _slot_rows(self) -> list[dict[str, Any]]:
-        from rq_policies.engine.policy import by_name
-
-        from . import state
-
         now = state.server_now(self.connection)
         return by_name('queue_slot').gauges(self.connection, state.queue_names(self.connection), now)
 
@@ -207,8 +162,6 @@ class _RedisGauges:
     def _drops(self, options: Any) -> list[Any]:
         from opentelemetry.metrics import Observation
 
-        from . import state
-
         return [Observation(row['count'], {'policy': row['policy'], 'queue': row['queue']})
                 for row in state.drops(self.connection)]
 
@@ -218,15 +171,41 @@ class _RedisGauges:
 _DECISIONS = {1: 'admitted', 2: 'pending', 3: 'replaced', 0: 'dropped'}
 
 
-def _start(queue: Any, write: Any, spec: Any, force: bool, digest: str = '') -> Any:
-    """Start the decision's span and write its context into the job's meta (in ``write.fields``)."""
-    job = write.job
-    operation = 'force' if force else ('schedule' if write.mode == 'S' else 'enqueue')
-    attributes = {
+def observe(event: str, plan: Any, detail: Any, state: Any) -> Any:
+    """The door observer :func:`instrument` registers (:mod:`rq_policies.engine.events`): a span per door decision,
+    from the plan and the verdict the door core already has."""
+    if plan.kind == 'probe':  # a span only for a drop, timed around the probe's round trip; a miss is no decision
+        if event == 'planned':
+            return time.time_ns(), time.perf_counter()
+        if event == 'decided' and detail.code == 0:
+            _probe_span(plan, detail, *state)
+        return None
+    if event == 'planned':
+        span = _start(plan)
+        carry(plan.write.job, span, plan.write)  # before the call is built: the context rides the one round trip
+        return span, time.perf_counter()
+    span, started = state
+    if event == 'decided':
+        _end(span, plan, detail, started)
+    else:
+        _end(span, plan, plan.verdict, started, detail)
+    return None
+
+
+def _messaging(queue: Any, operation: str, spec: Any) -> dict[str, Any]:
+    return {
         'messaging.system': 'rq', 'messaging.destination.name': queue.name, 'messaging.operation.type': 'send',
-        'messaging.operation.name': operation, 'rq.job.function': job.func_name,
+        'messaging.operation.name': operation,
         'rq_policies.policies': [item.name for item in spec.policies] if spec is not None else [],
     }
+
+
+def _start(plan: Any) -> Any:
+    """Start the decision's span of ``plan`` (an admission or a plain write)."""
+    queue, write, spec, digest = plan.queue, plan.write, plan.spec, plan.digest
+    job = write.job
+    attributes = _messaging(queue, 'force' if plan.force else ('schedule' if write.mode == 'S' else 'enqueue'), spec)
+    attributes['rq.job.function'] = job.func_name
     if digest:
         attributes['rq_policies.identity'] = digest
     if spec is not None:
@@ -234,9 +213,20 @@ def _start(queue: Any, write: Any, spec: Any, force: bool, digest: str = '') -> 
             if isinstance(item, KeyedPolicy):
                 scope, key = item.key_of(job, digest)
                 attributes['rq_policies.scope'], attributes['rq_policies.key'] = str(scope), str(key)
-    span = TRACER.start_span(f'send {queue.name}', kind=_api.producer, attributes=attributes)
-    carry(job, span, write)
-    return span
+    return TRACER.start_span(f'send {queue.name}', kind=_api.producer, attributes=attributes)
+
+
+def _probe_span(plan: Any, verdict: Any, started_ns: int, started: float) -> None:
+    """A drop the hint probe decided: one span, timed around the probe's round trip."""
+    queue = plan.queue
+    attributes = _messaging(queue, 'enqueue', plan.spec)
+    attributes.update({'rq_policies.identity': plan.digest, 'rq_policies.decision': 'dropped',
+                       'rq_policies.policy': verdict.policy, 'rq_policies.probe': True})
+    if verdict.job_id:
+        attributes['rq_policies.holder.id'] = verdict.job_id
+    span = TRACER.start_span(f'send {queue.name}', kind=_api.producer, attributes=attributes, start_time=started_ns)
+    _count(queue, verdict, 'dropped', started)
+    span.end()
 
 
 def carry(job: Any, span: Any, write: Any = None) -> None:
@@ -259,127 +249,39 @@ def carry(job: Any, span: Any, write: Any = None) -> None:
     fields += ['meta', packed]
 
 
-def _finish(span: Any, queue: Any, write: Any, verdict: Any, started: float, spec: Any) -> None:
-    decision = _DECISIONS.get(verdict.code, 'admitted') if verdict is not None else 'admitted'
+def _end(span: Any, plan: Any, verdict: Any, started: float, exc: BaseException | None = None) -> None:
+    """End the decision's span: the decision, its policy, the holder (a drop) or the job written, and the metrics;
+    ``exc``: the door raised it (a refused option, a Redis error, a policy's raise)."""
+    if exc is not None:
+        decision = 'raised'
+        span.record_exception(exc)
+        span.set_status(_api.error)
+    else:
+        decision = _DECISIONS.get(verdict.code, 'admitted') if verdict is not None else 'admitted'
     span.set_attribute('rq_policies.decision', decision)
     if verdict is not None and verdict.policy:
         span.set_attribute('rq_policies.policy', verdict.policy)
-    if decision == 'dropped':
+    if verdict is not None and verdict.code == 0:
         if verdict.job_id:
             span.set_attribute('rq_policies.holder.id', verdict.job_id)
     elif decision == 'replaced':
         span.set_attribute('messaging.message.id', verdict.job_id)
-    else:
-        span.set_attribute('messaging.message.id', write.job.id)
-    _count(queue, verdict, decision, started, spec)
+    elif decision != 'raised':
+        span.set_attribute('messaging.message.id', plan.write.job.id)
+    _count(plan.queue, verdict, decision, started, plan.spec)
     span.end()
 
 
 def _count(queue: Any, verdict: Any, decision: str, started: float, spec: Any = None) -> None:
     instruments = INSTRUMENTS
-    if decision == 'dropped':
+    if verdict is not None and verdict.code == 0:  # dropped (or raised by the dropping policy)
         instruments['drops'].add(1, {'policy': verdict.policy, 'queue': queue.name})
-    elif decision != 'replaced':  # a job written: admitted by each of its policies ('none' for a plain job)
+    elif decision in ('admitted', 'pending'):  # a job written: admitted by each of its policies ('none': no policy)
         for item in spec.policies if spec is not None else ():
             instruments['admissions'].add(1, {'policy': item.name, 'queue': queue.name})
         if spec is None or not spec.policies:
             instruments['admissions'].add(1, {'policy': 'none', 'queue': queue.name})
     instruments['duration'].record(time.perf_counter() - started, {'queue': queue.name, 'decision': decision})
-
-
-def _raised(span: Any, queue: Any, exc: BaseException, verdict: Any, started: float) -> None:
-    span.set_attribute('rq_policies.decision', 'raised')
-    if verdict is not None:
-        if verdict.policy:
-            span.set_attribute('rq_policies.policy', verdict.policy)
-        if verdict.code == 0 and verdict.job_id:
-            span.set_attribute('rq_policies.holder.id', verdict.job_id)
-    span.record_exception(exc)
-    span.set_status(_api.error)
-    if verdict is not None and verdict.code == 0:
-        INSTRUMENTS['drops'].add(1, {'queue': queue.name, 'policy': verdict.policy})
-    INSTRUMENTS['duration'].record(time.perf_counter() - started, {'queue': queue.name, 'decision': 'raised'})
-    span.end()
-
-
-def admit(queue: Any, spec: Any, digest: str, write: Any, force: bool, hint: Any) -> Any:
-    """:func:`rq_policies.engine.admission.admit`, traced."""
-    from rq_policies.engine.admission import Verdict, checked_call, settle
-
-    started = time.perf_counter()
-    span = _start(queue, write, spec, force, digest)
-    verdict = None
-    try:
-        call = checked_call(queue, spec, digest, write, force)
-        verdict = Verdict.read(call.run_door(queue.connection), digest)
-        settle(queue, spec, write, verdict, hint)
-    except BaseException as exc:
-        _raised(span, queue, exc, verdict, started)
-        raise
-    _finish(span, queue, write, verdict, started, spec)
-    return verdict
-
-
-def write_plain(queue: Any, write: Any) -> None:
-    """:func:`rq_policies.engine.admission.write_plain`, traced."""
-    from rq_policies.engine.admission import plain_call
-
-    started = time.perf_counter()
-    span = _start(queue, write, None, False)
-    try:
-        plain_call(queue, write).run_door(queue.connection)
-    except BaseException as exc:
-        _raised(span, queue, exc, None, started)
-        raise
-    _finish(span, queue, write, None, started, None)
-
-
-def probe(queue: Any, spec: Any, digest: str, call: Any, func_name: str = '') -> Any:
-    """:func:`rq_policies.engine.admission.probe`, traced: a drop is a span (timed around the probe), a miss none (the
-    full path that follows is the decision)."""
-    from rq_policies.engine.admission import Verdict
-
-    started_ns, started = time.time_ns(), time.perf_counter()
-    verdict = Verdict.read(call.run_door(queue.connection), digest)
-    if verdict.code == 0:
-        attributes = {
-            'messaging.system': 'rq', 'messaging.destination.name': queue.name,
-            'messaging.operation.type': 'send', 'messaging.operation.name': 'enqueue',
-            'rq_policies.policies': [item.name for item in spec.policies], 'rq_policies.identity': digest,
-            'rq_policies.decision': 'dropped', 'rq_policies.policy': verdict.policy, 'rq_policies.probe': True,
-        }
-        if verdict.job_id:
-            attributes['rq_policies.holder.id'] = verdict.job_id
-        span = TRACER.start_span(f'send {queue.name}', kind=_api.producer, attributes=attributes,
-                                 start_time=started_ns)
-        _count(queue, verdict, 'dropped', started)
-        span.end()
-    return verdict
-
-
-async def send_async(queue: Any, plan: Any, client: Any) -> Any:
-    """An asyncio door's round trip (``rq_policies.surfaces.aio``), traced. The job's context is written before the
-    send."""
-    from rq_policies.engine.admission import Verdict, settle
-
-    from .aio import run_call
-
-    started = time.perf_counter()
-    write = plan.write
-    span = _start(queue, write, plan.spec, bool(plan.call.args.get('force')), plan.digest)
-    verdict = None
-    try:
-        reply = await run_call(plan.call, client)
-        if plan.kind == 'plain':
-            written = True
-        else:
-            verdict = Verdict.read(reply, plan.digest)
-            written = settle(queue, plan.spec, write, verdict).written
-    except BaseException as exc:
-        _raised(span, queue, exc, verdict, started)
-        raise
-    _finish(span, queue, write, verdict, started, plan.spec)
-    return write.job if written else None
 
 
 # -- the worker's side -----------------------------------------------------------------------------------------------
@@ -396,9 +298,10 @@ def context_of(job: Any) -> Any:
     return _api.propagator.extract(carrier)
 
 
-def perform(job: Any, queue: Any, run: Any, *args: Any) -> Any:
-    """Run ``run(job, queue, *args)`` (rq's ``perform_job``, in the work horse) inside the job's ``process`` span, a
-    child of the producer's span carried on the job; then flush the provider (a horse ends with ``os._exit``)."""
+def perform(run: Any, job: Any, queue: Any, *args: Any) -> Any:
+    """The run observer :func:`instrument` registers: ``run(job, queue, *args)`` (rq's ``perform_job``, in the work
+    horse) inside the job's ``process`` span, a child of the producer's span carried on the job; then the provider
+    flushed (a horse ends with ``os._exit``)."""
     attributes = {
         'messaging.system': 'rq', 'messaging.destination.name': queue.name, 'messaging.operation.type': 'process',
         'messaging.operation.name': 'perform', 'messaging.message.id': job.id, 'rq.job.function': job.func_name,

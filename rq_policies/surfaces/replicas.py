@@ -136,10 +136,10 @@ def wait_for_replicas(connection: Any, replicas: int = 1, timeout_ms: int = 1000
     identity reset. Asynchronous replication can lose the writes of the last moment before a primary dies (the
     replication lag, docs/cluster.md *Failover*), and a setting lost so comes back as its old value with nothing to
     say so: after ``QueueSlot.set(...)``, ``wait_for_replicas(connection)`` makes "set" mean "on a replica too", for
-    one more round trip and the lag's wait. It is not used by the doors or the fetches, where it would add that
-    round trip and wait to every job (the trade rq's own enqueue makes too). ``WAIT`` does not make replication
-    synchronous: a replica that has the write can still lose it if another replica is promoted, and a primary that
-    restarts empty can be copied over it.
+    one more round trip and the lag's wait. The doors do the same in their own round trip when asked
+    (``wait_replicas=``: :func:`rq_policies.engine.admission.run_replicated`); the fetches never wait. ``WAIT`` does
+    not make replication synchronous: a replica that has the write can still lose it if another replica is promoted, and
+    a primary that restarts empty can be copied over it.
 
     ``WAIT`` counts the replicas that have the calling connection's last write, and a client's pool hands out any of its
     connections: a bare ``connection.wait(1, 1000)`` after a write made on another connection of the pool answers at
@@ -161,15 +161,7 @@ def wait_for_replicas(connection: Any, replicas: int = 1, timeout_ms: int = 1000
     for name, value in (('replicas', replicas), ('timeout_ms', timeout_ms)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f'{name} must be a positive integer, got {value!r}')
-    from redis.cluster import RedisCluster
+    from rq_policies.engine.admission import replicated
 
-    client = connection
-    if isinstance(connection, RedisCluster):
-        client = connection.get_redis_connection(connection.get_node_from_key(keys.PREFIX))
-    elif keys.is_cluster(connection):
-        raise TypeError(f'wait_for_replicas takes a synchronous client, got {type(connection).__name__}')
-    with client.pipeline(transaction=False) as pipe:
-        pipe.set(keys.REPLICATED, '1', px=60_000)
-        pipe.execute_command('WAIT', replicas, timeout_ms)
-        _, acknowledged = pipe.execute()
-    return int(acknowledged)
+    return replicated(connection, replicas, timeout_ms)
+

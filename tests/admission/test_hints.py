@@ -1,4 +1,5 @@
-"""What makes an enqueue take the probe first (rq_policies.engine.hints): identity hints and the drop-rate predictor.
+"""What makes an enqueue take the probe first (rq_policies.engine.admission.probe_plan): identity hints and the
+drop-rate predictor.
 
 Either only chooses which script runs first; every test here also checks that the outcome is the one the full path
 gives (the probe never decides alone).
@@ -10,7 +11,7 @@ import pytest
 
 from rq_policies import Loner, PolicyQueue
 from rq_policies.engine import admission, keys
-from rq_policies.engine.hints import DropRates
+from rq_policies.engine.admission import DropRates
 from tests.helpers import jobs
 
 
@@ -18,9 +19,8 @@ from tests.helpers import jobs
 def probes(monkeypatch):
     """The identities every admission probe of the test ran for, in order."""
     seen: list[str] = []
-    real = admission.probe
-    monkeypatch.setattr(admission, 'probe', lambda q, spec, digest, *a, **k: seen.append(digest) or real(
-        q, spec, digest, *a, **k))
+    real = admission.probed
+    monkeypatch.setattr(admission, 'probed', lambda plan, verdict: seen.append(plan.digest) or real(plan, verdict))
     return seen
 
 

@@ -21,7 +21,7 @@ def test_called_with_the_dropped_call_and_the_holder_not_on_admit(connection, mo
     holder = q.enqueue(jobs.watched, 'a', flag=1)
     assert holder is not None and jobs.DROPS_SEEN == []  # an admitted enqueue calls nothing
     # the first drop of a call takes the full path; the same call again the hinted fast path (no job built, see
-    # rq_policies.engine.hints): both tell the hook the function's own arguments, rq's options taken out
+    # rq_policies.engine.admission.probe_plan): both tell the hook the function's own arguments, rq's options taken out
     assert q.enqueue(jobs.watched, 'a', flag=1, job_timeout=30) is None
     assert q.enqueue(jobs.watched, 'a', flag=1, job_timeout=30) is None
     assert q.enqueue_call(jobs.watched, args=('a',), kwargs={'flag': 1}, result_ttl=5) is None

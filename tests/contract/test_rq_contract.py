@@ -335,3 +335,21 @@ def test_clean_registries_leaves_a_parked_job_parked_and_intact(connection):
     release_claim(taken, connection)
     assert q.job_ids == [parked.id] and parked.get_status() == JobStatus.QUEUED
     assert fetch(connection, 'h:1:2:1').job_id == parked.id
+
+
+# -- a start recorded again (worker_mixin._record_start) ---------------------------------------------------------------
+
+
+def test_prepare_execution_keeps_the_execution_on_the_worker_before_its_pipeline_runs(connection):
+    """``compat.started_executions`` finds the Execution ``prepare_execution`` made for a job on the worker (rq 3's
+    ``worker.executions``, rq 2.12's ``worker.execution``), set before the pipeline that writes it: a worker whose
+    first attempt failed deletes it before recording the start again. Taken off the worker once found."""
+    q = Queue('executions', connection=connection)
+    job = q.enqueue(jobs.plain, 1)
+    worker = SimpleWorker([q], connection=connection)
+    execution = worker.prepare_execution(job)
+    assert compat.started_executions(worker, job) == [execution]
+    assert compat.started_executions(worker, job) == []
+    other = q.enqueue(jobs.plain, 2)
+    worker.prepare_execution(other)
+    assert compat.started_executions(worker, job) == []

@@ -173,6 +173,54 @@ def test_a_cluster_client_no_door_adopted_takes_settings_releases_and_the_async_
     assert Job.fetch(job.id, connection=cluster).get_status() == 'queued'
 
 
+def test_no_keyless_command_rides_a_cluster_pipeline(cluster, valkey_cluster):
+    """redis-py's cluster pipeline refuses a keyless command (INFO, ECHO, and TIME in a transaction) or sends it to
+    any node (TIME outside one): the readers that pipelined TIME (a cap's, a rate's and a key rate's status, explain
+    of a job and of a dropped one) or an ECHO placeholder (an identity list whose key expired since the SCAN) read the
+    clock with a keyed EVAL_RO on the prefix slot's primary instead, and skip the placeholder. Before, TIME could
+    reach another node, the identity list raised, and the adopted pipeline sent TIME and PUBLISH; now it refuses
+    them as redis-py's does."""
+    from redis.exceptions import RedisClusterException
+
+    from rq_policies import Rate, explain
+    from rq_policies.surfaces import state
+
+    q = PolicyQueue('readers', connection=cluster)
+    job = q.enqueue(jobs.plain, 1, policy=Loner())
+    assert q.enqueue(jobs.plain, 1, policy=Loner(), job_id='dropped-one') is None  # leaves a drop record
+    QueueSlot.set('readers', 2, connection=cluster)
+    QueueRate.set('readers', 5, per=1, connection=cluster)
+    Rate.set('shop', 'acme', 5, per=1, connection=cluster)
+    owner, _ = valkey_cluster.owner_of(keys.PREFIX)
+    valkey_cluster.reset_stats()
+    assert QueueSlot.status('readers', connection=cluster).capacity == 2
+    assert QueueRate.status('readers', connection=cluster) is not None
+    assert Rate.status('shop', 'acme', connection=cluster) is not None
+    assert explain(job.id, cluster)['status'] == 'queued'
+    assert explain('dropped-one', cluster)['policies'][0]['holder'] == job.id
+    rows = state._identity_rows(cluster, keys.LONER_KEYS, [keys.loner('readers', 'gone')],
+                                Job.redis_job_namespace_prefix)
+    assert [row['job_id'] for row in rows] == [None]
+    for node in valkey_cluster.nodes:
+        if node.process is None or node.process.poll() is not None:
+            continue
+        client = valkey_cluster.node_client(node.port)
+        try:
+            stats = client.info('commandstats')
+        finally:
+            client.close()
+        assert 'cmdstat_echo' not in stats, (node.port, sorted(stats))
+        if node is owner:  # its TIME calls are the scripts' own (commandstats counts a script's commands)
+            assert int(stats['cmdstat_eval_ro']['calls']) >= 5, sorted(stats)
+        else:
+            assert 'cmdstat_time' not in stats, (node.port, sorted(stats))
+    for transaction in (True, False):
+        with cluster.pipeline(transaction=transaction) as pipe:
+            for name, args in (('time', ()), ('info', ('stats',)), ('publish', ('c', 'm'))):
+                with pytest.raises(RedisClusterException):
+                    getattr(pipe, name)(*args)
+
+
 def test_a_simple_worker_runs_capped_loner_jobs_on_a_cluster(cluster, valkey_cluster):
     q = PolicyQueue('simple', connection=cluster)
     QueueSlot.set('simple', 1, connection=cluster)
@@ -206,6 +254,42 @@ def test_forking_workers_keep_a_cap_on_a_cluster(cluster, valkey_cluster, cluste
     assert jobs.max_overlap(lines) == 2  # the cap is used, never exceeded
     assert cluster.zcard(keys.holds('forking')) == 0
     one_slot(valkey_cluster)
+
+
+@pytest.mark.long
+def test_a_forking_worker_outlives_its_eviction_watch_and_warns_on_a_cluster(cluster, valkey_cluster, cluster_env,
+                                                                              tmp_path):
+    """The worker's eviction watch appended ``INFO stats`` to its bare heartbeat's pipeline, which redis-py's cluster
+    pipeline refuses: every PolicyWorker on a cluster quit, with exit code 0, at its first heartbeat after the watch's
+    interval (60 s; issue 31). A forking worker that reads the count on every heartbeat (``QuickWatchWorker``: an
+    interval of 0, a heartbeat a second while a job runs) runs jobs for several seconds, one of which makes the
+    prefix slot's primary evict keys: afterwards the worker is alive, has run every job, and logged the rise once."""
+    q = PolicyQueue('watched', connection=cluster)
+    spans = tmp_path / 'spans'
+    every = [q.enqueue(jobs.span_to_file, str(spans), 0.2, job_id=f'b{i}') for i in range(5)]
+    every.append(q.enqueue('tests.helpers.eviction_jobs.evict_in_job', 2.0, job_id='evicting'))
+    every += [q.enqueue(jobs.span_to_file, str(spans), 0.2, job_id=f'a{i}') for i in range(5)]
+    log = tmp_path / 'worker.log'
+    with open(log, 'w') as out:
+        worker = subprocess.Popen([sys.executable, '-m', 'tests.helpers.cluster_worker',
+                                   'tests.helpers.eviction_jobs.QuickWatchWorker', 'watched'],
+                                  env=cluster_env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and worker.poll() is None:
+            if set(_statuses(cluster, [job.id for job in every]).values()) == {'finished'}:
+                break
+            time.sleep(0.2)
+        time.sleep(1.0)  # the heartbeat after the last job, read too
+        alive = worker.poll() is None
+    finally:
+        worker.terminate()
+        worker.wait(30)
+    text = log.read_text()
+    assert alive, text[-3000:]
+    assert set(_statuses(cluster, [job.id for job in every]).values()) == {'finished'}, text[-3000:]
+    warnings = [line for line in text.splitlines() if 'since this worker started' in line]
+    assert len(warnings) == 1, text[-3000:]
 
 
 @pytest.mark.long
@@ -423,6 +507,62 @@ def test_failover_of_the_prefix_slot_primary_during_capped_loner_jobs(cluster, v
     assert figures['max_overlap_from_1s_after_promotion'] <= cap, figures
 
 
+@pytest.mark.slow
+def test_a_start_caught_by_a_failover_runs_the_job_once(cluster, valkey_cluster, cluster_env, tmp_path):
+    """A forking PolicyWorker has fetched a job (the fetch is on the replica: WAIT) and its work horse is about to
+    record the job's start when the primary serving the prefix's slot is SIGKILLed: the start meets no primary until
+    the replica is promoted. The job runs once, on the same worker, after the promotion. Before (issue 31), rq's
+    failure path took the error for the job's and moved it to the failed registry without running it."""
+    from rq_policies.surfaces.replicas import wait_for_replicas
+
+    spans, gate = tmp_path / 'spans', tmp_path / 'gate'
+    q = PolicyQueue('gated', connection=cluster)
+    job = q.enqueue(jobs.span_to_file, str(spans), 0, job_id='gated-1')
+    primary, replica = valkey_cluster.owner_of(keys.PREFIX)
+    deadline = time.monotonic() + 60
+    while replica is None and time.monotonic() < deadline:  # a node restarted by an earlier test still syncing
+        time.sleep(0.1)
+        primary, replica = valkey_cluster.owner_of(keys.PREFIX)
+    assert replica is not None
+    log = open(tmp_path / 'worker.log', 'w')  # noqa: SIM115 - closed below
+    worker = subprocess.Popen([sys.executable, '-m', 'tests.helpers.cluster_worker',
+                               'tests.helpers.start_jobs.GatedStart', 'gated'],
+                              # one retry 0.1 s later: the promotion (1.3-1.9 s here) outlasts the client's own
+                              # retries, as a slower one (3-4 s in issue 31) outlasts redis-py's default ones (10,
+                              # 0.01 s doubling to at most 1 s apart)
+                              env=dict(cluster_env, START_GATE=str(gate), CLUSTER_RETRIES='1'), stdout=log,
+                              stderr=subprocess.STDOUT)
+    try:
+        while not (tmp_path / 'gate.waiting').exists() and time.monotonic() < deadline and worker.poll() is None:
+            time.sleep(0.02)
+        assert (tmp_path / 'gate.waiting').exists()
+        assert wait_for_replicas(cluster, 1, 5000) == 1  # the fetch (the pop, the claim record) is on the replica
+        primary.process.kill()
+        primary.process.wait()
+        gate.touch()  # the start goes out now, to a primary that is gone
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and _statuses(cluster, [job.id])[job.id] not in ('finished', 'failed'):
+            time.sleep(0.1)
+        status = _statuses(cluster, [job.id])[job.id]
+        alive = worker.poll() is None
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+        log.close()
+        if primary.process is not None and primary.process.poll() is not None:
+            primary.start()  # back as a replica of the promoted one (its nodes.conf says so)
+    output = (tmp_path / 'worker.log').read_text()[-4000:]
+    starts = [line.split()[0] for line in spans.read_text().splitlines() if ' start ' in line] if spans.exists() else []
+    assert status == 'finished', output
+    assert starts == [job.id], output
+    assert alive, output
+    assert 'could not record the start of job gated-1' in output
+
+
 def test_producers_follow_a_slot_migration(cluster, valkey_cluster, capsys):
     """The prefix's slot moves to another primary (SETSLOT IMPORTING/MIGRATING, MIGRATE key by key, SETSLOT NODE)
     while a producer enqueues Loner jobs: the client follows the ASK and MOVED redirections (retrying on TRYAGAIN
@@ -495,6 +635,224 @@ def test_producers_follow_a_slot_migration(cluster, valkey_cluster, capsys):
     assert missing == [], (len(missing), failed[:5])
     assert len(set(acked)) == len(acked)
     assert PolicyQueue('moving', connection=cluster).count == len(acked)
+
+
+def migrate_prefix_slot(valkey_cluster, batch: int = 20, pause: float = 0.01, first: tuple[str, ...] = (),
+                        hold: float = 0.0) -> tuple[int, float]:
+    """Move the prefix's slot to another primary with the server's own commands, as ``redis-cli --cluster reshard``
+    does: SETSLOT IMPORTING on the target, MIGRATING on the source, MIGRATE ``batch`` keys at a time (``pause``
+    between batches, so that clients meet a slot split between two nodes), SETSLOT NODE on both. ``first``: keys
+    moved before the others, then ``hold`` seconds with the slot split so. Returns the keys moved and how long the
+    slot was migrating (seconds)."""
+    from redis.crc import key_slot
+
+    slot = key_slot(keys.PREFIX.encode())
+    source, _ = valkey_cluster.owner_of(keys.PREFIX)
+    target = next(node for node in valkey_cluster.nodes[:valkey_cluster.primaries] if node is not source
+                  and _node_role(valkey_cluster, node.port) == 'master')
+    src, dst = valkey_cluster.node_client(source.port), valkey_cluster.node_client(target.port)
+    try:
+        src_id, dst_id = src.execute_command('CLUSTER MYID'), dst.execute_command('CLUSTER MYID')
+        started = time.monotonic()
+        dst.execute_command('CLUSTER SETSLOT', slot, 'IMPORTING', src_id)
+        src.execute_command('CLUSTER SETSLOT', slot, 'MIGRATING', dst_id)
+        moved = 0
+        if first:
+            src.execute_command('MIGRATE', '127.0.0.1', target.port, '', 0, 5000, 'KEYS', *first)
+            moved += len(first)
+            time.sleep(hold)
+        while True:
+            found = src.execute_command('CLUSTER GETKEYSINSLOT', slot, batch)
+            if not found:
+                break
+            src.execute_command('MIGRATE', '127.0.0.1', target.port, '', 0, 5000, 'KEYS', *found)
+            moved += len(found)
+            time.sleep(pause)
+        for client in (dst, src):
+            client.execute_command('CLUSTER SETSLOT', slot, 'NODE', dst_id)
+        took = time.monotonic() - started
+    finally:
+        src.close()
+        dst.close()
+    assert valkey_cluster.owner_of(keys.PREFIX)[0] is target
+    return moved, took
+
+
+def _alive(procs) -> list[bool]:
+    return [proc.poll() is None for proc in procs]
+
+
+def test_workers_and_producers_ride_out_a_slot_migration(cluster, valkey_cluster, cluster_env, tmp_path, capsys):
+    """The prefix's slot moves to another primary while two forking PolicyWorkers and a PolicySimpleWorker run jobs
+    and producers enqueue through every door (plain, Loner, enqueue_call, enqueue_many, enqueue_at now, and the
+    asyncio door). During the move no script can run (its keys split between two nodes: TRYAGAIN; every script of
+    ours names a key that exists nowhere, so none runs on a half-moved slot), nor a transaction over keys on both
+    nodes: the adopted client sends each again until the slot settles. Asserted: every worker is the same process
+    afterwards, no producer call raised, and every acknowledged job ran exactly once.
+
+    Before (issue 31), the workers died in rq's suspension check (TRYAGAIN) or their fetch (ClusterError: TTL
+    exhausted), stranding the jobs, and producers got TTL exhausted."""
+    import asyncio
+    import threading
+
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
+    from rq_policies.surfaces.aio import AsyncPolicyQueue
+
+    spans = tmp_path / 'spans'
+    q = PolicyQueue('moving-work', connection=cluster)
+    for i in range(120):  # keys to move, and work for the workers while the slot moves (about 4 s for three)
+        q.enqueue(jobs.span_to_file, str(spans), 0.1, job_id=f'pre{i:03d}')
+    logs = [open(tmp_path / f'worker{i}.log', 'w') for i in range(3)]  # noqa: SIM115 - closed below
+    workers = [subprocess.Popen([sys.executable, '-m', 'tests.helpers.cluster_worker', kind, 'moving-work'],
+                                env=cluster_env, stdout=log, stderr=subprocess.STDOUT)
+               for kind, log in zip(('PolicyWorker', 'PolicyWorker', 'PolicySimpleWorker'), logs)]
+    acked: list[str] = []
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def produce() -> None:
+        producer = valkey_cluster.client()
+        pq = PolicyQueue('moving-work', connection=producer)
+        n = 0
+        try:
+            while not stop.is_set():
+                n += 1
+                try:
+                    door = n % 5
+                    if door == 0:
+                        acked.append(pq.enqueue(jobs.span_to_file, str(spans), 0.01, job_id=f'p{n:05d}').id)
+                    elif door == 1:  # distinct identities: the duration differs
+                        acked.append(pq.enqueue(jobs.span_to_file, str(spans), 0.01 + n / 1e7, policy=Loner(),
+                                                job_id=f'l{n:05d}').id)
+                    elif door == 2:
+                        acked.append(pq.enqueue_call(jobs.span_to_file, args=(str(spans), 0.01),
+                                                     job_id=f'c{n:05d}').id)
+                    elif door == 3:
+                        acked.extend(job.id for job in pq.enqueue_many([
+                            Queue.prepare_data(jobs.span_to_file, (str(spans), 0.01), job_id=f'm{n:05d}a'),
+                            Queue.prepare_data(jobs.span_to_file, (str(spans), 0.01), job_id=f'm{n:05d}b')]))
+                    else:
+                        acked.append(pq.enqueue_at(datetime.datetime.now(datetime.timezone.utc), jobs.span_to_file,
+                                                   str(spans), 0.01, job_id=f'a{n:05d}').id)
+                except Exception as exc:
+                    errors.append(repr(exc))
+                time.sleep(0.01)
+        finally:
+            producer.close()
+
+    def produce_async() -> None:
+        async def main() -> None:
+            client = AsyncRedisCluster.from_url(valkey_cluster.url)
+            aq = AsyncPolicyQueue('moving-work', connection=client)
+            n = 0
+            try:
+                while not stop.is_set():
+                    n += 1
+                    try:
+                        job = await aq.enqueue(jobs.span_to_file, str(spans), 0.02 + n / 1e7, policy=Loner(),
+                                               job_id=f'x{n:05d}')
+                        acked.append(job.id)
+                    except Exception as exc:
+                        errors.append(repr(exc))
+                    await asyncio.sleep(0.02)
+            finally:
+                await client.aclose()
+
+        asyncio.run(main())
+
+    threads = [threading.Thread(target=produce), threading.Thread(target=produce_async)]
+    moved = took = 0
+    try:
+        deadline = time.monotonic() + 60
+        while cluster.scard(f'{keys.KEY_PREFIX}:workers') < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for thread in threads:
+            thread.start()
+        while len(acked) < 50 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        before = len(acked)
+        moved, took = migrate_prefix_slot(valkey_cluster, batch=10, pause=0.25)  # about 6 s of a half-moved slot
+        during = len(acked) - before
+        time.sleep(2)  # producers and workers on the new primary
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+        every = [f'pre{i:03d}' for i in range(120)] + acked
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            statuses = _statuses(cluster, every)
+            if set(statuses.values()) == {'finished'}:
+                break
+            time.sleep(0.2)
+        alive = _alive(workers)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+        for w in workers:
+            w.terminate()
+        for w in workers:
+            try:
+                w.wait(30)
+            except subprocess.TimeoutExpired:
+                w.kill()
+                w.wait()
+        for log in logs:
+            log.close()
+    output = '\n'.join((tmp_path / f'worker{i}.log').read_text()[-3000:] for i in range(3))
+    starts: dict[str, int] = {}
+    for line in spans.read_text().splitlines():
+        job_id, kind, _ = line.split()
+        if kind == 'start':
+            starts[job_id] = starts.get(job_id, 0) + 1
+    with capsys.disabled():
+        print(f'\nslot migration under load: {moved} keys moved in {took:.2f} s, {len(acked)} enqueues acknowledged '
+              f'({during} while the slot moved), {len(errors)} errors')
+    assert alive == [True, True, True], output
+    assert errors == [], errors[:5]
+    not_once = {job_id: starts.get(job_id, 0) for job_id in every if starts.get(job_id, 0) != 1}
+    assert not_once == {}, (not_once, {k: v for k, v in statuses.items() if v != 'finished'}, output)
+    assert moved > 200 and len(set(acked)) == len(acked)
+
+
+def test_a_suspended_worker_rides_out_a_slot_migration(cluster, valkey_cluster, cluster_env, tmp_path):
+    """``rq suspend`` (rq's suspension key) and the prefix's slot moves: a suspended forking PolicyWorker, which asks
+    rq's ``is_suspended`` once a second (a transaction with its heartbeat, over a key that does not exist), is the
+    same process afterwards and runs a job once resumed. It died of TRYAGAIN before (issue 31)."""
+    from rq.suspension import resume, suspend
+
+    spans = tmp_path / 'spans'
+    q = PolicyQueue('suspended', connection=cluster)
+    for i in range(50):
+        q.enqueue(jobs.plain, i)  # keys to move
+    suspend(cluster)
+    log = open(tmp_path / 'worker.log', 'w')  # noqa: SIM115 - closed below
+    worker = subprocess.Popen([sys.executable, '-m', 'tests.helpers.cluster_worker', 'PolicyWorker', 'suspended'],
+                              env=cluster_env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while cluster.scard(f'{keys.KEY_PREFIX}:workers') < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.5)  # in rq's suspension loop
+        # the suspension key moved first, the worker's keys not yet: 2.5 s of rq's is_suspended refused (TRYAGAIN)
+        migrate_prefix_slot(valkey_cluster, first=(f'{keys.KEY_PREFIX}:suspended',), hold=2.5)
+        time.sleep(1.5)
+        alive = worker.poll() is None
+        resume(cluster)
+        job = q.enqueue(jobs.span_to_file, str(spans), 0)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _statuses(cluster, [job.id])[job.id] != 'finished':
+            time.sleep(0.1)
+        ran = _statuses(cluster, [job.id])[job.id]
+    finally:
+        resume(cluster)
+        worker.terminate()
+        worker.wait(30)
+        log.close()
+    output = (tmp_path / 'worker.log').read_text()[-3000:]
+    assert alive, output
+    assert ran == 'finished', output
 
 
 def test_an_identity_s_keys_are_scanned_on_the_prefix_slot_s_node_only(cluster, valkey_cluster):

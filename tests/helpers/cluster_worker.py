@@ -1,6 +1,7 @@
 """A PolicyWorker (or PolicySimpleWorker) on a Redis Cluster, as a subprocess.
 
-``python -m tests.helpers.cluster_worker CLASS [--burst] QUEUE...`` with ``CLUSTER_URL`` (any node) and
+``python -m tests.helpers.cluster_worker CLASS [--burst] QUEUE...`` (CLASS: a name in ``rq_policies``, or a dotted
+path such as ``tests.helpers.eviction_jobs.QuickWatchWorker``) with ``CLUSTER_URL`` (any node) and
 ``RQ_KEY_PREFIX`` in the environment; ``CLUSTER_NODES`` (``host:port,...``) to start from any of several,
 ``CLUSTER_RETRIES`` for retries of a command (backing off up to 1 s apart). The same as ``rq worker -w
 rq_policies.PolicyWorker --connection-class redis.cluster.RedisCluster --url ...``, with a client built here
@@ -18,9 +19,15 @@ from redis.retry import Retry
 
 
 def main(argv: list[str]) -> None:
+    import importlib
+
     import rq_policies
 
-    worker_class = getattr(rq_policies, argv[0])
+    if '.' in argv[0]:
+        module, _, name = argv[0].rpartition('.')
+        worker_class = getattr(importlib.import_module(module), name)
+    else:
+        worker_class = getattr(rq_policies, argv[0])
     burst = '--burst' in argv
     queues = [name for name in argv[1:] if not name.startswith('--')]
     logging.basicConfig(level=logging.WARNING)

@@ -8,25 +8,27 @@ from redis import Redis
 from rq import get_current_job
 
 from rq_policies import PolicyWorker
+from rq_policies.engine import keys
 
 FILLER = b'x' * 20_000
 
 
-def evict(conn: Redis, at_least: int = 5) -> int:
+def evict(conn: Redis, at_least: int = 5, prefix: str = '') -> int:
     """Make the server evict at least ``at_least`` keys, for real; return how many it evicted.
 
     Filler keys are written idle for a day (RESTORE ... IDLETIME), maxmemory is set just above the memory in use under
     allkeys-lru, and new filler keys are written until INFO stats counts the evictions: LRU takes the idlest keys,
     the filler, not the keys a test or a worker just touched. maxmemory is lifted again and the maxmemory-policy put
-    back before returning.
+    back before returning. ``prefix`` starts the filler keys' names: on a cluster node, a hash tag of a slot it
+    serves (a node refuses any other key with MOVED).
     """
     before = int(conn.info('stats')['evicted_keys'])
     policy = conn.config_get('maxmemory-policy')['maxmemory-policy']
-    conn.set('filler:seed', FILLER)
-    payload = conn.dump('filler:seed')
+    conn.set(f'{prefix}filler:seed', FILLER)
+    payload = conn.dump(f'{prefix}filler:seed')
     with conn.pipeline(transaction=False) as pipe:
         for i in range(at_least * 4):
-            pipe.restore(f'filler:old:{i}', 0, payload, replace=True, idletime=86400)
+            pipe.restore(f'{prefix}filler:old:{i}', 0, payload, replace=True, idletime=86400)
         pipe.execute()
     conn.config_set('maxmemory-policy', 'allkeys-lru')
     conn.config_set('maxmemory', int(conn.info('memory')['used_memory']) + 5 * len(FILLER))
@@ -34,7 +36,7 @@ def evict(conn: Redis, at_least: int = 5) -> int:
         for i in range(at_least * 20):
             if int(conn.info('stats')['evicted_keys']) >= before + at_least:
                 break
-            conn.set(f'filler:new:{i}', FILLER)
+            conn.set(f'{prefix}filler:new:{i}', FILLER)
         else:
             raise AssertionError('the server evicted nothing')
     finally:
@@ -44,10 +46,16 @@ def evict(conn: Redis, at_least: int = 5) -> int:
 
 
 def evict_in_job(seconds_after: float = 0.0) -> int:
-    """A job that makes its server evict keys, then runs on for ``seconds_after`` (the worker heartbeats meanwhile)."""
+    """A job that makes its server evict keys, then runs on for ``seconds_after`` (the worker heartbeats meanwhile).
+    On a cluster: the primary serving the prefix's slot, where every key of rq and of ours is."""
     job = get_current_job()
-    count = evict(job.connection)
-    job.connection.rpush('test:evicted', count)
+    server, prefix, done = job.connection, '', 'test:evicted'
+    if keys.is_cluster(server):
+        server = server.get_redis_connection(server.get_node_from_key(keys.PREFIX))
+        prefix = done = f'{keys.KEY_PREFIX}:test:'
+        done += 'evicted'
+    count = evict(server, prefix=prefix)
+    job.connection.rpush(done, count)
     time.sleep(seconds_after)
     return count
 

@@ -8,6 +8,8 @@ broken network would show it (a late reply, a closed socket, silence), and the s
   late (the server ran the command at once; a client with a shorter ``socket_timeout`` gives up and retries);
 * :meth:`FaultProxy.drop_reply`: the next matching request is forwarded, the server's reply is discarded and the
   connection is closed (the command ran; the client sees a closed connection);
+* :meth:`FaultProxy.refuse`: the next matching request is not forwarded and the connection is closed (the command
+  never reached the server: a server that went away just then);
 * :meth:`FaultProxy.stall`: nothing moves in either direction for ``seconds``, from now or from the next matching
   request (a client that gives up and resends then has both attempts reach the server after the stall, in either
   order);
@@ -117,6 +119,11 @@ class FaultProxy:
     def drop_reply(self, match: Match = b'', times: int = 1) -> None:
         """Forward the next matching request, then discard the server's reply and close that connection."""
         self._arm(_Fault('drop', match, times=times))
+
+    def refuse(self, match: Match = b'', times: int = 1) -> None:
+        """Close the connection instead of forwarding the next ``times`` matching requests: the server never gets
+        them, the client sees a closed connection."""
+        self._arm(_Fault('refuse', match, times=times))
 
     def before_request(self, callback: Callable[[], Any], match: Match = b'', times: int = 1) -> None:
         """Run ``callback()`` (in the proxy's thread) just before each of the next ``times`` matching requests is
@@ -250,10 +257,15 @@ class FaultProxy:
             data = self._read(link, link.client)
             if data is None:
                 return
-            for fault in self._take(data):
+            faults = self._take(data)
+            for fault in faults:
                 if fault.kind == 'before' and fault.callback is not None:
                     fault.callback()
-                elif fault.kind in ('delay', 'drop'):
+            if any(fault.kind == 'refuse' for fault in faults):
+                link.close()  # never forwarded
+                return
+            for fault in faults:
+                if fault.kind in ('delay', 'drop'):
                     link.reply_fault = fault
                 elif fault.kind == 'stall':
                     self.stall(fault.seconds)

@@ -296,8 +296,8 @@ def test_every_dropping_mode_takes_the_hinted_fast_path_and_counts(connection, m
     q = PolicyQueue('hinted', connection=connection)
     first = q.enqueue(lock_jobs.raising, 7, policy=mode)
     probes = []
-    real_probe = admission.probe
-    monkeypatch.setattr(admission, 'probe', lambda *a, **k: probes.append(1) or real_probe(*a, **k))
+    real_probe = admission.probed
+    monkeypatch.setattr(admission, 'probed', lambda *a, **k: probes.append(1) or real_probe(*a, **k))
     for _ in range(3):
         try:
             assert q.enqueue(lock_jobs.raising, 7, policy=mode) is None

@@ -110,6 +110,45 @@ def test_enqueue_at_in_force_reset_many_and_explain(connection, redis_url):
     assert why['status'] == 'queued' and why['queue'] == 'aio'
 
 
+def test_the_async_door_sends_the_narrow_script_where_the_sync_door_does(connection, redis_url, monkeypatch):
+    """The same script for the same call as the synchronous door: ``lua/admit_narrow.lua`` for a job without a policy
+    and a Loner alone that drops or raises, ``lua/admit.lua`` for the rest (a Loner that replaces, a force)."""
+    from rq_policies.engine import scripts
+    from rq_policies.surfaces import aio
+
+    sent: list[str] = []
+    real_async, real_sync = aio.run_call, scripts.run_leased
+
+    async def spy(call, client):
+        sent.append(call.script)
+        return await real_async(call, client)
+
+    monkeypatch.setattr(aio, 'run_call', spy)
+    monkeypatch.setattr(scripts, 'run_leased', lambda name, *a, **k: sent.append(name) or real_sync(name, *a, **k))
+
+    def calls(q):
+        return [(q.enqueue, (jobs.record_plain, 'a')), (q.enqueue, (jobs.record_plain, 'b'), {'policy': Loner()}),
+                (q.enqueue, (jobs.record_plain, 'c'), {'policy': Loner(on_conflict='raise')}),
+                (q.enqueue, (jobs.record_plain, 'd'), {'policy': Loner(on_conflict='replace')}),
+                (q.force, (jobs.record_plain, 'b'), {'policy': Loner()})]
+
+    async def main():
+        client = _client(redis_url)
+        q = AsyncPolicyQueue('aio-narrow', connection=client)
+        for door, args, *kwargs in calls(q):
+            assert await door(*args, **(kwargs[0] if kwargs else {})) is not None
+        await client.aclose()
+
+    _run(main())
+    async_sent = list(sent)
+    sent.clear()
+    connection.flushdb()
+    q = PolicyQueue('aio-narrow', connection=connection)
+    for door, args, *kwargs in calls(q):
+        assert door(*args, **(kwargs[0] if kwargs else {})) is not None
+    assert async_sent == sent == ['admit_narrow'] * 3 + ['admit'] * 2
+
+
 def test_refused_options_name_the_sync_path(connection, redis_url):
     async def main():
         client = _client(redis_url)

@@ -136,6 +136,27 @@ def test_off_means_nothing(connection):
     assert 'traceparent' not in Job.fetch(job.id, connection=connection).meta
 
 
+def test_instrument_registers_its_observers_once_and_uninstrument_removes_them(connection):
+    """Tracing watches from above: instrument() adds its door and run observers to the engine's lists (once, however
+    often it is called), uninstrument() takes them out, and the doors are left with nothing to call."""
+    from rq_policies.engine import events
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    try:
+        for _ in range(2):
+            otel.instrument(tracer_provider=provider, meter_provider=MeterProvider())
+        assert events.DOORS == [otel.observe] and events.RUNS == [otel.perform]
+        PolicyQueue('otel', connection=connection).enqueue(jobs.record, 'twice')
+        assert [span.name for span in exporter.get_finished_spans()] == ['send otel']  # one span, not two
+    finally:
+        otel.uninstrument()
+    assert events.DOORS == [] and events.RUNS == [] and otel.TRACER is None
+    PolicyQueue('otel', connection=connection).enqueue(jobs.record, 'after')
+    assert len(exporter.get_finished_spans()) == 1
+
+
 def test_not_installed_imports_nothing(redis_url, worker_env):
     """With opentelemetry unimportable (a meta-path hook refuses it), every module loads and the doors work; nothing
     imported it; ``instrument()`` says which extra to install."""

@@ -120,7 +120,7 @@ def test_check_and_reset_scripts_direct(connection):
     spec = PolicySet((Throttle(3600),))
 
     def check(jid):
-        return admission.probe(q, spec, digest, jid)
+        return admission.Verdict.read(admission.probe_call(q, spec, digest, jid).run(connection), digest)
 
     verdict = check('')
     assert (verdict.code, verdict.job_id) == (-1, '')  # a free slot decides nothing and counts nothing

@@ -32,7 +32,7 @@ from rq_policies.engine.admin import (
 from rq_policies.engine.exceptions import BackOff, Snooze, SnoozeLimitReached
 from rq_policies.engine.ops import need_connection as _need
 from rq_policies.engine.ops import server_now as _server_now
-from rq_policies.engine.ops import text
+from rq_policies.engine.ops import text, time_in
 from rq_policies.engine.policy import FetchPolicy
 
 __all__ = ['BACKOFFS_META', 'SNOOZES_META', 'BackOff', 'QueueRate', 'RateStatus', 'Snooze', 'SnoozeLimitReached']
@@ -102,7 +102,7 @@ class QueueRate(FetchPolicy, GcraRate):
         back-off. The state reading of the admin API (:mod:`rq_policies.engine.admin`)."""
         name, conn = queue_target(queue, connection)
         with conn.pipeline(transaction=False) as pipe:
-            pipe.time()
+            time_in(pipe)
             pipe.hget(keys.RATE, name)
             pipe.get(keys.rate_tat(name))
             pipe.zscore(keys.BACKOFF, name)

@@ -26,7 +26,7 @@ from rq_policies.engine.admin import (
 )
 from rq_policies.engine.ledger import WAKE_CAPACITY, WAKE_RELEASED, Hold
 from rq_policies.engine.ops import need_connection as _need
-from rq_policies.engine.ops import text
+from rq_policies.engine.ops import text, time_in
 from rq_policies.engine.policy import MAX_CAPACITY, FetchPolicy, positive_int, whole_seconds
 
 __all__ = ['WAKE_CAPACITY', 'WAKE_RELEASED', 'QueueSlot', 'queue_name']
@@ -88,7 +88,7 @@ class QueueSlot(FetchPolicy):
         """The cap of ``queue`` and its live holds now (server clock), read in one round trip."""
         name, conn = queue_target(queue, connection)
         with conn.pipeline(transaction=False) as pipe:
-            pipe.time()
+            time_in(pipe)
             pipe.hget(keys.CAPACITY, name)
             (seconds, micros), raw = pipe.execute()
         now = seconds + micros / 1e6

@@ -24,7 +24,7 @@ from rq_policies.engine import keyed, keys
 from rq_policies.engine.admin import GcraRate, KeyRate, RateStatus, check_rate, rate_status, refusing
 from rq_policies.engine.keyed import KeyedPolicy, KeyFunction, check_scope, key_text
 from rq_policies.engine.ops import need_connection as _need
-from rq_policies.engine.ops import text
+from rq_policies.engine.ops import text, time_in
 
 __all__ = ['Rate']
 
@@ -108,7 +108,7 @@ class Rate(KeyedPolicy, GcraRate):
             conn = _need(connection)
         key_id = keys.key_id(scope, name)
         with conn.pipeline(transaction=False) as pipe:
-            pipe.time()
+            time_in(pipe)
             pipe.get(keys.KEY_TAT_PREFIX + key_id)
             pipe.get(keys.KEY_BLOCK_PREFIX + key_id)
             pipe.hget(keys.KEY_RATES, key_id)

@@ -1,0 +1,88 @@
+"""The server goes away just as a PolicyWorker records a job's start (rq's transaction that marks the job started,
+puts it in the started registry and takes its id off the intermediate list): the job runs once, when the server
+answers, instead of being failed without running, as rq's own worker does (issue 31; a failover's SIGKILL on the
+cluster is ``tests/faults/test_cluster.py::test_a_start_caught_by_a_failover_runs_the_job_once``).
+
+The fault proxy (tests/helpers/faultproxy.py) acts on that transaction alone: ``refuse`` closes the worker's
+connection instead of forwarding it (the start never reached the server), ``drop_reply`` forwards it and closes the
+connection before the reply (the start was written, the worker cannot know). Either way the worker's client raises
+``ConnectionError`` there (a client made by ``Redis.from_url``, as rq's command line makes it, does not resend).
+"""
+
+from __future__ import annotations
+
+import pytest
+from rq.job import Job
+
+from rq_policies import PolicyQueue, QueueSlot
+from tests.helpers import jobs
+from tests.helpers.workers import output, start_worker, stop, wait_for
+
+pytestmark = pytest.mark.long
+
+
+def _starts(spans) -> list[str]:
+    if not spans.exists():
+        return []
+    return [line.split()[0] for line in spans.read_text().splitlines() if ' start ' in line]
+
+
+@pytest.mark.parametrize(('worker_class', 'fault'), [
+    ('rq_policies.PolicyWorker', 'refuse'),
+    ('rq_policies.PolicyWorker', 'drop_reply'),
+    ('rq_policies.PolicySimpleWorker', 'refuse'),
+])
+def test_a_start_the_server_never_answered_runs_the_job_once(connection, fault_proxy, worker_env, tmp_path,
+                                                              worker_class, fault):
+    """Three times in a row the start's transaction is refused or its reply dropped (the server away for a moment),
+    then the server answers: the job runs exactly once and finishes, the cap's hold is given back, and nothing is
+    left on the intermediate list. Before the fix it went to the failed registry without running."""
+    spans = tmp_path / 'spans'
+    q = PolicyQueue('starting', connection=connection)
+    QueueSlot.set('starting', 1, connection=connection)
+    job = q.enqueue(jobs.span_to_file, str(spans), 0, job_id='starting-1')
+    # rq's start transaction, and nothing else: MULTI, and the LREM of this id off the intermediate list
+    start = (b'MULTI', b'LREM', b'starting-1')
+    getattr(fault_proxy, fault)(match=start, times=3)
+    worker = start_worker(fault_proxy.url, ['starting'], worker_env, worker_class=worker_class)
+    try:
+        assert wait_for(lambda: Job.fetch(job.id, connection=connection).get_status() in ('finished', 'failed'), 60), \
+            output(worker)
+        assert wait_for(lambda: QueueSlot.status('starting', connection=connection).in_use == 0, 10), output(worker)
+    finally:
+        stop(worker)
+    log = output(worker)
+    assert Job.fetch(job.id, connection=connection).get_status() == 'finished', log
+    assert _starts(spans) == [job.id], log
+    assert [kind for kind, _ in fault_proxy.fired] == [fault.split('_')[0]] * 3, fault_proxy.fired
+    assert connection.lrange(q.intermediate_queue_key, 0, -1) == []
+    assert 'could not record the start of job starting-1' in log
+
+
+def test_a_start_whose_fetch_is_gone_is_neither_run_nor_failed(connection, fault_proxy, worker_env, tmp_path):
+    """The start is refused and, while the server is away, the fetch that took the job is undone (its claim record
+    gone and the id back on its queue: what a failover that promoted a replica without the fetch leaves): the worker
+    does not run the job, nor fail it; the job waits on its queue and runs once, from there."""
+    spans = tmp_path / 'spans'
+    q = PolicyQueue('starting', connection=connection)
+    job = q.enqueue(jobs.span_to_file, str(spans), 0, job_id='starting-2')
+    start = (b'MULTI', b'LREM', b'starting-2')
+
+    def undo_the_fetch() -> None:  # in the proxy's thread, before it refuses the start
+        for key in connection.scan_iter(match='*:policies:claim:*'):
+            connection.delete(key)
+        connection.lmove(q.intermediate_queue_key, q.key, 'RIGHT', 'LEFT')
+
+    fault_proxy.before_request(undo_the_fetch, match=start)
+    fault_proxy.refuse(match=start)
+    worker = start_worker(fault_proxy.url, ['starting'], worker_env)
+    try:
+        assert wait_for(lambda: 'is not run by this worker' in output(worker), 30), output(worker)
+        # the same worker then fetches it from its queue, and runs it
+        assert wait_for(lambda: Job.fetch(job.id, connection=connection).get_status() in ('finished', 'failed'), 30), \
+            output(worker)
+    finally:
+        stop(worker)
+    log = output(worker)
+    assert Job.fetch(job.id, connection=connection).get_status() == 'finished', log
+    assert _starts(spans) == [job.id], log

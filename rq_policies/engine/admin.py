@@ -16,7 +16,9 @@ Rate         scope, key  :class:`KeyRate` ``(limit, per, burst)``  :class:`RateS
 Fair         scope, key  :class:`FairWeight` ``(weight)``          :class:`FairStatus` (and a queue)
 ===========  ==========  ========================================  ================================
 
-Every ``set`` and ``clear`` is safe to send twice; bad input raises :class:`InvalidSetting` (a ValueError) naming the
+Every ``set`` and ``clear`` is safe to send twice, and a replay after a lost reply answers what the first run did (a
+``clear``, like Fair's ``pause``/``resume``, a ``reset``'s count and ``QueueSlot.release``, keeps its answer a minute
+under the call's request id: lua/lib/answer.lua); bad input raises :class:`InvalidSetting` (a ValueError) naming the
 argument and the value before anything is written; a cap or a rate on a queue nothing has seen warns
 (:class:`UnknownQueueWarning`) and is stored all the same. Back-offs are events, not settings: they keep their verb
 (``backoff``) and show in ``status``. The 0.2 names still work with a DeprecationWarning, until 0.4.
@@ -35,12 +37,12 @@ from typing import Any, TypeVar
 from . import keys
 from .exceptions import InvalidSetting, UnknownQueueWarning
 from .ledger import WAKE_CAPACITY, wake_up
-from .ops import need_connection, text
+from .ops import Call, need_connection, text
 from .policy import MAX_CAPACITY, positive_int, whole_seconds
 from .reading import known_queue
 
 __all__ = ['Cap', 'FairPause', 'FairStatus', 'FairWeight', 'GcraRate', 'KeyLimit', 'KeyRate', 'KeyStatus', 'RateStatus',
-           'SlotStatus', 'check_rate',
+           'SlotStatus', 'check_rate', 'clear_setting',
            'deprecated', 'queue_name', 'queue_target', 'rate_status', 'refusing', 'warn_unknown_queue',
            'write_queue_setting']
 
@@ -155,13 +157,10 @@ def write_queue_setting(connection: Any, settings: str, queue: str, value: str |
                         also: tuple[str, ...] = ()) -> bool:
     """Store ``value`` as ``queue``'s setting in the hash ``settings`` (None: remove it, and the keys ``also``), and
     wake the queue's idle PolicyWorkers, in one round trip. True when a setting was there to remove."""
+    if value is None:
+        return clear_setting(connection, settings, queue, keys.wake(queue), WAKE_CAPACITY, also)
     with connection.pipeline(transaction=False) as pipe:
-        if value is None:
-            pipe.hdel(settings, queue)
-            for key in also:
-                pipe.delete(key)
-        else:
-            pipe.hset(settings, queue, value)
+        pipe.hset(settings, queue, value)
         wake_up(pipe, keys.wake(queue), WAKE_CAPACITY)
         return bool(pipe.execute()[0])
 
@@ -270,6 +269,17 @@ def deprecated(new: str) -> Callable[[F], F]:
         return call  # type: ignore[return-value]
 
     return wrap
+
+
+def clear_setting(connection: Any, settings: str, field: str, wake: str | None = None, message: str = '',
+                  also: tuple[str, ...] = ()) -> bool:
+    """Remove ``field`` of the settings hash ``settings`` (and the keys ``also``) in one script,
+    ``lua/clear_setting.lua``, publishing ``message`` on the queue's wake-up channel ``wake`` when given; True when
+    the setting was there. A replay after a lost reply answers what the first run did (lua/lib/answer.lua)."""
+    call = Call('clear_setting', field=field, wake=wake, message=message)
+    call.key('settings', settings)
+    call.key_list('also', list(also))
+    return call.answered().run(connection) == 1
 
 
 def warn_unknown_queue(connection: Any, name: str, what: str) -> None:

@@ -214,7 +214,8 @@ class KeyedPolicy(FetchPolicy):
     def write_setting(cls, scope: str, key: Any, value: str, connection: Any = None) -> Any:
         """Store ``value`` as one key's run-time setting ('' removes it) with ``lua/key_setting.lua``, which looks at
         the key's parked jobs again at once; the scope, the key and the connection checked first. The script's
-        answer (1: a setting was there)."""
+        answer (1: a setting was there); a removal keeps it (lua/lib/answer.lua), so a replay after a lost reply
+        answers what the first run did."""
         with refusing():
             key_id = keys.key_id(check_scope(scope), key_text(key))
             conn = need_connection(connection)
@@ -222,7 +223,8 @@ class KeyedPolicy(FetchPolicy):
                     job_prefix=Job.redis_job_namespace_prefix, wake=keys.wake(''))
         call.key('limits', cls.key_settings)
         call.key('parked', f'{keys.KEY_PARKED_PREFIX}{cls.name}:{key_id}')
-        return call.key('keydue', keys.KEY_DUE).run(conn)
+        call.key('keydue', keys.KEY_DUE)
+        return (call if value else call.answered()).run(conn)
 
     @classmethod
     def clear(cls, scope: str, key: Any, connection: Any = None) -> bool:

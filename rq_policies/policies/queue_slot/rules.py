@@ -171,11 +171,12 @@ class QueueSlot(FetchPolicy):
         A hold that already expired is simply absent, so a late release frees nothing that someone else holds now.
 
         Returns:
-            True when the hold was still in the ledger.
+            True when the hold was still in the ledger (a replay after a lost reply answers what the first attempt
+            found: lua/release_hold.lua).
         """
         name = queue_name(queue)
         hold = Hold(keys.holds(name), _holder(token), cls.TTL_SECONDS)
-        return ledger.PROCESS.release(_need(connection), hold, wake=keys.wake(name))
+        return ledger.PROCESS.release(_need(connection), hold, wake=keys.wake(name), answered=True)
 
     @classmethod
     def refresh_in(cls, pipeline: Any, ttl: int = TTL_SECONDS) -> None:

@@ -21,8 +21,7 @@ from redis.exceptions import RedisError
 from rq.cli.helpers import pass_cli_config
 from rq.utils import import_attribute
 
-from rq_policies import __version__
-from rq_policies.engine import compat, health, identity, keys, reading, views
+from rq_policies.engine import __version__, compat, health, identity, keys, reading, views
 from rq_policies.engine.exceptions import PolicyConfigurationError
 from rq_policies.engine.policy import declared
 

@@ -70,7 +70,7 @@ def instrument(tracer_provider: Any = None, meter_provider: Any = None, connecti
     if isinstance(top_keys, bool) or not isinstance(top_keys, int) or top_keys < 0:
         raise ValueError(f'top_keys must be an int >= 0, got {top_keys!r}')
     api = _Api()
-    from rq_policies import __version__ as version
+    from rq_policies.engine import __version__ as version
 
     tracer = api.trace.get_tracer('rq_policies', version, tracer_provider=tracer_provider)
     meter = api.metrics.get_meter('rq_policies', version, meter_provider=meter_provider)

@@ -30,10 +30,9 @@ from redis.exceptions import RedisError
 from rq.cli.helpers import CliConfig, shared_options
 from rq.utils import import_attribute
 
-from rq_policies import __version__
-from rq_policies.engine import compat, health, identity, keys, views
+from rq_policies.engine import __version__, compat, health, identity, keys, reading, views
 from rq_policies.engine.exceptions import PolicyConfigurationError
-from rq_policies.engine.policy import declared, registered
+from rq_policies.engine.policy import declared
 
 from . import replicas, state
 
@@ -197,7 +196,7 @@ _UNKNOWN_QUEUE_HINTS = {
 
 def _require_known(conn: Any, queue: str, force: bool = False, command: str = 'cap') -> None:
     """Refuse a queue nothing has seen (rq, a policy setting, a live worker), with a hint the command can follow."""
-    if force or state.known_queue(conn, queue):
+    if force or reading.known_queue(conn, queue):
         return
     hint = _UNKNOWN_QUEUE_HINTS.get(command)
     raise CommandError(
@@ -329,9 +328,22 @@ def _print_info(found: state.Survey, digests: bool = False, width: int = 40) -> 
         words = state.headline(sections)
         click.echo(f'{head}  ({", ".join(words)})' if words else head)
         for section in sections:
-            _echo_rows(section.rows(shown))
+            _echo_rows(_family_rows(section, shown) if isinstance(section, state.IdentityFamily)
+                       else section.rows(shown))
     for section in [*found.policies.values(), found.workers]:
         _echo_rows(section.rows(shown))
+
+
+def _family_rows(found: state.IdentityFamily, shown: views.Shown) -> list[Any]:
+    """An identity family's rows: its policy's words (its views' ``describe``), then how many more are not listed."""
+    if not found.count:
+        return []
+    block = {**found.as_json()[found.family.name], 'server_time': shown.now}
+    rows = list(views.views_of(found.family.policy).describe(found.family, block, digests=shown.digests,
+                                                                width=shown.width))
+    if found.count > len(found.entries):
+        rows.append(f'    ... and {found.count - len(found.entries)} more (--limit 0 lists all)')
+    return rows
 
 
 # -- reset ----------------------------------------------------------------------------------------------------------
@@ -471,20 +483,27 @@ def exporter(cli_config: Any, port: int, addr: str, read_from_replicas: bool, **
         server = make_server(conn, port, addr)
     except OSError as exc:
         raise CommandError(f'cannot serve on {addr}:{port}: {exc.strerror or exc}') from None
+    _serve(server, 'exporter', f'Serving rq-policies metrics on http://{addr}:{port}/metrics')
+
+
+def _serve(server: Any, name: str, banner: str, close: Any = None) -> None:
+    """Serve until SIGTERM or SIGINT, then close the server (and ``close()`` what it leaves)."""
 
     def stop(signum: int, frame: Any) -> None:
         # Raising here would be wrong: the signal can land while wsgiref is inside a request, and its handler
         # catches everything (KeyboardInterrupt included), prints it, and serves on. shutdown() must come from
         # another thread than serve_forever's; the loop then ends within its 0.5 s poll.
-        threading.Thread(target=server.shutdown, name='exporter-stop', daemon=True).start()
+        threading.Thread(target=server.shutdown, name=f'{name}-stop', daemon=True).start()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    click.echo(f'Serving rq-policies metrics on http://{addr}:{port}/metrics', err=True)
+    click.echo(banner, err=True)
     try:
         server.serve_forever()
     finally:
         server.server_close()
+        if close is not None:
+            close()
 
 
 # -- dashboard ------------------------------------------------------------------------------------------------------
@@ -510,11 +529,18 @@ def dashboard(cli_config: Any, port: int, host: str, allow_actions: bool, refres
     With --read-from-replicas the pages read a cluster's replicas; the actions (--allow-actions) still use the
     primary."""
     try:
-        from .dashboard.serve import serve
+        from .dashboard.serve import server
     except ImportError as exc:
         raise CommandError(str(exc)) from None
-    serve(_connect(cli_config, read_from_replicas, keep=True), host, port, allow_actions=allow_actions,
-          refresh_seconds=refresh, read_from_replicas=read_from_replicas, error=CommandError)
+    conn = _connect(cli_config, read_from_replicas, keep=True)
+    try:
+        served, close = server(conn, host, port, allow_actions=allow_actions, refresh_seconds=refresh,
+                               read_from_replicas=read_from_replicas)
+    except OSError as exc:
+        raise CommandError(f'cannot serve on {host}:{port}: {exc.strerror or exc}') from None
+    mode = 'actions on' if allow_actions else 'read-only'
+    _serve(served, 'dashboard', f'Serving the rq-policies dashboard ({mode}) on http://{host}:{served.server_port}/',
+           close)
 
 
 # -- entry point ----------------------------------------------------------------------------------------------------
@@ -634,8 +660,8 @@ def _view(view: views.View) -> click.Command:
     return _command(view)
 
 
-for _cls in registered():
-    for _description in _cls.commands():
+for _views in views.shown():
+    for _description in _views.commands():
         main.add_command(_view(_description))
 
 

@@ -32,7 +32,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from rq_policies.engine import events
-from rq_policies.engine.policy import by_name, registered
+from rq_policies.engine.keyed import KeyedPolicy
+from rq_policies.engine.policy import by_name
 
 from . import state
 
@@ -77,7 +78,7 @@ def instrument(tracer_provider: Any = None, meter_provider: Any = None, connecti
     if isinstance(top_keys, bool) or not isinstance(top_keys, int) or top_keys < 0:
         raise ValueError(f'top_keys must be an int >= 0, got {top_keys!r}')
     api = _Api()
-    from rq_policies import __version__ as version
+    from rq_policies.engine import __version__ as version
 
     tracer = api.trace.get_tracer('rq_policies', version, tracer_provider=tracer_provider)
     meter = api.metrics.get_meter('rq_policies', version, meter_provider=meter_provider)
@@ -178,15 +179,15 @@ class _RedisGauges:
         """(policy, scope, key, parked, in_use), the busiest ``top_keys`` keys per scope and an ``(other)`` row."""
         now = state.server_now(self.connection)
         rows = []
-        for cls in registered():
-            found = cls.cluster_state(self.connection, now, None)
-            for scope, entry in (found or {}).get('scopes', {}).items() if isinstance(found, dict) else ():
+        for name, section in state.policies_state(self.connection, now, None).items():
+            found = section.as_json()
+            for scope, entry in found.get('scopes', {}).items():
                 busiest = entry.get('busiest') or []
                 for row in busiest[:self.top]:
-                    rows.append((cls.name, scope, row['key'], int(row.get('parked', 0)), int(row.get('in_use', 0))))
+                    rows.append((name, scope, row['key'], int(row.get('parked', 0)), int(row.get('in_use', 0))))
                 rest = busiest[self.top:]
                 if rest:
-                    rows.append((cls.name, scope, '(other)', sum(int(r.get('parked', 0)) for r in rest),
+                    rows.append((name, scope, '(other)', sum(int(r.get('parked', 0)) for r in rest),
                                  sum(int(r.get('in_use', 0)) for r in rest)))
         return rows
 
@@ -268,9 +269,8 @@ def _start(plan: Any) -> Any:
         attributes['rq_policies.identity'] = digest
     if spec is not None:
         for item in spec.policies:
-            key_of = getattr(item, 'key_of', None)
-            if key_of is not None:
-                scope, key = key_of(job, digest)
+            if isinstance(item, KeyedPolicy):
+                scope, key = item.key_of(job, digest)
                 attributes['rq_policies.scope'], attributes['rq_policies.key'] = str(scope), str(key)
     return TRACER.start_span(f'send {queue.name}', kind=_api.producer, attributes=attributes)
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from . import keys
-from .exceptions import InvalidSetting, UnknownQueueWarning
+from .exceptions import InvalidArgument, InvalidSetting, UnknownQueueWarning
 from .ledger import WAKE_CAPACITY, wake_up
 from .ops import Call, need_connection, text
 from .policy import MAX_CAPACITY, positive_int, whole_seconds
@@ -142,7 +142,7 @@ def queue_name(value: Any) -> str:
     """Accept a queue name or an rq Queue; refuse anything else."""
     name = getattr(value, 'name', value)
     if not isinstance(name, str) or not name:
-        raise ValueError(f'queue must be a non-empty queue name or an rq Queue, got {value!r}')
+        raise InvalidArgument('queue', message=f'queue must be a non-empty queue name or an rq Queue, got {value!r}')
     return name
 
 
@@ -210,7 +210,7 @@ def check_rate(limit: Any, per: Any, burst: Any) -> None:
     whole_seconds('per', per)
     positive_int('burst', burst, MAX_CAPACITY)
     if burst > limit:
-        raise ValueError(f'burst must be at most limit ({limit}), got {burst!r}')
+        raise InvalidArgument('burst', message=f'burst must be at most limit ({limit}), got {burst!r}')
 
 
 def read_tat(raw: Any, interval: float, now: float) -> float:
@@ -243,13 +243,16 @@ def rate_status(rate: GcraRate | None, raw_tat: Any, blocked: Any, now: float) -
 
 @contextmanager
 def refusing() -> Iterator[None]:
-    """Turn a ValueError or TypeError of argument checking into :class:`InvalidSetting` (same message)."""
+    """Turn an :class:`InvalidArgument` (or a ValueError or TypeError) of argument checking into :class:`InvalidSetting`
+    (same argument, same message)."""
     try:
         yield
     except InvalidSetting:
         raise
+    except InvalidArgument as exc:
+        raise InvalidSetting(exc.argument, message=str(exc)) from None
     except (ValueError, TypeError) as exc:
-        raise InvalidSetting(str(exc)) from None
+        raise InvalidSetting(str(exc).split(' ', 1)[0], message=str(exc)) from None
 
 
 F = TypeVar('F', bound=Callable[..., Any])

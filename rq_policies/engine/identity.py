@@ -50,9 +50,10 @@ class _Refused(Exception):
         """The error to raise; ``top`` names the top-level argument (``args[0]``) a too deep value is under, in place
         of its path a hundred subscripts long."""
         if self.type_error:
-            return TypeError(
-                f'cannot build the policy identity of {func_name} (queue {queue!r}) from {self.where}='
-                f'{_short(self.value)}: {self.reason}'
+            return InvalidArgument(
+                self.where,
+                message=f'cannot build the policy identity of {func_name} (queue {queue!r}) from {self.where}='
+                        f'{_short(self.value)}: {self.reason}',
             )
         where = top if top is not None and len(self.where) > 100 else self.where
         return InvalidArgument(where, f'cannot build its policy identity: {self.reason}', func_name,
@@ -196,7 +197,8 @@ def digest(
         try:
             narrowed = unique_context(args, kwargs)
         except Exception as exc:
-            raise TypeError(context_failure(unique_context, func_name, policies, exc)) from exc
+            raise InvalidArgument('unique_context', message=context_failure(unique_context, func_name, policies,
+                                                                            exc)) from exc
         try:
             data = _pack(func_name, queue, 'context', _encode(narrowed, 'the value unique_context returned'))
         except _Refused as refused:

@@ -55,8 +55,9 @@ def _source(value: Any, args: tuple, kwargs: dict) -> str:
 def check_scope(scope: Any) -> str:
     """``scope`` as given, or a ValueError naming it: a non-empty str without a colon (it ends at the first one)."""
     if not isinstance(scope, str) or not scope or ':' in scope or len(scope) > MAX_KEY_LENGTH:
-        raise ValueError(f'scope must be a non-empty str without ":" (at most {MAX_KEY_LENGTH} characters), '
-                         f'got {scope!r}')
+        raise InvalidArgument(
+            'scope', message=f'scope must be a non-empty str without ":" (at most {MAX_KEY_LENGTH} characters), '
+                             f'got {scope!r}')
     if not scope.isascii():
         try:
             scope.encode('utf-8')
@@ -72,13 +73,15 @@ def key_text(value: Any, where: str = 'key', function: str | None = None) -> str
     surrogate) raises :class:`~rq_policies.engine.exceptions.InvalidArgument`, a too long key ValueError."""
     named = f'{where} in a call of {function}' if function else where
     if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise TypeError(f'{named} must be a str or an int, got {value!r} ({type(value).__name__})')
+        raise InvalidArgument(named, message=f'{named} must be a str or an int, got {value!r} ({type(value).__name__})')
     if isinstance(value, int) and value.bit_length() > 4 * MAX_KEY_LENGTH:  # str() would refuse past its digit limit
-        raise ValueError(f'{named} must be at most {MAX_KEY_LENGTH} characters, got an int of {value.bit_length()} '
-                         'bits')
+        raise InvalidArgument(
+            named, message=f'{named} must be at most {MAX_KEY_LENGTH} characters, got an int of {value.bit_length()} '
+                           'bits')
     out = str(value)
     if len(out) > MAX_KEY_LENGTH:
-        raise ValueError(f'{named} must be at most {MAX_KEY_LENGTH} characters, got one of {len(out)}')
+        raise InvalidArgument(
+            named, message=f'{named} must be at most {MAX_KEY_LENGTH} characters, got one of {len(out)}')
     if not out.isascii():  # O(1): CPython flags ASCII strings
         try:
             out.encode('utf-8')
@@ -93,9 +96,10 @@ def cost(value: Any, limit: int, where: str = 'cost', never: str = 'could never 
     """A job's cost: an int from 1 to the policy's ``limit``, else a ValueError naming ``where`` and the value
     (``never`` says what a larger cost would mean)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f'{where} must be a positive integer, got {value!r}')
+        raise InvalidArgument(where, message=f'{where} must be a positive integer, got {value!r}')
     if value > limit:
-        raise ValueError(f'{where} must be at most the limit ({limit}), got {value!r}: such a job {never}')
+        raise InvalidArgument(
+            where, message=f'{where} must be at most the limit ({limit}), got {value!r}: such a job {never}')
     return value
 
 
@@ -123,7 +127,7 @@ class KeyedPolicy(FetchPolicy):
 
     def __init__(self, key: KeyFunction | None, scope: str | None) -> None:
         if key is not None and not callable(key):
-            raise TypeError(f'key must be a callable (args, kwargs) -> str | int, got {key!r}')
+            raise InvalidArgument('key', message=f'key must be a callable (args, kwargs) -> str | int, got {key!r}')
         self.key = key
         self.scope = None if scope is None else check_scope(scope)
 
@@ -133,14 +137,14 @@ class KeyedPolicy(FetchPolicy):
         """``(scope, key)`` of one job: its key function's value (the identity digest without one)."""
         scope = self.scope or func_path(job)
         if ':' in scope:  # a function path never has one; refuse rather than build an ambiguous key
-            raise ValueError(f'scope must not contain ":", got {scope!r}')
+            raise InvalidArgument('scope', message=f'scope must not contain ":", got {scope!r}')
         if self.key is None:
             return scope, digest
         args, kwargs = tuple(job.args), dict(job.kwargs)
         try:
             value = self.key(args, kwargs)
         except Exception as exc:
-            raise TypeError(f'{self!r}: the key function failed on this call: {exc!r}') from exc
+            raise InvalidArgument('key', message=f'{self!r}: the key function failed on this call: {exc!r}') from exc
         where = f'{self!r} key (the value the key function returned{_source(value, args, kwargs)})'
         return scope, key_text(value, where, func_path(job))
 
@@ -157,7 +161,7 @@ class KeyedPolicy(FetchPolicy):
         try:
             found = found(tuple(job.args), dict(job.kwargs))
         except Exception as exc:
-            raise TypeError(f'{self!r}: the cost function failed on this call: {exc!r}') from exc
+            raise InvalidArgument('cost', message=f'{self!r}: the cost function failed on this call: {exc!r}') from exc
         return cost(found, self.limit, f'{self!r} cost (the value the cost function returned)')
 
     def job_fields(self, job: Any, queue: str, digest: str) -> list[str]:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from .exceptions import PolicyConfigurationError
+from .exceptions import InvalidArgument, PolicyConfigurationError
 from .identity import UniqueContext
 
 # A hook's ``verdict`` is an admission.Verdict (protocols.py says so); not imported here, even for type checking:
@@ -53,16 +53,16 @@ def positive_int(name: str, value: Any, maximum: int | None = None) -> int:
     bool is refused although it is an int: ``Throttle(True)`` is a bug, not a one-second slot.
     """
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f'{name} must be a positive integer, got {value!r}')
+        raise InvalidArgument(name, message=f'{name} must be a positive integer, got {value!r}')
     if maximum is not None and value > maximum:
-        raise ValueError(f'{name} must be at most {maximum}, got {value!r}')
+        raise InvalidArgument(name, message=f'{name} must be at most {maximum}, got {value!r}')
     return value
 
 
 def whole_seconds(name: str, value: Any) -> int:
     """``value`` as a whole number of seconds from 1 to :data:`MAX_SECONDS`, or a ValueError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f'{name} must be a whole number of seconds >= 1 (an int), got {value!r}')
+        raise InvalidArgument(name, message=f'{name} must be a whole number of seconds >= 1 (an int), got {value!r}')
     return positive_int(name, value, MAX_SECONDS)
 
 
@@ -305,15 +305,19 @@ class PolicySet:
         seen: set[type] = set()
         for item in self.policies:
             if not isinstance(item, Policy):
-                raise TypeError(f'policy: expected a Policy (Loner(), Throttle(60), ...), got {item!r}')
+                raise InvalidArgument(
+                    'policy', message=f'policy: expected a Policy (Loner(), Throttle(60), ...), got {item!r}')
             if type(item) in seen:
                 raise PolicyConfigurationError(f'policy: {type(item).__name__} is given twice in {self.policies!r}')
             seen.add(type(item))
         check_combination(self.policies)
         if self.unique_context is not None and not callable(self.unique_context):
-            raise TypeError(f'unique_context: expected a callable (args, kwargs) -> value, got {self.unique_context!r}')
+            raise InvalidArgument(
+                'unique_context', message=f'unique_context: expected a callable (args, kwargs) -> value, got '
+                                          f'{self.unique_context!r}')
         if self.on_drop is not None and not callable(self.on_drop):
-            raise TypeError(f'on_drop: expected a callable (call, holder_id) -> None, got {self.on_drop!r}')
+            raise InvalidArgument(
+                'on_drop', message=f'on_drop: expected a callable (call, holder_id) -> None, got {self.on_drop!r}')
 
     def dropped(self, call: DroppedCall, holder: str) -> None:
         """Tell the ``on_drop`` hook (if any) of a drop; an exception in it is logged, never raised."""
@@ -395,7 +399,7 @@ def make_set(value: Policy | Iterable[Policy] | PolicySet | None, unique_context
         return made
     if isinstance(value, (list, tuple)):
         return PolicySet(tuple(value), unique_context) if value else None
-    raise TypeError(f'policy: expected a Policy, a list of policies or None, got {value!r}')
+    raise InvalidArgument('policy', message=f'policy: expected a Policy, a list of policies or None, got {value!r}')
 
 
 def policy(*policies: Policy, unique_context: UniqueContext | None = None,
@@ -433,12 +437,12 @@ def policy(*policies: Policy, unique_context: UniqueContext | None = None,
         A decorator that returns the function itself (rq stores jobs by import path, so no wrapper is involved).
     """
     if not policies:
-        raise TypeError('policy: give at least one policy, for example @policy(Loner())')
+        raise InvalidArgument('policy', message='policy: give at least one policy, for example @policy(Loner())')
     spec = PolicySet(tuple(policies), unique_context, on_drop)
 
     def decorate(func: F) -> F:
         if not callable(func):
-            raise TypeError(f'policy: can only decorate a callable, got {func!r}')
+            raise InvalidArgument('policy', message=f'policy: can only decorate a callable, got {func!r}')
         setattr(func, ATTRIBUTE, spec)
         return func
 

@@ -24,7 +24,7 @@ from rq.registry import DeferredJobRegistry
 
 from rq_policies.engine import compat, keys, reading
 from rq_policies.engine.admin import FairPause, FairStatus, FairWeight, clear_setting, refusing
-from rq_policies.engine.exceptions import PolicyError
+from rq_policies.engine.exceptions import InvalidArgument, PolicyError
 from rq_policies.engine.keyed import KeyedPolicy, check_scope, key_text, keyed_args
 from rq_policies.engine.ops import Call, text
 from rq_policies.engine.ops import need_connection as _need
@@ -83,7 +83,8 @@ def _weight(value: Any, where: str = 'weight') -> int:
 
 def _priority(value: Any, where: str = 'priority') -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not -MAX_PRIORITY <= value <= MAX_PRIORITY:
-        raise ValueError(f'{where} must be an int from {-MAX_PRIORITY} to {MAX_PRIORITY}, got {value!r}')
+        raise InvalidArgument(
+            where, message=f'{where} must be an int from {-MAX_PRIORITY} to {MAX_PRIORITY}, got {value!r}')
     return value
 
 
@@ -119,16 +120,17 @@ class Fair(FetchPolicy):
     def __init__(self, key: ValueFunction, weight: int | ValueFunction = 1, max_waiting: int | None = None,
                  on_conflict: str = 'drop', scope: str | None = None, priority: ValueFunction | None = None) -> None:
         if not callable(key):
-            raise TypeError(f'key must be a callable (args, kwargs) -> str | int, got {key!r}')
+            raise InvalidArgument('key', message=f'key must be a callable (args, kwargs) -> str | int, got {key!r}')
         if not callable(weight):
             _weight(weight)
         if max_waiting is not None:
             positive_int('max_waiting', max_waiting)
         if on_conflict not in ('drop', 'raise'):
-            raise ValueError(f"on_conflict must be 'drop' or 'raise', got {on_conflict!r}")
+            raise InvalidArgument('on_conflict', message=f"on_conflict must be 'drop' or 'raise', got {on_conflict!r}")
         if priority is not None and not callable(priority):
-            raise TypeError(f'priority must be a callable (args, kwargs) -> int (or give priority= on enqueue), '
-                            f'got {priority!r}')
+            raise InvalidArgument(
+                'priority', message=f'priority must be a callable (args, kwargs) -> int (or give priority= on '
+                                    f'enqueue), got {priority!r}')
         self.key, self.weight, self.max_waiting, self.on_conflict = key, weight, max_waiting, on_conflict
         self.scope = None if scope is None else check_scope(scope)
         self.priority = priority
@@ -153,7 +155,7 @@ class Fair(FetchPolicy):
         try:
             return fn(tuple(job.args), dict(job.kwargs))
         except Exception as exc:
-            raise TypeError(f'{self!r}: the {what} function failed on this call: {exc!r}') from exc
+            raise InvalidArgument(what, message=f'{self!r}: the {what} function failed on this call: {exc!r}') from exc
 
     def job_fields(self, job: Any, queue: str, digest: str) -> list[str]:
         from rq_policies.engine.queue import door_options

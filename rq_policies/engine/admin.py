@@ -114,8 +114,11 @@ class FairStatus:
         waiting: jobs of the key waiting in its line on the queue.
         active: is the key taking turns on the queue now (it has waiting jobs and is not paused)?
         paused: is the key paused (on every queue)?
-        weight: the run-time weight (``Fair.set``), or None (its jobs' declared weight applies).
+        weight: the weight in force: the run-time weight (``Fair.set``), else the one the key's next waiting job on
+            the queue declares (1 unless its Fair says otherwise); None when neither is known (no weight set and no
+            job waiting).
         active_keys: how many keys take turns on the queue.
+        set_at_run_time: is ``weight`` the run-time weight (``Fair.set``)?
     """
 
     waiting: int
@@ -123,6 +126,7 @@ class FairStatus:
     paused: bool
     weight: int | None
     active_keys: int
+    set_at_run_time: bool = False
 
 
 @dataclass(frozen=True)
@@ -239,6 +243,13 @@ def rate_status(rate: GcraRate | None, raw_tat: Any, blocked: Any, now: float) -
     if until is not None:
         return RateStatus(0, max(next_at, until), until)
     return RateStatus(available, next_at, None)
+
+
+def unknown_scope(policy: str, scope: str, hint: str) -> str:
+    """The refusal of an admin call naming a scope no ``policy`` (``'Fair'``) is known to use, with ``hint``
+    (``'pass force=True to pause it anyway'``)."""
+    return (f'scope {scope!r} is unknown: no {policy} policy declares it in this process, it is not the import path '
+            f'of a function declaring one, and Redis holds no state of it. A typo? ({hint})')
 
 
 @contextmanager

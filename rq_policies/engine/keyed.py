@@ -14,12 +14,12 @@ from rq.job import Job
 from rq.queue import Queue
 from rq.registry import DeferredJobRegistry
 
-from . import compat, keys
-from .admin import refusing
-from .exceptions import BackOff, InvalidArgument, PolicyError
+from . import compat, keys, reading
+from .admin import refusing, unknown_scope
+from .exceptions import BackOff, InvalidArgument, InvalidSetting, PolicyError
 from .identity import func_path
 from .ops import Call, need_connection, text
-from .policy import FETCH, FetchPolicy, registered
+from .policy import FETCH, FetchPolicy, declare_scope, registered, scope_declared
 
 #: A key function: ``(args, kwargs) -> str | int``, as ``unique_context`` gets them.
 KeyFunction = Callable[[tuple, dict], Any]
@@ -130,6 +130,8 @@ class KeyedPolicy(FetchPolicy):
             raise InvalidArgument('key', message=f'key must be a callable (args, kwargs) -> str | int, got {key!r}')
         self.key = key
         self.scope = None if scope is None else check_scope(scope)
+        if self.scope is not None:
+            declare_scope(self.name, self.scope)
 
     # -- the enqueue ----------------------------------------------------------------------------------------------
 
@@ -138,6 +140,8 @@ class KeyedPolicy(FetchPolicy):
         scope = self.scope or func_path(job)
         if ':' in scope:  # a function path never has one; refuse rather than build an ambiguous key
             raise InvalidArgument('scope', message=f'scope must not contain ":", got {scope!r}')
+        if self.scope is None:
+            declare_scope(self.name, scope)
         if self.key is None:
             return scope, digest
         args, kwargs = tuple(job.args), dict(job.kwargs)
@@ -215,7 +219,25 @@ class KeyedPolicy(FetchPolicy):
         return conn.hget(cls.key_settings, key_id)
 
     @classmethod
-    def write_setting(cls, scope: str, key: Any, value: str, connection: Any = None) -> Any:
+    def scope_in_use(cls, connection: Any, scope: str) -> bool:
+        """Does Redis hold state of ``scope`` for this policy: a run-time setting of one of its keys, a key with
+        parked jobs, a running hold (Concurrency) or an arrival time (Rate)? A SCAN of the keyspace when none."""
+        pattern = reading.glob_escape(scope) + ':*'
+        if reading.any_field(connection, cls.key_settings, pattern):
+            return True
+        if reading.any_member(connection, keys.KEY_DUE, reading.glob_escape(f'{cls.name}:{scope}:') + '*'):
+            return True
+        return reading.any_key(connection, (keys.KEY_HOLDS_PREFIX if cls.holds else keys.KEY_TAT_PREFIX) + pattern)
+
+    @classmethod
+    def require_known_scope(cls, connection: Any, scope: str, hint: str) -> None:
+        """Refuse (:class:`InvalidSetting` naming ``scope``, with ``hint``) a scope this policy is not known to use:
+        not declared in this process, not the path of a function declaring it, no state of it in Redis."""
+        if not scope_declared(cls.name, scope) and not cls.scope_in_use(connection, scope):
+            raise InvalidSetting('scope', message=unknown_scope(cls.__name__, scope, hint))
+
+    @classmethod
+    def write_setting(cls, scope: str, key: Any, value: str, connection: Any = None, force: bool = True) -> Any:
         """Store ``value`` as one key's run-time setting ('' removes it) with ``lua/key_setting.lua``, which looks at
         the key's parked jobs again at once; the scope, the key and the connection checked first. The script's
         answer (1: a setting was there); a removal keeps it (lua/lib/answer.lua), so a replay after a lost reply
@@ -223,6 +245,8 @@ class KeyedPolicy(FetchPolicy):
         with refusing():
             key_id = keys.key_id(check_scope(scope), key_text(key))
             conn = need_connection(connection)
+        if value and not force:
+            cls.require_known_scope(conn, scope, 'pass force=True to set it anyway')
         call = Call('key_setting', key_id=key_id, policy=cls.name, value=value,
                     job_prefix=Job.redis_job_namespace_prefix, wake=keys.wake(''))
         call.key('limits', cls.key_settings)

@@ -362,6 +362,39 @@ _SINGLE_SETS_MAX = 1024
 #: The set made for a policy, by its value (:func:`make_set`): an equal policy made later gets the same set.
 _EQUAL_SETS: dict[Policy, PolicySet] = {}
 
+#: The scopes of the per-key policies (Fair, Concurrency, Rate) this process has seen declared, by policy name: a
+#: ``scope=`` given to one, a decorated function's path (its default scope), a scope an enqueue used. What
+#: :func:`scope_declared` answers first, before looking in Redis (a typo in an admin call's scope is refused).
+DECLARED_SCOPES: dict[str, set[str]] = {}
+
+
+def declare_scope(name: str, scope: str) -> None:
+    """Note that a policy named ``name`` uses ``scope`` in this process."""
+    found = DECLARED_SCOPES.get(name)
+    if found is None:
+        found = DECLARED_SCOPES[name] = set()
+    if scope not in found:
+        found.add(scope)
+
+
+def scope_declared(name: str, scope: str) -> bool:
+    """Is ``scope`` one a policy named ``name`` uses: declared in this process (:data:`DECLARED_SCOPES`), or the
+    import path of a function whose declared policies include one named ``name`` with its default scope (what a
+    command line, which has not imported the app, can still check)?"""
+    if scope in DECLARED_SCOPES.get(name, ()):
+        return True
+    if '.' not in scope:
+        return False
+    from rq.utils import import_attribute
+
+    try:
+        target = import_attribute(scope)
+    except Exception:  # not importable here: a typo, or code this process does not have (Redis may still know it)
+        return False
+    spec = getattr(target, ATTRIBUTE, None)
+    return isinstance(spec, PolicySet) and any(
+        getattr(item, 'name', None) == name and getattr(item, 'scope', '') is None for item in spec.policies)
+
 
 def make_set(value: Policy | Iterable[Policy] | PolicySet | None, unique_context: UniqueContext | None = None):
     """Normalize what a caller passed as ``policy=`` into a PolicySet (or None for "no policy")."""
@@ -444,6 +477,10 @@ def policy(*policies: Policy, unique_context: UniqueContext | None = None,
         if not callable(func):
             raise InvalidArgument('policy', message=f'policy: can only decorate a callable, got {func!r}')
         setattr(func, ATTRIBUTE, spec)
+        path = f'{getattr(func, "__module__", "")}.{getattr(func, "__qualname__", "")}'
+        for item in spec.policies:
+            if getattr(item, 'scope', '') is None:  # a per-key policy on its default scope: the function's path
+                declare_scope(item.name, path)
         return func
 
     return decorate

@@ -165,8 +165,11 @@ def _refused(action: Callable[[], Any]) -> Any:
 def _known(conn: Redis, values: views.Values, what: str) -> None:
     """Refuse a SCOPE no Fair is known to use (a typo?) unless ``--force``, as ``cap`` refuses an unknown queue."""
     if not values.get('force'):
-        _refused(lambda: Fair.require_known_scope(conn, check_scope(str(values['scope'])),
-                                                  f'pass --force to {what} anyway'))
+        scope = _refused(lambda: check_scope(str(values['scope'])))
+        try:
+            Fair.require_known_scope(conn, scope, f'pass --force to {what} anyway')
+        except ValueError as exc:
+            raise views.BadArgument(str(exc), 'SCOPE') from None
 
 
 def _pause_run(conn: Redis, values: views.Values) -> views.Reply:

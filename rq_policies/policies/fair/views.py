@@ -10,7 +10,7 @@ from redis import Redis
 from rq.job import Job
 
 from rq_policies.engine import views
-from rq_policies.engine.keyed import check_scope
+from rq_policies.engine.exceptions import InvalidSetting
 from rq_policies.engine.ops import text
 
 from .rules import ACTIVE_PREFIX, FIELD, PAUSED, WAIT_PREFIX, WEIGHTS, Fair
@@ -155,27 +155,21 @@ class FairViews(views.PolicyViews):
 
 
 def _refused(action: Callable[[], Any]) -> Any:
-    """``action()``, its ValueError (a bad scope, key or weight) a refusal of the command line."""
+    """``action()``, its ValueError (a bad scope, key or weight) a refusal of the command line; a scope no Fair is
+    known to use (a typo?) refused as ``cap`` refuses an unknown queue, its hint the command's ``--force``."""
     try:
         return action()
+    except InvalidSetting as exc:
+        if exc.argument == 'scope' and 'force=True' in str(exc):
+            raise views.BadArgument(str(exc).replace('force=True', '--force'), 'SCOPE') from None
+        raise views.BadArgument(str(exc)) from None
     except ValueError as exc:
         raise views.BadArgument(str(exc)) from None
 
 
-def _known(conn: Redis, values: views.Values, what: str) -> None:
-    """Refuse a SCOPE no Fair is known to use (a typo?) unless ``--force``, as ``cap`` refuses an unknown queue."""
-    if not values.get('force'):
-        scope = _refused(lambda: check_scope(str(values['scope'])))
-        try:
-            Fair.require_known_scope(conn, scope, f'pass --force to {what} anyway')
-        except ValueError as exc:
-            raise views.BadArgument(str(exc), 'SCOPE') from None
-
-
 def _pause_run(conn: Redis, values: views.Values) -> views.Reply:
     scope, key = str(values['scope']), str(values['key'])
-    _known(conn, values, 'pause it')
-    changed = _refused(lambda: Fair.pause(scope, key, connection=conn, force=True))
+    changed = _refused(lambda: Fair.pause(scope, key, connection=conn, force=bool(values.get('force'))))
     return views.Reply((f'{scope}:{key} paused' + ('' if changed else ' (it was already)'),))
 
 
@@ -193,8 +187,7 @@ def _weight_clear(conn: Redis, values: views.Values) -> views.Reply:
 
 def _weight_set(conn: Redis, values: views.Values) -> views.Reply:
     scope, key, weight = str(values['scope']), str(values['key']), values['weight']
-    _known(conn, values, 'set its weight')
-    _refused(lambda: Fair.set(scope, key, weight, connection=conn, force=True))
+    _refused(lambda: Fair.set(scope, key, weight, connection=conn, force=bool(values.get('force'))))
     return views.Reply((f'{scope}:{key}: weight {weight}',))
 
 

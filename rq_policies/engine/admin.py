@@ -18,10 +18,12 @@ Fair         scope, key  :class:`FairWeight` ``(weight)``          :class:`FairS
 
 Every ``set`` and ``clear`` is safe to send twice, and a replay after a lost reply answers what the first run did (a
 ``clear``, like Fair's ``pause``/``resume``, a ``reset``'s count and ``QueueSlot.release``, keeps its answer a minute
-under the call's request id: lua/lib/answer.lua); bad input raises :class:`InvalidSetting` (a ValueError) naming the
-argument and the value before anything is written; a cap or a rate on a queue nothing has seen warns
-(:class:`UnknownQueueWarning`) and is stored all the same. Back-offs are events, not settings: they keep their verb
-(``backoff``) and show in ``status``. The 0.2 names still work with a DeprecationWarning, until 0.4.
+under the call's request id: lua/lib/answer.lua); bad input raises :class:`InvalidSetting` (an InvalidArgument: a
+ValueError and a TypeError) naming the argument and the value before anything is written; a cap or a rate on a queue
+nothing has seen warns (:class:`UnknownQueueWarning`) and is stored all the same, and a per-key setting or a Fair
+pause of a scope no policy is known to use is refused unless ``force=True``. Back-offs are events, not settings:
+they keep their verb (``backoff``) and show in ``status``. The 0.2 names still work with a DeprecationWarning, until
+0.4.
 """
 
 from __future__ import annotations

@@ -10,12 +10,13 @@ encoding rather than over ``pickle`` or ``repr`` (both of which vary between ver
   way through a serializer.
 * ``Decimal`` is normalized (``Decimal('1.0')`` and ``Decimal('1.00')`` are one identity); naive and aware
   ``datetime`` values differ, and an aware one is compared in UTC.
-* Anything else raises ``TypeError`` naming the argument, unless the function declares ``unique_context``, which
-  narrows the identity to what it returns (that return value must itself be encodable).
+* Anything else raises :class:`~rq_policies.engine.exceptions.InvalidArgument` (a TypeError, as before, and a
+  ValueError) naming the argument, unless the function declares ``unique_context``, which narrows the identity to
+  what it returns (that return value must itself be encodable).
 * Nesting deeper than :data:`MAX_DEPTH` (100) levels, a value that contains itself, an int too long to write out,
   an aware datetime out of range in UTC and a Decimal that overflows when normalized raise
-  :class:`~rq_policies.engine.exceptions.InvalidArgument` (a ValueError) naming the argument and the function, before
-  anything is written. Lone surrogates in text are fine here: the encoding escapes them (``ensure_ascii``).
+  :class:`~rq_policies.engine.exceptions.InvalidArgument` naming the argument and the function, before anything is
+  written. Lone surrogates in text are fine here: the encoding escapes them (``ensure_ascii``).
 """
 
 from __future__ import annotations

@@ -53,7 +53,8 @@ def _source(value: Any, args: tuple, kwargs: dict) -> str:
 
 
 def check_scope(scope: Any) -> str:
-    """``scope`` as given, or a ValueError naming it: a non-empty str without a colon (it ends at the first one)."""
+    """``scope`` as given, or an InvalidArgument naming it: a non-empty str without a colon (it ends at the first
+    one)."""
     if not isinstance(scope, str) or not scope or ':' in scope or len(scope) > MAX_KEY_LENGTH:
         raise InvalidArgument(
             'scope', message=f'scope must be a non-empty str without ":" (at most {MAX_KEY_LENGTH} characters), '
@@ -68,9 +69,9 @@ def check_scope(scope: Any) -> str:
 
 
 def key_text(value: Any, where: str = 'key', function: str | None = None) -> str:
-    """A key value as the text it is stored as: a str, or an int (``12`` and ``'12'`` are one key); else TypeError
-    naming the value (``where``, and the job's ``function`` when there is one). Text Redis cannot store (a lone
-    surrogate) raises :class:`~rq_policies.engine.exceptions.InvalidArgument`, a too long key ValueError."""
+    """A key value as the text it is stored as: a str, or an int (``12`` and ``'12'`` are one key); else
+    :class:`~rq_policies.engine.exceptions.InvalidArgument` naming the value (``where``, and the job's ``function``
+    when there is one), as for text Redis cannot store (a lone surrogate) and a too long key."""
     named = f'{where} in a call of {function}' if function else where
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise InvalidArgument(named, message=f'{named} must be a str or an int, got {value!r} ({type(value).__name__})')
@@ -93,7 +94,7 @@ def key_text(value: Any, where: str = 'key', function: str | None = None) -> str
 
 
 def cost(value: Any, limit: int, where: str = 'cost', never: str = 'could never start') -> int:
-    """A job's cost: an int from 1 to the policy's ``limit``, else a ValueError naming ``where`` and the value
+    """A job's cost: an int from 1 to the policy's ``limit``, else an InvalidArgument naming ``where`` and the value
     (``never`` says what a larger cost would mean)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidArgument(where, message=f'{where} must be a positive integer, got {value!r}')
@@ -241,7 +242,8 @@ class KeyedPolicy(FetchPolicy):
         """Store ``value`` as one key's run-time setting ('' removes it) with ``lua/key_setting.lua``, which looks at
         the key's parked jobs again at once; the scope, the key and the connection checked first. The script's
         answer (1: a setting was there); a removal keeps it (lua/lib/answer.lua), so a replay after a lost reply
-        answers what the first run did."""
+        answers what the first run did. Without ``force``, a setting of a scope this policy is not known to use
+        (:meth:`require_known_scope`) is refused."""
         with refusing():
             key_id = keys.key_id(check_scope(scope), key_text(key))
             conn = need_connection(connection)

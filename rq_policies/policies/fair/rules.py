@@ -325,7 +325,7 @@ class Fair(FetchPolicy):
         confirmation of a pause or a resume shows.
 
         Raises:
-            InvalidSetting: (a ValueError) naming the argument and the value; nothing is read or written.
+            InvalidSetting: (an InvalidArgument) naming the argument and the value; nothing is read or written.
         """
         with refusing():
             key_id = _key_id(scope, key)

@@ -112,7 +112,7 @@ def drop_history(connection: Redis, now: float, minutes: int = keys.DROPS_MINUTE
     span = list(range(current - minutes + 1, current + 1))
     with connection.pipeline(transaction=False) as pipe:
         for minute in span:
-            pipe.hgetall(f'{keys.DROPS_MINUTE_PREFIX}{minute}')
+            pipe.hgetall(keys.numbered(keys.DROPS_MINUTE_PREFIX, minute))
         replies = pipe.execute()
     series: dict[tuple[str, str], list[int]] = {}
     for i, reply in enumerate(replies):
@@ -148,9 +148,9 @@ def _scan_identity_keys(
     wanted = None if queues is None else set(queues)
     for family in kinds:
         if queues is None:
-            patterns = [f'{keys.PREFIX}{family.name}:*']
+            patterns = [family.head + '*']
         else:
-            patterns = [f'{keys.PREFIX}{family.name}:{_glob_escape(q)}:*' for q in queues]
+            patterns = [f'{family.head}{_glob_escape(q)}:*' for q in queues]
         for pattern in patterns:
             for raw in keys.scanner(connection).scan_iter(match=pattern, count=1000):
                 key = text(raw)
@@ -240,7 +240,7 @@ def sample_family(
         ``{'rows': [...] (as in snapshot's entries, plus 'queue'), 'complete': bool (the SCAN reached its end, so
         ``found`` is every match), 'found': keys matched}``.
     """
-    pattern = f'{keys.PREFIX}{family.name}:*' + (f'{_glob_escape(search)}*' if search else '')
+    pattern = family.head + '*' + (f'{_glob_escape(search)}*' if search else '')
     found: list[str] = []
     cursor, examined, matched = 0, 0, 0
     while True:

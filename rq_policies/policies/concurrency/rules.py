@@ -257,7 +257,7 @@ class KeyedPolicy(FetchPolicy):
                               'Concurrency or Rate with a key, or raise BackOff() to block its queue') from exc
         job.meta['policies_backoffs'] = int(job.meta.get('policies_backoffs', 0)) + 1
         call = Call('key_backoff', seconds=exc.seconds)
-        call.key_list('blocks', [keys.KEY_BLOCK_PREFIX + key_id for key_id in key_ids])
+        call.key_list('blocks', [keys.KEY_BLOCK_PREFIX(key_id) for key_id in key_ids])
         call.run(pipeline)
         compat.enqueue_now(queue, job, pipeline=pipeline, at_front=True)  # saves the job, meta included
         return True
@@ -279,7 +279,7 @@ class KeyedPolicy(FetchPolicy):
         does; a block that already ends later is kept. Returns the server time the block ends."""
         delay = BackOff(seconds, key=True).seconds
         call = Call('key_backoff', seconds=delay)
-        call.key_list('blocks', [keys.KEY_BLOCK_PREFIX + keys.key_id(check_scope(scope), key_text(key))])
+        call.key_list('blocks', [keys.KEY_BLOCK_PREFIX(keys.key_id(check_scope(scope), key_text(key)))])
         call.run(_need(connection))
         return float(cls.blocked_until(scope, key, connection) or 0.0)
 
@@ -297,7 +297,7 @@ class KeyedPolicy(FetchPolicy):
     @classmethod
     def blocked_until(cls, scope: str, key: Any, connection: Any) -> float | None:
         """The server time until which ``key`` of ``scope`` is backed off, or None."""
-        raw = _need(connection).get(keys.KEY_BLOCK_PREFIX + keys.key_id(check_scope(scope), key_text(key)))
+        raw = _need(connection).get(keys.KEY_BLOCK_PREFIX(keys.key_id(check_scope(scope), key_text(key))))
         return float(raw) if raw is not None else None
 
 
@@ -481,8 +481,7 @@ class Concurrency(KeyedPolicy):
             conn = _need(connection)
         now = _server_now(conn)
         row = _key_rows(conn, cls.name, scope, [name], now)[0]
-        parked = tuple(text(j) for j in conn.lrange(f'{keys.KEY_PARKED_PREFIX}{cls.name}:'
-                                                    f'{keys.key_id(scope, name)}', 0, -1))
+        parked = tuple(text(j) for j in conn.lrange(keys.KEY_PARKED_PREFIX(cls.name, keys.key_id(scope, name)), 0, -1))
         blocked = cls.blocked_until(scope, name, conn)
         return KeyStatus(row['limit'], row['overridden'], row['in_use'], parked,
                          blocked if blocked is not None and blocked > now else None)
@@ -511,13 +510,13 @@ class Concurrency(KeyedPolicy):
         with refusing():
             conn = _need(connection)
             key_id = keys.key_id(check_scope(scope), key_text(key))
-        return int(conn.zcount(keys.KEY_HOLDS_PREFIX + key_id, f'({_server_now(conn):.6f}', '+inf'))
+        return int(conn.zcount(keys.KEY_HOLDS_PREFIX(key_id), f'({_server_now(conn):.6f}', '+inf'))
 
     @classmethod
     def parked(cls, scope: str, key: Any, connection: Any = None) -> list[str]:
         """The ids of one key's parked jobs, oldest first (the order they go back in)."""
         key_id = keys.key_id(check_scope(scope), key_text(key))
-        return [text(j) for j in _need(connection).lrange(f'{keys.KEY_PARKED_PREFIX}{cls.name}:{key_id}', 0, -1)]
+        return [text(j) for j in _need(connection).lrange(keys.KEY_PARKED_PREFIX(cls.name, key_id), 0, -1)]
 
     @classmethod
     def key_rows(cls, connection: Any, scope: str, limit: int = 20, search: str | None = None,
@@ -533,7 +532,7 @@ class Concurrency(KeyedPolicy):
         if names is None:
             found: set[str] = set()
             pattern = _glob(scope) + ':*'
-            for prefix in (keys.KEY_HOLDS_PREFIX, f'{keys.KEY_PARKED_PREFIX}{cls.name}:'):
+            for prefix in (keys.KEY_HOLDS_PREFIX, keys.KEY_PARKED_PREFIX(cls.name, '')):
                 for raw in keys.scanner(conn).scan_iter(match=prefix + pattern, count=1000):
                     found.add(text(raw)[len(prefix) + len(scope) + 1:])
             names = sorted(k for k in found if search is None or search in k)
@@ -603,13 +602,13 @@ class Concurrency(KeyedPolicy):
         declared, _, key_id = raw.partition(' ')
         declared = declared.partition('*')[0]  # a costed job's '<limit>*<cost>'
         scope, _, key = key_id.partition(':')
-        ledger_key = keys.KEY_HOLDS_PREFIX + key_id
-        parked_key = f'{keys.KEY_PARKED_PREFIX}{cls.name}:{key_id}'
+        ledger_key = keys.KEY_HOLDS_PREFIX(key_id)
+        parked_key = keys.KEY_PARKED_PREFIX(cls.name, key_id)
         with connection.pipeline(transaction=False) as pipe:
             pipe.zcount(ledger_key, f'({now:.6f}', '+inf')
             pipe.hget(keys.KEY_LIMITS, key_id)
             pipe.lpos(parked_key, job['id'])
-            pipe.get(keys.KEY_BLOCK_PREFIX + key_id)
+            pipe.get(keys.KEY_BLOCK_PREFIX(key_id))
             in_use, override, position, blocked = pipe.execute()
         limit = int(override) if override is not None else int(declared)
         entry: dict[str, Any] = {'scope': scope, 'key': key, 'limit': limit,
@@ -723,7 +722,7 @@ def release_call(hold: Any) -> Call:
     """The ``lua/key_release.lua`` call giving back a per-key hold (and its unit to the key's oldest parked job)."""
     key_id = hold.ledger[len(keys.KEY_HOLDS_PREFIX):]
     call = Call('key_release', token=hold.token, key_id=key_id, ttl=hold.ttl, keyed=keyed_args())
-    call.key('ledger', hold.ledger).key('parked', f'{keys.KEY_PARKED_PREFIX}{Concurrency.name}:{key_id}')
+    call.key('ledger', hold.ledger).key('parked', keys.KEY_PARKED_PREFIX(Concurrency.name, key_id))
     return call.key('keydue', keys.KEY_DUE)
 
 
@@ -734,7 +733,7 @@ def _setting_call(policy: str, hash_key: str, scope: str, key: Any, value: str) 
     call = Call('key_setting', key_id=key_id, policy=policy, value=value,
                 job_prefix=Job.redis_job_namespace_prefix, wake=keys.wake(''))
     call.key('limits', hash_key)
-    call.key('parked', f'{keys.KEY_PARKED_PREFIX}{policy}:{key_id}')
+    call.key('parked', keys.KEY_PARKED_PREFIX(policy, key_id))
     return call.key('keydue', keys.KEY_DUE)
 
 
@@ -749,13 +748,13 @@ def _key_rows(conn: Any, policy: str, scope: str, names: list[str], now: float) 
     with conn.pipeline(transaction=False) as pipe:
         for key in names:
             key_id = keys.key_id(scope, key)
-            pipe.zcount(keys.KEY_HOLDS_PREFIX + key_id, f'({now:.6f}', '+inf')
+            pipe.zcount(keys.KEY_HOLDS_PREFIX(key_id), f'({now:.6f}', '+inf')
             pipe.hget(keys.KEY_LIMITS, key_id)
-            pipe.llen(f'{keys.KEY_PARKED_PREFIX}{policy}:{key_id}')
-            pipe.lindex(f'{keys.KEY_PARKED_PREFIX}{policy}:{key_id}', 0)
+            pipe.llen(keys.KEY_PARKED_PREFIX(policy, key_id))
+            pipe.lindex(keys.KEY_PARKED_PREFIX(policy, key_id), 0)
             pipe.zscore(keys.KEY_DUE, f'{policy}:{key_id}')
-            pipe.zrangebyscore(keys.KEY_HOLDS_PREFIX + key_id, f'({now:.6f}', '+inf', start=0, num=1)
-            pipe.get(keys.KEY_BLOCK_PREFIX + key_id)
+            pipe.zrangebyscore(keys.KEY_HOLDS_PREFIX(key_id), f'({now:.6f}', '+inf', start=0, num=1)
+            pipe.get(keys.KEY_BLOCK_PREFIX(key_id))
         replies = pipe.execute()
     sources: dict[int, str] = {}  # row -> the job whose declared limit it shows
     holders: dict[int, str] = {}  # row -> the token of a live hold, when no parked job or reservation names a job
@@ -845,7 +844,7 @@ def _cost(value: Any, limit: int, where: str = 'cost', never: str = 'could never
 def _scopes(conn: Any, policy: str, holds: bool = True) -> set[str]:
     """The scopes with parked jobs of ``policy`` (and, with ``holds``, live holds): SCAN with COUNT, never KEYS."""
     found: set[str] = set()
-    prefixes = [f'{keys.KEY_PARKED_PREFIX}{policy}:'] + ([keys.KEY_HOLDS_PREFIX] if holds else [])
+    prefixes = [keys.KEY_PARKED_PREFIX(policy, '')] + ([keys.KEY_HOLDS_PREFIX] if holds else [])
     for prefix in prefixes:
         for raw in keys.scanner(conn).scan_iter(match=prefix + '*', count=1000):
             found.add(text(raw)[len(prefix):].split(':', 1)[0])
@@ -861,7 +860,7 @@ PANEL_KEYS = 200
 def sample_keys(conn: Any, policy: str, holds: bool, budget: int = PANEL_BUDGET) -> tuple[dict[str, set[str]], bool]:
     """scope -> the keys with parked jobs of ``policy`` (and, with ``holds``, a hold ledger), from one SCAN walk
     (COUNT 1000) of the per-key keys that stops once ``budget`` keys were examined; and whether it reached the end."""
-    prefixes = [f'{keys.KEY_PARKED_PREFIX}{policy}:'] + ([keys.KEY_HOLDS_PREFIX] if holds else [])
+    prefixes = [keys.KEY_PARKED_PREFIX(policy, '')] + ([keys.KEY_HOLDS_PREFIX] if holds else [])
     found: dict[str, set[str]] = {}
     cursor, examined = 0, 0
     while True:

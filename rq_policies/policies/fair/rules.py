@@ -93,21 +93,6 @@ __all__ = ['BacklogFull', 'Fair', 'FairStatus', 'FairWeight']
 
 logger = logging.getLogger('rq_policies')
 
-#: Fair's keys.
-PREFIX = keys.PREFIX + 'fair:'
-#: A key's line on one queue: ``<prefix><queue>:<scope>:<key>``, ZSET id -> -priority * 2**40 + seq.
-WAIT_PREFIX = PREFIX + 'wait:'
-#: The admissions counter of a line (FIFO among equal priorities), gone with the line's last job.
-SEQ_PREFIX = PREFIX + 'seq:'
-#: A queue's active keys: ``<prefix><queue>``, ZSET '<scope>:<key>' -> virtual time.
-ACTIVE_PREFIX = PREFIX + 'active:'
-#: Paused keys: HASH '<scope>:<key>' -> 1.
-PAUSED = PREFIX + 'paused'
-#: The queues a paused key left: ``<prefix><scope>:<key>``, SET (read and dropped by the resume).
-PAUSED_IN_PREFIX = PREFIX + 'pausedin:'
-#: Run-time weights: HASH '<scope>:<key>' -> weight.
-WEIGHTS = PREFIX + 'weights'
-
 #: The job hash field: ``'<weight> <priority> <scope>:<key>'``.
 FIELD = 'policies_fair'
 MAX_WEIGHT = 1000
@@ -298,12 +283,11 @@ class Fair(FetchPolicy):
         if raw is None:  # a probe (no job built yet): nothing to check
             return {}
         weight, priority, key_id = raw.split(' ', 2)
-        line = f'{queue.name}:{key_id}'
-        call.key('fair.wait', WAIT_PREFIX + line)
-        call.key('fair.seq', SEQ_PREFIX + line)
-        call.key('fair.active', ACTIVE_PREFIX + queue.name)
-        call.key('fair.paused', PAUSED)
-        call.key('fair.pausedin', PAUSED_IN_PREFIX + key_id)
+        call.key('fair.wait', keys.FAIR_WAIT(queue.name, key_id))
+        call.key('fair.seq', keys.FAIR_SEQ(queue.name, key_id))
+        call.key('fair.active', keys.FAIR_ACTIVE(queue.name))
+        call.key('fair.paused', keys.FAIR_PAUSED)
+        call.key('fair.pausedin', keys.FAIR_PAUSED_IN(key_id))
         call.key('fair.deferred', DeferredJobRegistry.key_template.format(queue.name))
         return {'key_id': key_id, 'priority': int(priority), 'max_waiting': self.max_waiting, 'queue': queue.name,
                 'wake': keys.wake(queue.name)}
@@ -323,12 +307,12 @@ class Fair(FetchPolicy):
 
     @classmethod
     def fetch_keys(cls, call: Any, queue_names: list[str]) -> None:
-        call.key_list('fair.active', [ACTIVE_PREFIX + name for name in queue_names])
-        call.key('fair.waits', WAIT_PREFIX)
-        call.key('fair.seqs', SEQ_PREFIX)
-        call.key('fair.pausedins', PAUSED_IN_PREFIX)
-        call.key('fair.paused', PAUSED)
-        call.key('fair.weights', WEIGHTS)
+        call.key_list('fair.active', [keys.FAIR_ACTIVE(name) for name in queue_names])
+        call.key('fair.waits', keys.FAIR_WAIT)
+        call.key('fair.seqs', keys.FAIR_SEQ)
+        call.key('fair.pausedins', keys.FAIR_PAUSED_IN)
+        call.key('fair.paused', keys.FAIR_PAUSED)
+        call.key('fair.weights', keys.FAIR_WEIGHTS)
         call.arg('keyed', keyed_args(call.args.get('job_prefix', Job.redis_job_namespace_prefix)))
 
     # -- run-time settings (the admin API: rq_policies.engine.admin) --------------------------------------------------
@@ -345,7 +329,7 @@ class Fair(FetchPolicy):
             key_id = _key_id(scope, key)
             _weight(weight)
             conn = _need(connection)
-        conn.hset(WEIGHTS, key_id, weight)
+        conn.hset(keys.FAIR_WEIGHTS, key_id, weight)
         return FairWeight(weight)
 
     @classmethod
@@ -354,7 +338,7 @@ class Fair(FetchPolicy):
         with refusing():
             key_id = _key_id(scope, key)
             conn = _need(connection)
-        raw = conn.hget(WEIGHTS, key_id)
+        raw = conn.hget(keys.FAIR_WEIGHTS, key_id)
         return None if raw is None else FairWeight(int(raw))
 
     @classmethod
@@ -363,7 +347,7 @@ class Fair(FetchPolicy):
         with refusing():
             key_id = _key_id(scope, key)
             conn = _need(connection)
-        return clear_setting(conn, WEIGHTS, key_id)
+        return clear_setting(conn, keys.FAIR_WEIGHTS, key_id)
 
     @classmethod
     def status(cls, scope: str, key: Any, queue: str = 'default', connection: Any = None) -> FairStatus:
@@ -372,11 +356,11 @@ class Fair(FetchPolicy):
             key_id = _key_id(scope, key)
             conn = _need(connection)
         with conn.pipeline(transaction=False) as pipe:
-            pipe.zcard(WAIT_PREFIX + f'{queue}:{key_id}')
-            pipe.zscore(ACTIVE_PREFIX + queue, key_id)
-            pipe.hexists(PAUSED, key_id)
-            pipe.hget(WEIGHTS, key_id)
-            pipe.zcard(ACTIVE_PREFIX + queue)
+            pipe.zcard(keys.FAIR_WAIT(queue, key_id))
+            pipe.zscore(keys.FAIR_ACTIVE(queue), key_id)
+            pipe.hexists(keys.FAIR_PAUSED, key_id)
+            pipe.hget(keys.FAIR_WEIGHTS, key_id)
+            pipe.zcard(keys.FAIR_ACTIVE(queue))
             waiting, score, paused, weight, count = pipe.execute()
         return FairStatus(int(waiting), score is not None and not paused, bool(paused),
                           None if weight is None else int(weight),
@@ -407,12 +391,12 @@ class Fair(FetchPolicy):
         with refusing():
             key_id = _key_id(scope, key)
             conn = _need(connection)
-        left = {text(q) for q in conn.smembers(PAUSED_IN_PREFIX + key_id)}
+        left = {text(q) for q in conn.smembers(keys.FAIR_PAUSED_IN(key_id))}
         names = sorted(set(cls.queues(conn)) | left)
         with conn.pipeline(transaction=False) as pipe:
-            pipe.hexists(PAUSED, key_id)
+            pipe.hexists(keys.FAIR_PAUSED, key_id)
             for queue in names:
-                pipe.zcard(WAIT_PREFIX + f'{queue}:{key_id}')
+                pipe.zcard(keys.FAIR_WAIT(queue, key_id))
             paused, *counts = pipe.execute()
         return FairPause(bool(paused), {q: int(n) for q, n in zip(names, counts) if int(n)})
 
@@ -422,7 +406,7 @@ class Fair(FetchPolicy):
         with refusing():
             key_id = _key_id(scope, key)
             conn = _need(connection)
-        return [text(j) for j in conn.zrange(WAIT_PREFIX + f'{queue}:{key_id}', 0, -1)]
+        return [text(j) for j in conn.zrange(keys.FAIR_WAIT(queue, key_id), 0, -1)]
 
     # -- what explain, info and the page show ------------------------------------------------------------------
 
@@ -434,17 +418,17 @@ class Fair(FetchPolicy):
         all are listed): the part of the queue's Fair starts it gets while they stay backlogged."""
         conn = connection
         end = (limit - 1) if limit else -1
-        active = [(text(m), float(s)) for m, s in conn.zrange(ACTIVE_PREFIX + queue, 0, end, withscores=True)]
-        paused_all = {text(c) for c in conn.hkeys(PAUSED)}
+        active = [(text(m), float(s)) for m, s in conn.zrange(keys.FAIR_ACTIVE(queue), 0, end, withscores=True)]
+        paused_all = {text(c) for c in conn.hkeys(keys.FAIR_PAUSED)}
         paused = sorted(paused_all)[:limit or None]
         key_ids = [c for c, _ in active] + [c for c in paused if c not in dict(active)]
         if not key_ids:
             return []
         with conn.pipeline(transaction=False) as pipe:
             for key_id in key_ids:
-                pipe.zcard(WAIT_PREFIX + f'{queue}:{key_id}')
-                pipe.zrange(WAIT_PREFIX + f'{queue}:{key_id}', 0, 0)
-            pipe.hmget(WEIGHTS, key_ids)
+                pipe.zcard(keys.FAIR_WAIT(queue, key_id))
+                pipe.zrange(keys.FAIR_WAIT(queue, key_id), 0, 0)
+            pipe.hmget(keys.FAIR_WEIGHTS, key_ids)
             *replies, weights = pipe.execute()
         heads = {i: text(replies[2 * i + 1][0]) for i in range(len(key_ids)) if replies[2 * i + 1]}
         with conn.pipeline(transaction=False) as pipe:
@@ -476,9 +460,10 @@ class Fair(FetchPolicy):
         found: set[str] = set()
         cursor, examined = 0, 0
         while True:
-            cursor, batch = keys.scanner(connection).scan(cursor=cursor, match=_glob(ACTIVE_PREFIX) + '*', count=1000)
+            cursor, batch = keys.scanner(connection).scan(cursor=cursor, match=_glob(keys.FAIR_ACTIVE) + '*',
+                                                          count=1000)
             examined += 1000
-            found.update(text(raw)[len(ACTIVE_PREFIX):] for raw in batch)
+            found.update(text(raw)[len(keys.FAIR_ACTIVE):] for raw in batch)
             if not cursor or examined >= budget:
                 return sorted(found)
 
@@ -491,11 +476,11 @@ class Fair(FetchPolicy):
         queue = job.get('origin', '')
         scope, _, key = key_id.partition(':')
         with connection.pipeline(transaction=False) as pipe:
-            pipe.zrank(WAIT_PREFIX + f'{queue}:{key_id}', job['id'])
-            pipe.zcard(ACTIVE_PREFIX + queue)
-            pipe.hexists(PAUSED, key_id)
-            pipe.hget(WEIGHTS, key_id)
-            pipe.zcard(WAIT_PREFIX + f'{queue}:{key_id}')
+            pipe.zrank(keys.FAIR_WAIT(queue, key_id), job['id'])
+            pipe.zcard(keys.FAIR_ACTIVE(queue))
+            pipe.hexists(keys.FAIR_PAUSED, key_id)
+            pipe.hget(keys.FAIR_WEIGHTS, key_id)
+            pipe.zcard(keys.FAIR_WAIT(queue, key_id))
             rank, active, paused, stored, waiting = pipe.execute()
         weight_now = int(stored) if stored is not None else int(weight)
         entry: dict[str, Any] = {'scope': scope, 'key': key, 'queue': queue,
@@ -526,8 +511,8 @@ class Fair(FetchPolicy):
         for queue in cls.queues(connection):
             rows = cls.key_rows(connection, queue, limit or 0)
             if rows:
-                out[queue] = FairQueue(int(connection.zcard(ACTIVE_PREFIX + queue)), rows)
-        paused = sorted(text(c) for c in connection.hkeys(PAUSED))
+                out[queue] = FairQueue(int(connection.zcard(keys.FAIR_ACTIVE(queue))), rows)
+        paused = sorted(text(c) for c in connection.hkeys(keys.FAIR_PAUSED))
         if not out and not paused:
             return None
         return FairState(out, paused, now)
@@ -539,7 +524,7 @@ class Fair(FetchPolicy):
             rows = [r for r in cls.key_rows(connection, queue, limit) if search is None or search in r['key']
                     or search == queue]
             if rows:
-                count = int(connection.zcard(ACTIVE_PREFIX + queue))
+                count = int(connection.zcard(keys.FAIR_ACTIVE(queue)))
                 out.append(Panel(
                     f'Fair share: {queue}', ['key', 'waiting', 'weight', 'share', 'state'],
                     [[r['key'], r['waiting'], r['weight'] if not r['set_at_run_time'] else
@@ -658,8 +643,8 @@ def _ordinal(n: int) -> str:
 def _pause_call(scope: str, key: Any, pause: bool) -> Call:
     with refusing():
         key_id = _key_id(scope, key)
-    call = Call('fair_pause', key_id=key_id, pause=pause, waits=WAIT_PREFIX, actives=ACTIVE_PREFIX,
+    call = Call('fair_pause', key_id=key_id, pause=pause, waits=keys.FAIR_WAIT, actives=keys.FAIR_ACTIVE,
                 wake=keys.wake(''))
-    call.key('paused', PAUSED)
-    call.key('pausedin', PAUSED_IN_PREFIX + key_id)
+    call.key('paused', keys.FAIR_PAUSED)
+    call.key('pausedin', keys.FAIR_PAUSED_IN(key_id))
     return call

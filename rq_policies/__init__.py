@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .engine import __version__ as __version__
 from .engine.admin import Cap, KeyLimit, KeyRate, KeyStatus, SlotStatus
 from .engine.exceptions import (
     DuplicateJob,
@@ -27,8 +28,6 @@ from .policies.queue_slot.rules import QueueSlot
 from .policies.rate.rules import Rate
 from .policies.throttle.rules import Outcome, Throttle
 from .surfaces.explainer import UnknownJob, explain
-
-__version__ = '0.1.0'
 
 __all__ = [
     'AdmissionPolicy',

@@ -1,61 +1,50 @@
-"""One shape for every run-time setting: what the admin calls of the fetch policies share.
+"""One shape for every run-time setting: what the admin calls of the fetch policies share (docs/admin.md).
 
-Every setting an operator changes at run time (no deploy: it lives in Redis and every PolicyWorker obeys it from its
-next fetch) is reached through the same four classmethods, with the same argument order (*what* the setting is for,
-then the values, then ``connection=``), the same return types and the same errors:
-
-=======================  ===========================================  ============================
-call                     returns                                      what
-=======================  ===========================================  ============================
-``X.set(what, values)``  the setting now stored, a frozen dataclass   write (wakes idle workers)
-``X.get(what)``          that dataclass, or None when nothing is set  read the setting
-``X.clear(what)``        True when there was a setting to remove      remove it
-``X.status(what)``       a frozen dataclass of the state *now*        read the live state (gauges)
-=======================  ===========================================  ============================
+Every setting an operator changes at run time (it lives in Redis; every PolicyWorker obeys it from its next fetch) is
+reached through four classmethods with the same argument order (*what* the setting is for, then the values, then
+``connection=``): ``set`` (returns the setting now stored, a frozen dataclass, and wakes idle workers), ``get`` (that
+dataclass, or None when nothing is set: a per-key policy's declared limit is not a setting), ``clear`` (True when there
+was one) and ``status`` (a frozen dataclass of the state *now*, named ``status`` everywhere):
 
 ===========  ==========  ========================================  ================================
 policy       what        setting (``set``/``get``)                 state (``status``)
 ===========  ==========  ========================================  ================================
 QueueSlot    queue       :class:`Cap` ``(capacity)``               :class:`SlotStatus`
-QueueRate    queue       ``QueueRate(limit, per, burst)``          :class:`~rq_policies.RateStatus`
+QueueRate    queue       ``QueueRate(limit, per, burst)``          :class:`RateStatus`
 Concurrency  scope, key  :class:`KeyLimit` ``(limit)``             :class:`KeyStatus`
-Rate         scope, key  :class:`KeyRate` ``(limit, per, burst)``  :class:`~rq_policies.RateStatus`
+Rate         scope, key  :class:`KeyRate` ``(limit, per, burst)``  :class:`RateStatus`
+Fair         scope, key  :class:`FairWeight` ``(weight)``          :class:`FairStatus` (and a queue)
 ===========  ==========  ========================================  ================================
 
-``get`` answers only what was *set*: a per-key policy's declared limit (on the function) is not a run-time setting
-and is not returned by ``get``; ``status`` shows the limit in force, whichever it is. A state reading is named
-``status`` everywhere: a setting and its live count are different things, read by different calls.
-
-Back-offs (``QueueRate.backoff``, ``Concurrency.backoff``/``Rate.backoff``) are not settings: a back-off is an event
-with an end time, not a value that stays, so it keeps its verb and shows in ``status`` (``backoff_until``).
-
-Every ``set`` and ``clear`` is safe to send twice (redis-py resends a call whose reply was lost): the state left is
-what one call leaves, and the answer is the first run's. A ``clear`` (and every other admin call whose answer depends
-on what it changed: Fair's ``pause``/``resume``, a ``reset``'s count, ``QueueSlot.release``) is one script that keeps
-its answer under the call's request id for a minute (``rq:policies:answer:<id>``, lua/lib/answer.lua): the resent
-call finds it, answers the same (True, not the False a second removal would say) and writes nothing.
-
-Bad input raises :class:`~rq_policies.engine.exceptions.InvalidSetting` (a ValueError) naming the argument and the
-value, before anything is written. Setting a cap or a rate on a queue nothing has seen yet warns
-(:class:`~rq_policies.engine.exceptions.UnknownQueueWarning`) and stores it all the same.
-
-The 0.2 names (``QueueSlot.set_capacity``/``clear_capacity``/``capacity``/``in_use``, ``Concurrency.override``/
-``overridden``/``in_use``, ``Rate.status(scope, key, limit, per, burst)``) still work and raise a DeprecationWarning;
-they are removed in 0.4.
+Every ``set`` and ``clear`` is safe to send twice, and a replay after a lost reply answers what the first run did (a
+``clear``, like Fair's ``pause``/``resume``, a ``reset``'s count and ``QueueSlot.release``, keeps its answer a minute
+under the call's request id: lua/lib/answer.lua); bad input raises :class:`InvalidSetting` (a ValueError) naming the
+argument and the value before anything is written; a cap or a rate on a queue nothing has seen warns
+(:class:`UnknownQueueWarning`) and is stored all the same. Back-offs are events, not settings: they keep their verb
+(``backoff``) and show in ``status``. The 0.2 names still work with a DeprecationWarning, until 0.4.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from . import keys
 from .exceptions import InvalidSetting, UnknownQueueWarning
+from .ledger import WAKE_CAPACITY, wake_up
+from .ops import Call, need_connection, text
+from .policy import MAX_CAPACITY, positive_int, whole_seconds
+from .reading import known_queue
 
-__all__ = ['Cap', 'KeyLimit', 'KeyRate', 'KeyStatus', 'SlotStatus', 'deprecated', 'refusing', 'warn_unknown_queue']
+__all__ = ['Cap', 'FairPause', 'FairStatus', 'FairWeight', 'GcraRate', 'KeyLimit', 'KeyRate', 'KeyStatus', 'RateStatus',
+           'SlotStatus', 'check_rate', 'clear_setting',
+           'deprecated', 'queue_name', 'queue_target', 'rate_status', 'refusing', 'warn_unknown_queue',
+           'write_queue_setting']
 
 #: The release the deprecated 0.2 names are removed in.
 REMOVED_IN = '0.4'
@@ -111,7 +100,87 @@ class KeyStatus:
 
 
 @dataclass(frozen=True)
-class KeyRate:
+class FairWeight:
+    """A key's weight set at run time (``Fair.set``)."""
+
+    weight: int
+
+
+@dataclass(frozen=True)
+class FairStatus:
+    """One key's Fair state on one queue (``Fair.status``).
+
+    Attributes:
+        waiting: jobs of the key waiting in its line on the queue.
+        active: is the key taking turns on the queue now (it has waiting jobs and is not paused)?
+        paused: is the key paused (on every queue)?
+        weight: the run-time weight (``Fair.set``), or None (its jobs' declared weight applies).
+        active_keys: how many keys take turns on the queue.
+    """
+
+    waiting: int
+    active: bool
+    paused: bool
+    weight: int | None
+    active_keys: int
+
+
+@dataclass(frozen=True)
+class FairPause:
+    """One key's pause and backlog (``Fair.pause_status``): what a pause or a resume would change.
+
+    Attributes:
+        paused: is the key paused (on every queue)?
+        waiting: the key's waiting jobs per queue (only queues where it has some).
+    """
+
+    paused: bool
+    waiting: dict[str, int]
+
+
+def queue_name(value: Any) -> str:
+    """Accept a queue name or an rq Queue; refuse anything else."""
+    name = getattr(value, 'name', value)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f'queue must be a non-empty queue name or an rq Queue, got {value!r}')
+    return name
+
+
+def queue_target(queue: Any, connection: Any) -> tuple[str, Any]:
+    """``queue`` (a name or a Queue) as its name, and ``connection``, checked as every queue setting's call takes
+    them: :class:`InvalidSetting` naming a bad one."""
+    with refusing():
+        return queue_name(queue), need_connection(connection)
+
+
+def write_queue_setting(connection: Any, settings: str, queue: str, value: str | int | None,
+                        also: tuple[str, ...] = ()) -> bool:
+    """Store ``value`` as ``queue``'s setting in the hash ``settings`` (None: remove it, and the keys ``also``), and
+    wake the queue's idle PolicyWorkers, in one round trip. True when a setting was there to remove."""
+    if value is None:
+        return clear_setting(connection, settings, queue, keys.wake(queue), WAKE_CAPACITY, also)
+    with connection.pipeline(transaction=False) as pipe:
+        pipe.hset(settings, queue, value)
+        wake_up(pipe, keys.wake(queue), WAKE_CAPACITY)
+        return bool(pipe.execute()[0])
+
+
+class GcraRate:
+    """What a GCRA rate (``limit`` starts every ``per`` seconds, up to ``burst`` at once) derives from its numbers;
+    shared by QueueRate, the per-key Rate and :class:`KeyRate`."""
+
+    limit: int
+    per: int
+    burst: int
+
+    @property
+    def interval(self) -> float:
+        """Seconds between two starts at the sustained rate (the GCRA's emission interval)."""
+        return self.per / self.limit
+
+
+@dataclass(frozen=True)
+class KeyRate(GcraRate):
     """One key's Rate set at run time: ``limit`` starts every ``per`` seconds, up to ``burst`` at once; it wins over
     the rate its jobs declare."""
 
@@ -119,10 +188,57 @@ class KeyRate:
     per: int = 1
     burst: int = 1
 
-    @property
-    def interval(self) -> float:
-        """Seconds between two starts at the sustained rate."""
-        return self.per / self.limit
+
+@dataclass(frozen=True)
+class RateStatus:
+    """A limited queue's (or key's) rate right now (server clock).
+
+    Attributes:
+        available: starts allowed at once now (0 to ``burst``; 0 also while a back-off blocks the queue).
+        next_at: the server time (epoch s) the next start is allowed (now, when one is available).
+        backoff_until: the server time a BackOff blocks the queue until, or None.
+    """
+
+    available: int
+    next_at: float
+    backoff_until: float | None = None
+
+
+def check_rate(limit: Any, per: Any, burst: Any) -> None:
+    """Refuse a bad rate with a ValueError naming the argument and the value."""
+    positive_int('limit', limit, MAX_CAPACITY)
+    whole_seconds('per', per)
+    positive_int('burst', burst, MAX_CAPACITY)
+    if burst > limit:
+        raise ValueError(f'burst must be at most limit ({limit}), got {burst!r}')
+
+
+def read_tat(raw: Any, interval: float, now: float) -> float:
+    """A stored arrival time (``'<tat> <interval>'``) under ``interval``, as ``lua/lib/rate_tat.lua`` reads it: the
+    starts still owed keep their count at a changed rate."""
+    if raw is None:
+        return now
+    parts = text(raw).split()
+    tat = float(parts[0])
+    if tat <= now:
+        return now
+    was = float(parts[1]) if len(parts) > 1 else interval
+    return now + (tat - now) / was * interval if was > 0 and was != interval else tat
+
+
+def rate_status(rate: GcraRate | None, raw_tat: Any, blocked: Any, now: float) -> RateStatus | None:
+    """The :class:`RateStatus` of a rate whose stored arrival time is ``raw_tat`` and back-off end ``blocked`` (None:
+    none), at server time ``now``; None without a rate and a back-off."""
+    until = float(blocked) if blocked is not None and float(blocked) > now else None
+    if rate is None:
+        return None if until is None else RateStatus(0, until, until)
+    tat = read_tat(raw_tat, rate.interval, now)
+    tolerance = (rate.burst - 1) * rate.interval
+    next_at = max(now, tat - tolerance)
+    available = min(rate.burst, max(0, math.floor((now + tolerance - tat) / rate.interval + 1e-9) + 1))
+    if until is not None:
+        return RateStatus(0, max(next_at, until), until)
+    return RateStatus(available, next_at, None)
 
 
 @contextmanager
@@ -160,8 +276,6 @@ def clear_setting(connection: Any, settings: str, field: str, wake: str | None =
     """Remove ``field`` of the settings hash ``settings`` (and the keys ``also``) in one script,
     ``lua/clear_setting.lua``, publishing ``message`` on the queue's wake-up channel ``wake`` when given; True when
     the setting was there. A replay after a lost reply answers what the first run did (lua/lib/answer.lua)."""
-    from .ops import Call
-
     call = Call('clear_setting', field=field, wake=wake, message=message)
     call.key('settings', settings)
     call.key_list('also', list(also))
@@ -171,8 +285,6 @@ def clear_setting(connection: Any, settings: str, field: str, wake: str | None =
 def warn_unknown_queue(connection: Any, name: str, what: str) -> None:
     """Warn (:class:`UnknownQueueWarning`) when ``name`` is a queue nothing has seen: not in rq's queue set, not
     configured by any policy, listened to by no live worker. ``what`` is the call (``QueueSlot.set``)."""
-    from rq_policies.surfaces.state import known_queue
-
     if not known_queue(connection, name):
         warnings.warn(f'{what}: queue {name!r} is unknown (rq has no such queue, no policy setting names it and no '
                       'worker listens to it); the setting is stored anyway. A typo?', UnknownQueueWarning,

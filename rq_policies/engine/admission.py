@@ -267,7 +267,7 @@ def _constants(queue: Queue, spec: PolicySet) -> dict[str, Any]:
             'drops': {item.name: keys.drop_field(item.name, queue.name) for item in ordered},
             'job_prefix': prefix, 'tombstone': keys.SUPERSEDED_PREFIX, 'tombstone_ttl': keys.SUPERSEDED_SECONDS,
         }
-        payload = [name for item in spec.policies for name in item.call_field_names()]
+        payload = [name for item in spec.policies for name in item.payload_fields]
         if payload:  # what an in-place rewrite of a waiting job replaces besides data, description and meta
             found['payload'] = payload
         if len(memo) >= _MEMO_QUEUES:
@@ -770,7 +770,7 @@ def ended(pipeline: Any, job_prefix: str, job_id: str, ending: tuple[str, ...] |
     read); None (unknown): every one."""
     for cls in registered(ADMISSION):
         if ending is None or cls.name in ending:
-            cls.ended(pipeline, job_prefix, job_id)
+            cls.release(pipeline, job_prefix, [job_id], ended=True)
 
 
 def ending(raw: Any) -> tuple[str, ...]:

@@ -4,7 +4,7 @@
 :func:`fetch_call` and lua/lib/promote.lua), then pops in the worker's queue order and asks each fetch policy's Lua part
 (``gate``) whether a queue may be taken from now; after the pop it runs every policy's ``taken`` hook (a loner frees its
 identity) and each fetch policy's ``take`` (a cap's hold). The Python side here builds that call from the registry
-(:meth:`rq_policies.engine.policy.FetchPolicy.fetch_keys`), turns the reply into a :class:`Claim`, and waits when
+(:meth:`rq_policies.engine.protocols.FetchSide.fetch_keys`), turns the reply into a :class:`Claim`, and waits when
 nothing can be taken. :meth:`rq_policies.PolicyQueue.dequeue_any` delegates here, inside a PolicyWorker only: a worker
 installs its :class:`Fetcher` in :data:`current_fetcher` around each fetch.
 """
@@ -405,7 +405,7 @@ def fetch_call(
         policy.fetch_keys(call, names)
     # The tombstones' marker: the tombstone prefix itself, alive while any tombstone is (lua/lib/pending.lua).
     call.key('tombstones', keys.SUPERSEDED_PREFIX)
-    # The state keys: while none of them exists, no gate, take or due key has anything to do (FetchPolicy.fetch_state).
+    # The state keys: while none of them exists, no gate, take or due key has anything to do (FetchSide.fetch_state).
     state: list[str] = []
     always = False
     named, lists = call.args['k'], call.args.get('kl', {})
@@ -498,10 +498,10 @@ def unpack_strings(record: bytes | str) -> list[str]:
 
 
 def _hold(policy: Any, flag: Any, queue_name: str, token: str, ttl: int, job_id: str) -> Hold:
-    """The hold a policy's take reported: 1 for one in the queue's ledger (the policy says which), or the name of
-    the ledger it took one in (a per-key hold, given back by that policy's ``release_hold``)."""
+    """The hold a policy's take reported: 1 for one in the queue's ledger (:func:`keys.holds`), or the name of the
+    ledger it took one in (a per-key hold, given back by that policy's ``release_hold``)."""
     if flag == '1':
-        return dataclasses.replace(policy.fetch_hold(queue_name, token, ttl), job=job_id)
+        return Hold(keys.holds(queue_name), token, ttl, job_id)
     return Hold(text(flag), token, ttl, job_id, policy=policy.name)
 
 

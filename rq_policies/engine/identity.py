@@ -185,7 +185,7 @@ def digest(
     Raises:
         TypeError: an argument (or unique_context's return value) has no canonical encoding, or ``unique_context``
             raised: the error names the function, the policies and the cause (chained), as a failing key function's
-            does (:meth:`rq_policies.policies.concurrency.rules.KeyedPolicy.key_of`).
+            does (:meth:`rq_policies.engine.keyed.KeyedPolicy.key_of`).
         InvalidArgument: an argument (or that value) is nested deeper than :data:`MAX_DEPTH` or contains itself, or
             is a number or date that cannot be written out (an int past Python's digit limit, an aware datetime out
             of range in UTC). Both name the argument (``args[1]``, ``kwargs['x'][0]``) and the function.

@@ -1,26 +1,36 @@
-"""Policy value objects and the ``@policy`` declaration.
+"""Policy value objects, their registry and the ``@policy`` declaration.
 
 A policy says what an enqueue is admitted under; it holds no state (state lives in Redis, keyed by the job's identity,
 see :mod:`rq_policies.engine.identity`). Policies are validated when they are built, so a bad argument fails at import
 time, where the decorator runs, and never after something was written.
+
+What a policy implements for the engine is :mod:`rq_policies.engine.protocols` (each hook documented there once); the
+base classes here give every hook its default, so a policy overrides only what it decides. What a policy *shows* is
+its views (:class:`rq_policies.engine.views.PolicyViews`), apart from its rules.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from .exceptions import PolicyConfigurationError
 from .identity import UniqueContext
-from .views import Section, Shown, text_only
 
+# A hook's ``verdict`` is an admission.Verdict (protocols.py says so); not imported here, even for type checking:
+# admission imports this module, and the import would close a circle.
 if TYPE_CHECKING:
     from redis import Redis
+    from redis.client import Pipeline
+    from rq.job import Job
+    from rq.queue import Queue
 
-    from .views import Explanation, Metric, Panel, Row, View
+    from .keys import Family
+    from .ledger import Hold
+    from .ops import Call
 
 F = TypeVar('F', bound=Callable[..., Any])
 
@@ -63,15 +73,42 @@ FETCH = 'fetch'
 
 _REGISTRY: dict[str, type[Policy]] = {}
 
+_VIEWS = 'on its views, a rq_policies.engine.views.PolicyViews subclass naming the policy (policy = ...)'
+#: Hooks the engine no longer calls on a policy class (0.3), each with what replaces it: a class defining one is
+#: refused when it is defined (:class:`PolicyConfigurationError`), rather than left silently unused.
+RETIRED = {
+    'summary': f'a views.Section returned by queue_info {_VIEWS} (its headline())',
+    'describe_queue': f'a views.Section returned by queue_info {_VIEWS} (its rows())',
+    'queue_state': f'queue_info {_VIEWS}, returning a views.Section per queue (its as_json() is the data)',
+    'describe_cluster': f'a views.Section returned by cluster_info {_VIEWS} (its rows())',
+    'cluster_state': f'cluster_info {_VIEWS}, returning a views.Section (its as_json() is the data)',
+    **{name: f'define {name} {_VIEWS}' for name in (
+        'explain', 'explain_gone', 'panels', 'metrics', 'commands', 'queue_info', 'cluster_info', 'describe')},
+    'conflicts': 'the class attribute excludes: {other policy name: why the two cannot be combined}',
+    'call_fields': 'job_fields(job, queue, digest), which returns the call\'s fields too (names in payload_fields)',
+    'call_field_names': 'the class attribute payload_fields',
+    'ended': 'release(connection, job_prefix, job_ids, ended=True)',
+    'leased_keys': 'the attribute leased: the identity family whose key lives as long as the job hash',
+    'fetch_hold': 'a take reporting flag 1 holds in the queue\'s ledger (keys.holds); else it reports its ledger',
+    'configured_queues': 'the class attribute queue_settings: the hash whose fields name the queues it configures',
+    **{name: 'the contract suite\'s SETTINGS in the policy\'s tests/<folder>/examples.py, and set/clear (the admin '
+             'API) with PolicyViews.queue_settings for the dashboard' for name in
+       ('configure', 'unconfigure', 'setting_examples')},
+}
+
+
+def _is_method(found: object) -> bool:
+    return callable(found) or isinstance(found, (classmethod, staticmethod, property))
+
 
 class Policy:
     """Base class of every policy. Subclasses are small immutable value objects (or, for a policy whose settings
     live in Redis, such as QueueSlot, a namespace of classmethods) that register themselves by :attr:`name`.
 
-    The glue (queue, worker, state, metrics, cli) never names a policy: it iterates :func:`registered` and calls the
-    hooks below, each of which a policy overrides where it has something to say. A new policy is its own module (the
-    class and its hooks), its own Lua part (``lua/policies/<name>.lua``) and its own test file; registering is
-    defining the class.
+    The engine never names a policy: it iterates :func:`registered` and calls the hooks of
+    :mod:`rq_policies.engine.protocols`, which a policy overrides where it has something to say. A new policy is its
+    own folder (``rules.py``: the class and its hooks; ``views.py``: what it shows), its own Lua part
+    (``lua/policies/<name>.lua``) and its own tests; registering is defining the class.
     """
 
     #: The one name of the policy: drop counters, metrics labels, ``info``, logs and the Lua part's file name.
@@ -81,18 +118,24 @@ class Policy:
     #: The order in which admission checks run (lower first): a throttle window is tested before a loner marker, so
     #: a drop names the window's owner whenever the window is held.
     rank: ClassVar[int] = 100
-    #: Does the policy take part in the admission script (``lua/admit.lua``: its part's ``check``, ``commit``,
-    #: ``force``, ``written``) when declared on a function? Every admission policy does; a fetch policy that also
-    #: decides where its jobs wait (Fair) says so here and provides the admission hooks (``admit_part``,
-    #: ``job_fields``, ``validate``, ``on_drop``, ``on_admit``, ...).
+    # The data of the contract (rq_policies.engine.protocols documents each): the defaults of a policy that has none.
     admits: ClassVar[bool] = False
-    #: Keyword options of ``enqueue``/``enqueue_at``/``enqueue_in`` the policy consumes when declared (Fair's
-    #: ``priority``): the door takes them out of the call before rq parses it (the function never gets them), and
-    #: :func:`rq_policies.engine.queue.door_options` hands them to the policy's :meth:`call_fields`.
     call_options: ClassVar[tuple[str, ...]] = ()
+    excludes: ClassVar[Mapping[str, str]] = {}
+    leased: ClassVar[Family | None] = None
+    payload_fields: ClassVar[tuple[str, ...]] = ()
+    probes: ClassVar[bool] = True
+    schedules: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        for hook, instead in RETIRED.items():
+            if _is_method(cls.__dict__.get(hook)):
+                raise PolicyConfigurationError(f'{cls.__module__}.{cls.__qualname__} defines {hook}, which '
+                                               f'rq-policies no longer calls: use {instead} (see CHANGELOG.md, 0.3)')
+        if _is_method(cls.__dict__.get('identity_families')):
+            raise PolicyConfigurationError(f'{cls.__module__}.{cls.__qualname__}.identity_families is a method: make '
+                                           'it a class attribute, the tuple of keys.Family it returned')
         if not cls.kind or 'name' not in cls.__dict__:
             return
         known = _REGISTRY.get(cls.name)
@@ -111,169 +154,45 @@ class Policy:
     def __hash__(self) -> int:
         return hash((type(self), tuple(sorted(vars(self).items()))))
 
-    # -- hooks the glue calls through the registry (each a no-op here) --------------------------------------------
+    # -- the door's hooks of every declared policy (protocols.Declared), each a no-op here ---------------------------
 
-    def conflicts(self, others: tuple[Policy, ...]) -> str | None:
-        """Why this policy cannot be declared together with ``others`` (the whole declared tuple), or None."""
-        return None
+    def validate(self, job: Job, mode: str, force: bool) -> None:
+        """See :meth:`rq_policies.engine.protocols.Declared.validate`."""
 
-    @classmethod
-    def metrics(cls, connection: Redis, now: float) -> list[Metric]:
-        """This policy's Prometheus metric families, read from Redis at scrape time (``now``: the server clock), as
-        :class:`rq_policies.engine.views.Metric` descriptions; :mod:`rq_policies.surfaces.metrics` renders them."""
+    def job_fields(self, job: Job, queue: str, digest: str) -> list[str]:
+        """See :meth:`rq_policies.engine.protocols.Declared.job_fields`."""
         return []
 
-    @classmethod
-    def commands(cls) -> tuple[View, ...]:
-        """The subcommands this policy adds to ``rq-policies``, as :mod:`rq_policies.engine.views` descriptions
-        (:class:`~rq_policies.engine.views.Setting`, :class:`~rq_policies.engine.views.Command`,
-        :class:`~rq_policies.engine.views.Group`); :mod:`rq_policies.surfaces.cli` renders them."""
-        return ()
+    def on_admit(self, job: Job, queue: str, verdict: Any) -> None:
+        """See :meth:`rq_policies.engine.protocols.Declared.on_admit`."""
+
+    def hint_seconds(self, verdict: Any) -> float:
+        """See :meth:`rq_policies.engine.protocols.Declared.hint_seconds`."""
+        return 0.0
 
     @classmethod
-    def identity_families(cls) -> tuple[Any, ...]:
-        """The per-identity key families this policy writes (:class:`rq_policies.engine.keys.Family`), for info and
-        reset."""
-        return ()
-
-    @classmethod
-    def on_job_exception(cls, job: Any, queue: Any, exc: BaseException, pipeline: Any) -> bool:
-        """A job raised ``exc`` in a PolicyWorker: when it is this policy's (Snooze, BackOff), queue onto
-        ``pipeline`` what becomes of the job instead of rq's failure path, and return True.
-
-        The worker then skips the job's failure callback, rq's exception handlers and its failure and retry handling,
-        removes the job from its started registry, and sends the pipeline; the job's holds are released as on every
-        other path. Raising instead (a :class:`~rq_policies.engine.exceptions.PolicyError` chained from ``exc``) fails
-        the job with that error through rq's own failure path.
-        """
+    def on_job_exception(cls, job: Job, queue: Queue, exc: BaseException, pipeline: Pipeline) -> bool:
+        """See :meth:`rq_policies.engine.protocols.FetchSide.on_job_exception`."""
         return False
 
-    def call_field_names(self) -> tuple[str, ...]:
-        """The names of the fields :meth:`call_fields` writes: an in-place rewrite of a waiting job (Loner's
-        ``'replace'``, Debounce, a trailing Throttle) replaces them along with the payload."""
-        return ()
 
-    def call_fields(self, job: Any, queue: str, digest: str) -> list[Any]:
-        """Fields this policy stores on the job hash that depend on the call itself (its args and kwargs: a per-key
-        policy's key), field, value, ...; raising here (a bad key) refuses the enqueue before anything is written."""
-        return []
+def replaced_in_place(job: Any, queue: str, verdict: Any, policy: str, pending: str) -> None:
+    """The admission rewrote ``pending`` job ``verdict.job_id`` in place with ``job``'s payload (Debounce, a trailing
+    Throttle), to run at ``verdict.number``: log it, and make ``job`` that job, the handle the caller gets (its id,
+    scheduled, not enqueued; the payload is already ``job``'s own)."""
+    from datetime import datetime, timezone
 
-    @classmethod
-    def cluster_info(cls, connection: Redis, now: float, limit: int | None) -> Section | None:
-        """This policy's state that belongs to no queue (a per-key limit's keys), for ``rq-policies info``: a
-        :class:`rq_policies.engine.views.Section` whose fields are ``info --json``'s ``policies.<name>`` and whose rows
-        are its text; ``limit`` bounds the entries listed (None: all). None: nothing to show.
-
-        A policy written before sections (one that defines ``cluster_state``, returning the dict, and
-        ``describe_cluster``, its lines) is shown as it was, through :class:`LegacyCluster`."""
-        if _overrides(cls, 'cluster_state', Policy):
-            found = cls.cluster_state(connection, now, limit)
-            return LegacyCluster(found, cls) if found else None
-        return None
-
-    @classmethod
-    def cluster_state(cls, connection: Any, now: float, limit: int | None) -> dict[str, Any]:
-        """:meth:`cluster_info` as the plain data ``info --json`` shows (``{}``: nothing), for readers that want
-        the data alone (the OpenTelemetry gauges). A policy defines :meth:`cluster_info`, not this."""
-        found = cls.cluster_info(connection, now, limit)
-        return found.as_json() if found is not None else {}
-
-    @classmethod
-    def explain(cls, connection: Redis, job: dict[str, str], now: float) -> list[Explanation]:
-        """This policy's part of ``rq-policies explain`` for one job (:func:`rq_policies.surfaces.explainer.explain`).
-
-        ``job`` is the job hash without its payload (str -> str, the policies' own ``policies_*`` fields included,
-        plus ``id`` and ``now``, the server clock). Answer from Redis alone, building keys from what the job hash
-        stores (never SCAN): a list of ``{'policy': name, 'verdict': what it says now, 'change': what would change
-        it, ...details}``, empty when this policy has nothing to say about the job.
-        """
-        return []
-
-    @classmethod
-    def panels(cls, connection: Redis, now: float, limit: int, search: str | None = None) -> list[Panel]:
-        """This policy's panels on the dashboard (:mod:`rq_policies.surfaces.dashboard`), read from Redis in a bounded
-        number of commands (SCAN with COUNT and a budget, never KEYS): the page must answer fast on a server with
-        100,000 identities, so list at most ``limit`` rows per panel and say in ``note`` when there are more.
-
-        Args:
-            connection: the Redis connection.
-            now: the server's clock (epoch seconds), the clock every expiry is measured by.
-            limit: the most rows a panel lists.
-            search: only rows about this text (a queue name, a key, an identity digest or a job id); None for all.
-
-        Returns:
-            A list of :class:`rq_policies.engine.views.Panel` (title, columns, rows, note): a cell is a str, int, float
-            or None, or a :class:`rq_policies.engine.views.Cell` (a link to a job, a live time, a warning, ...). The
-            page escapes every cell.
-        """
-        return []
-
-    @classmethod
-    def explain_gone(cls, connection: Redis, job_id: str, records: dict[str, Any], now: float) -> list[Explanation]:
-        """This policy's part of ``explain`` for a job id Redis has no job hash for (a superseded pending job, a
-        dropped enqueue), from what the admission left about that id.
-
-        ``records``: ``superseded`` (the id's tombstone, ``{'policy': who superseded it, 'by': the job that did}``),
-        ``dropped`` (the drop record of an enqueue given ``job_id=``: ``{'policy', 'holder', 'n', 'at', 'queue'}``),
-        each None when absent, and ``job_prefix``. Answer as :meth:`explain` does (``queue`` may name the job's
-        queue); empty when the records are not this policy's.
-        """
-        return []
-
-
-def job_status(connection: Any, job_prefix: str, job_id: str) -> tuple[str, str]:
-    """``(status, origin)`` of job ``job_id`` ('' for what its hash lacks, both for no hash): for ``explain`` hooks
-    naming another job (a holder, a replacement)."""
-    status, origin = connection.hmget(job_prefix + job_id, 'status', 'origin')
-    return (status.decode() if isinstance(status, bytes) else status or '',
-            origin.decode() if isinstance(origin, bytes) else origin or '')
-
-
-def replaced_in_place(job: Any, verdict: Any) -> None:
-    """The admission rewrote pending job ``verdict.job_id`` in place with ``job``'s payload (Debounce, a trailing
-    Throttle): make ``job`` that job, the handle the caller gets (its id, scheduled, not enqueued; the payload is
-    already ``job``'s own)."""
     from rq.job import JobStatus
 
     from . import compat
 
+    if logger.isEnabledFor(logging.INFO):
+        logger.info('rq-policies: %s on queue %r (%s): replaced the payload of %s %s in place (this call was job %s), '
+                    'runs at %s', job.func_name, queue, policy, pending, verdict.job_id, job.id,
+                    datetime.fromtimestamp(verdict.number, timezone.utc).isoformat())
     job.id = verdict.job_id
     compat.set_local_status(job, JobStatus.SCHEDULED)
     job.enqueued_at = None
-
-
-def superseded_entry(policy: str, connection: Any, records: dict[str, Any], pending: str,
-                     change: str) -> list[Explanation]:
-    """The ``explain_gone`` entry of a pending job that a later enqueue of ``policy`` replaced (its tombstone in
-    ``records['superseded']``), or [] when no tombstone of ``policy`` names one. ``pending`` says what the job was (a
-    debounced, a trailing job) and when its replacement runs; ``change`` is the advice, ``{by}`` the job that runs.
-
-    The chain of replacements is followed to the job that will run (``runs_as``, with ``chain`` from the first
-    replacement): ids superseded one by another before pending jobs were rewritten in place each name the next. An
-    id whose enqueue was merged into the pending job in place (its tombstone says ``merged``: that call's job was
-    never written) names the pending job its payload went into."""
-    from rq_policies.surfaces.explainer import follow
-
-    from .views import Explanation
-
-    superseded = records['superseded']
-    if not superseded or superseded['policy'] != policy:
-        return []
-    by = superseded['by']
-    chain, status, queue = follow(connection, records['job_prefix'], by)
-    final = chain[-1]
-    via = f' (via {", ".join(chain[:-1])}, each replaced in turn)' if len(chain) > 1 else ''
-    if superseded.get('merged'):
-        verdict = (f'merged into pending job {final} ({status or "gone"} now){via}: this enqueue\'s payload was '
-                   f'written into that job in place (its own id was never a job)')
-    else:
-        verdict = f'superseded by job {by} ({status or "gone"} now): {pending}, which was deleted'
-        if final != by:
-            verdict = (f'superseded by job {by}, itself replaced: the job that runs is {final} '
-                       f'({status or "gone"} now){via}: {pending}, which was deleted')
-    return [Explanation(policy, verdict, change.format(by=final), {
-        'superseded_by': by, 'runs_as': final, 'chain': chain, 'queue': queue, 'merged': bool(superseded.get('merged')),
-    })]
 
 
 def registered(kind: str | None = None) -> list[type[Policy]]:
@@ -291,22 +210,6 @@ def by_name(name: str) -> type[Policy]:
         raise KeyError(f'no policy named {name!r}; registered: {sorted(_REGISTRY)}') from None
 
 
-def pending_lines(family: Any, block: dict[str, Any], detail: Callable[[dict[str, Any]], str],
-                  digests: bool = False, width: int = 40) -> list[Row]:
-    """``info``'s lines for a family of pending jobs (a trailing Throttle's, a Debounce's): a count, then one line per
-    identity (its job's description, :func:`rq_policies.engine.readable.identity`) with ``detail(row)`` and when it runs
-    (the key expires at the job's run time)."""
-    from .readable import identity, in_seconds
-    from .views import Row
-
-    items = []
-    for row in block['entries']:
-        runs = f'  runs {in_seconds(row["expires_in"])}' if row['expires_in'] is not None else ''
-        extra = detail(row)
-        items.append(f'{identity(row, width, digests)}{"  " + extra if extra else ""}{runs}')
-    return [Row(family.name, f'{block["count"]} pending', tuple(items))]
-
-
 class AdmissionPolicy(Policy):
     """A policy decided at enqueue, in the admission script (``lua/admit.lua``, see
     :mod:`rq_policies.engine.admission`): it meets :class:`rq_policies.engine.protocols.AdmissionSide`, whose methods
@@ -317,74 +220,30 @@ class AdmissionPolicy(Policy):
     """
 
     kind: ClassVar[str] = ADMISSION
-    #: The job is written as a scheduled one even without a time (the policy's part sets the time).
-    schedules: ClassVar[bool] = False
-    #: ``(field, value)``: :meth:`ended` has something to free only for a job whose hash, as the fetch that took it
-    #: read it, holds ``field`` set to ``value``; the worker's end-of-run pipeline leaves the policy out for any other
-    #: job (``admission.ending``). None (the default): :meth:`ended` runs at the end of every job's run. A replayed
-    #: fetch, which reads no hash, runs every policy's.
     ended_when: ClassVar[tuple[str, str] | None] = None
+    identity_families: ClassVar[tuple[Family, ...]] = ()
 
-    @property
-    def probes(self) -> bool:
-        """Can an expected drop be decided by the checks alone, before rq builds the job (the hinted fast path)?"""
-        return True
-
-    def admit_part(self, call: Any, queue: Any, digest: str) -> dict[str, Any]:
-        """See :meth:`rq_policies.engine.protocols.AdmissionSide.admit_part` (documented there)."""
+    def admit_part(self, call: Call, queue: Queue, digest: str) -> Mapping[str, object]:
+        """See :meth:`rq_policies.engine.protocols.AdmissionSide.admit_part`."""
         return {}
 
-    def job_fields(self, queue: str, digest: str) -> list[str]:
-        """See :meth:`rq_policies.engine.protocols.Declared.job_fields` (documented there)."""
-        return []
-
-    def narrow_part(self, queue: Any, digest: str) -> tuple[str, list[str]] | None:
-        """See :meth:`rq_policies.engine.protocols.AdmissionSide.narrow_part` (documented there)."""
+    def narrow_part(self, queue: Queue, digest: str) -> tuple[str, list[str]] | None:
+        """See :meth:`rq_policies.engine.protocols.AdmissionSide.narrow_part`."""
         return None
 
-    def leased_keys(self, queue: str, digest: str) -> list[str]:
-        """Keys this policy writes with the job hash's lifetime (a deferred job's lease is dropped from them too)."""
-        return []
-
-    @classmethod
-    def release(cls, connection: Any, job_prefix: str, job_ids: list[str]) -> None:
-        """See :meth:`rq_policies.engine.protocols.AdmissionSide.release` (documented there)."""
-
-    @classmethod
-    def ended(cls, pipeline: Any, job_prefix: str, job_id: str) -> None:
-        """See :meth:`rq_policies.engine.protocols.AdmissionSide.ended` (documented there)."""
-
-    def validate(self, job: Any, mode: str, force: bool) -> None:
-        """See :meth:`rq_policies.engine.protocols.Declared.validate` (documented there)."""
-
-    def hint_seconds(self, verdict: Any) -> float:
-        """See :meth:`rq_policies.engine.protocols.Declared.hint_seconds` (documented there)."""
-        return 0.0
-
     def on_drop(self, func_name: str, queue: str, verdict: Any) -> None:
-        """See :meth:`rq_policies.engine.protocols.AdmissionSide.on_drop` (documented there)."""
+        """See :meth:`rq_policies.engine.protocols.AdmissionSide.on_drop`."""
         if logger.isEnabledFor(logging.INFO):
             logger.info('rq-policies: dropped %s on queue %r (%s): identity held by job %s', func_name, queue,
                         self.name, verdict.job_id)
 
-    def on_admit(self, job: Any, queue: str, verdict: Any) -> None:
-        """See :meth:`rq_policies.engine.protocols.Declared.on_admit` (documented there)."""
+    @classmethod
+    def release(cls, connection: Redis | Pipeline, job_prefix: str, job_ids: list[str], ended: bool = False) -> None:
+        """See :meth:`rq_policies.engine.protocols.AdmissionSide.release`."""
 
     @classmethod
-    def describe(cls, family: Any, block: dict[str, Any], digests: bool = False,
-                 width: int = 40) -> list[Row | str]:
-        """The rows ``rq-policies info`` prints for one of this policy's key families on one queue (``block`` is
-        what ``info --json`` shows for it: ``count`` and the listed ``entries``); an identity is shown as its job's
-        description (:func:`rq_policies.engine.readable.identity`), with the whole digest when ``digests``."""
-        from .readable import identity
-        from .views import Row
-
-        return [Row(family.name, f'{block["count"]} key(s)',
-                    tuple(identity(row, width, digests) for row in block['entries']))]
-
-    @classmethod
-    def reset_part(cls, call: Any, queue: str, digest: str, declared: AdmissionPolicy | None) -> dict[str, Any]:
-        """Add the keys ``lua/reset.lua`` clears for one identity (``declared``: this policy as declared, if it is)."""
+    def reset_part(cls, call: Call, queue: str, digest: str, declared: AdmissionPolicy | None) -> Mapping[str, object]:
+        """See :meth:`rq_policies.engine.protocols.AdmissionSide.reset_part`."""
         return {}
 
 
@@ -397,121 +256,18 @@ class FetchPolicy(Policy):
     """
 
     kind: ClassVar[str] = FETCH
-    #: Declared on the job's function (``@policy(...)``, its setting stored on each job hash) rather than configured
-    #: per queue in Redis: the contract suite tests such a policy through its examples (its test folder's
-    #: ``examples.py``), not ``configure()``.
     per_job: ClassVar[bool] = False
-    #: The keys of the fetch call (names :meth:`fetch_keys` gave ``call.key``, or ``call.key_list`` for one key per
-    #: queue) whose absence means that the policy's gate passes every queue, its take does nothing, none of its keys
-    #: has parked jobs and its ``source`` has nothing to hand out: while none of the fetch policies' state keys
-    #: exists, a fetch skips every gate, take, source and due key (one EXISTS decides; ``lua/fetch.lua``'s ``state``
-    #: phase). None (the default): the policy's hooks run on every fetch.
     fetch_state: ClassVar[tuple[str, ...] | None] = None
+    queue_settings: ClassVar[str | None] = None
 
     @classmethod
-    def fetch_keys(cls, call: Any, queue_names: list[str]) -> None:
-        """See :meth:`rq_policies.engine.protocols.FetchSide.fetch_keys` (documented there)."""
+    def fetch_keys(cls, call: Call, queue_names: list[str]) -> None:
+        """See :meth:`rq_policies.engine.protocols.FetchSide.fetch_keys`."""
 
     @classmethod
-    def fetch_hold(cls, queue_name: str, token: str, ttl: int) -> Any:
-        """See :meth:`rq_policies.engine.protocols.FetchSide.fetch_hold` (documented there)."""
-        raise NotImplementedError(f'{cls.__name__}: its Lua take() reported a hold, so it must say which one')
-
-    @classmethod
-    def release_hold(cls, connection: Any, hold: Any, wake: str) -> bool:
-        """See :meth:`rq_policies.engine.protocols.FetchSide.release_hold` (documented there)."""
+    def release_hold(cls, connection: Redis | Pipeline, hold: Hold, wake: str) -> bool:
+        """See :meth:`rq_policies.engine.protocols.FetchSide.release_hold`."""
         raise NotImplementedError(f'{cls.__name__}: its Lua take() named a ledger, so it must release the hold')
-
-    # -- what state, metrics and the CLI show of it (rq_policies.surfaces.state, .metrics, .cli iterate the registry)
-    # -------
-
-    @classmethod
-    def configured_queues(cls, connection: Any) -> set[str]:
-        """Queues this policy has a setting for (a cap): they count as known and are listed by ``info``."""
-        return set()
-
-    @classmethod
-    def queue_info(cls, connection: Redis, names: list[str], now: float, limit: int | None) -> dict[str, Section]:
-        """Per queue name, this policy's part of that queue in ``rq-policies info``: a
-        :class:`rq_policies.engine.views.Section` whose fields join the queue's ``info --json`` entry and whose
-        ``headline`` and ``rows`` are its text (``limit`` bounds the entries listed, None: all). A name left out: the
-        policy shows nothing for that queue.
-
-        A policy written before sections (one that defines ``queue_state``, returning the dicts, with ``summary``
-        and ``describe_queue`` reading them) is shown as it was, through :class:`LegacyQueue`."""
-        if _overrides(cls, 'queue_state', FetchPolicy):
-            return {name: LegacyQueue(fields, cls) for name, fields in cls.queue_state(connection, names, now,
-                                                                                        limit).items()}
-        return {}
-
-    @classmethod
-    def queue_state(cls, connection: Any, names: list[str], now: float, limit: int | None) -> dict[str, dict]:
-        """:meth:`queue_info` as the plain data ``info --json`` shows (per queue name, the fields this policy adds
-        to that queue's entry), for readers that want the data alone (the dashboard, metrics). A policy defines
-        :meth:`queue_info`, not this."""
-        return {name: found.as_json() for name, found in cls.queue_info(connection, names, now, limit).items()}
-
-    # -- the contract suite (tests/contract): settings, as a policy whose settings live in Redis takes them -------
-
-    @classmethod
-    def configure(cls, connection: Any, queue: str, **settings: Any) -> None:
-        """Give ``queue`` this policy's setting (QueueSlot: ``capacity=``); bad settings raise naming the argument
-        and write nothing."""
-        raise NotImplementedError(f'{cls.__name__}: configure() is how the contract suite sets it up')
-
-    @classmethod
-    def unconfigure(cls, connection: Any, queue: str) -> None:
-        """Remove the setting :meth:`configure` gave ``queue``."""
-        raise NotImplementedError(f'{cls.__name__}: unconfigure() is how the contract suite clears it')
-
-    @classmethod
-    def setting_examples(cls) -> tuple[dict[str, Any], ...]:
-        """Settings for :meth:`configure` under each of which one start is allowed now and the next is refused
-        (the contract suite runs each one)."""
-        return ()
-
-
-
-def _overrides(cls: type, name: str, base: type) -> bool:
-    """Does ``cls`` define hook ``name`` itself, below ``base`` (a policy written before sections)?"""
-    return getattr(cls, name).__func__ is not getattr(base, name).__func__
-
-
-@dataclass(frozen=True)
-class LegacyQueue(Section):
-    """A queue section of a policy that still defines the hooks of before (``queue_state``'s dict, ``summary`` and
-    ``describe_queue`` reading it): its ``--json`` fields are the dict, its words the old hooks' (they get the dict
-    with ``server_time`` added, as before)."""
-
-    fields: dict[str, Any]
-    policy: type[Policy] = text_only()
-
-    def as_json(self) -> dict[str, object]:
-        return dict(self.fields)
-
-    def headline(self) -> str:
-        summary = getattr(self.policy, 'summary', None)
-        return summary(self.fields) if summary else ''
-
-    def rows(self, shown: Shown) -> list[Row | str]:
-        describe = getattr(self.policy, 'describe_queue', None)
-        return list(describe({**self.fields, 'server_time': shown.now})) if describe else []
-
-
-@dataclass(frozen=True)
-class LegacyCluster(Section):
-    """A cluster section of a policy that still defines ``cluster_state`` (its dict) and ``describe_cluster`` (its
-    lines from the dict)."""
-
-    fields: dict[str, Any]
-    policy: type[Policy] = text_only()
-
-    def as_json(self) -> dict[str, object]:
-        return dict(self.fields)
-
-    def rows(self, shown: Shown) -> list[Row | str]:
-        describe = getattr(self.policy, 'describe_cluster', None)
-        return list(describe(self.fields)) if describe else []
 
 
 @dataclass(frozen=True)
@@ -589,11 +345,11 @@ class PolicySet:
 
 
 def check_combination(policies: tuple[Policy, ...]) -> None:
-    """Refuse combinations that mean nothing, with the reason each policy's :meth:`Policy.conflicts` gives."""
+    """Refuse combinations that mean nothing, with the reason a policy's ``excludes`` gives for the other."""
     for item in policies:
-        message = item.conflicts(policies)
-        if message:
-            raise PolicyConfigurationError(f'policy: {message}')
+        for other in policies:
+            if other.name in item.excludes:
+                raise PolicyConfigurationError(f'policy: {item.excludes[other.name]}')
 
 
 #: make_set's sets of one policy, by the policy's id (bounded: a caller building a new policy per call only refills it).

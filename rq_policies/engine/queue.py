@@ -79,7 +79,7 @@ def door_override(default: Any = DECLARED) -> Any:
 
 def door_options() -> dict[str, Any]:
     """The enqueue keyword options the call in progress gave its policies (each policy's ``call_options``, taken
-    out of the call before rq parsed it, so the function never gets them), for their ``call_fields``."""
+    out of the call before rq parsed it, so the function never gets them), for their ``job_fields``."""
     door = _door.get()
     return (door.options if door is not None else None) or {}
 
@@ -694,8 +694,7 @@ class PolicyQueue(Queue):
         mapping = job.to_dict()
         fields = _flatten(mapping)
         for item in policies:
-            fields += item.job_fields(self.name, digest)
-            fields += item.call_fields(job, self.name, digest)
+            fields += item.job_fields(job, self.name, digest)
         ttl = job.ttl if job.ttl and job.ttl > 0 else -1
         if mode == 'D' and ttl < 0:
             ttl = DEFERRED_LEASE_SECONDS
@@ -714,8 +713,8 @@ class PolicyQueue(Queue):
             else:
                 pipe.persist(job.key)
                 for item in spec.policies:
-                    for key in item.leased_keys(self.name, digest):
-                        pipe.persist(key)
+                    if item.leased is not None:
+                        pipe.persist(item.leased.prefix(self.name, digest))
             pipe.execute()
         return job
 

@@ -13,8 +13,6 @@ import time
 from datetime import datetime
 from typing import Any
 
-from .views import Cell
-
 __all__ = ['at', 'cut', 'identity', 'in_seconds', 'local_iso', 'relative', 'span']
 
 #: How wide an identity (a job's description) is shown by default.
@@ -73,8 +71,3 @@ def identity(row: dict[str, Any], width: int = WIDTH, digests: bool = False) -> 
     shown = cut(description, width) if description else (f'job {job_id}' if job_id else row['digest'][:12])
     return f'{shown}  [{row["digest"]}]' if digests else shown
 
-
-def identity_cell(row: dict[str, Any], width: int = WIDTH) -> Cell:
-    """A page cell of an identity: its job's description, and the whole digest under it in small type (selectable,
-    for a reset)."""
-    return Cell(identity(row, width), sub=row['digest'], title=row.get('job_description') or '')

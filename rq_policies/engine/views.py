@@ -1,31 +1,14 @@
-"""What a policy shows, as data: its commands, its metrics and its headings, described by the policy and rendered by
-one generic renderer each (``rq_policies.surfaces.cli`` for commands and ``info``'s lines,
-``rq_policies.surfaces.metrics`` for Prometheus).
+"""What a policy shows, apart from its rules: its views (:class:`PolicyViews`, a subclass in the policy's
+``views.py`` naming the policy) and the descriptions they return, which one generic renderer per surface renders:
+``rq_policies.surfaces.cli`` (commands: :class:`Setting`, :class:`Command`, :class:`Group`, with :class:`Argument`,
+:class:`Option`, :class:`Digits`, a :class:`Reply`, refusals :class:`BadArgument`/:class:`UsageError`; and ``info``'s
+:class:`Section` per queue or per policy, whose fields are its ``--json`` and whose :meth:`~Section.headline` and
+:meth:`~Section.rows` its text), ``rq_policies.surfaces.metrics`` (:class:`Metric`), ``rq_policies.surfaces.dashboard``
+(:class:`Panel` of :class:`Cell`) and ``rq_policies.surfaces.explainer`` (:class:`Explanation`).
 
-A policy module holds its rules; it never imports click, Flask or prometheus_client
-(``tests/engine/test_architecture.py`` checks every policy module's imports, function-local ones included). Instead its
-hooks return these descriptions:
-
-* :meth:`~rq_policies.engine.policy.Policy.commands`: the ``rq-policies`` subcommands it adds, as :class:`Setting`
-  (show,
-  set or ``--clear`` one run-time setting: ``cap``, ``rate``, ``override``, ``fair weight``), :class:`Command` (any
-  other: ``keys``, ``fair pause``) and :class:`Group` (``fair ...``). Their arguments and options are
-  :class:`Argument` and :class:`Option`, integer ones checked by :class:`Digits`; what a command prints is a
-  :class:`Reply` (lines, or the value its ``--json`` prints). A refusal is a :class:`BadArgument` (naming the
-  argument: exit 2) or a :class:`UsageError` (exit 2), raised before anything is written.
-* :meth:`~rq_policies.engine.policy.Policy.metrics`: its Prometheus families, as :class:`Metric` (name, help, kind,
-  labels,
-  samples).
-* what ``info`` shows: a :class:`Section` per policy and queue
-  (:meth:`~rq_policies.engine.policy.FetchPolicy.queue_info`)
-  and per policy for its state that belongs to no queue (:meth:`~rq_policies.engine.policy.Policy.cluster_info`): a
-  dataclass whose fields are the value ``info --json`` prints (:meth:`Section.as_json`) and whose methods say the
-  words of the text from those same fields (:meth:`Section.headline`, :meth:`Section.rows`: :class:`Row` (a label,
-  its text, the entries under it) under a queue, plain strings, and a :class:`Heading` where the renderer puts a bold
-  head), so a policy writes its state once and both outputs come from the one object.
-
-The renderers own the presentation (click's parameter types and styles, prometheus_client's families); the
-descriptions own the words, so an output stays what it was when its renderer changes.
+A policy's modules never import click, Flask or prometheus_client (``tests/engine/test_architecture.py``): the
+renderers own the presentation, the descriptions the words, so an output stays what it was when its renderer changes.
+docs/architecture.md, "Rules and views apart".
 """
 
 from __future__ import annotations
@@ -33,10 +16,18 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import TYPE_CHECKING, Any, Literal, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union
+
+from . import reading
+from .policy import registered
+from .readable import WIDTH, identity, in_seconds
 
 if TYPE_CHECKING:
     from redis import Redis
+
+    from .keyed import KeyedPolicy
+    from .keys import Family
+    from .policy import Policy
 
 #: A command's parsed values, by parameter name (an argument's or option's ``dest``, plus ``as_json``/``force``/
 #: ``clear`` where the command has them), as the command's functions get them.
@@ -230,7 +221,7 @@ class Group:
     commands: tuple[Command | Setting, ...]
 
 
-#: What :meth:`rq_policies.engine.policy.Policy.commands` returns items of.
+#: What :meth:`PolicyViews.commands` returns items of.
 View = Union[Command, Setting, Group]
 
 
@@ -374,7 +365,7 @@ CellValue = Union[Cell, str, int, float, None]
 
 @dataclass
 class Panel:
-    """One table a policy shows on the dashboard (:meth:`rq_policies.engine.policy.Policy.panels`), rendered by
+    """One table a policy shows on the dashboard (:meth:`PolicyViews.panels`), rendered by
     :mod:`rq_policies.surfaces.dashboard.data`.
 
     Its fields read as the keys of the dict a panel was before it was typed (``panel['rows']``), so code that read
@@ -401,7 +392,7 @@ class Panel:
 @dataclass
 class Explanation:
     """A policy's verdict on one job, its part of ``rq-policies explain``
-    (:meth:`rq_policies.engine.policy.Policy.explain`), rendered by :mod:`rq_policies.surfaces.explainer` (the text
+    (:meth:`PolicyViews.explain`), rendered by :mod:`rq_policies.surfaces.explainer` (the text
     lines, ``--json``, the dashboard's job page).
 
     Attributes:
@@ -420,3 +411,239 @@ class Explanation:
     def as_dict(self) -> dict[str, object]:
         """The entry ``explain``'s answer lists: ``{'policy', ...details, 'verdict', 'change'}``."""
         return {'policy': self.policy, **self.details, 'verdict': self.verdict, 'change': self.change}
+
+
+def identity_cell(row: dict[str, Any], width: int = WIDTH) -> Cell:
+    """A page cell of an identity: its job's description, and the whole digest under it in small type (selectable,
+    for a reset)."""
+    return Cell(identity(row, width), sub=row['digest'], title=row.get('job_description') or '')
+
+
+def pending_lines(family: Family, block: dict[str, Any], detail: Callable[[dict[str, Any]], str],
+                  digests: bool = False, width: int = WIDTH) -> list[Row]:
+    """``info``'s lines for a family of pending jobs (a trailing Throttle's, a Debounce's): a count, then one line per
+    identity (its job's description, :func:`rq_policies.engine.readable.identity`) with ``detail(row)`` and when it runs
+    (the key expires at the job's run time)."""
+    items = []
+    for row in block['entries']:
+        runs = f'  runs {in_seconds(row["expires_in"])}' if row['expires_in'] is not None else ''
+        extra = detail(row)
+        items.append(f'{identity(row, width, digests)}{"  " + extra if extra else ""}{runs}')
+    return [Row(family.name, f'{block["count"]} pending', tuple(items))]
+
+
+# -- a policy's views: what it shows, apart from its rules ----------------------------------------------------------
+
+_VIEWS: dict[str, type[PolicyViews]] = {}
+
+
+class PolicyViews:
+    """What one policy shows: its part of ``explain``, ``info``, the dashboard, the metrics and the CLI. A subclass
+    names its policy (``policy = Loner``) and is registered under the policy's name when it is defined; the policy's
+    package imports its rules and its views, so importing the policy registers both. Each method defaults to showing
+    nothing, so a policy's views define only what it has to show; a surface finds them through :func:`shown` and
+    :func:`views_of`, never by importing a policy's module."""
+
+    #: The policy these views show (its class), and its name.
+    policy: ClassVar[type[Policy]]
+    name: ClassVar[str]
+    #: The settings its ``set(queue, ..., connection=)`` takes per queue (a cap, a rate), in the order the dashboard's
+    #: settings form offers them (with ``clear(queue, connection=)``); () for none.
+    queue_settings: ClassVar[tuple[str, ...]] = ()
+    #: Its run-time setting is one limit per key (``set``/``get``/``clear(scope, key, ...)``): the override form.
+    key_limit_setting: ClassVar[bool] = False
+    #: Its run-time switch pauses one key (``pause``/``resume``/``pause_status(scope, key, connection=)``).
+    key_pause_setting: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if 'policy' in cls.__dict__:
+            cls.name = cls.policy.name
+            _VIEWS[cls.name] = cls
+
+    @classmethod
+    def explain(cls, connection: Redis, job: dict[str, str], now: float) -> list[Explanation]:
+        """Its part of ``rq-policies explain`` for one job (:func:`rq_policies.surfaces.explainer.explain`): ``job``
+        is the job hash without its payload (str -> str, the policies' own ``policies_*`` fields, ``id`` and ``now``,
+        the server clock). Answer from Redis alone, building keys from what the job hash stores (never SCAN); empty
+        when it has nothing to say about the job."""
+        return []
+
+    @classmethod
+    def explain_gone(cls, connection: Redis, job_id: str, records: dict[str, Any], now: float) -> list[Explanation]:
+        """Its part of ``explain`` for a job id with no job hash, from what the admission left about that id:
+        ``records`` holds ``superseded`` (the tombstone, ``{'policy', 'by', 'merged'}``), ``dropped`` (the drop
+        record of an enqueue given ``job_id=``: ``{'policy', 'holder', 'n', 'at', 'queue'}``), each None when absent,
+        and ``job_prefix``. Empty when the records are not its own."""
+        return []
+
+    @classmethod
+    def describe(cls, family: Family, block: dict[str, Any], digests: bool = False,
+                 width: int = WIDTH) -> list[Row | str]:
+        """The rows ``info`` prints for one of its identity families on one queue (``block`` is what ``info --json``
+        shows for it: ``count``, the listed ``entries``, and ``server_time``); an identity is shown as its job's
+        description (:func:`rq_policies.engine.readable.identity`), with the whole digest when ``digests``."""
+        return [Row(family.name, f'{block["count"]} key(s)',
+                    tuple(identity(row, width, digests) for row in block['entries']))]
+
+    @classmethod
+    def queue_info(cls, connection: Redis, names: list[str], now: float, limit: int | None) -> dict[str, Section]:
+        """Per queue name, its part of that queue in ``info``: a :class:`Section` whose fields join the queue's
+        ``--json`` entry and whose ``headline`` and ``rows`` are its text (``limit`` bounds the entries listed,
+        None: all). A name left out: nothing for that queue."""
+        return {}
+
+    @classmethod
+    def cluster_info(cls, connection: Redis, now: float, limit: int | None) -> Section | None:
+        """Its state that belongs to no queue (a per-key limit's keys), for ``info``: a :class:`Section` whose
+        fields are ``info --json``'s ``policies.<name>``; ``limit`` bounds the entries listed (None: all)."""
+        return None
+
+    @classmethod
+    def panels(cls, connection: Redis, now: float, limit: int, search: str | None = None) -> list[Panel]:
+        """Its panels on the dashboard, read in a bounded number of commands (SCAN with COUNT and a budget, never
+        KEYS; at most ``limit`` rows a panel, ``note`` saying when there are more), about ``search`` (a queue name,
+        a key, a digest or a job id) when given. The page escapes every cell."""
+        return []
+
+    @classmethod
+    def metrics(cls, connection: Redis, now: float) -> list[Metric]:
+        """Its Prometheus families, read from Redis at scrape time (``now``: the server clock)."""
+        return []
+
+    @classmethod
+    def commands(cls) -> tuple[View, ...]:
+        """The subcommands it adds to ``rq-policies``."""
+        return ()
+
+
+def shown(kind: str | None = None) -> list[type[PolicyViews]]:
+    """The views of every registered policy (of one kind) that has views, in the registry's order."""
+    return [_VIEWS[cls.name] for cls in registered(kind) if cls.name in _VIEWS]
+
+
+def views_of(name: str) -> type[PolicyViews]:
+    """The views of policy ``name`` (the base, which shows nothing, for a policy that has none)."""
+    return _VIEWS.get(name, PolicyViews)
+
+
+def superseded_entry(policy: str, connection: Redis, records: dict[str, Any], pending: str,
+                     change: str) -> list[Explanation]:
+    """The ``explain_gone`` entry of a pending job that a later enqueue of ``policy`` replaced (its tombstone in
+    ``records['superseded']``), or [] when no tombstone of ``policy`` names one. ``pending`` says what the job was (a
+    debounced, a trailing job) and when its replacement runs; ``change`` is the advice, ``{by}`` the job that runs.
+
+    The chain of replacements is followed to the job that will run (``runs_as``, with ``chain`` from the first
+    replacement): ids superseded one by another before pending jobs were rewritten in place each name the next. An
+    id whose enqueue was merged into the pending job in place (its tombstone says ``merged``: that call's job was
+    never written) names the pending job its payload went into."""
+    superseded = records['superseded']
+    if not superseded or superseded['policy'] != policy:
+        return []
+    by = superseded['by']
+    chain, status, queue = reading.follow(connection, records['job_prefix'], by)
+    final = chain[-1]
+    via = f' (via {", ".join(chain[:-1])}, each replaced in turn)' if len(chain) > 1 else ''
+    if superseded.get('merged'):
+        verdict = (f'merged into pending job {final} ({status or "gone"} now){via}: this enqueue\'s payload was '
+                   f'written into that job in place (its own id was never a job)')
+    else:
+        verdict = f'superseded by job {by} ({status or "gone"} now): {pending}, which was deleted'
+        if final != by:
+            verdict = (f'superseded by job {by}, itself replaced: the job that runs is {final} '
+                       f'({status or "gone"} now){via}: {pending}, which was deleted')
+    return [Explanation(policy, verdict, change.format(by=final), {
+        'superseded_by': by, 'runs_as': final, 'chain': chain, 'queue': queue, 'merged': bool(superseded.get('merged')),
+    })]
+
+
+# -- the per-key policies' views (Concurrency, Rate) ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KeyScope:
+    """One scope of a per-key policy in ``rq-policies info``: its keys with state, the jobs of them in use and
+    parked, and the busiest keys (:meth:`KeyedViews.key_rows`'s rows, at most ``--limit``)."""
+
+    keys: int
+    in_use: int
+    parked: int
+    busiest: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class KeyedState(Section):
+    """A per-key policy's part of ``rq-policies info`` (``policies.<name>`` in ``--json``: ``scopes`` and ``now``,
+    the server time its rows were read at): a heading per scope, then its busiest keys' lines
+    (:meth:`KeyedViews.key_lines`)."""
+
+    scopes: dict[str, KeyScope]
+    now: float
+    policy: type[KeyedViews] = text_only()
+
+    def rows(self, shown: Shown) -> list[Row | str]:
+        lines: list[Row | str] = []
+        for scope, entry in self.scopes.items():
+            lines.append(Heading(f'{self.policy.policy.__name__} per key, scope {scope}',
+                                 f'  ({entry.keys} key(s), {entry.in_use} in use, {entry.parked} parked)'))
+            lines += ['  ' + line for line in self.policy.key_lines(entry.busiest, self.now)]
+            if entry.keys > len(entry.busiest):
+                lines.append(f'  ... and {entry.keys - len(entry.busiest)} more (rq-policies keys {scope})')
+        return lines
+
+
+class KeyedViews(PolicyViews):
+    """What the per-key policies show alike: per scope its busiest keys (``info``, ``rq-policies keys``) and a
+    panel per scope from one bounded SCAN; a policy says its keys' rows, their words and its panel's columns."""
+
+    policy: ClassVar[type[KeyedPolicy]]
+    #: The columns of its panel of a scope (one row per key: :meth:`panel_row`).
+    columns: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def key_rows(cls, connection: Redis, scope: str, limit: int = 20, search: str | None = None,
+                 now: float | None = None, names: list[str] | None = None) -> list[dict[str, Any]]:
+        """The keys of ``scope`` it has state for, busiest first, at most ``limit`` (0: all): found by SCAN (MATCH,
+        COUNT), never KEYS, unless ``names`` gives the keys to read (``rq-policies keys``, ``info``, the page)."""
+        raise NotImplementedError
+
+    @classmethod
+    def key_lines(cls, rows: list[dict[str, Any]], now: float) -> list[str]:
+        """``rq-policies keys``'s lines for :meth:`key_rows`."""
+        raise NotImplementedError
+
+    @classmethod
+    def panel_row(cls, row: dict[str, Any], now: float) -> list[CellValue]:
+        """Its panel's row for one of :meth:`key_rows`'s rows."""
+        raise NotImplementedError
+
+    @classmethod
+    def cluster_info(cls, connection: Redis, now: float, limit: int | None) -> Section | None:
+        """Per scope with state: how many keys, in use, parked, and the busiest keys (at most ``limit``)."""
+        out = {}
+        for scope in sorted(reading.scopes(connection, cls.name, holds=cls.policy.holds)):
+            rows = cls.key_rows(connection, scope, 0, None, now)
+            if rows:
+                out[scope] = KeyScope(len(rows), sum(r.get('in_use', 0) for r in rows), sum(r['parked'] for r in rows),
+                                      rows[:limit] if limit else rows)
+        return KeyedState(out, now, cls) if out else None
+
+    @classmethod
+    def panels(cls, connection: Redis, now: float, limit: int, search: str | None = None) -> list[Panel]:
+        """The busiest keys of each scope, from one bounded SCAN walk (:func:`rq_policies.engine.reading.sample_keys`):
+        at most ``PANEL_BUDGET`` keys examined and ``PANEL_KEYS`` keys read per scope, with a note when the walk
+        stopped early (``rq-policies keys SCOPE --limit 0`` reads them all)."""
+        found, complete = reading.sample_keys(connection, cls.name, holds=cls.policy.holds)
+        out = []
+        for scope in sorted(found):
+            names, note = reading.panel_names(found[scope], search, complete)
+            rows = cls.key_rows(connection, scope, limit, search, now, names=names)
+            if rows:
+                out.append(Panel(f'{cls.policy.__name__} per key: {scope}', list(cls.columns),
+                                 [cls.panel_row(row, now) for row in rows], note or ''))
+        return out
+
+
+def keyed_views() -> list[type[KeyedViews]]:
+    """The views of the registered per-key policies, in the registry's order."""
+    return [found for found in shown() if issubclass(found, KeyedViews)]

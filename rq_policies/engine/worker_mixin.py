@@ -268,7 +268,7 @@ class PolicyWorkerMixin:
         """Queue on ``pipeline`` the question ``lua/claim_start.lua`` answers: is the take of ``claim`` still this
         worker's? Its answer is read when the pipeline executes (``Fetcher.start_state``)."""
         fetcher = self._policy_fetcher
-        at = len(pipeline.command_stack)
+        at = len(pipeline)  # a cluster pipeline keeps its commands elsewhere (its command_stack stays empty)
         scripts.run('claim_start', pipeline, [keys.taken(claim.queue_name), claim.record],
                     [claim.job_id, claim.fetch_token])
 
@@ -429,7 +429,7 @@ class PolicyWorkerMixin:
             self._evictions.ride(pipeline, self.connection)  # type: ignore[attr-defined]
             if not self._refresh_on_heartbeat:
                 return
-            at = len(pipeline.command_stack)
+            at = len(pipeline)  # a cluster pipeline keeps its commands elsewhere (its command_stack stays empty)
             sent = ledger.PROCESS.refresh_in(pipeline, ttl=self.hold_ttl)
             if sent:
                 self._watch_refresh(pipeline, at, sent)

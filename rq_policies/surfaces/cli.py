@@ -3,28 +3,36 @@
 It takes the same connection options and environment variables as ``rq`` (``--url``/``RQ_REDIS_URL``,
 ``--config``/``RQ_CONFIG`` with ``REDIS_URL``, ``REDIS_HOST``... or a ``SENTINEL`` dict, and the ``REDIS_*``
 variables when neither is given), because it reuses rq's own option set and connection helper
-(``rq.cli.helpers.pass_cli_config``).
+(``rq.cli.helpers.shared_options`` and ``CliConfig``). They are taken before the subcommand
+(``rq-policies --url URL info``) as well as after it (``rq-policies info --url URL``, as ``rq`` takes them); given in
+both places, the one after the subcommand wins.
 
-Every error is one line on stderr and a non-zero exit (2 for bad usage, 1 for anything else), never a traceback.
+Every error is one line on stderr and a non-zero exit (2 for bad usage, 1 for anything else), never a traceback. A
+negative number where a number is expected (``cap billing -3``) is refused by the argument's type, naming the argument
+and the value, not taken for an unknown option.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
+import os
+import re
 import signal
 import sys
 import threading
+from functools import update_wrapper
 from typing import Any
 
 import click
+from click.core import ParameterSource
 from redis.exceptions import RedisError
-from rq.cli.helpers import pass_cli_config
+from rq.cli.helpers import CliConfig, shared_options
 from rq.utils import import_attribute
 
-from rq_policies import __version__
-from rq_policies.engine import compat, health, identity, keys, views
+from rq_policies.engine import __version__, compat, health, identity, keys, reading, views
 from rq_policies.engine.exceptions import PolicyConfigurationError
-from rq_policies.engine.policy import declared, registered
+from rq_policies.engine.policy import declared
 
 from . import replicas, state
 
@@ -61,13 +69,120 @@ def _connect(cli_config: Any, read_from_replicas: bool = False, keep: bool = Fal
                 conn.close()  # the command reads through the reader only
             conn = reader
     except RedisError as exc:
-        where = cli_config.url or cli_config.config or 'the REDIS_* settings'
-        raise CommandError(f'cannot reach Redis ({where}): {exc}') from None
+        at = _address(cli_config)
+        raise CommandError(f'cannot reach Redis{" at " + at if at else ""} '
+                           f'({getattr(cli_config, "source", None) or _source(cli_config)}): {exc}') from None
     except PolicyConfigurationError as exc:
         raise CommandError(str(exc)) from None
     except (ImportError, ValueError) as exc:  # a bad --config module, a malformed URL
         raise CommandError(f'cannot connect to Redis: {exc}') from None
     return conn
+
+
+def _address(cli_config: Any) -> str | None:
+    """Where the client connects (``host:port/db`` or a socket path), without a password; None when unknown (a
+    cluster, a Sentinel)."""
+    connection = getattr(cli_config, '_connection', None)
+    pool = getattr(connection, 'connection_pool', None)
+    found = getattr(pool, 'connection_kwargs', None) or {}
+    if found.get('path'):
+        return str(found['path'])
+    if found.get('host'):
+        return f'{found["host"]}:{found.get("port", 6379)}/{found.get("db", 0)}'
+    return None
+
+
+def _source(cli_config: Any, url_from: str = '--url') -> str:
+    """Which setting chose the server, as the error of an unreachable one names it (rq's order: ``--url``, then
+    ``--config``, then the ``REDIS_*`` variables of the environment)."""
+    if cli_config.url:
+        return f'from {url_from}'
+    if cli_config.config:
+        return f'from --config {cli_config.config}'
+    if os.environ.get('REDIS_URL') is not None:
+        return 'from REDIS_URL; --url or RQ_REDIS_URL chooses another'
+    if any(os.environ.get(name) for name in ('REDIS_HOST', 'REDIS_PORT', 'REDIS_DB')):
+        return 'from the REDIS_HOST/REDIS_PORT/REDIS_DB variables; --url or RQ_REDIS_URL chooses another'
+    return 'no --url, RQ_REDIS_URL, --config or REDIS_URL given: pass --url redis://HOST:PORT/DB'
+
+
+def _shared_names() -> tuple[str, ...]:
+    def probe() -> None:
+        pass
+
+    for option in shared_options:
+        option(probe)
+    return tuple(param.name for param in probe.__click_params__)  # type: ignore[attr-defined]
+
+
+#: rq's connection options' parameter names (url, config, path, ...), which the group takes too.
+_SHARED = _shared_names()
+
+
+def pass_cli_config(func: Any) -> Any:
+    """rq's ``pass_cli_config`` (its connection options on the command, a ``CliConfig`` passed first), with the
+    options given before the subcommand (kept by :func:`main`) used where the command's own were not given."""
+    for option in shared_options:
+        func = option(func)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        ctx = click.get_current_context()
+        before = ctx.find_root().meta.get('rq_policies.connection', {})
+        url_from = '--url'
+        for name, value in before.items():
+            if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.PROMPT):
+                continue  # after the subcommand wins
+            kwargs[name] = value
+        if ctx.get_parameter_source('url') is ParameterSource.ENVIRONMENT and 'url' not in before:
+            url_from = 'RQ_REDIS_URL'
+        cli_config = CliConfig(**kwargs)
+        cli_config.source = _source(cli_config, url_from)
+        return ctx.invoke(func, cli_config, *args[1:], **kwargs)
+
+    return update_wrapper(wrapper, func)
+
+
+#: A token that is a negative number (``-3``, ``-0.5``, ``-3/60s``), never an option of ours.
+_NEGATIVE = re.compile(r'-\.?[0-9]')
+
+
+class Command(click.Command):
+    """Every command of ``rq-policies``: a negative number (``cap billing -3``) reaches the argument or option it is
+    the value of, so that its type refuses it naming the argument and the value, instead of click's ``No such option:
+    -3``. Any other unknown option is still refused by click."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        negative, unknown, names = _scan(self, ctx, args)
+        if negative and unknown is not None:  # click would name the number: name the option instead
+            raise click.NoSuchOption(unknown, possibilities=difflib.get_close_matches(unknown, names), ctx=ctx)
+        if negative:
+            ctx.ignore_unknown_options = True
+        return super().parse_args(ctx, args)
+
+
+def _scan(command: click.Command, ctx: click.Context, args: list[str]) -> tuple[bool, str | None, list[str]]:
+    """Whether ``args`` hold a negative number, the first other token click would take for an unknown option (None
+    if none), and the command's option names."""
+    takes_value, flags = set(), set()
+    for param in command.get_params(ctx):
+        if isinstance(param, click.Option):
+            names = [*param.opts, *param.secondary_opts]
+            (flags if param.is_flag or param.count else takes_value).update(names)
+    negative, unknown, skip = False, None, False
+    for token in args:
+        if skip:
+            skip = False
+            continue
+        if token == '--':
+            break
+        if token in takes_value:
+            skip = True
+        elif _NEGATIVE.match(token):
+            negative = True
+        elif (unknown is None and token.startswith('-') and len(token) > 1 and token not in flags
+              and token.split('=', 1)[0] not in takes_value):
+            unknown = token
+    return negative, unknown, sorted(takes_value | flags)
 
 
 #: What a refusal of an unknown queue suggests, per command: only options the command has (a test walks them).
@@ -81,7 +196,7 @@ _UNKNOWN_QUEUE_HINTS = {
 
 def _require_known(conn: Any, queue: str, force: bool = False, command: str = 'cap') -> None:
     """Refuse a queue nothing has seen (rq, a policy setting, a live worker), with a hint the command can follow."""
-    if force or state.known_queue(conn, queue):
+    if force or reading.known_queue(conn, queue):
         return
     hint = _UNKNOWN_QUEUE_HINTS.get(command)
     raise CommandError(
@@ -123,16 +238,31 @@ def _parse_value(text: str) -> Any:
         return text
 
 
+def _group_options(func: Any) -> Any:
+    for option in shared_options:
+        func = option(func)
+    return func
+
+
 @click.group()
 @click.version_option(__version__, prog_name='rq-policies')
-def main() -> None:
-    """Inspect and change rq-policies state: caps, holds, identities, limited-capacity workers, metrics."""
+@_group_options
+@click.pass_context
+def main(ctx: click.Context, **options: Any) -> None:
+    """Inspect and change rq-policies state: caps, holds, identities, limited-capacity workers, metrics.
+
+    rq's connection options (--url, --config, ...) go before the COMMAND or after it; after it, they win.
+    """
+    ctx.meta['rq_policies.connection'] = {
+        name: value for name, value in options.items()
+        if name in _SHARED and ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE
+    }
 
 
 # -- info -----------------------------------------------------------------------------------------------------------
 
 
-@main.command()
+@main.command(cls=Command)
 @click.argument('queues', nargs=-1)
 @click.option('--json', 'as_json', is_flag=True, help='Print the state as JSON (for scripts).')
 @click.option('--limit', type=Digits('an integer >= 0'), default=20, show_default=True,
@@ -198,9 +328,22 @@ def _print_info(found: state.Survey, digests: bool = False, width: int = 40) -> 
         words = state.headline(sections)
         click.echo(f'{head}  ({", ".join(words)})' if words else head)
         for section in sections:
-            _echo_rows(section.rows(shown))
+            _echo_rows(_family_rows(section, shown) if isinstance(section, state.IdentityFamily)
+                       else section.rows(shown))
     for section in [*found.policies.values(), found.workers]:
         _echo_rows(section.rows(shown))
+
+
+def _family_rows(found: state.IdentityFamily, shown: views.Shown) -> list[Any]:
+    """An identity family's rows: its policy's words (its views' ``describe``), then how many more are not listed."""
+    if not found.count:
+        return []
+    block = {**found.as_json()[found.family.name], 'server_time': shown.now}
+    rows = list(views.views_of(found.family.policy).describe(found.family, block, digests=shown.digests,
+                                                                width=shown.width))
+    if found.count > len(found.entries):
+        rows.append(f'    ... and {found.count - len(found.entries)} more (--limit 0 lists all)')
+    return rows
 
 
 # -- reset ----------------------------------------------------------------------------------------------------------
@@ -244,7 +387,7 @@ def _wait_replicas(conn: Any, values: dict[str, Any]) -> None:
     click.echo(f'On {got} replica(s).', err=True)
 
 
-@main.command()
+@main.command(cls=Command)
 @click.argument('queue')
 @click.argument('function')
 @click.argument('args', nargs=-1)
@@ -299,7 +442,7 @@ def _resolve(function: str) -> tuple[str, Any, Any]:
 # -- explain --------------------------------------------------------------------------------------------------------
 
 
-@main.command()
+@main.command(cls=Command)
 @click.argument('job_id')
 @click.option('--json', 'as_json', is_flag=True, help='Print the answer as JSON (for tools).')
 @READ_FROM_REPLICAS
@@ -323,7 +466,7 @@ def explain(cli_config: Any, job_id: str, as_json: bool, read_from_replicas: boo
 # -- exporter -------------------------------------------------------------------------------------------------------
 
 
-@main.command()
+@main.command(cls=Command)
 @click.option('--port', type=Digits('a port number from 1 to 65535', 1, 65535), default=9121, show_default=True,
               help='Port to serve on.')
 @click.option('--addr', default='0.0.0.0', show_default=True, help='Address to bind.')
@@ -340,26 +483,33 @@ def exporter(cli_config: Any, port: int, addr: str, read_from_replicas: bool, **
         server = make_server(conn, port, addr)
     except OSError as exc:
         raise CommandError(f'cannot serve on {addr}:{port}: {exc.strerror or exc}') from None
+    _serve(server, 'exporter', f'Serving rq-policies metrics on http://{addr}:{port}/metrics')
+
+
+def _serve(server: Any, name: str, banner: str, close: Any = None) -> None:
+    """Serve until SIGTERM or SIGINT, then close the server (and ``close()`` what it leaves)."""
 
     def stop(signum: int, frame: Any) -> None:
         # Raising here would be wrong: the signal can land while wsgiref is inside a request, and its handler
         # catches everything (KeyboardInterrupt included), prints it, and serves on. shutdown() must come from
         # another thread than serve_forever's; the loop then ends within its 0.5 s poll.
-        threading.Thread(target=server.shutdown, name='exporter-stop', daemon=True).start()
+        threading.Thread(target=server.shutdown, name=f'{name}-stop', daemon=True).start()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    click.echo(f'Serving rq-policies metrics on http://{addr}:{port}/metrics', err=True)
+    click.echo(banner, err=True)
     try:
         server.serve_forever()
     finally:
         server.server_close()
+        if close is not None:
+            close()
 
 
 # -- dashboard ------------------------------------------------------------------------------------------------------
 
 
-@main.command()
+@main.command(cls=Command)
 @click.option('--port', type=Digits('a port number from 1 to 65535', 1, 65535), default=9181, show_default=True,
               help='Port to serve on.')
 @click.option('--host', default='127.0.0.1', show_default=True,
@@ -379,11 +529,18 @@ def dashboard(cli_config: Any, port: int, host: str, allow_actions: bool, refres
     With --read-from-replicas the pages read a cluster's replicas; the actions (--allow-actions) still use the
     primary."""
     try:
-        from .dashboard.serve import serve
+        from .dashboard.serve import server
     except ImportError as exc:
         raise CommandError(str(exc)) from None
-    serve(_connect(cli_config, read_from_replicas, keep=True), host, port, allow_actions=allow_actions,
-          refresh_seconds=refresh, read_from_replicas=read_from_replicas, error=CommandError)
+    conn = _connect(cli_config, read_from_replicas, keep=True)
+    try:
+        served, close = server(conn, host, port, allow_actions=allow_actions, refresh_seconds=refresh,
+                               read_from_replicas=read_from_replicas)
+    except OSError as exc:
+        raise CommandError(f'cannot serve on {host}:{port}: {exc.strerror or exc}') from None
+    mode = 'actions on' if allow_actions else 'read-only'
+    _serve(served, 'dashboard', f'Serving the rq-policies dashboard ({mode}) on http://{host}:{served.server_port}/',
+           close)
 
 
 # -- entry point ----------------------------------------------------------------------------------------------------
@@ -446,7 +603,7 @@ def _command(view: views.Command) -> click.Command:
         _refusals(body)(cli_config, values)
 
     callback.__doc__ = view.help
-    return click.command(view.name)(_parameters(callback, view.arguments, view.options))
+    return click.command(view.name, cls=Command)(_parameters(callback, view.arguments, view.options))
 
 
 def _setting(view: views.Setting) -> click.Command:
@@ -480,7 +637,7 @@ def _setting(view: views.Setting) -> click.Command:
         options.append(views.Option('--json', 'as_json', view.json_help, is_flag=True))
     arguments = view.targets + (views.Argument(view.value.name, False, view.value.kind, view.value.metavar),)
     callback.__doc__ = view.help
-    return click.command(view.name)(_parameters(callback, arguments, tuple(options)))
+    return click.command(view.name, cls=Command)(_parameters(callback, arguments, tuple(options)))
 
 
 def _group(view: views.Group) -> click.Group:
@@ -503,8 +660,8 @@ def _view(view: views.View) -> click.Command:
     return _command(view)
 
 
-for _cls in registered():
-    for _description in _cls.commands():
+for _views in views.shown():
+    for _description in _views.commands():
         main.add_command(_view(_description))
 
 

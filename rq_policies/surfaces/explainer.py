@@ -1,18 +1,19 @@
 """``explain``: why is this job where it is? Its status and queue, and each policy's verdict on it now.
 
 Answers from Redis alone (no application import): the job hash says which policies it was admitted under, because each
-admission policy stores what it needs there (:meth:`rq_policies.engine.policy.AdmissionPolicy.job_fields`: the key of
-its state, a setting such as a throttle's width). Every registered policy contributes its own part through
-:meth:`rq_policies.engine.policy.Policy.explain`, so a new policy explains itself in its own module. Every key read is
-built from the job hash, never found by SCAN, so the answer costs a few round trips however many identities are live.
+admission policy stores what it needs there (its ``job_fields``: the key of its state, a setting such as a throttle's
+width). Every registered policy contributes its own part through its views
+(:meth:`rq_policies.engine.views.PolicyViews.explain`), so a new policy explains itself in its own folder. Every key
+read is built from the job hash, never found by SCAN, so the answer costs a few round trips however many identities are
+live.
 
-A job id with no job hash may still have an answer: a pending job that was deleted (by a force; before 0.3, by a
-later enqueue) leaves a tombstone naming its replacement (``keys.superseded``), which ``explain`` follows from
-tombstone to tombstone to the job that will run; an enqueue merged into a pending job in place leaves a merge record
-naming that job under the same key; and an enqueue a policy dropped leaves a drop record
-naming the holder (``keys.dropped``), but only when the caller chose the job id (``job_id=``): a dropped enqueue
-returns None, so an id rq drew is never seen by anyone, and the common path writes nothing more. Each policy reads
-the records that are its own (:meth:`rq_policies.engine.policy.Policy.explain_gone`).
+A job id with no job hash may still have an answer: a pending job that was deleted (by a force; before 0.3, by a later
+enqueue) leaves a tombstone naming its replacement (``keys.superseded``), which ``explain`` follows from tombstone to
+tombstone to the job that will run (:func:`rq_policies.engine.reading.follow`); an enqueue merged into a pending job in
+place leaves a merge record naming that job under the same key; and an enqueue a policy dropped leaves a drop record
+naming the holder (``keys.dropped``), but only when the caller chose the job id (``job_id=``): a dropped enqueue returns
+None, so an id rq drew is never seen by anyone, and the common path writes nothing more. Each policy reads the records
+that are its own (:meth:`rq_policies.engine.views.PolicyViews.explain_gone`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from rq.queue import Queue
 from rq_policies.engine import keys, views
 from rq_policies.engine.exceptions import PolicyError
 from rq_policies.engine.ops import text, time_in
-from rq_policies.engine.policy import registered
+from rq_policies.engine.reading import read_tombstone
 
 #: Job hash fields read (the payload itself, ``data``, is never read).
 _FIELDS = ('status', 'origin', 'description', 'enqueued_at', 'created_at', 'started_at', 'ended_at', 'worker_name')
@@ -104,7 +105,7 @@ def explain(job_id: str, connection: Any, job_prefix: str = Job.redis_job_namesp
         position = int(found) if found is not None else None
     now = float(job['now'])
     parts: list[dict[str, Any]] = []
-    for cls in registered():
+    for cls in views.shown():
         parts += [_entry(part) for part in cls.explain(connection, job, now)]
     return {'job': job_id, 'exists': True, 'status': job.get('status', ''), 'queue': queue, 'position': position,
             'worker': job.get('worker_name') or None, 'policies': parts}
@@ -127,47 +128,6 @@ def _drop_record(raw: str, now: float, left_ms: int) -> dict[str, Any]:
     return record
 
 
-def read_tombstone(raw: Any) -> dict[str, Any] | None:
-    """A tombstone (``keys.superseded``, lib/pending.lua) as ``{'policy', 'by', 'merged'}``: "<policy> <by>" (a
-    pending job deleted and replaced by job ``by``) or "<policy> <by> merged <created>" (an enqueue whose payload was
-    written into pending job ``by`` in place: its own id was never a job). None for none, and for a rewrite guard
-    ("rewrite ..."), which the fetch reads and which says nothing of a gone id."""
-    if raw is None:
-        return None
-    value = text(raw)
-    if value.startswith('rewrite '):
-        return None
-    policy, _, rest = value.partition(' ')
-    by, _, how = rest.partition(' ')
-    return {'policy': policy, 'by': by, 'merged': how.split(' ')[0] == 'merged'}
-
-
-#: The most tombstones ``explain`` follows from a gone id to the job that will run (each hop is one round trip).
-CHAIN_HOPS = 32
-
-
-def follow(connection: Any, job_prefix: str, by: str) -> tuple[list[str], str, str]:
-    """Follow a chain of replacements from job ``by`` (the job that replaced a gone one) to the job that will run:
-    while a job in the chain has no hash but a tombstone of its own (it was itself superseded, or merged, as
-    pending jobs were before they were rewritten in place), go on to the job that one names. Returns (the chain,
-    ``by`` first; the last job's status and queue, '' when it is gone too)."""
-    chain = [by]
-    status, queue = '', ''
-    for _ in range(CHAIN_HOPS):
-        with connection.pipeline(transaction=False) as pipe:
-            pipe.hmget(job_prefix + chain[-1], 'status', 'origin')
-            pipe.get(keys.superseded(chain[-1]))
-            (status, queue), raw = pipe.execute()
-        status, queue = text(status) if status is not None else '', text(queue) if queue is not None else ''
-        if status or queue:
-            break
-        nxt = read_tombstone(raw)
-        if nxt is None or not nxt['by'] or nxt['by'] in chain:
-            break
-        chain.append(nxt['by'])
-    return chain, status, queue
-
-
 def _gone(connection: Any, job_id: str, job_prefix: str) -> dict[str, Any]:
     """The answer for an id with no job hash, from its tombstone and drop record; UnknownJob when a policy has none."""
     with connection.pipeline(transaction=False) as pipe:
@@ -188,7 +148,7 @@ def _gone(connection: Any, job_id: str, job_prefix: str) -> dict[str, Any]:
         'job_prefix': job_prefix,
     }
     parts: list[dict[str, Any]] = []
-    for cls in registered():
+    for cls in views.shown():
         parts += [_entry(part) for part in cls.explain_gone(connection, job_id, records, now)]
     if not parts:
         raise UnknownJob(job_id)

@@ -75,7 +75,6 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from rq_policies.engine import health, keys, views
-from rq_policies.engine.policy import registered
 
 from . import replicas, state
 
@@ -178,7 +177,7 @@ class PolicyCollector(Collector):
         for row in drops:
             dropped.add_metric([row['policy'], row['queue']], row['count'])
         families = [running, maximum, remaining, queued]
-        for cls in registered():
+        for cls in views.shown():
             families.extend(family(metric) for metric in cls.metrics(conn, now))
         eviction = GaugeMetricFamily(
             'rq_policies_eviction_unsafe',

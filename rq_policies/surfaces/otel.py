@@ -1,10 +1,14 @@
 """OpenTelemetry traces and metrics for every policy decision (``pip install 'rq-policies[otel]'``).
 
-Off until you switch it on, and free while off::
+Off until you switch it on, and free while off. Zero-code, as OpenTelemetry's own instrumentations: the
+:class:`RQPoliciesInstrumentor` is registered under the ``opentelemetry_instrumentor`` entry point (as
+``rq_policies``), so ``opentelemetry-instrument rq worker -w rq_policies.PolicyWorker QUEUE`` and
+``opentelemetry-instrument python app.py`` switch it on with the SDK the distro configures. In code::
 
     import rq_policies.surfaces.otel
     rq_policies.surfaces.otel.instrument()                      # the global tracer and meter providers
     rq_policies.surfaces.otel.instrument(connection=redis)      # plus gauges read from Redis (parked jobs per key, ...)
+    rq_policies.surfaces.otel.RQPoliciesInstrumentor().instrument()   # the same, the BaseInstrumentor way
 
 A span of kind PRODUCER named ``send <queue>`` per door decision (admitted, pending, replaced, dropped, raised), its
 context carried to the worker in the job's ``meta`` (``traceparent``), a ``process <queue>`` span per job a
@@ -15,16 +19,21 @@ How it is built: the engine never imports this module. :func:`instrument` regist
 (:mod:`rq_policies.engine.events`): :func:`observe`, which the door core calls with each plan, verdict and error
 (the span's attributes are the plan's and the verdict's), and :func:`perform`, around each job a worker runs.
 Importing this module imports nothing of OpenTelemetry; only :func:`instrument` imports its API (an ImportError
-naming the extra when it is missing).
+naming the extra when it is missing), and :class:`RQPoliciesInstrumentor` is built at its first lookup (the module's
+``__getattr__``), which imports ``opentelemetry-instrumentation``'s ``BaseInstrumentor``.
 """
 
 from __future__ import annotations
 
 import time
+import traceback
+from collections.abc import Collection
+from datetime import datetime, timezone
 from typing import Any
 
 from rq_policies.engine import events
-from rq_policies.engine.policy import by_name, registered
+from rq_policies.engine.keyed import KeyedPolicy
+from rq_policies.engine.policy import by_name
 
 from . import state
 
@@ -69,7 +78,7 @@ def instrument(tracer_provider: Any = None, meter_provider: Any = None, connecti
     if isinstance(top_keys, bool) or not isinstance(top_keys, int) or top_keys < 0:
         raise ValueError(f'top_keys must be an int >= 0, got {top_keys!r}')
     api = _Api()
-    from rq_policies import __version__ as version
+    from rq_policies.engine import __version__ as version
 
     tracer = api.trace.get_tracer('rq_policies', version, tracer_provider=tracer_provider)
     meter = api.metrics.get_meter('rq_policies', version, meter_provider=meter_provider)
@@ -98,6 +107,57 @@ def uninstrument() -> None:
     INSTRUMENTS.clear()
 
 
+#: What the instrumentor instruments, as OpenTelemetry's instrumentations name it (``instrumentation_dependencies``).
+INSTRUMENTS_RQ: tuple[str, ...] = ('rq >= 2.12, < 4',)
+
+_INSTRUMENTOR: Any = None  # the RQPoliciesInstrumentor class, built at its first lookup
+
+
+def _instrumentor_class() -> Any:
+    """Build :class:`RQPoliciesInstrumentor` (once): a ``BaseInstrumentor`` whose ``instrument()`` is
+    :func:`instrument` and ``uninstrument()`` :func:`uninstrument`."""
+    global _INSTRUMENTOR
+    if _INSTRUMENTOR is not None:
+        return _INSTRUMENTOR
+    try:
+        from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+    except ImportError as exc:
+        raise ImportError("rq_policies' instrumentor needs opentelemetry-instrumentation: "
+                          "pip install 'rq-policies[otel]'") from exc
+
+    class RQPoliciesInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+        """rq-policies' OpenTelemetry instrumentor: a ``send <queue>`` span per door decision, its context carried
+        on the job, a ``process <queue>`` span per job a PolicyWorker runs, and the metrics (docs/opentelemetry.md).
+
+        ``opentelemetry-instrument`` finds it under the ``opentelemetry_instrumentor`` entry point ``rq_policies``
+        (``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=rq_policies`` leaves it out). In code,
+        ``RQPoliciesInstrumentor().instrument(tracer_provider=..., meter_provider=..., connection=..., top_keys=...)``
+        takes :func:`instrument`'s arguments; ``uninstrument()`` switches it off.
+        """
+
+        def instrumentation_dependencies(self) -> Collection[str]:
+            return INSTRUMENTS_RQ
+
+        def _instrument(self, **kwargs: Any) -> None:
+            instrument(tracer_provider=kwargs.get('tracer_provider'), meter_provider=kwargs.get('meter_provider'),
+                       connection=kwargs.get('connection'), top_keys=kwargs.get('top_keys', 10))
+
+        def _uninstrument(self, **kwargs: Any) -> None:
+            uninstrument()
+
+    RQPoliciesInstrumentor.__qualname__ = 'RQPoliciesInstrumentor'
+    _INSTRUMENTOR = RQPoliciesInstrumentor
+    return RQPoliciesInstrumentor
+
+
+def __getattr__(name: str) -> Any:
+    """``RQPoliciesInstrumentor``, built at its first lookup (importing this module imports nothing of
+    OpenTelemetry)."""
+    if name == 'RQPoliciesInstrumentor':
+        return _instrumentor_class()
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
 class _RedisGauges:
     """The gauges read from Redis at each collection (the state :mod:`rq_policies.surfaces.metrics` exports)."""
 
@@ -119,15 +179,15 @@ class _RedisGauges:
         """(policy, scope, key, parked, in_use), the busiest ``top_keys`` keys per scope and an ``(other)`` row."""
         now = state.server_now(self.connection)
         rows = []
-        for cls in registered():
-            found = cls.cluster_state(self.connection, now, None)
-            for scope, entry in (found or {}).get('scopes', {}).items() if isinstance(found, dict) else ():
+        for name, section in state.policies_state(self.connection, now, None).items():
+            found = section.as_json()
+            for scope, entry in found.get('scopes', {}).items():
                 busiest = entry.get('busiest') or []
                 for row in busiest[:self.top]:
-                    rows.append((cls.name, scope, row['key'], int(row.get('parked', 0)), int(row.get('in_use', 0))))
+                    rows.append((name, scope, row['key'], int(row.get('parked', 0)), int(row.get('in_use', 0))))
                 rest = busiest[self.top:]
                 if rest:
-                    rows.append((cls.name, scope, '(other)', sum(int(r.get('parked', 0)) for r in rest),
+                    rows.append((name, scope, '(other)', sum(int(r.get('parked', 0)) for r in rest),
                                  sum(int(r.get('in_use', 0)) for r in rest)))
         return rows
 
@@ -209,9 +269,8 @@ def _start(plan: Any) -> Any:
         attributes['rq_policies.identity'] = digest
     if spec is not None:
         for item in spec.policies:
-            key_of = getattr(item, 'key_of', None)
-            if key_of is not None:
-                scope, key = key_of(job, digest)
+            if isinstance(item, KeyedPolicy):
+                scope, key = item.key_of(job, digest)
                 attributes['rq_policies.scope'], attributes['rq_policies.key'] = str(scope), str(key)
     return TRACER.start_span(f'send {queue.name}', kind=_api.producer, attributes=attributes)
 
@@ -298,6 +357,41 @@ def context_of(job: Any) -> Any:
     return _api.propagator.extract(carrier)
 
 
+def _time_in_queue(job: Any) -> float | None:
+    """Seconds from the job's ``enqueued_at`` to now (its run's start), or None when rq recorded none."""
+    enqueued = getattr(job, 'enqueued_at', None)
+    if enqueued is None:
+        return None
+    if enqueued.tzinfo is None:  # rq 2.12 stores naive UTC
+        enqueued = enqueued.replace(tzinfo=timezone.utc)
+    return max(0.0, (datetime.now(timezone.utc) - enqueued).total_seconds())
+
+
+def _catch(run: Any, job: Any) -> tuple[list[Any], Any]:
+    """A list that the worker's exception handlers fill with ``job``'s exception, and the function that takes the
+    handler out again (a no-op when ``run`` is not a worker's bound ``perform_job``).
+
+    rq catches a job's exception inside ``perform_job`` and hands it to the worker's exception handlers (after
+    rq-policies' own outcome: a back-off or a lost start is no failure and reaches none); this handler, put first,
+    records it and lets the others run."""
+    handlers = getattr(getattr(run, '__self__', None), '_exc_handlers', None)
+    if not isinstance(handlers, list):
+        return [], lambda: None
+    seen: list[Any] = []
+
+    def catch(failed: Any, *exc_info: Any) -> bool:
+        if getattr(failed, 'id', None) == job.id and len(exc_info) > 1 and exc_info[1] is not None:
+            seen.append(exc_info[1])
+        return True  # fall through to the next handler
+
+    def remove() -> None:
+        if catch in handlers:
+            handlers.remove(catch)
+
+    handlers.insert(0, catch)
+    return seen, remove
+
+
 def perform(run: Any, job: Any, queue: Any, *args: Any) -> Any:
     """The run observer :func:`instrument` registers: ``run(job, queue, *args)`` (rq's ``perform_job``, in the work
     horse) inside the job's ``process`` span, a child of the producer's span carried on the job; then the provider
@@ -306,13 +400,25 @@ def perform(run: Any, job: Any, queue: Any, *args: Any) -> Any:
         'messaging.system': 'rq', 'messaging.destination.name': queue.name, 'messaging.operation.type': 'process',
         'messaging.operation.name': 'perform', 'messaging.message.id': job.id, 'rq.job.function': job.func_name,
     }
+    for name in ('retries_left', 'number_of_retries'):  # rq's own counts, when the job has them
+        value = getattr(job, name, None)
+        if isinstance(value, int):
+            attributes[f'rq.job.{name}'] = value
+    waited = _time_in_queue(job)
+    if waited is not None:
+        attributes['rq.job.time_in_queue'] = waited
     span = TRACER.start_span(f'process {queue.name}', context=context_of(job), kind=_api.consumer,
                              attributes=attributes)
     token = _api.context.attach(_api.trace.set_span_in_context(span))
+    seen, uncatch = _catch(run, job)
     try:
         ok = run(job, queue, *args)
         span.set_attribute('rq.job.status', 'finished' if ok else 'failed')
         if not ok:
+            if seen:  # with its own traceback (an older SDK formats the exception being handled: none by now)
+                exc = seen[-1]
+                stack = ''.join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+                span.record_exception(exc, attributes={'exception.stacktrace': stack})
             span.set_status(_api.error)
         return ok
     except BaseException as exc:
@@ -320,6 +426,7 @@ def perform(run: Any, job: Any, queue: Any, *args: Any) -> Any:
         span.set_status(_api.error)
         raise
     finally:
+        uncatch()
         _api.context.detach(token)
         span.end()
         flush = getattr(_PROVIDER or _api.trace.get_tracer_provider(), 'force_flush', None)

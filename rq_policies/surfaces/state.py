@@ -3,61 +3,33 @@
 Two levels of cost. The gauges (each fetch policy's, :func:`lcw_gauges`, :func:`drops`) read a bounded set of keys
 named by two small indexes (the capacity hash and ``rq:queues``; the LimitedCapacityWorker index) in a few pipelined
 round trips, so a scrape stays cheap however many identities are live. :func:`snapshot` lists per-identity state
-(loner markers, throttle slots, trailing and debounced jobs), which is only findable by SCAN; it is for a human
-asking, never for a scrape. SCAN runs here, in Python, never inside a Lua script.
+(loner markers, throttle slots, trailing and debounced jobs), which is only findable by SCAN
+(:mod:`rq_policies.engine.reading`); it is for a human asking, never for a scrape. SCAN runs in Python, never inside a
+Lua script.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from redis import Redis
-from rq.job import Job
 from rq.queue import Queue
-from rq.worker import Worker
 
-from rq_policies.engine import compat, keys
-from rq_policies.engine.ops import text
-from rq_policies.engine.policy import ADMISSION, FETCH, by_name, registered
-from rq_policies.engine.views import Heading, Row, Section, Shown
-
-_BATCH = 500
-
-
-
-def server_now(connection: Redis) -> float:
-    """The server's clock, in epoch seconds: the clock every hold and slot expires by."""
-    seconds, micros = connection.time()
-    return seconds + micros / 1e6
-
-
-def configured_queues(connection: Redis) -> set[str]:
-    """Queues some fetch policy has a setting for (a cap, a rate)."""
-    names: set[str] = set()
-    for cls in registered(FETCH):
-        names.update(cls.configured_queues(connection))
-    return names
-
-
-def queue_names(connection: Redis) -> list[str]:
-    """Queues rq knows (``rq:queues``) and queues a fetch policy has a setting for, sorted."""
-    prefix = Queue.redis_queue_namespace_prefix
-    names = {text(key)[len(prefix):] for key in connection.smembers(Queue.redis_queues_keys)}
-    names.update(configured_queues(connection))
-    return sorted(names)
-
-
-def known_queue(connection: Redis, name: str) -> bool:
-    """Is ``name`` a queue this cluster uses: known to rq, configured by a policy, or listened to by a live worker?"""
-    if connection.sismember(Queue.redis_queues_keys, Queue.redis_queue_namespace_prefix + name):
-        return True
-    if name in configured_queues(connection):
-        return True
-    return any(name in worker.queue_names() for worker in Worker.all(connection=connection))
-
+from rq_policies.engine import keys
+from rq_policies.engine.ops import server_now, text
+from rq_policies.engine.policy import FETCH
+from rq_policies.engine.readable import in_seconds
+from rq_policies.engine.reading import (
+    configured_queues,
+    families,
+    glob_escape,
+    identity_rows,
+    queue_names,
+    scan_identity_keys,
+)
+from rq_policies.engine.views import Heading, Row, Section, Shown, shown
 
 # -- gauges (cheap: what a scrape reads) ----------------------------------------------------------------------------
 
@@ -126,153 +98,10 @@ def drop_history(connection: Redis, now: float, minutes: int = keys.DROPS_MINUTE
     }
 
 
-# -- per-identity state (SCAN: for humans) --------------------------------------------------------------------------
-
-def families() -> list[keys.Family]:
-    """The per-identity key families of every registered admission policy, in the order ``info`` shows them."""
-    found = []
-    for cls in registered(ADMISSION):
-        found.extend(cls.identity_families())
-    return sorted(found, key=keys.FAMILIES.index) if all(f in keys.FAMILIES for f in found) else found
-
-
-def _glob_escape(text: str) -> str:
-    return ''.join('\\' + ch if ch in '*?[]\\' else ch for ch in text)
-
-
-def _scan_identity_keys(
-    connection: Redis, queues: Iterable[str] | None, kinds: list[keys.Family]
-) -> dict[str, dict[str, list[str]]]:
-    """family name -> queue -> keys, found by SCAN (per queue when queues are named, else over the whole prefix)."""
-    found: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
-    wanted = None if queues is None else set(queues)
-    for family in kinds:
-        if queues is None:
-            patterns = [family.head + '*']
-        else:
-            patterns = [f'{family.head}{_glob_escape(q)}:*' for q in queues]
-        for pattern in patterns:
-            for raw in keys.scanner(connection).scan_iter(match=pattern, count=1000):
-                key = text(raw)
-                parsed = family.parse(key)
-                if parsed is None:
-                    continue
-                queue = parsed[0]
-                if wanted is not None and queue not in wanted:
-                    continue  # a longer queue name that shares the pattern's prefix
-                found[family.name][queue].append(key)
-    return found
-
-
-def _batched(items: list[str]) -> Iterable[list[str]]:
-    for i in range(0, len(items), _BATCH):
-        yield items[i: i + _BATCH]
-
-
-def _identity_rows(
-    connection: Redis, family: keys.Family, key_list: list[str], job_prefix: str
-) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    for chunk in _batched(sorted(key_list)):
-        with connection.pipeline(transaction=False) as pipe:
-            for key in chunk:
-                if family.hash:
-                    pipe.hgetall(key)
-                else:
-                    pipe.get(key)
-                pipe.pttl(key)
-            replies = pipe.execute()
-        holders = [replies[2 * i] for i in range(len(chunk))]
-        if family.hash:  # a pending job's state: its job id is the ``job`` field
-            holders = [(value or {}).get(b'job', (value or {}).get('job')) for value in holders]
-        # One HMGET per key that names a job (a key that expired since the SCAN names none): nothing keyless in the
-        # pipeline, which a cluster's refuses (ECHO as a placeholder did).
-        asked = [i for i, holder in enumerate(holders) if holder]
-        statuses: list[Any] = [None] * len(chunk)
-        if asked:
-            with connection.pipeline(transaction=False) as pipe:
-                for i in asked:
-                    pipe.hmget(job_prefix + text(holders[i]), 'status', family.held_until_field or 'status',
-                               'description', family.width_field or 'description')
-                for i, found in zip(asked, pipe.execute()):
-                    statuses[i] = found
-        for i, key in enumerate(chunk):
-            value, pttl = replies[2 * i], replies[2 * i + 1]
-            _, digest, window = family.parse(key) or ('', '', None)
-            row: dict[str, Any] = {'digest': digest}
-            status, until, description, width = statuses[i] if isinstance(statuses[i], list) else (None,) * 4
-            row['job_description'] = text(description) if description else None
-            if family.windowed:
-                row['slot'] = window
-                if width is not None and text(width).isdigit() and str(window).isdigit():
-                    # the window's bounds: slot n of width w is [n * w, (n + 1) * w) in epoch seconds
-                    row['window_start'] = int(window) * int(text(width))
-                    row['window_end'] = (int(window) + 1) * int(text(width))
-            if family.hash:
-                row['fields'] = {text(k): text(v) for k, v in (value or {}).items()}
-            else:
-                row['job_id'] = text(value) if value is not None else None
-                row['job_status'] = text(status) if status else None
-                if family.while_waiting:
-                    # held while it waits, and with until='finished' while it runs too
-                    row['waiting'] = row['job_status'] in compat.WAITING_STATUSES or (
-                        bool(family.held_until_field) and until is not None and text(until) == 'finished'
-                        and row['job_status'] == 'started')
-            row['expires_in'] = round(pttl / 1000, 3) if pttl is not None and pttl >= 0 else None
-            rows.append(row)
-    return rows
-
-
-#: Keys one bounded sample (:func:`sample_family`) lets SCAN examine. A SCAN with MATCH costs about 1 ms of server
-#: time per 1,000 keys examined, so a family costs at most ~5 ms whatever the keyspace holds, and the page says when
-#: the walk stopped before the end.
-SAMPLE_BUDGET = 5_000
-
-
-def sample_family(
-    connection: Redis, family: keys.Family, limit: int, search: str | None = None, budget: int = SAMPLE_BUDGET
-) -> dict[str, Any]:
-    """At most ``limit`` keys of one per-identity family, read as :func:`snapshot` reads them, in a bounded number
-    of commands: SCAN (COUNT 1000, MATCH the family, and ``search`` as a substring of the queue name or the
-    identity digest) stops once ``limit`` keys are found or ``budget`` keys were examined.
-
-    Returns:
-        ``{'rows': [...] (as in snapshot's entries, plus 'queue'), 'complete': bool (the SCAN reached its end, so
-        ``found`` is every match), 'found': keys matched}``.
-    """
-    pattern = family.head + '*' + (f'{_glob_escape(search)}*' if search else '')
-    found: list[str] = []
-    cursor, examined, matched = 0, 0, 0
-    while True:
-        cursor, batch = keys.scanner(connection).scan(cursor=cursor, match=pattern, count=1000)
-        examined += 1000
-        for raw in batch:
-            key = text(raw)
-            if family.parse(key) is not None:
-                matched += 1
-                if len(found) < limit:
-                    found.append(key)
-        if cursor == 0 or len(found) >= limit or examined >= budget:
-            break
-    rows = _identity_rows(connection, family, found, Job.redis_job_namespace_prefix)
-    for key, row in zip(sorted(found), rows):
-        row['queue'] = (family.parse(key) or ('',))[0]
-    return {'rows': rows, 'complete': cursor == 0, 'found': matched}
-
-
-def sample_note(sample: dict[str, Any], what: str) -> str:
-    """What a panel built from :func:`sample_family` says about its counts (exact, or a lower bound)."""
-    shown = len(sample['rows'])
-    if sample['complete'] and sample['found'] == shown:
-        return f'{shown} {what}'
-    total = f'{sample["found"]}' if sample['complete'] else f'at least {sample["found"]} (the page stopped looking)'
-    return f'showing {shown} of {total} {what}; rq-policies info --limit 0 lists them all'
-
-
 def policies_state(connection: Redis, now: float, limit: int | None) -> dict[str, Section]:
-    """Each policy's state that belongs to no queue (:meth:`rq_policies.engine.policy.Policy.cluster_info`), by name."""
+    """Each policy's state that belongs to no queue (its views' ``cluster_info``), by name."""
     out = {}
-    for cls in registered():
+    for cls in shown():
         found = cls.cluster_info(connection, now, limit)
         if found is not None:
             out[cls.name] = found
@@ -283,7 +112,7 @@ def queue_sections(connection: Redis, names: list[str], now: float, limit: int |
     """Per queue name, every fetch policy's :class:`~rq_policies.engine.views.Section` of it, in registry order (what
     ``info`` and the dashboard show of the queue's settings: the headline's words, the rows, the ``--json`` fields)."""
     out: dict[str, list[Section]] = {name: [] for name in names}
-    for cls in registered(FETCH):
+    for cls in shown(FETCH):
         for name, found in cls.queue_info(connection, names, now, limit).items():
             if name in out:
                 out[name].append(found)
@@ -298,10 +127,9 @@ def headline(sections: list[Section]) -> list[str]:
 @dataclass(frozen=True)
 class IdentityFamily(Section):
     """One per-identity key family of an admission policy on one queue (loner markers, throttle windows, pending
-    trailing and debounced jobs), read generically here: ``--json`` shows it under the family's name as ``count``,
-    the listed ``entries`` (at most ``--limit``) and, for a family that holds only while its job waits,
-    ``waiting``; its words are its policy's ``describe`` (:meth:`rq_policies.engine.policy.AdmissionPolicy.describe`),
-    then how many more are not listed."""
+    trailing and debounced jobs), read generically: ``--json`` shows it under the family's name as ``count``, the
+    listed ``entries`` (at most ``--limit``) and, for a family that holds only while its job waits, ``waiting``; its
+    words are its policy's views' ``describe``, which the renderer (:mod:`rq_policies.surfaces.cli`) asks for."""
 
     family: keys.Family
     count: int
@@ -313,18 +141,6 @@ class IdentityFamily(Section):
         if self.family.while_waiting:
             block['waiting'] = self.waiting
         return {self.family.name: block}
-
-    def rows(self, shown: Shown) -> list[Row | str]:
-        if not self.count:
-            return []
-        block = {'count': self.count, 'entries': self.entries, 'server_time': shown.now}
-        if self.family.while_waiting:
-            block['waiting'] = self.waiting
-        rows: list[Row | str] = list(by_name(self.family.policy).describe(self.family, block, digests=shown.digests,
-                                                                          width=shown.width))
-        if self.count > len(self.entries):
-            rows.append(f'    ... and {self.count - len(self.entries)} more (--limit 0 lists all)')
-        return rows
 
 
 @dataclass(frozen=True)
@@ -347,8 +163,6 @@ class WorkerGauges(Section):
     limited_capacity_workers: list[dict[str, Any]]
 
     def rows(self, shown: Shown) -> list[Row | str]:
-        from rq_policies.engine.readable import in_seconds
-
         if not self.limited_capacity_workers:
             return []
         lines: list[Row | str] = [Heading('limited-capacity workers')]
@@ -401,9 +215,8 @@ def survey(connection: Redis, queues: list[str] | None = None, limit: int | None
         limit: list at most this many entries per queue and family (the counts stay exact); None for all.
     """
     now = server_now(connection)
-    job_prefix = Job.redis_job_namespace_prefix
     kinds = families()
-    identity = _scan_identity_keys(connection, queues, kinds)
+    identity = scan_identity_keys(connection, queues, kinds)
     if queues is None:
         names = configured_queues(connection)
         for per_queue in identity.values():
@@ -420,7 +233,7 @@ def survey(connection: Redis, queues: list[str] | None = None, limit: int | None
     sections = queue_sections(connection, selected, now, limit)
     for name in selected:
         for family in kinds:
-            family_rows = _identity_rows(connection, family, identity.get(family.name, {}).get(name, []), job_prefix)
+            family_rows = identity_rows(connection, family, identity.get(family.name, {}).get(name, []))
             sections[name].append(IdentityFamily(
                 family, len(family_rows), family_rows[:limit] if limit else family_rows,
                 sum(1 for row in family_rows if row.get('waiting')) if family.while_waiting else 0))
@@ -482,7 +295,7 @@ def identity_keys(connection: Redis, queue: str, digest: str) -> list[str]:
     """Every key identity ``digest`` has on ``queue`` now, in every registered family (SCAN of its own prefix)."""
     found = []
     for family in families():
-        pattern = _glob_escape(family.prefix(queue, digest)) + ('*' if family.windowed else '')
+        pattern = glob_escape(family.prefix(queue, digest)) + ('*' if family.windowed else '')
         found += sorted(text(k) for k in keys.scanner(connection).scan_iter(match=pattern, count=1000))
     return found
 
@@ -498,6 +311,6 @@ def reset_digest(connection: Redis, queue: str, digest: str, spec: Any = None) -
     scanned: list[str] = []
     for family in keys.FAMILIES:
         if family.needs_setting and family.policy not in declared_names:
-            pattern = _glob_escape(family.prefix(queue, digest)) + '*'
+            pattern = glob_escape(family.prefix(queue, digest)) + '*'
             scanned += sorted(text(k) for k in keys.scanner(connection).scan_iter(match=pattern, count=1000))
     return admission.reset(Queue(queue, connection=connection), spec, digest, scanned)

@@ -27,8 +27,9 @@ from rq.registry import DeferredJobRegistry
 from rq_policies import Concurrency, KeyLimit, PolicyQueue, explain
 from rq_policies.engine import keys
 from rq_policies.engine.fetch import Claim, Look, fetch_call, read_reply, release_claim
+from rq_policies.engine.keyed import keyed_args
 from rq_policies.engine.worker import HOLD_TTL_ENV
-from rq_policies.policies.concurrency.rules import keyed_args
+from rq_policies.policies.concurrency.views import ConcurrencyViews
 from tests.helpers import fetches, jobs, key_jobs
 from tests.helpers.workers import descendants as _descendants
 from tests.helpers.workers import output, run_pool, start_worker, stop, wait_for
@@ -315,13 +316,13 @@ def test_explain_and_key_rows_and_panels_show_a_parked_job(connection):
     part = next(p for p in explain(made[3].id, connection)['policies'] if p['policy'] == 'concurrency')
     assert part['verdict'] == f"key 'acme' (scope {CUSTOMER_SCOPE}) at 2/2 (parked, position 2)"
     assert part['change']
-    rows = Concurrency.key_rows(connection, CUSTOMER_SCOPE)
+    rows = ConcurrencyViews.key_rows(connection, CUSTOMER_SCOPE)
     assert rows == [{'key': 'acme', 'in_use': 2, 'limit': 2, 'overridden': False, 'parked': 2,
                      'next_due': rows[0]['next_due'], 'backoff_until': None, 'waiting_for': 'release'}]
     assert rows[0]['next_due'] is not None  # (the crash expiry of its oldest hold: the latest a release can come)
-    assert Concurrency.key_rows(connection, CUSTOMER_SCOPE, search='zzz') == []
+    assert ConcurrencyViews.key_rows(connection, CUSTOMER_SCOPE, search='zzz') == []
     now = connection.time()[0]
-    (panel,) = Concurrency.panels(connection, now, 10)
+    (panel,) = ConcurrencyViews.panels(connection, now, 10)
     assert panel['columns'][:4] == ['key', 'in use', 'limit', 'parked']
     assert panel['rows'][0][:4] == ['acme', 2, 2, 2]
 

@@ -13,6 +13,7 @@ import pytest
 from rq_policies import Concurrency, PolicyQueue, Rate, explain
 from rq_policies.engine import keys
 from rq_policies.engine.fetch import Claim, Look, release_claim
+from rq_policies.policies.rate.views import RateViews
 from tests.helpers import fetches, key_jobs
 from tests.helpers.workers import output, start_worker, stop, wait_for
 
@@ -100,9 +101,9 @@ def test_explain_says_when_the_next_start_is_allowed(connection):
     assert isinstance(fetch(connection, 'h:3:0:3'), Look)
     part = next(p for p in explain(made[2].id, connection)['policies'] if p['policy'] == 'key_rate')
     assert 'next start allowed in' in part['verdict'] and '(parked, position 1)' in part['verdict']
-    rows = Rate.key_rows(connection, SHOP_SCOPE)
+    rows = RateViews.key_rows(connection, SHOP_SCOPE)
     assert [(r['key'], r['parked']) for r in rows] == [('acme', 1)]
-    (panel,) = Rate.panels(connection, connection.time()[0], 10)
+    (panel,) = RateViews.panels(connection, connection.time()[0], 10)
     assert panel['rows'][0][:2] == ['acme', 1]
 
 

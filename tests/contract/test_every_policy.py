@@ -18,11 +18,12 @@ A per-job fetch policy (declared on the function, its setting on each job hash: 
 * what the fetch writes is under ``rq:policies:`` and expires or is freed when the last parked job goes back;
 * bad arguments raise an error naming the argument.
 
-A fetch policy (its settings live in Redis: ``configure``, ``unconfigure``, ``setting_examples``, ``INVALID``) gets:
+A fetch policy (its settings live in Redis: ``SETTINGS`` and ``INVALID``, set and cleared through its admin API)
+gets:
 
 * under each example setting one start is taken and the next refused without a pop, and a refused fetch replayed
   writes nothing;
-* its setting is listed (``configured_queues``, ``info --json``, the headline) and clearing it lets the job start;
+* its setting is listed (its ``queue_settings`` hash, ``info --json``, the headline) and clearing it lets the job start;
 * what the fetch writes is under ``rq:policies:`` and expires;
 * bad settings raise an error naming the argument and change nothing in Redis.
 """
@@ -39,6 +40,7 @@ from rq_policies.engine import keys, ops
 from rq_policies.engine.compat import KEY_PREFIX as RQ
 from rq_policies.engine.fetch import Claim, Look, fetch_call, read_reply
 from rq_policies.engine.policy import ADMISSION, FETCH, registered
+from rq_policies.engine.views import views_of
 from rq_policies.surfaces import state
 from tests.helpers import cases, jobs
 from tests.helpers.throttle_helpers import clear_of_a_slot_edge
@@ -173,7 +175,7 @@ def test_every_key_is_its_own_family_and_expires_or_is_freed(connection, example
     q = PolicyQueue('contract', connection=connection)
     q.enqueue(jobs.plain, 1, policy=example)
     q.enqueue(jobs.plain, 1, policy=example)
-    families = type(example).identity_families()
+    families = type(example).identity_families
     for raw in connection.keys('*'):
         key = raw.decode()
         if key.startswith(RQ_KEYS):
@@ -196,7 +198,7 @@ def test_info_shows_the_policy_state_and_drops_count_under_its_name(connection, 
     q.enqueue(jobs.plain, 1, policy=example)
     second = q.enqueue(jobs.plain, 1, policy=example)
     snap = state.snapshot(connection, ['contract'])['queues']['contract']
-    families = type(example).identity_families()
+    families = type(example).identity_families
     assert sum(snap[f.name]['count'] for f in families) >= 1
     if second is None:  # dropped: counted for the metrics under the policy's one name
         assert snap['drops'] == {example.name: 1}
@@ -215,7 +217,7 @@ def test_bad_arguments_name_the_argument(connection, cls, kwargs, argument):
 QUEUE_FETCH = [cls for cls in registered(FETCH) if not cls.per_job]
 FETCH_CASES = [
     pytest.param(cls, settings, id=f'{cls.name}-{settings}') for cls in QUEUE_FETCH
-    for settings in cls.setting_examples()
+    for settings in cases.settings(cls)
 ]
 FETCH_INVALID = [
     pytest.param(cls, kwargs, argument, id=f'{cls.name}-{argument}-{kwargs}')
@@ -227,8 +229,8 @@ FETCH_INVALID = [
 def test_every_fetch_policy_gives_setting_examples_and_invalid_settings():
     assert QUEUE_FETCH, 'no fetch policy registered'
     for cls in QUEUE_FETCH:
-        assert cls.setting_examples(), f'{cls.name}: setting_examples() must give at least one setting'
-        assert cases.invalid(cls), f'{cls.name}: INVALID must list settings configure() refuses'
+        assert cases.settings(cls), f'{cls.name}: SETTINGS must give at least one setting'
+        assert cases.invalid(cls), f'{cls.name}: INVALID must list settings its set() refuses'
 
 
 def fetch(conn, token):
@@ -242,7 +244,7 @@ def test_a_setting_allows_one_start_then_refuses_without_a_pop(connection, cls, 
     q = PolicyQueue('contract', connection=connection)
     q.enqueue(jobs.plain, 1)
     second = q.enqueue(jobs.plain, 2)
-    cls.configure(connection, 'contract', **settings)
+    cases.configure(cls, connection, 'contract', **settings)
     _, first = fetch(connection, 'h:1:1:1')
     assert isinstance(first, Claim)
     call, refused = fetch(connection, 'h:1:1:2')
@@ -258,20 +260,21 @@ def test_a_setting_is_listed_and_clearing_it_lets_the_job_start(connection, cls,
     q = PolicyQueue('contract', connection=connection)
     q.enqueue(jobs.plain, 1)
     q.enqueue(jobs.plain, 2)
-    cls.configure(connection, 'contract', **settings)
+    cases.configure(cls, connection, 'contract', **settings)
     written = {k.decode() for k in connection.keys(keys.PREFIX + '*')}
     assert written and all(k.startswith(keys.PREFIX) for k in written)
-    assert 'contract' in cls.configured_queues(connection)
+    assert connection.hexists(cls.queue_settings, 'contract')  # its queue_settings hash lists the queue
     assert 'contract' in state.queue_names(connection)
     entry = state.snapshot(connection, None)['queues']['contract']
-    section = cls.queue_info(connection, ['contract'], state.server_now(connection), None)['contract']
+    section = views_of(cls.name).queue_info(connection, ['contract'], state.server_now(connection), None)[
+        'contract']
     fields = section.as_json()
     assert fields and set(fields) <= set(entry)  # info --json shows the policy's fields
     assert section.headline(), f'{cls.name}: the info headline says nothing of its setting'
     fetch(connection, 'h:1:1:1')
     assert isinstance(fetch(connection, 'h:1:1:2')[1], Look)
-    cls.unconfigure(connection, 'contract')
-    assert 'contract' not in cls.configured_queues(connection)
+    cases.unconfigure(cls, connection, 'contract')
+    assert not connection.hexists(cls.queue_settings, 'contract')
     assert isinstance(fetch(connection, 'h:1:1:3')[1], Claim)
 
 
@@ -280,7 +283,7 @@ def test_what_a_fetch_writes_is_its_own_and_expires(connection, cls, settings):
     q = PolicyQueue('contract', connection=connection)
     q.enqueue(jobs.plain, 1)
     q.enqueue(jobs.plain, 2)
-    cls.configure(connection, 'contract', **settings)
+    cases.configure(cls, connection, 'contract', **settings)
     setting = {k: connection.dump(k) for k in connection.keys(keys.PREFIX + '*')}
     fetch(connection, 'h:1:1:1')
     fetch(connection, 'h:1:1:2')
@@ -295,11 +298,11 @@ def test_what_a_fetch_writes_is_its_own_and_expires(connection, cls, settings):
 
 @pytest.mark.parametrize('cls, kwargs, argument', FETCH_INVALID)
 def test_bad_settings_name_the_argument_and_change_nothing(connection, cls, kwargs, argument):
-    good = cls.setting_examples()[0]
-    cls.configure(connection, 'contract', **good)
+    good = cases.settings(cls)[0]
+    cases.configure(cls, connection, 'contract', **good)
     before = shape(connection)
     with pytest.raises((TypeError, ValueError), match=argument):
-        cls.configure(connection, 'contract', **{**good, **kwargs})
+        cases.configure(cls, connection, 'contract', **{**good, **kwargs})
     assert shape(connection) == before
 
 

@@ -14,44 +14,105 @@ GLUE = ('engine/queue.py', 'engine/worker.py', 'engine/worker_mixin.py', 'engine
 
 
 def module_imports() -> dict[str, set[str]]:
-    """Each module's top-level imports of the package (a function-level import is lazy, by design)."""
-    graph: dict[str, set[str]] = {}
+    """Each module's imports of the package, top level and inside functions alike (issue 32: a function-level import
+    is how a circle hides), each resolved to the module it names."""
+    modules = {}
     for path in PACKAGE.rglob('*.py'):
         parts = path.relative_to(PACKAGE.parent).with_suffix('').parts
-        package = list(parts if path.name == '__init__.py' else parts[:-1])
-        name = '.'.join(parts[:-1] if path.name == '__init__.py' else parts)
-        deps: set[str] = set()
-        for node in ast.parse(path.read_text(encoding='utf-8')).body:
-            if isinstance(node, ast.ImportFrom) and node.level:
-                base = package[: len(package) - (node.level - 1)]
-                if node.module:
-                    deps.add('.'.join(base + [node.module]))
-                else:
-                    deps.update('.'.join(base + [alias.name]) for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and (node.module or '').startswith('rq_policies'):
-                deps.add(node.module)
-                deps.update(f'{node.module}.{alias.name}' for alias in node.names)
+        modules['.'.join(parts[:-1] if path.name == '__init__.py' else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps = set()
+        for _, target in _imports_everywhere(path):
+            while target not in modules and '.' in target:  # a name imported from a module: that module
+                target = target.rsplit('.', 1)[0]
+            if target != name:
+                deps.add(target)
         graph[name] = deps
     return graph
 
 
-def test_no_import_cycle():
-    graph = module_imports()
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import circle of ``graph`` (its modules in order, the first again at the end), or [] when there is none."""
     state: dict[str, int] = {}
 
-    def visit(node: str, trail: list[str]) -> None:
+    def visit(node: str, trail: list[str]) -> list[str]:
         state[node] = 1
-        for dep in graph.get(node, ()):
+        for dep in sorted(graph.get(node, ())):
             if dep not in graph:
-                continue  # a name imported from a package (rq_policies.__version__)
-            assert state.get(dep) != 1, f'import cycle: {" -> ".join(trail + [dep])}'
-            if dep not in state:
-                visit(dep, trail + [dep])
+                continue
+            if state.get(dep) == 1:
+                return trail[trail.index(dep):] + [dep]
+            if dep not in state and (found := visit(dep, trail + [dep])):
+                return found
         state[node] = 2
+        return []
 
-    for module in graph:
-        if module not in state:
-            visit(module, [module])
+    for module in sorted(graph):
+        if module not in state and (found := visit(module, [module])):
+            return found
+    return []
+
+
+def test_no_import_cycle():
+    """No circle, counting imports inside functions (the face, ``rq_policies/__init__.py``, imports every public
+    name: a module reaching back to it, even for ``__version__``, would close one)."""
+    graph = module_imports()
+    assert 'rq_policies.engine.keys' in graph['rq_policies.engine.ops']  # ops imports keys inside a function
+    found = _cycle(graph)
+    assert found == [], f'import cycle: {" -> ".join(found)}'
+
+
+def test_the_cycle_check_sees_an_import_inside_a_function():
+    """The check above finds a circle closed by an import made inside a function."""
+    assert _cycle({'a': {'b'}, 'b': set()}) == []
+    assert _cycle({'a': {'b'}, 'b': {'a'}}) == ['a', 'b', 'a']
+    graph = module_imports()
+    graph['rq_policies.engine.keys'].add('rq_policies.engine.ops')  # as if keys imported ops inside a function
+    assert _cycle(graph) != []
+
+
+def _imports_everywhere(path: Path) -> list[tuple[int, str]]:
+    """Every import of the package in ``path`` (top level and inside functions alike), as (line, module) with a
+    relative import made absolute."""
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix('').parts)
+    package = parts if path.name == '__init__.py' else parts[:-1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding='utf-8'))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names if alias.name.startswith('rq_policies')]
+        elif isinstance(node, ast.ImportFrom):
+            base = '.'.join(package[: len(package) - node.level + 1] + [node.module or '']) if node.level \
+                else node.module or ''
+            found += [(node.lineno, f'{base.rstrip(".")}.{alias.name}' if base.startswith('rq_policies') else base)
+                      for alias in node.names]
+    return [(line, name) for line, name in found if name.startswith('rq_policies')]
+
+
+#: The wings, lowest first: a module imports only from its own wing or one below (issue 32). The face
+#: (``rq_policies/__init__.py``) and the aliases of moved modules beside it stand above them all.
+WINGS = ('engine', 'policies', 'surfaces')
+
+
+def test_the_wings_import_downwards_only():
+    """surfaces -> policies -> engine, never back (issue 32), imports inside functions counted: the engine imports no
+    policy and no surface, a policy no surface and no other policy. A base several policies share is in the engine
+    (KeyedPolicy, KeyedViews), and what their views read too (engine/reading.py)."""
+    def floor(parts: tuple[str, ...] | list[str]) -> int:
+        return WINGS.index(parts[0]) if parts and parts[0] in WINGS else len(WINGS)
+
+    found = []
+    for path in sorted(PACKAGE.rglob('*.py')):
+        here = path.relative_to(PACKAGE).parts
+        if here[0] not in WINGS:
+            continue
+        for line, name in _imports_everywhere(path):
+            there = name.split('.')[1:]
+            other_policy = here[0] == 'policies' and there[:1] == ['policies'] and len(here) > 2 and len(there) > 1 \
+                and there[1] != here[1]
+            if floor(there) > floor(here) or other_policy:
+                found.append(f'{path.relative_to(PACKAGE)}:{line} imports {name}')
+    assert found == [], found
 
 
 def test_the_glue_names_no_policy_class():
@@ -169,18 +230,22 @@ def test_the_import_reader_sees_lazy_imports():
 
 
 def test_no_policy_module_imports_a_view_library():
-    """A policy module holds its rules; what the CLI and the metrics show of it it describes
+    """A policy module holds its rules; what the CLI and the metrics show of it its views module describes
     (:mod:`rq_policies.engine.views`), and the renderers (cli.py, metrics.py, dashboard/) alone import click,
-    prometheus_client and Flask. Every module that defines a registered policy is read, imports inside functions
-    included."""
+    prometheus_client and Flask. Every module that defines a registered policy or its views is read, imports inside
+    functions included."""
     import sys
 
-    modules = {cls.__module__ for cls in registered()}
+    from rq_policies.engine.views import shown
+
+    modules = {cls.__module__ for cls in registered()} | {found.__module__ for found in shown()}
     assert {'rq_policies.policies.loner.rules', 'rq_policies.policies.queue_slot.rules',
-            'rq_policies.policies.concurrency.rules', 'rq_policies.policies.fair.rules'} <= modules
+            'rq_policies.policies.concurrency.rules', 'rq_policies.policies.fair.rules',
+            'rq_policies.policies.loner.views', 'rq_policies.policies.fair.views'} <= modules
     found = []
     # what policies use to say it
-    described = {'rq_policies.engine.views', 'rq_policies.engine.policy', 'rq_policies.engine.protocols'}
+    described = {'rq_policies.engine.views', 'rq_policies.engine.policy', 'rq_policies.engine.protocols',
+                 'rq_policies.engine.reading', 'rq_policies.engine.keyed'}
     for module in sorted(modules | {name for name in described if name in sys.modules}):
         path = Path(sys.modules[module].__file__)
         found += [f'{path.name}:{line} imports {root}' for line, root in _imported_roots(path.read_text('utf-8'))

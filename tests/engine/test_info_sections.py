@@ -1,61 +1,24 @@
 """``rq-policies info``'s text and its ``--json`` come from one typed object per policy (:class:`views.Section`), and
 a policy written before sections (dict hooks: ``queue_state``/``summary``/``describe_queue``, ``cluster_state``/
-``describe_cluster``) still shows as it did."""
+``describe_cluster``) or before its views stood apart (``explain``, ``panels``, ... on the policy class) is refused
+when its class is defined, naming the hook and what replaces it."""
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 import pytest
 from click.testing import CliRunner
 
-from rq_policies import PolicyQueue, QueueRate, QueueSlot
-from rq_policies.engine.policy import _REGISTRY, FETCH, FetchPolicy
-from rq_policies.engine.views import Heading, Row, Section, Shown, text_only
-from rq_policies.policies.queue_slot.rules import SlotHold, SlotState
+from rq_policies import AdmissionPolicy, PolicyConfigurationError, PolicyQueue, QueueRate, QueueSlot
+from rq_policies.engine.policy import FetchPolicy
+from rq_policies.engine.views import Section, Shown, text_only, views_of
+from rq_policies.policies.queue_slot.views import SlotHold, SlotState
 from rq_policies.surfaces import state
 from rq_policies.surfaces.cli import main
 from tests.helpers import jobs
-
-
-class _OldStyle(FetchPolicy):
-    """A third-party fetch policy of before sections: its state as dicts, its words written from them."""
-
-    name = 'old_style_probe'
-    kind = ''  # registered by the fixture only
-
-    @classmethod
-    def queue_state(cls, connection, names, now, limit):
-        return {name: {'old_level': 7, 'old_seen_at': now} for name in names if name == 'legacyq'}
-
-    @classmethod
-    def summary(cls, entry):
-        return f'level {entry["old_level"]}' if 'old_level' in entry else ''
-
-    @classmethod
-    def describe_queue(cls, entry):
-        if 'old_level' not in entry:
-            return []
-        return [Row('old', f'level {entry["old_level"]}, read at the server time: {entry["server_time"] > 0}')]
-
-    @classmethod
-    def cluster_state(cls, connection, now, limit):
-        return {'things': ['a', 'b']}
-
-    @classmethod
-    def describe_cluster(cls, found):
-        return [Heading('Old style', f'  ({len(found["things"])} things)'), '  thing a']
-
-
-@pytest.fixture
-def old_style():
-    _OldStyle.kind, _REGISTRY[_OldStyle.name] = FETCH, _OldStyle
-    try:
-        yield _OldStyle
-    finally:
-        _REGISTRY.pop(_OldStyle.name, None)
-        _OldStyle.kind = ''
 
 
 def info(redis_url, *args):
@@ -104,17 +67,29 @@ def test_info_text_and_json_come_from_one_survey(connection, redis_url):
         {k: v for k, v in entry.items() if k not in ('rate_next_at',)}
 
 
-def test_a_policy_with_the_old_dict_hooks_shows_as_before(connection, redis_url, old_style):
+RETIRED = [
+    # the dict hooks of before sections, found by getattr, and what replaces each
+    (FetchPolicy, 'queue_state', 'queue_info'), (FetchPolicy, 'summary', 'headline()'),
+    (FetchPolicy, 'describe_queue', 'rows()'), (FetchPolicy, 'cluster_state', 'cluster_info'),
+    (FetchPolicy, 'describe_cluster', 'rows()'),
+    # the views hooks, now on a PolicyViews subclass; the rules hooks merged or made data
+    (FetchPolicy, 'panels', 'PolicyViews'), (AdmissionPolicy, 'explain', 'PolicyViews'),
+    (AdmissionPolicy, 'describe', 'PolicyViews'), (AdmissionPolicy, 'conflicts', 'excludes'),
+    (AdmissionPolicy, 'call_fields', 'job_fields'), (AdmissionPolicy, 'ended', 'ended=True'),
+    (FetchPolicy, 'configure', 'SETTINGS'), (FetchPolicy, 'configured_queues', 'queue_settings'),
+]
+
+
+@pytest.mark.parametrize('base, hook, instead', RETIRED, ids=[hook for _, hook, _ in RETIRED])
+def test_a_policy_that_still_defines_a_retired_hook_is_refused_when_defined(base, hook, instead):
+    with pytest.raises(PolicyConfigurationError, match=rf'OldStyle defines {hook}, .*{re.escape(instead)}'):
+        type('OldStyle', (base,), {'name': 'old_style_probe', hook: classmethod(lambda cls, *args: {})})
+    with pytest.raises(PolicyConfigurationError, match='identity_families is a method'):
+        type('OldStyle', (AdmissionPolicy,), {'identity_families': classmethod(lambda cls: ())})
+
+
+def test_the_data_of_a_queue_section_is_its_fields(connection):
+    # what the removed ``queue_state`` returned, the section's own ``as_json`` gives
     PolicyQueue('legacyq', connection=connection).enqueue(jobs.plain, 1)
-    out = info(redis_url)
-    assert 'queue legacyq  (level 7, uncapped, 0 holds)' in out
-    assert '  old       level 7, read at the server time: True' in out
-    assert 'Old style  (2 things)\n  thing a\n' in out
-    data = json.loads(info(redis_url, '--json'))
-    assert data['queues']['legacyq']['old_level'] == 7
-    assert data['policies']['old_style_probe'] == {'things': ['a', 'b']}
-    # the derived data hooks read the sections, whichever way a policy wrote them
-    assert old_style.queue_state(connection, ['legacyq'], 1.0, None) == {'legacyq': {'old_level': 7,
-                                                                                     'old_seen_at': 1.0}}
-    assert QueueSlot.queue_state(connection, ['legacyq'], 1.0, None) == {
-        'legacyq': {'capacity': None, 'holds_in_use': 0, 'holds': []}}
+    assert views_of('queue_slot').queue_info(connection, ['legacyq'], 1.0, None)['legacyq'].as_json() == {
+        'capacity': None, 'holds_in_use': 0, 'holds': []}

@@ -32,7 +32,7 @@ from rq.queue import Queue
 from rq.worker import Worker
 from rq_policies.engine import keys
 from rq_policies.engine.compat import KEY_PREFIX
-from rq_policies.policies.concurrency.rules import keyed_args
+from rq_policies.engine.keyed import keyed_args
 from rq_policies.policies.loner.rules import Loner
 from rq_policies.engine.ops import Call
 built = [keys.CAPACITY, keys.RATE, keys.BACKOFF, keys.DROPS, keys.LAPSES, keys.DROPS_MINUTE_PREFIX, keys.KEY_DUE,

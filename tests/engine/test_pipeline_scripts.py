@@ -66,7 +66,7 @@ def test_a_flush_between_the_load_and_the_pipeline_runs_every_command_once(conne
     with connection.pipeline(transaction=transaction) as pipe:
         pipe.incr('test:counter')
         holder(pipe, 'q', 'other', PREFIX)
-        Loner.ended(pipe, PREFIX, 'j1')  # the worker's end-of-run release
+        Loner.release(pipe, PREFIX, ['j1'], ended=True)  # the worker's end-of-run release
         pipe.incr('test:counter')
         replies = pipe.execute()
     assert replies[:2] == [1, None] and replies[3] == 2 and not isinstance(replies[2], Exception)

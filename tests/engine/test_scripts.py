@@ -27,9 +27,9 @@ def enqueue(conn, jid, digest='d1', mode='R', ttl=-1, loner=1, dest=f'{RQ}:queue
     (``Verdict.read``), as (code, policy, job id, number, server now, superseded) with the ids as bytes."""
     fields = fields if fields is not None else ['status', 'queued' if mode in 'RL' else 'scheduled', 'origin', 'q']
     spec = PolicySet((Loner(),) if loner else ())
-    for item in spec.policies:
-        fields = fields + item.job_fields('q', digest)
     job = SimpleNamespace(id=jid, key=PREFIX + jid, result_ttl=None)  # what the builder reads of a Job
+    for item in spec.policies:
+        fields = fields + item.job_fields(job, 'q', digest)
     write = JobWrite(job, mode, score, dest, ttl, fields)
     verdict = Verdict.read(admit_call(PolicyQueue('q', connection=conn), spec, digest, write).run(conn))
     return (verdict.code, verdict.policy.encode(), verdict.job_id.encode(), verdict.number, verdict.server_now,

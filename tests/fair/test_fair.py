@@ -19,6 +19,7 @@ from rq_policies.engine.compat import KEY_PREFIX as RQ
 from rq_policies.engine.fetch import Claim, Look
 from rq_policies.engine.views import Shown
 from rq_policies.policies.fair.rules import BacklogFull, FairPause, FairWeight
+from rq_policies.policies.fair.views import FairViews
 from tests.helpers import fair_jobs, fetches, jobs
 
 SCOPE = fair_jobs.SCOPE
@@ -295,13 +296,13 @@ def test_explain_key_rows_info_and_panels_show_each_key_s_line_and_share(connect
     entry = next(e for e in explain(jobs_b[2].id, connection=connection)['policies'] if e['policy'] == 'fair')
     assert '3rd in line' in entry['verdict'] and '2 key(s) taking turns' in entry['verdict'], entry['verdict']
     assert entry['weight'] == 1 and entry['active_keys'] == 2
-    rows = {r['key']: r for r in Fair.key_rows(connection, 'fair')}
+    rows = {r['key']: r for r in FairViews.key_rows(connection, 'fair')}
     assert rows[f'{SCOPE}:acme']['share'] == pytest.approx(0.75) and rows[f'{SCOPE}:beta']['share'] == 0.25
     assert rows[f'{SCOPE}:gamma']['paused'] and rows[f'{SCOPE}:gamma']['waiting'] == 1
-    panels = Fair.panels(connection, 0.0, 20)
+    panels = FairViews.panels(connection, 0.0, 20)
     assert panels and panels[0]['title'] == 'Fair share: fair'
     assert [row[3] for row in panels[0]['rows'] if row[0] == f'{SCOPE}:acme'] == ['75%']
-    state = Fair.cluster_info(connection, 0.0, 20)
+    state = FairViews.cluster_info(connection, 0.0, 20)
     lines = state.rows(Shown(0.0))
     assert any('beta' in line and 'share 25%' in line for line in lines), lines
 

@@ -140,6 +140,7 @@ def test_a_cluster_client_no_door_adopted_takes_settings_releases_and_the_async_
     from redis.cluster import RedisCluster
 
     from rq_policies.engine.fetch import Claim, release_claim
+    from rq_policies.engine.ledger import Hold
     from rq_policies.surfaces.aio import AsyncPolicyQueue
 
     assert QueueSlot.acquire('plain', capacity=1, token='plain:1', ttl=60, connection=cluster)
@@ -150,7 +151,7 @@ def test_a_cluster_client_no_door_adopted_takes_settings_releases_and_the_async_
             if step == 'rate':
                 QueueRate.set('plain', 5, per=1, connection=fresh)
             else:
-                release_claim(Claim('plain-job', 'plain', (QueueSlot.fetch_hold('plain', 'plain:1', 60),)), fresh)
+                release_claim(Claim('plain-job', 'plain', (Hold(keys.holds('plain'), 'plain:1', 60),)), fresh)
         finally:
             fresh.close()
     assert QueueRate.get('plain', connection=cluster).limit == 5

@@ -5,10 +5,12 @@ A policy's test folder holds ``examples.py`` with two dicts keyed by the policy'
 more than one policy: tests/concurrency holds Concurrency's and Rate's):
 
 * ``EXAMPLES``: instances covering the policy's distinct behaviours, for an admission policy and a per-job fetch
-  policy (the contract suite runs each one; a fetch policy configured per queue gives ``setting_examples()`` on its
-  class instead, which the dashboard uses too);
-* ``INVALID``: constructor arguments (a per-queue fetch policy: ``configure`` settings) the policy refuses, each with
-  the argument its error must name.
+  policy (the contract suite runs each one);
+* ``SETTINGS``: for a fetch policy configured per queue, the settings its ``set(queue, ..., connection=)`` takes (the
+  admin API's shape), under each of which one start is allowed now and the next is refused (:func:`configure` sets
+  one, :func:`unconfigure` clears it with ``clear(queue, connection=)``);
+* ``INVALID``: constructor arguments (a per-queue fetch policy: settings) the policy refuses, each with the argument
+  its error must name.
 
 A new policy gets the contract suite by registering (defining its class) and writing its folder's ``examples.py``; a
 registered policy the suite asks about and no ``examples.py`` names is an error naming the policy and the file to
@@ -32,21 +34,23 @@ def _first_argument(args: tuple, kwargs: dict) -> Any:
 
 
 @functools.cache
-def _tables() -> tuple[dict[str, tuple], dict[str, tuple], dict[str, str]]:
+def _tables() -> tuple[dict[str, tuple], dict[str, tuple], dict[str, tuple], dict[str, str]]:
     examples: dict[str, tuple] = {}
     invalid: dict[str, tuple] = {}
+    settings: dict[str, tuple] = {}
     where: dict[str, str] = {}
     for path in sorted(TESTS.glob('*/examples.py')):
         module_name = f'tests.{path.parent.name}.examples'
         module = importlib.import_module(module_name)
-        for table, found in ((examples, getattr(module, 'EXAMPLES', {})), (invalid, getattr(module, 'INVALID', {}))):
+        for table, found in ((examples, getattr(module, 'EXAMPLES', {})), (invalid, getattr(module, 'INVALID', {})),
+                             (settings, getattr(module, 'SETTINGS', {}))):
             for name, cases in found.items():
                 by_name(name)  # KeyError naming the registered policies: a typo tests nothing
                 if name in table:
                     raise LookupError(f'policy {name!r} has cases in both {where[name]} and {module_name}')
                 table[name] = tuple(cases)
                 where[name] = module_name
-    return examples, invalid, where
+    return examples, invalid, settings, where
 
 
 def _lookup(table: dict[str, tuple], cls: type[Policy], what: str) -> tuple:
@@ -70,3 +74,20 @@ def invalid(cls: type[Policy]) -> tuple[tuple[dict[str, Any], str], ...]:
     """The arguments ``cls`` refuses, each with the argument its error must name; LookupError when no test folder's
     ``examples.py`` gives them."""
     return _lookup(_tables()[1], cls, 'INVALID')
+
+
+def settings(cls: type[Policy]) -> tuple[dict[str, Any], ...]:
+    """The settings the contract suite gives ``cls`` (a fetch policy configured per queue), each through
+    :func:`configure`; LookupError when no test folder's ``examples.py`` gives them."""
+    return _lookup(_tables()[2], cls, 'SETTINGS')
+
+
+def configure(cls: Any, connection: Any, queue: str, **values: Any) -> None:
+    """Give ``queue`` the setting ``values`` of ``cls`` (QueueSlot: ``capacity=``): its admin API's ``set``, which
+    refuses bad settings naming the argument and writes nothing."""
+    cls.set(queue, connection=connection, **values)
+
+
+def unconfigure(cls: Any, connection: Any, queue: str) -> None:
+    """Remove the setting :func:`configure` gave ``queue``: its admin API's ``clear``."""
+    cls.clear(queue, connection=connection)

@@ -231,7 +231,9 @@ def test_failure_is_logged_released_and_not_re_enqueued(connection, caplog):
         "rq 3's own Worker does not start on a cluster (it reads connection.connection_pool)")),
 ])
 def test_real_workers_never_exceed_max_and_drain(connection, worker_env, redis_url, worker_class, tmp_path):
-    fill(connection, ['x'] * 12)
+    # Units of a second: with 0.2 s units a loaded machine (CI's load 12) forked each horse after the other unit had
+    # ended, and the capacity was never seen used.
+    fill(connection, ['sleep:1'] * 12)
     connection.set('test:lcw:max', 2)
     procs = start_workers(3, worker_env, redis_url, worker_class, log_dir=str(tmp_path))
     seen = []

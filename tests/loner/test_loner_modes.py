@@ -406,13 +406,14 @@ def test_the_end_of_a_run_releases_only_what_the_job_could_hold_until_then(conne
     says it may hold something until then: a job with no policy, or held until it started, ends with no script of
     ours; one held until it finished frees its identity in that pipeline (the forking tests above, on every ending)."""
     released = []
-    real = Loner.ended.__func__
+    real = Loner.release.__func__
 
-    def spy(cls, pipeline, job_prefix, job_id):
-        released.append(job_id)
-        return real(cls, pipeline, job_prefix, job_id)
+    def spy(cls, pipeline, job_prefix, job_ids, ended=False):
+        if ended:  # the end of a run (release(..., ended=True) replaced Loner.ended)
+            released.extend(job_ids)
+        return real(cls, pipeline, job_prefix, job_ids, ended)
 
-    monkeypatch.setattr(Loner, 'ended', classmethod(spy))
+    monkeypatch.setattr(Loner, 'release', classmethod(spy))
     q = PolicyQueue('ends', connection=connection)
     plain = q.enqueue(jobs.plain, 0)
     started = q.enqueue(jobs.plain, 1, policy=Loner())

@@ -1,9 +1,11 @@
-"""QueueRate's contract cases (tests/helpers/cases.py finds them by the policy's registered name). Its example
-settings are ``QueueRate.setting_examples()``, which the dashboard uses too."""
+"""QueueRate's contract cases (tests/helpers/cases.py finds them by the policy's registered name)."""
 
 from rq_policies.engine.policy import MAX_CAPACITY, MAX_SECONDS
 
-#: Settings ``QueueRate.configure`` (and ``QueueRate.set``) refuses, each with the argument its error names.
+#: Settings under each of which one start is allowed now and the next is refused (``QueueRate.set``'s).
+SETTINGS = {'queue_rate': ({'limit': 1, 'per': 60}, {'limit': 10, 'per': 3600, 'burst': 1})}
+
+#: Settings ``QueueRate.set`` refuses, each with the argument its error names.
 INVALID = {
     'queue_rate': (
         ({'limit': 0}, 'limit'),

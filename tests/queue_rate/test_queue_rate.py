@@ -25,6 +25,7 @@ from rq_policies import BackOff, PolicyQueue, PolicySimpleWorker, QueueRate, Que
 from rq_policies.engine import keys
 from rq_policies.engine.compat import KEY_PREFIX as RQ
 from rq_policies.engine.fetch import Claim, Fetcher, FetchReply, Look, dequeue, fetch_call, read_reply
+from rq_policies.engine.ledger import TTL_SECONDS
 from rq_policies.policies.queue_rate.rules import BACKOFFS_META, SNOOZES_META
 from tests.helpers import cases, key_jobs
 from tests.helpers.cluster import ON_CLUSTER, not_on_cluster
@@ -435,9 +436,10 @@ def test_sigkill_right_after_a_start_refunds_nothing_and_leaks_nothing(connectio
     assert starts(connection, 'emails:starts')[1] >= status.next_at - 0.01
     ours = [k.decode() for k in connection.keys(keys.PREFIX + '*')]
     # The killed worker's claim record stays, proving its fetch stood should the start have to be recorded again,
-    # but it expires on its own within CLAIM_TTL: nothing without a ttl is left behind.
+    # but it expires on its own within the worker's hold_ttl (the default, ledger.TTL_SECONDS: a fetch's claim record
+    # lives as long as its take, keys.taken): nothing without a ttl is left behind.
     records = {k for k in ours if k.startswith(keys.claim(''))}
-    assert all(0 < connection.ttl(k) <= keys.CLAIM_TTL for k in records)
+    assert all(0 < connection.ttl(k) <= TTL_SECONDS for k in records)
     assert set(ours) - records <= {keys.RATE, keys.rate_tat('emails')}
     assert connection.pttl(keys.rate_tat('emails')) > 0 or keys.rate_tat('emails') not in ours
 

@@ -1,9 +1,11 @@
-"""QueueSlot's contract cases (tests/helpers/cases.py finds them by the policy's registered name). Its example
-settings are ``QueueSlot.setting_examples()``, which the dashboard uses too."""
+"""QueueSlot's contract cases (tests/helpers/cases.py finds them by the policy's registered name)."""
 
 from rq_policies.engine.policy import MAX_CAPACITY
 
-#: Settings ``QueueSlot.configure`` refuses, each with the argument its error names.
+#: Settings under each of which one start is allowed now and the next is refused (``QueueSlot.set``'s).
+SETTINGS = {'queue_slot': ({'capacity': 1},)}
+
+#: Settings ``QueueSlot.set`` refuses, each with the argument its error names.
 INVALID = {
     'queue_slot': (
         ({'capacity': 0}, 'capacity'),

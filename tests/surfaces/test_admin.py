@@ -33,6 +33,7 @@ from rq_policies import (
 )
 from rq_policies.engine import ledger
 from rq_policies.engine.fetch import Claim, Look, fetch_call, read_reply
+from rq_policies.policies.rate.views import RateViews
 from tests.helpers import key_jobs
 
 
@@ -243,9 +244,10 @@ def test_a_per_key_rate_set_at_run_time_wins_over_the_declared_one_at_fetch(conn
         assert [g.job_id for g in got[:2]] == [made[0].id, made[1].id] and isinstance(got[2], Look)
         assert Rate.parked(scope, 'a', connection=connection) == [j.id for j in made[2:]]
         assert Rate.status(scope, 'a', connection=connection).available == 0  # the declared rate, read off the job
-        assert [row['rate'] for row in Rate.key_rows(connection, scope)] == [(5, 1, 2)]
+        assert [row['rate'] for row in RateViews.key_rows(connection, scope)] == [(5, 1, 2)]
         Rate.set(scope, 'a', 100, 1, 100, connection=connection)
-        assert [(r['rate'], r['set_at_run_time']) for r in Rate.key_rows(connection, scope)] == [((100, 1, 100), True)]
+        assert [(r['rate'], r['set_at_run_time']) for r in RateViews.key_rows(connection, scope)] == [
+            ((100, 1, 100), True)]
         assert Rate.status(scope, 'a', connection=connection).available >= 90
         got = [fetch(f'h:1:1:{i}') for i in range(4)]
         assert [g.job_id for g in got if isinstance(g, Claim)] == [j.id for j in made[2:]]

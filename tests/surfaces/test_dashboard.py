@@ -36,7 +36,8 @@ from rq_policies import (  # noqa: E402
 from rq_policies.engine import keys  # noqa: E402
 from rq_policies.engine.fetch import Claim, Look  # noqa: E402
 from rq_policies.engine.policy import _REGISTRY, ADMISSION, AdmissionPolicy, registered  # noqa: E402
-from rq_policies.policies.concurrency.rules import PANEL_BUDGET  # noqa: E402
+from rq_policies.engine.reading import PANEL_BUDGET, SAMPLE_BUDGET  # noqa: E402
+from rq_policies.engine.views import PolicyViews  # noqa: E402
 from rq_policies.surfaces import state  # noqa: E402
 from rq_policies.surfaces.dashboard import create_app, data  # noqa: E402
 from rq_policies.surfaces.dashboard.web import CSRF_COOKIE  # noqa: E402
@@ -253,32 +254,13 @@ def test_state_json(connection):
 class _Probe(AdmissionPolicy):
     """A stand-in for a policy this repository does not have yet (per-key limits): registered only inside the
     ``probe`` fixture (no kind until then, so the rest of the suite never sees it), it offers a per-key limit
-    (``set``/``get``/``clear``, the admin API's shape) and shows every kind of cell, so the page's generic rendering
-    and actions are tested."""
+    (``set``/``get``/``clear``, the admin API's shape) and its views (:class:`_ProbeViews`) show every kind of cell,
+    so the page's generic rendering and actions are tested."""
 
     name: ClassVar[str] = 'dash_probe'
     kind: ClassVar[str] = ''
     calls: ClassVar[list[Any]] = []
     broken: ClassVar[bool] = False
-    key_limit_setting: ClassVar[bool] = True
-
-    @classmethod
-    def panels(cls, connection, now, limit, search=None):
-        cls.calls.append(('panels', limit, search))
-        if cls.broken:
-            raise RuntimeError('probe panel failed')
-        rows = [
-            ['acme', 2, 2.5, None, {'text': 'job-1', 'job': 'job-1'}, {'text': 'at limit', 'warn': True}],
-            [XSS, 0, 0.0, 'x', {'text': XSS, 'job': XSS}, 'ok'],
-        ]
-        return [
-            {
-                'title': 'Busiest keys (probe)',
-                'columns': ['key', 'in use', 'ratio', 'none', 'job', 'state'],
-                'rows': [row for row in rows if not search or search in row[0]][:limit],
-                'note': 'probe note',
-            }
-        ]
 
     @classmethod
     def set(cls, scope, key, limit, connection=None):
@@ -293,6 +275,29 @@ class _Probe(AdmissionPolicy):
     def clear(cls, scope, key, connection=None):
         cls.calls.append(('clear', scope, key, connection is not None))
         return False
+
+
+class _ProbeViews(PolicyViews):
+    policy = _Probe
+    key_limit_setting = True
+
+    @classmethod
+    def panels(cls, connection, now, limit, search=None):
+        _Probe.calls.append(('panels', limit, search))
+        if _Probe.broken:
+            raise RuntimeError('probe panel failed')
+        rows = [
+            ['acme', 2, 2.5, None, {'text': 'job-1', 'job': 'job-1'}, {'text': 'at limit', 'warn': True}],
+            [XSS, 0, 0.0, 'x', {'text': XSS, 'job': XSS}, 'ok'],
+        ]
+        return [
+            {
+                'title': 'Busiest keys (probe)',
+                'columns': ['key', 'in use', 'ratio', 'none', 'job', 'state'],
+                'rows': [row for row in rows if not search or search in row[0]][:limit],
+                'note': 'probe note',
+            }
+        ]
 
 
 @pytest.fixture
@@ -705,7 +710,7 @@ def test_a_page_with_100000_identities_is_bounded(connection):
     c = client(connection)
     # Each identity family's sample, and each per-key policy's one walk of the per-key keys.
     per_key = [cls for cls in registered() if getattr(cls, 'per_job', False)]
-    scan_bound = len(state.families()) * (state.SAMPLE_BUDGET // 1000 + 1) + len(per_key) * (PANEL_BUDGET // 1000 + 1)
+    scan_bound = len(state.families()) * (SAMPLE_BUDGET // 1000 + 1) + len(per_key) * (PANEL_BUDGET // 1000 + 1)
 
     def cost() -> dict[str, int]:
         page(c)  # warm (script loads, first connections)

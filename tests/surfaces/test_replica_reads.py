@@ -31,6 +31,7 @@ from rq_policies import Concurrency, Loner, PolicyQueue, QueueSlot, Throttle
 from rq_policies.engine import keys
 from rq_policies.engine.compat import RQ3
 from rq_policies.engine.exceptions import PolicyConfigurationError
+from rq_policies.policies.concurrency.views import ConcurrencyViews
 from rq_policies.surfaces import replicas
 from rq_policies.surfaces.testing import free_port
 from tests.helpers import fetches, jobs, key_jobs, with_root
@@ -184,7 +185,7 @@ def some_state(cluster) -> Any:
     for i in range(3):
         fetches.fetch(cluster, f'h:13:0:{i}', ('keys',))  # 2 start, the third parks the other 2
     assert [row[:4] for row in [[r['key'], r['in_use'], r['limit'], r['parked']]
-                                for r in Concurrency.key_rows(cluster, SCOPE)]] == [['acme', 2, 2, 2]]
+                                for r in ConcurrencyViews.key_rows(cluster, SCOPE)]] == [['acme', 2, 2, 2]]
     return held[0]
 
 

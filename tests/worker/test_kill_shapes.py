@@ -218,13 +218,14 @@ def test_the_guards_keep_and_recount_are_safe_to_run_twice(connection, fault_pro
     from redis.retry import Retry
 
     from rq_policies.engine.fetch import Claim
+    from rq_policies.engine.ledger import Hold
     from rq_policies.engine.worker import keep_call
 
     proxied = Redis.from_url(fault_proxy.url, socket_timeout=1, retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 3),
                              retry_on_error=[ConnectionError, TimeoutError])
     proxied.ping()
     assert QueueSlot.acquire('kq', capacity=1, token='guarded:1', ttl=3, connection=connection)
-    claim = Claim('kept-job', 'kq', (QueueSlot.fetch_hold('kq', 'guarded:1', 3),))
+    claim = Claim('kept-job', 'kq', (Hold(keys.holds('kq'), 'guarded:1', 3),))
     connection.hset(f'{RQ}:job:kept-job', mapping={'status': 'started', 'policies_loner_until': 'finished'})
 
     def lost_reply(mode, first=False):

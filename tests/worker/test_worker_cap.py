@@ -250,10 +250,11 @@ def test_the_hold_guard_waits_for_a_horse_forked_just_before_its_worker_died(con
     import logging
 
     from rq_policies.engine.fetch import Claim
+    from rq_policies.engine.ledger import Hold
     from rq_policies.engine.worker import _HorseGuard
 
     assert QueueSlot.acquire('guarded', capacity=1, token='guard-test:1', ttl=2, connection=connection)
-    claim = Claim('guarded-job', 'guarded', (QueueSlot.fetch_hold('guarded', 'guard-test:1', 2),))
+    claim = Claim('guarded-job', 'guarded', (Hold(keys.holds('guarded'), 'guard-test:1', 2),))
     worker = os.fork()
     if worker == 0:  # the worker
         code = 1

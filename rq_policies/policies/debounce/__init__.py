@@ -1,5 +1,6 @@
-"""Debounce: its rules (``rules``)."""
+"""Debounce: its rules (``rules``) and what it shows (``views``)."""
 
+from . import views  # noqa: F401 - registers its views
 from .rules import Debounce
 
 __all__ = ['Debounce']

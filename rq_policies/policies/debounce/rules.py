@@ -1,51 +1,23 @@
 """Debounce: run a job once a burst of enqueues of its identity has gone quiet, with the last payload.
 
-Each enqueue schedules the job ``wait`` seconds from now in rq's scheduled-job registry, from which the fetch of a
-PolicyWorker serving its queue promotes it when due (by the server's clock; rq's scheduler, ``--with-scheduler``,
-does it for stock workers). If a job of the same identity is still pending there, that job is rewritten in place,
-in the admission script: it keeps its id and takes the new payload (args and kwargs, description, meta, and a per-key
-policy's key) and the new run time, now + ``wait``; the enqueue returns that job (its id, the new payload). So every
-handle the app kept (the first enqueue's Job, any later one's) reads the one job that will run: ``get_status()``
-says ``scheduled`` with the latest payload until it runs, then its real state. What the first enqueue set otherwise
-stays (``created_at``, ``timeout``, ``result_ttl`` and the other enqueue options), as with Loner's
-``on_conflict='replace'``, BullMQ's deduplication ``replace`` and Sidekiq-unique-jobs' ``replace`` strategy.
-``max_wait`` caps the delay since the enqueue that started the pending period, so a stream that never pauses still runs
-at least every ``max_wait`` seconds.
-
-A resend of a replacing call (redis-py retries a command whose reply was lost) is a replay: the call's own id keeps a
-merge record naming the pending job, so the resend answers that job and writes nothing, even when another enqueue
-rewrote the job in between. ``explain`` on that id (given as ``job_id=``) names the pending job; on an id superseded
-before 0.3 (when a replacement deleted the pending job and wrote a new one) it follows the chain of replacements to
-the job that will run.
-
-Times come from the Redis server's clock. Run times are whole seconds (as rq's scheduler reads them); an idle
-PolicyWorker wakes at the due time, so a debounced job runs within a moment of its quiet period's end (up to about two
-seconds with rq's scheduler instead): use ``wait`` in seconds, not milliseconds.
-
-A pending job whose run time has been reached is never replaced, because it may be being moved (promoted) to the
-queue at that moment: it runs, and the next enqueue starts a new pending period. ``enqueue_at``/``enqueue_in`` are
-debounced too; the job runs at the debounce time or the time asked for, whichever is later.
+Each enqueue schedules the job ``wait`` seconds from now (server clock); a pending job of the same identity is
+rewritten in place instead (same id, the new payload and run time), so every handle the app kept reads the one job that
+will run. ``max_wait`` caps the delay since the enqueue that started the pending period. A resend of a replacing call
+is a replay (a merge record under its own id names the pending job). A pending job whose run time has been reached is
+never replaced (it may be being promoted): it runs, and the next enqueue starts a new period.
+docs/throttle-debounce.md.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
 from typing import Any, ClassVar
 
 from rq.registry import ScheduledJobRegistry
 
 from rq_policies.engine import compat, keys
 from rq_policies.engine.exceptions import PolicyConfigurationError
-from rq_policies.engine.policy import (
-    AdmissionPolicy,
-    Policy,
-    pending_lines,
-    replaced_in_place,
-    superseded_entry,
-    whole_seconds,
-)
-from rq_policies.engine.views import Cell, Explanation, Panel, Row
+from rq_policies.engine.policy import AdmissionPolicy, replaced_in_place, whole_seconds
 
 logger = logging.getLogger('rq_policies')
 
@@ -68,6 +40,11 @@ class Debounce(AdmissionPolicy):
 
     name: ClassVar[str] = 'debounce'
     rank: ClassVar[int] = 30
+    identity_families: ClassVar[tuple[keys.Family, ...]] = (keys.DEBOUNCE_KEYS,)
+    excludes: ClassVar[dict[str, str]] = {'loner': (
+        'Debounce and Loner cannot be combined: Debounce already keeps one pending job per identity and replaces it '
+        'with the latest payload; Loner would drop the very replacements a debounce exists to keep.'
+    )}
 
     def __init__(self, wait: int, max_wait: int | None = None) -> None:
         self.wait = whole_seconds('wait', wait)
@@ -93,39 +70,8 @@ class Debounce(AdmissionPolicy):
         call.key('registry', ScheduledJobRegistry(queue=queue).key)
         return {'wait': self.wait, 'max_wait': self.max_wait or 0}
 
-    def job_fields(self, queue: str, digest: str) -> list[str]:
+    def job_fields(self, job: Any, queue: str, digest: str) -> list[str]:
         return [DEBOUNCE_FIELD, keys.debounce(queue, digest)]
-
-    @classmethod
-    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[Explanation]:
-        state = job.get(DEBOUNCE_FIELD)
-        if not state:
-            return []
-        with connection.pipeline(transaction=False) as pipe:
-            pipe.hget(state, 'job')
-            pipe.zscore(ScheduledJobRegistry.key_template.format(job.get('origin', '')), job['id'])
-            pending, run_at = pipe.execute()
-        pending = pending.decode() if isinstance(pending, bytes) else pending
-        entry: dict[str, Any] = {'pending': pending, 'run_at': run_at}
-        when = datetime.fromtimestamp(run_at, timezone.utc).isoformat() if run_at is not None else None
-        if pending == job['id'] and run_at is not None and run_at > now:
-            verdict = f'pending debounced job, runs at {when} (in {run_at - now:.1f} s)'
-            change = ('an identical enqueue before then rewrites it in place (its payload and run time; '
-                      'same id)')
-        elif run_at is not None:
-            verdict = (f'its quiet period is over: the next fetch of a PolicyWorker of its queue moves it to '
-                       f'the queue (due {when})')
-            change = 'run a PolicyWorker on its queue (or stock workers with --with-scheduler)'
-        else:
-            verdict = 'its debounce period is over'
-            change = ''
-        return [Explanation(cls.name, verdict, change, entry)]
-
-    @classmethod
-    def explain_gone(cls, connection: Any, job_id: str, records: dict[str, Any], now: float) -> list[Explanation]:
-        return superseded_entry(cls.name, connection, records,
-                                'a later enqueue of its identity replaced this pending debounced job',
-                                'nothing: job {by} runs in its place, with the latest payload')
 
     def validate(self, job: Any, mode: str, force: bool) -> None:
         if compat.has_dependencies(job) and not force:
@@ -137,61 +83,9 @@ class Debounce(AdmissionPolicy):
     def on_admit(self, job: Any, queue: str, verdict: Any) -> None:
         if verdict.code == 3 and verdict.policy == self.name:
             # The pending job took this call's payload and run time in place: the Job returned is that job.
-            if logger.isEnabledFor(logging.INFO):
-                logger.info(
-                    'rq-policies: %s on queue %r (debounce): replaced the payload of pending job %s in place (this '
-                    'call was job %s), runs at %s', job.func_name, queue, verdict.job_id, job.id,
-                    datetime.fromtimestamp(verdict.number, timezone.utc).isoformat(),
-                )
-            replaced_in_place(job, verdict)
-
-    @classmethod
-    def identity_families(cls) -> tuple[keys.Family, ...]:
-        return (keys.DEBOUNCE_KEYS,)
-
-    @classmethod
-    def describe(cls, family: keys.Family, block: dict[str, Any], digests: bool = False,
-                 width: int = 40) -> list[Row | str]:
-        from rq_policies.engine.readable import relative
-
-        def detail(row: dict[str, Any]) -> str:
-            job, first = row['fields'].get('job'), row['fields'].get('first')
-            since = ''
-            if first and block.get('server_time'):
-                since = f', pending since {relative(float(first) - block["server_time"])}'
-            return f'job {job}{since}' if job else ''
-
-        return pending_lines(family, block, detail, digests, width)
-
-    @classmethod
-    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[Panel]:
-        """The dashboard's pending debounced jobs: the job that runs once its identity is quiet, when the pending
-        period started, and when the job runs."""
-        from rq_policies.engine.readable import identity_cell
-        from rq_policies.surfaces import state
-
-        sample = state.sample_family(connection, keys.DEBOUNCE_KEYS, limit, search)
-        rows = []
-        for row in sample['rows']:
-            job_id = row['fields'].get('job')
-            first = row['fields'].get('first')
-            rows.append([row['queue'], identity_cell(row), Cell(job_id, job=job_id) if job_id else None,
-                         Cell(at=float(first) - now) if first else None,
-                         None if row['expires_in'] is None else Cell(at=row['expires_in'])])
-        if not rows:
-            return []
-        return [Panel('Pending debounced jobs (Debounce)', ['queue', 'identity', 'job', 'pending since', 'runs'],
-                      rows, state.sample_note(sample, 'pending jobs'))]
+            replaced_in_place(job, queue, verdict, self.name, 'pending job')
 
     @classmethod
     def reset_part(cls, call: Any, queue: str, digest: str, declared: AdmissionPolicy | None) -> dict[str, Any]:
         call.key('debounce.state', keys.debounce(queue, digest))
         return {}
-
-    def conflicts(self, others: tuple[Policy, ...]) -> str | None:
-        if any(other.name == 'loner' for other in others):
-            return (
-                'Debounce and Loner cannot be combined: Debounce already keeps one pending job per identity and '
-                'replaces it with the latest payload; Loner would drop the very replacements a debounce exists to keep.'
-            )
-        return None

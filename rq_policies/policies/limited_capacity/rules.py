@@ -1,6 +1,5 @@
-"""LimitedCapacityWorker: a job class that keeps up to N of its own jobs running over a backlog kept elsewhere.
-
-GitLab's ``LimitedCapacity::Worker`` on RQ. A subclass implements three methods::
+"""LimitedCapacityWorker: a job class that keeps up to N of its own jobs running over a backlog kept elsewhere
+(GitLab's ``LimitedCapacity::Worker`` on RQ)::
 
     class ImportProjects(LimitedCapacityWorker):
         queue_name = 'imports'
@@ -11,25 +10,9 @@ GitLab's ``LimitedCapacity::Worker`` on RQ. A subclass implements three methods:
 
     ImportProjects.perform_with_capacity(connection=redis)   # from a periodic job; the same args every time
 
-How it runs:
-
-* :meth:`perform_with_capacity` enqueues ``min(free room, remaining work)`` jobs, where the room is
-  ``max_running_jobs()`` minus the jobs of the class that run *and* those already waiting in the queue, counted and
-  written in one Lua script (``lua/lcw_enqueue.lua``), so two refills at once never overshoot.
-* The job rq runs is the classmethod :meth:`perform`, enqueued by its import path (``module.Class.perform``), so any
-  rq worker, stock ``Worker`` or ``PolicyWorker``, imports and runs it, and dashboards show the class's name.
-* The running count is a hold ledger (:mod:`rq_policies.engine.ledger`, the one QueueSlot counts with too;
-  ``rq:policies:lcw-running:<class>``), not a counter: a job takes its hold when it starts (``lua/acquire_hold.lua``, in
-  one MULTI with leaving the queued set), refreshes it from a :class:`~rq_policies.engine.ledger.Keeper` process while
-  ``perform_work`` runs, and gives it back on every exit path. A job killed with SIGKILL stops refreshing and its unit
-  comes back by itself within :attr:`hold_ttl` seconds; the next refill replaces it.
-* A job that finishes successfully re-enqueues itself when work remains and the class has room (``lcw_finish.lua``:
-  release and successor in one step). A failed one does not: the failure is logged, rq moves the job to its
-  FailedJobRegistry, and the next periodic refill stands in for a retry with backoff. Retries are off (none is ever
-  set) and enqueues are not deduplicated.
-* Each refill and each finishing job records ``max_running_jobs`` and ``remaining_work_count`` in Redis
-  (``rq:policies:lcw:<class>``), which is where :mod:`rq_policies.surfaces.metrics` reads the gauges: the exporter never
-  imports application code nor calls it at scrape time (``remaining_work_count`` may be a database query).
+The refill counts and writes in one script (``lua/lcw_enqueue.lua``), so two at once never overshoot; the running count
+is a hold ledger (``rq:policies:lcw-running:<class>``), so a killed job's unit comes back within :attr:`hold_ttl`; a
+job that finishes re-enqueues itself while work remains (``lua/lcw_finish.lua``). How it runs: docs/limited-capacity.md.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Loner: its rules (``rules``)."""
+"""Loner: its rules (``rules``) and what it shows (``views``)."""
 
+from . import views  # noqa: F401 - registers its views
 from .rules import Loner
 
 __all__ = ['Loner']

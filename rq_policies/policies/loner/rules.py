@@ -17,11 +17,10 @@ from typing import Any, ClassVar
 
 from rq.worker import Worker
 
-from rq_policies.engine import compat, keys
+from rq_policies.engine import keys
 from rq_policies.engine.exceptions import DuplicateJob
-from rq_policies.engine.ops import Call, text
-from rq_policies.engine.policy import MAX_SECONDS, AdmissionPolicy, Policy, job_status
-from rq_policies.engine.views import Cell, Explanation, Panel, Row
+from rq_policies.engine.ops import Call
+from rq_policies.engine.policy import MAX_SECONDS, AdmissionPolicy
 
 logger = logging.getLogger('rq_policies')
 
@@ -33,6 +32,12 @@ TTL_FIELD = 'policies_loner_ttl'
 UNTIL = ('started', 'finished')
 #: What a duplicate enqueue does: return None, raise DuplicateJob, or replace the waiting holder's payload.
 ON_CONFLICT = ('drop', 'raise', 'replace')
+
+REPLACE_THROTTLE = (
+    "Throttle and Loner(on_conflict='replace') cannot be combined: the throttle already decides what an extra in a "
+    'held slot does (it is dropped, or with trailing=True kept as the trailing job); a replacing Loner would rewrite '
+    "the slot winner's payload after the slot was decided."
+)
 
 #: Seconds a "seen held" hint is trusted to pick the probe first (a marker can be freed at any moment, when a worker
 #: takes the job, so a loner hint is kept only briefly; a stale one costs one extra round trip before the full path).
@@ -53,7 +58,7 @@ def _lock_ttl(value: Any) -> float | int | None:
 
 
 class Loner(AdmissionPolicy):
-    """One job per identity per queue (resque-loner's and sidekiq-unique-jobs' unique jobs).
+    """One job per identity per queue (resque-loner's and sidekiq-unique-jobs' unique jobs). docs/loner.md.
 
     Example::
 
@@ -63,40 +68,24 @@ class Loner(AdmissionPolicy):
         @policy(Loner(on_conflict='replace'), unique_context=lambda a, k: a[0])
         def sync_account(account_id, reason): ...  # a duplicate rewrites the waiting job's payload in place
 
-    ``until='started'``: the identity is held from the enqueue until a PolicyWorker takes the job (or it is deleted,
-    cancelled or removed from its queue). Once the job runs, the same payload can be enqueued again: this prevents
-    duplicate *waiting* work, not concurrent runs.
-
-    ``until='finished'``: held from the enqueue until the job ends: success, failure with no retry left (a retry
-    keeps it), stop-job, timeout, cancel, delete, its work horse killed (the worker records the failure), ttl expiry
-    while it waits. The marker is deleted in the pipeline that records the ending. If the worker itself dies
-    (SIGKILL of the worker and its horse, a lost machine), the job stays ``started`` in rq, but it only counts while
-    its worker's key ``rq:worker:<name>`` lives: that is at most ``job_monitoring_interval + 60`` seconds (rq's
-    heartbeat TTL, 90 s by default) after the worker's last heartbeat, so the identity is free again within that
-    bound, without a reaper, even before rq's maintenance marks the job failed.
-
-    ``on_conflict``: ``'drop'`` returns None (logged, counted); ``'raise'`` raises :class:`DuplicateJob` (counted as
-    a drop; nothing written); ``'replace'`` rewrites the waiting holder's payload (args, kwargs, meta, description)
-    in place, in the admission script: same id, same place in its queue, and returns it (the returned Job carries
-    the holder's id and the new payload). A holder already running is never replaced: with ``until='started'`` the
-    new job is then admitted as usual (a running job holds nothing), with ``until='finished'`` it is dropped.
-
-    ``ttl``: the identity is held at most ``ttl`` seconds from the enqueue that took it, whatever the holder does
-    (sidekiq-unique-jobs' ``lock_ttl``, BullMQ's deduplication ``ttl``): after that an identical enqueue is admitted
-    even if the holder still waits or runs (both then exist; the holder is not touched). It works with either
-    ``until``: the marker (``rq:policies:loner:<queue>:<digest>``) simply expires, in Redis, so no process has to be
-    alive to free it. Without ``ttl`` the identity is held for as long as ``until`` says (bounded only by the job's
-    own ``ttl`` and, while running, by its worker's heartbeat).
-
     Args:
-        until: ``'started'`` or ``'finished'``.
-        on_conflict: ``'drop'``, ``'raise'`` or ``'replace'``.
-        ttl: optional cap in seconds on how long the identity is held, a number > 0 (int or float; kept to the
-            millisecond), at most ten years.
+        until: ``'started'``: held from the enqueue until a PolicyWorker takes the job (or it is deleted, cancelled
+            or removed): no duplicate *waiting* work, not no concurrent runs. ``'finished'``: until the job ends
+            (success, failure with no retry left, stop, timeout, cancel, delete, its horse killed); a job whose worker
+            died holds only while its worker's key lives (``job_monitoring_interval + 60`` s after its last
+            heartbeat, 90 s by default), so no reaper is needed.
+        on_conflict: ``'drop'`` returns None (logged, counted); ``'raise'`` raises :class:`DuplicateJob` (counted as a
+            drop; nothing written); ``'replace'`` rewrites the waiting holder's payload (args, kwargs, meta,
+            description) in place, in the admission script, and returns it (same id, same place in its queue). A
+            holder already running is never replaced: with ``until='started'`` the new job is admitted (a running job
+            holds nothing), with ``until='finished'`` it is dropped.
+        ttl: optional cap in seconds on how long the identity is held whatever the holder does (sidekiq-unique-jobs'
+            ``lock_ttl``), a number > 0 kept to the millisecond, at most ten years: the marker expires in Redis.
     """
 
     name: ClassVar[str] = 'loner'
     rank: ClassVar[int] = 50
+    identity_families: ClassVar[tuple[keys.Family, ...]] = (keys.LONER_KEYS,)
 
     def __init__(self, until: str = 'started', on_conflict: str = 'drop', ttl: float | None = None) -> None:
         if until not in UNTIL:
@@ -113,14 +102,14 @@ class Loner(AdmissionPolicy):
         words += [f'ttl={self.ttl!r}'] if self.ttl is not None else []
         return f'Loner({", ".join(words)})'
 
-    def conflicts(self, others: tuple[Policy, ...]) -> str | None:
-        if self.on_conflict == 'replace' and any(other.name == 'throttle' for other in others):
-            return (
-                "Throttle and Loner(on_conflict='replace') cannot be combined: the throttle already decides what an "
-                'extra in a held slot does (it is dropped, or with trailing=True kept as the trailing job); a '
-                "replacing Loner would rewrite the slot winner's payload after the slot was decided."
-            )
-        return None
+    @property
+    def excludes(self) -> dict[str, str]:  # type: ignore[override]
+        return {'throttle': REPLACE_THROTTLE} if self.on_conflict == 'replace' else {}
+
+    @property
+    def leased(self) -> keys.Family | None:  # type: ignore[override]
+        # A capped marker keeps its cap (lua/lib/take_marker.lua gave a deferred job's marker the cap, not the lease).
+        return keys.LONER_KEYS if self.ttl is None else None
 
     def admit_part(self, call: Call, queue: Any, digest: str) -> dict[str, Any]:
         call.key('loner.marker', keys.loner(queue.name, digest))
@@ -150,7 +139,7 @@ class Loner(AdmissionPolicy):
             options += ['ttl_ms', str(math.ceil(self.ttl * 1000))]
         return keys.loner(queue.name, digest), options
 
-    def job_fields(self, queue: str, digest: str) -> list[str]:
+    def job_fields(self, job: Any, queue: str, digest: str) -> list[str]:
         fields = [keys.LONER_FIELD, keys.loner(queue, digest)]
         if self.until == 'finished':
             fields += [UNTIL_FIELD, 'finished']
@@ -161,10 +150,6 @@ class Loner(AdmissionPolicy):
     #: Only a job held until it ends has a marker to free then: until='started' freed it in the fetch that took the
     #: job (lua/policies/loner.lua's taken), and a job without the field holds none.
     ended_when = (UNTIL_FIELD, 'finished')
-
-    @classmethod
-    def ended(cls, pipeline: Any, job_prefix: str, job_id: str) -> None:
-        _release_call(job_prefix, [job_id]).arg('ended', True).run(pipeline)
 
     def on_drop(self, func_name: str, queue: str, verdict: Any) -> None:
         if self.on_conflict == 'raise':
@@ -178,13 +163,9 @@ class Loner(AdmissionPolicy):
                             job.func_name, queue, verdict.job_id)
             job.id = verdict.job_id
 
-    def leased_keys(self, queue: str, digest: str) -> list[str]:
-        # A capped marker keeps its cap (lua/lib/take_marker.lua gave a deferred job's marker the cap, not the lease).
-        return [keys.loner(queue, digest)] if self.ttl is None else []
-
     @classmethod
-    def release(cls, connection: Any, job_prefix: str, job_ids: list[str]) -> None:
-        release_markers(connection, job_prefix, job_ids)
+    def release(cls, connection: Any, job_prefix: str, job_ids: list[str], ended: bool = False) -> None:
+        release_markers(connection, job_prefix, job_ids, ended)
 
     @classmethod
     def holder(cls, connection: Any, queue: str, digest: str, job_prefix: str) -> str | None:
@@ -195,106 +176,6 @@ class Loner(AdmissionPolicy):
         # Every mode: a drop, a raise (a drop too) and a running holder under until='finished' (which a 'replace'
         # cannot replace) are decided by the checks alone, so the probe serves them.
         return HINT_SECONDS if verdict.code == 0 and verdict.policy == self.name else 0.0
-
-    @classmethod
-    def identity_families(cls) -> tuple[keys.Family, ...]:
-        return (keys.LONER_KEYS,)
-
-    @classmethod
-    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[Explanation]:
-        marker = job.get(keys.LONER_FIELD)
-        parsed = keys.LONER_KEYS.parse(marker) if marker else None
-        if parsed is None:
-            return []
-        digest, until, status, jid = parsed[1], job.get(UNTIL_FIELD, 'started'), job.get('status', ''), job['id']
-        worker = job.get('worker_name') or ''
-        with connection.pipeline(transaction=False) as pipe:
-            pipe.get(marker)
-            pipe.ttl(marker)
-            pipe.exists(Worker.redis_worker_namespace_prefix + worker)
-            pipe.exists(keys.alive(jid))  # the horse outliving its worker (lua/lib/holder_running.lua reads it too)
-            holder, ttl, worker_alive, horse_alive = pipe.execute()
-        worker_alive = worker_alive or horse_alive
-        holder = text(holder) if holder is not None else None
-        entry: dict[str, Any] = {'identity': digest, 'until': until, 'marker': marker,
-                                 'holder': holder, 'expires_in': ttl if ttl and ttl > 0 else None}
-        short = digest[:12]
-        waiting = status in compat.WAITING_STATUSES
-        running = status == 'started' and until == 'finished'
-        if holder == jid and (waiting or (running and worker_alive)):
-            entry['holds'] = True
-            verdict = f'holds identity {short} (Loner until {until})' + (
-                f', marker expires in {ttl} s with the job' if ttl and ttl > 0 else '')
-            change = ('freed when a worker takes the job, or it is deleted, cancelled or removed'
-                      if until == 'started' else
-                      'freed when the job ends: success, failure with no retry left, stop, timeout, cancel, '
-                      'delete')
-        elif holder == jid and running:
-            entry['holds'] = False
-            verdict = (f'identity {short} is free: its worker {worker} is gone (no heartbeat), so the '
-                       'marker no longer blocks')
-            change = "rq's maintenance marks the job failed (abandoned)"
-        elif holder:
-            entry['holds'] = False
-            verdict = f'identity {short} is held by job {holder}, not this one'
-            change = f'an identical enqueue is handled as a duplicate of {holder} while it holds'
-        else:
-            entry['holds'] = False
-            why = 'a worker took it' if status == 'started' else f'it is {status or "gone"}'
-            verdict = f'holds nothing: identity {short} is free ({why})'
-            change = 'the next identical enqueue is admitted'
-        if job.get('policies_replaced_by'):
-            entry['replaced_by'] = job['policies_replaced_by']
-            verdict += f'; its payload was replaced in place by the enqueue of job {entry["replaced_by"]}'
-        return [Explanation(cls.name, verdict, change, entry)]
-
-    @classmethod
-    def explain_gone(cls, connection: Any, job_id: str, records: dict[str, Any], now: float) -> list[Explanation]:
-        dropped = records['dropped']
-        if not dropped or dropped.get('policy') != cls.name:
-            return []
-        holder = str(dropped.get('holder', ''))
-        status, _ = job_status(connection, records['job_prefix'], holder)
-        at = dropped.get('at')
-        ago = f' ({max(now - at, 0.0):.0f} s ago)' if at is not None else ''
-        return [Explanation(
-            cls.name, f'dropped at enqueue{ago}: held by job {holder} ({status or "gone"} now)',
-            'an identical enqueue is admitted once no job holds the identity; force() enqueues it anyway',
-            {'holder': holder, 'queue': dropped.get('queue', ''), 'dropped_at': at},
-        )]
-
-    @classmethod
-    def describe(cls, family: keys.Family, block: dict[str, Any], digests: bool = False,
-                 width: int = 40) -> list[Row | str]:
-        from rq_policies.engine.readable import identity
-
-        stale = block['count'] - block['waiting']
-        items = []
-        for row in block['entries']:
-            holds = '' if row.get('waiting') else ', stale: no longer holds'
-            items.append(f'{identity(row, width, digests)}  job {row["job_id"]} ({row["job_status"] or "gone"}{holds})')
-        return [Row('loner', f'{block["waiting"]} waiting' + (f', {stale} stale' if stale else ''), tuple(items))]
-
-    @classmethod
-    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[Panel]:
-        """The dashboard's unique identities: each marker's queue, identity, holder job and whether it still holds
-        (a marker whose job no longer waits, and is not running under ``until='finished'``, is stale: the next
-        enqueue of the identity replaces it)."""
-        from rq_policies.engine.readable import identity_cell
-        from rq_policies.surfaces import state
-
-        sample = state.sample_family(connection, keys.LONER_KEYS, limit, search)
-        rows = []
-        for row in sample['rows']:
-            job_id = row['job_id']
-            holds = 'yes' if row['waiting'] else Cell('no (stale: the next enqueue replaces it)', expired=True)
-            rows.append([row['queue'], identity_cell(row), Cell(job_id, job=job_id) if job_id else None,
-                         row['job_status'] or 'gone', holds,
-                         None if row['expires_in'] is None else Cell(at=row['expires_in'])])
-        if not rows:
-            return []
-        return [Panel('Unique identities (Loner)', ['queue', 'identity', 'job', 'job status', 'holds', 'expires'],
-                      rows, state.sample_note(sample, 'markers'))]
 
     @classmethod
     def reset_part(cls, call: Call, queue: str, digest: str, declared: AdmissionPolicy | None) -> dict[str, Any]:
@@ -318,19 +199,17 @@ def holder_call(queue: str, digest: str, job_prefix: str) -> Call:
     return call.key('marker', keys.loner(queue, digest))
 
 
-def release_markers(connection: Any, job_prefix: str, job_ids: list[str]) -> int:
-    """Delete the loner markers that still name these jobs. Returns how many were deleted.
+def release_markers(connection: Any, job_prefix: str, job_ids: list[str], ended: bool = False) -> int:
+    """Delete the loner markers that still name these jobs (with ``ended``: the job ended, so a marker held until
+    it finished goes too). Returns how many were deleted.
 
     On a pipeline the release rides it (the count arrives with its ``execute()``, and 0 is returned here).
     """
     if not job_ids:
         return 0
-    result = _release_call(job_prefix, job_ids).run(connection)
-    return result if isinstance(result, int) else 0
-
-
-def _release_call(job_prefix: str, job_ids: list[str]) -> Call:
     # The job hashes go in KEYS too (the script reads them by prefix and id): a Redis Cluster routes a script by its
     # keys, and a script with none would go to any node.
-    return Call('release_markers', job_prefix=job_prefix, jobs=list(job_ids)).key_list(
+    call = Call('release_markers', job_prefix=job_prefix, jobs=list(job_ids)).key_list(
         'jobs', [job_prefix + job_id for job_id in job_ids])
+    result = (call.arg('ended', True) if ended else call).run(connection)
+    return result if isinstance(result, int) else 0

@@ -1,5 +1,6 @@
-"""Rate: its rules (``rules``)."""
+"""Rate: its rules (``rules``) and what it shows (``views``)."""
 
+from . import views  # noqa: F401 - registers its views
 from .rules import Rate
 
 __all__ = ['Rate']

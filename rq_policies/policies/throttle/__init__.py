@@ -1,5 +1,6 @@
-"""Outcome: its rules (``rules``)."""
+"""Throttle: its rules (``rules``) and what it shows (``views``)."""
 
-from .rules import Outcome
+from . import views  # noqa: F401 - registers its views
+from .rules import Outcome, Throttle
 
-__all__ = ['Outcome']
+__all__ = ['Outcome', 'Throttle']

@@ -1,28 +1,11 @@
-"""Throttle: at most one job per identity per epoch-aligned slot of wall-clock time.
+"""Throttle: at most one job per identity per epoch-aligned slot of wall-clock time (server clock).
 
-Three answers to "this was enqueued more often than it needs to run", each kept in its own module:
-
-* :class:`~rq_policies.Loner` rejects the duplicate and keeps the first, while it waits;
-* :class:`Throttle` drops the extra and keeps the first, once per slot (or, with ``trailing=True``, also keeps the
-  last extra of the slot and runs it when the slot ends);
-* :class:`~rq_policies.Debounce` replaces the pending job and keeps the last, firing after a quiet period.
-
-Slots are aligned to the Unix epoch and computed from the Redis server's clock: with ``Throttle(60)`` the boundaries
-are the calendar minutes, and every producer means the same minute by "this slot" whatever its own clock says. That
-is what separates a slot from a cooldown (a cooldown measured from first use is a rolling rate limit). One key per
-identity per slot holds only the winner's job id and expires by itself when the slot ends: no reaper, no growth.
-
-An admitted job is an ordinary rq job. A dropped enqueue returns ``None``, not the winner's job: a returned job is
-the caller's to poll, cancel or hang dependents off, and the winner's is not. The winner is named in the INFO log
-line and by :meth:`Throttle.admit`, the low-level door, which returns an :class:`Outcome`.
-
-The throttle spaces *submissions*, not executions: if jobs wait in the queue, two can start closer together than the
-slot. ``enqueue_at``/``enqueue_in`` are submissions too: they claim the slot current at the call, and a winner runs
-at the time it asked for.
-
-A *window* is the throttle's unit of time (the public argument keeps its 0.1 name, ``slot``); a *hold* is
-QueueSlot's unit of concurrency. The window's key is ``rq:policies:throttle:<queue>:<digest>:<window number>``.
-The Lua part is ``lua/policies/throttle.lua``.
+Loner rejects the duplicate and keeps the first while it waits; Throttle drops the extra and keeps the first, once per
+slot (with ``trailing=True`` also the last extra of the slot, run when the slot ends); Debounce keeps the last, after a
+quiet period. A slot is aligned to the Unix epoch (``Throttle(60)``: the calendar minutes), so every producer means
+the same slot; one key per identity per slot (``rq:policies:throttle:<queue>:<digest>:<window number>``) holds only
+the winner's job id and expires with the slot. It spaces submissions, not executions. docs/throttle-debounce.md.
+The public argument keeps its 0.1 name, ``slot``, for what the code calls a *window*.
 """
 
 from __future__ import annotations
@@ -38,16 +21,7 @@ from rq.registry import ScheduledJobRegistry
 
 from rq_policies.engine import admission, compat, identity, keys
 from rq_policies.engine.exceptions import PolicyConfigurationError
-from rq_policies.engine.policy import (
-    AdmissionPolicy,
-    Policy,
-    PolicySet,
-    pending_lines,
-    replaced_in_place,
-    superseded_entry,
-    whole_seconds,
-)
-from rq_policies.engine.views import Cell, Explanation, Panel, Row
+from rq_policies.engine.policy import AdmissionPolicy, PolicySet, replaced_in_place, whole_seconds
 
 logger = logging.getLogger('rq_policies')
 
@@ -104,6 +78,11 @@ class Throttle(AdmissionPolicy):
 
     name: ClassVar[str] = 'throttle'
     rank: ClassVar[int] = 20
+    identity_families: ClassVar[tuple[keys.Family, ...]] = (keys.THROTTLE_KEYS, keys.TRAILING_KEYS)
+    excludes: ClassVar[dict[str, str]] = {'debounce': (
+        'Throttle and Debounce cannot be combined: a throttle keeps the first job of each slot and a debounce the last '
+        'of each burst. Pick one; Throttle(slot, trailing=True) keeps the last of each slot as well.'
+    )}
 
     def __init__(self, slot: int, trailing: bool = False) -> None:
         self.slot = whole_seconds('slot', slot)
@@ -113,14 +92,6 @@ class Throttle(AdmissionPolicy):
 
     def __repr__(self) -> str:
         return f'Throttle({self.slot}{", trailing=True" if self.trailing else ""})'
-
-    def conflicts(self, others: tuple[Policy, ...]) -> str | None:
-        if any(other.name == 'debounce' for other in others):
-            return (
-                'Throttle and Debounce cannot be combined: a throttle keeps the first job of each slot and a debounce '
-                'the last of each burst. Pick one; Throttle(slot, trailing=True) keeps the last of each slot as well.'
-            )
-        return None
 
     @classmethod
     def admit(cls, job: Job, slot: int, connection: Any = None) -> Outcome:
@@ -168,62 +139,12 @@ class Throttle(AdmissionPolicy):
             call.key('registry', ScheduledJobRegistry(queue=queue).key)
         return {'width': self.slot, 'trailing': self.trailing}
 
-    def job_fields(self, queue: str, digest: str) -> list[str]:
+    def job_fields(self, job: Any, queue: str, digest: str) -> list[str]:
         # What `rq-policies explain` reads back: the window keys' prefix and width (and the trailing pointer).
         fields = [THROTTLE_FIELD, keys.throttle_prefix(queue, digest), WIDTH_FIELD, str(self.slot)]
         if self.trailing:
             fields += [TRAILING_FIELD, keys.trailing(queue, digest)]
         return fields
-
-    @classmethod
-    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[Explanation]:
-        prefix, width = job.get(THROTTLE_FIELD), job.get(WIDTH_FIELD)
-        if not prefix or not width or not width.isdigit():
-            return []
-        width_s, jid, queue = int(width), job['id'], job.get('origin', '')
-        index = int(now // width_s)
-        ends = (index + 1) * width_s
-        trailing = job.get(TRAILING_FIELD)
-        with connection.pipeline(transaction=False) as pipe:
-            pipe.get(keys.numbered(prefix, index))
-            pipe.get(trailing or prefix)
-            pipe.zscore(ScheduledJobRegistry.key_template.format(queue), jid)
-            owner, pending, run_at = pipe.execute()
-        owner = owner.decode() if isinstance(owner, bytes) else owner
-        pending = pending.decode() if isinstance(pending, bytes) else pending
-        entry: dict[str, Any] = {'slot': width_s, 'window_ends_at': ends, 'owner': owner}
-        if trailing and pending == jid and job.get('status') == 'scheduled' and run_at is not None:
-            verdict = f'pending trailing job of the window ending at {_when(run_at)} (in {run_at - now:.1f} s)'
-            change = ('runs at that time; a later extra of the window rewrites it in place (its payload; '
-                      'same id)')
-        elif owner == jid:
-            verdict = f'owns the current {width_s} s slot, which ends at {_when(ends)} (in {ends - now:.1f} s)'
-            change = 'an identical enqueue before then is dropped' + (
-                ' (or kept as the trailing job)' if trailing else '')
-        else:
-            verdict = 'admitted in an earlier slot; the current one ' + (
-                f'is held by job {owner}' if owner else 'is free') + f', ends at {_when(ends)}'
-            change = ''
-        return [Explanation(cls.name, verdict, change, entry)]
-
-    @classmethod
-    def explain_gone(cls, connection: Any, job_id: str, records: dict[str, Any], now: float) -> list[Explanation]:
-        dropped = records['dropped']
-        superseded = superseded_entry(cls.name, connection, records,
-                                      'a later extra of its window replaced this pending trailing job',
-                                      'nothing: job {by} runs in its place, at the end of the window')
-        if superseded:
-            return superseded
-        if dropped and dropped.get('policy') == cls.name:
-            holder, ends = str(dropped.get('holder', '')), float(dropped.get('n', 0))
-            return [Explanation(
-                cls.name, f'dropped at enqueue: held by job {holder}, which owned the slot ending at {_when(ends)}',
-                'an identical enqueue after ' + (
-                    'that is admitted' if ends > now else f'{_when(ends)} is admitted (that time has passed)'),
-                {'holder': holder, 'queue': dropped.get('queue', ''), 'window_ends_at': ends,
-                 'dropped_at': dropped.get('at')},
-            )]
-        return []
 
     def validate(self, job: Any, mode: str, force: bool) -> None:
         if self.trailing and mode == 'D' and not force:
@@ -247,13 +168,7 @@ class Throttle(AdmissionPolicy):
     def on_admit(self, job: Any, queue: str, verdict: Any) -> None:
         if verdict.code == 3 and verdict.policy == self.name:
             # The pending trailing job took this call's payload (and run time) in place: the Job returned is it.
-            if logger.isEnabledFor(logging.INFO):
-                logger.info(
-                    'rq-policies: %s on queue %r (throttle): replaced the payload of pending trailing job %s in place '
-                    '(this call was job %s), runs at %s', job.func_name, queue, verdict.job_id, job.id,
-                    _when(verdict.number),
-                )
-            replaced_in_place(job, verdict)
+            replaced_in_place(job, queue, verdict, self.name, 'pending trailing job')
             return
         if verdict.code != 2:
             return
@@ -271,68 +186,10 @@ class Throttle(AdmissionPolicy):
             )
 
     @classmethod
-    def identity_families(cls) -> tuple[keys.Family, ...]:
-        return (keys.THROTTLE_KEYS, keys.TRAILING_KEYS)
-
-    @classmethod
-    def describe(cls, family: keys.Family, block: dict[str, Any], digests: bool = False,
-                 width: int = 40) -> list[Row | str]:
-        from rq_policies.engine.readable import identity
-
-        if family.windowed:
-            return [Row('throttle', f'{block["count"]} live window(s)',
-                        tuple(f'{identity(row, width, digests)}  job {row["job_id"]}  {window_words(row)}'
-                              for row in block['entries']))]
-        return pending_lines(family, block, lambda row: f'job {row["job_id"]}', digests, width)
-
-    @classmethod
-    def panels(cls, connection: Any, now: float, limit: int, search: str | None = None) -> list[Panel]:
-        """The dashboard's throttle windows (the job that won each live window, and when the window ends) and
-        pending trailing jobs (the job that runs when its window ends)."""
-        from rq_policies.engine.readable import identity_cell
-        from rq_policies.surfaces import state
-
-        out = []
-        windows = state.sample_family(connection, keys.THROTTLE_KEYS, limit, search)
-        rows = [[row['queue'], identity_cell(row), _window_cell(row), _job_cell(row['job_id']),
-                 _at(row['expires_in'])] for row in windows['rows']]
-        if rows:
-            out.append(Panel('Throttle windows (Throttle)', ['queue', 'identity', 'window', 'job', 'ends'], rows,
-                             state.sample_note(windows, 'windows')))
-        trailing = state.sample_family(connection, keys.TRAILING_KEYS, limit, search)
-        rows = [[row['queue'], identity_cell(row), _job_cell(row['job_id']), row['job_status'] or 'gone',
-                 _at(row['expires_in'])] for row in trailing['rows']]
-        if rows:
-            out.append(Panel('Pending trailing jobs (Throttle)', ['queue', 'identity', 'job', 'job status', 'runs'],
-                             rows, state.sample_note(trailing, 'pending jobs')))
-        return out
-
-    @classmethod
     def reset_part(cls, call: Any, queue: str, digest: str, declared: AdmissionPolicy | None) -> dict[str, Any]:
         call.key('throttle.prefix', keys.throttle_prefix(queue, digest))
         call.key('throttle.trailing', keys.trailing(queue, digest))
         return {'width': declared.slot if isinstance(declared, Throttle) else 0}
-
-
-def _at(seconds: float | None) -> Cell | None:
-    """A page cell of the moment ``seconds`` from now (local time, ``in 5 s``), or None."""
-    return None if seconds is None else Cell(at=seconds)
-
-
-def _window_cell(row: dict[str, Any]) -> Cell:
-    """A page cell of a throttle window: its start and end in local time, the window number on hover."""
-    from rq_policies.engine.readable import local_iso
-
-    if row.get('window_start') is None:
-        return Cell(f'window {row.get("slot")}', title='the window number (epoch seconds // width)')
-    start, end = local_iso(row['window_start']), local_iso(row['window_end'])
-    return Cell(f'{start} to {end[11:19] if start[:10] == end[:10] else end}',
-                title=f'window {row["slot"]} of {row["window_end"] - row["window_start"]} s')
-
-
-def _job_cell(job_id: str | None) -> Cell | None:
-    """A dashboard cell linking to ``job_id``'s page, or None."""
-    return Cell(job_id, job=job_id) if job_id else None
 
 
 def _declared_spec(job: Job) -> PolicySet | None:
@@ -342,17 +199,3 @@ def _declared_spec(job: Job) -> PolicySet | None:
     from rq_policies.engine.queue import PolicyQueue  # the glue imports the policies: at call time only
 
     return PolicyQueue._declared_for(job)
-
-
-def window_words(row: dict[str, Any]) -> str:
-    """A throttle window as a person reads it: ``window 13:45:00 to 13:46:00 (ends in 12 s)`` in local time, from
-    the row's ``window_start``/``window_end`` (its winner job's width); the ends alone when the width is unknown."""
-    from rq_policies.engine.readable import local_iso, relative
-
-    left = row.get('expires_in')
-    ends = f'ends {relative(left)}' if left is not None else 'no expiry'
-    if row.get('window_start') is None:
-        return f'window {row.get("slot")} ({ends})'
-    start, end = local_iso(row['window_start']), local_iso(row['window_end'])
-    same_day = start[:10] == end[:10]
-    return f'window {start} to {end[11:19] if same_day else end} ({ends})'

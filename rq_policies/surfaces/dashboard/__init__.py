@@ -3,7 +3,7 @@
 Needs Flask (``pip install 'rq-policies[dashboard]'``). :func:`create_app` is the standalone app the command serves;
 :func:`create_blueprint` mounts the same pages in any Flask app (``rq_policies.surfaces.contrib.rq_dashboard`` does it
 for rq-dashboard). What the pages show comes from the registry (:mod:`rq_policies.surfaces.dashboard.data`): every
-policy contributes its own panels (:meth:`rq_policies.engine.policy.Policy.panels`).
+policy contributes its own panels (its views' :meth:`~rq_policies.engine.views.PolicyViews.panels`).
 """
 
 from __future__ import annotations

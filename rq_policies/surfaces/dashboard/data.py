@@ -1,14 +1,14 @@
 """What the dashboard shows, as plain data: read from Redis in a bounded number of commands.
 
 The page is built from the registry, like ``rq-policies info``: per queue, each fetch policy's headline words (its
-:meth:`~rq_policies.engine.policy.FetchPolicy.queue_info` section's ``headline``); then every registered policy's
-panels (:meth:`~rq_policies.engine.policy.Policy.panels`), rendered generically; the drop counters of the last hour; the
-LimitedCapacityWorker gauges; the server's eviction warning. Nothing here names a policy.
+views' :meth:`~rq_policies.engine.views.PolicyViews.queue_info` section's ``headline``); then every registered policy's
+panels (:meth:`~rq_policies.engine.views.PolicyViews.panels`), rendered generically; the drop counters of the last hour;
+the LimitedCapacityWorker gauges; the server's eviction warning. Nothing here names a policy.
 
 Bounds (a page must answer fast on a server with 100,000 identities): queues are those rq and the fetch policies
 know (``rq:queues`` and the settings hashes), at most :data:`QUEUE_LIMIT` listed, with O(1) counts each; the drop
 chart is one pipeline of 60 small hashes; each policy's panels list at most ``limit`` rows, and per-identity ones
-come from a SCAN with a budget (:func:`rq_policies.surfaces.state.sample_family`), never KEYS.
+come from a SCAN with a budget (:func:`rq_policies.engine.reading.sample_family`), never KEYS.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any
 
 from rq.queue import Queue
 
-from rq_policies.engine import health, views
-from rq_policies.engine.policy import FETCH, registered
+from rq_policies.engine import health, reading, views
+from rq_policies.engine.policy import FETCH
 from rq_policies.engine.readable import local_iso, relative
 from rq_policies.surfaces import state
 
@@ -102,7 +102,7 @@ def panels(connection: Any, now: float, limit: int, search: str | None) -> list[
     saying so, and the rest of the page still answers."""
     out = []
     # a queue's own panels (caps, holds, rates) first, then per-key and per-identity ones, each in rank order
-    for cls in sorted(registered(), key=lambda cls: cls.kind != FETCH):
+    for cls in sorted(views.shown(), key=lambda cls: cls.policy.kind != FETCH):
         try:
             found = cls.panels(connection, now, limit, search)
         except Exception as exc:  # one policy's bug must not take the page down
@@ -137,7 +137,7 @@ def queues(connection: Any, now: float, search: str | None, history: dict[str, A
     deferred count includes the queue's parked jobs (beside jobs waiting on a dependency), in the same O(1) ZCARD;
     the per-key panels say which keys they are parked on. A separate parked count per queue would mean reading
     every parked job (the parked lists are per key, not per queue), so the page does not keep one."""
-    names = [name for name in state.queue_names(connection) if not search or search in name]
+    names = [name for name in reading.queue_names(connection) if not search or search in name]
     listed = names[:QUEUE_LIMIT]
     sections = state.queue_sections(connection, listed, now, 0)
     with connection.pipeline(transaction=False) as pipe:

@@ -7,16 +7,16 @@ is a POST carrying a CSRF token (the double-submit pattern: a random token in a 
 in the form, as Django does without sessions), and it runs only after a confirmation page that says what it will
 change and what the state is now.
 
-Actions call the public APIs, through the registry: a fetch policy's ``configure``/``unconfigure`` (a queue's cap, its
-rate), :func:`rq_policies.surfaces.state.reset_digest` (what ``rq-policies reset`` runs), and ``override(scope, key,
-limit, connection=)`` on any registered policy that offers it (a per-key limit). An empty limit clears the override:
-through the policy's ``clear(scope, key, connection=)`` when it has one (what ``rq-policies override --clear`` runs),
-else ``override`` with ``limit=None``. The confirmation page shows the key's override now when the policy offers
-``get(scope, key, connection=)``, whose own checks also refuse a malformed scope or key before anything is asked. A
-registered policy whose run-time switch is pausing one key (``key_pause_setting``) is offered a pause and a resume: its
-``pause(scope, key, connection=)``/``resume(...)`` (what ``rq-policies <policy> pause|resume`` runs), the confirmation
-showing its ``pause_status(scope, key, connection=)`` now (paused or not, its waiting jobs per queue), whose checks
-refuse a malformed scope or key first.
+Actions call the public APIs, through the registry: a fetch policy's ``set``/``clear`` for a queue (a cap, a rate: the
+settings its views' ``queue_settings`` name), :func:`rq_policies.surfaces.state.reset_digest` (what ``rq-policies
+reset`` runs), and ``override(scope, key, limit, connection=)`` on any registered policy that offers it (a per-key
+limit). An empty limit clears the override: through the policy's ``clear(scope, key, connection=)`` when it has one
+(what ``rq-policies override --clear`` runs), else ``override`` with ``limit=None``. The confirmation page shows the
+key's override now when the policy offers ``get(scope, key, connection=)``, whose own checks also refuse a malformed
+scope or key before anything is asked. A registered policy whose run-time switch is pausing one key
+(``key_pause_setting``) is offered a pause and a resume: its ``pause(scope, key, connection=)``/``resume(...)`` (what
+``rq-policies <policy> pause|resume`` runs), the confirmation showing its ``pause_status(scope, key, connection=)`` now
+(paused or not, its waiting jobs per queue), whose checks refuse a malformed scope or key first.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from urllib.parse import urlsplit
 
 from flask import Blueprint, abort, current_app, g, jsonify, make_response, render_template, request
 
-from rq_policies.engine import keys
-from rq_policies.engine.policy import FETCH, FetchPolicy, registered
+from rq_policies.engine import keys, reading, views
+from rq_policies.engine.policy import FETCH
 from rq_policies.surfaces import explainer, replicas, state
 
 from . import data
@@ -62,34 +62,27 @@ class ActionError(ValueError):
     """An action's form is wrong (a field missing or malformed): the page says which, and nothing is written."""
 
 
-def _setting_fields(cls: type[FetchPolicy]) -> list[str]:
-    """The settings a fetch policy's ``configure`` takes, in the order its examples name them."""
-    fields: list[str] = []
-    for example in cls.setting_examples():
-        fields += [name for name in example if name not in fields]
-    return fields
+def configurable() -> list[type]:
+    """Fetch policies whose settings live in Redis and can be set per queue (a cap, a rate): their views name the
+    settings (``queue_settings``) their ``set(queue, ..., connection=)`` takes."""
+    return [found.policy for found in views.shown(FETCH) if found.queue_settings]
 
 
-def configurable() -> list[type[FetchPolicy]]:
-    """Fetch policies whose settings live in Redis and can be set per queue (a cap, a rate)."""
-    return [
-        cls
-        for cls in registered(FETCH)
-        if getattr(cls.configure, '__func__', None) is not FetchPolicy.configure.__func__  # type: ignore
-        and _setting_fields(cls)
-    ]
+def _setting_fields(cls: type) -> list[str]:
+    """The settings the dashboard's form offers for fetch policy ``cls``, in order."""
+    return list(views.views_of(cls.name).queue_settings)
 
 
 def overridable() -> list[type]:
     """Registered policies whose run-time setting is one limit per key (``set(scope, key, limit, connection=)``,
     ``get``, ``clear``: :mod:`rq_policies.engine.admin`)."""
-    return [cls for cls in registered() if getattr(cls, 'key_limit_setting', False)]
+    return [found.policy for found in views.shown() if found.key_limit_setting]
 
 
 def pausable() -> list[type]:
     """Registered policies whose run-time switch is pausing one key of a scope (``pause``/``resume(scope, key,
     connection=)``, and ``pause_status(scope, key, connection=)`` with ``paused`` and ``waiting`` per queue)."""
-    return [cls for cls in registered() if getattr(cls, 'key_pause_setting', False)]
+    return [found.policy for found in views.shown() if found.key_pause_setting]
 
 
 def _field(form: Any, name: str, required: bool = True) -> str:
@@ -156,7 +149,7 @@ def plan(connection: Any, action: str, form: Any) -> tuple[str, str, Callable[[]
     if action in ('configure', 'unconfigure'):
         cls = _policy(_field(form, 'policy'), configurable())
         queue = _field(form, 'queue')
-        if not state.known_queue(connection, queue):
+        if not reading.known_queue(connection, queue):
             raise ActionError(
                 f'queue {queue!r} is unknown: rq has no such queue, no policy has a setting for it and '
                 'no worker listens to it'
@@ -165,7 +158,7 @@ def plan(connection: Any, action: str, form: Any) -> tuple[str, str, Callable[[]
         if action == 'unconfigure':
 
             def unconfigure() -> str:
-                cls.unconfigure(connection, queue)
+                cls.clear(queue, connection=connection)
                 return f'Removed the {cls.name} setting of queue {queue!r}.'
 
             return f'Remove the {cls.name} setting of queue {queue!r}.', now, unconfigure
@@ -175,7 +168,7 @@ def plan(connection: Any, action: str, form: Any) -> tuple[str, str, Callable[[]
         words = ', '.join(f'{k}={v}' for k, v in settings.items())
 
         def configure() -> str:
-            cls.configure(connection, queue, **settings)
+            cls.set(queue, connection=connection, **settings)
             return f'Queue {queue!r}: {cls.name} set to {words}.'
 
         return f'Set {cls.name} of queue {queue!r} to {words}.', now, configure

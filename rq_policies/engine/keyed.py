@@ -1,0 +1,274 @@
+"""The per-key policies' rules base (Concurrency, Rate; Fair uses its key handling): declared on the function, the
+key computed at enqueue and stored on the job hash, checked at fetch, a refused job parked on its key.
+
+The design (keys on the job, parking, the due index, unparking) is docs/architecture.md's "Per-job fetch policies";
+their views share :class:`rq_policies.engine.views.KeyedViews`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from rq.job import Job
+from rq.queue import Queue
+from rq.registry import DeferredJobRegistry
+
+from . import compat, keys
+from .admin import refusing
+from .exceptions import BackOff, InvalidArgument, PolicyError
+from .identity import func_path
+from .ops import Call, need_connection, text
+from .policy import FETCH, FetchPolicy, registered
+
+#: A key function: ``(args, kwargs) -> str | int``, as ``unique_context`` gets them.
+KeyFunction = Callable[[tuple, dict], Any]
+
+#: The longest key value accepted (characters): it is part of Redis key names.
+MAX_KEY_LENGTH = 1000
+
+
+def keyed_args(job_prefix: str = Job.redis_job_namespace_prefix) -> dict[str, str]:
+    """The key prefixes the per-key Lua parts build their keys from (``ctx.kp``), the key id (``<scope>:<key>``)
+    appended."""
+    return {
+        'job': job_prefix, 'queue': Queue.redis_queue_namespace_prefix,
+        'deferred': DeferredJobRegistry.key_template.format(''), 'wake': keys.wake(''),
+        'holds': keys.KEY_HOLDS_PREFIX, 'parked': keys.KEY_PARKED_PREFIX, 'limits': keys.KEY_LIMITS,
+        'rates': keys.KEY_RATES,
+        'block': keys.KEY_BLOCK_PREFIX, 'tat': keys.KEY_TAT_PREFIX, 'due': keys.KEY_DUE,
+        'units': keys.KEY_UNITS_PREFIX,
+    }
+
+
+def _source(value: Any, args: tuple, kwargs: dict) -> str:
+    """``', args[0]'``: the argument a key function returned as is (the usual ``lambda a, k: a[0]``), if any."""
+    for i, arg in enumerate(args):
+        if arg is value:
+            return f', args[{i}]'
+    for name, arg in kwargs.items():
+        if arg is value:
+            return f', kwargs[{name!r}]'
+    return ''
+
+
+def check_scope(scope: Any) -> str:
+    """``scope`` as given, or a ValueError naming it: a non-empty str without a colon (it ends at the first one)."""
+    if not isinstance(scope, str) or not scope or ':' in scope or len(scope) > MAX_KEY_LENGTH:
+        raise ValueError(f'scope must be a non-empty str without ":" (at most {MAX_KEY_LENGTH} characters), '
+                         f'got {scope!r}')
+    if not scope.isascii():
+        try:
+            scope.encode('utf-8')
+        except UnicodeEncodeError:
+            raise InvalidArgument('scope', f'{scope!r} contains a lone surrogate, which UTF-8 cannot encode, and '
+                                  'Redis stores keys as UTF-8') from None
+    return scope
+
+
+def key_text(value: Any, where: str = 'key', function: str | None = None) -> str:
+    """A key value as the text it is stored as: a str, or an int (``12`` and ``'12'`` are one key); else TypeError
+    naming the value (``where``, and the job's ``function`` when there is one). Text Redis cannot store (a lone
+    surrogate) raises :class:`~rq_policies.engine.exceptions.InvalidArgument`, a too long key ValueError."""
+    named = f'{where} in a call of {function}' if function else where
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise TypeError(f'{named} must be a str or an int, got {value!r} ({type(value).__name__})')
+    if isinstance(value, int) and value.bit_length() > 4 * MAX_KEY_LENGTH:  # str() would refuse past its digit limit
+        raise ValueError(f'{named} must be at most {MAX_KEY_LENGTH} characters, got an int of {value.bit_length()} '
+                         'bits')
+    out = str(value)
+    if len(out) > MAX_KEY_LENGTH:
+        raise ValueError(f'{named} must be at most {MAX_KEY_LENGTH} characters, got one of {len(out)}')
+    if not out.isascii():  # O(1): CPython flags ASCII strings
+        try:
+            out.encode('utf-8')
+        except UnicodeEncodeError as exc:
+            raise InvalidArgument(where, f'{out!r} contains a lone surrogate ({out[exc.start]!r} at index '
+                                  f'{exc.start}), which UTF-8 cannot encode, and Redis stores keys as UTF-8',
+                                  function) from None
+    return out
+
+
+def cost(value: Any, limit: int, where: str = 'cost', never: str = 'could never start') -> int:
+    """A job's cost: an int from 1 to the policy's ``limit``, else a ValueError naming ``where`` and the value
+    (``never`` says what a larger cost would mean)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f'{where} must be a positive integer, got {value!r}')
+    if value > limit:
+        raise ValueError(f'{where} must be at most the limit ({limit}), got {value!r}: such a job {never}')
+    return value
+
+
+class KeyedPolicy(FetchPolicy):
+    """The rules the per-key policies share (Concurrency, Rate): declared on the function, the key computed at
+    enqueue and stored on the job hash (its only admission-side work, :meth:`job_fields`), checked at fetch, a
+    refused job parked on its key."""
+
+    per_job: ClassVar[bool] = True
+    #: A per-key policy has no gate: its fetch work is the job's own field (read with the popped job) and the keys
+    #: with parked jobs, which are all in the due index.
+    fetch_state: ClassVar[tuple[str, ...] | None] = ('keydue',)
+    #: The job hash field carrying the policy's setting and key: ``'<setting> <scope>:<key>'``.
+    field: ClassVar[str] = ''
+    #: How many space-separated words the setting has (before ``<scope>:<key>``).
+    setting_words: ClassVar[int] = 1
+    #: Does the policy take a hold per running job (a key's ledger, ``rq:policies:keyholds:<scope>:<key>``)?
+    holds: ClassVar[bool] = False
+    #: The hash of the keys' run-time settings (key id -> setting), which win over the ones their jobs declare.
+    key_settings: ClassVar[str] = ''
+    #: The settings its repr names after the limit (``Rate(10, per=1, burst=5)``).
+    repr_settings: ClassVar[tuple[str, ...]] = ()
+    limit: int
+    cost: int | KeyFunction
+
+    def __init__(self, key: KeyFunction | None, scope: str | None) -> None:
+        if key is not None and not callable(key):
+            raise TypeError(f'key must be a callable (args, kwargs) -> str | int, got {key!r}')
+        self.key = key
+        self.scope = None if scope is None else check_scope(scope)
+
+    # -- the enqueue ----------------------------------------------------------------------------------------------
+
+    def key_of(self, job: Any, digest: str) -> tuple[str, str]:
+        """``(scope, key)`` of one job: its key function's value (the identity digest without one)."""
+        scope = self.scope or func_path(job)
+        if ':' in scope:  # a function path never has one; refuse rather than build an ambiguous key
+            raise ValueError(f'scope must not contain ":", got {scope!r}')
+        if self.key is None:
+            return scope, digest
+        args, kwargs = tuple(job.args), dict(job.kwargs)
+        try:
+            value = self.key(args, kwargs)
+        except Exception as exc:
+            raise TypeError(f'{self!r}: the key function failed on this call: {exc!r}') from exc
+        where = f'{self!r} key (the value the key function returned{_source(value, args, kwargs)})'
+        return scope, key_text(value, where, func_path(job))
+
+    def setting(self) -> str:
+        """The policy's own part of the job field, before ``<scope>:<key>``."""
+        raise NotImplementedError
+
+    def job_cost(self, job: Any) -> int:
+        """How many units of its key's limit ``job`` uses: the policy's ``cost`` (an int, or ``(args, kwargs) ->
+        int`` called on the job's arguments), checked against ``limit`` as :func:`cost` does."""
+        found = self.cost
+        if not callable(found):
+            return found
+        try:
+            found = found(tuple(job.args), dict(job.kwargs))
+        except Exception as exc:
+            raise TypeError(f'{self!r}: the cost function failed on this call: {exc!r}') from exc
+        return cost(found, self.limit, f'{self!r} cost (the value the cost function returned)')
+
+    def job_fields(self, job: Any, queue: str, digest: str) -> list[str]:
+        scope, key = self.key_of(job, digest)
+        units = self.job_cost(job)
+        setting = self.setting() if units == 1 else f'{self.setting()}*{units}'  # a costed job: '<setting>*<cost>'
+        return [self.field, f'{setting} {keys.key_id(scope, key)}']
+
+    def __repr__(self) -> str:
+        words = [str(self.limit), *(f'{name}={getattr(self, name)}' for name in self.repr_settings)]
+        if self.key is not None:
+            words.append(f'key={getattr(self.key, "__name__", self.key)}')
+        if self.scope is not None:
+            words.append(f'scope={self.scope!r}')
+        if self.cost != 1:
+            words.append(f'cost={getattr(self.cost, "__name__", self.cost)}')
+        return f'{type(self).__name__}({", ".join(words)})'
+
+    # -- the fetch, and a job raising BackOff(key=True) ------------------------------------------------------------
+
+    @classmethod
+    def fetch_keys(cls, call: Any, queue_names: list[str]) -> None:
+        call.key('keydue', keys.KEY_DUE)
+        call.arg('keyed', keyed_args(call.args.get('job_prefix', Job.redis_job_namespace_prefix)))
+
+    @classmethod
+    def on_job_exception(cls, job: Any, queue: Any, exc: BaseException, pipeline: Any) -> bool:
+        if not isinstance(exc, BackOff) or not getattr(exc, 'key', False):
+            return False
+        classes = keyed_classes()
+        key_ids = job_key_ids(classes, job.connection.hmget(job.key, [p.field for p in classes]))
+        if not key_ids:
+            raise PolicyError(f'job {job.id} raised BackOff(key=True) but has no per-key policy: declare '
+                              'Concurrency or Rate with a key, or raise BackOff() to block its queue') from exc
+        job.meta['policies_backoffs'] = int(job.meta.get('policies_backoffs', 0)) + 1
+        call = Call('key_backoff', seconds=exc.seconds)
+        call.key_list('blocks', [keys.KEY_BLOCK_PREFIX(key_id) for key_id in key_ids])
+        call.run(pipeline)
+        compat.enqueue_now(queue, job, pipeline=pipeline, at_front=True)  # saves the job, meta included
+        return True
+
+    # -- run-time settings and state shared by both (the admin API: rq_policies.engine.admin) ----------------------
+
+    @classmethod
+    def read_setting(cls, scope: str, key: Any, connection: Any = None) -> Any:
+        """One key's run-time setting as stored (None: none), the scope, the key and the connection checked first
+        (:class:`~rq_policies.engine.exceptions.InvalidSetting` naming a bad one)."""
+        with refusing():
+            key_id = keys.key_id(check_scope(scope), key_text(key))
+            conn = need_connection(connection)
+        return conn.hget(cls.key_settings, key_id)
+
+    @classmethod
+    def write_setting(cls, scope: str, key: Any, value: str, connection: Any = None) -> Any:
+        """Store ``value`` as one key's run-time setting ('' removes it) with ``lua/key_setting.lua``, which looks at
+        the key's parked jobs again at once; the scope, the key and the connection checked first. The script's
+        answer (1: a setting was there); a removal keeps it (lua/lib/answer.lua), so a replay after a lost reply
+        answers what the first run did."""
+        with refusing():
+            key_id = keys.key_id(check_scope(scope), key_text(key))
+            conn = need_connection(connection)
+        call = Call('key_setting', key_id=key_id, policy=cls.name, value=value,
+                    job_prefix=Job.redis_job_namespace_prefix, wake=keys.wake(''))
+        call.key('limits', cls.key_settings)
+        call.key('parked', keys.KEY_PARKED_PREFIX(cls.name, key_id))
+        call.key('keydue', keys.KEY_DUE)
+        return (call if value else call.answered()).run(conn)
+
+    @classmethod
+    def clear(cls, scope: str, key: Any, connection: Any = None) -> bool:
+        """Remove the run-time setting of one key (``set``): its jobs' declared one applies again. Returns True
+        when it had one."""
+        return cls.write_setting(scope, key, '', connection) == 1
+
+    @classmethod
+    def parked(cls, scope: str, key: Any, connection: Any = None) -> list[str]:
+        """The ids of one key's jobs parked by this policy, oldest first (the order they go back in)."""
+        key_id = keys.key_id(check_scope(scope), key_text(key))
+        return [text(j) for j in need_connection(connection).lrange(keys.KEY_PARKED_PREFIX(cls.name, key_id),
+                                                                      0, -1)]
+
+    @classmethod
+    def backoff(cls, scope: str, key: Any, seconds: float, connection: Any = None) -> float:
+        """Block one key of ``scope`` for ``seconds`` (server clock), as a job raising ``BackOff(seconds, key=True)``
+        does; a block that already ends later is kept. Returns the server time the block ends."""
+        delay = BackOff(seconds, key=True).seconds
+        call = Call('key_backoff', seconds=delay)
+        call.key_list('blocks', [keys.KEY_BLOCK_PREFIX(keys.key_id(check_scope(scope), key_text(key)))])
+        call.run(need_connection(connection))
+        return float(cls.blocked_until(scope, key, connection) or 0.0)
+
+    @classmethod
+    def blocked_until(cls, scope: str, key: Any, connection: Any) -> float | None:
+        """The server time until which ``key`` of ``scope`` is backed off, or None."""
+        raw = need_connection(connection).get(keys.KEY_BLOCK_PREFIX(keys.key_id(check_scope(scope), key_text(key))))
+        return float(raw) if raw is not None else None
+
+
+def keyed_classes() -> list[type[KeyedPolicy]]:
+    """The registered per-key policies, in the registry's order."""
+    return [cls for cls in registered(FETCH) if issubclass(cls, KeyedPolicy)]
+
+
+def job_key_ids(classes: list[type[KeyedPolicy]], values: list[Any]) -> list[str]:
+    """The distinct key ids (``<scope>:<key>``) of a job's per-key fields (``values``: each class's field as read,
+    or None)."""
+    out: list[str] = []
+    for cls, raw in zip(classes, values):
+        if raw is None:
+            continue
+        key_id = text(raw).split(' ', cls.setting_words)[-1]
+        if key_id not in out:
+            out.append(key_id)
+    return out

@@ -1,0 +1,119 @@
+"""Rate: what it shows (``explain``, its keys in ``info``, ``rq-policies keys`` and the dashboard)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rq.job import Job
+
+from rq_policies.engine import keys, reading, views
+from rq_policies.engine.admin import KeyRate, rate_status
+from rq_policies.engine.keyed import check_scope
+from rq_policies.engine.ops import need_connection as _need
+from rq_policies.engine.ops import text
+from rq_policies.engine.readable import at
+
+from .rules import Rate, _declared_rate, _stored_rate
+
+
+class RateViews(views.KeyedViews):
+    policy = Rate
+    columns = ('key', 'parked', 'waiting for', 'rate')
+
+    @classmethod
+    def explain(cls, connection: Any, job: dict[str, str], now: float) -> list[views.Explanation]:
+        raw = job.get(cls.policy.field)
+        if not raw:
+            return []
+        limit, per, burst, key_id = raw.split(' ', 3)
+        burst = burst.partition('*')[0]  # a costed job's '<burst>*<cost>'
+        scope, _, key = key_id.partition(':')
+        with connection.pipeline(transaction=False) as pipe:
+            pipe.get(keys.KEY_TAT_PREFIX(key_id))
+            pipe.get(keys.KEY_BLOCK_PREFIX(key_id))
+            pipe.lpos(keys.KEY_PARKED_PREFIX(cls.name, key_id), job['id'])
+            pipe.hget(keys.KEY_RATES, key_id)
+            tat, blocked, position, stored = pipe.execute()
+        stored_rate = _stored_rate(stored)
+        if stored_rate is None:
+            rate = KeyRate(int(limit), int(per), int(burst))
+        else:
+            rate = stored_rate
+        status = rate_status(rate, tat, blocked, now)
+        assert status is not None
+        entry: dict[str, Any] = {'scope': scope, 'key': key, 'limit': rate.limit,
+                                 'per': rate.per, 'burst': rate.burst, 'available': status.available,
+                                 'next_at': status.next_at}
+        change = ''
+        entry['set_at_run_time'] = stored_rate is not None
+        mark = ' (set at run time)' if stored_rate is not None else ''
+        words = f'key {key!r} (scope {scope}) rate {rate.limit}/{rate.per}s burst {rate.burst}{mark}: '
+        if status.available:
+            words += f'{status.available} start(s) available now'
+        else:
+            words += f'next start allowed in {max(status.next_at - now, 0.0):.1f} s'
+        if position is not None:
+            entry['parked_position'] = int(position)
+            words += f' (parked, position {int(position) + 1})'
+            change = 'it goes back to the front of its queue when its key\'s rate allows a start'
+        if status.backoff_until is not None:
+            entry['backoff_until'] = status.backoff_until
+            words += f', backed off for {status.backoff_until - now:.1f} s more'
+        verdict = words
+        return [views.Explanation(cls.name, verdict, change, entry)]
+
+    @classmethod
+    def key_rows(cls, connection: Any, scope: str, limit: int = 20, search: str | None = None,
+                 now: float | None = None, names: list[str] | None = None) -> list[dict[str, Any]]:
+        """The keys of ``scope`` with jobs parked by their rate, most parked first, at most ``limit`` (0: all): each
+        ``{'key', 'parked', 'next_due' (server time, or None), 'rate' ((limit, per, burst): the run-time rate, else
+        the one its oldest parked job declares, or None), 'set_at_run_time'}``. Found by SCAN (MATCH, COUNT), never
+        KEYS, unless ``names`` gives the keys to read."""
+        conn = _need(connection)
+        scope = check_scope(scope)
+        prefix = keys.KEY_PARKED_PREFIX(cls.name, scope, '')
+        if names is None:
+            found = keys.scanner(conn).scan_iter(match=reading.glob_escape(prefix) + '*', count=1000)
+            names = sorted({text(raw)[len(prefix):] for raw in found})
+            names = [k for k in names if search is None or search in k]
+        with conn.pipeline(transaction=False) as pipe:
+            for key in names:
+                pipe.llen(prefix + key)
+                pipe.zscore(keys.KEY_DUE, f'{cls.name}:{scope}:{key}')
+                pipe.lindex(prefix + key, 0)
+            pipe.hmget(keys.KEY_RATES, [keys.key_id(scope, key) for key in names] or ['-'])
+            *replies, stored = pipe.execute()
+        heads = {i: text(replies[3 * i + 2]) for i in range(len(names)) if replies[3 * i + 2] is not None}
+        with conn.pipeline(transaction=False) as pipe:
+            for job_id in heads.values():
+                pipe.hget(Job.redis_job_namespace_prefix + job_id, cls.policy.field)
+            fields = dict(zip(heads, pipe.execute()))
+        rows = [{'key': key, 'parked': int(replies[3 * i]),
+                 'next_due': float(replies[3 * i + 1]) if replies[3 * i + 1] is not None else None,
+                 'rate': _rate_words(stored[i]) or _declared_rate(fields.get(i), f'{scope}:{key}'),
+                 'set_at_run_time': stored[i] is not None}
+                for i, key in enumerate(names)]
+        rows.sort(key=lambda r: (-r['parked'], r['key']))
+        return rows[:limit] if limit else rows
+
+    @classmethod
+    def key_lines(cls, rows: list[dict[str, Any]], now: float) -> list[str]:
+        out = []
+        for row in rows:
+            due = '' if row['next_due'] is None else f'; waiting for its rate: next start {at(row["next_due"], now)}'
+            rate = '' if row['rate'] is None else ' {}/{}s burst {}'.format(*row['rate'])
+            mark = ' (set at run time)' if row.get('set_at_run_time') else ''
+            out.append(f'key {row["key"]}  rate{rate}{mark}: {row["parked"]} parked{due}')
+        return out
+
+    @classmethod
+    def panel_row(cls, row: dict[str, Any], now: float) -> list[views.CellValue]:
+        return [row['key'], row['parked'], None if row['next_due'] is None else
+                views.Cell('its rate', note='next start', at=max(row['next_due'] - now, 0.0)),
+                None if row['rate'] is None else '{}/{}s burst {}'.format(*row['rate'])
+                + (' (set at run time)' if row.get('set_at_run_time') else '')]
+
+
+def _rate_words(raw: Any) -> tuple[int, int, int] | None:
+    rate = _stored_rate(raw)
+    return None if rate is None else (rate.limit, rate.per, rate.burst)

@@ -720,7 +720,7 @@ def policy_keys(conn: Redis) -> list[str]:
         if key in allowed:
             continue
         ttl = conn.ttl(key)
-        if ttl == -2 or (key.startswith(keys.claim('')) and 0 <= ttl <= keys.CLAIM_TTL):
+        if ttl == -2 or (key.startswith(keys.claim('')) and 0 <= ttl <= max(keys.CLAIM_TTL, HOLD_TTL)):
             continue  # gone since the scan, or a claim record on its way out
         if keys.is_drop_counter(key) and 0 <= ttl <= (keys.DROPS_MINUTE_KEEP + 1) * 60:
             continue  # a per-minute drop counter, which expires an hour after its minute
@@ -732,8 +732,10 @@ def policy_keys(conn: Redis) -> list[str]:
             continue  # the push record of a job with a short result_ttl on its way out
         if keys.is_answer(key) and 0 <= ttl <= keys.ANSWER_TTL:
             continue  # an admin call's kept answer (the soak clears nothing today) on its way out
-        if key.startswith(keys.taken('')) and ttl == -1 and _takes_listed(conn, key):
-            continue  # the takes of ids still on their intermediate list (the stranded check counts those)
+        if key.startswith(keys.taken('')) and 0 <= ttl <= max(3600, 2 * HOLD_TTL) and _takes_listed(conn, key):
+            # the takes of ids still on their intermediate list (the stranded check counts those), in a hash that
+            # expires an hour (twice the hold ttl, if longer) after the queue's last take (lua/fetch.lua)
+            continue
         left.append(f'{key} (ttl {ttl})')
     return sorted(left)
 

@@ -148,9 +148,9 @@ class IdentityFamily(Section):
 @dataclass(frozen=True)
 class Jobs(Section):
     """A queue's jobs admitted and not yet started, wherever they are kept (``jobs`` in ``--json``): ``queued`` on
-    rq's queue list (the only number ``rq info`` counts), ``deferred`` in rq's deferred registry (a Fair key's turn, a
-    job parked at its key's concurrency limit or rate, and rq's own jobs waiting for a dependency), ``scheduled`` in
-    rq's scheduled registry (a debounced job, a throttle's trailing job, a snoozed job, rq's ``enqueue_in``/``_at``),
+    rq's queue list (the only number ``rq info`` counts), ``deferred`` in rq's deferred registry (a job waiting for
+    its key's turn or parked at its key's limit, and rq's own jobs waiting for a dependency), ``scheduled`` in rq's
+    scheduled registry (a debounced, trailing or snoozed job, rq's ``enqueue_in``/``_at``),
     ``total`` their sum; ``due`` lists the scheduled jobs whose time has come that no worker has moved to the queue
     yet (no PolicyWorker and no rq scheduler serves the queue), at most ``--limit``, each ``{'id', 'due',
     'description'}``."""

@@ -80,7 +80,7 @@ key                                                    type     meaning
                                                                 pending job rewritten in place, until its run time
                                                                 (lua/lib/rewrite_guard.lua). Each expires after
                                                                 SUPERSEDED_SECONDS (the guard: after the run time)
-``rq:policies:superseded:``                           STRING   the tombstones' marker (the tombstone of no job),
+``rq:policies:superseded``                            STRING   the tombstones' marker (no job's tombstone),
                                                                 kept alive as long as the longest-lived tombstone
                                                                 (lua/lib/pending.lua): while it is absent, the
                                                                 fetch reads no tombstone
@@ -234,6 +234,15 @@ SUPERSEDED_SECONDS = 600
 
 #: The prefix of the tombstones (``rq:policies:superseded:<job id>``, STRING, expires after SUPERSEDED_SECONDS).
 SUPERSEDED_PREFIX = PREFIX + 'superseded:'
+
+#: The tombstones' marker, alive while any tombstone is: the prefix without its final colon (lua/lib/pending.lua
+#: derives it so from the prefix it is given), so no key reads as the tombstone of an empty job id.
+SUPERSEDED_MARKER = SUPERSEDED_PREFIX[:-1]
+
+
+def is_tombstone(key: str) -> bool:
+    """Is ``key`` a tombstone (``superseded(job id)``) or the tombstones' marker? Both expire (the table above)."""
+    return key.startswith(SUPERSEDED_PREFIX) or key == SUPERSEDED_MARKER
 
 
 def superseded(job_id: str) -> str:

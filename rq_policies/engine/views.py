@@ -494,6 +494,12 @@ class PolicyViews:
         return {}
 
     @classmethod
+    def check_queue_setting(cls, settings: dict[str, int]) -> None:
+        """Refuse, as ``set(queue, **settings, connection=)`` would and without writing anything, values of its
+        ``queue_settings`` it would refuse (``ValueError`` or ``TypeError`` naming the setting): the dashboard's form
+        checks them before its confirmation page. Nothing to check by default."""
+
+    @classmethod
     def cluster_info(cls, connection: Redis, now: float, limit: int | None) -> Section | None:
         """Its state that belongs to no queue (a per-key limit's keys), for ``info``: a :class:`Section` whose
         fields are ``info --json``'s ``policies.<name>``; ``limit`` bounds the entries listed (None: all)."""

@@ -668,6 +668,40 @@ def test_a_bad_setting_names_the_field_and_writes_nothing(connection):
     assert {k: connection.dump(k) for k in connection.keys('*')} == before
 
 
+def test_a_setting_the_policy_refuses_is_refused_before_its_confirmation(connection):
+    """per=0 and a cap of 0 pass the form's digits check; the policy refuses them, and now before the confirmation
+    page offers them (before: the page asked to confirm, then refused)."""
+    PolicyQueue('early', connection=connection).enqueue(jobs.plain, 1)
+    c = client(connection, allow_actions=True)
+    token = csrf(c)
+    before = {k: connection.dump(k) for k in connection.keys('*')}
+    for form, message in [
+        ({'policy': 'queue_rate', 'limit': '5', 'per': '0'}, 'per must be'),
+        ({'policy': 'queue_rate', 'limit': '5', 'burst': '9'}, 'burst must be'),
+        ({'policy': 'queue_rate', 'per': '60'}, 'limit is required'),
+        ({'policy': 'queue_slot', 'capacity': '0'}, 'capacity must be'),
+    ]:
+        response = c.post('/action/configure', data={'csrf': token, 'queue': 'early', **form})
+        body = response.get_data(as_text=True)
+        assert response.status_code == 400 and message in body and 'id="confirm"' not in body, (form, body[-600:])
+    assert {k: connection.dump(k) for k in connection.keys('*')} == before
+
+
+def test_a_rate_s_confirmation_shows_the_rate_and_a_cap_s_the_cap(connection):
+    PolicyQueue('both', connection=connection).enqueue(jobs.plain, 1)
+    QueueSlot.set('both', 3, connection=connection)
+    c = client(connection, allow_actions=True)
+    form = {'csrf': csrf(c), 'queue': 'both', 'policy': 'queue_rate', 'limit': '10', 'per': '60'}
+    confirm = text_of(c.post('/action/configure', data=form).get_data(as_text=True))
+    assert 'now: no queue_rate setting' in confirm and 'cap 3' not in confirm, confirm
+    done = text_of(c.post('/action/configure', data={**form, 'confirmed': 'yes'}).get_data(as_text=True))
+    now = done.split('now:')[1]
+    assert now.startswith(' rate 10/60s burst 1') and 'cap' not in now, done
+    cap = {**form, 'policy': 'queue_slot', 'capacity': '4'}
+    confirm = text_of(c.post('/action/configure', data=cap).get_data(as_text=True))
+    assert 'now: cap 3, 0 in use' in confirm and 'rate' not in confirm.split('now:')[1], confirm
+
+
 def test_reset_one_identity(connection):
     q = PolicyQueue('resets', connection=connection)
     held = q.enqueue(jobs.sweep_cache, 5, policy=Loner())

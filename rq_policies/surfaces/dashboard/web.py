@@ -105,9 +105,13 @@ def _policy(name: str, choices: list[type]) -> Any:
     raise ActionError(f'policy must be one of {[cls.name for cls in choices]}, got {name!r}')
 
 
-def _queue_words(connection: Any, queue: str) -> str:
-    """The queue's headline now, as ``rq-policies info`` prints it (``cap 3, 1 in use, rate 5/1s ...``)."""
+def _queue_words(connection: Any, queue: str, cls: type | None = None) -> str:
+    """The queue's headline now, as ``rq-policies info`` prints it (``cap 3, 1 in use, rate 5/1s ...``); with
+    ``cls``, only that fetch policy's words (a rate's confirmation shows the rate, not the cap)."""
     now = state.server_now(connection)
+    if cls is not None:
+        found = views.views_of(cls.name).queue_info(connection, [queue], now, 0).get(queue)
+        return (found.headline() if found is not None else '') or f'no {cls.name} setting'
     return ', '.join(state.headline(state.queue_sections(connection, [queue], now, 0)[queue])) or 'no setting'
 
 
@@ -154,7 +158,7 @@ def plan(connection: Any, action: str, form: Any) -> tuple[str, str, Callable[[]
                 f'queue {queue!r} is unknown: rq has no such queue, no policy has a setting for it and '
                 'no worker listens to it'
             )
-        now = _queue_words(connection, queue)
+        now = _queue_words(connection, queue, cls)
         if action == 'unconfigure':
 
             def unconfigure() -> str:
@@ -165,6 +169,10 @@ def plan(connection: Any, action: str, form: Any) -> tuple[str, str, Callable[[]
         settings = {name: _integer(name, form[name]) for name in _setting_fields(cls) if form.get(name)}
         if not settings:
             raise ActionError(f'give at least one of {_setting_fields(cls)}')
+        try:  # the policy's own check, before the confirmation: a value it refuses is never offered to confirm
+            views.views_of(cls.name).check_queue_setting(settings)
+        except (TypeError, ValueError) as exc:
+            raise ActionError(str(exc)) from None
         words = ', '.join(f'{k}={v}' for k, v in settings.items())
 
         def configure() -> str:
@@ -435,6 +443,8 @@ def create_blueprint(
         if action in ('pause', 'resume'):
             return _pause_words(conn, _policy(fields['policy'], pausable()), fields['scope'], fields['key'])
         queue = fields.get('queue')
+        if queue and action in ('configure', 'unconfigure'):
+            return _queue_words(conn, queue, _policy(fields['policy'], configurable()))
         return _queue_words(conn, queue) if queue else ''
 
     return blueprint

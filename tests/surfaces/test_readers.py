@@ -103,22 +103,36 @@ def django_rq(redis_url):
 
 
 def test_django_rq_counts_them_as_deferred_and_scheduled(waiting, django_rq):
-    """django-rq's statistics (its admin page and ``stats.json``) and its Prometheus collector (``rq_jobs``)."""
-    from django_rq.utils import get_statistics
+    """django-rq's ``stats.json`` view (the statistics its admin page shows: Queued, Deferred and Scheduled Jobs)
+    and its Prometheus view (``rq_jobs{status=...}``), each asked with its API token."""
+    from types import SimpleNamespace
 
-    stats = {queue['name']: queue for queue in get_statistics()['queues']}
-    for name, counts in EXPECTED.items():
-        row = stats[name]
-        assert (row['jobs'], row['deferred_jobs'], row['scheduled_jobs']) == counts
-    if importlib.util.find_spec('prometheus_client') is None:
-        return
-    from django_rq.contrib.prometheus import RQCollector
+    from django.test import RequestFactory, override_settings
+    from django_rq import stats_views
 
-    samples = {(s.labels['queue'], s.labels['status']): s.value
-               for family in RQCollector().collect() if family.name == 'rq_jobs' for s in family.samples}
+    requests = RequestFactory()
+
+    def ask(view, path, **headers):
+        request = requests.get(path, **headers)
+        request.user = SimpleNamespace(is_staff=False)  # not staff: the token alone lets it through
+        return view(request)
+
+    with override_settings(RQ_API_TOKEN='token-33'):
+        response = ask(stats_views.stats_json, '/django-rq/stats.json', HTTP_AUTHORIZATION='Bearer token-33')
+        assert response.status_code == 200, response.content
+        stats = {queue['name']: queue for queue in json.loads(response.content)['queues']}
+        for name, counts in EXPECTED.items():
+            row = stats[name]
+            assert (row['jobs'], row['deferred_jobs'], row['scheduled_jobs']) == counts
+        if importlib.util.find_spec('prometheus_client') is None:
+            return  # django-rq serves no metrics without it
+        response = ask(stats_views.prometheus_metrics, '/django-rq/metrics', HTTP_AUTHORIZATION='Bearer token-33')
+        assert response.status_code == 200, response.content
+    exposed = response.content.decode()
     for name, (queued, deferred, scheduled) in EXPECTED.items():
-        assert (samples[name, 'queued'], samples[name, 'deferred'], samples[name, 'scheduled']) == \
-            (queued, deferred, scheduled)
+        for status, count in (('queued', queued), ('deferred', deferred), ('scheduled', scheduled)):
+            assert re.search(rf'^rq_jobs\{{(?=[^}}]*queue="{name}")(?=[^}}]*status="{status}")[^}}]*\}} {count}\.0$',
+                             exposed, re.M), (name, status, exposed)
 
 
 def test_rq_policies_info_prints_the_total_beside_rq_s_count(waiting, env, redis_url):

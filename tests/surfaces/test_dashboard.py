@@ -702,6 +702,27 @@ def test_a_rate_s_confirmation_shows_the_rate_and_a_cap_s_the_cap(connection):
     assert 'now: cap 3, 0 in use' in confirm and 'rate' not in confirm.split('now:')[1], confirm
 
 
+def test_a_fair_weight_set_and_cleared_after_a_confirmation(connection):
+    c = client(connection, allow_actions=True)
+    token = csrf(c)
+    assert 'data-action="weight-fair"' in page(c)
+    form = {'csrf': token, 'policy': 'fair', 'scope': fair_jobs.SCOPE, 'key': 'acme', 'weight': '5'}
+    confirm = text_of(c.post('/action/weight', data=form).get_data(as_text=True))
+    assert "now: no weight set: its jobs' declared weight applies" in confirm.replace('&#39;', "'"), confirm
+    assert Fair.get(fair_jobs.SCOPE, 'acme', connection=connection) is None  # asking writes nothing
+    done = c.post('/action/weight', data={**form, 'confirmed': 'yes'})
+    assert done.status_code == 200 and 'now: weight 5' in text_of(done.get_data(as_text=True))
+    assert Fair.get(fair_jobs.SCOPE, 'acme', connection=connection).weight == 5
+    cleared = c.post('/action/weight', data={**form, 'weight': '', 'confirmed': 'yes'})
+    assert cleared.status_code == 200 and Fair.get(fair_jobs.SCOPE, 'acme', connection=connection) is None
+    before = {k: connection.dump(k) for k in connection.keys('*')}
+    for bad, message in (('0', 'weight must be'), ('1001', 'weight must be'), ('x', 'weight must be a whole number')):
+        refused = c.post('/action/weight', data={**form, 'weight': bad})  # before any confirmation
+        body = refused.get_data(as_text=True)
+        assert refused.status_code == 400 and message in body and 'id="confirm"' not in body, (bad, body[-400:])
+    assert {k: connection.dump(k) for k in connection.keys('*')} == before
+
+
 def test_reset_one_identity(connection):
     q = PolicyQueue('resets', connection=connection)
     held = q.enqueue(jobs.sweep_cache, 5, policy=Loner())

@@ -69,6 +69,8 @@ def test_rq_info_counts_only_the_queue_list(waiting, env, redis_url):
 
 
 def test_rq_dashboard_counts_them_as_deferred_and_scheduled(waiting, redis_url):
+    if ON_CLUSTER:
+        pytest.skip("rq-dashboard connects with a plain client, not a cluster's")
     rq_dashboard_cli = pytest.importorskip('rq_dashboard.cli', reason='rq-dashboard is not installed')
     from rq_dashboard.web import setup_rq_connection
 
@@ -89,6 +91,8 @@ def test_rq_dashboard_counts_them_as_deferred_and_scheduled(waiting, redis_url):
 
 @pytest.fixture
 def django_rq(redis_url):
+    if ON_CLUSTER:
+        pytest.skip("django-rq's test settings name a plain server, not a cluster")
     pytest.importorskip('django', reason='Django is not installed')
     if importlib.util.find_spec('django_rq') is None:
         pytest.skip('django-rq is not installed')

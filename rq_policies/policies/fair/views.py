@@ -12,12 +12,17 @@ from rq.job import Job
 from rq_policies.engine import views
 from rq_policies.engine.ops import text
 
-from .rules import ACTIVE_PREFIX, FIELD, PAUSED, WAIT_PREFIX, WEIGHTS, Fair
+from .rules import ACTIVE_PREFIX, FIELD, PAUSED, WAIT_PREFIX, WEIGHTS, Fair, _weight
 
 
 class FairViews(views.PolicyViews):
     policy = Fair
     key_pause_setting = True
+    key_weight_setting = True
+
+    @classmethod
+    def check_setting(cls, settings: dict[str, int]) -> None:
+        _weight(settings.get('weight'))
 
     @classmethod
     def key_rows(cls, connection: Any, queue: str, limit: int = 20) -> list[dict[str, Any]]:

@@ -65,7 +65,7 @@ class QueueRateViews(views.PolicyViews):
     queue_settings = ('limit', 'per', 'burst')
 
     @classmethod
-    def check_queue_setting(cls, settings: dict[str, int]) -> None:
+    def check_setting(cls, settings: dict[str, int]) -> None:
         if 'limit' not in settings:
             raise ValueError('limit is required for a rate')
         QueueRate(settings['limit'], settings.get('per', 1), settings.get('burst', 1))

@@ -54,7 +54,7 @@ class QueueSlotViews(views.PolicyViews):
     queue_settings = ('capacity',)
 
     @classmethod
-    def check_queue_setting(cls, settings: dict[str, int]) -> None:
+    def check_setting(cls, settings: dict[str, int]) -> None:
         positive_int('capacity', settings.get('capacity'), MAX_CAPACITY)
 
     @classmethod

@@ -287,10 +287,11 @@ def survey(connection: Redis, queues: list[str] | None = None, limit: int | None
             if any(value for found in sections for value in found.as_json().values()):
                 names.add(name)
         names.update(row['queue'] for row in drops(connection))
-        # a scheduled job whose time has come that nothing moved (a debounced job whose pointer expired at its run
-        # time, on a queue no PolicyWorker serves): the queue has nothing else to show, but the job waits
+        # a queue with jobs rq info does not count (waiting for a turn, parked, debounced; a scheduled job whose time
+        # has come that nothing moved, as a debounced job whose pointer expired on a queue no PolicyWorker serves):
+        # it may have nothing else to show, but its jobs wait
         counts = job_counts(connection, queue_names(connection), now, 1)
-        names.update(name for name, found in counts.items() if found.due)
+        names.update(name for name, found in counts.items() if found.total != found.queued)
         selected = sorted(names)
     else:
         selected = list(queues)

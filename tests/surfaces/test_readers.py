@@ -144,6 +144,10 @@ def test_rq_policies_info_prints_the_total_beside_rq_s_count(waiting, env, redis
     assert result.returncode == 0, result.stderr
     assert 'jobs      5 waiting in all; rq info counts 1 (queued 1, deferred 3, scheduled 1)' in result.stdout
     assert 'jobs      2 waiting in all; rq info counts 0 (queued 0, deferred 2, scheduled 0)' in result.stdout
+    # with no QUEUE, every queue whose jobs rq info does not all count is listed, with its total
+    everything = run_policies('info', env=env, url=redis_url).stdout
+    assert re.search(r'^queue default\b.*\n  jobs      5 waiting in all', everything, re.M), everything
+    assert re.search(r'^queue capped\b.*\n  jobs      2 waiting in all', everything, re.M), everything
     data = json.loads(run_policies('info', 'default', 'capped', '--json', env=env, url=redis_url).stdout)
     for name, (queued, deferred, scheduled) in EXPECTED.items():
         assert data['queues'][name]['jobs'] == {'queued': queued, 'deferred': deferred, 'scheduled': scheduled,

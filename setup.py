@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 from setuptools import find_packages, setup
@@ -15,9 +16,13 @@ OTEL = ['opentelemetry-api>=1.20', 'opentelemetry-sdk>=1.20', 'opentelemetry-ins
 #: What building the docs site needs (the `docs` extra; `dev` includes it).
 DOCS = ['mkdocs>=1.6,<2', 'mkdocs-material>=9.5', 'mkdocstrings[python]>=0.26']
 
+#: The version, written once, in rq_policies/engine/__init__.py (read here without importing the package).
+VERSION = re.search(r"^__version__ = '([^']+)'$", (HERE / 'rq_policies' / 'engine' / '__init__.py').read_text(
+    encoding='utf-8'), re.MULTILINE).group(1)
+
 setup(
     name='rq-policies',
-    version='0.1.0',
+    version=VERSION,
     description='Flow-control policies for RQ: unique jobs, throttle, debounce, cluster-wide queue caps',
     long_description=(HERE / 'README.md').read_text(encoding='utf-8'),
     long_description_content_type='text/markdown',

@@ -18,10 +18,12 @@ Fair         scope, key  :class:`FairWeight` ``(weight)``          :class:`FairS
 
 Every ``set`` and ``clear`` is safe to send twice, and a replay after a lost reply answers what the first run did (a
 ``clear``, like Fair's ``pause``/``resume``, a ``reset``'s count and ``QueueSlot.release``, keeps its answer a minute
-under the call's request id: lua/lib/answer.lua); bad input raises :class:`InvalidSetting` (a ValueError) naming the
-argument and the value before anything is written; a cap or a rate on a queue nothing has seen warns
-(:class:`UnknownQueueWarning`) and is stored all the same. Back-offs are events, not settings: they keep their verb
-(``backoff``) and show in ``status``. The 0.2 names still work with a DeprecationWarning, until 0.4.
+under the call's request id: lua/lib/answer.lua); bad input raises :class:`InvalidSetting` (an InvalidArgument: a
+ValueError and a TypeError) naming the argument and the value before anything is written; a cap or a rate on a queue
+nothing has seen warns (:class:`UnknownQueueWarning`) and is stored all the same, and a per-key setting or a Fair
+pause of a scope no policy is known to use is refused unless ``force=True``. Back-offs are events, not settings:
+they keep their verb (``backoff``) and show in ``status``. The 0.2 names still work with a DeprecationWarning, until
+0.4.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from . import keys
-from .exceptions import InvalidSetting, UnknownQueueWarning
+from .exceptions import InvalidArgument, InvalidSetting, UnknownQueueWarning
 from .ledger import WAKE_CAPACITY, wake_up
 from .ops import Call, need_connection, text
 from .policy import MAX_CAPACITY, positive_int, whole_seconds
@@ -114,8 +116,11 @@ class FairStatus:
         waiting: jobs of the key waiting in its line on the queue.
         active: is the key taking turns on the queue now (it has waiting jobs and is not paused)?
         paused: is the key paused (on every queue)?
-        weight: the run-time weight (``Fair.set``), or None (its jobs' declared weight applies).
+        weight: the weight in force: the run-time weight (``Fair.set``), else the one the key's next waiting job on
+            the queue declares (1 unless its Fair says otherwise); None when neither is known (no weight set and no
+            job waiting).
         active_keys: how many keys take turns on the queue.
+        set_at_run_time: is ``weight`` the run-time weight (``Fair.set``)?
     """
 
     waiting: int
@@ -123,6 +128,7 @@ class FairStatus:
     paused: bool
     weight: int | None
     active_keys: int
+    set_at_run_time: bool = False
 
 
 @dataclass(frozen=True)
@@ -142,7 +148,7 @@ def queue_name(value: Any) -> str:
     """Accept a queue name or an rq Queue; refuse anything else."""
     name = getattr(value, 'name', value)
     if not isinstance(name, str) or not name:
-        raise ValueError(f'queue must be a non-empty queue name or an rq Queue, got {value!r}')
+        raise InvalidArgument('queue', message=f'queue must be a non-empty queue name or an rq Queue, got {value!r}')
     return name
 
 
@@ -210,7 +216,7 @@ def check_rate(limit: Any, per: Any, burst: Any) -> None:
     whole_seconds('per', per)
     positive_int('burst', burst, MAX_CAPACITY)
     if burst > limit:
-        raise ValueError(f'burst must be at most limit ({limit}), got {burst!r}')
+        raise InvalidArgument('burst', message=f'burst must be at most limit ({limit}), got {burst!r}')
 
 
 def read_tat(raw: Any, interval: float, now: float) -> float:
@@ -241,15 +247,25 @@ def rate_status(rate: GcraRate | None, raw_tat: Any, blocked: Any, now: float) -
     return RateStatus(available, next_at, None)
 
 
+def unknown_scope(policy: str, scope: str, hint: str) -> str:
+    """The refusal of an admin call naming a scope no ``policy`` (``'Fair'``) is known to use, with ``hint``
+    (``'pass force=True to pause it anyway'``)."""
+    return (f'scope {scope!r} is unknown: no {policy} policy declares it in this process, it is not the import path '
+            f'of a function declaring one, and Redis holds no state of it. A typo? ({hint})')
+
+
 @contextmanager
 def refusing() -> Iterator[None]:
-    """Turn a ValueError or TypeError of argument checking into :class:`InvalidSetting` (same message)."""
+    """Turn an :class:`InvalidArgument` (or a ValueError or TypeError) of argument checking into :class:`InvalidSetting`
+    (same argument, same message)."""
     try:
         yield
     except InvalidSetting:
         raise
+    except InvalidArgument as exc:
+        raise InvalidSetting(exc.argument, message=str(exc)) from None
     except (ValueError, TypeError) as exc:
-        raise InvalidSetting(str(exc)) from None
+        raise InvalidSetting(str(exc).split(' ', 1)[0], message=str(exc)) from None
 
 
 F = TypeVar('F', bound=Callable[..., Any])

@@ -26,7 +26,7 @@ from rq.registry import ScheduledJobRegistry
 
 from . import identity, keys
 from .events import DOORS
-from .exceptions import PolicyConfigurationError
+from .exceptions import InvalidArgument, PolicyConfigurationError
 from .ops import Call, FlatCall, text
 from .policy import ADMISSION, DroppedCall, PolicySet, registered
 
@@ -817,7 +817,8 @@ def run_replicated(name: str, connection: Any, call_keys: list[str], args: list[
 
     if not isinstance(connection, RedisCluster):
         if keys.is_cluster(connection):
-            raise TypeError(f'run_replicated takes a synchronous client, got {type(connection).__name__}')
+            raise InvalidArgument(
+                'connection', message=f'run_replicated takes a synchronous client, got {type(connection).__name__}')
         return _replicated(connection, name, call_keys, args, replicas, timeout_ms)
     guarded = [*call_keys, keys.SLOT_GUARD]
 
@@ -877,7 +878,8 @@ def replicated(connection: Any, replicas: int, timeout_ms: int) -> int:
     if isinstance(connection, RedisCluster):
         client = connection.get_redis_connection(connection.get_node_from_key(keys.PREFIX))
     elif keys.is_cluster(connection):
-        raise TypeError(f'wait_for_replicas takes a synchronous client, got {type(connection).__name__}')
+        raise InvalidArgument(
+            'connection', message=f'wait_for_replicas takes a synchronous client, got {type(connection).__name__}')
     with client.pipeline(transaction=False) as pipe:
         pipe.set(keys.REPLICATED, '1', px=60_000)
         pipe.execute_command('WAIT', replicas, timeout_ms)

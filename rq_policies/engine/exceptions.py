@@ -31,24 +31,35 @@ class PolicyConfigurationError(PolicyError, ValueError):
     """Policies that cannot be combined, or a worker set up so that policies would be bypassed."""
 
 
-class InvalidArgument(PolicyError, ValueError):
-    """An enqueue's argument that cannot be taken as given: nested too deeply (or containing itself) to encode,
-    text Redis cannot store (a lone surrogate, which UTF-8 cannot encode), a number or date out of range. Raised
-    before anything is written: nothing in Redis changed.
+class InvalidArgument(PolicyError, ValueError, TypeError):
+    """A bad argument, refused before anything is written (nothing in Redis changed): a policy's setting
+    (``Loner(ttl=-5)``, ``Loner(until='done')``), something other than a policy where one is expected
+    (``policy='loner'``), an enqueue option, an admin call's queue, key, scope or number (:class:`InvalidSetting`),
+    or an enqueue's argument that cannot be taken as given: nested too deeply (or containing itself) to encode, text
+    Redis cannot store (a lone surrogate, which UTF-8 cannot encode), a number or date out of range. The message names
+    the argument and the value.
+
+    A ValueError and a TypeError both, so that ``except ValueError`` and ``except TypeError`` written against earlier
+    versions (which raised one or the other) still catch it.
 
     Attributes:
-        argument: which one: ``'args[0]'``, ``"kwargs['name']"``, ``'the name of keyword argument ...'``, or the
-            value a key function or ``unique_context`` returned (and from which argument, when one equals it).
-        function: the job's function (its import path), or None where there is none (a key given by hand).
+        argument: which one: ``'ttl'``, ``'policy'``, ``'args[0]'``, ``"kwargs['name']"``, ``'the name of keyword
+            argument ...'``, or the value a key function or ``unique_context`` returned (and from which argument,
+            when one equals it).
+        function: the job's function (its import path), or None where there is none (a policy's setting, a key given
+            by hand).
         reason: what is wrong with it.
     """
 
-    def __init__(self, argument: str, reason: str, function: str | None = None, context: str = ''):
+    def __init__(self, argument: str, reason: str = '', function: str | None = None, context: str = '', *,
+                 message: str | None = None):
+        """``message``, when given, is the whole message (it names ``argument`` itself); else the message is
+        ``'<argument>[ in a call of <function>]<context>: <reason>'``."""
         self.argument = argument
         self.function = function
-        self.reason = reason
+        self.reason = reason or (message or '')
         where = f' in a call of {function}' if function else ''
-        super().__init__(f'{argument}{where}{context}: {reason}')
+        super().__init__(message if message is not None else f'{argument}{where}{context}: {reason}')
 
 
 class Snooze(PolicyError):  # noqa: N818 - raised by a job as a request, not an error
@@ -68,7 +79,7 @@ class Snooze(PolicyError):  # noqa: N818 - raised by a job as a request, not an 
     def __init__(self, seconds: float, max_snoozes: int = 100) -> None:
         self.seconds = _delay('seconds', seconds)
         if isinstance(max_snoozes, bool) or not isinstance(max_snoozes, int) or max_snoozes < 1:
-            raise ValueError(f'max_snoozes must be a positive integer, got {max_snoozes!r}')
+            raise InvalidArgument('max_snoozes', message=f'max_snoozes must be a positive integer, got {max_snoozes!r}')
         self.max_snoozes = max_snoozes
         super().__init__(f'snoozed for {seconds} s')
 
@@ -90,7 +101,7 @@ class BackOff(PolicyError):  # noqa: N818 - raised by a job as a request, not an
     def __init__(self, seconds: float, key: bool = False) -> None:
         self.seconds = _delay('seconds', seconds)
         if not isinstance(key, bool):
-            raise TypeError(f'key must be True or False, got {key!r}')
+            raise InvalidArgument('key', message=f'key must be True or False, got {key!r}')
         self.key = key
         super().__init__(f'backed off for {seconds} s' + (' (its key)' if key else ''))
 
@@ -105,7 +116,8 @@ _MAX_DELAY = 10 * 366 * 24 * 3600
 
 def _delay(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= _MAX_DELAY:
-        raise ValueError(f'{name} must be a number of seconds > 0 and <= {_MAX_DELAY}, got {value!r}')
+        raise InvalidArgument(
+            name, message=f'{name} must be a number of seconds > 0 and <= {_MAX_DELAY}, got {value!r}')
     return float(value)
 
 class DuplicateJob(PolicyError):
@@ -126,12 +138,10 @@ class DuplicateJob(PolicyError):
         super().__init__(f'duplicate job on queue {queue!r}: identity {identity[:12]} is held by job {holder}')
 
 
-class InvalidSetting(PolicyError, ValueError, TypeError):
-    """A run-time setting call (``set``/``get``/``clear``/``status`` of QueueSlot, QueueRate, Concurrency, Rate) was
-    given a bad argument. The message names the argument and the value, and nothing in Redis was changed.
-
-    A ValueError (as every bad value the library refuses) and, for code written against 0.2's per-key calls, which
-    raised TypeError for a key of the wrong type, a TypeError too.
+class InvalidSetting(InvalidArgument):
+    """A run-time setting call (``set``/``get``/``clear``/``status`` of QueueSlot, QueueRate, Concurrency, Rate, Fair's
+    weights and pauses) was given a bad argument: an :class:`InvalidArgument` (so a ValueError and a TypeError too),
+    under the name 0.2 to 0.4 gave it. The message names the argument and the value, and nothing in Redis was changed.
     """
 
 

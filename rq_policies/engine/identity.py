@@ -10,12 +10,13 @@ encoding rather than over ``pickle`` or ``repr`` (both of which vary between ver
   way through a serializer.
 * ``Decimal`` is normalized (``Decimal('1.0')`` and ``Decimal('1.00')`` are one identity); naive and aware
   ``datetime`` values differ, and an aware one is compared in UTC.
-* Anything else raises ``TypeError`` naming the argument, unless the function declares ``unique_context``, which
-  narrows the identity to what it returns (that return value must itself be encodable).
+* Anything else raises :class:`~rq_policies.engine.exceptions.InvalidArgument` (a TypeError, as before, and a
+  ValueError) naming the argument, unless the function declares ``unique_context``, which narrows the identity to
+  what it returns (that return value must itself be encodable).
 * Nesting deeper than :data:`MAX_DEPTH` (100) levels, a value that contains itself, an int too long to write out,
   an aware datetime out of range in UTC and a Decimal that overflows when normalized raise
-  :class:`~rq_policies.engine.exceptions.InvalidArgument` (a ValueError) naming the argument and the function, before
-  anything is written. Lone surrogates in text are fine here: the encoding escapes them (``ensure_ascii``).
+  :class:`~rq_policies.engine.exceptions.InvalidArgument` naming the argument and the function, before anything is
+  written. Lone surrogates in text are fine here: the encoding escapes them (``ensure_ascii``).
 """
 
 from __future__ import annotations
@@ -50,9 +51,10 @@ class _Refused(Exception):
         """The error to raise; ``top`` names the top-level argument (``args[0]``) a too deep value is under, in place
         of its path a hundred subscripts long."""
         if self.type_error:
-            return TypeError(
-                f'cannot build the policy identity of {func_name} (queue {queue!r}) from {self.where}='
-                f'{_short(self.value)}: {self.reason}'
+            return InvalidArgument(
+                self.where,
+                message=f'cannot build the policy identity of {func_name} (queue {queue!r}) from {self.where}='
+                        f'{_short(self.value)}: {self.reason}',
             )
         where = top if top is not None and len(self.where) > 100 else self.where
         return InvalidArgument(where, f'cannot build its policy identity: {self.reason}', func_name,
@@ -196,7 +198,8 @@ def digest(
         try:
             narrowed = unique_context(args, kwargs)
         except Exception as exc:
-            raise TypeError(context_failure(unique_context, func_name, policies, exc)) from exc
+            raise InvalidArgument('unique_context', message=context_failure(unique_context, func_name, policies,
+                                                                            exc)) from exc
         try:
             data = _pack(func_name, queue, 'context', _encode(narrowed, 'the value unique_context returned'))
         except _Refused as refused:

@@ -14,12 +14,12 @@ from rq.job import Job
 from rq.queue import Queue
 from rq.registry import DeferredJobRegistry
 
-from . import compat, keys
-from .admin import refusing
-from .exceptions import BackOff, InvalidArgument, PolicyError
+from . import compat, keys, reading
+from .admin import refusing, unknown_scope
+from .exceptions import BackOff, InvalidArgument, InvalidSetting, PolicyError
 from .identity import func_path
 from .ops import Call, need_connection, text
-from .policy import FETCH, FetchPolicy, registered
+from .policy import FETCH, FetchPolicy, declare_scope, registered, scope_declared
 
 #: A key function: ``(args, kwargs) -> str | int``, as ``unique_context`` gets them.
 KeyFunction = Callable[[tuple, dict], Any]
@@ -53,10 +53,12 @@ def _source(value: Any, args: tuple, kwargs: dict) -> str:
 
 
 def check_scope(scope: Any) -> str:
-    """``scope`` as given, or a ValueError naming it: a non-empty str without a colon (it ends at the first one)."""
+    """``scope`` as given, or an InvalidArgument naming it: a non-empty str without a colon (it ends at the first
+    one)."""
     if not isinstance(scope, str) or not scope or ':' in scope or len(scope) > MAX_KEY_LENGTH:
-        raise ValueError(f'scope must be a non-empty str without ":" (at most {MAX_KEY_LENGTH} characters), '
-                         f'got {scope!r}')
+        raise InvalidArgument(
+            'scope', message=f'scope must be a non-empty str without ":" (at most {MAX_KEY_LENGTH} characters), '
+                             f'got {scope!r}')
     if not scope.isascii():
         try:
             scope.encode('utf-8')
@@ -67,18 +69,20 @@ def check_scope(scope: Any) -> str:
 
 
 def key_text(value: Any, where: str = 'key', function: str | None = None) -> str:
-    """A key value as the text it is stored as: a str, or an int (``12`` and ``'12'`` are one key); else TypeError
-    naming the value (``where``, and the job's ``function`` when there is one). Text Redis cannot store (a lone
-    surrogate) raises :class:`~rq_policies.engine.exceptions.InvalidArgument`, a too long key ValueError."""
+    """A key value as the text it is stored as: a str, or an int (``12`` and ``'12'`` are one key); else
+    :class:`~rq_policies.engine.exceptions.InvalidArgument` naming the value (``where``, and the job's ``function``
+    when there is one), as for text Redis cannot store (a lone surrogate) and a too long key."""
     named = f'{where} in a call of {function}' if function else where
     if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise TypeError(f'{named} must be a str or an int, got {value!r} ({type(value).__name__})')
+        raise InvalidArgument(named, message=f'{named} must be a str or an int, got {value!r} ({type(value).__name__})')
     if isinstance(value, int) and value.bit_length() > 4 * MAX_KEY_LENGTH:  # str() would refuse past its digit limit
-        raise ValueError(f'{named} must be at most {MAX_KEY_LENGTH} characters, got an int of {value.bit_length()} '
-                         'bits')
+        raise InvalidArgument(
+            named, message=f'{named} must be at most {MAX_KEY_LENGTH} characters, got an int of {value.bit_length()} '
+                           'bits')
     out = str(value)
     if len(out) > MAX_KEY_LENGTH:
-        raise ValueError(f'{named} must be at most {MAX_KEY_LENGTH} characters, got one of {len(out)}')
+        raise InvalidArgument(
+            named, message=f'{named} must be at most {MAX_KEY_LENGTH} characters, got one of {len(out)}')
     if not out.isascii():  # O(1): CPython flags ASCII strings
         try:
             out.encode('utf-8')
@@ -90,12 +94,13 @@ def key_text(value: Any, where: str = 'key', function: str | None = None) -> str
 
 
 def cost(value: Any, limit: int, where: str = 'cost', never: str = 'could never start') -> int:
-    """A job's cost: an int from 1 to the policy's ``limit``, else a ValueError naming ``where`` and the value
+    """A job's cost: an int from 1 to the policy's ``limit``, else an InvalidArgument naming ``where`` and the value
     (``never`` says what a larger cost would mean)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f'{where} must be a positive integer, got {value!r}')
+        raise InvalidArgument(where, message=f'{where} must be a positive integer, got {value!r}')
     if value > limit:
-        raise ValueError(f'{where} must be at most the limit ({limit}), got {value!r}: such a job {never}')
+        raise InvalidArgument(
+            where, message=f'{where} must be at most the limit ({limit}), got {value!r}: such a job {never}')
     return value
 
 
@@ -123,9 +128,11 @@ class KeyedPolicy(FetchPolicy):
 
     def __init__(self, key: KeyFunction | None, scope: str | None) -> None:
         if key is not None and not callable(key):
-            raise TypeError(f'key must be a callable (args, kwargs) -> str | int, got {key!r}')
+            raise InvalidArgument('key', message=f'key must be a callable (args, kwargs) -> str | int, got {key!r}')
         self.key = key
         self.scope = None if scope is None else check_scope(scope)
+        if self.scope is not None:
+            declare_scope(self.name, self.scope)
 
     # -- the enqueue ----------------------------------------------------------------------------------------------
 
@@ -133,14 +140,16 @@ class KeyedPolicy(FetchPolicy):
         """``(scope, key)`` of one job: its key function's value (the identity digest without one)."""
         scope = self.scope or func_path(job)
         if ':' in scope:  # a function path never has one; refuse rather than build an ambiguous key
-            raise ValueError(f'scope must not contain ":", got {scope!r}')
+            raise InvalidArgument('scope', message=f'scope must not contain ":", got {scope!r}')
+        if self.scope is None:
+            declare_scope(self.name, scope)
         if self.key is None:
             return scope, digest
         args, kwargs = tuple(job.args), dict(job.kwargs)
         try:
             value = self.key(args, kwargs)
         except Exception as exc:
-            raise TypeError(f'{self!r}: the key function failed on this call: {exc!r}') from exc
+            raise InvalidArgument('key', message=f'{self!r}: the key function failed on this call: {exc!r}') from exc
         where = f'{self!r} key (the value the key function returned{_source(value, args, kwargs)})'
         return scope, key_text(value, where, func_path(job))
 
@@ -157,7 +166,7 @@ class KeyedPolicy(FetchPolicy):
         try:
             found = found(tuple(job.args), dict(job.kwargs))
         except Exception as exc:
-            raise TypeError(f'{self!r}: the cost function failed on this call: {exc!r}') from exc
+            raise InvalidArgument('cost', message=f'{self!r}: the cost function failed on this call: {exc!r}') from exc
         return cost(found, self.limit, f'{self!r} cost (the value the cost function returned)')
 
     def job_fields(self, job: Any, queue: str, digest: str) -> list[str]:
@@ -211,14 +220,35 @@ class KeyedPolicy(FetchPolicy):
         return conn.hget(cls.key_settings, key_id)
 
     @classmethod
-    def write_setting(cls, scope: str, key: Any, value: str, connection: Any = None) -> Any:
+    def scope_in_use(cls, connection: Any, scope: str) -> bool:
+        """Does Redis hold state of ``scope`` for this policy: a run-time setting of one of its keys, a key with
+        parked jobs, a running hold (Concurrency) or an arrival time (Rate)? A SCAN of the keyspace when none."""
+        pattern = reading.glob_escape(scope) + ':*'
+        if reading.any_field(connection, cls.key_settings, pattern):
+            return True
+        if reading.any_member(connection, keys.KEY_DUE, reading.glob_escape(f'{cls.name}:{scope}:') + '*'):
+            return True
+        return reading.any_key(connection, (keys.KEY_HOLDS_PREFIX if cls.holds else keys.KEY_TAT_PREFIX) + pattern)
+
+    @classmethod
+    def require_known_scope(cls, connection: Any, scope: str, hint: str) -> None:
+        """Refuse (:class:`InvalidSetting` naming ``scope``, with ``hint``) a scope this policy is not known to use:
+        not declared in this process, not the path of a function declaring it, no state of it in Redis."""
+        if not scope_declared(cls.name, scope) and not cls.scope_in_use(connection, scope):
+            raise InvalidSetting('scope', message=unknown_scope(cls.__name__, scope, hint))
+
+    @classmethod
+    def write_setting(cls, scope: str, key: Any, value: str, connection: Any = None, force: bool = True) -> Any:
         """Store ``value`` as one key's run-time setting ('' removes it) with ``lua/key_setting.lua``, which looks at
         the key's parked jobs again at once; the scope, the key and the connection checked first. The script's
         answer (1: a setting was there); a removal keeps it (lua/lib/answer.lua), so a replay after a lost reply
-        answers what the first run did."""
+        answers what the first run did. Without ``force``, a setting of a scope this policy is not known to use
+        (:meth:`require_known_scope`) is refused."""
         with refusing():
             key_id = keys.key_id(check_scope(scope), key_text(key))
             conn = need_connection(connection)
+        if value and not force:
+            cls.require_known_scope(conn, scope, 'pass force=True to set it anyway')
         call = Call('key_setting', key_id=key_id, policy=cls.name, value=value,
                     job_prefix=Job.redis_job_namespace_prefix, wake=keys.wake(''))
         call.key('limits', cls.key_settings)

@@ -23,6 +23,7 @@ from typing import Any
 import msgpack
 
 from . import scripts
+from .exceptions import InvalidArgument
 
 _packb = msgpack.Packer(use_bin_type=False, autoreset=True).pack
 
@@ -33,13 +34,13 @@ def text(value: Any) -> str:
 
 
 def need_connection(connection: Any) -> Any:
-    """``connection``, or a ValueError saying one is required (the policies' classmethods take ``connection=``).
+    """``connection``, or an InvalidArgument saying one is required (the policies' classmethods take ``connection=``).
 
     A redis-py ``RedisCluster`` is checked (a hash-tagged prefix, :func:`keys.check_connection`) and adopted
     (:func:`compat.adopt_cluster`: its pipelines send EVALSHA, which the policies' scripts need, and are transactions
     by default, as rq expects), as ``PolicyQueue`` and the workers do."""
     if connection is None:
-        raise ValueError('connection is required: pass connection=Redis(...)')
+        raise InvalidArgument('connection', message='connection is required: pass connection=Redis(...)')
     from . import compat, keys
 
     keys.check_connection(connection)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from .exceptions import PolicyConfigurationError
+from .exceptions import InvalidArgument, PolicyConfigurationError
 from .identity import UniqueContext
 
 # A hook's ``verdict`` is an admission.Verdict (protocols.py says so); not imported here, even for type checking:
@@ -53,16 +53,16 @@ def positive_int(name: str, value: Any, maximum: int | None = None) -> int:
     bool is refused although it is an int: ``Throttle(True)`` is a bug, not a one-second slot.
     """
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f'{name} must be a positive integer, got {value!r}')
+        raise InvalidArgument(name, message=f'{name} must be a positive integer, got {value!r}')
     if maximum is not None and value > maximum:
-        raise ValueError(f'{name} must be at most {maximum}, got {value!r}')
+        raise InvalidArgument(name, message=f'{name} must be at most {maximum}, got {value!r}')
     return value
 
 
 def whole_seconds(name: str, value: Any) -> int:
     """``value`` as a whole number of seconds from 1 to :data:`MAX_SECONDS`, or a ValueError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f'{name} must be a whole number of seconds >= 1 (an int), got {value!r}')
+        raise InvalidArgument(name, message=f'{name} must be a whole number of seconds >= 1 (an int), got {value!r}')
     return positive_int(name, value, MAX_SECONDS)
 
 
@@ -305,15 +305,19 @@ class PolicySet:
         seen: set[type] = set()
         for item in self.policies:
             if not isinstance(item, Policy):
-                raise TypeError(f'policy: expected a Policy (Loner(), Throttle(60), ...), got {item!r}')
+                raise InvalidArgument(
+                    'policy', message=f'policy: expected a Policy (Loner(), Throttle(60), ...), got {item!r}')
             if type(item) in seen:
                 raise PolicyConfigurationError(f'policy: {type(item).__name__} is given twice in {self.policies!r}')
             seen.add(type(item))
         check_combination(self.policies)
         if self.unique_context is not None and not callable(self.unique_context):
-            raise TypeError(f'unique_context: expected a callable (args, kwargs) -> value, got {self.unique_context!r}')
+            raise InvalidArgument(
+                'unique_context', message=f'unique_context: expected a callable (args, kwargs) -> value, got '
+                                          f'{self.unique_context!r}')
         if self.on_drop is not None and not callable(self.on_drop):
-            raise TypeError(f'on_drop: expected a callable (call, holder_id) -> None, got {self.on_drop!r}')
+            raise InvalidArgument(
+                'on_drop', message=f'on_drop: expected a callable (call, holder_id) -> None, got {self.on_drop!r}')
 
     def dropped(self, call: DroppedCall, holder: str) -> None:
         """Tell the ``on_drop`` hook (if any) of a drop; an exception in it is logged, never raised."""
@@ -358,6 +362,39 @@ _SINGLE_SETS_MAX = 1024
 #: The set made for a policy, by its value (:func:`make_set`): an equal policy made later gets the same set.
 _EQUAL_SETS: dict[Policy, PolicySet] = {}
 
+#: The scopes of the per-key policies (Fair, Concurrency, Rate) this process has seen declared, by policy name: a
+#: ``scope=`` given to one, a decorated function's path (its default scope), a scope an enqueue used. What
+#: :func:`scope_declared` answers first, before looking in Redis (a typo in an admin call's scope is refused).
+DECLARED_SCOPES: dict[str, set[str]] = {}
+
+
+def declare_scope(name: str, scope: str) -> None:
+    """Note that a policy named ``name`` uses ``scope`` in this process."""
+    found = DECLARED_SCOPES.get(name)
+    if found is None:
+        found = DECLARED_SCOPES[name] = set()
+    if scope not in found:
+        found.add(scope)
+
+
+def scope_declared(name: str, scope: str) -> bool:
+    """Is ``scope`` one a policy named ``name`` uses: declared in this process (:data:`DECLARED_SCOPES`), or the
+    import path of a function whose declared policies include one named ``name`` with its default scope (what a
+    command line, which has not imported the app, can still check)?"""
+    if scope in DECLARED_SCOPES.get(name, ()):
+        return True
+    if '.' not in scope:
+        return False
+    from rq.utils import import_attribute
+
+    try:
+        target = import_attribute(scope)
+    except Exception:  # not importable here: a typo, or code this process does not have (Redis may still know it)
+        return False
+    spec = getattr(target, ATTRIBUTE, None)
+    return isinstance(spec, PolicySet) and any(
+        getattr(item, 'name', None) == name and getattr(item, 'scope', '') is None for item in spec.policies)
+
 
 def make_set(value: Policy | Iterable[Policy] | PolicySet | None, unique_context: UniqueContext | None = None):
     """Normalize what a caller passed as ``policy=`` into a PolicySet (or None for "no policy")."""
@@ -395,7 +432,7 @@ def make_set(value: Policy | Iterable[Policy] | PolicySet | None, unique_context
         return made
     if isinstance(value, (list, tuple)):
         return PolicySet(tuple(value), unique_context) if value else None
-    raise TypeError(f'policy: expected a Policy, a list of policies or None, got {value!r}')
+    raise InvalidArgument('policy', message=f'policy: expected a Policy, a list of policies or None, got {value!r}')
 
 
 def policy(*policies: Policy, unique_context: UniqueContext | None = None,
@@ -433,13 +470,17 @@ def policy(*policies: Policy, unique_context: UniqueContext | None = None,
         A decorator that returns the function itself (rq stores jobs by import path, so no wrapper is involved).
     """
     if not policies:
-        raise TypeError('policy: give at least one policy, for example @policy(Loner())')
+        raise InvalidArgument('policy', message='policy: give at least one policy, for example @policy(Loner())')
     spec = PolicySet(tuple(policies), unique_context, on_drop)
 
     def decorate(func: F) -> F:
         if not callable(func):
-            raise TypeError(f'policy: can only decorate a callable, got {func!r}')
+            raise InvalidArgument('policy', message=f'policy: can only decorate a callable, got {func!r}')
         setattr(func, ATTRIBUTE, spec)
+        path = f'{getattr(func, "__module__", "")}.{getattr(func, "__qualname__", "")}'
+        for item in spec.policies:
+            if getattr(item, 'scope', '') is None:  # a per-key policy on its default scope: the function's path
+                declare_scope(item.name, path)
         return func
 
     return decorate

@@ -420,7 +420,8 @@ class PolicyQueue(Queue):
         for data in datas:
             if data.job_id is not None:
                 if data.job_id in seen:
-                    raise ValueError(f"Job ID '{data.job_id}' appears more than once in enqueue_many()")
+                    raise InvalidArgument(
+                        'job_id', message=f"Job ID '{data.job_id}' appears more than once in enqueue_many()")
                 seen.add(data.job_id)
         results: list[Job | None] = []
         for data in datas:

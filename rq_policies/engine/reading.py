@@ -31,6 +31,29 @@ def glob_escape(value: str) -> str:
     return ''.join('\\' + ch if ch in '*?[]\\' else ch for ch in value)
 
 
+def any_field(connection: Any, name: str, pattern: str) -> bool:
+    """Has hash ``name`` a field matching ``pattern`` (a SCAN MATCH glob)? HSCAN, stopping at the first."""
+    return next(iter(connection.hscan_iter(name, match=pattern, count=1000)), None) is not None
+
+
+def any_member(connection: Any, name: str, pattern: str) -> bool:
+    """Has sorted set ``name`` a member matching ``pattern``? ZSCAN, stopping at the first."""
+    return next(iter(connection.zscan_iter(name, match=pattern, count=1000)), None) is not None
+
+
+def any_key(connection: Any, pattern: str) -> bool:
+    """Is there a key matching ``pattern``? SCAN (through :func:`keys.scanner`), stopping at the first: a walk of
+    the keyspace when there is none, for the admin calls that refuse an unknown scope, never a door."""
+    client = keys.scanner(connection)
+    cursor = 0
+    while True:
+        cursor, batch = client.scan(cursor=cursor, match=pattern, count=1000)
+        if batch:
+            return True
+        if not cursor:
+            return False
+
+
 # -- queues ---------------------------------------------------------------------------------------------------------
 
 

@@ -20,7 +20,7 @@ from rq.worker import WorkerStatus
 
 from . import admission, compat, events, health, keys, ledger, scripts
 from .compat import LEGACY_FAILURE, adopt_cluster, slot_moving
-from .exceptions import PolicyError
+from .exceptions import InvalidArgument, PolicyError
 from .fetch import Claim, current_fetcher, hand_back, release_claim
 from .ops import on_next_execute, text
 from .policy import positive_int, registered
@@ -139,9 +139,10 @@ class PolicyWorkerMixin:
             try:
                 ttl = int(raw)
             except ValueError:
-                raise ValueError(f'{HOLD_TTL_ENV} must be a positive integer, got {raw!r}') from None
+                raise InvalidArgument(
+                    HOLD_TTL_ENV, message=f'{HOLD_TTL_ENV} must be a positive integer, got {raw!r}') from None
             if ttl < 1:
-                raise ValueError(f'{HOLD_TTL_ENV} must be a positive integer, got {raw!r}')
+                raise InvalidArgument(HOLD_TTL_ENV, message=f'{HOLD_TTL_ENV} must be a positive integer, got {raw!r}')
         else:
             return interval + HOLD_TTL_MARGIN
         self._check_hold_ttl(ttl, interval)
@@ -182,9 +183,11 @@ class PolicyWorkerMixin:
 
     def _check_hold_ttl(self, ttl: int, interval: int) -> None:
         if ttl <= interval:
-            raise ValueError(
-                f'hold_ttl must be longer than job_monitoring_interval ({interval} s), got {ttl}: holds are refreshed '
-                'once per interval while a job runs, and a shorter one would lapse under a running job'
+            raise InvalidArgument(
+                'hold_ttl',
+                message=f'hold_ttl must be longer than job_monitoring_interval ({interval} s), got {ttl}: holds are '
+                        'refreshed once per interval while a job runs, and a shorter one would lapse under a running '
+                        'job',
             )
 
     # -- fetch ----------------------------------------------------------------------------------------------------

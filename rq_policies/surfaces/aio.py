@@ -33,7 +33,7 @@ from rq.job import Job
 
 from rq_policies.engine import admission, compat, keys, scripts
 from rq_policies.engine.admission import Plan
-from rq_policies.engine.exceptions import PipelineNotSupported, PolicyError
+from rq_policies.engine.exceptions import InvalidArgument, PipelineNotSupported, PolicyError
 from rq_policies.engine.keys import is_cluster
 from rq_policies.engine.ops import Call, text
 from rq_policies.engine.queue import DECLARED, PolicyQueue, call_digest, declared_for, door_spec, planning
@@ -147,10 +147,14 @@ class AsyncPolicyQueue:
     def __init__(self, name: str = 'default', connection: Any = None, job_class: Any = None, serializer: Any = None,
                  default_timeout: int | None = None, sync_connection: Any = None, **kwargs: Any) -> None:
         if connection is None:
-            raise ValueError('AsyncPolicyQueue: connection is required, pass connection=redis.asyncio.Redis(...)')
+            raise InvalidArgument(
+                'connection', message='AsyncPolicyQueue: connection is required, pass '
+                                      'connection=redis.asyncio.Redis(...)')
         if not hasattr(connection, 'evalsha') or not asyncio.iscoroutinefunction(
                 getattr(type(connection), 'execute_command', None)):
-            raise TypeError(f'AsyncPolicyQueue: connection must be a redis.asyncio client, got {connection!r}')
+            raise InvalidArgument(
+                'connection', message=f'AsyncPolicyQueue: connection must be a redis.asyncio client, got '
+                                      f'{connection!r}')
         if kwargs.get('is_async') is False:
             raise AsyncDoorError(name, 'is_async=False (the job runs in the caller)')
         _no_replicas(name, kwargs)
@@ -305,8 +309,9 @@ class AsyncPolicyQueue:
             pool = self.connection.connection_pool
             settings = dict(getattr(pool, 'connection_kwargs', {}))
             if 'service_name' in settings or type(pool).__name__.startswith('Sentinel'):
-                raise ValueError('AsyncPolicyQueue.explain on a Sentinel client needs sync_connection= (a '
-                                 'redis.sentinel master_for client)')
+                raise InvalidArgument(
+                    'sync_connection', message='AsyncPolicyQueue.explain on a Sentinel client needs sync_connection= '
+                                               '(a redis.sentinel master_for client)')
             wanted = ('host', 'port', 'db', 'username', 'password', 'path', 'socket_timeout')
             options = {name: settings[name] for name in wanted if settings.get(name) is not None}
             if 'path' in options:

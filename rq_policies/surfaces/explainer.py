@@ -25,7 +25,7 @@ from rq.job import Job
 from rq.queue import Queue
 
 from rq_policies.engine import keys, views
-from rq_policies.engine.exceptions import PolicyError
+from rq_policies.engine.exceptions import InvalidArgument, PolicyError
 from rq_policies.engine.ops import text, time_in
 from rq_policies.engine.reading import read_tombstone
 
@@ -51,7 +51,8 @@ class UnknownJob(PolicyError, LookupError):
 def job_state(connection: Any, job_id: str, job_prefix: str = Job.redis_job_namespace_prefix) -> dict[str, str]:
     """The job hash without its payload, as str -> str (policy fields included); UnknownJob when there is none."""
     if not isinstance(job_id, str) or not job_id or any(c.isspace() for c in job_id):
-        raise ValueError(f'job_id must be a job id (a non-empty string without spaces), got {job_id!r}')
+        raise InvalidArgument(
+            'job_id', message=f'job_id must be a job id (a non-empty string without spaces), got {job_id!r}')
     key = job_prefix + job_id
     with connection.pipeline(transaction=False) as pipe:
         pipe.hkeys(key)

@@ -75,6 +75,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from rq_policies.engine import health, keys, views
+from rq_policies.engine.exceptions import InvalidArgument
 
 from . import replicas, state
 
@@ -96,7 +97,8 @@ class PolicyCollector(Collector):
 
     def __init__(self, connection: Redis, *, read_from_replicas: bool = False) -> None:
         if connection is None:
-            raise TypeError('PolicyCollector: connection is required, pass a Redis connection')
+            raise InvalidArgument(
+                'connection', message='PolicyCollector: connection is required, pass a Redis connection')
         if read_from_replicas:  # refused here, not at the first scrape (nothing here reaches Redis)
             replicas.check(connection, 'PolicyCollector(read_from_replicas=True)')
             keys.check_connection(connection)

@@ -32,6 +32,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from rq_policies.engine import events
+from rq_policies.engine.exceptions import InvalidArgument
 from rq_policies.engine.keyed import KeyedPolicy
 from rq_policies.engine.policy import by_name
 
@@ -76,7 +77,7 @@ def instrument(tracer_provider: Any = None, meter_provider: Any = None, connecti
     """
     global TRACER, _api, _PROVIDER
     if isinstance(top_keys, bool) or not isinstance(top_keys, int) or top_keys < 0:
-        raise ValueError(f'top_keys must be an int >= 0, got {top_keys!r}')
+        raise InvalidArgument('top_keys', message=f'top_keys must be an int >= 0, got {top_keys!r}')
     api = _Api()
     from rq_policies.engine import __version__ as version
 

@@ -40,7 +40,7 @@ import copy
 from typing import Any
 
 from rq_policies.engine import keys
-from rq_policies.engine.exceptions import PolicyConfigurationError
+from rq_policies.engine.exceptions import InvalidArgument, PolicyConfigurationError
 
 #: The connection settings a reader copies from the connection it is built from (redis-py's own list of settings a
 #: cluster passes to its nodes), less what is the client's own: its connect hook (the reader has its own, which
@@ -160,7 +160,7 @@ def wait_for_replicas(connection: Any, replicas: int = 1, timeout_ms: int = 1000
     """
     for name, value in (('replicas', replicas), ('timeout_ms', timeout_ms)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f'{name} must be a positive integer, got {value!r}')
+            raise InvalidArgument(name, message=f'{name} must be a positive integer, got {value!r}')
     from rq_policies.engine.admission import replicated
 
     return replicated(connection, replicas, timeout_ms)

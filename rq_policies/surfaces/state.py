@@ -20,6 +20,7 @@ from rq.queue import Queue
 from rq.registry import DeferredJobRegistry, ScheduledJobRegistry
 
 from rq_policies.engine import keys
+from rq_policies.engine.exceptions import InvalidArgument
 from rq_policies.engine.ops import server_now, text
 from rq_policies.engine.policy import FETCH
 from rq_policies.engine.readable import cut, in_seconds
@@ -374,7 +375,8 @@ def reset_digest(connection: Redis, queue: str, digest: str, spec: Any = None) -
     from rq_policies.engine import admission
 
     if not isinstance(digest, str) or len(digest) != 64 or any(c not in '0123456789abcdef' for c in digest):
-        raise ValueError(f'digest must be an identity digest (64 lowercase hex characters), got {digest!r}')
+        raise InvalidArgument(
+            'digest', message=f'digest must be an identity digest (64 lowercase hex characters), got {digest!r}')
     declared_names = {item.name for item in (spec.policies if spec else ())}
     scanned: list[str] = []
     for family in keys.FAMILIES:

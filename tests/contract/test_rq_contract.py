@@ -31,6 +31,7 @@ from rq_policies import Loner, PolicyJob, PolicyQueue
 from rq_policies.engine import compat
 from rq_policies.engine.fetch import Look, release_claim
 from tests.helpers import fetches, jobs, key_jobs
+from tests.helpers.workers import StockSimpleWorker
 
 ALL_STATUSES = [status.value for status in JobStatus]
 
@@ -201,8 +202,9 @@ def test_who_pushes_a_released_dependent(connection):
 # -- the end-of-run pipeline -----------------------------------------------------------------------------------------
 
 
-class EndingWorker(SimpleWorker):
-    """rq's SimpleWorker, recording each end-of-run pipeline and what it holds when rq executes it."""
+class EndingWorker(StockSimpleWorker):
+    """rq's SimpleWorker (with the 1 s command-channel wait: a burst's exit took 60 s in CI), recording each
+    end-of-run pipeline and what it holds when rq executes it."""
 
     endings: list
 

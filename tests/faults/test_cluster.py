@@ -190,7 +190,7 @@ def test_no_keyless_command_rides_a_cluster_pipeline(cluster, valkey_cluster):
     assert q.enqueue(jobs.plain, 1, policy=Loner(), job_id='dropped-one') is None  # leaves a drop record
     QueueSlot.set('readers', 2, connection=cluster)
     QueueRate.set('readers', 5, per=1, connection=cluster)
-    Rate.set('shop', 'acme', 5, per=1, connection=cluster)
+    Rate.set('shop', 'acme', 5, per=1, connection=cluster, force=True)  # a scope no policy here declares
     owner, _ = valkey_cluster.owner_of(keys.PREFIX)
     valkey_cluster.reset_stats()
     assert QueueSlot.status('readers', connection=cluster).capacity == 2

@@ -36,6 +36,10 @@ from rq_policies.engine.fetch import Claim, Look, fetch_call, read_reply
 from rq_policies.policies.rate.views import RateViews
 from tests.helpers import key_jobs
 
+# The scopes these tests set per-key settings of, declared as an app declares them: a write to a scope no policy is
+# known to use is refused as a typo (tests/fair/test_unknown_scopes.py).
+DECLARED = (Concurrency(1, scope='admin-scope'), Rate(1, scope='admin-scope'), Concurrency(1, scope='s'))
+
 
 @dataclass(frozen=True)
 class Family:

@@ -84,13 +84,17 @@ class Concurrency(KeyedPolicy):
     # -- run-time settings and gauges -----------------------------------------------------------------------------
 
     @classmethod
-    def set(cls, scope: str, key: Any, limit: int, connection: Any = None) -> KeyLimit:
+    def set(cls, scope: str, key: Any, limit: int, connection: Any = None, force: bool = False) -> KeyLimit:
         """Set the limit of one key of ``scope`` (a str or an int: ``12`` and ``'12'`` are one key) to ``limit`` at
         run time; it wins over the limit its jobs declare, from every worker's next fetch, and a raised limit gives
-        the key's parked jobs back at once. The admin API's shape and errors (:mod:`rq_policies.engine.admin`)."""
+        the key's parked jobs back at once. The admin API's shape and errors (:mod:`rq_policies.engine.admin`).
+
+        A scope no Concurrency is known to use (declared in this process, the import path of a function declaring
+        one, or with state in Redis) is refused as a typo (:class:`~rq_policies.engine.exceptions.InvalidSetting`
+        naming it); ``force=True`` sets it anyway."""
         with refusing():
             positive_int('limit', limit, MAX_CAPACITY)
-        cls.write_setting(scope, key, str(limit), connection)
+        cls.write_setting(scope, key, str(limit), connection, force)
         return KeyLimit(limit)
 
     @classmethod

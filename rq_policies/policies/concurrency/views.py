@@ -135,6 +135,8 @@ class ConcurrencyViews(views.KeyedViews):
                 value=views.Argument('n', kind=views.Digits(f'a positive integer up to {MAX_CAPACITY}', 1,
                                                             MAX_CAPACITY)),
                 clear_help='Remove the override: the declared limit applies again.',
+                options=(views.Option('--force', 'force', 'Set it even though no Concurrency is known to use SCOPE '
+                                                          '(a typo?).', is_flag=True),),
                 json_help='Print the key\'s state as JSON.',
                 prepare=_override_prepare, status=_override_status, set=_override_set, clear=_override_clear,
             ),
@@ -187,8 +189,13 @@ def _override_status(conn: Redis, values: views.Values) -> views.Reply:
 
 def _override_set(conn: Redis, values: views.Values) -> views.Reply:
     scope, key, n = str(values['scope']), str(values['key']), values['n']
+    if not values.get('force'):
+        try:
+            Concurrency.require_known_scope(conn, scope, 'pass --force to set it anyway')
+        except ValueError as exc:
+            raise views.BadArgument(str(exc), 'SCOPE') from None
     before = Concurrency.get(scope, key, connection=conn)
-    Concurrency.set(scope, key, n, connection=conn)  # type: ignore[arg-type]
+    Concurrency.set(scope, key, n, connection=conn, force=True)  # type: ignore[arg-type]
     return _override_changed(conn, values, before, f'Key {key!r} of scope {scope!r} is limited to {n} running at once')
 
 

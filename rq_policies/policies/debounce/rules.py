@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from rq.registry import ScheduledJobRegistry
 
 from rq_policies.engine import compat, keys
-from rq_policies.engine.exceptions import PolicyConfigurationError
+from rq_policies.engine.exceptions import InvalidArgument, PolicyConfigurationError
 from rq_policies.engine.policy import AdmissionPolicy, replaced_in_place, whole_seconds
 
 logger = logging.getLogger('rq_policies')
@@ -51,7 +51,7 @@ class Debounce(AdmissionPolicy):
         if max_wait is not None:
             whole_seconds('max_wait', max_wait)
             if max_wait < wait:
-                raise ValueError(f'max_wait must be >= wait ({wait}), got {max_wait!r}')
+                raise InvalidArgument('max_wait', message=f'max_wait must be >= wait ({wait}), got {max_wait!r}')
         self.max_wait = max_wait
 
     def __repr__(self) -> str:

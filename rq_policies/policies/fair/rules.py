@@ -23,12 +23,12 @@ from rq.job import Job, JobStatus
 from rq.registry import DeferredJobRegistry
 
 from rq_policies.engine import compat, keys, reading
-from rq_policies.engine.admin import FairPause, FairStatus, FairWeight, clear_setting, refusing
-from rq_policies.engine.exceptions import PolicyError
+from rq_policies.engine.admin import FairPause, FairStatus, FairWeight, clear_setting, refusing, unknown_scope
+from rq_policies.engine.exceptions import InvalidArgument, InvalidSetting, PolicyError
 from rq_policies.engine.keyed import KeyedPolicy, check_scope, key_text, keyed_args
 from rq_policies.engine.ops import Call, text
 from rq_policies.engine.ops import need_connection as _need
-from rq_policies.engine.policy import FetchPolicy, positive_int
+from rq_policies.engine.policy import FetchPolicy, declare_scope, positive_int, scope_declared
 
 __all__ = ['BacklogFull', 'Fair', 'FairStatus', 'FairWeight']
 
@@ -83,7 +83,8 @@ def _weight(value: Any, where: str = 'weight') -> int:
 
 def _priority(value: Any, where: str = 'priority') -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not -MAX_PRIORITY <= value <= MAX_PRIORITY:
-        raise ValueError(f'{where} must be an int from {-MAX_PRIORITY} to {MAX_PRIORITY}, got {value!r}')
+        raise InvalidArgument(
+            where, message=f'{where} must be an int from {-MAX_PRIORITY} to {MAX_PRIORITY}, got {value!r}')
     return value
 
 
@@ -119,18 +120,21 @@ class Fair(FetchPolicy):
     def __init__(self, key: ValueFunction, weight: int | ValueFunction = 1, max_waiting: int | None = None,
                  on_conflict: str = 'drop', scope: str | None = None, priority: ValueFunction | None = None) -> None:
         if not callable(key):
-            raise TypeError(f'key must be a callable (args, kwargs) -> str | int, got {key!r}')
+            raise InvalidArgument('key', message=f'key must be a callable (args, kwargs) -> str | int, got {key!r}')
         if not callable(weight):
             _weight(weight)
         if max_waiting is not None:
             positive_int('max_waiting', max_waiting)
         if on_conflict not in ('drop', 'raise'):
-            raise ValueError(f"on_conflict must be 'drop' or 'raise', got {on_conflict!r}")
+            raise InvalidArgument('on_conflict', message=f"on_conflict must be 'drop' or 'raise', got {on_conflict!r}")
         if priority is not None and not callable(priority):
-            raise TypeError(f'priority must be a callable (args, kwargs) -> int (or give priority= on enqueue), '
-                            f'got {priority!r}')
+            raise InvalidArgument(
+                'priority', message=f'priority must be a callable (args, kwargs) -> int (or give priority= on '
+                                    f'enqueue), got {priority!r}')
         self.key, self.weight, self.max_waiting, self.on_conflict = key, weight, max_waiting, on_conflict
         self.scope = None if scope is None else check_scope(scope)
+        if self.scope is not None:
+            declare_scope(self.name, self.scope)
         self.priority = priority
 
     def __repr__(self) -> str:
@@ -153,7 +157,7 @@ class Fair(FetchPolicy):
         try:
             return fn(tuple(job.args), dict(job.kwargs))
         except Exception as exc:
-            raise TypeError(f'{self!r}: the {what} function failed on this call: {exc!r}') from exc
+            raise InvalidArgument(what, message=f'{self!r}: the {what} function failed on this call: {exc!r}') from exc
 
     def job_fields(self, job: Any, queue: str, digest: str) -> list[str]:
         from rq_policies.engine.queue import door_options
@@ -217,17 +221,20 @@ class Fair(FetchPolicy):
     # -- run-time settings (the admin API: rq_policies.engine.admin) --------------------------------------------------
 
     @classmethod
-    def set(cls, scope: str, key: Any, weight: int, connection: Any = None) -> FairWeight:
+    def set(cls, scope: str, key: Any, weight: int, connection: Any = None, force: bool = False) -> FairWeight:
         """Set the weight of one key of ``scope`` at run time (1 to 1000): it wins over the weight its jobs declare,
         from the key's next start on every queue.
 
         Raises:
-            InvalidSetting: (a ValueError) naming the argument and the value; nothing is written.
+            InvalidSetting: (an InvalidArgument) naming the argument and the value; nothing is written. A scope no
+                Fair is known to use (:meth:`scope_known`) is refused as a typo unless ``force=True``.
         """
         with refusing():
             key_id = _key_id(scope, key)
             _weight(weight)
             conn = _need(connection)
+        if not force:
+            cls.require_known_scope(conn, scope, 'pass force=True to set its weight anyway')
         conn.hset(WEIGHTS, key_id, weight)
         return FairWeight(weight)
 
@@ -260,17 +267,50 @@ class Fair(FetchPolicy):
             pipe.hexists(PAUSED, key_id)
             pipe.hget(WEIGHTS, key_id)
             pipe.zcard(ACTIVE_PREFIX + queue)
-            waiting, score, paused, weight, count = pipe.execute()
+            pipe.zrange(WAIT_PREFIX + f'{queue}:{key_id}', 0, 0)
+            waiting, score, paused, weight, count, head = pipe.execute()
+        set_at_run_time = weight is not None
+        if weight is None and head:  # the weight its next job declares (the one the fetch reads for its turns)
+            declared = conn.hget(Job.redis_job_namespace_prefix + text(head[0]), FIELD)
+            weight = None if declared is None else text(declared).split(' ', 1)[0]
         return FairStatus(int(waiting), score is not None and not paused, bool(paused),
                           None if weight is None else int(weight),
-                          int(count))
+                          int(count), set_at_run_time)
 
     @classmethod
-    def pause(cls, scope: str, key: Any, connection: Any = None) -> bool:
+    def pause(cls, scope: str, key: Any, connection: Any = None, force: bool = False) -> bool:
         """Pause one key of ``scope`` on every queue, until :meth:`resume`: its waiting jobs stay waiting (status
         deferred) and none starts; other keys are not touched. Survives worker restarts (it lives in Redis).
-        Returns True when the key was not paused already."""
-        return _pause_call(scope, key, True).answered().run(_need(connection)) == 1
+        Returns True when the key was not paused already.
+
+        Raises:
+            InvalidSetting: (an InvalidArgument) naming a bad scope, key or connection; a scope no Fair is known to
+                use (:meth:`scope_known`: a typo?) unless ``force=True``. Nothing is written.
+        """
+        call = _pause_call(scope, key, True)
+        with refusing():
+            conn = _need(connection)
+        if not force:
+            cls.require_known_scope(conn, scope, 'pass force=True to pause it anyway')
+        return call.answered().run(conn) == 1
+
+    @classmethod
+    def scope_known(cls, connection: Any, scope: str) -> bool:
+        """Is ``scope`` one a Fair is known to use: declared in this process (a ``scope=``, a decorated function's
+        path, an enqueue's), the import path of a function declaring a Fair, or named by Redis state (a run-time
+        weight, a pause, a key taking turns on a queue)?"""
+        if scope_declared(cls.name, scope):
+            return True
+        pattern = reading.glob_escape(scope) + ':*'
+        if reading.any_field(connection, WEIGHTS, pattern) or reading.any_field(connection, PAUSED, pattern):
+            return True
+        return any(reading.any_member(connection, ACTIVE_PREFIX + queue, pattern) for queue in cls.queues(connection))
+
+    @classmethod
+    def require_known_scope(cls, connection: Any, scope: str, hint: str) -> None:
+        """Refuse (:class:`InvalidSetting` naming ``scope``, with ``hint``) a scope :meth:`scope_known` denies."""
+        if not cls.scope_known(connection, scope):
+            raise InvalidSetting('scope', message=unknown_scope(cls.__name__, scope, hint))
 
     @classmethod
     def resume(cls, scope: str, key: Any, connection: Any = None) -> bool:
@@ -285,7 +325,7 @@ class Fair(FetchPolicy):
         confirmation of a pause or a resume shows.
 
         Raises:
-            InvalidSetting: (a ValueError) naming the argument and the value; nothing is read or written.
+            InvalidSetting: (an InvalidArgument) naming the argument and the value; nothing is read or written.
         """
         with refusing():
             key_id = _key_id(scope, key)

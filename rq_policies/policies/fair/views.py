@@ -10,6 +10,7 @@ from redis import Redis
 from rq.job import Job
 
 from rq_policies.engine import views
+from rq_policies.engine.exceptions import InvalidSetting
 from rq_policies.engine.ops import text
 
 from .rules import ACTIVE_PREFIX, FIELD, PAUSED, WAIT_PREFIX, WEIGHTS, Fair, _weight
@@ -138,15 +139,17 @@ class FairViews(views.PolicyViews):
     def commands(cls) -> tuple[views.View, ...]:
         """``rq-policies fair pause|resume|weight|keys``."""
         scope_key = (views.Argument('scope'), views.Argument('key'))
+        force = views.Option('--force', 'force', 'Write even though no Fair is known to use SCOPE (a typo?).',
+                             is_flag=True)
         about = 'Fair share between keys: pause, resume, weights, and each key\'s line and share.'
         return (views.Group('fair', about, (
             views.Command('pause', 'Pause KEY of SCOPE on every queue until resumed (its jobs wait; others flow).',
-                          arguments=scope_key, run=_pause_run),
+                          arguments=scope_key, options=(force,), run=_pause_run),
             views.Command('resume', 'Resume a paused KEY of SCOPE: it takes turns again.', arguments=scope_key,
                           run=_resume_run),
             views.Setting('weight', 'Show, set (WEIGHT) or --clear the run-time weight of KEY of SCOPE.',
                           targets=scope_key, value=views.Argument('weight', kind=int),
-                          clear_help='Remove the run-time weight: the declared one applies again.',
+                          clear_help='Remove the run-time weight: the declared one applies again.', options=(force,),
                           status=_weight_status, set=_weight_set, clear=_weight_clear),
             views.Command('keys', 'The keys taking turns on QUEUE, next turn first: waiting jobs, weight, share; then '
                                   'paused keys.', arguments=(views.Argument('queue'),),
@@ -157,16 +160,21 @@ class FairViews(views.PolicyViews):
 
 
 def _refused(action: Callable[[], Any]) -> Any:
-    """``action()``, its ValueError (a bad scope, key or weight) a refusal of the command line."""
+    """``action()``, its ValueError (a bad scope, key or weight) a refusal of the command line; a scope no Fair is
+    known to use (a typo?) refused as ``cap`` refuses an unknown queue, its hint the command's ``--force``."""
     try:
         return action()
+    except InvalidSetting as exc:
+        if exc.argument == 'scope' and 'force=True' in str(exc):
+            raise views.BadArgument(str(exc).replace('force=True', '--force'), 'SCOPE') from None
+        raise views.BadArgument(str(exc)) from None
     except ValueError as exc:
         raise views.BadArgument(str(exc)) from None
 
 
 def _pause_run(conn: Redis, values: views.Values) -> views.Reply:
     scope, key = str(values['scope']), str(values['key'])
-    changed = _refused(lambda: Fair.pause(scope, key, connection=conn))
+    changed = _refused(lambda: Fair.pause(scope, key, connection=conn, force=bool(values.get('force'))))
     return views.Reply((f'{scope}:{key} paused' + ('' if changed else ' (it was already)'),))
 
 
@@ -184,7 +192,7 @@ def _weight_clear(conn: Redis, values: views.Values) -> views.Reply:
 
 def _weight_set(conn: Redis, values: views.Values) -> views.Reply:
     scope, key, weight = str(values['scope']), str(values['key']), values['weight']
-    _refused(lambda: Fair.set(scope, key, weight, connection=conn))
+    _refused(lambda: Fair.set(scope, key, weight, connection=conn, force=bool(values.get('force'))))
     return views.Reply((f'{scope}:{key}: weight {weight}',))
 
 

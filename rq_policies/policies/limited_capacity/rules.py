@@ -28,6 +28,7 @@ from rq import get_current_job
 from rq.utils import import_attribute
 
 from rq_policies.engine import keys, ledger
+from rq_policies.engine.exceptions import InvalidArgument
 from rq_policies.engine.ledger import Hold, Keeper, Ledger, acquire_call
 from rq_policies.engine.ops import Call
 from rq_policies.engine.queue import PolicyQueue
@@ -40,7 +41,7 @@ STATE_TTL_SECONDS = 24 * 3600
 
 def _count(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f'{name} must return an integer >= 0, got {value!r}')
+        raise InvalidArgument(name, message=f'{name} must return an integer >= 0, got {value!r}')
     return value
 
 
@@ -187,14 +188,16 @@ class LimitedCapacityWorker:
     @staticmethod
     def _connection(connection: Any) -> Redis:
         if connection is None:
-            raise TypeError('perform_with_capacity: connection is required, pass connection=Redis(...)')
+            raise InvalidArgument(
+                'connection', message='perform_with_capacity: connection is required, pass connection=Redis(...)')
         return connection
 
     @classmethod
     def _checked(cls) -> str:
         name = cls.queue_name
         if not isinstance(name, str) or not name:
-            raise ValueError(f'{cls.__qualname__}.queue_name must be a non-empty queue name, got {name!r}')
+            raise InvalidArgument(
+                'queue_name', message=f'{cls.__qualname__}.queue_name must be a non-empty queue name, got {name!r}')
         path = cls.class_path()
         try:
             found = import_attribute(path)
@@ -254,7 +257,7 @@ class LimitedCapacityWorker:
 
 def positive_ttl(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f'hold_ttl must be a positive integer (seconds), got {value!r}')
+        raise InvalidArgument('hold_ttl', message=f'hold_ttl must be a positive integer (seconds), got {value!r}')
     return value
 
 

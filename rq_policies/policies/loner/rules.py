@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from rq.worker import Worker
 
 from rq_policies.engine import keys
-from rq_policies.engine.exceptions import DuplicateJob
+from rq_policies.engine.exceptions import DuplicateJob, InvalidArgument
 from rq_policies.engine.ops import Call
 from rq_policies.engine.policy import MAX_SECONDS, AdmissionPolicy
 
@@ -49,11 +49,13 @@ def _lock_ttl(value: Any) -> float | int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f'ttl must be a number of seconds > 0 (int or float), or None, got {value!r}')
+        raise InvalidArgument(
+            'ttl', message=f'ttl must be a number of seconds > 0 (int or float), or None, got {value!r}')
     if value > MAX_SECONDS:
-        raise ValueError(f'ttl must be at most {MAX_SECONDS} seconds (ten years), got {value!r}')
+        raise InvalidArgument('ttl', message=f'ttl must be at most {MAX_SECONDS} seconds (ten years), got {value!r}')
     if value * 1000 < 1:
-        raise ValueError(f'ttl must be at least 0.001 seconds (the marker is kept to the millisecond), got {value!r}')
+        raise InvalidArgument(
+            'ttl', message=f'ttl must be at least 0.001 seconds (the marker is kept to the millisecond), got {value!r}')
     return value
 
 
@@ -89,9 +91,10 @@ class Loner(AdmissionPolicy):
 
     def __init__(self, until: str = 'started', on_conflict: str = 'drop', ttl: float | None = None) -> None:
         if until not in UNTIL:
-            raise ValueError(f"until must be 'started' or 'finished', got {until!r}")
+            raise InvalidArgument('until', message=f"until must be 'started' or 'finished', got {until!r}")
         if on_conflict not in ON_CONFLICT:
-            raise ValueError(f"on_conflict must be 'drop', 'raise' or 'replace', got {on_conflict!r}")
+            raise InvalidArgument(
+                'on_conflict', message=f"on_conflict must be 'drop', 'raise' or 'replace', got {on_conflict!r}")
         self.until = until
         self.on_conflict = on_conflict
         self.ttl = _lock_ttl(ttl)

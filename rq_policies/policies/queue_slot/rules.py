@@ -24,6 +24,7 @@ from rq_policies.engine.admin import (
     warn_unknown_queue,
     write_queue_setting,
 )
+from rq_policies.engine.exceptions import InvalidArgument
 from rq_policies.engine.ledger import WAKE_CAPACITY, WAKE_RELEASED, Hold
 from rq_policies.engine.ops import need_connection as _need
 from rq_policies.engine.ops import text, time_in
@@ -229,5 +230,5 @@ def _holder(token: Any) -> str:
     if token is None:
         return QueueSlot.token()
     if not isinstance(token, str) or not token:
-        raise ValueError(f'token must be a non-empty string, got {token!r}')
+        raise InvalidArgument('token', message=f'token must be a non-empty string, got {token!r}')
     return token

@@ -73,14 +73,16 @@ class Rate(KeyedPolicy, GcraRate):
     # -----------------------------------------
 
     @classmethod
-    def set(cls, scope: str, key: Any, limit: int, per: int = 1, burst: int = 1, connection: Any = None) -> KeyRate:
+    def set(cls, scope: str, key: Any, limit: int, per: int = 1, burst: int = 1, connection: Any = None,
+            force: bool = False) -> KeyRate:
         """Set the rate of one key of ``scope`` at run time: ``limit`` starts every ``per`` seconds, up to ``burst``
         at once. It wins over the rate the key's jobs declare, from every worker's next fetch; the key's parked jobs
         are looked at again at once. The starts already owed keep their count and are paid at the new rate. The
-        admin API's shape and errors (:mod:`rq_policies.engine.admin`)."""
+        admin API's shape and errors (:mod:`rq_policies.engine.admin`). A scope no Rate is known to use is refused
+        as a typo, as :meth:`Concurrency.set <rq_policies.Concurrency.set>` says; ``force=True`` sets it anyway."""
         with refusing():
             check_rate(limit, per, burst)
-        cls.write_setting(scope, key, f'{limit} {per} {burst}', connection)
+        cls.write_setting(scope, key, f'{limit} {per} {burst}', connection, force)
         return KeyRate(limit, per, burst)
 
     @classmethod

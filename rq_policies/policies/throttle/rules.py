@@ -20,7 +20,7 @@ from rq.queue import Queue
 from rq.registry import ScheduledJobRegistry
 
 from rq_policies.engine import admission, compat, identity, keys
-from rq_policies.engine.exceptions import PolicyConfigurationError
+from rq_policies.engine.exceptions import InvalidArgument, PolicyConfigurationError
 from rq_policies.engine.policy import AdmissionPolicy, PolicySet, replaced_in_place, whole_seconds
 
 logger = logging.getLogger('rq_policies')
@@ -87,7 +87,7 @@ class Throttle(AdmissionPolicy):
     def __init__(self, slot: int, trailing: bool = False) -> None:
         self.slot = whole_seconds('slot', slot)
         if not isinstance(trailing, bool):
-            raise TypeError(f'trailing must be True or False, got {trailing!r}')
+            raise InvalidArgument('trailing', message=f'trailing must be True or False, got {trailing!r}')
         self.trailing = trailing
 
     def __repr__(self) -> str:
@@ -111,12 +111,13 @@ class Throttle(AdmissionPolicy):
         """
         width = whole_seconds('slot', slot)
         if not isinstance(job, Job):
-            raise TypeError(f'job must be an rq Job, got {job!r}')
+            raise InvalidArgument('job', message=f'job must be an rq Job, got {job!r}')
         if not job.origin:
-            raise ValueError(f'job {job.id} has no origin queue: create it with Queue.create_job() or set job.origin')
+            raise InvalidArgument(
+                'job', message=f'job {job.id} has no origin queue: create it with Queue.create_job() or set job.origin')
         conn = connection if connection is not None else job.connection
         if conn is None:
-            raise ValueError('connection: give a Redis connection (the job has none)')
+            raise InvalidArgument('connection', message='connection: give a Redis connection (the job has none)')
         spec = _declared_spec(job)
         context = spec.unique_context if spec else None
         digest = identity.digest(identity.func_path(job), job.origin, job.args, job.kwargs, context,

@@ -27,6 +27,10 @@ rounds interleaved; the medians of the rounds and their range. Variants:
 
 The admit.lua rows are what those calls cost before the narrow script (and what every other call still costs).
 
+With ``--baseline PATH`` (a checkout of another revision whose calls have the same KEYS and ARGV, e.g. ``git worktree
+add /tmp/base main``), its admit.lua and admit_narrow.lua, as its own Python expands them, are timed beside these
+with the same calls, rounds interleaved, and the per-round ratios baseline / this printed.
+
 It answers what a cheaper admission would cut first (issue 23's target: a Loner admission's script at most
 BullMQ's deduplicated add, ``bench/bullmq.py``). ``--smoke`` runs each variant a few times (CI).
 """
@@ -35,7 +39,9 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
+import subprocess
 import sys
 import time
 import uuid
@@ -112,6 +118,11 @@ def fresh_flat(call_keys: list[str], args: list) -> tuple[list[str], list]:
     return k, a
 
 
+#: The variants timed beside the baseline's with ``--baseline``.
+COMPARED = ('admit, no policy', 'admit, Loner', 'narrow, no policy', 'narrow, Loner', 'admit, Loner probe',
+            'narrow, Loner probe')
+
+
 def variants(source: str, narrow: str) -> dict[str, tuple[str, str]]:
     """label -> (script source, call: 'loner' or 'plain' (admit.lua's), 'flat' or 'flat plain' (the narrow one's))."""
     decode = source.index('local a = decode_args(ARGV[1])')
@@ -166,7 +177,13 @@ def hold(conn: Redis) -> None:
     assert PolicyQueue('parts', connection=conn).enqueue(work, 'held', policy=Loner()) is not None
 
 
-def text(name: str) -> str:
+def text(name: str, baseline: str | None = None) -> str:
+    """Script ``name`` as this checkout loads it, or as the checkout at ``baseline`` does (its own Python)."""
+    if baseline:
+        dump = ('import sys; from rq_policies.engine import scripts; s = scripts.script(sys.argv[1]).script; '
+                'sys.stdout.write(s.decode() if isinstance(s, bytes) else s)')
+        return subprocess.check_output([sys.executable, '-c', dump, name], cwd=baseline, text=True,
+                                       env=dict(os.environ, PYTHONPATH=baseline))
     source = scripts.script(name).script
     return source.decode() if isinstance(source, bytes) else source
 
@@ -175,6 +192,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--calls', type=int, default=300)
     parser.add_argument('--rounds', type=int, default=9)
+    parser.add_argument('--baseline', help='a checkout of another revision: its scripts timed beside these')
     add_smoke(parser)
     opts = parser.parse_args()
     smoke_defaults(opts, calls=20, rounds=1)
@@ -186,6 +204,11 @@ def main() -> int:
             captured = {'loner': (call_keys, args), 'flat': captured_call(conn, narrow=True)[1:],
                         'flat plain': captured_call(conn, narrow=True, plain=True)[1:], **probe_calls(conn)}
             texts = variants(text('admit'), text('admit_narrow'))
+            if opts.baseline:
+                base = variants(text('admit', opts.baseline), text('admit_narrow', opts.baseline))
+                # Each baseline variant right after this one's, in every round.
+                texts = {name: body for label, this in texts.items() for name, body in
+                         ((label, this), *([(f'baseline: {label}', base[label])] if label in COMPARED else []))}
             shas = {label: conn.script_load(body) for label, (body, _) in texts.items()}
             kept = {name: conn.config_get(name)[name] for name in ('slowlog-log-slower-than', 'slowlog-max-len')}
             conn.config_set('slowlog-log-slower-than', 0)
@@ -207,13 +230,18 @@ def main() -> int:
     whole = statistics.median(samples['admit, Loner'])
     for label, values in samples.items():
         median = statistics.median(values)
-        print(f'{label:22} {median:7.1f} us  ({min(values):.1f}..{max(values):.1f})  {median / whole:6.0%} of a Loner '
+        print(f'{label:32} {median:7.1f} us  ({min(values):.1f}..{max(values):.1f})  {median / whole:6.0%} of a Loner '
               f'admission')
     print('\nper round, narrow / admit.lua (median, range):')
     for narrow, full in (('narrow, Loner', 'admit, Loner'), ('narrow, no policy', 'admit, no policy'),
                          ('narrow, Loner probe', 'admit, Loner probe')):
         ratios = [a / b for a, b in zip(samples[narrow], samples[full])]
         print(f'  {narrow:20} x{statistics.median(ratios):.2f} ({min(ratios):.2f}..{max(ratios):.2f})')
+    if opts.baseline:
+        print('\nper round, baseline / this (median, range):')
+        for label in COMPARED:
+            ratios = [b / a for a, b in zip(samples[label], samples[f'baseline: {label}'])]
+            print(f'  {label:20} x{statistics.median(ratios):.2f} ({min(ratios):.2f}..{max(ratios):.2f})')
     return 0
 
 

@@ -50,7 +50,8 @@ from rq.worker import Worker  # noqa: E402
 from rq_policies import PolicyQueue  # noqa: E402
 from rq_policies.engine import keys  # noqa: E402
 from rq_policies.engine.fetch import FetchReply, fetch_call  # noqa: E402
-from rq_policies.policies.fair.rules import ACTIVE_PREFIX, FIELD, WAIT_PREFIX  # noqa: E402
+from rq_policies.engine.keys import FAIR_ACTIVE, FAIR_WAIT  # noqa: E402
+from rq_policies.policies.fair.rules import FIELD  # noqa: E402
 
 
 def spread(values: list[float]) -> str:
@@ -80,9 +81,9 @@ def _fill(conn: Redis, name: str, count: int, per_key: int) -> object:
                     jid = f'{name}.j{n}.{i}'
                     pipe.hset(f'rq:job:{jid}', mapping={'status': 'deferred', 'origin': name, FIELD: f'1 0 {key_id}'})
                     line[jid] = i + 1
-                pipe.zadd(f'{WAIT_PREFIX}{name}:{key_id}', line)
+                pipe.zadd(FAIR_WAIT(name, key_id), line)
                 pipe.zadd(f'rq:deferred:{name}', dict.fromkeys(line, 0))
-                pipe.zadd(f'{ACTIVE_PREFIX}{name}', {key_id: 0})
+                pipe.zadd(FAIR_ACTIVE(name), {key_id: 0})
             pipe.execute()
     return fetch_call([Queue(name, connection=conn)], 'bench:1:1:1', 90)
 

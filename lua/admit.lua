@@ -84,6 +84,7 @@ local rcall = redis.call
 
 -- @include "lib/codec.lua"
 -- @include "lib/server_time.lua"
+-- @include "lib/keys.lua"
 -- @include "lib/save_job.lua"
 -- @include "lib/count_drop.lua"
 -- @include "lib/drop_record.lua"
@@ -192,7 +193,7 @@ end
 -- later enqueue superseded it: this job is a new one, so that id's tombstone must not make the
 -- fetch drop it.
 if a.k.dropped then
-  rcall('DEL', a.tombstone .. ctx.jid)
+  rcall('DEL', key_of(a.tombstone, ctx.jid))
 end
 
 if ctx.mode ~= 'N' then

@@ -40,6 +40,7 @@
 ]]
 local rcall = redis.call
 
+-- @include "lib/keys.lua"
 -- @include "lib/save_job.lua"
 -- @include "lib/count_drop.lua"
 -- @include "lib/drop_record.lua"
@@ -93,7 +94,7 @@ if marker then
   take_marker(marker, jid, ttl, tonumber(o.ttl_ms), false)
 end
 if dropped then
-  rcall('DEL', o.tombstone .. jid)
+  rcall('DEL', key_of(o.tombstone, jid))
 end
 
 rcall('HSET', job_key, unpack(ARGV, first))

@@ -23,6 +23,7 @@
 local rcall = redis.call
 
 -- @include "lib/codec.lua"
+-- @include "lib/keys.lua"
 -- @include "lib/answer.lua"
 
 local a = decode_args(ARGV[1])
@@ -36,11 +37,11 @@ if a.pause then
 end
 local changed = rcall('HDEL', paused, a.key_id)
 for _, queue in ipairs(rcall('SMEMBERS', pausedin)) do
-  if rcall('EXISTS', a.waits .. queue .. ':' .. a.key_id) == 1 then
-    local active = a.actives .. queue
+  if rcall('EXISTS', key_of(a.waits, queue, a.key_id)) == 1 then
+    local active = key_of(a.actives, queue)
     local first = rcall('ZRANGE', active, 0, 0, 'WITHSCORES')
     rcall('ZADD', active, 'NX', tonumber(first[2]) or 0, a.key_id)
-    rcall('SPUBLISH', a.wake .. queue, 'released')
+    rcall('SPUBLISH', key_of(a.wake, queue), 'released')
   end
 end
 rcall('DEL', pausedin)

@@ -163,6 +163,7 @@
 local rcall = redis.call
 
 -- @include "lib/codec.lua"
+-- @include "lib/keys.lua"
 -- @include "lib/rewrite_guard.lua"
 
 local N = tonumber(ARGV[4])
@@ -266,7 +267,7 @@ if found == 0 and not (claimed or tombs or stateful) then
         break
       end
       if trace then trace[#trace + 1] = 'pop' end
-      local hash = rcall('HGETALL', ARGV[7] .. jid)
+      local hash = rcall('HGETALL', key_of(ARGV[7], jid))
       if #hash == 0 then
         rcall('LREM', inter_key, 1, jid) -- its job hash is gone: dropped, as rq's dequeue does
       else
@@ -455,7 +456,7 @@ end
 local function park(i, inter_key, job_key, jid, refusal)
   rcall('LMOVE', inter_key, refusal.parked, 'RIGHT', refusal.head and 'LEFT' or 'RIGHT')
   rcall('HSET', job_key, 'status', 'deferred')
-  rcall('ZADD', a.keyed.deferred .. a.names[i], clock(), jid)
+  rcall('ZADD', key_of(a.keyed.deferred, a.names[i]), clock(), jid)
   due_key = due_key or KEYS[a.k.keydue] -- the idle answer reports the index's head
   rcall('ZADD', due_key, 'LT', refusal.due, refusal.member)
 end
@@ -574,7 +575,7 @@ for i = pre_i or 1, N do
         break
       end
       if trace and not hash then trace[#trace + 1] = 'pop' end
-      local job_key = job_prefix .. jid
+      local job_key = key_of(job_prefix, jid)
       -- The whole hash (handed to the worker) once this call has parked nothing; after a park, the
       -- jobs behind are likely parked too: their policy fields only, the hash of the one taken.
       local job, present, carries
@@ -591,10 +592,10 @@ for i = pre_i or 1, N do
       -- ahead of the server's (lib/pending.lua; the scheduler's write-back carries none of our
       -- fields, so every job is checked): dropped like an id whose hash is gone. A pending job
       -- rewritten in place carries a rewrite guard instead (lib/rewrite_guard.lua).
-      local tomb = present and tombs and rcall('GET', tombstone .. jid)
+      local tomb = present and tombs and rcall('GET', key_of(tombstone, jid))
       if tomb then
         if string.sub(tomb, 1, 8) == 'rewrite ' then
-          if rewrite_guard(job_key, jid, tombstone .. jid, tomb, clock()) then
+          if rewrite_guard(job_key, jid, key_of(tombstone, jid), tomb, clock()) then
             present = false
             found = found + 1 -- back in its scheduled registry: the idle answer reports its time
           else

@@ -44,6 +44,7 @@
 local rcall = redis.call
 
 -- @include "lib/codec.lua"
+-- @include "lib/keys.lua"
 -- @include "lib/answer.lua"
 
 local a = decode_args(ARGV[1])
@@ -81,7 +82,7 @@ for _, item in ipairs(a.items) do
         if own then
           rcall('DEL', claim)
         end
-        rcall('SPUBLISH', a.wake .. a.names[i], jid)
+        rcall('SPUBLISH', key_of(a.wake, a.names[i]), jid)
         handed[#handed + 1] = jid
       end
     end

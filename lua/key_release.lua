@@ -24,13 +24,14 @@ local rcall = redis.call
 
 -- @include "lib/codec.lua"
 -- @include "lib/server_time.lua"
+-- @include "lib/keys.lua"
 
 local a = decode_args(ARGV[1])
 local P = {}
 -- @include "policies/concurrency.lua"
 
 local removed = rcall('ZREM', KEYS[a.k.ledger], a.token)
-rcall('ZREM', a.keyed.units .. a.key_id, a.token) -- its cost, if above 1 (Concurrency(cost=))
+rcall('ZREM', key_of(a.keyed.units, a.key_id), a.token) -- its cost, if above 1 (Concurrency(cost=))
 if removed == 1 then
   local member = 'concurrency:' .. a.key_id
   -- The parked list itself is asked, not the due index: a release also finds parked jobs whose

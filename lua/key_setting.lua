@@ -21,6 +21,7 @@ local rcall = redis.call
 
 -- @include "lib/codec.lua"
 -- @include "lib/server_time.lua"
+-- @include "lib/keys.lua"
 -- @include "lib/answer.lua"
 
 local a = decode_args(ARGV[1])
@@ -38,9 +39,9 @@ end
 local head = rcall('LINDEX', KEYS[a.k.parked], 0)
 if head then
   rcall('ZADD', KEYS[a.k.keydue], server_now(), a.policy .. ':' .. a.key_id)
-  local origin = rcall('HGET', a.job_prefix .. head, 'origin')
+  local origin = rcall('HGET', key_of(a.job_prefix, head), 'origin')
   if origin then
-    rcall('SPUBLISH', a.wake .. origin, 'capacity')
+    rcall('SPUBLISH', key_of(a.wake, origin), 'capacity')
   end
 end
 return keep_answer(a, had)

@@ -12,6 +12,7 @@
 ]]
 local rcall = redis.call
 -- @include "lib/codec.lua"
+-- @include "lib/keys.lua"
 -- @include "lib/holder_waiting.lua"
 -- @include "lib/holder_running.lua"
 local a = decode_args(ARGV[1])
@@ -20,7 +21,7 @@ if not holder then return false end
 if holder_waiting(a.job_prefix, holder) then
   return holder
 end
-if rcall('HGET', a.job_prefix .. holder, 'policies_loner_until') == 'finished'
+if rcall('HGET', key_of(a.job_prefix, holder), 'policies_loner_until') == 'finished'
     and holder_running(a.job_prefix, a.worker_prefix, holder, a.alive_prefix) then
   return holder
 end

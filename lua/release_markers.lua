@@ -17,13 +17,14 @@
 ]]
 local rcall = redis.call
 -- @include "lib/codec.lua"
+-- @include "lib/keys.lua"
 local a = decode_args(ARGV[1])
 local removed = 0
 -- waiting or running (rq_policies/compat.py STATUS_ROLE: rq 3 adds ready_to_enqueue, rate_limited)
 local holding = {queued = true, scheduled = true, deferred = true, started = true,
                  ready_to_enqueue = true, rate_limited = true}
 for _, jid in ipairs(a.jobs) do
-  local job = rcall('HMGET', a.job_prefix .. jid, 'policies_loner', 'status')
+  local job = rcall('HMGET', key_of(a.job_prefix, jid), 'policies_loner', 'status')
   local marker = job[1]
   if marker and not (a.ended and holding[job[2]]) and rcall('GET', marker) == jid then
     removed = removed + rcall('DEL', marker)

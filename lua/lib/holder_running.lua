@@ -8,11 +8,12 @@
 -- third of hold_ttl for as long as the horse lives (lua/keep_horse.lua). A started job with
 -- neither (everything SIGKILLed, its machine lost) stops counting within the longer of the two
 -- ttls, even before rq's maintenance marks it failed: no reaper needed.
+-- @include "lib/keys.lua"
 local function holder_running(job_prefix, worker_prefix, jid, alive_prefix)
-  local job = redis.call('HMGET', job_prefix .. jid, 'status', 'worker_name')
+  local job = redis.call('HMGET', key_of(job_prefix, jid), 'status', 'worker_name')
   if job[1] ~= 'started' then return false end
-  if job[2] and job[2] ~= '' and redis.call('EXISTS', worker_prefix .. job[2]) == 1 then
+  if job[2] and job[2] ~= '' and redis.call('EXISTS', key_of(worker_prefix, job[2])) == 1 then
     return true
   end
-  return redis.call('EXISTS', alive_prefix .. jid) == 1
+  return redis.call('EXISTS', key_of(alive_prefix, jid)) == 1
 end

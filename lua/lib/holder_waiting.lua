@@ -10,9 +10,10 @@
 -- as free. This is what makes a marker self-healing without a reaper. Every status of rq 2.12 and
 -- 3.x is classified in rq_policies/compat.py (STATUS_ROLE); tests/test_rq_contract.py holds this
 -- function to it.
+-- @include "lib/keys.lua"
 local function holder_waiting(job_prefix, jid)
   if not jid then return false end
-  local job = redis.call('HMGET', job_prefix .. jid, 'status', 'dependency_ids', 'allow_dependency_failures')
+  local job = redis.call('HMGET', key_of(job_prefix, jid), 'status', 'dependency_ids', 'allow_dependency_failures')
   local status = job[1]
   if status == 'queued' or status == 'scheduled' or status == 'ready_to_enqueue'
       or status == 'rate_limited' then
@@ -21,7 +22,7 @@ local function holder_waiting(job_prefix, jid)
   if status ~= 'deferred' then return false end
   if not job[2] or job[3] == '1' then return true end
   for _, parent in ipairs(cjson.decode(job[2])) do
-    local parent_status = redis.call('HGET', job_prefix .. parent, 'status')
+    local parent_status = redis.call('HGET', key_of(job_prefix, parent), 'status')
     if not parent_status or parent_status == 'failed' or parent_status == 'stopped'
         or parent_status == 'canceled' then
       return false

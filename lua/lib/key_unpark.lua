@@ -1,6 +1,7 @@
 -- Shared (per-key policies): the parked lists of a key (rq:policies:keyparked:<policy>:<scope>:<key>).
 -- `kp` is the per-key prefixes map (rq_policies.concurrency.keyed_args: job, queue, deferred, wake).
 
+-- @include "lib/keys.lua"
 -- @include "lib/key_blocked.lua"
 
 -- The id at the head of parked list `parked` whose job is still parked (status deferred), after
@@ -13,7 +14,7 @@ local function key_parked_head(kp, parked, field)
     if not jid then
       return nil
     end
-    local job = redis.call('HMGET', kp.job .. jid, 'status', 'origin', field)
+    local job = redis.call('HMGET', key_of(kp.job, jid), 'status', 'origin', field)
     if job[1] == 'deferred' and job[2] then
       return jid, job[3]
     end
@@ -36,20 +37,20 @@ local function key_unpark(kp, parked, n, field, each, fits)
       break
     end
     local jid = redis.call('LPOP', parked)
-    local job_key = kp.job .. jid
+    local job_key = key_of(kp.job, jid)
     local origin = redis.call('HGET', job_key, 'origin')
     redis.call('HSET', job_key, 'status', 'queued')
-    redis.call('ZREM', kp.deferred .. origin, jid)
+    redis.call('ZREM', key_of(kp.deferred, origin), jid)
     each(jid)
     moved[#moved + 1] = {jid, origin}
   end
   local woken = {}
   for i = #moved, 1, -1 do
     local jid, origin = moved[i][1], moved[i][2]
-    redis.call('LPUSH', kp.queue .. origin, jid)
+    redis.call('LPUSH', key_of(kp.queue, origin), jid)
     if not woken[origin] then
       woken[origin] = true
-      redis.call('SPUBLISH', kp.wake .. origin, 'released')
+      redis.call('SPUBLISH', key_of(kp.wake, origin), 'released')
     end
   end
   return #moved
@@ -61,7 +62,7 @@ end
 -- live head (`due` is now while stale ids are left, for the next fetch to go on; nil when the list
 -- is empty).
 local function key_due_start(ctx, policy, key_id)
-  local parked = ctx.kp.parked .. policy .. ':' .. key_id
+  local parked = key_of(ctx.kp.parked, policy, key_id)
   local head, raw = key_parked_head(ctx.kp, parked, 'policies_' .. policy)
   if not head then
     return parked, nil, true, redis.call('LLEN', parked) > 0 and ctx.now or nil

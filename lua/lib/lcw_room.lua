@@ -6,11 +6,12 @@
 -- waits in rq 3's ready_to_enqueue and rate_limited too: rq_policies/compat.py STATUS_ROLE), so the
 -- count heals by itself. A job whose status is `started` but which has not reached its start
 -- script yet still counts: it is about to move into the ledger.
+-- @include "lib/keys.lua"
 local function lcw_room(running, queued, job_prefix, max, now)
   local live = ledger_count(running, now)
   local waiting = redis.call('ZRANGE', queued, 0, -1)
   for _, jid in ipairs(waiting) do
-    local status = redis.call('HGET', job_prefix .. jid, 'status')
+    local status = redis.call('HGET', key_of(job_prefix, jid), 'status')
     if status ~= 'queued' and status ~= 'scheduled' and status ~= 'deferred' and status ~= 'started'
         and status ~= 'ready_to_enqueue' and status ~= 'rate_limited' then
       redis.call('ZREM', queued, jid)

@@ -10,13 +10,14 @@
 -- job, `policy` and job id `by` ("<policy> <id>"; "reset " for rq-policies reset), which
 -- rq-policies explain reads; a job replaced by an enqueue of its own id is written again at once
 -- and leaves none (it would drop itself). Returns 1 when it was dropped.
--- tomb_write: write tombstone `tomb` .. `jid`, and keep the tombstones' marker (the prefix without
--- its final colon, rq:policies:superseded: never a key that reads as the tombstone of an empty id)
--- alive at least as long: while it is absent no tombstone exists, so the fetch skips its per-job
+-- tomb_write: write tombstone `tomb` .. `jid`, and keep the tombstones' marker (key_marker: the
+-- prefix without its final colon, never a key that reads as the tombstone of an empty id) alive
+-- at least as long: while it is absent no tombstone exists, so the fetch skips its per-job
 -- tombstone read (lua/fetch.lua's probe; keys.SUPERSEDED_MARKER).
+-- @include "lib/keys.lua"
 local function tomb_write(tomb, jid, value, ttl)
-  redis.call('SET', tomb .. jid, value, 'EX', ttl)
-  local marker = string.sub(tomb, 1, -2)
+  redis.call('SET', key_of(tomb, jid), value, 'EX', ttl)
+  local marker = key_marker(tomb)
   if redis.call('TTL', marker) < ttl then
     redis.call('SET', marker, '1', 'EX', ttl)
   end
@@ -31,7 +32,7 @@ end
 local function drop_pending(registry, job_prefix, jid, now, tomb, tomb_ttl, policy, by)
   if not pending_at(registry, jid, now) then return 0 end
   redis.call('ZREM', registry, jid)
-  redis.call('DEL', job_prefix .. jid)
+  redis.call('DEL', key_of(job_prefix, jid))
   if tomb and by ~= jid then
     tomb_write(tomb, jid, (policy or 'reset') .. ' ' .. (by or ''), tomb_ttl)
   end
@@ -65,7 +66,7 @@ local function pack_strings(list)
 end
 
 local function rewrite_pending(ctx, holder, fields, extra, registry, score, policy)
-  local key = ctx.job_prefix .. holder
+  local key = key_of(ctx.job_prefix, holder)
   local new = {}
   for i = 1, #fields - 1, 2 do
     new[fields[i]] = fields[i + 1]
@@ -103,7 +104,7 @@ end
 -- shares, so a later call reusing a chosen id is not taken for a resend), or nil.
 local function merged_into(ctx, policy)
   if not ctx.tomb or ctx.jid == '' then return nil end
-  local record = rcall('GET', ctx.tomb .. ctx.jid)
+  local record = rcall('GET', key_of(ctx.tomb, ctx.jid))
   if not record then return nil end
   local name, holder, created = string.match(record, '^(%S+) (%S+) merged ?(%S*)$')
   if name == policy and created == (ctx.created or '') then return holder end
@@ -113,5 +114,5 @@ end
 -- replaceable: is `jid` a pending job that can still be rewritten in place (its run time not yet
 -- come, its hash still there)?
 local function replaceable(registry, job_prefix, jid, now)
-  return pending_at(registry, jid, now) and rcall('EXISTS', job_prefix .. jid) == 1
+  return pending_at(registry, jid, now) and rcall('EXISTS', key_of(job_prefix, jid)) == 1
 end

@@ -19,6 +19,7 @@
 -- A job under rq 3's RateLimit (fields rate_limit_key and rate_limit_concurrency) goes through
 -- rq's rate-limit registry when its scheduler enqueues it; promotion leaves such a job in the
 -- registry (`rate_limited` set), for rq's scheduler, and looks past it.
+-- @include "lib/keys.lua"
 
 local PROMOTE_FIELDS = {'status', 'timeout', 'ttl', 'enqueue_at_front', 'enqueue_at_front_on_retry', 'ended_at',
                         'rate_limit_key', 'rate_limit_concurrency'}
@@ -65,7 +66,7 @@ end
 -- Promote one due id of queue `name` (list `queue_key`) out of `registry`: 1 promoted, 0 gone,
 -- false left in the registry (rate-limited).
 local function promote_one(registry, queue_key, name, job_prefix, jid, pr, stamp)
-  local job_key = job_prefix .. jid
+  local job_key = key_of(job_prefix, jid)
   local f = redis.call('HMGET', job_key, unpack(PROMOTE_FIELDS))
   if not f[1] then
     if redis.call('EXISTS', job_key) == 0 then
@@ -78,7 +79,7 @@ local function promote_one(registry, queue_key, name, job_prefix, jid, pr, stamp
   end
   redis.call('ZREM', registry, jid)
   if f[1] == 'deferred' then
-    redis.call('ZREM', pr.deferred .. name, jid)
+    redis.call('ZREM', key_of(pr.deferred, name), jid)
   end
   if f[2] then
     redis.call('HSET', job_key, 'status', 'queued', 'enqueued_at', stamp, 'origin', name)
@@ -88,8 +89,8 @@ local function promote_one(registry, queue_key, name, job_prefix, jid, pr, stamp
   local ttl = tonumber(f[3])
   if ttl and ttl > 0 then
     redis.call('EXPIRE', job_key, ttl)
-    redis.call('EXPIRE', job_key .. ':dependents', ttl)
-    redis.call('EXPIRE', job_key .. ':dependencies', ttl)
+    redis.call('EXPIRE', key_of(job_prefix, jid, 'dependents'), ttl)
+    redis.call('EXPIRE', key_of(job_prefix, jid, 'dependencies'), ttl)
   end
   local at_front = (f[5] and f[5] ~= '' and f[5] ~= '0' and f[6] and f[6] ~= '') or (f[4] and f[4] ~= '' and f[4] ~= '0')
   redis.call(at_front and 'LPUSH' or 'RPUSH', queue_key, jid)

@@ -3,11 +3,12 @@
 -- window whatever its own clock says. A window key is the identity's prefix (built by keys.py,
 -- passed in KEYS) plus the window number, which comes from the server clock and so cannot
 -- arrive in KEYS.
+-- @include "lib/keys.lua"
 local function window_at(now, width)
   local index = math.floor(now / width)
   return index, (index + 1) * width
 end
 
 local function window_key(prefix, index)
-  return prefix .. string.format('%d', index)
+  return key_num(prefix, index)
 end

@@ -33,6 +33,7 @@
       while units are free (each with a reservation), at most 10 per call; returns the next
       time to look (nil: no parked job left)
 ]]
+-- @include "lib/keys.lua"
 -- @include "lib/outlive.lua"
 -- @include "lib/ledger_live.lua"
 -- @include "lib/ledger_add.lua"
@@ -49,7 +50,7 @@ end
 -- cost, member `except` (a job's own reservation) left out. A key without costed holds pays one
 -- EXISTS beside the ZCOUNT; one with costed holds reads its live holds (at most `limit` of them).
 local function cc_units(ctx, ledger, key_id, except)
-  local units = ctx.kp.units .. key_id
+  local units = key_of(ctx.kp.units, key_id)
   if redis.call('EXISTS', units) == 0 then
     local n = ledger_live(ledger, ctx.now)
     if except and (tonumber(redis.call('ZSCORE', ledger, except)) or 0) > ctx.now then
@@ -92,10 +93,10 @@ function P.concurrency.admit_job(ctx, jid, raw)
   if not limit then
     return nil -- not written by Concurrency (which validates): ignored rather than blocking forever
   end
-  local parked = ctx.kp.parked .. 'concurrency:' .. key_id
+  local parked = key_of(ctx.kp.parked, 'concurrency', key_id)
   local member = 'concurrency:' .. key_id
   local blocked = key_blocked(ctx.kp, key_id, ctx.now)
-  local ledger = ctx.kp.holds .. key_id
+  local ledger = key_of(ctx.kp.holds, key_id)
   local mine = redis.call('ZSCORE', ledger, 'unpark:' .. jid)
   if blocked then
     return {parked = parked, member = member, due = blocked, head = mine and true or false}
@@ -113,11 +114,11 @@ end
 
 function P.concurrency.take_job(ctx, jid, raw)
   local _, key_id, cost = cc_parse(raw)
-  local ledger = ctx.kp.holds .. key_id
+  local ledger = key_of(ctx.kp.holds, key_id)
   redis.call('ZREM', ledger, 'unpark:' .. jid)
   redis.call('ZREMRANGEBYSCORE', ledger, '-inf', ctx.now)
   ledger_add(ledger, ctx.token, ctx.ttl, ctx.now)
-  local units = ctx.kp.units .. key_id
+  local units = key_of(ctx.kp.units, key_id)
   if cost > 1 then
     redis.call('ZADD', units, cost, ctx.token)
   end
@@ -130,9 +131,9 @@ end
 function P.concurrency.refused(ctx, jid, raw)
   local _, key_id = cc_parse(raw)
   if key_id then
-    redis.call('ZREM', ctx.kp.units .. key_id, 'unpark:' .. jid)
+    redis.call('ZREM', key_of(ctx.kp.units, key_id), 'unpark:' .. jid)
   end
-  if key_id and redis.call('ZREM', ctx.kp.holds .. key_id, 'unpark:' .. jid) == 1 then
+  if key_id and redis.call('ZREM', key_of(ctx.kp.holds, key_id), 'unpark:' .. jid) == 1 then
     -- the unit reserved for this job is free again: the key's next parked job may use it
     redis.call('ZADD', ctx.kp.due, ctx.now, 'concurrency:' .. key_id)
   end
@@ -143,10 +144,10 @@ function P.concurrency.due(ctx, key_id)
   if stop then
     return due
   end
-  local ledger = ctx.kp.holds .. key_id
+  local ledger = key_of(ctx.kp.holds, key_id)
   redis.call('ZREMRANGEBYSCORE', ledger, '-inf', ctx.now)
   local room = cc_limit(ctx, key_id, cc_parse(raw or '') or 1) - cc_units(ctx, ledger, key_id, nil)
-  local units = ctx.kp.units .. key_id
+  local units = key_of(ctx.kp.units, key_id)
   -- One job at a time while its cost fits (each with a reservation of its cost), at most 10.
   local full, moved = false, {}
   for _ = 1, 10 do
@@ -171,13 +172,13 @@ function P.concurrency.due(ctx, key_id)
   -- Each went to the front of its queue on its own: put them back in their parked order.
   local by_queue = {}
   for _, jid in ipairs(moved) do
-    local origin = redis.call('HGET', ctx.kp.job .. jid, 'origin')
+    local origin = redis.call('HGET', key_of(ctx.kp.job, jid), 'origin')
     by_queue[origin] = by_queue[origin] or {}
     table.insert(by_queue[origin], jid)
   end
   for origin, ids in pairs(by_queue) do
     if #ids > 1 then
-      local queue = ctx.kp.queue .. origin
+      local queue = key_of(ctx.kp.queue, origin)
       redis.call('LPOP', queue, #ids)
       for i = #ids, 1, -1 do
         redis.call('LPUSH', queue, ids[i])

@@ -42,6 +42,7 @@
   Replays: an admission's replay is answered by admit.lua before any part runs; a fetch's by its
   claim record.
 ]]
+-- @include "lib/keys.lua"
 P.fair = {}
 
 -- The queue's virtual time now: the lowest of its active keys' (0 when none is active).
@@ -101,18 +102,17 @@ function P.fair.source(ctx, i)
     if not key_id then
       return nil
     end
-    local line = queue .. ':' .. key_id
-    local wait = ctx.key('fair.waits') .. line
+    local wait = key_of(ctx.key('fair.waits'), queue, key_id)
     local jid, left
     if redis.call('HEXISTS', ctx.key('fair.paused'), key_id) == 1 then
       redis.call('ZREM', active, key_id) -- paused: its jobs wait until a resume makes it active
-      redis.call('SADD', ctx.key('fair.pausedins') .. key_id, queue)
+      redis.call('SADD', key_of(ctx.key('fair.pausedins'), key_id), queue)
     else
       jid = redis.call('ZPOPMIN', wait)[1]
       left = redis.call('ZCARD', wait)
     end
     if jid then
-      local job_key = ctx.kp.job .. jid
+      local job_key = key_of(ctx.kp.job, jid)
       local job = redis.call('HMGET', job_key, 'status', 'origin', 'policies_fair')
       if job[1] == 'deferred' and job[2] == queue and job[3] then
         if left > 0 then
@@ -121,16 +121,16 @@ function P.fair.source(ctx, i)
           redis.call('ZADD', active, vt + 1 / weight, key_id)
         else
           redis.call('ZREM', active, key_id)
-          redis.call('DEL', ctx.key('fair.seqs') .. line)
+          redis.call('DEL', key_of(ctx.key('fair.seqs'), queue, key_id))
         end
         redis.call('HSET', job_key, 'status', 'queued')
-        redis.call('ZREM', ctx.kp.deferred .. queue, jid)
+        redis.call('ZREM', key_of(ctx.kp.deferred, queue), jid)
         return jid
       end
     end
     if left == 0 then
       redis.call('ZREM', active, key_id)
-      redis.call('DEL', ctx.key('fair.seqs') .. line)
+      redis.call('DEL', key_of(ctx.key('fair.seqs'), queue, key_id))
     end
   end
   return nil

@@ -23,6 +23,7 @@
     each with its start paid (the arrival time moves on by its cost); returns when the next start
     is allowed, or nil when no parked job is left.
 ]]
+-- @include "lib/keys.lua"
 -- @include "lib/rate_tat.lua"
 -- @include "lib/key_blocked.lua"
 -- @include "lib/key_unpark.lua"
@@ -47,13 +48,13 @@ end
 
 -- The GCRA now: the arrival time under `interval`, and the server time the next start is allowed.
 local function kr_state(ctx, key_id, interval, tolerance)
-  local tat = rate_tat(redis.call('GET', ctx.kp.tat .. key_id), interval, ctx.now)
+  local tat = rate_tat(redis.call('GET', key_of(ctx.kp.tat, key_id)), interval, ctx.now)
   return tat, tat - tolerance
 end
 
 local function kr_record(ctx, key_id, tat, interval)
   local ms = math.ceil((tat - ctx.now) * 1000)
-  redis.call('SET', ctx.kp.tat .. key_id, string.format('%.6f %.17g', tat, interval), 'PX', math.max(ms, 1))
+  redis.call('SET', key_of(ctx.kp.tat, key_id), string.format('%.6f %.17g', tat, interval), 'PX', math.max(ms, 1))
 end
 
 function P.key_rate.admit_job(ctx, jid, raw, paid)
@@ -61,7 +62,7 @@ function P.key_rate.admit_job(ctx, jid, raw, paid)
   if not interval then
     return nil -- not written by Rate (which validates): ignored rather than blocking forever
   end
-  local parked = ctx.kp.parked .. 'key_rate:' .. key_id
+  local parked = key_of(ctx.kp.parked, 'key_rate', key_id)
   local member = 'key_rate:' .. key_id
   local blocked = key_blocked(ctx.kp, key_id, ctx.now)
   if blocked then
@@ -79,7 +80,7 @@ end
 
 function P.key_rate.take_job(ctx, jid, raw, paid)
   if paid then
-    redis.call('HDEL', ctx.kp.job .. jid, 'policies_key_rate_paid')
+    redis.call('HDEL', key_of(ctx.kp.job, jid), 'policies_key_rate_paid')
     return 0
   end
   local interval, tolerance, key_id, cost = kr_parse(ctx, raw)
@@ -102,7 +103,7 @@ function P.key_rate.due(ctx, key_id)
   -- (Rate(cost=)).
   local cost = 1
   key_unpark(ctx.kp, parked, 10, 'policies_key_rate', function(jid)
-    redis.call('HSET', ctx.kp.job .. jid, 'policies_key_rate_paid', '1')
+    redis.call('HSET', key_of(ctx.kp.job, jid), 'policies_key_rate_paid', '1')
     tat = tat + cost * interval
   end, function(_, raw)
     if tat - tolerance > ctx.now + 1e-9 then

@@ -35,6 +35,7 @@
   policies_loner_ttl: it keeps expiring then). The job hash names its
   marker (field policies_loner); it is deleted only while it still names this job.
 ]]
+-- @include "lib/keys.lua"
 -- @include "lib/loner_held.lua"
 -- @include "lib/take_marker.lua"
 -- clock = false: never reads ctx.now (a loner-only admission skips TIME); fields: what taken() reads
@@ -62,7 +63,7 @@ end
 local LONER_PAYLOAD = {'data', 'description', 'meta'}
 
 function P.loner.replace(ctx, p, holder, fields)
-  local key = ctx.job_prefix .. holder
+  local key = key_of(ctx.job_prefix, holder)
   local new = {}
   for i = 1, #fields - 1, 2 do
     new[fields[i]] = fields[i + 1]

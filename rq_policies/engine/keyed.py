@@ -203,7 +203,7 @@ class KeyedPolicy(FetchPolicy):
                               'Concurrency or Rate with a key, or raise BackOff() to block its queue') from exc
         job.meta['policies_backoffs'] = int(job.meta.get('policies_backoffs', 0)) + 1
         call = Call('key_backoff', seconds=exc.seconds)
-        call.key_list('blocks', [keys.KEY_BLOCK_PREFIX + key_id for key_id in key_ids])
+        call.key_list('blocks', [keys.KEY_BLOCK_PREFIX(key_id) for key_id in key_ids])
         call.run(pipeline)
         compat.enqueue_now(queue, job, pipeline=pipeline, at_front=True)  # saves the job, meta included
         return True
@@ -252,7 +252,7 @@ class KeyedPolicy(FetchPolicy):
         call = Call('key_setting', key_id=key_id, policy=cls.name, value=value,
                     job_prefix=Job.redis_job_namespace_prefix, wake=keys.wake(''))
         call.key('limits', cls.key_settings)
-        call.key('parked', f'{keys.KEY_PARKED_PREFIX}{cls.name}:{key_id}')
+        call.key('parked', keys.KEY_PARKED_PREFIX(cls.name, key_id))
         call.key('keydue', keys.KEY_DUE)
         return (call if value else call.answered()).run(conn)
 
@@ -266,7 +266,7 @@ class KeyedPolicy(FetchPolicy):
     def parked(cls, scope: str, key: Any, connection: Any = None) -> list[str]:
         """The ids of one key's jobs parked by this policy, oldest first (the order they go back in)."""
         key_id = keys.key_id(check_scope(scope), key_text(key))
-        return [text(j) for j in need_connection(connection).lrange(f'{keys.KEY_PARKED_PREFIX}{cls.name}:{key_id}',
+        return [text(j) for j in need_connection(connection).lrange(keys.KEY_PARKED_PREFIX(cls.name, key_id),
                                                                       0, -1)]
 
     @classmethod
@@ -275,14 +275,14 @@ class KeyedPolicy(FetchPolicy):
         does; a block that already ends later is kept. Returns the server time the block ends."""
         delay = BackOff(seconds, key=True).seconds
         call = Call('key_backoff', seconds=delay)
-        call.key_list('blocks', [keys.KEY_BLOCK_PREFIX + keys.key_id(check_scope(scope), key_text(key))])
+        call.key_list('blocks', [keys.KEY_BLOCK_PREFIX(keys.key_id(check_scope(scope), key_text(key)))])
         call.run(need_connection(connection))
         return float(cls.blocked_until(scope, key, connection) or 0.0)
 
     @classmethod
     def blocked_until(cls, scope: str, key: Any, connection: Any) -> float | None:
         """The server time until which ``key`` of ``scope`` is backed off, or None."""
-        raw = need_connection(connection).get(keys.KEY_BLOCK_PREFIX + keys.key_id(check_scope(scope), key_text(key)))
+        raw = need_connection(connection).get(keys.KEY_BLOCK_PREFIX(keys.key_id(check_scope(scope), key_text(key))))
         return float(raw) if raw is not None else None
 
 

@@ -105,6 +105,9 @@ key                                                    type     meaning
                                                                 a parked job given back to its queue), score =
                                                                 epoch second it expires; the key expires with its
                                                                 last hold
+``rq:policies:keyunits:<scope>:<key>``                 ZSET     the cost of each hold of the key above 1
+                                                                (``Concurrency(cost=)``): member as keyholds' ->
+                                                                cost
 ``rq:policies:keyparked:<policy>:<scope>:<key>``       LIST     ids of the key's parked jobs (status ``deferred``,
                                                                 in rq's deferred registry), oldest first; gone
                                                                 once the last is given back
@@ -136,6 +139,12 @@ key                                                    type     meaning
 ``rq:policies:wake:<queue>``                           channel  sharded pub/sub (SPUBLISH, SSUBSCRIBE): a job was
                                                                 admitted or a hold freed
                                                                 (:mod:`rq_policies.engine.wake`)
+``rq:policies:woken:<release>``                        STRING   an idle worker answered the release named
+                                                                ``<release>`` (its ledger and token); expires
+``rq:policies:fair:...``                               (many)   Fair's: ``wait:<queue>:<scope>:<key>``,
+                                                                ``seq:<queue>:<scope>:<key>``, ``active:<queue>``,
+                                                                ``pausedin:<scope>:<key>``, ``paused``, ``weights``
+                                                                (docs/fair.md)
 ``rq:policies:lcw``                                    ZSET     LimitedCapacityWorker classes seen: member = class
                                                                 import path, score = epoch second last seen;
                                                                 members older than a day are trimmed on write
@@ -205,14 +214,23 @@ from .compat import KEY_PREFIX
 #: The prefix of every key of ours: rq's key prefix (:data:`rq_policies.engine.compat.KEY_PREFIX`) and ``:policies:``.
 PREFIX = KEY_PREFIX + ':policies:'
 
-CAPACITY = PREFIX + 'capacity'
-RATE = PREFIX + 'rate'
-BACKOFF = PREFIX + 'backoff'
-DROPS = PREFIX + 'drops'
-LAPSES = PREFIX + 'lapses'
-#: The write :func:`rq_policies.surfaces.replicas.wait_for_replicas` makes before its WAIT (STRING, expires after a
-#: minute).
-REPLICATED = PREFIX + 'replicated'
+
+class Space(str):
+    """A family of keys: the family's prefix (a ``str``, passed to the scripts as it is), and, called, one key of it:
+    ``space(a, b)`` is ``<prefix>a:b``, the key ``key_of(prefix, a, b)`` of ``lua/lib/keys.lua`` builds from the same
+    prefix (``tests/engine/test_keys_lua.py`` checks the two agree, family by family)."""
+
+    __slots__ = ()
+
+    def __call__(self, *parts: str) -> str:
+        return self + ':'.join(parts)
+
+
+#: The single keys (the table above), and :data:`REPLICATED`: the write
+#: :func:`rq_policies.surfaces.replicas.wait_for_replicas` makes before its WAIT (STRING, expires after a minute).
+CAPACITY, RATE, BACKOFF, DROPS, LAPSES, REPLICATED, KEY_DUE, KEY_LIMITS, KEY_RATES, LCW_INDEX = (
+    PREFIX + name for name in
+    ('capacity', 'rate', 'backoff', 'drops', 'lapses', 'replicated', 'keydue', 'keylimits', 'keyrates', 'lcw'))
 #: A key that never exists, passed as the last of KEYS of every script a Redis Cluster runs
 #: (:func:`rq_policies.engine.scripts.run`). While the prefix's slot is being migrated to another node, the server
 #: refuses a script with a key it does not have (``TRYAGAIN``, or ``ASK`` and then ``TRYAGAIN`` on the importing node),
@@ -220,8 +238,18 @@ REPLICATED = PREFIX + 'replicated'
 #: hash, a marker a job hash names) would fail midway there, after its first writes, or read a key not moved yet as
 #: missing. Nothing reads or writes it.
 SLOT_GUARD = PREFIX + 'slot-guard'
-#: The prefix of the per-minute drop counters (``<prefix><epoch minute>``, HASH, expire an hour after their minute).
-DROPS_MINUTE_PREFIX = PREFIX + 'drops-minute:'
+#: The families of keys named by one id or a few (the table above; a per-key family by a key id, :func:`key_id`).
+(SUPERSEDED_PREFIX, dropped, taken, holds, rate_tat, claim, ANSWER, ALIVE_PREFIX, wake, woken, lcw_state, lcw_running,
+ lcw_queued, lcw_finish, pushed, DROPS_MINUTE_PREFIX, KEY_HOLDS_PREFIX, KEY_PARKED_PREFIX, KEY_BLOCK_PREFIX,
+ KEY_UNITS_PREFIX, KEY_TAT_PREFIX, FAIR_WAIT, FAIR_SEQ, FAIR_ACTIVE, FAIR_PAUSED_IN) = (
+    Space(PREFIX + name + ':') for name in
+    ('superseded', 'dropped', 'taken', 'slots', 'tat', 'claim', 'answer', 'alive', 'wake', 'woken', 'lcw',
+     'lcw-running', 'lcw-queued', 'lcw-finish', 'pushed', 'drops-minute', 'keyholds', 'keyparked', 'keyblock',
+     'keyunits', 'keytat', 'fair:wait', 'fair:seq', 'fair:active', 'fair:pausedin'))
+superseded = SUPERSEDED_PREFIX
+alive = ALIVE_PREFIX
+#: Fair's single keys: the paused keys (HASH ``<scope>:<key>`` -> 1) and the run-time weights (HASH -> weight).
+FAIR_PAUSED, FAIR_WEIGHTS = PREFIX + 'fair:paused', PREFIX + 'fair:weights'
 #: Minutes a per-minute drop counter outlives its minute (``lua/lib/count_drop.lua`` sets the expiry).
 DROPS_MINUTE_KEEP = 60
 
@@ -232,12 +260,9 @@ LONER_FIELD = 'policies_loner'
 #: writing it back to its queue, the window in which a host clock ahead of the server's lets it resurrect the job.
 SUPERSEDED_SECONDS = 600
 
-#: The prefix of the tombstones (``rq:policies:superseded:<job id>``, STRING, expires after SUPERSEDED_SECONDS).
-SUPERSEDED_PREFIX = PREFIX + 'superseded:'
-
-#: The tombstones' marker, alive while any tombstone is: the prefix without its final colon (lua/lib/pending.lua
-#: derives it so from the prefix it is given), so no key reads as the tombstone of an empty job id.
-SUPERSEDED_MARKER = SUPERSEDED_PREFIX[:-1]
+#: The tombstones' marker, alive while any tombstone is: the tombstones' prefix without its final colon (built so by
+#: ``key_marker`` of lua/lib/keys.lua from the prefix), so no key reads as the tombstone of an empty job id.
+SUPERSEDED_MARKER = str(SUPERSEDED_PREFIX)[:-1]
 
 
 def is_tombstone(key: str) -> bool:
@@ -245,20 +270,9 @@ def is_tombstone(key: str) -> bool:
     return key.startswith(SUPERSEDED_PREFIX) or key == SUPERSEDED_MARKER
 
 
-def superseded(job_id: str) -> str:
-    """The tombstone of a pending job that was deleted (the fetch drops that job id if it comes back), the merge
-    record of an enqueue rewritten into a pending job, or a rewritten pending job's guard (see the table above)."""
-    return SUPERSEDED_PREFIX + job_id
-
-
 #: Seconds the record of a dropped enqueue lives (an enqueue given ``job_id=``): long enough to ask ``explain`` why that
 #: id never ran, short enough that the records of a busy duplicate path stay few.
 DROPPED_SECONDS = 3600
-
-
-def dropped(job_id: str) -> str:
-    """The record of an enqueue under the caller's ``job_id`` that a policy dropped (see :data:`DROPPED_SECONDS`)."""
-    return f'{PREFIX}dropped:{job_id}'
 
 
 def loner(queue: str, digest: str) -> str:
@@ -281,37 +295,9 @@ def debounce(queue: str, digest: str) -> str:
     return DEBOUNCE_KEYS.prefix(queue, digest)
 
 
-def taken(queue: str) -> str:
-    """The takes of ``queue``'s jobs by PolicyWorkers that have not started them yet (see the table above)."""
-    return f'{PREFIX}taken:{queue}'
-
-
-def holds(queue: str) -> str:
-    """The hold ledger of one queue (QueueSlot's). The string still says ``slots``: 0.1's name, kept for upgrades."""
-    return f'{PREFIX}slots:{queue}'
-
-
-def rate_tat(queue: str) -> str:
-    """The theoretical arrival time of one rate-limited queue (QueueRate's GCRA state)."""
-    return f'{PREFIX}tat:{queue}'
-
-
-#: The per-key policies' keys (Concurrency, Rate): a ``<scope>`` never holds a colon, so ``<scope>:<key>`` (the key
-#: value as text, colons allowed), the key id (:func:`key_id`), names one key of one scope unambiguously.
-KEY_HOLDS_PREFIX = PREFIX + 'keyholds:'
-KEY_PARKED_PREFIX = PREFIX + 'keyparked:'
-KEY_BLOCK_PREFIX = PREFIX + 'keyblock:'
-#: The cost of each hold of a key above 1 (Concurrency(cost=)): ZSET claim token (or 'unpark:<job id>') -> cost.
-KEY_UNITS_PREFIX = PREFIX + 'keyunits:'
-KEY_TAT_PREFIX = PREFIX + 'keytat:'
-KEY_DUE = PREFIX + 'keydue'
-KEY_LIMITS = PREFIX + 'keylimits'
-KEY_RATES = PREFIX + 'keyrates'
-
-
 def key_id(scope: str, key: str) -> str:
     """A key's **key id**, ``<scope>:<key>``: one key of one scope, as the per-key keys, the due index, the run-time
-    settings' hashes and the job field name it."""
+    settings' hashes and the job field name it (a scope holds no colon, so the key value may)."""
     return f'{scope}:{key}'
 
 
@@ -319,11 +305,6 @@ def key_id(scope: str, key: str) -> str:
 #: enough for redis-py to resend a call whose reply was lost. A fetch's claim record lives the worker's ``hold_ttl``
 #: instead: its take is live as long as it (:func:`taken`).
 CLAIM_TTL = 60
-
-
-def claim(token: str) -> str:
-    """The record of what the fetch under claim ``token`` took (a replay of that fetch answers it)."""
-    return f'{PREFIX}claim:{token}'
 
 
 #: Seconds an admin call's answer is kept under its request id (:func:`answer`): a replay comes within it.
@@ -337,24 +318,12 @@ def answer(request_id: str | None = None) -> str:
         import uuid
 
         request_id = uuid.uuid4().hex
-    return f'{PREFIX}answer:{request_id}'
+    return ANSWER(request_id)
 
 
 def is_answer(key: str) -> bool:
     """Is ``key`` an admin call's kept answer (:func:`answer`: it expires after :data:`ANSWER_TTL` seconds)?"""
-    return key.startswith(f'{PREFIX}answer:')
-
-
-#: The prefix of the liveness keys of running ``Loner(until='finished')`` jobs (:func:`alive`). The Lua side
-#: (``lua/lib/holder_running.lua``) has the same default; the callers pass it.
-ALIVE_PREFIX = PREFIX + 'alive:'
-
-
-def alive(job_id: str) -> str:
-    """The liveness key of job ``job_id``'s work horse, kept by its worker's hold guard while the horse runs, for a
-    job admitted with ``Loner(until='finished')``: its identity is held while the horse lives, even once its worker
-    is gone (``lua/keep_horse.lua``)."""
-    return f'{ALIVE_PREFIX}{job_id}'
+    return key.startswith(ANSWER)
 
 
 def loner_lapse_field(queue: str) -> str:
@@ -363,67 +332,25 @@ def loner_lapse_field(queue: str) -> str:
     return f'loner:{queue}'
 
 
-def wake(queue: str) -> str:
-    """The shard channel idle PolicyWorkers listen on for one queue (SSUBSCRIBE; wake-ups are SPUBLISHed: in the
-    prefix's slot, on a cluster the shard of every other key of ours)."""
-    return f'{PREFIX}wake:{queue}'
-
-
-def woken(release: str) -> str:
-    """The record that an idle worker answered the release named ``release`` (its ledger and token), expiring."""
-    return f'{PREFIX}woken:{release}'
-
-
-#: The index of LimitedCapacityWorker classes (for metrics and ``rq-policies info``).
-LCW_INDEX = PREFIX + 'lcw'
-
-
-def lcw_state(worker_class: str) -> str:
-    """The last gauges a LimitedCapacityWorker class reported (max_running_jobs, remaining_work_count)."""
-    return f'{PREFIX}lcw:{worker_class}'
-
-
-def lcw_running(worker_class: str) -> str:
-    """The hold ledger of one LimitedCapacityWorker class's running jobs (holds with expiry, as a queue's)."""
-    return f'{PREFIX}lcw-running:{worker_class}'
-
-
-def lcw_queued(worker_class: str) -> str:
-    """The ids of one LimitedCapacityWorker class's jobs that wait to start."""
-    return f'{PREFIX}lcw-queued:{worker_class}'
-
-
-def lcw_finish(successor_id: str) -> str:
-    """The record of what one LimitedCapacityWorker finish call answered, named by the fresh successor id it drew
-    (a replay of that call, which carries the same id, answers the record instead of deciding again)."""
-    return f'{PREFIX}lcw-finish:{successor_id}'
-
-
 #: Seconds the push record of a job with a short ``result_ttl`` lives (:func:`pushed`): far longer than redis-py
 #: takes to resend a transaction whose reply was lost.
 PUSHED_SECONDS = 60
-
-
-def pushed(job_id: str) -> str:
-    """The tokens of the last pushes of job ``job_id`` (or the ``created_at`` of its write by the admission script,
-    with a policy or without), kept beside its hash when rq deletes the hash soon after the job runs (``result_ttl``
-    under :data:`PUSHED_SECONDS`), so a resend that arrives later is still recognised."""
-    return f'{PREFIX}pushed:{job_id}'
 
 
 def lapse_field(ledger: str) -> str:
     """The field of :data:`LAPSES` counting the lapses of hold ledger key ``ledger``: ``queue:<queue>`` for a
     queue's (QueueSlot), ``lcw:<class>`` for a LimitedCapacityWorker class's, ``key:<scope>:<key>`` for a key's
     (Concurrency)."""
-    queue_ledger = holds('')
-    if ledger.startswith(queue_ledger):
-        return 'queue:' + ledger[len(queue_ledger):]
-    lcw_ledger = lcw_running('')
-    if ledger.startswith(lcw_ledger):
-        return 'lcw:' + ledger[len(lcw_ledger):]
-    if ledger.startswith(KEY_HOLDS_PREFIX):
-        return 'key:' + ledger[len(KEY_HOLDS_PREFIX):]
+    for space, kind in ((holds, 'queue:'), (lcw_running, 'lcw:'), (KEY_HOLDS_PREFIX, 'key:')):
+        if ledger.startswith(space):
+            return kind + ledger[len(space):]
     return ledger
+
+
+def numbered(prefix: str, n: int) -> str:
+    """Key number ``n`` (an integer) under ``prefix``: a throttle window (:func:`throttle_prefix` and the window
+    number) or a per-minute drop counter (:data:`DROPS_MINUTE_PREFIX` and the epoch minute); Lua's ``key_num``."""
+    return f'{prefix}{int(n)}'
 
 
 def is_drop_counter(key: str) -> bool:
@@ -464,14 +391,19 @@ class Family:
     def needs_setting(self) -> bool:
         return self.windowed
 
+    @property
+    def head(self) -> str:
+        """What every key of the family starts with (``rq:policies:<name>:``; a SCAN pattern appends to it)."""
+        return f'{PREFIX}{self.name}:'
+
     def prefix(self, queue: str, digest: str) -> str:
-        """The key of one identity (a windowed family's keys are this plus the window number)."""
-        base = f'{PREFIX}{self.name}:{queue}:{digest}'
+        """The key of one identity (a windowed family's keys are this plus the window number, :func:`numbered`)."""
+        base = f'{self.head}{queue}:{digest}'
         return base + ':' if self.windowed else base
 
     def parse(self, key: str) -> tuple[str, str, str | None] | None:
         """``(queue, digest, window number or None)`` of a key of this family, or None if it is not one."""
-        head = f'{PREFIX}{self.name}:'
+        head = self.head
         if not key.startswith(head):
             return None
         # The digest is fixed-width hex and the window a number, so the queue (which may hold colons) is the rest.

@@ -136,9 +136,9 @@ def scan_identity_keys(
     wanted = None if queues is None else set(queues)
     for family in kinds:
         if queues is None:
-            patterns = [f'{keys.PREFIX}{family.name}:*']
+            patterns = [family.head + '*']
         else:
-            patterns = [f'{keys.PREFIX}{family.name}:{glob_escape(q)}:*' for q in queues]
+            patterns = [f'{family.head}{glob_escape(q)}:*' for q in queues]
         for pattern in patterns:
             for raw in keys.scanner(connection).scan_iter(match=pattern, count=1000):
                 key = text(raw)
@@ -225,7 +225,7 @@ def sample_family(
         ``{'rows': [...] (identity rows, plus 'queue'), 'complete': bool (the SCAN reached its end, so ``found`` is
         every match), 'found': keys matched}``.
     """
-    pattern = f'{keys.PREFIX}{family.name}:*' + (f'{glob_escape(search)}*' if search else '')
+    pattern = family.head + '*' + (f'{glob_escape(search)}*' if search else '')
     found: list[str] = []
     cursor, examined, matched = 0, 0, 0
     while True:
@@ -312,7 +312,7 @@ def follow(connection: Any, job_prefix: str, by: str) -> tuple[list[str], str, s
 def scopes(conn: Any, policy: str, holds: bool = True) -> set[str]:
     """The scopes with parked jobs of ``policy`` (and, with ``holds``, live holds): SCAN with COUNT, never KEYS."""
     found: set[str] = set()
-    prefixes = [f'{keys.KEY_PARKED_PREFIX}{policy}:'] + ([keys.KEY_HOLDS_PREFIX] if holds else [])
+    prefixes = [keys.KEY_PARKED_PREFIX(policy, '')] + ([keys.KEY_HOLDS_PREFIX] if holds else [])
     for prefix in prefixes:
         for raw in keys.scanner(conn).scan_iter(match=prefix + '*', count=1000):
             found.add(text(raw)[len(prefix):].split(':', 1)[0])
@@ -328,7 +328,7 @@ PANEL_KEYS = 200
 def sample_keys(conn: Any, policy: str, holds: bool, budget: int = PANEL_BUDGET) -> tuple[dict[str, set[str]], bool]:
     """scope -> the keys with parked jobs of ``policy`` (and, with ``holds``, a hold ledger), from one SCAN walk
     (COUNT 1000) of the per-key keys that stops once ``budget`` keys were examined; and whether it reached the end."""
-    prefixes = [f'{keys.KEY_PARKED_PREFIX}{policy}:'] + ([keys.KEY_HOLDS_PREFIX] if holds else [])
+    prefixes = [keys.KEY_PARKED_PREFIX(policy, '')] + ([keys.KEY_HOLDS_PREFIX] if holds else [])
     found: dict[str, set[str]] = {}
     cursor, examined = 0, 0
     while True:

@@ -87,7 +87,7 @@ def drop_history(connection: Redis, now: float, minutes: int = keys.DROPS_MINUTE
     span = list(range(current - minutes + 1, current + 1))
     with connection.pipeline(transaction=False) as pipe:
         for minute in span:
-            pipe.hgetall(f'{keys.DROPS_MINUTE_PREFIX}{minute}')
+            pipe.hgetall(keys.numbered(keys.DROPS_MINUTE_PREFIX, minute))
         replies = pipe.execute()
     series: dict[tuple[str, str], list[int]] = {}
     for i, reply in enumerate(replies):

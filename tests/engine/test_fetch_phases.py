@@ -122,7 +122,7 @@ def test_an_unknown_reply_field_is_an_error_naming_it(bad):
 
 
 def test_a_tombstone_keeps_its_marker_alive_and_the_fetch_then_drops_the_superseded_job(connection):
-    lib = (scripts._lua_root() / 'lib' / 'pending.lua').read_text()
+    lib = ''.join((scripts._lua_root() / 'lib' / name).read_text() for name in ('keys.lua', 'pending.lua'))
     tomb_write = connection.register_script('local rcall = redis.call\n' + lib + """
 tomb_write(ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]))""")
     tomb_write(args=[keys.SUPERSEDED_PREFIX, 'j9', 'debounce j10', 600])

@@ -183,7 +183,7 @@ def test_no_keyless_command_rides_a_cluster_pipeline(cluster, valkey_cluster):
     from redis.exceptions import RedisClusterException
 
     from rq_policies import Rate, explain
-    from rq_policies.surfaces import state
+    from rq_policies.engine import reading
 
     q = PolicyQueue('readers', connection=cluster)
     job = q.enqueue(jobs.plain, 1, policy=Loner())
@@ -198,8 +198,8 @@ def test_no_keyless_command_rides_a_cluster_pipeline(cluster, valkey_cluster):
     assert Rate.status('shop', 'acme', connection=cluster) is not None
     assert explain(job.id, cluster)['status'] == 'queued'
     assert explain('dropped-one', cluster)['policies'][0]['holder'] == job.id
-    rows = state._identity_rows(cluster, keys.LONER_KEYS, [keys.loner('readers', 'gone')],
-                                Job.redis_job_namespace_prefix)
+    rows = reading.identity_rows(cluster, keys.LONER_KEYS, [keys.loner('readers', 'gone')],
+                                 Job.redis_job_namespace_prefix)
     assert [row['job_id'] for row in rows] == [None]
     for node in valkey_cluster.nodes:
         if node.process is None or node.process.poll() is not None:

@@ -113,8 +113,7 @@ class Concurrency(KeyedPolicy):
             conn = _need(connection)
         now = _server_now(conn)
         row = _key_rows(conn, cls.name, scope, [name], now)[0]
-        parked = tuple(text(j) for j in conn.lrange(f'{keys.KEY_PARKED_PREFIX}{cls.name}:'
-                                                    f'{keys.key_id(scope, name)}', 0, -1))
+        parked = tuple(text(j) for j in conn.lrange(keys.KEY_PARKED_PREFIX(cls.name, keys.key_id(scope, name)), 0, -1))
         blocked = cls.blocked_until(scope, name, conn)
         return KeyStatus(row['limit'], row['overridden'], row['in_use'], parked,
                          blocked if blocked is not None and blocked > now else None)
@@ -143,14 +142,14 @@ class Concurrency(KeyedPolicy):
         with refusing():
             conn = _need(connection)
             key_id = keys.key_id(check_scope(scope), key_text(key))
-        return int(conn.zcount(keys.KEY_HOLDS_PREFIX + key_id, f'({_server_now(conn):.6f}', '+inf'))
+        return int(conn.zcount(keys.KEY_HOLDS_PREFIX(key_id), f'({_server_now(conn):.6f}', '+inf'))
 
 
 def release_call(hold: Any) -> Call:
     """The ``lua/key_release.lua`` call giving back a per-key hold (and its unit to the key's oldest parked job)."""
     key_id = hold.ledger[len(keys.KEY_HOLDS_PREFIX):]
     call = Call('key_release', token=hold.token, key_id=key_id, ttl=hold.ttl, keyed=keyed_args())
-    call.key('ledger', hold.ledger).key('parked', f'{keys.KEY_PARKED_PREFIX}{Concurrency.name}:{key_id}')
+    call.key('ledger', hold.ledger).key('parked', keys.KEY_PARKED_PREFIX(Concurrency.name, key_id))
     return call.key('keydue', keys.KEY_DUE)
 
 
@@ -163,13 +162,13 @@ def _key_rows(conn: Any, policy: str, scope: str, names: list[str], now: float) 
     with conn.pipeline(transaction=False) as pipe:
         for key in names:
             key_id = keys.key_id(scope, key)
-            pipe.zcount(keys.KEY_HOLDS_PREFIX + key_id, f'({now:.6f}', '+inf')
+            pipe.zcount(keys.KEY_HOLDS_PREFIX(key_id), f'({now:.6f}', '+inf')
             pipe.hget(keys.KEY_LIMITS, key_id)
-            pipe.llen(f'{keys.KEY_PARKED_PREFIX}{policy}:{key_id}')
-            pipe.lindex(f'{keys.KEY_PARKED_PREFIX}{policy}:{key_id}', 0)
+            pipe.llen(keys.KEY_PARKED_PREFIX(policy, key_id))
+            pipe.lindex(keys.KEY_PARKED_PREFIX(policy, key_id), 0)
             pipe.zscore(keys.KEY_DUE, f'{policy}:{key_id}')
-            pipe.zrangebyscore(keys.KEY_HOLDS_PREFIX + key_id, f'({now:.6f}', '+inf', start=0, num=1)
-            pipe.get(keys.KEY_BLOCK_PREFIX + key_id)
+            pipe.zrangebyscore(keys.KEY_HOLDS_PREFIX(key_id), f'({now:.6f}', '+inf', start=0, num=1)
+            pipe.get(keys.KEY_BLOCK_PREFIX(key_id))
         replies = pipe.execute()
     sources: dict[int, str] = {}  # row -> the job whose declared limit it shows
     holders: dict[int, str] = {}  # row -> the token of a live hold, when no parked job or reservation names a job

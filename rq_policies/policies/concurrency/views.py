@@ -38,7 +38,7 @@ class ConcurrencyViews(views.KeyedViews):
         if names is None:
             found: set[str] = set()
             pattern = reading.glob_escape(scope) + ':*'
-            for prefix in (keys.KEY_HOLDS_PREFIX, f'{keys.KEY_PARKED_PREFIX}{cls.name}:'):
+            for prefix in (keys.KEY_HOLDS_PREFIX, keys.KEY_PARKED_PREFIX(cls.name, '')):
                 for raw in keys.scanner(conn).scan_iter(match=prefix + pattern, count=1000):
                     found.add(text(raw)[len(prefix) + len(scope) + 1:])
             names = sorted(k for k in found if search is None or search in k)
@@ -89,13 +89,13 @@ class ConcurrencyViews(views.KeyedViews):
         declared, _, key_id = raw.partition(' ')
         declared = declared.partition('*')[0]  # a costed job's '<limit>*<cost>'
         scope, _, key = key_id.partition(':')
-        ledger_key = keys.KEY_HOLDS_PREFIX + key_id
-        parked_key = f'{keys.KEY_PARKED_PREFIX}{cls.name}:{key_id}'
+        ledger_key = keys.KEY_HOLDS_PREFIX(key_id)
+        parked_key = keys.KEY_PARKED_PREFIX(cls.name, key_id)
         with connection.pipeline(transaction=False) as pipe:
             pipe.zcount(ledger_key, f'({now:.6f}', '+inf')
             pipe.hget(keys.KEY_LIMITS, key_id)
             pipe.lpos(parked_key, job['id'])
-            pipe.get(keys.KEY_BLOCK_PREFIX + key_id)
+            pipe.get(keys.KEY_BLOCK_PREFIX(key_id))
             in_use, override, position, blocked = pipe.execute()
         limit = int(override) if override is not None else int(declared)
         entry: dict[str, Any] = {'scope': scope, 'key': key, 'limit': limit,

@@ -34,21 +34,6 @@ __all__ = ['BacklogFull', 'Fair', 'FairStatus', 'FairWeight']
 
 logger = logging.getLogger('rq_policies')
 
-#: Fair's keys.
-PREFIX = keys.PREFIX + 'fair:'
-#: A key's line on one queue: ``<prefix><queue>:<scope>:<key>``, ZSET id -> -priority * 2**40 + seq.
-WAIT_PREFIX = PREFIX + 'wait:'
-#: The admissions counter of a line (FIFO among equal priorities), gone with the line's last job.
-SEQ_PREFIX = PREFIX + 'seq:'
-#: A queue's active keys: ``<prefix><queue>``, ZSET '<scope>:<key>' -> virtual time.
-ACTIVE_PREFIX = PREFIX + 'active:'
-#: Paused keys: HASH '<scope>:<key>' -> 1.
-PAUSED = PREFIX + 'paused'
-#: The queues a paused key left: ``<prefix><scope>:<key>``, SET (read and dropped by the resume).
-PAUSED_IN_PREFIX = PREFIX + 'pausedin:'
-#: Run-time weights: HASH '<scope>:<key>' -> weight.
-WEIGHTS = PREFIX + 'weights'
-
 #: The job hash field: ``'<weight> <priority> <scope>:<key>'``.
 FIELD = 'policies_fair'
 MAX_WEIGHT = 1000
@@ -185,12 +170,11 @@ class Fair(FetchPolicy):
         if raw is None:  # a probe (no job built yet): nothing to check
             return {}
         weight, priority, key_id = raw.split(' ', 2)
-        line = f'{queue.name}:{key_id}'
-        call.key('fair.wait', WAIT_PREFIX + line)
-        call.key('fair.seq', SEQ_PREFIX + line)
-        call.key('fair.active', ACTIVE_PREFIX + queue.name)
-        call.key('fair.paused', PAUSED)
-        call.key('fair.pausedin', PAUSED_IN_PREFIX + key_id)
+        call.key('fair.wait', keys.FAIR_WAIT(queue.name, key_id))
+        call.key('fair.seq', keys.FAIR_SEQ(queue.name, key_id))
+        call.key('fair.active', keys.FAIR_ACTIVE(queue.name))
+        call.key('fair.paused', keys.FAIR_PAUSED)
+        call.key('fair.pausedin', keys.FAIR_PAUSED_IN(key_id))
         call.key('fair.deferred', DeferredJobRegistry.key_template.format(queue.name))
         return {'key_id': key_id, 'priority': int(priority), 'max_waiting': self.max_waiting, 'queue': queue.name,
                 'wake': keys.wake(queue.name)}
@@ -210,12 +194,12 @@ class Fair(FetchPolicy):
 
     @classmethod
     def fetch_keys(cls, call: Any, queue_names: list[str]) -> None:
-        call.key_list('fair.active', [ACTIVE_PREFIX + name for name in queue_names])
-        call.key('fair.waits', WAIT_PREFIX)
-        call.key('fair.seqs', SEQ_PREFIX)
-        call.key('fair.pausedins', PAUSED_IN_PREFIX)
-        call.key('fair.paused', PAUSED)
-        call.key('fair.weights', WEIGHTS)
+        call.key_list('fair.active', [keys.FAIR_ACTIVE(name) for name in queue_names])
+        call.key('fair.waits', keys.FAIR_WAIT)
+        call.key('fair.seqs', keys.FAIR_SEQ)
+        call.key('fair.pausedins', keys.FAIR_PAUSED_IN)
+        call.key('fair.paused', keys.FAIR_PAUSED)
+        call.key('fair.weights', keys.FAIR_WEIGHTS)
         call.arg('keyed', keyed_args(call.args.get('job_prefix', Job.redis_job_namespace_prefix)))
 
     # -- run-time settings (the admin API: rq_policies.engine.admin) --------------------------------------------------
@@ -235,7 +219,7 @@ class Fair(FetchPolicy):
             conn = _need(connection)
         if not force:
             cls.require_known_scope(conn, scope, 'pass force=True to set its weight anyway')
-        conn.hset(WEIGHTS, key_id, weight)
+        conn.hset(keys.FAIR_WEIGHTS, key_id, weight)
         return FairWeight(weight)
 
     @classmethod
@@ -244,7 +228,7 @@ class Fair(FetchPolicy):
         with refusing():
             key_id = _key_id(scope, key)
             conn = _need(connection)
-        raw = conn.hget(WEIGHTS, key_id)
+        raw = conn.hget(keys.FAIR_WEIGHTS, key_id)
         return None if raw is None else FairWeight(int(raw))
 
     @classmethod
@@ -253,7 +237,7 @@ class Fair(FetchPolicy):
         with refusing():
             key_id = _key_id(scope, key)
             conn = _need(connection)
-        return clear_setting(conn, WEIGHTS, key_id)
+        return clear_setting(conn, keys.FAIR_WEIGHTS, key_id)
 
     @classmethod
     def status(cls, scope: str, key: Any, queue: str = 'default', connection: Any = None) -> FairStatus:
@@ -262,12 +246,12 @@ class Fair(FetchPolicy):
             key_id = _key_id(scope, key)
             conn = _need(connection)
         with conn.pipeline(transaction=False) as pipe:
-            pipe.zcard(WAIT_PREFIX + f'{queue}:{key_id}')
-            pipe.zscore(ACTIVE_PREFIX + queue, key_id)
-            pipe.hexists(PAUSED, key_id)
-            pipe.hget(WEIGHTS, key_id)
-            pipe.zcard(ACTIVE_PREFIX + queue)
-            pipe.zrange(WAIT_PREFIX + f'{queue}:{key_id}', 0, 0)
+            pipe.zcard(keys.FAIR_WAIT(queue, key_id))
+            pipe.zscore(keys.FAIR_ACTIVE(queue), key_id)
+            pipe.hexists(keys.FAIR_PAUSED, key_id)
+            pipe.hget(keys.FAIR_WEIGHTS, key_id)
+            pipe.zcard(keys.FAIR_ACTIVE(queue))
+            pipe.zrange(keys.FAIR_WAIT(queue, key_id), 0, 0)
             waiting, score, paused, weight, count, head = pipe.execute()
         set_at_run_time = weight is not None
         if weight is None and head:  # the weight its next job declares (the one the fetch reads for its turns)
@@ -302,9 +286,11 @@ class Fair(FetchPolicy):
         if scope_declared(cls.name, scope):
             return True
         pattern = reading.glob_escape(scope) + ':*'
-        if reading.any_field(connection, WEIGHTS, pattern) or reading.any_field(connection, PAUSED, pattern):
+        if reading.any_field(connection, keys.FAIR_WEIGHTS, pattern) or \
+                reading.any_field(connection, keys.FAIR_PAUSED, pattern):
             return True
-        return any(reading.any_member(connection, ACTIVE_PREFIX + queue, pattern) for queue in cls.queues(connection))
+        return any(reading.any_member(connection, keys.FAIR_ACTIVE(queue), pattern)
+                   for queue in cls.queues(connection))
 
     @classmethod
     def require_known_scope(cls, connection: Any, scope: str, hint: str) -> None:
@@ -330,12 +316,12 @@ class Fair(FetchPolicy):
         with refusing():
             key_id = _key_id(scope, key)
             conn = _need(connection)
-        left = {text(q) for q in conn.smembers(PAUSED_IN_PREFIX + key_id)}
+        left = {text(q) for q in conn.smembers(keys.FAIR_PAUSED_IN(key_id))}
         names = sorted(set(cls.queues(conn)) | left)
         with conn.pipeline(transaction=False) as pipe:
-            pipe.hexists(PAUSED, key_id)
+            pipe.hexists(keys.FAIR_PAUSED, key_id)
             for queue in names:
-                pipe.zcard(WAIT_PREFIX + f'{queue}:{key_id}')
+                pipe.zcard(keys.FAIR_WAIT(queue, key_id))
             paused, *counts = pipe.execute()
         return FairPause(bool(paused), {q: int(n) for q, n in zip(names, counts) if int(n)})
 
@@ -345,7 +331,7 @@ class Fair(FetchPolicy):
         with refusing():
             key_id = _key_id(scope, key)
             conn = _need(connection)
-        return [text(j) for j in conn.zrange(WAIT_PREFIX + f'{queue}:{key_id}', 0, -1)]
+        return [text(j) for j in conn.zrange(keys.FAIR_WAIT(queue, key_id), 0, -1)]
 
     @classmethod
     def queues(cls, connection: Any, budget: int = 5000) -> list[str]:
@@ -353,18 +339,18 @@ class Fair(FetchPolicy):
         found: set[str] = set()
         cursor, examined = 0, 0
         while True:
-            cursor, batch = keys.scanner(connection).scan(cursor=cursor, match=reading.glob_escape(ACTIVE_PREFIX) + '*',
-                                                          count=1000)
+            cursor, batch = keys.scanner(connection).scan(cursor=cursor, count=1000,
+                                                          match=reading.glob_escape(keys.FAIR_ACTIVE) + '*')
             examined += 1000
-            found.update(text(raw)[len(ACTIVE_PREFIX):] for raw in batch)
+            found.update(text(raw)[len(keys.FAIR_ACTIVE):] for raw in batch)
             if not cursor or examined >= budget:
                 return sorted(found)
 
 def _pause_call(scope: str, key: Any, pause: bool) -> Call:
     with refusing():
         key_id = _key_id(scope, key)
-    call = Call('fair_pause', key_id=key_id, pause=pause, waits=WAIT_PREFIX, actives=ACTIVE_PREFIX,
+    call = Call('fair_pause', key_id=key_id, pause=pause, waits=keys.FAIR_WAIT, actives=keys.FAIR_ACTIVE,
                 wake=keys.wake(''))
-    call.key('paused', PAUSED)
-    call.key('pausedin', PAUSED_IN_PREFIX + key_id)
+    call.key('paused', keys.FAIR_PAUSED)
+    call.key('pausedin', keys.FAIR_PAUSED_IN(key_id))
     return call

@@ -9,11 +9,11 @@ from typing import Any
 from redis import Redis
 from rq.job import Job
 
-from rq_policies.engine import views
+from rq_policies.engine import keys, views
 from rq_policies.engine.exceptions import InvalidSetting
 from rq_policies.engine.ops import text
 
-from .rules import ACTIVE_PREFIX, FIELD, PAUSED, WAIT_PREFIX, WEIGHTS, Fair, _weight
+from .rules import FIELD, Fair, _weight
 
 
 class FairViews(views.PolicyViews):
@@ -33,17 +33,17 @@ class FairViews(views.PolicyViews):
         all are listed): the part of the queue's Fair starts it gets while they stay backlogged."""
         conn = connection
         end = (limit - 1) if limit else -1
-        active = [(text(m), float(s)) for m, s in conn.zrange(ACTIVE_PREFIX + queue, 0, end, withscores=True)]
-        paused_all = {text(c) for c in conn.hkeys(PAUSED)}
+        active = [(text(m), float(s)) for m, s in conn.zrange(keys.FAIR_ACTIVE(queue), 0, end, withscores=True)]
+        paused_all = {text(c) for c in conn.hkeys(keys.FAIR_PAUSED)}
         paused = sorted(paused_all)[:limit or None]
         key_ids = [c for c, _ in active] + [c for c in paused if c not in dict(active)]
         if not key_ids:
             return []
         with conn.pipeline(transaction=False) as pipe:
             for key_id in key_ids:
-                pipe.zcard(WAIT_PREFIX + f'{queue}:{key_id}')
-                pipe.zrange(WAIT_PREFIX + f'{queue}:{key_id}', 0, 0)
-            pipe.hmget(WEIGHTS, key_ids)
+                pipe.zcard(keys.FAIR_WAIT(queue, key_id))
+                pipe.zrange(keys.FAIR_WAIT(queue, key_id), 0, 0)
+            pipe.hmget(keys.FAIR_WEIGHTS, key_ids)
             *replies, weights = pipe.execute()
         heads = {i: text(replies[2 * i + 1][0]) for i in range(len(key_ids)) if replies[2 * i + 1]}
         with conn.pipeline(transaction=False) as pipe:
@@ -76,11 +76,11 @@ class FairViews(views.PolicyViews):
         queue = job.get('origin', '')
         scope, _, key = key_id.partition(':')
         with connection.pipeline(transaction=False) as pipe:
-            pipe.zrank(WAIT_PREFIX + f'{queue}:{key_id}', job['id'])
-            pipe.zcard(ACTIVE_PREFIX + queue)
-            pipe.hexists(PAUSED, key_id)
-            pipe.hget(WEIGHTS, key_id)
-            pipe.zcard(WAIT_PREFIX + f'{queue}:{key_id}')
+            pipe.zrank(keys.FAIR_WAIT(queue, key_id), job['id'])
+            pipe.zcard(keys.FAIR_ACTIVE(queue))
+            pipe.hexists(keys.FAIR_PAUSED, key_id)
+            pipe.hget(keys.FAIR_WEIGHTS, key_id)
+            pipe.zcard(keys.FAIR_WAIT(queue, key_id))
             rank, active, paused, stored, waiting = pipe.execute()
         weight_now = int(stored) if stored is not None else int(weight)
         entry: dict[str, Any] = {'scope': scope, 'key': key, 'queue': queue,
@@ -111,8 +111,8 @@ class FairViews(views.PolicyViews):
         for queue in Fair.queues(connection):
             rows = cls.key_rows(connection, queue, limit or 0)
             if rows:
-                out[queue] = FairQueue(int(connection.zcard(ACTIVE_PREFIX + queue)), rows)
-        paused = sorted(text(c) for c in connection.hkeys(PAUSED))
+                out[queue] = FairQueue(int(connection.zcard(keys.FAIR_ACTIVE(queue))), rows)
+        paused = sorted(text(c) for c in connection.hkeys(keys.FAIR_PAUSED))
         if not out and not paused:
             return None
         return FairState(out, paused, now)
@@ -124,7 +124,7 @@ class FairViews(views.PolicyViews):
             rows = [r for r in cls.key_rows(connection, queue, limit) if search is None or search in r['key']
                     or search == queue]
             if rows:
-                count = int(connection.zcard(ACTIVE_PREFIX + queue))
+                count = int(connection.zcard(keys.FAIR_ACTIVE(queue)))
                 out.append(views.Panel(
                     f'Fair share: {queue}', ['key', 'waiting', 'weight', 'share', 'state'],
                     [[r['key'], r['waiting'], r['weight'] if not r['set_at_run_time'] else

@@ -111,10 +111,10 @@ class Rate(KeyedPolicy, GcraRate):
         key_id = keys.key_id(scope, name)
         with conn.pipeline(transaction=False) as pipe:
             time_in(pipe)
-            pipe.get(keys.KEY_TAT_PREFIX + key_id)
-            pipe.get(keys.KEY_BLOCK_PREFIX + key_id)
+            pipe.get(keys.KEY_TAT_PREFIX(key_id))
+            pipe.get(keys.KEY_BLOCK_PREFIX(key_id))
             pipe.hget(keys.KEY_RATES, key_id)
-            pipe.lindex(f'{keys.KEY_PARKED_PREFIX}{cls.name}:{key_id}', 0)
+            pipe.lindex(keys.KEY_PARKED_PREFIX(cls.name, key_id), 0)
             (seconds, micros), tat, blocked, stored, head = pipe.execute()
         now = seconds + micros / 1e6
         rate = given or _stored_rate(stored)

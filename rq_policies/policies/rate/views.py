@@ -29,9 +29,9 @@ class RateViews(views.KeyedViews):
         burst = burst.partition('*')[0]  # a costed job's '<burst>*<cost>'
         scope, _, key = key_id.partition(':')
         with connection.pipeline(transaction=False) as pipe:
-            pipe.get(keys.KEY_TAT_PREFIX + key_id)
-            pipe.get(keys.KEY_BLOCK_PREFIX + key_id)
-            pipe.lpos(f'{keys.KEY_PARKED_PREFIX}{cls.name}:{key_id}', job['id'])
+            pipe.get(keys.KEY_TAT_PREFIX(key_id))
+            pipe.get(keys.KEY_BLOCK_PREFIX(key_id))
+            pipe.lpos(keys.KEY_PARKED_PREFIX(cls.name, key_id), job['id'])
             pipe.hget(keys.KEY_RATES, key_id)
             tat, blocked, position, stored = pipe.execute()
         stored_rate = _stored_rate(stored)
@@ -71,7 +71,7 @@ class RateViews(views.KeyedViews):
         KEYS, unless ``names`` gives the keys to read."""
         conn = _need(connection)
         scope = check_scope(scope)
-        prefix = f'{keys.KEY_PARKED_PREFIX}{cls.name}:{scope}:'
+        prefix = keys.KEY_PARKED_PREFIX(cls.name, scope, '')
         if names is None:
             found = keys.scanner(conn).scan_iter(match=reading.glob_escape(prefix) + '*', count=1000)
             names = sorted({text(raw)[len(prefix):] for raw in found})

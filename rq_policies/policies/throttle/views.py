@@ -25,7 +25,7 @@ class ThrottleViews(views.PolicyViews):
         ends = (index + 1) * width_s
         trailing = job.get(TRAILING_FIELD)
         with connection.pipeline(transaction=False) as pipe:
-            pipe.get(f'{prefix}{index}')
+            pipe.get(keys.numbered(prefix, index))
             pipe.get(trailing or prefix)
             pipe.zscore(ScheduledJobRegistry.key_template.format(queue), jid)
             owner, pending, run_at = pipe.execute()

@@ -134,8 +134,8 @@
                  name -> the index of the first, as many as the list's count: N for a per-queue
                  list)
     12 trace     '1': report the phases run (tests)
-    14 probe     the index in KEYS of the tombstones' marker (rq:policies:superseded, the prefix
-                 without its colon: lib/pending.lua keeps it alive while any tombstone lives),
+    14 probe     the index in KEYS of the tombstones' marker (the tombstone prefix itself, the
+                 tombstone of no job: lib/pending.lua keeps it alive while any tombstone lives),
                  where the probe range starts: the marker, the state keys, then (ARGV[6] = '1') a
                  copy of the scheduled registries, the last KEYS
     13 blob      the rest, decoded only when read: keyed (the per-key prefixes), promote (its

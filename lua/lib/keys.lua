@@ -9,8 +9,6 @@
 --                                          and its counter (fair:wait:<queue>:<key id>, fair:seq:...),
 --                                          a job's dependents (rq:job:<id>:dependents)
 --   key_num(prefix, n)    <prefix><n>      n an integer: a throttle window, a per-minute drop counter
---   key_marker(prefix)    <prefix> without its final ':'  the tombstones' marker (superseded), alive
---                                          while any tombstone is (lib/pending.lua)
 local function key_of(prefix, a, b)
   if b then
     return prefix .. a .. ':' .. b
@@ -20,8 +18,4 @@ end
 
 local function key_num(prefix, n)
   return prefix .. string.format('%d', n)
-end
-
-local function key_marker(prefix)
-  return string.sub(prefix, 1, -2)
 end

@@ -10,16 +10,16 @@
 -- job, `policy` and job id `by` ("<policy> <id>"; "reset " for rq-policies reset), which
 -- rq-policies explain reads; a job replaced by an enqueue of its own id is written again at once
 -- and leaves none (it would drop itself). Returns 1 when it was dropped.
--- tomb_write: write tombstone `tomb` .. `jid`, and keep the tombstones' marker (key_marker: the
--- prefix without its final colon, never a key that reads as the tombstone of an empty id) alive
--- at least as long: while it is absent no tombstone exists, so the fetch skips its per-job
--- tombstone read (lua/fetch.lua's probe; keys.SUPERSEDED_MARKER).
+-- tomb_write: write tombstone `tomb` .. `jid`, and keep the tombstones' marker alive at least as
+-- long: the tombstone prefix itself (the key `tomb`, the tombstone of no job), as every version
+-- since the probe reads it (so tombstones written before an upgrade are still checked): while it
+-- is absent no tombstone exists, so the fetch skips its per-job tombstone read (lua/fetch.lua's
+-- probe; keys.SUPERSEDED_MARKER).
 -- @include "lib/keys.lua"
 local function tomb_write(tomb, jid, value, ttl)
   redis.call('SET', key_of(tomb, jid), value, 'EX', ttl)
-  local marker = key_marker(tomb)
-  if redis.call('TTL', marker) < ttl then
-    redis.call('SET', marker, '1', 'EX', ttl)
+  if redis.call('TTL', tomb) < ttl then
+    redis.call('SET', tomb, '1', 'EX', ttl)
   end
 end
 

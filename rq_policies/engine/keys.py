@@ -80,7 +80,7 @@ key                                                    type     meaning
                                                                 pending job rewritten in place, until its run time
                                                                 (lua/lib/rewrite_guard.lua). Each expires after
                                                                 SUPERSEDED_SECONDS (the guard: after the run time)
-``rq:policies:superseded``                            STRING   the tombstones' marker (no job's tombstone),
+``rq:policies:superseded:``                           STRING   the tombstones' marker (the tombstone of no job),
                                                                 kept alive as long as the longest-lived tombstone
                                                                 (lua/lib/pending.lua): while it is absent, the
                                                                 fetch reads no tombstone
@@ -260,14 +260,16 @@ LONER_FIELD = 'policies_loner'
 #: writing it back to its queue, the window in which a host clock ahead of the server's lets it resurrect the job.
 SUPERSEDED_SECONDS = 600
 
-#: The tombstones' marker, alive while any tombstone is: the tombstones' prefix without its final colon (built so by
-#: ``key_marker`` of lua/lib/keys.lua from the prefix), so no key reads as the tombstone of an empty job id.
-SUPERSEDED_MARKER = str(SUPERSEDED_PREFIX)[:-1]
+#: The tombstones' marker, alive while any tombstone is: the tombstones' prefix itself (``rq:policies:superseded:``,
+#: the tombstone of no job id), which every version's fetch probe reads. Not renamed to a key without the colon:
+#: workers of the new name would skip the tombstones producers of the old one wrote during a rolling upgrade, and run
+#: jobs those tombstones superseded (docs/reliability.md, the scheduler-clock row).
+SUPERSEDED_MARKER = SUPERSEDED_PREFIX
 
 
 def is_tombstone(key: str) -> bool:
     """Is ``key`` a tombstone (``superseded(job id)``) or the tombstones' marker? Both expire (the table above)."""
-    return key.startswith(SUPERSEDED_PREFIX) or key == SUPERSEDED_MARKER
+    return key.startswith(str(SUPERSEDED_PREFIX))
 
 
 #: Seconds the record of a dropped enqueue lives (an enqueue given ``job_id=``): long enough to ask ``explain`` why that

@@ -724,7 +724,7 @@ def policy_keys(conn: Redis) -> list[str]:
             continue  # gone since the scan, or a claim record on its way out
         if keys.is_drop_counter(key) and 0 <= ttl <= (keys.DROPS_MINUTE_KEEP + 1) * 60:
             continue  # a per-minute drop counter, which expires an hour after its minute
-        if keys.is_tombstone(key) and 0 <= ttl <= keys.SUPERSEDED_SECONDS:
+        if key.startswith(keys.SUPERSEDED_PREFIX) and 0 <= ttl <= keys.SUPERSEDED_SECONDS:
             continue  # a superseded pending job's tombstone on its way out
         if key.startswith(keys.dropped('')) and 0 <= ttl <= keys.DROPPED_SECONDS:
             continue  # the record of a dropped enqueue (the producers choose their job ids) on its way out

@@ -10,9 +10,11 @@
 -- job, `policy` and job id `by` ("<policy> <id>"; "reset " for rq-policies reset), which
 -- rq-policies explain reads; a job replaced by an enqueue of its own id is written again at once
 -- and leaves none (it would drop itself). Returns 1 when it was dropped.
--- tomb_write: write tombstone `tomb` .. `jid`, and keep the tombstone prefix itself (the key
--- `tomb`, the tombstone of no job) alive at least as long: while it is absent no tombstone exists,
--- so the fetch skips its per-job tombstone read (lua/fetch.lua's probe).
+-- tomb_write: write tombstone `tomb` .. `jid`, and keep the tombstones' marker alive at least as
+-- long: the tombstone prefix itself (the key `tomb`, the tombstone of no job), as every version
+-- since the probe reads it (so tombstones written before an upgrade are still checked): while it
+-- is absent no tombstone exists, so the fetch skips its per-job tombstone read (lua/fetch.lua's
+-- probe; keys.SUPERSEDED_MARKER).
 -- @include "lib/keys.lua"
 local function tomb_write(tomb, jid, value, ttl)
   redis.call('SET', key_of(tomb, jid), value, 'EX', ttl)

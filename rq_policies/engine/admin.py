@@ -41,7 +41,7 @@ from .exceptions import InvalidArgument, InvalidSetting, UnknownQueueWarning
 from .ledger import WAKE_CAPACITY, wake_up
 from .ops import Call, need_connection, text
 from .policy import MAX_CAPACITY, positive_int, whole_seconds
-from .reading import known_queue
+from .reading import declared_queue, known_queue
 
 __all__ = ['Cap', 'FairPause', 'FairStatus', 'FairWeight', 'GcraRate', 'KeyLimit', 'KeyRate', 'KeyStatus', 'RateStatus',
            'SlotStatus', 'check_rate', 'clear_setting',
@@ -300,7 +300,11 @@ def clear_setting(connection: Any, settings: str, field: str, wake: str | None =
 
 def warn_unknown_queue(connection: Any, name: str, what: str) -> None:
     """Warn (:class:`UnknownQueueWarning`) when ``name`` is a queue nothing has seen: not in rq's queue set, not
-    configured by any policy, listened to by no live worker. ``what`` is the call (``QueueSlot.set``)."""
+    configured by any policy, listened to by no live worker, and not declared in this process's code (no PolicyQueue
+    of that name built here). ``what`` is the call (``QueueSlot.set``). Never on fakeredis: a unit test's server
+    starts empty, so every queue is new there."""
+    if type(connection).__module__.startswith('fakeredis') or declared_queue(name):
+        return
     if not known_queue(connection, name):
         warnings.warn(f'{what}: queue {name!r} is unknown (rq has no such queue, no policy setting names it and no '
                       'worker listens to it); the setting is stored anyway. A typo?', UnknownQueueWarning,

@@ -404,7 +404,7 @@ def fetch_call(
     for policy in policies:
         policy.fetch_keys(call, names)
     # The tombstones' marker: the tombstone prefix itself, alive while any tombstone is (lua/lib/pending.lua).
-    call.key('tombstones', keys.SUPERSEDED_PREFIX)
+    call.key('tombstones', keys.SUPERSEDED_MARKER)
     # The state keys: while none of them exists, no gate, take or due key has anything to do (FetchSide.fetch_state).
     state: list[str] = []
     always = False

@@ -140,7 +140,7 @@ def eviction_check(connection: Any) -> EvictionCheck:
 
 def warn_if_evicting(connection: Any, log: logging.Logger) -> EvictionCheck | None:
     """Log :func:`eviction_check`'s warning on ``log``: at WARNING for an evicting policy or keys already evicted,
-    at INFO when the policy is unknown.
+    at INFO when the policy is unknown; on fakeredis, which has none, once per process at DEBUG.
 
     Never raises: a check that cannot run (Redis unreachable at this moment) must not keep a worker from starting.
     """
@@ -151,9 +151,19 @@ def warn_if_evicting(connection: Any, log: logging.Logger) -> EvictionCheck | No
         return None
     if check.unsafe or check.evicted_keys:
         log.warning('rq-policies: %s', check.warning)
+    elif check.warning and type(connection).__module__.startswith('fakeredis'):
+        # fakeredis (users' unit tests) has no CONFIG and evicts nothing: said once per process, at DEBUG
+        global _FAKE_NOTED
+        if not _FAKE_NOTED:
+            _FAKE_NOTED = True
+            log.debug('rq-policies: fakeredis has no maxmemory-policy to check (it never evicts)')
     elif check.warning:
         log.info('rq-policies: %s', check.warning)
     return check
+
+
+#: Has this process said that fakeredis has no maxmemory-policy (:func:`warn_if_evicting`)?
+_FAKE_NOTED = False
 
 
 #: Seconds between two reads of ``evicted_keys`` by a worker (each rides a heartbeat the worker sends anyway).

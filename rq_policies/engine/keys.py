@@ -260,6 +260,17 @@ LONER_FIELD = 'policies_loner'
 #: writing it back to its queue, the window in which a host clock ahead of the server's lets it resurrect the job.
 SUPERSEDED_SECONDS = 600
 
+#: The tombstones' marker, alive while any tombstone is: the tombstones' prefix itself (``rq:policies:superseded:``,
+#: the tombstone of no job id), which every version's fetch probe reads. Not renamed to a key without the colon:
+#: workers of the new name would skip the tombstones producers of the old one wrote during a rolling upgrade, and run
+#: jobs those tombstones superseded (docs/reliability.md, the scheduler-clock row).
+SUPERSEDED_MARKER = SUPERSEDED_PREFIX
+
+
+def is_tombstone(key: str) -> bool:
+    """Is ``key`` a tombstone (``superseded(job id)``) or the tombstones' marker? Both expire (the table above)."""
+    return key.startswith(str(SUPERSEDED_PREFIX))
+
 
 #: Seconds the record of a dropped enqueue lives (an enqueue given ``job_id=``): long enough to ask ``explain`` why that
 #: id never ran, short enough that the records of a busy duplicate path stay few.

@@ -42,6 +42,7 @@ from .fetch import current_fetcher, dequeue
 from .job import PolicyJob, rq_class_name
 from .ops import Call
 from .policy import PolicySet, by_name, declared, make_set
+from .reading import declare_queue
 
 logger = logging.getLogger('rq_policies')
 
@@ -270,6 +271,7 @@ class PolicyQueue(Queue):
         self.wait_replicas, self.wait_timeout_ms = replication(wait_replicas, wait_timeout_ms)
         super().__init__(*args, **kwargs)
         keys.check_connection(self.connection)  # a cluster needs a hash-tagged RQ_KEY_PREFIX: said here, not CROSSSLOT
+        declare_queue(self.name)  # a cap set on it before its first enqueue is no typo (UnknownQueueWarning)
         compat.adopt_cluster(self.connection)
 
     def _replicated(self, kwargs: dict[str, Any]) -> tuple[int, int] | None:

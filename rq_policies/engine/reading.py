@@ -74,6 +74,23 @@ def queue_names(connection: Redis) -> list[str]:
     return sorted(names)
 
 
+#: Queue names a PolicyQueue was built for in this process (:func:`declare_queue`): at most this many are kept.
+DECLARED_MAX = 10_000
+_declared: set[str] = set()
+
+
+def declare_queue(name: str) -> None:
+    """Note that this process built a PolicyQueue named ``name``: the queue is declared in code, so a setting made
+    for it before its first enqueue (rq lists a queue only from then) is no typo (:func:`declared_queue`)."""
+    if len(_declared) < DECLARED_MAX:
+        _declared.add(name)
+
+
+def declared_queue(name: str) -> bool:
+    """Did this process build a PolicyQueue named ``name`` (:func:`declare_queue`)?"""
+    return name in _declared
+
+
 def known_queue(connection: Redis, name: str) -> bool:
     """Is ``name`` a queue this cluster uses: known to rq, configured by a policy, or listened to by a live worker?"""
     if connection.sismember(Queue.redis_queues_keys, Queue.redis_queue_namespace_prefix + name):

@@ -454,6 +454,8 @@ class PolicyViews:
     key_limit_setting: ClassVar[bool] = False
     #: Its run-time switch pauses one key (``pause``/``resume``/``pause_status(scope, key, connection=)``).
     key_pause_setting: ClassVar[bool] = False
+    #: Its run-time setting is one weight per key (``set(scope, key, weight)``, ``get`` with ``.weight``, ``clear``).
+    key_weight_setting: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -492,6 +494,12 @@ class PolicyViews:
         ``--json`` entry and whose ``headline`` and ``rows`` are its text (``limit`` bounds the entries listed,
         None: all). A name left out: nothing for that queue."""
         return {}
+
+    @classmethod
+    def check_setting(cls, settings: dict[str, int]) -> None:
+        """Refuse, as its ``set`` would and without writing anything, values of its run-time setting it would refuse
+        (``ValueError`` or ``TypeError`` naming the setting): a queue's ``queue_settings``, a key's ``weight``. The
+        dashboard's forms check them before their confirmation page. Nothing to check by default."""
 
     @classmethod
     def cluster_info(cls, connection: Redis, now: float, limit: int | None) -> Section | None:

@@ -15,13 +15,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis import Redis
+from rq.job import Job
 from rq.queue import Queue
+from rq.registry import DeferredJobRegistry, ScheduledJobRegistry
 
 from rq_policies.engine import keys
 from rq_policies.engine.exceptions import InvalidArgument
 from rq_policies.engine.ops import server_now, text
 from rq_policies.engine.policy import FETCH
-from rq_policies.engine.readable import in_seconds
+from rq_policies.engine.readable import cut, in_seconds
 from rq_policies.engine.reading import (
     configured_queues,
     families,
@@ -145,6 +147,65 @@ class IdentityFamily(Section):
 
 
 @dataclass(frozen=True)
+class Jobs(Section):
+    """A queue's jobs admitted and not yet started, wherever they are kept (``jobs`` in ``--json``): ``queued`` on
+    rq's queue list (the only number ``rq info`` counts), ``deferred`` in rq's deferred registry (a job waiting for
+    its key's turn or parked at its key's limit, and rq's own jobs waiting for a dependency), ``scheduled`` in rq's
+    scheduled registry (a debounced, trailing or snoozed job, rq's ``enqueue_in``/``_at``),
+    ``total`` their sum; ``due`` lists the scheduled jobs whose time has come that no worker has moved to the queue
+    yet (no PolicyWorker and no rq scheduler serves the queue), at most ``--limit``, each ``{'id', 'due',
+    'description'}``."""
+
+    queued: int
+    deferred: int
+    scheduled: int
+    total: int
+    due: list[dict[str, Any]]
+
+    def as_json(self) -> dict[str, object]:
+        return {'jobs': super().as_json()}
+
+    def rows(self, shown: Shown) -> list[Row | str]:
+        if not self.total:
+            return []
+        found = [Row('jobs', f'{self.total} waiting in all; rq info counts {self.queued} (queued {self.queued}, '
+                             f'deferred {self.deferred}, scheduled {self.scheduled})')]
+        if self.due:
+            found.append(Row('due', f'{len(self.due)} scheduled job(s) due, not yet moved to the queue (no '
+                                    'PolicyWorker or rq scheduler has served it since)',
+                             [f'job {row["id"]} due {in_seconds(row["due"] - shown.now)}'
+                              + (f'  {cut(row["description"], shown.width)}' if row['description'] else '')
+                              for row in self.due]))
+        return found
+
+
+def job_counts(connection: Redis, names: list[str], now: float, limit: int | None) -> dict[str, Jobs]:
+    """Per queue name, its :class:`Jobs`: three counts and the due scheduled jobs, in two pipelined round trips."""
+    with connection.pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.llen(Queue.redis_queue_namespace_prefix + name)
+            pipe.zcard(DeferredJobRegistry.key_template.format(name))
+            pipe.zcard(ScheduledJobRegistry.key_template.format(name))
+            pipe.zrangebyscore(ScheduledJobRegistry.key_template.format(name), '-inf', f'{now:.6f}',
+                               start=0, num=limit or -1, withscores=True)
+        replies = pipe.execute()
+    due_ids = [(i, text(jid), score) for i in range(len(names)) for jid, score in replies[4 * i + 3]]
+    descriptions: list[Any] = []
+    if due_ids:
+        with connection.pipeline(transaction=False) as pipe:
+            for _, jid, _ in due_ids:
+                pipe.hget(Job.redis_job_namespace_prefix + jid, 'description')
+            descriptions = pipe.execute()
+    out = {}
+    for i, name in enumerate(names):
+        queued, deferred, scheduled = (int(value) for value in replies[4 * i: 4 * i + 3])
+        due = [{'id': jid, 'due': float(score), 'description': text(description) if description else None}
+               for (j, jid, score), description in zip(due_ids, descriptions) if j == i]
+        out[name] = Jobs(queued, deferred, scheduled, queued + deferred + scheduled, due)
+    return out
+
+
+@dataclass(frozen=True)
 class Drops(Section):
     """A queue's dropped enqueues per policy (``drops`` in ``--json``; a ``dropped`` row when there are some)."""
 
@@ -227,11 +288,18 @@ def survey(connection: Redis, queues: list[str] | None = None, limit: int | None
             if any(value for found in sections for value in found.as_json().values()):
                 names.add(name)
         names.update(row['queue'] for row in drops(connection))
+        # a queue with jobs rq info does not count (waiting for a turn, parked, debounced; a scheduled job whose time
+        # has come that nothing moved, as a debounced job whose pointer expired on a queue no PolicyWorker serves):
+        # it may have nothing else to show, but its jobs wait
+        counts = job_counts(connection, queue_names(connection), now, 1)
+        names.update(name for name, found in counts.items() if found.total != found.queued)
         selected = sorted(names)
     else:
         selected = list(queues)
     drop_rows = drops(connection)
     sections = queue_sections(connection, selected, now, limit)
+    for name, found in job_counts(connection, selected, now, limit).items():
+        sections[name].insert(0, found)
     for name in selected:
         for family in kinds:
             family_rows = identity_rows(connection, family, identity.get(family.name, {}).get(name, []))

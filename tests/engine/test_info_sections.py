@@ -58,10 +58,12 @@ def test_info_text_and_json_come_from_one_survey(connection, redis_url):
     out = info(redis_url, 'sections')
     assert out.splitlines()[0] == 'queue sections  (rate 5/60s burst 1, 1 available, cap 4, 0 in use)'
     kinds = [type(found).__name__ for found in found.queues['sections']]
-    # the fetch policies' sections, then one per identity family (the engine's, worded by its policy), then drops
-    assert kinds[:2] == ['RateState', 'SlotState'] and kinds[-1] == 'Drops'
-    assert set(kinds[2:-1]) == {'IdentityFamily'} and len(kinds[2:-1]) == len(state.families())
-    assert set(entry) >= {'loner', 'throttle', 'trailing', 'debounce', 'drops'} and entry['drops'] == {}
+    # the queue's jobs wherever they wait, the fetch policies' sections, then one per identity family (the engine's,
+    # worded by its policy), then drops
+    assert kinds[:3] == ['Jobs', 'RateState', 'SlotState'] and kinds[-1] == 'Drops'
+    assert set(kinds[3:-1]) == {'IdentityFamily'} and len(kinds[3:-1]) == len(state.families())
+    assert set(entry) >= {'jobs', 'loner', 'throttle', 'trailing', 'debounce', 'drops'} and entry['drops'] == {}
+    assert entry['jobs'] == {'queued': 1, 'deferred': 0, 'scheduled': 0, 'total': 1, 'due': []}
     data = json.loads(info(redis_url, 'sections', '--json'))
     assert {k: v for k, v in data['queues']['sections'].items() if k not in ('rate_next_at',)} == \
         {k: v for k, v in entry.items() if k not in ('rate_next_at',)}

@@ -205,6 +205,18 @@ def test_a_queue_nothing_has_seen_warns_and_is_set_anyway(connection, cls, value
         cls.set('never-seen', *values, connection=connection)  # configured now: known, no warning
 
 
+@pytest.mark.parametrize('cls,values', [(QueueSlot, (2,)), (QueueRate, (5, 60, 1))], ids=['QueueSlot', 'QueueRate'])
+def test_a_queue_declared_in_code_does_not_warn_before_its_first_enqueue(connection, cls, values):
+    """A PolicyQueue built in this process declares its name: a cap set before the first enqueue (rq lists a queue
+    only from then) is what the app means, not a typo."""
+    name = f'declared-{cls.__name__}'
+    PolicyQueue(name, connection=connection)
+    assert not connection.exists(PolicyQueue.redis_queues_keys)  # rq does not know it yet
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        cls.set(name, *values, connection=connection)
+
+
 def test_the_02_names_warn_and_still_work(connection, seen):
     def old(call, *args, **kwargs):
         with pytest.warns(DeprecationWarning, match='removed in rq-policies 0.4') as caught:

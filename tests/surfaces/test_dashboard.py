@@ -668,6 +668,61 @@ def test_a_bad_setting_names_the_field_and_writes_nothing(connection):
     assert {k: connection.dump(k) for k in connection.keys('*')} == before
 
 
+def test_a_setting_the_policy_refuses_is_refused_before_its_confirmation(connection):
+    """per=0 and a cap of 0 pass the form's digits check; the policy refuses them, and now before the confirmation
+    page offers them (before: the page asked to confirm, then refused)."""
+    PolicyQueue('early', connection=connection).enqueue(jobs.plain, 1)
+    c = client(connection, allow_actions=True)
+    token = csrf(c)
+    before = {k: connection.dump(k) for k in connection.keys('*')}
+    for form, message in [
+        ({'policy': 'queue_rate', 'limit': '5', 'per': '0'}, 'per must be'),
+        ({'policy': 'queue_rate', 'limit': '5', 'burst': '9'}, 'burst must be'),
+        ({'policy': 'queue_rate', 'per': '60'}, 'limit is required'),
+        ({'policy': 'queue_slot', 'capacity': '0'}, 'capacity must be'),
+    ]:
+        response = c.post('/action/configure', data={'csrf': token, 'queue': 'early', **form})
+        body = response.get_data(as_text=True)
+        assert response.status_code == 400 and message in body and 'id="confirm"' not in body, (form, body[-600:])
+    assert {k: connection.dump(k) for k in connection.keys('*')} == before
+
+
+def test_a_rate_s_confirmation_shows_the_rate_and_a_cap_s_the_cap(connection):
+    PolicyQueue('both', connection=connection).enqueue(jobs.plain, 1)
+    QueueSlot.set('both', 3, connection=connection)
+    c = client(connection, allow_actions=True)
+    form = {'csrf': csrf(c), 'queue': 'both', 'policy': 'queue_rate', 'limit': '10', 'per': '60'}
+    confirm = text_of(c.post('/action/configure', data=form).get_data(as_text=True))
+    assert 'now: no queue_rate setting' in confirm and 'cap 3' not in confirm, confirm
+    done = text_of(c.post('/action/configure', data={**form, 'confirmed': 'yes'}).get_data(as_text=True))
+    now = done.split('now:')[1]
+    assert now.startswith(' rate 10/60s burst 1') and 'cap' not in now, done
+    cap = {**form, 'policy': 'queue_slot', 'capacity': '4'}
+    confirm = text_of(c.post('/action/configure', data=cap).get_data(as_text=True))
+    assert 'now: cap 3, 0 in use' in confirm and 'rate' not in confirm.split('now:')[1], confirm
+
+
+def test_a_fair_weight_set_and_cleared_after_a_confirmation(connection):
+    c = client(connection, allow_actions=True)
+    token = csrf(c)
+    assert 'data-action="weight-fair"' in page(c)
+    form = {'csrf': token, 'policy': 'fair', 'scope': fair_jobs.SCOPE, 'key': 'acme', 'weight': '5'}
+    confirm = text_of(c.post('/action/weight', data=form).get_data(as_text=True))
+    assert "now: no weight set: its jobs' declared weight applies" in confirm.replace('&#39;', "'"), confirm
+    assert Fair.get(fair_jobs.SCOPE, 'acme', connection=connection) is None  # asking writes nothing
+    done = c.post('/action/weight', data={**form, 'confirmed': 'yes'})
+    assert done.status_code == 200 and 'now: weight 5' in text_of(done.get_data(as_text=True))
+    assert Fair.get(fair_jobs.SCOPE, 'acme', connection=connection).weight == 5
+    cleared = c.post('/action/weight', data={**form, 'weight': '', 'confirmed': 'yes'})
+    assert cleared.status_code == 200 and Fair.get(fair_jobs.SCOPE, 'acme', connection=connection) is None
+    before = {k: connection.dump(k) for k in connection.keys('*')}
+    for bad, message in (('0', 'weight must be'), ('1001', 'weight must be'), ('x', 'weight must be a whole number')):
+        refused = c.post('/action/weight', data={**form, 'weight': bad})  # before any confirmation
+        body = refused.get_data(as_text=True)
+        assert refused.status_code == 400 and message in body and 'id="confirm"' not in body, (bad, body[-400:])
+    assert {k: connection.dump(k) for k in connection.keys('*')} == before
+
+
 def test_reset_one_identity(connection):
     q = PolicyQueue('resets', connection=connection)
     held = q.enqueue(jobs.sweep_cache, 5, policy=Loner())

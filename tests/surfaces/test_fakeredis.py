@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+import warnings
+
 import fakeredis
 import pytest
 
-from rq_policies import PolicyQueue, PolicySimpleWorker, QueueSlot
+from rq_policies import PolicyQueue, PolicySimpleWorker, QueueRate, QueueSlot
 from tests.helpers import jobs
 
 
@@ -51,3 +54,27 @@ def test_jobs_without_a_policy_on_fakeredis(fake):
     assert [job.return_value() for job in (one, *many)] == [1, 2, 3]
     failing.refresh()
     assert failing.get_status() == 'failed' and failing.retries_left == 0  # retried once: pushed again, ran again
+
+
+def test_a_cap_or_rate_before_the_first_enqueue_does_not_warn_on_fakeredis(fake):
+    """A unit test's server starts empty: every queue is new there, so no UnknownQueueWarning (a real server's is
+    tested in tests/surfaces/test_admin.py)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        QueueSlot.set('never-built', 2, connection=fake)
+        QueueRate.set('never-built', 5, 60, connection=fake)
+
+
+def test_fakeredis_workers_say_nothing_of_maxmemory_above_debug(fake, caplog, monkeypatch):
+    """fakeredis has no CONFIG: a worker there said 'could not read maxmemory-policy' at INFO, each one; now once per
+    process, at DEBUG."""
+    from rq_policies.engine import health
+
+    monkeypatch.setattr(health, '_FAKE_NOTED', False, raising=False)
+    q = PolicyQueue('unit', connection=fake)
+    q.enqueue(jobs.plain, 1)
+    with caplog.at_level(logging.DEBUG):
+        for _ in range(2):
+            PolicySimpleWorker([q], connection=fake).work(burst=True, logging_level='DEBUG')
+    said = [record for record in caplog.records if 'maxmemory' in record.getMessage()]
+    assert [record.levelno for record in said] == [logging.DEBUG], [r.getMessage() for r in said]

@@ -13,12 +13,17 @@ from rq_policies.engine import keys, views
 from rq_policies.engine.exceptions import InvalidSetting
 from rq_policies.engine.ops import text
 
-from .rules import FIELD, Fair
+from .rules import FIELD, Fair, _weight
 
 
 class FairViews(views.PolicyViews):
     policy = Fair
     key_pause_setting = True
+    key_weight_setting = True
+
+    @classmethod
+    def check_setting(cls, settings: dict[str, int]) -> None:
+        _weight(settings.get('weight'))
 
     @classmethod
     def key_rows(cls, connection: Any, queue: str, limit: int = 20) -> list[dict[str, Any]]:

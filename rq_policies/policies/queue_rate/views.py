@@ -65,6 +65,12 @@ class QueueRateViews(views.PolicyViews):
     queue_settings = ('limit', 'per', 'burst')
 
     @classmethod
+    def check_setting(cls, settings: dict[str, int]) -> None:
+        if 'limit' not in settings:
+            raise ValueError('limit is required for a rate')
+        QueueRate(settings['limit'], settings.get('per', 1), settings.get('burst', 1))
+
+    @classmethod
     def queue_info(cls, connection: Redis, names: list[str], now: float, limit: int | None) -> dict[str, views.Section]:
         return dict(cls.rate_states(connection, names, now))
 

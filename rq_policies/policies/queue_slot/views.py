@@ -13,7 +13,7 @@ from rq_policies.engine import keys, reading, views
 from rq_policies.engine.admin import Cap
 from rq_policies.engine.exceptions import UnknownQueueWarning
 from rq_policies.engine.ops import text
-from rq_policies.engine.policy import MAX_CAPACITY
+from rq_policies.engine.policy import MAX_CAPACITY, positive_int
 from rq_policies.engine.readable import in_seconds
 
 from .rules import QueueSlot, queue_name
@@ -52,6 +52,10 @@ class SlotState(views.Section):
 class QueueSlotViews(views.PolicyViews):
     policy = QueueSlot
     queue_settings = ('capacity',)
+
+    @classmethod
+    def check_setting(cls, settings: dict[str, int]) -> None:
+        positive_int('capacity', settings.get('capacity'), MAX_CAPACITY)
 
     @classmethod
     def queue_info(cls, connection: Redis, names: list[str], now: float, limit: int | None) -> dict[str, views.Section]:

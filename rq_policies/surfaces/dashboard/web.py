@@ -16,7 +16,10 @@ key's override now when the policy offers ``get(scope, key, connection=)``, whos
 scope or key before anything is asked. A registered policy whose run-time switch is pausing one key
 (``key_pause_setting``) is offered a pause and a resume: its ``pause(scope, key, connection=)``/``resume(...)`` (what
 ``rq-policies <policy> pause|resume`` runs), the confirmation showing its ``pause_status(scope, key, connection=)`` now
-(paused or not, its waiting jobs per queue), whose checks refuse a malformed scope or key first.
+(paused or not, its waiting jobs per queue), whose checks refuse a malformed scope or key first. One whose run-time
+setting is one weight per key (``key_weight_setting``) is offered a weight: ``set(scope, key, weight, connection=)``,
+an empty weight ``clear``, the confirmation showing ``get`` now. Every value is checked by the policy's views
+(``check_setting``) before the confirmation page offers it.
 """
 
 from __future__ import annotations
@@ -79,6 +82,12 @@ def overridable() -> list[type]:
     return [found.policy for found in views.shown() if found.key_limit_setting]
 
 
+def weighable() -> list[type]:
+    """Registered policies whose run-time setting is one weight per key (``set(scope, key, weight, connection=)``,
+    ``get`` with ``.weight``, ``clear``)."""
+    return [found.policy for found in views.shown() if found.key_weight_setting]
+
+
 def pausable() -> list[type]:
     """Registered policies whose run-time switch is pausing one key of a scope (``pause``/``resume(scope, key,
     connection=)``, and ``pause_status(scope, key, connection=)`` with ``paused`` and ``waiting`` per queue)."""
@@ -105,9 +114,13 @@ def _policy(name: str, choices: list[type]) -> Any:
     raise ActionError(f'policy must be one of {[cls.name for cls in choices]}, got {name!r}')
 
 
-def _queue_words(connection: Any, queue: str) -> str:
-    """The queue's headline now, as ``rq-policies info`` prints it (``cap 3, 1 in use, rate 5/1s ...``)."""
+def _queue_words(connection: Any, queue: str, cls: type | None = None) -> str:
+    """The queue's headline now, as ``rq-policies info`` prints it (``cap 3, 1 in use, rate 5/1s ...``); with
+    ``cls``, only that fetch policy's words (a rate's confirmation shows the rate, not the cap)."""
     now = state.server_now(connection)
+    if cls is not None:
+        found = views.views_of(cls.name).queue_info(connection, [queue], now, 0).get(queue)
+        return (found.headline() if found is not None else '') or f'no {cls.name} setting'
     return ', '.join(state.headline(state.queue_sections(connection, [queue], now, 0)[queue])) or 'no setting'
 
 
@@ -123,6 +136,19 @@ def _override_words(connection: Any, cls: type, scope: str, key: str) -> str:
     except (TypeError, ValueError) as exc:
         raise ActionError(str(exc)) from None
     return 'no override' if value is None else f'override {value}'
+
+
+def _weight_words(connection: Any, cls: type, scope: str, key: str) -> str:
+    """A key's run-time weight now (``weight 3``, ``no weight set: its jobs' declared weight applies``).
+
+    Raises:
+        ActionError: the policy's own check refused the scope or the key (nothing is written).
+    """
+    try:
+        found = cls.get(scope, key, connection=connection)
+    except (TypeError, ValueError) as exc:
+        raise ActionError(str(exc)) from None
+    return "no weight set: its jobs' declared weight applies" if found is None else f'weight {found.weight}'
 
 
 def _pause_words(connection: Any, cls: type, scope: str, key: str) -> str:
@@ -154,7 +180,7 @@ def plan(connection: Any, action: str, form: Any) -> tuple[str, str, Callable[[]
                 f'queue {queue!r} is unknown: rq has no such queue, no policy has a setting for it and '
                 'no worker listens to it'
             )
-        now = _queue_words(connection, queue)
+        now = _queue_words(connection, queue, cls)
         if action == 'unconfigure':
 
             def unconfigure() -> str:
@@ -165,6 +191,10 @@ def plan(connection: Any, action: str, form: Any) -> tuple[str, str, Callable[[]
         settings = {name: _integer(name, form[name]) for name in _setting_fields(cls) if form.get(name)}
         if not settings:
             raise ActionError(f'give at least one of {_setting_fields(cls)}')
+        try:  # the policy's own check, before the confirmation: a value it refuses is never offered to confirm
+            views.views_of(cls.name).check_setting(settings)
+        except (TypeError, ValueError) as exc:
+            raise ActionError(str(exc)) from None
         words = ', '.join(f'{k}={v}' for k, v in settings.items())
 
         def configure() -> str:
@@ -201,6 +231,28 @@ def plan(connection: Any, action: str, form: Any) -> tuple[str, str, Callable[[]
             return f'Cleared the override of {change}.'
 
         return what, now, override
+    if action == 'weight':
+        cls = _policy(_field(form, 'policy'), weighable())
+        scope, key = _field(form, 'scope'), _field(form, 'key')
+        raw = _field(form, 'weight', required=False)
+        weight = _integer('weight', raw) if raw else None
+        if weight is not None:
+            try:  # the policy's own check, before the confirmation
+                views.views_of(cls.name).check_setting({'weight': weight})
+            except (TypeError, ValueError) as exc:
+                raise ActionError(str(exc)) from None
+        change = f'the {cls.name} weight of key {key!r} in scope {scope!r}'
+        what = f'Set {change} to {weight}.' if weight is not None else f'Clear {change}.'
+        now = _weight_words(connection, cls, scope, key)
+
+        def reweigh() -> str:
+            if weight is not None:
+                cls.set(scope, key, weight, connection=connection)
+                return f'Set {change}: {weight}.'
+            cls.clear(scope, key, connection=connection)
+            return f'Cleared {change}.'
+
+        return what, now, reweigh
     if action in ('pause', 'resume'):
         cls = _policy(_field(form, 'policy'), pausable())
         scope, key = _field(form, 'scope'), _field(form, 'key')
@@ -317,6 +369,7 @@ def create_blueprint(
             setting_fields={cls.name: _setting_fields(cls) for cls in configurable()},
             overrides=overridable(),
             pauses=pausable(),
+            weights=weighable(),
             **context(),
         )
 
@@ -434,7 +487,11 @@ def create_blueprint(
             return _override_words(conn, _policy(fields['policy'], overridable()), fields['scope'], fields['key'])
         if action in ('pause', 'resume'):
             return _pause_words(conn, _policy(fields['policy'], pausable()), fields['scope'], fields['key'])
+        if action == 'weight':
+            return _weight_words(conn, _policy(fields['policy'], weighable()), fields['scope'], fields['key'])
         queue = fields.get('queue')
+        if queue and action in ('configure', 'unconfigure'):
+            return _queue_words(conn, queue, _policy(fields['policy'], configurable()))
         return _queue_words(conn, queue) if queue else ''
 
     return blueprint

@@ -155,10 +155,32 @@ def pytest_configure(config):
                                     "RQ_POLICIES_CLUSTER=1 RQ_KEY_PREFIX='{rq}' pytest ...")
 
 
+#: Set by ``pytest_collection_modifyitems``: how many tests marked long or slow a quick run left out.
+_QUICK_LEFT_OUT: list[int] = []
+
+
+def _quick(config) -> bool:
+    """A quick run (the README's test command): no ``RQ_POLICIES_FULL=1``, no ``-m``, and no test file or test named
+    (a folder, or none, is a quick run of what it holds)."""
+    if os.environ.get('RQ_POLICIES_FULL') or config.getoption('markexpr'):
+        return False
+    return not any('::' in arg or arg.split('::')[0].endswith('.py') for arg in config.args)
+
+
 def pytest_collection_modifyitems(config, items):
-    """RQ_POLICIES_SKIP_SLOW=1 skips the tests marked slow (CI runs the soak once, not on every matrix cell), and
-    RQ_POLICIES_SKIP_LONG=1 those marked long (worker and fault tests of 5 s or more: CI runs them on Valkey with
-    both rq versions, and every other test on Redis 7 too, which keeps CI near its time budget)."""
+    """A quick run leaves out the tests marked long or slow (worker and fault tests of 5 s or more, the soak, the
+    Sentinel failover): every behaviour is still tested, in a few minutes; ``RQ_POLICIES_FULL=1`` runs everything, as
+    CI does, and so does naming a marker (``-m long``) or a test by its id.
+
+    In a full run, RQ_POLICIES_SKIP_SLOW=1 skips the tests marked slow (CI runs the soak once, not on every matrix
+    cell), and RQ_POLICIES_SKIP_LONG=1 those marked long (CI runs them on Valkey with both rq versions, and every
+    other test on Redis 7 too, which keeps CI near its time budget)."""
+    if _quick(config):
+        kept = [item for item in items if 'long' not in item.keywords and 'slow' not in item.keywords]
+        if len(kept) < len(items):
+            config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+            _QUICK_LEFT_OUT.append(len(items) - len(kept))
+            items[:] = kept
     for marker, variable in (('slow', 'RQ_POLICIES_SKIP_SLOW'), ('long', 'RQ_POLICIES_SKIP_LONG')):
         if not os.environ.get(variable):
             continue
@@ -166,3 +188,10 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if marker in item.keywords:
                 item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if _QUICK_LEFT_OUT:
+        terminalreporter.write_line(
+            f'quick run: {_QUICK_LEFT_OUT[0]} tests marked long or slow (worker and fault runs of 5 s or more, the '
+            'soak) left out; RQ_POLICIES_FULL=1 runs everything, as CI does (docs/development.md)')

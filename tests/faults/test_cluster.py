@@ -361,16 +361,6 @@ def test_the_page_reads_the_slots_primary(cluster, valkey_cluster):
     assert [row['name'] for row in view['queues']['rows']] == ['readers']
 
 
-def _node_role(valkey_cluster, port: int) -> str:
-    client = valkey_cluster.node_client(port)
-    try:
-        return client.info('replication')['role']
-    except Exception:
-        return 'unreachable'
-    finally:
-        client.close()
-
-
 def _statuses(connection, ids) -> dict[str, str | None]:
     found = {}
     for job_id in ids:
@@ -439,10 +429,10 @@ def test_failover_of_the_prefix_slot_primary_during_capped_loner_jobs(cluster, v
         killed_at = time.time()
         primary.process.kill()
         primary.process.wait()
-        while _node_role(valkey_cluster, replica.port) != 'master' and time.time() < killed_at + 30:
+        while valkey_cluster.role(replica.port) != 'master' and time.time() < killed_at + 30:
             time.sleep(0.02)
         promoted_at = time.time()
-        assert _node_role(valkey_cluster, replica.port) == 'master'
+        assert valkey_cluster.role(replica.port) == 'master'
         thread.join(120)
         assert not thread.is_alive()
         assert len(acked) == total
@@ -574,8 +564,7 @@ def test_producers_follow_a_slot_migration(cluster, valkey_cluster, capsys):
     slot = key_slot(keys.PREFIX.encode())
     source, _ = valkey_cluster.owner_of(keys.PREFIX)
     target = next(node for node in valkey_cluster.nodes[:valkey_cluster.primaries] if node is not source
-                  and _node_role(valkey_cluster, node.port) == 'master')
-    src, dst = valkey_cluster.node_client(source.port), valkey_cluster.node_client(target.port)
+                  and valkey_cluster.role(node.port) == 'master')
     acked: list[str] = []
     failed: list[str] = []
     stop = threading.Event()
@@ -604,27 +593,13 @@ def test_producers_follow_a_slot_migration(cluster, valkey_cluster, capsys):
     try:
         while len(acked) < 200:
             time.sleep(0.02)
-        src_id, dst_id = src.execute_command('CLUSTER MYID'), dst.execute_command('CLUSTER MYID')
-        dst.execute_command('CLUSTER SETSLOT', slot, 'IMPORTING', src_id)
-        src.execute_command('CLUSTER SETSLOT', slot, 'MIGRATING', dst_id)
-        moved = 0
-        while True:
-            batch = src.execute_command('CLUSTER GETKEYSINSLOT', slot, 20)
-            if not batch:
-                break
-            src.execute_command('MIGRATE', '127.0.0.1', target.port, '', 0, 5000, 'KEYS', *batch)
-            moved += len(batch)
-            time.sleep(0.01)  # let the producer run against a slot split between two nodes
-        for client in (dst, src):
-            client.execute_command('CLUSTER SETSLOT', slot, 'NODE', dst_id)
+        moved = valkey_cluster.migrate_slot(slot, target)  # 20 keys a batch, 10 ms apart: clients meet the split
         during = len(acked)
         while len(acked) < during + 100:
             time.sleep(0.02)
     finally:
         stop.set()
         thread.join(30)
-        src.close()
-        dst.close()
     with capsys.disabled():
         print(f'\nslot migration: {moved} keys moved, {len(acked)} enqueues acknowledged, {during} by the end of the '
               f'move, {len(failed)} failed calls retried: {sorted(set(e.split("(")[0] for e in failed))}')

@@ -21,6 +21,7 @@ ran), ``id`` (the identity an identity policy keys on), ``key`` (a per-key polic
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -121,7 +122,8 @@ DECLARED: dict[str, list[tuple[str, dict[str, Any]]]] = {
     'trailing': [('throttle', {'slot': SLOT, 'trailing': True})],
     'debounced': [('debounce', {'wait': DEBOUNCE_WAIT, 'max_wait': DEBOUNCE_MAX_WAIT})],
     'keyed': [('concurrency', {'scope': KEY_SCOPE, 'limit': KEY_LIMIT, 'cost': 1})],
-    'key_rated': [('rate', {'scope': RATE_SCOPE, 'limit': KEY_RATE[0], 'per': KEY_RATE[1], 'burst': KEY_RATE[2]})],
+    'key_rated': [('rate', {'scope': RATE_SCOPE, 'limit': KEY_RATE[0], 'per': KEY_RATE[1], 'burst': KEY_RATE[2],
+                            'cost': 1})],
     'fair': [('fair', {'scope': FAIR_SCOPE})],
     'plain': [],
     'flaky': [],
@@ -145,6 +147,7 @@ def resolve(func: str, queue: str, payload: dict) -> list[dict[str, Any]]:
         entry.update(fields)
         if kind == 'fair':
             entry['weight'] = payload['w']
+            entry['priority'] = payload.get('prio') or 0  # the enqueue's priority=, else Fair's default
         found.append(entry)
     if queue == CAPPED:
         found.append({'kind': 'queue_slot', 'cap': CAP})
@@ -182,24 +185,31 @@ def _run(func: str, payload: dict) -> str:
     LAST_RUN.clear()
     LAST_RUN.update(run=run, job=job.id, ended=False)
     rec.event('start', job=job.id, run=run, worker=worker, pid=os.getpid(), claim=CONTEXT.get('claim'),
+              fetched=CONTEXT.get('fetched'), fetch=CONTEXT.get('fetch'), paid=CONTEXT.get('paid', False),
               queue=job.origin, payload=payload, attempt=attempt, policies=resolve(func, job.origin, payload))
-    outcome, retry, delay = 'ok', False, None
+    outcome, retry, delay, due = 'ok', False, None, None
     try:
         if payload.get('sleep'):
             time.sleep(payload['sleep'])
         snoozes = int(job.meta.get('policies_snoozes', 0))
         if snoozes < (payload.get('snoozes') or 0):
-            outcome, retry, delay = 'snoozed', True, 1
+            # Due at the first whole second of the server's clock at least 1 s after the snooze (rq_policies.Snooze),
+            # which the worker writes a moment after this.
+            outcome, retry, delay, due = 'snoozed', True, 1, float(math.ceil(rec.now() + 1))
             raise Snooze(1)
         if attempt < (payload.get('fail') or 0):
             left = job.retries_left or 0
-            outcome, retry, delay = 'failed', left > 0, (RETRY_INTERVAL if left > 0 else None)
+            outcome, retry = 'failed', left > 0
+            if retry:
+                # rq schedules the retry at its clock plus the interval, truncated to a whole second (the scheduled
+                # registry's score, which the server's clock is compared with), a moment after this.
+                delay, due = RETRY_INTERVAL, float(int(time.time() + RETRY_INTERVAL))
             raise Flaky(f'attempt {attempt} of {job.id} fails')
     except JobTimeoutException:
         outcome, retry, delay = 'timeout', bool(job.retries_left), None
         raise
     finally:
-        rec.event('end', job=job.id, run=run, outcome=outcome, retry=retry, delay=delay)
+        rec.event('end', job=job.id, run=run, outcome=outcome, retry=retry, delay=delay, due=due)
         LAST_RUN['ended'] = True
     return payload.get('op', '')
 
@@ -310,6 +320,35 @@ def _run_in_file(path: Path, run: str | None = None) -> tuple[dict | None, bool]
     return start, ended
 
 
+#: The job hash field a rate-parked job carries once it was given back with its start paid for
+#: (``lua/policies/key_rate.lua``); its fetch takes it without paying again.
+RATE_PAID_FIELD = 'policies_key_rate_paid'
+
+#: The ids of the jobs this worker's fetches found with their start already paid (read from the hash each fetch
+#: hands the worker, before the job is built from it).
+PAID: set[str] = set()
+
+
+def watch_paid() -> None:
+    """Note each fetched job whose start was paid for when it was given back (a rate-parked job): its Rate start was
+    decided then, before the fetch that took it. Read from the job hash the fetch returned, where the worker builds
+    the job (``rq_policies.fetch._job``); without that function (a later layout), nothing is noted."""
+    from rq_policies import fetch
+
+    original = getattr(fetch, '_job', None)
+    if original is None or getattr(original, 'records_history', False):
+        return
+
+    def build(job_class: Any, claim: Any, connection: Any, serializer: Any) -> Any:
+        raw = claim.raw or {}
+        if RATE_PAID_FIELD in raw or RATE_PAID_FIELD.encode() in raw:
+            PAID.add(claim.job_id)
+        return original(job_class, claim, connection, serializer)
+
+    build.records_history = True  # type: ignore[attr-defined]
+    fetch._job = build
+
+
 class HistoryMixin:
     """What both recording workers add to their PolicyWorker class: the worker's own history file (``p`` is the rq
     worker name, ``rq worker --name worker-3``), the context a job's ``start`` reads, the ``end`` of a run the job
@@ -322,17 +361,37 @@ class HistoryMixin:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs['job_monitoring_interval'] = self.monitoring_interval
         super().__init__(*args, **kwargs)
-        self._recorder = record.from_env(self.name, 'worker', worker=self.name)
+        self._recorder = record.from_env(self.name, 'worker', worker=self.name,
+                                         queues=[queue.name for queue in self.queues])
         self._jobs_run = 0
+        self._fetch_returned = 0.0  # this host's clock when the last fetch's reply came back
+        watch_paid()
 
     # -- a job's context and its end ------------------------------------------------------------------------------
+
+    def dequeue_job_and_maintain_ttl(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().dequeue_job_and_maintain_ttl(*args, **kwargs)
+        finally:
+            self._fetch_returned = time.time()
 
     def execute_job(self, job: Any, queue: Any) -> Any:
         self._jobs_run += 1
         claim = self._policy_fetcher.claim
-        token = claim.token if claim is not None and claim.job_id == job.id else None
+        ours = claim is not None and claim.job_id == job.id
+        token = claim.token if ours else None
+        # The fetch that took the job: just before it was sent and just after its reply, in server time (the
+        # server decided the start, took the hold, paid the rate, inside that window).
+        offset = self._recorder.clock.offset
+        fetched = ([round(claim.fetched_after + offset, 6), round(self._fetch_returned + offset, 6)]
+                   if ours and claim.fetched_after else None)
+        from rq_policies import keys
+
+        fetch = claim.record[len(keys.claim('')):] if ours and claim.record else None
         CONTEXT.clear()
-        CONTEXT.update(worker=self.name, claim=token, n=self._jobs_run)
+        CONTEXT.update(worker=self.name, claim=token, n=self._jobs_run, fetched=fetched, fetch=fetch,
+                       paid=job.id in PAID)
+        PAID.discard(job.id)
         LAST_RUN.clear()
         horse = self._horse_name(self._jobs_run)
         if horse is not None:
@@ -368,7 +427,8 @@ class HistoryMixin:
             retry = status in (JobStatus.QUEUED, JobStatus.SCHEDULED)
         except Exception:  # the server is away: the outcome stays unknown
             self._recorder.reconnected()
-        self._recorder.event('end', job=job.id, run=run, outcome=outcome, retry=retry, delay=None, by='worker')
+        self._recorder.event('end', job=job.id, run=run, outcome=outcome, retry=retry, delay=None, due=None,
+                             by='worker')
 
     # -- releases -------------------------------------------------------------------------------------------------
 

@@ -132,12 +132,19 @@ class Nemesis:
         self._thread: threading.Thread | None = None
         self._plan: list[str] = []
         self._only: list[str] = []
+        self._count = 0
+        self._id: str | None = None  # the fault in progress (``id`` on its begin and its end)
 
     # -- the schedule ------------------------------------------------------------------------------------------------
 
     def all_fired(self) -> bool:
         """Has every nemesis of the topology fired at least once?"""
+        if self._only == ['none']:
+            return True
         return all(self.fired.get(name) for name in self._only or actions(self.topology.kind))
+
+    def none(self) -> None:
+        """No fault at all (``--nemeses none``: a run that only shows the workload and the recording)."""
 
     def only(self, names: list[str]) -> None:
         """Perform only these nemeses (a broken build's run that needs one kind of fault, a focused run)."""
@@ -159,12 +166,13 @@ class Nemesis:
     def _loop(self) -> None:
         while not self._stop.wait(self.rng.uniform(*self.gap)):
             name = self.next_action()
+            self._id = None
             try:
                 if getattr(self, name)() is False:  # nothing to do it to now (no horse busy): later in this round
                     self._plan.insert(0, name)
             except Exception as exc:  # a fault that could not be performed: recorded, the run goes on
                 self.errors.append(f'{name}: {exc!r}'[:300])
-                self.rec.event('nemesis', action=name, phase='end', target=None, error=repr(exc)[:300])
+                self.rec.event('nemesis', action=name, phase='end', id=self._id, target=None, error=repr(exc)[:300])
 
     def stop(self, timeout: float = 120.0) -> None:
         """Let the fault in progress end (an outage runs its 20 s), then heal everything still faulty."""
@@ -184,10 +192,12 @@ class Nemesis:
 
     def _begin(self, action: str, **fields: Any) -> None:
         self.fired[action] = self.fired.get(action, 0) + 1
-        self.rec.event('nemesis', action=action, phase='begin', **fields)
+        self._count += 1
+        self._id = f'{action}-{self._count}'
+        self.rec.event('nemesis', action=action, phase='begin', id=self._id, **fields)
 
     def _end(self, action: str, **fields: Any) -> None:
-        self.rec.event('nemesis', action=action, phase='end', **fields)
+        self.rec.event('nemesis', action=action, phase='end', id=self._id, **fields)
 
     # -- against the workers -----------------------------------------------------------------------------------------
 

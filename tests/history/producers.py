@@ -39,6 +39,9 @@ from tests.history import jobs, record
 #: Seconds a producer's call waits for a reply before its client resends (a reply held longer is a lost reply).
 SOCKET_TIMEOUT = 1.0
 
+#: The functions whose admitted job may be a pending one, rewritten in place by later calls (the door's ``due``).
+PENDING = ('debounced', 'trailing')
+
 #: Errors that say the call was certainly not applied (refused before anything was sent).
 REFUSED = (InvalidArgument, PolicyConfigurationError, ValueError, TypeError)
 
@@ -158,15 +161,41 @@ def choose(rng: random.Random) -> list[Call]:
 
 # -- the recording around a door call -----------------------------------------------------------------------------
 
-def verdict_of(result: Any, chosen: str) -> tuple[str, str | None]:
-    """The verdict of a door that returned ``result`` for a call that chose job id ``chosen``, and the job id now
-    waiting for the call."""
+#: The admission script's verdict (``rq_policies.admission.Verdict``) of each call of this process, by its ``op``:
+#: what the door decided with, read where every door reads it (:func:`capture_verdicts`).
+VERDICTS: dict[str, Any] = {}
+
+
+def capture_verdicts() -> None:
+    """Note each admission's :class:`~rq_policies.admission.Verdict` by the call's ``op`` as every door (sync,
+    asyncio, each job of ``enqueue_many``) hands it to ``admission.settle``: the server's instant of the decision
+    (``now``), a pending job's run time, the deciding policy. The door's own behaviour is unchanged."""
+    from rq_policies import admission
+
+    original = admission.settle
+    if getattr(original, 'records_history', False):
+        return
+
+    def settle(queue: Any, spec: Any, write: Any, verdict: Any, hint: Any = None) -> Any:
+        payload = write.job.args[0] if write.job.args else None
+        if isinstance(payload, dict) and payload.get('op'):
+            VERDICTS[payload['op']] = verdict
+        return original(queue, spec, write, verdict, hint)
+
+    settle.records_history = True  # type: ignore[attr-defined]
+    admission.settle = settle
+
+
+def verdict_of(result: Any, chosen: str, delayed: bool) -> tuple[str, str | None]:
+    """The verdict of a door that returned ``result`` for a call that chose job id ``chosen`` (``delayed``: an
+    ``enqueue_in``/``enqueue_at``), and the job id now waiting for the call: ``scheduled`` is a pending job (a
+    Debounce's, a trailing Throttle's), not a job the call itself asked to run later (that one is ``admitted``)."""
     if result is None:
         return 'dropped', None
     if result.id != chosen:
         return 'replaced', result.id
     status = result.get_status(refresh=False)
-    if status == JobStatus.SCHEDULED:
+    if status == JobStatus.SCHEDULED and not delayed:
         return 'scheduled', result.id
     if status == JobStatus.DEFERRED:
         return 'parked', result.id
@@ -177,9 +206,10 @@ class Producer:
     """One producer process's calls and their records (the sync and the asyncio producer share it)."""
 
     def __init__(self, rec: record.Recorder, seed: int, quota: int, until: float, rate: float,
-                 stop_file: Path | None = None) -> None:
+                 stop_file: Path | None = None, only: list[str] | None = None) -> None:
         self.rec, self.rng, self.quota, self.until, self.rate = rec, random.Random(seed), quota, until, rate
         self.stop_file = stop_file
+        self.only = set(only or ())
         self.count = 0  # door calls made (a batch or a burst counts each of its calls)
         self._stopped = False
         self._next_look = 0.0
@@ -195,19 +225,27 @@ class Producer:
     def next_calls(self) -> list[Call]:
         """The next door call(s), each with an ``op`` of its own (``<p>:<n>``, n counting this producer's calls)."""
         calls = choose(self.rng)
+        while self.only and calls[0].func not in self.only:  # a focused run: only the functions asked for
+            calls = choose(self.rng)
         if len(calls) == 1 and calls[0].door == 'enqueue' and not calls[0].options:
             roll = self.rng.random()
             if roll < 0.1:
                 calls[0].door = 'delay'
-            elif roll < 0.2:  # a batch: this call and more of the same kind (enqueue_many has no options)
+                calls[0].priority = None  # .delay() and enqueue_many take no priority=: the job gets its default
+            elif roll < 0.2 and not calls[0].func.endswith('_raise'):
+                # A batch: this call and more of the same queue (enqueue_many takes no options). A raise would end
+                # the batch half-written (each of its calls then unknown), so raising kinds stay out of it.
                 more = [choose(self.rng) for _ in range(self.rng.randrange(1, 4))]
                 calls += [c[0] for c in more if len(c) == 1 and c[0].door == 'enqueue' and not c[0].options
-                          and c[0].queue == calls[0].queue]
+                          and c[0].queue == calls[0].queue and not c[0].func.endswith('_raise')]
                 for call in calls:
                     call.door = 'enqueue_many'
+                    call.priority = None
         for call in calls:
             self.count += 1
             call.payload['op'] = f'{self.rec.p}:{self.count}'
+            if call.func == 'fair':
+                call.payload['prio'] = call.priority  # the job reads its resolved priority from its payload
         return calls
 
     def pause(self) -> float:
@@ -227,14 +265,36 @@ class Producer:
                        policies=jobs.resolve(call.func, call.queue, call.payload))
         return job_id
 
-    def complete(self, call: Call, job_id: str, result: Any = None, error: BaseException | None = None) -> None:
+    def complete(self, call: Call, job_id: str, result: Any = None, error: BaseException | None = None,
+                 unknown: bool = False) -> None:
+        """Record the call's completion: ``ok`` with its verdict (and what the admission script answered:
+        ``now``, a pending job's ``due``, the deciding ``policy``), ``fail`` (refused before anything was sent),
+        or ``info`` (unknown: an error after the call may have been sent, or ``unknown``)."""
         op = call.payload['op']
         holder = jobs.DROPS.pop(op, None)
-        if error is None:
-            verdict, waiting = verdict_of(result, job_id)
-            self.rec.event('ok', op=op, verdict=verdict, job=waiting, holder=holder if verdict == 'dropped' else None)
+        found = VERDICTS.pop(op, None)
+        facts: dict[str, Any] = {}
+        if found is not None:
+            facts['now'] = found.server_now or None
+            if found.dropped:
+                facts['dropped_jobs'] = [job for _, job in found.dropped]
+        if unknown and error is not None:
+            self.rec.event('info', op=op, error=repr(error)[:200])
+            self.rec.reconnected()
+        elif error is None:
+            verdict, waiting = verdict_of(result, job_id, call.delay is not None)
+            if found is not None and verdict in ('dropped', 'raised'):
+                facts['policy'] = found.policy or None
+                holder = holder or found.job_id or None
+            if found is not None and (verdict == 'scheduled' or (verdict == 'replaced' and found.number
+                                                                 and call.func in PENDING)):
+                facts['due'] = found.number
+            self.rec.event('ok', op=op, verdict=verdict, job=waiting, holder=holder if verdict == 'dropped' else None,
+                           **facts)
         elif isinstance(error, DuplicateJob):
-            self.rec.event('ok', op=op, verdict='raised', job=None, holder=error.holder)
+            if found is not None:
+                facts['policy'] = found.policy or None
+            self.rec.event('ok', op=op, verdict='raised', job=None, holder=error.holder, **facts)
         elif isinstance(error, REFUSED):
             self.rec.event('fail', op=op, error=repr(error)[:200])
         else:
@@ -264,9 +324,9 @@ def run_sync(producer: Producer, conn: Any) -> None:
                 results = queue.enqueue_many([PolicyQueue.prepare_data(jobs.FUNCTIONS[call.func], (call.payload,),
                                                                        job_id=job_id)
                                               for call, job_id in zip(calls, ids)])
-            except Exception as exc:
+            except Exception as exc:  # some of the batch may have been written before the error: each is unknown
                 for call, job_id in zip(calls, ids):
-                    producer.complete(call, job_id, error=exc)
+                    producer.complete(call, job_id, error=exc, unknown=True)
             else:
                 for call, job_id, result in zip(calls, ids, results):
                     producer.complete(call, job_id, result)
@@ -334,9 +394,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument('--rate', type=float, default=10.0, help='calls a second, on average')
     parser.add_argument('--asyncio', action='store_true', help='the asyncio doors (AsyncPolicyQueue)')
     parser.add_argument('--stop-file', type=Path, help='stop once this file exists (looked for twice a second)')
+    parser.add_argument('--only', help='only calls of these job functions, comma-separated (a focused run)')
     opts = parser.parse_args(argv)
     rec = record.from_env(f'producer-{opts.index}', 'producer', asyncio=opts.asyncio)
-    producer = Producer(rec, opts.seed, opts.quota, opts.until, opts.rate, opts.stop_file)
+    capture_verdicts()
+    producer = Producer(rec, opts.seed, opts.quota, opts.until, opts.rate, opts.stop_file,
+                        opts.only.split(',') if opts.only else None)
     if opts.asyncio:
         asyncio.run(run_asyncio(producer, connect(opts.connect, use_asyncio=True)))
     else:

@@ -284,8 +284,12 @@ class Fleet:
     def spawn(self, forking: bool) -> Worker:
         self.started += 1
         name = f'worker-{self.started}'
+        # rq cleans its registries (a SIGKILLed worker's started jobs are failed as abandoned once their heartbeat
+        # expires) in maintenance, every 10 minutes by default: every 5 s here, as the soak does, so a run's final
+        # look finds a killed run's job where rq's recovery puts it.
         args = [sys.executable, '-m', 'rq.cli', 'worker', '-w', WORKER_CLASSES[0 if forking else 1], '--name', name,
-                '--logging_level', 'WARNING', *self.topology.worker_args(), *self.queues]
+                '--logging_level', 'WARNING', '--maintenance-interval', '5', *self.topology.worker_args(),
+                *self.queues]
         with open(self.logs / f'{name}.log', 'ab') as log:
             proc = subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                     cwd=str(self.logs))
@@ -350,9 +354,8 @@ class Fleet:
 
 class Operator:
     """Changes the policies' settings while the run goes on, as an operator would, recording each as a ``setting``
-    event. A change that loosens a limit (a higher cap, a resume) is stamped *before* its call and one that tightens
-    it (a lower cap, a pause) *after* the server acknowledged it, so the tighter setting's span in the history lies
-    inside the span it really had; a call that fails (the server away) is sent again until acknowledged."""
+    event stamped once the server acknowledged it, with ``t0`` the stamp just before its first attempt (the change
+    took effect in between); a call that fails (the server away) is sent again until acknowledged."""
 
     def __init__(self, rec: record.Recorder, topology: Topology, rng: random.Random) -> None:
         self.rec, self.topology, self.rng = rec, topology, rng
@@ -374,12 +377,11 @@ class Operator:
         return retry(attempt, what, seconds=120)
 
     def setting(self, what: str, loosens: bool, fn: Any, **fields: Any) -> None:
-        if loosens:
-            self.rec.event('setting', what=what, **fields)
-            self._call(what, fn)
-        else:
-            self._call(what, fn)
-            self.rec.event('setting', what=what, **fields)
+        """Make one change (``loosens``: whether it loosens a limit, for the reader; both kinds are stamped the
+        same way) and record it."""
+        t0 = round(self.rec.now(), 6)
+        self._call(what, fn)
+        self.rec.event('setting', what=what, t0=t0, **fields)
         self.changes += 1
 
     def initial(self) -> None:
@@ -457,9 +459,11 @@ class Operator:
 # -- the drain and the final look -------------------------------------------------------------------------------------
 
 def backlog(conn: Any) -> dict[str, int]:
-    """What still waits to run, per queue: its list, its scheduled registry, its deferred registry (Fair's lines
-    and parked per-key jobs)."""
-    from rq.registry import DeferredJobRegistry, ScheduledJobRegistry
+    """What still waits to run or to be settled, per queue: its list, its scheduled registry, its deferred registry
+    (Fair's lines and parked per-key jobs), and its started registry (a job running, or one whose worker was killed
+    with it: rq fails it as abandoned once its heartbeat has expired, in maintenance)."""
+    from rq.job import Job
+    from rq.registry import DeferredJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 
     from rq_policies import PolicyQueue
     from tests.history import jobs
@@ -467,8 +471,15 @@ def backlog(conn: Any) -> dict[str, int]:
     left = {}
     for name in jobs.QUEUES:
         q = PolicyQueue(name, connection=conn)
+        started = StartedJobRegistry(queue=q).get_job_ids()
+        if started:  # rq leaves an entry of a job that ended behind when its worker died before removing it
+            with conn.pipeline(transaction=False) as pipe:
+                for job_id in started:
+                    pipe.hget(Job.key_for(job_id), 'status')
+                statuses = pipe.execute()
+            started = [job_id for job_id, status in zip(started, statuses) if status in (b'started', 'started')]
         for where, count in (('queued', q.count), ('scheduled', ScheduledJobRegistry(queue=q).count),
-                             ('deferred', DeferredJobRegistry(queue=q).count)):
+                             ('deferred', DeferredJobRegistry(queue=q).count), ('started', len(started))):
             if count:
                 left[f'{name}:{where}'] = count
     return left
@@ -645,7 +656,7 @@ def with_root(env: dict, *first: Any) -> dict:
 def run(topology_name: str, out: Path, seed: int = 1, jobs_total: int | None = None, seconds: float | None = None,
         server: str = 'valkey', broken: str | None = None, nemeses: list[str] | None = None, producers: int = 3,
         rate: float = 12.0, forking: int = 2, simple: int = 2, drain_timeout: float = 120.0,
-        gap: tuple[float, float] = (2.0, 6.0)) -> dict:
+        gap: tuple[float, float] = (2.0, 6.0), only: list[str] | None = None) -> dict:
     """One run (see the module docstring); returns the summary."""
     from tests.history import jobs
 
@@ -669,7 +680,8 @@ def run(topology_name: str, out: Path, seed: int = 1, jobs_total: int | None = N
             first.insert(0, broken_build(broken, work))
         env = with_root(env, *first)
         os.environ.update({record.DIR_ENV: str(out), record.CLOCK_ENV: clock, record.TOPOLOGY_ENV: topology_name})
-        rec = record.from_env('runner', 'runner')
+        rec = record.from_env('runner', 'runner', servers=clock, server=server_version(topology), seed=seed,
+                              broken=broken)
         nem_rec = record.Recorder(out, 'nemesis', 'nemesis', clock=rec.clock, topology=topology_name)
         operator = Operator(rec, topology, random.Random(seed + 1))
         operator.initial()
@@ -688,13 +700,18 @@ def run(topology_name: str, out: Path, seed: int = 1, jobs_total: int | None = N
             args = [sys.executable, '-m', 'tests.history.producers', '--index', str(i), '--connect',
                     topology.producer_spec(), '--seed', str(seed * 100 + i), '--until', str(time.time() + 7 * 86400),
                     '--rate', str(rate), '--stop-file', str(stop_file)]
+            if only:
+                args += ['--only', ','.join(only)]
             if i == producers:
                 args.append('--asyncio')
             with open(logs / f'producer-{i}.log', 'ab') as log:
                 procs.append(subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT,
                                               start_new_session=True))
         nemesis = Nemesis(nem_rec, topology, fleet, out, seed, jobs.HOLD_TTL, gap=gap)
-        if nemeses:
+        if nemeses == ['none']:
+            nemeses = []
+            nemesis.only(['none'])
+        elif nemeses:
             unknown = set(nemeses) - set(actions(topology_name))
             if unknown:
                 raise ValueError(f'--nemeses: {sorted(unknown)} are not nemeses of {topology_name}: '
@@ -743,6 +760,7 @@ def run(topology_name: str, out: Path, seed: int = 1, jobs_total: int | None = N
         (logs / 'failed_unrun.json').write_text(json.dumps(unrun, indent=1))
         lapses = retry(lambda: {k.decode(): int(v) for k, v in final_conn.hgetall(lapses_key()).items()}, 'lapses')
         events = read_history(out)
+        summary['server_version'] = server_version(topology)
         summary.update(figures(events))
         summary.update({
             'drained': drained, 'drain_seconds': round(drain_seconds, 1), 'left': left,
@@ -791,6 +809,21 @@ class Calls:
             self.total += chunk[:end].count(b'"e":"invoke"')
             self.offsets[path] = at + end
         return self.total
+
+
+def server_version(topology: Topology) -> str | None:
+    """The servers' product and version (``valkey 9.0.0``, ``redis 7.0.15``), from ``INFO server``."""
+    try:
+        conn = topology.admin()
+        info = conn.info('server')
+        if isinstance(info, dict) and 'redis_version' not in info:  # a cluster client: one node's answer each
+            info = next(iter(info.values()))
+        conn.close()
+    except Exception:
+        return None
+    if info.get('valkey_version'):
+        return f'valkey {info["valkey_version"]}'
+    return f'redis {info.get("redis_version")}'
 
 
 def jobs_prefix() -> str:
@@ -844,7 +877,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument('--seed', type=int, default=1)
     parser.add_argument('--out', type=Path, required=True, help='the history folder (made if missing)')
     parser.add_argument('--break', dest='broken', choices=sorted(BREAKS), help='run a deliberately broken build')
-    parser.add_argument('--nemeses', help='only these nemeses, comma-separated (default: every one of the topology)')
+    parser.add_argument('--nemeses', help='only these nemeses, comma-separated, or none (default: every one of the '
+                                          'topology)')
     parser.add_argument('--producers', type=int, default=3, help='producer processes (the last on asyncio)')
     parser.add_argument('--rate', type=float, default=12.0, help='door calls a second per producer, on average')
     parser.add_argument('--forking', type=int, default=2, help='forking workers (HistoryWorker)')
@@ -852,6 +886,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument('--drain', type=float, default=120.0, help='seconds the final drain may take')
     parser.add_argument('--gap', type=float, nargs=2, default=(2.0, 6.0), metavar=('MIN', 'MAX'),
                         help='seconds between two nemeses')
+    parser.add_argument('--only', help='only calls of these job functions of tests/history/jobs.py, comma-separated '
+                                       '(a focused run)')
     opts = parser.parse_args(argv)
     # Before anything imports rq or rq_policies (each reads these once): the server binary and the key prefix.
     if opts.server == 'redis' and not os.environ.get('REDIS_SERVER'):
@@ -864,7 +900,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         summary = run(opts.topology, opts.out, opts.seed, opts.jobs, opts.seconds, opts.server, opts.broken,
                       opts.nemeses.split(',') if opts.nemeses else None, opts.producers, opts.rate, opts.forking,
-                      opts.simple, opts.drain, tuple(opts.gap))
+                      opts.simple, opts.drain, tuple(opts.gap), opts.only.split(',') if opts.only else None)
     except Exception as exc:
         print(json.dumps({'error': repr(exc)[:2000]}), flush=True)
         sys.exit(2)

@@ -237,7 +237,8 @@ class Producer:
                 # the batch half-written (each of its calls then unknown), so raising kinds stay out of it.
                 more = [choose(self.rng) for _ in range(self.rng.randrange(1, 4))]
                 calls += [c[0] for c in more if len(c) == 1 and c[0].door == 'enqueue' and not c[0].options
-                          and c[0].queue == calls[0].queue and not c[0].func.endswith('_raise')]
+                          and c[0].queue == calls[0].queue and not c[0].func.endswith('_raise')
+                          and (not self.only or c[0].func in self.only)]
                 for call in calls:
                     call.door = 'enqueue_many'
                     call.priority = None

@@ -705,8 +705,10 @@ def run(topology_name: str, out: Path, seed: int = 1, jobs_total: int | None = N
             if i == producers:
                 args.append('--asyncio')
             with open(logs / f'producer-{i}.log', 'ab') as log:
+                # Not from the repository's root: ``python -m`` puts the working folder first on sys.path, ahead of
+                # PYTHONPATH, where a broken build must come first (the root is on PYTHONPATH after it).
                 procs.append(subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                              start_new_session=True))
+                                              start_new_session=True, cwd=str(logs)))
         nemesis = Nemesis(nem_rec, topology, fleet, out, seed, jobs.HOLD_TTL, gap=gap)
         if nemeses == ['none']:
             nemeses = []

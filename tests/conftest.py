@@ -158,11 +158,18 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     """RQ_POLICIES_SKIP_SLOW=1 skips the tests marked slow (CI runs the soak once, not on every matrix cell), and
     RQ_POLICIES_SKIP_LONG=1 those marked long (worker and fault tests of 5 s or more: CI runs them on Valkey with
-    both rq versions, and every other test on Redis 7 too, which keeps CI near its time budget)."""
+    both rq versions, and every other test on Redis 7 too, which keeps CI near its time budget). The tests marked
+    history run only with RQ_POLICIES_HISTORY=1."""
     for marker, variable in (('slow', 'RQ_POLICIES_SKIP_SLOW'), ('long', 'RQ_POLICIES_SKIP_LONG')):
         if not os.environ.get(variable):
             continue
         skip = pytest.mark.skip(reason=f'{variable} is set')
         for item in items:
             if marker in item.keywords:
+                item.add_marker(skip)
+    # The history runs (tests/history/test_history_run.py: minutes each, a CI lane of their own) only on request.
+    if not os.environ.get('RQ_POLICIES_HISTORY'):
+        skip = pytest.mark.skip(reason='a history run takes minutes: RQ_POLICIES_HISTORY=1 runs it')
+        for item in items:
+            if 'history' in item.keywords:
                 item.add_marker(skip)

@@ -55,7 +55,7 @@ QUEUES = (CAPPED, RATED, FAIR, MAIN)
 #: QueueSlot's cap on CAPPED at the start of a run (the operator changes it: ``setting`` events).
 CAP = 2
 #: QueueRate on RATED: (limit, per, burst).
-QUEUE_RATE = (4, 1, 2)
+QUEUE_RATE = (8, 1, 2)
 #: Throttle's slot, Debounce's wait and max_wait (seconds).
 SLOT = 2
 DEBOUNCE_WAIT, DEBOUNCE_MAX_WAIT = 1, 3

@@ -288,7 +288,8 @@ class Fleet:
         # expires) in maintenance, every 10 minutes by default: every 5 s here, as the soak does, so a run's final
         # look finds a killed run's job where rq's recovery puts it.
         args = [sys.executable, '-m', 'rq.cli', 'worker', '-w', WORKER_CLASSES[0 if forking else 1], '--name', name,
-                '--logging_level', 'WARNING', '--maintenance-interval', '5', *self.topology.worker_args(),
+                '--logging_level', 'WARNING', '--maintenance-interval', str(MAINTENANCE_SECONDS),
+                *self.topology.worker_args(),
                 *self.queues]
         with open(self.logs / f'{name}.log', 'ab') as log:
             proc = subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -410,7 +411,7 @@ class Operator:
             self.setting('cap', flip, lambda c: QueueSlot.set(jobs.CAPPED, cap, connection=c),
                          queue=jobs.CAPPED, value=cap)
         elif choice == 'rate':
-            rate = (2, 1, 1) if flip else jobs.QUEUE_RATE
+            rate = (jobs.QUEUE_RATE[0] // 2, 1, 1) if flip else jobs.QUEUE_RATE
             self.setting('rate', not flip, lambda c: QueueRate.set(jobs.RATED, *rate, connection=c),
                          queue=jobs.RATED, value=list(rate))
         elif choice == 'key_limit':
@@ -458,10 +459,18 @@ class Operator:
 
 # -- the drain and the final look -------------------------------------------------------------------------------------
 
-def backlog(conn: Any) -> dict[str, int]:
+#: Seconds between two maintenance runs of the run's workers (rq's ``--maintenance-interval``, 600 by default): rq
+#: cleans its registries there, a killed run's job failed as abandoned among them.
+MAINTENANCE_SECONDS = 5
+
+
+def backlog(conn: Any, live: set[str] | None = None) -> dict[str, int]:
     """What still waits to run or to be settled, per queue: its list, its scheduled registry, its deferred registry
-    (Fair's lines and parked per-key jobs), and its started registry (a job running, or one whose worker was killed
-    with it: rq fails it as abandoned once its heartbeat has expired, in maintenance)."""
+    (Fair's lines and parked per-key jobs), and its started registry's jobs still started on a worker of ``live``
+    (None: on any worker). A job left started by a worker that died is not waited for: rq fails it as abandoned
+    only once its execution's heartbeat expired (the job's timeout plus 60 s for an in-process worker, 180 s by
+    default; 60 s and more for a forking one) and a maintenance runs, which a worker that died in maintenance holds
+    off up to 15 minutes; the final look shows it started."""
     from rq.job import Job
     from rq.registry import DeferredJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 
@@ -471,13 +480,16 @@ def backlog(conn: Any) -> dict[str, int]:
     left = {}
     for name in jobs.QUEUES:
         q = PolicyQueue(name, connection=conn)
-        started = StartedJobRegistry(queue=q).get_job_ids()
+        # Each entry's score is when its heartbeat expires (rq 3 names an execution, '<job id>:<execution id>').
+        entries = conn.zrange(StartedJobRegistry(queue=q).key, 0, -1)
+        started = sorted({(m.decode() if isinstance(m, bytes) else m).split(':', 1)[0] for m in entries})
         if started:  # rq leaves an entry of a job that ended behind when its worker died before removing it
             with conn.pipeline(transaction=False) as pipe:
                 for job_id in started:
-                    pipe.hget(Job.key_for(job_id), 'status')
-                statuses = pipe.execute()
-            started = [job_id for job_id, status in zip(started, statuses) if status in (b'started', 'started')]
+                    pipe.hmget(Job.key_for(job_id), 'status', 'worker_name')
+                found = pipe.execute()
+            started = [job_id for job_id, (status, worker) in zip(started, found) if status in (b'started', 'started')
+                       and (live is None or (worker.decode() if isinstance(worker, bytes) else worker) in live)]
         for where, count in (('queued', q.count), ('scheduled', ScheduledJobRegistry(queue=q).count),
                              ('deferred', DeferredJobRegistry(queue=q).count), ('started', len(started))):
             if count:
@@ -489,13 +501,21 @@ def stuck(conn: Any) -> dict[str, Any]:
     """What a drain that did not finish found: each worker's state and job, each queue's first jobs."""
     from rq import Worker
     from rq.job import Job
+    from rq.registry import StartedJobRegistry
 
     from rq_policies import PolicyQueue
     from tests.history import jobs
 
-    found: dict[str, Any] = {'workers': {}, 'heads': {}}
+    found: dict[str, Any] = {'workers': {}, 'heads': {}, 'started': {}}
     for worker in Worker.all(connection=conn):
         found['workers'][worker.name] = [worker.get_state(), worker.get_current_job_id()]
+    now = time.time()
+    for name in jobs.QUEUES:
+        for member, score in conn.zrange(StartedJobRegistry(queue=PolicyQueue(name, connection=conn)).key, 0, -1,
+                                         withscores=True):
+            job_id = (member.decode() if isinstance(member, bytes) else member).split(':', 1)[0]
+            fields = conn.hmget(Job.key_for(job_id), 'status', 'worker_name')
+            found['started'][job_id] = [round(score - now, 1), *[(v.decode() if v else None) for v in fields]]
     for name in jobs.QUEUES:
         heads = []
         for job_id in PolicyQueue(name, connection=conn).get_job_ids(0, 4):
@@ -516,7 +536,7 @@ def drain(topology: Topology, fleet: Fleet, timeout: float) -> tuple[bool, float
         while True:
             fleet.supervise()
             try:
-                left = backlog(conn)
+                left = backlog(conn, {worker.name for worker in fleet.live() if worker.alive()})
             except Exception:
                 conn = topology.admin()
                 left = {'unreachable': 1}

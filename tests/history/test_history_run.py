@@ -1,0 +1,242 @@
+"""The history check on real topologies (issue 31): a short run of each topology under every one of its nemeses,
+read by the checker, and runs of deliberately broken builds that the checker must flag.
+
+Each test runs ``python -m tests.history.run`` (its own servers on free ports, workers started as users start them,
+producers, nemeses) and then the checker, ``python -m tests.history.check DIR --json``. They take minutes, so they
+are marked ``history`` and run only with ``RQ_POLICIES_HISTORY=1`` (CI runs them in a lane of their own:
+``.ci/run``); a failed run keeps its history folder and names it.
+
+Known breaks: violations that other work of issue 31 is fixing are listed in :data:`KNOWN_BREAKS`, each matched on
+the events the checker gives as evidence; a run may show them (the test prints each one it excused) and fails on
+any other violation. Remove an entry when its fix lands: the runs then hold the property unexcused.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT, with_root
+
+pytestmark = pytest.mark.history
+
+#: Door calls a topology's short run makes at least (issue 31: >= 3,000 jobs per topology).
+JOBS = 3000
+
+#: The short runs' shape: producers' rate (calls a second each), seconds between nemeses, the drain's bound (a job
+#: whose worker was killed with it is failed by rq's maintenance once its heartbeat expired, 60 s and more after).
+RUN_ARGS = ['--rate', '20', '--forking', '2', '--simple', '3', '--gap', '0.5', '2', '--drain', '120']
+
+
+def history_run(folder: Path, *args: str, timeout: float = 900) -> dict:
+    """Run ``python -m tests.history.run --out folder ARGS`` and return its summary (the JSON it prints)."""
+    proc = subprocess.run([sys.executable, '-m', 'tests.history.run', '--out', str(folder), *args], cwd=ROOT,
+                          env=with_root(dict(os.environ)), capture_output=True, text=True, timeout=timeout)
+    start = proc.stdout.find('{')
+    assert start >= 0, f'no summary (exit {proc.returncode}): {proc.stdout[-2000:]}{proc.stderr[-3000:]}'
+    summary = json.loads(proc.stdout[start:])
+    assert 'error' not in summary, (summary['error'], proc.stderr[-3000:])
+    return summary
+
+
+def need_checker() -> None:
+    """Skip (before any run) when the checker, ``tests/history/check.py``, is not in this tree yet."""
+    if importlib.util.find_spec('tests.history.check') is None:
+        pytest.skip('tests/history/check.py (the checker) is not in this tree yet')
+
+
+def checked(folder: Path) -> dict:
+    """The checker's report of the history in ``folder`` (``--json``)."""
+    proc = subprocess.run([sys.executable, '-m', 'tests.history.check', str(folder), '--json'], cwd=ROOT,
+                          env=with_root(dict(os.environ)), capture_output=True, text=True, timeout=600)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def evidence(violation: dict) -> list[dict]:
+    """The events a violation names (its ``lines``: ``file@offset: {json}``)."""
+    found = []
+    for line in violation.get('lines', []):
+        try:
+            found.append(json.loads(line.split(': ', 1)[1]))
+        except (IndexError, ValueError):  # an excerpt cut at the checker's line limit (a final event)
+            continue
+    return found
+
+
+class History:
+    """The history of a run, as far as the known breaks' matchers need it."""
+
+    def __init__(self, folder: Path) -> None:
+        self.events = []
+        for path in sorted(folder.glob('*.jsonl')):
+            for line in path.read_text(encoding='utf-8').splitlines():
+                try:
+                    self.events.append(json.loads(line))
+                except ValueError:
+                    continue
+        final = next((e for e in self.events if e['e'] == 'final'), {'jobs': {}})
+        self.final: dict[str, str] = final['jobs']
+        self.started = {e['job'] for e in self.events if e['e'] == 'start'}
+        self.failovers = [(e['t'], e['phase']) for e in self.events
+                          if e['e'] == 'nemesis' and e['action'] in ('failover_kill', 'failover_graceful')]
+        #: The workers that died during the run: killed (a nemesis), or quit on a Redis error (exit 0 or 1).
+        self.died = {e['worker'] for e in self.events if e['e'] == 'exit' and not e.get('asked')}
+
+    def during_failover(self, t: float, before: float = 2.0) -> bool:
+        """Did ``t`` fall within a failover (from ``before`` seconds ahead of its begin to its end)?"""
+        begins = [at for at, phase in self.failovers if phase == 'begin']
+        ends = [at for at, phase in self.failovers if phase == 'end']
+        return any(b - before <= t <= next((e for e in ends if e >= b), float('inf')) for b in begins)
+
+
+def _job_of(violation: dict) -> tuple[str | None, dict | None]:
+    """The job a no-loss violation is about, and its acknowledging ``ok``."""
+    for event in evidence(violation):
+        if event['e'] == 'ok' and event.get('job'):
+            return event['job'], event
+    return None, None
+
+
+@dataclass(frozen=True)
+class Known:
+    """A break another part of issue 31 is fixing: the property, what it is, and how to recognise its violations."""
+
+    property: int
+    what: str
+    matches: Callable[[dict, History], bool]
+
+
+def _stranded(violation: dict, history: History) -> bool:
+    job, _ = _job_of(violation)
+    return job is not None and history.final.get(job) == 'intermediate'
+
+
+def _failed_unrun(violation: dict, history: History) -> bool:
+    job, _ = _job_of(violation)
+    return job is not None and job not in history.started and history.final.get(job) == 'failed'
+
+
+def _lost_on_failover(violation: dict, history: History) -> bool:
+    job, ok = _job_of(violation)
+    return (job is not None and job not in history.started and history.final.get(job) == 'missing'
+            and history.during_failover(ok.get('now') or ok['t']))
+
+
+def _started_by_a_worker_that_died(violation: dict, history: History) -> bool:
+    job, _ = _job_of(violation)
+    runs = [e for e in evidence(violation) if e['e'] == 'start' and e['job'] == job]
+    return bool(runs) and runs[-1]['worker'] in history.died and history.final.get(job) == 'started'
+
+
+#: The breaks issue 31 names that other branches are fixing (see the module docstring).
+KNOWN_BREAKS = (
+    Known(1, 'an id left on an intermediate list by a worker that died between its fetch and the start (rq fails it '
+             'unrun after 406 s; to be handed back within the hold bound)', _stranded),
+    Known(1, 'a job failed without running: taken by a worker that died or whose start could not be recorded '
+             '(a failover, an outage), then failed by rq (to be handed back or re-fetched by its claim)',
+          _failed_unrun),
+    Known(1, 'an acknowledged admission lost by a failover (asynchronous replication; durable admission is being '
+             'added)', _lost_on_failover),
+    Known(1, 'a job left started by a run whose worker died (SIGKILLed, or quit on a Redis error: the cluster\'s INFO '
+             'in a pipeline, TRYAGAIN or TTL exhausted in a slot migration, an outage during its end of run): rq fails '
+             'it as abandoned only once its heartbeat expired (60 s and more) and its maintenance runs, which a worker '
+             'that died in maintenance holds off up to 15 minutes (to be handed back within the hold bound)',
+          _started_by_a_worker_that_died),
+)
+
+
+def unexplained(report: dict, history: History) -> tuple[list[str], list[str]]:
+    """(violations no known break explains, the known ones seen), each as the property and the checker's words."""
+    bad, known = [], []
+    for prop in report['properties']:
+        for violation in prop['violations']:
+            match = next((k for k in KNOWN_BREAKS if k.property == prop['number']
+                          and k.matches(violation, history)), None)
+            line = f'{prop["number"]}. {prop["name"]}: {violation["what"]}'
+            (known if match else bad).append(line + (f'  [known: {match.what}]' if match else ''))
+    return bad, known
+
+
+def keep_on_failure(folder: Path, passed: bool) -> None:
+    if passed:
+        shutil.rmtree(folder, ignore_errors=True)
+    else:
+        print(f'history kept in {folder}', file=sys.stderr)
+
+
+TOPOLOGIES = [
+    pytest.param('single', 'valkey', id='one-server-valkey'),
+    pytest.param('single', 'redis', id='one-server-redis7',
+                 marks=pytest.mark.skipif(not Path('/usr/bin/redis-server').exists() and
+                                          not os.environ.get('REDIS_SERVER'), reason='no Redis 7 binary')),
+    pytest.param('sentinel', 'valkey', id='sentinel-with-a-replica'),
+    pytest.param('cluster', 'valkey', id='cluster-3-and-3'),
+]
+
+
+@pytest.mark.parametrize(('topology', 'server'), TOPOLOGIES)
+def test_a_short_run_under_every_nemesis_keeps_every_property(topology, server, tmp_path_factory):
+    """>= 3,000 door calls on the topology, every one of its nemeses at least once (worker kills and stops of each
+    shape, and the topology's server faults), every fault healed, the queues drained: the checker finds no violation
+    but the known breaks'."""
+    need_checker()
+    folder = tmp_path_factory.mktemp(f'history-{topology}-{server}')
+    passed = False
+    try:
+        summary = history_run(folder, '--topology', topology, '--server', server, '--jobs', str(JOBS), '--seed', '7',
+                              *RUN_ARGS)
+        figures = {k: summary[k] for k in ('door_calls', 'runs', 'runs_per_second', 'events', 'nemeses',
+                                          'worker_exits', 'drain_seconds', 'lapses_counted_by_the_server')}
+        print(f'\n{topology}/{server}: {json.dumps(figures)}', file=sys.stderr)
+        assert summary['door_calls'] >= JOBS, summary
+        assert summary['every_nemesis_fired'], summary['nemeses']
+        assert not summary['nemesis_errors'], summary['nemesis_errors']
+        assert summary['drained'], (summary['left'], summary.get('stuck'))
+        report = checked(folder)
+        bad, known = unexplained(report, History(folder))
+        for line in known:
+            print(f'  known break: {line}'[:400], file=sys.stderr)
+        assert not bad, '\n'.join(bad[:20])
+        passed = True
+    finally:
+        keep_on_failure(folder, passed)
+
+
+#: Each broken build, the focused run that exposes it, and the property the checker must flag.
+BREAKS = [
+    pytest.param('cap', ['--nemeses', 'none', '--only', 'plain'], 5, id='cap-check-removed'),
+    pytest.param('replay', ['--nemeses', 'lost_reply', '--gap', '0.5', '1.5', '--only', 'plain'], 2,
+                 id='replay-writes-twice'),
+    pytest.param('release', ['--nemeses', 'none', '--only', 'plain,keyed', '--drain', '15'], 9,
+                 id='release-dropped'),
+]
+
+
+@pytest.mark.parametrize(('broken', 'args', 'number'), BREAKS)
+def test_a_broken_build_is_flagged(broken, args, number, tmp_path_factory):
+    """A copy of the package with one change (a release dropped, QueueSlot's cap check removed from the fetch's Lua,
+    the admission's replay check removed) first on the workers' and producers' PYTHONPATH: the checker flags the
+    property it breaks."""
+    need_checker()
+    folder = tmp_path_factory.mktemp(f'history-break-{broken}')
+    passed = False
+    try:
+        history_run(folder, '--topology', 'single', '--seconds', '25', '--seed', '3', '--break', broken,
+                    '--rate', '10', '--simple', '3', *args)
+        report = checked(folder)
+        flagged = next(prop for prop in report['properties'] if prop['number'] == number)
+        assert flagged['violations'], (broken, flagged)
+        assert not report['ok']
+        passed = True
+    finally:
+        keep_on_failure(folder, passed)

@@ -464,10 +464,45 @@ class Operator:
 MAINTENANCE_SECONDS = 5
 
 
-def backlog(conn: Any, live: set[str] | None = None) -> dict[str, int]:
+class Runs:
+    """Which runs the history shows ended: the last ``start`` of each job (read once, at the drain's start) and, for a
+    job asked about, whether that run's process recorded its ``end`` since (its own file read again, small)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.last: dict[str, tuple[str, str]] = {}  # job id -> (process, run) of its last start
+        for event in read_history(folder):
+            if event['e'] == 'start':
+                self.last[event['job']] = (event['p'], event['run'])
+
+    def running(self, job_id: str) -> bool | None:
+        """Does the history show ``job_id``'s last run started and not ended? None when no run of it started."""
+        found = self.last.get(job_id)
+        if found is None:
+            return None
+        process, run = found
+        try:
+            text = (self.folder / f'{process}.jsonl').read_text(encoding='utf-8')
+        except OSError:
+            return None
+        ended = False
+        for line in text.splitlines():
+            if f'"{run}"' in line:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if event['e'] == 'end' and event.get('run') == run:
+                    ended = True
+        return not ended
+
+
+def backlog(conn: Any, live: set[str] | None = None, runs: Runs | None = None) -> dict[str, int]:
     """What still waits to run or to be settled, per queue: its list, its scheduled registry, its deferred registry
     (Fair's lines and parked per-key jobs), and its started registry's jobs still started on a worker of ``live``
-    (None: on any worker). A job left started by a worker that died is not waited for: rq fails it as abandoned
+    (None: on any worker) whose run the history (``runs``) does not show ended (a job whose end of run rq could not
+    record, the writes lost in a failover, stays started though nothing runs it). A job left started by a worker
+    that died is not waited for either: rq fails it as abandoned
     only once its execution's heartbeat expired (the job's timeout plus 60 s for an in-process worker, 180 s by
     default; 60 s and more for a forking one) and a maintenance runs, which a worker that died in maintenance holds
     off up to 15 minutes; the final look shows it started."""
@@ -489,7 +524,8 @@ def backlog(conn: Any, live: set[str] | None = None) -> dict[str, int]:
                     pipe.hmget(Job.key_for(job_id), 'status', 'worker_name')
                 found = pipe.execute()
             started = [job_id for job_id, (status, worker) in zip(started, found) if status in (b'started', 'started')
-                       and (live is None or (worker.decode() if isinstance(worker, bytes) else worker) in live)]
+                       and (live is None or (worker.decode() if isinstance(worker, bytes) else worker) in live)
+                       and (runs is None or runs.running(job_id) is not False)]
         for where, count in (('queued', q.count), ('scheduled', ScheduledJobRegistry(queue=q).count),
                              ('deferred', DeferredJobRegistry(queue=q).count), ('started', len(started))):
             if count:
@@ -526,17 +562,26 @@ def stuck(conn: Any) -> dict[str, Any]:
     return found
 
 
-def drain(topology: Topology, fleet: Fleet, timeout: float) -> tuple[bool, float, dict]:
-    """Wait until nothing is left to run (for 3 s in a row), restarting workers that exit meanwhile."""
+#: Seconds a backlog of parked jobs alone may stay unchanged before the drain stops waiting for it.
+STALL_SECONDS = 20.0
+
+
+def drain(topology: Topology, fleet: Fleet, timeout: float, folder: Path) -> tuple[bool, float, dict]:
+    """Wait until nothing is left to run (for 3 s in a row), restarting workers that exit meanwhile; or until only
+    parked jobs are left and nothing changed for ``STALL_SECONDS`` (after a failover, a per-key job parked in the
+    lost window, its due-index entry lost with it, waits for its key's next job or release: docs/guarantees.md);
+    returns (drained, seconds, what was left)."""
     started = time.monotonic()
     quiet_since = None
+    same_since, last = None, None
     conn = topology.admin()
     left: dict = {}
+    runs = Runs(folder)
     try:
         while True:
             fleet.supervise()
             try:
-                left = backlog(conn, {worker.name for worker in fleet.live() if worker.alive()})
+                left = backlog(conn, {worker.name for worker in fleet.live() if worker.alive()}, runs)
             except Exception:
                 conn = topology.admin()
                 left = {'unreachable': 1}
@@ -546,6 +591,12 @@ def drain(topology: Topology, fleet: Fleet, timeout: float) -> tuple[bool, float
                     return True, time.monotonic() - started, left
             else:
                 quiet_since = None
+            if left and left == last and all(name.endswith(':deferred') for name in left):
+                same_since = same_since or time.monotonic()
+                if time.monotonic() - same_since >= STALL_SECONDS:
+                    return False, time.monotonic() - started, left
+            else:
+                same_since, last = None, dict(left)
             if time.monotonic() - started > timeout:
                 return False, time.monotonic() - started, left
             time.sleep(0.5)
@@ -769,7 +820,7 @@ def run(topology_name: str, out: Path, seed: int = 1, jobs_total: int | None = N
         nemesis.stop()
         topology.heal()
         operator.resume_all()
-        drained, drain_seconds, left = drain(topology, fleet, drain_timeout)
+        drained, drain_seconds, left = drain(topology, fleet, drain_timeout, out)
         if not drained:
             with contextlib.suppress(Exception):
                 summary['stuck'] = stuck(topology.admin())
@@ -793,6 +844,7 @@ def run(topology_name: str, out: Path, seed: int = 1, jobs_total: int | None = N
             'producer_exit_codes': [p.returncode for p in procs],
             'failed_without_a_start': len(unrun),
         })
+        (logs / 'summary.json').write_text(json.dumps(summary, indent=1, default=str))  # before the checker's verdict
         summary['checker'] = run_checker(out)
         return summary
     finally:

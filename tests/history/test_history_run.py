@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,11 +93,13 @@ class History:
         #: The workers that died during the run: killed (a nemesis), or quit on a Redis error (exit 0 or 1).
         self.died = {e['worker'] for e in self.events if e['e'] == 'exit' and not e.get('asked')}
 
-    def during_failover(self, t: float, before: float = 2.0) -> bool:
-        """Did ``t`` fall within a failover (from ``before`` seconds ahead of its begin to its end)?"""
+    def during_failover(self, t: float, before: float = 3.0, after: float = 5.0) -> bool:
+        """Did ``t`` fall within a failover: from ``before`` seconds ahead of its begin (writes the replica had not
+        received yet) to ``after`` seconds past its end (the first fetches and admissions on the promoted primary,
+        which decide on its older state: a rate's arrival time, a hold, a marker)?"""
         begins = [at for at, phase in self.failovers if phase == 'begin']
         ends = [at for at, phase in self.failovers if phase == 'end']
-        return any(b - before <= t <= next((e for e in ends if e >= b), float('inf')) for b in begins)
+        return any(b - before <= t <= next((e for e in ends if e >= b), float('inf')) + after for b in begins)
 
 
 def _job_of(violation: dict) -> tuple[str | None, dict | None]:
@@ -111,7 +114,7 @@ def _job_of(violation: dict) -> tuple[str | None, dict | None]:
 class Known:
     """A break another part of issue 31 is fixing: the property, what it is, and how to recognise its violations."""
 
-    property: int
+    property: int | None  # None: any property
     what: str
     matches: Callable[[dict, History], bool]
 
@@ -126,10 +129,11 @@ def _failed_unrun(violation: dict, history: History) -> bool:
     return job is not None and job not in history.started and history.final.get(job) == 'failed'
 
 
-def _lost_on_failover(violation: dict, history: History) -> bool:
-    job, ok = _job_of(violation)
-    return (job is not None and job not in history.started and history.final.get(job) == 'missing'
-            and history.during_failover(ok.get('now') or ok['t']))
+def _in_a_failover(violation: dict, history: History) -> bool:
+    """A call or a run the violation names happened within a failover: what the promoted replica missed is rolled
+    back (an acknowledged admission, a fetch's pop, a run's end, a hold, a rate's arrival time)."""
+    return any(history.during_failover(e['t']) for e in evidence(violation)
+               if e['e'] in ('invoke', 'ok', 'info', 'start', 'end', 'release'))
 
 
 def _started_by_a_worker_that_died(violation: dict, history: History) -> bool:
@@ -145,8 +149,11 @@ KNOWN_BREAKS = (
     Known(1, 'a job failed without running: taken by a worker that died or whose start could not be recorded '
              '(a failover, an outage), then failed by rq (to be handed back or re-fetched by its claim)',
           _failed_unrun),
-    Known(1, 'an acknowledged admission lost by a failover (asynchronous replication; durable admission is being '
-             'added)', _lost_on_failover),
+    Known(None, 'a failover rolled back what the replica missed (asynchronous replication: acknowledged admissions '
+                'lost, popped jobs run again, a Loner marker or a hold gone; durable admission is being added, and '
+                'the loss bound measured per topology). SENTINEL FAILOVER promotes without waiting for the replica, '
+                'and the old master takes writes until the sentinels reconfigure it: seconds of writes',
+          _in_a_failover),
     Known(1, 'a job left started by a run whose worker died (SIGKILLed, or quit on a Redis error: the cluster\'s INFO '
              'in a pipeline, TRYAGAIN or TTL exhausted in a slot migration, an outage during its end of run): rq fails '
              'it as abandoned only once its heartbeat expired (60 s and more) and its maintenance runs, which a worker '
@@ -160,7 +167,7 @@ def unexplained(report: dict, history: History) -> tuple[list[str], list[str]]:
     bad, known = [], []
     for prop in report['properties']:
         for violation in prop['violations']:
-            match = next((k for k in KNOWN_BREAKS if k.property == prop['number']
+            match = next((k for k in KNOWN_BREAKS if k.property in (None, prop['number'])
                           and k.matches(violation, history)), None)
             line = f'{prop["number"]}. {prop["name"]}: {violation["what"]}'
             (known if match else bad).append(line + (f'  [known: {match.what}]' if match else ''))
@@ -168,10 +175,15 @@ def unexplained(report: dict, history: History) -> tuple[list[str], list[str]]:
 
 
 def keep_on_failure(folder: Path, passed: bool) -> None:
+    """Remove a passed run's history; move a failed one's where pytest's own clean-up of old temporary folders does
+    not reach (``<tmp>/rq-policies-history/``), and name it."""
     if passed:
         shutil.rmtree(folder, ignore_errors=True)
-    else:
-        print(f'history kept in {folder}', file=sys.stderr)
+        return
+    kept = Path(tempfile.gettempdir()) / 'rq-policies-history' / f'{folder.name}-{os.getpid()}'
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(folder), str(kept))
+    print(f'history kept in {kept}', file=sys.stderr)
 
 
 TOPOLOGIES = [
@@ -201,7 +213,11 @@ def test_a_short_run_under_every_nemesis_keeps_every_property(topology, server, 
         assert summary['door_calls'] >= JOBS, summary
         assert summary['every_nemesis_fired'], summary['nemeses']
         assert not summary['nemesis_errors'], summary['nemesis_errors']
-        assert summary['drained'], (summary['left'], summary.get('stuck'))
+        # Drained; or, after a failover, per-key jobs parked in the lost window left parked (their due-index entry
+        # lost with them: they wait for their key's next job or release, docs/guarantees.md), visibly waiting.
+        assert summary['drained'] or (topology != 'single' and all(name.endswith(':deferred')
+                                                                   for name in summary['left'])), (
+            summary['left'], summary.get('stuck'))
         report = checked(folder)
         bad, known = unexplained(report, History(folder))
         for line in known:

@@ -171,5 +171,5 @@ def pytest_collection_modifyitems(config, items):
     if not os.environ.get('RQ_POLICIES_HISTORY'):
         skip = pytest.mark.skip(reason='a history run takes minutes: RQ_POLICIES_HISTORY=1 runs it')
         for item in items:
-            if 'history' in item.keywords:
+            if item.get_closest_marker('history') is not None:  # the marker: tests/history/ is a keyword of its tests
                 item.add_marker(skip)

@@ -81,10 +81,20 @@ class ServerClock:
         measured. A later measurement replaces the offset only when its round trip is no longer than the first's:
         the bound ``hello`` reported, ``dt / 2``, holds for every stamp of the process."""
         from redis import Redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
 
-        self._last_try = time.monotonic()
+        try:
+            return self._measure(Redis, Retry(NoBackoff(), 0))
+        finally:
+            self._last_try = time.monotonic()  # from the end of a try: a server that is down costs one try a second
+
+    def _measure(self, redis_class: Any, no_retry: Any) -> bool:
         for host, port in self.addresses:
-            client = Redis(host=host, port=port, socket_timeout=CLOCK_TIMEOUT, socket_connect_timeout=CLOCK_TIMEOUT)
+            # No retry: a server that is down (a restart, an outage) answers nothing at once, and the recording
+            # process must not wait on it.
+            client = redis_class(host=host, port=port, socket_timeout=CLOCK_TIMEOUT,
+                                 socket_connect_timeout=CLOCK_TIMEOUT, retry=no_retry)
             try:
                 client.ping()  # connected (and redis-py's set-up commands sent) before anything is timed
                 best = None

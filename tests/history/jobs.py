@@ -349,6 +349,33 @@ def watch_paid() -> None:
     fetch._job = build
 
 
+#: When each claim token of this worker was made (this host's clock): just before the first fetch sent under it. A
+#: fetch whose reply was lost is sent again under the same token (its claim record answers), so the job it took was
+#: decided after the first send, not the one whose reply came back.
+TOKEN_BORN: dict[str, float] = {}
+
+
+def watch_tokens() -> None:
+    """Note the time each fetch's claim token is made (``rq_policies.ledger.claim_token``, which the fetch calls once
+    per new fetch and not for a replay)."""
+    from rq_policies import ledger
+
+    original = ledger.claim_token
+    if getattr(original, 'records_history', False):
+        return
+
+    def claim_token() -> str:
+        made = original()
+        if len(TOKEN_BORN) > 10000:  # the tokens of fetches that took nothing (an idle worker's looks) are never read
+            for old in list(TOKEN_BORN)[:5000]:
+                del TOKEN_BORN[old]
+        TOKEN_BORN[made] = time.time()
+        return made
+
+    claim_token.records_history = True  # type: ignore[attr-defined]
+    ledger.claim_token = claim_token
+
+
 class HistoryMixin:
     """What both recording workers add to their PolicyWorker class: the worker's own history file (``p`` is the rq
     worker name, ``rq worker --name worker-3``), the context a job's ``start`` reads, the ``end`` of a run the job
@@ -366,6 +393,7 @@ class HistoryMixin:
         self._jobs_run = 0
         self._fetch_returned = 0.0  # this host's clock when the last fetch's reply came back
         watch_paid()
+        watch_tokens()
 
     # -- a job's context and its end ------------------------------------------------------------------------------
 
@@ -380,14 +408,16 @@ class HistoryMixin:
         claim = self._policy_fetcher.claim
         ours = claim is not None and claim.job_id == job.id
         token = claim.token if ours else None
-        # The fetch that took the job: just before it was sent and just after its reply, in server time (the
-        # server decided the start, took the hold, paid the rate, inside that window).
-        offset = self._recorder.clock.offset
-        fetched = ([round(claim.fetched_after + offset, 6), round(self._fetch_returned + offset, 6)]
-                   if ours and claim.fetched_after else None)
+        # The fetch that took the job: just before it was first sent (a replay after a lost reply answers what the
+        # first send took) and just after its reply, in server time (the server decided the start, took the hold,
+        # paid the rate, inside that window).
         from rq_policies import keys
 
         fetch = claim.record[len(keys.claim('')):] if ours and claim.record else None
+        offset = self._recorder.clock.offset
+        sent = min(TOKEN_BORN.pop(fetch, claim.fetched_after), claim.fetched_after) if ours else 0.0
+        fetched = ([round(sent + offset, 6), round(self._fetch_returned + offset, 6)]
+                   if ours and claim.fetched_after else None)
         CONTEXT.clear()
         CONTEXT.update(worker=self.name, claim=token, n=self._jobs_run, fetched=fetched, fetch=fetch,
                        paid=job.id in PAID)

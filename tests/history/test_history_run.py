@@ -124,9 +124,14 @@ def _stranded(violation: dict, history: History) -> bool:
     return job is not None and history.final.get(job) == 'intermediate'
 
 
-def _failed_unrun(violation: dict, history: History) -> bool:
+def _taken_unrun(violation: dict, history: History) -> bool:
     job, _ = _job_of(violation)
-    return job is not None and job not in history.started and history.final.get(job) == 'failed'
+    return job is not None and job not in history.started and history.final.get(job) in ('failed', 'started')
+
+
+def _paid_when_given_back(violation: dict, history: History) -> bool:
+    starts = [e for e in evidence(violation) if e['e'] == 'start']
+    return bool(starts) and all(e.get('paid') for e in starts[1:])
 
 
 def _in_a_failover(violation: dict, history: History) -> bool:
@@ -146,9 +151,11 @@ def _started_by_a_worker_that_died(violation: dict, history: History) -> bool:
 KNOWN_BREAKS = (
     Known(1, 'an id left on an intermediate list by a worker that died between its fetch and the start (rq fails it '
              'unrun after 406 s; to be handed back within the hold bound)', _stranded),
-    Known(1, 'a job failed without running: taken by a worker that died or whose start could not be recorded '
-             '(a failover, an outage), then failed by rq (to be handed back or re-fetched by its claim)',
-          _failed_unrun),
+    Known(1, 'a job taken but never run: its worker died or could not record its start (a failover, an outage) and '
+             'rq shows it failed or started (to be handed back, or re-fetched by its claim)', _taken_unrun),
+    Known(6, "not the product's: a Rate start the checker counts at its fetch was paid when its parked job was given "
+             'back (start.paid), earlier than the checker allows after a stall or a busy spell (the checker reads '
+             'paid: its own branch)', _paid_when_given_back),
     Known(None, 'a failover rolled back what the replica missed (asynchronous replication: acknowledged admissions '
                 'lost, popped jobs run again, a Loner marker or a hold gone; durable admission is being added, and '
                 'the loss bound measured per topology). SENTINEL FAILOVER promotes without waiting for the replica, '

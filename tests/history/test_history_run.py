@@ -90,6 +90,11 @@ class History:
         self.started = {e['job'] for e in self.events if e['e'] == 'start'}
         self.failovers = [(e['t'], e['phase']) for e in self.events
                           if e['e'] == 'nemesis' and e['action'] in ('failover_kill', 'failover_graceful')]
+        #: The server faults of one server (a restart, an outage): (begin, end) each.
+        self.server_faults = [(e['t'], next((x['t'] for x in self.events if x['e'] == 'nemesis' and x.get('id') ==
+                                             e.get('id') and x['phase'] == 'end'), e['t'] + 30))
+                              for e in self.events if e['e'] == 'nemesis' and e['phase'] == 'begin'
+                              and e['action'] in ('outage', 'restart_aof')]
         #: The workers that died during the run: killed (a nemesis), or quit on a Redis error (exit 0 or 1).
         self.died = {e['worker'] for e in self.events if e['e'] == 'exit' and not e.get('asked')}
 
@@ -129,6 +134,13 @@ def _taken_unrun(violation: dict, history: History) -> bool:
     return job is not None and job not in history.started and history.final.get(job) in ('failed', 'started')
 
 
+def _retry_lost_in_an_outage(violation: dict, history: History) -> bool:
+    job, _ = _job_of(violation)
+    ends = [e for e in evidence(violation) if e['e'] == 'end' and e['job'] == job]
+    return (bool(ends) and ends[-1].get('retry') is True and history.final.get(job) == 'failed'
+            and any(begin <= ends[-1]['t'] <= end for begin, end in history.server_faults))
+
+
 def _paid_when_given_back(violation: dict, history: History) -> bool:
     starts = [e for e in evidence(violation) if e['e'] == 'start']
     return bool(starts) and all(e.get('paid') for e in starts[1:])
@@ -153,6 +165,11 @@ KNOWN_BREAKS = (
              'unrun after 406 s; to be handed back within the hold bound)', _stranded),
     Known(1, 'a job taken but never run: its worker died or could not record its start (a failover, an outage) and '
              'rq shows it failed or started (to be handed back, or re-fetched by its claim)', _taken_unrun),
+    Known(1, 'NEW, reported by the history run (no branch fixes it yet): a run that ended with a Snooze or a retry '
+             'while the server was away (an outage, a restart) leaves its job failed, never run again: the end of run '
+             'that schedules it again could not be written (the worker carries on: "Redis unreachable after job ... '
+             'ended"), the job stays started, and rq fails it as abandoned',
+          _retry_lost_in_an_outage),
     Known(6, "not the product's: a Rate start the checker counts at its fetch was paid when its parked job was given "
              'back (start.paid), earlier than the checker allows after a stall or a busy spell (the checker reads '
              'paid: its own branch)', _paid_when_given_back),

@@ -388,16 +388,26 @@ class HistoryMixin:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs['job_monitoring_interval'] = self.monitoring_interval
         super().__init__(*args, **kwargs)
-        self._recorder = record.from_env(self.name, 'worker', worker=self.name,
-                                         queues=[queue.name for queue in self.queues])
+        self._recording: record.Recorder | None = None
         self._jobs_run = 0
         self._fetch_returned = 0.0  # this host's clock when the last fetch's reply came back
         watch_paid()
         watch_tokens()
 
+    @property
+    def _recorder(self) -> record.Recorder:
+        """The worker's recorder, made (its ``hello`` written) at its first fetch: the worker exists for the history
+        once it fetches, not while it starts (imports, connects, registers, loads the scripts), which the checker
+        would take for a worker idle while due jobs wait."""
+        if self._recording is None:
+            self._recording = record.from_env(self.name, 'worker', worker=self.name,
+                                              queues=[queue.name for queue in self.queues])
+        return self._recording
+
     # -- a job's context and its end ------------------------------------------------------------------------------
 
     def dequeue_job_and_maintain_ttl(self, *args: Any, **kwargs: Any) -> Any:
+        self._recorder  # noqa: B018 - the hello, before the first fetch is sent
         try:
             return super().dequeue_job_and_maintain_ttl(*args, **kwargs)
         finally:
@@ -482,10 +492,22 @@ class HistoryMixin:
             self._note_released(pending)
 
     def _through_outage(self, call: Any, *args: Any, **kwargs: Any) -> Any:
+        from rq_policies.worker_mixin import UNREACHABLE
+
+        met = []
+
+        def watched(*a: Any, **k: Any) -> Any:
+            try:
+                return call(*a, **k)
+            except UNREACHABLE:
+                met.append(True)
+                raise
+
         try:
-            return super()._through_outage(call, *args, **kwargs)
+            return super()._through_outage(watched, *args, **kwargs)
         finally:
-            self._recorder.reconnected()  # cheap: at most one TIME a second
+            if met and self._recording is not None:
+                self._recording.reconnected()  # the server was away: measure the clock again once it answers
 
 
 class HistoryWorker(HistoryMixin, PolicyWorker):

@@ -287,10 +287,13 @@ class Fleet:
         # rq cleans its registries (a SIGKILLed worker's started jobs are failed as abandoned once their heartbeat
         # expires) in maintenance, every 10 minutes by default: every 5 s here, as the soak does, so a run's final
         # look finds a killed run's job where rq's recovery puts it.
+        # Each worker serves the queues in an order of its own (rotated by its number): with one order for all, the
+        # last queue starves whenever the others have a backlog (after an outage), and its due jobs wait on that.
+        turn = self.started % len(self.queues)
+        queues = self.queues[turn:] + self.queues[:turn]
         args = [sys.executable, '-m', 'rq.cli', 'worker', '-w', WORKER_CLASSES[0 if forking else 1], '--name', name,
                 '--logging_level', 'WARNING', '--maintenance-interval', str(MAINTENANCE_SECONDS),
-                *self.topology.worker_args(),
-                *self.queues]
+                *self.topology.worker_args(), *queues]
         with open(self.logs / f'{name}.log', 'ab') as log:
             proc = subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                     cwd=str(self.logs))

@@ -97,11 +97,20 @@ class History:
                               and e['action'] in ('outage', 'restart_aof')]
         #: The workers that died during the run: killed (a nemesis), or quit on a Redis error (exit 0 or 1).
         self.died = {e['worker'] for e in self.events if e['e'] == 'exit' and not e.get('asked')}
+        #: When each worker was killed or frozen by a nemesis, or seen exiting.
+        self.deaths: dict[str, list[float]] = {}
+        for e in self.events:
+            if e['e'] == 'nemesis' and e['phase'] == 'begin' and e['action'].startswith(('kill_', 'stop_')):
+                for worker in e.get('workers') or []:
+                    self.deaths.setdefault(worker, []).append(e['t'])
+            elif e['e'] == 'exit' and not e.get('asked'):
+                self.deaths.setdefault(e['worker'], []).append(e['t'])
 
-    def during_failover(self, t: float, before: float = 3.0, after: float = 5.0) -> bool:
+    def during_failover(self, t: float, before: float = 3.0, after: float = 15.0) -> bool:
         """Did ``t`` fall within a failover: from ``before`` seconds ahead of its begin (writes the replica had not
-        received yet) to ``after`` seconds past its end (the first fetches and admissions on the promoted primary,
-        which decide on its older state: a rate's arrival time, a hold, a marker)?"""
+        received yet) to ``after`` seconds past its end (the fetches and admissions on the promoted primary decide on
+        its older state: a rate's arrival time, a Fair key's virtual time, a hold, a marker, a job's status; a 5-minute
+        Sentinel run showed such effects 10 s after a failover ended)?"""
         begins = [at for at, phase in self.failovers if phase == 'begin']
         ends = [at for at, phase in self.failovers if phase == 'end']
         return any(b - before <= t <= next((e for e in ends if e >= b), float('inf')) + after for b in begins)
@@ -134,11 +143,41 @@ def _taken_unrun(violation: dict, history: History) -> bool:
     return job is not None and job not in history.started and history.final.get(job) in ('failed', 'started')
 
 
-def _retry_lost_in_an_outage(violation: dict, history: History) -> bool:
+def _retry_lost(violation: dict, history: History) -> bool:
+    """The job's last run ended asking for another (a Snooze, a retry), and a server fault began, or the run's worker
+    died, within a minute after: the end of run that schedules it again was cut."""
     job, _ = _job_of(violation)
     ends = [e for e in evidence(violation) if e['e'] == 'end' and e['job'] == job]
-    return (bool(ends) and ends[-1].get('retry') is True and history.final.get(job) == 'failed'
-            and any(begin <= ends[-1]['t'] <= end for begin, end in history.server_faults))
+    runs = [e for e in evidence(violation) if e['e'] == 'start' and e['job'] == job]
+    if not ends or ends[-1].get('retry') is not True or history.final.get(job) not in ('failed', 'started'):
+        return False
+    at = ends[-1]['t']
+    return (any(at - 30 <= begin <= at + 60 for begin, _ in history.server_faults)
+            or (bool(runs) and any(at - 1 <= died <= at + 60 for died in history.deaths.get(runs[-1]['worker'], []))))
+
+
+def _scheduled_in_no_registry(violation: dict, history: History) -> bool:
+    """A due job (a retry) rq shows scheduled that never started, whose last run's worker died within a second of
+    that run's end: rq's ``Job.retry`` writes the status before its pipeline, which the kill cut."""
+    job = next((e['job'] for e in evidence(violation) if e['e'] in ('invoke', 'start', 'end')), None)
+    ends = [e for e in evidence(violation) if e['e'] == 'end' and e.get('job') == job]
+    runs = [e for e in history.events if e['e'] == 'start' and e['job'] == job]
+    if job is None or history.final.get(job) != 'scheduled' or not runs:
+        return False
+    ended = max([e['t'] for e in ends] or [e['t'] for e in history.events if e['e'] == 'end' and e['job'] == job]
+                or [0.0])
+    return any(ended - 1 <= died <= ended + 1 for died in history.deaths.get(runs[-1]['worker'], []))
+
+
+def _held_by_a_job_its_dead_worker_left_started(violation: dict, history: History) -> bool:
+    """A Loner drop or raise named a holder that ran and ended, but that rq shows started: its worker died in its end
+    of run (a slot migration's TRYAGAIN, an outage) and rq's worker key, which holder_running reads, lives on."""
+    holders = {e.get('holder') for e in evidence(violation) if e['e'] == 'ok' and e.get('holder')}
+    for holder in holders:
+        runs = [e for e in history.events if e['e'] == 'start' and e['job'] == holder]
+        if runs and history.final.get(holder) == 'started' and runs[-1]['worker'] in history.died:
+            return True
+    return False
 
 
 def _paid_when_given_back(violation: dict, history: History) -> bool:
@@ -166,11 +205,16 @@ KNOWN_BREAKS = (
              'unrun after 406 s; to be handed back within the hold bound)', _stranded),
     Known(1, 'a job taken but never run: its worker died or could not record its start (a failover, an outage) and '
              'rq shows it failed or started (to be handed back, or re-fetched by its claim)', _taken_unrun),
+    Known(4, 'a Loner(until=\'finished\') holder left started by a worker that died in its end of run (a slot '
+             'migration\'s TRYAGAIN, an outage) keeps its identity while rq\'s worker key lives (480 s after an idle '
+             'heartbeat), past the checker\'s worker_ttl', _held_by_a_job_its_dead_worker_left_started),
     Known(1, 'NEW, reported by the history run (no branch fixes it yet): a run that ended with a Snooze or a retry '
-             'while the server was away (an outage, a restart) leaves its job failed, never run again: the end of run '
-             'that schedules it again could not be written (the worker carries on: "Redis unreachable after job ... '
-             'ended"), the job stays started, and rq fails it as abandoned',
-          _retry_lost_in_an_outage),
+             'just before the server went away (an outage, a restart) or its worker died leaves its job failed, never '
+             'run again: the end of run that schedules it again could not be written (the worker carries on: "Redis '
+             'unreachable after job ... ended"), the job stays started, and rq fails it as abandoned', _retry_lost),
+    Known(9, "NEW, reported by the history run (rq's own): rq's Job.retry sets the status scheduled outside the "
+             'pipeline that adds the job to the scheduled registry; a worker killed in between leaves the job '
+             'scheduled in no registry, never promoted, never failed', _scheduled_in_no_registry),
     Known(6, "not the product's: a Rate start the checker counts at its fetch was paid when its parked job was given "
              'back (start.paid), earlier than the checker allows after a stall or a busy spell (the checker reads '
              'paid: its own branch)', _paid_when_given_back),

@@ -277,11 +277,13 @@ class ValkeyCluster:
               'the graceful failover to switch roles')
         return primary, replica
 
-    def migrate_slot(self, slot: int, target: RedisServer, batch: int = 20, pause: float = 0.01) -> int:
+    def migrate_slot(self, slot: int, target: RedisServer, batch: int = 20, pause: float = 0.01,
+                     first: tuple[str, ...] = (), hold: float = 0.0) -> int:
         """Move ``slot`` to primary ``target`` while clients run, as ``redis-cli --cluster reshard`` does: SETSLOT
         IMPORTING on the target and MIGRATING on the source, MIGRATE ``batch`` keys at a time (``pause`` seconds
         between batches, so clients meet a slot split between two nodes: ASK, TRYAGAIN), then SETSLOT NODE on the
-        target, the source and every other primary. Returns how many keys moved."""
+        target, the source and every other primary. ``first``: keys moved before the others, then ``hold`` seconds
+        with the slot split so. Returns how many keys moved."""
         source = next(node for node in self.nodes if node.process is not None and node.process.poll() is None
                       and self._serves(node, slot))
         if source is target:
@@ -292,6 +294,10 @@ class ValkeyCluster:
             dst.execute_command('CLUSTER SETSLOT', slot, 'IMPORTING', src_id)
             src.execute_command('CLUSTER SETSLOT', slot, 'MIGRATING', dst_id)
             moved = 0
+            if first:
+                src.execute_command('MIGRATE', '127.0.0.1', target.port, '', 0, 5000, 'KEYS', *first)
+                moved += len(first)
+                time.sleep(hold)
             while True:
                 keys = src.execute_command('CLUSTER GETKEYSINSLOT', slot, batch)
                 if not keys:

@@ -332,8 +332,8 @@ PAID: set[str] = set()
 def watch_paid() -> None:
     """Note each fetched job whose start was paid for when it was given back (a rate-parked job): its Rate start was
     decided then, before the fetch that took it. Read from the job hash the fetch returned, where the worker builds
-    the job (``rq_policies.fetch._job``); without that function (a later layout), nothing is noted."""
-    from rq_policies import fetch
+    the job (``rq_policies.engine.fetch._job``); without that function (a later layout), nothing is noted."""
+    from rq_policies.engine import fetch
 
     original = getattr(fetch, '_job', None)
     if original is None or getattr(original, 'records_history', False):
@@ -356,9 +356,9 @@ TOKEN_BORN: dict[str, float] = {}
 
 
 def watch_tokens() -> None:
-    """Note the time each fetch's claim token is made (``rq_policies.ledger.claim_token``, which the fetch calls once
-    per new fetch and not for a replay)."""
-    from rq_policies import ledger
+    """Note the time each fetch's claim token is made (``rq_policies.engine.ledger.claim_token``, which the fetch
+    calls once per new fetch and not for a replay)."""
+    from rq_policies.engine import ledger
 
     original = ledger.claim_token
     if getattr(original, 'records_history', False):
@@ -421,7 +421,7 @@ class HistoryMixin:
         # The fetch that took the job: just before it was first sent (a replay after a lost reply answers what the
         # first send took) and just after its reply, in server time (the server decided the start, took the hold,
         # paid the rate, inside that window).
-        from rq_policies import keys
+        from rq_policies.engine import keys
 
         fetch = claim.record[len(keys.claim('')):] if ours and claim.record else None
         offset = self._recorder.clock.offset
@@ -492,7 +492,7 @@ class HistoryMixin:
             self._note_released(pending)
 
     def _through_outage(self, call: Any, *args: Any, **kwargs: Any) -> Any:
-        from rq_policies.worker_mixin import UNREACHABLE
+        from rq_policies.engine.worker_mixin import UNREACHABLE
 
         met = []
 

@@ -27,7 +27,7 @@ Against the servers, per topology:
   primary restarted as a replica), ``failover_graceful`` (``CLUSTER FAILOVER`` on its replica), ``migrate_slot``
   (the prefix's slot moved to another primary, key batch by key batch, while clients run).
 
-The servers, the proxy and the clusters are the test harnesses' own (:class:`rq_policies.testing.RedisServer`,
+The servers, the proxy and the clusters are the test harnesses' own (:class:`rq_policies.surfaces.testing.RedisServer`,
 :class:`tests.helpers.faultproxy.FaultProxy`, :class:`tests.helpers.sentinel_cluster.SentinelCluster`,
 :class:`tests.helpers.cluster.ValkeyCluster`); the nemesis only decides when.
 """
@@ -338,7 +338,7 @@ class Nemesis:
             old, new = group.kill_master()
             group.restart(old)
         else:
-            from rq_policies import keys
+            from rq_policies.engine import keys
 
             group = self.topology.cluster
             old, _ = group.owner_of(keys.PREFIX)
@@ -354,7 +354,7 @@ class Nemesis:
             self._begin('failover_graceful', target=f'127.0.0.1:{old.port}')
             old, new = group.fail_over()
         else:
-            from rq_policies import keys
+            from rq_policies.engine import keys
 
             group = self.topology.cluster
             old, _ = group.owner_of(keys.PREFIX)
@@ -365,7 +365,7 @@ class Nemesis:
     def migrate_slot(self) -> None:
         from redis.crc import key_slot
 
-        from rq_policies import keys
+        from rq_policies.engine import keys
 
         group = self.topology.cluster
         slot = key_slot(keys.PREFIX.encode())

@@ -33,7 +33,7 @@ from rq.decorators import job as job_decorator
 from rq.job import JobStatus
 
 from rq_policies import DuplicateJob, InvalidArgument, PolicyQueue
-from rq_policies.exceptions import PolicyConfigurationError
+from rq_policies.engine.exceptions import PolicyConfigurationError
 from tests.history import jobs, record
 
 #: Seconds a producer's call waits for a reply before its client resends (a reply held longer is a lost reply).
@@ -167,10 +167,10 @@ VERDICTS: dict[str, Any] = {}
 
 
 def capture_verdicts() -> None:
-    """Note each admission's :class:`~rq_policies.admission.Verdict` by the call's ``op`` as every door (sync,
+    """Note each admission's :class:`~rq_policies.engine.admission.Verdict` by the call's ``op`` as every door (sync,
     asyncio, each job of ``enqueue_many``) hands it to ``admission.settle``: the server's instant of the decision
     (``now``), a pending job's run time, the deciding policy. The door's own behaviour is unchanged."""
-    from rq_policies import admission
+    from rq_policies.engine import admission
 
     original = admission.settle
     if getattr(original, 'records_history', False):
@@ -354,7 +354,7 @@ def run_sync(producer: Producer, conn: Any) -> None:
 
 
 async def run_asyncio(producer: Producer, conn: Any, tasks: int = 3) -> None:
-    from rq_policies.aio import AsyncPolicyQueue
+    from rq_policies.surfaces.aio import AsyncPolicyQueue
 
     queues = {name: AsyncPolicyQueue(name, connection=conn) for name in jobs.QUEUES}
 

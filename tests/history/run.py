@@ -65,7 +65,7 @@ WORKER_CLASSES = ('tests.history.jobs.HistoryWorker', 'tests.history.jobs.Histor
 
 #: The broken builds ``--break`` makes: (file of the package copy, text to find, its replacement).
 BREAKS = {
-    'release': [('rq_policies/fetch.py',
+    'release': [('rq_policies/engine/fetch.py',
                  '    connection = compat.adopt_cluster(connection)\n    for hold in claim.holds:',
                  '    return  # BROKEN BUILD: the release is dropped\n'
                  '    connection = compat.adopt_cluster(connection)\n    for hold in claim.holds:')],
@@ -86,7 +86,7 @@ def broken_build(name: str, into: Path) -> Path:
     """A copy of the package (its Lua included, where the installed package keeps it) in ``into`` with the one
     change ``BREAKS[name]``; returns the folder to put first on ``PYTHONPATH``."""
     import rq_policies
-    from rq_policies import scripts
+    from rq_policies.engine import scripts
 
     package = into / 'rq_policies'
     shutil.copytree(Path(rq_policies.__file__).parent, package, ignore=shutil.ignore_patterns('__pycache__'))
@@ -143,7 +143,7 @@ class Single(Topology):
     kind = 'single'
 
     def start(self, logs: Path) -> Single:
-        from rq_policies.testing import RedisServer
+        from rq_policies.surfaces.testing import RedisServer
         from tests.helpers.faultproxy import FaultProxy
 
         self.server = RedisServer(appendonly=True, extra_args=['--appendfsync', 'always']).start()
@@ -642,7 +642,7 @@ def where(conn: Any, job_ids: set[str]) -> dict[str, str]:
     from rq.job import Job
 
     from rq_policies import Concurrency, PolicyQueue, Rate
-    from rq_policies.fair import WAIT_PREFIX
+    from rq_policies.policies.fair.rules import WAIT_PREFIX
     from tests.history import jobs
 
     ids = sorted(job_ids)
@@ -904,13 +904,13 @@ def server_version(topology: Topology) -> str | None:
 
 
 def jobs_prefix() -> str:
-    from rq_policies.compat import KEY_PREFIX
+    from rq_policies.engine.compat import KEY_PREFIX
 
     return KEY_PREFIX
 
 
 def lapses_key() -> str:
-    from rq_policies import keys
+    from rq_policies.engine import keys
 
     return keys.LAPSES
 

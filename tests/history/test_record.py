@@ -79,7 +79,7 @@ def test_a_later_measurement_only_replaces_the_offset_when_it_is_as_tight(addres
 
 
 def test_a_server_that_does_not_answer_keeps_the_offset_and_is_asked_again_at_most_once_a_second(tmp_path):
-    from rq_policies.testing import free_port
+    from rq_policies.surfaces.testing import free_port
 
     clock = record.ServerClock([('127.0.0.1', free_port())])
     assert not clock.measure() and clock.offset == 0.0 and clock.dt is None

@@ -167,23 +167,28 @@ VERDICTS: dict[str, Any] = {}
 
 
 def capture_verdicts() -> None:
-    """Note each admission's :class:`~rq_policies.engine.admission.Verdict` by the call's ``op`` as every door (sync,
-    asyncio, each job of ``enqueue_many``) hands it to ``admission.settle``: the server's instant of the decision
-    (``now``), a pending job's run time, the deciding policy. The door's own behaviour is unchanged."""
-    from rq_policies.engine import admission
+    """Note each admission's :class:`~rq_policies.engine.admission.Verdict` by the call's ``op``, as every door (sync,
+    asyncio, each job of ``enqueue_many``, a probe that drops) decides it: the server's instant of the decision
+    (``now``), a pending job's run time, the deciding policy. Through the engine's door observers
+    (:mod:`rq_policies.engine.events`), which read the door's own data and change nothing."""
+    from rq_policies.engine import events
 
-    original = admission.settle
-    if getattr(original, 'records_history', False):
+    events.observe(door=_observe_door)
+
+
+def _observe_door(event: str, plan: Any, detail: Any, state: Any) -> None:
+    verdict = detail if event == 'decided' else getattr(plan, 'verdict', None)
+    if event == 'planned' or verdict is None:
         return
-
-    def settle(queue: Any, spec: Any, write: Any, verdict: Any, hint: Any = None) -> Any:
-        payload = write.job.args[0] if write.job.args else None
-        if isinstance(payload, dict) and payload.get('op'):
-            VERDICTS[payload['op']] = verdict
-        return original(queue, spec, write, verdict, hint)
-
-    settle.records_history = True  # type: ignore[attr-defined]
-    admission.settle = settle
+    write = getattr(plan, 'write', None)
+    if write is not None:
+        args = write.job.args
+    else:  # a probe: the call it was made for
+        caller = getattr(plan, 'caller', None)
+        args = caller[2] if caller else ()
+    payload = args[0] if args else None
+    if isinstance(payload, dict) and payload.get('op'):
+        VERDICTS[payload['op']] = verdict
 
 
 def verdict_of(result: Any, chosen: str, delayed: bool) -> tuple[str, str | None]:

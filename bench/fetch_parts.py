@@ -18,8 +18,9 @@ as it did in INFO commandstats' mean), rounds interleaved, the medians of the ro
 * ``fetch, Loner job``: uncapped, every job carrying a Loner marker (loner's ``taken`` hook runs);
 * ``fetch, no claim record``: the real script without the claim record's SET (the replay guard; not a change to
   make, a price to know);
-* ``floor: the 4 commands alone``: a script that runs only the uncapped fetch's EXISTS, LMOVE, HGETALL and SET and
-  answers the same reply, no other Lua: what any script doing that work costs on this server;
+* ``floor: the 6 commands alone``: a script that runs only the uncapped fetch's EXISTS, LMOVE, HGETALL, SET (the
+  claim record), HSET and EXPIRE (the take: issue 31) and answers the same reply, no other Lua: what any script
+  doing that work costs on this server;
 * with ``--baseline PATH`` (a checkout of another revision, e.g. ``git worktree add /tmp/base main``), that
   checkout's fetch script and call, uncapped and capped, timed in the same rounds: the before and after of a change;
   and then both scripts call by call in turn on one queue, each call's CPU read inside the script (``os.clock``):
@@ -68,12 +69,14 @@ TARGETS = {'fetch': 3.0, 'fetch, capped': 4.0}
 CPU = ('fetch', 'fetch, capped', 'fetch, Loner job', STOCK)
 
 
-#: The uncapped fetch's four commands and its reply with no other Lua (one queue): what any script doing that work costs
-#: on this server, the floor under the ``fetch`` row.
+#: The uncapped fetch's six commands and its reply with no other Lua (one queue): what any script doing that work
+#: costs on this server, the floor under the ``fetch`` row.
 FLOOR = '''local found = redis.call('EXISTS', KEYS[1], unpack(KEYS, tonumber(ARGV[14])))
 local jid = redis.call('LMOVE', KEYS[2], KEYS[3], 'LEFT', 'RIGHT')
 local hash = redis.call('HGETALL', ARGV[7] .. jid)
 redis.call('SET', KEYS[1], '1:1' .. #jid .. ':' .. jid, 'EX', ARGV[3])
+redis.call('HSET', KEYS[4], jid, ARGV[1] .. ' ')
+redis.call('EXPIRE', KEYS[4], 3600)
 return {'queue', 1, 'job', jid, 'holds', {}, 'hash', hash}'''
 
 
@@ -90,7 +93,7 @@ def variants() -> dict[str, str]:
         'fetch, capped': full,
         'fetch, Loner job': full,
         'fetch, no claim record': full.replace(record, '\n'),
-        'floor: the 4 commands alone': FLOOR,
+        'floor: the 6 commands alone': FLOOR,
     }
 
 

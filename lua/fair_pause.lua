@@ -8,24 +8,31 @@
   KEYS  by name (rq_policies/ops.py, built by rq_policies.fair._pause_call):
     paused     rq:policies:fair:paused                 HASH '<scope>:<key>' -> 1
     pausedin   rq:policies:fair:pausedin:<scope>:<key>  SET of queues the key left when paused
+    answer     rq:policies:answer:<request id>          this call's answer (lib/answer.lua)
   ARGV[1]  one msgpack map (lib/codec.lua):
     key_id     '<scope>:<key>' (the key id)
     pause      true: pause; false: resume
     waits      rq:policies:fair:wait: (the prefix of the lines, '<queue>:<scope>:<key>' appended)
     actives    rq:policies:fair:active: (the prefix of the active sets, '<queue>' appended)
     wake       rq:policies:wake: (the prefix of the queues' wake-up channels, SPUBLISHed on a resume)
+    answer_ttl seconds the answer is kept
 
-  Safe to run twice: a pause sets what is set; a resume finds the key active already (ZADD NX)
-  or the noted queues gone. Returns 1 when the key's state changed, else 0.
+  Safe to run twice: a replay (the same request id) answers what the first run did and writes
+  nothing. Returns 1 when the key's state changed, else 0.
 ]]
 local rcall = redis.call
 
 -- @include "lib/codec.lua"
+-- @include "lib/answer.lua"
 
 local a = decode_args(ARGV[1])
+local kept = kept_answer(a)
+if kept then
+  return tonumber(kept)
+end
 local paused, pausedin = KEYS[a.k.paused], KEYS[a.k.pausedin]
 if a.pause then
-  return rcall('HSET', paused, a.key_id, 1)
+  return keep_answer(a, rcall('HSET', paused, a.key_id, 1))
 end
 local changed = rcall('HDEL', paused, a.key_id)
 for _, queue in ipairs(rcall('SMEMBERS', pausedin)) do
@@ -37,4 +44,4 @@ for _, queue in ipairs(rcall('SMEMBERS', pausedin)) do
   end
 end
 rcall('DEL', pausedin)
-return changed
+return keep_answer(a, changed)

@@ -36,7 +36,14 @@
     taken     each part (by name) whose fields the job carries and that defines `taken` (loner)
     take      (state only) each fetch policy's take, registry order: the holds of the gates
     take_job  each per-job policy that allowed the job: its hold
-    record    the claim record (SET EX): a replay of this call answers the same job
+    record    the claim record (SET EX ARGV[3]): a replay of this call answers the same job; and
+              the take (HSET rq:policies:taken:<q> <job id> '<token> <enqueued_at>', the hash
+              expiring max(3600, 2 x ARGV[2]) s after the queue's last take), which the work horse
+              removes when the job starts. While the claim record
+              lives (the worker's hold ttl), the take is live; a take whose record is gone (the
+              worker died or stopped between this fetch and the job's start) is handed back to
+              its queue by another PolicyWorker (lua/hand_back.lua), not left for rq's cleanup to
+              fail unrun
     and when nothing was taken:
     idle      the earliest time anything could change (a gate's until, the due index's head, a
               scheduled job's due time) and which queues were skipped
@@ -98,7 +105,8 @@
     1                 rq:policies:claim:<token>: this claim's record (see below)
     1 + i             queue i's list, rq:queue:<q>
     1 + n + i         queue i's intermediate list, rq:queue:<q>:intermediate
-    1 + 2n + i        queue i's scheduled registry, rq:scheduled:<q> (when ARGV[6] = '1')
+    1 + 2n + i        queue i's takes, rq:policies:taken:<q> (see `record` below)
+    1 + 3n + i        queue i's scheduled registry, rq:scheduled:<q> (when ARGV[6] = '1')
     then the rest by name, as the blob's k / kl say: queues_set (rq:queues), scheduler_lock (a key
     list: rq:scheduler-lock:<q>), each fetch policy's keys,
     named '<policy>.<what>' (queue_slot.capacity, the capacity hash rq:policies:capacity;
@@ -108,7 +116,8 @@
   ARGV, flat (a fetch that needs no part decodes nothing):
     1 token      the claim token, <host>:<pid>:<tid>:<n>: names every hold this fetch takes
     2 ttl        seconds a hold lives unless refreshed
-    3 claim_ttl  seconds the claim's record lives (a replay comes within it)
+    3 claim_ttl  seconds the claim's record lives (a replay comes within it), and with it the take:
+                 the worker's hold ttl
     4 n          how many queues
     5 burst      '1': a burst worker: count the skipped queues that still have jobs (it waits for
                  those instead of quitting); 0 is reported otherwise
@@ -217,6 +226,24 @@ local function clock()
   return now
 end
 
+-- The take of job `jid` from queue i (its hash as HGETALL read it), noted until the worker starts
+-- it: the claim token (whose record's life is the take's) and the job's enqueued_at (an id
+-- enqueued again since is another take's). See `record` in the header.
+local function note_taken(i, jid, hash)
+  local enqueued_at = ''
+  for n = 1, #hash, 2 do
+    if hash[n] == 'enqueued_at' then
+      enqueued_at = hash[n + 1]
+      break
+    end
+  end
+  local taken = KEYS[1 + 2 * N + i]
+  rcall('HSET', taken, jid, ARGV[1] .. ' ' .. enqueued_at)
+  -- the queue's takes outlive every live one (each lives about its worker's hold ttl, then it is
+  -- started or handed back), and go with a queue no worker fetches from any more
+  rcall('EXPIRE', taken, math.max(3600, 2 * tonumber(ARGV[2])))
+end
+
 -- state: some fetch policy has state (a cap, a rate, a key with parked jobs) somewhere (the probe
 -- said)
 if trace and stateful then trace[#trace + 1] = 'state' end
@@ -256,6 +283,7 @@ if found == 0 and not (claimed or tombs or stateful) then
         local is = tostring(i)
         local record = #is .. ':' .. is .. #jid .. ':' .. jid -- as took() writes it, no hold
         rcall('SET', claim_key, record, 'EX', ARGV[3])
+        note_taken(i, jid, hash)
         local reply = {'queue', i, 'job', jid, 'holds', {}, 'hash', hash}
         if trace then
           trace[#trace + 1] = 'record'
@@ -352,7 +380,7 @@ local function promotion()
   end
   return promote_lib
 end
-local function registry_at(i) return KEYS[1 + 2 * N + i] end
+local function registry_at(i) return KEYS[1 + 3 * N + i] end
 local function lock_at(i) return KEYS[a.kl.scheduler_lock + i - 1] end
 local function queue_at(i) return KEYS[1 + i] end
 if promote and found > 0 then
@@ -482,6 +510,7 @@ local function took(i, job_key, jid, job, carries, allowed, hash)
     record = table.concat(record)
   end
   rcall('SET', claim_key, record, 'EX', ARGV[3])
+  note_taken(i, jid, hash)
   if trace then trace[#trace + 1] = 'record' end
   local reply = {'queue', i, 'job', jid, 'holds', holds, 'hash', hash}
   if trace then

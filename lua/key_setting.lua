@@ -8,18 +8,26 @@
                HASH '<scope>:<key>' -> the setting
     parked     rq:policies:keyparked:<policy>:<scope>:<key>
     keydue     rq:policies:keydue
+    answer     rq:policies:answer:<request id>: this call's answer (lib/answer.lua; a clear's,
+               whose answer the caller reads)
   ARGV[1]  one msgpack map (lib/codec.lua): key_id ('<scope>:<key>', the key id), policy
     (concurrency or key_rate), value (the setting as stored, or '' to clear it), job_prefix
-    (rq:job:), wake (rq:policies:wake:)
+    (rq:job:), wake (rq:policies:wake:), answer_ttl (seconds the answer is kept)
 
-  Returns 1 when an override was there before, else 0.
+  Returns 1 when an override was there before, else 0; a replay of a call with an answer key
+  answers what its first run did and writes nothing.
 ]]
 local rcall = redis.call
 
 -- @include "lib/codec.lua"
 -- @include "lib/server_time.lua"
+-- @include "lib/answer.lua"
 
 local a = decode_args(ARGV[1])
+local kept = kept_answer(a)
+if kept then
+  return tonumber(kept)
+end
 local limits = KEYS[a.k.limits]
 local had = rcall('HEXISTS', limits, a.key_id)
 if a.value ~= '' then
@@ -35,4 +43,4 @@ if head then
     rcall('SPUBLISH', a.wake .. origin, 'capacity')
   end
 end
-return had
+return keep_answer(a, had)

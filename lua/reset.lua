@@ -8,18 +8,26 @@
 
   KEYS  by name (rq_policies/ops.py): registry (rq:scheduled:<q>), each policy's keys
         ('<policy>.<what>'), and the key list `scanned`: keys found by SCAN that are deleted
-        as they are (throttle windows whose width the caller did not know)
+        as they are (throttle windows whose width the caller did not know); answer
+        (rq:policies:answer:<request id>, lib/answer.lua)
   ARGV[1]  msgpack map: job_prefix (rq:job:), order (policy names), p (name -> arguments),
-           tombstone and tombstone_ttl (what a dropped pending job leaves, lib/pending.lua)
+           tombstone and tombstone_ttl (what a dropped pending job leaves, lib/pending.lua),
+           answer_ttl (seconds the answer is kept)
 
-  Returns how many keys were removed (policy keys and the hashes of dropped pending jobs).
+  Returns how many keys were removed (policy keys and the hashes of dropped pending jobs); a
+  replay (the same request id) answers what the first run did and removes nothing more.
 ]]
 local rcall = redis.call
 
 -- @include "lib/codec.lua"
 -- @include "lib/server_time.lua"
+-- @include "lib/answer.lua"
 
 local a = decode_args(ARGV[1])
+local kept = kept_answer(a)
+if kept then
+  return tonumber(kept)
+end
 local P = {}
 -- @policies
 
@@ -37,4 +45,4 @@ local scanned = a.kl.scanned
 for i = scanned[1], scanned[1] + scanned[2] - 1 do
   ctx.removed = ctx.removed + rcall('DEL', KEYS[i])
 end
-return ctx.removed
+return keep_answer(a, ctx.removed)

@@ -30,7 +30,10 @@ Back-offs (``QueueRate.backoff``, ``Concurrency.backoff``/``Rate.backoff``) are 
 with an end time, not a value that stays, so it keeps its verb and shows in ``status`` (``backoff_until``).
 
 Every ``set`` and ``clear`` is safe to send twice (redis-py resends a call whose reply was lost): the state left is
-what one call leaves. Only ``clear``'s answer can differ then: the resent call finds nothing left and says False.
+what one call leaves, and the answer is the first run's. A ``clear`` (and every other admin call whose answer depends
+on what it changed: Fair's ``pause``/``resume``, a ``reset``'s count, ``QueueSlot.release``) is one script that keeps
+its answer under the call's request id for a minute (``rq:policies:answer:<id>``, lua/lib/answer.lua): the resent
+call finds it, answers the same (True, not the False a second removal would say) and writes nothing.
 
 Bad input raises :class:`~rq_policies.engine.exceptions.InvalidSetting` (a ValueError) naming the argument and the
 value, before anything is written. Setting a cap or a rate on a queue nothing has seen yet warns
@@ -150,6 +153,19 @@ def deprecated(new: str) -> Callable[[F], F]:
         return call  # type: ignore[return-value]
 
     return wrap
+
+
+def clear_setting(connection: Any, settings: str, field: str, wake: str | None = None, message: str = '',
+                  also: tuple[str, ...] = ()) -> bool:
+    """Remove ``field`` of the settings hash ``settings`` (and the keys ``also``) in one script,
+    ``lua/clear_setting.lua``, publishing ``message`` on the queue's wake-up channel ``wake`` when given; True when
+    the setting was there. A replay after a lost reply answers what the first run did (lua/lib/answer.lua)."""
+    from .ops import Call
+
+    call = Call('clear_setting', field=field, wake=wake, message=message)
+    call.key('settings', settings)
+    call.key_list('also', list(also))
+    return call.answered().run(connection) == 1
 
 
 def warn_unknown_queue(connection: Any, name: str, what: str) -> None:

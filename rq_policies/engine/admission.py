@@ -750,7 +750,7 @@ def reset_call(queue: Queue, spec: PolicySet | None, digest: str, scanned: list[
     call.key_list('scanned', list(scanned or ()))
     call.arg('order', list(parts))
     call.arg('p', parts)
-    return call
+    return call.answered()  # a replay answers the first run's count, not the 0 a second run would remove
 
 
 def release(connection: Any, job_prefix: str, job_ids: list[str]) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import time
 from collections.abc import Sequence
 from contextvars import ContextVar
@@ -21,6 +22,7 @@ from typing import Any
 
 import redis.exceptions
 from rq.exceptions import DequeueTimeout, NoSuchJobError
+from rq.executions import ExecutionRegistry
 from rq.job import Job, parse_job_id
 from rq.queue import Queue
 from rq.registry import DeferredJobRegistry, ScheduledJobRegistry
@@ -77,8 +79,9 @@ class Claim:
     holds: tuple[Hold, ...] = ()
     #: Wall-clock time just before the fetch that took the job: the job stopped waiting after this instant.
     fetched_after: float = 0.0
-    #: The fetch's claim record (``rq:policies:claim:<token>``): needed only until the reply arrived, so the worker
-    #: deletes it with its next pipeline, and it expires by itself anyway.
+    #: The fetch's claim record (``rq:policies:claim:<token>``): needed until the reply arrived (a replay answers it)
+    #: and, while it lives, the fetch's take is live (:func:`hand_back`), so the worker deletes it with the pipeline
+    #: that starts the job; it expires by itself (the worker's ``hold_ttl``) anyway.
     record: str = ''
     #: The job hash as the fetch read it (HGETALL), for building the job without reading it again; None when the
     #: reply carried none (a replay).
@@ -86,6 +89,9 @@ class Claim:
     #: The admission policies whose end-of-run release may have work for this job (``admission.ending``, read from
     #: ``raw``); None when unknown (a replay): the end of its run then runs every one.
     ending: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
+    #: The claim token of the fetch that took the job (its holds carry it too, when it took any): it names the take
+    #: the fetch noted (``rq:policies:taken:<queue>``), which the worker asks about before it starts the job.
+    fetch_token: str = field(default='', repr=False, compare=False)
 
     @property
     def token(self) -> str | None:
@@ -107,6 +113,8 @@ class Look:
 
 #: Errors that say the server could not be reached (or is a replica for now): the outcome of a call is unknown.
 _UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.ReadOnlyError)
+
+logger = logging.getLogger('rq_policies')
 
 
 class Fetcher:
@@ -138,6 +146,14 @@ class Fetcher:
         self.resume_token: str | None = None
         #: The queues of the fetch ``resume_token`` names, in its order (its claim record names a queue by index).
         self.resume_queues: Sequence[Queue] = ()
+        #: The claim whose job this worker has fetched and not started yet: its take (``rq:policies:taken:<queue>``)
+        #: is live while its claim record lives, so the record is kept until the job starts (:func:`hand_back`).
+        self.starting: Claim | None = None
+        #: Whether the take of ``starting`` was still this worker's once rq wrote the job's execution
+        #: (``lua/claim_start.lua``): None until that answer is read.
+        self.start_state: bool | None = None
+        #: When this worker next hands back the lapsed takes of its queues (:meth:`hand_back`; monotonic seconds).
+        self.hand_back_at = 0.0
 
     def lost_claim(self, connection: Any) -> Claim | None:
         """What the fetch whose outcome this worker never saw (``resume_token``) took, read from its claim record, or
@@ -157,6 +173,7 @@ class Fetcher:
         found = read_reply(reply, self.resume_queues, token, self.hold_ttl)
         if isinstance(found, Claim):
             found.record = keys.claim(token)
+            found.fetch_token = token
             return found
         return None
 
@@ -179,6 +196,7 @@ class Fetcher:
 
     def on_claim(self, claim: Claim) -> None:
         self.claim = claim
+        self.starting, self.start_state = claim, None
         if claim.record:
             self.records.append(claim.record)
         for hold in claim.holds:
@@ -205,6 +223,25 @@ class Fetcher:
         worker's capacity returns anyway), between 1 and :data:`IDLE_RELOOK_MAX_SECONDS` seconds.
         """
         return min(max(self.hold_ttl / 3, IDLE_POLL_SECONDS), IDLE_RELOOK_MAX_SECONDS)
+
+    def hand_back_seconds(self) -> float:
+        """How often a worker hands back the lapsed takes of its queues (:func:`hand_back`): as often as it looks
+        again at full queues (a third of the hold ttl, 1 to 10 s), so a job whose taker died between its fetch and
+        its start is back on its queue within ``hold_ttl`` plus that."""
+        return self.relook_seconds()
+
+    def hand_back(self, connection: Any, queues: Sequence[Queue]) -> list[str]:
+        """Hand back the lapsed takes of ``queues`` if it is time (:func:`hand_back`), logging each job; the ids."""
+        now = time.monotonic()
+        if now < self.hand_back_at:
+            return []
+        self.hand_back_at = now + self.hand_back_seconds()
+        handed = hand_back(connection, queues)
+        for job_id, queue_name in handed:
+            logger.warning('rq-policies: job %s was taken from %r by a worker that never started it (its claim '
+                           'lapsed: the worker died or stopped between its fetch and the start); handed back to '
+                           'its queue', job_id, queue_name)
+        return [job_id for job_id, _ in handed]
 
     def idle(self, connection: Any, queues: Sequence[Queue], look: Look, seconds: float) -> None:
         """Wait, up to ``seconds``, until another run of the fetch script could take something.
@@ -238,6 +275,10 @@ class Fetcher:
             if left <= 0:
                 return
             if self.wait(connection, names, left, look.full):
+                return
+            # A taker that died leaves nothing that wakes anyone: its takes are looked at here, and only a job
+            # handed back ends the wait (an idle worker's hand-back costs a read of its queues' takes).
+            if self.hand_back(connection, queues):
                 return
             now = time.monotonic()
             if probe and now < min(end, relook) and connection.exists(*probe):
@@ -284,8 +325,8 @@ class FetchCall(Call):
     call object and decoded by the script only when needed: the queue names, the policies' order and the named keys
     when a gate or a per-job part runs, the per-key prefixes and promotion's settings only when those run. A fetch of
     queues without any policy state decodes nothing (the decode of one blob of everything was a sixth of the fetch's
-    server time). KEYS start with the claim record, the queues, their intermediate lists and
-    their scheduled registries, at the positions the script's header gives.
+    server time). KEYS start with the claim record, the queues, their intermediate lists, their takes and their
+    scheduled registries, at the positions the script's header gives.
     """
 
     __slots__ = ('_blob', 'trace')
@@ -345,19 +386,20 @@ def fetch_call(
     policies = registered(FETCH)
     call = FetchCall(
         job_prefix=job_prefix, names=names, order=[p.name for p in policies], token=token, ttl=ttl,
-        burst=burst, tombstone=keys.SUPERSEDED_PREFIX, claim_ttl=keys.CLAIM_TTL,
+        burst=burst, tombstone=keys.SUPERSEDED_PREFIX, claim_ttl=ttl,
     )
     call.key('claim', keys.claim(token))
     call.key_list('queues', [q.key for q in queues])
     call.key_list('intermediate', [q.intermediate_queue_key for q in queues])
+    call.key_list('taken', [keys.taken(name) for name in names])
     if promote:
         call.key_list('scheduled', [ScheduledJobRegistry.key_template.format(name) for name in names])
         call.arg('promote', promote_args())
         call.key('queues_set', Queue.redis_queues_keys)
         call.key_list('scheduler_lock', [RQScheduler.get_locking_key(name) for name in names])
     lists = call.args['kl']
-    if lists['queues'][0] != 2 or lists['intermediate'][0] != 2 + len(names) or (
-            promote and lists['scheduled'][0] != 2 + 2 * len(names)):
+    if lists['queues'][0] != 2 or lists['intermediate'][0] != 2 + len(names) or lists['taken'][0] != 2 + 2 * len(
+            names) or (promote and lists['scheduled'][0] != 2 + 3 * len(names)):
         raise RuntimeError(f'fetch_call: the fixed KEYS of lua/fetch.lua are out of place: {lists}')
     for policy in policies:
         policy.fetch_keys(call, names)
@@ -463,6 +505,73 @@ def _hold(policy: Any, flag: Any, queue_name: str, token: str, ttl: int, job_id:
     return Hold(text(flag), token, ttl, job_id, policy=policy.name)
 
 
+#: Lapsed takes a hand-back looks at, at most, per call (each costs the script a few O(1) commands and an LPOS).
+HAND_BACK_BATCH = 100
+
+
+def hand_back(connection: Any, queues: Sequence[Queue], own: Claim | None = None) -> list[tuple[str, str]]:
+    """Put back on their queues the jobs of ``queues`` that a PolicyWorker's fetch took and never started, once
+    their take lapsed (``lua/hand_back.lua``); the ``(job id, queue name)`` of each one handed back.
+
+    A fetch notes each take in ``rq:policies:taken:<queue>`` (the job id, the claim token, the job's enqueued_at),
+    which the work horse's start removes. A take outliving its claim record (the worker's ``hold_ttl``) belongs to a
+    worker that died, was stopped or starved between its fetch and the start: the job never ran, so it goes back to
+    the head of its queue, where rq's own cleanup would fail it unrun minutes later. Reads the takes and their
+    records first (one round trip, and one more when any take exists), then sends only the lapsed ones to the
+    script, which checks each again, atomically (and leaves a job whose execution rq already wrote: its worker
+    starts it, and a taker that lapsed before that deletes the execution and does not: ``lua/claim_start.lua``).
+
+    ``own``: instead, the claim of the caller's own fetch whose job it will not start (a stop between the fetch and
+    the start), handed back whether or not its record lapsed.
+    """
+    if own is not None:
+        queue = next((q for q in queues if q.name == own.queue_name), None)
+        if queue is None or not own.fetch_token:
+            return []
+        queues = [queue]
+        entry = connection.hget(keys.taken(queue.name), own.job_id)
+        value = text(entry) if entry is not None else ''
+        candidates = [(0, own.job_id, value, value.split(' ', 1)[1], own.fetch_token)] if value.startswith(
+            own.fetch_token + ' ') else []
+    else:
+        with connection.pipeline(transaction=False) as pipe:
+            for queue in queues:
+                pipe.hgetall(keys.taken(queue.name))
+            tables = pipe.execute()
+        noted = [(i, text(jid), text(value)) for i, table in enumerate(tables) for jid, value in table.items()]
+        if not noted:
+            return []
+        tokens = [value.split(' ', 1)[0] for _, _, value in noted]
+        with connection.pipeline(transaction=False) as pipe:
+            for token in tokens:
+                pipe.exists(keys.claim(token))
+            live = pipe.execute()
+        candidates = [(i, jid, value, value.split(' ', 1)[1] if ' ' in value else '', token)
+                      for (i, jid, value), token, alive in zip(noted, tokens, live) if not alive][:HAND_BACK_BATCH]
+    if not candidates:
+        return []
+    handed = hand_back_call(queues, candidates, own is not None).run(connection)
+    by_job = {jid: queues[i].name for i, jid, *_ in candidates}
+    return [(text(jid), by_job[text(jid)]) for jid in handed or ()]
+
+
+def hand_back_call(queues: Sequence[Queue], candidates: list[tuple[int, str, str, str, str]], own: bool) -> Call:
+    """The ``lua/hand_back.lua`` call for ``candidates``: each ``(queue index, job id, the take as read, its
+    enqueued_at, its claim token)``."""
+    call = Call('hand_back', wake=keys.wake(''), names=[q.name for q in queues])
+    call.key_list('taken', [keys.taken(q.name) for q in queues])
+    call.key_list('queues', [q.key for q in queues])
+    call.key_list('intermediate', [q.intermediate_queue_key for q in queues])
+    items = []
+    for i, jid, expect, enqueued_at, token in candidates:
+        at = len(call.keys)
+        call.keys.extend([queues[i].job_class.redis_job_namespace_prefix + jid,
+                          ExecutionRegistry.key_template.format(jid), keys.claim(token)])
+        items.append([i + 1, jid, expect, enqueued_at, own, at + 1, at + 2, at + 3])
+    call.arg('items', items)
+    return call.answered()  # a replay after a lost reply answers the ids the first run handed back
+
+
 def release_claim(claim: Claim, connection: Any) -> None:
     """Give back every hold of ``claim`` (on a pipeline: with it), waking idle workers of its queue. A redis-py
     ``RedisCluster`` is adopted first (:func:`compat.adopt_cluster`: a per-key release runs its script on a pipeline,
@@ -496,6 +605,7 @@ def dequeue(
     call = _worker_call(fetcher, queues, job_class.redis_job_namespace_prefix, timeout is None)
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
+        fetcher.hand_back(connection, queues)  # takes whose taker died before the start: back on their queues
         token = fetcher.resume_token or ledger.claim_token()
         fetcher.resume_token = token  # until this fetch's outcome is known (see Fetcher.resume_token)
         fetcher.resume_queues = queues
@@ -507,6 +617,7 @@ def dequeue(
         else:
             found.fetched_after = fetched_after
             found.record = keys.claim(token)
+            found.fetch_token = token
             queue = queues[names.index(found.queue_name)]
             try:
                 job = _job(job_class, found, connection, serializer)
@@ -520,14 +631,17 @@ def dequeue(
                 # Deleted between the pop and the fetch: give the holds back and look again.
                 with connection.pipeline(transaction=False) as pipe:
                     pipe.lrem(queue.intermediate_queue_key, 1, found.job_id)
+                    pipe.hdel(keys.taken(queue.name), found.job_id)
                     pipe.delete(found.record)
                     release_claim(found, pipe)
                     pipe.execute()
                 continue
             except BaseException:
-                # An unreadable job: the holds go back now, the id stays on the intermediate list for rq.
+                # An unreadable job: the holds go back now, the id stays on the intermediate list for rq (its take
+                # goes: handed back, it would fail the same way at every fetch instead of once in rq's cleanup).
                 fetcher.resume_token = None
                 with contextlib.suppress(Exception):  # else they age out; the fetch error is the news
+                    connection.hdel(keys.taken(queue.name), found.job_id)
                     release_claim(found, connection)
                 raise
             fetcher.resume_token = None

@@ -37,10 +37,34 @@ key                                                    type     meaning
 ``rq:policies:claim:<token>``                          STRING   what the fetch under claim token ``<token>`` took
                                                                 (the queue's index, the job id, then each hold's
                                                                 policy and flag), so a replayed
-                                                                fetch answers the same job; deleted with the
-                                                                worker's next pipeline (its heartbeat) once the
-                                                                reply arrived, and expires after
-                                                                :data:`CLAIM_TTL` seconds anyway
+                                                                fetch answers the same job, and while it lives
+                                                                the fetch's take (below) is live; deleted with
+                                                                the worker's pipeline after the one that
+                                                                confirmed the job's start (its heartbeat), and
+                                                                expires after the worker's ``hold_ttl`` anyway,
+                                                                as the fetch's holds do
+``rq:policies:taken:<queue>``                          HASH     job id -> ``<claim token> <enqueued_at>``: a job a
+                                                                PolicyWorker's fetch took off the queue (onto its
+                                                                intermediate list) and has not started yet; live
+                                                                while the fetch's claim record lives (the worker's
+                                                                ``hold_ttl``), and ``enqueued_at`` is the job
+                                                                hash's as the fetch read it (an id enqueued again
+                                                                since is not this take's). Removed by the
+                                                                worker's start confirmation
+                                                                (``lua/claim_start.lua``), or by the hand-back
+                                                                (``lua/hand_back.lua``) of any PolicyWorker of the
+                                                                queue, which puts the job of a lapsed take back on
+                                                                its queue (:func:`taken`); the hash expires an
+                                                                hour (twice the hold ttl, if longer) after the
+                                                                queue's last take
+``rq:policies:answer:<request id>``                    STRING   the answer of one admin call whose answer depends
+                                                                on what it changed (a ``clear``: was there a
+                                                                setting; Fair's ``pause``/``resume``; a ``reset``'s
+                                                                count; ``QueueSlot.release``), so a replay of that
+                                                                call (redis-py resending it after a lost reply)
+                                                                answers the same and writes nothing
+                                                                (lua/lib/answer.lua); expires after
+                                                                :data:`ANSWER_TTL` seconds
 ``rq:policies:capacity``                               HASH     queue name -> cluster-wide cap (QueueSlot)
 ``rq:policies:superseded:<job id>``                   STRING   tombstone of a pending job a force (or, before
                                                                 0.3, a later enqueue) deleted: ``<policy> <id of
@@ -248,6 +272,11 @@ def debounce(queue: str, digest: str) -> str:
     return DEBOUNCE_KEYS.prefix(queue, digest)
 
 
+def taken(queue: str) -> str:
+    """The takes of ``queue``'s jobs by PolicyWorkers that have not started them yet (see the table above)."""
+    return f'{PREFIX}taken:{queue}'
+
+
 def holds(queue: str) -> str:
     """The hold ledger of one queue (QueueSlot's). The string still says ``slots``: 0.1's name, kept for upgrades."""
     return f'{PREFIX}slots:{queue}'
@@ -277,13 +306,34 @@ def key_id(scope: str, key: str) -> str:
     return f'{scope}:{key}'
 
 
-#: Seconds a fetch's claim record lives: long enough for redis-py to resend a fetch whose reply was lost.
+#: Seconds a record that answers a resent call lives (a LimitedCapacityWorker finish's, an admin call's answer): long
+#: enough for redis-py to resend a call whose reply was lost. A fetch's claim record lives the worker's ``hold_ttl``
+#: instead: its take is live as long as it (:func:`taken`).
 CLAIM_TTL = 60
 
 
 def claim(token: str) -> str:
     """The record of what the fetch under claim ``token`` took (a replay of that fetch answers it)."""
     return f'{PREFIX}claim:{token}'
+
+
+#: Seconds an admin call's answer is kept under its request id (:func:`answer`): a replay comes within it.
+ANSWER_TTL = CLAIM_TTL
+
+
+def answer(request_id: str | None = None) -> str:
+    """Where an admin call keeps its answer (``rq:policies:answer:<request id>``, lua/lib/answer.lua), so that a
+    replay of the call answers what its first run did; a fresh request id when none is given."""
+    if request_id is None:
+        import uuid
+
+        request_id = uuid.uuid4().hex
+    return f'{PREFIX}answer:{request_id}'
+
+
+def is_answer(key: str) -> bool:
+    """Is ``key`` an admin call's kept answer (:func:`answer`: it expires after :data:`ANSWER_TTL` seconds)?"""
+    return key.startswith(f'{PREFIX}answer:')
 
 
 #: The prefix of the liveness keys of running ``Loner(until='finished')`` jobs (:func:`alive`). The Lua side

@@ -228,16 +228,26 @@ class Ledger:
         refresh_call(holds).run(pipeline)
         return holds
 
-    def release(self, connection: Any, hold: Hold, wake: str | None = None) -> bool:
+    def release(self, connection: Any, hold: Hold, wake: str | None = None, answered: bool = False) -> bool:
         """Give back ``hold``. Idempotent: it only ever removes the hold's own member.
 
         A bare ZREM (plus, with ``wake``, a :func:`release_message` on that channel for idle workers) so it can ride a
         pipeline: pass a pipeline as ``connection`` and it goes out with it (the return value is then True: the answer
-        arrives with ``execute()``).
+        arrives with ``execute()``). With ``answered`` (a caller that reads the answer, ``QueueSlot.release``), a call
+        on a connection is one script, ``lua/release_hold.lua``, that keeps its answer a minute: a replay after a
+        lost reply answers what the first attempt did (a bare ZREM's replay says False).
 
         Returns:
             True when the hold was still in its ledger.
         """
+        if answered and not _is_pipeline(connection):
+            from .compat import adopt_cluster
+
+            call = Call('release_hold', token=hold.token, wake=wake,
+                        message=release_message(hold) if wake is not None else '')
+            removed = call.key('ledger', hold.ledger).answered().run(adopt_cluster(connection))
+            self.discard(hold.token)
+            return removed == 1
         if _is_pipeline(connection):
             connection.zrem(hold.ledger, hold.token)
             if wake is not None:

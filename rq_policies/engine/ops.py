@@ -141,6 +141,14 @@ class Call:
         self.args[name] = value
         return self
 
+    def answered(self) -> Call:
+        """Keep this call's answer under a request id of its own (``KEYS[a.k.answer]``, lua/lib/answer.lua), so that
+        a replay of the call (redis-py resending it after a lost reply) answers what its first run did."""
+        from . import keys
+
+        self.key('answer', keys.answer())
+        return self.arg('answer_ttl', keys.ANSWER_TTL)
+
     def argv(self) -> list[bytes]:
         """ARGV as sent: the one packed argument."""
         return [pack(self.args)]

@@ -43,6 +43,7 @@ from typing import Any
 
 from redis.commands.core import Script
 from redis.connection import BlockingConnectionPool, ConnectionPool
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
 from .keys import SLOT_GUARD, is_cluster
@@ -425,7 +426,25 @@ _PACKED_LENGTH = 100
 
 
 def _send(connection: Any, packed: Any) -> Any:
+    # A connection kept open from an earlier call may have been closed by the server since: its ``timeout`` setting,
+    # a restart, a failover, a proxy's idle cut. redis-py's pool finds that on checkout (a readiness poll) and
+    # reconnects; the lease skips the checkout, and finds it on the send instead: the server's end is gone, so the
+    # read meets the closed socket. The first attempt on a kept connection that fails so is sent once more, at once,
+    # on a new connection, whatever the client's Retry allows (a ``Redis.from_url`` client has none): the same as
+    # the pool's reconnect, found after the fact. That costs the common call nothing (a poll per call would cost a
+    # system call, a fifth of what the lease saves), and it is safe: every door script is safe to run twice (a
+    # resend after a lost reply already relies on that), and a connection the server closed while idle never
+    # carried the command to it at all. A timeout is not such a close: it is left to the Retry.
+    kept = [getattr(connection, '_sock', None) is not None]
+
     def once() -> Any:
+        if kept[0]:
+            kept[0] = False
+            try:
+                connection.send_packed_command(packed)
+                return connection.read_response()
+            except RedisConnectionError:
+                connection.disconnect()
         # connect() first, as the pool's checkout does: a Sentinel connection looks its master up there (a send
         # reconnects to the address it had, which after a failover is the old master's).
         connection.connect()
@@ -442,8 +461,10 @@ class Lease:
     redis-py checks a connection out of its pool and back in around every command: a readiness poll of the socket
     (a system call), two lock round trips and four metric updates, about 15 us of client CPU, a sixth of a hinted
     drop's whole cost. A door call sends straight on its lease instead. The connection is read to the end of each
-    reply, or closed when a call is interrupted, so the readiness check has nothing to find; redis-py's retry,
-    reconnect and Sentinel failover live in the connection and apply unchanged.
+    reply, or closed when a call is interrupted, so the readiness check has only one thing to find: a connection the
+    server closed while it sat in the lease (its ``timeout``, a restart), which the call finds on its send instead
+    and sends once more on a new connection (:func:`_send`); redis-py's retry, reconnect and Sentinel failover live
+    in the connection and apply unchanged.
 
     What it costs: a thread that makes door calls holds one connection of the pool more than it would (the pool
     serves its other commands), and gives it back when the thread ends. A thread leases from its second door call on

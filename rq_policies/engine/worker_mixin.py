@@ -16,11 +16,12 @@ from typing import Any
 import redis
 from rq.job import JobStatus
 from rq.queue import Queue
+from rq.worker import WorkerStatus
 
 from . import admission, compat, events, health, keys, ledger, scripts
 from .compat import LEGACY_FAILURE, adopt_cluster, slot_moving
 from .exceptions import PolicyError
-from .fetch import Claim, current_fetcher, release_claim
+from .fetch import Claim, current_fetcher, hand_back, release_claim
 from .ops import on_next_execute, text
 from .policy import positive_int, registered
 from .queue import PolicyQueue
@@ -208,14 +209,74 @@ class PolicyWorkerMixin:
     #: The claim record of the fetch that took the job being started (``''`` when unknown): see :meth:`_record_start`.
     _running_record: str = ''
 
+    #: The job whose start (rq's ``prepare_job_execution``) is being written now: rq's heartbeat on that pipeline
+    #: also takes the fetch's take off (:meth:`_forget_records`).
+    _starting_job: str | None = None
+
     def prepare_job_execution(self, job: Any, remove_from_intermediate_queue: bool = False) -> None:
         # Our fetch always moves the id to the intermediate list, multi-queue workers included, so it always has to
         # come off it when the job starts (stock rq only removes it for single-queue workers).
-        self._record_start(super().prepare_job_execution, job, remove_from_intermediate_queue=True)  # type: ignore[misc]
+        self._starting_job = job.id
+        try:
+            self._record_start(super().prepare_job_execution, job, remove_from_intermediate_queue=True)  # type: ignore[misc]
+        finally:
+            self._starting_job = None
+        starting = self._policy_fetcher.starting
+        if starting is not None and starting.job_id == job.id:
+            self._policy_fetcher.starting = None  # started: its take went with the start
 
     def prepare_execution(self, job: Any) -> Any:
         # The worker's side of a start (rq's Execution, the worker busy), just before the fork: the same outage.
-        return self._record_start(super().prepare_execution, job, parent=True)  # type: ignore[misc]
+        execution = self._record_start(super().prepare_execution, job, parent=True)  # type: ignore[misc]
+        fetcher = self._policy_fetcher
+        claim = fetcher.starting
+        if claim is None or claim.job_id != job.id:
+            return execution
+        if fetcher.start_state is None:  # rq wrote the execution on a pipeline the question did not ride: ask now
+            fetcher.start_state = scripts.run('claim_start', self.connection,  # type: ignore[attr-defined]
+                                              [keys.taken(claim.queue_name), claim.record],
+                                              [claim.job_id, claim.fetch_token]) == 1
+        if fetcher.start_state:
+            return execution
+        # The job was handed back to its queue while this worker was stopped (or starved) between its fetch and
+        # here, longer than hold_ttl: another worker runs it. Its execution goes, and the job is not started here.
+        fetcher.starting = None
+        self.log.warning(  # type: ignore[attr-defined]
+            'rq-policies: job %s was handed back to %r while this worker was stopped between its fetch and the start '
+            '(its claim lapsed after hold_ttl, %s s); another worker runs it, this one does not',
+            job.id, claim.queue_name, self.hold_ttl)
+        with self.connection.pipeline() as pipe:  # type: ignore[attr-defined]
+            execution.delete(job=job, pipeline=pipe)
+            super().set_state(WorkerStatus.IDLE, pipeline=pipe)  # type: ignore[misc]
+            pipe.execute()
+        executions = getattr(self, 'executions', None)
+        if isinstance(executions, dict):  # rq 3 keeps the worker's executions by id (rq 2.12: one, ``execution``)
+            executions.pop(execution.id, None)
+        raise _StartLost(job.id)
+
+    def set_state(self, state: Any, pipeline: Any = None) -> None:
+        super().set_state(state, pipeline=pipeline)  # type: ignore[misc]
+        # rq's prepare_execution writes the job's execution and the worker's busy state on one pipeline, before the
+        # work horse is forked: the question whether the fetch's take is still this worker's rides it (no round trip
+        # of its own). Once the execution exists no hand-back takes the job, so the answer holds until the start.
+        claim = self._policy_fetcher.starting
+        if pipeline is not None and state == WorkerStatus.BUSY and claim is not None and \
+                self._policy_fetcher.start_state is None:
+            self._ask_take(pipeline, claim)
+
+    def _ask_take(self, pipeline: Any, claim: Claim) -> None:
+        """Queue on ``pipeline`` the question ``lua/claim_start.lua`` answers: is the take of ``claim`` still this
+        worker's? Its answer is read when the pipeline executes (``Fetcher.start_state``)."""
+        fetcher = self._policy_fetcher
+        at = len(pipeline.command_stack)
+        scripts.run('claim_start', pipeline, [keys.taken(claim.queue_name), claim.record],
+                    [claim.job_id, claim.fetch_token])
+
+        def read(replies: list[Any]) -> None:
+            if fetcher.starting is claim and at < len(replies) and not isinstance(replies[at], Exception):
+                fetcher.start_state = replies[at] == 1
+
+        on_next_execute(pipeline, read)
 
     def _record_start(self, record: Any, job: Any, *args: Any, parent: bool = False, **kwargs: Any) -> Any:
         """``record(job, ...)``: rq's writes of a job's start (``prepare_execution`` in the worker,
@@ -228,7 +289,7 @@ class PolicyWorkerMixin:
         naming this worker as the one that started it (the lost reply of a start that was written) say so, read every
         ``max_connection_wait_time``. If neither does, the fetch was lost with the primary (asynchronous replication:
         the job is on its queue again, for any worker) or the outage outlasted the record
-        (:data:`rq_policies.engine.keys.CLAIM_TTL`, the id then stays on the intermediate list for rq's cleanup): the
+        (the worker's ``hold_ttl``: another PolicyWorker then hands the job back to its queue): the
         job is not run here, nor failed, and the warning names it. A job this worker did not fetch itself is left to rq.
         """
         warned = False
@@ -398,7 +459,13 @@ class PolicyWorkerMixin:
     def _forget_records(self, pipeline: Any) -> None:
         """Delete, on ``pipeline``, the claim records of fetches whose reply has arrived (no replay can come now),
         but that of the job fetched and not started yet, or running: it proves the fetch stood if its start has to
-        be recorded again (:meth:`_record_start`), until the job has run."""
+        be recorded again (:meth:`_record_start`), until the job has run, and while it lives the fetch's take is live
+        (:func:`rq_policies.engine.fetch.hand_back`). On the pipeline that starts the job (rq's
+        ``prepare_job_execution``) the take goes, with the job's status and its id's removal from the intermediate
+        list."""
+        starting = self._policy_fetcher.starting
+        if starting is not None and self._starting_job == starting.job_id:
+            pipeline.hdel(keys.taken(starting.queue_name), starting.job_id)
         records = self._policy_fetcher.records
         if records:
             claim = self._policy_fetcher.claim
@@ -428,21 +495,28 @@ class PolicyWorkerMixin:
             self._pending_releases.append(claim)
 
     def _drop_claim(self, why: BaseException | str = 'the worker stopped') -> None:
-        """Give back the holds of a job this worker's fetch took and never started (a stop request, warm or cold,
+        """Give back a job this worker's fetch took and never started, and its holds (a stop request, warm or cold,
         can land between the fetch and the job's start: rq raises it wherever the worker is until it marks itself
-        busy). The job's id stays on the queue's intermediate list, as with stock rq, whose cleanup fails it after
-        a minute, unrun: logged, naming the job, so that it is never a silent loss."""
+        busy). The job goes back to the head of its queue at once (:func:`rq_policies.engine.fetch.hand_back`, as the
+        worker's own take); if the server cannot be reached now, its take lapses after ``hold_ttl`` and another
+        PolicyWorker hands it back then. Logged, naming the job."""
         fetcher = self._policy_fetcher
         claim, fetcher.claim = fetcher.claim, None
         if claim is None and fetcher.resume_token is not None:
             # The stop landed while a fetch's reply was on its way: its claim record says what it took, if anything.
             claim = fetcher.lost_claim(self.connection)  # type: ignore[attr-defined]
             fetcher.resume_token = None
+        fetcher.starting, fetcher.start_state = None, None
         if claim is not None:
+            handed: list[Any] = []
+            with contextlib.suppress(*UNREACHABLE):
+                handed = hand_back(self.connection, self.queues, own=claim)  # type: ignore[attr-defined]
             self.log.warning(  # type: ignore[attr-defined]
-                'rq-policies: job %s was taken from %r but not started (%s); its holds are given back, and rq\'s '
-                'cleanup of the intermediate list fails it within minutes: requeue it from the failed registry',
+                'rq-policies: job %s was taken from %r but not started (%s); its holds are given back, and %s',
                 claim.job_id, claim.queue_name, why if isinstance(why, str) else type(why).__name__,
+                'it is back on its queue' if handed else
+                f'its take lapses within hold_ttl ({self.hold_ttl} s), when another PolicyWorker hands it back to '
+                'its queue',
             )
         self._release_later(claim)
         self._release_now()

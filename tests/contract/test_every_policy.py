@@ -159,10 +159,13 @@ def test_reset_clears_everything_the_policy_wrote(connection, example):
     assert first is not None
     q.reset(jobs.plain, 1, policy=example)
     left = [k.decode() for k in connection.keys(keys.PREFIX + '*')]
-    # the framework's own: counters, and the tombstones of dropped pending jobs (they expire; see keys.py)
+    # the framework's own: counters, the tombstones of dropped pending jobs and the reset's kept answer (they
+    # expire; see keys.py)
     tombstones = [k for k in left if k.startswith(keys.SUPERSEDED_PREFIX)]
     assert all(connection.ttl(k) > 0 for k in tombstones)
-    assert [k for k in left if not keys.is_drop_counter(k) and k not in tombstones] == []
+    answers = [k for k in left if keys.is_answer(k)]
+    assert len(answers) == 1 and 0 < connection.ttl(answers[0]) <= keys.ANSWER_TTL
+    assert [k for k in left if not keys.is_drop_counter(k) and k not in tombstones and k not in answers] == []
 
 
 @pytest.mark.parametrize('example', CASES)

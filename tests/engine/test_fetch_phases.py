@@ -45,7 +45,7 @@ def commands(conn) -> dict[str, int]:
             if name not in ('cmdstat_evalsha', 'cmdstat_info', 'cmdstat_config|resetstat')}
 
 
-def test_a_plain_queue_without_policy_state_runs_no_part_and_four_commands(connection):
+def test_a_plain_queue_without_policy_state_runs_no_part_and_six_commands(connection):
     connection.rpush(f'{RQ}:queue:q', 'j1')
     connection.hset(PREFIX + 'j1', mapping={'status': 'queued', 'origin': 'q'})
     fetch_call([Queue('q', connection=connection)], 'warm', 90, PREFIX).run(connection)  # loads the script
@@ -55,7 +55,11 @@ def test_a_plain_queue_without_policy_state_runs_no_part_and_four_commands(conne
     found, _ = traced(connection)
     assert (found.queue, found.job, found.holds) == (1, 'j2', ())
     assert found.trace == ('pop', 'record')  # no state, no part, no clock
-    assert commands(connection) == {'exists': 1, 'lmove': 1, 'hgetall': 1, 'set': 1}  # no tombstone: no GET
+    # no tombstone: no GET; the take noted (HSET rq:policies:taken:q, and its hash's expiry), which the work horse
+    # removes when the job starts
+    assert commands(connection) == {'exists': 1, 'lmove': 1, 'hgetall': 1, 'set': 1, 'hset': 1, 'expire': 1}
+    assert 3590 < connection.ttl(keys.taken('q')) <= 3600
+    assert [connection.hget(keys.taken('q'), 'j2').startswith(b'phases:')] == [True]  # the claim token, enqueued_at
     assert dict(zip(found.hash[::2], found.hash[1::2])) == {b'status': b'queued', b'origin': b'q'}  # the worker's read
 
 
@@ -152,7 +156,9 @@ def test_a_workers_fetch_builds_the_job_from_the_reply_and_keeps_no_job_data_in_
     connection.config_resetstat()
     job, fetcher = fetch_as_a_worker(q, connection)
     assert job.id == enqueued.id and job.args == enqueued.args and job.origin == 'q'
-    assert commands(connection)['hgetall'] == 1  # the script's read; the worker does not read the hash again
+    # the script's read of the job (the worker does not read the hash again), and the worker's first hand-back
+    # reading its queue's takes (rq_policies.engine.fetch.hand_back)
+    assert commands(connection)['hgetall'] == 2
     assert fetcher.claim.raw is None and len(fetcher.claim.holds) == 1
     # what the hold guard's slot carries (tests/worker/test_kill_shapes.py)
     assert len(pickle.dumps(fetcher.claim)) < 1000

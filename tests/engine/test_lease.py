@@ -20,8 +20,11 @@ from redis import BlockingConnectionPool, ConnectionPool, Redis
 from rq_policies import PolicyQueue
 from rq_policies.engine import scripts
 from rq_policies.engine.compat import KEY_PREFIX as RQ
+from rq_policies.surfaces.testing import RedisServer
 from tests.helpers import jobs
+from tests.helpers.cluster import not_on_cluster
 from tests.helpers.faults import ADMIT_WRITE, FAULTS, burst, load, lose_reply, producer, queued, ran_ids
+from tests.helpers.idle import HOW, close_idle_connections
 
 # ``connection`` flushes the database before and after each test
 pytestmark = pytest.mark.usefixtures('jobs_env', 'connection')
@@ -238,4 +241,79 @@ def test_a_door_call_is_packed_as_redis_py_packs_it(redis_url):
             scripts.pack_command(connection, ('EVALSHA', True))
     finally:
         client.connection_pool.release(connection)
+        client.close()
+
+
+# -- a leased connection the server closed while it sat idle ------------------------------------------------------
+
+def _door(client: Redis, door: str, tag: str):
+    """One enqueue through ``door``: the narrow admission (a job without a policy, and a Loner's, pushed or
+    scheduled: ``lua/admit_narrow.lua``) or the wide one (a Fair job: ``lua/admit.lua``)."""
+    from datetime import timedelta
+
+    from tests.helpers import fair_jobs
+
+    q = PolicyQueue('idle', connection=client)
+    if door == 'enqueue':
+        return q.enqueue(jobs.record, tag)
+    if door == 'plain':
+        return q.enqueue(jobs.record_plain, tag)
+    if door == 'enqueue_in':
+        return q.enqueue_in(timedelta(seconds=60), jobs.record, tag)
+    assert door == 'fair'
+    return q.enqueue(fair_jobs.work, tag, tenant='acme')
+
+
+@not_on_cluster('a server of its own, restarted and told to close idle connections')
+@pytest.mark.parametrize('how', HOW)
+@pytest.mark.parametrize('make', ['from_url', 'host-port'])
+@pytest.mark.parametrize('door', ['enqueue', 'plain', 'enqueue_in', 'fair'])
+def test_the_first_door_call_after_the_server_closed_the_leased_connection_succeeds(door, make, how):
+    """A connection the server closed while it sat in the lease (its ``timeout``, a restart, a proxy's idle cut) is
+    found closed by the next send: the call goes out once more on a new connection and succeeds, as redis-py's own
+    path does (its pool checks a connection on checkout; a ``Redis.from_url`` client has no Retry to fall back on),
+    and writes the job once (the scripts are replay-safe; this one never ran)."""
+    with RedisServer() as server:
+        client = Redis.from_url(server.url) if make == 'from_url' else Redis(host='127.0.0.1', port=server.port)
+        assert _door(client, door, 'warm-1') is not None
+        assert _door(client, door, 'warm-2') is not None
+        assert in_use(client) == 1  # the next call goes out on the lease
+        close_idle_connections(server, how)
+        job = _door(client, door, 'after-close')
+        assert job is not None
+        admin = server.client()
+        assert admin.hget(f'{RQ}:job:{job.id}', 'created_at') is not None
+        listed = {'enqueue_in': f'{RQ}:scheduled:idle', 'fair': f'{RQ}:deferred:idle'}.get(door)
+        if listed is None:
+            waiting = [item.decode() for item in admin.lrange(f'{RQ}:queue:idle', 0, -1)]
+        else:
+            waiting = [item.decode() for item in admin.zrange(listed, 0, -1)]
+        assert waiting.count(job.id) == 1
+        assert len(waiting) == (1 if how == 'restart' else 3)
+        assert _door(client, door, 'after-close-2') is not None  # and the lease carries on
+        assert in_use(client) == 1
+        admin.close()
+        client.close()
+
+
+@not_on_cluster('a server of its own, stopped and started again')
+def test_a_leased_door_call_to_a_server_that_is_down_raises_at_once_and_the_next_one_after_it_is_back_succeeds():
+    """The send once more on a new connection is one attempt, not a loop: with the server down, a ``from_url``
+    client (no Retry) raises ConnectionError after it, as redis-py's own path would."""
+    from redis.exceptions import ConnectionError
+
+    with RedisServer() as server:
+        client = Redis.from_url(server.url, socket_connect_timeout=2)
+        q = PolicyQueue('idle', connection=client)
+        q.enqueue(jobs.record, 'warm-1')
+        q.enqueue(jobs.record, 'warm-2')
+        assert in_use(client) == 1
+        server.stop()
+        started = time.monotonic()
+        with pytest.raises(ConnectionError):
+            q.enqueue(jobs.record, 'down')
+        assert time.monotonic() - started < 5
+        server.start()
+        job = q.enqueue(jobs.record, 'back')
+        assert job is not None and queued(client, 'idle') == [job.id]
         client.close()

@@ -312,3 +312,37 @@ def test_a_plain_write_sent_again_after_rq_deleted_its_job_writes_nothing(connec
     connection.delete(q.key, job.key)  # ran, and rq deleted it
     call.run(connection)
     assert not connection.exists(job.key) and connection.lrange(q.key, 0, -1) == []
+
+
+def test_an_admin_script_sent_twice_with_one_request_id_answers_the_first_runs_answer_and_writes_nothing(connection):
+    """lua/lib/answer.lua, in each admin script whose answer depends on what it changed: the second run of one call
+    (its request id) answers the first run's answer, even once another call changed the state since (it writes
+    nothing: a replay must not undo that change), and a call without an answer key keeps nothing."""
+    from rq_policies.engine.ops import Call
+    from rq_policies.policies.fair.rules import _pause_call
+
+    def clear_call():
+        return Call('clear_setting', field='q', wake=None, message='').key('settings', keys.CAPACITY) \
+            .key_list('also', [keys.rate_tat('q')])
+
+    connection.hset(keys.CAPACITY, 'q', 3)
+    connection.set(keys.rate_tat('q'), '1 1')
+    call = clear_call().answered()
+    assert call.run(connection) == 1
+    assert connection.hget(keys.CAPACITY, 'q') is None and connection.exists(keys.rate_tat('q')) == 0
+    connection.hset(keys.CAPACITY, 'q', 5)  # another call sets it again
+    assert call.run(connection) == 1  # the replay answers the first run's answer...
+    assert connection.hget(keys.CAPACITY, 'q') == b'5'  # ...and removes nothing
+    assert clear_call().run(connection) == 1 and clear_call().run(connection) == 0  # no answer key: a plain clear
+    record = call.keys[call.args['k']['answer'] - 1]
+    assert connection.get(record) == b'1' and 0 < connection.ttl(record) <= keys.ANSWER_TTL
+
+    pause = _pause_call('scope', 'k', True).answered()
+    assert pause.run(connection) == 1
+    connection.hdel(f'{keys.PREFIX}fair:paused', 'scope:k')  # resumed by another call meanwhile
+    assert pause.run(connection) == 1 and connection.hexists(f'{keys.PREFIX}fair:paused', 'scope:k') == 0
+
+    release = Call('release_hold', token='t', wake=None, message='').key('ledger', keys.holds('q')).answered()
+    connection.zadd(keys.holds('q'), {'t': 10**10})
+    assert release.run(connection) == 1 and release.run(connection) == 1
+    assert connection.zcard(keys.holds('q')) == 0

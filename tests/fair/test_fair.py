@@ -322,6 +322,12 @@ def test_a_key_at_its_concurrency_limit_never_stalls_the_other_keys(connection):
 
 
 def _proxied(fault_proxy):
+    from rq_policies.engine import scripts
+
+    server = Redis(*fault_proxy.target)  # past the proxy: loading counts as no request of the test's
+    for name in ('fair_pause', 'clear_setting'):  # a NOSCRIPT answer ran nothing: its lost reply tests no replay
+        server.script_load(scripts.script(name).script)
+    server.close()
     conn = Redis.from_url(fault_proxy.url, socket_timeout=0.5, retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 3),
                           retry_on_error=[ConnectionError, TimeoutError])
     conn.ping()
@@ -366,15 +372,42 @@ def test_a_pause_and_a_resume_whose_replies_are_lost_act_once(connection, fault_
     proxied = _proxied(fault_proxy)
     try:
         fault_proxy.drop_reply(match=b'EVAL')
-        Fair.pause(SCOPE, 'a', connection=proxied)
+        # the replay answers what the first attempt did: the key was not paused yet (it said False before)
+        assert Fair.pause(SCOPE, 'a', connection=proxied) is True
         assert take(connection, 2) == [b.id, None]
         fault_proxy.drop_reply(match=b'EVAL')
-        Fair.resume(SCOPE, 'a', connection=proxied)
+        assert Fair.resume(SCOPE, 'a', connection=proxied) is True  # it was paused
         assert fault_proxy.seen(b'EVAL') >= 4
+        assert Fair.resume(SCOPE, 'a', connection=proxied) is False  # a new call: not paused any more
     finally:
         proxied.close()
     assert connection.zcard(f'{RQ}:policies:fair:active:fair') == 1
     assert take(connection, 3) == [a[0].id, a[1].id, None]
+
+
+def test_a_pause_already_in_force_replayed_after_a_lost_reply_still_says_so(connection, fault_proxy):
+    """The answer kept is the first run's, whichever it was: a pause of a paused key says False on its replay too."""
+    Fair.pause(SCOPE, 'a', connection=connection)
+    proxied = _proxied(fault_proxy)
+    try:
+        fault_proxy.drop_reply(match=b'EVAL')
+        assert Fair.pause(SCOPE, 'a', connection=proxied) is False
+        assert fault_proxy.seen(b'EVAL') >= 2
+    finally:
+        proxied.close()
+
+
+def test_a_weight_clear_whose_reply_is_lost_answers_true_once(connection, fault_proxy):
+    Fair.set(SCOPE, 'weighty', 5, connection=connection)
+    proxied = _proxied(fault_proxy)
+    try:
+        fault_proxy.drop_reply(match=b'weighty')  # the clear (a bare HDEL before, now lua/clear_setting.lua)
+        assert Fair.clear(SCOPE, 'weighty', connection=proxied) is True  # the HDEL's replay said False
+        assert fault_proxy.seen(b'weighty') >= 2
+        assert Fair.clear(SCOPE, 'weighty', connection=proxied) is False
+    finally:
+        proxied.close()
+    assert Fair.get(SCOPE, 'weighty', connection=connection) is None
 
 
 def _cli(*args, env):

@@ -717,7 +717,8 @@ def test_a_stop_while_the_fetch_reply_is_on_its_way_gives_the_holds_back_and_nam
     """The fetch script took a job (intermediate list, hold, claim record) and its reply is still on its way when a
     SIGTERM reaches the idle worker: rq raises StopRequested in the middle of the read, so the worker never learns
     what it took. Before quitting it reads the fetch's claim record: the hold goes back at once (not after the hold
-    ttl, 90 s here) and the log names the job, which stays on the intermediate list for rq's cleanup."""
+    ttl, 90 s here), the job goes back to the head of its queue (not left on the intermediate list for rq's cleanup
+    to fail unrun) and the log names the job."""
     import signal
 
     QueueSlot.set('midread', 1, connection=connection)

@@ -667,9 +667,9 @@ def backlog(conn: Redis) -> dict:
         q = Queue(name, connection=conn)
         out[name] = {'queued': q.count, 'scheduled': ScheduledJobRegistry(queue=q).count,
                      'parked': DeferredJobRegistry(queue=q).count}  # per-key parked jobs must run too
-        # A job popped by a worker that died before starting it sits in the intermediate list until rq's maintenance
-        # fails it into the FailedJobRegistry: at least a minute later, and up to 15 minutes when the worker died
-        # holding rq's per-queue maintenance lock. It is in rq's hands (counted as recoverable), not backlog.
+        # A job popped by a worker that died before starting it sits in the intermediate list until a PolicyWorker
+        # hands it back to its queue (its take lapses hold_ttl after the fetch: rq_policies.engine.fetch.hand_back), or,
+        # its take lost with the data, rq's maintenance fails it: recoverable, not backlog.
         out[name + ':intermediate'] = {'awaiting_rq_recovery': conn.llen(q.intermediate_queue_key)}
     return out
 
@@ -710,9 +710,9 @@ def drain(conn: Redis, timeout: float) -> tuple[bool, float, dict, int]:
 
 def policy_keys(conn: Redis) -> list[str]:
     """Policy keys left that would not go away: configuration and counters are allowed, and so are the fetches'
-    claim records, the tombstones of superseded pending jobs, the records of dropped enqueues and the push records of
-    short-lived jobs while they expire by themselves (``keys.CLAIM_TTL``, ``keys.SUPERSEDED_SECONDS``,
-    ``keys.DROPPED_SECONDS``, ``keys.PUSHED_SECONDS``)."""
+    claim records, the tombstones of superseded pending jobs, the records of dropped enqueues, the push records of
+    short-lived jobs and the admin calls' kept answers while they expire by themselves (``keys.CLAIM_TTL``,
+    ``keys.SUPERSEDED_SECONDS``, ``keys.DROPPED_SECONDS``, ``keys.PUSHED_SECONDS``, ``keys.ANSWER_TTL``)."""
     allowed = {keys.CAPACITY, keys.DROPS, keys.LAPSES}
     left = []
     for raw in conn.scan_iter(f'{RQ}:policies:*', count=1000):
@@ -730,8 +730,21 @@ def policy_keys(conn: Redis) -> list[str]:
             continue  # the record of a dropped enqueue (the producers choose their job ids) on its way out
         if key.startswith(keys.pushed('')) and 0 <= ttl <= keys.PUSHED_SECONDS:
             continue  # the push record of a job with a short result_ttl on its way out
+        if keys.is_answer(key) and 0 <= ttl <= keys.ANSWER_TTL:
+            continue  # an admin call's kept answer (the soak clears nothing today) on its way out
+        if key.startswith(keys.taken('')) and ttl == -1 and _takes_listed(conn, key):
+            continue  # the takes of ids still on their intermediate list (the stranded check counts those)
         left.append(f'{key} (ttl {ttl})')
     return sorted(left)
+
+
+def _takes_listed(conn: Redis, key: str) -> bool:
+    """Does every take in ``key`` (``rq:policies:taken:<queue>``) name an id still on its queue's intermediate list:
+    one a worker took and never started, which a PolicyWorker hands back once the take lapses (or the run ended
+    before that)?"""
+    listed = {raw.decode() for raw in conn.lrange(Queue(key[len(keys.taken('')):], connection=conn)
+                                                  .intermediate_queue_key, 0, -1)}
+    return all(jid.decode() in listed for jid in conn.hkeys(key))
 
 
 def restart_without_persistence(server: RedisServer) -> None:

@@ -12,7 +12,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from rq import Worker
+from rq import SimpleWorker, Worker
 
 from rq_policies import PolicyQueue, PolicyWorker
 from rq_policies.engine import compat
@@ -28,6 +28,13 @@ class StockWorker(Worker):
     PolicyWorker's does (``compat.subscribe``). rq starts that thread with a 60 s wait, and since redis-py 8.2 its
     shutdown joins it, so a stock burst worker could take a minute to exit (rq's own behaviour, which a test of ours
     waiting on a stock worker's exit would time out on). Its fetch, run and ending are rq's."""
+
+    def subscribe(self) -> None:
+        compat.subscribe(self)
+
+
+class StockSimpleWorker(SimpleWorker):
+    """rq's own ``SimpleWorker`` with the same 1 s command-channel wait as :class:`StockWorker`, for the same reason."""
 
     def subscribe(self) -> None:
         compat.subscribe(self)
@@ -150,6 +157,15 @@ class DiesAfterPop(PolicyWorker):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+class StopsAfterPop(PolicyWorker):
+    """A PolicyWorker that SIGSTOPs itself between its fetch and the job's start (a paused VM, a frozen cgroup, a
+    starved process): it carries on into the job's start when SIGCONT comes."""
+
+    def execute_job(self, job, queue):
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return super().execute_job(job, queue)
+
+
 class BeatsBareMidJob(PolicyWorker):
     """Sends a bare heartbeat on every monitoring tick of a job, as rq's own monitor does on its kill and EINTR
     paths: a heartbeat during the job must never carry the job's release."""
@@ -188,9 +204,14 @@ class StopAfterFetchQueue(PolicyQueue):
 
 def assert_given_up(connection, worker: subprocess.Popen, queue, job) -> None:
     """``worker`` quit with ``job`` taken and not started: its log names the job, the queue's holds are back (the
-    queue is capped at 1 in these tests), and the id waits on the intermediate list for rq's cleanup."""
+    queue is capped at 1 in these tests), and the job is back at the head of its queue (its worker handed its own
+    take back: rq_policies.engine.fetch.hand_back), not left on the intermediate list for rq's cleanup to fail unrun."""
     from rq_policies import QueueSlot
+    from rq_policies.engine import keys
 
-    assert f"job {job.id} was taken from '{queue.name}' but not started (StopRequested)" in output(worker)
+    assert f"job {job.id} was taken from '{queue.name}' but not started (StopRequested); its holds are given " \
+           'back, and it is back on its queue' in output(worker)
     assert QueueSlot.status(queue.name, connection=connection).in_use == 0
-    assert connection.lrange(queue.intermediate_queue_key, 0, -1) == [job.id.encode()]
+    assert connection.lrange(queue.intermediate_queue_key, 0, -1) == []
+    assert connection.lrange(queue.key, 0, 0) == [job.id.encode()]
+    assert connection.hget(keys.taken(queue.name), job.id) is None

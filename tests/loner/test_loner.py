@@ -216,14 +216,13 @@ def test_sixteen_processes_one_waiting_job_at_every_door(connection, redis_url, 
 
 def test_stock_worker_with_policy_queue_class_fetches_as_stock(connection):
     """Only a PolicyWorker can release a hold, so a stock worker given PolicyQueue must not take one."""
-    from rq import SimpleWorker
-
     from rq_policies import QueueSlot
+    from tests.helpers.workers import StockSimpleWorker
 
     QueueSlot.set('stockq', 1, connection=connection)
     q = PolicyQueue('stockq', connection=connection)
     first, second = q.enqueue(jobs.plain, 1), q.enqueue(jobs.plain, 2)
-    worker = SimpleWorker([q], connection=connection, queue_class=PolicyQueue)
+    worker = StockSimpleWorker([q], connection=connection, queue_class=PolicyQueue)
     assert worker.work(burst=True)
     assert first.get_status(refresh=True) == second.get_status(refresh=True) == JobStatus.FINISHED
     assert connection.zcard(keys.holds('stockq')) == 0

@@ -107,6 +107,24 @@ def snapshot(conn) -> dict[bytes, Any]:
     return out
 
 
+def answers(conn) -> dict[bytes, bytes]:
+    """The answers admin calls keep (``rq:policies:answer:<request id>``, lua/lib/answer.lua), each checked to expire
+    within a minute."""
+    from rq_policies.engine import keys
+
+    found = {}
+    for key in conn.scan_iter(match=keys.answer('*'), count=1000):
+        assert 0 < conn.ttl(key) <= keys.ANSWER_TTL, key
+        found[key] = conn.get(key)
+    return found
+
+
+def settings(conn) -> dict[bytes, Any]:
+    """:func:`snapshot` without the answers admin calls keep: the state a call leaves, whatever its request id."""
+    kept = answers(conn)
+    return {key: value for key, value in snapshot(conn).items() if key not in kept}
+
+
 @pytest.fixture
 def seen(connection):
     """The queue the queue families use, known to rq (a producer has enqueued to it)."""
@@ -274,22 +292,92 @@ def test_set_and_clear_with_a_lost_reply_leave_what_one_call_leaves(connection, 
     write = b'HSET' if cls in (QueueSlot, QueueRate) else b'EVALSHA'
     try:
         proxied.ping()
+        _loaded(connection, 'clear_setting', 'key_setting')
         cls.set(*family.what, *family.values, connection=connection)
-        once = snapshot(connection)
-        cls.clear(*family.what, connection=connection)
-        cleared = snapshot(connection)
+        once = settings(connection)
+        assert cls.clear(*family.what, connection=connection) is True
+        cleared = settings(connection)
 
         fault_proxy.drop_reply(match=write)
         seen_before = fault_proxy.seen(write)
         assert cls.set(*family.what, *family.values, connection=proxied) == family.setting
         assert fault_proxy.seen(write) - seen_before >= 2  # the reply was lost, the call was sent again
-        assert snapshot(connection) == once
+        assert settings(connection) == once
 
-        delete = b'HDEL' if cls in (QueueSlot, QueueRate) else b'EVALSHA'
-        fault_proxy.drop_reply(match=delete)
+        delete = family.what[-1].encode()  # what the clear's command carries (one script: lua/clear_setting.lua,
+        fault_proxy.drop_reply(match=delete)  # lua/key_setting.lua; before, QueueSlot's and QueueRate's an HDEL)
         seen_before = fault_proxy.seen(delete)
-        cls.clear(*family.what, connection=proxied)  # its answer may be False: the first attempt removed it
+        # the replay answers what the first attempt did (it removed the setting), not the False of a second HDEL
+        assert cls.clear(*family.what, connection=proxied) is True
         assert fault_proxy.seen(delete) - seen_before >= 2
-        assert snapshot(connection) == cleared and cls.get(*family.what, connection=connection) is None
+        assert settings(connection) == cleared and cls.get(*family.what, connection=connection) is None
+        assert cls.clear(*family.what, connection=proxied) is False  # a new call: nothing left to clear
+        # each call's answer kept a minute under its request id: one per call, not per attempt
+        assert sorted(answers(connection).values()) == [b'0', b'1', b'1']
     finally:
         proxied.close()
+
+
+def _proxied(fault_proxy):
+    from redis import Redis
+    from redis.backoff import ExponentialBackoff
+    from redis.exceptions import ConnectionError, TimeoutError
+    from redis.retry import Retry
+
+    proxied = Redis.from_url(fault_proxy.url, socket_timeout=0.5, socket_connect_timeout=1,
+                             retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 3),
+                             retry_on_error=[ConnectionError, TimeoutError])
+    proxied.ping()
+    return proxied
+
+
+def _loaded(connection, *names):
+    """The server knows these scripts: the first attempt runs the script (a NOSCRIPT answer ran nothing, and its lost
+    reply would test no replay)."""
+    from rq_policies.engine import scripts
+
+    for name in names:
+        connection.script_load(scripts.script(name).script)
+
+
+def test_a_reset_whose_reply_is_lost_answers_the_first_runs_count(connection, fault_proxy):
+    """``PolicyQueue.reset`` (``rq-policies reset``, the dashboard's reset) counts the keys it removed: its replay
+    after a lost reply removed nothing more and answered 0; it answers the first run's count now."""
+    from rq_policies import Loner, Throttle
+    from rq_policies.engine import keys
+
+    PolicyQueue('admin-q', connection=connection).enqueue(key_jobs.per_shop, 't', shop='x',
+                                                          policy=[Loner(), Throttle(3600)])
+    _loaded(connection, 'reset')
+    proxied = _proxied(fault_proxy)
+    try:
+        q = PolicyQueue('admin-q', connection=proxied)
+        fault_proxy.drop_reply(match=b'EVALSHA')
+        seen_before = fault_proxy.seen(b'EVALSHA')
+        assert q.reset(key_jobs.per_shop, 't', shop='x', policy=[Loner(), Throttle(3600)]) == 2  # marker, slot
+        assert fault_proxy.seen(b'EVALSHA') - seen_before >= 2
+        assert q.reset(key_jobs.per_shop, 't', shop='x', policy=[Loner(), Throttle(3600)]) == 0  # a new call
+    finally:
+        proxied.close()
+    assert [k.decode() for k in connection.keys(keys.PREFIX + 'loner:*')] == []
+    assert sorted(answers(connection).values()) == [b'0', b'2']  # each call's answer, kept a minute
+
+
+def test_a_hold_release_whose_reply_is_lost_answers_true(connection, fault_proxy):
+    """``QueueSlot.release`` says whether the hold was still there: its replay after a lost reply said False."""
+    assert QueueSlot.acquire('admin-q', 2, token='manual', connection=connection)
+    _loaded(connection, 'release_hold')
+    proxied = _proxied(fault_proxy)
+    try:
+        fault_proxy.drop_reply(match=b'manual')  # the release's command (a ZREM before, now lua/release_hold.lua)
+        seen_before = fault_proxy.seen(b'manual')
+        assert QueueSlot.release('admin-q', token='manual', connection=proxied) is True
+        assert fault_proxy.seen(b'manual') - seen_before >= 2
+        assert QueueSlot.release('admin-q', token='manual', connection=proxied) is False  # a new call
+    finally:
+        proxied.close()
+        ledger.PROCESS.discard('manual')
+    assert QueueSlot.status('admin-q', connection=connection).in_use == 0
+    with connection.pipeline() as pipe:  # on a pipeline it is a bare ZREM, its answer read by nobody
+        assert QueueSlot.release('admin-q', token='manual', connection=pipe) is True
+        pipe.execute()

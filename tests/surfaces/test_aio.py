@@ -409,6 +409,29 @@ def test_lost_replies_on_the_async_path_leave_one_job(connection, fault_proxy):
     assert ids.count(loner.id) == 1 and ids.count(plain.id) == 1 and len(ids) == 3
 
 
+def test_an_async_reset_whose_reply_is_lost_answers_the_first_runs_count(connection, fault_proxy):
+    """``AsyncPolicyQueue.reset`` runs the same script as the synchronous one: its replay answers the first run's
+    count (it answered 0 before: the first attempt had removed the marker)."""
+    from rq_policies.engine import scripts
+
+    connection.script_load(scripts.script('reset').script)  # a NOSCRIPT answer ran nothing: no replay to test
+
+    async def main():
+        client = AsyncRedis.from_url(fault_proxy.url, retry=AsyncRetry(NoBackoff(), 3))
+        q = AsyncPolicyQueue('aio', connection=client)
+        await q.enqueue(jobs.record, 'reset-lost')
+        fault_proxy.drop_reply(match=b'EVALSHA')
+        first = await q.reset(jobs.record, 'reset-lost')
+        second = await q.reset(jobs.record, 'reset-lost')
+        await client.aclose()
+        return first, second
+
+    first, second = _run(main())
+    assert fault_proxy.seen(b'EVALSHA') >= 4  # the admission, the reset and its replay, the second reset
+    assert (first, second) == (1, 0)
+    assert PolicyQueue('aio', connection=connection).enqueue(jobs.record, 'reset-lost') is not None  # free again
+
+
 def test_noscript_falls_back_to_eval(connection, redis_url):
     async def main():
         client = _client(redis_url)
@@ -470,3 +493,39 @@ def test_sentinel_client_follows_a_failover(connection):
     dropped, other = outcomes
     assert dropped is None and other is not None  # the held identity, read on the new master
     assert why['status'] == 'queued'
+
+
+@not_on_cluster('a server of its own, restarted and told to close idle connections')
+@pytest.mark.parametrize('how', ['idle-timeout', 'restart'])
+@pytest.mark.parametrize('door', ['enqueue', 'enqueue_in', 'fair'])
+def test_the_first_async_door_call_after_the_server_closed_its_connection_succeeds(door, how):
+    """The synchronous doors' lease had to learn to find a connection the server closed while idle
+    (tests/engine/test_lease.py); the async door takes redis-py's asyncio pool, whose checkout finds it: held here,
+    with a ``from_url`` client (no Retry), after the server's ``timeout`` closed the connection and after a restart."""
+    from rq_policies.surfaces.testing import RedisServer
+    from tests.helpers import fair_jobs
+    from tests.helpers.idle import close_idle_connections
+
+    async def call(q, tag):
+        if door == 'enqueue':
+            return await q.enqueue(jobs.record, tag)
+        if door == 'enqueue_in':
+            return await q.enqueue_in(timedelta(seconds=60), jobs.record, tag)
+        return await q.enqueue(fair_jobs.work, tag, tenant='acme')
+
+    with RedisServer() as server:
+        async def main():
+            client = AsyncRedis.from_url(server.url)
+            q = AsyncPolicyQueue('idle', connection=client)
+            assert await call(q, 'warm-1') is not None
+            assert await call(q, 'warm-2') is not None
+            await asyncio.get_running_loop().run_in_executor(None, close_idle_connections, server, how)
+            job = await call(q, 'after-close')
+            await client.aclose()
+            return job
+
+        job = _run(main())
+        assert job is not None
+        admin = server.client()
+        assert admin.hget(f'{RQ}:job:{job.id}', 'created_at') is not None
+        admin.close()

@@ -295,18 +295,16 @@ def test_rolling_restart_never_runs_the_queue_over_its_cap(connection, redis_url
         for worker in old:
             assert worker.wait(30) == 0, output(worker)
 
-        # Every job ends, or sits on the intermediate list: SIGTERM reaching an idle worker right after its fetch
-        # raises rq's StopRequested before the job starts, and rq's maintenance recovers such a job (as in the soak).
+        # Every job ends: SIGTERM reaching an idle worker right after its fetch raises rq's StopRequested before the
+        # job starts, and the worker hands its take back to the queue (rq_policies.engine.fetch.hand_back), where a new
+        # worker runs it; nothing is left on the intermediate list for rq's cleanup to fail unrun.
         def settled():
             ended = sum(1 for r in spans(connection, 'rolling').values() if r[1] is not None)
             started = len(spans(connection, 'rolling'))
-            return started == ended and ended + connection.llen(q.intermediate_queue_key) == 12
+            return started == ended == 12
 
         assert wait_for(settled, timeout=60), (spans(connection, 'rolling'), output(new[0]))
-        assert connection.llen(q.intermediate_queue_key) <= len(old)  # at most one per stopped worker
-        logs = ''.join(output(worker) for worker in old)
-        for job_id in connection.lrange(q.intermediate_queue_key, 0, -1):  # and each one named in its worker's log
-            assert f'job {job_id.decode()} was taken from' in logs, logs
+        assert connection.llen(q.intermediate_queue_key) == 0
     finally:
         for worker in old + new:
             stop(worker)
@@ -328,7 +326,7 @@ def test_a_stop_between_the_fetch_and_the_start_gives_the_holds_back_and_names_t
         assert worker.wait(30) == 0, output(worker)
     finally:
         stop(worker)
-    # Not run, not lost in silence: the hold is back, the id waits for rq's cleanup, and the log names the job.
+    # Not run, not lost in silence: the hold is back, the job back on its queue, and the log names the job.
     assert_given_up(connection, worker, q, job)
     assert statuses(connection, [job.id]) == [JobStatus.QUEUED]
 

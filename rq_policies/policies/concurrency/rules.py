@@ -470,7 +470,7 @@ class Concurrency(KeyedPolicy):
         with refusing():
             call = _setting_call(cls.name, keys.KEY_LIMITS, scope, key, '')
             conn = _need(connection)
-        return call.run(conn) == 1
+        return call.answered().run(conn) == 1
 
     @classmethod
     def status(cls, scope: str, key: Any, connection: Any = None) -> KeyStatus:

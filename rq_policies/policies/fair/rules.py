@@ -61,7 +61,7 @@ from rq.job import Job, JobStatus
 from rq.registry import DeferredJobRegistry
 
 from rq_policies.engine import compat, keys
-from rq_policies.engine.admin import refusing
+from rq_policies.engine.admin import clear_setting, refusing
 from rq_policies.engine.exceptions import PolicyError
 from rq_policies.engine.ops import Call, text
 from rq_policies.engine.ops import need_connection as _need
@@ -363,7 +363,7 @@ class Fair(FetchPolicy):
         with refusing():
             key_id = _key_id(scope, key)
             conn = _need(connection)
-        return conn.hdel(WEIGHTS, key_id) == 1
+        return clear_setting(conn, WEIGHTS, key_id)
 
     @classmethod
     def status(cls, scope: str, key: Any, queue: str = 'default', connection: Any = None) -> FairStatus:
@@ -387,13 +387,13 @@ class Fair(FetchPolicy):
         """Pause one key of ``scope`` on every queue, until :meth:`resume`: its waiting jobs stay waiting (status
         deferred) and none starts; other keys are not touched. Survives worker restarts (it lives in Redis).
         Returns True when the key was not paused already."""
-        return _pause_call(scope, key, True).run(_need(connection)) == 1
+        return _pause_call(scope, key, True).answered().run(_need(connection)) == 1
 
     @classmethod
     def resume(cls, scope: str, key: Any, connection: Any = None) -> bool:
         """Resume a paused key: it takes turns again on every queue where it has waiting jobs, from that queue's
         current virtual time (a paused key earns no credit). Returns True when it was paused."""
-        return _pause_call(scope, key, False).run(_need(connection)) == 1
+        return _pause_call(scope, key, False).answered().run(_need(connection)) == 1
 
     @classmethod
     def pause_status(cls, scope: str, key: Any, connection: Any = None) -> FairPause:

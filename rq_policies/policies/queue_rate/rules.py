@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 from redis import Redis
 
 from rq_policies.engine import compat, keys
-from rq_policies.engine.admin import refusing, warn_unknown_queue
+from rq_policies.engine.admin import clear_setting, refusing, warn_unknown_queue
 from rq_policies.engine.exceptions import BackOff, Snooze, SnoozeLimitReached, UnknownQueueWarning
 from rq_policies.engine.ledger import WAKE_CAPACITY, wake_up
 from rq_policies.engine.ops import need_connection as _need
@@ -211,12 +211,7 @@ class QueueRate(FetchPolicy, GcraRate):
         with refusing():
             name = queue_name(queue)
             conn = _need(connection)
-        with conn.pipeline(transaction=False) as pipe:
-            pipe.hdel(keys.RATE, name)
-            pipe.delete(keys.rate_tat(name))
-            wake_up(pipe, keys.wake(name), WAKE_CAPACITY)
-            removed, _, _ = pipe.execute()
-        return bool(removed)
+        return clear_setting(conn, keys.RATE, name, keys.wake(name), WAKE_CAPACITY, also=(keys.rate_tat(name),))
 
     @classmethod
     def status(cls, queue: Any, connection: Redis | None = None) -> RateStatus | None:

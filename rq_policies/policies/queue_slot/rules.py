@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 from redis import Redis
 
 from rq_policies.engine import keys, ledger
-from rq_policies.engine.admin import Cap, SlotStatus, deprecated, refusing, warn_unknown_queue
+from rq_policies.engine.admin import Cap, SlotStatus, clear_setting, deprecated, refusing, warn_unknown_queue
 from rq_policies.engine.exceptions import UnknownQueueWarning
 from rq_policies.engine.ledger import WAKE_CAPACITY, WAKE_RELEASED, Hold, wake_up
 from rq_policies.engine.ops import need_connection as _need
@@ -166,11 +166,7 @@ class QueueSlot(FetchPolicy):
         with refusing():
             name = queue_name(queue)
             conn = _need(connection)
-        with conn.pipeline(transaction=False) as pipe:
-            pipe.hdel(keys.CAPACITY, name)
-            wake_up(pipe, keys.wake(name), WAKE_CAPACITY)
-            removed, _ = pipe.execute()
-        return bool(removed)
+        return clear_setting(conn, keys.CAPACITY, name, keys.wake(name), WAKE_CAPACITY)
 
     @classmethod
     def status(cls, queue: Any, connection: Redis | None = None) -> SlotStatus:
@@ -262,11 +258,12 @@ class QueueSlot(FetchPolicy):
         A hold that already expired is simply absent, so a late release frees nothing that someone else holds now.
 
         Returns:
-            True when the hold was still in the ledger.
+            True when the hold was still in the ledger (a replay after a lost reply answers what the first attempt
+            found: lua/release_hold.lua).
         """
         name = queue_name(queue)
         hold = Hold(keys.holds(name), _holder(token), cls.TTL_SECONDS)
-        return ledger.PROCESS.release(_need(connection), hold, wake=keys.wake(name))
+        return ledger.PROCESS.release(_need(connection), hold, wake=keys.wake(name), answered=True)
 
     @classmethod
     def refresh_in(cls, pipeline: Any, ttl: int = TTL_SECONDS) -> None:

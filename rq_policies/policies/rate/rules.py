@@ -132,7 +132,7 @@ class Rate(KeyedPolicy, GcraRate):
         with refusing():
             call = _setting_call(cls.name, keys.KEY_RATES, scope, key, '')
             conn = _need(connection)
-        return call.run(conn) == 1
+        return call.answered().run(conn) == 1
 
     @classmethod
     def status(cls, scope: str, key: Any, *deprecated_rate: int, connection: Any = None,

@@ -501,8 +501,9 @@ class Runs:
 
 
 def backlog(conn: Any, live: set[str] | None = None, runs: Runs | None = None) -> dict[str, int]:
-    """What still waits to run or to be settled, per queue: its list, its scheduled registry, its deferred registry
-    (Fair's lines and parked per-key jobs), and its started registry's jobs still started on a worker of ``live``
+    """What still waits to run or to be settled, per queue: its list, its intermediate list (ids taken and not started
+    yet, handed back by the PolicyWorkers), its scheduled registry, its deferred registry (Fair's lines and parked
+    per-key jobs), and its started registry's jobs still started on a worker of ``live``
     (None: on any worker) whose run the history (``runs``) does not show ended (a job whose end of run rq could not
     record, the writes lost in a failover, stays started though nothing runs it). A job left started by a worker
     that died is not waited for either: rq fails it as abandoned
@@ -529,8 +530,13 @@ def backlog(conn: Any, live: set[str] | None = None, runs: Runs | None = None) -
             started = [job_id for job_id, (status, worker) in zip(started, found) if status in (b'started', 'started')
                        and (live is None or (worker.decode() if isinstance(worker, bytes) else worker) in live)
                        and (runs is None or runs.running(job_id) is not False)]
+        # An id on the intermediate list: taken by a fetch whose worker died, or could not record the start, before
+        # it started the job; a PolicyWorker hands it back within hold_ttl, or once the execution its taker wrote
+        # expired (rq's heartbeat ttl: the monitoring interval plus 60 s) when it died after writing it.
+        intermediate = conn.llen(q.intermediate_queue_key)
         for where, count in (('queued', q.count), ('scheduled', ScheduledJobRegistry(queue=q).count),
-                             ('deferred', DeferredJobRegistry(queue=q).count), ('started', len(started))):
+                             ('deferred', DeferredJobRegistry(queue=q).count), ('started', len(started)),
+                             ('intermediate', intermediate)):
             if count:
                 left[f'{name}:{where}'] = count
     return left
@@ -568,6 +574,11 @@ def stuck(conn: Any) -> dict[str, Any]:
 #: Seconds a backlog of parked jobs alone may stay unchanged before the drain stops waiting for it.
 STALL_SECONDS = 20.0
 
+#: Seconds ids on an intermediate list may stay unchanged before the drain stops waiting for them: a taker that died
+#: after writing the job's execution leaves it until the execution expires (rq's heartbeat ttl, the monitoring
+#: interval plus 60 s), then a PolicyWorker hands it back.
+INTERMEDIATE_SECONDS = 90.0
+
 
 def drain(topology: Topology, fleet: Fleet, timeout: float, folder: Path) -> tuple[bool, float, dict]:
     """Wait until nothing is left to run (for 3 s in a row), restarting workers that exit meanwhile; or until only
@@ -594,9 +605,12 @@ def drain(topology: Topology, fleet: Fleet, timeout: float, folder: Path) -> tup
                     return True, time.monotonic() - started, left
             else:
                 quiet_since = None
-            if left and left == last and all(name.endswith(':deferred') for name in left):
+            if left and left == last and all(name.endswith((':deferred', ':intermediate')) for name in left):
                 same_since = same_since or time.monotonic()
-                if time.monotonic() - same_since >= STALL_SECONDS:
+                # An intermediate id waits for its taker's execution to expire (about 70 s) before it is handed
+                # back; after a failover one whose take was lost stays for rq's cleanup (docs/guarantees.md).
+                patience = STALL_SECONDS if all(name.endswith(':deferred') for name in left) else INTERMEDIATE_SECONDS
+                if time.monotonic() - same_since >= patience:
                     return False, time.monotonic() - started, left
             else:
                 same_since, last = None, dict(left)

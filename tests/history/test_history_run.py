@@ -200,6 +200,36 @@ def _handed_back_ahead(violation: dict, history: History) -> bool:
     return any(admitted < at < later and started - at <= 90 for at in faults)
 
 
+def _backlogged_only_by_a_dead_takers_job(violation: dict, history: History) -> bool:
+    """A Fair key counted backlogged only because of jobs a fetch had taken, whose worker died or stopped before
+    starting them: such a job is off its key's line (its turn was taken) and waits on the queue's intermediate list
+    until it is handed back (hold_ttl, or once the execution its taker wrote expired), but the history has no event of
+    that fetch. Each job of the key waiting through the stretch was admitted before a worker's death or freeze that
+    came before the stretch, and started more than hold_ttl after the stretch ended (a cluster short run: t0's
+    producer-1-690, parked 0.2 s before kill_group-24, handed back and started 123 s later)."""
+    found = re.search(r'for key (\S+), both backlogged ([0-9.]+)\.\.([0-9.]+)', violation['what'])
+    if not found:
+        return False
+    key, begin, end = found.group(1), float(found.group(2)), float(found.group(3))
+    scope, _, name = key.partition(':')
+    invoked = {e['op']: e for e in history.events if e['e'] == 'invoke'}
+    first_start: dict[str, float] = {}
+    for e in history.events:
+        if e['e'] == 'start':
+            first_start[e['job']] = min(first_start.get(e['job'], e['t']), e['t'])
+    waiting = []
+    for e in history.events:
+        call = invoked.get(e.get('op')) if e['e'] == 'ok' else None
+        policy = next((p for p in (call or {}).get('policies') or [] if p.get('kind') == 'fair'), None)
+        if policy is None or policy.get('scope') != scope or str(policy.get('key')) != name or not e.get('job'):
+            continue
+        if e['t'] <= end and first_start.get(e['job'], float('inf')) > end:
+            waiting.append((e['t'], first_start.get(e['job'], float('inf'))))
+    deaths = [at for times in history.deaths.values() for at in times]
+    return bool(waiting) and all(started > end + 10 and any(admitted < at < begin for at in deaths)
+                                 for admitted, started in waiting)
+
+
 def _paid_when_given_back(violation: dict, history: History) -> bool:
     # A start paid when given back was decided before its fetch: the first such start widens the window, a later one
     # may leave it, and either way the window's count or its width is not what the fetches show.
@@ -240,6 +270,10 @@ KNOWN_BREAKS = (
     Known(8, 'a Fair job taken before a job of higher priority of its key was admitted, whose taker died, stopped or '
              'could not record the start in a server fault, is handed back to the head of its queue and runs next '
              '(docs/fair.md: its turn was counted at that first fetch)', _handed_back_ahead),
+    Known(7, 'a Fair key counted backlogged only by jobs a fetch took whose worker died or stopped before starting '
+             'them: off the key\'s line (their turn taken), on the intermediate list until handed back (hold_ttl, or '
+             'once the execution the taker wrote expired); the history has no event of that fetch',
+          _backlogged_only_by_a_dead_takers_job),
     Known(None, 'a failover rolled back what the replica missed (asynchronous replication: acknowledged admissions '
                 'lost, popped jobs run again, a Loner marker or a hold gone; durable admission is being added, and '
                 'the loss bound measured per topology). SENTINEL FAILOVER promotes without waiting for the replica, '

@@ -91,11 +91,13 @@ class History:
         self.started = {e['job'] for e in self.events if e['e'] == 'start'}
         self.failovers = [(e['t'], e['phase']) for e in self.events
                           if e['e'] == 'nemesis' and e['action'] in ('failover_kill', 'failover_graceful')]
-        #: The server faults of one server (a restart, an outage): (begin, end) each.
+        #: The server faults that stop a write: a restart, an outage, and a slot migration, whose TRYAGAIN outlasts the
+        #: adopted client's 10 s of retries when it moves tens of thousands of keys (rq's end-of-run pipeline in the
+        #: work horse then fails: "failed to persist failure of job ..."): (begin, end) each.
         self.server_faults = [(e['t'], next((x['t'] for x in self.events if x['e'] == 'nemesis' and x.get('id') ==
                                              e.get('id') and x['phase'] == 'end'), e['t'] + 30))
                               for e in self.events if e['e'] == 'nemesis' and e['phase'] == 'begin'
-                              and e['action'] in ('outage', 'restart_aof')]
+                              and e['action'] in ('outage', 'restart_aof', 'migrate_slot')]
         #: The workers that died during the run: killed (a nemesis), or quit on a Redis error (exit 0 or 1).
         self.died = {e['worker'] for e in self.events if e['e'] == 'exit' and not e.get('asked')}
         #: When each worker was killed or frozen by a nemesis, or seen exiting.
@@ -157,7 +159,8 @@ def _scheduled_in_no_registry(violation: dict, history: History) -> bool:
         return False
     ended = max([e['t'] for e in ends] or [e['t'] for e in history.events if e['e'] == 'end' and e['job'] == job]
                 or [0.0])
-    return any(ended - 1 <= died <= ended + 1 for died in history.deaths.get(runs[-1]['worker'], []))
+    return (any(ended - 1 <= died <= ended + 1 for died in history.deaths.get(runs[-1]['worker'], []))
+            or any(begin - 1 <= ended <= end + 1 for begin, end in history.server_faults))
 
 
 def _end_cut(job: str, history: History) -> bool:
@@ -262,7 +265,8 @@ KNOWN_BREAKS = (
              'run again: the end of run that schedules it again could not be written (the worker carries on: "Redis '
              'unreachable after job ... ended"), the job stays started, and rq fails it as abandoned', _retry_lost),
     Known(9, "NEW, reported by the history run (rq's own): rq's Job.retry sets the status scheduled outside the "
-             'pipeline that adds the job to the scheduled registry; a worker killed in between leaves the job '
+             'pipeline that adds the job to the scheduled registry; a worker killed in between, or that pipeline '
+             'failing in a server fault (a slot migration outlasting the client\'s 10 s of retries), leaves the job '
              'scheduled in no registry, never promoted, never failed', _scheduled_in_no_registry),
     Known(6, "not the product's: a Rate start the checker counts at its fetch was paid when its parked job was given "
              'back (start.paid), earlier than the checker allows after a stall or a busy spell (the checker reads '

@@ -185,11 +185,12 @@ def _held_by_a_job_whose_end_was_cut(violation: dict, history: History) -> bool:
 
 def _handed_back_ahead(violation: dict, history: History) -> bool:
     """A Fair job started ahead of a job of higher priority of its key because it had been taken before that one was
-    admitted, by a fetch whose worker died or stopped, or could not record the start in a server fault: the job was
-    handed back to the head of its queue's list (docs/fair.md: its turn was already counted, so it runs next). The
-    history has no event of the first fetch: the job was admitted before a fault that began before the higher one's
-    admission, and started within the hand-back's bound after that fault (hold_ttl, or the taker's execution's ttl
-    when it died after writing it: 90 s)."""
+    admitted (or the higher one had been, and was handed back just as the lower one started), by a fetch whose
+    worker died or stopped, or could not record the start in a server fault: the job was handed back to the head of
+    its queue's list (docs/fair.md: its turn was already counted, so it runs next). The history has no event of the
+    first fetch: the job was admitted before a fault that began before the higher one's admission, and started
+    within the hand-back's bound after that fault (hold_ttl, or the taker's execution's ttl when it died after
+    writing it: 90 s)."""
     found = re.search(r'job (\S+) \(priority \S+\) started at ([0-9.]+) while job \S+ \(priority \S+, admitted '
                       r'([0-9.]+)\)', violation['what'])
     if not found:
@@ -200,7 +201,16 @@ def _handed_back_ahead(violation: dict, history: History) -> bool:
         return False
     faults = [begin for begin, _ in history.server_faults]
     faults += [at for times in history.deaths.values() for at in times]
-    return any(admitted < at < later and started - at <= 90 for at in faults)
+    if any(admitted < at < later and started - at <= 90 for at in faults):
+        return True
+    # Or the other way round: the higher job was off its key's line, taken by a fetch that lost its start in a fault
+    # that began after its admission, and handed back to the head of the queue just as the lower one started.
+    higher = re.search(r'while job (\S+) \(priority \S+, admitted ([0-9.]+)\)(?:.*started ([0-9.]+))?',
+                       violation['what'])
+    if not higher or higher.group(3) is None:
+        return False
+    admitted_higher, started_higher = float(higher.group(2)), float(higher.group(3))
+    return 0 <= started_higher - started <= 1 and any(admitted_higher < at < started for at in faults)
 
 
 def _backlogged_only_by_a_dead_takers_job(violation: dict, history: History) -> bool:
@@ -228,8 +238,8 @@ def _backlogged_only_by_a_dead_takers_job(violation: dict, history: History) -> 
             continue
         if e['t'] <= end and first_start.get(e['job'], float('inf')) > end:
             waiting.append((e['t'], first_start.get(e['job'], float('inf'))))
-    deaths = [at for times in history.deaths.values() for at in times]
-    return bool(waiting) and all(started > end + 10 and any(admitted < at < begin for at in deaths)
+    faults = [at for times in history.deaths.values() for at in times] + [at for at, _ in history.server_faults]
+    return bool(waiting) and all(started > end + 10 and any(admitted < at < begin for at in faults)
                                  for admitted, started in waiting)
 
 

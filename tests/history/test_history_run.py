@@ -89,6 +89,8 @@ class History:
         final = next((e for e in self.events if e['e'] == 'final'), {'jobs': {}})
         self.final: dict[str, str] = final['jobs']
         self.started = {e['job'] for e in self.events if e['e'] == 'start'}
+        #: The operator's settings of a key (a per-key limit or rate, a Fair pause, resume or weight): (time, key).
+        self.settings = [(e['t'], e['key']) for e in self.events if e['e'] == 'setting' and e.get('key')]
         self.failovers = [(e['t'], e['phase']) for e in self.events
                           if e['e'] == 'nemesis' and e['action'] in ('failover_kill', 'failover_graceful')]
         #: The server faults that stop a write: a restart, an outage, and a slot migration, whose TRYAGAIN outlasts the
@@ -243,6 +245,25 @@ def _backlogged_only_by_a_dead_takers_job(violation: dict, history: History) -> 
                                  for admitted, started in waiting)
 
 
+def _setting_rolled_back(violation: dict, history: History) -> bool:
+    """A key's setting written during a failover (its limit, its rate, a Fair pause or resume, a weight) was lost
+    with the old master, so the promoted one kept the previous value until the key's next setting: the violation
+    names a key whose last setting before the violation fell within a failover, and the checker holds the lost value
+    (the Sentinel long run: ck0's limit set to 1 and rk0's rate to 1/s during a 20 s SENTINEL FAILOVER; the key ran
+    2 at once and its rate over 1/s for the next 55 s; a Fair resume lost the same way left its key paused, starved,
+    until the operator's next pause and resume)."""
+    names = set(re.findall(r'key h[a-z]+:([A-Za-z0-9_]+)', violation['what']))
+    times = [float(x) for x in re.findall(r'\b1[0-9]{9}\.[0-9]+', violation['what'])]
+    if not names or not times:
+        return False
+    at = min(times)
+    for name in names:
+        last = max((t for t, key in history.settings if key == name and t <= at), default=None)
+        if last is not None and history.during_failover(last, after=0.0):
+            return True
+    return False
+
+
 def _paid_when_given_back(violation: dict, history: History) -> bool:
     # A start paid when given back was decided before its fetch: the first such start widens the window, a later one
     # may leave it, and either way the window's count or its width is not what the fetches show.
@@ -288,6 +309,9 @@ KNOWN_BREAKS = (
              'them: off the key\'s line (their turn taken), on the intermediate list until handed back (hold_ttl, or '
              'once the execution the taker wrote expired); the history has no event of that fetch',
           _backlogged_only_by_a_dead_takers_job),
+    Known(None, 'a key\'s setting (limit, rate, Fair pause or resume, weight) written during a failover was rolled '
+                'back with the old master: the promoted one keeps the previous value until the key\'s next setting',
+          _setting_rolled_back),
     Known(None, 'a failover rolled back what the replica missed (asynchronous replication: acknowledged admissions '
                 'lost, popped jobs run again, a Loner marker or a hold gone; durable admission is being added, and '
                 'the loss bound measured per topology). SENTINEL FAILOVER promotes without waiting for the replica, '

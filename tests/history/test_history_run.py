@@ -258,10 +258,11 @@ def _backlogged_only_by_a_dead_takers_job(violation: dict, history: History) -> 
         if policy is None or policy.get('scope') != scope or str(policy.get('key')) != name or not e.get('job'):
             continue
         if e['t'] <= end and first_start.get(e['job'], float('inf')) > end:
-            waiting.append((e['t'], first_start.get(e['job'], float('inf'))))
+            waiting.append((e['job'], e['t'], first_start.get(e['job'], float('inf'))))
     faults = [at for times in history.deaths.values() for at in times] + [at for at, _ in history.server_faults]
-    return bool(waiting) and all(started > end + 10 and any(admitted < at < end for at in faults)
-                                 for admitted, started in waiting)
+    return bool(waiting) and all(job in history.given_up or (started > end + 10 and any(admitted < at < end
+                                                                                       for at in faults))
+                                 for job, admitted, started in waiting)
 
 
 def _setting_rolled_back(violation: dict, history: History) -> bool:

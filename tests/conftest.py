@@ -170,7 +170,8 @@ def _quick(config) -> bool:
 def pytest_collection_modifyitems(config, items):
     """A quick run leaves out the tests marked long or slow (worker and fault tests of 5 s or more, the soak, the
     Sentinel failover): every behaviour is still tested, in a few minutes; ``RQ_POLICIES_FULL=1`` runs everything, as
-    CI does, and so does naming a marker (``-m long``) or a test by its id.
+    CI does, and so does naming a marker (``-m long``) or a test by its id. The tests marked history run only with
+    RQ_POLICIES_HISTORY=1.
 
     In a full run, RQ_POLICIES_SKIP_SLOW=1 skips the tests marked slow (CI runs the soak once, not on every matrix
     cell), and RQ_POLICIES_SKIP_LONG=1 those marked long (CI runs them on Valkey with both rq versions, and every
@@ -187,6 +188,12 @@ def pytest_collection_modifyitems(config, items):
         skip = pytest.mark.skip(reason=f'{variable} is set')
         for item in items:
             if marker in item.keywords:
+                item.add_marker(skip)
+    # The history runs (tests/history/test_history_run.py: minutes each, a CI lane of their own) only on request.
+    if not os.environ.get('RQ_POLICIES_HISTORY'):
+        skip = pytest.mark.skip(reason='a history run takes minutes: RQ_POLICIES_HISTORY=1 runs it')
+        for item in items:
+            if item.get_closest_marker('history') is not None:  # the marker: tests/history/ is a keyword of its tests
                 item.add_marker(skip)
 
 

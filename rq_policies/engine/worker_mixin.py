@@ -271,7 +271,9 @@ class PolicyWorkerMixin:
         """Queue on ``pipeline`` the question ``lua/claim_start.lua`` answers: is the take of ``claim`` still this
         worker's? Its answer is read when the pipeline executes (``Fetcher.start_state``)."""
         fetcher = self._policy_fetcher
-        at = len(pipeline)  # a cluster pipeline keeps its commands elsewhere (its command_stack stays empty)
+        # len(), not command_stack: a cluster pipeline queues its commands in its execution strategy, and its
+        # command_stack stays empty (the index would be 0, and the answer read from rq's first command's reply).
+        at = len(pipeline)
         scripts.run('claim_start', pipeline, [keys.taken(claim.queue_name), claim.record],
                     [claim.job_id, claim.fetch_token])
 
@@ -432,7 +434,7 @@ class PolicyWorkerMixin:
             self._evictions.ride(pipeline, self.connection)  # type: ignore[attr-defined]
             if not self._refresh_on_heartbeat:
                 return
-            at = len(pipeline)  # a cluster pipeline keeps its commands elsewhere (its command_stack stays empty)
+            at = len(pipeline)  # commands queued so far, a cluster pipeline's too (see _ask_take)
             sent = ledger.PROCESS.refresh_in(pipeline, ttl=self.hold_ttl)
             if sent:
                 self._watch_refresh(pipeline, at, sent)

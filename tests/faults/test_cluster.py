@@ -362,16 +362,6 @@ def test_the_page_reads_the_slots_primary(cluster, valkey_cluster):
     assert [row['name'] for row in view['queues']['rows']] == ['readers']
 
 
-def _node_role(valkey_cluster, port: int) -> str:
-    client = valkey_cluster.node_client(port)
-    try:
-        return client.info('replication')['role']
-    except Exception:
-        return 'unreachable'
-    finally:
-        client.close()
-
-
 def _statuses(connection, ids) -> dict[str, str | None]:
     found = {}
     for job_id in ids:
@@ -440,10 +430,10 @@ def test_failover_of_the_prefix_slot_primary_during_capped_loner_jobs(cluster, v
         killed_at = time.time()
         primary.process.kill()
         primary.process.wait()
-        while _node_role(valkey_cluster, replica.port) != 'master' and time.time() < killed_at + 30:
+        while valkey_cluster.role(replica.port) != 'master' and time.time() < killed_at + 30:
             time.sleep(0.02)
         promoted_at = time.time()
-        assert _node_role(valkey_cluster, replica.port) == 'master'
+        assert valkey_cluster.role(replica.port) == 'master'
         thread.join(120)
         assert not thread.is_alive()
         assert len(acked) == total
@@ -575,8 +565,7 @@ def test_producers_follow_a_slot_migration(cluster, valkey_cluster, capsys):
     slot = key_slot(keys.PREFIX.encode())
     source, _ = valkey_cluster.owner_of(keys.PREFIX)
     target = next(node for node in valkey_cluster.nodes[:valkey_cluster.primaries] if node is not source
-                  and _node_role(valkey_cluster, node.port) == 'master')
-    src, dst = valkey_cluster.node_client(source.port), valkey_cluster.node_client(target.port)
+                  and valkey_cluster.role(node.port) == 'master')
     acked: list[str] = []
     failed: list[str] = []
     stop = threading.Event()
@@ -605,27 +594,13 @@ def test_producers_follow_a_slot_migration(cluster, valkey_cluster, capsys):
     try:
         while len(acked) < 200:
             time.sleep(0.02)
-        src_id, dst_id = src.execute_command('CLUSTER MYID'), dst.execute_command('CLUSTER MYID')
-        dst.execute_command('CLUSTER SETSLOT', slot, 'IMPORTING', src_id)
-        src.execute_command('CLUSTER SETSLOT', slot, 'MIGRATING', dst_id)
-        moved = 0
-        while True:
-            batch = src.execute_command('CLUSTER GETKEYSINSLOT', slot, 20)
-            if not batch:
-                break
-            src.execute_command('MIGRATE', '127.0.0.1', target.port, '', 0, 5000, 'KEYS', *batch)
-            moved += len(batch)
-            time.sleep(0.01)  # let the producer run against a slot split between two nodes
-        for client in (dst, src):
-            client.execute_command('CLUSTER SETSLOT', slot, 'NODE', dst_id)
+        moved = valkey_cluster.migrate_slot(slot, target)  # 20 keys a batch, 10 ms apart: clients meet the split
         during = len(acked)
         while len(acked) < during + 100:
             time.sleep(0.02)
     finally:
         stop.set()
         thread.join(30)
-        src.close()
-        dst.close()
     with capsys.disabled():
         print(f'\nslot migration: {moved} keys moved, {len(acked)} enqueues acknowledged, {during} by the end of the '
               f'move, {len(failed)} failed calls retried: {sorted(set(e.split("(")[0] for e in failed))}')
@@ -639,41 +614,19 @@ def test_producers_follow_a_slot_migration(cluster, valkey_cluster, capsys):
 
 def migrate_prefix_slot(valkey_cluster, batch: int = 20, pause: float = 0.01, first: tuple[str, ...] = (),
                         hold: float = 0.0) -> tuple[int, float]:
-    """Move the prefix's slot to another primary with the server's own commands, as ``redis-cli --cluster reshard``
-    does: SETSLOT IMPORTING on the target, MIGRATING on the source, MIGRATE ``batch`` keys at a time (``pause``
-    between batches, so that clients meet a slot split between two nodes), SETSLOT NODE on both. ``first``: keys
-    moved before the others, then ``hold`` seconds with the slot split so. Returns the keys moved and how long the
-    slot was migrating (seconds)."""
+    """Move the prefix's slot to another primary (:meth:`ValkeyCluster.migrate_slot`: SETSLOT IMPORTING/MIGRATING,
+    MIGRATE ``batch`` keys at a time ``pause`` apart, so that clients meet a slot split between two nodes, SETSLOT
+    NODE). ``first``: keys moved before the others, then ``hold`` seconds with the slot split so. Returns the keys
+    moved and how long the slot was migrating (seconds)."""
     from redis.crc import key_slot
 
     slot = key_slot(keys.PREFIX.encode())
     source, _ = valkey_cluster.owner_of(keys.PREFIX)
     target = next(node for node in valkey_cluster.nodes[:valkey_cluster.primaries] if node is not source
-                  and _node_role(valkey_cluster, node.port) == 'master')
-    src, dst = valkey_cluster.node_client(source.port), valkey_cluster.node_client(target.port)
-    try:
-        src_id, dst_id = src.execute_command('CLUSTER MYID'), dst.execute_command('CLUSTER MYID')
-        started = time.monotonic()
-        dst.execute_command('CLUSTER SETSLOT', slot, 'IMPORTING', src_id)
-        src.execute_command('CLUSTER SETSLOT', slot, 'MIGRATING', dst_id)
-        moved = 0
-        if first:
-            src.execute_command('MIGRATE', '127.0.0.1', target.port, '', 0, 5000, 'KEYS', *first)
-            moved += len(first)
-            time.sleep(hold)
-        while True:
-            found = src.execute_command('CLUSTER GETKEYSINSLOT', slot, batch)
-            if not found:
-                break
-            src.execute_command('MIGRATE', '127.0.0.1', target.port, '', 0, 5000, 'KEYS', *found)
-            moved += len(found)
-            time.sleep(pause)
-        for client in (dst, src):
-            client.execute_command('CLUSTER SETSLOT', slot, 'NODE', dst_id)
-        took = time.monotonic() - started
-    finally:
-        src.close()
-        dst.close()
+                  and valkey_cluster.role(node.port) == 'master')
+    started = time.monotonic()
+    moved = valkey_cluster.migrate_slot(slot, target, batch=batch, pause=pause, first=first, hold=hold)
+    took = time.monotonic() - started
     assert valkey_cluster.owner_of(keys.PREFIX)[0] is target
     return moved, took
 

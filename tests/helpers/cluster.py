@@ -207,6 +207,142 @@ class ValkeyCluster:
             break
         raise RuntimeError(f'cluster: no live primary serves slot {slot}')
 
+    def role(self, port: int) -> str:
+        """A node's replication role now: ``master``, ``slave``, or ``unreachable`` (down, or not answering)."""
+        client = self.node_client(port)
+        try:
+            return client.info('replication')['role']
+        except Exception:
+            return 'unreachable'
+        finally:
+            client.close()
+
+    def node_id(self, node: RedisServer) -> str:
+        client = self.node_client(node.port)
+        try:
+            return client.execute_command('CLUSTER MYID')
+        finally:
+            client.close()
+
+    def kill_primary(self, key: str, timeout: float = 30.0) -> tuple[RedisServer, RedisServer]:
+        """SIGKILL the primary serving ``key``'s slot and wait until its replica has promoted itself (a dead primary
+        cannot run ``CLUSTER FAILOVER``: the replica takes over once ``cluster-node-timeout`` has passed). Returns
+        (the killed node, the promoted one); :meth:`rejoin` brings the killed one back as a replica."""
+        primary, replica = self.owner_of(key)
+        deadline = time.monotonic() + timeout
+        while replica is None:  # a node restarted a moment ago may still be syncing
+            if time.monotonic() > deadline:
+                raise RuntimeError(f'cluster: no replica of the primary serving {key!r} to promote')
+            time.sleep(0.1)
+            primary, replica = self.owner_of(key)
+        primary.process.kill()
+        primary.process.wait()
+        _wait(lambda: self.role(replica.port) == 'master', timeout, 'the replica to promote itself')
+        return primary, replica
+
+    def rejoin(self, node: RedisServer, timeout: float = 30.0) -> None:
+        """Start a killed node again on its port: its ``nodes.conf`` makes it a replica of whoever took its slots;
+        waits until it follows a primary with its link up."""
+        node.start()
+
+        def linked() -> bool:
+            client = self.node_client(node.port)
+            try:
+                info = client.info('replication')
+                return info['role'] == 'slave' and info.get('master_link_status') == 'up'
+            except Exception:
+                return False
+            finally:
+                client.close()
+
+        _wait(linked, timeout, f'node {node.port} to rejoin as a linked replica')
+
+    def fail_over(self, key: str, timeout: float = 30.0) -> tuple[RedisServer, RedisServer]:
+        """A graceful ``CLUSTER FAILOVER`` of the primary serving ``key``'s slot, run on its replica (the replica
+        waits until it has the primary's writes, then takes over); returns (the old primary, the new one) once the
+        roles have switched."""
+        primary, replica = self.owner_of(key)
+        deadline = time.monotonic() + timeout
+        while replica is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f'cluster: no replica of the primary serving {key!r} to fail over to')
+            time.sleep(0.1)
+            primary, replica = self.owner_of(key)
+        client = self.node_client(replica.port)
+        try:
+            client.execute_command('CLUSTER FAILOVER')
+        finally:
+            client.close()
+        _wait(lambda: self.role(replica.port) == 'master' and self.role(primary.port) == 'slave', timeout,
+              'the graceful failover to switch roles')
+        return primary, replica
+
+    def migrate_slot(self, slot: int, target: RedisServer, batch: int = 20, pause: float = 0.01,
+                     first: tuple[str, ...] = (), hold: float = 0.0) -> int:
+        """Move ``slot`` to primary ``target`` while clients run, as ``redis-cli --cluster reshard`` does: SETSLOT
+        IMPORTING on the target and MIGRATING on the source, MIGRATE ``batch`` keys at a time (``pause`` seconds
+        between batches, so clients meet a slot split between two nodes: ASK, TRYAGAIN), then SETSLOT NODE on the
+        target, the source and every other primary. ``first``: keys moved before the others, then ``hold`` seconds
+        with the slot split so. Returns how many keys moved."""
+        source = next(node for node in self.nodes if node.process is not None and node.process.poll() is None
+                      and self._serves(node, slot))
+        if source is target:
+            return 0
+        src, dst = self.node_client(source.port), self.node_client(target.port)
+        try:
+            src_id, dst_id = src.execute_command('CLUSTER MYID'), dst.execute_command('CLUSTER MYID')
+            dst.execute_command('CLUSTER SETSLOT', slot, 'IMPORTING', src_id)
+            src.execute_command('CLUSTER SETSLOT', slot, 'MIGRATING', dst_id)
+            moved = 0
+            if first:
+                src.execute_command('MIGRATE', '127.0.0.1', target.port, '', 0, 5000, 'KEYS', *first)
+                moved += len(first)
+                time.sleep(hold)
+            while True:
+                keys = src.execute_command('CLUSTER GETKEYSINSLOT', slot, batch)
+                if not keys:
+                    break
+                src.execute_command('MIGRATE', '127.0.0.1', target.port, '', 0, 5000, 'KEYS', *keys)
+                moved += len(keys)
+                time.sleep(pause)
+            for client in (dst, src):
+                client.execute_command('CLUSTER SETSLOT', slot, 'NODE', dst_id)
+            for node in self.nodes:
+                if node is source or node is target or node.process is None or node.process.poll() is not None:
+                    continue
+                if self.role(node.port) != 'master':
+                    continue
+                other = self.node_client(node.port)
+                try:
+                    other.execute_command('CLUSTER SETSLOT', slot, 'NODE', dst_id)
+                except Exception:
+                    pass  # it learns the new owner from the target's gossip anyway
+                finally:
+                    other.close()
+            return moved
+        finally:
+            src.close()
+            dst.close()
+
+    def _serves(self, node: RedisServer, slot: int) -> bool:
+        """Is ``node`` the primary that owns ``slot`` by its own view (CLUSTER SHARDS)?"""
+        client = self.node_client(node.port)
+        try:
+            if client.info('replication')['role'] != 'master':
+                return False
+            myself = client.execute_command('CLUSTER MYID')
+            for shard in client.execute_command('CLUSTER SHARDS'):
+                shard = _as_dict(shard)
+                ranges = shard['slots']
+                if any(int(ranges[k]) <= slot <= int(ranges[k + 1]) for k in range(0, len(ranges), 2)):
+                    return any(_as_dict(entry)['id'] == myself and _as_dict(entry)['role'] == 'master'
+                               for entry in shard['nodes'])
+            return False
+        except Exception:
+            return False
+        finally:
+            client.close()
+
     def flush(self) -> None:
         """FLUSHALL on every live primary (replicas follow)."""
         for node in self.nodes:

@@ -14,7 +14,9 @@ broken network would show it (a late reply, a closed socket, silence), and the s
   request (a client that gives up and resends then has both attempts reach the server after the stall, in either
   order);
 * :meth:`FaultProxy.before_request`: a callback runs just before a matching request is forwarded (a ``SCRIPT FLUSH``
-  on the server at the worst moment, say).
+  on the server at the worst moment, say);
+* :meth:`FaultProxy.outage`: the server is unreachable for ``seconds``: every connection is closed, and one opened
+  meanwhile is closed at once (the client sees a reset, as with a server that is down or a network that is cut).
 
 A request matches when one chunk read from the client contains every byte string of ``match`` (a command is sent
 in one write by redis-py, so its name and arguments arrive together). The proxy is bounded: it closes everything
@@ -87,6 +89,7 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._faults: list[_Fault] = []
         self._stall_until = 0.0
+        self._refuse_until = 0.0
         self._links: list[_Link] = []
         self._stop = threading.Event()
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -138,6 +141,19 @@ class FaultProxy:
             return
         with self._lock:
             self._stall_until = max(self._stall_until, time.monotonic() + seconds)
+
+    def outage(self, seconds: float) -> None:
+        """Cut the server off for ``seconds`` from now: every open connection is closed, and connections opened
+        meanwhile are closed as soon as they are accepted. Armed faults stay armed."""
+        with self._lock:
+            self._refuse_until = max(self._refuse_until, time.monotonic() + seconds)
+            links = list(self._links)
+        for link in links:
+            link.close()
+
+    def in_outage(self) -> bool:
+        with self._lock:
+            return time.monotonic() < self._refuse_until
 
     def disarm(self) -> None:
         """Forget every armed fault that has not fired."""
@@ -204,6 +220,13 @@ class FaultProxy:
                 client, _ = self._listener.accept()
             except (socket.timeout, OSError):
                 continue
+            if self.in_outage():
+                try:
+                    client.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                client.close()
+                continue
             try:
                 server = socket.create_connection(self.target, timeout=5)
             except OSError:
@@ -214,6 +237,7 @@ class FaultProxy:
                 sock.settimeout(_POLL_SECONDS)
             link = _Link(client, server)
             with self._lock:
+                self._links = [known for known in self._links if not known.closed.is_set()]
                 self._links.append(link)
                 self.connections += 1
             threading.Thread(target=self._upstream, args=(link,), name='faultproxy-up', daemon=True).start()

@@ -73,6 +73,47 @@ class SentinelCluster:
     def master_address(self) -> tuple[str, int]:
         return self.sentinel().discover_master(self.master_name)
 
+    def current_master(self) -> RedisServer:
+        """The server the sentinels name as master now (the replica, once it has been promoted)."""
+        host, port = self.master_address()
+        return next(server for server in (self.master, self.replica) if server.port == port)
+
+    def _linked_replica(self, server: RedisServer) -> bool:
+        info = server.client(socket_timeout=1).info('replication')
+        return info['role'] == 'slave' and info.get('master_link_status') == 'up'
+
+    def kill_master(self, timeout: float = 60.0) -> tuple[RedisServer, RedisServer]:
+        """SIGKILL the master and wait until the sentinels have promoted the replica; returns (the killed server,
+        the new master). :meth:`restart` brings the killed one back (the sentinels make it a replica)."""
+        old = self.current_master()
+        new = self.replica if old is self.master else self.master
+        old.process.kill()
+        old.process.wait()
+        self._wait(lambda: self.master_address()[1] == new.port, 'the sentinels to promote the replica', timeout)
+        return old, new
+
+    def restart(self, server: RedisServer, timeout: float = 60.0) -> None:
+        """Start a killed server again on its port; the sentinels reconfigure it as the new master's replica. Waits
+        until it is a replica with its link up."""
+        server.start()
+        self._wait(lambda: self._linked_replica(server), 'the old master to rejoin as a linked replica', timeout)
+
+    def fail_over(self, timeout: float = 60.0) -> tuple[RedisServer, RedisServer]:
+        """A graceful failover (``SENTINEL FAILOVER``): the replica is promoted and the old master follows it;
+        returns (the old master, the new one) once the old one is a linked replica."""
+        old = self.current_master()
+        new = self.replica if old is self.master else self.master
+        self._wait(lambda: self._linked_replica(new), 'the replica to be linked before the failover', timeout)
+        for sentinel in self.sentinels:
+            try:
+                Redis(port=sentinel.port, socket_timeout=2).execute_command('SENTINEL FAILOVER', self.master_name)
+                break
+            except Exception:  # this one is busy or not the leader yet: ask the next
+                continue
+        self._wait(lambda: self.master_address()[1] == new.port, 'the sentinels to promote the replica', timeout)
+        self._wait(lambda: self._linked_replica(old), 'the old master to follow the new one', timeout)
+        return old, new
+
     def close(self) -> None:
         for server in [*self.sentinels, self.replica, self.master]:
             server.close()

@@ -1382,8 +1382,12 @@ class Availability:
                 busy.append((run.lo, max(stop, run.hi)))
             free = subtract(alive, merge(busy + [(a, b) for a, b, _ in worker.freezes]))
             for queue in worker.queues:
-                idle[queue] += free
-        self.idle = {queue: merge(found) for queue, found in idle.items()}
+                idle[queue].append(free)
+        #: Per queue, each worker's idle stretches apart: a job is late only when one worker stayed idle longer than
+        #: the bound. Their union is not: several workers busy with a backlog each spend a moment between a job's end
+        #: and their next fetch (its release, a heartbeat; longer on a loaded machine), and those moments, merged,
+        #: made seconds of "idle" while every worker was taking other jobs ahead of the due one.
+        self.idle = {queue: [merge(free) for free in found] for queue, found in idle.items()}
         self.faults = merge([(f.lo, f.hi if f.end is not None else ix.end) for f in ix.server_faults()])
         by_queue: dict[str, list[Run]] = defaultdict(list)
         by_key: dict[tuple, list[Run]] = defaultdict(list)
@@ -1437,7 +1441,26 @@ class Availability:
         if t1 - t0 <= delay or self.limited_by_rate(event):
             return None, None
         queue = event.get('queue')
-        ready = clip(self.idle.get(queue, []), t0, t1)
+        strict = loose = None
+        for free in self.idle.get(queue, []):
+            one_strict, one_loose = self._late_on(free, event, t0, t1)
+            if one_strict is not None and (strict is None or one_strict[1] - one_strict[0] > strict[1] - strict[0]):
+                strict = one_strict
+            if one_loose is not None and (loose is None or one_loose[1] - one_loose[0] > loose[1] - loose[0]):
+                loose = one_loose
+        if strict is not None and strict[1] - strict[0] > delay:
+            return strict, None
+        if loose is not None and loose[1] - loose[0] > delay:
+            return None, loose
+        return None, None
+
+    def _late_on(self, free: list, event: dict, t0: float, t1: float) -> tuple[tuple | None, tuple | None]:
+        """The longest stretches of ``[t0, t1]`` in one worker's idle stretches ``free`` in which the job should
+        have been taken: (with no server fault in it, across server faults)."""
+        queue = event.get('queue')
+        ready = clip(free, t0, t1)
+        if not ready:
+            return None, None
         ready = subtract(ready, clip(self.cap_blocked.get(queue, []), t0, t1))
         ready = subtract(ready, clip(self.backoff.get(queue, []), t0, t1))
         policy = policy_of(event, 'concurrency')
@@ -1457,12 +1480,7 @@ class Availability:
         if ready and fair is not None:
             ready = subtract(ready, clip(self.paused.get(key_id(fair), []), t0, t1))
         clean = subtract(ready, clip(self.faults, t0, t1))
-        strict, loose = longest(clean), longest(ready)
-        if strict is not None and strict[1] - strict[0] > delay:
-            return strict, None
-        if loose is not None and loose[1] - loose[0] > delay:
-            return None, loose
-        return None, None
+        return longest(clean), longest(ready)
 
 
 # -- 7. Fair ---------------------------------------------------------------------------------------------------------

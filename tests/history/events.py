@@ -102,6 +102,30 @@ What each property reads (``tests/history/check.py``):
 7. Fair: ``invoke``/``ok`` (when a key became backlogged) and ``start`` per key, weights;
 8. priority and pause: ``priority`` per job, ``setting`` fair_pause/fair_resume;
 9. liveness: ``due`` of each admitted job and its first ``start``, with the nemesis events that excuse a delay.
+
+Fields the recorder writes beyond those (``tests/history/record.py``, ``jobs.py``, ``producers.py``, ``run.py``; all
+optional for a reader):
+
+* ``hello``: ``asyncio`` (a producer on the asyncio doors); the runner's: ``servers``, ``server`` (product and
+  version), ``seed``, ``broken``. A worker writes its ``hello`` at its first fetch, not while it starts.
+* ``invoke``: ``due`` is the scheduled registry's score (rq truncates the caller's time to a whole second, and the
+  fetch promotes once the server's clock reaches it); for ``enqueue_in``, rq reads its clock just after the producer
+  did, so the true due may be one second later. A Fair call's payload carries its ``prio``. An ``enqueue_many`` that
+  raised part-way records ``info`` for each of its calls (some were written).
+* ``start``: ``fetched`` begins at the first send of the fetch's claim token (a fetch whose reply was lost is sent
+  again under the same token, and its claim record answers what the first send took); ``fetch`` (that claim token,
+  which names the claim record ``rq:policies:claim:<token>``, whether or not the fetch took a hold); ``paid`` (True:
+  a rate-parked job given back with its Rate start paid for then, before this fetch, which takes it without paying).
+* ``end``: ``delay`` (the seconds asked: a Snooze's, a retry's interval), ``by`` (``worker`` when the worker
+  recorded it: the job's horse was killed, or rq ended the run where the job could not see).
+* ``setting``: ``cleared`` (a run-time setting removed: ``value`` is then the declared one back in force).
+* ``nemesis``: a stop's ``end`` is its SIGCONT (no ``cont`` action is recorded apart); ``seconds`` (a stop's or an
+  outage's planned length), ``fired`` (lost_reply: the fault met its request), ``promoted`` (a failover's new
+  primary), ``keys`` (migrate_slot: keys moved), ``error`` (a fault that could not be performed; its ``end`` ends it).
+* ``exit``: ``asked`` (True for the runner's own stop at the end of the run).
+* ``final``: the place ``intermediate`` (queued, but on a queue's intermediate list: taken by a fetch and never
+  started; rq's cleanup fails it, unrun), and ``drained`` (False when the drain timed out or stopped on parked jobs
+  that did not move).
 """
 
 from __future__ import annotations

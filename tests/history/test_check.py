@@ -562,6 +562,30 @@ def test_liveness_counts_only_time_when_a_worker_of_the_queue_fetched(tmp_path):
     clean(results(h, tmp_path))
 
 
+def test_liveness_needs_one_worker_idle_past_the_bound_not_the_union_of_several_moments(tmp_path):
+    """Two workers busy with a backlog, each 0.7 s between one job's end and its next fetch, in turn: at every instant
+    one of them is between jobs, but neither stayed idle 2 s; the due job waited behind the others. The union of those
+    moments (T + 6 to T + 10) is not a worker left idle (a Redis 7 short run under load flagged 2.07 s made of them).
+    One worker idle 2.5 s is."""
+    def backlog(pause: float) -> History:
+        h = base()
+        admit(h, 'j1', T, door='enqueue_in', due=T + 5)
+        t, n = T + 5.5, 0
+        while t < T + 10:  # w1 runs at t, w2 at t + 0.6, 0.5 s each: each is between jobs 0.7 s of every 1.2 s
+            for worker, at in (('w1', t), ('w2', t + 0.6)):
+                n += 1
+                admit(h, f'b{n}', T)
+                run(h, worker, f'b{n}', at, at + 0.5)
+            t += 1.2
+        run(h, 'w1', 'j1', t + pause, t + pause + 0.1)
+        h.final(T + 60, {'j1': 'finished', **{f'b{i}': 'finished' for i in range(1, n + 1)}})
+        return h
+
+    clean(results(backlog(0.0), tmp_path / 'turns'))
+    [finding] = only(results(backlog(2.5), tmp_path / 'one-idle'), 9)  # w1 and w2 both idle 2.5 s and more
+    assert named(finding, 'job') == {'j1'}
+
+
 @pytest.mark.parametrize('said', ['due', 'delay'])
 def test_liveness_checks_a_retry_against_its_due_time(tmp_path, said):
     h = base(workers=('w1',))

@@ -167,6 +167,21 @@ def test_the_start_check_answers_whether_the_take_is_still_the_workers(connectio
     assert check('taker:1') == 0  # handed back: this worker must not start it
 
 
+def test_a_worker_reads_the_start_check_at_its_own_place_in_rqs_start_pipeline(connection):
+    """The start check rides rq's start pipeline, after commands of rq's own; its answer is read by its index in the
+    replies. On a Redis Cluster the pipeline keeps its commands in its execution strategy's queue, not in
+    ``command_stack`` (always empty there): the index was 0, the check's answer was read from rq's HSET's reply
+    (5, not 1), and every job a worker took was given up as handed back and never ran (the cluster cell)."""
+    from rq_policies import PolicySimpleWorker
+
+    q = PolicyQueue('hb', connection=connection)
+    job = q.enqueue(jobs.plain, 1)
+    worker = PolicySimpleWorker([q], connection=connection)
+    worker.work(burst=True, max_jobs=1)
+    assert job.get_status(refresh=True) == JobStatus.FINISHED
+    assert not taken(connection, 'hb') and not waiting(connection, 'hb')
+
+
 def test_a_worker_hands_its_own_take_back_at_once(connection):
     """A stop between the fetch and the start: the taker gives its own take back without waiting for the lapse."""
     q = PolicyQueue('hb', connection=connection)

@@ -250,12 +250,15 @@ TOPOLOGIES = {'single': Single, 'sentinel': SentinelGroup, 'cluster': Cluster}
 
 
 def retry(call: Any, what: str, seconds: float = 60.0) -> Any:
-    """``call()`` until it succeeds (a restart, an outage or a failover in progress), for at most ``seconds``."""
+    """``call()`` until it succeeds (a restart, an outage or a failover in progress), for at most ``seconds``. Only
+    the server's errors are waited out: any other is the caller's bug, raised at once."""
+    from redis.exceptions import RedisError
+
     deadline = time.monotonic() + seconds
     while True:
         try:
             return call()
-        except Exception:
+        except (RedisError, OSError):
             if time.monotonic() > deadline:
                 raise RuntimeError(f'{what}: the servers did not answer within {seconds} s') from None
             time.sleep(0.2)
@@ -656,7 +659,7 @@ def where(conn: Any, job_ids: set[str]) -> dict[str, str]:
     from rq.job import Job
 
     from rq_policies import Concurrency, PolicyQueue, Rate
-    from rq_policies.policies.fair.rules import WAIT_PREFIX
+    from rq_policies.engine import keys
     from tests.history import jobs
 
     ids = sorted(job_ids)
@@ -673,7 +676,7 @@ def where(conn: Any, job_ids: set[str]) -> dict[str, str]:
         taken |= {x.decode() for x in conn.lrange(PolicyQueue(name, connection=conn).intermediate_queue_key, 0, -1)}
     waiting: set[str] = set()
     for tenant in jobs.TENANTS:
-        line = f'{WAIT_PREFIX}{jobs.FAIR}:{jobs.FAIR_SCOPE}:{tenant}'
+        line = keys.FAIR_WAIT(jobs.FAIR, f'{jobs.FAIR_SCOPE}:{tenant}')
         waiting |= {x.decode() for x in conn.zrange(line, 0, -1)}
     parked = {j for key in ('ck0', 'ck1', 'ck2') for j in Concurrency.parked(jobs.KEY_SCOPE, key, connection=conn)}
     parked |= {j for key in ('rk0', 'rk1') for j in Rate.parked(jobs.RATE_SCOPE, key, connection=conn)}

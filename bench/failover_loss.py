@@ -53,16 +53,6 @@ from tests.helpers import jobs  # noqa: E402
 from tests.helpers.cluster import ValkeyCluster  # noqa: E402
 
 
-def role(cluster: ValkeyCluster, port: int) -> str:
-    client = cluster.node_client(port)
-    try:
-        return client.info('replication')['role']
-    except Exception:
-        return 'unreachable'
-    finally:
-        client.close()
-
-
 def synced(cluster: ValkeyCluster, timeout: float = 60.0) -> tuple:
     """The prefix slot's primary and a replica that is linked to it and caught up."""
     deadline = time.monotonic() + timeout
@@ -138,7 +128,7 @@ def one_round(cluster: ValkeyCluster, number: int, durable: bool, opts, env: dic
         primary.process.wait()
         if opts.starve:
             os.kill(replica.process.pid, signal.SIGCONT)
-        while role(cluster, replica.port) != 'master' and time.time() < killed_at + 30:
+        while cluster.role(replica.port) != 'master' and time.time() < killed_at + 30:
             time.sleep(0.02)
         promoted_at = time.time()
         time.sleep(opts.after)

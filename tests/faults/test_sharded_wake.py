@@ -150,16 +150,6 @@ def on_own_cluster(own_cluster, worker_env):
         own_cluster.flush()
 
 
-def _role(valkey_cluster, port: int) -> str:
-    client = valkey_cluster.node_client(port)
-    try:
-        return client.info('replication')['role']
-    except Exception:
-        return 'unreachable'
-    finally:
-        client.close()
-
-
 @pytest.mark.cluster
 @pytest.mark.long
 @needs_cluster
@@ -192,10 +182,10 @@ def test_an_idle_worker_is_woken_on_the_new_owner_of_the_slot(own_cluster, on_ow
             old.close()
             primary.process.kill()
             primary.process.wait()
-            assert wait_for(lambda: _role(own_cluster, replica.port) == 'master', 30)
+            assert wait_for(lambda: own_cluster.role(replica.port) == 'master', 30)
         else:
             target = next(n for n in own_cluster.nodes[:own_cluster.primaries] if n is not primary
-                          and _role(own_cluster, n.port) == 'master')
+                          and own_cluster.role(n.port) == 'master')
             _migrate_slot(own_cluster, primary, target)
         promoted = time.monotonic() - moved_at
         new = own_cluster.node_client(target.port)

@@ -339,6 +339,7 @@ class PolicyWorkerMixin:
         one already ended (by rq's cleanup), is left as it is."""
         warned = False
         first = kwargs.pop('first_error', None)  # the caller's own first try failed so
+        written = kwargs.pop('written', None) or self._end_written
         while True:
             try:
                 if first is not None:
@@ -356,17 +357,22 @@ class PolicyWorkerMixin:
             while True:
                 time.sleep(self.max_connection_wait_time)
                 try:
-                    status, worker = self.connection.hmget(job.key, 'status', 'worker_name')  # type: ignore[attr-defined]
+                    done = written(job)
                     break
                 except Exception as exc:
                     if not away(exc):
                         raise
-            if status is None or text(status) != JobStatus.STARTED or worker is None or (
-                    text(worker) != self.name):  # type: ignore[attr-defined]
+            if done:
                 self.log.warning(  # type: ignore[attr-defined]
-                    'rq-policies: the end of job %s was recorded before Redis went away (status %s)', job.id,
-                    text(status) if status is not None else None)
+                    'rq-policies: the end of job %s was recorded before Redis went away', job.id)
                 return None
+
+    def _end_written(self, job: Any) -> bool:
+        """Is the job no longer *started* by this worker (its hash's status and worker_name): its end written, by
+        this worker before the server went away, or by rq's cleanup since; or another worker started it since?"""
+        status, worker = self.connection.hmget(job.key, 'status', 'worker_name')  # type: ignore[attr-defined]
+        return status is None or text(status) != JobStatus.STARTED or worker is None or (
+            text(worker) != self.name)  # type: ignore[attr-defined]
 
     def _fetch_stands(self, job: Any, parent: bool) -> bool:
         """Does the fetch that took ``job`` still stand (:meth:`_record_start`)? In the worker, rq's executions of the
@@ -391,6 +397,7 @@ class PolicyWorkerMixin:
         # status the pipeline leaves: only a final ending frees what the job held while it ran.
         # rq 3 passes execution=; rq 2.12's takes no such argument: pass on exactly what rq gave.
         super().cleanup_execution(job, pipeline, *args, **kwargs)  # type: ignore[misc]
+        execution = kwargs.get('execution') or getattr(self, 'execution', None)  # rq 3's argument; rq 2.12's one
         execute = pipeline.execute
         prefix, job_id = job.redis_job_namespace_prefix, job.id
         # Only the policies that may hold something of this job until its end (read from its hash at the fetch): a
@@ -411,13 +418,20 @@ class PolicyWorkerMixin:
                 pipeline.command_stack, pipeline.explicit_transaction = list(stack), explicit
                 return execute(*args, **kwargs)
 
+            def written(job: Any) -> bool:
+                # The transaction takes the execution off the started registry (rq's cleanup_execution): gone, it was
+                # applied. Not the job's status: rq's Job.retry writes 'scheduled' outside it, before it.
+                if execution is None:
+                    return self._end_written(job)
+                return self.connection.zscore(job.started_job_registry.key, execution.composite_key) is None  # type: ignore[attr-defined]
+
             try:
                 return execute(*args, **kwargs)
             except Exception as exc:
                 if not away(exc):
                     raise
                 error = exc
-            return self._record_end(again, job, first_error=error)
+            return self._record_end(again, job, first_error=error, written=written)
 
         pipeline.execute = execute_last
 

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT, with_root
+from tests.history.run import INTERMEDIATE_SECONDS
 
 pytestmark = pytest.mark.history
 
@@ -159,16 +160,16 @@ def _given_up_and_not_handed_back(violation: dict, history: History) -> bool:
 
 
 def _retry_lost(violation: dict, history: History) -> bool:
-    """The job's last run ended asking for another (a Snooze, a retry), and a server fault began, or the run's worker
-    died, within a minute after: the end of run that schedules it again was cut."""
+    """The job's last run ended asking for another (a Snooze, a retry), and the run's worker died within a minute
+    after: the end of run that schedules it again was cut. (A server fault no longer cuts it: the worker writes the
+    end once the server answers.)"""
     job, _ = _job_of(violation)
     ends = [e for e in evidence(violation) if e['e'] == 'end' and e['job'] == job]
     runs = [e for e in evidence(violation) if e['e'] == 'start' and e['job'] == job]
     if not ends or ends[-1].get('retry') is not True or history.final.get(job) not in ('failed', 'started'):
         return False
     at = ends[-1]['t']
-    return (any(at - 30 <= begin <= at + 60 for begin, _ in history.server_faults)
-            or (bool(runs) and any(at - 1 <= died <= at + 60 for died in history.deaths.get(runs[-1]['worker'], []))))
+    return bool(runs) and any(at - 1 <= died <= at + 60 for died in history.deaths.get(runs[-1]['worker'], []))
 
 
 def _scheduled_in_no_registry(violation: dict, history: History) -> bool:
@@ -181,21 +182,19 @@ def _scheduled_in_no_registry(violation: dict, history: History) -> bool:
         return False
     ended = max([e['t'] for e in ends] or [e['t'] for e in history.events if e['e'] == 'end' and e['job'] == job]
                 or [0.0])
-    return (any(ended - 1 <= died <= ended + 1 for died in history.deaths.get(runs[-1]['worker'], []))
-            or any(begin - 1 <= ended <= end + 1 for begin, end in history.server_faults))
+    return any(ended - 1 <= died <= ended + 1 for died in history.deaths.get(runs[-1]['worker'], []))
 
 
 def _end_cut(job: str, history: History) -> bool:
     """Did the job's last run end (its horse recorded the end) without rq recording it: rq shows the job started, or
-    failed by its cleanup as abandoned, and the end fell in a server fault (an outage, a restart: the worker logs
-    "Redis unreachable after job ... ended") or just before its worker died?"""
+    failed by its cleanup as abandoned, and the end fell just before its worker died? (A server fault no longer cuts
+    it: the worker writes the end once the server answers.)"""
     runs = [e for e in history.events if e['e'] == 'start' and e['job'] == job]
     ends = [e for e in history.events if e['e'] == 'end' and e['job'] == job]
     if not runs or not ends or history.final.get(job) not in ('started', 'failed'):
         return False
     at = ends[-1]['t']
-    return (any(begin - 1 <= at <= end + 1 for begin, end in history.server_faults)
-            or any(at - 1 <= died <= at + 60 for died in history.deaths.get(runs[-1]['worker'], [])))
+    return any(at - 1 <= died <= at + 60 for died in history.deaths.get(runs[-1]['worker'], []))
 
 
 def _held_by_a_job_whose_end_was_cut(violation: dict, history: History) -> bool:
@@ -206,33 +205,25 @@ def _held_by_a_job_whose_end_was_cut(violation: dict, history: History) -> bool:
 
 
 def _handed_back_ahead(violation: dict, history: History) -> bool:
-    """A Fair job started ahead of a job of higher priority of its key because it had been taken before that one was
-    admitted (or the higher one had been, and was handed back just as the lower one started), by a fetch whose
-    worker died or stopped, or could not record the start in a server fault: the job was handed back to the head of
-    its queue's list (docs/fair.md: its turn was already counted, so it runs next). The history has no event of the
-    first fetch: the job was admitted before a fault that began before the higher one's admission, and started
-    within the hand-back's bound after that fault (hold_ttl, or the taker's execution's ttl when it died after
-    writing it: 90 s)."""
-    found = re.search(r'job (\S+) \(priority \S+\) started at ([0-9.]+) while job \S+ \(priority \S+, admitted '
-                      r'([0-9.]+)\)', violation['what'])
-    if not found:
-        return False
-    job, started, later = found.group(1), float(found.group(2)), float(found.group(3))
-    admitted = min((e['t'] for e in history.events if e['e'] == 'ok' and e.get('job') == job), default=None)
-    if admitted is None:
-        return False
+    """A Fair job started while a job of higher priority of its key was off the key's line: taken by a fetch whose
+    worker died or stopped, or could not record the start in a server fault, and handed back (then filed again in
+    its key's line, docs/fair.md) just as the lower one started. The history has no event of that fetch. (A handed
+    back job itself no longer runs ahead of its key's line: the fetch files it again.)"""
     faults = [begin for begin, _ in history.server_faults]
     faults += [at for times in history.deaths.values() for at in times]
-    if any(admitted < at < later and started - at <= 90 for at in faults):
-        return True
-    # Or the other way round: the higher job was off its key's line, taken by a fetch that lost its start in a fault
-    # that began after its admission, and handed back to the head of the queue just as the lower one started.
+    found = re.search(r'job (\S+) \(priority \S+\) started at ([0-9.]+) while job', violation['what'])
+    if not found:
+        return False
+    started = float(found.group(2))
     higher = re.search(r'while job (\S+) \(priority \S+, admitted ([0-9.]+)\)(?:.*started ([0-9.]+))?',
                        violation['what'])
     if not higher or higher.group(3) is None:
         return False
     admitted_higher, started_higher = float(higher.group(2)), float(higher.group(3))
-    return 0 <= started_higher - started <= 1 and any(admitted_higher < at < started for at in faults)
+    # Off the line from a fault after its admission until its hand-back (run.INTERMEDIATE_SECONDS at most).
+    bound = INTERMEDIATE_SECONDS
+    return 0 <= started_higher - started <= bound and any(admitted_higher < at < started and started - at <= bound
+                                                           for at in faults)
 
 
 def _backlogged_only_by_a_dead_takers_job(violation: dict, history: History) -> bool:
@@ -307,26 +298,22 @@ def _started_by_a_worker_that_died(violation: dict, history: History) -> bool:
 
 #: The breaks the runs still show, each named with why it is tolerated (see the module docstring).
 KNOWN_BREAKS = (
-    Known(4, 'NEW, reported by the history run (not fixed: an end of run lost to an outage): a Loner(until='
-             '\'finished\') holder whose run ended while the server was away (an outage, a restart) or just before its '
-             'worker died: its horse could not write the end ("Redis unreachable after job ... ended"), rq shows it '
-             'started, and holder_running counts it as running while its worker\'s key lives (rq\'s cleanup fails it '
-             'as abandoned about a minute on): calls are dropped though it has ended',
-          _held_by_a_job_whose_end_was_cut),
-    Known(1, 'NEW, reported by the history run (no branch fixes it yet): a run that ended with a Snooze or a retry '
-             'just before the server went away (an outage, a restart) or its worker died leaves its job failed, never '
-             'run again: the end of run that schedules it again could not be written (the worker carries on: "Redis '
-             'unreachable after job ... ended"), the job stays started, and rq fails it as abandoned', _retry_lost),
-    Known(9, "NEW, reported by the history run (rq's own): rq's Job.retry sets the status scheduled outside the "
-             'pipeline that adds the job to the scheduled registry; a worker killed in between, or that pipeline '
-             'failing in a server fault (a slot migration outlasting the client\'s 10 s of retries), leaves the job '
-             'scheduled in no registry, never promoted, never failed', _scheduled_in_no_registry),
+    Known(4, "rq's own bound: a Loner(until='finished') holder whose run ended just before its worker died (the "
+             'group SIGKILLed as the horse wrote the end): rq shows it started, and holder_running counts it as '
+             'running while its worker\'s key lives (rq\'s cleanup fails it as abandoned about a minute on): calls '
+             'are dropped though it has ended', _held_by_a_job_whose_end_was_cut),
+    Known(1, "rq's own bound: a run that ended with a Snooze or a retry just before its worker died (the group "
+             'SIGKILLed as the horse wrote the end) leaves its job failed, never run again: the job stays started, and '
+             'rq fails it as abandoned', _retry_lost),
+    Known(9, "rq's own: rq's Job.retry sets the status scheduled outside the pipeline that adds the job to the "
+             'scheduled registry; a worker killed in between leaves the job scheduled in no registry, never promoted, '
+             'never failed', _scheduled_in_no_registry),
     Known(6, "not the product's: a Rate start the checker counts at its fetch was paid when its parked job was given "
              'back (start.paid), earlier than the checker allows after a stall or a busy spell (the checker reads '
              'paid: its own branch)', _paid_when_given_back),
-    Known(8, 'a Fair job taken before a job of higher priority of its key was admitted, whose taker died, stopped or '
-             'could not record the start in a server fault, is handed back to the head of its queue and runs next '
-             '(docs/fair.md: its turn was counted at that first fetch)', _handed_back_ahead),
+    Known(8, 'a Fair job of higher priority off its key\'s line (taken by a fetch whose worker died, stopped or '
+             'could not record the start in a server fault) while a lower one of its key started: handed back and '
+             'filed again in the line only then', _handed_back_ahead),
     Known(7, 'a Fair key counted backlogged only by jobs a fetch took whose worker died or stopped before starting '
              'them: off the key\'s line (their turn taken), on the intermediate list until handed back (hold_ttl, or '
              'once the execution the taker wrote expired); the history has no event of that fetch',

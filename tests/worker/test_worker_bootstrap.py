@@ -124,3 +124,33 @@ def test_a_burst_worker_exits_soon_after_its_queue_runs_dry(connection, redis_ur
             stop(proc)
         assert proc.returncode == 0, output(proc)
         assert time.monotonic() - began < 20, output(proc)
+
+
+def test_a_worker_imports_no_views_until_something_looks():
+    """What a PolicyWorker and a producer import leaves out every policy's views and the explainer (they cost a
+    worker's start about 8 ms, issue 33); the first look at the views imports every built-in policy's, and
+    ``rq_policies.explain`` is there at its first lookup."""
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    script = textwrap.dedent('''
+        import sys
+        import rq_policies
+        from rq_policies import PolicyQueue, PolicyWorker, QueueSlot, Concurrency
+        import rq_policies.engine.worker, rq_policies.engine.fetch
+        loaded = sorted(m for m in sys.modules if m.endswith('.views') or 'explainer' in m)
+        assert loaded == [], loaded
+        from rq_policies.engine.views import shown, views_of
+        names = sorted(found.policy.name for found in shown())
+        assert names == ['concurrency', 'debounce', 'fair', 'key_rate', 'loner', 'queue_rate', 'queue_slot',
+                         'throttle'], names
+        assert views_of('loner').__name__ == 'LonerViews'
+        assert rq_policies.explain.__module__ == 'rq_policies.surfaces.explainer'
+        assert rq_policies.UnknownJob.__name__ == 'UnknownJob'
+        print('ok')
+    ''')
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, '-c', script], cwd=root, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == 'ok', done.stderr

@@ -34,11 +34,13 @@ fetch (``lua/fetch.lua``, one round trip) did besides taking a job, as its reply
 * ``'promote'``: due scheduled jobs were promoted onto the queue; ``detail``: ``count``;
 * ``'unpark'``: a parked job was given back to its queue (its key could take it again); ``detail`` as for a park.
 
-``queue`` is the queue's name. It must not raise.
+``queue`` is the queue's name. It should not raise (one that does is logged and passed over: the fetch may have
+taken a job).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -67,10 +69,14 @@ def unobserve(door: Callable[[str, Any, Any, Any], Any] | None = None, run: Call
 
 
 def fetched(news: list[tuple[str, str, dict[str, Any]]]) -> None:
-    """Tell every fetch observer each ``(event, queue, detail)`` of ``news`` (a fetch's, in its order)."""
+    """Tell every fetch observer each ``(event, queue, detail)`` of ``news`` (a fetch's, in its order). An observer
+    that raises is logged and passed over: the fetch may have taken a job, which must reach the worker."""
     for event, queue, detail in news:
         for observer in FETCHES:
-            observer(event, queue, detail)
+            try:
+                observer(event, queue, detail)
+            except Exception:
+                logging.getLogger('rq_policies').exception('rq-policies: a fetch observer (%r) raised', observer)
 
 
 def perform(run: Callable[..., Any], job: Any, queue: Any, *args: Any) -> Any:

@@ -436,3 +436,27 @@ def test_a_worker_with_nothing_to_tell_makes_no_fetch_span_and_off_makes_none(co
     _burst(connection, ['quiet'])
     assert [job.get_status(refresh=True) for job in parked] == ['finished'] * 2
     assert _fetch_spans(exporter) == []
+
+
+def test_a_fetch_observer_that_raises_loses_no_job(connection, caplog):
+    """An observer of the worker's fetch that raises is logged and passed over: the job that fetch took (after it
+    parked another) still reaches the worker and runs, and so does the parked one."""
+    from rq_policies import Rate
+    from rq_policies.engine import events
+
+    seen = []
+
+    def boom(event, queue, detail):
+        seen.append(event)
+        raise RuntimeError('observer broke')
+
+    q = PolicyQueue('boomq', connection=connection)
+    rate = Rate(1, per=1, key=lambda args, kwargs: 'k3', scope='ev-boom')
+    done = [q.enqueue(jobs.plain, n, policy=rate) for n in range(2)]
+    events.observe(fetch=boom)
+    try:
+        _burst(connection, ['boomq'])
+    finally:
+        events.unobserve(fetch=boom)
+    assert [job.get_status(refresh=True) for job in done] == ['finished'] * 2
+    assert seen == ['park', 'unpark'] and 'observer broke' in caplog.text

@@ -380,6 +380,33 @@ def test_a_workers_skip_at_a_cap_is_a_span_with_its_policy(connection, traced):
     assert _fetch_spans(exporter) == []
 
 
+def test_a_workers_skip_under_a_queue_rate_names_the_time_it_waits_for(connection, traced):
+    """A QueueRate's gate skips its queue until a server time: the ``skip`` span has it (``rq_policies.until``), and
+    the worker takes the job once that time has come."""
+    from rq.queue import Queue
+
+    from rq_policies import QueueRate
+    from rq_policies.engine.fetch import Claim, fetch_call, read_reply
+
+    exporter, reader, tracer = traced
+    q = PolicyQueue('rateq', connection=connection)
+    first, second = (q.enqueue(jobs.plain, n) for n in range(2))
+    QueueRate.set('rateq', 1, per=1, connection=connection)
+    queues = [Queue('rateq', connection=connection)]
+    taken = read_reply(fetch_call(queues, 'h:9:9:2', 90).run(connection), queues, 'h:9:9:2', 90)  # the rate's start
+    assert isinstance(taken, Claim) and taken.job_id == first.id
+    exporter.clear()
+    _burst(connection, ['rateq'])
+    assert second.get_status(refresh=True) == 'finished'
+    spans = _fetch_spans(exporter)
+    assert spans and {s.name for s in spans} == {'skip rateq'}, [s.name for s in spans]
+    seconds, micros = connection.time()
+    now = seconds + micros / 1e6  # after every skip: each named a time at most `per` (1 s) after its fetch
+    for span in spans:
+        assert span.attributes['rq_policies.policy'] == 'queue_rate'
+        assert now - 5 < span.attributes['rq_policies.until'] <= now + 1.001
+
+
 def test_a_workers_promotion_is_a_span_with_its_count_and_an_event_on_a_current_span(connection, traced):
     """Due scheduled jobs promoted by a real PolicyWorker's fetch: one ``promote`` span per queue with the count; with
     a span current around the worker (another instrumentation's, a caller's), the same as an event on it instead."""

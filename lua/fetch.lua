@@ -68,10 +68,15 @@
                                   scripts.py reads into JOB_FIELDS) the job hash fields its hooks
                                   read; the first says the job is under the policy. A part with a
                                   `taken` hook declares its fields too.
-    admit_job(ctx, jid, value, extra) -> (value, extra: its fields' values) nil: allowed; or a
+    admit_job(ctx, jid, value, extra) -> (value, extra: its fields' values; ctx.i: the queue's
+                                  index; ctx.sourced: the id a part's `source` handed over, if
+                                  any) nil: allowed; or a
                                   refusal {parked = list key, member = its
                                   member of the due index, due = server time the key could
-                                  free, head = park at the head of the list}
+                                  free, head = park at the head of the list}, or {filed = true}:
+                                  the part filed the job in a store of its own (Fair's line of a
+                                  job met on the list: handed back, requeued); either way the
+                                  job leaves the intermediate list, deferred
     take_job(ctx, jid, value, extra) -> like take: 0, 1, or the ledger key the claim's hold went to
     refused(ctx, jid, value, extra) -> the job is parked (refused by this part or another): free
                                   what this part holds for it (checks run first, takes after: a
@@ -494,11 +499,16 @@ local function admit_job(jid, job, allowed)
   return refusal
 end
 
--- Park job `jid` (just moved to the right end of intermediate list `inter_key`) on its key.
+-- Park job `jid` (just moved to the right end of intermediate list `inter_key`) on its key; or,
+-- when the refusing part filed it in a store of its own (`filed`: Fair's line), take it off the list.
 local function park(i, inter_key, job_key, jid, refusal)
-  rcall('LMOVE', inter_key, refusal.parked, 'RIGHT', refusal.head and 'LEFT' or 'RIGHT')
   rcall('HSET', job_key, 'status', 'deferred')
   rcall('ZADD', key_of(a.keyed.deferred, a.names[i]), clock(), jid)
+  if refusal.filed then
+    rcall('LREM', inter_key, -1, jid)
+    return
+  end
+  rcall('LMOVE', inter_key, refusal.parked, 'RIGHT', refusal.head and 'LEFT' or 'RIGHT')
   due_key = due_key or KEYS[a.k.keydue] -- the idle answer reports the index's head
   rcall('ZADD', due_key, 'LT', refusal.due, refusal.member)
   noted('parked', i, jid, refusal.member)
@@ -533,7 +543,8 @@ local function took(i, job_key, jid, job, carries, allowed, hash)
   end
   for _, item in ipairs(allowed) do
     if trace then trace[#trace + 1] = 'take_job:' .. item[1] end
-    local flag = part(item[1]).take_job(ctx, jid, item[2], item[3])
+    local take_job = part(item[1]).take_job -- optional: an admit_job alone takes nothing (Fair)
+    local flag = take_job and take_job(ctx, jid, item[2], item[3]) or 0
     if flag ~= 0 then
       got[item[1]] = flag
     end
@@ -611,6 +622,7 @@ for i = pre_i or 1, N do
             jid = p.source(ctx, i)
             if jid then
               rcall('RPUSH', inter_key, jid)
+              ctx.sourced = jid -- its part's admit_job knows it came from its own store
               break
             end
           end
@@ -658,6 +670,7 @@ for i = pre_i or 1, N do
         for _, item in ipairs(carries and JOB_PARTS or allowed) do
           if job[item[2]] and has_hook(item[1], 'admit_job') then
             setup() -- a job under a per-job policy: its checks run
+            ctx.i = i
             refusal = admit_job(jid, job, allowed)
             break
           end

@@ -39,11 +39,15 @@
                     paused key met there leaves the active set. An
                     id whose job is gone or no longer waits (deleted, cancelled) is dropped
                     without a charge, at most 10 a call.
+    admit_job(ctx, jid, value)  (its field, `policies_fair`, declared) a Fair job popped off the
+                    list instead (handed back by lua/hand_back.lua after its taker died, requeued
+                    by rq) is filed again in its key's line, first among its priority, under the
+                    key's pause: {filed = true}; the one source handed over (ctx.sourced) runs
   Replays: an admission's replay is answered by admit.lua before any part runs; a fetch's by its
   claim record.
 ]]
 -- @include "lib/keys.lua"
-P.fair = {}
+P.fair = {fields = {'policies_fair'}}
 
 -- The queue's virtual time now: the lowest of its active keys' (0 when none is active).
 local function fair_floor(active)
@@ -91,6 +95,32 @@ function P.fair.written(ctx, p)
     end
   end
   redis.call('SPUBLISH', p.wake, ctx.jid)
+end
+
+-- A Fair job met on its queue's list (handed back after its taker died before the start, requeued
+-- by rq, retried by rq's cleanup) rather than handed over by source: filed again in its key's line,
+-- first among its priority (its key already paid the turn that took it), under the key's pause.
+function P.fair.admit_job(ctx, jid, value)
+  local waits = ctx.key('fair.waits')
+  if ctx.sourced == jid or not waits then
+    return nil
+  end
+  local priority, key_id = string.match(value, '^%S+ (%S+) (.+)$')
+  priority = tonumber(priority)
+  if not priority then
+    return nil -- not written by Fair (which validates): run as it is rather than lost
+  end
+  local queue = ctx.names[ctx.i]
+  redis.call('ZADD', key_of(waits, queue, key_id), -priority * 1099511627776, jid)
+  if redis.call('HEXISTS', ctx.key('fair.paused'), key_id) == 1 then
+    redis.call('SADD', key_of(ctx.key('fair.pausedins'), key_id), queue)
+  else
+    local active = ctx.key_at('fair.active', ctx.i)
+    if not redis.call('ZSCORE', active, key_id) then
+      redis.call('ZADD', active, fair_floor(active), key_id)
+    end
+  end
+  return {filed = true}
 end
 
 function P.fair.source(ctx, i)

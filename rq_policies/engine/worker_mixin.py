@@ -325,6 +325,49 @@ class PolicyWorkerMixin:
                     job.id, self._running_record)
                 raise _StartLost(job.id)
 
+    def _record_end(self, record: Any, job: Any, *args: Any, **kwargs: Any) -> Any:
+        """``record(job, ...)``: rq's writes of a job's end (``handle_execution_ended``, ``handle_job_success``,
+        ``handle_job_failure``, ``handle_job_retry``, a policy's take-over), riding out the server going away.
+
+        rq lets such an error escape: the job, which ran, stays *started* in Redis (a forked work horse exits 1,
+        and its worker fails it as "terminated unexpectedly"; or, the server still away, rq's cleanup of the started
+        registry fails it as abandoned minutes later), so a retry or a Snooze is lost, or the job runs again as a
+        retry of a run that ended ok, and an ``until='finished'`` identity stays held meanwhile. Here the end is
+        written once the server answers (read every ``max_connection_wait_time``) unless it already was: each of
+        these writes is one transaction, which leaves the job no longer *started* by this worker (its hash's
+        status and worker_name), so a lost reply is not written twice. A job another worker started since, or
+        one already ended (by rq's cleanup), is left as it is."""
+        warned = False
+        first = kwargs.pop('first_error', None)  # the caller's own first try failed so
+        while True:
+            try:
+                if first is not None:
+                    raise first
+                return record(job, *args, **kwargs)
+            except Exception as exc:
+                first = None
+                if not away(exc) or getattr(job, 'worker_name', None) != self.name:  # type: ignore[attr-defined]
+                    raise
+                if not warned:
+                    self.log.warning(  # type: ignore[attr-defined]
+                        'rq-policies: could not record the end of job %s (%s); it is recorded once Redis answers',
+                        job.id, exc)
+                    warned = True
+            while True:
+                time.sleep(self.max_connection_wait_time)
+                try:
+                    status, worker = self.connection.hmget(job.key, 'status', 'worker_name')  # type: ignore[attr-defined]
+                    break
+                except Exception as exc:
+                    if not away(exc):
+                        raise
+            if status is None or text(status) != JobStatus.STARTED or worker is None or (
+                    text(worker) != self.name):  # type: ignore[attr-defined]
+                self.log.warning(  # type: ignore[attr-defined]
+                    'rq-policies: the end of job %s was recorded before Redis went away (status %s)', job.id,
+                    text(status) if status is not None else None)
+                return None
+
     def _fetch_stands(self, job: Any, parent: bool) -> bool:
         """Does the fetch that took ``job`` still stand (:meth:`_record_start`)? In the worker, rq's executions of the
         job a failed attempt may have written are deleted first (each attempt makes one)."""
@@ -358,7 +401,23 @@ class PolicyWorkerMixin:
         def execute_last(*args: Any, **kwargs: Any) -> Any:
             pipeline.execute = execute  # once: a pipeline retried after a WatchError comes back through here
             admission.ended(pipeline, prefix, job_id, ending)
-            return execute(*args, **kwargs)
+            if getattr(pipeline, 'watching', False) or getattr(job, 'worker_name', None) != self.name:  # type: ignore[attr-defined]
+                return execute(*args, **kwargs)  # rq retries a watched one itself (WatchError), the rest: _record_end
+            # rq's failure path swallows its pipeline's error ("failed to persist failure of job"): ride the server's
+            # absence out here, the same transaction sent again unless it was written (_record_end).
+            stack, explicit = list(pipeline.command_stack), pipeline.explicit_transaction
+
+            def again(job: Any) -> Any:
+                pipeline.command_stack, pipeline.explicit_transaction = list(stack), explicit
+                return execute(*args, **kwargs)
+
+            try:
+                return execute(*args, **kwargs)
+            except Exception as exc:
+                if not away(exc):
+                    raise
+                error = exc
+            return self._record_end(again, job, first_error=error)
 
         pipeline.execute = execute_last
 
@@ -573,16 +632,21 @@ class PolicyWorkerMixin:
         if isinstance(exc, _StartLost):  # not run, not this worker's: nothing to record but dropping its execution
             self._drop_execution(job, execution)
             return None
+        def take_over(job: Any, cls: Any) -> bool:
+            with self.connection.pipeline() as pipe:  # type: ignore[attr-defined]
+                if not cls.on_job_exception(job, queue, exc, pipe):
+                    return False
+                if LEGACY_FAILURE:
+                    self.cleanup_execution(job, pipeline=pipe)  # type: ignore[attr-defined]
+                else:
+                    self.cleanup_execution(job, pipeline=pipe, execution=execution)  # type: ignore[attr-defined]
+                pipe.execute()
+            return True
+
         for cls in registered():
             try:
-                with self.connection.pipeline() as pipe:  # type: ignore[attr-defined]
-                    if not cls.on_job_exception(job, queue, exc, pipe):
-                        continue
-                    if LEGACY_FAILURE:
-                        self.cleanup_execution(job, pipeline=pipe)  # type: ignore[attr-defined]
-                    else:
-                        self.cleanup_execution(job, pipeline=pipe, execution=execution)  # type: ignore[attr-defined]
-                    pipe.execute()
+                if self._record_end(take_over, job, cls) is False:  # None: written before the server went away
+                    continue
             except PolicyError:
                 return sys.exc_info()
             self.log.info('rq-policies: job %s: %s (%s)', job.id, exc, cls.name)  # type: ignore[attr-defined]
@@ -619,7 +683,7 @@ class PolicyWorkerMixin:
             job.execute_failure_callback = lambda *args, **kwargs: None
             self._drop_execution(job, getattr(self, 'execution', None))
             return
-        super().handle_execution_ended(job, queue, heartbeat_ttl)  # type: ignore[misc]
+        self._record_end(super().handle_execution_ended, job, queue, heartbeat_ttl)  # type: ignore[misc]
         self._policy_taken = self._policy_error = None
         if not LEGACY_FAILURE or exc_info[1] is None or job.get_status(refresh=False) != JobStatus.FAILED:
             return
@@ -646,7 +710,13 @@ class PolicyWorkerMixin:
 
             kwargs['exc_string'] = ''.join(traceback.format_exception(*self._policy_error[1]))
             self._policy_error = None
-        return super().handle_job_failure(job, queue, *args, **kwargs)  # type: ignore[misc]
+        return self._record_end(super().handle_job_failure, job, queue, *args, **kwargs)  # type: ignore[misc]
+
+    def handle_job_success(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._record_end(super().handle_job_success, job, queue, *args, **kwargs)  # type: ignore[misc]
+
+    def handle_job_retry(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._record_end(super().handle_job_retry, job, queue, *args, **kwargs)  # type: ignore[misc]
 
     def perform_job(self, job: Any, queue: Any, *args: Any) -> Any:  # rq 3 passes the execution too
         if events.RUNS:  # a surface watches the job's run (tracing: rq_policies.surfaces.otel)

@@ -457,3 +457,46 @@ def test_the_asyncio_door_takes_priority_out_of_the_call_too(connection, redis_u
     low, high = asyncio.run(main())
     assert 'priority' not in Job.fetch(high.id, connection=connection).kwargs
     assert take(connection, 2) == [high.id, low.id]
+
+
+def test_a_handed_back_fair_job_goes_back_to_its_key_s_line_its_pause_and_its_priority_hold(connection):
+    """A Fair job taken by a fetch whose worker died before the start is handed back (lua/hand_back.lua) to the head
+    of its queue's list; the next fetch meets it there and files it again in its key's line (issue 31's history
+    run: such a job started during its key's pause, and ahead of its key's higher-priority jobs): while the key is
+    paused it waits deferred, and once resumed it starts by its priority among its key's jobs."""
+    from rq_policies.engine import keys
+    from rq_policies.engine.fetch import hand_back
+
+    q = PolicyQueue('fair', connection=connection)
+    low = work(q, 'a', priority=1)
+    token = 'h:fair:died'
+    got = fetches.fetch(connection, token, ['fair'])
+    assert isinstance(got, Claim) and got.job_id == low.id
+    high = work(q, 'a', priority=5)
+    connection.delete(keys.claim(token))  # its claim lapses: the taker died between its fetch and the start
+    assert Fair.pause(SCOPE, 'a', connection=connection) is True
+    assert hand_back(connection, [q]) == [(low.id, 'fair')]
+    assert connection.lrange(q.key, 0, -1) == [low.id.encode()]
+    assert take(connection, 2) == [None, None]  # paused: the handed-back job is filed in its line, not run
+    assert connection.llen(q.key) == 0
+    assert Job.fetch(low.id, connection=connection).get_status() == 'deferred'
+    assert set(DeferredJobRegistry('fair', connection=connection).get_job_ids()) == {low.id, high.id}
+    assert Fair.status(SCOPE, 'a', 'fair', connection=connection).waiting == 2
+    assert Fair.resume(SCOPE, 'a', connection=connection) is True
+    assert take(connection, 3) == [high.id, low.id, None]  # its priority, among its key's jobs
+
+
+def test_a_fair_job_requeued_by_stock_rq_is_filed_in_its_key_s_line(connection):
+    """The same for a Fair job put back on its queue's list by anything else (``rq requeue`` of a failed Fair job,
+    rq's own cleanup retrying it): filed in its key's line, under its key's turn and pause."""
+    q = PolicyQueue('fair', connection=connection)
+    a = work(q, 'a')
+    assert take(connection, 1) == [a.id]
+    connection.lrem(q.intermediate_queue_key, 1, a.id)
+    connection.hset(a.key, 'status', 'queued')
+    connection.lpush(q.key, a.id)  # as rq's requeue leaves it
+    assert Fair.pause(SCOPE, 'a', connection=connection) is True
+    assert take(connection, 1) == [None]
+    assert Job.fetch(a.id, connection=connection).get_status() == 'deferred'
+    assert Fair.resume(SCOPE, 'a', connection=connection) is True
+    assert take(connection, 2) == [a.id, None]

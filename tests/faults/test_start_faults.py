@@ -11,10 +11,13 @@ connection before the reply (the start was written, the worker cannot know). Eit
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from rq.job import Job
 
 from rq_policies import PolicyQueue, QueueSlot
+from rq_policies.engine import keys
 from tests.helpers import jobs
 from tests.helpers.workers import output, start_worker, stop, wait_for
 
@@ -86,3 +89,134 @@ def test_a_start_whose_fetch_is_gone_is_neither_run_nor_failed(connection, fault
     log = output(worker)
     assert Job.fetch(job.id, connection=connection).get_status() == 'finished', log
     assert _starts(spans) == [job.id], log
+
+
+@pytest.mark.parametrize('worker_class', ['rq_policies.PolicyWorker', 'rq_policies.PolicySimpleWorker'])
+def test_a_start_whose_claim_lapsed_in_the_outage_is_handed_back_at_once(connection, fault_proxy, worker_env,
+                                                                         tmp_path, worker_class):
+    """The start is refused and, while the server is away, the fetch's claim record lapses (an outage longer than the
+    worker's ``hold_ttl``) with the id still on the intermediate list: the worker gives the job up ("not run by this
+    worker") and hands it back to its queue itself, at once, so it runs once, seconds later. Before the fix the id
+    stayed on the intermediate list until another worker's hand-back, minutes later, or rq's cleanup failed it
+    unrun (issue 31's history run: 135 to 290 s, and once run twice, by both)."""
+    spans = tmp_path / 'spans'
+    q = PolicyQueue('starting', connection=connection)
+    job = q.enqueue(jobs.span_to_file, str(spans), 0, job_id='starting-3')
+    start = (b'MULTI', b'LREM', b'starting-3')
+
+    def lapse_the_claim() -> None:  # in the proxy's thread, before it refuses the start
+        for key in connection.scan_iter(match='*:policies:claim:*'):
+            connection.delete(key)
+
+    fault_proxy.before_request(lapse_the_claim, match=start)
+    fault_proxy.refuse(match=start)
+    worker = start_worker(fault_proxy.url, ['starting'], worker_env, worker_class=worker_class)
+    try:
+        assert wait_for(lambda: 'is not run by this worker' in output(worker), 30), output(worker)
+        given_up = time.monotonic()
+        assert wait_for(lambda: Job.fetch(job.id, connection=connection).get_status() in ('finished', 'failed'), 30), \
+            output(worker)
+        took = time.monotonic() - given_up
+    finally:
+        stop(worker)
+    log = output(worker)
+    assert Job.fetch(job.id, connection=connection).get_status() == 'finished', log
+    assert _starts(spans) == [job.id], log
+    assert took < 15, (took, log)  # the hand-back of another worker comes after hold_ttl plus its period at best
+    assert connection.lrange(q.intermediate_queue_key, 0, -1) == []
+    assert connection.hgetall(keys.taken('starting')) == {}
+
+
+@pytest.mark.parametrize(('worker_class', 'fault'), [
+    ('rq_policies.PolicyWorker', 'refuse'),
+    ('rq_policies.PolicyWorker', 'drop_reply'),
+    ('rq_policies.PolicySimpleWorker', 'refuse'),
+])
+def test_an_end_the_server_never_answered_is_recorded_once(connection, fault_proxy, worker_env, tmp_path,
+                                                           worker_class, fault):
+    """The server goes away as a job's end is written (rq's success transaction begins with a WATCH, which the client
+    sends at once: refused, or its reply dropped, again and again): the job is recorded finished once the server
+    answers, having run once, and nothing of it stays in the started registry. Before the fix the error escaped rq,
+    the job stayed *started* and rq later failed it as abandoned (or ran it again as a retry: issue 31's double run
+    of producer-3-85)."""
+    spans = tmp_path / 'spans'
+    q = PolicyQueue('ending', connection=connection)
+    job = q.enqueue(jobs.span_to_file, str(spans), 0, job_id='ending-1')
+    getattr(fault_proxy, fault)(match=(b'WATCH', b'ending-1:dependents'), times=6)
+    worker = start_worker(fault_proxy.url, ['ending'], worker_env, worker_class=worker_class)
+    try:
+        assert wait_for(lambda: Job.fetch(job.id, connection=connection).get_status() in ('finished', 'failed'), 60), \
+            output(worker)
+    finally:
+        stop(worker)
+    log = output(worker)
+    assert Job.fetch(job.id, connection=connection).get_status() == 'finished', log
+    assert _starts(spans) == [job.id], log
+    assert len(fault_proxy.fired) >= 4, fault_proxy.fired
+    assert 'could not record the end of job ending-1' in log
+    assert q.started_job_registry.get_job_ids() == []
+
+
+@pytest.mark.parametrize('fault', ['refuse', 'drop_reply'])
+def test_a_failed_run_whose_retry_the_server_never_answered_is_retried_once(connection, fault_proxy, worker_env,
+                                                                            tmp_path, fault):
+    """A job with ``Retry(max=1)`` fails its first run as the server goes away: its failure (the retry that puts it
+    back on its queue) is written once the server answers, and exactly once even when the first write landed and
+    only its reply was lost: the job runs twice in all (the failed run and its retry), never a third time."""
+    from rq import Retry
+
+    spans = tmp_path / 'spans'
+    q = PolicyQueue('ending', connection=connection)
+    job = q.enqueue(jobs.fail_first_to_file, str(spans), job_id='ending-2', retry=Retry(max=1))
+    getattr(fault_proxy, fault)(match=(b'MULTI', b'failed_job_count'), times=6)
+    worker = start_worker(fault_proxy.url, ['ending'], worker_env)
+    try:
+        assert wait_for(lambda: Job.fetch(job.id, connection=connection).get_status() in ('finished', 'failed'), 60), \
+            output(worker)
+        time.sleep(3)  # a second copy of the retry would run now
+    finally:
+        stop(worker)
+    log = output(worker)
+    assert Job.fetch(job.id, connection=connection).get_status() == 'finished', log
+    assert _starts(spans) == [job.id, job.id], log
+    assert 'could not record the end of job ending-2' in log
+    assert connection.lrange(q.key, 0, -1) == []
+
+
+@pytest.mark.parametrize('worker_class', ['rq_policies.PolicyWorker', 'rq_policies.PolicySimpleWorker'])
+def test_a_retry_whose_claim_lapsed_in_the_outage_is_handed_back_at_once(connection, fault_proxy, worker_env,
+                                                                         tmp_path, worker_class):
+    """As above, for the retry of a job whose first run failed (``Retry(max=1, interval=1)``: the retry is scheduled,
+    and the fetch promotes it): the retry's start is refused with its claim lapsed, and the retry runs once, seconds
+    after the worker gave it up (issue 31's long run: ``producer-3-10453``'s retry stayed on the intermediate list
+    for 290 s, then ran twice)."""
+    from rq import Retry
+
+    spans = tmp_path / 'spans'
+    q = PolicyQueue('starting', connection=connection)
+    job = q.enqueue(jobs.fail_first_to_file, str(spans), job_id='starting-4', retry=Retry(max=1, interval=1))
+    start = (b'MULTI', b'LREM', b'starting-4')
+
+    def lapse_the_claim() -> None:
+        for key in connection.scan_iter(match='*:policies:claim:*'):
+            connection.delete(key)
+
+    worker = start_worker(fault_proxy.url, ['starting'], worker_env, worker_class=worker_class)
+    try:
+        assert wait_for(lambda: Job.fetch(job.id, connection=connection).get_status() == 'scheduled', 30), \
+            output(worker)
+        fault_proxy.before_request(lapse_the_claim, match=start)
+        fault_proxy.refuse(match=start)
+        assert wait_for(lambda: 'is not run by this worker' in output(worker), 30), output(worker)
+        given_up = time.monotonic()
+        assert wait_for(lambda: Job.fetch(job.id, connection=connection).get_status() in ('finished', 'failed'), 60), \
+            output(worker)
+        took = time.monotonic() - given_up
+        time.sleep(3)  # a second copy would run now
+    finally:
+        stop(worker)
+    log = output(worker)
+    assert Job.fetch(job.id, connection=connection).get_status() == 'finished', log
+    assert _starts(spans) == [job.id, job.id], log
+    assert took < 15, (took, log)
+    assert connection.lrange(q.intermediate_queue_key, 0, -1) == []

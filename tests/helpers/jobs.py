@@ -86,6 +86,17 @@ def span_to_file(path, seconds):
     return job_id
 
 
+def fail_first_to_file(path):
+    """Like :func:`span_to_file` with no sleep, failing its first run (a retry then ends ok)."""
+    job_id = get_current_job().id
+    with open(path, 'a') as f:
+        f.write(f'{job_id} start {time.time():.6f}\n')
+    with open(path) as f:
+        if sum(1 for line in f if line.startswith(f'{job_id} start ')) == 1:
+            raise RuntimeError(f'first run of {job_id} fails on purpose')
+    return job_id
+
+
 def max_overlap(lines, since=float('-inf')):
     """The largest number of spans open at one instant at or after `since`, from 'id start|end t' lines.
 

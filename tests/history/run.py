@@ -578,9 +578,10 @@ def stuck(conn: Any) -> dict[str, Any]:
 STALL_SECONDS = 20.0
 
 #: Seconds ids on an intermediate list may stay unchanged before the drain stops waiting for them: a taker that died
-#: after writing the job's execution leaves it until the execution expires (rq's heartbeat ttl, the monitoring
-#: interval plus 60 s), then a PolicyWorker hands it back.
-INTERMEDIATE_SECONDS = 90.0
+#: after writing the job's execution leaves it until the execution expires (rq 3 scores it its heartbeat ttl, the
+#: monitoring interval plus 60 s, plus 60 s more: 150 s by default, docs/reliability.md), then a PolicyWorker hands
+#: it back within its hand-back period (up to 10 s).
+INTERMEDIATE_SECONDS = 175.0
 
 
 def drain(topology: Topology, fleet: Fleet, timeout: float, folder: Path) -> tuple[bool, float, dict]:

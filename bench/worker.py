@@ -1,10 +1,19 @@
-"""PolicyWorker against stock rq Worker, in one run: throughput, release-to-start delay, idle cost.
+"""PolicyWorker against stock rq Worker, in one run: start, throughput, release-to-start delay, idle cost.
 
-    python bench/worker.py [--jobs 300] [--workers 2] [--rounds 9] [--handovers 120] [--idle-seconds 5] [--smoke]
+    python bench/worker.py [--jobs 300] [--workers 2] [--rounds 9] [--handovers 120] [--idle-seconds 5]
+                           [--starts 15] [--start-only] [--tree PATH] [--smoke]
 
 Uses REDIS_URL when it is set (the database is flushed between rounds: point it at a scratch database), otherwise
 starts its own server with rq_policies.surfaces.testing.RedisServer.
 
+* Start: ``rq worker -w <class> --burst`` spawned on a queue holding one no-op job, as stock ``rq.Worker`` and as
+  PolicyWorker (and, with ``--tree PATH``, PolicyWorker from another checkout: a before and after in one run), the
+  variants interleaved (the order alternates every round). Two figures per start: seconds from the spawn to the
+  job's ``started_at`` (rq's, written when the worker starts the job: the interpreter, the imports, the worker's
+  bootstrap and its first fetch) and to the process's exit (one not exited within 10 s is killed and counted apart:
+  stock rq's teardown at times waits 60 s joining redis-py's pub/sub thread). Printed as medians, the ratio to
+  stock of the medians and the median and spread (min-max) of the per-round ratios; the target is x1.2 (issue 33).
+  ``--start-only`` runs only this part.
 * Throughput: the same trivial jobs run by ``--workers`` forking workers, as stock ``rq.Worker`` (fed by
   ``rq.Queue``), as stock with the one connection-pool change PolicyWorker makes (``bench_workers.DriverInfoWorker``:
   redis-py's driver info resolved once; PolicyWorker beside it shows what the policies themselves cost per job),
@@ -33,15 +42,19 @@ bench still works, not a measurement.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timezone
 from pathlib import Path
 
 from redis import Redis
@@ -85,6 +98,104 @@ def workers_up(conn: Redis, url: str, worker_class: str, queue: str | list[str],
         yield procs
     finally:
         stop_workers(procs)
+
+
+# -- start ----------------------------------------------------------------------------------------------------------
+
+#: The worker start's target: a PolicyWorker within this ratio of a stock rq.Worker's start (issue 33).
+START_TARGET = 1.2
+
+#: Seconds a started worker may take to exit before it is killed and its exit counted as stalled: stock rq's teardown
+#: at times waits up to 60 s joining redis-py's pub/sub thread (``Worker.unsubscribe``; seen 3 times in 16 starts).
+EXIT_GRACE = 10.0
+
+
+def _pycache(tree: str | None) -> str:
+    """A bytecode cache of the bench's own (``PYTHONPYCACHEPREFIX``), one per checkout: every variant's worker runs
+    from bytecode, as an installed package does (pip compiles it), whatever ``PYTHONDONTWRITEBYTECODE`` says here.
+    Without it an editable checkout's modules are compiled from source at every start, which a user never pays."""
+    where = hashlib.sha1(os.path.abspath(tree or HERE.parent).encode()).hexdigest()[:12]
+    path = os.path.join(tempfile.gettempdir(), f'rq-policies-bench-pycache-{os.getuid()}', where)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def start_once(conn: Redis, url: str, worker_class: str, queue_name: str,
+               tree: str | None = None) -> tuple[float, float | None]:
+    """Spawn one burst worker on ``queue_name`` holding one no-op job: seconds to the job's start, and to its exit
+    (None: it had not exited after :data:`EXIT_GRACE` seconds and was killed)."""
+    conn.delete(*(conn.keys('rq:*') or ['-']))  # a fresh start: no worker, job or policy key of a round before
+    job = Queue(queue_name, connection=conn).enqueue(bench_jobs.noop, 0, result_ttl=600)
+    env = dict(os.environ, REDIS_URL=url, PYTHONPYCACHEPREFIX=_pycache(tree))
+    env.pop('PYTHONDONTWRITEBYTECODE', None)
+    path = [os.path.join(tree, 'bench'), tree] if tree else [str(HERE), str(HERE.parent)]
+    env['PYTHONPATH'] = os.pathsep.join(path + [env.get('PYTHONPATH', '')])
+    with tempfile.TemporaryFile() as err:  # not a pipe: a child the worker leaves (its hold guard) would hold it open
+        spawned = time.time()
+        proc = subprocess.Popen(
+            [sys.executable, '-m', 'rq.cli', 'worker', '-w', worker_class, '--url', url, '--logging_level', 'ERROR',
+             '--burst', queue_name], env=env, stdout=subprocess.DEVNULL, stderr=err,
+            cwd=tree or HERE.parent)  # ``-m`` puts the working directory first on the path: the checkout's package
+        killer = threading.Timer(EXIT_GRACE, proc.kill)  # not wait(timeout): that polls, in steps up to 50 ms
+        killer.start()
+        proc.wait()
+        ended = time.time()
+        killer.cancel()
+        stalled = proc.returncode == -signal.SIGKILL
+        if proc.returncode != 0 and not stalled:
+            err.seek(0)
+            raise RuntimeError(f'{worker_class} exited {proc.returncode}: {err.read().decode()[-2000:]}')
+    job.refresh()
+    if job.started_at is None:
+        raise RuntimeError(f'{worker_class} did not start the job')
+    started = job.started_at.replace(tzinfo=job.started_at.tzinfo or timezone.utc).timestamp()
+    return started - spawned, None if stalled else ended - spawned
+
+
+def starts(conn: Redis, url: str, rounds: int,
+           tree: str | None = None) -> dict[str, list[tuple[float, float | None]]]:
+    """``rounds`` interleaved starts of each variant (the order alternates every round), after one warm-up each."""
+    variants = {'stock rq.Worker': ('rq.Worker', None), 'PolicyWorker': ('rq_policies.PolicyWorker', None)}
+    if tree:
+        variants['PolicyWorker (--tree)'] = ('rq_policies.PolicyWorker', tree)
+    results: dict[str, list[tuple[float, float | None]]] = {name: [] for name in variants}
+    for worker_class, where in variants.values():
+        start_once(conn, url, worker_class, 'bench-start', where)  # warm-up (the page cache, .pyc files), not counted
+    names = list(variants)
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            worker_class, where = variants[name]
+            results[name].append(start_once(conn, url, worker_class, 'bench-start', where))
+    return results
+
+
+def report_starts(results: dict[str, list[tuple[float, float | None]]]) -> float:
+    """Print the start figures; the median of the per-round start ratios of PolicyWorker to stock."""
+    base = 'stock rq.Worker'
+    rounds = len(results[base])
+    print(f'start: a burst worker spawned on a queue holding one no-op job, {rounds} interleaved rounds '
+          f'(x = ratio to stock; "paired" = median of the per-round ratios, with their spread)')
+    paired_start = 0.0
+    for name, samples in results.items():
+        line = f'  {name:<24}'
+        for at, what in ((0, 'to its job\'s start'), (1, 'to its exit')):
+            mine = [sample[at] for sample in samples if sample[at] is not None]
+            theirs = [sample[at] for sample in results[base] if sample[at] is not None]
+            ratios = [a[at] / b[at] for a, b in zip(samples, results[base]) if a[at] is not None and b[at] is not None]
+            if not (mine and theirs and ratios):
+                line += f'  {what}: every start stalled'
+                continue
+            median, paired = statistics.median(mine), statistics.median(ratios)
+            if at == 0 and name == 'PolicyWorker':
+                paired_start = paired
+            line += (f'  {what} {median * 1000:6.0f} ms (x{median / statistics.median(theirs):.2f}, paired '
+                     f'x{paired:.2f}, rounds {min(ratios):.2f}-{max(ratios):.2f})')
+            if len(mine) < len(samples):
+                line += f' [{len(samples) - len(mine)} stalled at exit, killed after {EXIT_GRACE:.0f} s]'
+        print(line)
+    verdict = 'ok' if paired_start <= START_TARGET else 'MISSED'
+    print(f'  PolicyWorker start, paired: x{paired_start:.2f} (target <= x{START_TARGET}): {verdict}')
+    return paired_start
 
 
 # -- throughput -----------------------------------------------------------------------------------------------------
@@ -314,8 +425,13 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(share * (len(ordered) - 1))))]
 
 
-def run(url: str, jobs: int, workers: int, rounds: int, handovers: int, idle_seconds: float) -> None:
+def run(url: str, jobs: int, workers: int, rounds: int, handovers: int, idle_seconds: float, start_rounds: int,
+        start_only: bool = False, tree: str | None = None) -> None:
     conn = Redis.from_url(url)
+    report_starts(starts(conn, url, start_rounds, tree))
+    conn.flushdb()
+    if start_only:
+        return
     names = list(VARIANTS)
     print(f'throughput: {jobs} no-op jobs a round, {workers} forking workers per variant, {rounds} interleaved rounds')
     results = throughput(conn, url, jobs, workers, rounds)
@@ -373,10 +489,14 @@ def main() -> int:
     parser.add_argument('--rounds', type=int, default=9)
     parser.add_argument('--handovers', type=int, default=120, help='jobs of the release-to-start part')
     parser.add_argument('--idle-seconds', type=float, default=5.0, help='each window of the idle-cost part')
+    parser.add_argument('--starts', type=int, default=15, help='interleaved rounds of the start part')
+    parser.add_argument('--start-only', action='store_true', help='run only the start part')
+    parser.add_argument('--tree', help='a checkout of another revision: its PolicyWorker\'s start measured too')
     add_smoke(parser)
     args = parser.parse_args()
-    smoke_defaults(args, jobs=20, rounds=1, handovers=12, idle_seconds=1)
-    params = (args.jobs, args.workers, args.rounds, args.handovers, args.idle_seconds)
+    smoke_defaults(args, jobs=20, rounds=1, handovers=12, idle_seconds=1, starts=2)
+    params = (args.jobs, args.workers, args.rounds, args.handovers, args.idle_seconds, args.starts, args.start_only,
+              args.tree)
     if os.environ.get('REDIS_URL'):
         run(os.environ['REDIS_URL'], *params)
     else:

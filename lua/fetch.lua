@@ -164,6 +164,15 @@
                    could change by itself at a known time, until = that server time ('%.6f'
                    epoch s): an idle worker need not look again before it
     and trace = {phase, ...} when ARGV[12] = '1'.
+    Either answer also says, only when it happened (rq_policies.engine.events reports it to a
+    surface that watches: tracing), what else this fetch did:
+      parked   = {i, jid, member, ...}: job jid of queue i parked on its key (member: the due
+                 index's '<policy>:<scope>:<key>')
+      skipped  = {i, policy, until, ...}: queue i skipped by policy's gate (a cap at its cap, a
+                 rate), until = the server time it named ('%.6f'), or '' (until a release)
+      promoted = {i, count, ...}: count due scheduled jobs of queue i promoted onto it
+      unparked = {jid, queue name, member, ...}: a parked job given back to its queue (the due
+                 phase: its key could take it again)
 ]]
 local rcall = redis.call
 
@@ -230,6 +239,29 @@ local function clock()
     now_s = t[1] .. '.' .. string.sub('00000' .. t[2], -6)
   end
   return now
+end
+
+-- What else this fetch did (header: parked, skipped, promoted, unparked), each nil until it
+-- happens; tell(reply) adds those that did to the reply.
+local news = {}
+local function noted(name, ...)
+  local list = news[name]
+  if not list then
+    list = {}
+    news[name] = list
+  end
+  for _, v in ipairs({...}) do
+    list[#list + 1] = v
+  end
+end
+local function tell(reply)
+  for _, name in ipairs({'parked', 'skipped', 'promoted', 'unparked'}) do
+    if news[name] then
+      reply[#reply + 1] = name
+      reply[#reply + 1] = news[name]
+    end
+  end
+  return reply
 end
 
 -- The take of job `jid` from queue i (its hash as HGETALL read it), noted until the worker starts
@@ -364,7 +396,12 @@ if stateful then
     for _, member in ipairs(due) do
       local name, key_id = string.match(member, '^([^:]+):(.*)$')
       local p = name and part(name)
+      ctx.moved = {} -- lib/key_unpark.lua adds each job it gives back
       local next_at = p and p.due and p.due(ctx, key_id)
+      for _, item in ipairs(ctx.moved) do
+        noted('unparked', item[1], item[2], member)
+      end
+      ctx.moved = nil
       if trace then trace[#trace + 1] = 'due:' .. member end
       if next_at then
         rcall('ZADD', due_key, next_at, member)
@@ -394,7 +431,12 @@ if promote and found > 0 then
     local head = rcall('ZRANGE', registry_at(i), 0, 0, 'WITHSCORES')
     if head[2] and tonumber(head[2]) <= clock() then
       if trace then trace[#trace + 1] = 'promote' end
-      promotion().due(a.names, queue_at, registry_at, lock_at, ARGV[7], a.promote, clock())
+      local _, by_queue = promotion().due(a.names, queue_at, registry_at, lock_at, ARGV[7], a.promote, clock())
+      for q = 1, N do
+        if by_queue[q] then
+          noted('promoted', q, by_queue[q])
+        end
+      end
       break
     end
   end
@@ -469,6 +511,7 @@ local function park(i, inter_key, job_key, jid, refusal)
   rcall('LMOVE', inter_key, refusal.parked, 'RIGHT', refusal.head and 'LEFT' or 'RIGHT')
   due_key = due_key or KEYS[a.k.keydue] -- the idle answer reports the index's head
   rcall('ZADD', due_key, 'LT', refusal.due, refusal.member)
+  noted('parked', i, jid, refusal.member)
 end
 local parks = 0
 
@@ -524,7 +567,7 @@ local function took(i, job_key, jid, job, carries, allowed, hash)
   rcall('SET', claim_key, record, 'EX', ARGV[3])
   note_taken(i, jid, hash)
   if trace then trace[#trace + 1] = 'record' end
-  local reply = {'queue', i, 'job', jid, 'holds', holds, 'hash', hash}
+  local reply = tell({'queue', i, 'job', jid, 'holds', holds, 'hash', hash})
   if trace then
     reply[#reply + 1] = 'trace'
     reply[#reply + 1] = trace
@@ -538,7 +581,7 @@ local full = {}
 local skip_until
 for i = pre_i or 1, N do
   local queue_key, inter_key = KEYS[1 + i], KEYS[1 + N + i]
-  local verdict = true
+  local verdict, gater = true, nil
   if stateful then
     ctx.q = {}
     for _, name in ipairs(a.order) do
@@ -547,6 +590,7 @@ for i = pre_i or 1, N do
         if trace then trace[#trace + 1] = 'gate:' .. name end
         verdict = p.gate(ctx, i)
         if verdict ~= true then
+          gater = name
           break
         end
       end
@@ -557,6 +601,7 @@ for i = pre_i or 1, N do
       skip_until = verdict
     end
     full[#full + 1] = i
+    noted('skipped', i, gater, type(verdict) == 'number' and string.format('%.6f', verdict) or '')
     if burst and rcall('LLEN', queue_key) > 0 then
       waiting = waiting + 1
     end
@@ -684,6 +729,7 @@ if skip_until then
   reply[5] = 'until'
   reply[6] = string.format('%.6f', skip_until)
 end
+tell(reply)
 if trace then
   reply[#reply + 1] = 'trace'
   reply[#reply + 1] = trace

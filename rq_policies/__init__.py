@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .engine import __version__ as __version__
 from .engine.admin import Cap, KeyLimit, KeyRate, KeyStatus, SlotStatus
 from .engine.exceptions import (
@@ -27,7 +29,9 @@ from .policies.queue_rate.rules import BackOff, QueueRate, RateStatus, Snooze, S
 from .policies.queue_slot.rules import QueueSlot
 from .policies.rate.rules import Rate
 from .policies.throttle.rules import Outcome, Throttle
-from .surfaces.explainer import UnknownJob, explain
+
+if TYPE_CHECKING:
+    from .surfaces.explainer import UnknownJob, explain
 
 __all__ = [
     'AdmissionPolicy',
@@ -70,3 +74,13 @@ __all__ = [
     'explain',
     'policy',
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``explain`` and ``UnknownJob``, imported at their first lookup: the explainer reads the policies' views, which a
+    worker and a producer never need (importing them cost a worker's start about 8 ms, issue 33)."""
+    if name in ('explain', 'UnknownJob'):
+        from .surfaces import explainer
+
+        return getattr(explainer, name)
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -28,8 +28,11 @@ end
 -- refused before every later job of their key), status queued, out of rq's deferred registry,
 -- and wake each queue's idle PolicyWorkers. `each(jid)` runs for every job moved (a reservation);
 -- `fits(jid, raw)`, when given, is asked before each head job moves (with its `field`), and a false
--- answer stops the moves there. Returns how many were moved.
-local function key_unpark(kp, parked, n, field, each, fits)
+-- answer stops the moves there. `ctx` is the caller's (its per-key prefixes `ctx.kp`); when it has
+-- a list `ctx.moved` (the fetch's due phase), each job moved is added to it as {jid, origin} (the
+-- fetch reports it: `unparked`). Returns how many were moved.
+local function key_unpark(ctx, parked, n, field, each, fits)
+  local kp = ctx.kp
   local moved = {}
   while #moved < n do
     local head, raw = key_parked_head(kp, parked, field)
@@ -43,6 +46,9 @@ local function key_unpark(kp, parked, n, field, each, fits)
     redis.call('ZREM', key_of(kp.deferred, origin), jid)
     each(jid)
     moved[#moved + 1] = {jid, origin}
+    if ctx.moved then
+      ctx.moved[#ctx.moved + 1] = moved[#moved]
+    end
   end
   local woken = {}
   for i = #moved, 1, -1 do

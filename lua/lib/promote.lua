@@ -98,11 +98,12 @@ local function promote_one(registry, queue_key, name, job_prefix, jid, pr, stamp
 end
 
 -- Promote up to pr.batch due jobs, oldest first, over the queues in order. Returns how many were
--- promoted.
+-- promoted, and per queue index, how many of queue i's (absent: none).
 local function promote_due(names, queue_at, registry_at, lock_at, job_prefix, pr, now)
   local budget = pr.batch
   local stamp
   local promoted = 0
+  local by_queue = {}
   local now_s = string.format('%.6f', now)
   for i = 1, #names do
     if budget <= 0 then break end
@@ -110,6 +111,7 @@ local function promote_due(names, queue_at, registry_at, lock_at, job_prefix, pr
     local due = redis.call('ZRANGEBYSCORE', registry, '-inf', now_s, 'LIMIT', 0, budget)
     if #due > 0 and promote_lock(lock_at(i), pr, now) == true then
       stamp = stamp or rq_utcformat(now)
+      local before = promoted
       local skipped, windows = 0, 0
       while #due > 0 and windows < 3 do
         windows = windows + 1
@@ -125,6 +127,9 @@ local function promote_due(names, queue_at, registry_at, lock_at, job_prefix, pr
         if budget <= 0 or skipped == 0 then break end
         due = redis.call('ZRANGEBYSCORE', registry, '-inf', now_s, 'LIMIT', skipped, budget)
       end
+      if promoted > before then
+        by_queue[i] = promoted - before
+      end
       if promoted > 0 then
         redis.call('SADD', pr.queues_set, queue_at(i))
       end
@@ -133,7 +138,7 @@ local function promote_due(names, queue_at, registry_at, lock_at, job_prefix, pr
       end
     end
   end
-  return promoted
+  return promoted, by_queue
 end
 
 -- When an idle worker should look again for queue i's scheduled jobs: the registry's earliest

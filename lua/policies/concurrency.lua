@@ -160,7 +160,7 @@ function P.concurrency.due(ctx, key_id)
       full = true
       break
     end
-    key_unpark(ctx.kp, parked, 1, 'policies_concurrency', function(jid)
+    key_unpark(ctx, parked, 1, 'policies_concurrency', function(jid)
       ledger_add(ledger, 'unpark:' .. jid, ctx.ttl, ctx.now)
       if cost > 1 then
         redis.call('ZADD', units, cost, 'unpark:' .. jid)

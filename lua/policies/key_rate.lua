@@ -102,7 +102,7 @@ function P.key_rate.due(ctx, key_id)
   -- Head jobs in their parked order while a start is allowed (at most 10): each pays its own cost
   -- (Rate(cost=)).
   local cost = 1
-  key_unpark(ctx.kp, parked, 10, 'policies_key_rate', function(jid)
+  key_unpark(ctx, parked, 10, 'policies_key_rate', function(jid)
     redis.call('HSET', key_of(ctx.kp.job, jid), 'policies_key_rate_paid', '1')
     tat = tat + cost * interval
   end, function(_, raw)

@@ -28,7 +28,7 @@ from rq.queue import Queue
 from rq.registry import DeferredJobRegistry, ScheduledJobRegistry
 from rq.scheduler import RQScheduler
 
-from . import compat, keys, ledger
+from . import compat, events, keys, ledger
 from .admission import ending as admission_ending
 from .compat import SCHEDULER_RATE_LIMITS
 from .ledger import Hold
@@ -439,6 +439,8 @@ class FetchReply:
     A fetch that took a job has ``job`` (and ``queue``, its queue's 1-based index in the call, and ``holds``, the
     ``(policy name, flag)`` of each hold a policy took: flag ``'1'`` for one in the policy's queue ledger, else the
     ledger key); one that took nothing has ``waiting``, ``full`` (the indices of the skipped queues) and ``until``.
+    Either has, when it happened, what else the fetch did: ``news`` (a :class:`FetchNews`; None when nothing), which
+    :meth:`events` names for :mod:`rq_policies.engine.events`.
     """
 
     queue: int = 0
@@ -449,13 +451,14 @@ class FetchReply:
     full: tuple[int, ...] = ()
     until: float | None = None
     trace: tuple[str, ...] = ()
+    news: FetchNews | None = None
     #: The taken job's hash (field, value, ... as HGETALL answers), or None (a replay, or nothing taken).
     hash: tuple[Any, ...] | None = field(default=None, repr=False)
 
     @classmethod
     def decode(cls, reply: list[Any]) -> FetchReply:
         named = {text(reply[n]): reply[n + 1] for n in range(0, len(reply) - 1, 2)}
-        unknown = set(named) - {f.name for f in dataclasses.fields(cls)}
+        unknown = named.keys() - _REPLY_FIELDS
         if unknown:
             raise ValueError(f'lua/fetch.lua answered fields this version does not know: {sorted(unknown)}')
         pairs = [text(item) for item in named.get('holds') or ()]
@@ -470,12 +473,81 @@ class FetchReply:
             until=None if until is None else float(until),
             trace=tuple(text(item) for item in named.get('trace') or ()),
             hash=tuple(named['hash']) if named.get('hash') else None,
+            news=FetchNews.decode(named),
+        )
+
+    def events(self, queues: Sequence[Queue]) -> list[tuple[str, str, dict[str, Any]]]:
+        """What else the fetch did, as :func:`rq_policies.engine.events.fetched` reports it: ``(event, queue name,
+        detail)`` for each ``park`` and ``unpark`` (detail: ``job_id``, ``policy``, ``scope``, ``key``), ``skip``
+        (``policy``, ``until``: the server time, epoch s, the gate named, or None: until a release) and ``promote``
+        (``count``), in that order."""
+        news = self.news
+        found: list[tuple[str, str, dict[str, Any]]] = []
+        if news is None:
+            return found
+        for i, jid, member in news.parked:
+            found.append(('park', queues[i - 1].name, dict(_member(member), job_id=jid)))
+        for i, policy, until in news.skipped:
+            found.append(('skip', queues[i - 1].name, {'policy': policy, 'until': until}))
+        for i, count in news.promoted:
+            found.append(('promote', queues[i - 1].name, {'count': count}))
+        for jid, queue_name, member in news.unparked:
+            found.append(('unpark', queue_name, dict(_member(member), job_id=jid)))
+        return found
+
+
+@dataclass(frozen=True)
+class FetchNews:
+    """What else a fetch did, as its reply says (only when it did; ``lua/fetch.lua``'s header): ``parked`` (queue
+    index, job id, due-index member ``<policy>:<scope>:<key>``), ``skipped`` (queue index, the gating policy, the
+    server time it named or None), ``promoted`` (queue index, count) and ``unparked`` (job id, queue name, member)."""
+
+    parked: tuple[tuple[int, str, str], ...] = ()
+    skipped: tuple[tuple[int, str, float | None], ...] = ()
+    promoted: tuple[tuple[int, int], ...] = ()
+    unparked: tuple[tuple[str, str, str], ...] = ()
+
+    @classmethod
+    def decode(cls, named: dict[str, Any]) -> FetchNews | None:
+        """The news in a fetch reply's named fields, or None when it has none."""
+        if not named.keys() & _NEWS_FIELDS:
+            return None
+        return cls(
+            parked=tuple((int(i), text(jid), text(member)) for i, jid, member in _triples(named.get('parked'))),
+            skipped=tuple((int(i), text(policy), float(until) if until not in (b'', '') else None)
+                          for i, policy, until in _triples(named.get('skipped'))),
+            promoted=tuple((int(i), int(count)) for i, count in _pairs(named.get('promoted'))),
+            unparked=tuple((text(jid), text(queue), text(member))
+                           for jid, queue, member in _triples(named.get('unparked'))),
         )
 
 
-def read_reply(reply: list[Any], queues: Sequence[Queue], token: str, ttl: int) -> Claim | Look:
-    """The fetch script's reply as the :class:`Claim` it made, or the :class:`Look` that found nothing to take."""
-    found = FetchReply.decode(reply)
+_NEWS_FIELDS = frozenset(f.name for f in dataclasses.fields(FetchNews))
+#: The names a fetch reply may have (FetchReply's fields, the news's, not ``news`` itself).
+_REPLY_FIELDS = frozenset(f.name for f in dataclasses.fields(FetchReply)) - {'news'} | _NEWS_FIELDS
+
+
+def _pairs(items: Any) -> list[tuple[Any, Any]]:
+    items = list(items or ())
+    return list(zip(items[::2], items[1::2]))
+
+
+def _triples(items: Any) -> list[tuple[Any, Any, Any]]:
+    items = list(items or ())
+    return list(zip(items[::3], items[1::3], items[2::3]))
+
+
+def _member(member: str) -> dict[str, str]:
+    """A due-index member ``<policy>:<scope>:<key>`` as its parts (a scope holds no colon; a key may)."""
+    policy, _, key_id = member.partition(':')
+    scope, _, key = key_id.partition(':')
+    return {'policy': policy, 'scope': scope, 'key': key}
+
+
+def read_reply(reply: list[Any] | FetchReply, queues: Sequence[Queue], token: str, ttl: int) -> Claim | Look:
+    """The fetch script's reply (or its decoding) as the :class:`Claim` it made, or the :class:`Look` that found
+    nothing to take."""
+    found = reply if isinstance(reply, FetchReply) else FetchReply.decode(reply)
     if found.job is not None:
         queue = queues[found.queue - 1]
         holds = tuple(_hold(by_name(policy), flag, queue.name, token, ttl, found.job) for policy, flag in found.holds)
@@ -611,7 +683,10 @@ def dequeue(
         fetcher.resume_queues = queues
         fetched_after = time.time()
         call.arg('token', token).set_key('claim', keys.claim(token))
-        found = read_reply(call.run(connection), queues, token, fetcher.hold_ttl)
+        reply = FetchReply.decode(call.run(connection))
+        if events.FETCHES:  # a surface watches the fetch's parks, skips, promotions and unparks (tracing)
+            events.fetched(reply.events(queues))
+        found = read_reply(reply, queues, token, fetcher.hold_ttl)
         if not isinstance(found, Claim):
             fetcher.resume_token = None
         else:

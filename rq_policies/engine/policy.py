@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -193,6 +194,38 @@ def replaced_in_place(job: Any, queue: str, verdict: Any, policy: str, pending: 
     job.id = verdict.job_id
     compat.set_local_status(job, JobStatus.SCHEDULED)
     job.enqueued_at = None
+
+
+#: Functions that import views not imported with their policies' rules (:func:`defer_views`), run once by
+#: :func:`load_views`.
+_VIEW_LOADERS: list[Callable[[], object]] = []
+_views_lock = threading.RLock()
+_views_loading: list[bool] = []  # non-empty while a thread runs the loaders
+
+
+def defer_views(load: Callable[[], object]) -> None:
+    """Have the first look at the policies' views (:func:`rq_policies.engine.views.shown`, ``views_of``) call
+    ``load``, which imports views modules (each registers its views when it is defined).
+
+    The built-in policies' views are imported so (``rq_policies/policies/__init__.py``), not with their rules: a
+    PolicyWorker and a producer never look at them, and importing them (the engine's descriptions included) cost a
+    worker's start about 8 ms (issue 33). A policy of the application's may import its views with its rules, or
+    defer them too."""
+    with _views_lock:
+        _VIEW_LOADERS.append(load)
+
+
+def load_views() -> None:
+    """Run every deferred views loader (once; a thread that finds another one running them waits for it)."""
+    if not _VIEW_LOADERS and not _views_loading:
+        return
+    with _views_lock:
+        _views_loading.append(True)
+        try:
+            while _VIEW_LOADERS:
+                _VIEW_LOADERS.pop(0)()
+        finally:
+            _views_loading.pop()
 
 
 def registered(kind: str | None = None) -> list[type[Policy]]:

@@ -70,10 +70,15 @@ _DECLARED_FIELDS = re.compile(r'\bfields\s*=\s*\{([^}]*)\}')
 _HOOK = re.compile(r'^function P\.(\w+)\.(\w+)\(', re.MULTILINE)
 _lock = threading.Lock()
 _cache: dict[str, Script] = {}
+#: The text of each file of ``lua/`` read so far (by root and path in it): a part or a library included by several
+#: scripts is read from disk once per process (the scripts themselves are cached once expanded: :func:`source`).
+_texts: dict[tuple[str, str], str] = {}
 
 
+@functools.cache
 def _lua_root() -> Any:
-    """The folder holding the scripts: the installed ``rq_policies.lua`` package data, or ``lua/`` in a checkout."""
+    """The folder holding the scripts: the installed ``rq_policies.lua`` package data, or ``lua/`` in a checkout
+    (found once per process)."""
     try:
         root = resources.files('rq_policies.lua')
         if root.joinpath('lib/codec.lua').is_file():
@@ -109,7 +114,7 @@ def source(name: str, lean: bool = False) -> str:
             raise RuntimeError(f'circular @include of {rel!r} in {seen[0]!r}')
         if lean and rel == 'lib/codec.lua':
             return _LEAN_CODEC
-        text = root.joinpath(rel).read_text(encoding='utf-8')
+        text = _text(root, rel)
 
         def include(match: re.Match) -> str:
             target = match.group(1)
@@ -131,7 +136,7 @@ def source(name: str, lean: bool = False) -> str:
             parts = sorted(item.name for item in root.joinpath('policies').iterdir() if item.name.endswith('.lua'))
             if match.group(1) and match.group(1).strip() == 'fields':
                 found = sorted((name, hook) for part in parts for name, hook in
-                               _HOOK.findall(root.joinpath(f'policies/{part}').read_text(encoding='utf-8')))
+                               _HOOK.findall(_text(root, f'policies/{part}')))
                 by_part: dict[str, list[str]] = {}
                 for name, hook in found:
                     by_part.setdefault(name, []).append(hook)
@@ -151,13 +156,23 @@ def source(name: str, lean: bool = False) -> str:
                         + '  elseif '.join(lazy(part) for part in parts) + '  end\nend')
             return '\n'.join(read(f'policies/{part}', seen + (rel,)) for part in parts)
 
-        text = _INCLUDE.sub(include, text)
-        return _POLICIES.sub(policies, text)
+        if '@include' in text:  # a plain search first: most files include nothing, and the regex costs more
+            text = _INCLUDE.sub(include, text)
+        return _POLICIES.sub(policies, text) if '@policies' in text else text
 
     text = read(f'{name}.lua', ())
     if lean:
         text = '\n'.join(line.strip() for line in _COMMENT_LINES.sub('', text).splitlines() if line.strip())
     return text
+
+
+def _text(root: Any, rel: str) -> str:
+    """The text of ``lua/<rel>`` (read once per process and root)."""
+    key = (str(root), rel)
+    found = _texts.get(key)
+    if found is None:
+        found = _texts[key] = root.joinpath(rel).read_text(encoding='utf-8')
+    return found
 
 
 def part_fields(root: Any = None) -> dict[str, tuple[str, ...]]:
@@ -168,7 +183,7 @@ def part_fields(root: Any = None) -> dict[str, tuple[str, ...]]:
     for item in sorted(root.joinpath('policies').iterdir(), key=lambda entry: entry.name):
         if not item.name.endswith('.lua'):
             continue
-        for name, body in _DECLARATION.findall(item.read_text(encoding='utf-8')):
+        for name, body in _DECLARATION.findall(_text(root, f'policies/{item.name}')):
             declared = _DECLARED_FIELDS.search(body)
             if declared:
                 fields = tuple(re.findall(r"'([^']*)'", declared.group(1)))
@@ -576,6 +591,26 @@ def _can_lease(client: Any, pool: Any) -> bool:
     return not pool.connection_class.__module__.startswith('fakeredis')
 
 
+def _carries_evalsha(connection: Any) -> bool:
+    """Do ``connection``'s pipelines carry EVALSHA (as :func:`_sha_pipeline` finds: a redis-py ``Pipeline`` on a
+    real server, not a cluster's)?"""
+    if is_cluster(connection) or _is_pipeline(connection):
+        return False
+    pool = getattr(connection, 'connection_pool', None)
+    connection_class = getattr(pool, 'connection_class', None)
+    if connection_class is None or connection_class.__module__.startswith('fakeredis'):
+        return False
+    pipeline = getattr(connection, 'pipeline', None)
+    if not callable(pipeline):
+        return False
+    with pipeline(transaction=False) as pipe:
+        kind = type(pipe)
+        return (callable(getattr(kind, '_execute_transaction', None))
+                and callable(getattr(kind, '_execute_pipeline', None))
+                and callable(getattr(kind, 'parse_response', None))
+                and hasattr(pipe, '__dict__'))
+
+
 def _is_pipeline(client: Any) -> bool:
     return hasattr(client, 'command_stack') and hasattr(client, 'execute')
 
@@ -588,13 +623,19 @@ def preload(connection: Any = None) -> None:
     expands a script's files itself (the end-of-run script it rides on rq's pipeline, every job, was read from disk
     again in each new horse: about 0.7 ms a job), and never sends SCRIPT LOAD before its end-of-run pipeline's
     EVALSHA (the pool's loaded scripts are inherited too).
+
+    The lean sources (:func:`lean_source`, an EVAL's on a pipeline that cannot carry EVALSHA) are made too only where
+    ``connection``'s pipelines are such (a cluster's, another shape's) or it is not given: on a redis-py connection to
+    one server every script runs by EVALSHA, and making them cost a worker's start about 9 ms (issue 33).
     """
     root = _lua_root()
     names = [item.name[:-len('.lua')] for item in sorted(root.iterdir(), key=lambda entry: entry.name)
              if item.name.endswith('.lua')]
     for name in names:
         script(name)
-        _lean(name)
+    if connection is None or not _carries_evalsha(connection):
+        for name in names:
+            _lean(name)
     if is_cluster(connection):
         # A cluster: SCRIPT LOAD goes to every primary (redis-py's default for it), one script a call. Its pipelines
         # carry EVAL (see eval_source), so nothing is remembered per pool.

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union
 
 from . import reading
-from .policy import registered
+from .policy import load_views, registered
 from .readable import WIDTH, identity, in_seconds
 
 if TYPE_CHECKING:
@@ -439,8 +439,9 @@ _VIEWS: dict[str, type[PolicyViews]] = {}
 
 class PolicyViews:
     """What one policy shows: its part of ``explain``, ``info``, the dashboard, the metrics and the CLI. A subclass
-    names its policy (``policy = Loner``) and is registered under the policy's name when it is defined; the policy's
-    package imports its rules and its views, so importing the policy registers both. Each method defaults to showing
+    names its policy (``policy = Loner``) and is registered under the policy's name when it is defined: imported with
+    the policy's rules, or at the first look at the views (:func:`rq_policies.engine.policy.defer_views`: the
+    built-in policies' are). Each method defaults to showing
     nothing, so a policy's views define only what it has to show; a surface finds them through :func:`shown` and
     :func:`views_of`, never by importing a policy's module."""
 
@@ -526,12 +527,15 @@ class PolicyViews:
 
 
 def shown(kind: str | None = None) -> list[type[PolicyViews]]:
-    """The views of every registered policy (of one kind) that has views, in the registry's order."""
+    """The views of every registered policy (of one kind) that has views, in the registry's order (the deferred
+    ones imported first: :func:`rq_policies.engine.policy.load_views`)."""
+    load_views()
     return [_VIEWS[cls.name] for cls in registered(kind) if cls.name in _VIEWS]
 
 
 def views_of(name: str) -> type[PolicyViews]:
     """The views of policy ``name`` (the base, which shows nothing, for a policy that has none)."""
+    load_views()
     return _VIEWS.get(name, PolicyViews)
 
 

@@ -12,12 +12,14 @@ Off until you switch it on, and free while off. Zero-code, as OpenTelemetry's ow
 
 A span of kind PRODUCER named ``send <queue>`` per door decision (admitted, pending, replaced, dropped, raised), its
 context carried to the worker in the job's ``meta`` (``traceparent``), a ``process <queue>`` span per job a
-PolicyWorker runs, and counters, a histogram and gauges. Every attribute and instrument, and why a span rather than
+PolicyWorker runs, an event (or a short span) for each park, skip, promotion and unpark a PolicyWorker's fetch made,
+and counters, a histogram and gauges. Every attribute and instrument, and why a span rather than
 an event: docs/opentelemetry.md.
 
-How it is built: the engine never imports this module. :func:`instrument` registers two observers
+How it is built: the engine never imports this module. :func:`instrument` registers three observers
 (:mod:`rq_policies.engine.events`): :func:`observe`, which the door core calls with each plan, verdict and error
-(the span's attributes are the plan's and the verdict's), and :func:`perform`, around each job a worker runs.
+(the span's attributes are the plan's and the verdict's), :func:`perform`, around each job a worker runs, and
+:func:`fetched`, with what a worker's fetch did besides taking a job (its reply says).
 Importing this module imports nothing of OpenTelemetry; only :func:`instrument` imports its API (an ImportError
 naming the extra when it is missing), and :class:`RQPoliciesInstrumentor` is built at its first lookup (the module's
 ``__getattr__``), which imports ``opentelemetry-instrumentation``'s ``BaseInstrumentor``.
@@ -97,13 +99,13 @@ def instrument(tracer_provider: Any = None, meter_provider: Any = None, connecti
     INSTRUMENTS.update(instruments)
     _api, _PROVIDER = api, tracer_provider
     TRACER = tracer
-    events.observe(door=observe, run=perform)
+    events.observe(door=observe, run=perform, fetch=fetched)
 
 
 def uninstrument() -> None:
     """Switch it off again (the doors and workers go back to their one check)."""
     global TRACER
-    events.unobserve(door=observe, run=perform)
+    events.unobserve(door=observe, run=perform, fetch=fetched)
     TRACER = None
     INSTRUMENTS.clear()
 
@@ -433,3 +435,28 @@ def perform(run: Any, job: Any, queue: Any, *args: Any) -> Any:
         flush = getattr(_PROVIDER or _api.trace.get_tracer_provider(), 'force_flush', None)
         if flush is not None:
             flush()
+
+
+def fetched(event: str, queue: str, detail: dict[str, Any]) -> None:
+    """The fetch observer :func:`instrument` registers (:mod:`rq_policies.engine.events`): what a PolicyWorker's
+    fetch did besides taking a job (``park``, ``skip``, ``promote``, ``unpark``), as an event named
+    ``rq_policies.<event>`` on the current span when one is recording (a span the worker's caller or another
+    instrumentation opened around the fetch), else as a short INTERNAL span named ``<event> <queue>``."""
+    attributes: dict[str, Any] = {
+        'messaging.system': 'rq', 'messaging.destination.name': queue, 'messaging.operation.name': event,
+    }
+    if 'job_id' in detail:
+        attributes['messaging.message.id'] = detail['job_id']
+    if detail.get('policy'):
+        attributes['rq_policies.policy'] = detail['policy']
+    if detail.get('scope'):
+        attributes['rq_policies.scope'], attributes['rq_policies.key'] = detail['scope'], detail.get('key', '')
+    if detail.get('until') is not None:
+        attributes['rq_policies.until'] = detail['until']
+    if 'count' in detail:
+        attributes['messaging.batch.message_count'] = detail['count']
+    current = _api.trace.get_current_span()
+    if current.is_recording():
+        current.add_event(f'rq_policies.{event}', attributes)
+        return
+    TRACER.start_span(f'{event} {queue}', attributes=attributes).end()

@@ -307,3 +307,183 @@ def test_redis_gauges_bound_the_keys_to_a_top_n(connection):
     assert in_use == {row('a'): 2, row('b'): 2, row('(other)'): 4}, in_use
     assert capacity == {(('queue', 'capped'),): 3}
     assert dropped == {(('policy', 'loner'), ('queue', 'dropq')): 1}
+
+
+# -- what a worker's fetch does besides taking a job: park, skip (a cap), promote, unpark -------------------------
+
+
+def _fetch_spans(exporter):
+    return [s for s in exporter.get_finished_spans() if s.name.split(' ')[0] in ('park', 'skip', 'promote', 'unpark')]
+
+
+def _burst(connection, names, **kwargs):
+    """A real forking PolicyWorker in this process, burst: its fetches run here (the work horses are forks)."""
+    from rq_policies import PolicyWorker
+
+    PolicyWorker(list(names), connection=connection, **kwargs).work(burst=True)
+
+
+def test_a_workers_park_and_unpark_are_spans_with_the_key(connection, traced):
+    """A real PolicyWorker over two jobs of one key under Rate(1 per second): its second fetch parks the second job
+    (a ``park`` span), a later fetch gives it back when the key allows a start (an ``unpark`` span) and takes it.
+    Nothing else happened: no skip, no promotion."""
+    from rq_policies import Rate
+
+    exporter, reader, tracer = traced
+    q = PolicyQueue('evq', connection=connection)
+    rate = Rate(1, per=1, key=lambda args, kwargs: 'k1', scope='ev-rate')
+    first, second = (q.enqueue(jobs.plain, n, policy=rate) for n in (1, 2))
+    exporter.clear()
+    _burst(connection, ['evq'])
+    assert first.get_status(refresh=True) == 'finished' and second.get_status(refresh=True) == 'finished'
+    spans = _fetch_spans(exporter)
+    assert [s.name for s in spans] == ['park evq', 'unpark evq'], [s.name for s in spans]
+    for span in spans:
+        assert span.kind.name == 'INTERNAL' and span.parent is None
+        assert dict(span.attributes) == {
+            'messaging.system': 'rq', 'messaging.destination.name': 'evq',
+            'messaging.operation.name': span.name.split(' ')[0], 'messaging.message.id': second.id,
+            'rq_policies.policy': 'key_rate', 'rq_policies.scope': 'ev-rate', 'rq_policies.key': 'k1'}
+    assert spans[0].end_time <= spans[1].start_time
+
+
+def test_a_workers_skip_at_a_cap_is_a_span_with_its_policy(connection, traced):
+    """A queue at its QueueSlot cap (its one slot taken by another worker's fetch) is skipped by a real PolicyWorker:
+    a ``skip`` span per fetch that skipped it, naming the gate; the plain queue beside it gives none."""
+    from rq.queue import Queue
+
+    from rq_policies import QueueSlot
+    from rq_policies.engine.fetch import Claim, fetch_call, read_reply, release_claim
+
+    exporter, reader, tracer = traced
+    held = PolicyQueue('capq', connection=connection).enqueue(jobs.plain, 0)
+    QueueSlot.set('capq', 1, connection=connection)
+    queues = [Queue('capq', connection=connection)]
+    other = read_reply(fetch_call(queues, 'h:9:9:1', 90).run(connection), queues, 'h:9:9:1', 90)  # another worker's
+    assert isinstance(other, Claim) and other.job_id == held.id
+    plain = [PolicyQueue('openq', connection=connection).enqueue(jobs.plain, n) for n in range(2)]
+    exporter.clear()
+    _burst(connection, ['capq', 'openq'])
+    assert [job.get_status(refresh=True) for job in plain] == ['finished', 'finished']
+    spans = _fetch_spans(exporter)
+    assert spans and {s.name for s in spans} == {'skip capq'}, [s.name for s in spans]
+    assert len(spans) == 3  # the fetches that took each plain job, and the last that found nothing
+    for span in spans:
+        assert dict(span.attributes) == {
+            'messaging.system': 'rq', 'messaging.destination.name': 'capq', 'messaging.operation.name': 'skip',
+            'rq_policies.policy': 'queue_slot'}
+    release_claim(other, connection)
+    later = PolicyQueue('capq', connection=connection).enqueue(jobs.plain, 3)
+    exporter.clear()
+    _burst(connection, ['capq', 'openq'])  # the cap is free again: nothing skipped
+    assert later.get_status(refresh=True) == 'finished'
+    assert _fetch_spans(exporter) == []
+
+
+def test_a_workers_skip_under_a_queue_rate_names_the_time_it_waits_for(connection, traced):
+    """A QueueRate's gate skips its queue until a server time: the ``skip`` span has it (``rq_policies.until``), and
+    the worker takes the job once that time has come."""
+    from rq.queue import Queue
+
+    from rq_policies import QueueRate
+    from rq_policies.engine.fetch import Claim, fetch_call, read_reply
+
+    exporter, reader, tracer = traced
+    q = PolicyQueue('rateq', connection=connection)
+    first, second = (q.enqueue(jobs.plain, n) for n in range(2))
+    QueueRate.set('rateq', 1, per=1, connection=connection)
+    queues = [Queue('rateq', connection=connection)]
+    taken = read_reply(fetch_call(queues, 'h:9:9:2', 90).run(connection), queues, 'h:9:9:2', 90)  # the rate's start
+    assert isinstance(taken, Claim) and taken.job_id == first.id
+    exporter.clear()
+    _burst(connection, ['rateq'])
+    assert second.get_status(refresh=True) == 'finished'
+    spans = _fetch_spans(exporter)
+    assert spans and {s.name for s in spans} == {'skip rateq'}, [s.name for s in spans]
+    seconds, micros = connection.time()
+    now = seconds + micros / 1e6  # after every skip: each named a time at most `per` (1 s) after its fetch
+    for span in spans:
+        assert span.attributes['rq_policies.policy'] == 'queue_rate'
+        assert now - 5 < span.attributes['rq_policies.until'] <= now + 1.001
+
+
+def test_a_workers_promotion_is_a_span_with_its_count_and_an_event_on_a_current_span(connection, traced):
+    """Due scheduled jobs promoted by a real PolicyWorker's fetch: one ``promote`` span per queue with the count; with
+    a span current around the worker (another instrumentation's, a caller's), the same as an event on it instead."""
+    from datetime import datetime, timedelta, timezone
+
+    exporter, reader, tracer = traced
+    q = PolicyQueue('promq', connection=connection)
+    soon = datetime.now(timezone.utc) + timedelta(seconds=1)
+    scheduled = [q.enqueue_at(soon, jobs.plain, n) for n in range(3)]
+    wait = (soon - datetime.now(timezone.utc)).total_seconds() + 0.2
+    import time as _time
+
+    _time.sleep(max(wait, 0))  # due by the server's clock (one host: the same clock)
+    exporter.clear()
+    _burst(connection, ['promq'])
+    assert [job.get_status(refresh=True) for job in scheduled] == ['finished'] * 3
+    spans = _fetch_spans(exporter)
+    assert [s.name for s in spans] == ['promote promq']
+    assert dict(spans[0].attributes) == {
+        'messaging.system': 'rq', 'messaging.destination.name': 'promq', 'messaging.operation.name': 'promote',
+        'messaging.batch.message_count': 3}
+    # the same, with a span current around the worker: an event on it, no span of its own
+    again = [q.enqueue_at(datetime.now(timezone.utc) + timedelta(seconds=1), jobs.plain, n) for n in range(2)]
+    _time.sleep(1.2)
+    exporter.clear()
+    with tracer.start_as_current_span('poll'):
+        _burst(connection, ['promq'])
+    assert [job.get_status(refresh=True) for job in again] == ['finished'] * 2
+    assert _fetch_spans(exporter) == []
+    poll = next(s for s in exporter.get_finished_spans() if s.name == 'poll')
+    assert [(e.name, dict(e.attributes)) for e in poll.events] == [('rq_policies.promote', {
+        'messaging.system': 'rq', 'messaging.destination.name': 'promq', 'messaging.operation.name': 'promote',
+        'messaging.batch.message_count': 2})]
+
+
+def test_a_worker_with_nothing_to_tell_makes_no_fetch_span_and_off_makes_none(connection, traced):
+    """Plain jobs on a plain queue: no park, skip, promotion or unpark, so no such span; switched off, the fetch
+    observer is gone and a worker that parks makes none either."""
+    from rq_policies import Rate
+    from rq_policies.engine import events
+
+    exporter, reader, tracer = traced
+    q = PolicyQueue('quiet', connection=connection)
+    done = [q.enqueue(jobs.plain, n) for n in range(3)]
+    exporter.clear()
+    _burst(connection, ['quiet'])
+    assert [job.get_status(refresh=True) for job in done] == ['finished'] * 3
+    assert _fetch_spans(exporter) == []
+    assert events.FETCHES == [otel.fetched]
+    otel.uninstrument()
+    assert events.FETCHES == []
+    rate = Rate(1, per=1, key=lambda args, kwargs: 'k2', scope='ev-off')
+    parked = [q.enqueue(jobs.plain, n, policy=rate) for n in range(2)]
+    _burst(connection, ['quiet'])
+    assert [job.get_status(refresh=True) for job in parked] == ['finished'] * 2
+    assert _fetch_spans(exporter) == []
+
+
+def test_a_fetch_observer_that_raises_loses_no_job(connection, caplog):
+    """An observer of the worker's fetch that raises is logged and passed over: the job that fetch took (after it
+    parked another) still reaches the worker and runs, and so does the parked one."""
+    from rq_policies import Rate
+    from rq_policies.engine import events
+
+    seen = []
+
+    def boom(event, queue, detail):
+        seen.append(event)
+        raise RuntimeError('observer broke')
+
+    q = PolicyQueue('boomq', connection=connection)
+    rate = Rate(1, per=1, key=lambda args, kwargs: 'k3', scope='ev-boom')
+    done = [q.enqueue(jobs.plain, n, policy=rate) for n in range(2)]
+    events.observe(fetch=boom)
+    try:
+        _burst(connection, ['boomq'])
+    finally:
+        events.unobserve(fetch=boom)
+    assert [job.get_status(refresh=True) for job in done] == ['finished'] * 2
+    assert seen == ['park', 'unpark'] and 'observer broke' in caplog.text

@@ -29,10 +29,14 @@ def test_bootstrap_reads_every_script_before_the_first_fork(redis_url):
         names = sorted(item.name[:-len('.lua')] for item in scripts._lua_root().iterdir() if item.name.endswith('.lua'))
         assert 'release_markers' in names and 'fetch' in names
         assert sorted(scripts._cache) == names  # a work horse inherits them: it reads no script file per job
-        # The lean form too: it is the one a pipeline's EVAL carries, as the horse's end-of-run pipeline does on every
-        # job (before, each horse read and expanded that script's files again).
-        assert scripts._lean.cache_info().currsize == len(names)
-        assert scripts.source.cache_info().currsize == 2 * len(names)
+        # The lean form only where a pipeline's EVAL carries it (a cluster's pipelines, one of another shape): a
+        # redis-py pipeline on one server carries EVALSHA, as the horse's end-of-run pipeline does on every job, and
+        # making the lean forms cost each worker's start about 9 ms (issue 33).
+        lean = 0 if scripts._carries_evalsha(conn) else len(names)
+        assert scripts._lean.cache_info().currsize == lean
+        assert scripts.source.cache_info().currsize == len(names) + lean
+        with conn.pipeline() as pipe:
+            assert scripts._sha_pipeline(pipe) == (lean == 0)
     finally:
         worker.teardown()
         conn.close()
@@ -120,3 +124,33 @@ def test_a_burst_worker_exits_soon_after_its_queue_runs_dry(connection, redis_ur
             stop(proc)
         assert proc.returncode == 0, output(proc)
         assert time.monotonic() - began < 20, output(proc)
+
+
+def test_a_worker_imports_no_views_until_something_looks():
+    """What a PolicyWorker and a producer import leaves out every policy's views and the explainer (they cost a
+    worker's start about 8 ms, issue 33); the first look at the views imports every built-in policy's, and
+    ``rq_policies.explain`` is there at its first lookup."""
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    script = textwrap.dedent('''
+        import sys
+        import rq_policies
+        from rq_policies import PolicyQueue, PolicyWorker, QueueSlot, Concurrency
+        import rq_policies.engine.worker, rq_policies.engine.fetch
+        loaded = sorted(m for m in sys.modules if m.endswith('.views') or 'explainer' in m)
+        assert loaded == [], loaded
+        from rq_policies.engine.views import shown, views_of
+        names = sorted(found.policy.name for found in shown())
+        assert names == ['concurrency', 'debounce', 'fair', 'key_rate', 'loner', 'queue_rate', 'queue_slot',
+                         'throttle'], names
+        assert views_of('loner').__name__ == 'LonerViews'
+        assert rq_policies.explain.__module__ == 'rq_policies.surfaces.explainer'
+        assert rq_policies.UnknownJob.__name__ == 'UnknownJob'
+        print('ok')
+    ''')
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, '-c', script], cwd=root, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == 'ok', done.stderr

@@ -1,6 +1,6 @@
-"""Concurrency: its rules (``rules``) and what it shows (``views``)."""
+"""Concurrency: its rules (``rules``) and what it shows (``views``, imported at the first look at the views:
+``rq_policies/policies/__init__.py``)."""
 
-from . import views  # noqa: F401 - registers its views
 from .rules import Concurrency, KeyedPolicy, KeyFunction
 
 __all__ = ['Concurrency', 'KeyFunction', 'KeyedPolicy']

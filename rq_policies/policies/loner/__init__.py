@@ -1,6 +1,6 @@
-"""Loner: its rules (``rules``) and what it shows (``views``)."""
+"""Loner: its rules (``rules``) and what it shows (``views``, imported at the first look at the views:
+``rq_policies/policies/__init__.py``)."""
 
-from . import views  # noqa: F401 - registers its views
 from .rules import Loner
 
 __all__ = ['Loner']

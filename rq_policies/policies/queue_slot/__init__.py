@@ -1,6 +1,6 @@
-"""QueueSlot: its rules (``rules``) and what it shows (``views``)."""
+"""QueueSlot: its rules (``rules``) and what it shows (``views``, imported at the first look at the views:
+``rq_policies/policies/__init__.py``)."""
 
-from . import views  # noqa: F401 - registers its views
 from .rules import WAKE_CAPACITY, WAKE_RELEASED, QueueSlot, queue_name
 
 __all__ = ['QueueSlot', 'WAKE_CAPACITY', 'WAKE_RELEASED', 'queue_name']

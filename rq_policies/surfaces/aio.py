@@ -24,7 +24,6 @@ docs/asyncio.md.
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 import weakref
 from collections import deque
@@ -167,10 +166,12 @@ class _Entry:
     """One script call in a pipeline: its command, the future its caller awaits, and whether it goes with its
     source (EVAL, after a NOSCRIPT)."""
 
-    __slots__ = ('call', 'future', 'source')
+    __slots__ = ('call', 'future', 'source', 'todo', 'task')
 
     def __init__(self, call: Call, future: asyncio.Future) -> None:
         self.call, self.future, self.source = call, future, False
+        self.todo: deque[_Entry] | None = None  # its pipeline's calls not yet answered, and the task that sends them
+        self.task: asyncio.Task | None = None
 
     def command(self) -> tuple:
         found = scripts.script(self.call.script)
@@ -192,22 +193,34 @@ class _Pipe:
     script ran whole or not at all); a pipeline whose callers are all gone closes its connection instead of reading
     on (:func:`_gone`). The reads count against the loop's slice (:class:`_Slices`)."""
 
-    __slots__ = ('pool', 'loop', 'queued', 'scheduled', 'running')
+    __slots__ = ('pool', 'loop', 'queued', 'scheduled', 'running', 'alone')
 
     def __init__(self, pool: Any, loop: asyncio.AbstractEventLoop) -> None:
         self.pool, self.loop = pool, loop
+        self.alone = 0  # lone calls in flight
         self.queued: list[_Entry] = []
         self.scheduled = False
         self.running: set[asyncio.Task] = set()
 
-    def send(self, call: Call) -> asyncio.Future:
-        """Queue ``call`` for this turn's pipeline; the future gets its reply (or its error)."""
+    async def send(self, call: Call) -> Any:
+        """``call``'s reply (or its error), sent in this turn's pipeline; or, when nothing else is in flight or
+        queued, at once on a connection of its own (a lone caller pays for no pipeline)."""
+        if not self.alone and not self.queued and not self.running:
+            self.alone += 1
+            try:
+                return await _alone(self.pool, call)
+            finally:
+                self.alone -= 1
         entry = _Entry(call, self.loop.create_future())
         self.queued.append(entry)
         if not self.scheduled:
             self.scheduled = True
             self.loop.call_soon(self._flush)
-        return entry.future
+        try:
+            return await entry.future
+        except asyncio.CancelledError:
+            _gone(entry)
+            raise
 
     def _flush(self) -> None:
         self.scheduled = False
@@ -217,9 +230,8 @@ class _Pipe:
             task = self.loop.create_task(self._run(todo))
             self.running.add(task)
             task.add_done_callback(self.running.discard)
-            gone = functools.partial(_gone, todo, task)
             for entry in todo:
-                entry.future.add_done_callback(gone)
+                entry.todo, entry.task = todo, task
 
     async def _run(self, todo: deque[_Entry]) -> None:
         if all(entry.future.done() for entry in todo):  # every caller left before the write: nothing is sent
@@ -244,11 +256,39 @@ class _Pipe:
             await self.pool.release(connection)
 
 
-def _gone(todo: deque[_Entry], task: asyncio.Task, future: asyncio.Future) -> None:
-    """A caller left (its task cancelled): once every call of a pipeline not yet answered has, the pipeline's task is
-    cancelled, which closes its connection (the replies are no one's) and gives it back to the pool at once, as a
-    cancelled call on a connection of its own did."""
-    if future.cancelled() and not task.done() and all(entry.future.done() for entry in todo):
+async def _alone(pool: Any, call: Call) -> Any:
+    """``call`` sent on a connection of ``pool``'s own: EVALSHA, then EVAL with the source on NOSCRIPT."""
+    connection = await pool.get_connection()
+    try:
+        found = scripts.script(call.script)
+        call_keys, argv = call.keys, call.argv()
+        try:
+            return await _sent(connection, ('EVALSHA', found.sha, len(call_keys), *call_keys, *argv))
+        except NoScriptError:
+            return await _sent(connection, ('EVAL', found.script, len(call_keys), *call_keys, *argv))
+    finally:
+        await pool.release(connection)
+
+
+async def _sent(connection: Any, command: tuple) -> Any:
+    """``command``'s reply on ``connection``, through the connection's own retry (a connection error closes it, and
+    the command goes again on a new one). An interrupted send or read (a cancellation) closes the connection inside
+    redis-py, so an unread reply is never read as another command's."""
+    packed = scripts.pack_command(connection, command)
+
+    async def once() -> Any:
+        await connection.send_packed_command(packed)
+        return await connection.read_response()
+
+    return await connection.retry.call_with_retry(once, lambda error: connection.disconnect())
+
+
+def _gone(entry: _Entry) -> None:
+    """``entry``'s caller left (its task cancelled): once every call of its pipeline not yet answered has, the
+    pipeline's task is cancelled, which closes its connection (the replies are no one's) and gives it back to the
+    pool at once, as a cancelled call on a connection of its own did."""
+    task, todo = entry.task, entry.todo
+    if task is not None and todo is not None and not task.done() and all(other.future.done() for other in todo):
         task.cancel()
 
 

@@ -13,12 +13,13 @@
 
 This module is the door core's asyncio driver: each door runs the synchronous door itself inside
 :func:`rq_policies.engine.queue.planning` (rq's job build, the policies, the core's plan of the one script call, the
-narrow script's or ``lua/admit.lua``'s: CPU only, on the event loop), on a PolicyQueue whose connection refuses any
-use (:class:`AsyncDoorError`), then awaits that call and hands the reply to the same core. So its verdicts, errors and
-replay safety are the synchronous door's. What differs (no hint probe; rq's own synchronous paths refused:
-``depends_on=``, ``pipeline=``, ``unique=True``, ``rate_limit=``, ``ttl=0``, ``is_async=False``; ``explain`` in a
-thread), cancellation (whole job or nothing, and how to learn which) and the connections it takes:
-docs/asyncio.md.
+narrow script's or ``lua/admit.lua``'s: CPU only, on the event loop, in a slice of a turn of the loop:
+:class:`_Slices`), on a PolicyQueue whose connection refuses any use (:class:`AsyncDoorError`), then awaits that call
+(alone on a pooled connection, or in the pipeline of the calls made in the same turn: :class:`_Pipe`) and hands the
+reply to the same core. So its verdicts, errors and replay safety are the synchronous door's. What differs (no hint
+probe; rq's own synchronous paths refused: ``depends_on=``, ``pipeline=``, ``unique=True``, ``rate_limit=``,
+``ttl=0``, ``is_async=False``; ``explain`` in a thread), cancellation (whole job or nothing, and how to learn which),
+the connections it takes and the loop's share it takes: docs/asyncio.md.
 """
 
 from __future__ import annotations

@@ -104,6 +104,8 @@ def workers_up(conn: Redis, url: str, worker_class: str, queue: str | list[str],
 
 #: The worker start's target: a PolicyWorker within this ratio of a stock rq.Worker's start (issue 33).
 START_TARGET = 1.2
+#: Issue 34: a burst worker exits within this many seconds of its queue running dry, every time.
+DRY_TARGET = 1.0
 
 #: Seconds a started worker may take to exit before it is killed and its exit counted as stalled: stock rq's teardown
 #: at times waits up to 60 s joining redis-py's pub/sub thread (``Worker.unsubscribe``; seen 3 times in 16 starts).
@@ -121,9 +123,10 @@ def _pycache(tree: str | None) -> str:
 
 
 def start_once(conn: Redis, url: str, worker_class: str, queue_name: str,
-               tree: str | None = None) -> tuple[float, float | None]:
-    """Spawn one burst worker on ``queue_name`` holding one no-op job: seconds to the job's start, and to its exit
-    (None: it had not exited after :data:`EXIT_GRACE` seconds and was killed)."""
+               tree: str | None = None) -> tuple[float, float | None, float | None]:
+    """Spawn one burst worker on ``queue_name`` holding one no-op job: seconds to the job's start, to its exit, and
+    from the job's end (its queue dry) to the exit (None: it had not exited after :data:`EXIT_GRACE` seconds and was
+    killed)."""
     conn.delete(*(conn.keys('rq:*') or ['-']))  # a fresh start: no worker, job or policy key of a round before
     job = Queue(queue_name, connection=conn).enqueue(bench_jobs.noop, 0, result_ttl=600)
     env = dict(os.environ, REDIS_URL=url, PYTHONPYCACHEPREFIX=_pycache(tree))
@@ -149,16 +152,18 @@ def start_once(conn: Redis, url: str, worker_class: str, queue_name: str,
     if job.started_at is None:
         raise RuntimeError(f'{worker_class} did not start the job')
     started = job.started_at.replace(tzinfo=job.started_at.tzinfo or timezone.utc).timestamp()
-    return started - spawned, None if stalled else ended - spawned
+    finished = job.ended_at.replace(tzinfo=job.ended_at.tzinfo or timezone.utc).timestamp() if job.ended_at else None
+    dry = None if stalled or finished is None else ended - finished
+    return started - spawned, None if stalled else ended - spawned, dry
 
 
 def starts(conn: Redis, url: str, rounds: int,
-           tree: str | None = None) -> dict[str, list[tuple[float, float | None]]]:
+           tree: str | None = None) -> dict[str, list[tuple[float, float | None, float | None]]]:
     """``rounds`` interleaved starts of each variant (the order alternates every round), after one warm-up each."""
     variants = {'stock rq.Worker': ('rq.Worker', None), 'PolicyWorker': ('rq_policies.PolicyWorker', None)}
     if tree:
         variants['PolicyWorker (--tree)'] = ('rq_policies.PolicyWorker', tree)
-    results: dict[str, list[tuple[float, float | None]]] = {name: [] for name in variants}
+    results: dict[str, list[tuple[float, float | None, float | None]]] = {name: [] for name in variants}
     for worker_class, where in variants.values():
         start_once(conn, url, worker_class, 'bench-start', where)  # warm-up (the page cache, .pyc files), not counted
     names = list(variants)
@@ -169,7 +174,7 @@ def starts(conn: Redis, url: str, rounds: int,
     return results
 
 
-def report_starts(results: dict[str, list[tuple[float, float | None]]]) -> float:
+def report_starts(results: dict[str, list[tuple[float, float | None, float | None]]]) -> float:
     """Print the start figures; the median of the per-round start ratios of PolicyWorker to stock."""
     base = 'stock rq.Worker'
     rounds = len(results[base])
@@ -193,6 +198,14 @@ def report_starts(results: dict[str, list[tuple[float, float | None]]]) -> float
             if len(mine) < len(samples):
                 line += f' [{len(samples) - len(mine)} stalled at exit, killed after {EXIT_GRACE:.0f} s]'
         print(line)
+    print(f"exit: from the job's end (the queue dry) to the burst worker's exit (issue 34: within {DRY_TARGET:.0f} s, "
+          'every time)')
+    for name, samples in results.items():
+        dry = [sample[2] for sample in samples if sample[2] is not None]
+        within = sum(1 for value in dry if value <= DRY_TARGET)
+        if dry:
+            print(f'  {name:<24}  median {statistics.median(dry) * 1000:6.0f} ms, max {max(dry) * 1000:6.0f} ms; '
+                  f'within {DRY_TARGET:.0f} s: {within} of {len(samples)}')
     verdict = 'ok' if paired_start <= START_TARGET else 'MISSED'
     print(f'  PolicyWorker start, paired: x{paired_start:.2f} (target <= x{START_TARGET}): {verdict}')
     return paired_start

@@ -83,6 +83,8 @@ class WakeFetcher(Fetcher):
         self._channels: dict[str, str] = {}  # subscribed channel -> queue name
         self._node: Any = None  # on a cluster: the node (redis-py's ClusterNode) the subscription is on
         self._refused_until = 0.0  # after a refused subscription: polled until then (monotonic seconds)
+        self._confirmed: set[str] = set()  # the subscribed channels whose SSUBSCRIBE the server confirmed
+        self._pending: set[str] = set()  # queues heard of since the last fetch, not yet left out (see hear())
 
     def listen(self, connection: Any, queue_names: list[str]) -> bool:
         wanted = {keys.wake(name): name for name in queue_names}
@@ -93,16 +95,21 @@ class WakeFetcher(Fetcher):
         try:
             if self._pubsub is None:
                 self._pubsub = connection.pubsub()
-            elif self._channels:
-                self._pubsub.sunsubscribe(*self._channels)
-            self._pubsub.ssubscribe(*wanted)
+            # The channels kept while busy (those of the queues left out of the fetches, see on_claim) stay.
+            stale = [channel for channel in self._channels if channel not in wanted]
+            if stale:
+                self._pubsub.sunsubscribe(*stale)
+            new = [channel for channel in wanted if channel not in self._channels]
+            if new:
+                self._pubsub.ssubscribe(*new)
+            self._confirmed &= self._channels.keys() & wanted.keys()
             self._channels = wanted
             # On a cluster every channel of ours is in the prefix's slot: ClusterPubSub subscribed on its owner.
             self._node = connection.get_node_from_key(next(iter(wanted))) if keys.is_cluster(connection) else None
             # Wait for the server's confirmations: a wake-up is only delivered once SSUBSCRIBE has run.
-            confirmed: set[str] = set()
+            confirmed = self._confirmed
             deadline = time.monotonic() + _SUBSCRIBE_CONFIRM_SECONDS
-            while len(confirmed) < len(wanted):
+            while not confirmed >= wanted.keys():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -115,6 +122,68 @@ class WakeFetcher(Fetcher):
             self.close()
             raise
         return True
+
+    def hearing(self) -> frozenset[str]:
+        """The queues whose wake-up channels are subscribed, confirmed by the server."""
+        return frozenset(queue for channel, queue in self._channels.items() if channel in self._confirmed)
+
+    def check_news(self, connection: Any) -> None:
+        """Read the wake-ups that came since the last fetch, without waiting: a release or a capacity change on a
+        queue left out of the fetches (:attr:`skip`) puts it back. Pushes are no news here (the queues not left out
+        are all looked at). Any trouble with the subscription drops it, and every queue is looked at again."""
+        if self._pubsub is None or not self._channels:
+            return
+        try:
+            self._drain(set())
+        except Exception as error:  # _Lost, _Refused, a connection error: the subscription goes, no skip stays
+            logger.info('rq-policies: the wake-up subscription of the full queues is gone (%s)', error)
+            self.close()
+
+    def hear(self, connection: Any, queue_names: list[str]) -> None:
+        """Subscribe the wake-up channels of ``queue_names`` too, while the worker is busy (their queues were found
+        full: a fetch after this one that finds them full again leaves them out, :meth:`Fetcher.saw`), and wait for
+        the server's confirmation. Never raises: the fetch before it may have taken a job."""
+        self._pending = set(queue_names)
+        wanted = {keys.wake(name): name for name in queue_names if keys.wake(name) not in self._channels}
+        if not wanted or (self._pubsub is None and time.monotonic() < self._refused_until):
+            return
+        try:
+            if self._pubsub is None:
+                self._pubsub = connection.pubsub()
+            self._pubsub.ssubscribe(*wanted)
+            self._channels.update(wanted)
+            if self._node is None and keys.is_cluster(connection):
+                self._node = connection.get_node_from_key(next(iter(wanted)))
+            self._drain(set(wanted))
+        except _Refused as refused:
+            self._refused(refused)
+        except Exception as error:
+            logger.info('rq-policies: could not subscribe the wake-ups of full queues (%s); looking at them', error)
+            self.close()
+
+    def _drain(self, expect: set[str]) -> None:
+        """Read the subscription's messages: all that came (without waiting), and until the confirmations of the
+        channels in ``expect`` came (up to _SUBSCRIBE_CONFIRM_SECONDS). A release or a capacity change unskips its
+        queue; a subscription the server ended raises _Lost."""
+        deadline = time.monotonic() + _SUBSCRIBE_CONFIRM_SECONDS
+        while True:
+            left = deadline - time.monotonic() if expect else 0.0
+            if expect and left <= 0:
+                return
+            message = self._read(max(left, 0.0))
+            if message is None:
+                if not expect:
+                    return
+                continue
+            channel = text(message['channel'])
+            if message['type'] == _SUBSCRIBED:
+                expect.discard(channel)
+                self._confirmed.add(channel)
+            elif self._ended(message) and channel not in expect:  # not an earlier unsubscription's answer
+                raise _Lost(f'the server ended the subscription to {channel}')
+            elif message['type'] == _WAKE_UP and channel in self._channels:
+                if text(message['data']).split(' ', 1)[0] in (WAKE_RELEASED, WAKE_CAPACITY):
+                    self.unskip(self._channels[channel])
 
     def wait(self, connection: Any, queue_names: list[str], seconds: float, full: frozenset[str] = frozenset()) -> bool:
         if self._pubsub is None:
@@ -224,13 +293,24 @@ class WakeFetcher(Fetcher):
     def on_claim(self, claim: Claim) -> None:
         super().on_claim(claim)
         if self._pubsub is not None and self._channels:
+            # The channels of the queues left out of the fetches, or about to be (Fetcher.saw), stay subscribed:
+            # their releases put them back. The others go: a busy worker does not pile up pushes.
+            keep = {channel for channel, queue in self._channels.items()
+                    if queue in self.skip or queue in self._pending}
+            drop = [channel for channel in self._channels if channel not in keep]
+            if not drop:
+                return
             try:
-                self._pubsub.sunsubscribe()  # the confirmations are read, and skipped, at the next listen()
+                # the confirmations are read, and skipped, at the next listen() or fetch
+                self._pubsub.sunsubscribe(*drop) if keep else self._pubsub.sunsubscribe()
             except Exception:  # the subscription is dropped whole instead; the next idle wait subscribes anew
                 logger.warning(
                     'rq-policies: could not unsubscribe the idle wake-up; closing its connection', exc_info=True)
                 self.close()
-            self._channels = {}
+                return
+            for channel in drop:
+                del self._channels[channel]
+                self._confirmed.discard(channel)
 
     def close(self) -> None:
         if self._pubsub is not None:
@@ -239,4 +319,6 @@ class WakeFetcher(Fetcher):
             finally:
                 self._pubsub = None
                 self._channels = {}
+                self._confirmed = set()
                 self._node = None
+        self.forget_full()  # nothing heard of any more: every queue is looked at again

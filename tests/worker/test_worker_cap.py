@@ -21,7 +21,7 @@ from rq.registry import FailedJobRegistry, StartedJobRegistry
 from rq.worker import Worker
 
 from rq_policies import PolicyQueue, PolicyWorker, QueueSlot
-from rq_policies.engine import compat, keys
+from rq_policies.engine import compat, keys, ledger
 from rq_policies.engine.worker import HOLD_TTL_ENV
 from rq_policies.surfaces.testing import RedisServer
 from tests.helpers import jobs
@@ -490,7 +490,7 @@ def _many_full(connection, names: list[str], ttl: int = 600, waiting: int = 0, s
     for name in names:
         QueueSlot.set(name, 1, connection=connection)
         assert QueueSlot.acquire(name, capacity=1, ttl=ttl, token=f'elsewhere:{name}', connection=connection)
-        QueueSlot.HELD.discard(f'elsewhere:{name}')  # another worker's: not this process's to refresh
+        ledger.PROCESS.discard(f'elsewhere:{name}')  # another worker's: not this process's to refresh
         q = PolicyQueue(name, connection=connection)
         behind[name] = [q.enqueue(jobs.sleep_and_record, name, seconds).id for _ in range(waiting)]
     return behind

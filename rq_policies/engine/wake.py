@@ -3,8 +3,9 @@
 Its wake-ups are published on each queue's ``rq:policies:wake:<queue>`` channel (a shard channel; see
 :func:`rq_policies.engine.keys.wake`): a pushed job's id, ``released <ledger> <token>`` (a hold went back; of the idle
 workers it wakes, only the first to claim it looks again), ``capacity`` (a cap changed) and ``scheduled <epoch s>``
-(a job is due then: the wait ends at that time, with no look before). The subscription lives only while the worker
-is idle.
+(a job is due then: the wait ends at that time, with no look before). The subscription lives while the worker is
+idle, and for the queues a busy worker leaves out of its fetches (known full, :meth:`Fetcher.fetch_queues`): their
+releases and capacity changes put them back.
 
 Sharded pub/sub, on every server. The wake-ups go out with SPUBLISH (in the doors' scripts, ``lua/lib/save_job.lua``
 and the others, and from Python through :func:`rq_policies.engine.ledger.wake_up`) and the idle wait takes them with
@@ -71,9 +72,11 @@ class _Refused(Exception):
 class WakeFetcher(Fetcher):
     """A worker's fetch state, with a sharded pub/sub wake-up for the idle wait (see the module's docstring).
 
-    The subscription lives only while the worker is idle: it is dropped when a job is claimed, so a busy worker's
-    connection does not pile up wake-ups for the length of a long job. Taking it again before the next wait costs
-    one round trip plus one more look, and closes the race between the last look and the subscription.
+    The subscription lives while the worker is idle: it is dropped when a job is claimed, so a busy worker's
+    connection does not pile up wake-ups for the length of a long job, but for the channels of the queues the
+    worker leaves out of its fetches (known full: :meth:`hear`, :meth:`check_news`), whose news it reads without
+    waiting before each fetch. Taking it again before the next wait costs one round trip plus one more look, and
+    closes the race between the last look and the subscription.
     """
 
     def __init__(self, hold_ttl: int) -> None:

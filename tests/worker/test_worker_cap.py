@@ -529,6 +529,7 @@ def test_a_worker_over_many_full_queues_leaves_them_out_of_its_fetches(connectio
         assert [token for token, _ in QueueSlot.status(name, connection=connection).holders] == [f'elsewhere:{name}']
 
 
+@pytest.mark.long
 def test_a_busy_worker_over_many_full_queues_takes_a_released_queue_at_once_and_never_runs_over_a_cap(
         connection, redis_url, worker_env):
     # Two busy workers over 12 queues capped at 1 and full (left out of their fetches), then a plain queue with a
@@ -537,7 +538,7 @@ def test_a_busy_worker_over_many_full_queues_takes_a_released_queue_at_once_and_
     full = [f'full{i}' for i in range(12)]
     behind = _many_full(connection, full, waiting=2)
     plain = PolicyQueue('plain', connection=connection)
-    plain.enqueue_many([PolicyQueue.prepare_data(jobs.plain, (i,)) for i in range(600)])
+    plain.enqueue_many([PolicyQueue.prepare_data(jobs.plain, (i,)) for i in range(1500)])
     workers = [start_worker(redis_url, [*full, 'plain'], worker_env) for _ in range(2)]
     try:
         # Busy on the plain queue, past the fetches that find the full queues full and subscribe their wake-ups.
@@ -565,18 +566,20 @@ def test_a_busy_worker_over_many_full_queues_takes_a_released_queue_at_once_and_
         assert [token for token, _ in QueueSlot.status(name, connection=connection).holders] == [f'elsewhere:{name}']
 
 
+@pytest.mark.long
 def test_a_busy_worker_over_many_full_queues_takes_one_freed_by_an_aged_out_hold_within_its_relook(
         connection, redis_url, worker_env):
     # A hold that ages out (its worker SIGKILLed) publishes nothing: a queue left out of the fetches comes back at
     # the relook, a third of the worker's hold ttl (6 s here: 2 s), at the latest.
     full = [f'full{i}' for i in range(8)]
     behind = _many_full(connection, full, waiting=1)
-    behind.update(_many_full(connection, ['aging'], ttl=12, waiting=1))
+    behind.update(_many_full(connection, ['aging'], ttl=20, waiting=1))
     ((_, left),) = QueueSlot.status('aging', connection=connection).holders
     seconds, micros = connection.time()
     lapses_at = seconds + micros / 1e6 + left
     plain = PolicyQueue('plain', connection=connection)
-    plain.enqueue_many([PolicyQueue.prepare_data(jobs.plain, (i,)) for i in range(600)])
+    # A backlog the worker is still busy with when the hold lapses (a fast worker ran 600 in 12 s).
+    plain.enqueue_many([PolicyQueue.prepare_data(jobs.plain, (i,)) for i in range(3000)])
     env = dict(worker_env, **{HOLD_TTL_ENV: '6'})
     worker = start_worker(redis_url, ['aging', *full, 'plain'], env, extra=['--job-monitoring-interval', '1'])
     try:
@@ -587,8 +590,8 @@ def test_a_busy_worker_over_many_full_queues_takes_one_freed_by_an_aged_out_hold
         assert plain.count > 0, 'the plain backlog ran dry: the worker was not kept busy'
     finally:
         stop(worker)
-    # The hold lapsed 12 s after it was taken; the worker looked again at most 2 s after it last found the queue
-    # full (a busy worker's fetch comes every job; room for a loaded machine: measured 2.0-2.3 s).
+    # The hold lapsed 20 s after it was taken; the worker looked again at most 2 s after it last found the queue
+    # full (a busy worker's fetch comes every job; measured 0.5 s, room for a loaded machine).
     ((start, _, _),) = spans(connection, 'aging').values()
     assert 0 < start - lapses_at <= 4.5
     for name in full:

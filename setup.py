@@ -58,6 +58,7 @@ setup(
             'prometheus-client>=0.17',
             'django>=4.2',
             'django-rq>=3',
+            'rq-scheduler>=0.14',  # tests/contract/test_rq_scheduler.py
             'fakeredis[lua]>=2.26',
             'pytest>=8',
             'hypothesis>=6',

@@ -1,14 +1,19 @@
 """The asyncio doors' throughput, and what OpenTelemetry costs per door, measured in one run.
 
-    python bench/aio.py [--rounds 7] [--jobs 2000] [--calls 300] [--smoke]
+    python bench/aio.py [--rounds 7] [--jobs 2000] [--tasks 200] [--calls 300] [--smoke]
 
 1. Throughput (jobs per second) of ``--jobs`` enqueues, admitted (every call a new identity) and dropped (every call
-   the same, held identity): ``AsyncPolicyQueue`` from 100 concurrent tasks, the synchronous ``PolicyQueue`` from 100
-   threads, ``AsyncPolicyQueue`` from one task in a loop, and stock ``rq.Queue.enqueue`` from one thread (the
-   baseline of the ratios). Rounds interleave the variants; medians and the spread (min / max of the rounds), and
-   the client CPU per job (``time.process_time``, all threads). On a loaded machine read the CPU column: the
-   scheduler shares CPU per thread, so 100 threads get a larger share than one event loop, which the jobs/s then
-   show as a difference of the doors.
+   the same, held identity): ``AsyncPolicyQueue`` from ``--tasks`` concurrent tasks, the synchronous
+   ``PolicyQueue`` from as many threads, ``AsyncPolicyQueue`` from one task in a loop, and stock
+   ``rq.Queue.enqueue`` from one thread (the baseline of the ratios). Rounds interleave the variants; medians and
+   the spread (min / max of the rounds), and the client CPU per job (``time.process_time``, all threads). On a
+   loaded machine read the CPU column: the scheduler shares CPU per thread, so 200 threads get a larger share than
+   one event loop, which the jobs/s then show as a difference of the doors.
+
+   The event loop's lag while the async variants enqueue: a ticker task on the same loop sleeps 1 ms at a time and
+   records how late each wake-up is (what any other coroutine of the loop, a web handler, waits on top of its own
+   work); "idle loop" is the ticker alone for as long, each round, as the baseline of what the machine adds. p50 and
+   p99 of all the rounds' ticks, and the spread of the per-round p99s (min / max).
 2. OpenTelemetry per door (sync enqueue admitted and dropped, async enqueue admitted and dropped), each mode in a
    fresh process, rounds interleaved: not installed (a meta-path hook refuses ``opentelemetry``; the process checks
    nothing imported it), disabled (the SDK imported, ``instrument()`` never called: the doors' one
@@ -36,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_jobs import work  # noqa: E402
 from common import add_smoke, connect, run_main, server_url, smoke_defaults  # noqa: E402
 
-TASKS = 100
+#: The ticker's sleep: each tick's lag is how much later than this it woke up.
+TICK = 0.001
 
 _BLOCK = '''
 class _Block:
@@ -50,7 +56,31 @@ sys.meta_path.insert(0, _Block())
 # -- 1. throughput ---------------------------------------------------------------------------------------------------
 
 
-def _async_batch(url: str, n: int, tasks: int, drop: bool, tag: str) -> tuple[float, float]:
+async def _ticker(stop: asyncio.Event, lags: list[float]) -> None:
+    """Sleep :data:`TICK` at a time until ``stop``, appending each wake-up's lateness (seconds) to ``lags``."""
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        start = loop.time()
+        await asyncio.sleep(TICK)
+        lags.append(max(0.0, loop.time() - start - TICK))
+
+
+def _idle_lag(seconds: float) -> list[float]:
+    """The ticker's lags on a loop doing nothing else for ``seconds`` (what the machine adds on its own)."""
+
+    async def main() -> list[float]:
+        stop, lags = asyncio.Event(), []
+        ticker = asyncio.ensure_future(_ticker(stop, lags))
+        await asyncio.sleep(seconds)
+        stop.set()
+        await ticker
+        return lags
+
+    return asyncio.run(main())
+
+
+def _async_batch(url: str, n: int, tasks: int, drop: bool, tag: str,
+                 lags: list[float] | None = None) -> tuple[float, float]:
     from redis.asyncio import BlockingConnectionPool, Redis
 
     from rq_policies import Loner
@@ -68,9 +98,15 @@ def _async_batch(url: str, n: int, tasks: int, drop: bool, tag: str) -> tuple[fl
                 await q.enqueue(work, f'{tag}-held' if drop else f'{tag}-{index}-{i}', policy=loner)
 
         await asyncio.gather(*(q.enqueue(work, f'{tag}-warm-{i}', policy=None) for i in range(tasks)))
+        stop, ticks = asyncio.Event(), []
+        ticker = asyncio.ensure_future(_ticker(stop, ticks))
         start, cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(run(t) for t in range(tasks)))
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+        stop.set()
+        await ticker
+        if lags is not None:
+            lags.extend(ticks)
         await client.aclose()
         done = (n // tasks) * tasks
         return done / elapsed, cpu / done
@@ -117,18 +153,35 @@ def _stock(url: str, n: int, tag: str) -> tuple[float, float]:
     return n / (time.perf_counter() - start), (time.process_time() - cpu) / n
 
 
-def throughput(url: str, rounds: int, n: int) -> None:
+def _p(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0-1) of ``values`` (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float('nan')
+
+
+def throughput(url: str, rounds: int, n: int, tasks: int) -> None:
     conn = connect(url)
+    many, threads, one = f'async, {tasks} tasks', f'sync PolicyQueue, {tasks} threads', 'async, 1 task'
+    lags: dict[str, list[list[float]]] = {}
+
+    def batch(count: int, name: str, tag: str, drop: bool) -> tuple[float, float]:
+        ticks: list[float] = []
+        out = _async_batch(url, n, count, drop, tag, ticks)
+        lags[name].append(ticks)
+        return out
+
     variants = {
         'stock rq.Queue.enqueue, 1 thread': lambda tag, drop: _stock(url, n, tag),
-        f'async, {TASKS} tasks': lambda tag, drop: _async_batch(url, n, TASKS, drop, tag),
-        f'sync PolicyQueue, {TASKS} threads': lambda tag, drop: _sync_threads(url, n, TASKS, drop, tag),
-        'async, 1 task': lambda tag, drop: _async_batch(url, n, 1, drop, tag),
+        many: lambda tag, drop: batch(tasks, many, tag, drop),
+        threads: lambda tag, drop: _sync_threads(url, n, tasks, drop, tag),
+        one: lambda tag, drop: batch(1, one, tag, drop),
     }
     for drop in (False, True):
         print(f'\nthroughput, {"dropped" if drop else "admitted"} ({n} enqueues a round, {rounds} rounds): jobs/s')
         rates: dict[str, list[float]] = {name: [] for name in variants}
         cpus: dict[str, list[float]] = {name: [] for name in variants}
+        lags.clear()
+        lags.update({'idle loop': [], many: [], one: []})
         for r in range(rounds):
             order = list(variants.items())
             if r % 2:
@@ -138,6 +191,7 @@ def throughput(url: str, rounds: int, n: int) -> None:
                 rate, cpu = run(f'r{r}', drop if not name.startswith('stock') else False)
                 rates[name].append(rate)
                 cpus[name].append(cpu)
+            lags['idle loop'].append(_idle_lag(min(2.0, n / rates[many][-1])))
         base = statistics.median(rates['stock rq.Queue.enqueue, 1 thread'])
         base_cpu = statistics.median(cpus['stock rq.Queue.enqueue, 1 thread'])
         print(f'{"variant":36} {"median":>9} {"min":>9} {"max":>9} {"x stock":>8} {"CPU us/job":>11} {"x stock":>8}')
@@ -145,10 +199,17 @@ def throughput(url: str, rounds: int, n: int) -> None:
             med, cpu = statistics.median(values), statistics.median(cpus[name])
             print(f'{name:36} {med:9.0f} {min(values):9.0f} {max(values):9.0f} {med / base:8.2f} {cpu * 1e6:11.0f} '
                   f'{cpu / base_cpu:8.2f}')
-        names = (f'async, {TASKS} tasks', f'sync PolicyQueue, {TASKS} threads', 'async, 1 task')
-        a, s, one = (statistics.median(rates[k]) for k in names)
-        print(f'async {TASKS} tasks / sync {TASKS} threads: {a / s:.2f}; async {TASKS} tasks / async 1 task: '
-              f'{a / one:.2f}')
+        a, s, o = (statistics.median(rates[k]) for k in (many, threads, one))
+        ratios = [x / y for x, y in zip(rates[many], rates[threads])]
+        print(f'async {tasks} tasks / sync {tasks} threads: {a / s:.2f} (per round {min(ratios):.2f}-'
+              f'{max(ratios):.2f}); async {tasks} tasks / async 1 task: {a / o:.2f}')
+        print(f'event-loop lag while enqueuing (a ticker sleeping {TICK * 1e3:.0f} ms on the same loop), ms:')
+        print(f'{"loop":36} {"ticks":>7} {"p50":>7} {"p99":>7} {"max":>7} {"p99 min":>8} {"p99 max":>8}')
+        for name, per_round in lags.items():
+            ticks = [tick for part in per_round for tick in part]
+            p99s = [_p(part, 0.99) for part in per_round if part]
+            print(f'{name:36} {len(ticks):7} {_p(ticks, 0.5) * 1e3:7.2f} {_p(ticks, 0.99) * 1e3:7.2f} '
+                  f'{max(ticks, default=0) * 1e3:7.2f} {min(p99s) * 1e3:8.2f} {max(p99s) * 1e3:8.2f}')
     conn.flushdb()
 
 
@@ -268,11 +329,15 @@ def main() -> int:
     parser.add_argument('--rounds', type=int, default=7)
     parser.add_argument('--jobs', type=int, default=2000)
     parser.add_argument('--calls', type=int, default=300)
+    parser.add_argument('--tasks', type=int, default=200, help='concurrent tasks (and threads) of the throughput part')
+    parser.add_argument('--no-otel', action='store_true', help='the throughput part only')
     add_smoke(parser)
     opts = parser.parse_args()
-    smoke_defaults(opts, rounds=2, jobs=200, calls=10)
+    smoke_defaults(opts, rounds=2, jobs=400, calls=10)
     with server_url() as url:
-        throughput(url, opts.rounds, opts.jobs)
+        throughput(url, opts.rounds, opts.jobs, opts.tasks)
+        if opts.no_otel:
+            return 0
         otel_costs(url, opts.rounds, opts.calls)
     return 0
 

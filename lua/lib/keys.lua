@@ -16,6 +16,12 @@ local function key_of(prefix, a, b)
   return prefix .. a
 end
 
+-- rq's key of a job's dependencies, as rq spells it: its job prefix, a colon, the id
+-- (rq:job::<id>:dependencies; Job.dependencies_key).
+local function rq_dependencies_key(job_prefix, jid)
+  return key_of(job_prefix, ':' .. jid, 'dependencies')
+end
+
 local function key_num(prefix, n)
   return prefix .. string.format('%d', n)
 end

@@ -90,7 +90,7 @@ local function promote_one(registry, queue_key, name, job_prefix, jid, pr, stamp
   if ttl and ttl > 0 then
     redis.call('EXPIRE', job_key, ttl)
     redis.call('EXPIRE', key_of(job_prefix, jid, 'dependents'), ttl)
-    redis.call('EXPIRE', key_of(job_prefix, jid, 'dependencies'), ttl)
+    redis.call('EXPIRE', rq_dependencies_key(job_prefix, jid), ttl)
   end
   local at_front = (f[5] and f[5] ~= '' and f[5] ~= '0' and f[6] and f[6] ~= '') or (f[4] and f[4] ~= '' and f[4] ~= '0')
   redis.call(at_front and 'LPUSH' or 'RPUSH', queue_key, jid)

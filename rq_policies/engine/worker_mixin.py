@@ -318,12 +318,36 @@ class PolicyWorkerMixin:
                     if not away(exc):
                         raise
             if not ours:
+                handed = self._give_up(job)
                 self.log.warning(  # type: ignore[attr-defined]
                     'rq-policies: job %s is not run by this worker: the fetch that took it did not outlive Redis '
                     'going away (a failover lost it, and the job is on its queue again), or its claim record %s '
-                    'expired during a long outage (the id stays on the intermediate list, for rq\'s cleanup)',
-                    job.id, self._running_record)
+                    'expired during a long outage (%s)', job.id, self._running_record,
+                    'handed back to its queue' if handed else 'not taken here any more')
                 raise _StartLost(job.id)
+
+    def _give_up(self, job: Any) -> bool:
+        """A job this worker will not start (:meth:`_record_start`): every execution of it this worker wrote goes,
+        read from Redis (one whose write's reply was lost in the outage is there, and not always in this process),
+        and the job goes back to the head of its queue now if this worker's take of it is still noted (its claim
+        lapsed; the other workers' hand-back leaves a take whose job has a live execution until that expires, 150 s
+        and more). Whether it was handed back."""
+        claim = self._policy_fetcher.starting
+        try:
+            mine = [execution for execution in job.get_executions()
+                    if getattr(execution, 'worker_name', None) == self.name]  # type: ignore[attr-defined]
+            if mine:
+                with self.connection.pipeline() as pipe:  # type: ignore[attr-defined]
+                    for execution in mine:
+                        execution.delete(job=job, pipeline=pipe)
+                    pipe.execute()
+            if claim is None or claim.job_id != job.id:
+                return False
+            return bool(hand_back(self.connection, self.queues, own=claim))  # type: ignore[attr-defined]
+        except Exception as exc:
+            if not away(exc):
+                raise
+            return False  # the server went away again: its take lapsed, another PolicyWorker hands it back
 
     def _record_end(self, record: Any, job: Any, *args: Any, **kwargs: Any) -> Any:
         """``record(job, ...)``: rq's writes of a job's end (``handle_execution_ended``, ``handle_job_success``,

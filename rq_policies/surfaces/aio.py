@@ -13,22 +13,26 @@
 
 This module is the door core's asyncio driver: each door runs the synchronous door itself inside
 :func:`rq_policies.engine.queue.planning` (rq's job build, the policies, the core's plan of the one script call, the
-narrow script's or ``lua/admit.lua``'s: CPU only, on the event loop), on a PolicyQueue whose connection refuses any
-use (:class:`AsyncDoorError`), then awaits that call and hands the reply to the same core. So its verdicts, errors and
-replay safety are the synchronous door's. What differs (no hint probe; rq's own synchronous paths refused:
-``depends_on=``, ``pipeline=``, ``unique=True``, ``rate_limit=``, ``ttl=0``, ``is_async=False``; ``explain`` in a
-thread), cancellation (whole job or nothing, and how to learn which) and the connections it takes:
-docs/asyncio.md.
+narrow script's or ``lua/admit.lua``'s: CPU only, on the event loop, in a slice of a turn of the loop:
+:class:`_Slices`), on a PolicyQueue whose connection refuses any use (:class:`AsyncDoorError`), then awaits that call
+(alone on a pooled connection, or in the pipeline of the calls made in the same turn: :class:`_Pipe`) and hands the
+reply to the same core. So its verdicts, errors and replay safety are the synchronous door's. What differs (no hint
+probe; rq's own synchronous paths refused: ``depends_on=``, ``pipeline=``, ``unique=True``, ``rate_limit=``,
+``ttl=0``, ``is_async=False``; ``explain`` in a thread), cancellation (whole job or nothing, and how to learn which),
+the connections it takes and the loop's share it takes: docs/asyncio.md.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
+import weakref
+from collections import deque
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 from rq.job import Job
 
 from rq_policies.engine import admission, compat, keys, scripts
@@ -77,29 +81,314 @@ def _no_replicas(queue: str, kwargs: dict[str, Any]) -> None:
             raise AsyncDoorError(queue, f'{name}= (waiting for replicas after the admission)')
 
 
+#: The CPU (seconds of the loop thread's wall clock) the asyncio doors of one event loop take before they let the
+#: loop turn: each door's build, each reply read and acted on, is counted; past this, the next step waits for the
+#: loop's next turn (:class:`_Slices`), so a ticker or a web handler on the same loop waits at most about this long
+#: for the doors, however many tasks enqueue at once.
+SLICE_SECONDS = 0.001
+
+#: The most one reply's read counts against the slice (a read that waited for the server counts as a read).
+_READ_MOST = 0.0002
+
+#: The most script calls one pipelined send carries (:class:`_Pipe`).
+PIPELINE_MAX = 64
+
+
+class _Slices:
+    """The asyncio doors' share of one event loop: :data:`SLICE_SECONDS` of work, then a turn of the loop.
+
+    asyncio runs every task that is ready in one turn of the loop, back to back: 200 tasks whose replies arrived
+    together ran 200 job builds before a ticker, or any other coroutine, ran again (30 ms, and 0.4 s at the 99th
+    percentile on a loaded machine). Each door step counts what it took (:meth:`spend`); once a turn's slice is
+    spent, the next step waits (:meth:`turn`) and is let go at a later turn, first come first served, as many a
+    turn as a slice holds (by the steps' measured cost). The pipelines' reads go first (``first=True``): a reply
+    read frees a waiting task.
+    """
+
+    __slots__ = ('loop', 'spent', 'waiters', 'step', 'pending')
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.spent = 0.0
+        self.waiters: deque[asyncio.Future] = deque()
+        self.step = 100e-6  # a door step's cost, as measured (a moving average)
+        self.pending = False
+
+    async def turn(self, first: bool = False) -> None:
+        """Return at once while this turn's slice lasts, else at a later turn of the loop."""
+        if self.spent < SLICE_SECONDS and not self.waiters:
+            return
+        waiter = self.loop.create_future()
+        if first:
+            self.waiters.appendleft(waiter)
+        else:
+            self.waiters.append(waiter)
+        if not self.pending:
+            self.pending = True
+            self.loop.call_soon(self._next)
+        await waiter
+
+    def spend(self, seconds: float, step: bool = False) -> None:
+        """Count ``seconds`` of the loop's time against this turn's slice (``step``: a door's build, whose cost
+        sets how many waiters a turn lets go)."""
+        self.spent += seconds
+        if step:
+            self.step += (seconds - self.step) * 0.1
+
+    def _next(self) -> None:
+        """A new turn: a fresh slice, and as many waiters let go as it holds (at least one)."""
+        self.pending = False
+        self.spent = 0.0
+        room = max(1, int(SLICE_SECONDS / max(self.step, 1e-6)))
+        waiters = self.waiters
+        while waiters and room:
+            waiter = waiters.popleft()
+            if not waiter.done():  # a cancelled task's is done
+                waiter.set_result(None)
+                room -= 1
+        if waiters:  # this runs after the tasks let go (queued before it): the rest go at the turn after
+            self.pending = True
+            self.loop.call_soon(self._next)
+
+
+_SLICES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Slices] = weakref.WeakKeyDictionary()
+
+
+def _slices() -> _Slices:
+    """The running loop's :class:`_Slices`."""
+    loop = asyncio.get_running_loop()
+    found = _SLICES.get(loop)
+    if found is None:
+        found = _SLICES[loop] = _Slices(loop)
+    return found
+
+
+class _Entry:
+    """One script call in a pipeline: its command, the future its caller awaits, and whether it goes with its
+    source (EVAL, after a NOSCRIPT)."""
+
+    __slots__ = ('call', 'future', 'source', 'todo', 'task')
+
+    def __init__(self, call: Call, future: asyncio.Future) -> None:
+        self.call, self.future, self.source = call, future, False
+        self.todo: deque[_Entry] | None = None  # its pipeline's calls not yet answered, and the task that sends them
+        self.task: asyncio.Task | None = None
+
+    def command(self) -> tuple:
+        found = scripts.script(self.call.script)
+        call_keys = self.call.keys
+        head = ('EVAL', found.script) if self.source else ('EVALSHA', found.sha)
+        return (*head, len(call_keys), *call_keys, *self.call.argv())
+
+
+class _Pipe:
+    """The script calls of the tasks of one loop on one client's connection pool, sent in pipelines: the calls
+    made in one turn of the loop go in one write on one pooled connection (:data:`PIPELINE_MAX` at most), and
+    their replies are read in order, each handed to its caller as it comes (a reply is read whole before the next,
+    so an error reply, a script's error, belongs to its call alone).
+
+    What one call on a connection of its own had, each call keeps: a connection error closes the connection and the
+    calls not yet answered go again, in order, on a new one, through the connection's retry (every script that writes
+    is safe to run twice); a NOSCRIPT reply (the script did not run) sends that call again with its source. A task
+    cancelled before the write sends nothing; one cancelled after it leaves its reply to be read and dropped (the
+    script ran whole or not at all); a pipeline whose callers are all gone closes its connection instead of reading
+    on (:func:`_gone`). The reads count against the loop's slice (:class:`_Slices`)."""
+
+    __slots__ = ('pool', 'loop', 'queued', 'scheduled', 'running', 'alone')
+
+    def __init__(self, pool: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.pool, self.loop = pool, loop
+        self.alone = 0  # lone calls in flight
+        self.queued: list[_Entry] = []
+        self.scheduled = False
+        self.running: set[asyncio.Task] = set()
+
+    async def send(self, call: Call) -> Any:
+        """``call``'s reply (or its error), sent in this turn's pipeline; or, when nothing else is in flight or
+        queued, at once on a connection of its own (a lone caller pays for no pipeline)."""
+        if not self.alone and not self.queued and not self.running:
+            self.alone += 1
+            try:
+                return await _alone(self.pool, call)
+            finally:
+                self.alone -= 1
+        entry = _Entry(call, self.loop.create_future())
+        self.queued.append(entry)
+        if not self.scheduled:
+            self.scheduled = True
+            self.loop.call_soon(self._flush)
+        try:
+            return await entry.future
+        except asyncio.CancelledError:
+            _gone(entry)
+            raise
+
+    def _flush(self) -> None:
+        self.scheduled = False
+        queued, self.queued = self.queued, []
+        for start in range(0, len(queued), PIPELINE_MAX):
+            todo = deque(queued[start:start + PIPELINE_MAX])
+            task = self.loop.create_task(self._run(todo))
+            self.running.add(task)
+            task.add_done_callback(self.running.discard)
+            for entry in todo:
+                entry.todo, entry.task = todo, task
+
+    async def _run(self, todo: deque[_Entry]) -> None:
+        if all(entry.future.done() for entry in todo):  # every caller left before the write: nothing is sent
+            return
+        try:
+            connection = await self.pool.get_connection()
+        except BaseException as exc:
+            _fail(todo, exc)
+            if not isinstance(exc, Exception):
+                raise
+            return  # the callers have the error
+        try:
+            await connection.retry.call_with_retry(lambda: _exchange(connection, todo),
+                                                   lambda error: connection.disconnect())
+        except BaseException as exc:
+            if todo:  # replies may be on their way: never read as another command's
+                await connection.disconnect()
+            _fail(todo, exc)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            await self.pool.release(connection)
+
+
+async def _alone(pool: Any, call: Call) -> Any:
+    """``call`` sent on a connection of ``pool``'s own: EVALSHA, then EVAL with the source on NOSCRIPT."""
+    connection = await pool.get_connection()
+    try:
+        found = scripts.script(call.script)
+        call_keys, argv = call.keys, call.argv()
+        try:
+            return await _sent(connection, ('EVALSHA', found.sha, len(call_keys), *call_keys, *argv))
+        except NoScriptError:
+            return await _sent(connection, ('EVAL', found.script, len(call_keys), *call_keys, *argv))
+    finally:
+        await pool.release(connection)
+
+
+async def _sent(connection: Any, command: tuple) -> Any:
+    """``command``'s reply on ``connection``, through the connection's own retry (a connection error closes it, and
+    the command goes again on a new one). An interrupted send or read (a cancellation) closes the connection inside
+    redis-py, so an unread reply is never read as another command's."""
+    packed = scripts.pack_command(connection, command)
+
+    async def once() -> Any:
+        await connection.send_packed_command(packed)
+        return await connection.read_response()
+
+    return await connection.retry.call_with_retry(once, lambda error: connection.disconnect())
+
+
+def _gone(entry: _Entry) -> None:
+    """``entry``'s caller left (its task cancelled): once every call of its pipeline not yet answered has, the
+    pipeline's task is cancelled, which closes its connection (the replies are no one's) and gives it back to the
+    pool at once, as a cancelled call on a connection of its own did."""
+    task, todo = entry.task, entry.todo
+    if task is not None and todo is not None and not task.done() and all(other.future.done() for other in todo):
+        task.cancel()
+
+
+def _fail(entries: Iterable[_Entry], exc: BaseException) -> None:
+    for entry in entries:
+        if not entry.future.done():
+            if isinstance(exc, asyncio.CancelledError):
+                entry.future.cancel()
+            else:
+                entry.future.set_exception(exc)
+
+
+def _answer(entry: _Entry, reply: Any) -> None:
+    future = entry.future
+    if not future.done():  # a caller cancelled after the write: its reply is dropped
+        if isinstance(reply, BaseException):
+            future.set_exception(reply)
+        else:
+            future.set_result(reply)
+
+
+async def _exchange(connection: Any, todo: deque[_Entry]) -> None:
+    """Send ``todo``'s calls in one write on ``connection`` and hand each its reply, taking each off ``todo`` as its
+    reply is read (what a retry sends again is what is left); a NOSCRIPT reply puts its call back, with its source."""
+    slices = _slices()
+    clock = time.perf_counter
+    while todo:
+        start = clock()
+        batch: list[_Entry] = []
+        packed: list[bytes] = []
+        for entry in list(todo):
+            if entry.future.done():  # its caller left before this write: not sent (again)
+                todo.remove(entry)
+                continue
+            try:
+                packed += scripts.pack_command(connection, entry.command())
+            except Exception as exc:  # noqa: BLE001 - an argument redis-py refuses: that call's error alone
+                todo.remove(entry)
+                _answer(entry, exc)
+                continue
+            batch.append(entry)
+            if slices.spent + clock() - start >= SLICE_SECONDS:
+                slices.spend(clock() - start)
+                await slices.turn(first=True)
+                start = clock()
+        slices.spend(clock() - start)
+        if not batch:
+            return
+        await connection.send_packed_command(packed)
+        for entry in batch:
+            start = clock()
+            try:
+                reply = await connection.read_response()
+            except NoScriptError as exc:  # the script did not run: sent again, with its source
+                todo.popleft()
+                if entry.source:
+                    _answer(entry, exc)
+                else:
+                    entry.source = True
+                    todo.append(entry)
+                continue
+            except ResponseError as exc:  # read whole: this call's error, and the connection is clean
+                reply = exc
+            todo.popleft()
+            _answer(entry, reply)
+            # the read's parse, not its wait for the server (a read that waited let the loop turn: counted as a read)
+            slices.spend(min(clock() - start, _READ_MOST))
+            if slices.spent >= SLICE_SECONDS:
+                await slices.turn(first=True)
+
+
+_PIPES: weakref.WeakKeyDictionary[Any, _Pipe] = weakref.WeakKeyDictionary()
+
+
+def _pipe(pool: Any) -> _Pipe:
+    """``pool``'s :class:`_Pipe` on the running loop."""
+    loop = asyncio.get_running_loop()
+    found = _PIPES.get(pool)
+    if found is None or found.loop is not loop:
+        found = _PIPES[pool] = _Pipe(pool, loop)
+    return found
+
+
 async def run_call(call: Call, client: Any) -> Any:
     """Send one script call on an asyncio client: EVALSHA, then EVAL with the source when the server answers
     NOSCRIPT (the script did not run, so sending it again is safe). A reply lost on the way is resent by the
     connection's retry; every script that writes is safe to run twice.
 
-    On a client with a connection pool the command is packed in one pass (``scripts.pack_command``, as the
-    synchronous doors pack theirs: redis-py's packer costs about 0.85 us an argument, and the narrow admission's
-    flat arguments, the job's fields, would cost it 40 us more a call) and sent on a connection of the pool, with
-    that connection's retry, as redis-py's own command path does. A single-connection client and a cluster client (a
-    pool per node) take redis-py's path; on a Redis Cluster a call refused while the prefix's slot migrates is sent
-    again until it settles (:data:`rq_policies.engine.compat.SLOT_WAIT_SECONDS`)."""
-    found = scripts.script(call.script)
-    call_keys, argv = call.keys, call.argv()
+    On a client with a connection pool the call goes in the pipeline of this turn of the loop (:class:`_Pipe`):
+    the calls of many tasks in one write on one pooled connection, each packed in one pass
+    (``scripts.pack_command``, as the synchronous doors pack theirs), with that connection's retry. A
+    single-connection client and a cluster client (a pool per node) take redis-py's path; on a Redis Cluster a call
+    refused while the prefix's slot migrates is sent again until it settles
+    (:data:`rq_policies.engine.compat.SLOT_WAIT_SECONDS`)."""
     pool = getattr(client, 'connection_pool', None)
     if pool is not None and not getattr(client, 'single_connection_client', False):
-        connection = await pool.get_connection()
-        try:
-            try:
-                return await _sent(connection, ('EVALSHA', found.sha, len(call_keys), *call_keys, *argv))
-            except NoScriptError:
-                return await _sent(connection, ('EVAL', found.script, len(call_keys), *call_keys, *argv))
-        finally:
-            await pool.release(connection)
+        return await _pipe(pool).send(call)
+    found = scripts.script(call.script)
+    call_keys, argv = call.keys, call.argv()
     wait = None
     if is_cluster(client):  # as scripts.run: never run while the slot migrates (keys.SLOT_GUARD) ...
         call_keys = [*call_keys, keys.SLOT_GUARD]
@@ -118,17 +407,18 @@ async def run_call(call: Call, client: Any) -> Any:
             await asyncio.sleep(wait.pause(exc))
 
 
-async def _sent(connection: Any, command: tuple) -> Any:
-    """``command``'s reply on ``connection``, through the connection's own retry (a connection error closes it, and
-    the command goes again on a new one). An interrupted send or read (a cancellation) closes the connection inside
-    redis-py, so an unread reply is never read as another command's."""
-    packed = scripts.pack_command(connection, command)
-
-    async def once() -> Any:
-        await connection.send_packed_command(packed)
-        return await connection.read_response()
-
-    return await connection.retry.call_with_retry(once, lambda error: connection.disconnect())
+async def _built(door: Any, *args: Any, **kwargs: Any) -> list[Plan]:
+    """The plans ``door`` (a synchronous door of the builder queue) makes inside
+    :func:`rq_policies.engine.queue.planning`, built at a turn of the loop with room for it (:class:`_Slices`)."""
+    slices = _slices()
+    await slices.turn()
+    start = time.perf_counter()
+    try:
+        with planning() as plans:
+            door(*args, **kwargs)
+    finally:
+        slices.spend(time.perf_counter() - start, step=True)
+    return plans
 
 
 class AsyncPolicyQueue:
@@ -217,19 +507,16 @@ class AsyncPolicyQueue:
         if pipeline is not None:
             raise PipelineNotSupported(self.name, 'enqueue_many')
         queue = await self._ready()
-        with planning() as plans:
-            queue.enqueue_many(job_datas, group_id=group_id)
+        plans = await _built(queue.enqueue_many, job_datas, group_id=group_id)
         return [await self._send(plan) for plan in plans]
 
     async def _through(self, door: Any, *args: Any, **kwargs: Any) -> Job | None:
-        """The synchronous ``door`` run up to its round trip (:func:`rq_policies.engine.queue.planning`), that round
-        trip awaited."""
+        """The synchronous ``door`` run up to its round trip (:func:`rq_policies.engine.queue.planning`), at this
+        turn's slice of the loop (:class:`_Slices`), that round trip awaited."""
         _no_replicas(self.name, kwargs)
         await self._ready()
-        with planning() as plans:
-            door(*args, **kwargs)
-        plan, = plans  # every door of the builder plans exactly one round trip, or is refused on its connection
-        return await self._send(plan)
+        plan, = await _built(door, *args, **kwargs)  # every door of the builder plans exactly one round trip, or
+        return await self._send(plan)               # is refused on its connection
 
     async def _send(self, plan: Plan) -> Job | None:
         """The door core's asyncio driver: ``plan``'s one call awaited, its reply read and acted on by the core, as
@@ -241,7 +528,11 @@ class AsyncPolicyQueue:
         except BaseException as exc:
             admission.failed(plan, exc)
             raise
-        return admission.settle(plan, admission.read(plan, reply))
+        start = time.perf_counter()
+        try:
+            return admission.settle(plan, admission.read(plan, reply))
+        finally:
+            _slices().spend(time.perf_counter() - start)
 
     async def _ready(self) -> PolicyQueue:
         """The builder, with the server's version rq stamps on each job read once (asynchronously)."""

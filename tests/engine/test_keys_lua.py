@@ -81,7 +81,7 @@ def test_python_and_lua_build_every_family_alike(connection, worker_env, prefix)
             'FAIR_PAUSED_IN', 'wake'} <= set(found['families'])
     for family, space, parts, python_key in found['rows']:
         if family == 'rq dependencies':
-            continue  # the test below
+            continue  # rq's own spelling (rq:job::<id>:dependencies): tests/worker/test_promotion.py
         assert _lua_key(connection, space, parts) == python_key, (family, parts)
         assert python_key.startswith(space) and space.startswith(f'{prefix if RQ3 else "rq"}:'), (family, space)
     assert found['parse'] == ['q:1', 'ab12', '2951479051']
@@ -101,9 +101,3 @@ def test_no_script_builds_a_key_beside_the_library():
                 found.append(f'{path.relative_to(LUA_ROOT)}:{n}: {line.strip()}')
     assert not found, found
 
-
-@pytest.mark.xfail(strict=True, reason="rq's dependencies key is 'rq:job::<id>:dependencies' (its job prefix, a colon, "
-                   "the id), and lib/promote.lua EXPIREs 'rq:job:<id>:dependencies' (found here, not fixed)")
-def test_promote_expires_rqs_own_dependencies_key(connection, worker_env):
-    row = next(row for row in _probe(worker_env, 'rq')['rows'] if row[0] == 'rq dependencies')
-    assert _lua_key(connection, row[1], row[2]) == row[3]

@@ -91,9 +91,10 @@ def test_a_start_whose_fetch_is_gone_is_neither_run_nor_failed(connection, fault
     assert _starts(spans) == [job.id], log
 
 
+@pytest.mark.parametrize('capped', [False, True])
 @pytest.mark.parametrize('worker_class', ['rq_policies.PolicyWorker', 'rq_policies.PolicySimpleWorker'])
 def test_a_start_whose_claim_lapsed_in_the_outage_is_handed_back_at_once(connection, fault_proxy, worker_env,
-                                                                         tmp_path, worker_class):
+                                                                         tmp_path, worker_class, capped):
     """The start is refused and, while the server is away, the fetch's claim record lapses (an outage longer than the
     worker's ``hold_ttl``) with the id still on the intermediate list: the worker gives the job up ("not run by this
     worker") and hands it back to its queue itself, at once, so it runs once, seconds later. Before the fix the id
@@ -101,6 +102,8 @@ def test_a_start_whose_claim_lapsed_in_the_outage_is_handed_back_at_once(connect
     unrun (issue 31's history run: 135 to 290 s, and once run twice, by both)."""
     spans = tmp_path / 'spans'
     q = PolicyQueue('starting', connection=connection)
+    if capped:
+        QueueSlot.set('starting', 2, connection=connection)
     job = q.enqueue(jobs.span_to_file, str(spans), 0, job_id='starting-3')
     start = (b'MULTI', b'LREM', b'starting-3')
 
@@ -220,3 +223,44 @@ def test_a_retry_whose_claim_lapsed_in_the_outage_is_handed_back_at_once(connect
     assert _starts(spans) == [job.id, job.id], log
     assert took < 15, (took, log)
     assert connection.lrange(q.intermediate_queue_key, 0, -1) == []
+
+
+@pytest.mark.parametrize('worker_class', ['rq_policies.PolicyWorker', 'rq_policies.PolicySimpleWorker'])
+def test_an_execution_written_as_the_server_went_away_is_dropped_when_the_job_is_given_up(
+        connection, fault_proxy, worker_env, tmp_path, worker_class):
+    """rq's write of the job's execution (the worker's side of the start) reaches the server, its reply is lost, the
+    claim lapses meanwhile, and the worker's first look afterwards fails too: the worker gives the job up, deletes the execution it wrote (read from Redis) and
+    hands the job back at once, so it runs once, seconds later, and no execution of it is left behind. Before the
+    fix the execution stayed live in the started registry until it expired, and no hand-back takes a job with a live
+    execution (issue 31's CI run: producer-2-646 stayed on the intermediate list for over 180 s)."""
+    from rq.registry import StartedJobRegistry
+
+    spans = tmp_path / 'spans'
+    q = PolicyQueue('starting', connection=connection)
+    job = q.enqueue(jobs.span_to_file, str(spans), 0, job_id='starting-5')
+    write = (b'MULTI', b'executions:starting-5')
+
+    def lapse_the_claim() -> None:
+        for key in connection.scan_iter(match='*:policies:claim:*'):
+            connection.delete(key)
+
+    fault_proxy.before_request(lapse_the_claim, match=write)
+    fault_proxy.drop_reply(match=write)
+    # and the worker's first look after it (does the fetch still stand?) meets the server still away
+    fault_proxy.refuse(match=(b'HMGET', b'starting-5', b'worker_name'))
+    worker = start_worker(fault_proxy.url, ['starting'], worker_env, worker_class=worker_class)
+    try:
+        assert wait_for(lambda: 'is not run by this worker' in output(worker), 30), output(worker)
+        given_up = time.monotonic()
+        assert wait_for(lambda: Job.fetch(job.id, connection=connection).get_status() in ('finished', 'failed'), 60), \
+            output(worker)
+        took = time.monotonic() - given_up
+    finally:
+        stop(worker)
+    log = output(worker)
+    assert Job.fetch(job.id, connection=connection).get_status() == 'finished', log
+    assert _starts(spans) == [job.id], log
+    assert took < 15, (took, log)
+    assert 'handed back to its queue' in log
+    assert StartedJobRegistry('starting', connection=connection).get_job_ids() == []
+    assert connection.zcard(f'rq:executions:{job.id}') == 0

@@ -213,6 +213,208 @@ def test_thousand_concurrent_tasks_make_one_job(connection, redis_url):
     assert len(connection.keys(f'{RQ}:job:*')) == 1
 
 
+def _counting(client):
+    """``client``'s pool, counting the connections taken from it (``pool.taken``)."""
+    pool = client.connection_pool
+    take = pool.get_connection
+    pool.taken = 0
+
+    async def counted(*args, **kwargs):
+        pool.taken += 1
+        return await take(*args, **kwargs)
+
+    pool.get_connection = counted
+    return pool
+
+
+async def _lookup_in_flight(q, connection, fault_proxy):
+    """A holder lookup on ``q`` that the server has run and whose reply ``fault_proxy`` holds for a second: while it
+    is in flight, the calls that follow go in a pipeline (none goes alone). Returns its task. (The caller has made
+    one lookup before, which loaded the script: the held one runs as sent.)"""
+    fault_proxy.delay_reply(1.0, match=b'EVALSHA')
+    connection.config_resetstat()
+    lookup = asyncio.create_task(q.holder(jobs.plain, 0))
+    deadline = time.monotonic() + 10
+    while 'cmdstat_evalsha' not in connection.info('commandstats') and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    return lookup
+
+
+@not_on_cluster('a cluster client has a pool per node and takes redis-py\'s own send')
+def test_calls_of_one_loop_turn_share_one_connection_and_each_gets_its_own_reply(connection, redis_url):
+    """The calls the tasks of a loop make in one turn go in one pipelined write on one pooled connection (each task
+    took a connection of its own for its call, 40 for 40), and each caller gets its own reply, in order: 40 holder
+    lookups at once, 30 of held identities and 10 of free ones, answer each its own. Two connections: the first
+    call, alone in flight, goes at once on its own; the 39 that follow it in the same turn, in one pipeline."""
+    async def main():
+        client = _client(redis_url)
+        q = AsyncPolicyQueue('aio-pipe', connection=client)
+        held = [await q.enqueue(jobs.record, f'p{i}') for i in range(30)]
+        pool = _counting(client)
+        holders = await asyncio.gather(*(q.holder(jobs.record, f'p{i}') for i in range(40)))
+        taken = pool.taken
+        await client.aclose()
+        return held, holders, taken
+
+    held, holders, taken = _run(main())
+    assert holders == [job.id for job in held] + [None] * 10
+    assert taken == 2, taken
+
+
+@not_on_cluster('a cluster client has a pool per node and takes redis-py\'s own send')
+def test_the_doors_build_one_slice_a_turn_of_the_loop(connection, redis_url, monkeypatch):
+    """The loop turns between the doors' steps: 200 tasks enqueueing at once built their 200 jobs in one turn of the
+    loop (every ready task runs before the loop looks at anything else), so any other coroutine waited for all 200
+    builds. Each door's build now waits for room in the turn's slice (``aio.SLICE_SECONDS``): with a slice of 0, one
+    build a turn, and a coroutine that counts the turns sees every build in a turn of its own. The jobs are the
+    same: 200 admitted, one per identity, and the 200 repeats dropped."""
+    from rq_policies.surfaces import aio
+
+    monkeypatch.setattr(aio, 'SLICE_SECONDS', 0.0)
+    turns, built = [0], []
+    real = aio.planning
+
+    @contextlib.contextmanager
+    def planning():
+        built.append(turns[0])
+        with real() as plans:
+            yield plans
+
+    monkeypatch.setattr(aio, 'planning', planning)
+
+    async def main():
+        pool = BlockingConnectionPool.from_url(redis_url, max_connections=64)
+        client = AsyncRedis(connection_pool=pool)
+        q = AsyncPolicyQueue('aio-turns', connection=client)
+        await q.enqueue(jobs.plain, 0)  # the server's version, read once
+        built.clear()
+        done = asyncio.Event()
+
+        async def counter():
+            while not done.is_set():
+                await asyncio.sleep(0)
+                turns[0] += 1
+
+        count = asyncio.create_task(counter())
+        first = await asyncio.gather(*(q.enqueue(jobs.record, f't{i}') for i in range(200)))
+        again = await asyncio.gather(*(q.enqueue(jobs.record, f't{i}') for i in range(200)))
+        done.set()
+        await count
+        await client.aclose()
+        await pool.disconnect()
+        return first, again
+
+    first, again = _run(main())
+    assert all(job is not None for job in first) and again == [None] * 200
+    assert len(PolicyQueue('aio-turns', connection=connection).job_ids) == 201
+    assert len(built) == 400
+    per_turn = max(built.count(turn) for turn in set(built))
+    assert per_turn == 1, f'{per_turn} builds in one turn of the loop'
+
+
+@not_on_cluster('a cluster client has a pool per node and takes redis-py\'s own send')
+def test_an_error_reply_in_a_pipeline_is_its_own_calls(connection, redis_url, monkeypatch):
+    """One pipelined write carries calls that fail on the server (a queue whose key holds a string: WRONGTYPE) among
+    calls that succeed: each failing caller gets the server's error, every other caller its job (the first call,
+    alone in flight, goes on a connection of its own; the 19 others in one pipeline)."""
+    from redis.exceptions import ResponseError
+
+    from rq_policies.surfaces import aio
+
+    monkeypatch.setattr(aio, 'SLICE_SECONDS', 10.0)  # every build in one turn: one pipeline
+    connection.set(f'{RQ}:queue:aio-wrong', 'not a list')
+
+    async def main():
+        client = _client(redis_url)
+        good, bad = AsyncPolicyQueue('aio-right', connection=client), AsyncPolicyQueue('aio-wrong', connection=client)
+        await good.enqueue(jobs.plain, 0)
+        with pytest.raises(ResponseError, match='WRONGTYPE'):  # alone; and the server's version is read
+            await bad.enqueue(jobs.plain, 0)
+        pool = _counting(client)
+        calls = [(bad if i % 5 == 2 else good).enqueue(jobs.plain, f'e{i}') for i in range(20)]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        taken = pool.taken
+        await client.aclose()
+        return results, taken
+
+    results, taken = _run(main())
+    assert taken == 2, taken
+    for i, outcome in enumerate(results):
+        if i % 5 == 2:
+            assert isinstance(outcome, ResponseError) and 'WRONGTYPE' in str(outcome), (i, outcome)
+        else:
+            assert isinstance(outcome, Job) and outcome.args == (f'e{i}',), (i, outcome)
+    written = PolicyQueue('aio-right', connection=connection).job_ids
+    assert len(written) == 17 and sorted(written[1:]) == sorted(job.id for job in results if isinstance(job, Job))
+
+
+@not_on_cluster('a cluster client has a pool per node and takes redis-py\'s own send')
+def test_a_pipeline_whose_replies_are_lost_is_sent_again_and_leaves_one_job_each(connection, fault_proxy,
+                                                                                 monkeypatch):
+    """The replies of a pipelined write of 20 admissions are lost (the server ran them; the connection closes): the
+    calls not answered go again, through the connection's retry, and each script recognises its replay: 20 callers,
+    20 jobs, each once."""
+    from rq_policies.surfaces import aio
+
+    monkeypatch.setattr(aio, 'SLICE_SECONDS', 10.0)  # every build in one turn: one pipeline
+
+    async def main():
+        client = AsyncRedis.from_url(fault_proxy.url, retry=AsyncRetry(NoBackoff(), 3))
+        q = AsyncPolicyQueue('aio-lost', connection=client)
+        await q.enqueue(jobs.plain, 0)
+        await q.holder(jobs.plain, 0)
+        pool = _counting(client)
+        lookup = await _lookup_in_flight(q, connection, fault_proxy)
+        fault_proxy.drop_reply(match=b'EVALSHA')
+        results = await asyncio.gather(*(q.enqueue(jobs.record, f'l{i}') for i in range(10)),
+                                       *(q.enqueue(jobs.plain, f'l{i}') for i in range(10)))
+        await lookup
+        taken = pool.taken
+        await client.aclose()
+        return results, taken
+
+    connection.flushdb()
+    results, taken = _run(main())
+    assert taken == 2 and [kind for kind, _ in fault_proxy.fired] == ['delay', 'drop']
+    assert all(isinstance(job, Job) for job in results)
+    ids = PolicyQueue('aio-lost', connection=connection).job_ids
+    assert len(ids) == 21 and sorted(ids[1:]) == sorted(job.id for job in results)
+
+
+@not_on_cluster('a cluster client has a pool per node and takes redis-py\'s own send')
+def test_noscript_replies_in_a_pipeline_send_those_calls_again_with_the_source(connection, fault_proxy, monkeypatch):
+    """After a SCRIPT FLUSH, every call of a pipelined write is answered NOSCRIPT (none ran): each goes again with its
+    script's source, on the same connection, and each caller gets its job. (A holder lookup whose reply the proxy
+    holds is in flight meanwhile, so that none of the 20 goes alone.)"""
+    from rq_policies.surfaces import aio
+
+    monkeypatch.setattr(aio, 'SLICE_SECONDS', 10.0)  # every build in one turn: one pipeline
+
+    async def main():
+        client = AsyncRedis.from_url(fault_proxy.url)
+        q = AsyncPolicyQueue('aio-flushed', connection=client)
+        await q.enqueue(jobs.plain, 0)
+        await q.holder(jobs.plain, 0)
+        pool = _counting(client)
+        lookup = await _lookup_in_flight(q, connection, fault_proxy)
+        connection.script_flush()
+        connection.config_resetstat()
+        results = await asyncio.gather(*(q.enqueue(jobs.record, f'n{i}') for i in range(20)))
+        await lookup
+        taken = pool.taken
+        await client.aclose()
+        return results, taken
+
+    connection.flushdb()
+    results, taken = _run(main())
+    assert taken == 2 and all(isinstance(job, Job) for job in results)
+    stats = connection.info('commandstats')
+    assert stats['cmdstat_evalsha']['calls'] + stats['cmdstat_evalsha'].get('rejected_calls', 0) >= 20
+    assert stats['cmdstat_eval']['calls'] == 20
+    ids = PolicyQueue('aio-flushed', connection=connection).job_ids
+    assert len(ids) == 21 and sorted(ids[1:]) == sorted(job.id for job in results)
+
+
 def test_per_key_concurrency_on_the_async_door(connection, redis_url):
     """A per-key Concurrency job from the async door is admitted and carries its key like the sync door's."""
     async def main():

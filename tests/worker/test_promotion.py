@@ -269,3 +269,21 @@ def test_a_due_rate_limited_job_is_left_for_rqs_scheduler(connection):
     scheduler.enqueue_scheduled_jobs()
     assert connection.zcard(f'{RQ}:scheduled:limited') == 0
     assert Job.fetch(limited.id, connection=connection).get_status() in ('queued', 'rate_limited')
+
+
+def test_promotion_expires_a_jobs_dependencies_key_as_rqs_scheduler_does(connection):
+    """A due job with a ttl whose dependencies key rq keeps (``rq:job::<id>:dependencies``: rq spells it with its job
+    prefix, a colon, then the id): rq's scheduler gives that key the job's ttl, and so does the fetch's promotion. It
+    gave the ttl to ``rq:job:<id>:dependencies``, a key rq never reads, and left rq's own without one."""
+    theirs = Queue('by-rq', connection=connection).enqueue_at(PAST, 'tests.helpers.jobs.plain', 1, ttl=500)
+    ours = Queue('by-fetch', connection=connection).enqueue_at(PAST, 'tests.helpers.jobs.plain', 1, ttl=500)
+    for job in (theirs, ours):
+        connection.sadd(job.dependencies_key, 'a-finished-parent')  # what rq leaves of a job that had dependencies
+        connection.persist(job.dependencies_key)
+    scheduler = RQScheduler(['by-rq'], connection=connection)
+    assert scheduler.acquire_locks() == {'by-rq'}
+    scheduler.enqueue_scheduled_jobs()
+    assert isinstance(fetch(connection, ['by-fetch']), Claim)
+    assert 490 < connection.ttl(theirs.dependencies_key) <= 500
+    assert 490 < connection.ttl(ours.dependencies_key) <= 500
+    assert not connection.exists(ours.redis_job_namespace_prefix + ours.id + ':dependencies')

@@ -50,6 +50,13 @@ from rq_policies.engine import scripts  # noqa: E402
 # A bench caps and limits fresh queues before their first job, on purpose.
 warnings.simplefilter('ignore', UnknownQueueWarning)
 
+#: The many-queue life: a worker over this many queues, the first MANY_FULL of them capped at 1 and full (a hold
+#: of another worker's), the rest uncapped and empty but the last, which the jobs go to (issue 34's case).
+MANY_QUEUES, MANY_FULL = 50, 40
+
+
+MANY_LABEL = f'lifecycle: PolicyWorker, {MANY_QUEUES} queues ({MANY_FULL} full)'
+
 #: Commands no script can run: when the counting client did not see one go out (a new connection's handshake,
 #: pub/sub, redis-py's UNWATCH), the server still ran it at top level.
 NOT_FROM_SCRIPTS = {'eval', 'evalsha', 'eval_ro', 'evalsha_ro', 'fcall', 'fcall_ro', 'multi', 'exec', 'discard',
@@ -218,13 +225,23 @@ def measure(conn: Counting, label: str, ops: int, setup, action) -> dict:
             'usec': cost['usec'] / ops, 'detail': ', '.join(f'{name} {n:.2g}' for n, name in top[:6])}
 
 
-def measure_lifecycle(conn: Counting, label: str, jobs: int, worker_class, queue_class, policy, cap) -> dict:
-    """One job's whole life (enqueue, fetch, start, finish, heartbeats) through an in-process worker, per job."""
+def measure_lifecycle(conn: Counting, label: str, jobs: int, worker_class, queue_class, policy, cap,
+                      many: bool = False) -> dict:
+    """One job's whole life (enqueue, fetch, start, finish, heartbeats) through an in-process worker, per job.
+
+    ``many``: the worker's queues are MANY_QUEUES, MANY_FULL of them capped and full, the jobs on the last one."""
     conn.flushdb()
     if cap:
         QueueSlot.set('life', cap, connection=conn)
     q = queue_class('life', connection=conn)
-    worker = worker_class([q], connection=conn)
+    queues = [q]
+    if many:
+        queues = [queue_class(f'many{i}', connection=conn) for i in range(MANY_QUEUES - 1)] + [q]
+        for other in queues[:MANY_FULL]:
+            QueueSlot.set(other.name, 1, connection=conn)
+            QueueSlot.acquire(other.name, capacity=1, ttl=3600, token=f'elsewhere:{other.name}', connection=conn)
+            QueueSlot.HELD.discard(f'elsewhere:{other.name}')  # another worker's hold: not this process's to refresh
+    worker = worker_class(queues, connection=conn)
     cpu_before = server_cpu(conn)
     conn.reset_counts()
     for i in range(jobs):
@@ -339,13 +356,15 @@ def main() -> int:
             ('lifecycle: PolicyWorker, no policy', PolicySimpleWorker, PolicyQueue, None, None),
             ('lifecycle: PolicyWorker, Loner', PolicySimpleWorker, PolicyQueue, Loner(), None),
             ('lifecycle: PolicyWorker, capped queue', PolicySimpleWorker, PolicyQueue, None, 10**6),
+            (MANY_LABEL, PolicySimpleWorker, PolicyQueue, None, None),
         )
         # Whole lives in interleaved rounds (the order rotates): a shared machine's load drifts, and the ratio of
         # each round's lives to stock's in that round cancels most of it.
         life_rounds: list[dict[str, dict]] = []
         for r in range(opts.rounds):
             order = lives[r % len(lives):] + lives[:r % len(lives)]
-            life_rounds.append({label: measure_lifecycle(conn, label, min(n, 500), wc, qc, pol, cap)
+            life_rounds.append({label: measure_lifecycle(conn, label, min(n, 500), wc, qc, pol, cap,
+                                                         many=label == MANY_LABEL)
                                 for label, wc, qc, pol, cap in order})
         for label, *_ in lives:
             samples = [got[label] for got in life_rounds]
@@ -366,6 +385,17 @@ def main() -> int:
         cpu = sorted(got[label]['cpu_usec'] / got['lifecycle: stock rq']['cpu_usec'] for got in life_rounds)
         print(f'  {label[len("lifecycle: "):]:36} x{statistics.median(ratios):.2f}  (x{ratios[0]:.2f} .. '
               f'x{ratios[-1]:.2f});  server process CPU x{statistics.median(cpu):.2f} '
+              f'(x{cpu[0]:.2f} .. x{cpu[-1]:.2f})')
+    # Against one queue without policy state (the fetch's plain path), and against one capped queue (the same
+    # stateful path a worker over capped queues takes: what the queue count alone costs).
+    print(f'\na PolicyWorker over {MANY_QUEUES} queues ({MANY_FULL} capped and full, the jobs on the last) against '
+          f'one queue, per job; median of the per-round ratios and their range (target <= 1.2, issue 34):')
+    for one in ('lifecycle: PolicyWorker, no policy', 'lifecycle: PolicyWorker, capped queue'):
+        ratios = sorted(got[MANY_LABEL]['usec'] / got[one]['usec'] for got in life_rounds)
+        cpu = sorted(got[MANY_LABEL]['cpu_usec'] / got[one]['cpu_usec'] for got in life_rounds)
+        mark = 'ok' if statistics.median(ratios) <= 1.2 else 'MISSED'
+        print(f'  against {one[len("lifecycle: PolicyWorker, "):]:12} server time x{statistics.median(ratios):.2f} '
+              f'(x{ratios[0]:.2f} .. x{ratios[-1]:.2f}) {mark}; server process CPU x{statistics.median(cpu):.2f} '
               f'(x{cpu[0]:.2f} .. x{cpu[-1]:.2f})')
     return 0
 

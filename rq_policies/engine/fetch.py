@@ -154,6 +154,11 @@ class Fetcher:
         self.start_state: bool | None = None
         #: When this worker next hands back the lapsed takes of its queues (:meth:`hand_back`; monotonic seconds).
         self.hand_back_at = 0.0
+        #: The queues known full, left out of the fetch calls (:meth:`fetch_queues`): name -> when (monotonic
+        #: seconds) the skip ends at the latest.
+        self.skip: dict[str, float] = {}
+        #: The queues whose releases this fetcher heard of while the last fetch ran (:meth:`hearing`).
+        self.heard: frozenset[str] = frozenset()
 
     def lost_claim(self, connection: Any) -> Claim | None:
         """What the fetch whose outcome this worker never saw (``resume_token``) took, read from its claim record, or
@@ -201,6 +206,66 @@ class Fetcher:
             self.records.append(claim.record)
         for hold in claim.holds:
             ledger.PROCESS.add(hold)  # the heartbeat refreshes it from now on
+
+    def fetch_queues(self, connection: Any, queues: Sequence[Queue]) -> Sequence[Queue]:
+        """The queues the next fetch looks at: ``queues`` less those known full (:attr:`skip`).
+
+        A full queue costs every fetch its gates (a capped one a ZCARD, a ZCOUNT and more), whichever queue the job
+        comes from: a worker over 40 full queues paid for 40 gates per job. So a queue a fetch that took a job found
+        full (the reply's ``skipped``) is left out of the fetches after it while this fetcher hears of its releases
+        (:meth:`hearing`; a release and a capacity change publish on its wake channel: :meth:`unskip`), and no longer
+        than its gate's ``until`` or :meth:`relook_seconds` (a hold that ages out, its worker killed, publishes
+        nothing). Leaving a queue out of a fetch only ever takes less: no cap can be exceeded by it. A fetch that
+        takes nothing looks at every queue again first (:func:`dequeue`), before a burst worker quits or an idle
+        one waits. This base fetcher hears nothing, so it leaves no queue out.
+        """
+        self.check_news(connection)
+        if self.skip:
+            now = time.monotonic()
+            for name in [name for name, ends in self.skip.items() if ends <= now]:
+                del self.skip[name]
+        self.heard = self.hearing()
+        if not self.skip:
+            return queues
+        return [q for q in queues if q.name not in self.skip]
+
+    def saw(self, connection: Any, queues: Sequence[Queue], reply: FetchReply) -> None:
+        """The fetch over ``queues`` answered ``reply``: when it took a job, the queues it skipped (full, or at a
+        rate until a time) are left out of the next fetches (:meth:`fetch_queues`), those whose releases this
+        fetcher heard of while the fetch ran; it starts hearing of the others' (:meth:`hear`), so a next fetch that
+        finds them full again leaves them out from then on."""
+        if reply.job is None:
+            return
+        now = time.monotonic()
+        relook = now + self.relook_seconds()
+        new = []
+        for i, _policy, until in reply.news.skipped if reply.news is not None else ():
+            name = queues[i - 1].name
+            if name not in self.heard:
+                new.append(name)
+            elif until is None:
+                self.skip[name] = relook
+            else:
+                self.skip[name] = min(relook, now + max(until - self.server_now(connection), 0.0))
+        self.hear(connection, new)
+
+    def unskip(self, queue_name: str) -> None:
+        """News that ``queue_name`` may be taken from again (a release, a capacity change): the next fetch looks."""
+        self.skip.pop(queue_name, None)
+
+    def forget_full(self) -> None:
+        """Look at every queue in the next fetch."""
+        self.skip.clear()
+
+    def check_news(self, connection: Any) -> None:
+        """Read the news heard since the last fetch (without waiting), :meth:`unskip` the queues it frees."""
+
+    def hearing(self) -> frozenset[str]:
+        """The queues whose releases and capacity changes this fetcher hears of now (none: it cannot)."""
+        return frozenset()
+
+    def hear(self, connection: Any, queue_names: list[str]) -> None:
+        """Start hearing of the releases and capacity changes of ``queue_names`` too (this fetcher cannot)."""
 
     def listen(self, connection: Any, queue_names: list[str]) -> bool:
         """Get ready to be woken for ``queue_names``; True when that only starts now (look once more first)."""
@@ -674,19 +739,23 @@ def dequeue(
     nothing is waiting, but keeps waiting while a skipped queue still has jobs: those are work not yet done.
     """
     names = [q.name for q in queues]
-    call = _worker_call(fetcher, queues, job_class.redis_job_namespace_prefix, timeout is None)
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         fetcher.hand_back(connection, queues)  # takes whose taker died before the start: back on their queues
+        sent = fetcher.fetch_queues(connection, queues)  # less those known full (Fetcher.fetch_queues)
+        if fetcher.resume_token and fetcher.resume_queues and all(q.name in names for q in fetcher.resume_queues):
+            sent = fetcher.resume_queues  # the lost fetch's queues: its claim record names a queue by its index
+        call = _worker_call(fetcher, sent, job_class.redis_job_namespace_prefix, timeout is None)
         token = fetcher.resume_token or ledger.claim_token()
         fetcher.resume_token = token  # until this fetch's outcome is known (see Fetcher.resume_token)
-        fetcher.resume_queues = queues
+        fetcher.resume_queues = sent
         fetched_after = time.time()
         call.arg('token', token).set_key('claim', keys.claim(token))
         reply = FetchReply.decode(call.run(connection))
         if events.FETCHES:  # a surface watches the fetch's parks, skips, promotions and unparks (tracing)
-            events.fetched(reply.events(queues))
-        found = read_reply(reply, queues, token, fetcher.hold_ttl)
+            events.fetched(reply.events(sent))
+        found = read_reply(reply, sent, token, fetcher.hold_ttl)
+        fetcher.saw(connection, sent, reply)
         if not isinstance(found, Claim):
             fetcher.resume_token = None
         else:
@@ -722,6 +791,9 @@ def dequeue(
             fetcher.resume_token = None
             fetcher.on_claim(found)
             return job, rebuild(queue_class, queue, connection, job_class, serializer, death_penalty_class)
+        if len(sent) < len(queues):
+            fetcher.forget_full()  # nothing in the queues not known full: look at every queue before waiting
+            continue
         if deadline is None and not found.waiting:
             return None
         if fetcher.listen(connection, names):

@@ -3,8 +3,9 @@
 Its wake-ups are published on each queue's ``rq:policies:wake:<queue>`` channel (a shard channel; see
 :func:`rq_policies.engine.keys.wake`): a pushed job's id, ``released <ledger> <token>`` (a hold went back; of the idle
 workers it wakes, only the first to claim it looks again), ``capacity`` (a cap changed) and ``scheduled <epoch s>``
-(a job is due then: the wait ends at that time, with no look before). The subscription lives only while the worker
-is idle.
+(a job is due then: the wait ends at that time, with no look before). The subscription lives while the worker is
+idle, and for the queues a busy worker leaves out of its fetches (known full, :meth:`Fetcher.fetch_queues`): their
+releases and capacity changes put them back.
 
 Sharded pub/sub, on every server. The wake-ups go out with SPUBLISH (in the doors' scripts, ``lua/lib/save_job.lua``
 and the others, and from Python through :func:`rq_policies.engine.ledger.wake_up`) and the idle wait takes them with
@@ -71,9 +72,11 @@ class _Refused(Exception):
 class WakeFetcher(Fetcher):
     """A worker's fetch state, with a sharded pub/sub wake-up for the idle wait (see the module's docstring).
 
-    The subscription lives only while the worker is idle: it is dropped when a job is claimed, so a busy worker's
-    connection does not pile up wake-ups for the length of a long job. Taking it again before the next wait costs
-    one round trip plus one more look, and closes the race between the last look and the subscription.
+    The subscription lives while the worker is idle: it is dropped when a job is claimed, so a busy worker's
+    connection does not pile up wake-ups for the length of a long job, but for the channels of the queues the
+    worker leaves out of its fetches (known full: :meth:`hear`, :meth:`check_news`), whose news it reads without
+    waiting before each fetch. Taking it again before the next wait costs one round trip plus one more look, and
+    closes the race between the last look and the subscription.
     """
 
     def __init__(self, hold_ttl: int) -> None:
@@ -83,6 +86,8 @@ class WakeFetcher(Fetcher):
         self._channels: dict[str, str] = {}  # subscribed channel -> queue name
         self._node: Any = None  # on a cluster: the node (redis-py's ClusterNode) the subscription is on
         self._refused_until = 0.0  # after a refused subscription: polled until then (monotonic seconds)
+        self._confirmed: set[str] = set()  # the subscribed channels whose SSUBSCRIBE the server confirmed
+        self._pending: set[str] = set()  # queues heard of since the last fetch, not yet left out (see hear())
 
     def listen(self, connection: Any, queue_names: list[str]) -> bool:
         wanted = {keys.wake(name): name for name in queue_names}
@@ -93,16 +98,21 @@ class WakeFetcher(Fetcher):
         try:
             if self._pubsub is None:
                 self._pubsub = connection.pubsub()
-            elif self._channels:
-                self._pubsub.sunsubscribe(*self._channels)
-            self._pubsub.ssubscribe(*wanted)
+            # The channels kept while busy (those of the queues left out of the fetches, see on_claim) stay.
+            stale = [channel for channel in self._channels if channel not in wanted]
+            if stale:
+                self._pubsub.sunsubscribe(*stale)
+            new = [channel for channel in wanted if channel not in self._channels]
+            if new:
+                self._pubsub.ssubscribe(*new)
+            self._confirmed &= self._channels.keys() & wanted.keys()
             self._channels = wanted
             # On a cluster every channel of ours is in the prefix's slot: ClusterPubSub subscribed on its owner.
             self._node = connection.get_node_from_key(next(iter(wanted))) if keys.is_cluster(connection) else None
             # Wait for the server's confirmations: a wake-up is only delivered once SSUBSCRIBE has run.
-            confirmed: set[str] = set()
+            confirmed = self._confirmed
             deadline = time.monotonic() + _SUBSCRIBE_CONFIRM_SECONDS
-            while len(confirmed) < len(wanted):
+            while not confirmed >= wanted.keys():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -115,6 +125,68 @@ class WakeFetcher(Fetcher):
             self.close()
             raise
         return True
+
+    def hearing(self) -> frozenset[str]:
+        """The queues whose wake-up channels are subscribed, confirmed by the server."""
+        return frozenset(queue for channel, queue in self._channels.items() if channel in self._confirmed)
+
+    def check_news(self, connection: Any) -> None:
+        """Read the wake-ups that came since the last fetch, without waiting: a release or a capacity change on a
+        queue left out of the fetches (:attr:`skip`) puts it back. Pushes are no news here (the queues not left out
+        are all looked at). Any trouble with the subscription drops it, and every queue is looked at again."""
+        if self._pubsub is None or not self._channels:
+            return
+        try:
+            self._drain(set())
+        except Exception as error:  # _Lost, _Refused, a connection error: the subscription goes, no skip stays
+            logger.info('rq-policies: the wake-up subscription of the full queues is gone (%s)', error)
+            self.close()
+
+    def hear(self, connection: Any, queue_names: list[str]) -> None:
+        """Subscribe the wake-up channels of ``queue_names`` too, while the worker is busy (their queues were found
+        full: a fetch after this one that finds them full again leaves them out, :meth:`Fetcher.saw`), and wait for
+        the server's confirmation. Never raises: the fetch before it may have taken a job."""
+        self._pending = set(queue_names)
+        wanted = {keys.wake(name): name for name in queue_names if keys.wake(name) not in self._channels}
+        if not wanted or (self._pubsub is None and time.monotonic() < self._refused_until):
+            return
+        try:
+            if self._pubsub is None:
+                self._pubsub = connection.pubsub()
+            self._pubsub.ssubscribe(*wanted)
+            self._channels.update(wanted)
+            if self._node is None and keys.is_cluster(connection):
+                self._node = connection.get_node_from_key(next(iter(wanted)))
+            self._drain(set(wanted))
+        except _Refused as refused:
+            self._refused(refused)
+        except Exception as error:
+            logger.info('rq-policies: could not subscribe the wake-ups of full queues (%s); looking at them', error)
+            self.close()
+
+    def _drain(self, expect: set[str]) -> None:
+        """Read the subscription's messages: all that came (without waiting), and until the confirmations of the
+        channels in ``expect`` came (up to _SUBSCRIBE_CONFIRM_SECONDS). A release or a capacity change unskips its
+        queue; a subscription the server ended raises _Lost."""
+        deadline = time.monotonic() + _SUBSCRIBE_CONFIRM_SECONDS
+        while True:
+            left = deadline - time.monotonic() if expect else 0.0
+            if expect and left <= 0:
+                return
+            message = self._read(max(left, 0.0))
+            if message is None:
+                if not expect:
+                    return
+                continue
+            channel = text(message['channel'])
+            if message['type'] == _SUBSCRIBED:
+                expect.discard(channel)
+                self._confirmed.add(channel)
+            elif self._ended(message) and channel not in expect:  # not an earlier unsubscription's answer
+                raise _Lost(f'the server ended the subscription to {channel}')
+            elif message['type'] == _WAKE_UP and channel in self._channels:
+                if text(message['data']).split(' ', 1)[0] in (WAKE_RELEASED, WAKE_CAPACITY):
+                    self.unskip(self._channels[channel])
 
     def wait(self, connection: Any, queue_names: list[str], seconds: float, full: frozenset[str] = frozenset()) -> bool:
         if self._pubsub is None:
@@ -224,13 +296,24 @@ class WakeFetcher(Fetcher):
     def on_claim(self, claim: Claim) -> None:
         super().on_claim(claim)
         if self._pubsub is not None and self._channels:
+            # The channels of the queues left out of the fetches, or about to be (Fetcher.saw), stay subscribed:
+            # their releases put them back. The others go: a busy worker does not pile up pushes.
+            keep = {channel for channel, queue in self._channels.items()
+                    if queue in self.skip or queue in self._pending}
+            drop = [channel for channel in self._channels if channel not in keep]
+            if not drop:
+                return
             try:
-                self._pubsub.sunsubscribe()  # the confirmations are read, and skipped, at the next listen()
+                # the confirmations are read, and skipped, at the next listen() or fetch
+                self._pubsub.sunsubscribe(*drop) if keep else self._pubsub.sunsubscribe()
             except Exception:  # the subscription is dropped whole instead; the next idle wait subscribes anew
                 logger.warning(
                     'rq-policies: could not unsubscribe the idle wake-up; closing its connection', exc_info=True)
                 self.close()
-            self._channels = {}
+                return
+            for channel in drop:
+                del self._channels[channel]
+                self._confirmed.discard(channel)
 
     def close(self) -> None:
         if self._pubsub is not None:
@@ -239,4 +322,6 @@ class WakeFetcher(Fetcher):
             finally:
                 self._pubsub = None
                 self._channels = {}
+                self._confirmed = set()
                 self._node = None
+        self.forget_full()  # nothing heard of any more: every queue is looked at again

@@ -712,6 +712,47 @@ def test_a_job_whose_fetch_reply_was_lost_is_taken_by_the_next_fetch_not_strande
     assert queued(connection, 'lostread') == [second.id]
 
 
+def test_a_lost_fetch_that_left_full_queues_out_is_replayed_over_the_queues_it_sent(connection, fault_proxy):
+    """A worker leaves the queues it knows full out of its fetches (issue 34). The reply of such a fetch is lost;
+    by the replay the worker would look at every queue again (a release, a relook). The replay sends the queues the
+    lost fetch sent, so its claim record's queue index names the queue the job was taken from, and no second job is
+    popped."""
+    from rq_policies.engine.fetch import current_fetcher
+    from rq_policies.engine.worker import _WorkerFetcher
+
+    full = [f'lostfull{i}' for i in range(5)]
+    for name in full:
+        QueueSlot.set(name, 1, connection=connection)
+        assert QueueSlot.acquire(name, capacity=1, ttl=600, token=f'elsewhere:{name}', connection=connection)
+        ledger.PROCESS.discard(f'elsewhere:{name}')
+    ids = [PolicyQueue('lostmany', connection=connection).enqueue(jobs.plain, i).id for i in range(4)]
+    client = Redis.from_url(fault_proxy.url, socket_timeout=2, retry=Retry(ExponentialBackoff(), 0))
+    queues = [PolicyQueue(name, connection=client) for name in [*full, 'lostmany']]
+    fetcher = _WorkerFetcher(30)
+    context = current_fetcher.set(fetcher)
+    try:
+        load(client, 'fetch')  # the first attempt runs the script (not a NOSCRIPT answer)
+        # The first fetch finds the full queues full and subscribes their wake-ups; the second leaves them out after.
+        for expected in ids[:2]:
+            taken = PolicyQueue.dequeue_any(queues, None, connection=client)
+            assert taken is not None and taken[0].id == expected
+        assert set(fetcher.skip) == set(full)
+        fault_proxy.drop_reply(match=b'EVALSHA')
+        with pytest.raises(ConnectionError):
+            PolicyQueue.dequeue_any(queues, None, connection=client)
+        assert [q.name for q in fetcher.resume_queues] == ['lostmany']
+        fetcher.forget_full()  # as a release or a relook would: the next fetch looks at every queue
+        taken = PolicyQueue.dequeue_any(queues, None, connection=client)
+    finally:
+        current_fetcher.reset(context)
+        fetcher.close()
+        client.close()
+    assert taken is not None and (taken[0].id, taken[1].name) == (ids[2], 'lostmany')
+    assert queued(connection, 'lostmany') == [ids[3]]
+    for name in full:
+        assert [token for token, _ in QueueSlot.status(name, connection=connection).holders] == [f'elsewhere:{name}']
+
+
 def test_a_stop_while_the_fetch_reply_is_on_its_way_gives_the_holds_back_and_names_the_job(connection, fault_proxy,
                                                                                           worker_env):
     """The fetch script took a job (intermediate list, hold, claim record) and its reply is still on its way when a

@@ -21,7 +21,7 @@ from rq.registry import FailedJobRegistry, StartedJobRegistry
 from rq.worker import Worker
 
 from rq_policies import PolicyQueue, PolicyWorker, QueueSlot
-from rq_policies.engine import compat, keys
+from rq_policies.engine import compat, keys, ledger
 from rq_policies.engine.worker import HOLD_TTL_ENV
 from rq_policies.surfaces.testing import RedisServer
 from tests.helpers import jobs
@@ -481,3 +481,118 @@ def test_an_idle_worker_waiting_on_a_full_queue_does_not_spin(own_server):
     print(f'idle worker on a full queue: {quiet_rate:.1f} commands/s quiet, {storm_rate:.1f} looks/s under pushes')
     assert quiet_rate <= 10, quiet_rate
     assert storm_rate <= 10, storm_rate
+
+
+def _many_full(connection, names: list[str], ttl: int = 600, waiting: int = 0, seconds: float = 0.05) -> dict:
+    """Cap each of ``names`` at 1 and fill it with a hold of another worker's (``ttl`` seconds, never refreshed), with
+    ``waiting`` jobs (sleep_and_record, tag = the queue's name) behind the cap; the job ids by queue."""
+    behind = {}
+    for name in names:
+        QueueSlot.set(name, 1, connection=connection)
+        assert QueueSlot.acquire(name, capacity=1, ttl=ttl, token=f'elsewhere:{name}', connection=connection)
+        ledger.PROCESS.discard(f'elsewhere:{name}')  # another worker's: not this process's to refresh
+        q = PolicyQueue(name, connection=connection)
+        behind[name] = [q.enqueue(jobs.sleep_and_record, name, seconds).id for _ in range(waiting)]
+    return behind
+
+
+def test_a_worker_over_many_full_queues_leaves_them_out_of_its_fetches(connection):
+    # Issue 34: every fetch ran the gates of every full queue (a ZCARD, a ZCOUNT and more each), whichever queue the
+    # job came from. Now a queue found full is left out of the fetches while the worker hears of its releases. The
+    # fetch's `skip` events count the gates that skipped a queue: one per full queue per fetch before (10 x 31 here,
+    # seen failing), a few per full queue now (the fetch that finds it, the one after the subscription, the last
+    # looks over every queue before the burst worker quits).
+    from rq_policies import PolicySimpleWorker
+    from rq_policies.engine import events
+
+    full = [f'full{i}' for i in range(10)]
+    _many_full(connection, full)
+    plain = PolicyQueue('plain', connection=connection)
+    done = [plain.enqueue(jobs.plain, i).id for i in range(30)]
+    skips: list[str] = []
+
+    def observer(event: str, queue: str, detail: dict) -> None:
+        if event == 'skip':
+            skips.append(queue)
+
+    events.observe(fetch=observer)
+    try:
+        worker = PolicySimpleWorker([*(PolicyQueue(n, connection=connection) for n in full), plain],
+                                    connection=connection)
+        worker.work(burst=True, logging_level='WARNING')
+    finally:
+        events.unobserve(fetch=observer)
+    assert set(statuses(connection, done)) == {JobStatus.FINISHED}
+    assert set(skips) == set(full)
+    assert len(skips) <= 4 * len(full), f'{len(skips)} skips of full queues over {len(done)} jobs'
+    for name in full:  # nothing was taken from a full queue: each cap holds the other worker's hold only
+        assert [token for token, _ in QueueSlot.status(name, connection=connection).holders] == [f'elsewhere:{name}']
+
+
+@pytest.mark.long
+def test_a_busy_worker_over_many_full_queues_takes_a_released_queue_at_once_and_never_runs_over_a_cap(
+        connection, redis_url, worker_env):
+    # Two busy workers over 12 queues capped at 1 and full (left out of their fetches), then a plain queue with a
+    # long backlog. Releasing 4 of the holds lets each of those queues' jobs run, promptly (the release's wake-up
+    # puts the queue back into the next fetch; the relook without it is up to 10 s away), one at a time.
+    full = [f'full{i}' for i in range(12)]
+    behind = _many_full(connection, full, waiting=2)
+    plain = PolicyQueue('plain', connection=connection)
+    plain.enqueue_many([PolicyQueue.prepare_data(jobs.plain, (i,)) for i in range(1500)])
+    workers = [start_worker(redis_url, [*full, 'plain'], worker_env) for _ in range(2)]
+    try:
+        # Busy on the plain queue, past the fetches that find the full queues full and subscribe their wake-ups.
+        assert wait_for(lambda: plain.finished_job_registry.count >= 20, timeout=60), output(workers[0])
+        assert plain.count > 100, 'the backlog ran low: the workers are to be busy while the holds go'
+        freed = full[:4]
+        seconds, micros = connection.time()
+        released_at = seconds + micros / 1e6
+        for name in freed:
+            assert QueueSlot.release(name, token=f'elsewhere:{name}', connection=connection)
+        ids = [job_id for name in freed for job_id in behind[name]]
+        assert wait_for(lambda: set(statuses(connection, ids)) == {JobStatus.FINISHED}, timeout=30), (
+            statuses(connection, ids), plain.count, output(workers[0]))
+        assert plain.count > 0, 'the plain backlog ran dry: the workers were not kept busy'
+    finally:
+        stop(*workers)
+    for name in freed:
+        records = spans(connection, name)
+        assert len(records) == 2 and peak(records) == 1
+        # Prompt: each worker's next fetch after the release looks at the queue (8 jobs of two workers; measured
+        # under 1.5 s on a loaded machine, where a missed wake-up would wait for the relook, up to 10 s).
+        assert min(start for start, _, _ in records.values()) - released_at < 5
+    for name in full[4:]:  # still full: nothing of theirs ran, and only the other worker's hold is there
+        assert statuses(connection, behind[name]) == [JobStatus.QUEUED] * 2
+        assert [token for token, _ in QueueSlot.status(name, connection=connection).holders] == [f'elsewhere:{name}']
+
+
+@pytest.mark.long
+def test_a_busy_worker_over_many_full_queues_takes_one_freed_by_an_aged_out_hold_within_its_relook(
+        connection, redis_url, worker_env):
+    # A hold that ages out (its worker SIGKILLed) publishes nothing: a queue left out of the fetches comes back at
+    # the relook, a third of the worker's hold ttl (6 s here: 2 s), at the latest.
+    full = [f'full{i}' for i in range(8)]
+    behind = _many_full(connection, full, waiting=1)
+    behind.update(_many_full(connection, ['aging'], ttl=20, waiting=1))
+    ((_, left),) = QueueSlot.status('aging', connection=connection).holders
+    seconds, micros = connection.time()
+    lapses_at = seconds + micros / 1e6 + left
+    plain = PolicyQueue('plain', connection=connection)
+    # A backlog the worker is still busy with when the hold lapses (a fast worker ran 600 in 12 s).
+    plain.enqueue_many([PolicyQueue.prepare_data(jobs.plain, (i,)) for i in range(3000)])
+    env = dict(worker_env, **{HOLD_TTL_ENV: '6'})
+    worker = start_worker(redis_url, ['aging', *full, 'plain'], env, extra=['--job-monitoring-interval', '1'])
+    try:
+        assert wait_for(lambda: plain.finished_job_registry.count >= 10, timeout=60), output(worker)
+        assert statuses(connection, behind['aging']) == [JobStatus.QUEUED]
+        assert wait_for(lambda: statuses(connection, behind['aging']) == [JobStatus.FINISHED], timeout=30), (
+            plain.count, output(worker))
+        assert plain.count > 0, 'the plain backlog ran dry: the worker was not kept busy'
+    finally:
+        stop(worker)
+    # The hold lapsed 20 s after it was taken; the worker looked again at most 2 s after it last found the queue
+    # full (a busy worker's fetch comes every job; measured 0.5 s, room for a loaded machine).
+    ((start, _, _),) = spans(connection, 'aging').values()
+    assert 0 < start - lapses_at <= 4.5
+    for name in full:
+        assert statuses(connection, behind[name]) == [JobStatus.QUEUED]

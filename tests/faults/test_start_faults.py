@@ -30,6 +30,23 @@ def _starts(spans) -> list[str]:
     return [line.split()[0] for line in spans.read_text().splitlines() if ' start ' in line]
 
 
+
+def _lapse_claims(connection):
+    """A fault proxy callback: every claim record goes, as a claim lapses during an outage longer than hold_ttl."""
+    def lapse() -> None:
+        for key in connection.scan_iter(match='*:policies:claim:*'):
+            connection.delete(key)
+    return lapse
+
+
+def _given_up_then_ended(worker, connection, job, seconds: float = 30) -> float:
+    """Wait for ``worker`` to give ``job`` up, then for the job to end; the seconds in between."""
+    assert wait_for(lambda: 'is not run by this worker' in output(worker), 30), output(worker)
+    given_up = time.monotonic()
+    assert wait_for(lambda: Job.fetch(job.id, connection=connection).get_status() in ('finished', 'failed'),
+                    seconds), output(worker)
+    return time.monotonic() - given_up
+
 @pytest.mark.parametrize(('worker_class', 'fault'), [
     ('rq_policies.PolicyWorker', 'refuse'),
     ('rq_policies.PolicyWorker', 'drop_reply'),
@@ -107,19 +124,11 @@ def test_a_start_whose_claim_lapsed_in_the_outage_is_handed_back_at_once(connect
     job = q.enqueue(jobs.span_to_file, str(spans), 0, job_id='starting-3')
     start = (b'MULTI', b'LREM', b'starting-3')
 
-    def lapse_the_claim() -> None:  # in the proxy's thread, before it refuses the start
-        for key in connection.scan_iter(match='*:policies:claim:*'):
-            connection.delete(key)
-
-    fault_proxy.before_request(lapse_the_claim, match=start)
+    fault_proxy.before_request(_lapse_claims(connection), match=start)
     fault_proxy.refuse(match=start)
     worker = start_worker(fault_proxy.url, ['starting'], worker_env, worker_class=worker_class)
     try:
-        assert wait_for(lambda: 'is not run by this worker' in output(worker), 30), output(worker)
-        given_up = time.monotonic()
-        assert wait_for(lambda: Job.fetch(job.id, connection=connection).get_status() in ('finished', 'failed'), 30), \
-            output(worker)
-        took = time.monotonic() - given_up
+        took = _given_up_then_ended(worker, connection, job, 30)
     finally:
         stop(worker)
     log = output(worker)
@@ -200,21 +209,14 @@ def test_a_retry_whose_claim_lapsed_in_the_outage_is_handed_back_at_once(connect
     job = q.enqueue(jobs.fail_first_to_file, str(spans), job_id='starting-4', retry=Retry(max=1, interval=1))
     start = (b'MULTI', b'LREM', b'starting-4')
 
-    def lapse_the_claim() -> None:
-        for key in connection.scan_iter(match='*:policies:claim:*'):
-            connection.delete(key)
 
     worker = start_worker(fault_proxy.url, ['starting'], worker_env, worker_class=worker_class)
     try:
         assert wait_for(lambda: Job.fetch(job.id, connection=connection).get_status() == 'scheduled', 30), \
             output(worker)
-        fault_proxy.before_request(lapse_the_claim, match=start)
+        fault_proxy.before_request(_lapse_claims(connection), match=start)
         fault_proxy.refuse(match=start)
-        assert wait_for(lambda: 'is not run by this worker' in output(worker), 30), output(worker)
-        given_up = time.monotonic()
-        assert wait_for(lambda: Job.fetch(job.id, connection=connection).get_status() in ('finished', 'failed'), 60), \
-            output(worker)
-        took = time.monotonic() - given_up
+        took = _given_up_then_ended(worker, connection, job, 60)
         time.sleep(3)  # a second copy would run now
     finally:
         stop(worker)
@@ -229,10 +231,12 @@ def test_a_retry_whose_claim_lapsed_in_the_outage_is_handed_back_at_once(connect
 def test_an_execution_written_as_the_server_went_away_is_dropped_when_the_job_is_given_up(
         connection, fault_proxy, worker_env, tmp_path, worker_class):
     """rq's write of the job's execution (the worker's side of the start) reaches the server, its reply is lost, the
-    claim lapses meanwhile, and the worker's first look afterwards fails too: the worker gives the job up, deletes the execution it wrote (read from Redis) and
-    hands the job back at once, so it runs once, seconds later, and no execution of it is left behind. Before the
-    fix the execution stayed live in the started registry until it expired, and no hand-back takes a job with a live
-    execution (issue 31's CI run: producer-2-646 stayed on the intermediate list for over 180 s)."""
+    claim lapses meanwhile, and the worker's first look afterwards fails too: the worker gives the job up, deletes
+    the execution it wrote (read from Redis) and hands the job back at once, so it runs once, seconds later, and no
+    execution of it is left behind. Before the fix the execution stayed live in the started registry until it
+    expired, and no hand-back takes a job with a live execution (issue 31's CI run: producer-2-646 stayed on the
+    intermediate list for over 180 s)."""
+    from rq.executions import ExecutionRegistry
     from rq.registry import StartedJobRegistry
 
     spans = tmp_path / 'spans'
@@ -240,21 +244,13 @@ def test_an_execution_written_as_the_server_went_away_is_dropped_when_the_job_is
     job = q.enqueue(jobs.span_to_file, str(spans), 0, job_id='starting-5')
     write = (b'MULTI', b'executions:starting-5')
 
-    def lapse_the_claim() -> None:
-        for key in connection.scan_iter(match='*:policies:claim:*'):
-            connection.delete(key)
-
-    fault_proxy.before_request(lapse_the_claim, match=write)
+    fault_proxy.before_request(_lapse_claims(connection), match=write)
     fault_proxy.drop_reply(match=write)
     # and the worker's first look after it (does the fetch still stand?) meets the server still away
     fault_proxy.refuse(match=(b'HMGET', b'starting-5', b'worker_name'))
     worker = start_worker(fault_proxy.url, ['starting'], worker_env, worker_class=worker_class)
     try:
-        assert wait_for(lambda: 'is not run by this worker' in output(worker), 30), output(worker)
-        given_up = time.monotonic()
-        assert wait_for(lambda: Job.fetch(job.id, connection=connection).get_status() in ('finished', 'failed'), 60), \
-            output(worker)
-        took = time.monotonic() - given_up
+        took = _given_up_then_ended(worker, connection, job, 60)
     finally:
         stop(worker)
     log = output(worker)
@@ -263,4 +259,4 @@ def test_an_execution_written_as_the_server_went_away_is_dropped_when_the_job_is
     assert took < 15, (took, log)
     assert 'handed back to its queue' in log
     assert StartedJobRegistry('starting', connection=connection).get_job_ids() == []
-    assert connection.zcard(f'rq:executions:{job.id}') == 0
+    assert connection.zcard(ExecutionRegistry.key_template.format(job.id)) == 0

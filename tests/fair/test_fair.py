@@ -500,3 +500,26 @@ def test_a_fair_job_requeued_by_stock_rq_is_filed_in_its_key_s_line(connection):
     assert Job.fetch(a.id, connection=connection).get_status() == 'deferred'
     assert Fair.resume(SCOPE, 'a', connection=connection) is True
     assert take(connection, 2) == [a.id, None]
+
+
+def test_a_fetch_that_files_a_handed_back_job_and_whose_reply_is_lost_files_it_once(connection, fault_proxy):
+    """The fetch that meets a handed-back Fair job on the list files it in its key's line, and its reply is lost:
+    the replay finds the job in the line once (not twice, not back on the list), and each job of the key starts once,
+    in its line's order."""
+    q = PolicyQueue('fair', connection=connection)
+    a = [work(q, 'a') for _ in range(2)]
+    assert take(connection, 1) == [a[0].id]
+    connection.lrem(q.intermediate_queue_key, 1, a[0].id)
+    connection.lpush(q.key, a[0].id)  # back on the list, as a hand-back or rq's requeue leaves it
+    assert Fair.pause(SCOPE, 'a', connection=connection) is True  # the fetch files it and takes nothing
+    proxied = _proxied(fault_proxy)
+    try:
+        fault_proxy.drop_reply(match=b'EVAL')
+        assert isinstance(fetch(proxied), Look)
+        assert fault_proxy.seen(b'EVAL') >= 2
+    finally:
+        proxied.close()
+    assert connection.llen(q.key) == 0
+    assert Fair.waiting('fair', SCOPE, 'a', connection=connection) == [a[0].id, a[1].id]
+    assert Fair.resume(SCOPE, 'a', connection=connection) is True
+    assert take(connection, 3) == [a[0].id, a[1].id, None]

@@ -545,12 +545,14 @@ def test_a_start_caught_by_a_failover_runs_the_job_once(cluster, valkey_cluster,
         log.close()
         if primary.process is not None and primary.process.poll() is not None:
             primary.start()  # back as a replica of the promoted one (its nodes.conf says so)
-    output = (tmp_path / 'worker.log').read_text()[-4000:]
+    whole = (tmp_path / 'worker.log').read_text()
+    output = whole[-4000:]  # what a failure shows; the warning is looked for in the whole log (the worker's
+    # tracebacks of its heartbeat during the failover can push it out of the tail: CI's run of 0c709f8)
     starts = [line.split()[0] for line in spans.read_text().splitlines() if ' start ' in line] if spans.exists() else []
     assert status == 'finished', output
     assert starts == [job.id], output
     assert alive, output
-    assert 'could not record the start of job gated-1' in output
+    assert 'could not record the start of job gated-1' in whole, output
 
 
 def test_producers_follow_a_slot_migration(cluster, valkey_cluster, capsys):

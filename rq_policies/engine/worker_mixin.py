@@ -16,6 +16,8 @@ from typing import Any
 import redis
 from rq.job import JobStatus
 from rq.queue import Queue
+from rq.suspension import WORKERS_SUSPENDED
+from rq.utils import now as rq_now
 from rq.worker import WorkerStatus
 
 from . import admission, compat, events, health, keys, ledger, scripts
@@ -40,6 +42,16 @@ HOLD_TTL_MARGIN = 60
 UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.ReadOnlyError)
 
 _mixed: dict[type, type] = {}
+
+#: A bare heartbeat (rq sends one before and one after each fetch) is not sent again when the worker's key got one
+#: this recently, with a ttl at least as long, and nothing rides it (a release, a state, a claim record to delete):
+#: the key's expiry moves by less than this, and the job's life saves two round trips. rq's dashboards read the
+#: worker's ``last_heartbeat`` this much older at most.
+HEARTBEAT_COALESCE_SECONDS = 1.0
+
+#: rq's work loop asks whether workers are suspended (``rq suspend``) before every fetch, one round trip of its own.
+#: The heartbeat the loop sends after each job asks it too; an answer this fresh stands for rq's question.
+SUSPENSION_FRESH_SECONDS = 1.0
 
 
 #: What a Redis Cluster client raises while a slot has no primary (a failover in progress) or no node answers.
@@ -152,6 +164,11 @@ class PolicyWorkerMixin:
         # The first Redis call of each turn of rq's work loop, where rq quits on any error but a timeout: an outage
         # that begins while a job runs would end the worker. Wait here for the server instead (once a second), so
         # the worker serves its queues again as soon as the server answers, with no restart.
+        # The heartbeat after the job just asked (heartbeat): not suspended a moment ago stands for rq's question.
+        asked = self._suspension_seen
+        self._suspension_seen = None  # used once: the next turn of the loop asks again
+        if asked is not None and not asked[1] and time.monotonic() - asked[0] < SUSPENSION_FRESH_SECONDS:
+            return None
         return self._through_outage(super().check_for_suspension, burst)  # type: ignore[misc]
 
     def _through_outage(self, call: Any, *args: Any, **kwargs: Any) -> Any:
@@ -257,8 +274,24 @@ class PolicyWorkerMixin:
             executions.pop(execution.id, None)
         raise _StartLost(job.id)
 
+    #: The worker's state as last sent to Redis (None: unknown), and an idle state not sent yet, which the next
+    #: heartbeat carries (:meth:`set_state`).
+    _state_sent: Any = None
+    _state_unsent: Any = None
+    #: When the worker's key last got a heartbeat (monotonic) and with which ttl (:data:`HEARTBEAT_COALESCE_SECONDS`).
+    _beat: tuple[float, int] | None = None
+    #: ``(monotonic time, answer)`` of the last suspension question a heartbeat carried (:meth:`check_for_suspension`).
+    _suspension_seen: tuple[float, bool] | None = None
+
     def set_state(self, state: Any, pipeline: Any = None) -> None:
+        if pipeline is None and state == WorkerStatus.IDLE:
+            # rq marks the worker idle after each job and again before each fetch, a round trip each: the first rides
+            # the heartbeat rq's work loop sends right after the job, the second is already there.
+            self._state = state  # what rq's get_state answers (rq keeps it there, and writes it in its set_state)
+            self._state_unsent = None if self._state_sent == state else state
+            return
         super().set_state(state, pipeline=pipeline)  # type: ignore[misc]
+        self._state_sent, self._state_unsent = state, None
         # rq's prepare_execution writes the job's execution and the worker's busy state on one pipeline, before the
         # work horse is forked: the question whether the fetch's take is still this worker's rides it (no round trip
         # of its own). Once the execution exists no hand-back takes the job, so the answer holds until the start.
@@ -350,8 +383,8 @@ class PolicyWorkerMixin:
             return False  # the server went away again: its take lapsed, another PolicyWorker hands it back
 
     def _record_end(self, record: Any, job: Any, *args: Any, **kwargs: Any) -> Any:
-        """``record(job, ...)``: rq's writes of a job's end (``handle_execution_ended``, ``handle_job_success``,
-        ``handle_job_failure``, ``handle_job_retry``, a policy's take-over), riding out the server going away.
+        """``record(job, ...)``: rq's writes of a job's end (``handle_job_success``, ``handle_job_failure``,
+        ``handle_job_retry``, a policy's take-over), riding out the server going away.
 
         rq lets such an error escape: the job, which ran, stays *started* in Redis (a forked work horse exits 1,
         and its worker fails it as "terminated unexpectedly"; or, the server still away, rq's cleanup of the started
@@ -525,8 +558,11 @@ class PolicyWorkerMixin:
     _refresh_on_heartbeat = True
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        ttl = timeout or self.worker_ttl + 60  # type: ignore[attr-defined]  # rq's own default
         if pipeline is not None:
             super().heartbeat(timeout, pipeline=pipeline)  # type: ignore[misc]
+            self._beat = (time.monotonic(), ttl)
+            self._send_state(pipeline)
             self._forget_records(pipeline)
             self._evictions.ride(pipeline, self.connection)  # type: ignore[attr-defined]
             if not self._refresh_on_heartbeat:
@@ -543,20 +579,49 @@ class PolicyWorkerMixin:
         # after each job; the fetch that follows meets the same error inside rq's reconnect loop instead, which
         # retries every second (max_connection_wait_time), so the worker carries on once the server is back.
         pending = list(self._pending_releases)
+        beat = self._beat
+        if not pending and self._state_unsent is None and not self._records_to_forget() and beat is not None and \
+                beat[1] >= ttl and time.monotonic() - beat[0] < HEARTBEAT_COALESCE_SECONDS:
+            return  # the key got one a moment ago, and nothing rides this one (HEARTBEAT_COALESCE_SECONDS)
+        state = None
         try:
             with self.connection.pipeline(transaction=False) as pipe:  # type: ignore[attr-defined]
                 super().heartbeat(timeout, pipeline=pipe)  # type: ignore[misc]
+                state = self._send_state(pipe)
                 self._forget_records(pipe)
                 self._evictions.ride(pipe, self.connection)  # type: ignore[attr-defined]
                 for claim in pending:
                     release_claim(claim, pipe)
-                pipe.execute()
+                at = len(pipe)
+                pipe.exists(WORKERS_SUSPENDED)  # rq's next question (check_for_suspension), answered here
+                replies = pipe.execute()
         except Exception as exc:
             if not away(exc):
                 raise
+            self._state_unsent = state or self._state_unsent
             self.log.warning('rq-policies: heartbeat failed, Redis unreachable (%s); retrying', exc)  # type: ignore[attr-defined]
             return
+        now = time.monotonic()
+        self._beat = (now, ttl)
+        self._suspension_seen = (now, bool(replies[at]))
         del self._pending_releases[: len(pending)]
+
+    def _send_state(self, pipeline: Any) -> Any:
+        """Queue on ``pipeline`` the idle state :meth:`set_state` left unsent, if any; that state (None: none)."""
+        state, self._state_unsent = self._state_unsent, None
+        if state is not None:
+            super().set_state(state, pipeline=pipeline)  # type: ignore[misc]
+            self._state_sent = state
+        return state
+
+    def _records_to_forget(self) -> bool:
+        """Are there claim records :meth:`_forget_records` would delete now?"""
+        records = self._policy_fetcher.records
+        if not records:
+            return False
+        claim = self._policy_fetcher.claim
+        kept = {claim.record if claim is not None else '', self._running_record}
+        return any(record not in kept for record in records)
 
     def _forget_records(self, pipeline: Any) -> None:
         """Delete, on ``pipeline``, the claim records of fetches whose reply has arrived (no replay can come now),
@@ -721,7 +786,10 @@ class PolicyWorkerMixin:
             job.execute_failure_callback = lambda *args, **kwargs: None
             self._drop_execution(job, getattr(self, 'execution', None))
             return
-        self._record_end(super().handle_execution_ended, job, queue, heartbeat_ttl)  # type: ignore[misc]
+        # rq's own marks the end and writes the job's last_heartbeat, a round trip of its own right before the end of
+        # run's transaction, which saves the job's hash with that field (rq's to_dict) on every ending rq records:
+        # it rides there.
+        job.ended_at = job.last_heartbeat = rq_now()
         self._policy_taken = self._policy_error = None
         if not LEGACY_FAILURE or exc_info[1] is None or job.get_status(refresh=False) != JobStatus.FAILED:
             return

@@ -181,3 +181,26 @@ def announced() -> list[str]:
     """Run in a work horse: the lib-name and lib-ver the horse's own connection sent with CLIENT SETINFO."""
     info = get_current_job().connection.client_info()
     return [info.get('lib-name', ''), info.get('lib-ver', '')]
+
+
+def suspend_workers(tag):
+    """Suspend every worker (``rq suspend``) from inside a job, and record that it ran."""
+    from rq.suspension import suspend
+
+    job = get_current_job()
+    conn = _conn()
+    conn.rpush(f'test:ran:{tag}', job.id)
+    suspend(conn)
+    return tag
+
+
+def worker_state(tag):
+    """Record the state and ttl of the worker running this job, as Redis has them while it runs."""
+    from rq.worker import Worker
+
+    job = get_current_job()
+    conn = _conn()
+    key = Worker.redis_worker_namespace_prefix + job.worker_name
+    state = conn.hget(key, 'state')
+    conn.rpush(f'test:state:{tag}', f'{state.decode() if state else None} {conn.ttl(key)}')
+    return tag

@@ -114,6 +114,26 @@ def persist_job(queue: Queue, job: Job, pipeline: Any, status: JobStatus) -> Non
     queue._persist_job(job, pipeline, status=status)
 
 
+#: rq 3's start (``Worker.prepare_job_execution``) persists the job's hash; rq 2.12's does not.
+START_PERSISTS = RQ3
+
+
+def started_locally(worker: Any, job: Job, at: Any) -> None:
+    """The job object's fields as rq's ``Job.prepare_for_execution`` sets them, for a start ``lua/start.lua`` wrote
+    (``job._status``: rq has no setter that does not also write)."""
+    job.worker_name = worker.name
+    job.last_heartbeat = job.started_at = at
+    job._status = JobStatus.STARTED
+
+
+def current_job(worker: Any, job: Job, pipeline: Any) -> None:
+    """Queue on ``pipeline`` what rq 2.12's start writes on the worker's hash besides (the current job and its
+    working time); rq 3 keeps those in its executions, and writes none."""
+    if not RQ3:
+        worker.set_current_job_id(job.id, pipeline=pipeline)
+        worker.set_current_job_working_time(0, pipeline=pipeline)
+
+
 def given_id(job: Job) -> str | None:
     """``job``'s id if it has one yet, without generating one as ``job.id`` does (``job._id``, for a repr)."""
     return job._id

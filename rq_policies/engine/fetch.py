@@ -152,6 +152,9 @@ class Fetcher:
         #: Whether the take of ``starting`` was still this worker's once rq wrote the job's execution
         #: (``lua/claim_start.lua``): None until that answer is read.
         self.start_state: bool | None = None
+        #: ``(job id, start time)`` of the job ``lua/start.lua`` started on rq's prepare_execution pipeline: rq's own
+        #: start (prepare_job_execution) is not sent again for it.
+        self.started: tuple[str, Any] | None = None
         #: When this worker next hands back the lapsed takes of its queues (:meth:`hand_back`; monotonic seconds).
         self.hand_back_at = 0.0
         #: The queues known full, left out of the fetch calls (:meth:`fetch_queues`): name -> when (monotonic
@@ -201,7 +204,7 @@ class Fetcher:
 
     def on_claim(self, claim: Claim) -> None:
         self.claim = claim
-        self.starting, self.start_state = claim, None
+        self.starting, self.start_state, self.started = claim, None, None
         if claim.record:
             self.records.append(claim.record)
         for hold in claim.holds:

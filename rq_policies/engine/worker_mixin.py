@@ -18,6 +18,7 @@ from rq.job import JobStatus
 from rq.queue import Queue
 from rq.suspension import WORKERS_SUSPENDED
 from rq.utils import now as rq_now
+from rq.utils import utcformat
 from rq.worker import WorkerStatus
 
 from . import admission, compat, events, health, keys, ledger, scripts
@@ -136,6 +137,9 @@ class PolicyWorkerMixin:
         self._policy_fetcher = WakeFetcher(self.hold_ttl)
         self._pending_releases: list[Claim] = []  # finished claims whose hold is not released yet
         self._running_claim: Claim | None = None  # the claim of the job executing now
+        #: Executions of the job being started that a failed attempt wrote, or may have: deleted by the next look
+        #: that reaches the server (_fetch_stands), not before (a look the server refused deleted nothing).
+        self._stale_executions: list[Any] = []
         #: The job executing now and the admission policies its end-of-run release runs (``Claim.ending``): None when
         #: unknown (every one runs).
         self._running_ending: tuple[str, tuple[str, ...] | None] | None = None
@@ -234,6 +238,15 @@ class PolicyWorkerMixin:
     _starting_job: str | None = None
 
     def prepare_job_execution(self, job: Any, remove_from_intermediate_queue: bool = False) -> None:
+        started = self._policy_fetcher.started
+        if started is not None and started[0] == job.id:
+            # lua/start.lua wrote the start on rq's prepare_execution pipeline (_ask_start): what rq's own would send
+            # here is there already, one round trip less per job.
+            self._policy_fetcher.started = None
+            self._policy_fetcher.starting = None
+            compat.started_locally(self, job, started[1])
+            self.procline(f'Processing {job.func_name} from {job.origin} since {time.time()}')  # type: ignore[attr-defined]
+            return
         # Our fetch always moves the id to the intermediate list, multi-queue workers included, so it always has to
         # come off it when the job starts (stock rq only removes it for single-queue workers).
         self._starting_job = job.id
@@ -245,9 +258,16 @@ class PolicyWorkerMixin:
         if starting is not None and starting.job_id == job.id:
             self._policy_fetcher.starting = None  # started: its take went with the start
 
+    #: The job rq's prepare_execution is writing the execution of (:meth:`set_state` starts it on that pipeline).
+    _preparing: Any = None
+
     def prepare_execution(self, job: Any) -> Any:
         # The worker's side of a start (rq's Execution, the worker busy), just before the fork: the same outage.
-        execution = self._record_start(super().prepare_execution, job, parent=True)  # type: ignore[misc]
+        self._preparing = job
+        try:
+            execution = self._record_start(super().prepare_execution, job, parent=True)  # type: ignore[misc]
+        finally:
+            self._preparing = None
         fetcher = self._policy_fetcher
         claim = fetcher.starting
         if claim is None or claim.job_id != job.id:
@@ -298,7 +318,37 @@ class PolicyWorkerMixin:
         claim = self._policy_fetcher.starting
         if pipeline is not None and state == WorkerStatus.BUSY and claim is not None and \
                 self._policy_fetcher.start_state is None:
-            self._ask_take(pipeline, claim)
+            job = self._preparing
+            if job is not None and job.id == claim.job_id:
+                self._ask_start(pipeline, claim, job)
+            else:
+                self._ask_take(pipeline, claim)
+
+    def _ask_start(self, pipeline: Any, claim: Claim, job: Any) -> None:
+        """Queue on ``pipeline`` (rq's prepare_execution) the job's start, guarded by the question
+        :meth:`_ask_take` asks (``lua/start.lua``), with the worker's heartbeat rq's prepare_job_execution sends: that
+        pipeline, a round trip of its own, is then not sent (:meth:`prepare_job_execution`). The answer is read when
+        the pipeline executes (``Fetcher.start_state``; ``Fetcher.started`` once the job is started)."""
+        fetcher = self._policy_fetcher
+        self.heartbeat(self.get_heartbeat_ttl(job), pipeline=pipeline)  # type: ignore[attr-defined]
+        at_time = rq_now()
+        at = len(pipeline)  # see _ask_take
+        queue = next((q for q in self.queues if q.name == claim.queue_name), None)  # type: ignore[attr-defined]
+        if queue is None:
+            queue = self.queue_class(claim.queue_name, connection=self.connection)  # type: ignore[attr-defined]
+        scripts.run('start', pipeline, [keys.taken(claim.queue_name), claim.record, job.key,
+                                         queue.intermediate_queue_key],
+                    [job.id, claim.fetch_token, utcformat(at_time), self.name,  # type: ignore[attr-defined]
+                     '1' if compat.START_PERSISTS else '0'])
+        compat.current_job(self, job, pipeline)  # rq 2.12's start also names the job on the worker's hash
+
+        def read(replies: list[Any]) -> None:
+            if fetcher.starting is claim and at < len(replies) and not isinstance(replies[at], Exception):
+                fetcher.start_state = replies[at] == 1
+                if fetcher.start_state:
+                    fetcher.started = (job.id, at_time)
+
+        on_next_execute(pipeline, read)
 
     def _ask_take(self, pipeline: Any, claim: Claim) -> None:
         """Queue on ``pipeline`` the question ``lua/claim_start.lua`` answers: is the take of ``claim`` still this
@@ -434,13 +484,16 @@ class PolicyWorkerMixin:
     def _fetch_stands(self, job: Any, parent: bool) -> bool:
         """Does the fetch that took ``job`` still stand (:meth:`_record_start`)? In the worker, rq's executions of the
         job a failed attempt may have written are deleted first (each attempt makes one)."""
+        stale = self._stale_executions
+        if parent:
+            stale.extend(compat.started_executions(self, job))  # kept until their deletion is sent and answered
         with self.connection.pipeline(transaction=False) as pipe:  # type: ignore[attr-defined]
-            if parent:
-                for execution in compat.started_executions(self, job):
-                    execution.delete(job=job, pipeline=pipe)
+            for execution in stale:
+                execution.delete(job=job, pipeline=pipe)
             pipe.exists(self._running_record)
             pipe.hmget(job.key, 'status', 'worker_name')
             replies = pipe.execute()
+        stale.clear()
         status, worker = replies[-1]
         if status is not None and text(status) == JobStatus.STARTED and worker is not None and (
                 text(worker) == self.name):  # type: ignore[attr-defined]
@@ -673,7 +726,7 @@ class PolicyWorkerMixin:
             # The stop landed while a fetch's reply was on its way: its claim record says what it took, if anything.
             claim = fetcher.lost_claim(self.connection)  # type: ignore[attr-defined]
             fetcher.resume_token = None
-        fetcher.starting, fetcher.start_state = None, None
+        fetcher.starting, fetcher.start_state, fetcher.started = None, None, None
         if claim is not None:
             handed: list[Any] = []
             with contextlib.suppress(*UNREACHABLE):

@@ -167,6 +167,76 @@ def test_the_start_check_answers_whether_the_take_is_still_the_workers(connectio
     assert check('taker:1') == 0  # handed back: this worker must not start it
 
 
+def _start(client, claim, token, at='2026-12-07T10:00:00.000000Z'):
+    q = PolicyQueue('hb', connection=client)
+    return scripts.run('start', client, [keys.taken('hb'), keys.claim(token), Job.key_for(claim.job_id),
+                                          q.intermediate_queue_key], [claim.job_id, token, at, 'w1', '1'])
+
+
+def _started_fields(connection, job_id):
+    return {k.decode(): v.decode() for k, v in connection.hgetall(Job.key_for(job_id)).items()
+            if k.decode() in ('status', 'started_at', 'last_heartbeat', 'worker_name')}
+
+
+def test_the_start_writes_rqs_start_only_while_the_take_is_the_workers(connection):
+    """lua/start.lua: the start check and the start it guards in one step (issue 34: rq's own start pipeline is not
+    sent again). A take handed back is not started; a take that is the worker's is started as rq starts a job."""
+    q = PolicyQueue('hb', connection=connection)
+    job = q.enqueue(jobs.plain, 1, ttl=600)
+    claim = take_one(connection)
+    assert _start(connection, claim, 'someone-else') == 0
+    assert _started_fields(connection, job.id)['status'] == 'queued' and intermediate(connection, 'hb') == [job.id]
+    assert _start(connection, claim, 'taker:1') == 1
+    assert _started_fields(connection, job.id) == {
+        'status': 'started', 'started_at': '2026-12-07T10:00:00.000000Z',
+        'last_heartbeat': '2026-12-07T10:00:00.000000Z', 'worker_name': 'w1'}
+    assert connection.ttl(job.key) == -1  # persisted, as rq 3's start does
+    assert intermediate(connection, 'hb') == [] and taken(connection, 'hb') == {}
+    assert Job.fetch(job.id, connection=connection).get_status() == JobStatus.STARTED  # rq reads it as its own
+    lapse(connection, claim)  # a replay after a long outage: the record lapsed, the job started by this worker
+    assert _start(connection, claim, 'taker:1', at='2026-12-07T10:00:09.000000Z') == 1
+    assert _started_fields(connection, job.id)['started_at'] == '2026-12-07T10:00:09.000000Z'
+    connection.hset(job.key, 'worker_name', 'w2')  # ... but started by another worker since: not this one's
+    assert _start(connection, claim, 'taker:1') == 0
+
+    other = q.enqueue(jobs.plain, 2)
+    claim = take_one(connection, token='taker:2')
+    assert claim.job_id == other.id
+    lapse(connection, claim)
+    hand_back(connection, [q])
+    assert _start(connection, claim, 'taker:2') == 0  # handed back: not started here
+    assert _started_fields(connection, other.id)['status'] == 'queued' and waiting(connection, 'hb') == [other.id]
+
+
+@pytest.mark.parametrize('fault', ['drop', 'delay', 'stall'])
+def test_a_start_whose_reply_is_lost_is_written_once_and_answers_the_same(connection, fault_proxy, fault):
+    q = PolicyQueue('hb', connection=connection)
+    job = q.enqueue(jobs.plain, 1)
+    behind = q.enqueue(jobs.plain, 2)
+    claim = take_one(connection)
+    connection.script_load(scripts.script('start').script)  # the first attempt runs it (not a NOSCRIPT answer)
+    client = Redis.from_url(fault_proxy.url, socket_timeout=0.2, socket_connect_timeout=1,
+                            retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 3),
+                            retry_on_error=[ConnectionError, TimeoutError])
+    client.ping()
+    try:
+        match = (b'EVALSHA', scripts.script('start').sha.encode())
+        if fault == 'drop':
+            fault_proxy.drop_reply(match=match)
+        elif fault == 'delay':
+            fault_proxy.delay_reply(0.4, match=match)
+        else:
+            fault_proxy.stall(0.4, match=match)
+        answer = _start(client, claim, 'taker:1')
+        assert fault_proxy.seen(match) >= 2  # the call was sent again
+    finally:
+        client.close()
+    assert answer == 1  # the replay answers what the first run did
+    assert _started_fields(connection, job.id)['status'] == 'started'
+    assert intermediate(connection, 'hb') == [] and taken(connection, 'hb') == {}
+    assert waiting(connection, 'hb') == [behind.id]  # nothing else moved
+
+
 def test_a_worker_reads_the_start_check_at_its_own_place_in_rqs_start_pipeline(connection):
     """The start check rides rq's start pipeline, after commands of rq's own; its answer is read by its index in the
     replies. On a Redis Cluster the pipeline keeps its commands in its execution strategy's queue, not in

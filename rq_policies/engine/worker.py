@@ -199,13 +199,27 @@ class PolicySimpleWorker(PolicyWorkerMixin, SimpleWorker):
 
     _keeper: ledger.WorkerKeeper | None = None
     _refresh_on_heartbeat = False  # the fetch took the holds a moment ago with a full ttl; the keeper refreshes them
+    _bookkeeping_on_end = True  # the job ran in this process: the end of run's transaction carries the worker's too
 
     def _check_hold_ttl(self, ttl: int, interval: int) -> None:
         return None
 
+    #: What refreshes the running job's holds: None (nothing to refresh), 'thread' (fakeredis), 'process' (the
+    #: worker's keeper) or 'none' (no keeper could start).
+    _kept_by: str | None = None
+
+    def _holds_quiet(self) -> bool:
+        # The end of run's transaction may release the holds once the keeper has let them go (its disarm waits for a
+        # refresh in flight and stops the next): the same step _keeping takes after the job, taken a moment sooner.
+        if self._kept_by == 'process' and self._keeper is not None:
+            self._keeper.disarm()
+            return True
+        return self._kept_by in (None, 'none')
+
     @contextlib.contextmanager
     def _keeping(self) -> Iterator[None]:
         holds = ledger.PROCESS.holds()
+        self._kept_by = None
         if not holds:
             yield
             return
@@ -214,10 +228,12 @@ class PolicySimpleWorker(PolicyWorkerMixin, SimpleWorker):
             keeper = Keeper(
                 self.connection, ledger.PROCESS, self.hold_ttl / 3, ttl=self.hold_ttl, log=self.log,  # type: ignore[operator, attr-defined]
             ).start()
+            self._kept_by = 'thread'
             try:
                 yield
             finally:
                 keeper.stop()  # before any release: no refresh may write a released hold back
+                self._kept_by = None
             return
         if self._keeper is None:
             self._keeper = ledger.WorkerKeeper(
@@ -229,11 +245,13 @@ class PolicySimpleWorker(PolicyWorkerMixin, SimpleWorker):
             self.log.warning('rq-policies: could not start the hold keeper; the holds of job %s are not refreshed '  # type: ignore[attr-defined]
                              'while it runs', holds[0].job, exc_info=True)
             armed = False
+        self._kept_by = 'process' if armed else 'none'
         try:
             yield
         finally:
             if armed:
                 self._keeper.disarm()  # before any release: no refresh may write a released hold back
+            self._kept_by = None
 
     def teardown(self) -> None:
         try:

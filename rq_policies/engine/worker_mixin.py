@@ -518,15 +518,23 @@ class PolicyWorkerMixin:
         def execute_last(*args: Any, **kwargs: Any) -> Any:
             pipeline.execute = execute  # once: a pipeline retried after a WatchError comes back through here
             admission.ended(pipeline, prefix, job_id, ending)
+            read = self._ride_end(pipeline, job_id)
+
+            def send(*args: Any, **kwargs: Any) -> Any:
+                replies = execute(*args, **kwargs)
+                if read is not None:
+                    read(replies)
+                return replies
+
             if getattr(pipeline, 'watching', False) or getattr(job, 'worker_name', None) != self.name:  # type: ignore[attr-defined]
-                return execute(*args, **kwargs)  # rq retries a watched one itself (WatchError), the rest: _record_end
+                return send(*args, **kwargs)  # rq retries a watched one itself (WatchError), the rest: _record_end
             # rq's failure path swallows its pipeline's error ("failed to persist failure of job"): ride the server's
             # absence out here, the same transaction sent again unless it was written (_record_end).
             stack, explicit = list(pipeline.command_stack), pipeline.explicit_transaction
 
             def again(job: Any) -> Any:
                 pipeline.command_stack, pipeline.explicit_transaction = list(stack), explicit
-                return execute(*args, **kwargs)
+                return send(*args, **kwargs)
 
             def written(job: Any) -> bool:
                 # The transaction takes the execution off the started registry (rq's cleanup_execution): gone, it was
@@ -536,7 +544,7 @@ class PolicyWorkerMixin:
                 return self.connection.zscore(job.started_job_registry.key, execution.composite_key) is None  # type: ignore[attr-defined]
 
             try:
-                return execute(*args, **kwargs)
+                return send(*args, **kwargs)
             except Exception as exc:
                 if not away(exc):
                     raise
@@ -544,6 +552,54 @@ class PolicyWorkerMixin:
             return self._record_end(again, job, first_error=error, written=written)
 
         pipeline.execute = execute_last
+
+    #: Does the end of run's transaction carry the worker's own bookkeeping after the job (:meth:`_ride_end`)? Where
+    #: the job runs in the worker's process; a forked work horse writes the end, and the worker is busy until it
+    #: has reaped the horse.
+    _bookkeeping_on_end = False
+
+    def _ride_end(self, pipeline: Any, job_id: str) -> Any:
+        """Queue on the end of run's transaction what the heartbeat rq's work loop sends after the job would carry:
+        the worker's heartbeat and idle state, the suspension question rq asks next, the deletion of the fetch's
+        claim record (the job has run: no start is recorded again), and the release of the claim's holds once nothing
+        refreshes them any more (:meth:`_holds_quiet`). That heartbeat then has nothing to carry and is not sent
+        (:data:`HEARTBEAT_COALESCE_SECONDS`), one round trip less per job, and the holds are free a moment sooner. The reader
+        of the transaction's replies, or None (nothing queued)."""
+        running = self._running_ending
+        if not self._bookkeeping_on_end or running is None or running[0] != job_id:
+            return None
+        claim = self._running_claim
+        if claim is None or claim.job_id != job_id or not claim.holds or not self._holds_quiet():
+            claim = None  # released after the job, by the heartbeat (or none to release)
+        else:
+            release_claim(claim, pipeline)  # the keeper stopped refreshing them: _holds_quiet
+        self.heartbeat(pipeline=pipeline)
+        super().set_state(WorkerStatus.IDLE, pipeline=pipeline)  # type: ignore[misc]
+        record = self._running_record
+        if record:
+            pipeline.delete(record)
+        at = len(pipeline)  # see _ask_take
+        pipeline.exists(WORKERS_SUSPENDED)
+        fetcher = self._policy_fetcher
+
+        def read(replies: list[Any]) -> None:
+            if at < len(replies) and not isinstance(replies[at], Exception):
+                self._suspension_seen = (time.monotonic(), bool(replies[at]))
+                self._state_sent = WorkerStatus.IDLE
+                if record and record in fetcher.records:
+                    fetcher.records.remove(record)
+                if claim is not None:
+                    self._released_on_end = claim
+
+        return read
+
+    #: The claim whose holds the end of run's transaction released (:meth:`_ride_end`): not released again.
+    _released_on_end: Claim | None = None
+
+    def _holds_quiet(self) -> bool:
+        """Has whatever refreshes the running job's holds stopped, for good, so that they may be released now (a
+        refresh in flight could write a released hold back)? Not known here: no."""
+        return False
 
     # -- the hold's life ------------------------------------------------------------------------------------------
 
@@ -582,8 +638,11 @@ class PolicyWorkerMixin:
             self._running_record = ''
         # Every other path (success, failure, retry, timeout, stop-job command, killed work horse, warm shutdown)
         # returns here after the job has ended. The release waits for the next heartbeat without a pipeline, which
-        # the work loop sends right after this; rq's own heartbeats *during* the job never carry it.
-        self._release_later(claim)
+        # the work loop sends right after this; rq's own heartbeats *during* the job never carry it. Unless the end
+        # of run's transaction carried it (_ride_end).
+        released, self._released_on_end = self._released_on_end, None
+        if released is None or released is not claim:
+            self._release_later(claim)
         return result
 
     def _job_process_ended(self) -> bool:

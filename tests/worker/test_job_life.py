@@ -72,3 +72,32 @@ def test_a_finished_job_has_rqs_fields(connection, worker_class):
     assert job.get_status() == JobStatus.FINISHED and job.return_value() == 7
     assert job.started_at <= job.ended_at and job.last_heartbeat is not None and job.last_heartbeat >= job.started_at
     assert job.worker_name is not None
+
+
+@pytest.mark.parametrize('capped', [False, True], ids=['uncapped', 'capped'])
+def test_a_simple_workers_end_of_run_carries_its_bookkeeping(connection, capped):
+    """PolicySimpleWorker: the end of run's transaction carries the worker's heartbeat, idle state, the suspension
+    question, the fetch's claim record's deletion and (the keeper disarmed first) the release of the job's holds, so
+    the heartbeat rq's work loop sends after the job has nothing left to carry: right after execute_job, before any
+    other call, the queue's hold is free, the claim record gone and the worker idle in Redis."""
+    from rq_policies import QueueSlot
+    from rq_policies.engine import keys
+
+    queue = PolicyQueue('life', connection=connection)
+    if capped:
+        QueueSlot.set('life', 1, connection=connection)
+    queue.enqueue(jobs.plain, 1)
+    worker = PolicySimpleWorker([queue], connection=connection)
+    worker.bootstrap()
+    try:
+        job, q = worker.dequeue_job_and_maintain_ttl(None)
+        if capped:
+            assert QueueSlot.status('life', connection=connection).in_use == 1
+        worker.execute_job(job, q)
+        assert QueueSlot.status('life', connection=connection).in_use == 0
+        assert worker._pending_releases == []  # nothing left for the heartbeat to carry
+        assert list(connection.scan_iter(match=keys.claim('*'))) == []
+        assert connection.hget(worker.key, 'state') == b'idle'
+        assert Job.fetch(job.id, connection=connection).get_status() == JobStatus.FINISHED
+    finally:
+        worker.teardown()

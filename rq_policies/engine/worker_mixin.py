@@ -563,8 +563,8 @@ class PolicyWorkerMixin:
         the worker's heartbeat and idle state, the suspension question rq asks next, the deletion of the fetch's
         claim record (the job has run: no start is recorded again), and the release of the claim's holds once nothing
         refreshes them any more (:meth:`_holds_quiet`). That heartbeat then has nothing to carry and is not sent
-        (:data:`HEARTBEAT_COALESCE_SECONDS`), one round trip less per job, and the holds are free a moment sooner. The reader
-        of the transaction's replies, or None (nothing queued)."""
+        (:data:`HEARTBEAT_COALESCE_SECONDS`), one round trip less per job, and the holds are free a moment sooner.
+        The reader of the transaction's replies, or None (nothing queued)."""
         running = self._running_ending
         if not self._bookkeeping_on_end or running is None or running[0] != job_id:
             return None

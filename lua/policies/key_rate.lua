@@ -62,7 +62,7 @@ local function kr_state(ctx, key_id, windows)
 end
 
 function P.key_rate.admit_job(ctx, jid, raw, paid)
-  local windows, key_id = kr_parse(ctx, raw)
+  local windows, key_id, cost = kr_parse(ctx, raw)
   if not windows then
     return nil -- not written by Rate (which validates): ignored rather than blocking forever
   end
@@ -75,8 +75,11 @@ function P.key_rate.admit_job(ctx, jid, raw, paid)
   if paid then
     return nil
   end
-  local _, allowed_at = kr_state(ctx, key_id, windows)
+  local tats, allowed_at = kr_state(ctx, key_id, windows)
   if allowed_at <= ctx.now and redis.call('LLEN', parked) == 0 then
+    -- what the take of this job reads again, unless another part refuses it (nothing else in this
+    -- script writes the key's rate or arrival times in between)
+    ctx.key_rate_allowed = {jid, windows, key_id, cost, tats}
     return nil
   end
   return {parked = parked, member = member, due = math.max(allowed_at, ctx.now), head = false}
@@ -87,8 +90,14 @@ function P.key_rate.take_job(ctx, jid, raw, paid)
     redis.call('HDEL', key_of(ctx.kp.job, jid), 'policies_key_rate_paid')
     return 0
   end
-  local windows, key_id, cost = kr_parse(ctx, raw)
-  local tats = kr_state(ctx, key_id, windows)
+  local windows, key_id, cost, tats
+  local allowed = ctx.key_rate_allowed
+  if allowed and allowed[1] == jid then
+    windows, key_id, cost, tats = allowed[2], allowed[3], allowed[4], allowed[5]
+  else
+    windows, key_id, cost = kr_parse(ctx, raw)
+    tats = kr_state(ctx, key_id, windows)
+  end
   rate_take(windows, tats, cost)
   rate_store(key_of(ctx.kp.tat, key_id), windows, tats, ctx.now)
   return 0

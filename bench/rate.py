@@ -10,8 +10,10 @@ starts its own server with rq_policies.surfaces.testing.RedisServer.
   (INFO commandstats, usec_per_call of EVALSHA), each call with a fresh claim token (as each worker fetch has; one
   token again is a replay the claim record answers), rounds interleaved: without the rate's part in the gate order (the
   engine as before QueueRate), with it on an unlimited queue, on a limited queue that allows the start, and on one
-  that refuses it. Ratios against the first; the difference to "limited, allows" is what the rate check costs
-  (target <= 10 us).
+  that refuses it; the same two with a rate of two windows (``QueueRate.set(queue, windows=...)``); and jobs of a
+  per-key Rate of one window and of two (``Rate(windows=...)``, checked and taken by the same fetch). Ratios against
+  the first; the difference to "limited, allows" is what the rate check costs (target <= 10 us), and the two-window
+  rows are also printed as ratios of their one-window rows (what a second window costs).
 * Achieved rate: 4 forking PolicyWorkers on a queue limited to ``--limit`` starts a second, burst 1, for
   ``--seconds``, with more than enough no-op jobs; the start times are taken in the worker right after each fetch.
   Achieved starts a second over the run, as a ratio of the limit (target 0.98 to 1.00).
@@ -73,23 +75,38 @@ def server_now(conn: Redis) -> float:
 
 # -- fetch cost -----------------------------------------------------------------------------------------------------
 
-FETCH_VARIANTS = ('without the rate part', 'unlimited queue', 'limited, allows', 'limited, refuses')
+FETCH_VARIANTS = ('without the rate part', 'unlimited queue', 'limited, allows', 'limited 2 windows, allows',
+                  'limited, refuses', 'limited 2 windows, refuses', 'key Rate, allows', 'key Rate 2 windows, allows')
+#: Each two-window row and the one-window row it is compared with.
+SECOND_WINDOW = (('limited 2 windows, allows', 'limited, allows'), ('limited 2 windows, refuses', 'limited, refuses'),
+                 ('key Rate 2 windows, allows', 'key Rate, allows'))
+BIG = 2**31 - 1
+#: The per-key rates' job fields (``policies_key_rate``): one window, and two, each allowing every start.
+KEY_FIELDS = {'key Rate, allows': f'{BIG} 1 {BIG} bench:k',
+              'key Rate 2 windows, allows': f'{BIG},{BIG} 1,3600 {BIG},{BIG} bench:k'}
 
 
 def _prepare(conn: Redis, variant: str, calls: int) -> object:
     conn.flushdb()
     name = 'cost'
     ids = [f'j{i}' for i in range(calls + 1)]  # the warm-up call takes one
+    field = KEY_FIELDS.get(variant)
     with conn.pipeline(transaction=False) as pipe:
         for jid in ids:
-            pipe.hset(f'rq:job:{jid}', 'status', 'queued')
+            pipe.hset(f'rq:job:{jid}', mapping={'status': 'queued', **({'policies_key_rate': field} if field else {})})
         pipe.rpush(f'rq:queue:{name}', *ids)
         pipe.execute()
-    if variant.startswith('limited, allows'):
-        QueueRate.set(name, 2**31 - 1, per=1, burst=2**31 - 1, connection=conn)
-    elif variant.startswith('limited, refuses'):
+    if variant == 'limited, allows':
+        QueueRate.set(name, BIG, per=1, burst=BIG, connection=conn)
+    elif variant == 'limited 2 windows, allows':
+        QueueRate.set(name, windows=[(BIG, 1, BIG), (BIG, 3600, BIG)], connection=conn)
+    elif variant == 'limited, refuses':
         QueueRate.set(name, 1, per=3600, connection=conn)
         conn.set(f'rq:policies:tat:{name}', f'{server_now(conn) + 3600:.6f} 3600', ex=3600)
+    elif variant == 'limited 2 windows, refuses':  # the second window refuses: both are read
+        QueueRate.set(name, windows=[(BIG, 1, BIG), (1, 3600)], connection=conn)
+        conn.set(f'rq:policies:tat:{name}', f'{server_now(conn):.6f} 0 1 {server_now(conn) + 3600:.6f} 3600 3600',
+                 ex=3600)
     call = fetch_call([Queue(name, connection=conn)], 'bench:1:1:1', 90)
     if variant == 'without the rate part':
         call.arg('order', [p.name for p in registered(FETCH) if p is not QueueRate])
@@ -199,6 +216,9 @@ def run(url: str, opts: argparse.Namespace) -> None:
         print(f'  {name:28} {usec:7.2f} us   x{usec / base:.3f}')
     extra = cost['limited, allows'] - base
     print(f'  the rate check costs {extra:+.2f} us per fetch (target <= 10 us): {"ok" if extra <= 10 else "MISSED"}')
+    for two, one in SECOND_WINDOW:
+        print(f'  a second window: {two!r} against {one!r}: {cost[two] - cost[one]:+.2f} us, '
+              f'x{cost[two] / cost[one]:.3f}')
 
     print(f'== achieved rate: 4 PolicyWorkers, {opts.limit} starts/s, burst 1, {opts.seconds:g} s')
     ratio, count = achieved_rate(conn, url, opts.limit, opts.seconds)

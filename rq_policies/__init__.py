@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .engine import __version__ as __version__
-from .engine.admin import Cap, KeyLimit, KeyRate, KeyStatus, SlotStatus
+from .engine.admin import Cap, KeyLimit, KeyRate, KeyStatus, RateWindow, SlotStatus
 from .engine.exceptions import (
     DuplicateJob,
     InvalidArgument,
@@ -65,6 +65,7 @@ __all__ = [
     'QueueSlot',
     'Rate',
     'RateStatus',
+    'RateWindow',
     'SlotStatus',
     'Snooze',
     'SnoozeLimitReached',

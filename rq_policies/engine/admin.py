@@ -16,6 +16,10 @@ Rate         scope, key  :class:`KeyRate` ``(limit, per, burst)``  :class:`RateS
 Fair         scope, key  :class:`FairWeight` ``(weight)``          :class:`FairStatus` (and a queue)
 ===========  ==========  ========================================  ================================
 
+QueueRate's and Rate's ``set`` also take ``windows=[(limit, per), (limit, per, burst), ...]`` instead of ``limit, per,
+burst``: a rate of several windows (:class:`RateWindow`), every one of which must allow a start; its setting then lists
+them (``windows``) and its ``status`` names the window holding the next start (``held_by``).
+
 Every ``set`` and ``clear`` is safe to send twice, and a replay after a lost reply answers what the first run did (a
 ``clear``, like Fair's ``pause``/``resume``, a ``reset``'s count and ``QueueSlot.release``, keeps its answer a minute
 under the call's request id: lua/lib/answer.lua); bad input raises :class:`InvalidSetting` (an InvalidArgument: a
@@ -44,7 +48,8 @@ from .policy import MAX_CAPACITY, positive_int, whole_seconds
 from .reading import declared_queue, known_queue
 
 __all__ = ['Cap', 'FairPause', 'FairStatus', 'FairWeight', 'GcraRate', 'KeyLimit', 'KeyRate', 'KeyStatus', 'RateStatus',
-           'SlotStatus', 'check_rate', 'clear_setting',
+           'RateWindow', 'SlotStatus', 'check_rate', 'check_windows', 'clear_setting', 'rate_setting', 'read_rate',
+           'settle_rate', 'windows_of',
            'deprecated', 'queue_name', 'queue_target', 'rate_status', 'refusing', 'warn_unknown_queue',
            'write_queue_setting']
 
@@ -173,7 +178,10 @@ def write_queue_setting(connection: Any, settings: str, queue: str, value: str |
 
 class GcraRate:
     """What a GCRA rate (``limit`` starts every ``per`` seconds, up to ``burst`` at once) derives from its numbers;
-    shared by QueueRate, the per-key Rate and :class:`KeyRate`."""
+    shared by QueueRate, the per-key Rate, :class:`KeyRate` and :class:`RateWindow`.
+
+    A rate of several windows (``windows``, each a :class:`RateWindow`) allows a start only when every window allows
+    one; its ``limit``, ``per`` and ``burst`` are its first window's, the one of the shortest period."""
 
     limit: int
     per: int
@@ -184,15 +192,59 @@ class GcraRate:
         """Seconds between two starts at the sustained rate (the GCRA's emission interval)."""
         return self.per / self.limit
 
+    def rate_words(self) -> str:
+        """The rate as ``info`` and ``explain`` print it: ``5/1s burst 2``, or its windows joined by `` + ``."""
+        return ' + '.join(f'{w.limit}/{w.per}s burst {w.burst}' for w in getattr(self, 'windows', None) or (self,))
+
 
 @dataclass(frozen=True)
-class KeyRate(GcraRate):
-    """One key's Rate set at run time: ``limit`` starts every ``per`` seconds, up to ``burst`` at once; it wins over
-    the rate its jobs declare."""
+class RateWindow(GcraRate):
+    """One window of a rate: ``limit`` starts every ``per`` seconds, up to ``burst`` at once (a GCRA on the server's
+    clock). A rate of several windows (``Rate(windows=...)``, ``QueueRate.set(queue, windows=...)``) lets a job start
+    only when every window allows a start, and the start counts in each."""
 
     limit: int
     per: int = 1
     burst: int = 1
+
+    def __post_init__(self) -> None:
+        check_rate(self.limit, self.per, self.burst)
+
+    @property
+    def windows(self) -> tuple[RateWindow, ...]:
+        """Itself, as the one window of a rate."""
+        return (self,)
+
+
+def settle_rate(rate: Any, windows: Any) -> None:
+    """Fill a frozen rate dataclass (:class:`KeyRate`, ``QueueRate``) from ``limit, per, burst`` or ``windows``
+    (:func:`windows_of`): its ``windows`` all of them, its ``limit``, ``per`` and ``burst`` the first's."""
+    found = windows_of(rate.limit, rate.per, rate.burst, windows)
+    first = found[0]
+    object.__setattr__(rate, 'windows', found)
+    object.__setattr__(rate, 'limit', first.limit)
+    object.__setattr__(rate, 'per', first.per)
+    object.__setattr__(rate, 'burst', first.burst)
+
+
+@dataclass(frozen=True)
+class KeyRate(GcraRate):
+    """One key's Rate set at run time: ``limit`` starts every ``per`` seconds, up to ``burst`` at once, or several
+    ``windows`` (:class:`RateWindow`; then ``limit``, ``per`` and ``burst`` are the first's); it wins over the rate
+    its jobs declare."""
+
+    limit: int = None  # type: ignore[assignment]  # None only with windows; set from them
+    per: int = 1
+    burst: int = 1
+    windows: tuple[RateWindow, ...] = None  # type: ignore[assignment]  # set: every window, shortest period first
+
+    def __post_init__(self) -> None:
+        settle_rate(self, self.windows)
+
+    def __repr__(self) -> str:
+        if len(self.windows) == 1:
+            return f'KeyRate(limit={self.limit}, per={self.per}, burst={self.burst})'
+        return f'KeyRate(windows={window_tuples(self.windows)})'
 
 
 @dataclass(frozen=True)
@@ -200,14 +252,19 @@ class RateStatus:
     """A limited queue's (or key's) rate right now (server clock).
 
     Attributes:
-        available: starts allowed at once now (0 to ``burst``; 0 also while a back-off blocks the queue).
-        next_at: the server time (epoch s) the next start is allowed (now, when one is available).
+        available: starts allowed at once now (0 to ``burst``; 0 also while a back-off blocks the queue); with
+            several windows, the fewest any window allows.
+        next_at: the server time (epoch s) the next start is allowed (now, when one is available); with several
+            windows, the latest of theirs.
         backoff_until: the server time a BackOff blocks the queue until, or None.
+        held_by: for a rate of several windows whose next start is not now, the window that holds it (the one
+            allowing it last); None otherwise.
     """
 
     available: int
     next_at: float
     backoff_until: float | None = None
+    held_by: RateWindow | None = None
 
 
 def check_rate(limit: Any, per: Any, burst: Any) -> None:
@@ -217,6 +274,86 @@ def check_rate(limit: Any, per: Any, burst: Any) -> None:
     positive_int('burst', burst, MAX_CAPACITY)
     if burst > limit:
         raise InvalidArgument('burst', message=f'burst must be at most limit ({limit}), got {burst!r}')
+
+
+#: The most windows one rate may have: the fetch script reads and writes each on every start.
+MAX_WINDOWS = 8
+
+
+def window_tuples(windows: tuple[RateWindow, ...]) -> list[tuple[int, int, int]]:
+    """``[(limit, per, burst), ...]``: windows as ``windows=`` takes them (and their repr shows them)."""
+    return [(w.limit, w.per, w.burst) for w in windows]
+
+
+def check_windows(windows: Any) -> tuple[RateWindow, ...]:
+    """``windows`` (a non-empty list of ``(limit, per)``, ``(limit, per, burst)`` or :class:`RateWindow`, at most
+    :data:`MAX_WINDOWS`, no two with one period) as RateWindows, shortest period first; else an
+    :class:`InvalidArgument` naming ``windows``, the window at fault and the value."""
+
+    def refuse(problem: str) -> InvalidArgument:
+        return InvalidArgument('windows', message=(
+            f'windows must be a non-empty list of (limit, per) or (limit, per, burst), one per period, at most '
+            f'{MAX_WINDOWS}: {problem}; got windows={windows!r}'))
+
+    if not isinstance(windows, (list, tuple)):
+        raise refuse(f'a {type(windows).__name__} is not a list')
+    if not windows:
+        raise refuse('it is empty')
+    if len(windows) > MAX_WINDOWS:
+        raise refuse(f'{len(windows)} windows')
+    out: list[RateWindow] = []
+    for i, item in enumerate(windows):
+        if isinstance(item, RateWindow):
+            out.append(item)
+            continue
+        if not isinstance(item, (list, tuple)) or len(item) not in (2, 3):
+            raise refuse(f'windows[{i}] = {item!r} is not (limit, per) or (limit, per, burst)')
+        try:
+            out.append(RateWindow(*item))
+        except InvalidArgument as exc:
+            raise refuse(f'windows[{i}] = {item!r}: {exc}') from None
+    periods = [w.per for w in out]
+    twice = next((per for per in periods if periods.count(per) > 1), None)
+    if twice is not None:
+        raise refuse(f'per={twice} is given twice (one window per period)')
+    return tuple(sorted(out, key=lambda w: w.per))
+
+
+def windows_of(limit: Any, per: Any, burst: Any, windows: Any = None) -> tuple[RateWindow, ...]:
+    """The windows of a rate given as ``limit, per, burst`` (one) or as ``windows`` (:func:`check_windows`), checked:
+    an :class:`InvalidArgument` naming the argument and the value. ``limit, per, burst`` beside ``windows`` must be
+    unset (None, 1, 1) or its first window's."""
+    if windows is None:
+        check_rate(limit, per, burst)
+        return (RateWindow(limit, per, burst),)
+    found = check_windows(windows)
+    if limit is not None and (limit, per, burst) != window_tuples(found)[0]:
+        raise InvalidArgument('windows', message=(
+            f'windows replaces limit, per and burst: give one or the other, got limit={limit!r}, per={per!r}, '
+            f'burst={burst!r} and windows={windows!r}'))
+    return found
+
+
+def rate_setting(windows: tuple[RateWindow, ...]) -> str:
+    """A rate as the fetch script reads it, on a job hash and in the settings hashes: ``'<limits> <pers> <bursts>'``,
+    each a comma-separated list, one entry per window (``'5 1 2'``, one window, as before windows existed)."""
+    return ' '.join(','.join(str(getattr(w, name)) for w in windows) for name in ('limit', 'per', 'burst'))
+
+
+def read_rate(raw: Any) -> tuple[RateWindow, ...] | None:
+    """A rate as :func:`rate_setting` stores it (bytes or str), or None when ``raw`` is None or not one."""
+    if raw is None:
+        return None
+    words = text(raw).split(' ')
+    if len(words) != 3:
+        return None
+    columns = [word.split(',') for word in words]
+    if len({len(c) for c in columns}) != 1 or not all(n.isascii() and n.isdigit() for c in columns for n in c):
+        return None
+    try:
+        return tuple(RateWindow(int(limit), int(per), int(burst)) for limit, per, burst in zip(*columns))
+    except InvalidArgument:
+        return None
 
 
 def read_tat(raw: Any, interval: float, now: float) -> float:
@@ -232,19 +369,38 @@ def read_tat(raw: Any, interval: float, now: float) -> float:
     return now + (tat - now) / was * interval if was > 0 and was != interval else tat
 
 
+def read_tats(raw: Any, windows: tuple[RateWindow, ...], now: float) -> list[float]:
+    """Each window's arrival time under its interval, as ``lua/lib/rate_windows.lua`` reads them from one stored
+    string: ``'<tat> <interval>'`` (one window's layout: it counts for every window) or ``'<tat> <interval> <per>'``
+    per window (a window reads the entry of its period; none: nothing owed)."""
+    words = [] if raw is None else text(raw).split()
+    if len(words) <= 2:
+        return [read_tat(raw, w.interval, now) for w in windows]
+    stored = {words[n + 2]: f'{words[n]} {words[n + 1]}' for n in range(0, len(words) - 2, 3)}
+    return [read_tat(stored.get(str(w.per)), w.interval, now) for w in windows]
+
+
 def rate_status(rate: GcraRate | None, raw_tat: Any, blocked: Any, now: float) -> RateStatus | None:
-    """The :class:`RateStatus` of a rate whose stored arrival time is ``raw_tat`` and back-off end ``blocked`` (None:
-    none), at server time ``now``; None without a rate and a back-off."""
+    """The :class:`RateStatus` of a rate whose stored arrival times are ``raw_tat`` and back-off end ``blocked``
+    (None: none), at server time ``now``; None without a rate and a back-off. A rate of several windows: the fewest
+    starts any window allows, the latest next start and the window holding it."""
     until = float(blocked) if blocked is not None and float(blocked) > now else None
     if rate is None:
         return None if until is None else RateStatus(0, until, until)
-    tat = read_tat(raw_tat, rate.interval, now)
-    tolerance = (rate.burst - 1) * rate.interval
-    next_at = max(now, tat - tolerance)
-    available = min(rate.burst, max(0, math.floor((now + tolerance - tat) / rate.interval + 1e-9) + 1))
+    windows = getattr(rate, 'windows', None) or (rate,)
+    available, next_at, held_by = None, now, None
+    for window, tat in zip(windows, read_tats(raw_tat, windows, now)):
+        tolerance = (window.burst - 1) * window.interval
+        its_next = max(now, tat - tolerance)
+        its_available = min(window.burst, max(0, math.floor((now + tolerance - tat) / window.interval + 1e-9) + 1))
+        available = its_available if available is None else min(available, its_available)
+        if its_next > next_at:
+            next_at, held_by = its_next, window
+    assert available is not None
+    held_by = held_by if len(windows) > 1 else None
     if until is not None:
-        return RateStatus(0, max(next_at, until), until)
-    return RateStatus(available, next_at, None)
+        return RateStatus(0, max(next_at, until), until, held_by)
+    return RateStatus(available, next_at, None, held_by)
 
 
 def unknown_scope(policy: str, scope: str, hint: str) -> str:

@@ -157,9 +157,14 @@ class KeyedPolicy(FetchPolicy):
         """The policy's own part of the job field, before ``<scope>:<key>``."""
         raise NotImplementedError
 
+    @property
+    def cost_limit(self) -> int:
+        """The largest cost one job may have: ``limit`` (Rate with several windows: the smallest window's)."""
+        return self.limit
+
     def job_cost(self, job: Any) -> int:
         """How many units of its key's limit ``job`` uses: the policy's ``cost`` (an int, or ``(args, kwargs) ->
-        int`` called on the job's arguments), checked against ``limit`` as :func:`cost` does."""
+        int`` called on the job's arguments), checked against :attr:`cost_limit` as :func:`cost` does."""
         found = self.cost
         if not callable(found):
             return found
@@ -167,7 +172,7 @@ class KeyedPolicy(FetchPolicy):
             found = found(tuple(job.args), dict(job.kwargs))
         except Exception as exc:
             raise InvalidArgument('cost', message=f'{self!r}: the cost function failed on this call: {exc!r}') from exc
-        return cost(found, self.limit, f'{self!r} cost (the value the cost function returned)')
+        return cost(found, self.cost_limit, f'{self!r} cost (the value the cost function returned)')
 
     def job_fields(self, job: Any, queue: str, digest: str) -> list[str]:
         scope, key = self.key_of(job, digest)
@@ -175,8 +180,12 @@ class KeyedPolicy(FetchPolicy):
         setting = self.setting() if units == 1 else f'{self.setting()}*{units}'  # a costed job: '<setting>*<cost>'
         return [self.field, f'{setting} {keys.key_id(scope, key)}']
 
+    def repr_words(self) -> list[str]:
+        """Its settings as its repr shows them, before ``key=`` (``['10', 'per=1', 'burst=5']``)."""
+        return [str(self.limit), *(f'{name}={getattr(self, name)}' for name in self.repr_settings)]
+
     def __repr__(self) -> str:
-        words = [str(self.limit), *(f'{name}={getattr(self, name)}' for name in self.repr_settings)]
+        words = self.repr_words()
         if self.key is not None:
             words.append(f'key={getattr(self.key, "__name__", self.key)}')
         if self.scope is not None:

@@ -91,12 +91,15 @@ key                                                    type     meaning
                                                                 ``explain``; expires after DROPPED_SECONDS
 ``rq:policies:rate``                                   HASH     queue name -> ``<limit> <per> <burst>``: at most
                                                                 ``limit`` job starts every ``per`` seconds, up to
-                                                                ``burst`` at once (QueueRate)
+                                                                ``burst`` at once (QueueRate); with several windows
+                                                                each word a comma-separated list, one entry per
+                                                                window, shortest period first
 ``rq:policies:tat:<queue>``                            STRING   ``<tat> <interval>``: the queue's theoretical
                                                                 arrival time (QueueRate's GCRA, epoch s, server
                                                                 clock) and the emission interval it was reached at
-                                                                (s); expires once tat is past, where it allows as
-                                                                much as no key
+                                                                (s); with several windows ``<tat> <interval>
+                                                                <per>`` per window; expires once the last tat is
+                                                                past, where it allows as much as no key
 ``rq:policies:backoff``                                ZSET     member = queue name, score = epoch second (server
                                                                 clock) until which no PolicyWorker starts a job of
                                                                 it (BackOff); past members are trimmed on write
@@ -118,12 +121,14 @@ key                                                    type     meaning
                                                                 last parked job
 ``rq:policies:keylimits``                              HASH     ``<scope>:<key>`` -> a limit set at run time
                                                                 (``Concurrency.set``)
-``rq:policies:keyrates``                               HASH     ``<scope>:<key>`` -> ``<limit> <per> <burst>``: a
-                                                                rate set at run time (``Rate.set``)
+``rq:policies:keyrates``                               HASH     ``<scope>:<key>`` -> ``<limit> <per> <burst>`` (as
+                                                                ``rq:policies:rate``'s): a rate set at run time
+                                                                (``Rate.set``)
 ``rq:policies:keyblock:<scope>:<key>``                 STRING   epoch second until which no job of the key starts
                                                                 (``BackOff(key=True)``); expires then
-``rq:policies:keytat:<scope>:<key>``                   STRING   ``<tat> <interval>``: one key's GCRA state (Rate),
-                                                                as ``rq:policies:tat:<queue>``
+``rq:policies:keytat:<scope>:<key>``                   STRING   ``<tat> <interval>`` (per window with several): one
+                                                                key's GCRA state (Rate), as
+                                                                ``rq:policies:tat:<queue>``
 ``rq:policies:lapses``                                 HASH     ``queue:<queue>`` / ``lcw:<class>`` /
                                                                 ``key:<scope>:<key>`` -> holds found
                                                                 lapsed under a running job and re-added (a counter,

@@ -7,7 +7,8 @@ from tests.helpers.cases import _first_argument
 #: Instances covering each per-key policy's distinct behaviours; the contract suite runs each one.
 EXAMPLES = {
     'concurrency': (Concurrency(1), Concurrency(1, key=_first_argument, scope='contract')),
-    'key_rate': (Rate(1, per=1), Rate(2, per=1, burst=1, key=_first_argument, scope='contract')),
+    'key_rate': (Rate(1, per=1), Rate(2, per=1, burst=1, key=_first_argument, scope='contract'),
+                 Rate(windows=[(1, 1), (3, 4, 2)], key=_first_argument, scope='contract')),
 }
 
 #: Constructor arguments each refuses, each with the argument its error names.
@@ -34,5 +35,10 @@ INVALID = {
         ({'limit': 5, 'burst': 6}, 'burst'),
         ({'limit': 5, 'key': 'shop'}, 'key'),
         ({'limit': 5, 'scope': 'a:b'}, 'scope'),
+        ({'windows': []}, 'windows'),
+        ({'windows': [(0, 1)]}, 'windows'),
+        ({'windows': [(3, 1), (5, 1)]}, 'windows'),
+        ({'windows': [(3, 1.5)]}, 'windows'),
+        ({'limit': 5, 'windows': [(3, 1), (5, 60)]}, 'windows'),
     ),
 }

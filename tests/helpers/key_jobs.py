@@ -79,6 +79,13 @@ def per_shop(tag, shop):
     _span(tag, shop, 0)
 
 
+@policy(Rate(windows=[(3, 1, 3), (5, 10, 5)], key=lambda args, kwargs: kwargs['shop']))
+def per_shop_windows(tag, shop):
+    """Three a second (burst 3) and five in ten seconds (burst 5) per shop
+    (tests/concurrency/test_key_rate_windows.py)."""
+    _span(tag, shop, 0)
+
+
 @policy(
     Concurrency(1, key=lambda args, kwargs: kwargs['customer'], scope='both'),
     Rate(1, per=60, key=lambda args, kwargs: kwargs['shop'], scope='both'),

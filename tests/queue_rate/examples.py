@@ -3,7 +3,8 @@
 from rq_policies.engine.policy import MAX_CAPACITY, MAX_SECONDS
 
 #: Settings under each of which one start is allowed now and the next is refused (``QueueRate.set``'s).
-SETTINGS = {'queue_rate': ({'limit': 1, 'per': 60}, {'limit': 10, 'per': 3600, 'burst': 1})}
+SETTINGS = {'queue_rate': ({'limit': 1, 'per': 60}, {'limit': 10, 'per': 3600, 'burst': 1},
+                          {'windows': [(5, 1, 5), (1, 60)]})}
 
 #: Settings ``QueueRate.set`` refuses, each with the argument its error names.
 INVALID = {

@@ -1,4 +1,5 @@
-"""QueueRate: at most ``limit`` job starts of a queue every ``per`` seconds across the whole cluster, checked at fetch.
+"""QueueRate: at most ``limit`` job starts of a queue every ``per`` seconds across the whole cluster, checked at fetch;
+or several such windows at once (``windows=``), all checked by the one fetch script.
 
 A GCRA on the server's clock (``lua/policies/queue_rate.lua``): one key per limited queue holds its theoretical arrival
 time (``rq:policies:tat:<queue>``), exact and O(1), no reaper. The check runs in the fetch script with the pop and any
@@ -21,18 +22,22 @@ from rq_policies.engine import compat, keys
 from rq_policies.engine.admin import (
     GcraRate,
     RateStatus,
-    check_rate,
+    RateWindow,
     queue_name,
     queue_target,
+    rate_setting,
     rate_status,
+    read_rate,
     refusing,
+    settle_rate,
     warn_unknown_queue,
+    window_tuples,
     write_queue_setting,
 )
 from rq_policies.engine.exceptions import BackOff, Snooze, SnoozeLimitReached
 from rq_policies.engine.ops import need_connection as _need
 from rq_policies.engine.ops import server_now as _server_now
-from rq_policies.engine.ops import text, time_in
+from rq_policies.engine.ops import time_in
 from rq_policies.engine.policy import FetchPolicy
 
 __all__ = ['BACKOFFS_META', 'SNOOZES_META', 'BackOff', 'QueueRate', 'RateStatus', 'Snooze', 'SnoozeLimitReached']
@@ -44,11 +49,13 @@ BACKOFFS_META = 'policies_backoffs'
 
 @dataclass(frozen=True)
 class QueueRate(FetchPolicy, GcraRate):
-    """A queue's start rate: ``limit`` starts every ``per`` seconds, up to ``burst`` at once after a quiet spell.
+    """A queue's start rate: ``limit`` starts every ``per`` seconds, up to ``burst`` at once after a quiet spell; or
+    several ``windows`` (``[(limit, per), (limit, per, burst), ...]``), every one of which must allow a start.
 
     Used through classmethods (:meth:`set`, :meth:`get`, :meth:`clear`, :meth:`status`, the shape every run-time
     setting has: :mod:`rq_policies.engine.admin`): the setting lives in Redis, not on a function. An instance is what
-    :meth:`set` and :meth:`get` return.
+    :meth:`set` and :meth:`get` return: its ``windows`` are every window (:class:`~rq_policies.RateWindow`), shortest
+    period first, and its ``limit``, ``per`` and ``burst`` the first window's.
     """
 
     name: ClassVar[str] = 'queue_rate'
@@ -56,32 +63,40 @@ class QueueRate(FetchPolicy, GcraRate):
     fetch_state: ClassVar[tuple[str, ...] | None] = ('queue_rate.settings', 'queue_rate.backoff')
     queue_settings: ClassVar[str | None] = keys.RATE
 
-    limit: int
+    limit: int = None  # type: ignore[assignment]  # None only with windows; set from them
     per: int = 1
     burst: int = 1
+    windows: tuple[RateWindow, ...] = None  # type: ignore[assignment]  # set: every window, shortest period first
 
     def __post_init__(self) -> None:
-        check_rate(self.limit, self.per, self.burst)
+        settle_rate(self, self.windows)
 
     def __repr__(self) -> str:
-        return f'QueueRate(limit={self.limit}, per={self.per}, burst={self.burst})'
+        if len(self.windows) == 1:
+            return f'QueueRate(limit={self.limit}, per={self.per}, burst={self.burst})'
+        return f'QueueRate(windows={window_tuples(self.windows)})'
 
     # -- the setting ----------------------------------------------------------------------------------------------
 
     @classmethod
-    def set(cls, queue: Any, limit: int, per: int = 1, burst: int = 1, connection: Redis | None = None) -> QueueRate:
+    def set(cls, queue: Any, limit: int | None = None, per: int = 1, burst: int = 1,
+            connection: Redis | None = None, *, windows: Any = None) -> QueueRate:
         """Limit ``queue`` (a name or a Queue) to ``limit`` job starts every ``per`` seconds (whole, >= 1) across the
-        cluster, up to ``burst`` (1 to ``limit``) at once. Stored in Redis: every PolicyWorker's next fetch obeys it,
+        cluster, up to ``burst`` (1 to ``limit``) at once; or to several ``windows`` at once, ``[(limit, per),
+        (limit, per, burst), ...]`` (at most 8, one per period): a job starts only when every window allows a start,
+        and its start counts in each. Stored in Redis: every PolicyWorker's next fetch obeys it,
         and idle ones are woken, so a raised rate is used at once. The starts already owed keep their count and are
-        paid at the new rate, so a change never grants a fresh burst by itself. Returns the rate now set; errors and
-        the unknown-queue warning are the admin API's (:mod:`rq_policies.engine.admin`, docs/admin.md).
+        paid at the new rate, so a change never grants a fresh burst by itself (a window of a new period starts with
+        nothing owed). Returns the rate now set; errors and the unknown-queue warning are the admin API's
+        (:mod:`rq_policies.engine.admin`, docs/admin.md): a bad window raises InvalidSetting naming ``windows`` and
+        the value, and writes nothing.
         """
         with refusing():
             name = queue_name(queue)
-            rate = cls(limit, per, burst)
+            rate = cls(limit, per, burst, windows)
             conn = _need(connection)
         warn_unknown_queue(conn, name, 'QueueRate.set')
-        write_queue_setting(conn, keys.RATE, name, f'{rate.limit} {rate.per} {rate.burst}')
+        write_queue_setting(conn, keys.RATE, name, rate_setting(rate.windows))
         return rate
 
     @classmethod
@@ -155,11 +170,10 @@ class QueueRate(FetchPolicy, GcraRate):
         return False
 
 def parse(raw: Any) -> QueueRate | None:
-    """A stored setting (``'<limit> <per> <burst>'``) as a QueueRate, or None."""
-    if raw is None:
-        return None
-    limit, per, burst = (int(part) for part in text(raw).split())
-    return QueueRate(limit, per, burst)
+    """A stored setting (``'<limit> <per> <burst>'``, or with several windows each word a comma-separated list:
+    :func:`rq_policies.engine.admin.rate_setting`) as a QueueRate, or None (none, or not one)."""
+    windows = read_rate(raw)
+    return None if windows is None else QueueRate(windows=windows)
 
 
 def _backoff_in(pipe: Any, name: str, seconds: float, now: float) -> None:

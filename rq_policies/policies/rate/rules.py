@@ -7,6 +7,11 @@ job hash (``policies_key_rate = '<limit> <per> <burst> <scope>:<key>'``), checke
 key's rate does not allow now is parked (``rq:policies:keyparked:key_rate:<scope>:<key>``, status ``deferred``) while
 the jobs of other keys behind it run.
 
+A rate of several windows (``Rate(windows=[(100, 1, 100), (1000, 3600, 1000)], key=...)``) is one GCRA per window,
+checked and taken together in the same script: each of the three words of the field is then a comma-separated list,
+one entry per window (``'100,1000 1,3600 100,1000 <scope>:<key>'``), and the key's one arrival-time string holds one
+arrival time per window (``lua/lib/rate_windows.lua``).
+
 A key with parked jobs sits in the due index at the time its rate next allows a start; the fetch that finds it due
 gives back as many parked jobs as the rate allows then, each with its start already paid for (the arrival time moves
 on for it, and the job hash is marked ``policies_key_rate_paid``), to the front of its queue: FIFO per key, and a
@@ -21,7 +26,18 @@ from typing import Any, ClassVar
 from rq.job import Job
 
 from rq_policies.engine import keyed, keys
-from rq_policies.engine.admin import GcraRate, KeyRate, RateStatus, check_rate, rate_status, refusing
+from rq_policies.engine.admin import (
+    GcraRate,
+    KeyRate,
+    RateStatus,
+    RateWindow,
+    rate_setting,
+    rate_status,
+    read_rate,
+    refusing,
+    window_tuples,
+    windows_of,
+)
 from rq_policies.engine.keyed import KeyedPolicy, KeyFunction, check_scope, key_text
 from rq_policies.engine.ops import need_connection as _need
 from rq_policies.engine.ops import text, time_in
@@ -30,24 +46,33 @@ __all__ = ['Rate']
 
 
 class Rate(KeyedPolicy, GcraRate):
-    """At most ``limit`` job starts of one key every ``per`` seconds, up to ``burst`` at once after a quiet spell.
+    """At most ``limit`` job starts of one key every ``per`` seconds, up to ``burst`` at once after a quiet spell; or
+    several such ``windows`` at once.
 
     Example::
 
         @policy(Rate(10, per=1, burst=10, key=lambda args, kwargs: kwargs['shop']))
         def call_shop_api(shop, path): ...   # <= 10 starts a second per shop
 
+        @policy(Rate(windows=[(100, 1, 100), (1000, 3600, 1000)], key=lambda args, kwargs: kwargs['shop']))
+        def sync_shop(shop): ...   # 100 a second and 1,000 an hour per shop, each window a GCRA with its burst
+
     Args:
         limit: starts per ``per`` seconds, a positive integer.
         per: the period, whole seconds >= 1.
         burst: starts allowed at once after a quiet spell, 1 to ``limit``.
+        windows: instead of ``limit``, ``per`` and ``burst``: several rates a key's starts must all keep, a list of
+            ``(limit, per)`` or ``(limit, per, burst)`` (burst 1 unless given; at most 8, one per period). A job
+            starts when every window allows a start, and its start counts in each (a window's refusal consumes
+            nothing of another). ``limit``, ``per`` and ``burst`` are then the first window's (the shortest period).
+            A bad one raises InvalidArgument naming ``windows``, the window and the value.
         key: ``(args, kwargs) -> str | int``; None keys on the job's identity digest.
         scope: the namespace keys are counted in (no colon); default: the function's import path.
         cost: how many starts of the key's rate one job uses, an int from 1 to ``limit`` or ``(args, kwargs) ->
             int`` (Sidekiq Enterprise's points, Oban's weights): a job starts when the key's rate allows one start,
-            and its start moves the key's arrival time on by ``cost`` intervals, so a key's costs add up to
-            ``limit`` per ``per`` seconds over time. A cost above ``limit`` is refused at enqueue (ValueError naming
-            ``cost``), before anything is written.
+            and its start moves the key's arrival time on by ``cost`` intervals (in every window), so a key's costs
+            add up to ``limit`` per ``per`` seconds over time. A cost above ``limit`` (the smallest window's) is
+            refused at enqueue (ValueError naming ``cost``), before anything is written.
     """
 
     name: ClassVar[str] = 'key_rate'
@@ -57,33 +82,44 @@ class Rate(KeyedPolicy, GcraRate):
     repr_settings: ClassVar[tuple[str, ...]] = ('per', 'burst')
     setting_words: ClassVar[int] = 3
 
-    def __init__(self, limit: int, per: int = 1, burst: int = 1, key: KeyFunction | None = None,
-                 scope: str | None = None, cost: int | KeyFunction = 1) -> None:
-        check_rate(limit, per, burst)
-        self.limit, self.per, self.burst = limit, per, burst
+    def __init__(self, limit: int | None = None, per: int = 1, burst: int = 1, key: KeyFunction | None = None,
+                 scope: str | None = None, cost: int | KeyFunction = 1, *, windows: Any = None) -> None:
+        self.windows: tuple[RateWindow, ...] = windows_of(limit, per, burst, windows)
+        self.limit, self.per, self.burst = window_tuples(self.windows)[0]
         if not callable(cost):
-            _cost(cost, limit)
+            _cost(cost, self.cost_limit)
         self.cost = cost
         super().__init__(key, scope)
 
+    @property
+    def cost_limit(self) -> int:
+        return min(w.limit for w in self.windows)
+
     def setting(self) -> str:
-        return f'{self.limit} {self.per} {self.burst}'
+        return rate_setting(self.windows)
+
+    def repr_words(self) -> list[str]:
+        if len(self.windows) == 1:
+            return super().repr_words()
+        return [f'windows={window_tuples(self.windows)}']
 
     # -- run-time settings and gauges (the admin API: rq_policies.engine.admin)
     # -----------------------------------------
 
     @classmethod
-    def set(cls, scope: str, key: Any, limit: int, per: int = 1, burst: int = 1, connection: Any = None,
-            force: bool = False) -> KeyRate:
+    def set(cls, scope: str, key: Any, limit: int | None = None, per: int = 1, burst: int = 1, connection: Any = None,
+            force: bool = False, *, windows: Any = None) -> KeyRate:
         """Set the rate of one key of ``scope`` at run time: ``limit`` starts every ``per`` seconds, up to ``burst``
-        at once. It wins over the rate the key's jobs declare, from every worker's next fetch; the key's parked jobs
-        are looked at again at once. The starts already owed keep their count and are paid at the new rate. The
+        at once, or several ``windows`` (``[(limit, per), (limit, per, burst), ...]``, as :class:`Rate` takes them).
+        It wins over the rate the key's jobs declare, from every worker's next fetch; the key's parked jobs
+        are looked at again at once. The starts already owed keep their count and are paid at the new rate (a window
+        of a new period starts with nothing owed). The
         admin API's shape and errors (:mod:`rq_policies.engine.admin`). A scope no Rate is known to use is refused
         as a typo, as :meth:`Concurrency.set <rq_policies.Concurrency.set>` says; ``force=True`` sets it anyway."""
         with refusing():
-            check_rate(limit, per, burst)
-        cls.write_setting(scope, key, f'{limit} {per} {burst}', connection, force)
-        return KeyRate(limit, per, burst)
+            rate = KeyRate(limit, per, burst, windows)
+        cls.write_setting(scope, key, rate_setting(rate.windows), connection, force)
+        return rate
 
     @classmethod
     def get(cls, scope: str, key: Any, connection: Any = None) -> KeyRate | None:
@@ -104,8 +140,7 @@ class Rate(KeyedPolicy, GcraRate):
         """
         given = _deprecated_rate(deprecated_rate, deprecated_kwargs)
         with refusing():
-            if given is not None:
-                check_rate(*given)
+            rate: KeyRate | None = None if given is None else KeyRate(*given)
             scope, name = check_scope(scope), key_text(key)
             conn = _need(connection)
         key_id = keys.key_id(scope, name)
@@ -117,32 +152,29 @@ class Rate(KeyedPolicy, GcraRate):
             pipe.lindex(keys.KEY_PARKED_PREFIX(cls.name, key_id), 0)
             (seconds, micros), tat, blocked, stored, head = pipe.execute()
         now = seconds + micros / 1e6
-        rate = given or _stored_rate(stored)
+        rate = rate or _stored_rate(stored)
         if rate is None and head is not None:
             rate = _declared_rate(conn.hget(Job.redis_job_namespace_prefix + text(head), cls.field), key_id)
-        if rate is None:
-            return rate_status(None, tat, blocked, now)
-        return rate_status(rate if isinstance(rate, KeyRate) else KeyRate(*rate), tat, blocked, now)
+        return rate_status(rate, tat, blocked, now)
 
 
-def _declared_rate(raw: Any, key_id: str) -> tuple[int, int, int] | None:
-    """``(limit, per, burst)`` of a job's ``'<limit> <per> <burst> <scope>:<key>'`` field, when it names ``key_id``."""
+def _declared_rate(raw: Any, key_id: str | None) -> KeyRate | None:
+    """The rate of a job's ``'<limit> <per> <burst> <scope>:<key>'`` field (each of the three a comma-separated list
+    with several windows), when it names ``key_id`` (None: any key)."""
     if raw is None:
         return None
     words = text(raw).split(' ', 3)
-    if len(words) == 4:
-        words[2] = words[2].partition('*')[0]  # a costed job's '<burst>*<cost>'
-    if len(words) != 4 or words[3] != key_id or not all(w.isdigit() for w in words[:3]):
+    if len(words) != 4 or (key_id is not None and words[3] != key_id):
         return None
-    return int(words[0]), int(words[1]), int(words[2])
+    words[2] = words[2].partition('*')[0]  # a costed job's '<burst>*<cost>'
+    return _stored_rate(' '.join(words[:3]))
 
 
 def _stored_rate(raw: Any) -> KeyRate | None:
-    """A run-time rate as stored in ``rq:policies:keyrates`` (``'<limit> <per> <burst>'``), or None."""
-    if raw is None:
-        return None
-    limit, per, burst = (int(word) for word in text(raw).split())
-    return KeyRate(limit, per, burst)
+    """A run-time rate as stored in ``rq:policies:keyrates`` (``'<limit> <per> <burst>'``, comma-separated lists with
+    several windows), or None (none, or not one)."""
+    windows = read_rate(raw)
+    return None if windows is None else KeyRate(windows=windows)
 
 
 def _deprecated_rate(args: tuple, kwargs: dict) -> tuple[int, int, int] | None:

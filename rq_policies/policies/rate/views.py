@@ -7,7 +7,7 @@ from typing import Any
 from rq.job import Job
 
 from rq_policies.engine import keys, reading, views
-from rq_policies.engine.admin import KeyRate, rate_status
+from rq_policies.engine.admin import RateWindow, rate_status, window_tuples
 from rq_policies.engine.keyed import check_scope
 from rq_policies.engine.ops import need_connection as _need
 from rq_policies.engine.ops import text
@@ -25,8 +25,10 @@ class RateViews(views.KeyedViews):
         raw = job.get(cls.policy.field)
         if not raw:
             return []
-        limit, per, burst, key_id = raw.split(' ', 3)
-        burst = burst.partition('*')[0]  # a costed job's '<burst>*<cost>'
+        declared = _declared_rate(raw, None)
+        if declared is None:
+            return []
+        key_id = raw.split(' ', 3)[3]
         scope, _, key = key_id.partition(':')
         with connection.pipeline(transaction=False) as pipe:
             pipe.get(keys.KEY_TAT_PREFIX(key_id))
@@ -35,23 +37,25 @@ class RateViews(views.KeyedViews):
             pipe.hget(keys.KEY_RATES, key_id)
             tat, blocked, position, stored = pipe.execute()
         stored_rate = _stored_rate(stored)
-        if stored_rate is None:
-            rate = KeyRate(int(limit), int(per), int(burst))
-        else:
-            rate = stored_rate
+        rate = declared if stored_rate is None else stored_rate
         status = rate_status(rate, tat, blocked, now)
         assert status is not None
         entry: dict[str, Any] = {'scope': scope, 'key': key, 'limit': rate.limit,
                                  'per': rate.per, 'burst': rate.burst, 'available': status.available,
                                  'next_at': status.next_at}
+        if len(rate.windows) > 1:
+            entry['windows'] = [_window(w) for w in rate.windows]
+            entry['held_by'] = None if status.held_by is None else _window(status.held_by)
         change = ''
         entry['set_at_run_time'] = stored_rate is not None
         mark = ' (set at run time)' if stored_rate is not None else ''
-        words = f'key {key!r} (scope {scope}) rate {rate.limit}/{rate.per}s burst {rate.burst}{mark}: '
+        words = f'key {key!r} (scope {scope}) rate {rate.rate_words()}{mark}: '
         if status.available:
             words += f'{status.available} start(s) available now'
         else:
             words += f'next start allowed in {max(status.next_at - now, 0.0):.1f} s'
+            if status.held_by is not None:
+                words += f' (held by its {status.held_by.per} s window, {status.held_by.rate_words()})'
         if position is not None:
             entry['parked_position'] = int(position)
             words += f' (parked, position {int(position) + 1})'
@@ -67,8 +71,9 @@ class RateViews(views.KeyedViews):
                  now: float | None = None, names: list[str] | None = None) -> list[dict[str, Any]]:
         """The keys of ``scope`` with jobs parked by their rate, most parked first, at most ``limit`` (0: all): each
         ``{'key', 'parked', 'next_due' (server time, or None), 'rate' ((limit, per, burst): the run-time rate, else
-        the one its oldest parked job declares, or None), 'set_at_run_time'}``. Found by SCAN (MATCH, COUNT), never
-        KEYS, unless ``names`` gives the keys to read."""
+        the one its oldest parked job declares, or None; with several windows, the first's), 'windows' (every
+        window's (limit, per, burst), or None), 'set_at_run_time'}``. Found by SCAN (MATCH, COUNT), never KEYS,
+        unless ``names`` gives the keys to read."""
         conn = _need(connection)
         scope = check_scope(scope)
         prefix = keys.KEY_PARKED_PREFIX(cls.name, scope, '')
@@ -88,9 +93,12 @@ class RateViews(views.KeyedViews):
             for job_id in heads.values():
                 pipe.hget(Job.redis_job_namespace_prefix + job_id, cls.policy.field)
             fields = dict(zip(heads, pipe.execute()))
+        rates = [_stored_rate(stored[i]) or _declared_rate(fields.get(i), f'{scope}:{key}')
+                 for i, key in enumerate(names)]
         rows = [{'key': key, 'parked': int(replies[3 * i]),
                  'next_due': float(replies[3 * i + 1]) if replies[3 * i + 1] is not None else None,
-                 'rate': _rate_words(stored[i]) or _declared_rate(fields.get(i), f'{scope}:{key}'),
+                 'rate': None if rates[i] is None else window_tuples(rates[i].windows)[0],
+                 'windows': None if rates[i] is None else window_tuples(rates[i].windows),
                  'set_at_run_time': stored[i] is not None}
                 for i, key in enumerate(names)]
         rows.sort(key=lambda r: (-r['parked'], r['key']))
@@ -101,7 +109,7 @@ class RateViews(views.KeyedViews):
         out = []
         for row in rows:
             due = '' if row['next_due'] is None else f'; waiting for its rate: next start {at(row["next_due"], now)}'
-            rate = '' if row['rate'] is None else ' {}/{}s burst {}'.format(*row['rate'])
+            rate = '' if row['rate'] is None else ' ' + _row_rate(row)
             mark = ' (set at run time)' if row.get('set_at_run_time') else ''
             out.append(f'key {row["key"]}  rate{rate}{mark}: {row["parked"]} parked{due}')
         return out
@@ -110,10 +118,14 @@ class RateViews(views.KeyedViews):
     def panel_row(cls, row: dict[str, Any], now: float) -> list[views.CellValue]:
         return [row['key'], row['parked'], None if row['next_due'] is None else
                 views.Cell('its rate', note='next start', at=max(row['next_due'] - now, 0.0)),
-                None if row['rate'] is None else '{}/{}s burst {}'.format(*row['rate'])
+                None if row['rate'] is None else _row_rate(row)
                 + (' (set at run time)' if row.get('set_at_run_time') else '')]
 
 
-def _rate_words(raw: Any) -> tuple[int, int, int] | None:
-    rate = _stored_rate(raw)
-    return None if rate is None else (rate.limit, rate.per, rate.burst)
+def _row_rate(row: dict[str, Any]) -> str:
+    """A key row's rate in words: ``5/1s burst 2``, or its windows joined by `` + ``."""
+    return ' + '.join('{}/{}s burst {}'.format(*w) for w in row.get('windows') or [row['rate']])
+
+
+def _window(window: RateWindow) -> dict[str, int]:
+    return {'limit': window.limit, 'per': window.per, 'burst': window.burst}

@@ -499,8 +499,8 @@ def test_failover_of_the_prefix_slot_primary_during_capped_loner_jobs(cluster, v
 
 @pytest.mark.slow
 def test_a_start_caught_by_a_failover_runs_the_job_once(cluster, valkey_cluster, cluster_env, tmp_path):
-    """A forking PolicyWorker has fetched a job (the fetch is on the replica: WAIT) and its work horse is about to
-    record the job's start when the primary serving the prefix's slot is SIGKILLed: the start meets no primary until
+    """A forking PolicyWorker has fetched a job (the fetch is on the replica: WAIT) and is about to record the job's
+    start (with its execution, before the fork: issue 34) when the primary serving the prefix's slot is SIGKILLed: the start meets no primary until
     the replica is promoted. The job runs once, on the same worker, after the promotion. Before (issue 31), rq's
     failure path took the error for the job's and moved it to the failed registry without running it."""
     from rq_policies.surfaces.replicas import wait_for_replicas

@@ -765,7 +765,9 @@ def test_a_stop_while_the_fetch_reply_is_on_its_way_gives_the_holds_back_and_nam
     QueueSlot.set('midread', 1, connection=connection)
     q = PolicyQueue('midread', connection=connection)
     job = q.enqueue(jobs.plain, 1)
-    fault_proxy.delay_reply(5.0, match=(b'EVAL', keys.claim('').encode()))
+    # the fetch: an EVAL naming a claim record and this queue (the worker's preloaded scripts, one chunk of Lua
+    # source, can hold the first two strings in their comments)
+    fault_proxy.delay_reply(5.0, match=(b'EVAL', keys.claim('').encode(), q.key.encode()))
     worker = start_worker(fault_proxy.url, ['midread'], dict(worker_env, REDIS_URL=fault_proxy.url))
     try:
         assert wait_for(lambda: connection.llen(q.intermediate_queue_key) == 1, timeout=30), output(worker)

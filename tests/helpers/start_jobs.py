@@ -10,11 +10,12 @@ from rq_policies import PolicyWorker
 
 
 class GatedStart(PolicyWorker):
-    """Before recording the start of a job whose id starts with ``gated``, its work horse creates
+    """Before recording the start of a job whose id starts with ``gated`` (rq's ``prepare_execution``, whose
+    transaction writes the job's execution and, through ``lua/start.lua``, its start: issue 34), the worker creates
     ``<START_GATE>.waiting`` and waits until the file ``START_GATE`` exists (at most a minute): the fetch has taken
     the job, its start is not written yet."""
 
-    def prepare_job_execution(self, job, remove_from_intermediate_queue=False):  # type: ignore[no-untyped-def]
+    def prepare_execution(self, job):  # type: ignore[no-untyped-def]
         gate = os.environ.get('START_GATE')
         if gate and job.id.startswith('gated'):
             with open(f'{gate}.waiting', 'w'):
@@ -22,4 +23,4 @@ class GatedStart(PolicyWorker):
             deadline = time.monotonic() + 60
             while not os.path.exists(gate) and time.monotonic() < deadline:
                 time.sleep(0.01)
-        return super().prepare_job_execution(job, remove_from_intermediate_queue)
+        return super().prepare_execution(job)

@@ -159,6 +159,31 @@ def started_executions(worker: Any, job: Job) -> list[Any]:
 # -- redis-py ----------------------------------------------------------------------------------------------------------
 
 
+def queued_commands(pipeline: Any) -> tuple[list[tuple[Any, dict]], bool]:
+    """The commands queued on ``pipeline`` (args, options) and whether it is in an explicit transaction
+    (``multi()``): what :func:`queue_again` puts back to send the same again after an ``execute()`` that failed
+    (redis-py resets a pipeline whatever the outcome). A cluster pipeline keeps its commands in its execution
+    strategy (``_execution_strategy.command_queue``); its ``command_stack`` stays empty."""
+    strategy = getattr(pipeline, '_execution_strategy', None)
+    if strategy is not None:
+        return ([(command.args, dict(command.options)) for command in strategy.command_queue],
+                bool(getattr(strategy, '_explicit_transaction', False)))
+    return [(args, dict(options)) for args, options in pipeline.command_stack], bool(pipeline.explicit_transaction)
+
+
+def queue_again(pipeline: Any, queued: tuple[list[tuple[Any, dict]], bool]) -> None:
+    """Queue on ``pipeline`` (reset since) what :func:`queued_commands` read from it."""
+    commands, explicit = queued
+    if getattr(pipeline, '_execution_strategy', None) is not None:
+        if explicit:
+            pipeline.multi()
+        for args, options in commands:
+            pipeline.execute_command(*args, **options)
+        return
+    pipeline.command_stack, pipeline.explicit_transaction = [(args, dict(options)) for args, options in commands], \
+        explicit
+
+
 def resolve_driver_info_once(connection: Any) -> None:
     """Resolve redis-py's client name and version once, for every connection ``connection``'s pool opens from now on.
 

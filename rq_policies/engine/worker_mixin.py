@@ -530,10 +530,10 @@ class PolicyWorkerMixin:
                 return send(*args, **kwargs)  # rq retries a watched one itself (WatchError), the rest: _record_end
             # rq's failure path swallows its pipeline's error ("failed to persist failure of job"): ride the server's
             # absence out here, the same transaction sent again unless it was written (_record_end).
-            stack, explicit = list(pipeline.command_stack), pipeline.explicit_transaction
+            queued = compat.queued_commands(pipeline)  # a cluster pipeline's too (its command_stack is empty)
 
             def again(job: Any) -> Any:
-                pipeline.command_stack, pipeline.explicit_transaction = list(stack), explicit
+                compat.queue_again(pipeline, queued)
                 return send(*args, **kwargs)
 
             def written(job: Any) -> bool:

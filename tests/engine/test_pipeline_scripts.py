@@ -170,3 +170,19 @@ def test_a_lost_reply_of_a_jobs_end_of_run_pipeline(connection, fault_proxy, wor
     assert connection.lrange('test:ran:lost', 0, -1) == [job.id.encode()]
     assert not connection.keys(keys.loner('cost', '*'))
     assert q.enqueue('tests.helpers.cost_jobs.held_until_finished', 'lost', 1) is not None
+
+
+def test_a_pipeline_read_off_is_sent_again_whole(connection):
+    """compat.queued_commands and queue_again (a worker's end of run sent again once the server answers): what was
+    queued, in or out of a transaction, is queued again on the reset pipeline and runs once."""
+    from rq_policies.engine import compat
+
+    for transaction in (True, False):
+        connection.delete('again:n')
+        pipe = connection.pipeline(transaction=transaction)
+        pipe.set('again:x', 'one')
+        pipe.incr('again:n')
+        queued = compat.queued_commands(pipe)
+        pipe.reset()  # what redis-py does to a pipeline whose execute() failed
+        compat.queue_again(pipe, queued)
+        assert pipe.execute() == [True, 1]

@@ -500,9 +500,10 @@ def test_failover_of_the_prefix_slot_primary_during_capped_loner_jobs(cluster, v
 @pytest.mark.slow
 def test_a_start_caught_by_a_failover_runs_the_job_once(cluster, valkey_cluster, cluster_env, tmp_path):
     """A forking PolicyWorker has fetched a job (the fetch is on the replica: WAIT) and is about to record the job's
-    start (with its execution, before the fork: issue 34) when the primary serving the prefix's slot is SIGKILLed: the start meets no primary until
-    the replica is promoted. The job runs once, on the same worker, after the promotion. Before (issue 31), rq's
-    failure path took the error for the job's and moved it to the failed registry without running it."""
+    start (with its execution, before the fork: issue 34) when the primary serving the prefix's slot is SIGKILLed:
+    the start meets no primary until the replica is promoted. The job runs once, on the same worker, after the
+    promotion. Before (issue 31), rq's failure path took the error for the job's and moved it to the failed registry
+    without running it."""
     from rq_policies.surfaces.replicas import wait_for_replicas
 
     spans, gate = tmp_path / 'spans', tmp_path / 'gate'
@@ -553,6 +554,28 @@ def test_a_start_caught_by_a_failover_runs_the_job_once(cluster, valkey_cluster,
     assert starts == [job.id], output
     assert alive, output
     assert 'could not record the start of job gated-1' in whole, output
+
+
+@pytest.mark.parametrize('transaction', [True, False])
+def test_a_pipeline_read_off_a_cluster_client_is_sent_again_whole(cluster, transaction):
+    """A worker sends an end of run again, once the server answers, as it was queued (compat.queued_commands and
+    queue_again). A cluster pipeline keeps its commands in its execution strategy, its command_stack empty: the
+    worker read nothing off it and sent an empty pipeline again, so a Snooze's end cut by a slot migration longer
+    than the client's wait was taken as written and the job was failed unrun (issue 31's cluster long run on
+    89c3016: producer-3-2489)."""
+    from rq_policies.engine import compat
+
+    compat.adopt_cluster(cluster)
+    pipe = cluster.pipeline(transaction=transaction)
+    pipe.set(keys.PREFIX + 'again:x', 'one')
+    pipe.incr(keys.PREFIX + 'again:n')
+    queued = compat.queued_commands(pipe)
+    assert len(queued[0]) == 2
+    assert not getattr(pipe, 'command_stack', [])  # where the worker looked before: nothing there on a cluster
+    pipe.reset()  # what redis-py does to a pipeline whose execute() failed
+    compat.queue_again(pipe, queued)
+    assert pipe.execute()[1] == 1  # both ran, once (redis-py answers the SET True or b'OK' by the pipeline's kind)
+    assert cluster.get(keys.PREFIX + 'again:x') == b'one'
 
 
 def test_producers_follow_a_slot_migration(cluster, valkey_cluster, capsys):

@@ -150,15 +150,6 @@ class Known:
     matches: Callable[[dict, History], bool]
 
 
-def _given_up_and_not_handed_back(violation: dict, history: History) -> bool:
-    """A job a worker gave up (its start could not be recorded in a fault, and its claim had lapsed when the server
-    answered: "job ... is not run by this worker") that never ran: its id stayed on the intermediate list instead of
-    being handed back, until rq's cleanup failed it unrun."""
-    job, _ = _job_of(violation)
-    return (job is not None and job in history.given_up and job not in history.started
-            and history.final.get(job) in ('intermediate', 'failed'))
-
-
 def _retry_lost(violation: dict, history: History) -> bool:
     """The job's last run ended asking for another (a Snooze, a retry), and the run's worker died within a minute
     after: the end of run that schedules it again was cut. (A server fault no longer cuts it: the worker writes the
@@ -336,11 +327,6 @@ KNOWN_BREAKS = (
     Known(None, 'a key\'s setting (limit, rate, Fair pause or resume, weight) written during a failover was rolled '
                 'back with the old master: the promoted one keeps the previous value until the key\'s next setting',
           _setting_rolled_back),
-    Known(1, 'NEW, found by the history runs, not fixed: a job a worker gave up because its start could not be '
-             'recorded (an outage, a restart) after its claim had lapsed (the worker stopped past hold_ttl, or the '
-             'outage outlasting it) is not handed back: its id stays on the intermediate list for minutes (135 s and '
-             'more in a short Redis 7 run, 290 s in a long one), then rq\'s cleanup fails it unrun',
-          _given_up_and_not_handed_back),
     Known(None, 'a failover rolled back what the replica missed (asynchronous replication: acknowledged admissions '
                 'lost, popped jobs run again, a Loner marker or a hold gone; durable admission is being added, and '
                 'the loss bound measured per topology). SENTINEL FAILOVER promotes without waiting for the replica, '

@@ -1,6 +1,6 @@
 """What OpenTelemetry on costs an enqueue's client: process CPU per ``PolicyQueue.enqueue``, on against off.
 
-    python bench/otel.py [--rounds 9] [--calls 2000] [--smoke] [--profile]
+    python bench/otel.py [--rounds 9] [--calls 2000] [--smoke] [--profile] [--against FILE]
 
 Issue 34's target: with OpenTelemetry on, an enqueue's client CPU at most 1.25x off. Three cases through one
 ``PolicyQueue`` on one fresh server (``REDIS_URL``, else a throwaway one): a plain job (no policy), a Loner admitted
@@ -15,6 +15,10 @@ BatchSpanProcessor's export thread counts as well as the caller's. "On" is what 
 discards what it is given (no network), and an SDK ``MeterProvider`` with one ``InMemoryMetricReader`` (the counters
 and the histogram aggregate as under a periodic exporter; nothing collects them). The server's CPU is not counted.
 
+``--against FILE``: a third side, 'on' through another revision of ``rq_policies/surfaces/otel.py`` (``git show
+main:rq_policies/surfaces/otel.py > /tmp/otel_main.py``), loaded beside this one: a before-and-after in one run,
+printed as its own ratio to off.
+
 ``--profile`` runs cProfile over the 'on' side of one extra round of each case and prints the top functions by their
 own time. ``--smoke`` runs a few calls, one round (CI: the bench still works; its figures mean nothing).
 """
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import importlib.util
 import pstats
 import statistics
 import sys
@@ -70,6 +75,16 @@ def cases(url: str) -> dict:
     }
 
 
+def load_against(path: str):  # noqa: ANN201
+    """Another revision's ``rq_policies/surfaces/otel.py``, loaded as ``rq_policies.surfaces.otel_against``."""
+    name = 'rq_policies.surfaces.otel_against'
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def cpu_per_call(call, calls: int, start: int) -> float:  # noqa: ANN001
     """Process CPU seconds per call over ``calls`` calls of ``call`` (numbered from ``start``)."""
     used = time.process_time()
@@ -83,6 +98,7 @@ def main() -> None:
     parser.add_argument('--rounds', type=int, default=9)
     parser.add_argument('--calls', type=int, default=2000, help='calls per case per side per round')
     parser.add_argument('--profile', action='store_true', help="cProfile the 'on' side of one extra round")
+    parser.add_argument('--against', metavar='FILE', help="a third side: 'on' through this otel.py (another revision)")
     add_smoke(parser)
     opts = parser.parse_args()
     smoke_defaults(opts, rounds=1, calls=30)
@@ -90,8 +106,20 @@ def main() -> None:
     import rq_policies.surfaces.otel as otel
 
     tracer_provider, meter_provider = providers()
-    on_off = {'off': otel.uninstrument,
-              'on': lambda: otel.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)}
+    other = load_against(opts.against) if opts.against else None
+
+    def switch(module):  # noqa: ANN001, ANN202
+        def on() -> None:
+            for each in (otel, other):
+                if each is not None:
+                    each.uninstrument()
+            if module is not None:
+                module.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
+        return on
+
+    on_off = {'off': switch(None), 'on': switch(otel)}
+    if other is not None:
+        on_off['against'] = switch(other)
     with server_url() as url:
         variants = cases(url)
         for call in variants.values():  # warm: the hint, the scripts loaded, the imports
@@ -101,32 +129,43 @@ def main() -> None:
         counter = 0
         print(f'client process CPU per enqueue (time.process_time, all threads), {opts.calls} calls a case a side, '
               f'{opts.rounds} rounds interleaved')
-        print(f'{"round":>5}  {"case":20} {"off us":>8} {"on us":>8} {"on/off":>7}')
+        extra = f' {"against us":>10} {"against/off":>11}' if other is not None else ''
+        print(f'{"round":>5}  {"case":20} {"off us":>8} {"on us":>8} {"on/off":>7}{extra}')
         for r in range(opts.rounds):
             sides = list(on_off.items())
+            sides = sides[r % len(sides):] + sides[:r % len(sides)]  # rotate which side goes first
             if r % 2:
-                sides.reverse()  # alternate which side goes first
-            for side, switch in sides:
-                switch()
+                sides.reverse()
+            for side, turn in sides:
+                turn()
                 for name, call in variants.items():
                     cpu[(name, side)].append(cpu_per_call(call, opts.calls, counter))
                     counter += opts.calls
             for name in variants:
                 off, on = cpu[(name, 'off')][-1], cpu[(name, 'on')][-1]
-                print(f'{r + 1:5}  {name:20} {off * 1e6:8.1f} {on * 1e6:8.1f} {on / off:7.3f}')
-        otel.uninstrument()
+                extra = ''
+                if other is not None:
+                    against = cpu[(name, 'against')][-1]
+                    extra = f' {against * 1e6:10.1f} {against / off:11.3f}'
+                print(f'{r + 1:5}  {name:20} {off * 1e6:8.1f} {on * 1e6:8.1f} {on / off:7.3f}{extra}')
+        switch(None)()
         tracer_provider.shutdown()
 
         print(f'\n{"case":20} {"off us (min-max)":>22} {"on us (min-max)":>22} {"on/off (min-max)":>22}  target')
-        missed = []
         for name in variants:
             off, on = cpu[(name, 'off')], cpu[(name, 'on')]
             ratios = [b / a for a, b in zip(off, on)]
             med = statistics.median(ratios)
             mark = f'<= {TARGET}  ' + ('ok' if med <= TARGET else 'MISSED')
-            if med > TARGET:
-                missed.append(name)
             print(f'{name:20} {_spread(off, 1e6):>22} {_spread(on, 1e6):>22} {_spread(ratios, 1, 3):>22}  {mark}')
+        if other is not None:
+            print(f'\n{"case":20} {"against us (min-max)":>22} {"against/off (min-max)":>22} '
+                  f'{"on/against (min-max)":>22}')
+            for name in variants:
+                off, on, against = cpu[(name, 'off')], cpu[(name, 'on')], cpu[(name, 'against')]
+                print(f'{name:20} {_spread(against, 1e6):>22} '
+                      f'{_spread([b / a for a, b in zip(off, against)], 1, 3):>22} '
+                      f'{_spread([b / a for a, b in zip(against, on)], 1, 3):>22}')
         if opts.smoke:
             print('(smoke: the figures mean nothing)')
 

@@ -19,6 +19,12 @@ and the histogram aggregate as under a periodic exporter; nothing collects them)
 main:rq_policies/surfaces/otel.py > /tmp/otel_main.py``), loaded beside this one: a before-and-after in one run,
 printed as its own ratio to off.
 
+Beside them, each round measures the floor: what the SDK alone costs per decision at the least, a span with the
+case's attributes (the same names and kinds of values as the ``send`` span: 8 for a plain job, 9 admitted, 10 for
+the probe's drop) started and ended through the same tracer provider, and one histogram record through the same meter
+provider, with no enqueue around it. ``(off + floor) / off`` is the lowest on/off any tracing that records the
+decision's span can reach on this machine.
+
 ``--profile`` runs cProfile over the 'on' side of one extra round of each case and prints the top functions by their
 own time. ``--smoke`` runs a few calls, one round (CI: the bench still works; its figures mean nothing).
 """
@@ -85,6 +91,42 @@ def load_against(path: str):  # noqa: ANN201
     return module
 
 
+#: Each case's span attributes, as the send span has them: (at its start, at its end).
+_FLOOR_ATTRIBUTES = {
+    'plain (no policy)': ({'messaging.operation.name': 'enqueue', 'rq_policies.policies': ()},
+                          {'rq_policies.decision': 'admitted', 'messaging.message.id': '6f1c0d2e-' + '0' * 27}),
+    'Loner admitted': ({'messaging.operation.name': 'enqueue', 'rq_policies.policies': ('loner',),
+                        'rq_policies.identity': 'f' * 32},
+                       {'rq_policies.decision': 'admitted', 'rq_policies.policy': 'loner',
+                        'messaging.message.id': '6f1c0d2e-' + '0' * 27}),
+    'Loner dropped': ({'messaging.operation.name': 'enqueue', 'rq_policies.policies': ('loner',),
+                       'rq_policies.identity': 'f' * 32, 'rq_policies.decision': 'dropped',
+                       'rq_policies.policy': 'loner', 'rq_policies.probe': True,
+                       'rq_policies.holder.id': '6f1c0d2e-' + '0' * 27}, {}),
+}
+
+
+def floor(tracer_provider, meter_provider, name: str):  # noqa: ANN001, ANN201
+    """A function of the call's number doing what the SDK must do per decision of case ``name`` at the least."""
+    from opentelemetry.trace import SpanKind
+
+    tracer = tracer_provider.get_tracer('bench_otel_floor')
+    histogram = meter_provider.get_meter('bench_otel_floor').create_histogram('bench_otel_floor.duration', unit='s')
+    start, end = _FLOOR_ATTRIBUTES[name]
+    start = {'messaging.system': 'rq', 'messaging.destination.name': 'bench_otel', 'messaging.operation.type': 'send',
+             'rq.job.function': 'bench_jobs.work', **start}
+    labels = {'queue': 'bench_otel', 'decision': 'admitted'}
+
+    def decision(i: int) -> None:
+        span = tracer.start_span('send bench_otel', kind=SpanKind.PRODUCER, attributes=start)
+        for key, value in end.items():
+            span.set_attribute(key, value)
+        span.end()
+        histogram.record(0.0001, labels)
+
+    return decision
+
+
 def cpu_per_call(call, calls: int, start: int) -> float:  # noqa: ANN001
     """Process CPU seconds per call over ``calls`` calls of ``call`` (numbered from ``start``)."""
     used = time.process_time()
@@ -125,12 +167,15 @@ def main() -> None:
         for call in variants.values():  # warm: the hint, the scripts loaded, the imports
             for i in range(20):
                 call(-i - 1)
-        cpu: dict[tuple[str, str], list[float]] = {(name, side): [] for name in variants for side in on_off}
+        cpu: dict[tuple[str, str], list[float]] = {(name, side): [] for name in variants
+                                                   for side in [*on_off, 'floor']}
+        floors = {name: floor(tracer_provider, meter_provider, name) for name in variants}
         counter = 0
         print(f'client process CPU per enqueue (time.process_time, all threads), {opts.calls} calls a case a side, '
               f'{opts.rounds} rounds interleaved')
         extra = f' {"against us":>10} {"against/off":>11}' if other is not None else ''
-        print(f'{"round":>5}  {"case":20} {"off us":>8} {"on us":>8} {"on/off":>7}{extra}')
+        print(f'{"round":>5}  {"case":20} {"off us":>8} {"on us":>8} {"on/off":>7} {"floor us":>8} '
+              f'{"(off+floor)/off":>15}{extra}')
         for r in range(opts.rounds):
             sides = list(on_off.items())
             sides = sides[r % len(sides):] + sides[:r % len(sides)]  # rotate which side goes first
@@ -142,12 +187,15 @@ def main() -> None:
                     cpu[(name, side)].append(cpu_per_call(call, opts.calls, counter))
                     counter += opts.calls
             for name in variants:
-                off, on = cpu[(name, 'off')][-1], cpu[(name, 'on')][-1]
+                cpu[(name, 'floor')].append(cpu_per_call(floors[name], opts.calls, 0))
+            for name in variants:
+                off, on, least = cpu[(name, 'off')][-1], cpu[(name, 'on')][-1], cpu[(name, 'floor')][-1]
                 extra = ''
                 if other is not None:
                     against = cpu[(name, 'against')][-1]
                     extra = f' {against * 1e6:10.1f} {against / off:11.3f}'
-                print(f'{r + 1:5}  {name:20} {off * 1e6:8.1f} {on * 1e6:8.1f} {on / off:7.3f}{extra}')
+                print(f'{r + 1:5}  {name:20} {off * 1e6:8.1f} {on * 1e6:8.1f} {on / off:7.3f} {least * 1e6:8.1f} '
+                      f'{(off + least) / off:15.3f}{extra}')
         switch(None)()
         tracer_provider.shutdown()
 
@@ -158,6 +206,10 @@ def main() -> None:
             med = statistics.median(ratios)
             mark = f'<= {TARGET}  ' + ('ok' if med <= TARGET else 'MISSED')
             print(f'{name:20} {_spread(off, 1e6):>22} {_spread(on, 1e6):>22} {_spread(ratios, 1, 3):>22}  {mark}')
+        print(f'\n{"case":20} {"floor us (min-max)":>22} {"(off+floor)/off":>22}')
+        for name in variants:
+            off, least = cpu[(name, 'off')], cpu[(name, 'floor')]
+            print(f'{name:20} {_spread(least, 1e6):>22} {_spread([(a + b) / a for a, b in zip(off, least)], 1, 3):>22}')
         if other is not None:
             print(f'\n{"case":20} {"against us (min-max)":>22} {"against/off (min-max)":>22} '
                   f'{"on/against (min-max)":>22}')

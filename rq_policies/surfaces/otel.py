@@ -27,6 +27,7 @@ naming the extra when it is missing), and :class:`RQPoliciesInstrumentor` is bui
 
 from __future__ import annotations
 
+import threading
 import time
 import traceback
 from collections.abc import Collection
@@ -86,10 +87,7 @@ def instrument(tracer_provider: Any = None, meter_provider: Any = None, connecti
     tracer = api.trace.get_tracer('rq_policies', version, tracer_provider=tracer_provider)
     meter = api.metrics.get_meter('rq_policies', version, meter_provider=meter_provider)
     instruments = {
-        'admissions': meter.create_counter('rq_policies.admissions', unit='{job}',
-                                           description='Jobs the policies admitted through this process\'s doors.'),
-        'drops': meter.create_counter('rq_policies.dropped_enqueues', unit='{enqueue}',
-                                      description='Enqueues a policy dropped at this process\'s doors.'),
+        'totals': _totals(meter),
         'duration': meter.create_histogram('rq_policies.decision.duration', unit='s',
                                            description='A door decision\'s round trip.'),
     }
@@ -108,6 +106,8 @@ def uninstrument() -> None:
     events.unobserve(door=observe, run=perform, fetch=fetched)
     TRACER = None
     INSTRUMENTS.clear()
+    _BASE.clear()
+    _LABELS.clear()
 
 
 #: What the instrumentor instruments, as OpenTelemetry's instrumentations name it (``instrumentation_dependencies``).
@@ -228,9 +228,63 @@ class _RedisGauges:
                 for row in state.drops(self.connection)]
 
 
+class _Totals:
+    """The two counters of a meter, ``rq_policies.admissions`` and ``rq_policies.dropped_enqueues``, counted in this
+    process and handed to the SDK at each collection (asynchronous counters: cumulative, monotonic, the same Sum an
+    exporter gets from a synchronous counter). A door adds to a dict under a lock, not a measurement through the
+    SDK's pipeline per decision: the larger part of what the metrics cost a door."""
+
+    def __init__(self, meter: Any) -> None:
+        self.lock = threading.Lock()
+        self.admitted: dict[tuple[str, str], int] = {}  # (policy, queue) -> jobs admitted
+        self.dropped: dict[tuple[str, str], int] = {}  # (policy, queue) -> enqueues dropped
+        meter.create_observable_counter('rq_policies.admissions', [self._admissions], unit='{job}',
+                                        description='Jobs the policies admitted through this process\'s doors.')
+        meter.create_observable_counter('rq_policies.dropped_enqueues', [self._drops], unit='{enqueue}',
+                                        description='Enqueues a policy dropped at this process\'s doors.')
+
+    def add(self, counts: dict[tuple[str, str], int], key: tuple[str, str]) -> None:
+        with self.lock:
+            counts[key] = counts.get(key, 0) + 1
+
+    def _observe(self, counts: dict[tuple[str, str], int]) -> list[Any]:
+        from opentelemetry.metrics import Observation
+
+        with self.lock:
+            rows = list(counts.items())
+        return [Observation(count, {'policy': policy, 'queue': queue}) for (policy, queue), count in rows]
+
+    def _admissions(self, options: Any) -> list[Any]:
+        return self._observe(self.admitted)
+
+    def _drops(self, options: Any) -> list[Any]:
+        return self._observe(self.dropped)
+
+
+#: Each meter's :class:`_Totals` (the meter kept beside it): an SDK meter keeps the callbacks its instruments were
+#: first registered with, so switching on again with the same meter counts on in the same totals (a cumulative
+#: counter never goes down), and a new meter provider starts from zero.
+_TOTALS: dict[int, tuple[Any, _Totals]] = {}
+
+
+def _totals(meter: Any) -> _Totals:
+    found = _TOTALS.get(id(meter))
+    if found is None or found[0] is not meter:
+        found = _TOTALS[id(meter)] = (meter, _Totals(meter))
+    return found[1]
+
+
 # -- the producer's side ---------------------------------------------------------------------------------------------
 
 _DECISIONS = {1: 'admitted', 2: 'pending', 3: 'replaced', 0: 'dropped'}
+
+#: The attributes every ``send`` span of a (queue, operation, policy set) starts from, built once each (a door's
+#: queue and policy set are long-lived; the cache is bounded by the queues and sets a process uses, and cleared by
+#: :func:`uninstrument`). Keyed by the set's ``id`` with the set kept in the value, so a set's id is not reused while
+#: its entry lives.
+_BASE: dict[tuple[str, str, int], tuple[Any, dict[str, Any]]] = {}
+#: The metrics' attribute dicts, built once each: ``(policy, queue)`` and ``(queue, decision)``.
+_LABELS: dict[tuple[tuple[str, str], str, str], dict[str, str]] = {}
 
 
 def observe(event: str, plan: Any, detail: Any, state: Any) -> Any:
@@ -255,11 +309,26 @@ def observe(event: str, plan: Any, detail: Any, state: Any) -> Any:
 
 
 def _messaging(queue: Any, operation: str, spec: Any) -> dict[str, Any]:
-    return {
-        'messaging.system': 'rq', 'messaging.destination.name': queue.name, 'messaging.operation.type': 'send',
-        'messaging.operation.name': operation,
-        'rq_policies.policies': [item.name for item in spec.policies] if spec is not None else [],
-    }
+    """The attributes every ``send`` span of ``queue``'s ``operation`` through ``spec`` has (a new dict each call,
+    copied from the one built once)."""
+    key = (queue.name, operation, id(spec))
+    found = _BASE.get(key)
+    if found is None or found[0] is not spec:
+        found = _BASE[key] = (spec, {
+            'messaging.system': 'rq', 'messaging.destination.name': queue.name, 'messaging.operation.type': 'send',
+            'messaging.operation.name': operation,
+            'rq_policies.policies': tuple(item.name for item in spec.policies) if spec is not None else (),
+        })
+    return dict(found[1])
+
+
+def _labels(first: str, second: str, names: tuple[str, str]) -> dict[str, str]:
+    """A metric's attribute dict ``{names[0]: first, names[1]: second}``, built once (the SDK only reads it)."""
+    key = (names, first, second)
+    found = _LABELS.get(key)
+    if found is None:
+        found = _LABELS[key] = {names[0]: first, names[1]: second}
+    return found
 
 
 def _start(plan: Any) -> Any:
@@ -282,8 +351,10 @@ def _probe_span(plan: Any, verdict: Any, started_ns: int, started: float) -> Non
     """A drop the hint probe decided: one span, timed around the probe's round trip."""
     queue = plan.queue
     attributes = _messaging(queue, 'enqueue', plan.spec)
-    attributes.update({'rq_policies.identity': plan.digest, 'rq_policies.decision': 'dropped',
-                       'rq_policies.policy': verdict.policy, 'rq_policies.probe': True})
+    attributes['rq_policies.identity'] = plan.digest
+    attributes['rq_policies.decision'] = 'dropped'
+    attributes['rq_policies.policy'] = verdict.policy
+    attributes['rq_policies.probe'] = True
     if verdict.job_id:
         attributes['rq_policies.holder.id'] = verdict.job_id
     span = TRACER.start_span(f'send {queue.name}', kind=_api.producer, attributes=attributes, start_time=started_ns)
@@ -293,11 +364,14 @@ def _probe_span(plan: Any, verdict: Any, started_ns: int, started: float) -> Non
 
 def carry(job: Any, span: Any, write: Any = None) -> None:
     """Write ``span``'s context into ``job.meta`` (and, given the job's prepared ``write``, into the hash fields it
-    is about to write)."""
-    carrier: dict[str, str] = {}
-    _api.propagator.inject(carrier, context=_api.trace.set_span_in_context(span))
-    if not carrier:
+    is about to write): W3C Trace Context, as OpenTelemetry's ``TraceContextTextMapPropagator`` writes it, formatted
+    from the span's context directly (no context object built to carry it)."""
+    context = span.get_span_context()
+    if not context.is_valid:
         return
+    carrier = {TRACEPARENT: f'00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}'}
+    if context.trace_state:
+        carrier[TRACESTATE] = context.trace_state.to_header()
     job.meta = dict(job.meta or {})
     job.meta.update(carrier)
     if write is None:
@@ -313,37 +387,44 @@ def carry(job: Any, span: Any, write: Any = None) -> None:
 
 def _end(span: Any, plan: Any, verdict: Any, started: float, exc: BaseException | None = None) -> None:
     """End the decision's span: the decision, its policy, the holder (a drop) or the job written, and the metrics;
-    ``exc``: the door raised it (a refused option, a Redis error, a policy's raise)."""
+    ``exc``: the door raised it (a refused option, a Redis error, a policy's raise). A span the sampler left
+    unrecorded gets no attribute (it would drop them); the metrics count every decision."""
     if exc is not None:
         decision = 'raised'
         span.record_exception(exc)
         span.set_status(_api.error)
     else:
         decision = _DECISIONS.get(verdict.code, 'admitted') if verdict is not None else 'admitted'
-    span.set_attribute('rq_policies.decision', decision)
-    if verdict is not None and verdict.policy:
-        span.set_attribute('rq_policies.policy', verdict.policy)
-    if verdict is not None and verdict.code == 0:
-        if verdict.job_id:
-            span.set_attribute('rq_policies.holder.id', verdict.job_id)
-    elif decision == 'replaced':
-        span.set_attribute('messaging.message.id', verdict.job_id)
-    elif decision != 'raised':
-        span.set_attribute('messaging.message.id', plan.write.job.id)
+    if span.is_recording():
+        span.set_attribute('rq_policies.decision', decision)
+        if verdict is not None and verdict.policy:
+            span.set_attribute('rq_policies.policy', verdict.policy)
+        if verdict is not None and verdict.code == 0:
+            if verdict.job_id:
+                span.set_attribute('rq_policies.holder.id', verdict.job_id)
+        elif decision == 'replaced':
+            span.set_attribute('messaging.message.id', verdict.job_id)
+        elif decision != 'raised':
+            span.set_attribute('messaging.message.id', plan.write.job.id)
     _count(plan.queue, verdict, decision, started, plan.spec)
     span.end()
 
 
+_QUEUE_DECISION = ('queue', 'decision')
+
+
 def _count(queue: Any, verdict: Any, decision: str, started: float, spec: Any = None) -> None:
-    instruments = INSTRUMENTS
+    instruments, name = INSTRUMENTS, queue.name
+    totals = instruments['totals']
     if verdict is not None and verdict.code == 0:  # dropped (or raised by the dropping policy)
-        instruments['drops'].add(1, {'policy': verdict.policy, 'queue': queue.name})
+        totals.add(totals.dropped, (verdict.policy, name))
     elif decision in ('admitted', 'pending'):  # a job written: admitted by each of its policies ('none': no policy)
-        for item in spec.policies if spec is not None else ():
-            instruments['admissions'].add(1, {'policy': item.name, 'queue': queue.name})
-        if spec is None or not spec.policies:
-            instruments['admissions'].add(1, {'policy': 'none', 'queue': queue.name})
-    instruments['duration'].record(time.perf_counter() - started, {'queue': queue.name, 'decision': decision})
+        policies = spec.policies if spec is not None else ()
+        for item in policies:
+            totals.add(totals.admitted, (item.name, name))
+        if not policies:
+            totals.add(totals.admitted, ('none', name))
+    instruments['duration'].record(time.perf_counter() - started, _labels(name, decision, _QUEUE_DECISION))
 
 
 # -- the worker's side -----------------------------------------------------------------------------------------------

@@ -487,3 +487,55 @@ def test_a_fetch_observer_that_raises_loses_no_job(connection, caplog):
         events.unobserve(fetch=boom)
     assert [job.get_status(refresh=True) for job in done] == ['finished'] * 2
     assert seen == ['park', 'unpark'] and 'observer broke' in caplog.text
+
+
+def test_the_carried_context_is_what_the_w3c_propagator_writes(connection, traced):
+    """The job's traceparent and tracestate, formatted from the span's context, are what OpenTelemetry's
+    TraceContextTextMapPropagator writes for that span (a caller's trace state rides along)."""
+    from opentelemetry import context, trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    from rq.job import Job
+
+    exporter, reader, tracer = traced
+    propagator = TraceContextTextMapPropagator()
+    incoming = propagator.extract({'traceparent': '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01',
+                                   'tracestate': 'vendor=opaque,other=1'})
+    token = context.attach(incoming)
+    try:
+        job = PolicyQueue('otel', connection=connection).enqueue(jobs.record, 'carried')
+    finally:
+        context.detach(token)
+    span = exporter.get_finished_spans()[-1]
+    expected: dict[str, str] = {}
+    propagator.inject(expected, context=trace.set_span_in_context(trace.NonRecordingSpan(span.context)))
+    stored = Job.fetch(job.id, connection=connection).meta
+    assert expected['tracestate'] == 'vendor=opaque,other=1'
+    assert {k: stored[k] for k in ('traceparent', 'tracestate')} == expected
+    assert span.context.trace_id == 0x0af7651916cd43dd8448eb211c80319c
+
+
+def test_counters_count_on_across_a_switch_off_and_on_with_the_same_meter(connection):
+    """The counters are cumulative per meter provider: switched off and on again with the same providers, they go on
+    from where they were (the SDK keeps an instrument's first callbacks); a new meter provider starts from zero."""
+    reader = InMemoryMetricReader()
+    tracers, meters = TracerProvider(), MeterProvider(metric_readers=[reader])
+    q = PolicyQueue('otel_counts', connection=connection)
+    key = (('policy', 'none'), ('queue', 'otel_counts'))
+    try:
+        otel.instrument(tracer_provider=tracers, meter_provider=meters)
+        q.enqueue(jobs.plain, 1)
+        assert _points(reader, 'rq_policies.admissions')[key] == 1
+        otel.uninstrument()
+        q.enqueue(jobs.plain, 2)  # off: not counted
+        otel.instrument(tracer_provider=tracers, meter_provider=meters)
+        q.enqueue(jobs.plain, 3)
+        q.enqueue(jobs.plain, 4, policy=Loner())
+        q.enqueue(jobs.plain, 4, policy=Loner())
+        assert _points(reader, 'rq_policies.admissions')[key] == 2
+        assert _points(reader, 'rq_policies.dropped_enqueues') == {(('policy', 'loner'), ('queue', 'otel_counts')): 1}
+        fresh = InMemoryMetricReader()
+        otel.instrument(tracer_provider=tracers, meter_provider=MeterProvider(metric_readers=[fresh]))
+        q.enqueue(jobs.plain, 5)
+        assert _points(fresh, 'rq_policies.admissions') == {key: 1}
+    finally:
+        otel.uninstrument()

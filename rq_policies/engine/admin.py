@@ -192,6 +192,14 @@ class GcraRate:
         """Seconds between two starts at the sustained rate (the GCRA's emission interval)."""
         return self.per / self.limit
 
+    def rate_repr(self) -> str:
+        """``Name(limit=.., per=.., burst=..)``, or ``Name(windows=[...])`` for a rate of several windows (the
+        ``__repr__`` of KeyRate and QueueRate)."""
+        windows = getattr(self, 'windows', None) or (self,)
+        if len(windows) == 1:
+            return f'{type(self).__name__}(limit={self.limit}, per={self.per}, burst={self.burst})'
+        return f'{type(self).__name__}(windows={window_tuples(windows)})'
+
     def rate_words(self) -> str:
         """The rate as ``info`` and ``explain`` print it: ``5/1s burst 2``, or its windows joined by `` + ``."""
         return ' + '.join(f'{w.limit}/{w.per}s burst {w.burst}' for w in getattr(self, 'windows', None) or (self,))
@@ -242,9 +250,7 @@ class KeyRate(GcraRate):
         settle_rate(self, self.windows)
 
     def __repr__(self) -> str:
-        if len(self.windows) == 1:
-            return f'KeyRate(limit={self.limit}, per={self.per}, burst={self.burst})'
-        return f'KeyRate(windows={window_tuples(self.windows)})'
+        return self.rate_repr()
 
 
 @dataclass(frozen=True)

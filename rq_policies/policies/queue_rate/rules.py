@@ -31,7 +31,6 @@ from rq_policies.engine.admin import (
     refusing,
     settle_rate,
     warn_unknown_queue,
-    window_tuples,
     write_queue_setting,
 )
 from rq_policies.engine.exceptions import BackOff, Snooze, SnoozeLimitReached
@@ -72,9 +71,7 @@ class QueueRate(FetchPolicy, GcraRate):
         settle_rate(self, self.windows)
 
     def __repr__(self) -> str:
-        if len(self.windows) == 1:
-            return f'QueueRate(limit={self.limit}, per={self.per}, burst={self.burst})'
-        return f'QueueRate(windows={window_tuples(self.windows)})'
+        return self.rate_repr()
 
     # -- the setting ----------------------------------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ from rq_policies.engine.admin import (
     window_tuples,
     windows_of,
 )
+from rq_policies.engine.exceptions import InvalidArgument
 from rq_policies.engine.keyed import KeyedPolicy, KeyFunction, check_scope, key_text
 from rq_policies.engine.ops import need_connection as _need
 from rq_policies.engine.ops import text, time_in
@@ -102,6 +103,29 @@ class Rate(KeyedPolicy, GcraRate):
         if len(self.windows) == 1:
             return super().repr_words()
         return [f'windows={window_tuples(self.windows)}']
+
+    @classmethod
+    def rule_setting(cls, value: Any, where: str) -> str:
+        """A rule's rate: a :class:`~rq_policies.KeyRate`, ``(limit, per)``, ``(limit, per, burst)`` or a list of such
+        windows; an InvalidArgument naming ``where`` and the value otherwise."""
+        if isinstance(value, KeyRate):
+            return rate_setting(value.windows)
+        try:
+            if isinstance(value, tuple) and 2 <= len(value) <= 3 and all(isinstance(v, int) for v in value):
+                return rate_setting(windows_of(*value, *((1,) if len(value) == 2 else ())))
+            if isinstance(value, list):
+                return rate_setting(windows_of(None, 1, 1, value))
+        except (ValueError, TypeError) as exc:
+            raise InvalidArgument(where, message=f'{where}: {exc}') from None
+        raise InvalidArgument(where, message=f'{where} must be a KeyRate, (limit, per), (limit, per, burst) or a list '
+                                             f'of such windows, got {value!r}')
+
+    @classmethod
+    def rule_value(cls, stored: str) -> KeyRate:
+        found = _stored_rate(stored)
+        if found is None:
+            raise ValueError(f'not a stored rate: {stored!r}')
+        return found
 
     # -- run-time settings and gauges (the admin API: rq_policies.engine.admin)
     # -----------------------------------------

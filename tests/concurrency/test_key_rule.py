@@ -20,7 +20,7 @@ from rq_policies import Concurrency, InvalidArgument, PolicyQueue, Rate, Tiers, 
 from rq_policies.engine import keys
 from rq_policies.engine.fetch import Claim, Look, release_claim
 from rq_policies.policies.concurrency.views import ConcurrencyViews
-from tests.helpers import fetches, key_jobs
+from tests.helpers import drift, fetches, key_jobs
 
 CUSTOMER_SCOPE = 'tests.helpers.key_jobs.per_customer'
 RULE = Tiers({'premium:': 3, 'free:': 1}, default=2)
@@ -200,3 +200,21 @@ def test_a_rate_rule_gives_each_key_its_tier_s_rate(connection):
         Rate.set_rule(scope, Tiers({'big:': (0, 60)}, default=(1, 60)), connection=connection, force=True)
     assert raised.value.argument.startswith("tiers['big:']")
     assert Rate.get_rule(scope, connection=connection) == stored
+
+
+# -- two producers with different code, real forking workers ---------------------------------------------------------
+
+
+def test_two_producers_declaring_different_limits_never_drift_a_key_past_its_rule(connection, redis_url, worker_env):
+    """Producer A's code declares 6 for scope 'tiered', producer B's 1, both enqueueing at once for three keys while
+    four forking PolicyWorkers run them; the scope's rule says premium 3, free 1, others 2. The sweep over every
+    job's start and end records: no key ever ran more than its rule allows (without the rule in the fetch script,
+    the loose producer's jobs run 4 at once on every key)."""
+    found = drift.run('ours', connection, redis_url, worker_env, 'drift-ours')
+    result = drift.summary(found)
+    for key, row in result['keys'].items():
+        assert len(found[key]) == 2 * 2 * 8, key  # every job of both producers ran
+        assert row['max_running'] <= row['limit'], (key, row, found[key])
+    assert result['over_admitted'] == 0
+    assert result['keys']['premium:a']['max_running'] >= 2  # the loose tier's room is used, not the strict one's
+    assert connection.zcard(keys.KEY_DUE) == 0

@@ -22,13 +22,13 @@ from tests.helpers.workers import output, start_worker, stop, wait_for
 LIMITS = {'premium:a': 3, 'free:b': 1, 'other': 2}
 LOOSE, STRICT = 6, 1
 
-PRODUCE = '''
+PRODUCE = f'''
 import sys
 from tests.helpers import key_jobs, with_root
 from tests.helpers.cluster import connect
 side, url, tag, which, n, seconds = sys.argv[1:7]
 conn = connect(url)
-keys = {keys!r}
+keys = {list(LIMITS)!r}
 if side == 'ours':
     from rq_policies import PolicyQueue
     q = PolicyQueue('drift', connection=conn)
@@ -40,23 +40,25 @@ else:
     from rq import Queue
     from rq.rate_limit import RateLimit
     q = Queue('drift', connection=conn)
-    limit = {loose} if which == 'loose' else {strict}
+    limit = {LOOSE} if which == 'loose' else {STRICT}
     for i in range(int(n)):
         for key in keys:
             q.enqueue(key_jobs.rq_limited, tag, float(seconds), customer=key, rate_limit=RateLimit(key, limit))
-'''.format(keys=list(LIMITS), loose=LOOSE, strict=STRICT)
+'''
 
 
 def run(side: str, conn: Redis, url: str, env: dict, tag: str, per_producer: int = 8, seconds: float = 0.2,
         workers: int = 4, timeout: float = 120) -> dict[str, list[tuple[str, str, float]]]:
-    """Run the workload on ``side`` ('ours' or 'rq'): the two producers in subprocesses at once, ``workers`` forking
+    """Run the workload on ``side``: 'ours' (a scope rule), 'declared' (ours without a rule: each job's declared
+    limit, as before rules) or 'rq' (rq's RateLimit); the two producers in subprocesses at once, ``workers`` forking
     workers (PolicyWorker for ours, rq's Worker for rq's); returns every job's start and end records per key."""
     if side == 'ours':
         from rq_policies import Concurrency, Tiers
 
         Concurrency.set_rule('tiered', Tiers({'premium:': LIMITS['premium:a'], 'free:': LIMITS['free:b']},
                                              default=LIMITS['other']), connection=conn, force=True)
-    worker_class = 'rq_policies.PolicyWorker' if side == 'ours' else 'rq.worker.Worker'
+    worker_class = 'rq.worker.Worker' if side == 'rq' else 'rq_policies.PolicyWorker'
+    side = 'ours' if side == 'declared' else side  # the same producers
     running = [start_worker(url, ['drift'], env, worker_class=worker_class) for _ in range(workers)]
     producers = [subprocess.Popen([sys.executable, '-c', PRODUCE, side, url, tag, which, str(per_producer),
                                    str(seconds)], env=with_root(env)) for which in ('loose', 'strict')]

@@ -15,7 +15,8 @@ the release's refill) and the enqueue's promotion uses the job's own, so the key
 producer enqueued last. Ours reads the rule in the fetch script; the numbers the producers declare do not count.
 A third side, ``declared``, is ours without a rule (each job checked against the limit its own producer declared, as
 before rules existed): no last-registrant drift, but a key runs up to the loosest producer's number.
-Prints each round and the median over rounds; rq's side needs rq >= 2.11 (RateLimit), else it is skipped, saying so.
+Prints each round and the median over rounds; rq's side needs rq 3 (rq.rate_limit; rq 2.12 has none), else it is
+skipped, saying so.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def main() -> int:
     smoke_defaults(opts, rounds=1, jobs=2)
     sides = ['ours', 'declared', 'rq'] if has_rate_limit() else ['ours', 'declared']
     if 'rq' not in sides:
-        print('rq has no RateLimit (rq < 2.11): only our side runs')
+        print('this rq has no RateLimit (rq 3 has it): only our sides run')
     totals: dict[str, list[int]] = {side: [] for side in sides}
     peaks: dict[str, dict[str, list[int]]] = {side: {key: [] for key in drift.LIMITS} for side in sides}
     with server_url() as url:

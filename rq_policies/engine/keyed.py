@@ -106,6 +106,12 @@ class Tiers:
         return f'Tiers({self.tiers!r}, default={self.default!r})'
 
 
+def rule_source(tier: str) -> str:
+    """The words naming the part of a scope's rule that gave a key its setting (``tier``: the prefix, '' the
+    default): ``"rule tier 'premium:'"`` or ``'rule default'``."""
+    return f'rule tier {tier!r}' if tier else 'rule default'
+
+
 def _source(value: Any, args: tuple, kwargs: dict) -> str:
     """``', args[0]'``: the argument a key function returned as is (the usual ``lambda a, k: a[0]``), if any."""
     for i, arg in enumerate(args):

@@ -20,6 +20,7 @@ from rq_policies import Concurrency, InvalidArgument, PolicyQueue, Rate, Tiers, 
 from rq_policies.engine import keys
 from rq_policies.engine.fetch import Claim, Look, release_claim
 from rq_policies.policies.concurrency.views import ConcurrencyViews
+from rq_policies.policies.rate.views import RateViews
 from tests.helpers import drift, fetches, key_jobs
 
 CUSTOMER_SCOPE = 'tests.helpers.key_jobs.per_customer'
@@ -196,6 +197,15 @@ def test_a_rate_rule_gives_each_key_its_tier_s_rate(connection):
     shops = [connection.hget(Job.key_for(j), 'policies_key_rate') for j in taken]
     assert sum(b'big:a' in s for s in shops) == 4  # the big tier's burst of 4, not the declared 2
     assert sum(b'small:b' in s for s in shops) == 1  # the default's burst of 1
+    # what shows it: the rate in force and which rule gave it
+    assert Rate.status(scope, 'small:b', connection=connection).next_at > connection.time()[0] + 30  # 1 a minute
+    rows = {r['key']: r for r in RateViews.key_rows(connection, scope)}
+    assert (rows['big:a']['rate'], rows['big:a']['source']) == ((50, 60, 4), "rule tier 'big:'")
+    assert (rows['small:b']['rate'], rows['small:b']['source']) == ((1, 60, 1), 'rule default')
+    assert any("(rule tier 'big:')" in line for line in RateViews.key_lines(list(rows.values()), 0.0))
+    parked = Rate.parked(scope, 'small:b', connection=connection)[0]
+    part = next(p for p in explain(parked, connection)['policies'] if p['policy'] == 'key_rate')
+    assert '1/60s burst 1 (rule default)' in part['verdict'] and part['source'] == 'rule default', part
     with pytest.raises(InvalidArgument) as raised:
         Rate.set_rule(scope, Tiers({'big:': (0, 60)}, default=(1, 60)), connection=connection, force=True)
     assert raised.value.argument.startswith("tiers['big:']")

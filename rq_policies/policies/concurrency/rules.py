@@ -17,7 +17,7 @@ from rq.job import Job
 
 from rq_policies.engine import keyed, keys, ledger, reading
 from rq_policies.engine.admin import KeyLimit, KeyStatus, deprecated, refusing
-from rq_policies.engine.keyed import KeyedPolicy, KeyFunction, check_scope, key_text, keyed_args
+from rq_policies.engine.keyed import KeyedPolicy, KeyFunction, check_scope, key_text, keyed_args, rule_source
 from rq_policies.engine.ops import Call, text
 from rq_policies.engine.ops import need_connection as _need
 from rq_policies.engine.ops import server_now as _server_now
@@ -161,11 +161,6 @@ def release_call(hold: Any) -> Call:
     return call.key('keydue', keys.KEY_DUE)
 
 
-def limit_source(tier: str) -> str:
-    """The words naming the part of a scope's rule that gave a key its limit (``tier``: the prefix, '' the default)."""
-    return f'rule tier {tier!r}' if tier else 'rule default'
-
-
 def _key_rows(conn: Any, policy: str, scope: str, names: list[str], now: float) -> list[dict[str, Any]]:
     """Each key's row. Its limit: the override, else its scope's rule (:meth:`Concurrency.set_rule`), else the
     declared limit on the job hash of its oldest parked job, else of a job holding one of its units (a unit reserved
@@ -214,7 +209,7 @@ def _key_rows(conn: Any, policy: str, scope: str, names: list[str], now: float) 
             limit, source = int(override), 'set'
         elif rule is not None:
             limit, tier = rule.resolve(key)
-            source = limit_source(tier)
+            source = rule_source(tier)
         else:
             limit = _declared_limit(fields.get(i), keys.key_id(scope, key))
             source = None if limit is None else 'declared'

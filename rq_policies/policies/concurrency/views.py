@@ -9,14 +9,14 @@ from redis import Redis
 
 from rq_policies.engine import keys, reading, views
 from rq_policies.engine.admin import KeyLimit
-from rq_policies.engine.keyed import check_scope, key_text
+from rq_policies.engine.keyed import check_scope, key_text, rule_source
 from rq_policies.engine.ops import need_connection as _need
 from rq_policies.engine.ops import server_now as _server_now
 from rq_policies.engine.ops import text
 from rq_policies.engine.policy import MAX_CAPACITY
 from rq_policies.engine.readable import at, relative
 
-from .rules import Concurrency, _key_rows, limit_source
+from .rules import Concurrency, _key_rows
 
 
 class ConcurrencyViews(views.KeyedViews):
@@ -104,7 +104,7 @@ class ConcurrencyViews(views.KeyedViews):
             limit, source = int(override), 'set'
         elif rule is not None:
             limit, tier = rule.resolve(key)
-            source = limit_source(tier)
+            source = rule_source(tier)
         else:
             limit, source = int(declared), 'declared'
         entry: dict[str, Any] = {'scope': scope, 'key': key, 'limit': limit, 'source': source,

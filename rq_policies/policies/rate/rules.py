@@ -39,7 +39,7 @@ from rq_policies.engine.admin import (
     windows_of,
 )
 from rq_policies.engine.exceptions import InvalidArgument
-from rq_policies.engine.keyed import KeyedPolicy, KeyFunction, check_scope, key_text
+from rq_policies.engine.keyed import KeyedPolicy, KeyFunction, Tiers, check_scope, key_text, rule_source
 from rq_policies.engine.ops import need_connection as _need
 from rq_policies.engine.ops import text, time_in
 
@@ -156,8 +156,8 @@ class Rate(KeyedPolicy, GcraRate):
         """How many starts one key allows now, and when the next is allowed (server clock); a BackOff(key=True) of
         the key shows as ``backoff_until``.
 
-        The rate is the one in force: the run-time rate (:meth:`set`), else the one the key's oldest parked job
-        declares; None when neither is known (and the key is not backed off).
+        The rate is the one in force: the run-time rate (:meth:`set`), else its scope's rule (:meth:`set_rule`), else
+        the one the key's oldest parked job declares; None when neither is known (and the key is not backed off).
 
         ``Rate.status(scope, key, limit, per, burst)``, 0.2's form that gave the rate, is deprecated (removed in
         0.4): it warns and answers under the rate given.
@@ -174,12 +174,22 @@ class Rate(KeyedPolicy, GcraRate):
             pipe.get(keys.KEY_BLOCK_PREFIX(key_id))
             pipe.hget(keys.KEY_RATES, key_id)
             pipe.lindex(keys.KEY_PARKED_PREFIX(cls.name, key_id), 0)
-            (seconds, micros), tat, blocked, stored, head = pipe.execute()
+            pipe.hget(keys.KEY_RULES, cls.rule_field(scope))
+            (seconds, micros), tat, blocked, stored, head, rule = pipe.execute()
         now = seconds + micros / 1e6
-        rate = rate or _stored_rate(stored)
+        rate = rate or _stored_rate(stored) or ruled_rate(cls.decode_rule(rule), name)[0]
         if rate is None and head is not None:
             rate = _declared_rate(conn.hget(Job.redis_job_namespace_prefix + text(head), cls.field), key_id)
         return rate_status(rate, tat, blocked, now)
+
+
+def ruled_rate(rule: Tiers | None, key: str) -> tuple[KeyRate | None, str | None]:
+    """The rate a scope's rule (:meth:`Rate.set_rule`) gives ``key``, and the words naming the part that gave it
+    (:func:`~rq_policies.engine.keyed.rule_source`); ``(None, None)`` without a rule."""
+    if rule is None:
+        return None, None
+    rate, tier = rule.resolve(key)
+    return rate, rule_source(tier)
 
 
 def _declared_rate(raw: Any, key_id: str | None) -> KeyRate | None:

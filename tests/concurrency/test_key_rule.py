@@ -174,6 +174,9 @@ def test_status_key_rows_and_explain_name_the_rule_that_gave_the_limit(connectio
     assert (rows['zed']['limit'], rows['zed']['source']) == (2, 'rule default')
     lines = ConcurrencyViews.key_lines(list(rows.values()), 0.0)
     assert any("3/3 (rule tier 'premium:')" in line for line in lines), lines
+    (panel,) = ConcurrencyViews.panels(connection, connection.time()[0], 10)
+    cells = {row[0]: row[2] for row in panel['rows']}
+    assert (cells['premium:acme'].text, cells['premium:acme'].sub) == ('3', "rule tier 'premium:'")
     found = explain(made[3].id, connection=connection)
     words = str(found)
     assert "rule tier 'premium:'" in words and '3/3' in words, words

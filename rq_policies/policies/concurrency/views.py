@@ -79,7 +79,7 @@ class ConcurrencyViews(views.KeyedViews):
     @classmethod
     def panel_row(cls, row: dict[str, Any], now: float) -> list[views.CellValue]:
         return [row['key'], views.Cell(str(row['in_use']), warn=True) if row['limit'] is not None
-                and row['in_use'] > row['limit'] else row['in_use'], row['limit'], row['parked'],
+                and row['in_use'] > row['limit'] else row['in_use'], _limit_cell(row), row['parked'],
                 _waiting_cell(row, now)]
 
     @classmethod
@@ -225,6 +225,13 @@ def _override_changed(conn: Redis, values: views.Values, before: KeyLimit | None
                                  'override': found.limit if found else None, 'was': before.limit if before else None})
     was = f'was {before.limit}' if before is not None else 'had no override'
     return views.Reply((f'{words} ({was}).',))
+
+
+def _limit_cell(row: dict[str, Any]) -> views.CellValue:
+    """The page's limit cell: the number, with what gave it on a second line when not its jobs' declaration."""
+    if row.get('source') in (None, 'declared'):
+        return row['limit']
+    return views.Cell(str(row['limit']), sub='set at run time' if row['source'] == 'set' else row['source'])
 
 
 def _source_words(source: str) -> str:

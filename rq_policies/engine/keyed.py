@@ -362,8 +362,9 @@ class KeyedPolicy(FetchPolicy):
         the script that decides each start: it wins over the setting every job of the scope declares, whatever the
         producer's code, so two producers cannot make a key's limit drift; a per-key run-time setting (``set``) still
         wins over it. Replaces the scope's rule; writing the same rule twice is harmless. A key's parked jobs see a
-        raised rule at the key's next release (``set`` wakes them at once). A scope this policy is not known to use
-        is refused as a typo; ``force=True`` sets it anyway. Returns the rule as stored."""
+        raised rule when the key next comes due (a release, a hold's expiry, its rate's next start; ``set`` wakes
+        them at once): a rule covers keys listed nowhere, so setting one touches no key's state. A scope this
+        policy is not known to use is refused as a typo; ``force=True`` sets it anyway. Returns the rule as stored."""
         with refusing():
             scope = check_scope(scope)
             if not isinstance(rule, Tiers):

@@ -100,7 +100,7 @@ class Tiers:
         return isinstance(other, Tiers) and (self.tiers, self.default) == (other.tiers, other.default)
 
     def __hash__(self) -> int:
-        return hash((tuple(sorted(self.tiers.items(), key=repr)), repr(self.default)))
+        return hash(repr(self))  # settings may be lists (a Rate's windows), which do not hash
 
     def __repr__(self) -> str:
         return f'Tiers({self.tiers!r}, default={self.default!r})'

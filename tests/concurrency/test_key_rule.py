@@ -85,6 +85,13 @@ def test_a_per_key_setting_stays_on_top_of_the_rule(connection):
     assert (status.limit, status.overridden, status.source) == (1, False, "rule tier 'free:'")
 
 
+def test_a_rule_is_a_value():
+    windows = Tiers({'big:': [(10, 1), (500, 3600)]}, default=(1, 60))
+    assert hash(windows) == hash(Tiers({'big:': [(10, 1), (500, 3600)]}, default=(1, 60)))
+    assert windows != Tiers({'big:': [(10, 1)]}, default=(1, 60))
+    assert repr(RULE) == "Tiers({'premium:': 3, 'free:': 1}, default=2)"
+
+
 def test_the_longest_matching_prefix_wins():
     rule = Tiers({'p': 5, 'premium:': 10, 'premium:vip:': 20}, default=1)
     assert rule.resolve('premium:vip:acme') == (20, 'premium:vip:')

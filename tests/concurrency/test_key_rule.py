@@ -9,6 +9,10 @@ records of every job (server clock).
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 from redis import Redis
 from redis.backoff import ExponentialBackoff
@@ -33,6 +37,11 @@ def fetch(conn, token, names=('keys',)):
 
 def customer(q, customer, seconds=0.0, tag='t'):
     return q.enqueue(key_jobs.per_customer, tag, seconds, customer=customer)
+
+
+def cli(*args, env):
+    full = [sys.executable, '-m', 'rq_policies', *args, '--url', env['REDIS_URL']]
+    return subprocess.run(full, env=env, capture_output=True, text=True, timeout=60)
 
 
 def take_all(conn, prefix, n):
@@ -238,3 +247,20 @@ def test_two_producers_declaring_different_limits_never_drift_a_key_past_its_rul
     assert result['over_admitted'] == 0
     assert result['keys']['premium:a']['max_running'] >= 2  # the loose tier's room is used, not the strict one's
     assert connection.zcard(keys.KEY_DUE) == 0
+
+
+def test_the_keys_command_shows_the_scope_s_rule_and_the_override_command_its_source(connection, worker_env):
+    q = PolicyQueue('keys', connection=connection)
+    for _ in range(4):
+        customer(q, 'premium:acme')
+    Concurrency.set_rule(CUSTOMER_SCOPE, RULE, connection=connection)
+    take_all(connection, 'h:9:0', 4)
+    shown = cli('keys', CUSTOMER_SCOPE, env=worker_env)
+    assert shown.returncode == 0, shown.stderr
+    assert f"concurrency rule of scope {CUSTOMER_SCOPE}: {RULE!r}" in shown.stdout, shown.stdout
+    assert "key premium:acme  3/3 (rule tier 'premium:') in use, 1 parked" in shown.stdout, shown.stdout
+    data = json.loads(cli('keys', CUSTOMER_SCOPE, '--json', env=worker_env).stdout)
+    assert data['rules'] == {'concurrency': repr(RULE)}
+    assert data['policies']['concurrency'][0]['source'] == "rule tier 'premium:'"
+    status = cli('override', CUSTOMER_SCOPE, 'premium:acme', env=worker_env)
+    assert "limit 3 (rule tier 'premium:')" in status.stdout, status.stdout

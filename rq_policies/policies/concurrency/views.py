@@ -166,11 +166,15 @@ def _keys_prepare(values: views.Values) -> views.Values:
 def _keys_run(conn: Redis, values: views.Values) -> views.Reply:
     scope, count, search = str(values['scope']), int(values['limit']), values['search']  # type: ignore[call-overload]
     now = _server_now(conn)
+    rules = {policy.name: rule for policy in views.keyed_views()
+             if (rule := getattr(policy.policy, 'get_rule', lambda *a, **k: None)(scope, connection=conn)) is not None}
     if values['as_json']:
         return views.Reply(data={'scope': scope, 'server_time': now,
+                                 'rules': {name: repr(rule) for name, rule in rules.items()},
                                  'policies': {policy.name: policy.key_rows(conn, scope, count, search, now)
                                               for policy in views.keyed_views()}})
-    lines = []
+    lines = [f'{name} rule of scope {scope}: {rule!r} (a key\'s own setting wins over it)'
+             for name, rule in rules.items()]
     for policy in views.keyed_views():
         lines += policy.key_lines(policy.key_rows(conn, scope, count, search, now), now)
     return views.Reply(tuple(lines or [f'No key of scope {scope!r} has running or parked jobs.']))

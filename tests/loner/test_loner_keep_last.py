@@ -1,0 +1,180 @@
+"""Loner(until='finished', on_conflict='keep_last'): at most one running and one waiting job per identity, the
+waiting one holding the latest payload (BullMQ's keepLastIfActive), with real forking PolicyWorkers."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+import pytest
+from rq.job import Job, JobStatus
+
+from rq_policies import InvalidArgument, Loner, PolicyConfigurationError, PolicyQueue, Throttle, explain, policy
+from rq_policies.engine import keys, ops
+from tests.helpers import lock_jobs
+from tests.helpers.workers import output, start_worker, stop, wait_for
+
+
+def records(connection, account):
+    """The start/end records of ``account``'s runs: (kind, job id, payload, server time)."""
+    found = []
+    for line in connection.lrange(f'test:kl:{account}', 0, -1):
+        kind, jid, payload, at = line.decode().split()
+        found.append((kind, jid, payload, float(at)))
+    return found
+
+
+def overlaps(found):
+    """Sweep over start/end records in server time order: the most runs of one identity at once."""
+    events = sorted((at, 0 if kind == 'end' else 1) for kind, _, _, at in found)
+    running = most = 0
+    for _, starting in events:
+        running += 1 if starting else -1
+        most = max(most, running)
+    return most
+
+
+def status(connection, jid):
+    return Job.fetch(jid, connection=connection).get_status()
+
+
+# -- bad input --------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(('kwargs', 'argument', 'value'), [
+    ({'on_conflict': 'keep_last'}, 'until', "'started'"),
+    ({'until': 'started', 'on_conflict': 'keep_last'}, 'until', "'started'"),
+    ({'until': 'finished', 'on_conflict': 'keep_last', 'ttl': 60}, 'ttl', '60'),
+])
+def test_keep_last_with_an_option_it_cannot_work_with_is_refused_naming_it(kwargs, argument, value):
+    with pytest.raises(InvalidArgument) as caught:
+        Loner(**kwargs)
+    assert caught.value.argument == argument and value in str(caught.value)
+
+
+def test_keep_last_and_a_throttle_are_refused_naming_why():
+    with pytest.raises(PolicyConfigurationError, match='keep_last'):
+        policy(Throttle(60), Loner(until='finished', on_conflict='keep_last'))
+
+
+def test_repr_names_the_mode():
+    assert repr(Loner(until='finished', on_conflict='keep_last')) == "Loner(until='finished', on_conflict='keep_last')"
+
+
+# -- admission without a worker ---------------------------------------------------------------------------------------
+
+
+def test_a_duplicate_of_a_waiting_holder_replaces_its_payload_in_place(connection):
+    q = PolicyQueue('kl-wait', connection=connection)
+    first = q.enqueue(lock_jobs.kept_last, 'acme', 'p1')
+    again = q.enqueue(lock_jobs.kept_last, 'acme', 'p2')
+    other = q.enqueue(lock_jobs.kept_last, 'other', 'x')
+    assert again.id == first.id and other.id != first.id
+    assert q.job_ids == [first.id, other.id]
+    assert Job.fetch(first.id, connection=connection).args == ('acme', 'p2')
+    assert connection.hget(first.key, 'policies_loner_next') is None  # nothing runs: it waits behind no one
+
+
+# -- with real workers ------------------------------------------------------------------------------------------------
+
+
+def test_one_runs_one_waits_with_the_latest_payload_and_it_runs_after(connection, redis_url, worker_env):
+    q = PolicyQueue('kl-basic', connection=connection)
+    first = q.enqueue(lock_jobs.kept_last, 'basic', 'p1', seconds=2)
+    workers = [start_worker(redis_url, ['kl-basic'], worker_env) for _ in range(2)]
+    try:
+        assert wait_for(lambda: len(records(connection, 'basic')) >= 1), output(workers[0])
+        second = q.enqueue(lock_jobs.kept_last, 'basic', 'p2', seconds=0.2)
+        assert second is not None and second.id != first.id  # admitted as the waiting one, not dropped
+        third = q.enqueue(lock_jobs.kept_last, 'basic', 'p3', seconds=0.2)
+        fourth = q.enqueue(lock_jobs.kept_last, 'basic', 'p4', seconds=0.2)
+        assert third.id == second.id and fourth.id == second.id  # the waiting one's payload, in place
+        # a free worker fetches it meanwhile and parks it: it never starts beside the running one
+        assert wait_for(lambda: status(connection, second.id) == JobStatus.DEFERRED, timeout=10)
+        assert status(connection, first.id) == JobStatus.STARTED
+        assert 'waits behind' in explain(second.id, connection=connection)['policies'][0]['verdict']
+        assert wait_for(lambda: status(connection, second.id) == JobStatus.FINISHED, timeout=20), output(workers[0])
+        found = records(connection, 'basic')
+        assert [(kind, payload) for kind, _, payload, _ in found] == [
+            ('start', 'p1'), ('end', 'p1'), ('start', 'p4'), ('end', 'p4')]
+        end_first = next(at for kind, jid, _, at in found if kind == 'end' and jid == first.id)
+        start_second = next(at for kind, jid, _, at in found if kind == 'start' and jid == second.id)
+        assert start_second >= end_first
+        # the end of the first gave the waiting one back at once, not at the next poll
+        assert start_second - end_first < 2.5
+        # nothing left: the next enqueue is a plain admission
+        assert wait_for(lambda: connection.get(connection.hget(second.key, keys.LONER_FIELD)) is None)
+    finally:
+        stop(*workers)
+
+
+def test_a_waiting_job_deleted_gives_the_identity_back_to_the_running_one(connection, redis_url, worker_env):
+    q = PolicyQueue('kl-delete', connection=connection)
+    first = q.enqueue(lock_jobs.kept_last, 'del', 'p1', seconds=3)
+    worker = start_worker(redis_url, ['kl-delete'], worker_env)
+    try:
+        assert wait_for(lambda: len(records(connection, 'del')) >= 1), output(worker)
+        second = q.enqueue(lock_jobs.kept_last, 'del', 'p2')
+        second.delete()  # a PolicyJob: its delete frees what it holds (rq's plain Job.delete leaves a stale marker)
+        third = q.enqueue(lock_jobs.kept_last, 'del', 'p3')
+        # waits behind the running first again, not beside it
+        assert third.id not in (first.id, second.id)
+        assert connection.hget(third.key, 'policies_loner_next').decode().split()[0] == first.id
+        assert wait_for(lambda: status(connection, third.id) == JobStatus.FINISHED, timeout=20), output(worker)
+        assert overlaps(records(connection, 'del')) == 1
+    finally:
+        stop(worker)
+
+
+@pytest.mark.slow
+def test_a_running_holder_whose_worker_died_stops_blocking_within_the_liveness_bound(
+        connection, redis_url, worker_env):
+    q = PolicyQueue('kl-dead', connection=connection)
+    first = q.enqueue(lock_jobs.kept_last, 'dead', 'p1', seconds=300)
+    worker = start_worker(redis_url, ['kl-dead'], worker_env, extra=['--job-monitoring-interval', '1'])
+    try:
+        assert wait_for(lambda: len(records(connection, 'dead')) >= 1), output(worker)
+        os.killpg(worker.pid, signal.SIGKILL)
+        os.kill(int(connection.lindex('test:pid:dead', 0)), signal.SIGKILL)
+        worker.wait()
+        second = q.enqueue(lock_jobs.kept_last, 'dead', 'p2')
+        assert second.id != first.id
+        assert status(connection, first.id) == JobStatus.STARTED  # rq still says so
+        other = start_worker(redis_url, ['kl-dead'], worker_env)
+        try:
+            started = time.monotonic()
+            # job_monitoring_interval + 60 s after the last heartbeat, plus the fetch's poll of a parked job (5 s)
+            assert wait_for(lambda: status(connection, second.id) == JobStatus.FINISHED, timeout=1 + 60 + 5 + 10,
+                            interval=0.5), output(other)
+            assert time.monotonic() - started <= 1 + 60 + 5 + 10
+        finally:
+            stop(other)
+    finally:
+        stop(worker)
+
+
+def test_a_lost_reply_replayed_admits_the_waiting_job_once(connection, redis_url, worker_env, monkeypatch):
+    q = PolicyQueue('kl-replay', connection=connection)
+    first = q.enqueue(lock_jobs.kept_last, 'replay', 'p1', seconds=3)
+    worker = start_worker(redis_url, ['kl-replay'], worker_env)
+    try:
+        assert wait_for(lambda: len(records(connection, 'replay')) >= 1), output(worker)
+        real_run = ops.Call.run
+
+        def lost_reply(self, client):
+            real_run(self, client)
+            return real_run(self, client)
+
+        monkeypatch.setattr(ops.Call, 'run', lost_reply)
+        second = q.enqueue(lock_jobs.kept_last, 'replay', 'p2')
+        again = q.enqueue(lock_jobs.kept_last, 'replay', 'p3')
+        monkeypatch.undo()
+        assert second.id != first.id and again.id == second.id
+        assert connection.hget(second.key, 'policies_loner_next').decode().split()[0] == first.id
+        assert wait_for(lambda: status(connection, second.id) == JobStatus.FINISHED, timeout=20), output(worker)
+        assert [(k, p) for k, _, p, _ in records(connection, 'replay')] == [
+            ('start', 'p1'), ('end', 'p1'), ('start', 'p3'), ('end', 'p3')]
+    finally:
+        stop(worker)

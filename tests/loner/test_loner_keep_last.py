@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import threading
 import time
 
 import pytest
@@ -14,6 +15,7 @@ from rq.job import Job, JobStatus
 from rq_policies import InvalidArgument, Loner, PolicyConfigurationError, PolicyQueue, Throttle, explain, policy
 from rq_policies.engine import keys, ops
 from tests.helpers import lock_jobs
+from tests.helpers.cluster import connect
 from tests.helpers.workers import output, start_worker, stop, wait_for
 
 
@@ -178,3 +180,109 @@ def test_a_lost_reply_replayed_admits_the_waiting_job_once(connection, redis_url
             ('start', 'p1'), ('end', 'p1'), ('start', 'p3'), ('end', 'p3')]
     finally:
         stop(worker)
+
+
+# -- the figure: 500 random enqueues per identity over 8 identities while jobs run -------------------------------------
+
+IDENTITIES, ENQUEUES = 8, 500
+
+
+def _produce(url, account, seed, waited, ids, errors):
+    """500 enqueues of ``account`` in random bursts (1-20 at random gaps of 0-5 ms); after about half of the
+    bursts, wait for the burst's last payload to start (it must: no trigger is lost), noting each in ``waited``."""
+    rng = random.Random(seed)
+    conn = connect(url)
+    q = PolicyQueue('kl-figure', connection=conn)
+    seq = 0
+    try:
+        while seq < ENQUEUES:
+            for _ in range(min(rng.randint(1, 20), ENQUEUES - seq)):
+                job = q.enqueue(lock_jobs.kept_last, account, str(seq), seconds=rng.uniform(0, 0.04))
+                if job is None:
+                    errors.append(f'{account}: enqueue {seq} was dropped')
+                else:
+                    ids.add(job.id)  # the watcher follows it
+                seq += 1
+                time.sleep(rng.uniform(0, 0.005))
+            if rng.random() < 0.5:
+                last = str(seq - 1)
+                if not wait_for(lambda last=last: any(kind == 'start' and payload == last
+                                                      for kind, _, payload, _ in records(conn, account)), timeout=30):
+                    errors.append(f'{account}: the last payload {last} of a burst never started')
+                waited.append(last)
+    except Exception as exc:  # noqa: BLE001 - reported by the test
+        errors.append(f'{account}: {exc!r}')
+
+
+def _watch(url, ids, stop_at, seen, errors):
+    """Snapshots (MULTI/EXEC, so one instant) of every admitted job's status per identity: never 2 running, never 2
+    waiting. A job taken by a worker but not yet marked started (policies_loner_taken, status still queued) runs."""
+    conn = connect(url)
+    while not stop_at:
+        with conn.pipeline(transaction=True) as pipe:
+            listed = [(account, jid) for account, known in ids.items() for jid in list(known)]
+            for _, jid in listed:
+                pipe.hmget(Job.key_for(jid), 'status', 'policies_loner_taken')
+            states = pipe.execute()
+        running, waiting = {}, {}
+        for (account, _), (state, taken) in zip(listed, states):
+            state = state.decode() if state else ''
+            if state == 'started' or (state == 'queued' and taken):
+                running[account] = running.get(account, 0) + 1
+            elif state in ('queued', 'deferred', 'scheduled'):
+                waiting[account] = waiting.get(account, 0) + 1
+        for account in ids:
+            r, w = running.get(account, 0), waiting.get(account, 0)
+            if r > 1 or w > 1:
+                errors.append(f'{account}: {r} running and {w} waiting at once')
+            seen[(r, w)] = seen.get((r, w), 0) + 1
+        time.sleep(0.01)
+
+
+@pytest.mark.slow
+def test_the_figure_never_two_running_never_two_waiting_and_the_last_payload_runs(connection, redis_url, worker_env):
+    accounts = [f'fig{n}' for n in range(IDENTITIES)]
+    workers = [start_worker(redis_url, ['kl-figure'], worker_env) for _ in range(4)]
+    errors, seen, stop_at = [], {}, []
+    waited = {account: [] for account in accounts}
+    ids = {account: set() for account in accounts}
+    try:
+        producers = [threading.Thread(target=_produce, args=(redis_url, account, n, waited[account],
+                                                                     ids[account], errors))
+                     for n, account in enumerate(accounts)]
+        watcher = threading.Thread(target=_watch, args=(redis_url, ids, stop_at, seen, errors))
+        watcher.start()
+        for thread in producers:
+            thread.start()
+        for thread in producers:
+            thread.join(timeout=120)
+        assert not any(thread.is_alive() for thread in producers)
+        q = PolicyQueue('kl-figure', connection=connection)
+
+        def drained():
+            return all(status(connection, jid) == JobStatus.FINISHED for known in ids.values() for jid in known)
+
+        assert wait_for(drained, timeout=60, interval=0.5), output(workers[0])
+        stop_at.append(True)
+        watcher.join(timeout=10)
+    finally:
+        stop_at.append(True)
+        stop(*workers)
+    assert not errors, errors[:10]
+    assert q.count == 0
+    for account in accounts:
+        found = records(connection, account)
+        assert overlaps(found) == 1, account  # never two running: the sweep over start and end records
+        starts = [(jid, int(payload)) for kind, jid, payload, _ in found if kind == 'start']
+        assert len({jid for jid, _ in starts}) == len(starts), account  # each job ran once
+        payloads = [payload for _, payload in starts]
+        assert payloads == sorted(set(payloads)), account  # never an older payload after a newer one
+        assert payloads[-1] == ENQUEUES - 1, account  # the last enqueue is reflected in the last run
+        assert set(int(p) for p in waited[account]) <= set(payloads), account  # each waited burst's last ran
+        assert len(starts) == len(ids[account]), account  # every admitted job ran (none left waiting)
+    print(f'figure: {sum(len(k) for k in ids.values())} jobs admitted of {IDENTITIES * ENQUEUES} enqueues, '
+          f'{sum(len(w) for w in waited.values())} bursts waited for, snapshots (running, waiting): {seen}')
+    # not vacuous: the watcher saw a job waiting behind a running one, and enqueues replaced waiting payloads
+    assert seen.get((1, 1), 0) > 0, seen
+    assert sum(len(known) for known in ids.values()) < IDENTITIES * ENQUEUES
+    assert sum(len(w) for w in waited.values()) > IDENTITIES * 5

@@ -109,7 +109,8 @@ class Loner(AdmissionPolicy):
             raise InvalidArgument('until', message=f"until must be 'started' or 'finished', got {until!r}")
         if on_conflict not in ON_CONFLICT:
             raise InvalidArgument(
-                'on_conflict', message=f"on_conflict must be 'drop', 'raise', 'replace' or 'keep_last', got {on_conflict!r}")
+                'on_conflict',
+                message=f"on_conflict must be 'drop', 'raise', 'replace' or 'keep_last', got {on_conflict!r}")
         if on_conflict == 'keep_last' and until != 'finished':
             raise InvalidArgument('until', message=(
                 f"on_conflict='keep_last' needs until='finished' (the running job must hold its identity for a "

@@ -80,8 +80,8 @@ class LonerViews(views.PolicyViews):
         if live or status in compat.WAITING_STATUSES:
             what = f'running on worker {worker}' if live else status
             return (f'{verdict}; waits behind job {behind} ({what}, Loner keep_last): it never starts beside it',
-                    f'starts once job {behind} ends (its end gives this one back to its queue at once; a dead worker\'s '
-                    f'job stops blocking within its heartbeat bound, looked at every {NEXT_POLL} s)')
+                    f'starts once job {behind} ends (its end gives this one back to its queue at once; the job of a '
+                    f'dead worker stops blocking within its heartbeat bound, looked at every {NEXT_POLL} s)')
         return (f'{verdict}; waited behind job {behind}, which no longer holds ({status or "gone"})',
                 change + '; the next fetch of its queue starts it')
 

@@ -16,6 +16,7 @@ from rq_policies import InvalidArgument, Loner, PolicyConfigurationError, Policy
 from rq_policies.engine import keys, ops
 from tests.helpers import lock_jobs
 from tests.helpers.cluster import connect
+from tests.helpers.faults import ADMIT_WRITE, FAULTS, lose_reply, producer
 from tests.helpers.workers import output, start_worker, stop, wait_for
 
 
@@ -180,6 +181,56 @@ def test_a_lost_reply_replayed_admits_the_waiting_job_once(connection, redis_url
             ('start', 'p1'), ('end', 'p1'), ('start', 'p3'), ('end', 'p3')]
     finally:
         stop(worker)
+
+
+
+@pytest.mark.parametrize('fault', FAULTS)
+def test_admissions_behind_a_running_job_with_lost_replies_are_applied_once(
+        connection, redis_url, worker_env, fault_proxy, fault):
+    """Through the fault proxy (a late reply, a dropped one, a stall): the admission behind the running job and the
+    replace of the waiting one are each sent again by the retrying client, and each writes once: one waiting job,
+    naming the running one, with the last payload, run once after it."""
+    q = PolicyQueue('kl-faults', connection=producer(fault_proxy))
+    first = q.enqueue(lock_jobs.kept_last, 'faults', 'p1', seconds=3)
+    worker = start_worker(redis_url, ['kl-faults'], worker_env)
+    try:
+        assert wait_for(lambda: len(records(connection, 'faults')) >= 1), output(worker)
+        seen = fault_proxy.seen(ADMIT_WRITE)
+        lose_reply(fault_proxy, fault, ADMIT_WRITE)
+        second = q.enqueue(lock_jobs.kept_last, 'faults', 'p2')
+        assert fault_proxy.seen(ADMIT_WRITE) >= seen + 2  # the reply was lost, the call was sent again
+        lose_reply(fault_proxy, fault, ADMIT_WRITE)
+        third = q.enqueue(lock_jobs.kept_last, 'faults', 'p3')
+        assert fault_proxy.seen(ADMIT_WRITE) >= seen + 4
+        assert second.id != first.id and third.id == second.id
+        assert connection.hget(second.key, 'policies_loner_next').decode().split()[0] == first.id
+        assert Job.fetch(second.id, connection=connection).args == ('faults', 'p3')
+        assert status(connection, first.id) == JobStatus.STARTED
+        assert wait_for(lambda: status(connection, second.id) == JobStatus.FINISHED, timeout=20), output(worker)
+        assert [(k, p) for k, _, p, _ in records(connection, 'faults')] == [
+            ('start', 'p1'), ('end', 'p1'), ('start', 'p3'), ('end', 'p3')]
+    finally:
+        stop(worker)
+
+
+def test_the_end_of_run_release_run_twice_makes_the_waiting_job_due_once(connection):
+    """lua/release_markers.lua with ended, sent twice (a lost reply on the worker's end-of-run pipeline): the marker
+    of the waiting job stays, its key is due, and a second run changes nothing."""
+    q = PolicyQueue('kl-release', connection=connection)
+    first = q.enqueue(lock_jobs.kept_last, 'rel', 'p1')
+    connection.hset(first.key, mapping={'status': 'started', 'policies_loner_taken': '1'})
+    connection.set(keys.alive(first.id), '1', ex=60)  # its horse lives
+    second = q.enqueue(lock_jobs.kept_last, 'rel', 'p2')
+    marker_key = connection.hget(second.key, keys.LONER_FIELD).decode()
+    assert second.id != first.id and connection.get(marker_key).decode() == second.id
+    connection.hset(first.key, 'status', 'finished')
+    before = connection.zscore(keys.KEY_DUE, f'loner_next:kl-release:{marker_key.rsplit(":", 1)[1]}')
+    assert before is None
+    for _ in range(2):
+        assert Loner.release(connection, Job.redis_job_namespace_prefix, [first.id], ended=True) is None
+        assert connection.get(marker_key).decode() == second.id  # the waiting job keeps the identity
+        due = connection.zscore(keys.KEY_DUE, f'loner_next:kl-release:{marker_key.rsplit(":", 1)[1]}')
+        assert due is not None
 
 
 # -- the figure: 500 random enqueues per identity over 8 identities while jobs run -------------------------------------

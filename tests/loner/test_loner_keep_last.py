@@ -97,7 +97,9 @@ def test_one_runs_one_waits_with_the_latest_payload_and_it_runs_after(connection
         # a free worker fetches it meanwhile and parks it: it never starts beside the running one
         assert wait_for(lambda: status(connection, second.id) == JobStatus.DEFERRED, timeout=10)
         assert status(connection, first.id) == JobStatus.STARTED
-        assert 'waits behind' in explain(second.id, connection=connection)['policies'][0]['verdict']
+        assert f'waits behind job {first.id} (running on worker' in explain(
+            second.id, connection=connection)['policies'][0]['verdict']
+        assert f'job {second.id} waits behind it' in explain(first.id, connection=connection)['policies'][0]['verdict']
         assert wait_for(lambda: status(connection, second.id) == JobStatus.FINISHED, timeout=20), output(workers[0])
         found = records(connection, 'basic')
         assert [(kind, payload) for kind, _, payload, _ in found] == [

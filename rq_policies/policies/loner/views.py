@@ -51,6 +51,12 @@ class LonerViews(views.PolicyViews):
             verdict = (f'identity {short} is free: its worker {worker} is gone (no heartbeat), so the '
                        'marker no longer blocks')
             change = "rq's maintenance marks the job failed (abandoned)"
+        elif holder and running and worker_alive and cls._behind_of(connection, holder) == jid:
+            entry['holds'] = True
+            entry['waiting_behind'] = holder
+            verdict = (f'runs holding identity {short} (Loner keep_last); job {holder} waits behind it with the '
+                       'latest payload')
+            change = f'when this job ends, job {holder} starts; an identical enqueue meanwhile replaces its payload'
         elif holder:
             entry['holds'] = False
             verdict = f'identity {short} is held by job {holder}, not this one'
@@ -68,6 +74,12 @@ class LonerViews(views.PolicyViews):
             entry['replaced_by'] = job['policies_replaced_by']
             verdict += f'; its payload was replaced in place by the enqueue of job {entry["replaced_by"]}'
         return [views.Explanation(cls.name, verdict, change, entry)]
+
+    @classmethod
+    def _behind_of(cls, connection: Any, jid: str) -> str:
+        """The id of the job that keep_last job ``jid`` waits behind ('' for none)."""
+        raw = connection.hget(Job.redis_job_namespace_prefix + jid, NEXT_FIELD)
+        return text(raw).split(' ', 1)[0] if raw else ''
 
     @classmethod
     def _waits_behind(cls, connection: Any, behind: str, verdict: str, change: str) -> tuple[str, str]:

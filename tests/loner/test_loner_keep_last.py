@@ -3,6 +3,7 @@ waiting one holding the latest payload (BullMQ's keepLastIfActive), with real fo
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
@@ -11,9 +12,11 @@ import time
 
 import pytest
 from rq.job import Job, JobStatus
+from rq.worker import Worker
 
 from rq_policies import InvalidArgument, Loner, PolicyConfigurationError, PolicyQueue, Throttle, explain, policy
 from rq_policies.engine import keys, ops
+from rq_policies.engine.fetch import FetchReply, fetch_call
 from tests.helpers import lock_jobs
 from tests.helpers.cluster import connect
 from tests.helpers.faults import ADMIT_WRITE, FAULTS, lose_reply, producer
@@ -78,6 +81,71 @@ def test_a_duplicate_of_a_waiting_holder_replaces_its_payload_in_place(connectio
     assert q.job_ids == [first.id, other.id]
     assert Job.fetch(first.id, connection=connection).args == ('acme', 'p2')
     assert connection.hget(first.key, 'policies_loner_next') is None  # nothing runs: it waits behind no one
+
+
+
+_tokens = itertools.count()
+
+
+def fetch_once(connection, q):
+    """One run of the fetch script on ``q`` (no worker; it never waits): its reply, with the trace of its phases."""
+    call = fetch_call([q], f'kl-unit:{next(_tokens)}', 90, Job.redis_job_namespace_prefix)
+    call.trace = True
+    return FetchReply.decode(call.run(connection))
+
+
+def _runs(connection, job, worker='kl-unit-worker'):
+    """Mark ``job`` started on a worker whose key lives, as rq writes it when a worker starts the job."""
+    connection.set(Worker.redis_worker_namespace_prefix + worker, 1, ex=60)
+    connection.hset(job.key, mapping={'status': 'started', 'worker_name': worker})
+
+
+def test_the_fetch_parks_the_waiting_job_until_the_running_one_ends(connection):
+    """The fetch script alone (no worker process): the job behind a running one is parked on its key, not taken;
+    the running one's end makes the key due at once, and the next fetch gives it back and takes it."""
+    q = PolicyQueue('kl-unit', connection=connection)
+    first = q.enqueue(lock_jobs.kept_last, 'unit', 'p1')
+    assert fetch_once(connection, q).job == first.id
+    _runs(connection, first)
+    second = q.enqueue(lock_jobs.kept_last, 'unit', 'p2')
+    raw = connection.hget(second.key, 'policies_loner_next').decode()
+    member = 'loner_next:' + raw.split(' ', 1)[1]
+    assert raw.split()[0] == first.id and raw.split(' ', 1)[1].startswith('kl-unit:')
+    found = fetch_once(connection, q)
+    assert found.job is None and 'admit_job:loner_next' in found.trace  # parked, not started beside the running one
+    assert [(event, detail['job_id']) for event, _, detail in found.events([q])] == [('park', second.id)]
+    assert status(connection, second.id) == JobStatus.DEFERRED
+    assert connection.lrange(keys.KEY_PARKED_PREFIX('loner_next', raw.split(' ', 1)[1]), 0, -1) == [
+        second.id.encode()]
+    assert connection.zscore(keys.KEY_DUE, member) is not None
+    # still waiting: a third enqueue replaces its payload in place
+    assert q.enqueue(lock_jobs.kept_last, 'unit', 'p3').id == second.id
+    assert status(connection, second.id) == JobStatus.DEFERRED
+    found = fetch_once(connection, q)
+    assert found.job is None and found.until is not None  # due within 5 s, and its holder still runs
+    connection.hset(first.key, 'status', 'finished')
+    Loner.release(connection, Job.redis_job_namespace_prefix, [first.id], ended=True)
+    found = fetch_once(connection, q)
+    assert found.job == second.id and f'due:{member}' in found.trace  # given back by the due phase, then taken
+    assert Job.fetch(second.id, connection=connection).args == ('unit', 'p3')
+    assert connection.zscore(keys.KEY_DUE, member) is None
+
+
+def test_a_waiting_job_whose_holder_died_is_taken_once_the_holder_no_longer_holds(connection):
+    """A running holder whose worker key is gone (its worker died, heartbeat bound passed) stops blocking: the
+    parked job is given back by the due index (no end of run ever came)."""
+    q = PolicyQueue('kl-unit-dead', connection=connection)
+    first = q.enqueue(lock_jobs.kept_last, 'unit-dead', 'p1')
+    assert fetch_once(connection, q).job == first.id
+    _runs(connection, first, worker='kl-unit-dead-worker')
+    second = q.enqueue(lock_jobs.kept_last, 'unit-dead', 'p2')
+    assert fetch_once(connection, q).job is None
+    member = 'loner_next:' + connection.hget(second.key, 'policies_loner_next').decode().split(' ', 1)[1]
+    connection.delete(Worker.redis_worker_namespace_prefix + 'kl-unit-dead-worker')  # its heartbeat key lapsed
+    assert fetch_once(connection, q).job is None  # not due yet: looked at again within 5 s
+    assert 0 < connection.zscore(keys.KEY_DUE, member) - float(connection.time()[0]) <= 6
+    connection.zadd(keys.KEY_DUE, {member: 0})  # the poll's time has come
+    assert fetch_once(connection, q).job == second.id
 
 
 # -- with real workers ------------------------------------------------------------------------------------------------

@@ -24,7 +24,9 @@ Variants:
   process: without a policy; with ``policy=Loner()``; on a capped queue (``QueueSlot.set(queue, 10**6)``, a cap that
   never binds: every job takes and releases a hold); under ``Fair(key=i % 100)`` (100 keys, every job parked in its
   key's line and started by the turns); under ``Concurrency(1, key=i % 100)`` (100 keys, a hold per running job;
-  one worker, so the limit never binds). And ``PolicyWorker`` (forking) without a policy.
+  one worker, so the limit never binds). And ``PolicyWorker`` (forking) without a policy; and the same with each
+  work horse opening a connection of its own, as rq's horses do (``ConnectingPolicyWorker``: what the connection
+  the horses share saves).
 
 The stock workers are rq's classes with one change: their command-channel thread looks at its stop flag every 0.2 s
 instead of every 60 s (``StockSimpleWorker``, ``StockWorker``; as PolicyWorker does), because with redis-py 8.2 rq
@@ -115,6 +117,14 @@ class StockWorker(Worker):
     """rq's Worker (forking), its burst exit not waiting up to 60 s on its command-channel thread."""
 
     subscribe = _subscribe
+
+
+class ConnectingPolicyWorker(PolicyWorker):
+    """PolicyWorker whose work horses each open a connection, as rq's do (and PolicyWorker's did before they shared
+    one the worker keeps for them): the saving measured in the same run."""
+
+    def _pass_horse_connection(self) -> None:
+        pass
 
 
 # -- round trips counted across the fork --------------------------------------------------------------------------
@@ -211,6 +221,7 @@ LIVES = (
          lambda: Concurrency(1, key=_tenant, scope='life')),
     Life(STOCK_FORKING, StockWorker, Queue, forking=True),
     Life('ours: PolicyWorker (forking), no policy', PolicyWorker, PolicyQueue, forking=True),
+    Life('ours: PolicyWorker (forking), a connection per horse', ConnectingPolicyWorker, PolicyQueue, forking=True),
 )
 
 

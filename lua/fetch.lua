@@ -63,7 +63,8 @@
                                   held while it waited (or mark what it holds until it ends:
                                   Loner until='finished')
   A per-job policy (declared on the job's function, the job hash carries its setting: Concurrency,
-  Rate) defines instead:
+  Rate) defines instead (and so may a part that is no fetch policy, the fetch side of an admission
+  policy: loner_next, Loner's keep_last; its admit_job runs after the fetch policies'):
     fields                     -> (a declaration, `P.<name> = {fields = {...}}` on one line, which
                                   scripts.py reads into JOB_FIELDS) the job hash fields its hooks
                                   read; the first says the job is under the policy. A part with a
@@ -459,19 +460,29 @@ local function job_fields(hash)
   return job, carries
 end
 
-local job_at, job_count -- JOB_PARTS by name: the first field's index, the count
+local job_at, job_count, job_order -- JOB_PARTS by name: the first field's index, the count; the order
 -- The per-job parts' verdict on job `jid` (job: its JOB_FIELDS as read): nil when every part allows
--- it (their values, for take_job, in `allowed`), else the first refusal.
+-- it (their values, for take_job, in `allowed`), else the first refusal. The fetch policies' parts
+-- ask first, in registry order (a.order), then any other part with an admit_job (an admission
+-- policy's fetch side: loner_next), in part order.
 local function admit_job(jid, job, allowed)
   local refusal, refuser
   if not job_at then
-    job_at, job_count = {}, {}
+    job_at, job_count, job_order = {}, {}, {}
+    local ordered = {}
+    for _, name in ipairs(a.order) do
+      ordered[name] = true
+      job_order[#job_order + 1] = name
+    end
     for _, item in ipairs(JOB_PARTS) do
       job_at[item[1]], job_count[item[1]] = item[2], item[3]
+      if not ordered[item[1]] and has_hook(item[1], 'admit_job') then
+        job_order[#job_order + 1] = item[1]
+      end
     end
   end
   local at, count = job_at, job_count
-  for _, name in ipairs(a.order) do
+  for _, name in ipairs(job_order) do
     local value = at[name] and job[at[name]]
     local p = value and has_hook(name, 'admit_job') and part(name)
     if p then

@@ -5,7 +5,8 @@
 
   Keys: loner.marker (rq:policies:loner:<q>:<digest>), holding the id of the job that holds it.
   Arguments p (each absent for the default): finished (true: until='finished'), conflict ('drop',
-  'raise' or 'replace'), worker_prefix (<prefix>:worker:) and alive_prefix
+  'raise', 'replace' or 'keep_last'), next_key ('<queue>:<digest>', keep_last only),
+  worker_prefix (<prefix>:worker:) and alive_prefix
   (<prefix>:policies:alive:), both always given (rq's key prefix is the caller's to know), ttl_ms
   (Loner(ttl=N): the marker lives at most N seconds from the enqueue, whatever the holder does;
   the job hash then carries policies_loner_ttl, so taken() keeps that expiry).
@@ -18,14 +19,21 @@
   (field policies_loner_taken) counts as running even before rq marks it started.
 
   check: a marker naming another job that holds drops this one (a 'raise' is a drop too: the
-  caller raises); with conflict 'replace' and a holder still waiting (not taken), the check
-  answers {replace = holder} instead, and in a probe passes (the full path replaces). A marker
+  caller raises); with conflict 'replace' or 'keep_last' and a holder still waiting (not taken),
+  the check answers {replace = holder} instead, and in a probe passes (the full path replaces).
+  With conflict 'keep_last' (until='finished' only) and a holder running, the check passes and
+  notes the holder (ctx.loner_next): this job is admitted, takes the marker, and written() names
+  the running holder and the identity in its field policies_loner_next ('<holder> <next_key>',
+  p.next_key = '<queue>:<digest>'), which the fetch reads (lua/policies/loner_next.lua: the job
+  is parked while that holder still holds, and given back when it ends). A
   naming this very job is a replay; the job this one supersedes (a pending trailing job it
   replaces) does not count as a holder.
   replace(ctx, p, holder, fields): rewrite the waiting holder's payload in place (data,
   description, meta of this call's job fields, and the call-derived fields of the declared
   policies, ctx.payload: a per-key policy's key; same id, same place in its queue) and name this
   call's job in the holder's policies_replaced_by. Writes the same values when replayed.
+  written(ctx, p): keep_last behind a running holder: the field above (a replay of the call is
+  answered by admit.lua before any check, so it writes nothing twice).
   commit / force: the job takes the marker (force: unless another holder holds it; both then
   run, which is what "regardless" asks for).
   taken(job_key, jid, job): at fetch, the job was taken off its queue (job: its `fields` as the
@@ -53,9 +61,15 @@ function P.loner.check(ctx, p)
   if holder == ctx.jid then
     return {replay = true}
   end
-  if p.conflict == 'replace' and held == 'waiting' then
+  if (p.conflict == 'replace' or p.conflict == 'keep_last') and held == 'waiting' then
     if ctx.probe then return nil end
     return {replace = holder}
+  end
+  if p.conflict == 'keep_last' then
+    -- the holder runs: this job is admitted as the one waiting behind it (written() names it), and
+    -- takes the marker, so the next enqueue replaces this one's payload
+    ctx.loner_next = holder
+    return nil
   end
   return {who = holder}
 end
@@ -85,6 +99,13 @@ end
 function P.loner.commit(ctx, p)
   if ctx.mode ~= 'N' then
     take_marker(ctx.key('loner.marker'), ctx.jid, ctx.ttl, p.ttl_ms, ctx.mode == 'D')
+  end
+end
+
+function P.loner.written(ctx, p)
+  if ctx.loner_next then
+    -- keep_last: the fetch parks this job while the running holder holds (lua/policies/loner_next.lua)
+    rcall('HSET', key_of(ctx.job_prefix, ctx.jid), 'policies_loner_next', ctx.loner_next .. ' ' .. p.next_key)
   end
 end
 

@@ -240,10 +240,10 @@ def settle_rate(rate: Any, windows: Any) -> None:
 
 
 @dataclass(frozen=True)
-class KeyRate(GcraRate):
-    """One key's Rate set at run time: ``limit`` starts every ``per`` seconds, up to ``burst`` at once, or several
-    ``windows`` (:class:`RateWindow`; then ``limit``, ``per`` and ``burst`` are the first's); it wins over the rate
-    its jobs declare."""
+class WindowedRate(GcraRate):
+    """A rate given as ``limit, per, burst`` or as several ``windows`` (:func:`windows_of`): its ``windows`` are all
+    of them, shortest period first, and its ``limit``, ``per`` and ``burst`` the first's. The shape of
+    :class:`KeyRate` and ``QueueRate``."""
 
     limit: int = None  # type: ignore[assignment]  # None only with windows; set from them
     per: int = 1
@@ -255,6 +255,12 @@ class KeyRate(GcraRate):
 
     def __repr__(self) -> str:
         return self.rate_repr()
+
+
+class KeyRate(WindowedRate):
+    """One key's Rate set at run time: ``limit`` starts every ``per`` seconds, up to ``burst`` at once, or several
+    ``windows`` (:class:`RateWindow`; then ``limit``, ``per`` and ``burst`` are the first's); it wins over the rate
+    its jobs declare."""
 
 
 @dataclass(frozen=True)

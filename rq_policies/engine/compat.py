@@ -212,6 +212,65 @@ def resolve_driver_info_once(connection: Any) -> None:
     kwargs['driver_info'] = DriverInfo()
 
 
+
+# -- the work horse's connection -----------------------------------------------------------------------------------
+#
+# redis-py's ConnectionPool resets itself in a forked child (its ``_checkpid``), so every work horse of a forking
+# worker opens a connection of its own: a TCP connect, redis-py's handshake (HELLO, CLIENT SETINFO twice) and a close,
+# per job, about 100 us of the server's CPU (measured on Valkey 9: bench/life.py). The worker instead makes one
+# connection that it never uses itself and hands it to each horse in turn. A horse and its worker never use it at
+# once (the worker waits for its horse), and the worker hands it on only after a horse that exited normally and with
+# nothing left to read on it; any other end (killed, stopped by signal, exit code not 0, reaped elsewhere) closes it.
+# Plain TCP and Unix-socket connections of redis-py's own ConnectionPool only: a TLS session's state lives in the
+# process that used it last, and other pools (Sentinel's, a cluster's, a blocking pool, client-side caching) manage
+# their connections in ways this does not follow; those horses connect as rq's do.
+
+
+def horse_connection(connection: Any) -> Any | None:
+    """A connection for the next work horse, made and connected in the worker (outside its pool's count), or None
+    where it cannot be handed to a horse safely (see above), or when connecting fails (the horse then connects as
+    rq's do)."""
+    try:
+        from redis.connection import Connection, ConnectionPool, UnixDomainSocketConnection
+    except ImportError:  # pragma: no cover - redis-py always has them
+        return None
+    pool = getattr(connection, 'connection_pool', None)
+    if type(pool) is not ConnectionPool or getattr(pool, 'cache', None) is not None:
+        return None
+    if pool.connection_class not in (Connection, UnixDomainSocketConnection):
+        return None
+    if not all(hasattr(pool, name) for name in ('_available_connections', '_created_connections', '_checkpid',
+                                                '_lock', 'pid')):
+        return None
+    made = pool.connection_class(**pool.connection_kwargs)
+    try:
+        made.connect()
+    except Exception:  # noqa: BLE001 - the horse connects by itself, and meets the error there as rq's would
+        made.disconnect()
+        return None
+    return made
+
+
+def horse_connection_clean(made: Any) -> bool:
+    """May the worker hand ``made`` to its next horse: connected, nothing left to read on it (a reply the last horse
+    did not read, or the server's close)?"""
+    try:
+        return getattr(made, '_sock', None) is not None and not made.can_read(timeout=0)
+    except Exception:  # noqa: BLE001 - a socket that cannot be read is not handed on
+        return False
+
+
+def adopt_horse_connection(connection: Any, made: Any) -> None:
+    """In the work horse: reset the pool for this process (as redis-py would at its first command) and put ``made``
+    in it, owned by this process, so the job and rq's bookkeeping use it instead of opening one."""
+    pool = connection.connection_pool
+    pool._checkpid()
+    made.pid = pool.pid
+    with pool._lock:
+        pool._available_connections.append(made)
+        pool._created_connections += 1
+
+
 #: Seconds the worker's command-channel thread (rq's ``subscribe``) waits for a message before it looks at its stop
 #: flag. rq starts it with 60: since redis-py 8.2 ``PubSubWorkerThread.stop()`` joins the thread, and rq's
 #: ``unsubscribe`` calls it without a timeout, so a worker's shutdown waited up to 60 s (a burst worker's exit too).

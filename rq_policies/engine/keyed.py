@@ -14,6 +14,7 @@ import msgpack
 from rq.job import Job
 from rq.queue import Queue
 from rq.registry import DeferredJobRegistry
+from rq.worker import Worker
 
 from . import compat, keys, reading
 from .admin import clear_setting, refusing, unknown_scope
@@ -31,7 +32,8 @@ MAX_KEY_LENGTH = 1000
 
 def keyed_args(job_prefix: str = Job.redis_job_namespace_prefix) -> dict[str, str]:
     """The key prefixes the per-key Lua parts build their keys from (``ctx.kp``), the key id (``<scope>:<key>``)
-    appended."""
+    appended; and the ones a parked job's part reads liveness under (``worker``: rq's worker keys, ``alive``: a
+    horse's liveness key; lua/policies/loner_next.lua asks whether the job it waits behind still runs)."""
     return {
         'job': job_prefix, 'queue': Queue.redis_queue_namespace_prefix,
         'deferred': DeferredJobRegistry.key_template.format(''), 'wake': keys.wake(''),
@@ -39,6 +41,7 @@ def keyed_args(job_prefix: str = Job.redis_job_namespace_prefix) -> dict[str, st
         'rates': keys.KEY_RATES, 'rules': keys.KEY_RULES,
         'block': keys.KEY_BLOCK_PREFIX, 'tat': keys.KEY_TAT_PREFIX, 'due': keys.KEY_DUE,
         'units': keys.KEY_UNITS_PREFIX,
+        'worker': Worker.redis_worker_namespace_prefix, 'alive': keys.ALIVE_PREFIX,
     }
 
 

@@ -355,3 +355,19 @@ def test_prepare_execution_keeps_the_execution_on_the_worker_before_its_pipeline
     other = q.enqueue(jobs.plain, 2)
     worker.prepare_execution(other)
     assert compat.started_executions(worker, job) == []
+
+
+def test_redis_pys_plain_pool_lets_a_work_horse_adopt_a_connection(connection):
+    """compat.horse_connection reads redis-py's ConnectionPool internals (``_available_connections``,
+    ``_created_connections``, ``_checkpid``, ``_lock``, ``pid``): on a plain pool it must hand a connection out, or
+    every horse silently connects again (tests/worker/test_horse_connection.py would skip)."""
+    import redis
+
+    if type(getattr(connection, 'connection_pool', None)) is not redis.ConnectionPool:
+        pytest.skip('a cluster client: its horses connect as rq\'s do')
+    made = compat.horse_connection(connection)
+    assert made is not None
+    try:
+        assert compat.horse_connection_clean(made)
+    finally:
+        made.disconnect()

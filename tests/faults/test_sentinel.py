@@ -3,7 +3,10 @@
 What a failover can cost (docs/guarantees.md): replication is asynchronous, so the new master may lack the
 last writes the old one acknowledged. For QueueSlot that means holds taken just before the failover may be missing,
 and their jobs then run uncounted until they finish: at most ``cap`` extra jobs (every hold lost), for at most the
-length of the jobs in flight at the failover. The test asserts exactly that bound.
+length of the jobs in flight at the failover. The first test asserts exactly that bound. And a setting written
+while a graceful failover runs (``SENTINEL FAILOVER``) can reach the old master after the replica's promotion and be
+lost with it: the promoted master keeps the previous cap, which the workers obey until the cap's next setting (the
+second test, the Sentinel long runs' overshoots in docs/guarantees.md).
 """
 
 from __future__ import annotations
@@ -99,6 +102,67 @@ def test_capped_workers_survive_a_failover(tmp_path, worker_env):
         print(f'\nfailover took {failed_over_at - killed_at:.1f}s; jobs enqueued before it that ran: '
               f'{len(ran_before)}/{len(before)}; overall peak {jobs.max_overlap(lines)}, after settling '
               f'{jobs.max_overlap(lines, since=settled)}', file=sys.stderr)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        cluster.close()
+
+
+def _ended(spans, ids):
+    text = spans.read_text() if spans.exists() else ''
+    return set(ids) <= {line.split()[0] for line in text.splitlines() if ' end ' in line}
+
+
+def test_a_cap_written_during_a_graceful_failover_can_be_lost_and_the_promoted_cap_holds(tmp_path, worker_env):
+    """The Sentinel long runs' "3 running over a cap of 2" (docs/guarantees.md): the operator lowered a cap while
+    ``SENTINEL FAILOVER`` ran. Sentinel promotes the replica first and reconfigures the old master seconds later; a
+    client still connected to the old master meanwhile has its writes acknowledged there and lost with it. The
+    promoted master keeps the previous cap, and the workers obey that one, never more, until the cap's next setting.
+    """
+    cluster = SentinelCluster().start()
+    procs = []
+    try:
+        config = tmp_path / 'sentinel_settings.py'
+        config.write_text(f'SENTINEL = {{"INSTANCES": {cluster.instances!r}, "MASTER_NAME": "mymaster", '
+                          f'"SOCKET_TIMEOUT": 2}}\n')
+        env = dict(worker_env, PYTHONPATH=os.pathsep.join([str(tmp_path), worker_env['PYTHONPATH']]))
+        conn = cluster.sentinel().master_for('mymaster', socket_timeout=2)
+        QueueSlot.set('lost', 3, connection=conn)
+        old, new = cluster.begin_fail_over()
+        SentinelCluster._wait(lambda: new.client(socket_timeout=1).info('replication')['role'] == 'master',
+                              'the replica to be promoted')
+        on_old = old.client(socket_timeout=2)  # a client the old master has not disconnected yet
+        if on_old.info('replication')['role'] != 'master':
+            pytest.skip('the old master was reconfigured before the write could reach it')
+        assert QueueSlot.set('lost', 2, connection=on_old).capacity == 2  # acknowledged by the old master
+        cluster.finish_fail_over(old, new)
+        conn = cluster.sentinel().master_for('mymaster', socket_timeout=2)
+        assert QueueSlot.get('lost', connection=conn).capacity == 3, 'the cap written on the old master survived'
+
+        spans = tmp_path / 'spans.log'
+        q = PolicyQueue('lost', connection=conn)
+        procs = [start_worker('', ['lost'], env, extra=['-c', 'sentinel_settings']) for _ in range(4)]
+
+        def batch():
+            ids = [q.enqueue(jobs.span_to_file, str(spans), JOB_SECONDS).id for _ in range(9)]
+            assert wait_for(lambda: _ended(spans, ids), timeout=60), [output(p)[-1500:] for p in procs]
+
+        # The promoted master's cap, 3, is what the workers obey: 3 at once (the checker, holding the operator's 2,
+        # sees an overshoot), never 4.
+        deadline = time.monotonic() + 60
+        while jobs.max_overlap(spans.read_text().splitlines() if spans.exists() else []) < 3:
+            assert time.monotonic() < deadline, 'never 3 at once under the promoted cap of 3'
+            batch()
+        assert jobs.max_overlap(spans.read_text().splitlines()) == 3
+
+        # Until the cap's next setting, which the promoted master keeps.
+        QueueSlot.set('lost', 2, connection=conn)
+        since = time.time()
+        batch()
+        lines = spans.read_text().splitlines()
+        assert jobs.max_overlap(lines, since=since) <= 2
     finally:
         for p in procs:
             if p.poll() is None:

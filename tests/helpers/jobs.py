@@ -204,3 +204,40 @@ def worker_state(tag):
     state = conn.hget(key, 'state')
     conn.rpush(f'test:state:{tag}', f'{state.decode() if state else None} {conn.ttl(key)}')
     return tag
+
+
+def horse_client(tag):
+    """The id of the server connection this work horse's job uses, after a write and read of its own through it."""
+    conn = get_current_job().connection
+    conn.set(f'test:horse:{tag}', tag)
+    assert conn.get(f'test:horse:{tag}') == tag.encode()
+    return conn.client_id()
+
+
+def horse_leaves_a_reply_unread(tag):
+    """Sends a PING on the job's connection and returns without reading the reply (the connection goes back to the
+    horse's pool with the PONG on its way)."""
+    pool = get_current_job().connection.connection_pool
+    conn = pool.get_connection()
+    conn.send_command('PING')
+    pool.release(conn)
+    return tag
+
+
+def horse_dies_mid_command(tag):
+    """Writes half a command on the job's connection, then SIGKILLs its own work horse: the server waits for the
+    rest of that command on the socket."""
+    import signal
+
+    pool = get_current_job().connection.connection_pool
+    conn = pool.get_connection()
+    conn._sock.sendall(b'*3\r\n$3\r\nSET\r\n$8\r\ntest:cut\r\n')  # two of its three parts
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def horse_closes_its_connection(tag):
+    """Has the server close the connection this job runs on (CLIENT KILL of its own id: the server replies, then
+    closes it)."""
+    conn = get_current_job().connection
+    conn.client_kill_filter(_id=conn.client_id(), skipme=False)
+    return tag

@@ -61,3 +61,18 @@ def held_capped(tag, seconds=0.0):
     conn.rpush(f'test:ran:{tag}', get_current_job().id)
     time.sleep(seconds)
     return tag
+
+
+@policy(Loner(until='finished', on_conflict='keep_last'), unique_context=lambda args, kwargs: args[0])
+def kept_last(account, payload, seconds=0.0):
+    """Loner keep_last: record 'start <job id> <payload> <time>' and 'end <job id> <payload> <time>' (server time,
+    so records of several horses sort on one clock) around a sleep."""
+    conn = _conn()
+    jid = get_current_job().id
+    sec, usec = conn.time()
+    conn.rpush(f'test:kl:{account}', f'start {jid} {payload} {sec}.{usec:06d}')
+    conn.rpush(f'test:pid:{account}', os.getpid())
+    time.sleep(seconds)
+    sec, usec = conn.time()
+    conn.rpush(f'test:kl:{account}', f'end {jid} {payload} {sec}.{usec:06d}')
+    return payload

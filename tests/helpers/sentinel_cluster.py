@@ -101,6 +101,14 @@ class SentinelCluster:
     def fail_over(self, timeout: float = 60.0) -> tuple[RedisServer, RedisServer]:
         """A graceful failover (``SENTINEL FAILOVER``): the replica is promoted and the old master follows it;
         returns (the old master, the new one) once the old one is a linked replica."""
+        old, new = self.begin_fail_over(timeout)
+        self.finish_fail_over(old, new, timeout)
+        return old, new
+
+    def begin_fail_over(self, timeout: float = 60.0) -> tuple[RedisServer, RedisServer]:
+        """Ask the sentinels for a graceful failover (``SENTINEL FAILOVER``) once the replica is linked, and return
+        (the master now, the replica it promotes) at once: the promotion and the old master's reconfiguration follow
+        (:meth:`finish_fail_over` waits for both)."""
         old = self.current_master()
         new = self.replica if old is self.master else self.master
         self._wait(lambda: self._linked_replica(new), 'the replica to be linked before the failover', timeout)
@@ -110,9 +118,12 @@ class SentinelCluster:
                 break
             except Exception:  # this one is busy or not the leader yet: ask the next
                 continue
+        return old, new
+
+    def finish_fail_over(self, old: RedisServer, new: RedisServer, timeout: float = 60.0) -> None:
+        """Wait until the sentinels name ``new`` the master and ``old`` follows it as a linked replica."""
         self._wait(lambda: self.master_address()[1] == new.port, 'the sentinels to promote the replica', timeout)
         self._wait(lambda: self._linked_replica(old), 'the old master to follow the new one', timeout)
-        return old, new
 
     def close(self) -> None:
         for server in [*self.sentinels, self.replica, self.master]:

@@ -289,6 +289,45 @@ def test_a_raised_cap_allows_more_and_a_start_in_its_window_may_use_it(tmp_path)
     clean(results(h, tmp_path))
 
 
+def cap_lowered(during_failover: bool, previous: int = 3) -> History:
+    """The operator lowers the cap by one from ``previous``, during a graceful failover or 30 s before it; 18.5 s
+    after the failover's end three jobs run at once (the shape of the Sentinel long runs' overshoots,
+    docs/guarantees.md)."""
+    h = base(workers=('w1', 'w2', 'w3'))
+    h.setting(T - 60, 'cap', previous, queue='q')
+    h.nemesis(T - 5, 'failover_graceful', T + 5, target='127.0.0.1:1')
+    h.setting(T - 4.5 if during_failover else T - 35, 'cap', previous - 1, queue='q')
+    for job, worker, t0, t1 in (('j1', 'w1', 22, 27), ('j2', 'w2', 23, 24), ('j3', 'w3', 23.5, 24.5)):
+        admit(h, job, T + 21)
+        run(h, worker, job, T + t0, T + t1)
+    h.final(T + 40, {'j1': 'finished', 'j2': 'finished', 'j3': 'finished'})
+    return h
+
+
+@pytest.mark.parametrize(('during_failover', 'previous', 'explained'), [(True, 3, True), (False, 3, False),
+                                                                         (True, 2, False)])
+def test_a_queues_cap_lost_in_a_failover_explains_what_the_previous_cap_allowed(tmp_path, during_failover, previous,
+                                                                                 explained):
+    # The checker holds the cap the operator wrote; a SENTINEL FAILOVER lost it with the old master, and the promoted
+    # one kept the previous cap until the cap's next setting: a known break (test_history_run.KNOWN_BREAKS), but only
+    # for a cap written during a failover and up to the previous cap. Its matcher read the settings of keys only, so
+    # the queue's lost cap was reported unexplained (the Sentinel long runs 7597d11 and 962ea40).
+    from tests.history.test_history_run import History as RunHistory
+    from tests.history.test_history_run import checked, unexplained
+
+    folder = cap_lowered(during_failover, previous).write(tmp_path / 'history')
+    report = checked(folder)
+    [prop] = [p for p in report['properties'] if p['number'] == 5]
+    assert len([v for v in prop['violations'] if 'queue q: 3 running' in v['what']]) == 1, prop['violations']
+    bad, known = unexplained(report, RunHistory(folder))
+    three = [line for line in bad + known if 'queue q: 3 running' in line]
+    assert len(three) == 1
+    if explained:
+        assert not bad and 'written during a failover was rolled back' in three[0], (bad, known)
+    else:
+        assert three[0] in bad, (bad, known)
+
+
 def frozen(second_at: float, lease: float = 9.0) -> History:
     h = base()
     h.setting(T - 1, 'cap', 1, queue='q')

@@ -5,7 +5,8 @@ from rq_policies import Loner
 #: Instances covering Loner's distinct behaviours; the contract suite runs each one.
 EXAMPLES = {
     'loner': (Loner(), Loner(until='finished'), Loner(on_conflict='replace'),
-              Loner(until='finished', on_conflict='replace'), Loner(ttl=60), Loner(until='finished', ttl=60)),
+              Loner(until='finished', on_conflict='replace'), Loner(ttl=60), Loner(until='finished', ttl=60),
+              Loner(until='finished', on_conflict='keep_last')),
 }
 
 #: Constructor arguments Loner refuses, each with the argument its error names.
@@ -14,5 +15,7 @@ INVALID = {
         ({'until': 'x'}, 'until'), ({'until': None}, 'until'), ({'on_conflict': 'skip'}, 'on_conflict'),
         ({'on_conflict': True}, 'on_conflict'), ({'ttl': 0}, 'ttl'), ({'ttl': -5}, 'ttl'), ({'ttl': '60'}, 'ttl'),
         ({'ttl': True}, 'ttl'), ({'ttl': float('nan')}, 'ttl'), ({'ttl': float('inf')}, 'ttl'),
+        ({'on_conflict': 'keep_last'}, 'until'), ({'until': 'started', 'on_conflict': 'keep_last'}, 'until'),
+        ({'until': 'finished', 'on_conflict': 'keep_last', 'ttl': 60}, 'ttl'),
     ),
 }

@@ -30,14 +30,22 @@ UNTIL_FIELD = 'policies_loner_until'
 TTL_FIELD = 'policies_loner_ttl'
 #: When the identity is let go: when a worker takes the job, or when the job ends.
 UNTIL = ('started', 'finished')
-#: What a duplicate enqueue does: return None, raise DuplicateJob, or replace the waiting holder's payload.
-ON_CONFLICT = ('drop', 'raise', 'replace')
+#: What a duplicate enqueue does: return None, raise DuplicateJob, replace the waiting holder's payload, or (with
+#: until='finished') keep the last: wait behind a running holder, replacing the payload of the one already waiting.
+ON_CONFLICT = ('drop', 'raise', 'replace', 'keep_last')
+#: The job hash field of a job admitted behind its identity's running holder (keep_last): '<holder id> <queue>:<digest>'
+#: (lua/policies/loner_next.lua parks the job at fetch while that holder still holds).
+NEXT_FIELD = 'policies_loner_next'
+#: Seconds a parked keep_last job waits before the fetch looks at its holder again when no end made it due (its
+#: worker died): LONER_NEXT_POLL in lua/policies/loner_next.lua.
+NEXT_POLL = 5
 
 REPLACE_THROTTLE = (
     "Throttle and Loner(on_conflict='replace') cannot be combined: the throttle already decides what an extra in a "
     'held slot does (it is dropped, or with trailing=True kept as the trailing job); a replacing Loner would rewrite '
     "the slot winner's payload after the slot was decided."
 )
+KEEP_LAST_THROTTLE = REPLACE_THROTTLE.replace("'replace'", "'keep_last'")
 
 #: Seconds a "seen held" hint is trusted to pick the probe first (a marker can be freed at any moment, when a worker
 #: takes the job, so a loner hint is kept only briefly; a stale one costs one extra round trip before the full path).
@@ -69,6 +77,8 @@ class Loner(AdmissionPolicy):
         @policy(Loner(on_conflict='raise'))       # a duplicate raises DuplicateJob(holder=, queue=, identity=)
         @policy(Loner(on_conflict='replace'), unique_context=lambda a, k: a[0])
         def sync_account(account_id, reason): ...  # a duplicate rewrites the waiting job's payload in place
+        @policy(Loner(until='finished', on_conflict='keep_last'), unique_context=lambda a, k: a[0])
+        def rebuild_index(account_id, reason): ...  # one runs, one waits behind it with the latest payload
 
     Args:
         until: ``'started'``: held from the enqueue until a PolicyWorker takes the job (or it is deleted, cancelled
@@ -80,7 +90,12 @@ class Loner(AdmissionPolicy):
             drop; nothing written); ``'replace'`` rewrites the waiting holder's payload (args, kwargs, meta,
             description) in place, in the admission script, and returns it (same id, same place in its queue). A
             holder already running is never replaced: with ``until='started'`` the new job is admitted (a running job
-            holds nothing), with ``until='finished'`` it is dropped.
+            holds nothing), with ``until='finished'`` it is dropped. ``'keep_last'`` (``until='finished'`` only;
+            BullMQ's ``keepLastIfActive``): at most one running and one waiting job per identity. A duplicate while
+            the holder runs is admitted as the waiting job, which the fetch never starts while the running one
+            holds (its end gives it back at once; a dead worker's holder stops holding within the liveness bound
+            above); a duplicate while a job waits replaces that job's payload in place, as ``'replace'`` does. Every
+            enqueue after the last start is reflected in a later run.
         ttl: optional cap in seconds on how long the identity is held whatever the holder does (sidekiq-unique-jobs'
             ``lock_ttl``), a number > 0 kept to the millisecond, at most ten years: the marker expires in Redis.
     """
@@ -94,7 +109,16 @@ class Loner(AdmissionPolicy):
             raise InvalidArgument('until', message=f"until must be 'started' or 'finished', got {until!r}")
         if on_conflict not in ON_CONFLICT:
             raise InvalidArgument(
-                'on_conflict', message=f"on_conflict must be 'drop', 'raise' or 'replace', got {on_conflict!r}")
+                'on_conflict',
+                message=f"on_conflict must be 'drop', 'raise', 'replace' or 'keep_last', got {on_conflict!r}")
+        if on_conflict == 'keep_last' and until != 'finished':
+            raise InvalidArgument('until', message=(
+                f"on_conflict='keep_last' needs until='finished' (the running job must hold its identity for a "
+                f"later one to wait behind it), got until={until!r}"))
+        if on_conflict == 'keep_last' and ttl is not None:
+            raise InvalidArgument('ttl', message=(
+                f"on_conflict='keep_last' cannot be combined with a ttl (an expired marker would admit a job beside "
+                f"the running and the waiting one), got ttl={ttl!r}"))
         self.until = until
         self.on_conflict = on_conflict
         self.ttl = _lock_ttl(ttl)
@@ -107,6 +131,8 @@ class Loner(AdmissionPolicy):
 
     @property
     def excludes(self) -> dict[str, str]:  # type: ignore[override]
+        if self.on_conflict == 'keep_last':
+            return {'throttle': KEEP_LAST_THROTTLE}
         return {'throttle': REPLACE_THROTTLE} if self.on_conflict == 'replace' else {}
 
     @property
@@ -125,13 +151,16 @@ class Loner(AdmissionPolicy):
             part['finished'] = True
         if self.on_conflict != 'drop':
             part['conflict'] = self.on_conflict
+        if self.on_conflict == 'keep_last':
+            part['next_key'] = f'{queue.name}:{digest}'
         if self.ttl is not None:
             part['ttl_ms'] = math.ceil(self.ttl * 1000)
         return part
 
     def narrow_part(self, queue: Any, digest: str) -> tuple[str, list[str]] | None:
-        # lua/admit_narrow.lua decides a drop or a raise as loner's part of admit.lua does; a replace goes there.
-        if self.on_conflict == 'replace':
+        # lua/admit_narrow.lua decides a drop or a raise as loner's part of admit.lua does; a replace or a keep_last
+        # goes there.
+        if self.on_conflict in ('replace', 'keep_last'):
             return None
         options = ['loner', keys.drop_field(self.name, queue.name),
                    'job_prefix', queue.job_class.redis_job_namespace_prefix,
@@ -214,5 +243,8 @@ def release_markers(connection: Any, job_prefix: str, job_ids: list[str], ended:
     # keys, and a script with none would go to any node.
     call = Call('release_markers', job_prefix=job_prefix, jobs=list(job_ids)).key_list(
         'jobs', [job_prefix + job_id for job_id in job_ids])
-    result = (call.arg('ended', True) if ended else call).run(connection)
+    if ended:
+        # A keep_last job waiting behind one that ended is made due at once in the due index, its queue woken.
+        call.arg('ended', True).arg('wake', keys.wake('')).key('keydue', keys.KEY_DUE)
+    result = call.run(connection)
     return result if isinstance(result, int) else 0

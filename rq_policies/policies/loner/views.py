@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from rq.job import Job
 from rq.worker import Worker
 
 from rq_policies.engine import compat, keys, reading, views
 from rq_policies.engine.ops import text
 from rq_policies.engine.readable import identity
 
-from .rules import UNTIL_FIELD, Loner
+from .rules import NEXT_FIELD, NEXT_POLL, UNTIL_FIELD, Loner
 
 
 class LonerViews(views.PolicyViews):
@@ -50,6 +51,12 @@ class LonerViews(views.PolicyViews):
             verdict = (f'identity {short} is free: its worker {worker} is gone (no heartbeat), so the '
                        'marker no longer blocks')
             change = "rq's maintenance marks the job failed (abandoned)"
+        elif holder and running and worker_alive and cls._behind_of(connection, holder) == jid:
+            entry['holds'] = True
+            entry['waiting_behind'] = holder
+            verdict = (f'runs holding identity {short} (Loner keep_last); job {holder} waits behind it with the '
+                       'latest payload')
+            change = f'when this job ends, job {holder} starts; an identical enqueue meanwhile replaces its payload'
         elif holder:
             entry['holds'] = False
             verdict = f'identity {short} is held by job {holder}, not this one'
@@ -59,10 +66,36 @@ class LonerViews(views.PolicyViews):
             why = 'a worker took it' if status == 'started' else f'it is {status or "gone"}'
             verdict = f'holds nothing: identity {short} is free ({why})'
             change = 'the next identical enqueue is admitted'
+        behind = (job.get(NEXT_FIELD) or '').split(' ', 1)[0]
+        if behind and waiting:
+            verdict, change = cls._waits_behind(connection, behind, verdict, change)
+            entry['waits_behind'] = behind
         if job.get('policies_replaced_by'):
             entry['replaced_by'] = job['policies_replaced_by']
             verdict += f'; its payload was replaced in place by the enqueue of job {entry["replaced_by"]}'
         return [views.Explanation(cls.name, verdict, change, entry)]
+
+    @classmethod
+    def _behind_of(cls, connection: Any, jid: str) -> str:
+        """The id of the job that keep_last job ``jid`` waits behind ('' for none)."""
+        raw = connection.hget(Job.redis_job_namespace_prefix + jid, NEXT_FIELD)
+        return text(raw).split(' ', 1)[0] if raw else ''
+
+    @classmethod
+    def _waits_behind(cls, connection: Any, behind: str, verdict: str, change: str) -> tuple[str, str]:
+        """What a keep_last job waiting behind job ``behind`` waits for (lua/policies/loner_next.lua decides the
+        same at fetch: while ``behind`` waits or runs on a live worker, this one is not started)."""
+        status, _ = reading.job_status(connection, Job.redis_job_namespace_prefix, behind)
+        worker = text(connection.hget(Job.redis_job_namespace_prefix + behind, 'worker_name') or b'')
+        live = status == 'started' and (
+            connection.exists(Worker.redis_worker_namespace_prefix + worker) or connection.exists(keys.alive(behind)))
+        if live or status in compat.WAITING_STATUSES:
+            what = f'running on worker {worker}' if live else status
+            return (f'{verdict}; waits behind job {behind} ({what}, Loner keep_last): it never starts beside it',
+                    f'starts once job {behind} ends (its end gives this one back to its queue at once; the job of a '
+                    f'dead worker stops blocking within its heartbeat bound, looked at every {NEXT_POLL} s)')
+        return (f'{verdict}; waited behind job {behind}, which no longer holds ({status or "gone"})',
+                change + '; the next fetch of its queue starts it')
 
     @classmethod
     def explain_gone(cls, connection: Any, job_id: str, records: dict[str, Any], now: float) -> list[views.Explanation]:

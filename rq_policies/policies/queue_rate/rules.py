@@ -20,16 +20,14 @@ from redis import Redis
 
 from rq_policies.engine import compat, keys
 from rq_policies.engine.admin import (
-    GcraRate,
     RateStatus,
-    RateWindow,
+    WindowedRate,
     queue_name,
     queue_target,
     rate_setting,
     rate_status,
     read_rate,
     refusing,
-    settle_rate,
     warn_unknown_queue,
     write_queue_setting,
 )
@@ -46,8 +44,8 @@ SNOOZES_META = 'policies_snoozes'
 BACKOFFS_META = 'policies_backoffs'
 
 
-@dataclass(frozen=True)
-class QueueRate(FetchPolicy, GcraRate):
+@dataclass(frozen=True, repr=False)
+class QueueRate(WindowedRate, FetchPolicy):
     """A queue's start rate: ``limit`` starts every ``per`` seconds, up to ``burst`` at once after a quiet spell; or
     several ``windows`` (``[(limit, per), (limit, per, burst), ...]``), every one of which must allow a start.
 
@@ -61,17 +59,6 @@ class QueueRate(FetchPolicy, GcraRate):
     #: No queue is limited or blocked while these are absent.
     fetch_state: ClassVar[tuple[str, ...] | None] = ('queue_rate.settings', 'queue_rate.backoff')
     queue_settings: ClassVar[str | None] = keys.RATE
-
-    limit: int = None  # type: ignore[assignment]  # None only with windows; set from them
-    per: int = 1
-    burst: int = 1
-    windows: tuple[RateWindow, ...] = None  # type: ignore[assignment]  # set: every window, shortest period first
-
-    def __post_init__(self) -> None:
-        settle_rate(self, self.windows)
-
-    def __repr__(self) -> str:
-        return self.rate_repr()
 
     # -- the setting ----------------------------------------------------------------------------------------------
 

@@ -97,6 +97,9 @@ class KeyStatus:
         in_use: live holds (running jobs, and units reserved for parked jobs given back to their queue).
         parked: ids of the key's parked jobs, oldest first (the order they go back in).
         backoff_until: the server time a ``BackOff(key=True)`` blocks the key until, or None.
+        source: what gave the key ``limit``: ``'set'`` (a run-time setting), ``"rule tier '<prefix>'"`` or
+            ``'rule default'`` (its scope's rule, :meth:`Concurrency.set_rule`), ``'declared'`` (the limit its jobs
+            declare), or None (no limit known).
     """
 
     limit: int | None
@@ -104,6 +107,7 @@ class KeyStatus:
     in_use: int
     parked: tuple[str, ...] = ()
     backoff_until: float | None = None
+    source: str | None = None
 
 
 @dataclass(frozen=True)

@@ -209,6 +209,18 @@ class GcraRate:
         return ' + '.join(f'{w.limit}/{w.per}s burst {w.burst}' for w in getattr(self, 'windows', None) or (self,))
 
 
+def rate_now_words(available: int | None, next_at: float | None, held_by: Any, now: float) -> str:
+    """What a rate allows now, as ``explain`` says it: ``N start(s) available now``, or when the next start is
+    allowed and, for a rate of several windows, the window that holds it (its ``limit``, ``per`` and ``burst``);
+    QueueRate's and the per-key Rate's."""
+    if available:
+        return f'{available} start(s) available now'
+    words = f'next start allowed in {max((next_at or now) - now, 0.0):.1f} s'
+    if held_by is not None:
+        words += f' (held by its {held_by.per} s window, {held_by.limit}/{held_by.per}s burst {held_by.burst})'
+    return words
+
+
 @dataclass(frozen=True)
 class RateWindow(GcraRate):
     """One window of a rate: ``limit`` starts every ``per`` seconds, up to ``burst`` at once (a GCRA on the server's

@@ -161,6 +161,18 @@ def release_call(hold: Any) -> Call:
     return call.key('keydue', keys.KEY_DUE)
 
 
+
+def key_limit(key: Any, override: Any, rule: Any, declared: Any) -> tuple[int | None, str | None]:
+    """A key's limit and what gave it (:attr:`KeyStatus.source`): its run-time setting (``override``, as stored),
+    else its scope's rule (a :class:`~rq_policies.Tiers`), else what ``declared()`` says its jobs declare."""
+    if override is not None:
+        return int(override), 'set'
+    if rule is not None:
+        limit, tier = rule.resolve(key)
+        return limit, rule_source(tier)
+    limit = declared()
+    return limit, None if limit is None else 'declared'
+
 def _key_rows(conn: Any, policy: str, scope: str, names: list[str], now: float) -> list[dict[str, Any]]:
     """Each key's row. Its limit: the override, else its scope's rule (:meth:`Concurrency.set_rule`), else the
     declared limit on the job hash of its oldest parked job, else of a job holding one of its units (a unit reserved
@@ -205,14 +217,8 @@ def _key_rows(conn: Any, policy: str, scope: str, names: list[str], now: float) 
     rows = []
     for i, key in enumerate(names):
         in_use, override, parked, _, due, _, blocked = replies[i * width:i * width + width]
-        if override is not None:
-            limit, source = int(override), 'set'
-        elif rule is not None:
-            limit, tier = rule.resolve(key)
-            source = rule_source(tier)
-        else:
-            limit = _declared_limit(fields.get(i), keys.key_id(scope, key))
-            source = None if limit is None else 'declared'
+        limit, source = key_limit(key, override, rule,
+                                  lambda: _declared_limit(fields.get(i), keys.key_id(scope, key)))  # noqa: B023
         until = float(blocked) if blocked is not None and float(blocked) > now else None
         row = {'key': key, 'in_use': int(in_use), 'limit': limit, 'overridden': override is not None, 'source': source,
                'parked': int(parked), 'next_due': float(due) if due is not None else None, 'backoff_until': until}

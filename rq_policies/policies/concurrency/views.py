@@ -9,14 +9,14 @@ from redis import Redis
 
 from rq_policies.engine import keys, reading, views
 from rq_policies.engine.admin import KeyLimit
-from rq_policies.engine.keyed import check_scope, key_text, rule_source
+from rq_policies.engine.keyed import check_scope, key_text
 from rq_policies.engine.ops import need_connection as _need
 from rq_policies.engine.ops import server_now as _server_now
 from rq_policies.engine.ops import text
 from rq_policies.engine.policy import MAX_CAPACITY
 from rq_policies.engine.readable import at, relative
 
-from .rules import Concurrency, _key_rows
+from .rules import Concurrency, _key_rows, key_limit
 
 
 class ConcurrencyViews(views.KeyedViews):
@@ -100,13 +100,7 @@ class ConcurrencyViews(views.KeyedViews):
             pipe.hget(keys.KEY_RULES, Concurrency.rule_field(scope))
             in_use, override, position, blocked, stored_rule = pipe.execute()
         rule = Concurrency.decode_rule(stored_rule)
-        if override is not None:
-            limit, source = int(override), 'set'
-        elif rule is not None:
-            limit, tier = rule.resolve(key)
-            source = rule_source(tier)
-        else:
-            limit, source = int(declared), 'declared'
+        limit, source = key_limit(key, override, rule, lambda: int(declared))
         entry: dict[str, Any] = {'scope': scope, 'key': key, 'limit': limit, 'source': source,
                                  'in_use': int(in_use), 'overridden': override is not None}
         words = f'key {key!r} (scope {scope}) at {int(in_use)}/{limit}'

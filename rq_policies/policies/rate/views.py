@@ -7,7 +7,7 @@ from typing import Any
 from rq.job import Job
 
 from rq_policies.engine import keys, reading, views
-from rq_policies.engine.admin import RateWindow, rate_status, window_tuples
+from rq_policies.engine.admin import RateWindow, rate_now_words, rate_status, window_tuples
 from rq_policies.engine.keyed import check_scope
 from rq_policies.engine.ops import need_connection as _need
 from rq_policies.engine.ops import text
@@ -52,13 +52,8 @@ class RateViews(views.KeyedViews):
         entry['set_at_run_time'] = stored_rate is not None
         entry['source'] = 'set' if stored_rate is not None else source or 'declared'
         mark = ' (set at run time)' if stored_rate is not None else f' ({source})' if source else ''
-        words = f'key {key!r} (scope {scope}) rate {rate.rate_words()}{mark}: '
-        if status.available:
-            words += f'{status.available} start(s) available now'
-        else:
-            words += f'next start allowed in {max(status.next_at - now, 0.0):.1f} s'
-            if status.held_by is not None:
-                words += f' (held by its {status.held_by.per} s window, {status.held_by.rate_words()})'
+        words = f'key {key!r} (scope {scope}) rate {rate.rate_words()}{mark}: ' + rate_now_words(
+            status.available, status.next_at, status.held_by, now)
         if position is not None:
             entry['parked_position'] = int(position)
             words += f' (parked, position {int(position) + 1})'

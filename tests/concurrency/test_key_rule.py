@@ -10,8 +10,6 @@ records of every job (server clock).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 from redis import Redis
@@ -26,6 +24,7 @@ from rq_policies.engine.fetch import Claim, Look, release_claim
 from rq_policies.policies.concurrency.views import ConcurrencyViews
 from rq_policies.policies.rate.views import RateViews
 from tests.helpers import drift, fetches, key_jobs
+from tests.helpers.cli import run as run_cli
 
 CUSTOMER_SCOPE = 'tests.helpers.key_jobs.per_customer'
 RULE = Tiers({'premium:': 3, 'free:': 1}, default=2)
@@ -40,8 +39,7 @@ def customer(q, customer, seconds=0.0, tag='t'):
 
 
 def cli(*args, env):
-    full = [sys.executable, '-m', 'rq_policies', *args, '--url', env['REDIS_URL']]
-    return subprocess.run(full, env=env, capture_output=True, text=True, timeout=60)
+    return run_cli(*args, env=env, url=env['REDIS_URL'])  # on the cluster cell, with the cluster's client class
 
 
 def take_all(conn, prefix, n):

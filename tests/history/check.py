@@ -49,6 +49,9 @@ BOUNDS: dict[str, tuple[float, str]] = {
                            'within orphan_check_seconds (1 s)'),
     'worker_ttl': (90.0, "docs/loner.md: a started Loner(until='finished') holder counts while rq's worker key lives "
                          '(job_monitoring_interval + 60 s, 90 s by default) or its liveness key'),
+    'in_process_ttl': (240.0, "docs/loner.md: an in-process worker (rq's SimpleWorker) cannot beat while its job runs, "
+                              "so rq sets its key's ttl to the job's timeout + 60 s at the start (rq's default timeout "
+                              '180 s): its started holder counts that long after the start if the worker dies'),
     'fair_lag': (1.0, 'docs/fair.md: two keys that stay backlogged start in the ratio of their weights, within one '
                       'job, over any stretch (a pair may differ by fair_lag turns of the queue\'s lightest key at '
                       'each end of a stretch: fair_lag x 2 / w_min starts per weight)'),
@@ -862,6 +865,8 @@ def loner_ends(ix: Index, holder: Holder, until: str, ttl: float | None) -> None
             sure = last.a
             death = death_after(ix, last.worker, last.lo)
             poss = death[1] + max(ix.bounds['worker_ttl'], ix.bounds['lease']) if death else ix.end
+            if death and last.start.get('p') == last.worker:  # run in the worker's own process: its key's start ttl
+                poss = max(poss, last.a + ix.bounds['in_process_ttl'])
     else:
         sure, poss = runs[0].lo, runs[0].hi
     if ttl:

@@ -75,12 +75,13 @@ class History:
     def run(self, worker: str, job: str, t0: float, t1: float | None = None, *, queue: str = 'q',
             policies: list[dict] | None = None, payload: Any = None, outcome: str = 'ok', retry: bool = False,
             fetched: tuple[float, float] | None = None, end_by: str | None = None, due: float | None = None,
-            release: float | None = None, attempt: int = 0, run: str | None = None) -> str:
+            release: float | None = None, attempt: int = 0, run: str | None = None,
+            in_process: bool = False) -> str:
         """A run on ``worker``: ``start`` at ``t0`` (and its ``fetched`` window), ``end`` at ``t1`` (None: none),
-        recorded by the horse (``end_by='worker'``: by the worker, as for a killed horse); a ``release`` at
-        ``release``."""
+        recorded by the horse (``end_by='worker'``: by the worker, as for a killed horse; ``in_process``: the worker
+        runs it in its own process, a SimpleWorker); a ``release`` at ``release``."""
         run = run or f'{worker}:{next(self.runs)}'
-        horse = f'horse-{worker}'
+        horse = worker if in_process else f'horse-{worker}'
         fields = {'fetched': [round(fetched[0], 6), round(fetched[1], 6)]} if fetched else {}
         self.emit(horse, t0, 'start', job=job, run=run, worker=worker, pid=1, claim=f'claim-{run}', queue=queue,
                   payload=payload, attempt=attempt, policies=list(policies or ()), **fields)

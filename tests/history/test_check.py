@@ -221,6 +221,29 @@ def test_loner_passes_a_drop_whose_holder_waited_even_at_the_window_edge(tmp_pat
     clean(results(dropped(T + 4.99), tmp_path / 'edge'))
 
 
+def dropped_after_a_death(at: float, in_process: bool) -> History:
+    """j1 (until='finished') starts at T + 5 on w1, which is SIGKILLed at T + 6: its run never ends."""
+    policies = loner_policy(until='finished')
+    h = base()
+    admit(h, 'j1', T, policies=policies)
+    run(h, 'w1', 'j1', T + 5, None, policies=policies, in_process=in_process)
+    h.nemesis(T + 6, 'kill_worker', T + 6, workers=['w1'], target=1)
+    h.exit(T + 6, 'w1')
+    admit(h, 'j2', at, policies=policies, verdict='dropped', holder='j1', policy='loner')
+    h.final(T + 400, {'j1': 'failed'})
+    return h
+
+
+def test_loner_a_dead_in_process_workers_holder_counts_for_its_keys_start_ttl(tmp_path):
+    """A SimpleWorker's key lives the job's timeout + 60 s from the start (rq: it cannot beat during the job), so
+    its dead run's identity is held that long; a forking worker's, job_monitoring_interval + 60 s after its death
+    (the one-server long run on b2c50d9: 19 drops 95 to 221 s after a SimpleWorker's SIGKILL, read as holder-less)."""
+    clean(results(dropped_after_a_death(T + 150, in_process=True), tmp_path / 'simple'))
+    [finding] = only(results(dropped_after_a_death(T + 150, in_process=False), tmp_path / 'forking'), 4)
+    assert 'could not have held' in finding.what
+    only(results(dropped_after_a_death(T + 300, in_process=True), tmp_path / 'simple-past'), 4)
+
+
 def test_loner_flags_a_drop_naming_a_job_that_never_held_the_identity(tmp_path):
     [finding] = only(results(dropped(T + 2, holder='nobody'), tmp_path), 4)
     assert 'never admitted' in finding.what

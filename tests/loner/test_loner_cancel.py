@@ -221,3 +221,93 @@ def test_old_and_new_never_run_at_once_when_the_old_worker_or_horse_is_killed(
     assert connection.llen(f'test:overlap:{account}') == 0
     first_span, second_span = spans(found)[first.id], spans(found)[second.id]
     assert second_span[0] >= first_span[1]
+
+
+def _stop_messages(listener, seconds):
+    """The stop-job commands ``listener`` receives within ``seconds`` (rq's parse_payload of each)."""
+    from rq.command import parse_payload
+    found, ends = [], time.monotonic() + seconds
+    while time.monotonic() < ends:
+        message = listener.get_message(timeout=0.1)
+        if message is not None and message['type'] == 'message':
+            found.append(parse_payload(message))
+    return found
+
+
+@pytest.mark.parametrize('fault', FAULTS)
+def test_admissions_with_lost_replies_send_one_stop_and_never_stop_the_new_job(
+        connection, redis_url, worker_env, fault_proxy, fault):
+    """Through the fault proxy (a late reply, a dropped one, a stall): the admission that stops the running job is
+    sent again by the retrying client and applied once: one stop on the worker's channel, naming the old job; the new
+    job runs to its end (a replay never stops it), after the old one ended ``stopped``."""
+    q = PolicyQueue('cx-faults', connection=producer(fault_proxy))
+    first = q.enqueue(lock_jobs.cancelled, 'faults', 'p1', seconds=60)
+    worker = start_worker(redis_url, ['cx-faults'], worker_env)
+    listener = connect(redis_url).pubsub()
+    try:
+        assert wait_for(lambda: started(connection, 'faults', first.id)), output(worker)
+        listener.subscribe(compat.STOP_CHANNEL_PREFIX + connection.hget(first.key, 'worker_name').decode())
+        assert listener.get_message(timeout=2)['type'] == 'subscribe'
+        seen = fault_proxy.seen(ADMIT_WRITE)
+        lose_reply(fault_proxy, fault, ADMIT_WRITE)
+        second = q.enqueue(lock_jobs.cancelled, 'faults', 'p2', seconds=1.5)
+        assert fault_proxy.seen(ADMIT_WRITE) >= seen + 2  # the reply was lost, the call was sent again
+        assert second.id != first.id
+        assert wait_for(lambda: status(connection, second.id) == JobStatus.FINISHED, timeout=20), output(worker)
+        assert _stop_messages(listener, 0.5) == [{'command': 'stop-job', 'job_id': first.id}]
+        assert status(connection, first.id) == JobStatus.STOPPED
+        found = records(connection, 'faults')
+        assert [(k, p) for k, _, p, _ in found if k != 'tick'] == [('start', 'p1'), ('start', 'p2'), ('end', 'p2')]
+        assert overlaps(found) == 1
+    finally:
+        listener.close()
+        stop(worker)
+
+
+def test_the_stopped_runs_late_release_cannot_free_what_the_new_job_holds(connection, redis_url, worker_env):
+    """The fenced release. The old run's worker and horse are SIGSTOPped as the new admission stops it (its stop waits
+    in the frozen worker's socket), and the liveness bound is made to pass (its worker and horse keys deleted, the
+    parked job made due): the new job starts on another worker. Then the old horse is SIGKILLed and its worker
+    SIGCONTinued: it handles the stop late and writes the old run's end (status stopped, its holds' release with
+    lua/release_markers.lua) while the new job runs. That late release must not free the new job's identity: the
+    marker still names the new job, which runs on, and the next enqueue waits behind it (and stops it), never beside."""
+    q = PolicyQueue('cx-fence', connection=connection)
+    first = q.enqueue(lock_jobs.cancelled, 'fence', 'p1', seconds=120)
+    old_worker = start_worker(redis_url, ['cx-fence'], worker_env)
+    new_worker = None
+    try:
+        assert wait_for(lambda: started(connection, 'fence', first.id)), output(old_worker)
+        horse = int(connection.lindex('test:pid:fence', 0))
+        old_name = connection.hget(first.key, 'worker_name').decode()
+        os.killpg(old_worker.pid, signal.SIGSTOP)
+        os.kill(horse, signal.SIGSTOP)
+        second = q.enqueue(lock_jobs.cancelled, 'fence', 'p2', seconds=120)
+        marker = connection.hget(second.key, keys.LONER_FIELD).decode()
+        assert connection.get(marker).decode() == second.id
+        key_id = connection.hget(second.key, 'policies_loner_next').decode().split(' ', 1)[1]
+        # the delay: the old run's end is held back past the liveness bound, which is made to pass now
+        connection.delete(Worker.redis_worker_namespace_prefix + old_name, keys.alive(first.id))
+        connection.zadd(keys.KEY_DUE, {f'loner_next:{key_id}': 0})
+        new_worker = start_worker(redis_url, ['cx-fence'], worker_env)
+        assert wait_for(lambda: started(connection, 'fence', second.id), timeout=20), output(new_worker)
+        os.kill(horse, signal.SIGKILL)
+        os.kill(horse, signal.SIGCONT)
+        os.killpg(old_worker.pid, signal.SIGCONT)
+        # the old worker handles the stop that waited for it, and writes the old run's end late
+        assert wait_for(lambda: status(connection, first.id) == JobStatus.STOPPED, timeout=20), output(old_worker)
+        assert wait_for(lambda: connection.exists(Worker.redis_worker_namespace_prefix + old_name), timeout=10)
+        time.sleep(0.5)  # the end-of-run pipeline and the heartbeat after it (the holds' release) have gone out
+        assert connection.get(marker).decode() == second.id  # the late release did not free it
+        assert status(connection, second.id) == JobStatus.STARTED
+        third = q.enqueue(lock_jobs.cancelled, 'fence', 'p3', seconds=0.2)
+        assert third.id != second.id
+        assert connection.hget(third.key, 'policies_loner_next').decode().split()[0] == second.id  # behind it
+        assert wait_for(lambda: status(connection, third.id) == JobStatus.FINISHED, timeout=20), output(new_worker)
+        assert status(connection, second.id) == JobStatus.STOPPED
+    finally:
+        stop(*(p for p in (old_worker, new_worker) if p is not None))
+    found = records(connection, 'fence')
+    # the frozen old horse ran nothing once the new job started (its last tick is before that start); its process
+    # did exist then (the new run's look at its pid saw it): that is the documented bound for a SIGSTOPped worker
+    assert overlaps(found) == 1, found
+    assert spans(found)[first.id][1] <= spans(found)[second.id][0]

@@ -293,8 +293,10 @@ def test_the_stopped_runs_late_release_cannot_free_what_the_new_job_holds(connec
         os.kill(horse, signal.SIGKILL)
         os.kill(horse, signal.SIGCONT)
         os.killpg(old_worker.pid, signal.SIGCONT)
-        # the old worker handles the stop that waited for it, and writes the old run's end late
-        assert wait_for(lambda: status(connection, first.id) == JobStatus.STOPPED, timeout=20), output(old_worker)
+        # the old worker writes the old run's end late: stopped when its command thread handles the stop that waited
+        # for it before its main thread reaps the killed horse, failed (horse killed) otherwise (rq 2.12 often)
+        assert wait_for(lambda: status(connection, first.id) in (JobStatus.STOPPED, JobStatus.FAILED), timeout=20), \
+            output(old_worker)
         assert wait_for(lambda: connection.exists(Worker.redis_worker_namespace_prefix + old_name), timeout=10)
         time.sleep(0.5)  # the end-of-run pipeline and the heartbeat after it (the holds' release) have gone out
         assert connection.get(marker).decode() == second.id  # the late release did not free it

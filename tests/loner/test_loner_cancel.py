@@ -4,7 +4,9 @@ stop-job command and waits behind it (Hatchet's CANCEL_IN_PROGRESS), with real f
 from __future__ import annotations
 
 import os
+import random
 import signal
+import threading
 import time
 
 import pytest
@@ -313,3 +315,83 @@ def test_the_stopped_runs_late_release_cannot_free_what_the_new_job_holds(connec
     # did exist then (the new run's look at its pid saw it): that is the documented bound for a SIGSTOPped worker
     assert overlaps(found) == 1, found
     assert spans(found)[first.id][1] <= spans(found)[second.id][0]
+
+
+def _bursts(url, account, seed, ids, errors):
+    """40 enqueues of ``account`` in random bursts (1-5 at gaps of 0-5 ms, then 50-300 ms apart), each run 0.5 s
+    unless stopped; then wait for the last payload to start."""
+    rng = random.Random(seed)
+    conn = connect(url)
+    q = PolicyQueue('cx-storm', connection=conn)
+    seq = 0
+    try:
+        while seq < STORM:
+            for _ in range(min(rng.randint(1, 5), STORM - seq)):
+                job = q.enqueue(lock_jobs.cancelled, account, str(seq), seconds=0.5)
+                if job is None:
+                    errors.append(f'{account}: enqueue {seq} was dropped')
+                else:
+                    ids.add(job.id)
+                seq += 1
+                time.sleep(rng.uniform(0, 0.005))
+            time.sleep(rng.uniform(0.05, 0.3))
+    except Exception as exc:  # noqa: BLE001 - reported by the test
+        errors.append(f'{account}: {exc!r}')
+
+
+STORM = 40
+
+
+def test_random_bursts_against_three_workers_never_run_two_at_once_and_the_last_payload_runs(
+        connection, redis_url, worker_env):
+    """4 identities, 40 enqueues each in random bursts while their runs (0.5 s each) go on, 3 forking workers: per
+    identity never two runs at once (the sweep over start/tick/end records; and no run starts while an earlier horse
+    lives), every stopped job names a job that ran after it, and the last payload runs to its end."""
+    accounts = [f'storm{n}' for n in range(4)]
+    workers = [start_worker(redis_url, ['cx-storm'], worker_env) for _ in range(3)]
+    errors: list[str] = []
+    ids: dict[str, set[str]] = {account: set() for account in accounts}
+    try:
+        producers = [threading.Thread(target=_bursts, args=(redis_url, account, n, ids[account], errors))
+                     for n, account in enumerate(accounts)]
+        for thread in producers:
+            thread.start()
+        for thread in producers:
+            thread.join(timeout=120)
+        assert not errors, errors
+
+        def done(account):
+            return any(kind == 'end' and payload == str(STORM - 1) for kind, _, payload, _ in records(connection,
+                                                                                                       account))
+
+        assert wait_for(lambda: all(done(account) for account in accounts), timeout=60, interval=0.2), \
+            f'worker exit codes {[w.poll() for w in workers]}\n' + '\n'.join(output(w)[-1500:] for w in workers)
+    finally:
+        stop(*workers)
+    stopped = missed = starts = 0
+    for account in accounts:
+        ended = {jid: status(connection, jid) for jid in ids[account]}
+        # every admitted job ended: stopped (in progress, or as its horse forked) or finished
+        assert set(ended.values()) <= {JobStatus.STOPPED, JobStatus.FINISHED}, (account, ended)
+        stopped += sum(1 for state in ended.values() if state == JobStatus.STOPPED)
+        found = records(connection, account)
+        assert overlaps(found) == 1, account
+        assert connection.llen(f'test:overlap:{account}') == 0, account
+        order = [jid for kind, jid, _, _ in sorted(found, key=lambda r: r[3]) if kind == 'start']
+        assert len(order) == len(set(order)), account  # each job ran once
+        starts += len(order)
+        for jid in order:
+            if status(connection, jid) == JobStatus.FINISHED and connection.hget(Job.key_for(jid),
+                                                                                 'policies_cancelled_by'):
+                missed += 1  # its stop came before its start was recorded: it ran to its end (keep_last's way)
+            if status(connection, jid) == JobStatus.STOPPED:
+                by = connection.hget(Job.key_for(jid), 'policies_cancelled_by').decode()
+                # its replacement ran after it, or was itself stopped before its first record (as the horse forked)
+                assert (by in order and order.index(by) > order.index(jid)) or (
+                    by not in order and status(connection, by) == JobStatus.STOPPED), (account, by)
+        payloads = [int(p) for kind, _, p, _ in found if kind == 'start']
+        assert payloads == sorted(payloads), account  # never an older payload after a newer one
+    print(f'storm: {sum(map(len, ids.values()))} jobs admitted over {len(accounts)} identities, {starts} started '
+          f'their function, {stopped} stopped, {missed} asked to '
+          'stop before their start was recorded (ran to their end)')
+    assert stopped >= len(accounts)  # not vacuous: runs were stopped

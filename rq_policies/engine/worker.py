@@ -108,9 +108,9 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
         # (os.setpgrp) only once it runs, after the fork. A stop-job command handled between the job's start (from
         # which rq accepts the stop) and that moment SIGKILLed the worker's own process group: with no horse yet
         # (horse_pid 0: getpgid(0) is the caller's group), or a horse forked but not yet in its group. The worker
-        # died and its job stayed started until its key's ttl. Seen with Loner(on_conflict='cancel'), whose
-        # admissions stop jobs as they start (tests/loner/test_loner_cancel.py's random bursts). Here a stop before
-        # the fork waits for it, and a horse still in the worker's group is killed alone (it runs no job code yet).
+        # died and its job stayed started until its key's ttl. Seen with the cancel-in-progress mode, whose admissions
+        # stop jobs as they start (tests/loner/test_loner_cancel.py's random bursts). Here a stop before the fork
+        # waits for it, and a horse still in the worker's group is killed alone (it runs no job code yet).
         with self._stop_lock:
             pid = self.horse_pid  # type: ignore[attr-defined]
             if not pid:

@@ -17,6 +17,7 @@ from .engine.exceptions import (
     UnknownQueueWarning,
 )
 from .engine.job import PolicyJob
+from .engine.keyed import Tiers
 from .engine.policy import AdmissionPolicy, DroppedCall, FetchPolicy, Policy, PolicySet, policy
 from .engine.queue import PolicyQueue
 from .engine.worker import PolicySimpleWorker, PolicyWorker
@@ -70,6 +71,7 @@ __all__ = [
     'Snooze',
     'SnoozeLimitReached',
     'Throttle',
+    'Tiers',
     'UnknownJob',
     'UnknownQueueWarning',
     'explain',

@@ -14,6 +14,8 @@
                                                   worker takes it (at most ctx.ttl seconds)
     parked  rq:policies:keyparked:concurrency:<scope>:<key>   LIST of parked job ids, FIFO
     limits  rq:policies:keylimits   HASH '<scope>:<key>' -> a limit set at run time (override)
+    rules   rq:policies:keyrules    HASH 'concurrency:<scope>' -> the scope's stated rule
+                                    (lib/key_rule.lua): below the override, above the declared limit
     block   rq:policies:keyblock:<scope>:<key>    a BackOff(key=True) (lib/key_blocked.lua)
     units   rq:policies:keyunits:<scope>:<key>    ZSET hold member -> its cost, for the holds (and
                                                   reservations) of a cost above 1 (Concurrency(cost=):
@@ -39,6 +41,7 @@
 -- @include "lib/ledger_add.lua"
 -- @include "lib/key_blocked.lua"
 -- @include "lib/key_unpark.lua"
+-- @include "lib/key_rule.lua"
 P.concurrency = {fields = {'policies_concurrency'}}
 
 local function cc_parse(raw)
@@ -77,8 +80,14 @@ local function cc_prune(ctx, ledger, units)
   end
 end
 
+-- The key's limit: its run-time setting (Concurrency.set), else its scope's rule
+-- (Concurrency.set_rule, lib/key_rule.lua), else the limit the job declares.
 local function cc_limit(ctx, key_id, declared)
-  return tonumber(redis.call('HGET', ctx.kp.limits, key_id)) or declared
+  local set = tonumber(redis.call('HGET', ctx.kp.limits, key_id))
+  if set then
+    return set
+  end
+  return tonumber((key_rule(ctx.kp, 'concurrency', key_id))) or declared
 end
 
 -- The time the earliest live hold of `ledger` expires (the key could free then), else now.

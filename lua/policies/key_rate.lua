@@ -15,8 +15,9 @@
     parked  rq:policies:keyparked:key_rate:<scope>:<key>   LIST of parked job ids, FIFO
     block   rq:policies:keyblock:<scope>:<key>   a BackOff(key=True) (lib/key_blocked.lua)
   and ctx.kp.rates, rq:policies:keyrates, HASH '<scope>:<key>' -> '<limit> <per> <burst>' (lists
-  with several windows): a rate set at run time (Rate.set), which wins over the rate the job
-  declares.
+  with several windows): a rate set at run time (Rate.set), which wins over the scope's rule
+  (ctx.kp.rules, rq:policies:keyrules, field 'key_rate:<scope>', lib/key_rule.lua), which wins
+  over the rate the job declares.
 
   admit_job(ctx, jid, raw, paid): a job whose start was paid for when it was given back runs;
     another waits behind the key's parked jobs (FIFO per key), or until every window's GCRA allows
@@ -33,6 +34,7 @@
 -- @include "lib/rate_windows.lua"
 -- @include "lib/key_blocked.lua"
 -- @include "lib/key_unpark.lua"
+-- @include "lib/key_rule.lua"
 P.key_rate = {fields = {'policies_key_rate', 'policies_key_rate_paid'}}
 
 -- A job's rate (the run-time one when set, else the one it declares: lib/rate_windows.lua), key id
@@ -43,7 +45,8 @@ local function kr_parse(ctx, raw)
     return nil
   end
   local windows
-  local set = redis.call('HGET', ctx.kp.rates, key_id)
+  -- the run-time rate (Rate.set), else the scope's rule (Rate.set_rule), else the declared one
+  local set = redis.call('HGET', ctx.kp.rates, key_id) or key_rule(ctx.kp, 'key_rate', key_id)
   if set then
     local l, p, b = string.match(set, '^([%d,]+) ([%d,]+) ([%d,]+)$')
     windows = l and rate_windows(l, p, b)

@@ -97,6 +97,9 @@ class KeyStatus:
         in_use: live holds (running jobs, and units reserved for parked jobs given back to their queue).
         parked: ids of the key's parked jobs, oldest first (the order they go back in).
         backoff_until: the server time a ``BackOff(key=True)`` blocks the key until, or None.
+        source: what gave the key ``limit``: ``'set'`` (a run-time setting), ``"rule tier '<prefix>'"`` or
+            ``'rule default'`` (its scope's rule, :meth:`Concurrency.set_rule`), ``'declared'`` (the limit its jobs
+            declare), or None (no limit known).
     """
 
     limit: int | None
@@ -104,6 +107,7 @@ class KeyStatus:
     in_use: int
     parked: tuple[str, ...] = ()
     backoff_until: float | None = None
+    source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -203,6 +207,18 @@ class GcraRate:
     def rate_words(self) -> str:
         """The rate as ``info`` and ``explain`` print it: ``5/1s burst 2``, or its windows joined by `` + ``."""
         return ' + '.join(f'{w.limit}/{w.per}s burst {w.burst}' for w in getattr(self, 'windows', None) or (self,))
+
+
+def rate_now_words(available: int | None, next_at: float | None, held_by: Any, now: float) -> str:
+    """What a rate allows now, as ``explain`` says it: ``N start(s) available now``, or when the next start is
+    allowed and, for a rate of several windows, the window that holds it (its ``limit``, ``per`` and ``burst``);
+    QueueRate's and the per-key Rate's."""
+    if available:
+        return f'{available} start(s) available now'
+    words = f'next start allowed in {max((next_at or now) - now, 0.0):.1f} s'
+    if held_by is not None:
+        words += f' (held by its {held_by.per} s window, {held_by.limit}/{held_by.per}s burst {held_by.burst})'
+    return words
 
 
 @dataclass(frozen=True)

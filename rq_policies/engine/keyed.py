@@ -7,19 +7,20 @@ their views share :class:`rq_policies.engine.views.KeyedViews`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
+import msgpack
 from rq.job import Job
 from rq.queue import Queue
 from rq.registry import DeferredJobRegistry
 from rq.worker import Worker
 
 from . import compat, keys, reading
-from .admin import refusing, unknown_scope
+from .admin import clear_setting, refusing, unknown_scope
 from .exceptions import BackOff, InvalidArgument, InvalidSetting, PolicyError
 from .identity import func_path
-from .ops import Call, need_connection, text
+from .ops import Call, need_connection, pack, text
 from .policy import FETCH, FetchPolicy, declare_scope, registered, scope_declared
 
 #: A key function: ``(args, kwargs) -> str | int``, as ``unique_context`` gets them.
@@ -37,11 +38,81 @@ def keyed_args(job_prefix: str = Job.redis_job_namespace_prefix) -> dict[str, st
         'job': job_prefix, 'queue': Queue.redis_queue_namespace_prefix,
         'deferred': DeferredJobRegistry.key_template.format(''), 'wake': keys.wake(''),
         'holds': keys.KEY_HOLDS_PREFIX, 'parked': keys.KEY_PARKED_PREFIX, 'limits': keys.KEY_LIMITS,
-        'rates': keys.KEY_RATES,
+        'rates': keys.KEY_RATES, 'rules': keys.KEY_RULES,
         'block': keys.KEY_BLOCK_PREFIX, 'tat': keys.KEY_TAT_PREFIX, 'due': keys.KEY_DUE,
         'units': keys.KEY_UNITS_PREFIX,
         'worker': Worker.redis_worker_namespace_prefix, 'alive': keys.ALIVE_PREFIX,
     }
+
+
+#: The most prefixes one rule holds: the deciding script compares the key with each.
+MAX_RULE_TIERS = 64
+
+
+class Tiers:
+    """A per-key limit stated as a rule over the key: the longest of ``tiers``' prefixes a key starts with gives its
+    limit, ``default`` the limit of every other key. Stored once per scope in Redis (``Concurrency.set_rule``,
+    ``Rate.set_rule``), never carried by a job, and read by the script that decides, so every producer and worker
+    resolves a key the same way whatever its code declares.
+
+    Example::
+
+        Concurrency.set_rule('billing', Tiers({'premium:': 10, 'free:': 1}, default=2))
+        # key 'premium:acme' -> 10 at once, 'free:bob' -> 1, 'trial:x' -> 2
+
+    Args:
+        tiers: key prefix (a non-empty str) -> the policy's setting for the keys it starts (Concurrency: a limit;
+            Rate: ``(limit, per)``, ``(limit, per, burst)``, a list of such windows, or a KeyRate); at most
+            :data:`MAX_RULE_TIERS`. A key matching several takes the longest prefix's.
+        default: the setting of a key no prefix matches (required: a rule states every key's limit, so no key of
+            the scope falls back to what its jobs declare).
+
+    The settings are checked by the policy the rule is set on (``InvalidSetting`` naming ``tiers[...]`` or
+    ``default`` and the value).
+    """
+
+    __slots__ = ('tiers', 'default')
+
+    def __init__(self, tiers: Mapping[str, Any] | None = None, *, default: Any) -> None:
+        tiers = {} if tiers is None else tiers
+        if not isinstance(tiers, Mapping):
+            raise InvalidArgument('tiers', message=f'tiers must be a mapping of key prefix -> setting, got {tiers!r}')
+        if len(tiers) > MAX_RULE_TIERS:
+            raise InvalidArgument('tiers', message=f'tiers must hold at most {MAX_RULE_TIERS} prefixes, got '
+                                                   f'{len(tiers)}')
+        for prefix in tiers:
+            if not isinstance(prefix, str) or not prefix:
+                raise InvalidArgument('tiers', message=f'each prefix of tiers must be a non-empty str, got {prefix!r}')
+            key_text(prefix, 'tiers prefix')
+        if default is None:
+            raise InvalidArgument('default', message='default must be given (the setting of a key no prefix '
+                                                     'matches), got None')
+        self.tiers: dict[str, Any] = dict(tiers)
+        self.default = default
+
+    def resolve(self, key: str) -> tuple[Any, str]:
+        """The setting this rule gives ``key`` and the prefix that gave it (``''``: the default), as
+        ``lua/lib/key_rule.lua`` finds them."""
+        best, tier = self.default, ''
+        for prefix, value in self.tiers.items():
+            if len(prefix) > len(tier) and key.startswith(prefix):
+                best, tier = value, prefix
+        return best, tier
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Tiers) and (self.tiers, self.default) == (other.tiers, other.default)
+
+    def __hash__(self) -> int:
+        return hash(repr(self))  # settings may be lists (a Rate's windows), which do not hash
+
+    def __repr__(self) -> str:
+        return f'Tiers({self.tiers!r}, default={self.default!r})'
+
+
+def rule_source(tier: str) -> str:
+    """The words naming the part of a scope's rule that gave a key its setting (``tier``: the prefix, '' the
+    default): ``"rule tier 'premium:'"`` or ``'rule default'``."""
+    return f'rule tier {tier!r}' if tier else 'rule default'
 
 
 def _source(value: Any, args: tuple, kwargs: dict) -> str:
@@ -236,6 +307,8 @@ class KeyedPolicy(FetchPolicy):
         """Does Redis hold state of ``scope`` for this policy: a run-time setting of one of its keys, a key with
         parked jobs, a running hold (Concurrency) or an arrival time (Rate)? A SCAN of the keyspace when none."""
         pattern = reading.glob_escape(scope) + ':*'
+        if connection.hexists(keys.KEY_RULES, cls.rule_field(scope)):
+            return True
         if reading.any_field(connection, cls.key_settings, pattern):
             return True
         if reading.any_member(connection, keys.KEY_DUE, reading.glob_escape(f'{cls.name}:{scope}:') + '*'):
@@ -267,6 +340,75 @@ class KeyedPolicy(FetchPolicy):
         call.key('parked', keys.KEY_PARKED_PREFIX(cls.name, key_id))
         call.key('keydue', keys.KEY_DUE)
         return (call if value else call.answered()).run(conn)
+
+    # -- a scope's stated rule (Tiers): stored once in Redis, read by the deciding script ---------------------------
+
+    @classmethod
+    def rule_setting(cls, value: Any, where: str) -> str:
+        """One setting of a rule (a tier's or the default) as the policy stores a run-time setting, or an
+        InvalidArgument naming ``where`` and the value."""
+        raise NotImplementedError
+
+    @classmethod
+    def rule_value(cls, stored: str) -> Any:
+        """A stored setting of a rule as :meth:`get_rule` gives it back."""
+        raise NotImplementedError
+
+    @classmethod
+    def rule_field(cls, scope: str) -> str:
+        """The field of ``rq:policies:keyrules`` holding this policy's rule of ``scope``."""
+        return f'{cls.name}:{scope}'
+
+    @classmethod
+    def set_rule(cls, scope: str, rule: Tiers, connection: Any = None, force: bool = False) -> Tiers:
+        """State the limit of every key of ``scope`` as a rule (:class:`Tiers`), stored once in Redis and read by
+        the script that decides each start: it wins over the setting every job of the scope declares, whatever the
+        producer's code, so two producers cannot make a key's limit drift; a per-key run-time setting (``set``) still
+        wins over it. Replaces the scope's rule; writing the same rule twice is harmless. A key's parked jobs see a
+        raised rule when the key next comes due (a release, a hold's expiry, its rate's next start; ``set`` wakes
+        them at once): a rule covers keys listed nowhere, so setting one touches no key's state. A scope this
+        policy is not known to use is refused as a typo; ``force=True`` sets it anyway. Returns the rule as stored."""
+        with refusing():
+            scope = check_scope(scope)
+            if not isinstance(rule, Tiers):
+                raise InvalidArgument('rule', message=f'rule must be a Tiers(...), got {rule!r}')
+            stored = [cls.rule_setting(rule.default, 'default')]
+            for prefix, value in rule.tiers.items():
+                stored += [prefix, cls.rule_setting(value, f'tiers[{prefix!r}]')]
+            conn = need_connection(connection)
+        if not force:
+            cls.require_known_scope(conn, scope, 'pass force=True to set it anyway')
+        conn.hset(keys.KEY_RULES, cls.rule_field(scope), pack(stored))
+        return cls.decode_rule(pack(stored))
+
+    @classmethod
+    def decode_rule(cls, raw: Any) -> Tiers | None:
+        """A rule as stored in ``rq:policies:keyrules`` (None: none, or not one)."""
+        if raw is None:
+            return None
+        try:
+            items = msgpack.unpackb(raw, raw=False)
+            tiers = {items[i]: cls.rule_value(items[i + 1]) for i in range(1, len(items) - 1, 2)}
+            return Tiers(tiers, default=cls.rule_value(items[0]))
+        except (ValueError, TypeError, IndexError, msgpack.UnpackException):
+            return None
+
+    @classmethod
+    def get_rule(cls, scope: str, connection: Any = None) -> Tiers | None:
+        """The rule of ``scope`` (:meth:`set_rule`), or None (each job's declared setting applies)."""
+        with refusing():
+            scope = check_scope(scope)
+            conn = need_connection(connection)
+        return cls.decode_rule(conn.hget(keys.KEY_RULES, cls.rule_field(scope)))
+
+    @classmethod
+    def clear_rule(cls, scope: str, connection: Any = None) -> bool:
+        """Remove the rule of ``scope``: each job's declared setting applies again (per-key ``set`` ones stay).
+        True when there was one; a replay after a lost reply answers the same (``lua/clear_setting.lua``)."""
+        with refusing():
+            scope = check_scope(scope)
+            conn = need_connection(connection)
+        return clear_setting(conn, keys.KEY_RULES, cls.rule_field(scope))
 
     @classmethod
     def clear(cls, scope: str, key: Any, connection: Any = None) -> bool:

@@ -124,6 +124,11 @@ key                                                    type     meaning
 ``rq:policies:keyrates``                               HASH     ``<scope>:<key>`` -> ``<limit> <per> <burst>`` (as
                                                                 ``rq:policies:rate``'s): a rate set at run time
                                                                 (``Rate.set``)
+``rq:policies:keyrules``                               HASH     ``<policy>:<scope>`` -> a scope's stated rule
+                                                                (``Concurrency.set_rule``, ``Rate.set_rule``): a
+                                                                msgpack array ``[default, prefix, setting, ...]``
+                                                                (``lua/lib/key_rule.lua``); removed by
+                                                                ``clear_rule``
 ``rq:policies:keyblock:<scope>:<key>``                 STRING   epoch second until which no job of the key starts
                                                                 (``BackOff(key=True)``); expires then
 ``rq:policies:keytat:<scope>:<key>``                   STRING   ``<tat> <interval>`` (per window with several): one
@@ -233,9 +238,10 @@ class Space(str):
 
 #: The single keys (the table above), and :data:`REPLICATED`: the write
 #: :func:`rq_policies.surfaces.replicas.wait_for_replicas` makes before its WAIT (STRING, expires after a minute).
-CAPACITY, RATE, BACKOFF, DROPS, LAPSES, REPLICATED, KEY_DUE, KEY_LIMITS, KEY_RATES, LCW_INDEX = (
+CAPACITY, RATE, BACKOFF, DROPS, LAPSES, REPLICATED, KEY_DUE, KEY_LIMITS, KEY_RATES, KEY_RULES, LCW_INDEX = (
     PREFIX + name for name in
-    ('capacity', 'rate', 'backoff', 'drops', 'lapses', 'replicated', 'keydue', 'keylimits', 'keyrates', 'lcw'))
+    ('capacity', 'rate', 'backoff', 'drops', 'lapses', 'replicated', 'keydue', 'keylimits', 'keyrates', 'keyrules',
+     'lcw'))
 #: A key that never exists, passed as the last of KEYS of every script a Redis Cluster runs
 #: (:func:`rq_policies.engine.scripts.run`). While the prefix's slot is being migrated to another node, the server
 #: refuses a script with a key it does not have (``TRYAGAIN``, or ``ASK`` and then ``TRYAGAIN`` on the importing node),

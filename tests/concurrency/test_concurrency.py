@@ -317,7 +317,7 @@ def test_explain_and_key_rows_and_panels_show_a_parked_job(connection):
     assert part['verdict'] == f"key 'acme' (scope {CUSTOMER_SCOPE}) at 2/2 (parked, position 2)"
     assert part['change']
     rows = ConcurrencyViews.key_rows(connection, CUSTOMER_SCOPE)
-    assert rows == [{'key': 'acme', 'in_use': 2, 'limit': 2, 'overridden': False, 'parked': 2,
+    assert rows == [{'key': 'acme', 'in_use': 2, 'limit': 2, 'overridden': False, 'source': 'declared', 'parked': 2,
                      'next_due': rows[0]['next_due'], 'backoff_until': None, 'waiting_for': 'release'}]
     assert rows[0]['next_due'] is not None  # (the crash expiry of its oldest hold: the latest a release can come)
     assert ConcurrencyViews.key_rows(connection, CUSTOMER_SCOPE, search='zzz') == []

@@ -215,12 +215,13 @@ def horse_client(tag):
 
 
 def horse_leaves_a_reply_unread(tag):
-    """Sends a PING on the job's connection and returns without reading the reply (the connection goes back to the
-    horse's pool with the PONG on its way)."""
+    """Sends a PING on the job's connection (the one the horse adopted: the only one in its pool) and returns
+    without reading the reply, keeping that connection out of the pool (rq's end of run opens another): the horse
+    exits normally with the PONG left on it. (Released to the pool instead, the horse's own redis-py would read the
+    PONG as the reply to rq's next command when the PONG had not arrived yet.)"""
     pool = get_current_job().connection.connection_pool
     conn = pool.get_connection()
     conn.send_command('PING')
-    pool.release(conn)
     return tag
 
 

@@ -157,3 +157,23 @@ def by_pages(tag, seconds, customer, pages):
     """Concurrency(10) per customer, each job taking ``pages`` units (tests/concurrency/test_concurrency.py's cost
     tests)."""
     _span(tag, customer, seconds)
+
+
+# -- a key's limit under two producers with different code (tests/concurrency/test_key_rule.py, bench/key_rule.py) --
+# Producer A's code declares 6 for scope 'tiered', producer B's (a later release) 1: each job carries its own
+# producer's number, and the scope's rule (Concurrency.set_rule) must decide instead.
+
+
+@policy(Concurrency(6, key=lambda args, kwargs: kwargs['customer'], scope='tiered'))
+def tiered_loose(tag, seconds, customer):
+    _span(tag, customer, seconds)
+
+
+@policy(Concurrency(1, key=lambda args, kwargs: kwargs['customer'], scope='tiered'))
+def tiered_strict(tag, seconds, customer):
+    _span(tag, customer, seconds)
+
+
+def rq_limited(tag, seconds, customer):
+    """No policy of ours: rq's own ``RateLimit`` on the enqueue limits it (the side-by-side drift demo)."""
+    _span(tag, customer, seconds)

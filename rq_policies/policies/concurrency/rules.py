@@ -17,7 +17,7 @@ from rq.job import Job
 
 from rq_policies.engine import keyed, keys, ledger, reading
 from rq_policies.engine.admin import KeyLimit, KeyStatus, deprecated, refusing
-from rq_policies.engine.keyed import KeyedPolicy, KeyFunction, check_scope, key_text, keyed_args
+from rq_policies.engine.keyed import KeyedPolicy, KeyFunction, check_scope, key_text, keyed_args, rule_source
 from rq_policies.engine.ops import Call, text
 from rq_policies.engine.ops import need_connection as _need
 from rq_policies.engine.ops import server_now as _server_now
@@ -72,6 +72,14 @@ class Concurrency(KeyedPolicy):
     def setting(self) -> str:
         return str(self.limit)
 
+    @classmethod
+    def rule_setting(cls, value: Any, where: str) -> str:
+        return str(positive_int(where, value, MAX_CAPACITY))
+
+    @classmethod
+    def rule_value(cls, stored: str) -> int:
+        return int(stored)
+
     # -- the hold -------------------------------------------------------------------------------------------------
 
     @classmethod
@@ -116,7 +124,7 @@ class Concurrency(KeyedPolicy):
         parked = tuple(text(j) for j in conn.lrange(keys.KEY_PARKED_PREFIX(cls.name, keys.key_id(scope, name)), 0, -1))
         blocked = cls.blocked_until(scope, name, conn)
         return KeyStatus(row['limit'], row['overridden'], row['in_use'], parked,
-                         blocked if blocked is not None and blocked > now else None)
+                         blocked if blocked is not None and blocked > now else None, row['source'])
 
     # -- the 0.2 names (deprecated, removed in 0.4) ----------------------------------------------------------------
 
@@ -153,12 +161,26 @@ def release_call(hold: Any) -> Call:
     return call.key('keydue', keys.KEY_DUE)
 
 
+
+def key_limit(key: Any, override: Any, rule: Any, declared: Any) -> tuple[int | None, str | None]:
+    """A key's limit and what gave it (:attr:`KeyStatus.source`): its run-time setting (``override``, as stored),
+    else its scope's rule (a :class:`~rq_policies.Tiers`), else what ``declared()`` says its jobs declare."""
+    if override is not None:
+        return int(override), 'set'
+    if rule is not None:
+        limit, tier = rule.resolve(key)
+        return limit, rule_source(tier)
+    limit = declared()
+    return limit, None if limit is None else 'declared'
+
 def _key_rows(conn: Any, policy: str, scope: str, names: list[str], now: float) -> list[dict[str, Any]]:
-    """Each key's row. Its limit: the override, else the declared limit on the job hash of its oldest parked job, else
-    of a job holding one of its units (a unit reserved for a given-back job names it; a running job is found through
-    rq's worker registry, as QueueSlot's holds panel finds its holders' jobs, and counts only when its own field names
-    this key). A key none of these name has no limit shown."""
+    """Each key's row. Its limit: the override, else its scope's rule (:meth:`Concurrency.set_rule`), else the
+    declared limit on the job hash of its oldest parked job, else of a job holding one of its units (a unit reserved
+    for a given-back job names it; a running job is found through rq's worker registry, as QueueSlot's holds panel
+    finds its holders' jobs, and counts only when its own field names this key). A key none of these name has no limit
+    shown. ``source`` says which gave it (:attr:`KeyStatus.source`)."""
     width = 7
+    rule = Concurrency.decode_rule(conn.hget(keys.KEY_RULES, Concurrency.rule_field(scope)))
     with conn.pipeline(transaction=False) as pipe:
         for key in names:
             key_id = keys.key_id(scope, key)
@@ -174,7 +196,7 @@ def _key_rows(conn: Any, policy: str, scope: str, names: list[str], now: float) 
     holders: dict[int, str] = {}  # row -> the token of a live hold, when no parked job or reservation names a job
     for i in range(len(names)):
         override, head, held = replies[i * width + 1], replies[i * width + 3], replies[i * width + 5]
-        if override is not None:
+        if override is not None or rule is not None:
             continue
         if head is not None:
             sources[i] = text(head)
@@ -195,9 +217,10 @@ def _key_rows(conn: Any, policy: str, scope: str, names: list[str], now: float) 
     rows = []
     for i, key in enumerate(names):
         in_use, override, parked, _, due, _, blocked = replies[i * width:i * width + width]
-        limit = int(override) if override is not None else _declared_limit(fields.get(i), keys.key_id(scope, key))
+        limit, source = key_limit(key, override, rule,
+                                  lambda: _declared_limit(fields.get(i), keys.key_id(scope, key)))  # noqa: B023
         until = float(blocked) if blocked is not None and float(blocked) > now else None
-        row = {'key': key, 'in_use': int(in_use), 'limit': limit, 'overridden': override is not None,
+        row = {'key': key, 'in_use': int(in_use), 'limit': limit, 'overridden': override is not None, 'source': source,
                'parked': int(parked), 'next_due': float(due) if due is not None else None, 'backoff_until': until}
         row['waiting_for'] = _waiting_for(row)
         rows.append(row)

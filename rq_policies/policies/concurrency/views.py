@@ -16,7 +16,7 @@ from rq_policies.engine.ops import text
 from rq_policies.engine.policy import MAX_CAPACITY
 from rq_policies.engine.readable import at, relative
 
-from .rules import Concurrency, _key_rows
+from .rules import Concurrency, _key_rows, key_limit
 
 
 class ConcurrencyViews(views.KeyedViews):
@@ -70,7 +70,8 @@ class ConcurrencyViews(views.KeyedViews):
         for row in rows:
             limit_text = '?' if row['limit'] is None else str(row['limit'])
             waiting = waiting_words(row, now)
-            mark = ' (override)' if row['overridden'] else ''
+            mark = ' (override)' if row['overridden'] else (
+                f' ({row["source"]})' if str(row.get('source')).startswith('rule') else '')
             out.append(f'key {row["key"]}  {row["in_use"]}/{limit_text}{mark} in use, {row["parked"]} parked'
                        + (f'; {waiting}' if waiting else ''))
         return out
@@ -78,7 +79,7 @@ class ConcurrencyViews(views.KeyedViews):
     @classmethod
     def panel_row(cls, row: dict[str, Any], now: float) -> list[views.CellValue]:
         return [row['key'], views.Cell(str(row['in_use']), warn=True) if row['limit'] is not None
-                and row['in_use'] > row['limit'] else row['in_use'], row['limit'], row['parked'],
+                and row['in_use'] > row['limit'] else row['in_use'], _limit_cell(row), row['parked'],
                 _waiting_cell(row, now)]
 
     @classmethod
@@ -96,11 +97,15 @@ class ConcurrencyViews(views.KeyedViews):
             pipe.hget(keys.KEY_LIMITS, key_id)
             pipe.lpos(parked_key, job['id'])
             pipe.get(keys.KEY_BLOCK_PREFIX(key_id))
-            in_use, override, position, blocked = pipe.execute()
-        limit = int(override) if override is not None else int(declared)
-        entry: dict[str, Any] = {'scope': scope, 'key': key, 'limit': limit,
+            pipe.hget(keys.KEY_RULES, Concurrency.rule_field(scope))
+            in_use, override, position, blocked, stored_rule = pipe.execute()
+        rule = Concurrency.decode_rule(stored_rule)
+        limit, source = key_limit(key, override, rule, lambda: int(declared))
+        entry: dict[str, Any] = {'scope': scope, 'key': key, 'limit': limit, 'source': source,
                                  'in_use': int(in_use), 'overridden': override is not None}
         words = f'key {key!r} (scope {scope}) at {int(in_use)}/{limit}'
+        if source != 'declared':  # the declared limit is the usual case, and the job's own field says it
+            words += f' (limit: {_source_words(source)})'
         if position is not None:
             entry['parked_position'] = int(position)
             words += f' (parked, position {int(position) + 1})'
@@ -155,11 +160,15 @@ def _keys_prepare(values: views.Values) -> views.Values:
 def _keys_run(conn: Redis, values: views.Values) -> views.Reply:
     scope, count, search = str(values['scope']), int(values['limit']), values['search']  # type: ignore[call-overload]
     now = _server_now(conn)
+    rules = {policy.name: rule for policy in views.keyed_views()
+             if (rule := getattr(policy.policy, 'get_rule', lambda *a, **k: None)(scope, connection=conn)) is not None}
     if values['as_json']:
         return views.Reply(data={'scope': scope, 'server_time': now,
+                                 'rules': {name: repr(rule) for name, rule in rules.items()},
                                  'policies': {policy.name: policy.key_rows(conn, scope, count, search, now)
                                               for policy in views.keyed_views()}})
-    lines = []
+    lines = [f'{name} rule of scope {scope}: {rule!r} (a key\'s own setting wins over it)'
+             for name, rule in rules.items()]
     for policy in views.keyed_views():
         lines += policy.key_lines(policy.key_rows(conn, scope, count, search, now), now)
     return views.Reply(tuple(lines or [f'No key of scope {scope!r} has running or parked jobs.']))
@@ -179,10 +188,11 @@ def _override_status(conn: Redis, values: views.Values) -> views.Reply:
     status = Concurrency.status(scope, key, connection=conn)
     if values['as_json']:
         return views.Reply(data={'scope': scope, 'key': key, 'limit': status.limit, 'overridden': status.overridden,
+                                 'source': status.source,
                                  'in_use': status.in_use, 'parked': list(status.parked),
                                  'backoff_until': status.backoff_until})
     limit = 'no known limit' if status.limit is None else (
-        f'limit {status.limit} ({"override" if status.overridden else "declared"})')
+        f'limit {status.limit} ({"override" if status.overridden else status.source})')
     return views.Reply((f'Key {key!r} of scope {scope!r}: {limit}, {status.in_use} in use, '
                         f'{len(status.parked)} parked.',))
 
@@ -213,6 +223,22 @@ def _override_changed(conn: Redis, values: views.Values, before: KeyLimit | None
                                  'override': found.limit if found else None, 'was': before.limit if before else None})
     was = f'was {before.limit}' if before is not None else 'had no override'
     return views.Reply((f'{words} ({was}).',))
+
+
+def _limit_cell(row: dict[str, Any]) -> views.CellValue:
+    """The page's limit cell: the number, with what gave it on a second line when not its jobs' declaration."""
+    if row.get('source') in (None, 'declared'):
+        return row['limit']
+    return views.Cell(str(row['limit']), sub='set at run time' if row['source'] == 'set' else row['source'])
+
+
+def _source_words(source: str) -> str:
+    """What gave a key its limit, in words (explain)."""
+    if source == 'set':
+        return 'set for the key at run time'
+    if source == 'declared':
+        return 'the one its job declares'
+    return f"its scope's {source}"
 
 
 def waiting_words(row: dict[str, Any], now: float) -> str:

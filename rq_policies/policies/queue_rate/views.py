@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from redis import Redis
 
 from rq_policies.engine import keys, views
-from rq_policies.engine.admin import RateWindow, check_rate, rate_status
+from rq_policies.engine.admin import RateWindow, check_rate, rate_now_words, rate_status
 from rq_policies.engine.exceptions import UnknownQueueWarning
 from rq_policies.engine.ops import server_now, text
 from rq_policies.engine.policy import MAX_CAPACITY
@@ -101,14 +101,8 @@ class QueueRateViews(views.PolicyViews):
         if state.rate is None:
             words = f'queue {queue!r} has no rate'
         else:
-            words = f'queue {queue!r} rate {state.rate_words()}: '
-            if state.rate_available:
-                words += f'{state.rate_available} start(s) available now'
-            else:
-                words += f'next start allowed in {max((state.rate_next_at or now) - now, 0.0):.1f} s'
-                if state.rate_held_by is not None:
-                    held = state.rate_held_by
-                    words += f' (held by its {held.per} s window, {held.limit}/{held.per}s burst {held.burst})'
+            words = f'queue {queue!r} rate {state.rate_words()}: ' + rate_now_words(
+                state.rate_available, state.rate_next_at, state.rate_held_by, now)
         change = ''
         if state.backoff_until is not None:
             words += f', backed off for {state.backoff_seconds_left:.1f} s more'

@@ -38,7 +38,8 @@ from rq_policies.engine.admin import (
     window_tuples,
     windows_of,
 )
-from rq_policies.engine.keyed import KeyedPolicy, KeyFunction, check_scope, key_text
+from rq_policies.engine.exceptions import InvalidArgument
+from rq_policies.engine.keyed import KeyedPolicy, KeyFunction, Tiers, check_scope, key_text, rule_source
 from rq_policies.engine.ops import need_connection as _need
 from rq_policies.engine.ops import text, time_in
 
@@ -103,6 +104,29 @@ class Rate(KeyedPolicy, GcraRate):
             return super().repr_words()
         return [f'windows={window_tuples(self.windows)}']
 
+    @classmethod
+    def rule_setting(cls, value: Any, where: str) -> str:
+        """A rule's rate: a :class:`~rq_policies.KeyRate`, ``(limit, per)``, ``(limit, per, burst)`` or a list of such
+        windows; an InvalidArgument naming ``where`` and the value otherwise."""
+        if isinstance(value, KeyRate):
+            return rate_setting(value.windows)
+        try:
+            if isinstance(value, tuple) and 2 <= len(value) <= 3 and all(isinstance(v, int) for v in value):
+                return rate_setting(windows_of(*value, *((1,) if len(value) == 2 else ())))
+            if isinstance(value, list):
+                return rate_setting(windows_of(None, 1, 1, value))
+        except (ValueError, TypeError) as exc:
+            raise InvalidArgument(where, message=f'{where}: {exc}') from None
+        raise InvalidArgument(where, message=f'{where} must be a KeyRate, (limit, per), (limit, per, burst) or a list '
+                                             f'of such windows, got {value!r}')
+
+    @classmethod
+    def rule_value(cls, stored: str) -> KeyRate:
+        found = _stored_rate(stored)
+        if found is None:
+            raise ValueError(f'not a stored rate: {stored!r}')
+        return found
+
     # -- run-time settings and gauges (the admin API: rq_policies.engine.admin)
     # -----------------------------------------
 
@@ -132,8 +156,8 @@ class Rate(KeyedPolicy, GcraRate):
         """How many starts one key allows now, and when the next is allowed (server clock); a BackOff(key=True) of
         the key shows as ``backoff_until``.
 
-        The rate is the one in force: the run-time rate (:meth:`set`), else the one the key's oldest parked job
-        declares; None when neither is known (and the key is not backed off).
+        The rate is the one in force: the run-time rate (:meth:`set`), else its scope's rule (:meth:`set_rule`), else
+        the one the key's oldest parked job declares; None when neither is known (and the key is not backed off).
 
         ``Rate.status(scope, key, limit, per, burst)``, 0.2's form that gave the rate, is deprecated (removed in
         0.4): it warns and answers under the rate given.
@@ -150,12 +174,22 @@ class Rate(KeyedPolicy, GcraRate):
             pipe.get(keys.KEY_BLOCK_PREFIX(key_id))
             pipe.hget(keys.KEY_RATES, key_id)
             pipe.lindex(keys.KEY_PARKED_PREFIX(cls.name, key_id), 0)
-            (seconds, micros), tat, blocked, stored, head = pipe.execute()
+            pipe.hget(keys.KEY_RULES, cls.rule_field(scope))
+            (seconds, micros), tat, blocked, stored, head, rule = pipe.execute()
         now = seconds + micros / 1e6
-        rate = rate or _stored_rate(stored)
+        rate = rate or _stored_rate(stored) or ruled_rate(cls.decode_rule(rule), name)[0]
         if rate is None and head is not None:
             rate = _declared_rate(conn.hget(Job.redis_job_namespace_prefix + text(head), cls.field), key_id)
         return rate_status(rate, tat, blocked, now)
+
+
+def ruled_rate(rule: Tiers | None, key: str) -> tuple[KeyRate | None, str | None]:
+    """The rate a scope's rule (:meth:`Rate.set_rule`) gives ``key``, and the words naming the part that gave it
+    (:func:`~rq_policies.engine.keyed.rule_source`); ``(None, None)`` without a rule."""
+    if rule is None:
+        return None, None
+    rate, tier = rule.resolve(key)
+    return rate, rule_source(tier)
 
 
 def _declared_rate(raw: Any, key_id: str | None) -> KeyRate | None:

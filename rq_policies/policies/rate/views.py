@@ -7,13 +7,13 @@ from typing import Any
 from rq.job import Job
 
 from rq_policies.engine import keys, reading, views
-from rq_policies.engine.admin import RateWindow, rate_status, window_tuples
+from rq_policies.engine.admin import RateWindow, rate_now_words, rate_status, window_tuples
 from rq_policies.engine.keyed import check_scope
 from rq_policies.engine.ops import need_connection as _need
 from rq_policies.engine.ops import text
 from rq_policies.engine.readable import at
 
-from .rules import Rate, _declared_rate, _stored_rate
+from .rules import Rate, _declared_rate, _stored_rate, ruled_rate
 
 
 class RateViews(views.KeyedViews):
@@ -35,9 +35,11 @@ class RateViews(views.KeyedViews):
             pipe.get(keys.KEY_BLOCK_PREFIX(key_id))
             pipe.lpos(keys.KEY_PARKED_PREFIX(cls.name, key_id), job['id'])
             pipe.hget(keys.KEY_RATES, key_id)
-            tat, blocked, position, stored = pipe.execute()
+            pipe.hget(keys.KEY_RULES, Rate.rule_field(scope))
+            tat, blocked, position, stored, rule = pipe.execute()
         stored_rate = _stored_rate(stored)
-        rate = declared if stored_rate is None else stored_rate
+        ruled, source = ruled_rate(Rate.decode_rule(rule), key)
+        rate = stored_rate or ruled or declared
         status = rate_status(rate, tat, blocked, now)
         assert status is not None
         entry: dict[str, Any] = {'scope': scope, 'key': key, 'limit': rate.limit,
@@ -48,14 +50,10 @@ class RateViews(views.KeyedViews):
             entry['held_by'] = None if status.held_by is None else _window(status.held_by)
         change = ''
         entry['set_at_run_time'] = stored_rate is not None
-        mark = ' (set at run time)' if stored_rate is not None else ''
-        words = f'key {key!r} (scope {scope}) rate {rate.rate_words()}{mark}: '
-        if status.available:
-            words += f'{status.available} start(s) available now'
-        else:
-            words += f'next start allowed in {max(status.next_at - now, 0.0):.1f} s'
-            if status.held_by is not None:
-                words += f' (held by its {status.held_by.per} s window, {status.held_by.rate_words()})'
+        entry['source'] = 'set' if stored_rate is not None else source or 'declared'
+        mark = ' (set at run time)' if stored_rate is not None else f' ({source})' if source else ''
+        words = f'key {key!r} (scope {scope}) rate {rate.rate_words()}{mark}: ' + rate_now_words(
+            status.available, status.next_at, status.held_by, now)
         if position is not None:
             entry['parked_position'] = int(position)
             words += f' (parked, position {int(position) + 1})'
@@ -72,7 +70,8 @@ class RateViews(views.KeyedViews):
         """The keys of ``scope`` with jobs parked by their rate, most parked first, at most ``limit`` (0: all): each
         ``{'key', 'parked', 'next_due' (server time, or None), 'rate' ((limit, per, burst): the run-time rate, else
         the one its oldest parked job declares, or None; with several windows, the first's), 'windows' (every
-        window's (limit, per, burst), or None), 'set_at_run_time'}``. Found by SCAN (MATCH, COUNT), never KEYS,
+        window's (limit, per, burst), or None), 'set_at_run_time', 'source' ('set', "rule tier '<prefix>'",
+        'rule default', 'declared' or None: what gave the key its rate)}``. Found by SCAN (MATCH, COUNT), never KEYS,
         unless ``names`` gives the keys to read."""
         conn = _need(connection)
         scope = check_scope(scope)
@@ -87,19 +86,24 @@ class RateViews(views.KeyedViews):
                 pipe.zscore(keys.KEY_DUE, f'{cls.name}:{scope}:{key}')
                 pipe.lindex(prefix + key, 0)
             pipe.hmget(keys.KEY_RATES, [keys.key_id(scope, key) for key in names] or ['-'])
-            *replies, stored = pipe.execute()
+            pipe.hget(keys.KEY_RULES, Rate.rule_field(scope))
+            *replies, stored, stored_rule = pipe.execute()
+        rule = Rate.decode_rule(stored_rule)
         heads = {i: text(replies[3 * i + 2]) for i in range(len(names)) if replies[3 * i + 2] is not None}
         with conn.pipeline(transaction=False) as pipe:
             for job_id in heads.values():
                 pipe.hget(Job.redis_job_namespace_prefix + job_id, cls.policy.field)
             fields = dict(zip(heads, pipe.execute()))
-        rates = [_stored_rate(stored[i]) or _declared_rate(fields.get(i), f'{scope}:{key}')
+        ruled = [ruled_rate(rule, key) for key in names]
+        rates = [_stored_rate(stored[i]) or ruled[i][0] or _declared_rate(fields.get(i), f'{scope}:{key}')
                  for i, key in enumerate(names)]
+        sources = ['set' if stored[i] is not None else ruled[i][1] or ('declared' if rates[i] else None)
+                   for i in range(len(names))]
         rows = [{'key': key, 'parked': int(replies[3 * i]),
                  'next_due': float(replies[3 * i + 1]) if replies[3 * i + 1] is not None else None,
                  'rate': None if rates[i] is None else window_tuples(rates[i].windows)[0],
                  'windows': None if rates[i] is None else window_tuples(rates[i].windows),
-                 'set_at_run_time': stored[i] is not None}
+                 'set_at_run_time': stored[i] is not None, 'source': sources[i]}
                 for i, key in enumerate(names)]
         rows.sort(key=lambda r: (-r['parked'], r['key']))
         return rows[:limit] if limit else rows
@@ -110,16 +114,21 @@ class RateViews(views.KeyedViews):
         for row in rows:
             due = '' if row['next_due'] is None else f'; waiting for its rate: next start {at(row["next_due"], now)}'
             rate = '' if row['rate'] is None else ' ' + _row_rate(row)
-            mark = ' (set at run time)' if row.get('set_at_run_time') else ''
-            out.append(f'key {row["key"]}  rate{rate}{mark}: {row["parked"]} parked{due}')
+            out.append(f'key {row["key"]}  rate{rate}{_mark(row)}: {row["parked"]} parked{due}')
         return out
 
     @classmethod
     def panel_row(cls, row: dict[str, Any], now: float) -> list[views.CellValue]:
         return [row['key'], row['parked'], None if row['next_due'] is None else
                 views.Cell('its rate', note='next start', at=max(row['next_due'] - now, 0.0)),
-                None if row['rate'] is None else _row_rate(row)
-                + (' (set at run time)' if row.get('set_at_run_time') else '')]
+                None if row['rate'] is None else _row_rate(row) + _mark(row)]
+
+
+def _mark(row: dict[str, Any]) -> str:
+    """What gave a key row its rate, when not its jobs' declaration: `` (set at run time)``, `` (rule ...)``."""
+    if row.get('set_at_run_time'):
+        return ' (set at run time)'
+    return f' ({row["source"]})' if str(row.get('source')).startswith('rule') else ''
 
 
 def _row_rate(row: dict[str, Any]) -> str:

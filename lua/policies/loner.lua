@@ -5,7 +5,9 @@
 
   Keys: loner.marker (rq:policies:loner:<q>:<digest>), holding the id of the job that holds it.
   Arguments p (each absent for the default): finished (true: until='finished'), conflict ('drop',
-  'raise', 'replace' or 'keep_last'), next_key ('<queue>:<digest>', keep_last only),
+  'raise', 'replace', 'keep_last' or 'cancel'), next_key ('<queue>:<digest>', keep_last and
+  cancel), stop_channel (rq's worker command channel before the worker's name, rq:pubsub:) and
+  stop_command ('stop-job'), cancel only,
   worker_prefix (<prefix>:worker:) and alive_prefix
   (<prefix>:policies:alive:), both always given (rq's key prefix is the caller's to know), ttl_ms
   (Loner(ttl=N): the marker lives at most N seconds from the enqueue, whatever the holder does;
@@ -32,8 +34,17 @@
   description, meta of this call's job fields, and the call-derived fields of the declared
   policies, ctx.payload: a per-key policy's key; same id, same place in its queue) and name this
   call's job in the holder's policies_replaced_by. Writes the same values when replayed.
-  written(ctx, p): keep_last behind a running holder: the field above (a replay of the call is
-  answered by admit.lua before any check, so it writes nothing twice).
+  With conflict 'cancel': as 'keep_last', and written() also stops the running holder: names
+  this job in the holder's policies_cancelled_by and, when the holder is started on a worker
+  (status started, worker_name), PUBLISHes rq's stop-job command for the holder's id on that
+  worker's channel (rq.command.send_stop_job_command's JSON, p.stop_channel .. worker_name). A
+  channel is not a key (a script may publish on any; on a Redis Cluster the message reaches every
+  node's subscribers). The worker acts only while it runs that very job, so a stop sent again
+  never hits another job. A holder taken but not yet started gets no stop (rq would ignore it):
+  it runs to its end, and this job waits behind it as keep_last's does.
+  written(ctx, p): keep_last or cancel behind a running holder: the field above (a replay of the
+  call is answered by admit.lua before any check, so it writes nothing twice, and sends no
+  second stop).
   commit / force: the job takes the marker (force: unless another holder holds it; both then
   run, which is what "regardless" asks for).
   taken(job_key, jid, job): at fetch, the job was taken off its queue (job: its `fields` as the
@@ -61,11 +72,11 @@ function P.loner.check(ctx, p)
   if holder == ctx.jid then
     return {replay = true}
   end
-  if (p.conflict == 'replace' or p.conflict == 'keep_last') and held == 'waiting' then
+  if (p.conflict == 'replace' or p.conflict == 'keep_last' or p.conflict == 'cancel') and held == 'waiting' then
     if ctx.probe then return nil end
     return {replace = holder}
   end
-  if p.conflict == 'keep_last' then
+  if p.conflict == 'keep_last' or p.conflict == 'cancel' then
     -- the holder runs: this job is admitted as the one waiting behind it (written() names it), and
     -- takes the marker, so the next enqueue replaces this one's payload
     ctx.loner_next = holder
@@ -106,6 +117,15 @@ function P.loner.written(ctx, p)
   if ctx.loner_next then
     -- keep_last: the fetch parks this job while the running holder holds (lua/policies/loner_next.lua)
     rcall('HSET', key_of(ctx.job_prefix, ctx.jid), 'policies_loner_next', ctx.loner_next .. ' ' .. p.next_key)
+    if p.stop_channel then
+      -- cancel: stop the running holder through rq's stop-job command, on its worker's channel
+      local holder_key = key_of(ctx.job_prefix, ctx.loner_next)
+      local run = rcall('HMGET', holder_key, 'status', 'worker_name')
+      rcall('HSET', holder_key, 'policies_cancelled_by', ctx.jid)
+      if run[1] == 'started' and run[2] and run[2] ~= '' then
+        rcall('PUBLISH', p.stop_channel .. run[2], cjson.encode({command = p.stop_command, job_id = ctx.loner_next}))
+      end
+    end
   end
 end
 

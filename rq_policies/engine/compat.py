@@ -279,6 +279,21 @@ def adopt_horse_connection(connection: Any, made: Any) -> None:
 PUBSUB_WAIT_SECONDS = 0.2
 
 
+#: rq's worker command channel, before the worker's name: ``rq.command.PUBSUB_CHANNEL_TEMPLATE`` (``'rq:pubsub:%s'`` on
+#: rq 2.12, ``RQ_KEY_PREFIX + ':pubsub:%s'`` on rq 3). Each worker SUBSCRIBEs (plain, not sharded) to its own channel;
+#: ``Loner(on_conflict='cancel')`` PUBLISHes rq's stop-job command there from its admission script (a channel is no
+#: key: a script may publish on any, and on a Redis Cluster a PUBLISH reaches every node's subscribers).
+STOP_CHANNEL_PREFIX: str = import_module('rq.command').PUBSUB_CHANNEL_TEMPLATE % ''
+
+
+#: rq's stop-job command word (``rq.command.send_stop_job_command`` publishes ``{"command": "stop-job", "job_id": id}``
+#: as JSON on :data:`STOP_CHANNEL_PREFIX` + the job's ``worker_name``). The admission script builds the same map with
+#: ``cjson.encode`` (lua/policies/loner.lua); the worker acts on it only while it runs that job
+#: (``handle_stop_job_command``), so a stop sent again after the job ended, or to a worker now running another, does
+#: nothing.
+STOP_JOB_COMMAND = 'stop-job'
+
+
 def subscribe(worker: Any) -> None:
     """rq's ``Worker.subscribe`` (the command channel: stop-job, shutdown, kill-horse), with its thread waking every
     :data:`PUBSUB_WAIT_SECONDS` instead of 60, so ``unsubscribe`` ends within a fifth of a second. The exception handler

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -96,7 +98,45 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
     _horse_conn: Any = None  # the connection each horse adopts in turn (compat.horse_connection), or None
     _horse_exit: int | None = None  # the last horse's wait status, as wait_for_horse reaped it (None: not seen)
 
+    #: A stop-job command that came while the job was started but its horse not yet forked (:meth:`kill_horse`): the
+    #: id of the job it stops, acted on right after the fork. Guarded by ``_stop_lock`` against the command thread.
+    _stop_pending: str | None = None
+    _stop_lock = threading.Lock()
+
+    def kill_horse(self, sig: signal.Signals = signal.SIGKILL) -> None:
+        # rq's kill_horse is os.killpg(os.getpgid(self.horse_pid), sig), and the horse moves to a group of its own
+        # (os.setpgrp) only once it runs, after the fork. A stop-job command handled between the job's start (from
+        # which rq accepts the stop) and that moment SIGKILLed the worker's own process group: with no horse yet
+        # (horse_pid 0: getpgid(0) is the caller's group), or a horse forked but not yet in its group. The worker
+        # died and its job stayed started until its key's ttl. Seen with the cancel-in-progress mode, whose admissions
+        # stop jobs as they start (tests/loner/test_loner_cancel.py's random bursts). Here a stop before the fork
+        # waits for it, and a horse still in the worker's group is killed alone (it runs no job code yet).
+        with self._stop_lock:
+            pid = self.horse_pid  # type: ignore[attr-defined]
+            if not pid:
+                self._stop_pending = getattr(self, '_stopped_job_id', None)
+                return
+        try:
+            if os.getpgid(pid) == os.getpgrp():  # a group only ever changes from the worker's to the horse's own
+                os.kill(pid, sig)
+                return
+        except ProcessLookupError:
+            return
+        super().kill_horse(sig)  # type: ignore[misc]
+
+    def execute_job(self, job: Any, queue: Any) -> Any:
+        with self._stop_lock:
+            self._stop_pending = None  # a stop left from before this job names another job
+        return self._execute_job_guarded(job, queue)
+
     def fork_work_horse(self, job: Any, queue: Any) -> None:
+        self._fork_work_horse(job, queue)
+        with self._stop_lock:  # in the worker (the horse never returns from the fork)
+            pending, self._stop_pending = self._stop_pending, None
+        if pending is not None and pending == job.id:
+            self.kill_horse()
+
+    def _fork_work_horse(self, job: Any, queue: Any) -> None:
         self._announce = False
         self._pass_horse_connection()
         if ledger.forkable(self.connection):  # type: ignore[attr-defined]
@@ -144,7 +184,7 @@ class PolicyWorker(PolicyWorkerMixin, Worker):
                 self._guard.detach()
         super().main_work_horse(job, queue)  # ends in os._exit
 
-    def execute_job(self, job: Any, queue: Any) -> Any:
+    def _execute_job_guarded(self, job: Any, queue: Any) -> Any:
         try:
             return self._execute_job_once(job, queue)
         except UNREACHABLE as exc:

@@ -76,3 +76,37 @@ def kept_last(account, payload, seconds=0.0):
     sec, usec = conn.time()
     conn.rpush(f'test:kl:{account}', f'end {jid} {payload} {sec}.{usec:06d}')
     return payload
+
+
+def _horse_alive(pid: int) -> bool:
+    """Does process ``pid`` still run (a zombie, killed but not yet reaped, runs nothing)?"""
+    try:
+        with open(f'/proc/{pid}/stat') as stat:
+            return stat.read().rsplit(')', 1)[1].split()[0] != 'Z'
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+@policy(Loner(until='finished', on_conflict='cancel'), unique_context=lambda args, kwargs: args[0])
+def cancelled(account, payload, seconds=0.0):
+    """Loner cancel: record 'start <job id> <payload> <time>', then 'tick ...' every 50 ms while it runs (a stopped
+    run's last sign of life, its horse being killed), then 'end ...' (server time, so records of several horses sort
+    on one clock). At its start it records 'overlap ...' for any earlier horse of ``account`` still alive."""
+    conn = _conn()
+    jid = get_current_job().id
+    for pid in conn.lrange(f'test:pid:{account}', 0, -1):
+        if _horse_alive(int(pid)):
+            conn.rpush(f'test:overlap:{account}', f'{jid} {int(pid)}')
+    conn.rpush(f'test:pid:{account}', os.getpid())
+
+    def record(kind: str) -> None:
+        sec, usec = conn.time()
+        conn.rpush(f'test:kl:{account}', f'{kind} {jid} {payload} {sec}.{usec:06d}')
+
+    record('start')
+    ends = time.monotonic() + seconds
+    while time.monotonic() < ends:
+        time.sleep(min(0.05, max(ends - time.monotonic(), 0)))
+        record('tick')
+    record('end')
+    return payload

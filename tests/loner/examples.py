@@ -6,7 +6,7 @@ from rq_policies import Loner
 EXAMPLES = {
     'loner': (Loner(), Loner(until='finished'), Loner(on_conflict='replace'),
               Loner(until='finished', on_conflict='replace'), Loner(ttl=60), Loner(until='finished', ttl=60),
-              Loner(until='finished', on_conflict='keep_last')),
+              Loner(until='finished', on_conflict='keep_last'), Loner(until='finished', on_conflict='cancel')),
 }
 
 #: Constructor arguments Loner refuses, each with the argument its error names.
@@ -17,5 +17,6 @@ INVALID = {
         ({'ttl': True}, 'ttl'), ({'ttl': float('nan')}, 'ttl'), ({'ttl': float('inf')}, 'ttl'),
         ({'on_conflict': 'keep_last'}, 'until'), ({'until': 'started', 'on_conflict': 'keep_last'}, 'until'),
         ({'until': 'finished', 'on_conflict': 'keep_last', 'ttl': 60}, 'ttl'),
+        ({'on_conflict': 'cancel'}, 'until'), ({'until': 'finished', 'on_conflict': 'cancel', 'ttl': 60}, 'ttl'),
     ),
 }

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from rq.worker import Worker
 
-from rq_policies.engine import keys
+from rq_policies.engine import compat, keys
 from rq_policies.engine.exceptions import DuplicateJob, InvalidArgument
 from rq_policies.engine.ops import Call
 from rq_policies.engine.policy import MAX_SECONDS, AdmissionPolicy
@@ -31,8 +31,14 @@ TTL_FIELD = 'policies_loner_ttl'
 #: When the identity is let go: when a worker takes the job, or when the job ends.
 UNTIL = ('started', 'finished')
 #: What a duplicate enqueue does: return None, raise DuplicateJob, replace the waiting holder's payload, or (with
-#: until='finished') keep the last: wait behind a running holder, replacing the payload of the one already waiting.
-ON_CONFLICT = ('drop', 'raise', 'replace', 'keep_last')
+#: until='finished') keep the last: wait behind a running holder, replacing the payload of the one already waiting;
+#: or cancel: keep the last and stop the running holder through rq's stop-job command.
+ON_CONFLICT = ('drop', 'raise', 'replace', 'keep_last', 'cancel')
+#: The modes that admit a job to wait behind a running holder (its fetch side: lua/policies/loner_next.lua).
+BEHIND = ('keep_last', 'cancel')
+#: The job hash field of a running job a Loner(on_conflict='cancel') admission stopped: the id of the job that
+#: replaced it (waiting behind it, run once it has ended).
+CANCELLED_FIELD = 'policies_cancelled_by'
 #: The job hash field of a job admitted behind its identity's running holder (keep_last): '<holder id> <queue>:<digest>'
 #: (lua/policies/loner_next.lua parks the job at fetch while that holder still holds).
 NEXT_FIELD = 'policies_loner_next'
@@ -46,6 +52,7 @@ REPLACE_THROTTLE = (
     "the slot winner's payload after the slot was decided."
 )
 KEEP_LAST_THROTTLE = REPLACE_THROTTLE.replace("'replace'", "'keep_last'")
+CANCEL_THROTTLE = REPLACE_THROTTLE.replace("'replace'", "'cancel'")
 
 #: Seconds a "seen held" hint is trusted to pick the probe first (a marker can be freed at any moment, when a worker
 #: takes the job, so a loner hint is kept only briefly; a stale one costs one extra round trip before the full path).
@@ -79,6 +86,8 @@ class Loner(AdmissionPolicy):
         def sync_account(account_id, reason): ...  # a duplicate rewrites the waiting job's payload in place
         @policy(Loner(until='finished', on_conflict='keep_last'), unique_context=lambda a, k: a[0])
         def rebuild_index(account_id, reason): ...  # one runs, one waits behind it with the latest payload
+        @policy(Loner(until='finished', on_conflict='cancel'), unique_context=lambda a, k: a[0])
+        def render_preview(doc_id, text): ...  # a new enqueue stops the running one, and runs once it has ended
 
     Args:
         until: ``'started'``: held from the enqueue until a PolicyWorker takes the job (or it is deleted, cancelled
@@ -95,7 +104,13 @@ class Loner(AdmissionPolicy):
             the holder runs is admitted as the waiting job, which the fetch never starts while the running one
             holds (its end gives it back at once; a dead worker's holder stops holding within the liveness bound
             above); a duplicate while a job waits replaces that job's payload in place, as ``'replace'`` does. Every
-            enqueue after the last start is reflected in a later run.
+            enqueue after the last start is reflected in a later run. ``'cancel'`` (``until='finished'`` only;
+            Hatchet's ``CANCEL_IN_PROGRESS``): ``'keep_last'``, and the admission that puts a job behind the running
+            holder also stops that holder through rq's stop-job command (published in the admission script on its
+            worker's channel), and names the new job in the holder's ``policies_cancelled_by``. The holder ends
+            ``stopped``; the new job starts once its end has given back its holds. A stop that cannot arrive (its
+            worker SIGSTOPped, its horse orphaned, or the holder taken but not yet started) leaves the keep_last
+            bound: the new job waits for the holder's end or its liveness bound, never runs beside it.
         ttl: optional cap in seconds on how long the identity is held whatever the holder does (sidekiq-unique-jobs'
             ``lock_ttl``), a number > 0 kept to the millisecond, at most ten years: the marker expires in Redis.
     """
@@ -110,15 +125,15 @@ class Loner(AdmissionPolicy):
         if on_conflict not in ON_CONFLICT:
             raise InvalidArgument(
                 'on_conflict',
-                message=f"on_conflict must be 'drop', 'raise', 'replace' or 'keep_last', got {on_conflict!r}")
-        if on_conflict == 'keep_last' and until != 'finished':
+                message=f"on_conflict must be 'drop', 'raise', 'replace', 'keep_last' or 'cancel', got {on_conflict!r}")
+        if on_conflict in BEHIND and until != 'finished':
             raise InvalidArgument('until', message=(
-                f"on_conflict='keep_last' needs until='finished' (the running job must hold its identity for a "
+                f"on_conflict={on_conflict!r} needs until='finished' (the running job must hold its identity for a "
                 f"later one to wait behind it), got until={until!r}"))
-        if on_conflict == 'keep_last' and ttl is not None:
+        if on_conflict in BEHIND and ttl is not None:
             raise InvalidArgument('ttl', message=(
-                f"on_conflict='keep_last' cannot be combined with a ttl (an expired marker would admit a job beside "
-                f"the running and the waiting one), got ttl={ttl!r}"))
+                f"on_conflict={on_conflict!r} cannot be combined with a ttl (an expired marker would admit a job "
+                f"beside the running and the waiting one), got ttl={ttl!r}"))
         self.until = until
         self.on_conflict = on_conflict
         self.ttl = _lock_ttl(ttl)
@@ -133,6 +148,8 @@ class Loner(AdmissionPolicy):
     def excludes(self) -> dict[str, str]:  # type: ignore[override]
         if self.on_conflict == 'keep_last':
             return {'throttle': KEEP_LAST_THROTTLE}
+        if self.on_conflict == 'cancel':
+            return {'throttle': CANCEL_THROTTLE}
         return {'throttle': REPLACE_THROTTLE} if self.on_conflict == 'replace' else {}
 
     @property
@@ -151,16 +168,19 @@ class Loner(AdmissionPolicy):
             part['finished'] = True
         if self.on_conflict != 'drop':
             part['conflict'] = self.on_conflict
-        if self.on_conflict == 'keep_last':
+        if self.on_conflict in BEHIND:
             part['next_key'] = f'{queue.name}:{digest}'
+        if self.on_conflict == 'cancel':
+            # rq's stop-job command goes to the running holder's worker on its pubsub channel (a channel, not a key)
+            part['stop_channel'], part['stop_command'] = compat.STOP_CHANNEL_PREFIX, compat.STOP_JOB_COMMAND
         if self.ttl is not None:
             part['ttl_ms'] = math.ceil(self.ttl * 1000)
         return part
 
     def narrow_part(self, queue: Any, digest: str) -> tuple[str, list[str]] | None:
-        # lua/admit_narrow.lua decides a drop or a raise as loner's part of admit.lua does; a replace or a keep_last
-        # goes there.
-        if self.on_conflict in ('replace', 'keep_last'):
+        # lua/admit_narrow.lua decides a drop or a raise as loner's part of admit.lua does; a replace, a keep_last
+        # or a cancel goes there.
+        if self.on_conflict in ('replace', *BEHIND):
             return None
         options = ['loner', keys.drop_field(self.name, queue.name),
                    'job_prefix', queue.job_class.redis_job_namespace_prefix,

@@ -11,7 +11,7 @@ from rq_policies.engine import compat, keys, reading, views
 from rq_policies.engine.ops import text
 from rq_policies.engine.readable import identity
 
-from .rules import NEXT_FIELD, NEXT_POLL, UNTIL_FIELD, Loner
+from .rules import CANCELLED_FIELD, NEXT_FIELD, NEXT_POLL, UNTIL_FIELD, Loner
 
 
 class LonerViews(views.PolicyViews):
@@ -70,6 +70,18 @@ class LonerViews(views.PolicyViews):
         if behind and waiting:
             verdict, change = cls._waits_behind(connection, behind, verdict, change)
             entry['waits_behind'] = behind
+        if behind and cls._cancelled_by(connection, behind) == jid:
+            entry['cancelled'] = behind
+            verdict += f'; replaced job {behind}, stopped in progress by this job\'s enqueue (Loner cancel)'
+        cancelled_by = job.get(CANCELLED_FIELD)
+        if cancelled_by:
+            entry['cancelled_by'] = cancelled_by
+            if status == 'stopped':
+                verdict += (f'; stopped in progress by the enqueue of job {cancelled_by} (Loner cancel), which runs '
+                            'in its place once this run has ended')
+            else:
+                verdict += (f'; the enqueue of job {cancelled_by} asked its worker to stop it (Loner cancel: rq\'s '
+                            f'stop-job command); job {cancelled_by} runs once this run has ended')
         if job.get('policies_replaced_by'):
             entry['replaced_by'] = job['policies_replaced_by']
             verdict += f'; its payload was replaced in place by the enqueue of job {entry["replaced_by"]}'
@@ -80,6 +92,12 @@ class LonerViews(views.PolicyViews):
         """The id of the job that keep_last job ``jid`` waits behind ('' for none)."""
         raw = connection.hget(Job.redis_job_namespace_prefix + jid, NEXT_FIELD)
         return text(raw).split(' ', 1)[0] if raw else ''
+
+    @classmethod
+    def _cancelled_by(cls, connection: Any, jid: str) -> str:
+        """The id of the job whose enqueue stopped job ``jid`` (Loner cancel; '' for none)."""
+        raw = connection.hget(Job.redis_job_namespace_prefix + jid, CANCELLED_FIELD)
+        return text(raw) if raw else ''
 
     @classmethod
     def _waits_behind(cls, connection: Any, behind: str, verdict: str, change: str) -> tuple[str, str]:

@@ -98,6 +98,20 @@ def policy_queue_class(queue_class: type[Queue]) -> type[PolicyQueue]:
 
 
 
+def _counted_once(job: Any, record: Any) -> Any:
+    """``record`` (rq's failure or retry handling), each call from the job's retry counters as they are now: rq's
+    ``Job.retry`` counts a retry down on the job before its transaction is sent, so an end sent again after the
+    server went away (:meth:`PolicyWorkerMixin._record_end`) would count it twice and lose a retry."""
+    counters = {name: getattr(job, name) for name in ('retries_left', 'number_of_retries') if hasattr(job, name)}
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        for name, value in counters.items():
+            setattr(job, name, value)
+        return record(*args, **kwargs)
+
+    return counted
+
+
 class PolicyWorkerMixin:
     """The policy behaviour shared by PolicyWorker and PolicySimpleWorker."""
 
@@ -480,6 +494,26 @@ class PolicyWorkerMixin:
         status, worker = self.connection.hmget(job.key, 'status', 'worker_name')  # type: ignore[attr-defined]
         return status is None or text(status) != JobStatus.STARTED or worker is None or (
             text(worker) != self.name)  # type: ignore[attr-defined]
+
+    def _failure_written(self, execution: Any) -> Any:
+        """The ``written`` check of a failure's end (:meth:`_record_end`), for ``execution`` (rq's argument, else the
+        worker's own, read now: rq 2.12's cleanup_execution clears it while building the end). Not the job's status:
+        a retry's ``Job.retry`` writes 'scheduled' by itself before the transaction, so a server gone between the two
+        left the job 'scheduled' and still in the started registry, and the end was taken as written and never sent
+        (a retry lost; the job failed as abandoned later). The end's transaction takes the execution off the started
+        registry: while it is there, started by this worker, the end was not written."""
+        execution = execution or getattr(self, 'execution', None)
+        if execution is None:
+            return self._end_written
+
+        def written(job: Any) -> bool:
+            with self.connection.pipeline(transaction=False) as pipe:  # type: ignore[attr-defined]
+                pipe.zscore(job.started_job_registry.key, execution.composite_key)
+                pipe.hget(job.key, 'worker_name')
+                score, worker = pipe.execute()
+            return score is None or worker is None or text(worker) != self.name  # type: ignore[attr-defined]
+
+        return written
 
     def _fetch_stands(self, job: Any, parent: bool) -> bool:
         """Does the fetch that took ``job`` still stand (:meth:`_record_start`)? In the worker, rq's executions of the
@@ -928,13 +962,15 @@ class PolicyWorkerMixin:
 
             kwargs['exc_string'] = ''.join(traceback.format_exception(*self._policy_error[1]))
             self._policy_error = None
-        return self._record_end(super().handle_job_failure, job, queue, *args, **kwargs)  # type: ignore[misc]
+        kwargs.setdefault('written', self._failure_written(kwargs.get('execution')))
+        return self._record_end(_counted_once(job, super().handle_job_failure), job, queue, *args, **kwargs)  # type: ignore[misc]
 
     def handle_job_success(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> Any:
         return self._record_end(super().handle_job_success, job, queue, *args, **kwargs)  # type: ignore[misc]
 
     def handle_job_retry(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> Any:
-        return self._record_end(super().handle_job_retry, job, queue, *args, **kwargs)  # type: ignore[misc]
+        kwargs.setdefault('written', self._failure_written(kwargs.get('execution')))
+        return self._record_end(_counted_once(job, super().handle_job_retry), job, queue, *args, **kwargs)  # type: ignore[misc]
 
     def perform_job(self, job: Any, queue: Any, *args: Any) -> Any:  # rq 3 passes the execution too
         if events.RUNS:  # a surface watches the job's run (tracing: rq_policies.surfaces.otel)

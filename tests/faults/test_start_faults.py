@@ -202,6 +202,35 @@ def test_a_failed_run_whose_retry_the_server_never_answered_is_retried_once(conn
 
 
 @pytest.mark.parametrize('worker_class', ['rq_policies.PolicyWorker', 'rq_policies.PolicySimpleWorker'])
+def test_a_retry_whose_scheduled_status_landed_before_the_server_went_away_is_still_retried(
+        connection, fault_proxy, worker_env, tmp_path, worker_class):
+    """rq's ``Job.retry`` writes the 'scheduled' status by itself, before the failure's transaction: here that write
+    lands and its reply is lost, again and again (the server going away between the two). The job must not be taken
+    as ended ('scheduled' is not 'started'): the end is sent once the server answers, with the retry counted once,
+    and the retry runs. Before, the worker logged "recorded before Redis went away" and the job stayed scheduled in
+    no registry and started in the started registry until rq's cleanup failed it as abandoned (the one-server long
+    run on b2c50d9: two flaky jobs failed, never retried, around AOF restarts)."""
+    from rq import Retry
+
+    spans = tmp_path / 'spans'
+    q = PolicyQueue('ending', connection=connection)
+    job = q.enqueue(jobs.fail_first_to_file, str(spans), job_id='ending-3', retry=Retry(max=1, interval=1))
+    fault_proxy.drop_reply(match=(b'HSET', b'ending-3', b'status', b'scheduled'), times=6)
+    worker = start_worker(fault_proxy.url, ['ending'], worker_env, worker_class=worker_class)
+    try:
+        assert wait_for(lambda: Job.fetch(job.id, connection=connection).get_status() == 'finished', 60), \
+            output(worker)
+        time.sleep(2)  # a second copy of the retry would run now
+    finally:
+        stop(worker)
+    log = output(worker)
+    assert _starts(spans) == [job.id, job.id], log
+    assert 'could not record the end of job ending-3' in log
+    assert fault_proxy.fired, log
+    assert q.started_job_registry.get_job_ids() == []
+
+
+@pytest.mark.parametrize('worker_class', ['rq_policies.PolicyWorker', 'rq_policies.PolicySimpleWorker'])
 def test_a_retry_whose_claim_lapsed_in_the_outage_is_handed_back_at_once(connection, fault_proxy, worker_env,
                                                                          tmp_path, worker_class):
     """As above, for the retry of a job whose first run failed (``Retry(max=1, interval=1)``: the retry is scheduled,

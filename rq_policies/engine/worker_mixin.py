@@ -98,15 +98,20 @@ def policy_queue_class(queue_class: type[Queue]) -> type[PolicyQueue]:
 
 
 
-def _counted_once(job: Any, record: Any) -> Any:
-    """``record`` (rq's failure or retry handling), each call from the job's retry counters as they are now: rq's
-    ``Job.retry`` counts a retry down on the job before its transaction is sent, so an end sent again after the
-    server went away (:meth:`PolicyWorkerMixin._record_end`) would count it twice and lose a retry."""
+def _counted_once(worker: Any, job: Any, record: Any) -> Any:
+    """``record`` (rq's failure or retry handling), each call from the job's retry counters and the worker's
+    execution as they are now: rq's ``Job.retry`` counts a retry down on the job before its transaction is sent, and
+    rq 2.12's ``cleanup_execution`` clears the worker's execution while building it, so an end sent again after the
+    server went away (:meth:`PolicyWorkerMixin._record_end`) would count the retry twice and leave the run's
+    execution in the started registry (for rq's cleanup to fail the job later, however it ended)."""
     counters = {name: getattr(job, name) for name in ('retries_left', 'number_of_retries') if hasattr(job, name)}
+    execution = getattr(worker, 'execution', None)
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         for name, value in counters.items():
             setattr(job, name, value)
+        if execution is not None:
+            worker.execution = execution
         return record(*args, **kwargs)
 
     return counted
@@ -963,14 +968,14 @@ class PolicyWorkerMixin:
             kwargs['exc_string'] = ''.join(traceback.format_exception(*self._policy_error[1]))
             self._policy_error = None
         kwargs.setdefault('written', self._failure_written(kwargs.get('execution')))
-        return self._record_end(_counted_once(job, super().handle_job_failure), job, queue, *args, **kwargs)  # type: ignore[misc]
+        return self._record_end(_counted_once(self, job, super().handle_job_failure), job, queue, *args, **kwargs)  # type: ignore[misc]
 
     def handle_job_success(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> Any:
         return self._record_end(super().handle_job_success, job, queue, *args, **kwargs)  # type: ignore[misc]
 
     def handle_job_retry(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault('written', self._failure_written(kwargs.get('execution')))
-        return self._record_end(_counted_once(job, super().handle_job_retry), job, queue, *args, **kwargs)  # type: ignore[misc]
+        return self._record_end(_counted_once(self, job, super().handle_job_retry), job, queue, *args, **kwargs)  # type: ignore[misc]
 
     def perform_job(self, job: Any, queue: Any, *args: Any) -> Any:  # rq 3 passes the execution too
         if events.RUNS:  # a surface watches the job's run (tracing: rq_policies.surfaces.otel)

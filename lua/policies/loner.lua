@@ -123,7 +123,7 @@ function P.loner.written(ctx, p)
       local run = rcall('HMGET', holder_key, 'status', 'worker_name')
       rcall('HSET', holder_key, 'policies_cancelled_by', ctx.jid)
       if run[1] == 'started' and run[2] and run[2] ~= '' then
-        rcall('PUBLISH', p.stop_channel .. run[2], cjson.encode({command = p.stop_command, job_id = ctx.loner_next}))
+        rcall('PUBLISH', key_of(p.stop_channel, run[2]), cjson.encode({command = p.stop_command, job_id = ctx.loner_next}))
       end
     end
   end

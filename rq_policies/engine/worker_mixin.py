@@ -105,7 +105,9 @@ def _counted_once(worker: Any, job: Any, record: Any) -> Any:
     server went away (:meth:`PolicyWorkerMixin._record_end`) would count the retry twice and leave the run's
     execution in the started registry (for rq's cleanup to fail the job later, however it ended)."""
     counters = {name: getattr(job, name) for name in ('retries_left', 'number_of_retries') if hasattr(job, name)}
-    execution = getattr(worker, 'execution', None)
+    # rq 2.12's plain attribute only: rq 3's is a property over the worker's executions (set, it would put back an
+    # execution the worker already dropped), and rq 3 passes the execution to the handling itself.
+    execution = None if compat.RQ3 else getattr(worker, 'execution', None)
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         for name, value in counters.items():

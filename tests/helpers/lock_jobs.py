@@ -110,3 +110,13 @@ def cancelled(account, payload, seconds=0.0):
         record('tick')
     record('end')
     return payload
+
+
+def kl_records(connection, account):
+    """The start/tick/end records ``kept_last`` and ``cancelled`` runs of ``account`` wrote: (kind, job id, payload,
+    server time)."""
+    found = []
+    for line in connection.lrange(f'test:kl:{account}', 0, -1):
+        kind, jid, payload, at = line.decode().split()
+        found.append((kind, jid, payload, float(at)))
+    return found

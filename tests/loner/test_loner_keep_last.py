@@ -22,14 +22,7 @@ from tests.helpers.cluster import connect
 from tests.helpers.faults import ADMIT_WRITE, FAULTS, lose_reply, producer
 from tests.helpers.workers import output, start_worker, stop, wait_for
 
-
-def records(connection, account):
-    """The start/end records of ``account``'s runs: (kind, job id, payload, server time)."""
-    found = []
-    for line in connection.lrange(f'test:kl:{account}', 0, -1):
-        kind, jid, payload, at = line.decode().split()
-        found.append((kind, jid, payload, float(at)))
-    return found
+records = lock_jobs.kl_records  # (kind, job id, payload, server time) of an account's runs
 
 
 def overlaps(found):

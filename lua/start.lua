@@ -28,7 +28,14 @@
     4  the worker's name
     5  '1' to PERSIST the job's hash (rq 3), '0' not (rq 2.12)
 
-  Returns 1 when the take was this worker's and the job is started, else 0.
+  A job whose stop another job's admission asked before this start (its field policies_cancelled_by,
+  rq_policies.engine.keys.STOP_ASKED_FIELD; Loner(on_conflict='cancel') writes it, and PUBLISHes
+  rq's stop-job command only for a job already started, which rq ignores before that) is started all
+  the same, so that the worker ends it as rq ends a stopped job (its holds given back on that end),
+  and the answer names the asking job instead of 1: the worker does not run it.
+
+  Returns 1 when the take was this worker's and the job is started, the id of the job that asked its
+  stop when it must not run (started, to be ended stopped), else 0.
 ]]
 local entry = redis.call('HGET', KEYS[1], ARGV[1])
 local ours
@@ -54,5 +61,9 @@ end
 redis.call('LREM', KEYS[4], 1, ARGV[1])
 if entry then
   redis.call('HDEL', KEYS[1], ARGV[1])
+end
+local stop_asked = redis.call('HGET', KEYS[3], 'policies_cancelled_by')
+if stop_asked and stop_asked ~= '' then
+  return stop_asked
 end
 return 1

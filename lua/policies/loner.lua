@@ -41,7 +41,7 @@
   channel is not a key (a script may publish on any; on a Redis Cluster the message reaches every
   node's subscribers). The worker acts only while it runs that very job, so a stop sent again
   never hits another job. A holder taken but not yet started gets no stop (rq would ignore it):
-  it runs to its end, and this job waits behind it as keep_last's does.
+  its start (lua/start.lua) reads the field and the worker ends it stopped without running it.
   written(ctx, p): keep_last or cancel behind a running holder: the field above (a replay of the
   call is answered by admit.lua before any check, so it writes nothing twice, and sends no
   second stop).

@@ -106,6 +106,17 @@ class BackOff(PolicyError):  # noqa: N818 - raised by a job as a request, not an
         super().__init__(f'backed off for {seconds} s' + (' (its key)' if key else ''))
 
 
+class StopAsked(PolicyError):  # noqa: N818 - the reason a job ended stopped, not an error of the caller
+    """The reason a job ended ``stopped`` without running: another job's admission asked its stop before a worker
+    started it (``Loner(on_conflict='cancel')``; rq's stop-job command reaches only a started job). The job's
+    ``exc_info`` names the asking job."""
+
+    def __init__(self, job_id: str, asked_by: str) -> None:
+        self.job_id, self.asked_by = job_id, asked_by
+        super().__init__(f'job {job_id} was stopped before it ran: the enqueue of job {asked_by} asked its stop '
+                         f'(Loner cancel) while it was taken and not yet started')
+
+
 class SnoozeLimitReached(PolicyError):
     """A job raised :class:`Snooze` more than its ``max_snoozes`` allows: it fails with this error."""
 

@@ -155,6 +155,9 @@ class Fetcher:
         #: ``(job id, start time)`` of the job ``lua/start.lua`` started on rq's prepare_execution pipeline: rq's own
         #: start (prepare_job_execution) is not sent again for it.
         self.started: tuple[str, Any] | None = None
+        #: ``(job id, asking job id)`` when ``lua/start.lua`` found the job's stop asked before its start
+        #: (``keys.STOP_ASKED_FIELD``): the worker ends it stopped without running it.
+        self.stop_asked: tuple[str, str] | None = None
         #: When this worker next hands back the lapsed takes of its queues (:meth:`hand_back`; monotonic seconds).
         self.hand_back_at = 0.0
         #: The queues known full, left out of the fetch calls (:meth:`fetch_queues`): name -> when (monotonic
@@ -204,7 +207,7 @@ class Fetcher:
 
     def on_claim(self, claim: Claim) -> None:
         self.claim = claim
-        self.starting, self.start_state, self.started = claim, None, None
+        self.starting, self.start_state, self.started, self.stop_asked = claim, None, None, None
         if claim.record:
             self.records.append(claim.record)
         for hold in claim.holds:

@@ -266,6 +266,10 @@ DROPS_MINUTE_KEEP = 60
 
 #: Field of the job hash naming the job's loner marker key.
 LONER_FIELD = 'policies_loner'
+#: Field of the job hash of a job whose stop was asked by another job's admission (``Loner(on_conflict='cancel')``):
+#: that job's id. A job that has it when a PolicyWorker starts it (``lua/start.lua``) is not run: it ends ``stopped``
+#: at once, as rq's stop-job command would have ended it, which rq ignores for a job not yet started.
+STOP_ASKED_FIELD = 'policies_cancelled_by'
 
 #: Seconds a superseded job's tombstone lives: far longer than rq's scheduler takes between reading a due job and
 #: writing it back to its queue, the window in which a host clock ahead of the server's lets it resurrect the job.

@@ -23,7 +23,7 @@ from rq.worker import WorkerStatus
 
 from . import admission, compat, events, health, keys, ledger, scripts
 from .compat import LEGACY_FAILURE, adopt_cluster, slot_moving
-from .exceptions import InvalidArgument, PolicyError
+from .exceptions import InvalidArgument, PolicyError, StopAsked
 from .fetch import Claim, current_fetcher, hand_back, release_claim
 from .ops import on_next_execute, text
 from .policy import positive_int, registered
@@ -267,6 +267,14 @@ class PolicyWorkerMixin:
             self._policy_fetcher.starting = None
             compat.started_locally(self, job, started[1])
             self.procline(f'Processing {job.func_name} from {job.origin} since {time.time()}')  # type: ignore[attr-defined]
+            asked, self._policy_fetcher.stop_asked = self._policy_fetcher.stop_asked, None
+            if asked is not None and asked[0] == job.id:
+                # Another job's admission asked this job's stop before the start (lua/start.lua): rq's stop-job
+                # command would have come too early to act. End it as that command ends a job, without running it:
+                # raised inside rq's perform_job, so rq's failure handling marks it stopped (never retried) and its
+                # end gives back its holds.
+                self._stopped_job_id = job.id
+                raise StopAsked(job.id, asked[1])
             return
         # Our fetch always moves the id to the intermediate list, multi-queue workers included, so it always has to
         # come off it when the job starts (stock rq only removes it for single-queue workers).
@@ -365,9 +373,12 @@ class PolicyWorkerMixin:
 
         def read(replies: list[Any]) -> None:
             if fetcher.starting is claim and at < len(replies) and not isinstance(replies[at], Exception):
-                fetcher.start_state = replies[at] == 1
+                reply = replies[at]
+                fetcher.start_state = reply == 1 or isinstance(reply, (bytes, str))
                 if fetcher.start_state:
                     fetcher.started = (job.id, at_time)
+                if isinstance(reply, (bytes, str)):  # started, and its stop asked before: it must not run
+                    fetcher.stop_asked = (job.id, text(reply))
 
         on_next_execute(pipeline, read)
 
@@ -826,7 +837,7 @@ class PolicyWorkerMixin:
             # The stop landed while a fetch's reply was on its way: its claim record says what it took, if anything.
             claim = fetcher.lost_claim(self.connection)  # type: ignore[attr-defined]
             fetcher.resume_token = None
-        fetcher.starting, fetcher.start_state, fetcher.started = None, None, None
+        fetcher.starting, fetcher.start_state, fetcher.started, fetcher.stop_asked = None, None, None, None
         if claim is not None:
             handed: list[Any] = []
             with contextlib.suppress(*UNREACHABLE):

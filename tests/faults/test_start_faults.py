@@ -18,7 +18,7 @@ from rq.job import Job
 
 from rq_policies import PolicyQueue, QueueSlot
 from rq_policies.engine import keys, scripts
-from tests.helpers import jobs
+from tests.helpers import jobs, lock_jobs
 from tests.helpers.workers import output, start_worker, stop, wait_for
 
 pytestmark = pytest.mark.long
@@ -299,4 +299,32 @@ def test_a_start_written_as_the_server_went_away_runs_the_job_once_here(
     assert [kind for kind, _ in fault_proxy.fired if kind != 'before'] == ['drop', 'refuse'], fault_proxy.fired
     assert StartedJobRegistry('starting', connection=connection).get_job_ids() == []
     assert connection.zcard(ExecutionRegistry.key_template.format(job.id)) == 0
+    assert connection.lrange(q.intermediate_queue_key, 0, -1) == []
+
+
+@pytest.mark.parametrize('worker_class', ['rq_policies.PolicyWorker', 'rq_policies.PolicySimpleWorker'])
+def test_a_start_that_finds_its_stop_asked_ends_the_job_stopped_once_when_its_reply_is_lost(
+        connection, fault_proxy, worker_env, worker_class):
+    """Loner cancel's admission runs while the holder is taken and not yet started (just before its start reaches the
+    server): the start (lua/start.lua) finds the stop asked, and its reply is lost twice, so it runs three times. The
+    answer is the same each time: the job ends stopped without running, once, and the new job runs after it."""
+    q = PolicyQueue('start-stop', connection=connection)
+    first = q.enqueue(lock_jobs.cancelled, 'start-stop', 'p1', seconds=30, job_id='start-stop-1')
+    second: list = []
+    fault_proxy.before_request(lambda: second.append(q.enqueue(lock_jobs.cancelled, 'start-stop', 'p2')),
+                               match=_start_of(first.id))
+    fault_proxy.drop_reply(match=_start_of(first.id), times=2)
+    worker = start_worker(fault_proxy.url, ['start-stop'], worker_env, worker_class=worker_class)
+    try:
+        assert wait_for(lambda: second and Job.fetch(second[0].id, connection=connection).get_status() == 'finished',
+                        60), output(worker)
+    finally:
+        stop(worker)
+    log = output(worker)
+    assert [kind for kind, _ in fault_proxy.fired] == ['before', 'drop', 'drop'], fault_proxy.fired
+    assert Job.fetch(first.id, connection=connection).get_status() == 'stopped', log
+    assert f'the enqueue of job {second[0].id} asked its stop' in \
+        Job.fetch(first.id, connection=connection).latest_result().exc_string
+    runs = [(kind, payload) for kind, _, payload, _ in lock_jobs.kl_records(connection, 'start-stop')]
+    assert runs == [('start', 'p2'), ('end', 'p2')], log
     assert connection.lrange(q.intermediate_queue_key, 0, -1) == []

@@ -13,7 +13,17 @@ import pytest
 from rq.job import Job, JobStatus
 from rq.worker import Worker
 
-from rq_policies import InvalidArgument, Loner, PolicyConfigurationError, PolicyQueue, Throttle, explain, policy
+from rq_policies import (
+    InvalidArgument,
+    Loner,
+    PolicyConfigurationError,
+    PolicyQueue,
+    PolicySimpleWorker,
+    PolicyWorker,
+    Throttle,
+    explain,
+    policy,
+)
 from rq_policies.engine import compat, keys
 from tests.helpers import lock_jobs
 from tests.helpers.cluster import connect
@@ -136,6 +146,35 @@ def test_a_new_enqueue_stops_the_running_job_and_runs_once_it_has_ended(connecti
         assert new['cancelled'] == first.id
     finally:
         stop(*workers)
+
+
+@pytest.mark.parametrize('worker_class', [PolicySimpleWorker, PolicyWorker])
+def test_a_job_taken_but_not_started_when_its_stop_is_asked_ends_stopped_without_running(
+        connection, redis_url, monkeypatch, worker_class):
+    # rq's stop-job command reaches only a started job: the admission that finds its holder taken and not yet started
+    # sends none. The start (lua/start.lua) reads the ask instead, and the worker ends the job stopped, unrun.
+    monkeypatch.setenv('REDIS_URL', redis_url)  # lock_jobs' runs record through their own connection
+    q = PolicyQueue('cx-taken', connection=connection)
+    first = q.enqueue(lock_jobs.cancelled, 'taken', 'p1', seconds=30)
+    worker = worker_class([q], connection=connection)
+    worker.register_birth()
+    try:
+        job, queue = worker.dequeue_job_and_maintain_ttl(timeout=1)
+        assert job.id == first.id
+        assert status(connection, first.id) != JobStatus.STARTED  # taken, not started
+        second = q.enqueue(lock_jobs.cancelled, 'taken', 'p2', seconds=0)
+        assert second is not None and second.id != first.id
+        assert connection.hget(first.key, 'policies_cancelled_by').decode() == second.id
+        worker.execute_job(job, queue)
+    finally:
+        worker.register_death()
+    assert status(connection, first.id) == JobStatus.STOPPED
+    reason = Job.fetch(first.id, connection=connection).latest_result().exc_string
+    assert f'the enqueue of job {second.id} asked its stop' in reason
+    assert not started(connection, 'taken', first.id)  # its function never ran
+    assert worker_class([q], connection=connection).work(burst=True, max_jobs=1)
+    assert status(connection, second.id) == JobStatus.FINISHED
+    assert [(k, p) for k, _, p, _ in records(connection, 'taken')] == [('start', 'p2'), ('end', 'p2')]
 
 
 def test_admit_to_stop_latency_of_the_running_execution(connection, redis_url, worker_env):

@@ -37,8 +37,8 @@ ON_CONFLICT = ('drop', 'raise', 'replace', 'keep_last', 'cancel')
 #: The modes that admit a job to wait behind a running holder (its fetch side: lua/policies/loner_next.lua).
 BEHIND = ('keep_last', 'cancel')
 #: The job hash field of a running job a Loner(on_conflict='cancel') admission stopped: the id of the job that
-#: replaced it (waiting behind it, run once it has ended).
-CANCELLED_FIELD = 'policies_cancelled_by'
+#: replaced it (waiting behind it, run once it has ended). The engine's field for a stop asked before the start.
+CANCELLED_FIELD = keys.STOP_ASKED_FIELD
 #: The job hash field of a job admitted behind its identity's running holder (keep_last): '<holder id> <queue>:<digest>'
 #: (lua/policies/loner_next.lua parks the job at fetch while that holder still holds).
 NEXT_FIELD = 'policies_loner_next'
@@ -108,9 +108,10 @@ class Loner(AdmissionPolicy):
             Hatchet's ``CANCEL_IN_PROGRESS``): ``'keep_last'``, and the admission that puts a job behind the running
             holder also stops that holder through rq's stop-job command (published in the admission script on its
             worker's channel), and names the new job in the holder's ``policies_cancelled_by``. The holder ends
-            ``stopped``; the new job starts once its end has given back its holds. A stop that cannot arrive (its
-            worker SIGSTOPped, its horse orphaned, or the holder taken but not yet started) leaves the keep_last
-            bound: the new job waits for the holder's end or its liveness bound, never runs beside it.
+            ``stopped``; the new job starts once its end has given back its holds. A holder taken but not yet
+            started is not run: its start reads the mark and ends it ``stopped``. A stop that cannot arrive (its
+            worker SIGSTOPped, its horse orphaned) leaves the keep_last bound: the new job waits for the holder's
+            end or its liveness bound, never runs beside it.
         ttl: optional cap in seconds on how long the identity is held whatever the holder does (sidekiq-unique-jobs'
             ``lock_ttl``), a number > 0 kept to the millisecond, at most ten years: the marker expires in Redis.
     """

@@ -149,12 +149,12 @@ class Batch(FetchPolicy):
         if job.serializer is not DefaultSerializer and getattr(job.serializer, 'loads', None) is not pickle.loads:
             raise PolicyConfigurationError(f'{self!r}: members use rq\'s default (pickle) serializer, got '
                                            f'{job.serializer!r}')
-        if len(job.args) != 1 or job.kwargs:
+
+    def job_fields(self, job: Any, queue: str, digest: str) -> list[Any]:
+        if len(job.args) != 1 or job.kwargs:  # asked before validate(), and before anything is written
             raise InvalidArgument('args', message=f'{self!r}: a member is enqueued with exactly one positional '
                                                   f'argument (its payload) and no keyword arguments, got args='
                                                   f'{tuple(job.args)!r} kwargs={dict(job.kwargs)!r}')
-
-    def job_fields(self, job: Any, queue: str, digest: str) -> list[Any]:
         scope, key = self._key_of(job, digest)
         setting = f'{self.size} {self.max_wait:.6f} {self.min_size} {keys.key_id(scope, key)}'
         return [FIELD, setting, ITEM_FIELD, fragment(job.args[0]), HEAD_FIELD, head(job.func_name)]

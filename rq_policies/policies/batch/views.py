@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from redis import Redis
+from rq.job import Job
 
 from rq_policies.engine import keys, views
 from rq_policies.engine.ops import text
@@ -30,7 +31,7 @@ class BatchViews(views.PolicyViews):
         scope, _, key = key_id.partition(':')
         entry: dict[str, Any] = {'scope': scope, 'key': key, 'size': int(size), 'max_wait': float(max_wait),
                                  'min_size': int(min_size)}
-        prefix = job.get('job_prefix') or 'rq:job:'
+        prefix = Job.redis_job_namespace_prefix
         batch = connection.hget(prefix + job['id'], BATCH_FIELD)
         if batch is not None:
             batch_id = text(batch)

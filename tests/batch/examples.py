@@ -3,9 +3,7 @@
 from rq_policies import Batch
 from tests.helpers.cases import _first_argument
 
-#: Instances covering Batch's distinct behaviours. The per-job contract suite's start-then-park case is a limit's
-#: (a key at its limit parks its next job); a Batch parks every member, so it runs tests/batch instead
-#: (``forms_jobs``).
+#: Instances covering Batch's distinct behaviours.
 EXAMPLES = {
     'batch': (Batch(key=_first_argument, size=2, max_wait=60), Batch(key=_first_argument, size=5, max_wait=0.5,
                                                                      min_size=2, scope='contract')),
@@ -30,3 +28,7 @@ INVALID = {
         ({'key': len, 'size': 2, 'max_wait': 1, 'scope': 'a:b'}, 'scope'),
     ),
 }
+
+#: The per-job suite's start-then-park cases are a limit's (a key at its limit parks its next job, which starts when
+#: the key frees); tests/batch/test_batch.py holds Batch's own (size, max_wait, replays, what a fetch leaves).
+NO_LIMIT = {'batch': 'every member is parked until its batch forms, and what starts is the batch job, not a member'}

@@ -134,8 +134,9 @@ def test_keys_batch_apart_and_each_member_goes_into_exactly_one_batch(connection
     assert set(seen) == set(members)
     for key, job in members.items():
         assert batch_of(job).id == seen[key]
-    assert connection.exists(keys.KEY_DUE) == 0
+    assert connection.exists(keys.KEY_DUE) == 0  # what Batch wrote is gone with its last member
     assert connection.llen(keys.KEY_PARKED_PREFIX('batch', f'{SCOPE}:a')) == 0
+    assert connection.zcard(f'{RQ}:deferred:b') == 0
 
 
 def test_a_cancelled_or_deleted_member_is_left_out_of_its_batch(connection):

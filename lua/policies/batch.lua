@@ -31,7 +31,8 @@
   Forming (bt_form), atomic in the fetch's script: up to `size` live members (status deferred,
   with their item) leave the parked list and rq's deferred registry; the batch job's hash is the
   first member's with: id '<first member id>-batch', data = batch_head .. the items .. 'lt}t.'
-  (rq unpickles (func_name, None, ([payload, ...],), {})), status queued, policies_batch_members = the
+  (rq unpickles (func_name, None, ([payload, ...],), {})), status queued, created_at and
+  enqueued_at the forming's server time, policies_batch_members = the
   members' ids (space-separated), no batch fields; it is pushed to the tail of its first member's
   queue and that queue's idle workers are woken; each member's hash gets batch_id. A member goes
   into exactly one batch: it leaves the parked list in the script that writes its batch_id.
@@ -41,6 +42,7 @@
 ]]
 -- @include "lib/keys.lua"
 -- @include "lib/key_unpark.lua"
+-- @include "lib/iso_time.lua"
 P.batch = {fields = {'policies_batch'}}
 
 local function bt_parse(raw)
@@ -125,7 +127,7 @@ local function bt_form(ctx, parked, size)
   local skip = {
     data = true, status = true, policies_batch = true, batch_item = true, batch_head = true, batch_at = true,
     batch_id = true, started_at = true, ended_at = true, last_heartbeat = true, worker_name = true,
-    exc_info = true, result = true, description = true,
+    exc_info = true, result = true, description = true, created_at = true, enqueued_at = true,
   }
   local out, head, origin = {}, '', nil
   for n = 1, #hash, 2 do
@@ -144,6 +146,11 @@ local function bt_form(ctx, parked, size)
   out[#out + 1] = head .. table.concat(items) .. 'lt}t.'
   out[#out + 1] = 'status'
   out[#out + 1] = 'queued'
+  local formed = iso_time(ctx.now)
+  out[#out + 1] = 'created_at'
+  out[#out + 1] = formed
+  out[#out + 1] = 'enqueued_at'
+  out[#out + 1] = formed
   out[#out + 1] = 'description'
   out[#out + 1] = 'batch of ' .. #ids .. ' (' .. ids[1] .. ', ...)'
   out[#out + 1] = 'policies_batch_members'

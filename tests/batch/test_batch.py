@@ -348,3 +348,17 @@ def test_with_concurrency_a_batch_holds_one_unit_of_its_first_member_s_key(conne
 
     release_claim(first, connection)
     assert wait_for(lambda: isinstance(fetch(connection), Claim), 5)
+
+
+def test_a_batch_job_is_created_and_enqueued_at_its_forming_by_the_server_s_clock(connection):
+    q = PolicyQueue('b', connection=connection)
+    policy = Batch(key=batch_jobs.shop_of, size=2, max_wait=60)
+    members = [member(q, 'acme', i, policy) for i in range(2)]
+    before = connection.time()
+    got = fetch(connection)
+    after = connection.time()
+    batch = Job.fetch(got.job_id, connection=connection)
+    low, high = before[0] + before[1] / 1e6, after[0] + after[1] / 1e6
+    assert low - 1e-6 <= batch.enqueued_at.timestamp() <= high + 1e-6
+    assert batch.created_at == batch.enqueued_at
+    assert batch.enqueued_at.timestamp() >= float(connection.hget(members[1].key, 'batch_at'))

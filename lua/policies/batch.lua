@@ -32,9 +32,9 @@
   with their item) leave the parked list and rq's deferred registry; the batch job's hash is the
   first member's with: id '<first member id>-batch', data = batch_head .. the items .. 'lt}t.'
   (rq unpickles (func_name, None, ([payload, ...],), {})), status queued, created_at and
-  enqueued_at the forming's server time, policies_batch_members = the
-  members' ids (space-separated), no batch fields; it is pushed to the tail of its first member's
-  queue and that queue's idle workers are woken; each member's hash gets batch_id. A member goes
+  enqueued_at the forming's server time (batch_formed_at too, '%.6f', which a retry leaves),
+  policies_batch_members = the members' ids (space-separated), no member fields; it is pushed to
+  the tail of its first member's queue and that queue's idle workers are woken; each member's hash gets batch_id. A member goes
   into exactly one batch: it leaves the parked list in the script that writes its batch_id.
   Replays: a fetch replayed after a lost reply forms nothing again (its members left the list);
   it may form the key's next batch from members that came since, which is that batch's first
@@ -126,8 +126,9 @@ local function bt_form(ctx, parked, size)
   local hash = redis.call('HGETALL', key_of(ctx.kp.job, ids[1]))
   local skip = {
     data = true, status = true, policies_batch = true, batch_item = true, batch_head = true, batch_at = true,
-    batch_id = true, started_at = true, ended_at = true, last_heartbeat = true, worker_name = true,
-    exc_info = true, result = true, description = true, created_at = true, enqueued_at = true,
+    batch_id = true, batch_formed_at = true, started_at = true, ended_at = true, last_heartbeat = true,
+    worker_name = true, exc_info = true, result = true, description = true, created_at = true,
+    enqueued_at = true,
   }
   local out, head, origin = {}, '', nil
   for n = 1, #hash, 2 do
@@ -151,6 +152,8 @@ local function bt_form(ctx, parked, size)
   out[#out + 1] = formed
   out[#out + 1] = 'enqueued_at'
   out[#out + 1] = formed
+  out[#out + 1] = 'batch_formed_at' -- enqueued_at moves on a retry; this stays
+  out[#out + 1] = string.format('%.6f', ctx.now)
   out[#out + 1] = 'description'
   out[#out + 1] = 'batch of ' .. #ids .. ' (' .. ids[1] .. ', ...)'
   out[#out + 1] = 'policies_batch_members'

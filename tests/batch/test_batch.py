@@ -361,4 +361,6 @@ def test_a_batch_job_is_created_and_enqueued_at_its_forming_by_the_server_s_cloc
     low, high = before[0] + before[1] / 1e6, after[0] + after[1] / 1e6
     assert low - 1e-6 <= batch.enqueued_at.timestamp() <= high + 1e-6
     assert batch.created_at == batch.enqueued_at
+    assert float(connection.hget(batch.key, 'batch_formed_at')) == pytest.approx(batch.enqueued_at.timestamp(),
+                                                                                  abs=1e-5)
     assert batch.enqueued_at.timestamp() >= float(connection.hget(members[1].key, 'batch_at'))

@@ -314,7 +314,9 @@ def test_with_fair_a_batch_takes_its_key_s_turn(connection):
     q = PolicyQueue('b', connection=connection)
     fair = Fair(key=batch_jobs.shop_of, scope='shops')
     policy = [Batch(key=batch_jobs.shop_of, size=2, max_wait=60), fair]
-    members = [member(q, shop, i, policy) for i in range(4) for shop in ('a', 'b')]
+    for i in range(4):
+        for shop in ('a', 'b'):
+            member(q, shop, i, policy)
     plain = [q.enqueue(batch_jobs.collect, {'shop': 'a', 'id': 100 + i}, policy=fair) for i in range(3)]
     assert Fair.waiting('b', 'shops', 'b', connection=connection) == []  # members are Batch's, not in a line
     order = []

@@ -13,6 +13,7 @@ import os
 import random
 import signal
 import time
+
 import pytest
 from rq import Retry
 from rq.job import Job
@@ -138,7 +139,7 @@ def test_every_member_runs_in_exactly_one_successful_batch_under_sigkilled_worke
     # Formation delay: a batch is due when its size-th member came, or max_wait after its first; it forms at a
     # fetch after that (server clock on both sides).
     delays = []
-    for batch_id, names in by_batch.items():
+    for batch_id in by_batch:
         batch = Job.fetch(batch_id, connection=connection)
         ordered = connection.hget(batch.key, 'policies_batch_members').decode().split(' ')
         came = [float(connection.hget(Job.redis_job_namespace_prefix + n, 'batch_at')) for n in ordered]

@@ -34,8 +34,9 @@
   (rq unpickles (func_name, None, ([payload, ...],), {})), status queued, created_at and
   enqueued_at the forming's server time (batch_formed_at too, '%.6f', which a retry leaves),
   policies_batch_members = the members' ids (space-separated), no member fields; it is pushed to
-  the tail of its first member's queue and that queue's idle workers are woken; each member's hash gets batch_id. A member goes
-  into exactly one batch: it leaves the parked list in the script that writes its batch_id.
+  the tail of its first member's queue and that queue's idle workers are woken; each member's
+  hash gets batch_id and expires a day later (BT_MEMBER_TTL). A member goes into exactly one
+  batch: it leaves the parked list in the script that writes its batch_id.
   Replays: a fetch replayed after a lost reply forms nothing again (its members left the list);
   it may form the key's next batch from members that came since, which is that batch's first
   forming. An admission's replay is answered by admit.lua before any part runs.
@@ -44,6 +45,10 @@
 -- @include "lib/key_unpark.lua"
 -- @include "lib/iso_time.lua"
 P.batch = {fields = {'policies_batch'}}
+
+-- Seconds a member's hash lives once its batch formed (rq_policies.policies.batch.rules.MEMBER_TTL; a
+-- shorter ttl it was enqueued with is kept): the batch job holds its payload, the member is a handle.
+local BT_MEMBER_TTL = 86400
 
 local function bt_parse(raw)
   local size, wait, min, key_id = string.match(raw or '', '^(%d+) ([%d%.]+) (%d+) (.+)$')
@@ -162,7 +167,9 @@ local function bt_form(ctx, parked, size)
   redis.call('DEL', job_key)
   redis.call('HSET', job_key, unpack(out))
   for _, jid in ipairs(ids) do
-    redis.call('HSET', key_of(ctx.kp.job, jid), 'batch_id', bid)
+    local member = key_of(ctx.kp.job, jid)
+    redis.call('HSET', member, 'batch_id', bid)
+    redis.call('EXPIRE', member, BT_MEMBER_TTL, 'LT') -- a handle now: it goes a day after its batch formed
   end
   redis.call('RPUSH', key_of(ctx.kp.queue, origin), bid)
   redis.call('SPUBLISH', key_of(ctx.kp.wake, origin), bid)

@@ -31,6 +31,7 @@ from rq_policies import (
 from rq_policies.engine import keys
 from rq_policies.engine.compat import KEY_PREFIX as RQ
 from rq_policies.engine.fetch import Claim, Look
+from rq_policies.policies.batch.rules import MEMBER_TTL
 from tests.batch.examples import INVALID
 from tests.helpers import batch_jobs, fetches
 from tests.helpers.workers import wait_for
@@ -73,6 +74,8 @@ def test_members_wait_parked_as_stock_rq_reads_them_and_size_forms_one_batch_job
     assert batch.kwargs == {} and batch.origin == 'b'
     assert [batch_of(m).id for m in members[:3]] == [batch.id] * 3
     assert batch_of(members[3]) is None and members[3].get_status() == 'deferred'
+    # a formed member is a handle: it goes a day after its batch formed (the batch job holds its payload)
+    assert all(0 < connection.ttl(m.key) <= MEMBER_TTL for m in members[:3]) and connection.ttl(members[3].key) == -1
     assert set(DeferredJobRegistry('b', connection=connection).get_job_ids()) == {members[3].id}
     assert connection.hget(batch.key, 'policies_batch') is None  # the batch job is no member: it is not parked
     assert isinstance(fetch(connection), Look)  # one member left, max_wait not passed: no batch

@@ -41,6 +41,9 @@ ITEM_FIELD = 'batch_item'
 HEAD_FIELD = 'batch_head'
 #: The member's field naming the batch job it went into (written when the batch is formed).
 BATCH_FIELD = 'batch_id'
+#: Seconds a member's hash lives once its batch formed (``lua/policies/batch.lua``'s ``BT_MEMBER_TTL``; a shorter
+#: ``ttl`` it was enqueued with is kept): the batch job holds the payload, the member is a handle (:func:`batch_of`).
+MEMBER_TTL = 86400
 #: The batch job's field listing its members' ids, space-separated, in admission order.
 MEMBERS_FIELD = 'policies_batch_members'
 #: The pickle protocol of the fragments: 3 has no frames (a frame cannot be split into joinable pieces) and pickles

@@ -369,3 +369,18 @@ def test_a_batch_job_is_created_and_enqueued_at_its_forming_by_the_server_s_cloc
     assert float(connection.hget(batch.key, 'batch_formed_at')) == pytest.approx(batch.enqueued_at.timestamp(),
                                                                                   abs=1e-5)
     assert batch.enqueued_at.timestamp() >= float(connection.hget(members[1].key, 'batch_at'))
+
+
+def test_the_page_s_job_view_names_a_member_s_batch_and_a_batch_s_members(connection):
+    pytest.importorskip('flask', reason="the dashboard needs Flask: pip install 'rq-policies[dashboard]'")
+    from rq_policies.surfaces.dashboard import create_app
+
+    q = PolicyQueue('b', connection=connection)
+    policy = Batch(key=batch_jobs.shop_of, size=2, max_wait=60)
+    first, second = member(q, 'acme', 1, policy), member(q, 'acme', 2, policy)
+    got = fetch(connection)
+    client = create_app(connection).test_client()
+    html = client.get(f'/job?id={first.id}').get_data(as_text=True)
+    assert 'data-policy="batch"' in html and f'member of batch job {got.job_id}' in html
+    html = client.get(f'/job?id={got.job_id}').get_data(as_text=True)
+    assert 'data-policy="batch"' in html and 'a batch of 2 member(s)' in html and second.id in html

@@ -33,7 +33,9 @@
   first member's with: id '<first member id>-batch', data = batch_head .. the items .. 'lt}t.'
   (rq unpickles (func_name, None, ([payload, ...],), {})), status queued, created_at and
   enqueued_at the forming's server time (batch_formed_at too, '%.6f', which a retry leaves),
-  policies_batch_members = the members' ids (space-separated), no member fields; it is pushed to
+  policies_batch_members = the members' ids (space-separated), no member fields, and each other
+  per-job part's field as its merge hook makes it of every member's (ctx.merged: Concurrency's and
+  Rate's costs add up), else the first member's; it is pushed to
   the tail of its first member's queue and that queue's idle workers are woken; each member's
   hash gets batch_id and expires a day later (BT_MEMBER_TTL). A member goes into exactly one
   batch: it leaves the parked list in the script that writes its batch_id.
@@ -109,6 +111,14 @@ end
 -- or nil when no live member was left.
 local function bt_form(ctx, parked, size)
   local ids, items = {}, {}
+  -- The other per-job parts' first fields (a part with a merge hook gets every member's value).
+  local merging, read = {}, {'status', 'batch_item', 'origin'}
+  for _, item in ipairs(ctx.job_parts) do
+    if item[1] ~= 'batch' then
+      merging[#merging + 1] = {item[1], ctx.job_fields[item[2]], {}}
+      read[#read + 1] = ctx.job_fields[item[2]]
+    end
+  end
   for _ = 1, size + 10 do
     if #ids >= size then
       break
@@ -117,11 +127,16 @@ local function bt_form(ctx, parked, size)
     if not jid then
       break
     end
-    local member = redis.call('HMGET', key_of(ctx.kp.job, jid), 'status', 'batch_item', 'origin')
+    local member = redis.call('HMGET', key_of(ctx.kp.job, jid), unpack(read))
     if member[1] == 'deferred' and member[2] and member[3] then
       ids[#ids + 1] = jid
       items[#items + 1] = member[2]
       redis.call('ZREM', key_of(ctx.kp.deferred, member[3]), jid)
+      for n, merge in ipairs(merging) do
+        if member[3 + n] then
+          merge[3][#merge[3] + 1] = member[3 + n]
+        end
+      end
     end
   end
   if #ids == 0 then
@@ -146,6 +161,19 @@ local function bt_form(ctx, parked, size)
     if not skip[field] then
       out[#out + 1] = field
       out[#out + 1] = value
+    end
+  end
+  -- A per-job field the first member carries: what its part makes of every member's (Concurrency and
+  -- Rate: the sum of their costs), else the first member's (copied above).
+  for _, merge in ipairs(merging) do
+    local values = merge[3]
+    local value = values[1] and #values > 1 and ctx.merged(merge[1], values)
+    if value then
+      for n = 1, #out, 2 do
+        if out[n] == merge[2] then
+          out[n + 1] = value
+        end
+      end
     end
   end
   out[#out + 1] = 'data'

@@ -24,6 +24,7 @@ from rq_policies import (
     PolicyConfigurationError,
     PolicyQueue,
     PolicySimpleWorker,
+    Rate,
     Throttle,
     batch_of,
     explain,
@@ -338,21 +339,46 @@ def test_with_fair_a_batch_takes_its_key_s_turn(connection):
     assert {j for j in order} >= {p.id for p in plain}
 
 
-def test_with_concurrency_a_batch_holds_one_unit_of_its_first_member_s_key(connection):
+def test_with_concurrency_a_batch_costs_the_sum_of_its_members_costs(connection):
     q = PolicyQueue('b', connection=connection)
     policy = [Batch(key=batch_jobs.shop_of, size=2, max_wait=60),
-              Concurrency(1, key=batch_jobs.shop_of, scope='shops')]
-    for i in range(4):
+              Concurrency(5, key=batch_jobs.shop_of, scope='shops')]
+    for i in range(6):
         member(q, 'acme', i, policy)
-    first = fetch(connection)
-    assert isinstance(first, Claim)
+    first, second = fetch(connection), fetch(connection)
+    assert isinstance(first, Claim) and isinstance(second, Claim)
+    assert connection.hget(Job.key_for(first.job_id), 'policies_concurrency') == b'5*2 shops:acme'
     assert [hold.policy for hold in first.holds] == ['concurrency']
-    assert isinstance(fetch(connection), Look)  # the second batch formed, and waits for the key's unit
+    assert isinstance(fetch(connection), Look)  # 2 + 2 of 5 units held: the third batch (2 more) waits
     assert len(Concurrency.parked('shops', 'acme', connection=connection)) == 1
+    assert Concurrency.status('shops', 'acme', connection=connection).in_use == 2  # two holds, of 2 units each
     from rq_policies.engine.fetch import release_claim
 
     release_claim(first, connection)
     assert wait_for(lambda: isinstance(fetch(connection), Claim), 5)
+
+
+def test_a_batch_s_cost_is_at_most_its_key_s_limit(connection):
+    q = PolicyQueue('b', connection=connection)
+    policy = [Batch(key=batch_jobs.shop_of, size=3, max_wait=60),
+              Concurrency(2, key=batch_jobs.shop_of, scope='shops')]
+    for i in range(3):
+        member(q, 'acme', i, policy)
+    got = fetch(connection)
+    assert isinstance(got, Claim)  # 3 members of cost 1: the batch costs 2, the whole key, not 3 (never)
+    assert connection.hget(Job.key_for(got.job_id), 'policies_concurrency') == b'2*2 shops:acme'
+
+
+def test_with_rate_a_batch_pays_the_sum_of_its_members_costs(connection):
+    q = PolicyQueue('b', connection=connection)
+    policy = [Batch(key=batch_jobs.shop_of, size=2, max_wait=60),
+              Rate(4, per=3600, burst=4, key=batch_jobs.shop_of, scope='shops')]
+    for i in range(6):
+        member(q, 'acme', i, policy)
+    first, second = fetch(connection), fetch(connection)
+    assert isinstance(first, Claim) and isinstance(second, Claim)
+    assert connection.hget(Job.key_for(first.job_id), 'policies_key_rate').decode().endswith('*2 shops:acme')
+    assert isinstance(fetch(connection), Look)  # 4 starts' worth of the hour's burst paid: the third waits
 
 
 def test_a_batch_job_is_created_and_enqueued_at_its_forming_by_the_server_s_clock(connection):

@@ -95,8 +95,8 @@ class Batch(FetchPolicy):
 
     The batch job copies its first member's job settings (timeout, result and failure ttl, ``Retry``, meta,
     callbacks, the other per-job policies' fields), so a failed batch is retried as a batch by rq's ``Retry``, and a
-    per-key Concurrency or Rate counts a batch as one job of its first member's key (not the sum of its members:
-    docs/batch.md's limits). Members use rq's default (pickle) serializer.
+    per-key Concurrency or Rate counts a batch as one job of its first member's key costing the sum of its members'
+    costs, at most the declared limit (docs/batch.md). Members use rq's default (pickle) serializer.
     """
 
     name: ClassVar[str] = 'batch'

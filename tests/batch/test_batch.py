@@ -410,3 +410,22 @@ def test_the_page_s_job_view_names_a_member_s_batch_and_a_batch_s_members(connec
     assert 'data-policy="batch"' in html and f'member of batch job {got.job_id}' in html
     html = client.get(f'/job?id={got.job_id}').get_data(as_text=True)
     assert 'data-policy="batch"' in html and 'a batch of 2 member(s)' in html and second.id in html
+
+
+def test_idle_workers_are_told_when_a_key_s_batch_is_due_and_woken_when_it_fills(connection):
+    q = PolicyQueue('b', connection=connection)
+    policy = Batch(key=batch_jobs.shop_of, size=2, max_wait=30)
+    pubsub = connection.pubsub()
+    pubsub.ssubscribe(keys.wake('b'))
+    try:
+        assert wait_for(lambda: (pubsub.get_sharded_message(timeout=0.1) or {}).get('type') == 'ssubscribe', 5)
+        first = member(q, 'acme', 1, policy)
+        told = pubsub.get_sharded_message(timeout=5)
+        at = float(connection.hget(first.key, 'batch_at'))
+        head, _, due = told['data'].decode().partition(' ')
+        assert head == 'scheduled' and float(due) == pytest.approx(at + 30, abs=1e-3)  # the idle wait ends then
+        second = member(q, 'acme', 2, policy)
+        woken = pubsub.get_sharded_message(timeout=5)
+        assert woken['data'].decode() == second.id  # the key filled: a push's wake-up, any idle worker looks now
+    finally:
+        pubsub.close()

@@ -19,6 +19,7 @@ INVALID = {
         ({'key': len, 'size': 2.5, 'max_wait': 1}, 'size'),
         ({'key': len, 'size': True, 'max_wait': 1}, 'size'),
         ({'key': len, 'size': None, 'max_wait': 1}, 'size'),
+        ({'key': len, 'size': 1001, 'max_wait': 1}, 'size'),
         ({'key': len, 'size': 2, 'max_wait': -1}, 'max_wait'),
         ({'key': len, 'size': 2, 'max_wait': '5'}, 'max_wait'),
         ({'key': len, 'size': 2, 'max_wait': float('nan')}, 'max_wait'),

@@ -214,7 +214,7 @@ def test_a_member_that_is_not_one_payload_is_refused_and_nothing_is_written(conn
     assert before.get_status() == 'deferred'
 
 
-def test_a_scheduled_member_and_a_batch_with_loner_are_refused(connection):
+def test_a_scheduled_member_another_serializer_and_a_batch_with_loner_are_refused(connection):
     from datetime import timedelta
 
     from rq_policies import Loner
@@ -223,6 +223,11 @@ def test_a_scheduled_member_and_a_batch_with_loner_are_refused(connection):
     with pytest.raises(PolicyConfigurationError, match='scheduled'):
         q.enqueue_in(timedelta(seconds=5), batch_jobs.collect, {'shop': 'a', 'id': 1},
                      policy=Batch(key=batch_jobs.shop_of, size=2, max_wait=1))
+    from rq.serializers import JSONSerializer
+
+    with pytest.raises(PolicyConfigurationError, match='serializer'):
+        PolicyQueue('b', connection=connection, serializer=JSONSerializer).enqueue(
+            batch_jobs.collect, {'shop': 'a', 'id': 1}, policy=Batch(key=batch_jobs.shop_of, size=2, max_wait=1))
     with pytest.raises(PolicyConfigurationError, match='Loner'):
         q.enqueue(batch_jobs.collect, {'shop': 'a', 'id': 1},
                   policy=[Batch(key=batch_jobs.shop_of, size=2, max_wait=1), Loner()])

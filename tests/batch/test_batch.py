@@ -434,3 +434,23 @@ def test_idle_workers_are_told_when_a_key_s_batch_is_due_and_woken_when_it_fills
         assert woken['data'].decode() == second.id  # the key filled: a push's wake-up, any idle worker looks now
     finally:
         pubsub.close()
+
+
+def test_info_the_page_and_the_metrics_read_a_state_with_waiting_members_and_batches(connection):
+    pytest.importorskip('flask', reason="the dashboard needs Flask: pip install 'rq-policies[dashboard]'")
+    from rq_policies.surfaces import state
+    from rq_policies.surfaces.dashboard import create_app
+    from rq_policies.surfaces.metrics import PolicyCollector
+
+    q = PolicyQueue('b', connection=connection)
+    policy = [Batch(key=batch_jobs.shop_of, size=2, max_wait=60),
+              Concurrency(5, key=batch_jobs.shop_of, scope='shops')]
+    for i in range(3):
+        member(q, 'acme', i, policy)
+    assert isinstance(fetch(connection), Claim)  # one batch formed and taken, one member waiting
+    snapshot = state.snapshot(connection, None)
+    assert 'b' in snapshot['queues']
+    client = create_app(connection).test_client()
+    assert client.get('/').status_code == 200
+    assert client.get('/state.json').status_code == 200
+    assert list(PolicyCollector(connection).collect())

@@ -454,3 +454,21 @@ def test_info_the_page_and_the_metrics_read_a_state_with_waiting_members_and_bat
     assert client.get('/').status_code == 200
     assert client.get('/state.json').status_code == 200
     assert list(PolicyCollector(connection).collect())
+
+
+def test_a_member_met_on_its_queue_s_list_is_parked_again_not_run_alone(connection):
+    """A member put back on its queue's list (by hand, rq's requeue): the fetch's admit_job parks it on its key again,
+    and it goes into a batch like the others."""
+    q = PolicyQueue('b', connection=connection)
+    policy = Batch(key=batch_jobs.shop_of, size=2, max_wait=60)
+    first = member(q, 'acme', 1, policy)
+    parked = keys.KEY_PARKED_PREFIX('batch', f'{SCOPE}:acme')
+    connection.lrem(parked, 0, first.id)
+    connection.zrem(f'{RQ}:deferred:b', first.id)
+    connection.hset(first.key, 'status', 'queued')
+    connection.rpush(q.key, first.id)
+    assert isinstance(fetch(connection), Look)
+    assert first.get_status() == 'deferred' and connection.lrange(parked, 0, -1) == [first.id.encode()]
+    second = member(q, 'acme', 2, policy)
+    got = fetch(connection)
+    assert isinstance(got, Claim) and batch_of(first).id == batch_of(second).id == got.job_id

@@ -472,3 +472,27 @@ def test_a_member_met_on_its_queue_s_list_is_parked_again_not_run_alone(connecti
     second = member(q, 'acme', 2, policy)
     got = fetch(connection)
     assert isinstance(got, Claim) and batch_of(first).id == batch_of(second).id == got.job_id
+
+
+def test_the_asyncio_door_parks_a_member_as_the_sync_door_does(connection, redis_url):
+    import asyncio
+
+    from rq_policies.surfaces.aio import AsyncPolicyQueue
+    from tests.helpers.cluster import aconnect
+
+    policy = Batch(key=batch_jobs.shop_of, size=2, max_wait=60)
+
+    async def main():
+        client = aconnect(redis_url)
+        try:
+            q = AsyncPolicyQueue('b', connection=client)
+            return [await q.enqueue(batch_jobs.collect, {'shop': 'acme', 'id': i}, policy=policy) for i in range(2)]
+        finally:
+            await client.aclose()
+
+    members = asyncio.run(main())
+    assert [m.get_status(refresh=False) for m in members] == ['deferred', 'deferred']
+    got = fetch(connection)
+    assert isinstance(got, Claim)
+    assert Job.fetch(got.job_id, connection=connection).args == ([{'shop': 'acme', 'id': 0},
+                                                                   {'shop': 'acme', 'id': 1}],)

@@ -88,8 +88,16 @@
                                   when queue i's list has nothing left to pop, so a queue's plain
                                   jobs come first. The id is popped as if it came off the list.
     due(ctx, key_id)           -> the part's member '<part>:<key id>' of the due index came due:
-                                  give parked jobs back while the key allows; returns the next
-                                  time to look, or nil (no parked job left)
+                                  give parked jobs back while the key allows (or form a job of
+                                  them: Batch); returns the next time to look, or nil (no parked
+                                  job left)
+    merge(ctx, values)         -> (a per-job part) the value of its first field for one job formed
+                                  from jobs whose first field held `values` (a list, in order;
+                                  Batch's batch job): Concurrency and Rate sum the costs. A part
+                                  without it: the formed job carries the first job's value. A due
+                                  hook that forms a job asks through ctx.merged(name, values); the
+                                  per-job parts are ctx.job_parts (JOB_PARTS: {name, index of its
+                                  first field in JOB_FIELDS, count}) and their fields ctx.job_fields
   A refused job is *parked*: its id moves off the intermediate list to the key's parked list, its
   status becomes deferred and it joins rq's deferred registry of its queue (stock rq reads it
   sanely, and its maintenance leaves it alone), and the pop goes on with the jobs behind it: no
@@ -384,6 +392,12 @@ local function setup()
   end
   function ctx.key_at(name, i)
     return KEYS[a.kl[name] + i - 1]
+  end
+  -- For a due hook that forms one job from others (see merge in the header).
+  ctx.job_parts, ctx.job_fields = JOB_PARTS, JOB_FIELDS
+  function ctx.merged(name, values)
+    local p = has_hook(name, 'merge') and part(name)
+    return p and p.merge(ctx, values) or nil
   end
 end
 

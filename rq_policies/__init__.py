@@ -21,6 +21,7 @@ from .engine.keyed import Tiers
 from .engine.policy import AdmissionPolicy, DroppedCall, FetchPolicy, Policy, PolicySet, policy
 from .engine.queue import PolicyQueue
 from .engine.worker import PolicySimpleWorker, PolicyWorker
+from .policies.batch.rules import Batch, batch_of
 from .policies.concurrency.rules import Concurrency
 from .policies.debounce.rules import Debounce
 from .policies.fair.rules import Fair
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     'AdmissionPolicy',
     'BackOff',
+    'Batch',
     'Cap',
     'Concurrency',
     'Debounce',
@@ -74,6 +76,7 @@ __all__ = [
     'Tiers',
     'UnknownJob',
     'UnknownQueueWarning',
+    'batch_of',
     'explain',
     'policy',
 ]

@@ -29,6 +29,8 @@
       free, head = park at the head: a job given back keeps its place} (check only: nothing
       written; a reservation of this very job is dropped by refused())
     take_job(ctx, jid, raw)  -> the ledger key the claim's hold was added to
+    merge(ctx, values)       -> one job formed from jobs with these fields (Batch): the first's limit
+      and key, the sum of the costs, at most the limit
     refused(ctx, jid, raw)   -> the job is parked (by this part or another): its reservation, if
       any, goes, and the key is due now (its next parked job may use the unit)
     due(ctx, key_id)         -> the key's entry in the due index came due: give parked jobs back
@@ -95,6 +97,22 @@ local function cc_first_expiry(ledger, now)
   local first = redis.call('ZRANGEBYSCORE', ledger, string.format('(%.6f', now), '+inf', 'WITHSCORES',
     'LIMIT', 0, 1)
   return tonumber(first[2]) or now
+end
+
+-- One job formed from jobs of these fields (Batch): the first one's limit and key, the sum of their
+-- costs, at most that limit (a cost above it could never start).
+function P.concurrency.merge(ctx, values)
+  local limit, key_id = cc_parse(values[1])
+  if not limit then
+    return values[1]
+  end
+  local total = 0
+  for _, raw in ipairs(values) do
+    local _, _, cost = cc_parse(raw)
+    total = total + (cost or 1)
+  end
+  total = math.min(total, limit)
+  return total > 1 and (limit .. '*' .. total .. ' ' .. key_id) or (limit .. ' ' .. key_id)
 end
 
 function P.concurrency.admit_job(ctx, jid, raw)

@@ -26,6 +26,8 @@
   take_job(ctx, jid, raw, paid): records the start (each window's arrival time moves on by its T,
     or by cost x T for a job of Rate(cost=), whose field reads '<burst>*<cost>'), or clears the paid
     mark; returns 0 (a rate takes no hold: a start is never refunded).
+  merge(ctx, values): one job formed from jobs with these fields (Batch): the first's rate and key,
+    the sum of the costs, at most its smallest window's limit (a larger cost could never start).
   due(ctx, key_id): gives back parked jobs one by one while every window allows a start (at most
     10), each with its start paid (every arrival time moves on by its cost); returns when the next
     start is allowed, or nil when no parked job is left.
@@ -62,6 +64,24 @@ end
 local function kr_state(ctx, key_id, windows)
   local tats = rate_tats(redis.call('GET', key_of(ctx.kp.tat, key_id)), windows, ctx.now)
   return tats, rate_allowed_at(windows, tats)
+end
+
+function P.key_rate.merge(ctx, values)
+  local pattern = '^([%d,]+) ([%d,]+) ([%d,]+)%*?(%d*) (.+)$'
+  local limits, pers, bursts, _, key_id = string.match(values[1], pattern)
+  if not limits then
+    return values[1]
+  end
+  local cap, total = nil, 0
+  for limit in string.gmatch(limits, '%d+') do
+    cap = math.min(cap or tonumber(limit), tonumber(limit))
+  end
+  for _, raw in ipairs(values) do
+    local _, _, _, cost = string.match(raw, pattern)
+    total = total + (tonumber(cost) or 1)
+  end
+  total = math.min(total, cap)
+  return limits .. ' ' .. pers .. ' ' .. bursts .. (total > 1 and ('*' .. total) or '') .. ' ' .. key_id
 end
 
 function P.key_rate.admit_job(ctx, jid, raw, paid)

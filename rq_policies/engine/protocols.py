@@ -125,8 +125,11 @@ class AdmissionSide(Declared, Protocol):
 @runtime_checkable
 class FetchSide(Protocol):
     """A fetch policy class, as ``lua/fetch.lua``'s framework calls it (its Lua part: ``gate`` and ``take``, or
-    ``fields``/``admit_job``/``take_job``/``due`` for a per-job one). A take that reports hold flag 1 holds in the
-    queue's ledger (:func:`rq_policies.engine.keys.holds`); one of its own reports that ledger's key."""
+    ``fields``/``admit_job``/``take_job``/``due`` for a per-job one, and ``merge``: the value of its field on one job
+    formed from several, which a ``due`` that forms a job asks for through ``ctx.merged``: Batch's batch job, whose
+    Concurrency and Rate costs are the sum of its members'; fetch.lua's header documents each hook). A take that reports
+    hold flag 1 holds in the queue's ledger (:func:`rq_policies.engine.keys.holds`); one of its own reports that
+    ledger's key."""
 
     name: str
     #: Declared on the job's function (``@policy(...)``, its setting stored on each job hash) rather than configured

@@ -9,6 +9,7 @@ from rq_policies.engine.policy import defer_views
 
 def _views() -> None:
     """Import every built-in policy's views (each registers its views when it is defined)."""
+    from .batch import views as _batch  # noqa: F401
     from .concurrency import views as _concurrency  # noqa: F401
     from .debounce import views as _debounce  # noqa: F401
     from .fair import views as _fair  # noqa: F401

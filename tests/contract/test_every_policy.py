@@ -309,7 +309,8 @@ def test_bad_settings_name_the_argument_and_change_nothing(connection, cls, kwar
 # -- per-job fetch policies (declared on the function) ---------------------------------------------------------------
 
 PER_JOB = [cls for cls in registered(FETCH) if cls.per_job]
-PER_JOB_CASES = [pytest.param(example, id=repr(example)) for cls in PER_JOB for example in cases.examples(cls)]
+PER_JOB_CASES = [pytest.param(example, id=repr(example)) for cls in PER_JOB if not cases.no_limit(cls)
+                 for example in cases.examples(cls)]
 PER_JOB_INVALID = [
     pytest.param(cls, kwargs, argument, id=f'{cls.name}-{argument}-{kwargs}')
     for cls in PER_JOB for kwargs, argument in cases.invalid(cls)

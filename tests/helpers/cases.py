@@ -10,7 +10,9 @@ more than one policy: tests/concurrency holds Concurrency's and Rate's):
   admin API's shape), under each of which one start is allowed now and the next is refused (:func:`configure` sets
   one, :func:`unconfigure` clears it with ``clear(queue, connection=)``);
 * ``INVALID``: constructor arguments (a per-queue fetch policy: settings) the policy refuses, each with the argument
-  its error must name.
+  its error must name;
+* ``NO_LIMIT`` (optional): a per-job fetch policy that parks every job rather than the jobs over a key's limit
+  (Batch), with why: the per-job suite's start-then-park cases are a limit's, and skip it (its folder tests it).
 
 A new policy gets the contract suite by registering (defining its class) and writing its folder's ``examples.py``; a
 registered policy the suite asks about and no ``examples.py`` names is an error naming the policy and the file to
@@ -33,6 +35,10 @@ def _first_argument(args: tuple, kwargs: dict) -> Any:
     return args[0]
 
 
+#: ``NO_LIMIT`` of every test folder's ``examples.py`` (:func:`no_limit`), filled by :func:`_tables`.
+_NO_LIMIT: dict[str, str] = {}
+
+
 @functools.cache
 def _tables() -> tuple[dict[str, tuple], dict[str, tuple], dict[str, tuple], dict[str, str]]:
     examples: dict[str, tuple] = {}
@@ -50,6 +56,9 @@ def _tables() -> tuple[dict[str, tuple], dict[str, tuple], dict[str, tuple], dic
                     raise LookupError(f'policy {name!r} has cases in both {where[name]} and {module_name}')
                 table[name] = tuple(cases)
                 where[name] = module_name
+        for name, why in getattr(module, 'NO_LIMIT', {}).items():
+            by_name(name)
+            _NO_LIMIT[name] = why
     return examples, invalid, settings, where
 
 
@@ -80,6 +89,13 @@ def settings(cls: type[Policy]) -> tuple[dict[str, Any], ...]:
     """The settings the contract suite gives ``cls`` (a fetch policy configured per queue), each through
     :func:`configure`; LookupError when no test folder's ``examples.py`` gives them."""
     return _lookup(_tables()[2], cls, 'SETTINGS')
+
+
+def no_limit(cls: type[Policy]) -> str | None:
+    """Why ``cls``, a per-job fetch policy, parks every job rather than the ones over a key's limit (its
+    ``examples.py``'s ``NO_LIMIT``), or None: the per-job suite's start-then-park cases are for a limit."""
+    _tables()
+    return _NO_LIMIT.get(cls.name)
 
 
 def configure(cls: Any, connection: Any, queue: str, **values: Any) -> None:

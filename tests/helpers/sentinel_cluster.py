@@ -13,15 +13,20 @@ from rq_policies.surfaces.testing import RedisServer, free_port
 class SentinelCluster:
     master_name = 'mymaster'
 
-    def __init__(self) -> None:
-        self.master = RedisServer()
-        self.replica = RedisServer()
+    def __init__(self, appendonly: bool = False) -> None:
+        # appendonly: each server keeps an AOF (fsync always), so a killed one comes back with what it had. Without
+        # it a SIGKILLed server comes back from the RDB file its last full sync as a replica left in its folder,
+        # minutes old: were the sentinels to keep it master, its replica would sync that old data and roll the
+        # whole dataset back (Redis's "replication with persistence turned off" hazard).
+        self.master = RedisServer(appendonly=appendonly)
+        self.replica = RedisServer(appendonly=appendonly)
         self.sentinels: list[RedisServer] = []
+        self._durable = ['--appendfsync', 'always'] if appendonly else []
 
     def start(self) -> SentinelCluster:
-        self.master.extra_args = ['--repl-diskless-sync-delay', '0']  # start the initial sync at once
+        self.master.extra_args = ['--repl-diskless-sync-delay', '0', *self._durable]  # start the initial sync at once
         self.master.start()
-        self.replica.extra_args = ['--replicaof', '127.0.0.1', str(self.master.port)]
+        self.replica.extra_args = ['--replicaof', '127.0.0.1', str(self.master.port), *self._durable]
         self.replica.start()
         for _ in range(3):
             port = free_port()

@@ -182,7 +182,9 @@ class SentinelGroup(Topology):
     def start(self, logs: Path) -> SentinelGroup:
         from tests.helpers.sentinel_cluster import SentinelCluster
 
-        self.sentinel = SentinelCluster().start()
+        # AOF on, as the one server's: a SIGKILLed server comes back with its data, not its last full sync's RDB
+        self.sentinel = SentinelCluster(appendonly=True).start()
+        self.logs = logs
         self.settings = logs / 'history_sentinel_settings.py'
         self.settings.write_text(f'SENTINEL = {{"INSTANCES": {self.sentinel.instances!r}, "MASTER_NAME": '
                                  f'"{self.sentinel.master_name}", "SOCKET_TIMEOUT": 2}}\n')
@@ -207,6 +209,9 @@ class SentinelGroup(Topology):
                 self.sentinel.restart(server)
 
     def close(self) -> None:
+        for server in (self.sentinel.master, self.sentinel.replica, *self.sentinel.sentinels):
+            for log in server.dir.glob('*.log'):  # the servers' own words on each failover, kept with the history
+                shutil.copy(log, self.logs / f'server-{server.port}-{log.name}')
         self.sentinel.close()
 
 

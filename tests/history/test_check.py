@@ -731,3 +731,32 @@ def test_docs_list_every_bound():
     page = (Path(__file__).resolve().parents[2] / 'docs' / 'history.md').read_text()
     missing = [name for name in check.BOUNDS if f'| `{name}` |' not in page]
     assert not missing, f'docs/history.md does not list the bound(s) {missing}'
+
+
+@pytest.mark.parametrize('logged', [True, False])
+def test_a_job_failed_as_abandoned_after_its_worker_was_killed_is_rqs_own_bound_when_the_log_says_so(tmp_path, logged):
+    # The one-server long run on b2c50d9: producer-3-2442, admitted 0.25 s before its forking worker's SIGKILL, never
+    # recorded a start and ended failed: rq's started registry cleanup failed it as abandoned (the worker's log says
+    # so). Started and then its worker gone, no one can know whether its function ran: rq's own bound, as a job left
+    # started is. Failed for another reason (no such line), it stays a loss.
+    from tests.history.test_history_run import History as RunHistory
+    from tests.history.test_history_run import checked, unexplained
+
+    h = base()
+    admit(h, 'j1', T)
+    h.nemesis(T + 0.25, 'kill_worker', workers=['w1'])
+    h.exit(T + 0.3, 'w1')
+    h.final(T + 90, {'j1': 'failed'})
+    folder = h.write(tmp_path / 'history')
+    (folder / 'logs').mkdir(exist_ok=True)
+    line = ('StartedJobRegistry cleanup: j1 Moved to FailedJobRegistry, due to AbandonedJobError, at 2026-12-07'
+            if logged else 'StartedJobRegistry cleanup: j2 Moved to FailedJobRegistry, due to AbandonedJobError')
+    (folder / 'logs' / 'w2.log').write_text(f'12:00:00 Worker w2: cleaning registries\n{line}\n')
+    report = checked(folder)
+    [prop] = [p for p in report['properties'] if p['number'] == 1]
+    assert len(prop['violations']) == 1 and 'j1' in prop['violations'][0]['what'], prop['violations']
+    bad, known = unexplained(report, RunHistory(folder))
+    if logged:
+        assert not bad and "rq's own bound: a job left started" in known[0], (bad, known)
+    else:
+        assert len(bad) == 1 and 'j1' in bad[0], (bad, known)

@@ -95,12 +95,19 @@ class History:
         #: The jobs a worker gave up because their start could not be recorded and their fetch did not stand once the
         #: server answered (its log: "job ... is not run by this worker").
         self.given_up: set[str] = set()
+        #: The jobs rq's cleanup of a started registry failed as abandoned (a worker's log: "StartedJobRegistry
+        #: cleanup: <id> Moved to FailedJobRegistry, due to AbandonedJobError"): started, and their worker gone.
+        self.abandoned: set[str] = set()
         for path in sorted((folder / 'logs').glob('*.log')):
             for line in path.read_text(encoding='utf-8', errors='replace').splitlines():
                 if 'is not run by this worker' in line:
                     found = re.search(r'rq-policies: job (\S+) is not run by this worker', line)
                     if found:
                         self.given_up.add(found.group(1))
+                elif 'AbandonedJobError' in line:
+                    found = re.search(r'StartedJobRegistry cleanup: (\S+) Moved to FailedJobRegistry', line)
+                    if found:
+                        self.abandoned.add(found.group(1))
         #: The operator's settings of a key (a per-key limit or rate, a Fair pause, resume or weight): (time, key).
         self.settings = [(e['t'], e['key']) for e in self.events if e['e'] == 'setting' and e.get('key')]
         #: The operator's settings of a queue (QueueSlot's cap, QueueRate's rate): (time, queue, what, value).
@@ -306,9 +313,12 @@ def _started_by_a_worker_that_died(violation: dict, history: History) -> bool:
     """A job rq shows started whose last run's worker died; or, with no run recorded at all, a job rq shows started
     while a worker died within a few seconds after its admission (the whole tree SIGKILLed between rq's start write
     and the job's first line, where it records its start: the cluster's short run, producer-3-839, parked at
-    1796644564.358 and started by worker-6, whose group was SIGKILLed 0.4 s later)."""
+    1796644564.358 and started by worker-6, whose group was SIGKILLed 0.4 s later). Or such a job rq has failed as
+    abandoned already (its started registry's cleanup ran before the drain ended: the one-server long run on b2c50d9,
+    producer-3-2442, admitted at 1796665925.36, its forking worker SIGKILLed 0.25 s later)."""
     job, _ = _job_of(violation)
-    if history.final.get(job) != 'started':
+    final = history.final.get(job)
+    if final != 'started' and not (final == 'failed' and job in history.abandoned):
         return False
     runs = [e for e in evidence(violation) if e['e'] == 'start' and e['job'] == job]
     if runs:
@@ -353,7 +363,8 @@ KNOWN_BREAKS = (
           _in_a_failover),
     Known(1, 'not a loss, rq\'s own bound: a job left started by a run whose worker died with it (the whole tree '
              'SIGKILLed, a worker quit on a Redis error in the middle of a job): rq fails it as abandoned once its '
-             'heartbeat expired (60 s and more) and a maintenance runs, which the drain does not wait for',
+             'heartbeat expired (60 s and more) and a maintenance runs, which the drain does not wait for (or has '
+             'failed it so already: no one can know whether its function ran)',
           _started_by_a_worker_that_died),
 )
 

@@ -975,7 +975,8 @@ def main(argv: list[str] | None = None) -> None:
     size.add_argument('--jobs', type=int, help='door calls in all (the producers share them)')
     size.add_argument('--seconds', type=float, help='how long the producers run')
     parser.add_argument('--seed', type=int, default=1)
-    parser.add_argument('--out', type=Path, required=True, help='the history folder (made if missing)')
+    parser.add_argument('--out', type=Path, required=True,
+                        help='the history folder (made if missing; a relative path is read from here)')
     parser.add_argument('--break', dest='broken', choices=sorted(BREAKS), help='run a deliberately broken build')
     parser.add_argument('--nemeses', help='only these nemeses, comma-separated, or none (default: every one of the '
                                           'topology)')
@@ -998,7 +999,7 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--topology cluster needs a hash-tagged RQ_KEY_PREFIX (such as '{CLUSTER_PREFIX}'), "
                          f'got {prefix!r}')
     try:
-        summary = run(opts.topology, opts.out, opts.seed, opts.jobs, opts.seconds, opts.server, opts.broken,
+        summary = run(opts.topology, opts.out.resolve(), opts.seed, opts.jobs, opts.seconds, opts.server, opts.broken,
                       opts.nemeses.split(',') if opts.nemeses else None, opts.producers, opts.rate, opts.forking,
                       opts.simple, opts.drain, tuple(opts.gap), opts.only.split(',') if opts.only else None)
     except Exception as exc:

@@ -973,7 +973,27 @@ class PolicyWorkerMixin:
         return self._record_end(_counted_once(self, job, super().handle_job_failure), job, queue, *args, **kwargs)  # type: ignore[misc]
 
     def handle_job_success(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> Any:
-        return self._record_end(super().handle_job_success, job, queue, *args, **kwargs)  # type: ignore[misc]
+        return self._record_end(self._guarded_success, job, queue, *args, **kwargs)
+
+    #: Does a successful end go without rq's WATCH and SMEMBERS of the job's dependents (:meth:`_guarded_success`)?
+    lean_end: bool = True
+
+    def _guarded_success(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> Any:
+        """rq's ``handle_job_success``, its WATCH and SMEMBERS of the job's dependents (two round trips) not sent:
+        ``lua/end_guard.lua`` checks the set in the same write as the end's transaction, and stops it when the job
+        has dependents (rq's end then runs as it always does and hands them over) or when this end was written
+        already (a lost reply sent again: nothing is written twice). See
+        :func:`rq_policies.engine.compat.guarded_end`."""
+        record = super().handle_job_success  # type: ignore[misc]
+        execution = kwargs.get('execution') or getattr(self, 'execution', None)  # rq 3's argument; rq 2.12's own
+        connection = self.connection  # type: ignore[attr-defined]
+        if not self.lean_end or execution is None or job.ended_at is None or keys.is_cluster(connection):
+            return record(job, queue, *args, **kwargs)
+        guard_key = keys.end_guard(job.id)
+        guard = ('EVAL', scripts.eval_source('end_guard', connection), 4, job.dependents_key, job.key,
+                 job.started_job_registry.key, guard_key, utcformat(job.ended_at), execution.composite_key, 1000)
+        with compat.guarded_end(connection, job.dependents_key, guard_key, guard):
+            return record(job, queue, *args, **kwargs)
 
     def handle_job_retry(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault('written', self._failure_written(kwargs.get('execution')))

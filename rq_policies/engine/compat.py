@@ -597,6 +597,10 @@ def adopt_cluster(connection: Any) -> Any:
 # keep rq's round trips.
 
 
+#: Bytes up to which :class:`_Prefixed` joins its write into one buffer.
+_JOINED_MAX = 65536
+
+
 class _Prefixed:
     """``connection`` whose next packed send goes out after ``prefix``'s commands in the same write; their replies
     (``answers``, an error as its exception) are read before the first reply its reader asks for."""
@@ -609,8 +613,11 @@ class _Prefixed:
         return getattr(self._connection, name)
 
     def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-        chunks = [command] if isinstance(command, (bytes, str, memoryview)) else list(command)
-        self._connection.send_packed_command([*self._connection.pack_commands(self._prefix), *chunks], check_health)
+        chunks = [*self._connection.pack_commands(self._prefix),
+                  *([command] if isinstance(command, (bytes, str, memoryview)) else command)]
+        if sum(len(chunk) for chunk in chunks) <= _JOINED_MAX and not any(isinstance(c, str) for c in chunks):
+            chunks = [b''.join(chunks)]  # one segment on the wire: redis-py writes each chunk with a sendall of its own
+        self._connection.send_packed_command(chunks, check_health)
 
     def read_response(self, *args: Any, **kwargs: Any) -> Any:
         if self.answers is None:
@@ -632,10 +639,14 @@ END_RUNS, END_HAS_DEPENDENTS, END_WRITTEN = 0, 1, 2
 class GuardedEnd:
     """Mixed in front of the class of the pipeline rq's ``handle_job_success`` builds (:func:`guarded_end`).
 
-    ``end_guard`` is ``(dependents key, the guard's own key, the guard's EVAL)``. States: ``armed`` (the next WATCH
-    of the dependents set is not sent), ``deferred`` (watched without a round trip), ``watched`` (an unexpected
-    command under the WATCH sent it after all: the guard still rides the EXEC), ``spent`` (the job has dependents:
-    rq's own round trips from now on).
+    ``end_guard`` is ``(dependents key, the guard's own key, the guard's commands (its EVALSHA last, after a SCRIPT
+    LOAD if needed), what to call when the guard did not run but the EXEC did)``: when the script cache was emptied
+    (a restart, a failover, SCRIPT FLUSH), the guard answers NOSCRIPT and the transaction runs as if the job had no
+    dependents, so the caller hands them over after it, as rq does when it has no pipeline.
+
+    States: ``armed`` (the next WATCH of the dependents set is not sent), ``deferred`` (watched without a round
+    trip), ``watched`` (an unexpected command under the WATCH sent it after all: the guard still rides the EXEC),
+    ``spent`` (the job has dependents: rq's own round trips from now on).
     """
 
     end_guard: tuple = ()
@@ -663,12 +674,14 @@ class GuardedEnd:
     def execute(self, raise_on_error: bool = True) -> Any:
         if self.end_state not in ('deferred', 'watched') or not self.explicit_transaction:  # type: ignore[attr-defined]
             return super().execute(raise_on_error)  # type: ignore[misc]
-        dependents, key, guard = self.end_guard
-        self.sent_before = (('WATCH', dependents, key), guard) if self.end_state == 'deferred' else \
-            (('WATCH', key), guard)
+        dependents, key, guard, unguarded = self.end_guard
+        self.sent_before = (*guard[:-1], ('WATCH', dependents, key), guard[-1])
         self.end_answer = None
+        # The WATCH goes in the same write: a connection lost is then an error of its own (not redis-py's WatchError
+        # for a WATCH lost with its connection), and whoever sends this end again finds it written or not (the guard).
+        self.watching = False
         try:
-            return super().execute(raise_on_error)  # type: ignore[misc]
+            replies = super().execute(raise_on_error)  # type: ignore[misc]
         except Exception:
             # The job has dependents: rq's loop builds its end again, with its own round trips. Anything else (a
             # dependent added after the WATCH, a connection lost with the reply): guarded again, and a transaction
@@ -677,6 +690,9 @@ class GuardedEnd:
             raise
         finally:
             self.sent_before = ()
+        if isinstance(self.end_answer, Exception):  # the guard did not run (NOSCRIPT): the EXEC ran unguarded
+            unguarded(self.end_answer)
+        return replies
 
     def _execute_transaction(self, connection: Any, commands: Any, raise_on_error: bool) -> Any:
         if not self.sent_before:
@@ -688,7 +704,6 @@ class GuardedEnd:
             from redis.exceptions import WatchError
 
             if isinstance(exc, WatchError) and prefixed.answers and prefixed.answers[-1] == END_WRITTEN:
-                self.watching = False
                 return [None] * len(commands)  # this end was written (a reply lost): nothing more to send
             raise
         finally:
@@ -698,10 +713,10 @@ class GuardedEnd:
 _guarded_classes: dict[type, type] = {}
 
 
-def guarded_end(connection: Any, dependents: str, key: str, guard: tuple) -> Any:
+def guarded_end(connection: Any, dependents: str, key: str, guard: tuple, unguarded: Any) -> Any:
     """A context in which the next ``connection.pipeline()`` (rq's ``handle_job_success``'s) is a :class:`GuardedEnd`
-    with ``end_guard = (dependents, key, guard)`` (``guard``: the EVAL of ``lua/end_guard.lua``, whose KEYS[4] is
-    ``key``), where the pipeline is
+    with ``end_guard = (dependents, key, guard, unguarded)`` (``guard``: the commands that run ``lua/end_guard.lua``,
+    whose KEYS[4] is ``key``), where the pipeline is
     redis-py's plain ``Pipeline`` (or a subclass); any other pipeline comes back as it is."""
     import contextlib
 
@@ -721,7 +736,7 @@ def guarded_end(connection: Any, dependents: str, key: str, guard: tuple) -> Any
             if guarded is None:
                 guarded = _guarded_classes[kind] = type(f'Guarded{kind.__name__}', (GuardedEnd, kind), {})
             pipe.__class__ = guarded
-            pipe.end_guard = (dependents, key, guard)
+            pipe.end_guard = (dependents, key, guard, unguarded)
             return pipe
 
         connection.pipeline = one
@@ -731,3 +746,13 @@ def guarded_end(connection: Any, dependents: str, key: str, guard: tuple) -> Any
             connection.__dict__.pop('pipeline', None)
 
     return context()
+
+
+def hand_over_dependents(queue: Any, job: Any) -> None:
+    """rq's hand-over of ``job``'s dependents after its end, outside the end's transaction (with rq's own WATCH
+    loop): rq 3's ``move_dependents_to_ready`` and ``enqueue_ready_jobs_by_queue``, rq 2.12's
+    ``enqueue_dependents``."""
+    if RQ3:
+        queue.enqueue_ready_jobs_by_queue(queue.move_dependents_to_ready(job))
+    else:
+        queue.enqueue_dependents(job)

@@ -990,9 +990,19 @@ class PolicyWorkerMixin:
         if not self.lean_end or execution is None or job.ended_at is None or keys.is_cluster(connection):
             return record(job, queue, *args, **kwargs)
         guard_key = keys.end_guard(job.id)
-        guard = ('EVAL', scripts.eval_source('end_guard', connection), 4, job.dependents_key, job.key,
-                 job.started_job_registry.key, guard_key, utcformat(job.ended_at), execution.composite_key, 1000)
-        with compat.guarded_end(connection, job.dependents_key, guard_key, guard):
+        guard = scripts.evalsha_commands('end_guard', connection, [
+            job.dependents_key, job.key, job.started_job_registry.key, guard_key,
+        ], [utcformat(job.ended_at), execution.composite_key, 1000])
+
+        def unguarded(answer: Any) -> None:
+            # The script cache was emptied (a restart, a failover, SCRIPT FLUSH): the end ran as if the job had no
+            # dependents; any it has are handed over now, as rq's own hand-over without a pipeline does.
+            scripts.forget('end_guard', connection)
+            self.log.warning('rq-policies: the end guard of job %s did not run (%s); its dependents, if any, are '  # type: ignore[attr-defined]
+                             'handed over after its end', job.id, answer)
+            compat.hand_over_dependents(queue, job)
+
+        with compat.guarded_end(connection, job.dependents_key, guard_key, guard, unguarded):
             return record(job, queue, *args, **kwargs)
 
     def handle_job_retry(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> Any:

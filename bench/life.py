@@ -26,7 +26,9 @@ Variants:
   key's line and started by the turns); under ``Concurrency(1, key=i % 100)`` (100 keys, a hold per running job;
   one worker, so the limit never binds). And ``PolicyWorker`` (forking) without a policy; and the same with each
   work horse opening a connection of its own, as rq's horses do (``ConnectingPolicyWorker``: what the connection
-  the horses share saves).
+  the horses share saves). And both worker classes without a policy ending each job as before the guarded end,
+  through rq's WATCH and SMEMBERS of the job's dependents (``WatchingPolicySimpleWorker``, ``WatchingPolicyWorker``:
+  ``lean_end = False``), what the guarded end saves.
 
 The stock workers are rq's classes with one change: their command-channel thread looks at its stop flag every 0.2 s
 instead of every 60 s (``StockSimpleWorker``, ``StockWorker``; as PolicyWorker does), because with redis-py 8.2 rq
@@ -127,6 +129,19 @@ class ConnectingPolicyWorker(PolicyWorker):
         pass
 
 
+class WatchingPolicySimpleWorker(PolicySimpleWorker):
+    """PolicySimpleWorker ending each job as before the guarded end: rq's WATCH and SMEMBERS of the job's dependents,
+    two round trips of their own (``lean_end = False``): what the guarded end saves, measured in the same run."""
+
+    lean_end = False
+
+
+class WatchingPolicyWorker(PolicyWorker):
+    """PolicyWorker ending each job through rq's WATCH and SMEMBERS, as before the guarded end (``lean_end``)."""
+
+    lean_end = False
+
+
 # -- round trips counted across the fork --------------------------------------------------------------------------
 
 
@@ -213,6 +228,7 @@ class Life:
 LIVES = (
     Life(STOCK_SIMPLE, StockSimpleWorker, Queue),
     Life('ours: PolicySimpleWorker, no policy', PolicySimpleWorker, PolicyQueue),
+    Life("ours: PolicySimpleWorker, no policy, rq's WATCH at the end", WatchingPolicySimpleWorker, PolicyQueue),
     Life('ours: PolicySimpleWorker, Loner()', PolicySimpleWorker, PolicyQueue, Loner),
     Life('ours: PolicySimpleWorker, capped queue', PolicySimpleWorker, PolicyQueue, capped=True),
     Life(f'ours: PolicySimpleWorker, Fair ({KEYS} keys)', PolicySimpleWorker, PolicyQueue,
@@ -221,6 +237,8 @@ LIVES = (
          lambda: Concurrency(1, key=_tenant, scope='life')),
     Life(STOCK_FORKING, StockWorker, Queue, forking=True),
     Life('ours: PolicyWorker (forking), no policy', PolicyWorker, PolicyQueue, forking=True),
+    Life("ours: PolicyWorker (forking), no policy, rq's WATCH at the end", WatchingPolicyWorker, PolicyQueue,
+         forking=True),
     Life('ours: PolicyWorker (forking), a connection per horse', ConnectingPolicyWorker, PolicyQueue, forking=True),
 )
 

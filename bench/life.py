@@ -373,6 +373,13 @@ def main() -> int:
             conn.flushdb()
         print(f'load average after {os.getloadavg()[0]:.2f}\n')
     report(results, lives)
+    for lean, watching in (('ours: PolicySimpleWorker, no policy', "ours: PolicySimpleWorker, no policy, rq's WATCH at "
+                                                                   'the end'),
+                           ('ours: PolicyWorker (forking), no policy', "ours: PolicyWorker (forking), no policy, rq's "
+                                                                       'WATCH at the end')):
+        if results.get(lean) and results.get(watching):
+            print(f'\n{lean}: server CPU x its twin ending through rq\'s WATCH and SMEMBERS (median of the per-round '
+                  f'ratios [min-max]): {_ratio(results[lean], results[watching])}')
     print('\nserver CPU: INFO cpu of the server process over a life, per job; jobs per server core: 1e6 / that; '
           'medians over the rounds [min-max]. x BullMQ (concurrency 1) and x stock (SimpleWorker rows against stock '
           "SimpleWorker, forking rows against stock Worker): medians of the per-round ratios of server CPU "

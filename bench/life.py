@@ -1,6 +1,6 @@
 """A job's whole life on one server: what it costs the server's CPU, BullMQ, stock rq and rq-policies side by side.
 
-    python bench/life.py [--jobs 300] [--rounds 5] [--warm 20] [--no-bullmq] [--smoke]
+    python bench/life.py [--jobs 300] [--rounds 5] [--warm 20] [--no-bullmq] [--only TEXT ...] [--smoke]
 
 One server for the whole run (REDIS_URL if set: it is flushed between variants, point it at a scratch database;
 otherwise the bundled Valkey, rq_policies.surfaces.testing.RedisServer, on a free port). For every variant, on a
@@ -341,6 +341,9 @@ def main() -> int:
     parser.add_argument('--rounds', type=int, default=5, help='interleaved rounds')
     parser.add_argument('--warm', type=int, default=20, help='jobs of the unmeasured warm-up life of each variant')
     parser.add_argument('--no-bullmq', action='store_true', help='leave BullMQ out')
+    parser.add_argument('--only', action='append', default=[], metavar='TEXT',
+                        help="run only the rq variants whose label contains TEXT (repeatable; each row's stock "
+                             'baseline is kept)')
     add_smoke(parser)
     opts = parser.parse_args()
     smoke_defaults(opts, jobs=20, rounds=1, warm=5)
@@ -359,7 +362,9 @@ def main() -> int:
             for concurrency in (1, 10):
                 variants.append((f'BullMQ add + Worker, concurrency {concurrency}',
                                  lambda n, r, c=concurrency: bullmq_life(conn, driver, n, r, c)))
-        variants += [(life.label, lambda n, r, life=life: python_life(conn, life, n)) for life in LIVES]
+        chosen = [life for life in LIVES if not opts.only or any(text in life.label for text in opts.only)]
+        chosen = [life for life in LIVES if life in chosen or any(c.baseline == life.label for c in chosen)]
+        variants += [(life.label, lambda n, r, life=life: python_life(conn, life, n)) for life in chosen]
         results: dict[str, list[dict]] = {label: [] for label, _ in variants}
         try:
             for _label, run in variants:

@@ -20,17 +20,20 @@
     3  milliseconds KEYS[4] lives
 
   Returns 0 (the transaction runs), 1 (the job has dependents: the worker sends rq's own end, which
-  hands them over) or 2 (this end was written already: nothing to send).
+  hands them over) or 2 (this end was written already: nothing to send). Written means: the run's
+  execution is off the started registry (the end's transaction takes it off) and the job's hash
+  holds this run's ended_at, a value no other write has (whatever status came after it: a repeat
+  re-enqueued, a later run started), or is gone (result_ttl=0: the end deleted it).
 ]]
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  redis.call('SET', KEYS[4], '1', 'PX', ARGV[3])
-  return 1
-end
 if redis.call('ZSCORE', KEYS[3], ARGV[2]) == false then
   local status, ended = unpack(redis.call('HMGET', KEYS[2], 'status', 'ended_at'))
-  if status == false or (status == 'finished' and ended == ARGV[1]) then
+  if status == false or ended == ARGV[1] then
     redis.call('SET', KEYS[4], '1', 'PX', ARGV[3])
     return 2
   end
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('SET', KEYS[4], '1', 'PX', ARGV[3])
+  return 1
 end
 return 0

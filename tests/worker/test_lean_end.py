@@ -51,7 +51,7 @@ def test_a_jobs_end_reads_no_dependents_and_sends_no_watch_of_its_own(connection
     for job_id in ids:
         assert fault_proxy.seen((b'SMEMBERS', f'{job_id}:dependents'.encode())) == 0, \
             [chunk for chunk in fault_proxy._seen if b'SMEMBERS' in chunk]
-    assert fault_proxy.seen(b'WATCH') == 5
+    assert fault_proxy.seen((b'WATCH', b':dependents')) == 5, [c for c in fault_proxy._seen if b'WATCH' in c]
     for job_id in ids:
         assert fault_proxy.seen((b'WATCH', f'{job_id}:dependents'.encode(), b'EXEC')) == 1
         job = Job.fetch(job_id, connection=connection)
@@ -105,8 +105,8 @@ def test_an_end_whose_reply_was_lost_is_written_once(connection, fault_proxy, cl
 
 def test_the_guard_sent_twice_writes_nothing_the_second_time(connection):
     """lua/end_guard.lua run twice with the same arguments after the end it guards was written (a resend): it answers
-    'written' (2) both times and writes nothing but its own short-lived key; before the end, it answers 0 and writes
-    nothing; with a dependent, 1."""
+    'written' (2) both times and writes nothing but its own short-lived key, whatever came after that end; before
+    the end, it answers 0 and writes nothing; with a dependent, 1."""
     queue = PolicyQueue('lean', connection=connection)
     job = queue.enqueue(jobs.plain, 1)
     started, guard = queue.started_job_registry.key, 'rq:policies:endguard:' + job.id
@@ -121,8 +121,15 @@ def test_the_guard_sent_twice_writes_nothing_the_second_time(connection):
     assert run() == 2 and run() == 2
     assert {key: connection.dump(key) for key in connection.keys('*') if key != guard.encode()} == before
     assert 0 < connection.pttl(guard) <= 1000
+    connection.hset(job.key, 'status', 'scheduled')  # a repeat re-enqueued by that end: still this end's ended_at
     connection.sadd(job.dependents_key, 'child')
+    assert run() == 2
+    connection.zadd(started, {f'{job.id}:e1': 1e10})  # not written yet, and a dependent: rq's own end hands it over
     assert run() == 1
+    connection.hset(job.key, 'ended_at', '')
+    connection.zrem(started, f'{job.id}:e1')  # the execution gone (rq's cleanup), the end not written: it runs
+    connection.delete(job.dependents_key)
+    assert run() == 0
 
 
 @pytest.mark.parametrize('worker_class', WORKERS, ids=lambda c: c.__name__)

@@ -973,7 +973,10 @@ class PolicyWorkerMixin:
         return self._record_end(_counted_once(self, job, super().handle_job_failure), job, queue, *args, **kwargs)  # type: ignore[misc]
 
     def handle_job_success(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> Any:
-        return self._record_end(self._guarded_success, job, queue, *args, **kwargs)
+        # _counted_once: rq 2.12's cleanup_execution clears the worker's execution while building the end, and the
+        # end's write now fails after that (its WATCH goes with the transaction): sent again, it must name the run's
+        # execution still, or the job stays in the started registry.
+        return self._record_end(_counted_once(self, job, self._guarded_success), job, queue, *args, **kwargs)
 
     #: Does a successful end go without rq's WATCH and SMEMBERS of the job's dependents (:meth:`_guarded_success`)?
     lean_end: bool = True

@@ -677,9 +677,6 @@ class GuardedEnd:
         dependents, key, guard, unguarded = self.end_guard
         self.sent_before = (*guard[:-1], ('WATCH', dependents, key), guard[-1])
         self.end_answer = None
-        # The WATCH goes in the same write: a connection lost is then an error of its own (not redis-py's WatchError
-        # for a WATCH lost with its connection), and whoever sends this end again finds it written or not (the guard).
-        self.watching = False
         try:
             replies = super().execute(raise_on_error)  # type: ignore[misc]
         except Exception:
@@ -693,6 +690,18 @@ class GuardedEnd:
         if isinstance(self.end_answer, Exception):  # the guard did not run (NOSCRIPT): the EXEC ran unguarded
             unguarded(self.end_answer)
         return replies
+
+    def _disconnect_raise_on_watching(self, *args: Any, **kwargs: Any) -> Any:
+        # The WATCH goes in the same write as the transaction: a connection lost is an error of its own, not
+        # redis-py's WatchError for a WATCH lost with its connection (which rq's loop would take for a change of the
+        # dependents, and send its end again unguarded); a resend of this write finds it written or not (the guard).
+        if not self.sent_before:
+            return super()._disconnect_raise_on_watching(*args, **kwargs)  # type: ignore[misc]
+        watching, self.watching = self.watching, False
+        try:
+            return super()._disconnect_raise_on_watching(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self.watching = watching
 
     def _execute_transaction(self, connection: Any, commands: Any, raise_on_error: bool) -> Any:
         if not self.sent_before:

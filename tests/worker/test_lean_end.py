@@ -13,7 +13,7 @@ from rq.job import Job, JobStatus
 from rq.worker import Worker
 
 from rq_policies import PolicyQueue, PolicySimpleWorker, PolicyWorker
-from rq_policies.engine import scripts
+from rq_policies.engine import keys, scripts
 from rq_policies.engine.compat import RQ3
 from tests.helpers import jobs
 from tests.helpers.faultproxy import RetryingRedis
@@ -109,7 +109,7 @@ def test_the_guard_sent_twice_writes_nothing_the_second_time(connection):
     the end, it answers 0 and writes nothing; with a dependent, 1."""
     queue = PolicyQueue('lean', connection=connection)
     job = queue.enqueue(jobs.plain, 1)
-    started, guard = queue.started_job_registry.key, 'rq:policies:endguard:' + job.id
+    started, guard = queue.started_job_registry.key, keys.end_guard(job.id)
     call = [job.dependents_key, job.key, started, guard]
     connection.zadd(started, {f'{job.id}:e1': 1e10})
     connection.hset(job.key, mapping={'status': 'started', 'ended_at': ''})

@@ -16,6 +16,7 @@ from rq_policies import PolicyQueue, PolicySimpleWorker, PolicyWorker
 from rq_policies.engine import keys, scripts
 from rq_policies.engine.compat import RQ3
 from tests.helpers import jobs
+from tests.helpers.cluster import not_on_cluster
 from tests.helpers.faultproxy import RetryingRedis
 from tests.helpers.workers import wait_for
 
@@ -154,6 +155,7 @@ def test_a_script_flush_right_before_the_end_still_hands_the_dependents_over(con
     assert _results(Job.fetch(parent.id, connection=connection)) == 1
 
 
+@not_on_cluster("stock rq's Worker does not run on a cluster client, and the end there is rq's own (docs/cluster.md)")
 def test_rqs_readers_see_a_lean_end_as_a_stock_one(connection):
     """The job hash fields, registries, result and worker counters a stock worker's end leaves, the same after a
     PolicySimpleWorker's lean end (compared field by field, timestamps and ids aside)."""

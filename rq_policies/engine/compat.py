@@ -1,6 +1,6 @@
 """Every difference between the rq versions rq-policies supports (2.12 and 3.x), and every private rq name
-rq-policies uses, in one place; and the one redis-py internal it works around (its driver info, read per
-connection).
+rq-policies uses, in one place; and the redis-py internals it works around or builds on (its driver info, read per
+connection; a pipeline's transaction send and its WATCH handling, for a job's guarded end: :func:`guarded_end`).
 
 rq-policies subclasses rq's Queue, Job and Worker, and overrides some of their methods (private ones too, where rq or
 django-rq calls them: ``Worker._finalize_failure``, ``Queue._enqueue_job``); those overrides stay in their classes.

@@ -92,6 +92,9 @@ class CountingPipeline(Pipeline):
         if self.command_stack:
             self.counter[0] += 1
             names = [command_name(args) for args, _ in self.command_stack]
+            # a PolicyWorker's successful end sends its WATCH and end guard in front of the MULTI, in the same write
+            # (rq_policies.engine.compat.GuardedEnd)
+            self.sent.update(command_name(args) for args in getattr(self, 'sent_before', ()))
             if self.transaction or self.explicit_transaction:
                 # redis-py wraps the stack in MULTI ... EXEC: EXEC runs the stack, and its usec includes theirs
                 self.sent.update(('multi', 'exec'))

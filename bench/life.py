@@ -1,6 +1,6 @@
 """A job's whole life on one server: what it costs the server's CPU, BullMQ, stock rq and rq-policies side by side.
 
-    python bench/life.py [--jobs 300] [--rounds 5] [--warm 20] [--no-bullmq] [--smoke]
+    python bench/life.py [--jobs 300] [--rounds 5] [--warm 20] [--no-bullmq] [--only TEXT ...] [--smoke]
 
 One server for the whole run (REDIS_URL if set: it is flushed between variants, point it at a scratch database;
 otherwise the bundled Valkey, rq_policies.surfaces.testing.RedisServer, on a free port). For every variant, on a
@@ -26,7 +26,9 @@ Variants:
   key's line and started by the turns); under ``Concurrency(1, key=i % 100)`` (100 keys, a hold per running job;
   one worker, so the limit never binds). And ``PolicyWorker`` (forking) without a policy; and the same with each
   work horse opening a connection of its own, as rq's horses do (``ConnectingPolicyWorker``: what the connection
-  the horses share saves).
+  the horses share saves). And both worker classes without a policy ending each job as before the guarded end,
+  through rq's WATCH and SMEMBERS of the job's dependents (``WatchingPolicySimpleWorker``, ``WatchingPolicyWorker``:
+  ``lean_end = False``), what the guarded end saves.
 
 The stock workers are rq's classes with one change: their command-channel thread looks at its stop flag every 0.2 s
 instead of every 60 s (``StockSimpleWorker``, ``StockWorker``; as PolicyWorker does), because with redis-py 8.2 rq
@@ -127,6 +129,19 @@ class ConnectingPolicyWorker(PolicyWorker):
         pass
 
 
+class WatchingPolicySimpleWorker(PolicySimpleWorker):
+    """PolicySimpleWorker ending each job as before the guarded end: rq's WATCH and SMEMBERS of the job's dependents,
+    two round trips of their own (``lean_end = False``): what the guarded end saves, measured in the same run."""
+
+    lean_end = False
+
+
+class WatchingPolicyWorker(PolicyWorker):
+    """PolicyWorker ending each job through rq's WATCH and SMEMBERS, as before the guarded end (``lean_end``)."""
+
+    lean_end = False
+
+
 # -- round trips counted across the fork --------------------------------------------------------------------------
 
 
@@ -213,6 +228,7 @@ class Life:
 LIVES = (
     Life(STOCK_SIMPLE, StockSimpleWorker, Queue),
     Life('ours: PolicySimpleWorker, no policy', PolicySimpleWorker, PolicyQueue),
+    Life("ours: PolicySimpleWorker, no policy, rq's WATCH at the end", WatchingPolicySimpleWorker, PolicyQueue),
     Life('ours: PolicySimpleWorker, Loner()', PolicySimpleWorker, PolicyQueue, Loner),
     Life('ours: PolicySimpleWorker, capped queue', PolicySimpleWorker, PolicyQueue, capped=True),
     Life(f'ours: PolicySimpleWorker, Fair ({KEYS} keys)', PolicySimpleWorker, PolicyQueue,
@@ -221,6 +237,8 @@ LIVES = (
          lambda: Concurrency(1, key=_tenant, scope='life')),
     Life(STOCK_FORKING, StockWorker, Queue, forking=True),
     Life('ours: PolicyWorker (forking), no policy', PolicyWorker, PolicyQueue, forking=True),
+    Life("ours: PolicyWorker (forking), no policy, rq's WATCH at the end", WatchingPolicyWorker, PolicyQueue,
+         forking=True),
     Life('ours: PolicyWorker (forking), a connection per horse', ConnectingPolicyWorker, PolicyQueue, forking=True),
 )
 
@@ -323,6 +341,9 @@ def main() -> int:
     parser.add_argument('--rounds', type=int, default=5, help='interleaved rounds')
     parser.add_argument('--warm', type=int, default=20, help='jobs of the unmeasured warm-up life of each variant')
     parser.add_argument('--no-bullmq', action='store_true', help='leave BullMQ out')
+    parser.add_argument('--only', action='append', default=[], metavar='TEXT',
+                        help="run only the rq variants whose label contains TEXT (repeatable; each row's stock "
+                             'baseline is kept)')
     add_smoke(parser)
     opts = parser.parse_args()
     smoke_defaults(opts, jobs=20, rounds=1, warm=5)
@@ -341,7 +362,9 @@ def main() -> int:
             for concurrency in (1, 10):
                 variants.append((f'BullMQ add + Worker, concurrency {concurrency}',
                                  lambda n, r, c=concurrency: bullmq_life(conn, driver, n, r, c)))
-        variants += [(life.label, lambda n, r, life=life: python_life(conn, life, n)) for life in LIVES]
+        chosen = [life for life in LIVES if not opts.only or any(text in life.label for text in opts.only)]
+        chosen = [life for life in LIVES if life in chosen or any(c.baseline == life.label for c in chosen)]
+        variants += [(life.label, lambda n, r, life=life: python_life(conn, life, n)) for life in chosen]
         results: dict[str, list[dict]] = {label: [] for label, _ in variants}
         try:
             for _label, run in variants:
@@ -355,6 +378,13 @@ def main() -> int:
             conn.flushdb()
         print(f'load average after {os.getloadavg()[0]:.2f}\n')
     report(results, lives)
+    for lean, watching in (('ours: PolicySimpleWorker, no policy', "ours: PolicySimpleWorker, no policy, rq's WATCH at "
+                                                                   'the end'),
+                           ('ours: PolicyWorker (forking), no policy', "ours: PolicyWorker (forking), no policy, rq's "
+                                                                       'WATCH at the end')):
+        if results.get(lean) and results.get(watching):
+            print(f'\n{lean}: server CPU x its twin ending through rq\'s WATCH and SMEMBERS (median of the per-round '
+                  f'ratios [min-max]): {_ratio(results[lean], results[watching])}')
     print('\nserver CPU: INFO cpu of the server process over a life, per job; jobs per server core: 1e6 / that; '
           'medians over the rounds [min-max]. x BullMQ (concurrency 1) and x stock (SimpleWorker rows against stock '
           "SimpleWorker, forking rows against stock Worker): medians of the per-round ratios of server CPU "

@@ -1,6 +1,6 @@
 """Every difference between the rq versions rq-policies supports (2.12 and 3.x), and every private rq name
-rq-policies uses, in one place; and the one redis-py internal it works around (its driver info, read per
-connection).
+rq-policies uses, in one place; and the redis-py internals it works around or builds on (its driver info, read per
+connection; a pipeline's transaction send and its WATCH handling, for a job's guarded end: :func:`guarded_end`).
 
 rq-policies subclasses rq's Queue, Job and Worker, and overrides some of their methods (private ones too, where rq or
 django-rq calls them: ``Worker._finalize_failure``, ``Queue._enqueue_job``); those overrides stay in their classes.
@@ -581,3 +581,187 @@ def adopt_cluster(connection: Any) -> Any:
     if type(connection) is RedisCluster:
         connection.__class__ = cluster_class
     return connection
+
+
+# -- a job's successful end without rq's WATCH and SMEMBERS round trips ----------------------------------------------
+#
+# rq's handle_job_success opens a pipeline, WATCHes the job's dependents set and reads it (SMEMBERS), two round trips
+# each sent at once (redis-py sends every command of a watching pipeline immediately), then queues its end-of-run
+# transaction. A PolicyWorker gives it a pipeline (:func:`guarded_end`) that answers that WATCH and that SMEMBERS
+# without sending them ("no dependents") and sends, in front of the transaction and in the same write, the WATCH and
+# ``lua/end_guard.lua``, which checks the set right there: when the job has dependents it stops the EXEC (a write of
+# a key the connection WATCHes), redis-py raises rq's WatchError, and rq's loop builds its end again the way it always
+# does (the pipeline then sends its WATCH and SMEMBERS: rq's hand-over of the dependents, unchanged). A dependent
+# added by another client after the WATCH stops the EXEC as it does for rq. redis-py's plain ``Pipeline`` only (its
+# ``_execute_transaction(connection, commands, raise_on_error)``); a cluster's, fakeredis's and any other pipeline
+# keep rq's round trips.
+
+
+#: Bytes up to which :class:`_Prefixed` joins its write into one buffer.
+_JOINED_MAX = 65536
+
+
+class _Prefixed:
+    """``connection`` whose next packed send goes out after ``prefix``'s commands in the same write; their replies
+    (``answers``, an error as its exception) are read before the first reply its reader asks for."""
+
+    def __init__(self, connection: Any, prefix: tuple) -> None:
+        self._connection, self._prefix = connection, prefix
+        self.answers: list[Any] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._connection, name)
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        chunks = [*self._connection.pack_commands(self._prefix),
+                  *([command] if isinstance(command, (bytes, str, memoryview)) else command)]
+        if sum(len(chunk) for chunk in chunks) <= _JOINED_MAX and not any(isinstance(c, str) for c in chunks):
+            chunks = [b''.join(chunks)]  # one segment on the wire: redis-py writes each chunk with a sendall of its own
+        self._connection.send_packed_command(chunks, check_health)
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        if self.answers is None:
+            from redis.exceptions import ResponseError
+
+            self.answers = []
+            for _ in self._prefix:
+                try:
+                    self.answers.append(self._connection.read_response())
+                except ResponseError as exc:
+                    self.answers.append(exc)
+        return self._connection.read_response(*args, **kwargs)
+
+
+#: :class:`GuardedEnd`'s answers from ``lua/end_guard.lua``.
+END_RUNS, END_HAS_DEPENDENTS, END_WRITTEN = 0, 1, 2
+
+
+class GuardedEnd:
+    """Mixed in front of the class of the pipeline rq's ``handle_job_success`` builds (:func:`guarded_end`).
+
+    ``end_guard`` is ``(dependents key, the guard's own key, the guard's commands (its EVALSHA last, after a SCRIPT
+    LOAD if needed), what to call when the guard did not run but the EXEC did)``: when the script cache was emptied
+    (a restart, a failover, SCRIPT FLUSH), the guard answers NOSCRIPT and the transaction runs as if the job had no
+    dependents, so the caller hands them over after it, as rq does when it has no pipeline.
+
+    States: ``armed`` (the next WATCH of the dependents set is not sent), ``deferred`` (watched without a round
+    trip), ``watched`` (an unexpected command under the WATCH sent it after all: the guard still rides the EXEC),
+    ``spent`` (the job has dependents: rq's own round trips from now on).
+    """
+
+    end_guard: tuple = ()
+    end_state = 'armed'
+    #: The guard's answer at the last EXEC (``END_*``; an exception if the script failed, None if not read).
+    end_answer: Any = None
+    #: The commands the running ``execute`` sends before the transaction's MULTI (read by bench/commands.py's count).
+    sent_before: tuple = ()
+
+    def watch(self, *names: Any) -> Any:
+        if self.end_state == 'armed' and self.end_guard and names == (self.end_guard[0],) and \
+                not self.explicit_transaction and not self.command_stack:  # type: ignore[attr-defined]
+            self.end_state, self.watching = 'deferred', True
+            return True
+        return super().watch(*names)  # type: ignore[misc]
+
+    def immediate_execute_command(self, *args: Any, **options: Any) -> Any:
+        if self.end_state == 'deferred':
+            if str(args[0]).upper() == 'SMEMBERS' and tuple(args[1:]) == (self.end_guard[0],):
+                return set()  # checked by the guard right before the EXEC, under the WATCH
+            self.end_state = 'watched'
+            super().immediate_execute_command('WATCH', self.end_guard[0])  # type: ignore[misc]
+        return super().immediate_execute_command(*args, **options)  # type: ignore[misc]
+
+    def execute(self, raise_on_error: bool = True) -> Any:
+        if self.end_state not in ('deferred', 'watched') or not self.explicit_transaction:  # type: ignore[attr-defined]
+            return super().execute(raise_on_error)  # type: ignore[misc]
+        dependents, key, guard, unguarded = self.end_guard
+        self.sent_before = (*guard[:-1], ('WATCH', dependents, key), guard[-1])
+        self.end_answer = None
+        try:
+            replies = super().execute(raise_on_error)  # type: ignore[misc]
+        except Exception:
+            # The job has dependents: rq's loop builds its end again, with its own round trips. Anything else (a
+            # dependent added after the WATCH, a connection lost with the reply): guarded again, and a transaction
+            # already applied is then not applied twice (END_WRITTEN).
+            self.end_state = 'spent' if self.end_answer == END_HAS_DEPENDENTS else 'armed'
+            raise
+        finally:
+            self.sent_before = ()
+        if isinstance(self.end_answer, Exception):  # the guard did not run (NOSCRIPT): the EXEC ran unguarded
+            unguarded(self.end_answer)
+        return replies
+
+    def _disconnect_raise_on_watching(self, *args: Any, **kwargs: Any) -> Any:
+        # The WATCH goes in the same write as the transaction: a connection lost is an error of its own, not
+        # redis-py's WatchError for a WATCH lost with its connection (which rq's loop would take for a change of the
+        # dependents, and send its end again unguarded); a resend of this write finds it written or not (the guard).
+        if not self.sent_before:
+            return super()._disconnect_raise_on_watching(*args, **kwargs)  # type: ignore[misc]
+        watching, self.watching = self.watching, False
+        try:
+            return super()._disconnect_raise_on_watching(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self.watching = watching
+
+    def _execute_transaction(self, connection: Any, commands: Any, raise_on_error: bool) -> Any:
+        if not self.sent_before:
+            return super()._execute_transaction(connection, commands, raise_on_error)  # type: ignore[misc]
+        prefixed = _Prefixed(connection, self.sent_before)
+        try:
+            return super()._execute_transaction(prefixed, commands, raise_on_error)  # type: ignore[misc]
+        except Exception as exc:
+            from redis.exceptions import WatchError
+
+            if isinstance(exc, WatchError) and prefixed.answers and prefixed.answers[-1] == END_WRITTEN:
+                return [None] * len(commands)  # this end was written (a reply lost): nothing more to send
+            raise
+        finally:
+            self.end_answer = prefixed.answers[-1] if prefixed.answers else None
+
+
+_guarded_classes: dict[type, type] = {}
+
+
+def guarded_end(connection: Any, dependents: str, key: str, guard: tuple, unguarded: Any) -> Any:
+    """A context in which the next ``connection.pipeline()`` (rq's ``handle_job_success``'s) is a :class:`GuardedEnd`
+    with ``end_guard = (dependents, key, guard, unguarded)`` (``guard``: the commands that run ``lua/end_guard.lua``,
+    whose KEYS[4] is ``key``), where the pipeline is
+    redis-py's plain ``Pipeline`` (or a subclass); any other pipeline comes back as it is."""
+    import contextlib
+
+    from redis.client import Pipeline
+
+    @contextlib.contextmanager
+    def context() -> Any:
+        def one(*args: Any, **kwargs: Any) -> Any:
+            connection.__dict__.pop('pipeline', None)  # once: every other pipeline is the client's own
+            pipe = connection.pipeline(*args, **kwargs)
+            kind = type(pipe)
+            made_by = getattr(getattr(pipe, 'connection_pool', None), 'connection_class', None)
+            if not isinstance(pipe, Pipeline) or getattr(pipe, '_execution_strategy', None) is not None or \
+                    made_by is None or made_by.__module__.startswith('fakeredis'):
+                return pipe
+            guarded = _guarded_classes.get(kind)
+            if guarded is None:
+                guarded = _guarded_classes[kind] = type(f'Guarded{kind.__name__}', (GuardedEnd, kind), {})
+            pipe.__class__ = guarded
+            pipe.end_guard = (dependents, key, guard, unguarded)
+            return pipe
+
+        connection.pipeline = one
+        try:
+            yield
+        finally:
+            connection.__dict__.pop('pipeline', None)
+
+    return context()
+
+
+def hand_over_dependents(queue: Any, job: Any) -> None:
+    """rq's hand-over of ``job``'s dependents after its end, outside the end's transaction (with rq's own WATCH
+    loop): rq 3's ``move_dependents_to_ready`` and ``enqueue_ready_jobs_by_queue``, rq 2.12's
+    ``enqueue_dependents``."""
+    if RQ3:
+        queue.enqueue_ready_jobs_by_queue(queue.move_dependents_to_ready(job))
+    else:
+        queue.enqueue_dependents(job)

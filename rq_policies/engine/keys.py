@@ -65,6 +65,11 @@ key                                                    type     meaning
                                                                 answers the same and writes nothing
                                                                 (lua/lib/answer.lua); expires after
                                                                 :data:`ANSWER_TTL` seconds
+``rq:policies:endguard:<job id>``                      STRING   written (PX 1 s) only by ``lua/end_guard.lua``,
+                                                                the guard of a job's successful end, so that the
+                                                                transaction it guards (whose connection WATCHes
+                                                                it) runs nothing: the job has dependents (rq's own
+                                                                end hands them over) or the end was written already
 ``rq:policies:capacity``                               HASH     queue name -> cluster-wide cap (QueueSlot)
 ``rq:policies:superseded:<job id>``                   STRING   tombstone of a pending job a force (or, before
                                                                 0.3, a later enqueue) deleted: ``<policy> <id of
@@ -259,6 +264,8 @@ SLOT_GUARD = PREFIX + 'slot-guard'
      'keyunits', 'keytat', 'fair:wait', 'fair:seq', 'fair:active', 'fair:pausedin'))
 superseded = SUPERSEDED_PREFIX
 alive = ALIVE_PREFIX
+#: The key ``lua/end_guard.lua`` writes to stop the EXEC of the job end it guards (the table above).
+end_guard = Space(PREFIX + 'endguard:')
 #: Fair's single keys: the paused keys (HASH ``<scope>:<key>`` -> 1) and the run-time weights (HASH -> weight).
 FAIR_PAUSED, FAIR_WEIGHTS = PREFIX + 'fair:paused', PREFIX + 'fair:weights'
 #: Minutes a per-minute drop counter outlives its minute (``lua/lib/count_drop.lua`` sets the expiry).

@@ -268,6 +268,24 @@ def run(name: str, client: Any, keys: list[str] | tuple = (), args: list[Any] | 
         return client.eval(found.script, len(keys), *argv)
 
 
+def evalsha_commands(name: str, client: Any, keys: list[str] | tuple = (), args: list[Any] | tuple = ()) -> tuple:
+    """The commands that run ``lua/<name>.lua`` by EVALSHA in a write of the caller's own making on ``client`` (a
+    redis-py connection to one server): its EVALSHA, after a SCRIPT LOAD when ``client``'s pool has not loaded it
+    (taken as loaded from then on; :func:`forget` it when the server answered NOSCRIPT)."""
+    found = script(name)
+    call = ('EVALSHA', found.sha, len(keys), *keys, *args)
+    loaded = _pool_loaded(client.connection_pool)
+    if found.sha in loaded:
+        return (call,)
+    loaded.add(found.sha)
+    return (('SCRIPT', 'LOAD', found.script), call)
+
+
+def forget(name: str, client: Any) -> None:
+    """``client``'s server answered NOSCRIPT for ``lua/<name>.lua``: the next :func:`evalsha_commands` loads it."""
+    _pool_loaded(client.connection_pool).discard(script(name).sha)
+
+
 #: SHA1 (hex, as bytes and str) -> script name, for every script this process has read.
 _by_sha: dict[Any, str] = {}
 #: Per connection pool: the SHA1s this process has loaded on its server (or found there). A forked work horse

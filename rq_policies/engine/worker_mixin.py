@@ -984,7 +984,40 @@ class PolicyWorkerMixin:
         return self._record_end(_counted_once(self, job, super().handle_job_failure), job, queue, *args, **kwargs)  # type: ignore[misc]
 
     def handle_job_success(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> Any:
-        return self._record_end(super().handle_job_success, job, queue, *args, **kwargs)  # type: ignore[misc]
+        # _counted_once: rq 2.12's cleanup_execution clears the worker's execution while building the end, and the
+        # end's write now fails after that (its WATCH goes with the transaction): sent again, it must name the run's
+        # execution still, or the job stays in the started registry.
+        return self._record_end(_counted_once(self, job, self._guarded_success), job, queue, *args, **kwargs)
+
+    #: Does a successful end go without rq's WATCH and SMEMBERS of the job's dependents (:meth:`_guarded_success`)?
+    lean_end: bool = True
+
+    def _guarded_success(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> Any:
+        """rq's ``handle_job_success``, its WATCH and SMEMBERS of the job's dependents (two round trips) not sent:
+        ``lua/end_guard.lua`` checks the set in the same write as the end's transaction, and stops it when the job
+        has dependents (rq's end then runs as it always does and hands them over) or when this end was written
+        already (a lost reply sent again: nothing is written twice). See
+        :func:`rq_policies.engine.compat.guarded_end`."""
+        record = super().handle_job_success  # type: ignore[misc]
+        execution = kwargs.get('execution') or getattr(self, 'execution', None)  # rq 3's argument; rq 2.12's own
+        connection = self.connection  # type: ignore[attr-defined]
+        if not self.lean_end or execution is None or job.ended_at is None or keys.is_cluster(connection):
+            return record(job, queue, *args, **kwargs)
+        guard_key = keys.end_guard(job.id)
+        guard = scripts.evalsha_commands('end_guard', connection, [
+            job.dependents_key, job.key, job.started_job_registry.key, guard_key,
+        ], [utcformat(job.ended_at), execution.composite_key, 1000])
+
+        def unguarded(answer: Any) -> None:
+            # The script cache was emptied (a restart, a failover, SCRIPT FLUSH): the end ran as if the job had no
+            # dependents; any it has are handed over now, as rq's own hand-over without a pipeline does.
+            scripts.forget('end_guard', connection)
+            self.log.warning('rq-policies: the end guard of job %s did not run (%s); its dependents, if any, are '  # type: ignore[attr-defined]
+                             'handed over after its end', job.id, answer)
+            compat.hand_over_dependents(queue, job)
+
+        with compat.guarded_end(connection, job.dependents_key, guard_key, guard, unguarded):
+            return record(job, queue, *args, **kwargs)
 
     def handle_job_retry(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault('written', self._failure_written(kwargs.get('execution')))

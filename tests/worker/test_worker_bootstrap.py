@@ -144,8 +144,8 @@ def test_a_worker_imports_no_views_until_something_looks():
         assert loaded == [], loaded
         from rq_policies.engine.views import shown, views_of
         names = sorted(found.policy.name for found in shown())
-        assert names == ['concurrency', 'debounce', 'fair', 'key_rate', 'loner', 'queue_rate', 'queue_slot',
-                         'throttle'], names
+        assert names == ['batch', 'concurrency', 'debounce', 'fair', 'key_rate', 'loner', 'queue_rate',
+                         'queue_slot', 'throttle'], names
         assert views_of('loner').__name__ == 'LonerViews'
         assert rq_policies.explain.__module__ == 'rq_policies.surfaces.explainer'
         assert rq_policies.UnknownJob.__name__ == 'UnknownJob'

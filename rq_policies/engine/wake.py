@@ -119,7 +119,11 @@ class WakeFetcher(Fetcher):
                 message = self._read(left)
                 if message is not None and message['type'] == _SUBSCRIBED:
                     confirmed.add(text(message['channel']))
-        except _Refused as refused:
+        except (_Refused, _Lost) as refused:
+            # _Lost: the subscription went while it was being confirmed (on a cluster, the prefix's slot moved to
+            # another primary: the new channels were subscribed where the slot went, the old ones stayed on the old
+            # owner). Raised from here it reached rq's work loop, which quit (exit code 0: the cluster history run on
+            # befa209 lost 3 workers so). Given up as a refused one is: polled a moment, then taken anew.
             self._refused(refused)
         except Exception:
             self.close()
@@ -225,8 +229,8 @@ class WakeFetcher(Fetcher):
         the slot (the client's map is older than a slot migration). The caller looks again, which meets the same
         MOVED and refreshes the client's map; the idle wait polls until IDLE_POLL_SECONDS from now, then subscribes
         anew (at most one refused subscription a second, never a worker stopped for it)."""
-        logger.warning('rq-policies: the idle wake-up subscription was refused (%s); polling for %s s, then '
-                       'subscribing anew', error, IDLE_POLL_SECONDS)
+        logger.warning('rq-policies: the idle wake-up subscription was refused or lost as it was taken (%s); polling '
+                       'for %s s, then subscribing anew', error, IDLE_POLL_SECONDS)
         self.close()
         self._refused_until = time.monotonic() + IDLE_POLL_SECONDS
 

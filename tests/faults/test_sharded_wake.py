@@ -209,6 +209,39 @@ def test_an_idle_worker_is_woken_on_the_new_owner_of_the_slot(own_cluster, on_ow
 
 
 
+@pytest.mark.cluster
+@pytest.mark.long
+@needs_cluster
+def test_a_subscription_taken_as_the_slot_moves_away_is_taken_anew_not_raised(own_cluster, on_own_cluster):
+    """The 20-minute cluster history run on befa209: 3 of its workers quit (exit code 0) right after a migration of the
+    prefix's slot, on "redis-py dropped the subscription on <old owner>" raised from the idle subscription's
+    confirmation wait (wake.py's listen), which only the idle wait itself handled. Here the worker's fetcher
+    subscribes, the slot moves to another primary, and the fetcher's next subscriptions (another queue added, then
+    the same channels again) never raise: the subscription is given up and taken anew on the new owner."""
+    from rq_policies.engine.wake import WakeFetcher
+
+    cluster, _ = on_own_cluster
+    primary, _ = own_cluster.owner_of(keys.PREFIX)
+    target = next(n for n in own_cluster.nodes[:own_cluster.primaries] if n is not primary
+                  and own_cluster.role(n.port) == 'master')
+    fetcher = WakeFetcher(hold_ttl=30)
+    new = own_cluster.node_client(target.port)
+    try:
+        assert fetcher.listen(cluster, ['moving-a']) is True
+        _migrate_slot(own_cluster, primary, target)
+        deadline = time.monotonic() + 30
+        names = ['moving-a', 'moving-b']
+        while numsub(new, keys.wake('moving-b'))[0] != 1:
+            assert time.monotonic() < deadline, 'never subscribed on the new owner'
+            fetcher.listen(cluster, names)  # must not raise
+            if fetcher._pubsub is None:
+                time.sleep(0.1)  # a given-up subscription waits out its poll before the next attempt
+        assert fetcher.hearing() >= {'moving-a', 'moving-b'}
+    finally:
+        fetcher.close()
+        new.close()
+
+
 def _migrate_slot(valkey_cluster, source, target) -> None:
     """Move the prefix's slot from ``source`` to ``target`` (SETSLOT IMPORTING/MIGRATING, MIGRATE, SETSLOT NODE)."""
     from redis.crc import key_slot

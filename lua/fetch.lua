@@ -188,6 +188,8 @@ local rcall = redis.call
 -- @include "lib/codec.lua"
 -- @include "lib/keys.lua"
 -- @include "lib/rewrite_guard.lua"
+-- Before the parts: rq_utcformat, for Batch's part and lib/promote.lua.
+-- @include "lib/iso_time.lua"
 
 local N = tonumber(ARGV[4])
 local claim_key = KEYS[1]

@@ -180,7 +180,7 @@ local function bt_form(ctx, parked, size)
   out[#out + 1] = head .. table.concat(items) .. 'lt}t.'
   out[#out + 1] = 'status'
   out[#out + 1] = 'queued'
-  local formed = iso_time(ctx.now)
+  local formed = rq_utcformat(ctx.now)
   out[#out + 1] = 'created_at'
   out[#out + 1] = formed
   out[#out + 1] = 'enqueued_at'

@@ -142,6 +142,16 @@ class Call:
         self.args[name] = value
         return self
 
+    def job_field(self, name: str) -> Any:
+        """The value of the job hash field ``name`` this admission writes (``a.fields``, the policies' fields last,
+        so the last one of that name), or None: a probe builds no job (a per-job policy's ``admit_part`` reads its
+        own field so: Fair, Batch)."""
+        fields = self.args.get('fields') or ()
+        for i in range(len(fields) - 2, -1, -2):
+            if fields[i] == name:
+                return fields[i + 1]
+        return None
+
     def answered(self) -> Call:
         """Keep this call's answer under a request id of its own (``KEYS[a.k.answer]``, lua/lib/answer.lua), so that
         a replay of the call (redis-py resending it after a lost reply) answers what its first run did."""

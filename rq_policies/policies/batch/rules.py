@@ -168,12 +168,7 @@ class Batch(FetchPolicy):
         return [FIELD, setting, ITEM_FIELD, fragment(job.args[0]), HEAD_FIELD, head(job.func_name)]
 
     def admit_part(self, call: Any, queue: Any, digest: str) -> dict[str, Any]:
-        fields = call.args.get('fields') or ()
-        raw = None
-        for i in range(len(fields) - 2, -1, -2):  # the policies' fields come last
-            if fields[i] == FIELD:
-                raw = fields[i + 1]
-                break
+        raw = call.job_field(FIELD)
         if raw is None:  # a probe (no job built yet): nothing to check
             return {}
         key_id = raw.split(' ', 3)[3]

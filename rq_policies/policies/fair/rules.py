@@ -161,12 +161,7 @@ class Fair(FetchPolicy):
         return [FIELD, f'{weight} {priority} {keys.key_id(scope, key)}']
 
     def admit_part(self, call: Any, queue: Any, digest: str) -> dict[str, Any]:
-        fields = call.args.get('fields') or ()
-        raw = None
-        for i in range(len(fields) - 2, -1, -2):  # the policies' fields come last
-            if fields[i] == FIELD:
-                raw = fields[i + 1]
-                break
+        raw = call.job_field(FIELD)
         if raw is None:  # a probe (no job built yet): nothing to check
             return {}
         weight, priority, key_id = raw.split(' ', 2)

@@ -43,6 +43,7 @@ from rq.queue import Queue  # noqa: E402
 from rq_policies import Batch, Loner, PolicyQueue  # noqa: E402
 from rq_policies.engine import keys  # noqa: E402
 from rq_policies.engine.fetch import fetch_call  # noqa: E402
+from rq_policies.policies.batch.rules import MAX_SIZE  # noqa: E402
 
 #: A variant: its setup (untimed, before its block of calls) and, per call, what to time (built untimed).
 Variant = tuple[Callable[[], object], Callable[[int], Callable[[], object]]]
@@ -96,7 +97,8 @@ def main() -> int:
         conn.flushdb()
         q = PolicyQueue('bench_batch', connection=conn)
         queues = [Queue('bench_batch', connection=conn)]
-        waiting = Batch(key=by_payload, size=10**6, max_wait=3600, scope='bench-wait')
+        # never fills within a round (a round clears the server first, and enqueues fewer than MAX_SIZE members)
+        waiting = Batch(key=by_payload, size=MAX_SIZE, max_wait=3600, scope='bench-wait')
         forming = Batch(key=by_payload, size=size, max_wait=3600, scope='bench-form')
         tokens = itertools.count()
         checks = {'taken': 0}

@@ -239,15 +239,16 @@ def test_a_retry_whose_scheduled_status_landed_before_the_server_went_away_is_st
 @pytest.mark.parametrize('worker_class', ['rq_policies.PolicyWorker', 'rq_policies.PolicySimpleWorker'])
 def test_a_retry_whose_claim_lapsed_in_the_outage_is_handed_back_at_once(connection, fault_proxy, worker_env,
                                                                          tmp_path, worker_class):
-    """As above, for the retry of a job whose first run failed (``Retry(max=1, interval=1)``: the retry is scheduled,
+    """As above, for the retry of a job whose first run failed (``Retry(max=1, interval=5)``: the retry is scheduled,
     and the fetch promotes it): the retry's start is refused with its claim lapsed, and the retry runs once, seconds
     after the worker gave it up (issue 31's long run: ``producer-3-10453``'s retry stayed on the intermediate list
-    for 290 s, then ran twice)."""
+    for 290 s, then ran twice). The faults are armed while the retry is scheduled: 5 s, so that a loaded machine's
+    look does not miss the window (with 1 s it did twice in CI at load 7 to 11, and the retry ran unfaulted)."""
     from rq import Retry
 
     spans = tmp_path / 'spans'
     q = PolicyQueue('starting', connection=connection)
-    job = q.enqueue(jobs.fail_first_to_file, str(spans), job_id='starting-4', retry=Retry(max=1, interval=1))
+    job = q.enqueue(jobs.fail_first_to_file, str(spans), job_id='starting-4', retry=Retry(max=1, interval=5))
     start = _start_of('starting-4')
 
 

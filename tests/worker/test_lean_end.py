@@ -52,9 +52,13 @@ def test_a_jobs_end_reads_no_dependents_and_sends_no_watch_of_its_own(connection
     for job_id in ids:
         assert fault_proxy.seen((b'SMEMBERS', f'{job_id}:dependents'.encode())) == 0, \
             [chunk for chunk in fault_proxy._seen if b'SMEMBERS' in chunk]
-    assert fault_proxy.seen((b'WATCH', b':dependents')) == 5, [c for c in fault_proxy._seen if b'WATCH' in c]
+    # Never a WATCH of the dependents as a write of its own: each goes with its end's EXEC. (Counted as 5 writes at
+    # first; CI's rq 2.12 lane at load 5 saw 6 once: an end sent again (the guard then writes nothing, which the
+    # results and the worker's counter below check), so the count of such writes is not the property.)
+    watches = [c for c in fault_proxy._seen if b'WATCH' in c and b':dependents' in c]
+    assert [c for c in watches if b'EXEC' not in c] == [], watches
     for job_id in ids:
-        assert fault_proxy.seen((b'WATCH', f'{job_id}:dependents'.encode(), b'EXEC')) == 1
+        assert fault_proxy.seen((b'WATCH', f'{job_id}:dependents'.encode(), b'EXEC')) >= 1, watches
         job = Job.fetch(job_id, connection=connection)
         assert job.get_status() == JobStatus.FINISHED and job.return_value() == 'lean'
         assert _results(job) == 1
